@@ -1,0 +1,33 @@
+"""symgrad: a static-graph symbolic compiler for neural-network training.
+
+Define a model once into an IR, derive its backward graph symbolically,
+compile forward, backward and update into one native call.
+"""
+
+from . import ir  # noqa: F401  (registers the ops before anything builds nodes)
+from . import optim
+from .autodiff import grad
+from .compiled import function, train_step
+from .custom import Context, Function
+from .functional import (abs, argmax, broadcast_to, cast, constant, cos, cross_entropy, elementwise,
+                         equal, exp, expand_dims, greater, greater_equal, less, less_equal, log,
+                         log_softmax, matmul, max, maximum, mean, minimum, mse_loss, nll_loss,
+                         not_equal, one_hot, relu, reshape, sigmoid, sin, softmax, sqrt, squeeze,
+                         stop_gradient, sum, tanh, transpose, where)
+from .ir.graph import Graph
+from .ir.printing import backward_chain, print_graph
+from .ir.shapes import Dim
+from .ir.value import Value
+from .sources import input, manual_seed, param
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "Dim", "Graph", "Value", "Function", "Context", "input", "param", "manual_seed", "grad",
+    "function", "train_step", "optim", "print_graph", "backward_chain", "constant", "abs", "argmax",
+    "broadcast_to", "cast", "cos", "cross_entropy", "elementwise", "equal", "exp", "expand_dims",
+    "greater", "greater_equal", "less", "less_equal", "log", "log_softmax", "matmul", "max",
+    "maximum", "mean", "minimum", "mse_loss", "nll_loss", "not_equal", "one_hot", "relu",
+    "reshape", "sigmoid", "sin", "softmax", "sqrt", "squeeze", "stop_gradient", "sum", "tanh",
+    "transpose", "where", "__version__",
+]

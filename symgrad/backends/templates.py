@@ -1,0 +1,47 @@
+"""The one place that knows where templates/ lives, and the jinja2 Environment.
+
+In a wheel the templates ship as symgrad/templates/; in a source checkout
+(and an editable install) they are templates/ at the repository root.
+One Environment with StrictUndefined serves every backend, so a missing
+variable in a template is an error, never an empty string.
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+from pathlib import Path
+
+import jinja2
+
+_PACKAGE = Path(__file__).resolve().parent.parent
+
+
+def template_dir() -> Path:
+    """The directory holding c/ and cuda/ templates."""
+    for candidate in (_PACKAGE / "templates", _PACKAGE.parent / "templates"):
+        if candidate.is_dir():
+            return candidate
+    raise FileNotFoundError(f"symgrad's templates are missing: looked in {_PACKAGE / 'templates'} "
+                            f"and {_PACKAGE.parent / 'templates'}; reinstall symgrad")
+
+
+@lru_cache(maxsize=None)
+def environment() -> jinja2.Environment:
+    """The shared jinja2 Environment (StrictUndefined, no autoescape: the output is C)."""
+    return jinja2.Environment(
+        loader=jinja2.FileSystemLoader(str(template_dir())),
+        undefined=jinja2.StrictUndefined,
+        keep_trailing_newline=True,
+        trim_blocks=True,
+        lstrip_blocks=True,
+        autoescape=False,
+    )
+
+
+def render(name: str, **context) -> str:
+    """Render templates/<name>; a template error names the template and line."""
+    try:
+        return environment().get_template(name).render(**context)
+    except jinja2.TemplateError as exc:
+        where = f"{getattr(exc, 'filename', None) or name}:{getattr(exc, 'lineno', '?')}"
+        raise RuntimeError(f"template {where}: {exc}") from exc

@@ -1,0 +1,255 @@
+"""What `sg.function` and `sg.train_step` return: compiled graphs with checked calls.
+
+The call objects are the same for every backend. Each call checks names,
+types, dtypes, shapes, contiguity and Dim consistency in Python before any
+backend code runs, so a refused call changes nothing and never reaches
+native code. Variables (parameters, optimizer state, hyperparameters) live
+in arrays the object owns, and the program updates them in place.
+"""
+
+from __future__ import annotations
+
+from typing import Iterable, Mapping
+
+import numpy as np
+import sympy
+
+from . import backends
+from .ir import dtypes as D
+from .ir import shapes as S
+from .ir.graph import Graph, toposort
+from .ir.value import Value
+
+
+def bind_inputs(inputs: Iterable[Value], arrays: Iterable) -> dict:
+    """Check each array against its input's dtype and shape; return the Dim bindings.
+
+    Raises TypeError (not an array, wrong dtype) or ValueError (rank, size,
+    inconsistent Dim, not C-contiguous), naming the input and both shapes.
+    """
+    bindings: dict = {}
+    pending = []
+    for node, array in zip(inputs, arrays):
+        expected = f"{S.format_shape(node.shape)} ({node.dtype})"
+        if not isinstance(array, np.ndarray):
+            raise TypeError(f"input {node.name!r}: expected a numpy array of shape {expected}, "
+                            f"got {type(array).__name__}")
+        got = f"{list(array.shape)} ({array.dtype})"
+        if array.dtype != D.to_numpy(node.dtype):
+            raise TypeError(f"input {node.name!r}: expected dtype {node.dtype}, got {array.dtype} "
+                            f"(shape {expected} expected, {got} given); convert with .astype(np.{node.dtype})")
+        if array.ndim != node.ndim:
+            raise ValueError(f"input {node.name!r}: expected shape {expected}, got {got}")
+        if not array.flags.c_contiguous:
+            raise ValueError(f"input {node.name!r}: array of shape {list(array.shape)} is not C-contiguous; "
+                             f"pass np.ascontiguousarray(...)")
+        for axis, (size, actual) in enumerate(zip(node.shape, array.shape)):
+            if isinstance(size, int):
+                if size != actual:
+                    raise ValueError(f"input {node.name!r}: expected shape {expected}, got {got} "
+                                     f"(axis {axis} must be {size})")
+            elif isinstance(size, sympy.Symbol):
+                if actual < 1:
+                    raise ValueError(f"input {node.name!r}: Dim {size} must be at least 1, got shape {got}")
+                if size in bindings and bindings[size] != actual:
+                    raise ValueError(f"input {node.name!r}: expected shape {expected}, got {got}: "
+                                     f"{size} is {bindings[size]} from an earlier input, here {actual}")
+                bindings[size] = actual
+            else:
+                pending.append((node, axis, size, actual, expected, got))
+    for node, axis, size, actual, expected, got in pending:
+        value = S.evaluate(size, bindings)
+        if value != actual:
+            raise ValueError(f"input {node.name!r}: expected shape {expected}, got {got} "
+                             f"(axis {axis} is {size} = {value})")
+    return bindings
+
+
+def collect_inputs(values: Iterable[Value]) -> list[Value]:
+    """The input nodes the values depend on, in the order they were created."""
+    return sorted((n for n in toposort(values) if n.op.name == "input"), key=lambda n: n.attrs["serial"])
+
+
+def _check_unique_names(graph: Graph) -> None:
+    seen: dict[str, Value] = {}
+    for v in [*graph.inputs, *graph.variables]:
+        other = seen.setdefault(v.name, v)
+        if other is not v:
+            raise ValueError(f"two different graph leaves are named {v.name!r} "
+                             f"({other.type_str} and {v.type_str}); names must be unique")
+
+
+class VariableView(Mapping):
+    """A dict-like view of some variables: read copies, assign checked values.
+
+    Reading returns a copy, so user code cannot alias (and corrupt) the
+    compiled step's storage; assigning checks dtype and shape, then copies in.
+    """
+
+    def __init__(self, owner: "Compiled", names: list[str]):
+        self._owner, self._names = owner, names
+
+    def __getitem__(self, name: str) -> np.ndarray:
+        if name not in self._names:
+            raise KeyError(f"no variable named {name!r}; have {self._names}")
+        return self._owner._read_variable(name)
+
+    def __setitem__(self, name: str, value) -> None:
+        if name not in self._names:
+            raise KeyError(f"no variable named {name!r}; have {self._names}")
+        self._owner._write_variable(name, value)
+
+    def __iter__(self):
+        return iter(self._names)
+
+    def __len__(self) -> int:
+        return len(self._names)
+
+    def __repr__(self) -> str:
+        return "{" + ", ".join(f"{n!r}: array{list(self._owner._storage[n].shape)}" for n in self._names) + "}"
+
+
+class Compiled:
+    """A graph compiled by one backend, with the storage of its variables."""
+
+    def __init__(self, graph: Graph, backend: str, **options):
+        _check_unique_names(graph)
+        self.graph = graph
+        self.backend = backend
+        self._variables = {v.name: v for v in graph.variables}
+        self._storage = {v.name: np.array(v.attrs["init"], copy=True) for v in graph.variables}
+        self.program = backends.get(backend).compile(graph, **options)
+
+    # What was built, for reading and importing.
+    @property
+    def source(self) -> str:
+        """The emitted source, byte for byte what was compiled (graph text for numpy)."""
+        return self.program.source
+
+    @property
+    def module(self):
+        """The imported generated module (None for the numpy backend)."""
+        return self.program.module
+
+    def __getattr__(self, name):
+        # module_name, source_path, report(), ...: whatever the program offers.
+        if name.startswith("_") or name in ("program", "graph"):
+            raise AttributeError(name)
+        return getattr(self.program, name)
+
+    def _read_variable(self, name: str) -> np.ndarray:
+        reader = getattr(self.program, "read_variable", None)
+        return reader(name) if reader else self._storage[name].copy()
+
+    def _write_variable(self, name: str, value) -> None:
+        node = self._variables[name]
+        array = np.asarray(value)
+        if array.shape != tuple(node.shape):
+            raise ValueError(f"variable {name!r}: expected shape {S.format_shape(node.shape)}, got {list(array.shape)}")
+        if not np.can_cast(array.dtype, D.to_numpy(node.dtype), casting="same_kind"):
+            raise TypeError(f"variable {name!r}: cannot store {array.dtype} values in {node.dtype}")
+        converted = array.astype(D.to_numpy(node.dtype))
+        writer = getattr(self.program, "write_variable", None)
+        if writer:
+            writer(name, converted)
+        else:
+            self._storage[name][...] = converted
+
+    def _run(self, arrays: list) -> list:
+        bindings = bind_inputs(self.graph.inputs, arrays)
+        return self.program.run(arrays, bindings, self._storage)
+
+
+class CompiledFunction(Compiled):
+    """`sg.function(inputs, outputs)`: call with arrays in input order, get arrays back."""
+
+    def __init__(self, graph: Graph, backend: str, single: bool, **options):
+        super().__init__(graph, backend, **options)
+        self._single = single  # outputs given as one value: return one array
+
+    def __call__(self, *arrays):
+        names = [v.name for v in self.graph.inputs]
+        if len(arrays) != len(names):
+            raise TypeError(f"expected {len(names)} positional input(s) {names}, got {len(arrays)}")
+        outputs = self._run(list(arrays))
+        return outputs[0] if self._single else tuple(outputs)
+
+
+class TrainStep(Compiled):
+    """`sg.train_step(...)`: forward, backward and update in one call; returns the loss."""
+
+    def __init__(self, graph: Graph, backend: str, params: list[Value], **options):
+        super().__init__(graph, backend, **options)
+        self.params = VariableView(self, [p.name for p in params])
+        self.state = VariableView(self, [v.name for v in graph.variables
+                                         if v.attrs["role"] != "param"])
+
+    def __call__(self, **batch) -> float:
+        names = [v.name for v in self.graph.inputs]
+        missing = [n for n in names if n not in batch]
+        extra = [n for n in batch if n not in names]
+        if missing or extra:
+            raise TypeError(f"train step takes inputs {names}: "
+                            + (f"missing {missing}" if missing else "")
+                            + ("; " if missing and extra else "")
+                            + (f"unexpected {extra}" if extra else ""))
+        (loss,) = self._run([batch[n] for n in names])
+        return float(loss)
+
+    @property
+    def lr(self) -> float:
+        """The learning rate, changeable between steps without recompiling."""
+        return float(self._read_variable("lr"))
+
+    @lr.setter
+    def lr(self, value: float) -> None:
+        self._write_variable("lr", value)
+
+
+def function(inputs, outputs, backend: str = "numpy", **options) -> CompiledFunction:
+    """Compile a graph from `inputs` (a list of sg.input values) to `outputs`.
+
+    The call takes NumPy arrays positionally in input order and returns one
+    array, or a tuple when `outputs` is a list. Parameters the outputs read
+    keep their initial values.
+    """
+    single = isinstance(outputs, Value)
+    outs = [outputs] if single else list(outputs)
+    inputs = [inputs] if isinstance(inputs, Value) else list(inputs)
+    for k, v in enumerate([*inputs, *outs]):
+        if not isinstance(v, Value):
+            raise TypeError(f"function: expected graph values, got {type(v).__name__} at position {k}")
+    given = {id(v) for v in inputs}
+    missing = [v.name for v in collect_inputs(outs) if id(v) not in given]
+    if missing:
+        raise ValueError(f"function: outputs depend on inputs {missing} that are not in the inputs list")
+    return CompiledFunction(Graph(inputs, outs), backend, single, **options)
+
+
+def _as_param_list(params) -> list[Value]:
+    if isinstance(params, Mapping):
+        params = list(params.values())
+    params = list(params)
+    for k, p in enumerate(params):
+        if not isinstance(p, Value) or p.op.name != "variable" or p.attrs["role"] != "param":
+            raise TypeError(f"train_step: params[{k}] must be an sg.param, got {p!r}")
+        if not D.is_float(p.dtype):
+            raise TypeError(f"train_step: param {p.name!r} is {p.dtype}; only float params train")
+    return params
+
+
+def train_step(loss: Value, params, optimizer, backend: str = "numpy", **options) -> TrainStep:
+    """Compile forward, backward and the optimizer's update into one call.
+
+    `step(**batch)` runs it on arrays given by input name and returns the
+    loss; `step.params[name]` reads the current values.
+    """
+    from .autodiff import grad
+
+    if not isinstance(loss, Value) or loss.shape != () or not D.is_float(loss.dtype):
+        raise ValueError(f"train_step: loss must be a float scalar value, got {loss!r}")
+    params = _as_param_list(params)
+    grads = grad(loss, params)
+    updates = optimizer.updates(params, grads)
+    graph = Graph(collect_inputs([loss]), [loss], updates)
+    return TrainStep(graph, backend, params, **options)

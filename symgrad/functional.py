@@ -1,0 +1,350 @@
+"""The functions a user calls on graph values: sg.exp, sg.sum, sg.softmax, ...
+
+Each builds nodes of registered ops (symgrad.ir.ops); composites such as
+softmax and cross_entropy are written here as graph code, so their
+derivatives follow from their parts. Python scalars on either side of an
+operator become constants of the other operand's dtype.
+"""
+
+from __future__ import annotations
+
+import numbers
+from typing import Callable, Sequence
+
+import numpy as np
+import sympy
+
+from .ir import dtypes as D
+from .ir import shapes as S
+from .ir.registry import lookup
+from .ir.value import Value, make
+
+__all__ = [
+    "add", "sub", "mul", "div", "pow", "neg", "exp", "log", "sin", "cos", "tanh", "sigmoid",
+    "relu", "sqrt", "abs", "maximum", "minimum", "where", "less", "less_equal", "greater",
+    "greater_equal", "equal", "not_equal", "cast", "stop_gradient", "constant", "sum", "mean",
+    "max", "argmax", "reshape", "transpose", "broadcast_to", "expand_dims", "squeeze", "matmul",
+    "softmax", "log_softmax", "one_hot", "nll_loss", "cross_entropy", "mse_loss", "elementwise",
+    "apply_elementwise",
+]
+
+
+# ---- lifting Python values into the graph -------------------------------
+
+def constant(value, dtype: str | None = None) -> Value:
+    """A constant node: a Python number, a NumPy array or a sympy expression of Dims."""
+    if isinstance(value, Value):
+        return value
+    if isinstance(value, sympy.Basic):
+        return make(lookup("const"), value=value, shape=(), dtype=dtype or D.DEFAULT_FLOAT)
+    if isinstance(value, np.ndarray):
+        dt = D.canonical(dtype or (D.DEFAULT_FLOAT if value.dtype.kind == "f" else value.dtype))
+        array = np.array(value, dtype=D.to_numpy(dt))
+        array.flags.writeable = False
+        return make(lookup("const"), value=array, shape=array.shape, dtype=dt)
+    if isinstance(value, (numbers.Number, np.generic)):
+        if dtype is None:
+            dtype = ("bool" if isinstance(value, (bool, np.bool_)) else
+                     "int64" if isinstance(value, (int, np.integer)) else D.DEFAULT_FLOAT)
+        return make(lookup("const"), value=value.item() if isinstance(value, np.generic) else value,
+                    shape=(), dtype=D.canonical(dtype))
+    raise TypeError(f"cannot use {type(value).__name__} {value!r} as a graph value")
+
+
+def _lift(a, b, op: str):
+    """Both operands as Values; a Python scalar takes the other side's dtype."""
+    if isinstance(a, Value) and isinstance(b, Value):
+        return a, b
+    if isinstance(a, Value):
+        return a, _lift_one(b, a, op)
+    if isinstance(b, Value):
+        return _lift_one(a, b, op), b
+    raise TypeError(f"{op}: at least one operand must be a graph value")
+
+
+def _lift_one(x, partner: Value, op: str) -> Value:
+    if isinstance(x, (numbers.Number, np.generic)) and not isinstance(x, np.ndarray):
+        return constant(x, D.scalar_dtype(x, partner.dtype))
+    if isinstance(x, (np.ndarray, sympy.Basic)):
+        return constant(x, partner.dtype if isinstance(x, sympy.Basic) or x.dtype.kind == "f" else None)
+    raise TypeError(f"{op}: unsupported operand of type {type(x).__name__}")
+
+
+def _value(x, op: str, arg: str = "x") -> Value:
+    if not isinstance(x, Value):
+        raise TypeError(f"{op}: argument {arg} must be a graph value, got {type(x).__name__}")
+    return x
+
+
+def apply_elementwise(op, operands: Sequence[Value]) -> Value:
+    """A node of elementwise `op` (an OpDef or a registered name) over `operands`."""
+    op = lookup(op) if isinstance(op, str) else op
+    return make(op, tuple(operands))
+
+
+def _binary(name):
+    def fn(a, b):
+        a, b = _lift(a, b, name)
+        return apply_elementwise(name, (a, b))
+    fn.__name__ = name
+    fn.__doc__ = f"Elementwise {lookup(name).doc}, with NumPy broadcasting."
+    return fn
+
+
+def _unary(name):
+    def fn(x):
+        return apply_elementwise(name, (_value(x, name),))
+    fn.__name__ = name
+    fn.__doc__ = f"Elementwise {lookup(name).doc}."
+    return fn
+
+
+add, sub, mul, div, pow = (_binary(n) for n in ("add", "sub", "mul", "div", "pow"))
+maximum, minimum = _binary("maximum"), _binary("minimum")
+less, less_equal, greater = _binary("less"), _binary("less_equal"), _binary("greater")
+greater_equal, equal, not_equal = _binary("greater_equal"), _binary("equal"), _binary("not_equal")
+neg, exp, log, sin, cos = (_unary(n) for n in ("neg", "exp", "log", "sin", "cos"))
+tanh, sigmoid, relu, sqrt, abs = (_unary(n) for n in ("tanh", "sigmoid", "relu", "sqrt", "abs"))
+
+
+def where(cond, x, y) -> Value:
+    """Elementwise choice: x where `cond` is true, else y (NumPy's where)."""
+    cond = _value(cond, "where", "cond")
+    if cond.dtype != "bool":
+        raise TypeError(f"where: cond must be bool, got {cond.dtype} {S.format_shape(cond.shape)}")
+    if not isinstance(x, Value) and not isinstance(y, Value):
+        raise TypeError("where: at least one of x and y must be a graph value")
+    x, y = _lift(x, y, "where")
+    return apply_elementwise("where", (cond, x, y))
+
+
+def cast(x, dtype) -> Value:
+    """x converted to `dtype`; gradients are cast back."""
+    x = _value(x, "cast")
+    dtype = D.canonical(dtype)
+    return x if x.dtype == dtype else make(lookup("cast"), (x,), dtype=dtype)
+
+
+def stop_gradient(x) -> Value:
+    """x, with a zero derivative (jax.lax.stop_gradient, torch's .detach())."""
+    return make(lookup("stop_gradient"), (_value(x, "stop_gradient"),))
+
+
+# ---- reductions ----------------------------------------------------------
+
+def _reduce(name, x, axis, keepdims):
+    x = _value(x, name)
+    axes = S.normalize_axes(axis, x.ndim, name)
+    return make(lookup(name), (x,), axes=axes, keepdims=bool(keepdims))
+
+
+def sum(x, axis=None, keepdims=False) -> Value:
+    """Sum over `axis` (None: all), as numpy.sum."""
+    return _reduce("sum", x, axis, keepdims)
+
+
+def mean(x, axis=None, keepdims=False) -> Value:
+    """Mean over `axis`; with symbolic sizes the divisor is an expression such as 1/B."""
+    x = _value(x, "mean")
+    axes = S.normalize_axes(axis, x.ndim, "mean")
+    count = S.numel([x.shape[a] for a in axes])
+    total = _reduce("sum", x, axes, keepdims)
+    if not D.is_float(total.dtype):
+        total = cast(total, D.DEFAULT_FLOAT)
+    return total * constant(1 / sympy.sympify(count), total.dtype)
+
+
+def max(x, axis=None, keepdims=False) -> Value:
+    """Maximum over `axis`; its gradient is shared evenly among ties (torch.amax)."""
+    return _reduce("max", x, axis, keepdims)
+
+
+def argmax(x, axis=None, keepdims=False) -> Value:
+    """Index of the first maximum along one axis (None: of the flattened array)."""
+    x = _value(x, "argmax")
+    if axis is None:
+        x, axis = reshape(x, (S.numel(x.shape),)), 0
+        if keepdims:
+            raise ValueError("argmax: keepdims needs an axis")
+    if not isinstance(axis, int):
+        raise TypeError(f"argmax: axis must be an int, got {axis!r}")
+    return _reduce("argmax", x, axis, keepdims)
+
+
+# ---- movement ----------------------------------------------------------------
+
+def reshape(x, shape) -> Value:
+    """x with a new shape of as many elements; one size may be -1."""
+    x = _value(x, "reshape")
+    shape = (shape,) if isinstance(shape, (int, sympy.Basic)) else tuple(shape)
+    wildcards = [i for i, s in enumerate(shape) if isinstance(s, int) and s == -1]
+    if len(wildcards) > 1:
+        raise ValueError(f"reshape: only one size may be -1, got {shape}")
+    if wildcards:
+        known = S.numel([s for i, s in enumerate(shape) if i != wildcards[0]])
+        rest = sympy.simplify(sympy.sympify(S.numel(x.shape)) / sympy.sympify(known))
+        if rest.is_Rational and not rest.is_Integer:
+            raise ValueError(f"reshape: cannot reshape {S.format_shape(x.shape)} to {shape}")
+        shape = tuple(rest if i == wildcards[0] else s for i, s in enumerate(shape))
+    shape = S.as_shape(shape)
+    if shape == x.shape:
+        return x
+    return make(lookup("reshape"), (x,), shape=shape)
+
+
+def transpose(x, axes=None) -> Value:
+    """x with its axes permuted (default: reversed), as numpy.transpose."""
+    x = _value(x, "transpose")
+    perm = tuple(reversed(range(x.ndim))) if axes is None else tuple(a % x.ndim if isinstance(a, int) else a for a in axes)
+    if perm == tuple(range(x.ndim)):
+        return x
+    return make(lookup("transpose"), (x,), perm=perm)
+
+
+def broadcast_to(x, shape) -> Value:
+    """x broadcast to `shape` (NumPy rules), without copying in compiled code."""
+    x = _value(x, "broadcast_to")
+    shape = S.as_shape(shape)
+    if shape == x.shape:
+        return x
+    return make(lookup("expand"), (x,), shape=shape)
+
+
+def expand_dims(x, axis: int) -> Value:
+    """x with a new axis of size 1 at `axis`."""
+    x = _value(x, "expand_dims")
+    axis = axis % (x.ndim + 1)
+    return reshape(x, x.shape[:axis] + (1,) + x.shape[axis:])
+
+
+def squeeze(x, axis=None) -> Value:
+    """x without axes of size 1 (all of them, or the given ones)."""
+    x = _value(x, "squeeze")
+    axes = S.normalize_axes(axis, x.ndim, "squeeze") if axis is not None else \
+        tuple(a for a, s in enumerate(x.shape) if s == 1)
+    for a in axes:
+        if x.shape[a] != 1:
+            raise ValueError(f"squeeze: axis {a} of {S.format_shape(x.shape)} has size {x.shape[a]}, not 1")
+    return reshape(x, tuple(s for a, s in enumerate(x.shape) if a not in axes))
+
+
+# ---- matmul ------------------------------------------------------------------
+
+def matmul(a, b) -> Value:
+    """Matrix product with NumPy's rules for 1-D operands: (M,K)@(K,N), (K,)@(K,N), (M,K)@(K,)."""
+    a, b = _value(a, "matmul", "a"), _value(b, "matmul", "b")
+    if a.ndim not in (1, 2) or b.ndim not in (1, 2):
+        raise ValueError(f"matmul: operands must be 1-D or 2-D, got {S.format_shape(a.shape)} and {S.format_shape(b.shape)}")
+    if a.ndim == 2 and b.ndim == 2:
+        return make(lookup("matmul"), (a, b))
+    a2 = reshape(a, (1, a.shape[0])) if a.ndim == 1 else a
+    b2 = reshape(b, (b.shape[0], 1)) if b.ndim == 1 else b
+    try:
+        out = make(lookup("matmul"), (a2, b2))
+    except ValueError:
+        raise ValueError(f"matmul: shapes {S.format_shape(a.shape)} and {S.format_shape(b.shape)} do not align") from None
+    keep = ([out.shape[0]] if a.ndim == 2 else []) + ([out.shape[1]] if b.ndim == 2 else [])
+    return reshape(out, tuple(keep))
+
+
+# ---- composites: softmax and the losses ------------------------------------
+
+def log_softmax(x, axis: int = -1) -> Value:
+    """log(softmax(x)) computed stably: x - max - log(sum(exp(x - max)))."""
+    x = _value(x, "log_softmax")
+    shifted = x - stop_gradient(max(x, axis=axis, keepdims=True))
+    return shifted - log(sum(exp(shifted), axis=axis, keepdims=True))
+
+
+def softmax(x, axis: int = -1) -> Value:
+    """exp(x) / sum(exp(x)) along `axis`, computed stably."""
+    x = _value(x, "softmax")
+    e = exp(x - stop_gradient(max(x, axis=axis, keepdims=True)))
+    return e / sum(e, axis=axis, keepdims=True)
+
+
+def one_hot(labels, num_classes: int, dtype: str = D.DEFAULT_FLOAT) -> Value:
+    """labels (integers) as one-hot rows of length `num_classes`."""
+    labels = _value(labels, "one_hot", "labels")
+    if D.is_float(labels.dtype) or labels.dtype == "bool":
+        raise TypeError(f"one_hot: labels must be integers, got {labels.dtype} {S.format_shape(labels.shape)}")
+    shape = labels.shape + (num_classes,)
+    classes = make(lookup("iota"), shape=shape, axis=len(shape) - 1, dtype=labels.dtype)
+    return cast(equal(expand_dims(labels, -1), classes), dtype)
+
+
+def _reduce_loss(per_element: Value, reduction: str, op: str) -> Value:
+    if reduction == "mean":
+        return mean(per_element)
+    if reduction == "sum":
+        return sum(per_element)
+    if reduction == "none":
+        return per_element
+    raise ValueError(f"{op}: reduction must be 'mean', 'sum' or 'none', got {reduction!r}")
+
+
+def nll_loss(log_probs, target, reduction: str = "mean") -> Value:
+    """Negative log-likelihood of integer `target` under rows of log-probabilities (F.nll_loss)."""
+    log_probs = _value(log_probs, "nll_loss", "log_probs")
+    target = _value(target, "nll_loss", "target")
+    if log_probs.ndim != 2 or target.ndim != 1 or not S.same_size(log_probs.shape[0], target.shape[0]):
+        raise ValueError(f"nll_loss: expects log_probs [N,C] and target [N], got "
+                         f"{S.format_shape(log_probs.shape)} and {S.format_shape(target.shape)}")
+    picked = sum(one_hot(target, log_probs.shape[1], log_probs.dtype) * log_probs, axis=1)
+    return _reduce_loss(-picked, reduction, "nll_loss")
+
+
+def cross_entropy(logits, target, reduction: str = "mean") -> Value:
+    """Softmax cross-entropy of integer `target` (F.cross_entropy): mean over the batch by default."""
+    logits = _value(logits, "cross_entropy", "logits")
+    if logits.ndim != 2:
+        raise ValueError(f"cross_entropy: logits must be [N,C], got {S.format_shape(logits.shape)}")
+    return nll_loss(log_softmax(logits, axis=1), target, reduction)
+
+
+def mse_loss(input, target, reduction: str = "mean") -> Value:
+    """Mean squared error (F.mse_loss)."""
+    input, target = _lift(input, target, "mse_loss")
+    if input.shape != target.shape:
+        S.broadcast_shapes(input.shape, target.shape, op="mse_loss")
+    diff = input - target
+    return _reduce_loss(diff * diff, reduction, "mse_loss")
+
+
+# ---- user-defined elementwise ops ----------------------------------------------
+
+def elementwise(name: str, fn, args: Sequence[sympy.Symbol] | None = None) -> Callable[..., Value]:
+    """Define a new elementwise op from sympy; its derivatives come from sympy.diff.
+
+    `fn` is a function of sympy symbols (`lambda x: sympy.log(1 + sympy.exp(x))`)
+    or a sympy expression whose operands are `args` (default: its free symbols
+    sorted by name). Returns the function that applies the op to graph values.
+    """
+    from .ir import elementwise as E
+
+    if not isinstance(name, str) or not name.isidentifier():
+        raise ValueError(f"elementwise: name must be an identifier, got {name!r}")
+    if callable(fn) and not isinstance(fn, sympy.Basic):
+        import inspect
+        arity = len(inspect.signature(fn).parameters)
+        expr = sympy.sympify(fn(*E.ARGS[:arity]))
+    else:
+        expr = sympy.sympify(fn)
+        params = list(args) if args is not None else sorted(expr.free_symbols, key=lambda s: s.name)
+        arity = len(params)
+        expr = expr.xreplace({p: a for p, a in zip(params, E.ARGS)})
+        expr = expr.xreplace({sympy.Symbol(a.name): a for a in E.ARGS})
+    op = E.define(name, expr, arity, "float", doc=f"{name}: {expr}")
+
+    def apply(*operands):
+        if len(operands) != arity:
+            raise TypeError(f"{name}: takes {arity} operand(s), got {len(operands)}")
+        values = [o for o in operands if isinstance(o, Value)]
+        if not values:
+            raise TypeError(f"{name}: at least one operand must be a graph value")
+        return apply_elementwise(op, [_lift_one(o, values[0], name) if not isinstance(o, Value) else o
+                                      for o in operands])
+    apply.__name__ = name
+    apply.op = op
+    apply.__doc__ = f"Elementwise {name}(x) = {expr}."
+    return apply

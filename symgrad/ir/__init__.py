@@ -1,0 +1,9 @@
+"""The IR: values, ops, graphs, dtypes, symbolic shapes, and their printing."""
+
+from . import ops as _ops  # noqa: F401  (registers the primitive ops)
+from .graph import Graph, toposort
+from .registry import REGISTRY, OpDef, lookup
+from .shapes import Dim
+from .value import Value
+
+__all__ = ["Graph", "toposort", "REGISTRY", "OpDef", "lookup", "Dim", "Value"]

@@ -1,0 +1,107 @@
+"""A graph: the values a compiled function takes, returns and updates.
+
+`Graph` is immutable: passes build new graphs. Its nodes are everything
+reachable from its outputs and update values, in a topological order that
+is deterministic (inputs before users, first use first).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from functools import cached_property
+from typing import Iterable, Sequence
+
+from . import shapes as S
+from .value import Value
+
+
+def toposort(roots: Iterable[Value]) -> list[Value]:
+    """All nodes reachable from `roots`, each after its inputs (iterative DFS)."""
+    order: list[Value] = []
+    done: set[int] = set()
+    for root in roots:
+        if id(root) in done:
+            continue
+        stack = [(root, iter(root.inputs))]
+        on_stack = {id(root)}
+        while stack:
+            node, children = stack[-1]
+            for child in children:
+                if id(child) not in done and id(child) not in on_stack:
+                    stack.append((child, iter(child.inputs)))
+                    on_stack.add(id(child))
+                    break
+            else:
+                stack.pop()
+                on_stack.discard(id(node))
+                done.add(id(node))
+                order.append(node)
+    return order
+
+
+@dataclass(frozen=True, eq=False)
+class Graph:
+    """inputs: runtime arguments in call order; outputs: returned values;
+    updates: (variable, new value) pairs written after every output is computed.
+    """
+
+    inputs: tuple
+    outputs: tuple
+    updates: tuple = field(default=())
+
+    def __post_init__(self):
+        object.__setattr__(self, "inputs", tuple(self.inputs))
+        object.__setattr__(self, "outputs", tuple(self.outputs))
+        object.__setattr__(self, "updates", tuple((v, n) for v, n in self.updates))
+        for v in self.inputs:
+            if v.op.name != "input":
+                raise TypeError(f"graph inputs must be sg.input values, got {v!r}")
+        for target, new in self.updates:
+            if target.op.name != "variable":
+                raise TypeError(f"only variables can be updated, got {target!r}")
+            if target.shape != new.shape or target.dtype != new.dtype:
+                raise ValueError(f"update of {target.name!r}: new value is {new.type_str}, "
+                                 f"variable is {target.type_str}")
+
+    @cached_property
+    def nodes(self) -> list[Value]:
+        """Every node, inputs first, in a topological order."""
+        return toposort([*self.inputs, *self.outputs, *(n for _, n in self.updates),
+                         *(t for t, _ in self.updates)])
+
+    @cached_property
+    def variables(self) -> list[Value]:
+        """The variable nodes (parameters, optimizer state) the graph reads or writes."""
+        return [n for n in self.nodes if n.op.name == "variable"]
+
+    @cached_property
+    def users(self) -> dict[int, list[Value]]:
+        """id(node) -> the nodes that take it as an input."""
+        users: dict[int, list[Value]] = {id(n): [] for n in self.nodes}
+        for n in self.nodes:
+            for i in n.inputs:
+                users[id(i)].append(n)
+        return users
+
+    @cached_property
+    def dims(self) -> list:
+        """The Dim symbols of the graph, bound from the inputs' shapes at call time."""
+        return S.dims_of(v.shape for v in self.inputs)
+
+    def __str__(self) -> str:
+        from .printing import graph_text
+        return graph_text(self)
+
+    __repr__ = __str__
+
+    def to_dot(self) -> str:
+        """Graphviz DOT text of the graph."""
+        from .printing import graph_dot
+        return graph_dot(self)
+
+    def with_(self, inputs: Sequence[Value] | None = None, outputs: Sequence[Value] | None = None,
+              updates: Sequence | None = None) -> "Graph":
+        """A copy with some parts replaced."""
+        return Graph(self.inputs if inputs is None else inputs,
+                     self.outputs if outputs is None else outputs,
+                     self.updates if updates is None else updates)

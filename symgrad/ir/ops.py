@@ -1,0 +1,250 @@
+"""The primitive ops: each one's shape rule, NumPy reference, VJP and kind, together.
+
+Elementwise ops are one sympy expression each (their VJPs are derived);
+the structural ops (sources, reductions, movement, matmul, custom) carry a
+VJP written as graph code against `symgrad.functional`.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import sympy
+
+from . import dtypes as D
+from . import shapes as S
+from .elementwise import ARGS, define
+from .registry import CUSTOM, MATMUL, MOVEMENT, REDUCE, SOURCE, OpDef, register
+
+x0, x1, x2 = ARGS[:3]
+
+
+def _F():
+    from .. import functional
+    return functional
+
+
+# ---- elementwise: defined once as sympy expressions ----------------------
+
+define("add", x0 + x1, 2, doc="x + y")
+define("sub", x0 - x1, 2, doc="x - y")
+define("mul", x0 * x1, 2, doc="x * y")
+define("div", x0 / x1, 2, "float", doc="x / y (true division)")
+define("pow", x0 ** x1, 2, doc="x ** y")
+define("neg", -x0, 1, doc="-x")
+define("exp", sympy.exp(x0), 1, "float")
+define("log", sympy.log(x0), 1, "float")
+define("sin", sympy.sin(x0), 1, "float")
+define("cos", sympy.cos(x0), 1, "float")
+define("tanh", sympy.tanh(x0), 1, "float")
+define("sigmoid", 1 / (1 + sympy.exp(-x0)), 1, "float", doc="1 / (1 + exp(-x))")
+define("sqrt", sympy.sqrt(x0), 1, "float")
+define("abs", sympy.Abs(x0), 1, doc="|x|; its derivative is sign(x), 0 at 0 as in torch")
+# relu as a Piecewise, so its derivative is 0 at 0 (torch's threshold_backward).
+define("relu", sympy.Piecewise((x0, x0 > 0), (0, True)), 1, doc="max(x, 0)")
+# Max/Min differentiate to Heaviside(x - y), which is 1/2 at ties: torch splits
+# the gradient of maximum/minimum evenly between equal operands too.
+define("maximum", sympy.Max(x0, x1), 2)
+define("minimum", sympy.Min(x0, x1), 2)
+define("where", sympy.Piecewise((x1, sympy.Ne(x0, 0)), (x2, True)), 3, "select",
+       doc="where(cond, x, y): x where cond holds, else y")
+for _name, _rel in (("less", sympy.Lt), ("less_equal", sympy.Le), ("greater", sympy.Gt),
+                    ("greater_equal", sympy.Ge), ("equal", sympy.Eq), ("not_equal", sympy.Ne)):
+    define(_name, _rel(x0, x1, evaluate=False), 2, "bool", differentiable=False)
+
+
+def _cast_infer(inputs, attrs):
+    (x,) = inputs
+    return x.shape, D.canonical(attrs["dtype"])
+
+
+def _cast_vjp(node, g, wants):
+    (x,) = node.inputs
+    return [_F().cast(g, x.dtype)]
+
+
+register(OpDef("cast", "elementwise", _cast_infer,
+               lambda args, node, env: args[0].astype(D.to_numpy(node.dtype)),
+               _cast_vjp, doc="convert to attrs['dtype']", expr=x0, arity=1))
+register(OpDef("stop_gradient", "elementwise", lambda inputs, attrs: (inputs[0].shape, inputs[0].dtype),
+               lambda args, node, env: args[0], lambda node, g, wants: [None],
+               doc="identity whose derivative is zero", expr=x0, arity=1))
+
+
+# ---- sources: the leaves of every graph ---------------------------------
+
+def _leaf_infer(inputs, attrs):
+    return S.as_shape(attrs["shape"]), D.canonical(attrs["dtype"])
+
+
+register(OpDef("input", SOURCE, _leaf_infer, lambda args, node, env: env.inputs[node],
+               doc="a runtime argument, passed at every call"))
+register(OpDef("variable", SOURCE, _leaf_infer, lambda args, node, env: env.variables[node],
+               doc="persistent storage: a parameter, optimizer state or hyperparameter"))
+
+
+def _const_numpy(args, node, env):
+    value = node.attrs["value"]
+    if isinstance(value, sympy.Basic):
+        value = float(value.xreplace({k: sympy.Integer(v) for k, v in env.bindings.items()}))
+    return np.asarray(value, dtype=D.to_numpy(node.dtype))
+
+
+register(OpDef("const", SOURCE, _leaf_infer, _const_numpy,
+               doc="a constant; its value may be an expression of Dims, such as 1/B"))
+
+
+def _iota_numpy(args, node, env):
+    shape = env.shape(node)
+    axis = node.attrs["axis"]
+    index = np.arange(shape[axis], dtype=D.to_numpy(node.dtype))
+    return np.broadcast_to(index.reshape([-1 if a == axis else 1 for a in range(len(shape))]), shape)
+
+
+register(OpDef("iota", SOURCE, _leaf_infer, _iota_numpy, doc="the index along attrs['axis']"))
+
+
+# ---- reductions ------------------------------------------------------------
+
+def _reduced_shape(shape, axes, keepdims):
+    return tuple(1 if a in axes else s for a, s in enumerate(shape) if keepdims or a not in axes)
+
+
+def _reduce_infer(name):
+    def infer(inputs, attrs):
+        (x,) = inputs
+        axes = S.normalize_axes(attrs["axes"], x.ndim, name)
+        if attrs["axes"] != axes:
+            raise ValueError(f"{name}: axes must be normalised before the node is made")
+        if name == "sum":
+            dtype = x.dtype if D.is_float(x.dtype) else "int64"
+        elif name == "argmax":
+            dtype = "int64"
+        else:
+            dtype = x.dtype
+        if name != "sum":
+            for a in axes:
+                if isinstance(x.shape[a], int) and x.shape[a] == 0:
+                    raise ValueError(f"{name}: cannot reduce over axis {a} of size 0 in {S.format_shape(x.shape)}")
+        return _reduced_shape(x.shape, axes, attrs["keepdims"]), dtype
+    return infer
+
+
+def _expand_back(g, node):
+    """Reshape a reduction's cotangent to keepdims form, then broadcast to the input."""
+    F = _F()
+    (x,) = node.inputs
+    kept = _reduced_shape(x.shape, node.attrs["axes"], True)
+    return F.broadcast_to(F.reshape(g, kept), x.shape)
+
+
+def _sum_vjp(node, g, wants):
+    return [_expand_back(g, node)]
+
+
+def _max_vjp(node, g, wants):
+    """d max: the cotangent split evenly among the elements equal to the max (torch.amax)."""
+    F = _F()
+    (x,) = node.inputs
+    kept = _reduced_shape(x.shape, node.attrs["axes"], True)
+    winners = F.cast(F.equal(x, F.broadcast_to(F.reshape(node, kept), x.shape)), x.dtype)
+    count = F.sum(winners, axis=node.attrs["axes"], keepdims=True)
+    return [winners * F.broadcast_to(F.reshape(g, kept) / count, x.shape)]
+
+
+def _reducer(fn):
+    def run(args, node, env):
+        return np.asarray(fn(args[0], axis=node.attrs["axes"], keepdims=node.attrs["keepdims"]),
+                          dtype=D.to_numpy(node.dtype))
+    return run
+
+
+def _argmax_numpy(args, node, env):
+    (axis,) = node.attrs["axes"]
+    return np.asarray(np.argmax(args[0], axis=axis, keepdims=node.attrs["keepdims"]), dtype=np.int64)
+
+
+register(OpDef("sum", REDUCE, _reduce_infer("sum"), _reducer(np.sum), _sum_vjp))
+register(OpDef("max", REDUCE, _reduce_infer("max"), _reducer(np.max), _max_vjp))
+register(OpDef("argmax", REDUCE, _reduce_infer("argmax"), _argmax_numpy,
+               doc="index of the first maximum along one axis"))
+
+
+# ---- movement: index remapping, no arithmetic --------------------------------
+
+def _reshape_infer(inputs, attrs):
+    (x,) = inputs
+    shape = S.as_shape(attrs["shape"])
+    if not S.same_size(S.numel(shape), S.numel(x.shape)):
+        raise ValueError(f"reshape: cannot reshape {S.format_shape(x.shape)} "
+                         f"({S.numel(x.shape)} elements) to {S.format_shape(shape)} ({S.numel(shape)} elements)")
+    return shape, x.dtype
+
+
+def _transpose_infer(inputs, attrs):
+    (x,) = inputs
+    perm = tuple(attrs["perm"])
+    if sorted(perm) != list(range(x.ndim)):
+        raise ValueError(f"transpose: axes {perm} are not a permutation of the {x.ndim} axes "
+                         f"of {S.format_shape(x.shape)}")
+    return tuple(x.shape[p] for p in perm), x.dtype
+
+
+def _expand_infer(inputs, attrs):
+    (x,) = inputs
+    shape = S.as_shape(attrs["shape"])
+    if len(shape) < x.ndim or S.broadcast_shapes(x.shape, shape, op="broadcast_to") != shape:
+        raise ValueError(f"broadcast_to: cannot broadcast {S.format_shape(x.shape)} to {S.format_shape(shape)}")
+    return shape, x.dtype
+
+
+register(OpDef("reshape", MOVEMENT, _reshape_infer,
+               lambda args, node, env: args[0].reshape(env.shape(node)),
+               lambda node, g, wants: [_F().reshape(g, node.inputs[0].shape)]))
+register(OpDef("transpose", MOVEMENT, _transpose_infer,
+               lambda args, node, env: np.transpose(args[0], node.attrs["perm"]),
+               lambda node, g, wants: [_F().transpose(g, tuple(np.argsort(node.attrs["perm"]).tolist()))]))
+# expand's VJP hands back the cotangent at the broadcast shape; the autodiff
+# driver sums it down to the input's shape, as for any broadcasting op.
+register(OpDef("expand", MOVEMENT, _expand_infer,
+               lambda args, node, env: np.broadcast_to(args[0], env.shape(node)),
+               lambda node, g, wants: [g], doc="broadcast_to"))
+
+
+# ---- matmul ---------------------------------------------------------------
+
+def _matmul_infer(inputs, attrs):
+    a, b = inputs
+    if a.ndim != 2 or b.ndim != 2:
+        raise ValueError(f"matmul: expects 2-D operands here, got {S.format_shape(a.shape)} and {S.format_shape(b.shape)}")
+    if not S.same_size(a.shape[1], b.shape[0]):
+        raise ValueError(f"matmul: shapes {S.format_shape(a.shape)} and {S.format_shape(b.shape)} "
+                         f"do not align ({a.shape[1]} != {b.shape[0]})")
+    if a.dtype != b.dtype or not D.is_float(a.dtype):
+        raise TypeError(f"matmul: operands must share one float dtype, got {a.dtype} {S.format_shape(a.shape)} "
+                        f"and {b.dtype} {S.format_shape(b.shape)}")
+    return (a.shape[0], b.shape[1]), a.dtype
+
+
+def _matmul_vjp(node, g, wants):
+    F = _F()
+    a, b = node.inputs
+    return [F.matmul(g, F.transpose(b)) if wants[0] else None,
+            F.matmul(F.transpose(a), g) if wants[1] else None]
+
+
+register(OpDef("matmul", MATMUL, _matmul_infer, lambda args, node, env: args[0] @ args[1], _matmul_vjp))
+
+
+# ---- custom ops with a user-written backward -----------------------------------
+
+def _custom_infer(inputs, attrs):
+    return inputs[0].shape, inputs[0].dtype
+
+
+def _custom_vjp(node, g, wants):
+    """Input 0 is the forward's result (not traced); the rest get the user's backward."""
+    return [None, *node.attrs["function"].vjp(node, g, wants[1:])]
+
+
+register(OpDef("custom", CUSTOM, _custom_infer, lambda args, node, env: args[0], _custom_vjp,
+               doc="custom(result, *inputs): result, with a hand-written backward for inputs"))

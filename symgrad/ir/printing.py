@@ -1,0 +1,155 @@
+"""Ways to look at a graph: let-binding text, the backward chain, and DOT.
+
+The text form reads like a small program (as a jaxpr does): one line per
+node, `name: type = op[attrs](operands)`, scalar constants inlined. Names
+are given only when printing, from user names where there are some.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import sympy
+
+from . import shapes as S
+from .value import Value
+
+# Attributes that are part of the node's type and would only repeat it.
+_HIDDEN_ATTRS = {"name", "shape", "dtype", "init", "role", "function", "serial"}
+
+
+def _format_attr(v) -> str:
+    if isinstance(v, tuple):
+        return "(" + ",".join(_format_attr(x) for x in v) + (",)" if len(v) == 1 else ")")
+    if isinstance(v, sympy.Basic):
+        return str(v).replace(" ", "")
+    return repr(v)
+
+
+def _is_inline(node: Value) -> bool:
+    return node.op.name == "const" and node.shape == () and not isinstance(node.attrs["value"], np.ndarray)
+
+
+class Namer:
+    """Short names for nodes: user names for leaves, t0, t1, ... for the rest."""
+
+    def __init__(self):
+        self.names: dict[int, str] = {}
+        self.taken: set[str] = set()
+        self.counter = 0
+
+    def __call__(self, node: Value) -> str:
+        if id(node) in self.names:
+            return self.names[id(node)]
+        if _is_inline(node):
+            value = node.attrs["value"]
+            return str(value).replace(" ", "") if isinstance(value, sympy.Basic) else repr(value)
+        base = node.name
+        if base is None or not base.replace(".", "_").isidentifier() or base in self.taken:
+            base = None
+        while base is None or base in self.taken:
+            base, self.counter = f"t{self.counter}", self.counter + 1
+        self.taken.add(base)
+        self.names[id(node)] = base
+        return base
+
+
+def node_line(node: Value, name) -> str:
+    """One let-binding: `t3: f32[B,10] = add(t2, b)`."""
+    attrs = ", ".join(f"{k}={_format_attr(v)}" for k, v in node.attrs.items() if k not in _HIDDEN_ATTRS)
+    if node.op.name == "const" and isinstance(node.attrs["value"], np.ndarray):
+        attrs = "array"
+    if node.op.name == "custom":
+        attrs = node.attrs["function"].name
+    head = node.op.name + (f"[{attrs}]" if attrs else "")
+    return f"{name(node)}: {node.type_str} = {head}({', '.join(name(i) for i in node.inputs)})"
+
+
+def graph_text(graph) -> str:
+    """The whole graph as let-bindings with shapes."""
+    name = Namer()
+    ins = ", ".join(f"{name(v)}: {v.type_str}" for v in graph.inputs)
+    variables = [v for v in graph.variables]
+    lines = [f"graph({ins})" + (f" vars({', '.join(f'{name(v)}: {v.type_str}' for v in variables)})" if variables else "") + " {"]
+    for node in graph.nodes:
+        if node.op.name in ("input", "variable") or _is_inline(node):
+            continue
+        lines.append("  " + node_line(node, name))
+    lines.append(f"  return ({', '.join(name(v) for v in graph.outputs)}{',' if len(graph.outputs) == 1 else ''})")
+    for target, new in graph.updates:
+        lines.append(f"  update {name(target)} <- {name(new)}")
+    lines.append("}")
+    return "\n".join(lines)
+
+
+def _backward_name(node: Value) -> str:
+    if node.op.name in ("input", "variable"):
+        return f"AccumulateGrad({node.name})"
+    label = "".join(part.capitalize() for part in node.op.name.split("_"))
+    return f"{label}Backward"
+
+
+def backward_chain(root: Value) -> str:
+    """The chain autograd would record for `root`, as grad_fn.next_functions prints.
+
+    Each line is a node that passes gradient on; leaves that take gradients
+    (float inputs and variables) end in AccumulateGrad. Constants and
+    integer values, which take no gradient, are left out.
+    """
+    lines: list[str] = []
+    seen: set[int] = set()
+
+    def differentiable(v: Value) -> bool:
+        from .dtypes import is_float
+        return is_float(v.dtype) and v.op.name not in ("const", "iota") and _reaches_leaf(v)
+
+    def walk(node: Value, depth: int):
+        repeat = id(node) in seen
+        lines.append("  " * depth + _backward_name(node) + (" (shown above)" if repeat and node.inputs else ""))
+        if repeat:
+            return
+        seen.add(id(node))
+        if node.op.vjp is None and node.inputs:
+            return
+        for i, child in enumerate(node.inputs):
+            if node.op.name == "custom" and i == 0:
+                continue
+            if differentiable(child) and child.op.name != "stop_gradient":
+                walk(child, depth + 1)
+
+    walk(root, 0)
+    return "\n".join(lines)
+
+
+def _reaches_leaf(v: Value) -> bool:
+    from .graph import toposort
+    return any(n.op.name in ("input", "variable") and n.dtype.startswith("float") for n in toposort([v]))
+
+
+def graph_dot(graph) -> str:
+    """Graphviz DOT text: one box per node, labelled with its text-form line."""
+    name = Namer()
+    out = ["digraph symgrad {", "  rankdir=TB;", '  node [shape=box, fontname="monospace"];']
+    ids: dict[int, str] = {}
+    for k, node in enumerate(graph.nodes):
+        if _is_inline(node):
+            continue
+        ids[id(node)] = f"n{k}"
+        label = f"{name(node)}: {node.type_str}" if node.op.name in ("input", "variable") else node_line(node, name)
+        shape = ', shape=ellipse' if node.op.name in ("input", "variable") else ""
+        label = label.replace("\\", "\\\\").replace('"', '\\"')
+        out.append(f'  n{k} [label="{label}"{shape}];')
+    for node in graph.nodes:
+        for child in node.inputs:
+            if id(child) in ids and id(node) in ids:
+                out.append(f"  {ids[id(child)]} -> {ids[id(node)]};")
+    for k, v in enumerate(graph.outputs):
+        if id(v) in ids:
+            out.append(f'  out{k} [label="output {k}", shape=plaintext];')
+            out.append(f"  {ids[id(v)]} -> out{k};")
+    out.append("}")
+    return "\n".join(out)
+
+
+def print_graph(value: Value, file=None) -> None:
+    """Print the backward chain of `value` (see `backward_chain`)."""
+    print(backward_chain(value), file=file)

@@ -1,0 +1,75 @@
+"""The op registry: one entry per op, holding everything the compiler knows of it.
+
+Each `OpDef` carries the op's shape/dtype rule, its NumPy reference
+implementation, its VJP rule and its lowering kind. Passes and backends match
+on `kind` (a named group, as in tinygrad's op sets), never on long if-chains
+of op names.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable, Optional
+
+# Lowering kinds: the named groups that passes and backends dispatch on.
+SOURCE = "source"            # no inputs: input, variable, const, iota
+ELEMENTWISE = "elementwise"  # a sympy expression over broadcast inputs
+REDUCE = "reduce"            # sum / max / argmax over some axes
+MOVEMENT = "movement"        # reshape, transpose, expand: index remapping only
+MATMUL = "matmul"            # 2-D matrix product
+CUSTOM = "custom"            # a user's op with a hand-written backward
+KINDS = (SOURCE, ELEMENTWISE, REDUCE, MOVEMENT, MATMUL, CUSTOM)
+
+
+@dataclass(eq=False)
+class OpDef:
+    """Everything about one op.
+
+    infer(inputs, attrs) -> (shape, dtype): the shape rule; raises ValueError or
+        TypeError naming the op and the shapes while the graph is built.
+    numpy(args, node, env) -> ndarray: the reference implementation.
+    vjp(node, cotangent, wants) -> tuple: one cotangent Value (or None) per
+        input, at the shape of the node's output for elementwise inputs (the
+        autodiff driver reduces broadcasts); `wants[i]` says whether input i
+        needs one at all. None when the op has no derivative.
+    """
+
+    name: str
+    kind: str
+    infer: Callable
+    numpy: Callable
+    vjp: Optional[Callable] = None
+    doc: str = ""
+    # Elementwise ops only: the defining sympy expression over x0..x{arity-1}.
+    expr: Any = None
+    arity: Optional[int] = None
+    extra: dict = field(default_factory=dict)
+
+    def __repr__(self) -> str:
+        return f"<op {self.name} ({self.kind})>"
+
+
+REGISTRY: dict[str, OpDef] = {}
+
+
+def register(opdef: OpDef) -> OpDef:
+    """Add an op; redefining a name is an error, so two ops never share one."""
+    if opdef.kind not in KINDS:
+        raise ValueError(f"op {opdef.name!r}: unknown kind {opdef.kind!r}")
+    if opdef.name in REGISTRY:
+        raise ValueError(f"an op named {opdef.name!r} is already registered")
+    REGISTRY[opdef.name] = opdef
+    return opdef
+
+
+def lookup(name: str) -> OpDef:
+    """The op named `name`; a KeyError that names it otherwise."""
+    try:
+        return REGISTRY[name]
+    except KeyError:
+        raise KeyError(f"no op named {name!r} is registered") from None
+
+
+def ops_of_kind(kind: str) -> list[OpDef]:
+    """All registered ops of one lowering kind."""
+    return [op for op in REGISTRY.values() if op.kind == kind]

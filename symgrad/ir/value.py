@@ -1,0 +1,115 @@
+"""The IR node: an immutable value produced by one op from other values.
+
+A `Value` is both a node of the graph and the handle a user holds: the
+Python operators build new nodes. Shapes and dtypes are computed by the op's
+shape rule as the node is made, so mistakes surface while the graph is built.
+"""
+
+from __future__ import annotations
+
+from types import MappingProxyType
+from typing import Any
+
+from . import shapes as S
+from .dtypes import SHORT_NAMES
+from .registry import OpDef
+
+
+class Value:
+    """One node: `op` applied to `inputs` with attributes `attrs`.
+
+    Immutable once made; identity is the node's identity (structural
+    equality is the CSE pass's business), so Values work as dict keys even
+    though `==` builds an elementwise comparison, as in PyTorch.
+    """
+
+    __slots__ = ("op", "inputs", "attrs", "shape", "dtype", "__weakref__")
+    __array_priority__ = 1000  # numpy scalars defer to our operators
+
+    def __init__(self, op: OpDef, inputs: tuple, attrs: dict, shape: tuple, dtype: str):
+        object.__setattr__(self, "op", op)
+        object.__setattr__(self, "inputs", tuple(inputs))
+        object.__setattr__(self, "attrs", MappingProxyType(dict(attrs)))
+        object.__setattr__(self, "shape", tuple(shape))
+        object.__setattr__(self, "dtype", dtype)
+
+    def __setattr__(self, name, value):
+        raise AttributeError("graph values are immutable")
+
+    __hash__ = object.__hash__
+
+    # ---- description -------------------------------------------------
+    @property
+    def ndim(self) -> int:
+        return len(self.shape)
+
+    @property
+    def name(self) -> "str | None":
+        """The user's name for inputs and variables; None for computed values."""
+        return self.attrs.get("name")
+
+    @property
+    def type_str(self) -> str:
+        """`f32[B,10]`: dtype and shape as printed in graph text."""
+        return SHORT_NAMES[self.dtype] + S.format_shape(self.shape)
+
+    def __repr__(self) -> str:
+        label = f" {self.name!r}" if self.name else ""
+        return f"<Value {self.op.name}{label}: {self.type_str}>"
+
+    def __bool__(self):
+        raise TypeError("a graph value has no truth value while the graph is built; "
+                        "use sg.where(cond, a, b) for a data-dependent choice")
+
+    def __len__(self):
+        if not self.shape:
+            raise TypeError("len() of a 0-d value")
+        return self.shape[0]
+
+    # ---- operators: thin forwards to symgrad.functional ---------------
+    def __add__(self, other): return _F().add(self, other)
+    def __radd__(self, other): return _F().add(other, self)
+    def __sub__(self, other): return _F().sub(self, other)
+    def __rsub__(self, other): return _F().sub(other, self)
+    def __mul__(self, other): return _F().mul(self, other)
+    def __rmul__(self, other): return _F().mul(other, self)
+    def __truediv__(self, other): return _F().div(self, other)
+    def __rtruediv__(self, other): return _F().div(other, self)
+    def __pow__(self, other): return _F().pow(self, other)
+    def __rpow__(self, other): return _F().pow(other, self)
+    def __matmul__(self, other): return _F().matmul(self, other)
+    def __rmatmul__(self, other): return _F().matmul(other, self)
+    def __neg__(self): return _F().neg(self)
+    def __pos__(self): return self
+    def __abs__(self): return _F().abs(self)
+    def __lt__(self, other): return _F().less(self, other)
+    def __le__(self, other): return _F().less_equal(self, other)
+    def __gt__(self, other): return _F().greater(self, other)
+    def __ge__(self, other): return _F().greater_equal(self, other)
+    def __eq__(self, other): return _F().equal(self, other)   # type: ignore[override]
+    def __ne__(self, other): return _F().not_equal(self, other)  # type: ignore[override]
+
+    # ---- methods, as on a torch.Tensor / numpy array -------------------
+    @property
+    def T(self) -> "Value":
+        return _F().transpose(self)
+
+    def sum(self, axis=None, keepdims=False): return _F().sum(self, axis=axis, keepdims=keepdims)
+    def mean(self, axis=None, keepdims=False): return _F().mean(self, axis=axis, keepdims=keepdims)
+    def max(self, axis=None, keepdims=False): return _F().max(self, axis=axis, keepdims=keepdims)
+    def reshape(self, *shape): return _F().reshape(self, shape[0] if len(shape) == 1 and isinstance(shape[0], (tuple, list)) else shape)
+    def transpose(self, *axes): return _F().transpose(self, axes or None)
+    def astype(self, dtype): return _F().cast(self, dtype)
+
+
+def _F():
+    # The operator table lives in symgrad.functional, which imports this
+    # module; a late import breaks the cycle without a registry of callbacks.
+    from .. import functional
+    return functional
+
+
+def make(op: OpDef, inputs=(), **attrs: Any) -> Value:
+    """Build a node of `op`, running its shape rule first."""
+    shape, dtype = op.infer(tuple(inputs), attrs)
+    return Value(op, inputs, attrs, shape, dtype)

@@ -1,0 +1,6 @@
+"""Optimizers whose update rules are graph code, compiled into the training step."""
+
+from .optimizer import Optimizer
+from .sgd import SGD
+
+__all__ = ["Optimizer", "SGD"]

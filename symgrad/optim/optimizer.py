@@ -1,0 +1,52 @@
+"""The optimizer interface: from (params, grads) to the graph's update pairs."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .. import functional as F
+from ..ir.value import Value
+from ..sources import variable
+
+
+class Optimizer:
+    """Base class. A subclass implements `update(param, grad)` as graph code.
+
+    State lives in variables named after their parameter (`W.momentum_buffer`),
+    created with `state()`; hyperparameters that may change between steps
+    without recompiling (the learning rate) are variables too, made by
+    `hyper()`. `updates` returns the (variable, new value) pairs of the step.
+    """
+
+    def __init__(self, lr: float):
+        if lr < 0:
+            raise ValueError(f"{type(self).__name__}: lr must be non-negative, got {lr}")
+        self.lr = lr
+        self._pending: list[tuple[Value, Value]] = []
+
+    def hyper(self, name: str, value: float, like: Value) -> Value:
+        """A runtime scalar hyperparameter, read at every step, cast to `like`'s dtype."""
+        key = ("hyper", name)
+        if key not in self._made:
+            self._made[key] = variable(name, np.array(value, dtype=np.float64), role="hyper")
+        return F.cast(self._made[key], like.dtype)
+
+    def state(self, param: Value, name: str, init: float = 0.0, shape=None, dtype=None) -> Value:
+        """Optimizer state for `param`, named `<param>.<name>`, zeros (or `init`) at first."""
+        shape = param.shape if shape is None else shape
+        return variable(f"{param.name}.{name}", np.full(shape, init, dtype=dtype or param.dtype), role="state")
+
+    def assign(self, target: Value, new: Value) -> None:
+        """Record that `target` (a state variable) takes `new` after this step."""
+        self._pending.append((target, new))
+
+    def update(self, param: Value, grad: Value) -> Value:
+        """The parameter's new value, as graph code; calls `assign` for any state."""
+        raise NotImplementedError(f"{type(self).__name__} defines update(param, grad)")
+
+    def updates(self, params: list[Value], grads: list[Value]) -> list[tuple[Value, Value]]:
+        """All (variable, new value) pairs of one step, parameters first."""
+        self._made: dict = {}
+        self._pending = []
+        pairs = [(p, F.cast(self.update(p, g), p.dtype)) for p, g in zip(params, grads)]
+        return pairs + self._pending

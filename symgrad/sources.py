@@ -1,0 +1,73 @@
+"""The leaves a user creates: runtime inputs and parameters."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .ir import dtypes as D
+from .ir import shapes as S
+from .ir.registry import lookup
+from .ir.value import Value, make
+
+import itertools
+
+INITS = ("zeros", "ones", "normal", "uniform")
+_rng = np.random.default_rng(0)
+# Leaves carry a creation number, so a graph lists its inputs in the order
+# the user made them, whatever order the computation reaches them in.
+_serial = itertools.count()
+
+
+def manual_seed(seed: int) -> None:
+    """Seed the generator behind init="normal" / "uniform" (torch.manual_seed)."""
+    global _rng
+    _rng = np.random.default_rng(seed)
+
+
+def _check_name(name, what: str) -> str:
+    if not isinstance(name, str) or not name:
+        raise TypeError(f"{what}: name must be a non-empty string, got {name!r}")
+    return name
+
+
+def input(name: str, shape, dtype: str = "float32") -> Value:
+    """A runtime argument of the compiled function: `x = sg.input("x", (B, 784))`."""
+    return make(lookup("input"), name=_check_name(name, "input"), shape=S.as_shape(shape),
+                dtype=D.canonical(dtype), serial=next(_serial))
+
+
+def variable(name: str, value: np.ndarray, role: str) -> Value:
+    """Persistent storage with an initial value: a parameter, optimizer state or hyperparameter."""
+    value = np.array(value, copy=True)
+    value.flags.writeable = False
+    return make(lookup("variable"), name=_check_name(name, role), shape=value.shape,
+                dtype=D.canonical(value.dtype), role=role, init=value, serial=next(_serial))
+
+
+def param(name: str, shape, init="zeros", dtype: str = "float32") -> Value:
+    """A trainable parameter: `W = sg.param("W", (784, 10), init="zeros")`.
+
+    init: "zeros", "ones", "normal" (N(0,1)), "uniform" (U(0,1)) as in
+    torch.nn.init's defaults, or an ndarray (cast to `dtype`).
+    """
+    _check_name(name, "param")
+    dtype = D.canonical(dtype)
+    shape = S.as_shape(shape)
+    if any(not isinstance(s, int) for s in shape):
+        raise ValueError(f"param {name!r}: a parameter's shape must be concrete, got {S.format_shape(shape)}")
+    if isinstance(init, np.ndarray) or (not isinstance(init, str) and hasattr(init, "__array__")):
+        array = np.asarray(init)
+        if array.shape != shape:
+            raise ValueError(f"param {name!r}: init has shape {list(array.shape)}, expected {S.format_shape(shape)}")
+        value = array.astype(D.to_numpy(dtype))
+    elif init == "zeros":
+        value = np.zeros(shape, D.to_numpy(dtype))
+    elif init == "ones":
+        value = np.ones(shape, D.to_numpy(dtype))
+    elif init == "normal":
+        value = _rng.standard_normal(shape).astype(D.to_numpy(dtype))
+    elif init == "uniform":
+        value = _rng.random(shape).astype(D.to_numpy(dtype))
+    else:
+        raise ValueError(f"param {name!r}: init must be one of {INITS} or an ndarray, got {init!r}")
+    return variable(name, value, "param")
