@@ -1,0 +1,171 @@
+"""A tiny rewrite engine: graph copies and local rules run to a fixed point.
+
+A *rule* is a function `rule(node) -> Value | None` whose docstring states
+its identity (`neg(neg(x)) -> x`). It sees a node whose inputs have already
+been rewritten and returns a replacement of the same shape and dtype, or
+None when it does not apply. `apply_rules` sweeps the graph bottom-up,
+applying rules at each node until none fires, and repeats whole sweeps
+until a sweep changes nothing (as PyTensor's EquilibriumGraphRewriter).
+
+Values are immutable, so nothing is ever modified: a node whose inputs
+changed is rebuilt, a node whose inputs did not is shared with the input
+graph, and the result is a new `Graph`.
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Iterable, Optional
+
+import numpy as np
+import sympy
+
+from ..ir.graph import Graph
+from ..ir.value import Value, make
+
+Rule = Callable[[Value], Optional[Value]]
+
+# Ops whose every evaluation may differ (random numbers): never merged by CSE,
+# never folded. An op may also declare itself so with extra["nondeterministic"].
+NONDETERMINISTIC = frozenset({"random", "rand", "randn", "random_uniform", "random_normal",
+                              "bernoulli", "dropout", "dropout_mask"})
+
+# Leaves that stand for runtime data: never folded, never merged.
+DATA_LEAVES = ("input", "variable")
+
+
+def is_nondeterministic(node: Value) -> bool:
+    """Whether `node`'s op draws random numbers (so two equal-looking nodes differ)."""
+    return node.op.name in NONDETERMINISTIC or bool(node.op.extra.get("nondeterministic"))
+
+
+def with_inputs(node: Value, inputs: tuple) -> Value:
+    """`node` over new inputs of the same types: the same node when nothing changed."""
+    if len(inputs) == len(node.inputs) and all(a is b for a, b in zip(inputs, node.inputs)):
+        return node
+    return Value(node.op, inputs, node.attrs, node.shape, node.dtype)
+
+
+def rebuild(graph: Graph, rewrite: Callable[[Value], Value]) -> Graph:
+    """A copy of `graph` in which each node, over its rebuilt inputs, is passed through `rewrite`.
+
+    `rewrite(node)` returns the node or its replacement; it is called once per
+    node, in topological order, so every input it sees is already final.
+    """
+    mapping: dict[int, Value] = {}
+    for node in graph.nodes:
+        inputs = tuple(mapping[id(i)] for i in node.inputs)
+        mapping[id(node)] = rewrite(with_inputs(node, inputs))
+    return Graph(graph.inputs,
+                 [mapping[id(v)] for v in graph.outputs],
+                 [(mapping[id(t)], mapping[id(n)]) for t, n in graph.updates])
+
+
+class RuleError(RuntimeError):
+    """A rule returned a value whose type differs from the node it replaces (a bug in the rule)."""
+
+
+def _check(rule: Rule, node: Value, new: Value) -> None:
+    if not isinstance(new, Value) or new.shape != node.shape or new.dtype != node.dtype:
+        got = new.type_str if isinstance(new, Value) else type(new).__name__
+        raise RuleError(f"rewrite rule {rule.__name__} replaced {node.op.name} {node.type_str} "
+                        f"by {got}")
+
+
+def apply_rules(graph: Graph, rules: Iterable[Rule], max_sweeps: int = 50,
+                counts: dict | None = None) -> Graph:
+    """Rewrite `graph` with `rules` until no rule fires anywhere (or `max_sweeps` sweeps).
+
+    `counts`, when given, receives how many times each rule fired, by name.
+    Nodes of random ops are never handed to a rule: moving a broadcast past
+    one, say, would turn independent draws into repeated ones.
+    """
+    rules = tuple(rules)
+    original = graph
+    for sweep in range(max_sweeps):
+        fired = False
+
+        def at_node(node: Value) -> Value:
+            nonlocal fired
+            if is_nondeterministic(node):
+                return node  # a random op is left exactly as written (see NONDETERMINISTIC)
+            for _ in range(100):  # a node rewritten 100 times over means rules that cycle
+                for rule in rules:
+                    new = rule(node)
+                    if new is not None and new is not node:
+                        _check(rule, node, new)
+                        if counts is not None:
+                            counts[rule.__name__] = counts.get(rule.__name__, 0) + 1
+                        fired, node = True, new
+                        break
+                else:
+                    return node
+            raise RuleError(f"rewrite rules do not terminate at {node!r}")
+
+        rebuilt = rebuild(graph, at_node)
+        if not fired:
+            return original if sweep == 0 else graph  # unchanged: the caller can tell by identity
+        graph = rebuilt
+    return graph
+
+
+# ---- helpers the rules share -------------------------------------------------
+
+def same_type(node: Value, new: Value | None) -> Value | None:
+    """`new` when it has `node`'s shape and dtype, else None (the rule does not apply)."""
+    if new is not None and new.shape == node.shape and new.dtype == node.dtype:
+        return new
+    return None
+
+
+def scalar_constant(v: Value):
+    """The one value every element of `v` holds, when `v` is a constant that says so; else None.
+
+    Sees through expand and reshape (which copy elements), so a broadcast
+    constant counts. Returns a Python number or a sympy expression of Dims.
+    """
+    while v.op.name in ("expand", "reshape"):
+        v = v.inputs[0]
+    if v.op.name != "const":
+        return None
+    value = v.attrs["value"]
+    if isinstance(value, np.ndarray):
+        if value.size == 0:
+            return None
+        first = value.flat[0]
+        if not np.all(value == first) or (value.dtype.kind == "f" and np.isnan(first)):
+            return None
+        return first.item()
+    return value
+
+
+def is_value(v: Value, number) -> bool:
+    """Whether every element of `v` is the constant `number` (0 and -0.0 both count as 0)."""
+    c = scalar_constant(v)
+    if c is None:
+        return False
+    if isinstance(c, sympy.Basic):
+        return bool(c == number)
+    return c == number
+
+
+def const_like(value, dtype: str) -> Value:
+    """A 0-d const node holding `value` (a Python number or a sympy expression of Dims)."""
+    from ..ir.registry import lookup
+    return make(lookup("const"), value=value, shape=(), dtype=dtype)
+
+
+def short_rational(value):
+    """A Python number as an exact sympy Rational when it has a short form (3, -0.125); else None.
+
+    Every finite float is a dyadic rational; only small ones (numerator below
+    2**24, denominator at most 2**10) are worth writing into an expression.
+    0.1 is not: its exact value has a 55-bit denominator.
+    """
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    if isinstance(value, float) and not np.isfinite(value):
+        return None
+    r = sympy.Rational(value)
+    if abs(r.p) >= 2 ** 24 or r.q > 2 ** 10:
+        return None
+    return r
