@@ -6,8 +6,11 @@ compile forward, backward and update into one native call.
 
 from . import ir  # noqa: F401  (registers the ops before anything builds nodes)
 from . import optim
+from . import nn, random  # noqa: F401  (sg.nn, sg.random: layers and the counter-based generator)
 from .autodiff import grad
 from .compiled import function, train_step
+from .backends.cuda import cuda_source  # the .cu text of a graph; needs no GPU
+from .gradcheck import GradcheckError, gradcheck
 from .custom import Context, Function
 from .functional import (abs, argmax, broadcast_to, cast, constant, cos, cross_entropy, elementwise,
                          equal, exp, expand_dims, greater, greater_equal, less, less_equal, log,
@@ -24,10 +27,11 @@ __version__ = "0.1.0"
 
 __all__ = [
     "Dim", "Graph", "Value", "Function", "Context", "input", "param", "manual_seed", "grad",
-    "function", "train_step", "optim", "print_graph", "backward_chain", "constant", "abs", "argmax",
+    "function", "train_step", "cuda_source", "optim", "print_graph", "backward_chain", "constant", "abs", "argmax",
     "broadcast_to", "cast", "cos", "cross_entropy", "elementwise", "equal", "exp", "expand_dims",
     "greater", "greater_equal", "less", "less_equal", "log", "log_softmax", "matmul", "max",
     "maximum", "mean", "minimum", "mse_loss", "nll_loss", "not_equal", "one_hot", "relu",
     "reshape", "sigmoid", "sin", "softmax", "sqrt", "squeeze", "stop_gradient", "sum", "tanh",
     "transpose", "where", "__version__",
+    "nn", "random", "gradcheck", "GradcheckError",
 ]

@@ -119,6 +119,28 @@ class Compiled:
         self._variables = {v.name: v for v in graph.variables}
         self._storage = {v.name: np.array(v.attrs["init"], copy=True) for v in graph.variables}
         self.program = backends.get(backend).compile(graph, **options)
+        self._attach()
+
+    def _attach(self) -> None:
+        # A backend keeping variables in its own memory (cuda) is told which storage dict it
+        # shares with the other programs of this object, before any read, write or run.
+        attach = getattr(self.program, "attach", None)
+        if attach is not None:
+            attach(self._storage)
+
+    def close(self) -> None:
+        """Free the backend's native resources (device memory); current values stay readable."""
+        for sub in getattr(self, "_programs", {}).values():
+            sub.close()
+        closer = getattr(self.program, "close", None)
+        if closer is not None:
+            closer()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
 
     # What was built, for reading and importing.
     @property
@@ -175,26 +197,137 @@ class CompiledFunction(Compiled):
         return outputs[0] if self._single else tuple(outputs)
 
 
-class TrainStep(Compiled):
-    """`sg.train_step(...)`: forward, backward and update in one call; returns the loss."""
+def _arrays_by_name(graph: Graph, batch: dict, what: str) -> list:
+    """The arrays of `batch` in the graph's input order; a TypeError naming missing and extra names."""
+    names = [v.name for v in graph.inputs]
+    missing = [n for n in names if n not in batch]
+    extra = [n for n in batch if n not in names]
+    if missing or extra:
+        raise TypeError(f"{what} takes inputs {names}: "
+                        + (f"missing {missing}" if missing else "")
+                        + ("; " if missing and extra else "")
+                        + (f"unexpected {extra}" if extra else ""))
+    return [batch[n] for n in names]
 
-    def __init__(self, graph: Graph, backend: str, params: list[Value], **options):
+
+class TrainStep(Compiled):
+    """`sg.train_step(...)`: forward, backward and update in one call; returns the loss.
+
+    Besides the fused step, three programs are compiled on first use by the
+    same backend, sharing this step's variable storage:
+
+    - `accumulate(**batch)` adds the batch's gradients into buffers
+      `<param>.grad` (and performs the layers' own updates, such as
+      BatchNorm's running statistics), without touching the parameters;
+    - `apply()` runs the optimizer on the buffered gradients, then zeroes them;
+    - `predict(**inputs)` computes the `predict=` value(s) only: no
+      backward, no optimizer, no gradient buffers.
+
+    Accumulation sums, as PyTorch's `loss.backward()` does over
+    micro-batches: with a mean-reduced loss, four accumulations of 16 rows
+    give four times the mean gradient of the 64 rows. Divide the loss by the
+    number of micro-batches (as one does in PyTorch) to make
+    `accumulate` x4 + `apply()` equal one step on the whole batch.
+    `step(**batch)` neither reads nor clears the buffers.
+    """
+
+    def __init__(self, graph: Graph, backend: str, params: list[Value], optimizer=None, grads=None,
+                 predict=None, effects_pairs=(), **options):
         super().__init__(graph, backend, **options)
         self.params = VariableView(self, [p.name for p in params])
         self.state = VariableView(self, [v.name for v in graph.variables
                                          if v.attrs["role"] != "param"])
+        self._options = options
+        self._param_values, self._optimizer, self._grads = list(params), optimizer, grads
+        self._effects = list(effects_pairs)
+        self._predict = predict
+        self._programs: dict[str, Compiled] = {}
+        self._buffers = None
 
     def __call__(self, **batch) -> float:
-        names = [v.name for v in self.graph.inputs]
-        missing = [n for n in names if n not in batch]
-        extra = [n for n in batch if n not in names]
-        if missing or extra:
-            raise TypeError(f"train step takes inputs {names}: "
-                            + (f"missing {missing}" if missing else "")
-                            + ("; " if missing and extra else "")
-                            + (f"unexpected {extra}" if extra else ""))
-        (loss,) = self._run([batch[n] for n in names])
+        (loss,) = self._run(_arrays_by_name(self.graph, batch, "train step"))
         return float(loss)
+
+    # ---- accumulation, apply, predict: extra programs over the same storage ----
+    def _gradient_buffers(self) -> list[Value]:
+        from .sources import variable
+        if self._buffers is None:
+            self._buffers = [variable(f"{p.name}.grad", np.zeros(p.shape, D.to_numpy(p.dtype)), role="state")
+                             for p in self._param_values]
+        return self._buffers
+
+    def _build(self, kind: str) -> Graph:
+        from . import effects
+        from . import functional as F
+        if kind == "accumulate":
+            if self._grads is None:
+                raise RuntimeError("accumulate: this step was not built by sg.train_step")
+            loss = self.graph.outputs[0]
+            sums = [(b, b + g) for b, g in zip(self._gradient_buffers(), self._grads)]
+            return Graph(self.graph.inputs, [loss], effects.merge(sums, self._effects))
+        if kind == "apply":
+            if self._optimizer is None:
+                raise RuntimeError("apply: this step was not built by sg.train_step")
+            buffers = self._gradient_buffers()
+            updates = self._optimizer.updates(self._param_values, buffers)
+            zeros = [(b, F.broadcast_to(F.constant(0, b.dtype), b.shape)) for b in buffers]
+            return Graph([], [], effects.merge(updates, zeros))
+        if kind == "predict":
+            if self._predict is None:
+                raise RuntimeError("predict: pass the value to compute when building the step, "
+                                   "sg.train_step(loss, params, optimizer, predict=logits)")
+            outs = [self._predict] if isinstance(self._predict, Value) else list(self._predict)
+            return Graph(collect_inputs(outs), outs, effects.collect(outs))
+        raise ValueError(f"unknown program {kind!r}; expected accumulate, apply or predict")
+
+    def program_for(self, kind: str) -> Compiled:
+        """The compiled "accumulate", "apply" or "predict" program (compiled on first use).
+
+        Its `source`, and `workspace_bytes` where the backend reports one,
+        describe that program alone.
+        """
+        if kind not in self._programs:
+            sub = Compiled(self._build(kind), self.backend, **self._options)
+            for name, array in sub._storage.items():
+                mine = self._storage.get(name)
+                if mine is None:
+                    self._storage[name] = array
+                    if name not in self.state._names and sub._variables[name].attrs["role"] != "param":
+                        self.state._names.append(name)
+                elif mine.shape != array.shape or mine.dtype != array.dtype:
+                    raise ValueError(f"{kind}: variable {name!r} is {array.dtype}{list(array.shape)} there, "
+                                     f"{mine.dtype}{list(mine.shape)} in the step")
+            sub._storage = self._storage  # one storage: the programs see each other's updates
+            sub._attach()
+            self._programs[kind] = sub
+        return self._programs[kind]
+
+    def accumulate(self, **batch) -> float:
+        """Add this batch's gradients into the `<param>.grad` buffers; returns the loss.
+
+        The parameters do not change until `apply()`. Gradients sum over
+        calls, as repeated `loss.backward()` calls do in PyTorch.
+        """
+        program = self.program_for("accumulate")
+        (loss,) = program._run(_arrays_by_name(program.graph, batch, "accumulate"))
+        return float(loss)
+
+    def apply(self) -> None:
+        """Update the parameters from the accumulated gradients, then zero the buffers."""
+        self.program_for("apply")._run([])
+
+    def predict(self, **inputs):
+        """The `predict=` value(s) on these inputs: forward only, nothing trained.
+
+        Returns one array, or a tuple when `predict=` was a list. Build the
+        value with the model in eval mode (`model.eval()`) for inference
+        semantics: dropout off, BatchNorm on running statistics. A value
+        built in training mode keeps its layers' updates (fresh dropout
+        masks, running statistics), as under torch.no_grad() in train mode.
+        """
+        program = self.program_for("predict")
+        outputs = program._run(_arrays_by_name(program.graph, inputs, "predict"))
+        return outputs[0] if isinstance(self._predict, Value) else tuple(outputs)
 
     @property
     def lr(self) -> float:
@@ -238,18 +371,31 @@ def _as_param_list(params) -> list[Value]:
     return params
 
 
-def train_step(loss: Value, params, optimizer, backend: str = "numpy", **options) -> TrainStep:
+def train_step(loss: Value, params, optimizer, backend: str = "numpy", predict=None, **options) -> TrainStep:
     """Compile forward, backward and the optimizer's update into one call.
 
     `step(**batch)` runs it on arrays given by input name and returns the
-    loss; `step.params[name]` reads the current values.
+    loss; `step.params[name]` reads the current values. Updates that layers
+    attach to values the loss computes (BatchNorm running statistics,
+    dropout's random-stream counter) are performed by the step too.
+    `predict=` names the value (or list of values) that `step.predict(**inputs)`
+    computes, typically the model's output built in eval mode; see TrainStep
+    for `accumulate` / `apply`.
     """
+    from . import effects
     from .autodiff import grad
 
     if not isinstance(loss, Value) or loss.shape != () or not D.is_float(loss.dtype):
         raise ValueError(f"train_step: loss must be a float scalar value, got {loss!r}")
     params = _as_param_list(params)
+    if predict is not None:
+        outs = [predict] if isinstance(predict, Value) else list(predict)
+        for k, v in enumerate(outs):
+            if not isinstance(v, Value):
+                raise TypeError(f"train_step: predict[{k}] must be a graph value, got {type(v).__name__}")
     grads = grad(loss, params)
-    updates = optimizer.updates(params, grads)
+    layer_updates = effects.collect([loss])
+    updates = effects.merge(optimizer.updates(params, grads), layer_updates)
     graph = Graph(collect_inputs([loss]), [loss], updates)
-    return TrainStep(graph, backend, params, **options)
+    return TrainStep(graph, backend, params, optimizer=optimizer, grads=grads, predict=predict,
+                     effects_pairs=layer_updates, **options)

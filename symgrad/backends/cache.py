@@ -1,6 +1,6 @@
 """Build cache: C source -> an importable cffi extension module `_symgrad_<hash>`.
 
-    build(source, cdef, *, flags=None, kind="c") -> BuiltModule
+    build(source, cdef, *, flags=None, kind="c") -> BuiltModule      (kind "c" or "cuda")
 
 `build` compiles `source` with cffi's out-of-line API mode (`ffi.cdef(cdef)`,
 `ffi.set_source(name, source)`, `ffi.compile()`), or loads the module built
@@ -34,6 +34,13 @@ only once its metadata exists. Before an entry is loaded its metadata is
 checked (key and sha256 of the .so); a damaged entry is removed and rebuilt,
 never loaded.
 
+kind="cuda" (symgrad/backends/cuda.py) uses the same keys, locks, checks and index, with
+nvcc instead of cffi's build: `_symgrad_<hash>.cu` is compiled by `nvcc <flags> -o
+_symgrad_<hash>.so` (flags: DEFAULT_NVCC_FLAGS or `$SYMGRAD_NVCCFLAGS`, plus the
+architecture the caller chose), the compiler identity is nvcc's path and `--version`
+(`$NVCC` is honoured), and the library, which has no Python C-API, is loaded with
+cffi's ABI mode (`ffi.dlopen` with the cdef): `BuiltModule.module` has `.ffi` and `.lib`.
+
 With no compiler at all (CC missing), the key cannot be computed; `build` then
 loads the module the same source, cdef and flags built last (recorded in
 `index/`), after the same integrity checks: a binary does not need its
@@ -66,7 +73,12 @@ DEFAULT_FLAGS = ("-O3", "-march=native", "-fopenmp", "-std=c11", "-fno-math-errn
 # Bumped whenever the layout or the metadata changes, so old entries are never misread.
 FORMAT = 1
 _HASH_CHARS = 32
-_KINDS = ("c",)
+_KINDS = ("c", "cuda")
+# kind="cuda": nvcc builds a plain shared library (no Python C-API) that cffi loads in ABI mode.
+# No --use_fast_math: its approximate expf/logf/division would break parity with the reference.
+DEFAULT_NVCC_FLAGS = ("-O3", "-std=c++17", "-shared", "-Xcompiler", "-fPIC")
+# With no device to ask for its architecture: a fat binary for Ampere and Hopper.
+NVCC_FAT_BINARY = ("-gencode", "arch=compute_80,code=sm_80", "-gencode", "arch=compute_90,code=sm_90")
 _ENV_FLAG_VARS = ("CFLAGS", "CPPFLAGS", "LDFLAGS", "LDSHARED")
 
 
@@ -125,23 +137,46 @@ def compiler_command() -> list[str]:
     return shlex.split(cc)
 
 
+def default_nvcc_flags() -> list[str]:
+    """nvcc flags before the architecture: `$SYMGRAD_NVCCFLAGS` (shell-split) if set, else
+    `DEFAULT_NVCC_FLAGS`."""
+    configured = os.environ.get("SYMGRAD_NVCCFLAGS")
+    return shlex.split(configured) if configured is not None else list(DEFAULT_NVCC_FLAGS)
+
+
+def nvcc_command() -> list[str]:
+    """The CUDA compiler: `$NVCC`, else `nvcc` on PATH, else /usr/local/cuda/bin/nvcc."""
+    configured = os.environ.get("NVCC")
+    if configured:
+        return shlex.split(configured)
+    return [shutil.which("nvcc") or "/usr/local/cuda/bin/nvcc"]
+
+
 def compiler_identity() -> str:
-    """Resolved path and `--version` output of the compiler; raises `CompilerNotFound`."""
-    command = compiler_command()
+    """Resolved path and `--version` output of the C compiler; raises `CompilerNotFound`."""
+    return _identity(compiler_command(), _compiler_not_found)
+
+
+def nvcc_identity() -> str:
+    """Resolved path and `--version` output of nvcc (kind="cuda"); raises `CompilerNotFound`."""
+    return _identity(nvcc_command(), _nvcc_not_found)
+
+
+def _identity(command: list[str], not_found) -> str:
     cache_key = shlex.join(command)
     if cache_key in _COMPILER_IDS:
         return _COMPILER_IDS[cache_key]
     resolved = shutil.which(command[0]) if command else None
     if resolved is None:
-        raise _compiler_not_found(command, "was not found")
+        raise not_found(command, "was not found")
     try:
         done = subprocess.run([resolved, *command[1:], "--version"], capture_output=True, text=True,
                               timeout=60)
     except (OSError, subprocess.SubprocessError) as exc:
-        raise _compiler_not_found(command, f"could not be run ({exc})") from None
+        raise not_found(command, f"could not be run ({exc})") from None
     if done.returncode != 0:
-        raise _compiler_not_found(command, f"failed to run: `--version` exited with {done.returncode}:\n"
-                                           f"{_tail(done.stderr or done.stdout)}")
+        raise not_found(command, f"failed to run: `--version` exited with {done.returncode}:\n"
+                                 f"{_tail(done.stderr or done.stdout)}")
     identity = f"{resolved}\n{done.stdout.strip()}"
     _COMPILER_IDS[cache_key] = identity
     return identity
@@ -157,7 +192,9 @@ def build(source: str, cdef: str, *, flags: list[str] | None = None, kind: str =
         raise ValueError(f"build: unknown kind {kind!r}; expected one of {', '.join(_KINDS)}")
     if not isinstance(source, str) or not isinstance(cdef, str):
         raise TypeError("build: source and cdef must be str")
-    flags = default_flags() if flags is None else [str(flag) for flag in flags]
+    if flags is None:
+        flags = default_flags() if kind == "c" else default_nvcc_flags() + list(NVCC_FAT_BINARY)
+    flags = [str(flag) for flag in flags]
     with _LOCK:
         return _build(source, cdef, flags, kind)
 
@@ -167,9 +204,9 @@ def _build(source: str, cdef: str, flags: list[str], kind: str) -> BuiltModule:
     directory.mkdir(parents=True, exist_ok=True)
     prekey = _prekey(source, cdef, flags, kind)
     try:
-        key = _key(prekey, flags)
+        key = _key(prekey, flags, kind)
     except CompilerNotFound:
-        built = _load_without_compiler(directory, prekey, source)
+        built = _load_without_compiler(directory, prekey, source, kind, cdef)
         if built is None:
             raise
         return built
@@ -178,7 +215,7 @@ def _build(source: str, cdef: str, flags: list[str], kind: str) -> BuiltModule:
     if memo in _LOADED:
         return _LOADED[memo]
     name = module_name(key)
-    paths = _Paths(directory, name)
+    paths = _Paths(directory, name, kind)
     so_path = _verified(paths, key, source)
     if so_path is None:
         with _file_lock(paths.lock):
@@ -186,9 +223,9 @@ def _build(source: str, cdef: str, flags: list[str], kind: str) -> BuiltModule:
             so_path = _verified(paths, key, source)
             if so_path is None:
                 _remove_entry(paths)
-                so_path = _compile_entry(paths, key, prekey, source, cdef, flags)
+                so_path = _compile_entry(paths, key, prekey, source, cdef, flags, kind)
     _record_index(directory, prekey, name, key)
-    built = BuiltModule(_load(name, so_path), name, paths.source, so_path, directory)
+    built = BuiltModule(_open(name, so_path, kind, cdef), name, paths.source, so_path, directory)
     _LOADED[memo] = built
     return built
 
@@ -238,10 +275,10 @@ def _prekey(source: str, cdef: str, flags: list[str], kind: str) -> str:
                          "symgrad": symgrad.__version__})
 
 
-def _key(prekey: str, flags: list[str]) -> str:
-    """The full cache key: the prekey plus compiler identity, build environment and, for
-    -march=native, the host CPU."""
-    parts = {"prekey": prekey, "compiler": compiler_identity(),
+def _key(prekey: str, flags: list[str], kind: str = "c") -> str:
+    """The full cache key: the prekey plus compiler identity (`cc` or `nvcc --version`), build
+    environment and, for -march=native, the host CPU."""
+    parts = {"prekey": prekey, "compiler": compiler_identity() if kind == "c" else nvcc_identity(),
              "env": {name: os.environ.get(name) for name in _ENV_FLAG_VARS}}
     if any(flag.startswith(("-march=native", "-mcpu=native", "-mtune=native")) for flag in flags):
         parts["cpu"] = _host_cpu()
@@ -282,11 +319,12 @@ def _cffi_version() -> str:
 class _Paths:
     """Where one entry's files live."""
 
-    def __init__(self, directory: Path, name: str):
+    def __init__(self, directory: Path, name: str, kind: str = "c"):
         self.directory = directory
         self.name = name
-        self.library = directory / (name + sysconfig.get_config_var("EXT_SUFFIX"))
-        self.source = directory / (name + ".c")
+        # A CUDA entry is a plain shared library and its .cu source, not a Python extension.
+        self.library = directory / (name + (sysconfig.get_config_var("EXT_SUFFIX") if kind == "c" else ".so"))
+        self.source = directory / (name + (".c" if kind == "c" else ".cu"))
         self.meta = directory / (name + ".json")
         self.log = directory / (name + ".log")  # only after a failed build
         self.lock = directory / "locks" / (name + ".lock")
@@ -305,7 +343,8 @@ def _verified(paths: _Paths, key: str, source: str) -> Path | None:
     return paths.library
 
 
-def _compile_entry(paths: _Paths, key: str, prekey: str, source: str, cdef: str, flags: list[str]) -> Path:
+def _compile_entry(paths: _Paths, key: str, prekey: str, source: str, cdef: str, flags: list[str],
+                   kind: str = "c") -> Path:
     """Build into a temp dir inside the cache dir, then move the .so and the metadata into place.
 
     The source is put in place first: the compiler's messages and the debug info name it, and
@@ -314,11 +353,11 @@ def _compile_entry(paths: _Paths, key: str, prekey: str, source: str, cdef: str,
     _atomic_write(paths.source, source.encode())
     tmp = Path(tempfile.mkdtemp(prefix=f".tmp-{paths.name}-", dir=paths.directory))
     try:
-        built = _compile(tmp, paths, source, cdef, flags)
+        built = (_compile if kind == "c" else _compile_nvcc)(tmp, paths, source, cdef, flags)
         meta = {"format": FORMAT, "module_name": paths.name, "key": key, "prekey": prekey,
                 "library": paths.library.name, "library_sha256": _file_sha256(built),
                 "source_sha256": hashlib.sha256(source.encode()).hexdigest(), "flags": flags,
-                "compiler": _COMPILER_IDS.get(shlex.join(compiler_command()), ""),
+                "compiler": _COMPILER_IDS.get(shlex.join(compiler_command() if kind == "c" else nvcc_command()), ""),
                 "cffi": _cffi_version(), "created": _now()}
         meta_tmp = tmp / "meta.json"
         meta_tmp.write_text(json.dumps(meta, indent=1, sort_keys=True))
@@ -357,6 +396,26 @@ def _compile(tmp: Path, paths: _Paths, source: str, cdef: str, flags: list[str])
     return built
 
 
+def _compile_nvcc(tmp: Path, paths: _Paths, source: str, cdef: str, flags: list[str]) -> Path:
+    """Run nvcc on the kept .cu (so its messages name that file) into `tmp`; returns the .so."""
+    out = tmp / paths.library.name
+    command = [*nvcc_command(), *flags, "-o", str(out), str(paths.source)]
+    try:
+        done = subprocess.run(command, capture_output=True, text=True, cwd=tmp, timeout=600)
+    except (OSError, subprocess.SubprocessError) as exc:
+        raise CompilerNotFound(f"No working CUDA compiler: {shlex.join(nvcc_command())!r} could not be run "
+                               f"({exc}).\nThe CUDA backend needs nvcc to build its libraries. Fix: install the "
+                               f"CUDA toolkit, or point the NVCC environment variable at nvcc.") from None
+    if done.returncode != 0 or not out.is_file():
+        text = f"$ {shlex.join(command)}\n{done.stdout}\n{done.stderr}"
+        _atomic_write(paths.log, text.encode())
+        raise BuildError(f"CUDA compilation of {paths.name} failed (nvcc exited with {done.returncode}).\n"
+                         f"nvcc output (tail):\n{_tail(text)}\n"
+                         f"Source kept at: {paths.source} (full log: {paths.log})",
+                         log=text, source_path=paths.source)
+    return out
+
+
 def _build_failed(paths: _Paths, log: str, error: Exception) -> Exception:
     """`CompilerNotFound` if the compiler could not even start, else a `BuildError` with the
     compiler's output tail; the full log is kept beside the source."""
@@ -380,6 +439,26 @@ def _remove_entry(paths: _Paths) -> None:
         path.unlink(missing_ok=True)
 
 
+class DlopenModule:
+    """A kind="cuda" entry loaded with cffi's ABI mode: `.ffi` (with the cdef) and `.lib` (the functions)."""
+
+    def __init__(self, name: str, so_path: Path, cdef: str):
+        import cffi
+
+        self.__name__ = name
+        self.ffi = cffi.FFI()
+        self.ffi.cdef(cdef)
+        self.lib = self.ffi.dlopen(str(so_path))
+
+    def __repr__(self) -> str:
+        return f"<symgrad CUDA library {self.__name__}>"
+
+
+def _open(name: str, so_path: Path, kind: str, cdef: str):
+    """The loaded entry: an imported extension module (kind "c"), a dlopened library (kind "cuda")."""
+    return _load(name, so_path) if kind == "c" else DlopenModule(name, so_path, cdef)
+
+
 def _load(name: str, so_path: Path) -> ModuleType:
     """Import the extension module at `so_path` under `name`."""
     spec = importlib.util.spec_from_file_location(name, so_path)
@@ -401,7 +480,8 @@ def _record_index(directory: Path, prekey: str, name: str, key: str) -> None:
         _atomic_write(path, json.dumps({"module_name": name, "key": key}).encode())
 
 
-def _load_without_compiler(directory: Path, prekey: str, source: str) -> BuiltModule | None:
+def _load_without_compiler(directory: Path, prekey: str, source: str, kind: str = "c",
+                           cdef: str = "") -> BuiltModule | None:
     """The module the same source/cdef/flags built last, if it is intact; None otherwise."""
     record = _read_json(directory / "index" / (prekey + ".json"))
     if not record or not isinstance(record.get("key"), str):
@@ -411,11 +491,11 @@ def _load_without_compiler(directory: Path, prekey: str, source: str) -> BuiltMo
     if memo in _LOADED:
         return _LOADED[memo]
     name = module_name(key)
-    paths = _Paths(directory, name)
+    paths = _Paths(directory, name, kind)
     so_path = _verified(paths, key, source)
     if so_path is None or (_read_json(paths.meta) or {}).get("prekey") != prekey:
         return None
-    built = BuiltModule(_load(name, so_path), name, paths.source, so_path, directory)
+    built = BuiltModule(_open(name, so_path, kind, cdef), name, paths.source, so_path, directory)
     _LOADED[memo] = built
     return built
 
@@ -432,6 +512,14 @@ def _compiler_not_found(command: list[str], problem: str) -> CompilerNotFound:
         f"The C backend needs one to build its modules. Fix: install gcc (e.g. `apt install gcc` or "
         f"`conda install gcc`), or point the CC environment variable at a working C compiler.\n"
         f"backend=\"numpy\" works without a compiler.")
+
+
+def _nvcc_not_found(command: list[str], problem: str) -> CompilerNotFound:
+    nvcc = shlex.join(command) if command else "(empty)"
+    return CompilerNotFound(
+        f"No working CUDA compiler: {nvcc!r} {problem}.\n"
+        f"The CUDA backend needs nvcc to build its libraries. Fix: install the CUDA toolkit, or point "
+        f"the NVCC environment variable at nvcc.\nbackend=\"c\" and backend=\"numpy\" work without it.")
 
 
 @contextlib.contextmanager

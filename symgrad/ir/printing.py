@@ -44,7 +44,8 @@ class Namer:
             value = node.attrs["value"]
             return str(value).replace(" ", "") if isinstance(value, sympy.Basic) else repr(value)
         base = node.name
-        if base is None or not base.replace(".", "_").isidentifier() or base in self.taken:
+        # Dotted module paths ("0.weight", from sg.nn) are names too.
+        if base is None or not ("v" + base.replace(".", "_")).isidentifier() or base in self.taken:
             base = None
         while base is None or base in self.taken:
             base, self.counter = f"t{self.counter}", self.counter + 1

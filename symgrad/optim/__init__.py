@@ -1,6 +1,7 @@
 """Optimizers whose update rules are graph code, compiled into the training step."""
 
+from .adam import Adam
 from .optimizer import Optimizer
 from .sgd import SGD
 
-__all__ = ["Optimizer", "SGD"]
+__all__ = ["Optimizer", "SGD", "Adam"]

@@ -1,0 +1,654 @@
+"""The CUDA backend: the C backend's kernel plan rendered through templates/cuda/, built by nvcc.
+
+`compile(graph)` lowers the graph (symgrad.backends.lowering, the same plan
+as C), renders one CUDA C++ file (one `__global__` function per kernel, an
+`extern "C"` host API), builds it with nvcc through the cache
+(symgrad.backends.cache, kind="cuda") and loads it with cffi's ABI mode.
+
+Memory: variables (parameters, optimizer state), constants, inputs, outputs
+and the workspace (gradients and other temporaries) live in device memory
+held by the program's state until `close()`. A run copies in only the
+inputs and copies out only the outputs; updates stay on the device, so
+`read_variable` (what `step.params[name]` calls) copies to the host.
+
+Programs compiled from the same `Compiled` object share its variable
+storage dict (a TrainStep's accumulate / apply / predict programs): each
+device copy carries a version, and a program pulls a variable from the
+program holding the newest version before it runs (see `_Shared`).
+
+Without a CUDA device, `compile` raises a RuntimeError up front;
+`compile(graph, build_only=True)` and `cuda_source(graph)` still render
+(and for build_only, nvcc-compile) the source.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import os
+import re
+import shutil
+import subprocess
+import weakref
+
+import numpy as np
+import sympy
+
+from ..ir import dtypes as D
+from ..ir import shapes as S
+from ..ir.elementwise import ARGS
+from ..ir.graph import Graph
+from . import cache
+from .c import _convert, _fmt, _is_boolean_expr, _lowest, _Renderer, comment
+from .c_printer import CPrintError
+from .cuda_printer import printer
+from .lowering import LoopKernel, MatmulKernel, Plan, ReduceKernel, View, lower
+from .templates import render
+
+ENTRY = "sg_cuda_run"
+CDEF = """
+int sg_cuda_device_count(int* count, char* err, size_t errlen);
+int sg_cuda_create(void** state, char* err, size_t errlen);
+int sg_cuda_destroy(void* state, char* err, size_t errlen);
+int sg_cuda_write_variable(void* state, int64_t index, const void* host, int64_t nbytes, char* err, size_t errlen);
+int sg_cuda_read_variable(void* state, int64_t index, void* host, int64_t nbytes, char* err, size_t errlen);
+int sg_cuda_run(void* state, const int64_t* dims, void** inputs, void** outputs, char* err, size_t errlen);
+"""
+SIGNATURE = f"int {ENTRY}(void* handle, const int64_t* dims, void** inputs, void** outputs, char* err, size_t errlen)"
+ERR_BYTES = 1024
+
+
+class CudaError(RuntimeError):
+    """A CUDA call failed (launch failure, out of memory, ...): the message carries CUDA's error string."""
+
+    def __init__(self, message: str, code: int = -1):
+        super().__init__(message)
+        self.code = code
+
+
+# ---- rendering --------------------------------------------------------------------------
+
+class _CudaRenderer(_Renderer):
+    """Renders a kernel plan as CUDA: one __global__ function per kernel, launched by the entry point.
+
+    Inherits from the C renderer only what is the same in both languages: operand loads,
+    sizes and indices (`self.ex`), constant tables (`const`)."""
+
+    def params(self, buffers: list, out) -> tuple[str, list[str]]:
+        """Kernel parameters (dims first, then each buffer once, `__restrict__`) and the launch arguments."""
+        seen, order = set(), []
+        for b in [*buffers, out]:
+            if id(b) not in seen:
+                seen.add(id(b))
+                order.append(b)
+        decls = [f"int64_t d{k}" for k in range(len(self.plan.dims))]
+        args = [f"d{k}" for k in range(len(self.plan.dims))]
+        for b in order:
+            const = "" if b is out else "const "
+            decls.append(f"{const}{D.C_TYPES[b.dtype]}* __restrict__ {b.name}")
+            args.append(b.name)
+        return ", ".join(decls) or "void", args
+
+    def statement(self, st, dtypes: dict) -> str:
+        """One node's expression, printed by the CUDA printer (same casts and conversions as C)."""
+        if st.node.op.name == "pow" and not D.is_float(st.compute_dtype):
+            self.int_pow = True
+            a, b = (_convert(a, d, "int64") for a, d in zip(st.args, st.arg_dtypes))
+            return _convert(f"sg_ipow({a}, {b})", "int64", st.dtype)
+        if st.node.op.name == "random_bits":
+            self.random = True
+        symbols = {}
+        for i, (name, dtype) in enumerate(zip(st.args, st.arg_dtypes)):
+            text = name if dtype == st.compute_dtype else f"(({D.C_TYPES[st.compute_dtype]}){name})"
+            if st.compute_dtype == "bool" and dtype != "bool":
+                text = f"({name} != 0)"
+            symbols[ARGS[i]] = sympy.Symbol(text, real=True)
+        expr = sympy.sympify(st.expr).xreplace(symbols)
+        try:
+            text = printer(st.compute_dtype).doprint(expr)
+        except CPrintError as exc:
+            raise CPrintError(f"op {st.node.op.name!r} ({st.node.op.expr}): {exc}") from None
+        if _is_boolean_expr(expr) and st.dtype != "bool":
+            return f"({D.C_TYPES[st.dtype]})({text})"
+        if _is_boolean_expr(expr):
+            return f"(uint8_t)({text})"
+        return _convert(text, st.compute_dtype, st.dtype)
+
+    def _split(self, var: str, rest: str, sizes: list[str], prefix: str, body: list[str]) -> list[str]:
+        """C lines splitting the flat index `var` into the row-major indices prefix0.. that `body` uses
+        (an index no line reads is skipped: nvcc warns about unused variables)."""
+        text = "\n".join(body)
+        needed = [k for k in range(len(sizes)) if re.search(rf"\b{prefix}{k}\b", text)]
+        if not needed:
+            return []
+        low = min(needed)
+        lines = [f"int64_t {rest} = {var};"]
+        for k in range(len(sizes) - 1, low - 1, -1):
+            size = self._p(sizes[k])
+            if k == 0:
+                lines.append(f"const int64_t {prefix}0 = {rest};")
+            elif k == low:
+                lines.append(f"const int64_t {prefix}{k} = {rest} % {size};")
+            elif k in needed:
+                lines.append(f"const int64_t {prefix}{k} = {rest} % {size}; {rest} /= {size};")
+            else:
+                lines.append(f"{rest} /= {size};")
+        return lines
+
+    @staticmethod
+    def _p(text: str) -> str:
+        return text if text.isidentifier() or text.isdigit() else f"({text})"
+
+    def _numel(self, sizes) -> str:
+        """The product of loop sizes as a C expression (1 for none)."""
+        return self.ex._paren(S.numel(tuple(sizes))) if sizes else "1"
+
+    # The kernel contexts are built here, not taken from the C renderer's: C specialises its loops
+    # for the CPU (OpenMP, SIMD, column sums); only `load`, `statement` and the printers are shared.
+    def loop_kernel(self, k: LoopKernel) -> dict:
+        sizes = [self.ex.size(s) for s in k.shape]
+        loop_vars = [f"i{d}" for d in range(len(sizes))]
+        body = []
+        for op in k.operands:
+            body.append(f"const {D.C_TYPES[op.view.dtype]} {op.name} = {self.load(op.view, loop_vars)};"
+                        f"  /* {comment(op.label)} */")
+        dtypes = {op.name: op.view.dtype for op in k.operands}
+        for st in k.statements:
+            text = self.statement(st, dtypes)
+            dtypes[st.name] = st.dtype
+            body.append(f"const {D.C_TYPES[st.dtype]} {st.name} = {text};  /* {comment(st.line)} */")
+        body.append(f"{k.out.name}[{self.ex.index(0, loop_vars, k.out_view.strides)}] = {k.result};")
+        params, args = self.params([op.view.buffer for op in k.operands if op.view.buffer is not None], k.out)
+        return dict(kind="loop", name=k.name, comments=[comment(line) for line in k.lines], params=params,
+                    args=args, body=body, numel=self._numel(k.shape),
+                    split=self._split("flat", "rest", sizes, "i", body))
+
+    def reduce_kernel(self, k: ReduceKernel) -> dict:
+        acc_t, in_t, out_t = D.C_TYPES[k.acc_dtype], D.C_TYPES[k.input.dtype], D.C_TYPES[k.out.dtype]
+        outer = [f"o{d}" for d in range(len(k.kept))]
+        inner = [f"r{d}" for d in range(len(k.reduced))]
+        view = View(k.input.kind, (), k.input.dtype, tuple(st for _, st in [*k.kept, *k.reduced]),
+                    k.input.offset, k.input.buffer, k.input.literal)
+        load = self.load(view, outer + inner)
+        if k.op == "sum":
+            init = [f"{acc_t} acc = 0;"]
+            body = [f"acc += ({acc_t}){load};"]
+            combine = ["s_acc[threadIdx.x] += s_acc[threadIdx.x + width];"]
+            finish = [f"{k.out.name}[o] = {_convert('s_acc[0]', k.acc_dtype, k.out.dtype)};"]
+        elif k.op == "max":
+            init = [f"{acc_t} acc = {_lowest(k.acc_dtype)};"]
+            body = [f"const {in_t} v = {load};",
+                    "acc = (v > acc || v != v) ? v : acc;  /* NaN propagates, as in NumPy */"]
+            combine = [f"const {acc_t} a = s_acc[threadIdx.x], b = s_acc[threadIdx.x + width];",
+                       "s_acc[threadIdx.x] = (b > a || b != b) ? b : a;"]
+            finish = [f"{k.out.name}[o] = ({out_t})s_acc[0];"]
+        elif k.op == "argmax":
+            # r, the flat index over the reduced axes, is the index argmax returns.
+            init = [f"{acc_t} acc = {_lowest(k.acc_dtype)};", "int64_t best = -1;"]
+            body = [f"const {in_t} v = {load};",
+                    "if (best < 0 || v > acc || (v != v && acc == acc)) {  /* the first maximum; NaN wins */",
+                    "    acc = v;",
+                    "    best = r;",
+                    "}"]
+            combine = [f"if (sg_argmax_better<{acc_t}>(s_acc[threadIdx.x + width], s_best[threadIdx.x + width], "
+                       f"s_acc[threadIdx.x], s_best[threadIdx.x])) {{",
+                       "    s_acc[threadIdx.x] = s_acc[threadIdx.x + width];",
+                       "    s_best[threadIdx.x] = s_best[threadIdx.x + width];",
+                       "}"]
+            finish = [f"{k.out.name}[o] = s_best[0] < 0 ? 0 : s_best[0];"]
+            self.argmax = True
+        else:
+            raise NotImplementedError(f"no CUDA lowering for reduction {k.op!r}")
+        params, args = self.params([k.input.buffer] if k.input.buffer is not None else [], k.out)
+        return dict(kind="reduce", name=k.name, comments=[comment(line) for line in k.lines], params=params,
+                    args=args, op=k.op, acc_t=acc_t, init=init, body=body, combine=combine, finish=finish,
+                    n_out=self._numel([s for s, _ in k.kept]), n_red=self._numel([s for s, _ in k.reduced]),
+                    split_out=self._split("o", "rest", [self.ex.size(s) for s, _ in k.kept], "o", [*init, *body]),
+                    split_red=self._split("r", "rrest", [self.ex.size(s) for s, _ in k.reduced], "r", body))
+
+    def matmul_kernel(self, k: MatmulKernel) -> dict:
+        if k.out.dtype not in ("float32", "float64"):
+            raise NotImplementedError(f"no CUDA matmul for dtype {k.out.dtype}")
+        self.gemm = True
+        a, b = k.a, k.b
+
+        def ptr(v):
+            return v.buffer.name if v.offset == 0 else f"{v.buffer.name} + {self.ex._paren(v.offset)}"
+
+        params, args = self.params([a.buffer, b.buffer], k.out)
+        return dict(kind="matmul", name=k.name, comments=[comment(line) for line in k.lines], params=params,
+                    args=args, ctype=D.C_TYPES[k.out.dtype], M=self.ex.size(k.M), N=self.ex.size(k.N),
+                    K=self.ex.size(k.K), a=ptr(a), b=ptr(b), out=k.out.name,
+                    sam=self.ex.size(a.strides[0]), sak=self.ex.size(a.strides[1]),
+                    sbk=self.ex.size(b.strides[0]), sbn=self.ex.size(b.strides[1]))
+
+    def render(self) -> str:
+        plan = self.plan
+        self.gemm = self.argmax = False
+        kernels = []
+        for k in plan.kernels:
+            if isinstance(k, LoopKernel):
+                kernels.append(self.loop_kernel(k))
+            elif isinstance(k, ReduceKernel):
+                kernels.append(self.reduce_kernel(k))
+            elif isinstance(k, MatmulKernel):
+                kernels.append(self.matmul_kernel(k))
+            else:
+                raise NotImplementedError(f"no CUDA rendering for kernel {type(k).__name__}")
+        dim_lines = [f"const int64_t d{k} = dims[{k}];  /* Dim {comment(d)} */" for k, d in enumerate(plan.dims)]
+        dim_lines.append("(void)dims;")
+        # Typed pointers for the buffers the launches pass (only those: nvcc warns about unused ones).
+        used = {arg for kc in kernels for arg in kc["args"]}
+        pointers = []
+        for group, field, const in ((plan.inputs, "inputs", "const "), (plan.variables, "variables", ""),
+                                    (plan.consts, "consts", "const "), (plan.outputs, "outputs", "")):
+            for b in group:
+                if b.name in used:
+                    t = D.C_TYPES[b.dtype]
+                    pointers.append(f"{const}{t}* {b.name} = ({const}{t}*)st->{field}[{b.index}];  "
+                                    f"/* {comment(b.label)} */")
+        for b in plan.workspace:
+            if b.name in used:
+                t = D.C_TYPES[b.dtype]
+                pointers.append(f"{t}* {b.name} = ({t}*)((char*)st->workspace + offsets[{b.index}]);  "
+                                f"/* {comment(b.label)} */")
+
+        def buffers(group):
+            return [dict(name=b.name, index=b.index, ctype=D.C_TYPES[b.dtype], numel=self.ex.size(b.numel),
+                         label=comment(b.label)) for b in group]
+
+        variables = []
+        for b in plan.variables:
+            if not isinstance(b.numel, (int, np.integer)):
+                raise NotImplementedError(f"variable {b.label!r}: a symbolic size ({b.numel}) cannot be "
+                                          f"allocated up front")
+            variables.append(dict(name=b.name, index=b.index, label=comment(b.label),
+                                  bytes=int(b.numel) * D.to_numpy(b.dtype).itemsize))
+        consts = [dict(self.const(c), index=c.index) for c in plan.consts]
+        arguments = [f"dims[{k}] = {comment(d)}" for k, d in enumerate(plan.dims)]
+        arguments += [f"inputs[{b.index}] (host) = {comment(b.label)}: "
+                      f"{D.SHORT_NAMES[b.dtype]}{_fmt(plan.graph.inputs[b.index].shape)}" for b in plan.inputs]
+        arguments += [f"outputs[{b.index}] (host): {D.SHORT_NAMES[b.dtype]}{_fmt(plan.graph.outputs[b.index].shape)}"
+                      for b in plan.outputs]
+        arguments += [f"variable {b.index} (device) = {comment(b.label)}: "
+                      f"{D.SHORT_NAMES[b.dtype]}{_fmt(plan.graph.variables[b.index].shape)}" for b in plan.variables]
+        from .. import __version__
+        return render("cuda/program.cu.j2", version=__version__,
+                      header=[comment(line) for line in plan.header.splitlines()],
+                      arguments=arguments, int_pow=self.int_pow, random=self.random, argmax=self.argmax,
+                      gemm=self.gemm, qualifiers="static __host__ __device__ __forceinline__",
+                      consts=consts, kernels=kernels, variables=variables, inputs=buffers(plan.inputs),
+                      outputs=buffers(plan.outputs), workspace=buffers(plan.workspace),
+                      signature=SIGNATURE, dim_lines=dim_lines, pointers=pointers)
+
+
+def render_source(plan: Plan) -> str:
+    """The CUDA source of a kernel plan."""
+    return _CudaRenderer(plan).render()
+
+
+def cuda_source(graph: Graph) -> str:
+    """The CUDA C++ source (.cu text) that `backend="cuda"` compiles for `graph`; needs no GPU or nvcc."""
+    if not isinstance(graph, Graph):
+        raise TypeError(f"cuda_source: expected a symgrad Graph, got {type(graph).__name__}")
+    return render_source(lower(graph))
+
+
+# ---- the device, the architecture -------------------------------------------------------
+
+@functools.lru_cache(maxsize=None)
+def _driver():
+    """libcuda (the driver API) initialised, or (None, why) when it is missing or finds no device."""
+    try:
+        lib = ctypes.CDLL("libcuda.so.1")
+    except OSError as exc:
+        return None, f"the CUDA driver library libcuda.so.1 could not be loaded ({exc})"
+    status = lib.cuInit(0)
+    if status != 0:
+        return None, f"cuInit failed with CUDA driver error {status}"
+    return lib, ""
+
+
+def device_count() -> tuple[int, str]:
+    """(number of CUDA devices, why there are none): asks the driver, not nvcc."""
+    lib, why = _driver()
+    if lib is None:
+        return 0, why
+    count = ctypes.c_int(0)
+    status = lib.cuDeviceGetCount(ctypes.byref(count))
+    if status != 0:
+        return 0, f"cuDeviceGetCount failed with CUDA driver error {status}"
+    return count.value, "" if count.value else "the CUDA driver reports 0 devices"
+
+
+def device_arch() -> str | None:
+    """"sm_XY" of device 0, or None without a device."""
+    lib, _ = _driver()
+    if lib is not None and device_count()[0] > 0:
+        major, minor = ctypes.c_int(0), ctypes.c_int(0)
+        # CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR / _MINOR
+        if lib.cuDeviceGetAttribute(ctypes.byref(major), 75, 0) == 0 and \
+                lib.cuDeviceGetAttribute(ctypes.byref(minor), 76, 0) == 0:
+            return f"sm_{major.value}{minor.value}"
+    smi = shutil.which("nvidia-smi")
+    if smi:
+        try:
+            done = subprocess.run([smi, "--query-gpu=compute_cap", "--format=csv,noheader"],
+                                  capture_output=True, text=True, timeout=30)
+            first = done.stdout.strip().splitlines()[0] if done.returncode == 0 and done.stdout.strip() else ""
+            if first and first.replace(".", "").isdigit():
+                return "sm_" + first.replace(".", "")
+        except (OSError, subprocess.SubprocessError):
+            pass
+    return None
+
+
+def arch_flags(arch: str | None = None) -> list[str]:
+    """nvcc flags for the GPU: `-arch=sm_XY` for the given or present device, else the fat binary.
+
+    `$SYMGRAD_CUDA_ARCH` (e.g. "sm_86") overrides the detection.
+    """
+    arch = arch or os.environ.get("SYMGRAD_CUDA_ARCH") or device_arch()
+    if arch:
+        if not arch.startswith("sm_") or not arch[3:].rstrip("af").isdigit():
+            raise ValueError(f"backend 'cuda': arch must look like 'sm_80', got {arch!r}")
+        return [f"-arch={arch}"]
+    return list(cache.NVCC_FAT_BINARY)
+
+
+def nvcc_flags(arch: str | None = None) -> list[str]:
+    """All nvcc flags: `$SYMGRAD_NVCCFLAGS` or cache.DEFAULT_NVCC_FLAGS, then the architecture flags."""
+    return cache.default_nvcc_flags() + arch_flags(arch)
+
+
+# ---- the program --------------------------------------------------------------------------
+
+class _Shared:
+    """Which program holds the newest device copy of each variable of one storage dict.
+
+    Versions count updates; version 0 with no holder means the host array in the
+    storage dict is current. Kept per storage dict (the dict `Compiled` passes to run).
+    """
+
+    groups: dict[int, "_Shared"] = {}
+
+    def __init__(self, storage: dict):
+        self.storage = storage        # held: keeps id(storage) unique while the group lives
+        self.version: dict[str, int] = {}
+        # Weak: the group lives in a module-level table and must not keep programs alive; a program
+        # flushes what it holds to the storage before it goes (close / __del__).
+        self.holder: dict[str, weakref.ref] = {}
+        self.members: set[int] = set()
+
+    def holding(self, name: str):
+        """The program holding the newest value of `name`, or None (the host array is current)."""
+        ref = self.holder.get(name)
+        return ref() if ref is not None else None
+
+    @classmethod
+    def of(cls, storage: dict) -> "_Shared":
+        group = cls.groups.get(id(storage))
+        if group is None or group.storage is not storage:
+            group = cls.groups[id(storage)] = cls(storage)
+        return group
+
+
+class CudaProgram:
+    """A graph compiled for the GPU: state in device memory, `run` copies only inputs and outputs."""
+
+    backend = "cuda"
+
+    def __init__(self, graph: Graph, build_only: bool = False, flags: list[str] | None = None,
+                 arch: str | None = None):
+        self.graph = graph
+        self.plan = lower(graph)
+        self.source = render_source(self.plan)
+        self.build_only = bool(build_only)
+        self._state = None
+        self._group: _Shared | None = None
+        if not self.build_only:
+            count, why = device_count()
+            if count == 0:
+                raise RuntimeError(f"backend='cuda': no CUDA device is present ({why}). Use backend='c' or "
+                                   f"'numpy' here, or compile(..., build_only=True) / sg.cuda_source(graph) "
+                                   f"to only generate and build the CUDA code.")
+        built = self._build(flags, arch)
+        self.module = built.module
+        self.module_name = built.module_name
+        self.source_path = built.source_path
+        self.library_path = built.library_path
+        self._ffi, self._lib = built.module.ffi, built.module.lib
+        self._err = self._ffi.new("char[]", ERR_BYTES)
+        self._variables = [(v.name, D.to_numpy(v.dtype), tuple(v.shape)) for v in graph.variables]
+        self._var_index = {name: k for k, (name, _, _) in enumerate(self._variables)}
+        self._inputs = [(v.name, D.to_numpy(v.dtype)) for v in graph.inputs]
+        self._updated = [t.name for t, _ in graph.updates]
+        self._have: dict[str, int] = {}   # name -> version of the group this program's copy holds
+        self._dirty: set[str] = set()     # written before any run linked a storage dict
+        self._dims_cache: dict[tuple, tuple] = {}
+        if self.build_only:
+            return
+        handle = self._ffi.new("void**")
+        self._check(self._lib.sg_cuda_create(handle, self._err, ERR_BYTES), "creating the device state")
+        self._state = handle[0]
+        for v in graph.variables:
+            self._upload(v.name, np.asarray(v.attrs["init"]))
+
+    def _build(self, flags, arch) -> cache.BuiltModule:
+        """nvcc through the cache; the library is loaded with cffi's ABI mode (`.module.ffi/.lib`)."""
+        return cache.build(self.source, CDEF, flags=flags if flags is not None else nvcc_flags(arch), kind="cuda")
+
+    # ---- native calls ------------------------------------------------------------
+    def _check(self, status: int, what: str) -> None:
+        if status != 0:
+            message = self._ffi.string(self._err).decode("utf-8", "replace")
+            raise CudaError(f"backend 'cuda': {what} failed: {message or f'error {status}'}", status)
+
+    def _require_state(self) -> None:
+        if self.build_only:
+            raise RuntimeError("backend 'cuda': this program was compiled with build_only=True; it cannot run")
+        if self._state is None:
+            raise RuntimeError("backend 'cuda': the program was closed; its device memory is freed")
+
+    def _upload(self, name: str, array) -> None:
+        _, dtype, shape = self._variables[self._var_index[name]]
+        array = np.asarray(array, dtype=dtype, order="C")  # (ascontiguousarray would make a 0-d array 1-d)
+        if array.shape != shape:
+            raise ValueError(f"variable {name!r}: expected shape {list(shape)}, got {list(array.shape)}")
+        self._check(self._lib.sg_cuda_write_variable(self._state, self._var_index[name], self._ffi.from_buffer(array),
+                                                     array.nbytes, self._err, ERR_BYTES),
+                    f"uploading variable {name!r}")
+
+    def _download(self, name: str) -> np.ndarray:
+        _, dtype, shape = self._variables[self._var_index[name]]
+        array = np.empty(shape, dtype)
+        self._check(self._lib.sg_cuda_read_variable(self._state, self._var_index[name],
+                                                    self._ffi.from_buffer(array, require_writable=True),
+                                                    array.nbytes, self._err, ERR_BYTES),
+                    f"downloading variable {name!r}")
+        return array
+
+    # ---- variables: resident on the device -----------------------------------------
+    def attach(self, storage: dict) -> None:
+        """Share `storage` (name -> host array; the dict `Compiled` passes to run) with the other
+        programs attached to it. Until a program holds a newer value on its device, the host
+        array is the current value."""
+        if self._group is not None and self._group.storage is storage:
+            return
+        if self._group is not None:
+            self._leave()
+        self._group = _Shared.of(storage)
+        self._group.members.add(id(self))
+        for name in sorted(self._dirty):
+            self._bump(name)
+        self._dirty.clear()
+
+    def read_variable(self, name: str) -> np.ndarray:
+        """The variable's current value, copied to the host (from the device that holds it)."""
+        group = self._group
+        if group is None:
+            self._require_state()
+            if name not in self._var_index:
+                raise KeyError(f"no variable named {name!r}")
+            return self._download(name)
+        holder = group.holding(name)
+        if holder is None:
+            return np.array(group.storage[name], copy=True)
+        if holder is not self:
+            return holder.read_variable(name)
+        return self._download(name)
+
+    def write_variable(self, name: str, value: np.ndarray) -> None:
+        """Store a (checked, converted) value: into this program's device memory when it has the
+        variable, else where the current value lives."""
+        group = self._group
+        if group is None:
+            self._require_state()
+            self._upload(name, value)
+            self._dirty.add(name)
+            return
+        holder = group.holding(name)
+        if name in self._var_index and self._state is not None:
+            self._upload(name, value)
+            self._bump(name)
+        elif holder is not None and holder is not self:
+            holder.write_variable(name, value)
+        else:
+            group.storage[name][...] = value
+            group.version[name] = group.version.get(name, 0) + 1
+            group.holder.pop(name, None)
+
+    def _bump(self, name: str) -> None:
+        """This program's device copy of `name` is now the newest value."""
+        group = self._group
+        group.version[name] = group.version.get(name, 0) + 1
+        group.holder[name] = weakref.ref(self)
+        self._have[name] = group.version[name]
+
+    def _sync(self) -> None:
+        """Make this program's device copies current before a run (see `_Shared`)."""
+        group = self._group
+        for name, dtype, shape in self._variables:
+            version = group.version.get(name, 0)
+            if self._have.get(name) == version:
+                continue
+            holder = group.holding(name)
+            if holder is not None and holder is not self:
+                value = holder._download(name)
+            else:
+                value = group.storage.get(name)
+                if not isinstance(value, np.ndarray) or value.dtype != dtype or value.shape != shape:
+                    raise ValueError(f"variable {name!r}: expected a {dtype} array of shape {list(shape)}, got "
+                                     f"{getattr(value, 'dtype', type(value).__name__)} "
+                                     f"{list(getattr(value, 'shape', ()))}")
+            self._upload(name, value)
+            self._have[name] = version
+
+    def _flush(self) -> None:
+        """Copy the newest values this program holds back to the host storage (which then holds them)."""
+        group = self._group
+        if group is None:
+            return
+        for name in list(group.holder):
+            if group.holding(name) is self:
+                if self._state is not None:
+                    group.storage[name][...] = self._download(name)
+                del group.holder[name]
+
+    def _leave(self) -> None:
+        """Flush, then leave the group (dropping it with its last member)."""
+        self._flush()
+        group, self._group = self._group, None
+        if group is not None:
+            group.members.discard(id(self))
+            if not group.members:
+                _Shared.groups.pop(id(group.storage), None)
+
+    # ---- running -------------------------------------------------------------------
+    def run(self, inputs: list, bindings: dict, variables: dict) -> list:
+        """Copy the inputs in, run every kernel, copy the outputs out.
+
+        Updates are applied to the device copies of the variables (not to the
+        `variables` arrays): `read_variable` returns the current values.
+        """
+        self._require_state()
+        try:
+            key = tuple(int(bindings[d]) for d in self.plan.dims)
+        except KeyError as exc:
+            raise ValueError(f"no binding for Dim {exc.args[0]}") from None
+        if len(inputs) != len(self._inputs):
+            raise TypeError(f"expected {len(self._inputs)} inputs, got {len(inputs)}")
+        layout = self._dims_cache.get(key)
+        if layout is None:
+            outs = [(S.evaluate_shape(v.shape, bindings), D.to_numpy(v.dtype)) for v in self.graph.outputs]
+            in_shapes = [S.evaluate_shape(v.shape, bindings) for v in self.graph.inputs]
+            layout = self._dims_cache[key] = (outs, in_shapes, self._ffi.new("int64_t[]", list(key) or [0]))
+        outs, in_shapes, dims = layout
+        ffi = self._ffi
+        keep, in_ptrs = [], []
+        for (name, dtype), shape, array in zip(self._inputs, in_shapes, inputs):
+            if not isinstance(array, np.ndarray) or array.dtype != dtype or array.shape != shape \
+                    or not array.flags.c_contiguous:
+                raise ValueError(f"input {name!r}: expected a C-contiguous {dtype} array of shape {shape}, got "
+                                 f"{getattr(array, 'dtype', type(array).__name__)} {getattr(array, 'shape', '')}")
+            p = ffi.from_buffer(array)
+            keep.append(p)
+            in_ptrs.append(ffi.cast("void*", p))
+        if self._group is None or self._group.storage is not variables:
+            self.attach(variables)
+        self._sync()
+        results, out_ptrs = [], []
+        for shape, dtype in outs:
+            array = np.empty(shape, dtype)
+            results.append(array)
+            p = ffi.from_buffer(array, require_writable=True)
+            keep.append(p)
+            out_ptrs.append(ffi.cast("void*", p))
+        status = self._lib.sg_cuda_run(self._state, dims, ffi.new("void*[]", in_ptrs or [ffi.NULL]),
+                                       ffi.new("void*[]", out_ptrs or [ffi.NULL]), self._err, ERR_BYTES)
+        self._check(status, "running the step")
+        for name in self._updated:
+            self._bump(name)
+        return results
+
+    # ---- lifetime ------------------------------------------------------------------
+    def close(self) -> None:
+        """Free the device memory. Values this program held are copied to the host storage first,
+        so they stay readable (`step.params`); running again raises."""
+        if self._state is None:
+            return
+        try:
+            self._flush()
+        finally:
+            state, self._state = self._state, None
+            self._check(self._lib.sg_cuda_destroy(state, self._err, ERR_BYTES), "freeing device memory")
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def __del__(self):
+        # Collected: free the device memory; at interpreter shutdown or with a dead context there
+        # may be nothing left to free, and a destructor must not raise.
+        for finish in ("close", "_leave"):
+            try:
+                getattr(self, finish)()
+            except Exception:  # noqa: BLE001
+                pass
+
+
+def compile(graph: Graph, build_only: bool = False, flags: list[str] | None = None, arch: str | None = None,
+            **options) -> CudaProgram:
+    """Compile `graph` to CUDA and build it with nvcc (cached): the backend protocol's entry point.
+
+    build_only: render and build, but neither require a device nor touch one (for CI and
+    inspection: `.source`, `.source_path`, `.library_path`).
+    flags: all nvcc flags instead of `nvcc_flags(arch)`. arch: e.g. "sm_90" instead of the
+    device's own (or, with no device, the sm_80 + sm_90 fat binary).
+    Raises RuntimeError when no CUDA device is present and build_only is false.
+    """
+    if options:
+        raise TypeError(f"backend 'cuda' takes build_only=, flags= and arch=, got {sorted(options)}")
+    return CudaProgram(graph, build_only=build_only, flags=flags, arch=arch)

@@ -1,0 +1,99 @@
+"""`symgrad inspect FILE`: show what symgrad makes of a model file.
+
+The file is a Python script defining `build()`, which returns the loss and
+the parameters to train, and optionally the optimizer:
+
+    def build():
+        x = sg.input("x", (sg.Dim("B"), 4)); y = sg.input("y", (sg.Dim("B"),), dtype="int64")
+        model = sg.nn.Linear(4, 3)
+        return sg.cross_entropy(model(x), y), model.parameters()   # or (loss, params, optimizer)
+
+(a dict with keys "loss", "params" and optionally "optimizer" works too;
+the default optimizer is SGD(lr=0.1)). `run_inspect` prints the forward
+graph, the forward + backward graph and the autograd-style backward chain,
+and writes into `out_dir`: graph.dot (the whole training step), graph.svg
+when Graphviz's `dot` is installed, and step.c, the generated C.
+"""
+
+from __future__ import annotations
+
+import runpy
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+from . import optim
+from .autodiff import grad
+from .compiled import _as_param_list, collect_inputs, train_step
+from .effects import collect, merge
+from .ir.graph import Graph
+from .ir.printing import backward_chain
+from .ir.value import Value
+
+
+def load_build(path: str | Path) -> tuple[Value, list[Value], object]:
+    """Run the file and call its build(); returns (loss, params, optimizer)."""
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"inspect: no such file {str(path)!r}")
+    namespace = runpy.run_path(str(path), run_name="__symgrad_inspect__")
+    build = namespace.get("build")
+    if not callable(build):
+        raise ValueError(f"inspect: {path} must define build() returning (loss, params[, optimizer])")
+    result = build()
+    if isinstance(result, dict):
+        loss, params, optimizer = result.get("loss"), result.get("params"), result.get("optimizer")
+    elif isinstance(result, (tuple, list)) and len(result) in (2, 3):
+        loss, params, optimizer = (*result, None) if len(result) == 2 else result
+    else:
+        raise ValueError(f"inspect: build() in {path} must return (loss, params[, optimizer]) or a dict, "
+                         f"got {type(result).__name__}")
+    if not isinstance(loss, Value):
+        raise TypeError(f"inspect: build() returned a {type(loss).__name__} as the loss, not a graph value")
+    return loss, _as_param_list(params), optimizer or optim.SGD(lr=0.1)
+
+
+def run_inspect(path: str | Path, out_dir: str | Path, backend: str = "c", file=None) -> dict:
+    """Print the graphs of the model in `path`, write graph.dot / graph.svg / step.c to `out_dir`.
+
+    Returns {"dot": path, "svg": path or None, "source": path or None}. The
+    generated source is skipped, with a note, when `backend` cannot build.
+    """
+    out = file or sys.stdout
+    loss, params, optimizer = load_build(path)
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    inputs = collect_inputs([loss])
+    grads = grad(loss, params)
+
+    def section(title: str, body: str) -> None:
+        print(f"== {title} ==", file=out)
+        print(body, file=out)
+        print(file=out)
+
+    section("forward graph", str(Graph(inputs, [loss])))
+    section("forward + backward graph (outputs: loss, then d loss / d " + ", ".join(p.name for p in params) + ")",
+            str(Graph(inputs, [loss, *grads])))
+    section("backward chain (as print_graph)", backward_chain(loss))
+
+    step_graph = Graph(inputs, [loss], merge(optimizer.updates(params, grads), collect([loss])))
+    written: dict = {"dot": out_dir / "graph.dot", "svg": None, "source": None}
+    written["dot"].write_text(step_graph.to_dot() + "\n")
+    dot = shutil.which("dot")
+    if dot:
+        svg = out_dir / "graph.svg"
+        subprocess.run([dot, "-Tsvg", str(written["dot"]), "-o", str(svg)], check=True)
+        written["svg"] = svg
+    try:
+        step = train_step(loss, params, optimizer, backend=backend)
+    except NotImplementedError as exc:
+        print(f"(no generated source: {exc})", file=out)
+    else:
+        source = out_dir / ("step.c" if backend == "c" else f"step.{backend}.txt")
+        source.write_text(step.source)
+        written["source"] = source
+    for kind, where in written.items():
+        if where is not None:
+            print(f"wrote {kind}: {where}", file=out)
+    return written

@@ -1,0 +1,112 @@
+"""`sg.nn.functional`: the layer functions and losses, as torch.nn.functional names them.
+
+Losses and activations are the core functions re-exported; `linear`,
+`dropout` and `batch_norm` are written here as graph code. `batch_norm` in
+training mode attaches its running-statistics updates to its output, and
+`dropout` its random-stream advance (symgrad.effects), so a training step
+that computes them performs them.
+"""
+
+from __future__ import annotations
+
+import sympy
+
+from .. import effects
+from .. import functional as F
+from ..functional import (cross_entropy, log_softmax, mse_loss, nll_loss, relu, sigmoid, softmax,  # noqa: F401
+                          tanh)
+from ..ir import dtypes as D
+from ..ir import shapes as S
+from ..ir.value import Value
+from ..random import Generator, default_generator
+
+__all__ = ["linear", "dropout", "batch_norm", "cross_entropy", "nll_loss", "mse_loss", "relu", "tanh",
+           "sigmoid", "softmax", "log_softmax"]
+
+
+def linear(x: Value, weight: Value, bias: Value | None = None) -> Value:
+    """x @ weight.T + bias, with torch's (out_features, in_features) weight layout.
+
+    x may have any number of leading axes; they are flattened around the
+    2-D matrix product and restored.
+    """
+    if not isinstance(x, Value):
+        raise TypeError(f"linear: x must be a graph value, got {type(x).__name__}")
+    if weight.ndim != 2:
+        raise ValueError(f"linear: weight must be [out, in], got {S.format_shape(weight.shape)}")
+    if x.ndim == 0 or not S.same_size(x.shape[-1], weight.shape[1]):
+        raise ValueError(f"linear: input {S.format_shape(x.shape)} does not end in in_features = "
+                         f"{weight.shape[1]} (weight {S.format_shape(weight.shape)})")
+    lead = x.shape[:-1]
+    flat = x if x.ndim == 2 else F.reshape(x, (S.numel(lead) if lead else 1, x.shape[-1]))
+    y = F.matmul(flat, F.transpose(weight))
+    if bias is not None:
+        y = y + bias
+    return y if x.ndim == 2 else F.reshape(y, (*lead, weight.shape[0]))
+
+
+def dropout(x: Value, p: float = 0.5, training: bool = True, generator: Generator | None = None) -> Value:
+    """Zero each element with probability p and scale the rest by 1/(1-p) (F.dropout).
+
+    The mask comes from a counter-based generator (symgrad.random): the same
+    on every backend for one seed, fresh at every step. Identity when not
+    training.
+    """
+    if not 0.0 <= p <= 1.0:
+        raise ValueError(f"dropout: p must be in [0, 1], got {p}")
+    if not isinstance(x, Value):
+        raise TypeError(f"dropout: x must be a graph value, got {type(x).__name__}")
+    if not training or p == 0.0:
+        return x
+    if p == 1.0:
+        return x * 0.0
+    keep = (generator or default_generator()).bernoulli(x.shape, 1.0 - p)
+    return x * F.cast(keep, x.dtype) * (1.0 / (1.0 - p))
+
+
+def batch_norm(x: Value, running_mean: Value | None, running_var: Value | None, weight: Value | None = None,
+               bias: Value | None = None, training: bool = False, momentum: float = 0.1,
+               eps: float = 1e-5) -> Value:
+    """Batch normalisation over axis 1 of [N, C] or [N, C, L] (F.batch_norm).
+
+    Training: normalise with the batch's mean and biased variance, and (when
+    running statistics are given) update them with `momentum` and the
+    unbiased variance, as torch does. Otherwise: normalise with the running
+    statistics.
+    """
+    if not isinstance(x, Value) or x.ndim not in (2, 3) or not D.is_float(x.dtype):
+        raise ValueError(f"batch_norm: expects a float [N, C] or [N, C, L] input, got {x!r}")
+    channels = x.shape[1]
+    axes = (0,) if x.ndim == 2 else (0, 2)
+    stat_shape = (channels,) if x.ndim == 2 else (channels, 1)
+
+    def along_channels(v: Value) -> Value:
+        if v.shape != (channels,):
+            raise ValueError(f"batch_norm: per-channel values must be [{channels}], got {S.format_shape(v.shape)}")
+        return F.reshape(F.cast(v, x.dtype), stat_shape)
+
+    if training:
+        count = S.numel([x.shape[a] for a in axes])
+        if isinstance(count, int) and count < 2:
+            raise ValueError(f"batch_norm: training needs more than one value per channel, got input "
+                             f"{S.format_shape(x.shape)}")
+        mean = F.mean(x, axis=axes)
+        centred = x - F.reshape(mean, stat_shape)
+        var = F.mean(centred * centred, axis=axes)
+        y = centred / F.sqrt(F.reshape(var, stat_shape) + eps)
+    else:
+        if running_mean is None or running_var is None:
+            raise ValueError("batch_norm: evaluation mode needs running_mean and running_var")
+        y = (x - along_channels(running_mean)) / F.sqrt(along_channels(running_var) + eps)
+    if weight is not None:
+        y = y * along_channels(weight)
+    if bias is not None:
+        y = y + along_channels(bias)
+    if training and running_mean is not None and running_var is not None:
+        # torch updates with the unbiased variance: var * n / (n - 1), n symbolic when the batch is.
+        n = sympy.sympify(count)
+        unbiased = var * F.constant(n / (n - 1), x.dtype)
+        new_mean = (1 - momentum) * running_mean + momentum * F.cast(F.stop_gradient(mean), running_mean.dtype)
+        new_var = (1 - momentum) * running_var + momentum * F.cast(F.stop_gradient(unbiased), running_var.dtype)
+        effects.attach(y, [(running_mean, new_mean), (running_var, new_var)])
+    return y

@@ -1,0 +1,183 @@
+"""The layers: Linear, activations, Sequential, Dropout, BatchNorm1d (torch.nn's defaults)."""
+
+from __future__ import annotations
+
+import math
+from collections import OrderedDict
+
+import numpy as np
+
+from .. import effects
+from .. import functional as F
+from .. import sources
+from ..ir import dtypes as D
+from ..ir.value import Value
+from ..random import Generator
+from ..sources import param
+from . import functional as NF
+from .module import Module
+
+
+def _uniform(shape: tuple, bound: float, dtype: str) -> np.ndarray:
+    # The generator sg.manual_seed seeds, so model initialisation is reproducible.
+    return sources._rng.uniform(-bound, bound, size=shape).astype(D.to_numpy(dtype))
+
+
+def _initial(init, shape: tuple, bound: float, dtype: str):
+    """torch's default U(-bound, bound), or the user's `init` (a name sg.param knows, or a callable)."""
+    if init is None:
+        return _uniform(shape, bound, dtype)
+    if callable(init):
+        value = np.asarray(init(shape))
+        if value.shape != shape:
+            raise ValueError(f"init returned shape {list(value.shape)}, expected {list(shape)}")
+        return value
+    return init
+
+
+class Linear(Module):
+    """y = x @ weight.T + bias, weight [out_features, in_features] as in torch.nn.Linear.
+
+    Default initialisation is torch's: kaiming_uniform(a=sqrt(5)) for the
+    weight, which is U(-1/sqrt(in), 1/sqrt(in)), and the same bound for the
+    bias. `init=` overrides both: "zeros", "ones", "normal", "uniform" (as
+    sg.param), or a callable taking the shape and returning an array.
+    """
+
+    def __init__(self, in_features: int, out_features: int, bias: bool = True, init=None,
+                 dtype: str = "float32"):
+        super().__init__()
+        for name, n in (("in_features", in_features), ("out_features", out_features)):
+            if not isinstance(n, int) or n < 1:
+                raise ValueError(f"Linear: {name} must be a positive int, got {n!r}")
+        self.in_features, self.out_features = in_features, out_features
+        bound = 1.0 / math.sqrt(in_features)
+        shape = (out_features, in_features)
+        self.weight = param("weight", shape, init=_initial(init, shape, bound, dtype), dtype=dtype)
+        if bias:
+            self.bias = param("bias", (out_features,), init=_initial(init, (out_features,), bound, dtype),
+                              dtype=dtype)
+        else:
+            self.bias = None
+
+    def forward(self, x: Value) -> Value:
+        return NF.linear(x, self.weight, self.bias)
+
+    def extra_repr(self) -> str:
+        return f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}"
+
+
+class ReLU(Module):
+    """max(x, 0)."""
+
+    def forward(self, x: Value) -> Value:
+        return F.relu(x)
+
+
+class Tanh(Module):
+    """tanh(x)."""
+
+    def forward(self, x: Value) -> Value:
+        return F.tanh(x)
+
+
+class Sigmoid(Module):
+    """1 / (1 + exp(-x))."""
+
+    def forward(self, x: Value) -> Value:
+        return F.sigmoid(x)
+
+
+class Identity(Module):
+    """x."""
+
+    def forward(self, x: Value) -> Value:
+        return x
+
+
+class Sequential(Module):
+    """Modules applied in order; children are named "0", "1", ... (or by an OrderedDict's keys)."""
+
+    def __init__(self, *modules):
+        super().__init__()
+        if len(modules) == 1 and isinstance(modules[0], OrderedDict):
+            items = list(modules[0].items())
+        else:
+            items = [(str(k), m) for k, m in enumerate(modules)]
+        for name, module in items:
+            if not isinstance(module, Module):
+                raise TypeError(f"Sequential: item {name} is a {type(module).__name__}, not a Module")
+            self.add_module(name, module)
+
+    def forward(self, x: Value) -> Value:
+        for module in self._modules.values():
+            x = module(x)
+        return x
+
+    def __getitem__(self, index: int) -> Module:
+        return list(self._modules.values())[index]
+
+    def __len__(self) -> int:
+        return len(self._modules)
+
+    def __iter__(self):
+        return iter(self._modules.values())
+
+
+class Dropout(Module):
+    """Zero each element with probability p in training mode, scale the rest by 1/(1-p); identity in eval.
+
+    Masks come from `generator` (default: sg.random.default_generator(),
+    seeded by sg.random.manual_seed), identical on every backend.
+    """
+
+    def __init__(self, p: float = 0.5, generator: Generator | None = None):
+        super().__init__()
+        if not 0.0 <= p <= 1.0:
+            raise ValueError(f"Dropout: p must be in [0, 1], got {p}")
+        self.p, self.generator = p, generator
+
+    def forward(self, x: Value) -> Value:
+        return NF.dropout(x, self.p, self.training, self.generator)
+
+    def extra_repr(self) -> str:
+        return f"p={self.p}"
+
+
+class BatchNorm1d(Module):
+    """torch.nn.BatchNorm1d: batch statistics and running-statistics updates in training, running ones in eval.
+
+    Buffers `running_mean` (zeros), `running_var` (ones) and
+    `num_batches_tracked` are state variables, updated by the training step
+    with momentum 0.1 and the unbiased batch variance, as torch does.
+    """
+
+    def __init__(self, num_features: int, eps: float = 1e-5, momentum: float = 0.1, affine: bool = True,
+                 track_running_stats: bool = True, dtype: str = "float32"):
+        super().__init__()
+        if not isinstance(num_features, int) or num_features < 1:
+            raise ValueError(f"BatchNorm1d: num_features must be a positive int, got {num_features!r}")
+        self.num_features, self.eps, self.momentum = num_features, eps, momentum
+        self.affine, self.track_running_stats = affine, track_running_stats
+        np_dtype = D.to_numpy(dtype)
+        self.weight = param("weight", (num_features,), init=np.ones(num_features, np_dtype), dtype=dtype) if affine else None
+        self.bias = param("bias", (num_features,), init=np.zeros(num_features, np_dtype), dtype=dtype) if affine else None
+        if track_running_stats:
+            self.register_buffer("running_mean", np.zeros(num_features, np_dtype))
+            self.register_buffer("running_var", np.ones(num_features, np_dtype))
+            self.register_buffer("num_batches_tracked", np.array(0, np.int64))
+
+    def forward(self, x: Value) -> Value:
+        if x.ndim not in (2, 3) or x.shape[1] != self.num_features:
+            raise ValueError(f"BatchNorm1d({self.num_features}): expected input [N, {self.num_features}] or "
+                             f"[N, {self.num_features}, L], got {x.type_str}")
+        stats = self.track_running_stats
+        training = self.training or not stats
+        y = NF.batch_norm(x, self.running_mean if stats else None, self.running_var if stats else None,
+                          self.weight, self.bias, training, self.momentum, self.eps)
+        if training and stats:
+            effects.attach(y, [(self.num_batches_tracked, self.num_batches_tracked + 1)])
+        return y
+
+    def extra_repr(self) -> str:
+        return f"{self.num_features}, eps={self.eps}, momentum={self.momentum}, affine={self.affine}"

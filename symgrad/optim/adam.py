@@ -1,0 +1,51 @@
+"""Adam, with torch.optim.Adam's exact update (amsgrad=False, L2 weight decay)."""
+
+from __future__ import annotations
+
+from .. import functional as F
+from ..ir.value import Value
+from .optimizer import Optimizer
+
+
+class Adam(Optimizer):
+    """torch.optim.Adam(lr, betas, eps, weight_decay), as graph code.
+
+        t = t + 1                                   (per parameter: `<p>.step`)
+        g = grad + weight_decay * p
+        m = m + (1 - beta1) * (g - m)               (`<p>.exp_avg`; torch's lerp)
+        v = beta2 * v + (1 - beta2) * g * g         (`<p>.exp_avg_sq`)
+        p = p - lr / (1 - beta1**t) * m / (sqrt(v) / sqrt(1 - beta2**t) + eps)
+
+    The step count and bias corrections are float64 scalars, as torch
+    computes them in Python floats; the learning rate is a runtime
+    hyperparameter (`step.lr = ...`).
+    """
+
+    def __init__(self, lr: float = 1e-3, betas: tuple = (0.9, 0.999), eps: float = 1e-8,
+                 weight_decay: float = 0.0):
+        super().__init__(lr)
+        beta1, beta2 = betas
+        if not 0.0 <= beta1 < 1.0 or not 0.0 <= beta2 < 1.0:
+            raise ValueError(f"Adam: betas must be in [0, 1), got {betas}")
+        if eps < 0 or weight_decay < 0:
+            raise ValueError(f"Adam: eps and weight_decay must be non-negative, got {eps}, {weight_decay}")
+        self.betas, self.eps, self.weight_decay = (float(beta1), float(beta2)), float(eps), float(weight_decay)
+
+    def update(self, param: Value, grad: Value) -> Value:
+        beta1, beta2 = self.betas
+        g = grad
+        if self.weight_decay:
+            g = g + self.weight_decay * param
+        t = self.state(param, "step", shape=(), dtype="float64")
+        m = self.state(param, "exp_avg")
+        v = self.state(param, "exp_avg_sq")
+        t_new = t + 1.0
+        m_new = m + (1.0 - beta1) * (g - m)
+        v_new = beta2 * v + (1.0 - beta2) * (g * g)
+        self.assign(t, t_new)
+        self.assign(m, m_new)
+        self.assign(v, v_new)
+        lr = self.hyper("lr", self.lr, t_new)
+        step_size = F.cast(lr / (1.0 - beta1 ** t_new), param.dtype)
+        correction2 = F.cast(F.sqrt(1.0 - beta2 ** t_new), param.dtype)
+        return param - step_size * m_new / (F.sqrt(v_new) / correction2 + self.eps)

@@ -1,0 +1,562 @@
+"""The CUDA backend (symgrad/backends/cuda.py, templates/cuda/).
+
+Three layers, each running wherever it can:
+
+- nvcc, no GPU (CI): the .cu of every graph of the op/gradient suite (all cases
+  of tests/helpers.py, float64 and float32), of the representative graphs of
+  test_passes.py and of training steps (SGD, momentum, Adam, BatchNorm,
+  dropout, accumulate/apply/predict) renders and compiles. nvcc is slow, so all
+  graphs go through two nvcc processes running side by side: each graph's .cu
+  is #included, unchanged, into one of two translation units inside its own
+  namespace, with its extern "C" names renamed by macros. One more build goes
+  the real way (the cache, the default flags, a shared library that cffi loads).
+- no nvcc, no GPU: rendering, the printer's refusals, the no-device error, and
+  the program's host side (residency, shared variables, close, CUDA errors
+  surfaced as CudaError) against a simulated device that runs the NumPy reference.
+- a GPU: the op/gradient suite and the seed softmax regression training on
+  backend="cuda" against the NumPy reference.
+"""
+
+from __future__ import annotations
+
+import functools
+import re
+import shutil
+import subprocess
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import symgrad as sg
+from symgrad import nn
+from symgrad.backends import cache, cuda
+from symgrad.backends.c_printer import CPrintError
+from symgrad.backends.cuda_printer import printer as cuda_printer
+from symgrad.ir.graph import Graph
+
+NVCC = shutil.which(cache.nvcc_command()[0])
+HAS_GPU = cuda.device_count()[0] > 0
+needs_nvcc = pytest.mark.skipif(NVCC is None, reason="needs nvcc, the CUDA compiler (on PATH or in $NVCC)")
+needs_gpu = pytest.mark.skipif(not HAS_GPU, reason="needs an NVIDIA GPU")
+no_gpu_only = pytest.mark.skipif(HAS_GPU, reason="checks the behaviour without a GPU")
+
+B = sg.Dim("B")
+
+
+# ---- the graphs -----------------------------------------------------------------------------
+
+def op_suite(dtype: str) -> Graph:
+    """Every case of the op/gradient table (value, gradient, Hessian-vector product) as one graph."""
+    from helpers import CASES, build_case
+    inputs, outputs = [], []
+    for k, case in enumerate(CASES):
+        built = build_case(case, dtype, f"c{k}")
+        inputs += built.inputs
+        outputs += built.outputs
+    return Graph(inputs, outputs)
+
+
+def unary_derivatives() -> Graph:
+    """First to third derivatives of every unary op (test_gradients_torch's grad-of-grad graph)."""
+    from test_gradients_torch import UNARY_DOMAINS, _grad_of_grad_graph
+    inputs, outputs = [], []
+    for name in UNARY_DOMAINS:
+        x, outs = _grad_of_grad_graph(name)
+        inputs.append(x)
+        outputs += outs
+    return Graph(inputs, outputs)
+
+
+def integer_and_index_ops() -> Graph:
+    """What the differentiable table lacks: argmax, integer arithmetic and reductions, bool values."""
+    x = sg.input("x", (B, 5))
+    k = sg.input("k", (B, 5), dtype="int64")
+    outs = [sg.argmax(x, axis=1), sg.argmax(x), sg.argmax(x, axis=0, keepdims=True),
+            sg.max(k, axis=0), sg.sum(k), k ** 2, k * 3 - 1, sg.where(x > 0, k, -k),
+            sg.sum(sg.cast(x > 0, "float32"), axis=1), sg.one_hot(sg.argmax(x, axis=1), 5),
+            sg.cast(k, "float64") / 2, sg.max(sg.cast(x, "float64"))]
+    return Graph([x, k], outs)
+
+
+def training_programs() -> dict:
+    """A model with BatchNorm, dropout and Adam: its step, accumulate, apply and predict graphs."""
+    sg.manual_seed(0)
+    model = nn.Sequential(nn.Linear(6, 8), nn.BatchNorm1d(8), nn.ReLU(), nn.Dropout(0.25), nn.Linear(8, 3))
+    x, y = sg.input("x", (B, 6)), sg.input("y", (B,), dtype="int64")
+    loss = sg.cross_entropy(model(x), y)
+    model.eval()
+    logits = model(x)
+    model.train()
+    step = sg.train_step(loss, model.parameters(), sg.optim.Adam(lr=1e-3), backend="numpy", predict=logits)
+    graphs = {"adam_bn_dropout_step": step.graph}
+    for kind in ("accumulate", "apply", "predict"):
+        graphs[f"adam_bn_dropout_{kind}"] = step.program_for(kind).graph
+    return graphs
+
+
+def all_graphs() -> dict:
+    """Every graph whose CUDA source must compile, by name."""
+    from test_passes import GRAPHS
+    graphs = {"ops_float64": op_suite("float64"), "ops_float32": op_suite("float32"),
+              "unary_derivatives": unary_derivatives(), "integer_and_index_ops": integer_and_index_ops()}
+    graphs.update({f"passes_{name}": build() for name, build in GRAPHS.items()})
+    graphs.update(training_programs())
+    return graphs
+
+
+@functools.lru_cache(maxsize=None)
+def rendered() -> dict:
+    """name -> .cu text of every graph (rendered once per session)."""
+    return {name: sg.cuda_source(graph) for name, graph in all_graphs().items()}
+
+
+# ---- compiling many graphs in few nvcc runs -------------------------------------------------
+
+API = ("sg_cuda_device_count", "sg_cuda_create", "sg_cuda_destroy", "sg_cuda_write_variable",
+       "sg_cuda_read_variable", "sg_cuda_run")
+# Validity, not speed: device and host optimisation off (-O3 triples nvcc's time and checks nothing more).
+CHECK_FLAGS = ["-std=c++17", "-arch=sm_80", "-Xcompiler", "-O0", "-Xptxas", "-O0", "-Xcicc", "-O0",
+               "-Werror", "all-warnings"]
+
+
+def translation_unit(names: list[str]) -> str:
+    """A .cu that #includes each graph's file in a namespace of its own, its API names renamed."""
+    lines = ["#include <cuda_runtime.h>", "#include <stdint.h>", "#include <stdio.h>", "#include <stdlib.h>",
+             "#include <string.h>", "#include <math.h>"]
+    for k, name in enumerate(names):
+        lines.append(f"namespace sg_g{k} {{")
+        lines += [f"#define {api} sg_g{k}_{api}" for api in API]
+        lines.append(f'#include "{name}.cu"')
+        lines += [f"#undef {api}" for api in API]
+        lines.append(f"}}  /* {name} */")
+    return "\n".join(lines) + "\n"
+
+
+def compile_in_groups(sources: dict, directory: Path, groups: int = 2) -> list[tuple]:
+    """nvcc -c on `groups` translation units at once; returns (names, returncode, output) per unit."""
+    for name, text in sources.items():
+        (directory / f"{name}.cu").write_text(text)
+    # Balance by size: the op suites are most of the work.
+    units = [[] for _ in range(groups)]
+    sizes = [0] * groups
+    for name in sorted(sources, key=lambda n: -len(sources[n])):
+        k = sizes.index(min(sizes))
+        units[k].append(name)
+        sizes[k] += len(sources[name])
+
+    def run(k: int) -> tuple:
+        tu = directory / f"unit{k}.cu"
+        tu.write_text(translation_unit(units[k]))
+        done = subprocess.run([NVCC, *CHECK_FLAGS, "-c", str(tu), "-o", str(directory / f"unit{k}.o")],
+                              capture_output=True, text=True, cwd=directory, timeout=900)
+        return units[k], done.returncode, done.stdout + done.stderr
+
+    with ThreadPoolExecutor(groups) as pool:
+        return list(pool.map(run, range(groups)))
+
+
+@pytest.mark.nvcc
+@needs_nvcc
+def test_every_graph_compiles_with_nvcc(tmp_path):
+    sources = rendered()
+    assert len(sources) >= 15
+    for name, text in sources.items():
+        assert "__global__" in text and 'extern "C"' in text, name
+    for names, returncode, output in compile_in_groups(sources, tmp_path):
+        assert returncode == 0, f"nvcc failed on the unit holding {names}:\n{output[-6000:]}"
+        assert "warning" not in output, f"nvcc warned on {names}:\n{output[-6000:]}"
+
+
+# ---- the real build path: cache, default flags, cffi ----------------------------------------
+
+def softmax_regression(dtype="float32", seed=0):
+    """The seed model: 784 -> 10 softmax regression, SGD(lr=0.1); nonzero weights so steps differ."""
+    rng = np.random.default_rng(seed)
+    x = sg.input("x", (B, 784), dtype=dtype)
+    y = sg.input("y", (B,), dtype="int64")
+    W = sg.param("W", (784, 10), init=(rng.standard_normal((784, 10)) * 0.01).astype(dtype))
+    b = sg.param("b", (10,), init="zeros", dtype=dtype)
+    return sg.cross_entropy(x @ W + b, y), [W, b]
+
+
+def batches(n, size=64, dtype="float32", seed=1):
+    rng = np.random.default_rng(seed)
+    return [(rng.standard_normal((size, 784)).astype(dtype), rng.integers(0, 10, size)) for _ in range(n)]
+
+
+@pytest.mark.nvcc
+@needs_nvcc
+def test_build_only_builds_through_the_cache_and_loads(monkeypatch):
+    loss, params = softmax_regression()
+    step = sg.train_step(loss, params, sg.optim.SGD(lr=0.1), backend="cuda", build_only=True)
+    source_path, library_path = Path(step.source_path), Path(step.library_path)
+    assert source_path.suffix == ".cu" and library_path.suffix == ".so"
+    assert source_path.read_text() == step.source          # byte for byte what nvcc compiled
+    meta = (source_path.parent / (step.module_name + ".json")).read_text()
+    assert "nvcc" in meta.lower() and "-shared" in meta and "-O3" in meta
+    if not HAS_GPU:
+        assert "arch=compute_80,code=sm_80" in meta and "arch=compute_90,code=sm_90" in meta  # the fat binary
+    # The library loads (ABI mode) and its API answers without a device.
+    ffi, lib = step.module.ffi, step.module.lib
+    count, err = ffi.new("int*"), ffi.new("char[]", 256)
+    assert lib.sg_cuda_device_count(count, err, 256) == 0
+    assert count[0] == (cuda.device_count()[0])
+    # A build-only program never runs, but its variables stay readable on the host.
+    np.testing.assert_array_equal(step.params["W"], params[0].attrs["init"])
+    xb, yb = batches(1)[0]
+    with pytest.raises(RuntimeError, match="build_only"):
+        step(x=xb, y=yb)
+    # Built once: the same graph again loads the cached library, even with nvcc gone.
+    monkeypatch.setenv("NVCC", "/nonexistent/nvcc")
+    started = time.perf_counter()
+    again = cuda.compile(step.graph, build_only=True)
+    assert time.perf_counter() - started < 5
+    assert again.library_path == library_path and again.source == step.source
+
+
+@pytest.mark.nvcc
+@needs_nvcc
+def test_nvcc_errors_name_the_kept_source(tmp_path, monkeypatch):
+    monkeypatch.setenv("SYMGRAD_CACHE_DIR", str(tmp_path))
+    with pytest.raises(cache.BuildError, match="CUDA compilation") as info:
+        cache.build("this is not CUDA;\n", cuda.CDEF, kind="cuda", flags=["-arch=sm_80", "-shared", "-Xcompiler", "-fPIC"])
+    assert info.value.source_path.suffix == ".cu" and info.value.source_path.is_file()
+    assert "this is not CUDA" in info.value.source_path.read_text() and "error" in info.value.log
+
+
+def test_missing_nvcc_is_a_clear_error(tmp_path, monkeypatch):
+    monkeypatch.setenv("SYMGRAD_CACHE_DIR", str(tmp_path))
+    monkeypatch.setenv("NVCC", str(tmp_path / "no-such-nvcc"))
+    with pytest.raises(cache.CompilerNotFound, match="CUDA toolkit"):
+        cache.build("// never compiled\n", cuda.CDEF, kind="cuda")
+
+
+@no_gpu_only
+def test_without_a_device_compile_raises_before_building(monkeypatch):
+    monkeypatch.setattr(cuda.CudaProgram, "_build", lambda *a: pytest.fail("must not build without a device"))
+    loss, params = softmax_regression()
+    with pytest.raises(RuntimeError, match="backend='cuda': no CUDA device is present.*build_only=True"):
+        sg.train_step(loss, params, sg.optim.SGD(lr=0.1), backend="cuda")
+
+
+def test_cuda_takes_only_its_options():
+    x = sg.input("x", (3,))
+    with pytest.raises(TypeError, match="build_only"):
+        cuda.compile(Graph([x], [x * 2]), fast=True)
+    with pytest.raises(ValueError, match="sm_80"):
+        cuda.arch_flags("ampere")
+
+
+# ---- the source itself (no nvcc needed) ------------------------------------------------------
+
+def test_source_structure():
+    x = sg.input("x */ #include <evil>", (B, 5))
+    W = sg.param("W", (5, 3), init="normal")
+    y = sg.input("y", (B,), dtype="int64")
+    loss = sg.cross_entropy(sg.tanh(x @ W), y)
+    (gW,) = sg.grad(loss, [W])
+    text = sg.cuda_source(Graph([x, y], [loss, gW, sg.argmax(x @ W, axis=1)]))
+    assert text == sg.cuda_source(Graph([x, y], [loss, gW, sg.argmax(x @ W, axis=1)]))  # deterministic
+    assert 'extern "C"' in text and "int sg_cuda_run(void* handle, const int64_t* dims" in text
+    assert "sg_gemm<float><<<" in text                   # matmuls go to the tiled kernel
+    assert "__shared__" in text and "atomicAdd" not in text  # block reductions, no atomics
+    assert re.search(r"\btanhf\(", text) and re.search(r"\bexpf\(", text) and "__expf" not in text
+    assert "cudaGetLastError(), \"launching k" in text   # every launch is checked
+    # User names appear only inside comments, their "*/" escaped.
+    assert "*/ #include" not in text
+    for line in text.splitlines():
+        if "<evil>" in line:
+            assert line.startswith(" *") or -1 < line.find("/*") < line.find("<evil>"), line
+    for fn in re.findall(r"__global__ void __launch_bounds__\(SG_THREADS\) (\w+)\(", text):
+        assert f"{fn}<<<" in text                        # every kernel is launched
+    with pytest.raises(TypeError, match="Graph"):
+        sg.cuda_source(x)
+
+
+def test_printer_uses_precise_device_functions():
+    import sympy
+    from symgrad.backends.cuda_printer import device_function_ok
+    v = sympy.Symbol("v0", real=True)
+    assert cuda_printer("float32").doprint(sympy.exp(v) + sympy.log(v)) == "expf(v0) + logf(v0)"
+    assert cuda_printer("float64").doprint(sympy.Max(v, 0)) == "fmax(0.0, v0)"
+    assert device_function_ok("tanhf") and device_function_ok("erf") and device_function_ok("sg_random_bits")
+    assert not device_function_ok("__expf") and not device_function_ok("__fdividef")
+    assert not device_function_ok("qsort")
+    with pytest.raises(CPrintError):
+        cuda_printer("float32").doprint(sympy.besselj(0, v))
+
+
+# ---- the host side against a simulated device --------------------------------------------------
+
+class SimulatedDevice:
+    """Stands in for a built library: the extern "C" API over host arrays, the kernels replaced by
+    the NumPy reference. Counts uploads, runs and destroys; can fail like CUDA does."""
+
+    def __init__(self, program):
+        from symgrad.backends import numpy_backend
+        self.evaluate = numpy_backend.evaluate
+        # Not the program itself: the test keeps the device, and the program must stay collectable.
+        self.graph, self.dims, self.ffi = program.graph, program.plan.dims, program._ffi
+        self.memory: dict[int, dict] = {}
+        self.handles = []
+        self.uploads = self.runs = self.destroyed = 0
+        self.fail = None
+
+    def _error(self, err, errlen, text, code):
+        self.ffi.memmove(err, text.encode()[:errlen - 1] + b"\0", min(len(text) + 1, errlen))
+        return code
+
+    def sg_cuda_device_count(self, count, err, errlen):
+        count[0] = 1
+        return 0
+
+    def sg_cuda_create(self, handle, err, errlen):
+        token = self.ffi.new("char[]", 1)
+        self.handles.append(token)
+        address = int(self.ffi.cast("uintptr_t", token))
+        self.memory[address] = {v.name: np.zeros(tuple(v.shape), v.attrs["init"].dtype)
+                                for v in self.graph.variables}
+        handle[0] = self.ffi.cast("void*", token)
+        return 0
+
+    def _vars(self, handle):
+        return self.memory[int(self.ffi.cast("uintptr_t", handle))]
+
+    def sg_cuda_destroy(self, handle, err, errlen):
+        del self.memory[int(self.ffi.cast("uintptr_t", handle))]
+        self.destroyed += 1
+        return 0
+
+    def sg_cuda_write_variable(self, handle, index, host, nbytes, err, errlen):
+        array = self._vars(handle)[self.graph.variables[index].name]
+        if nbytes != array.nbytes:
+            return self._error(err, errlen, "variable size does not match", -1)
+        array.reshape(-1).view(np.uint8)[...] = np.frombuffer(self.ffi.buffer(self.ffi.cast("char*", host), nbytes),
+                                                              np.uint8)
+        self.uploads += 1
+        return 0
+
+    def sg_cuda_read_variable(self, handle, index, host, nbytes, err, errlen):
+        array = self._vars(handle)[self.graph.variables[index].name]
+        self.ffi.memmove(host, array.tobytes(), nbytes)
+        return 0
+
+    def sg_cuda_run(self, handle, dims, inputs, outputs, err, errlen):
+        if self.fail:
+            return self._error(err, errlen, self.fail, 700)
+        graph = self.graph
+        bindings = {d: int(dims[k]) for k, d in enumerate(self.dims)}
+        arrays = []
+        for k, v in enumerate(graph.inputs):
+            shape = tuple(int(s) for s in sg.ir.shapes.evaluate_shape(v.shape, bindings))
+            dtype = np.dtype("bool" if v.dtype == "bool" else v.dtype)
+            nbytes = int(np.prod(shape)) * dtype.itemsize
+            arrays.append(np.frombuffer(self.ffi.buffer(self.ffi.cast("char*", inputs[k]), nbytes),
+                                        dtype).reshape(shape).copy())
+        variables = self._vars(handle)
+        outs, news = self.evaluate(graph, arrays, variables, bindings)
+        for k, out in enumerate(outs):
+            self.ffi.memmove(outputs[k], np.ascontiguousarray(out).tobytes(), out.nbytes)
+        for (target, _), new in zip(graph.updates, news):
+            variables[target.name][...] = new
+        self.runs += 1
+        return 0
+
+
+@pytest.fixture
+def simulated(monkeypatch):
+    """backend="cuda" on the simulated device: returns the list of devices, one per program built."""
+    import cffi
+    devices = []
+
+    def build(program, flags, arch):
+        ffi = cffi.FFI()
+        ffi.cdef(cuda.CDEF)
+        module = type("Module", (), {})()
+        module.ffi = ffi
+        program._ffi = ffi  # SimulatedDevice reads it before the program's own assignment
+        module.lib = SimulatedDevice(program)
+        devices.append(module.lib)
+        return cache.BuiltModule(module, "simulated", Path("simulated.cu"), Path("simulated.so"), Path("."))
+
+    monkeypatch.setattr(cuda, "device_count", lambda: (1, ""))
+    monkeypatch.setattr(cuda.CudaProgram, "_build", build)
+    return devices
+
+
+def test_parameters_stay_on_the_device_between_steps(simulated):
+    data = batches(3)
+    steps = {}
+    for backend in ("numpy", "cuda"):
+        loss, params = softmax_regression()
+        steps[backend] = sg.train_step(loss, params, sg.optim.SGD(lr=0.1), backend=backend)
+    step, device = steps["cuda"], simulated[0]
+    initial = step._storage["W"].copy()
+    losses = []
+    for k, (xb, yb) in enumerate(data):
+        losses.append((steps["numpy"](x=xb, y=yb), step(x=xb, y=yb)))
+        if k == 0:
+            uploads = device.uploads
+    assert device.uploads == uploads                      # after the first step: only the batch moves
+    assert device.runs == 3
+    np.testing.assert_array_equal(step._storage["W"], initial)  # the host copy is not written per step
+    for want, got in losses:
+        assert got == pytest.approx(want, rel=1e-6)
+    for name in ("W", "b"):
+        np.testing.assert_allclose(step.params[name], steps["numpy"].params[name], rtol=1e-6, atol=1e-7)
+    # The learning rate is a device variable too: changed without recompiling.
+    step.lr = steps["numpy"].lr = 0.05
+    xb, yb = data[0]
+    assert step(x=xb, y=yb) == pytest.approx(steps["numpy"](x=xb, y=yb), rel=1e-6)
+    assert step.lr == 0.05
+    np.testing.assert_allclose(step.params["W"], steps["numpy"].params["W"], rtol=1e-6, atol=1e-7)
+
+
+def test_accumulate_apply_and_predict_share_the_variables(simulated):
+    from test_accumulate import compile_step, data, make_models
+    results = {}
+    for backend in ("numpy", "cuda"):
+        _, model = make_models()
+        step = compile_step(model, backend)
+        for xb, yb in data(rounds=2):
+            for k in range(0, 64, 16):
+                step.accumulate(x=xb[k:k + 16], y=yb[k:k + 16])
+            step.apply()
+            step(x=xb, y=yb)                              # the fused step on the same variables
+        results[backend] = ({n: step.params[n] for n in step.params}, {n: step.state[n] for n in step.state},
+                            step.predict(x=data()[0][0]))
+    (pn, sn, yn), (pc, sc, yc) = results["numpy"], results["cuda"]
+    assert pn.keys() == pc.keys() and sn.keys() == sc.keys()
+    for name in pn:
+        np.testing.assert_allclose(pc[name], pn[name], rtol=1e-12, err_msg=name)
+    for name in sn:
+        np.testing.assert_allclose(sc[name], sn[name], rtol=1e-12, err_msg=name)
+    np.testing.assert_allclose(yc, yn, rtol=1e-12)
+    assert len(simulated) == 4                            # step, accumulate, apply, predict
+
+
+def test_close_frees_device_memory_and_keeps_the_values(simulated):
+    loss, params = softmax_regression()
+    xb, yb = batches(1)[0]
+    with sg.train_step(loss, params, sg.optim.SGD(lr=0.1), backend="cuda") as step:
+        step(x=xb, y=yb)
+        trained = step.params["W"]
+    device = simulated[0]
+    assert device.destroyed == 1 and not device.memory
+    np.testing.assert_array_equal(step.params["W"], trained)   # copied back before the memory was freed
+    with pytest.raises(RuntimeError, match="closed"):
+        step(x=xb, y=yb)
+    step.close()                                                 # closing twice is harmless
+    # A program that is only dropped frees its memory when collected.
+    import gc
+    other = sg.train_step(loss, params, sg.optim.SGD(lr=0.1), backend="cuda")
+    del other
+    gc.collect()
+    assert simulated[1].destroyed == 1
+
+
+def test_cuda_failures_become_python_exceptions(simulated):
+    loss, params = softmax_regression()
+    step = sg.train_step(loss, params, sg.optim.SGD(lr=0.1), backend="cuda")
+    xb, yb = batches(1)[0]
+    simulated[0].fail = "running the kernels: an illegal memory access was encountered (cudaErrorIllegalAddress)"
+    with pytest.raises(cuda.CudaError, match="illegal memory access") as info:
+        step(x=xb, y=yb)
+    assert info.value.code == 700
+    simulated[0].fail = None
+    # Bad input is refused in Python: the device never sees it.
+    with pytest.raises(TypeError, match="float32"):
+        step(x=xb.astype(np.float64), y=yb)
+    with pytest.raises(ValueError, match="784"):
+        step(x=xb[:, :10].copy(), y=yb)
+    assert simulated[0].runs == 0
+
+
+# ---- on a GPU ---------------------------------------------------------------------------------
+
+def _case_names():
+    from helpers import CASE_NAMES
+    return CASE_NAMES
+
+
+@pytest.mark.gpu
+@needs_gpu
+@pytest.mark.parametrize("name", _case_names())
+def test_op_suite_float32_matches_numpy_on_gpu(name):
+    from helpers import BY_NAME, assert_close, bundle, output_labels, sample_case
+    case = BY_NAME[name]
+    arrays = sample_case(case, "float32", 3)
+    ours = bundle("cuda", "float32").run(name, arrays)
+    want = bundle("numpy", "float32").run(name, arrays)
+    for label, got, ref in zip(output_labels(case), ours, want):
+        assert_close(got, ref, rtol=1e-4, atol=1e-5, what=f"{name} {label} (cuda, float32)")
+
+
+@pytest.mark.gpu
+@needs_gpu
+@pytest.mark.parametrize("name", _case_names())
+def test_op_suite_float64_matches_torch_on_gpu(name):
+    from helpers import BY_NAME, assert_close, bundle, output_labels, sample_case, torch_reference
+    case = BY_NAME[name]
+    arrays = sample_case(case, "float64", 1)
+    ours = bundle("cuda", "float64").run(name, arrays)
+    for label, got, ref in zip(output_labels(case), ours, torch_reference(case, arrays)):
+        assert_close(got, ref, rtol=1e-9, atol=1e-12, what=f"{name} {label} (cuda, float64)")
+
+
+@pytest.mark.gpu
+@needs_gpu
+def test_every_op_compiled_together_on_gpu():
+    from helpers import bundle
+    assert bundle("cuda", "float64").combined is not None, bundle("cuda", "float64").combined_error
+
+
+@pytest.mark.gpu
+@needs_gpu
+@pytest.mark.parametrize("size", [64, 1024])
+def test_softmax_regression_training_matches_numpy_on_gpu(size):
+    data = batches(20, size=size)
+    runs = {}
+    for backend in ("numpy", "cuda"):
+        loss, params = softmax_regression()
+        with sg.train_step(loss, params, sg.optim.SGD(lr=0.1), backend=backend) as step:
+            losses = [step(x=xb, y=yb) for xb, yb in data]
+            runs[backend] = (losses, step.params["W"], step.params["b"])
+    (ln, Wn, bn), (lc, Wc, bc) = runs["numpy"], runs["cuda"]
+    np.testing.assert_allclose(lc, ln, rtol=1e-4)
+    np.testing.assert_allclose(Wc, Wn, rtol=1e-4, atol=1e-6)
+    np.testing.assert_allclose(bc, bn, rtol=1e-4, atol=1e-6)
+    assert lc[-1] < lc[0]
+
+
+@pytest.mark.gpu
+@needs_gpu
+def test_kernels_at_awkward_sizes_on_gpu():
+    """Tiles that do not divide the sizes, transposed operands, reductions wider than a block, argmax ties
+    and NaN, max with NaN."""
+    rng = np.random.default_rng(0)
+    a = sg.input("a", (67, 130))
+    b = sg.input("b", (33, 130))
+    big = sg.input("big", (3, 70000))
+    outs = [a @ b.T, (a.T).T @ (b.T * 2), sg.sum(big, axis=1), sg.max(big), sg.argmax(big, axis=1),
+            sg.sum(big * big), sg.max(big, axis=0)]
+    f = {bk: sg.function([a, b, big], outs, backend=bk) for bk in ("numpy", "cuda")}
+    arrays = [rng.standard_normal((67, 130)).astype(np.float32), rng.standard_normal((33, 130)).astype(np.float32),
+              rng.standard_normal((3, 70000)).astype(np.float32)]
+    arrays[2][1, 5] = arrays[2][1, 9] = 50.0                  # a tie: the first index wins
+    arrays[2][2, 11] = np.nan                                 # NaN wins argmax and propagates through max
+    for got, want in zip(f["cuda"](*arrays), f["numpy"](*arrays)):
+        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4, equal_nan=True)
+
+
+@pytest.mark.gpu
+@needs_gpu
+def test_out_of_device_memory_is_a_cuda_error():
+    x = sg.input("x", (1,))
+    huge = sg.broadcast_to(x, (1 << 20, 1 << 20)) * 2.0      # a 4 TiB temporary
+    f = sg.function([x], sg.sum(huge), backend="cuda")
+    with pytest.raises(cuda.CudaError, match="out of memory"):
+        f(np.ones(1, np.float32))
