@@ -23,6 +23,12 @@ def unbroadcast(g: Value, shape: tuple) -> Value:
     """Sum `g` over the axes along which a value of `shape` was broadcast to g's shape."""
     if g.shape == shape:
         return g
+    full = S.broadcast_shapes(g.shape, shape, op="grad")
+    if full != g.shape:
+        # A cotangent smaller than its value (a custom backward's scalar): spread it first.
+        g = F.broadcast_to(g, full)
+        if g.shape == shape:
+            return g
     lead = g.ndim - len(shape)
     axes = tuple(range(lead)) + tuple(lead + i for i, s in enumerate(shape)
                                       if isinstance(s, int) and s == 1 and g.shape[lead + i] != 1)

@@ -56,10 +56,24 @@ def _lift(a, b, op: str):
     if isinstance(a, Value) and isinstance(b, Value):
         return a, b
     if isinstance(a, Value):
-        return a, _lift_one(b, a, op)
+        b_value = _lift_one(b, a, op)
+        return _weak_partner(a, b, b_value), b_value
     if isinstance(b, Value):
-        return _lift_one(a, b, op), b
+        a_value = _lift_one(a, b, op)
+        return a_value, _weak_partner(b, a, a_value)
     raise TypeError(f"{op}: at least one operand must be a graph value")
+
+
+def _weak_partner(partner: Value, scalar, lifted: Value) -> Value:
+    """An integer/bool tensor beside a Python float becomes that float's dtype (float32).
+
+    Python scalars are weakly typed, as in torch: `int_tensor * 0.5` is
+    float32, where NumPy's promotion of int64 with float32 would give float64.
+    """
+    if (isinstance(scalar, (numbers.Number, np.generic)) and not isinstance(scalar, np.ndarray)
+            and D.is_float(lifted.dtype) and not D.is_float(partner.dtype)):
+        return cast(partner, lifted.dtype)
+    return partner
 
 
 def _lift_one(x, partner: Value, op: str) -> Value:
@@ -195,7 +209,13 @@ def reshape(x, shape) -> Value:
 def transpose(x, axes=None) -> Value:
     """x with its axes permuted (default: reversed), as numpy.transpose."""
     x = _value(x, "transpose")
-    perm = tuple(reversed(range(x.ndim))) if axes is None else tuple(a % x.ndim if isinstance(a, int) else a for a in axes)
+    if axes is not None:
+        for a in axes:
+            # Check before wrapping: a % ndim would turn axis 5 of a 2-D value into axis 1.
+            if not isinstance(a, int) or isinstance(a, bool) or not -x.ndim <= a < x.ndim:
+                raise ValueError(f"transpose: axes {tuple(axes)} are not a permutation of the {x.ndim} axes "
+                                 f"of {S.format_shape(x.shape)}")
+    perm = tuple(reversed(range(x.ndim))) if axes is None else tuple(a % x.ndim for a in axes)
     if perm == tuple(range(x.ndim)):
         return x
     return make(lookup("transpose"), (x,), perm=perm)
@@ -213,6 +233,9 @@ def broadcast_to(x, shape) -> Value:
 def expand_dims(x, axis: int) -> Value:
     """x with a new axis of size 1 at `axis`."""
     x = _value(x, "expand_dims")
+    if not isinstance(axis, int) or isinstance(axis, bool) or not -x.ndim - 1 <= axis <= x.ndim:
+        raise ValueError(f"expand_dims: axis {axis!r} is out of range for {S.format_shape(x.shape)} "
+                         f"(a new axis goes at -{x.ndim + 1}..{x.ndim})")
     axis = axis % (x.ndim + 1)
     return reshape(x, x.shape[:axis] + (1,) + x.shape[axis:])
 
@@ -232,6 +255,8 @@ def squeeze(x, axis=None) -> Value:
 
 def matmul(a, b) -> Value:
     """Matrix product with NumPy's rules for 1-D operands: (M,K)@(K,N), (K,)@(K,N), (M,K)@(K,)."""
+    if isinstance(a, np.ndarray) or isinstance(b, np.ndarray):
+        a, b = _lift(a, b, "matmul")  # `array @ x`: NumPy defers to Value.__rmatmul__
     a, b = _value(a, "matmul", "a"), _value(b, "matmul", "b")
     if a.ndim not in (1, 2) or b.ndim not in (1, 2):
         raise ValueError(f"matmul: operands must be 1-D or 2-D, got {S.format_shape(a.shape)} and {S.format_shape(b.shape)}")
@@ -334,7 +359,11 @@ def elementwise(name: str, fn, args: Sequence[sympy.Symbol] | None = None) -> Ca
         arity = len(params)
         expr = expr.xreplace({p: a for p, a in zip(params, E.ARGS)})
         expr = expr.xreplace({sympy.Symbol(a.name): a for a in E.ARGS})
-    op = E.define(name, expr, arity, "float", doc=f"{name}: {expr}")
+    existing = E.REGISTRY.get(name)
+    if existing is not None and existing.arity == arity and existing.expr == expr:
+        op = existing  # the same definition run again (a notebook cell re-run): the same op
+    else:
+        op = E.define(name, expr, arity, "float", doc=f"{name}: {expr}")
 
     def apply(*operands):
         if len(operands) != arity:

@@ -58,7 +58,7 @@ def param(name: str, shape, init="zeros", dtype: str = "float32") -> Value:
     if isinstance(init, np.ndarray) or (not isinstance(init, str) and hasattr(init, "__array__")):
         array = np.asarray(init)
         if array.shape != shape:
-            raise ValueError(f"param {name!r}: init has shape {list(array.shape)}, expected {S.format_shape(shape)}")
+            raise ValueError(f"param {name!r}: init has shape {S.format_shape(array.shape)}, expected {S.format_shape(shape)}")
         value = array.astype(D.to_numpy(dtype))
     elif init == "zeros":
         value = np.zeros(shape, D.to_numpy(dtype))

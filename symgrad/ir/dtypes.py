@@ -58,5 +58,6 @@ def scalar_dtype(value, partner: str) -> str:
     if isinstance(value, (bool, np.bool_)):
         return partner
     if isinstance(value, (int, np.integer)):
-        return partner
+        # bool beside an int is arithmetic, not logic: `mask + 1` counts (int64, as torch).
+        return "int64" if partner == "bool" else partner
     return partner if is_float(partner) else DEFAULT_FLOAT

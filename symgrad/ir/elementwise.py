@@ -12,7 +12,7 @@ the value the forward computed instead of recomputing transcendental calls.
 
 from __future__ import annotations
 
-import random
+import math
 from functools import lru_cache
 from typing import Callable, Sequence
 
@@ -49,8 +49,15 @@ def _infer(name: str, arity: int, dtype_rule: str):
     return infer
 
 
+# Functions NumPy lacks, for which lambdify would fall back to scalar-only math.*:
+# elementwise versions, so a user's op such as erf (GELU) runs on arrays.
+_NUMPY_EXTRAS = {name: np.vectorize(getattr(math, fn), otypes=[np.float64])
+                 for name, fn in (("erf", "erf"), ("erfc", "erfc"), ("gamma", "gamma"),
+                                  ("loggamma", "lgamma"))}
+
+
 def _numpy_impl(expr: sympy.Expr, arity: int) -> Callable:
-    fn = sympy.lambdify(ARGS[:arity], expr, modules="numpy")
+    fn = sympy.lambdify(ARGS[:arity], expr, modules=[_NUMPY_EXTRAS, "numpy"])
 
     def run(args, node, env):
         # Broadcast first: sympy prints Max/Min/Piecewise with helpers that
@@ -95,29 +102,55 @@ def _cost(expr: sympy.Expr) -> int:
 def _in_terms_of_output(expr: sympy.Expr, partial: sympy.Expr) -> sympy.Expr | None:
     """Rewrite a unary op's derivative in terms of y = expr(x0), if that is cheaper.
 
-    Inverts y = f(x0) with sympy.solve, substitutes, and keeps the result only
-    when it verifies numerically at sample points and costs fewer calls.
+    Candidates: the raw derivative with expr replaced by y (tanh: 1 - y**2),
+    and the derivative at each inverse x0 = f^-1(y) found by sympy.solve,
+    simplified (sigmoid: y*(1 - y)). A candidate is kept only when it has no
+    x0 left, verifies numerically at sample points on both sides of zero
+    (so a branch such as sqrt(1 - y**2) for cos is refused) and is cheaper.
     """
     x = ARGS[0]
+    candidates = [sympy.diff(expr, x).subs(expr, OUT)]
     try:
-        candidates = sympy.solve(sympy.Eq(OUT, expr), x)
+        inverses = sympy.solve(sympy.Eq(OUT, expr), x)
     except (NotImplementedError, ValueError, TypeError):
-        return None
-    rng = random.Random(0)
+        inverses = []
+    for inverse in inverses:
+        try:
+            at = partial.subs(x, inverse)
+            candidates.append(sympy.simplify(at))
+            candidates.append(sympy.factor(sympy.cancel(sympy.simplify(at.rewrite(sympy.exp)))))
+        except (NotImplementedError, ValueError, TypeError, AttributeError):
+            continue  # sympy could not evaluate this branch: keep the derivative in x
     f = sympy.lambdify(x, expr, "math")
     d = sympy.lambdify(x, partial, "math")
+    samples = [-2.7, -1.3, -0.6, -0.2, 0.15, 0.45, 0.8, 1.4, 2.2, 3.1]
+
+    def key(e):
+        return (_cost(e), sympy.count_ops(e))
+
     best = None
-    for inverse in candidates:
-        rewritten = sympy.simplify(partial.subs(x, inverse))
-        if rewritten.has(x) or _cost(rewritten) >= _cost(partial):
+    for rewritten in candidates:
+        if rewritten.has(x) or rewritten.has(sympy.zoo, sympy.nan) or key(rewritten) >= key(partial):
             continue
         r = sympy.lambdify(OUT, rewritten, "math")
-        try:
-            ok = all(abs(r(f(t)) - d(t)) <= 1e-9 * (1 + abs(d(t)))
-                     for t in (rng.uniform(0.1, 0.9) for _ in range(5)))
-        except (ValueError, ZeroDivisionError, OverflowError, TypeError):
-            ok = False
-        if ok and (best is None or _cost(rewritten) < _cost(best)):
+        checked, ok = 0, True
+        for t in samples:
+            try:
+                want, y = complex(d(t)), complex(f(t))
+            except Exception:  # noqa: BLE001 - outside the domain (log of a negative), or no math.* twin
+                continue
+            if want.imag or y.imag:
+                continue
+            try:
+                got = complex(r(y.real))
+            except Exception:  # noqa: BLE001 - a rewrite that cannot be evaluated is refused
+                ok = False
+                break
+            checked += 1
+            if abs(got - want.real) > 1e-9 * (1 + abs(want.real)):
+                ok = False
+                break
+        if ok and checked >= 3 and (best is None or key(rewritten) < key(best)):
             best = rewritten
     return best
 
@@ -127,11 +160,15 @@ def partial_derivative(op_name: str, i: int) -> sympy.Expr:
     """d op / d x_i as a sympy expression over ARGS and OUT, cached per op."""
     op = REGISTRY[op_name]
     partial = sympy.diff(op.expr, ARGS[i])
+    # The derivative of a step (Heaviside, sign) is zero almost everywhere, as
+    # torch treats its masks: DiracDelta would only print as an unknown name.
+    partial = partial.replace(sympy.DiracDelta, lambda *args: sympy.S.Zero)
     if partial.has(sympy.Piecewise, sympy.Heaviside, sympy.sign):
         partial = sympy.piecewise_fold(partial)
     elif _cost(partial) > 0:
         partial = sympy.simplify(partial)
-    if op.arity == 1 and _cost(partial) > 0:
+    # Kinked ops (relu, abs, max) keep their masks in x: there is nothing to gain.
+    if op.arity == 1 and _cost(partial) > 0 and not partial.has(sympy.Piecewise, sympy.Heaviside, sympy.sign):
         partial = _in_terms_of_output(op.expr, partial) or partial
     return partial
 
@@ -140,10 +177,13 @@ def elementwise_vjp(node, g, wants: Sequence[bool]):
     """The VJP of any sympy-defined op: g * d op/d x_i, one fused node per input."""
     out = []
     for i, want in enumerate(wants):
-        if not want:
+        partial = partial_derivative(node.op.name, i) if want else sympy.S.Zero
+        if partial == 0:
+            # No contribution (relu's second derivative, where's condition):
+            # None tells the driver to skip it; a 0-ary node would have no shape.
             out.append(None)
             continue
-        out.append(apply_expression(COTANGENT * partial_derivative(node.op.name, i),
+        out.append(apply_expression(COTANGENT * partial,
                                     {COTANGENT: g, OUT: node, **dict(zip(ARGS, node.inputs))},
                                     name=f"{node.op.name}_vjp{i}"))
     return out

@@ -98,7 +98,11 @@ class Value:
     def mean(self, axis=None, keepdims=False): return _F().mean(self, axis=axis, keepdims=keepdims)
     def max(self, axis=None, keepdims=False): return _F().max(self, axis=axis, keepdims=keepdims)
     def reshape(self, *shape): return _F().reshape(self, shape[0] if len(shape) == 1 and isinstance(shape[0], (tuple, list)) else shape)
-    def transpose(self, *axes): return _F().transpose(self, axes or None)
+    def transpose(self, *axes):
+        # x.transpose(1, 0) and x.transpose((1, 0)), as on a numpy array.
+        if len(axes) == 1 and isinstance(axes[0], (tuple, list)):
+            axes = tuple(axes[0])
+        return _F().transpose(self, axes or None)
     def astype(self, dtype): return _F().cast(self, dtype)
 
 
