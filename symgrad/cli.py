@@ -1,4 +1,4 @@
-"""The `symgrad` command: `symgrad demo`, `symgrad --version` (and later `symgrad inspect`).
+"""The `symgrad` command: `symgrad demo`, `symgrad inspect FILE`, `symgrad --version`.
 
 Each subcommand is a `_add_<name>(subparsers)` that registers its options and
 a `_run_<name>(args) -> exit status`; `main` only dispatches.
@@ -86,6 +86,31 @@ def _run_demo(args) -> int:
     return 0
 
 
+def _add_inspect(subparsers) -> None:
+    inspect = subparsers.add_parser(
+        "inspect", help="print a model's graphs and write its DOT graph and generated C",
+        description="Run FILE, a Python script defining build() -> (loss, params[, optimizer]); print "
+                    "the forward graph, the forward + backward graph and the backward chain; write "
+                    "graph.dot (graph.svg when Graphviz is installed) and the generated source to --out.")
+    inspect.add_argument("file", help="Python file defining build()")
+    inspect.add_argument("--out", default="symgrad-inspect",
+                         help="directory for graph.dot, graph.svg and step.c (default %(default)s)")
+    inspect.add_argument("--backend", choices=list(BACKENDS), default="c",
+                         help="whose source to write (default %(default)s)")
+    inspect.set_defaults(run=_run_inspect)
+
+
+def _run_inspect(args) -> int:
+    from .inspect_cmd import run_inspect
+
+    try:
+        run_inspect(args.file, args.out, backend=args.backend)
+    except (FileNotFoundError, TypeError) + USER_ERRORS as exc:
+        print(f"symgrad inspect: error: {exc}", file=sys.stderr)
+        return 1
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of the `symgrad` command."""
     parser = argparse.ArgumentParser(prog="symgrad", description="A static-graph symbolic compiler "
@@ -93,6 +118,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"symgrad {__version__}")
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
     _add_demo(subparsers)
+    _add_inspect(subparsers)
     return parser
 
 

@@ -38,3 +38,16 @@ def test_inspect_explains_a_bad_file(tmp_path):
         run_inspect(path, tmp_path / "out", backend="numpy")
     with pytest.raises(FileNotFoundError, match="no such file"):
         run_inspect(tmp_path / "missing.py", tmp_path / "out")
+
+
+def test_cli_inspect_runs_the_example(tmp_path, capsys):
+    from pathlib import Path
+
+    from symgrad.cli import main
+
+    example = Path(__file__).resolve().parent.parent / "examples" / "inspect_softmax.py"
+    assert main(["inspect", str(example), "--out", str(tmp_path), "--backend", "numpy"]) == 0
+    text = capsys.readouterr().out
+    assert "== forward graph ==" in text and "AccumulateGrad(W)" in text
+    assert (tmp_path / "graph.dot").read_text().startswith("digraph symgrad")
+    assert main(["inspect", str(tmp_path / "missing.py"), "--out", str(tmp_path)]) == 1
