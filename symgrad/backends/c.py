@@ -1,0 +1,461 @@
+"""The C/OpenMP backend: a kernel plan rendered through templates/c/, built by cffi.
+
+`compile(graph)` lowers the graph (symgrad.backends.lowering), renders one
+C11 file with one function per kernel and one entry point,
+
+    int symgrad_run(const int64_t* dims, void** inputs, void** variables,
+                    void** outputs, char* workspace, const int64_t* offsets);
+
+and builds it through the cache (symgrad.backends.cache). Python owns all
+memory: inputs, variables and outputs are NumPy arrays passed with
+`ffi.from_buffer` (no copies); temporaries live in one workspace array whose
+layout is computed here from the Dim bindings. User names never enter C
+except inside comments, escaped.
+"""
+
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+import sympy
+
+from ..ir import dtypes as D
+from ..ir import shapes as S
+from ..ir.elementwise import ARGS
+from ..ir.graph import Graph
+from . import cache
+from .c_printer import CPrintError, format_literal, printer
+from .lowering import LoopKernel, MatmulKernel, Plan, ReduceKernel, View, lower
+from .templates import render
+
+ENTRY = "symgrad_run"
+CDEF = (f"int {ENTRY}(const int64_t* dims, void** inputs, void** variables, void** outputs, "
+        f"char* workspace, const int64_t* offsets);")
+PARALLEL_MIN = 1 << 15          # elements: below this a loop runs on one thread
+GEMM_PARALLEL_MIN = 1 << 18     # multiply-adds: below this a matmul runs on one thread
+COLUMN_TILE = 256              # accumulators per column tile of a column sum (a few KB on the stack)
+LAYOUTS_KEPT = 4                # workspaces kept for the most recent distinct Dim bindings
+ALIGN = 64                      # bytes: every workspace buffer starts on a cache line
+# Register tile and cache blocks of the GEMM, per dtype: 6 x 16 floats (6 x 8 doubles) is
+# 12 AVX2 accumulators; the KC x NR B sliver stays in L1, the MC x KC A block in L2.
+GEMM = {"float32": dict(suffix="f32", MR=6, NR=16, VL=8, VB=32, MC=72, KC=256, NC=2048),
+        "float64": dict(suffix="f64", MR=6, NR=8, VL=4, VB=32, MC=72, KC=256, NC=1024)}
+
+
+def comment(text) -> str:
+    """`text` safe inside a C block comment on one line: no `*/`, no newlines, printable ASCII only."""
+    text = str(text).encode("ascii", "backslashreplace").decode("ascii")
+    out = []
+    for ch in text:
+        if ch == "\n":
+            out.append("\\n")
+        elif ch == "\r":
+            out.append("\\r")
+        elif not (32 <= ord(ch) < 127):
+            out.append(f"\\x{ord(ch):02x}")
+        else:
+            out.append(ch)
+    text = "".join(out)
+    while "*/" in text or "/*" in text:
+        text = text.replace("*/", "*\\/").replace("/*", "/\\*")
+    return text.replace("??", "?\\?")  # no trigraphs either
+
+
+# ---- expressions ---------------------------------------------------------------------
+
+class _Exprs:
+    """Prints sizes, indices and literals with Dims as their C arguments (d0, d1, ...)."""
+
+    def __init__(self, dims: list):
+        self.dim_syms = {d: sympy.Symbol(f"d{k}", integer=True, positive=True) for k, d in enumerate(dims)}
+        self.int = printer("int64")
+
+    def size(self, value) -> str:
+        """An int64 C expression of a size or index."""
+        if isinstance(value, (int, np.integer)):
+            return str(int(value))
+        return self.int.doprint(sympy.sympify(value).xreplace(self.dim_syms))
+
+    def index(self, offset, loop_vars: list[str], strides) -> str:
+        """offset + sum(var * stride), simplified where a stride is 0 or 1."""
+        terms = []
+        for var, stride in zip(loop_vars, strides):
+            if isinstance(stride, int) and stride == 0:
+                continue
+            terms.append(var if isinstance(stride, int) and stride == 1 else f"{var} * {self._paren(stride)}")
+        if not (isinstance(offset, int) and offset == 0):
+            terms.append(self._paren(offset))
+        return " + ".join(terms) if terms else "0"
+
+    def _paren(self, value) -> str:
+        text = self.size(value)
+        return text if text.isidentifier() or text.isdigit() else f"({text})"
+
+    def literal(self, value, dtype: str) -> str:
+        """A constant (a number, or an expression of Dims such as 1/B) as a C expression of `dtype`."""
+        if isinstance(value, sympy.Basic):
+            if not value.free_symbols:
+                value = float(value) if D.is_float(dtype) else int(value)
+            else:
+                text = printer(dtype if D.is_float(dtype) else "int64").doprint(value.xreplace(self.dim_syms))
+                return f"(({D.C_TYPES[dtype]})({text}))"
+        if isinstance(value, (bool, np.bool_)) and dtype != "bool":
+            value = int(value)
+        return format_literal(value, dtype)
+
+
+def _convert(text: str, src: str, dst: str) -> str:
+    """C for converting a value of dtype `src` to `dst` (NumPy's astype semantics)."""
+    if src == dst:
+        return text
+    if dst == "bool":
+        return f"(uint8_t)(({text}) != 0)"
+    return f"({D.C_TYPES[dst]})({text})"
+
+
+def _is_boolean_expr(expr) -> bool:
+    return isinstance(expr, (sympy.core.relational.Relational, sympy.logic.boolalg.BooleanFunction,
+                             sympy.logic.boolalg.BooleanAtom))
+
+
+# ---- kernels -> template contexts ----------------------------------------------------
+
+class _Renderer:
+    """Turns a plan's kernels into template contexts; Python computes names and expressions only."""
+
+    def __init__(self, plan: Plan):
+        self.plan = plan
+        self.ex = _Exprs(plan.dims)
+        self.int_pow = False
+        self.random = False
+        self.gemm_dtypes: list[str] = []
+
+    def params(self, buffers: list, out) -> tuple[str, list[str]]:
+        """The kernel's C parameters (dims first, then each buffer once) and the call's arguments."""
+        seen, order = {}, []
+        for b in [*buffers, out]:
+            if id(b) not in seen:
+                seen[id(b)] = b
+                order.append(b)
+        dims = [f"int64_t d{k}" for k in range(len(self.plan.dims))]
+        decls = list(dims)
+        args = [f"d{k}" for k in range(len(self.plan.dims))]
+        for b in order:
+            const = "" if b is out else "const "
+            decls.append(f"{const}{D.C_TYPES[b.dtype]}* restrict {b.name}")
+            args.append(b.name)
+        return ", ".join(decls) or "void", args
+
+    def load(self, view: View, loop_vars: list[str]) -> str:
+        if view.kind == "literal":
+            return self.ex.literal(view.literal, view.dtype)
+        index = self.ex.index(view.offset, loop_vars, view.strides)
+        if view.kind == "index":
+            return _convert(index, "int64", view.dtype)
+        return f"{view.buffer.name}[{index}]"
+
+    def loops(self, shape, prefix: str, depth0: int = 1, parallel: bool = True) -> list[dict]:
+        return [dict(var=f"{prefix}{k}", size=self.ex.size(s), indent="    " * (depth0 + k),
+                     parallel=parallel and k == 0) for k, s in enumerate(shape)]
+
+    def loop_kernel(self, k: LoopKernel) -> dict:
+        loops = self.loops(k.shape, "i")
+        loop_vars = [l["var"] for l in loops]
+        body = []
+        for op in k.operands:
+            body.append(f"const {D.C_TYPES[op.view.dtype]} {op.name} = {self.load(op.view, loop_vars)};"
+                        f"  /* {comment(op.label)} */")
+        dtypes = {op.name: op.view.dtype for op in k.operands}
+        for st in k.statements:
+            text = self.statement(st, dtypes)
+            dtypes[st.name] = st.dtype
+            body.append(f"const {D.C_TYPES[st.dtype]} {st.name} = {text};  /* {comment(st.line)} */")
+        out_index = self.ex.index(0, loop_vars, k.out_view.strides)
+        body.append(f"{k.out.name}[{out_index}] = {k.result};")
+        params, args = self.params([op.view.buffer for op in k.operands if op.view.buffer is not None], k.out)
+        return dict(template="c/loop.c.j2", name=k.name, comments=[comment(l) for l in k.lines], params=params,
+                    args=args, loops=loops, body=body, indent="    " * (len(loops) + 1),
+                    numel=self.ex._paren(k.numel))
+
+    def statement(self, st, dtypes: dict) -> str:
+        """One node's C expression: operands cast to the compute dtype, result converted to st.dtype."""
+        if st.node.op.name == "pow" and not D.is_float(st.compute_dtype):
+            self.int_pow = True
+            a, b = (_convert(a, d, "int64") for a, d in zip(st.args, st.arg_dtypes))
+            return _convert(f"sg_ipow({a}, {b})", "int64", st.dtype)
+        if st.node.op.name == "random_bits":
+            self.random = True  # the generator's C body (templates/c/random.h.j2) goes in the prelude
+        names = {}
+        for i, (name, dtype) in enumerate(zip(st.args, st.arg_dtypes)):
+            text = name if dtype == st.compute_dtype else f"(({D.C_TYPES[st.compute_dtype]}){name})"
+            if st.compute_dtype == "bool" and dtype != "bool":
+                text = f"({name} != 0)"
+            names[ARGS[i]] = text
+        expr = sympy.sympify(st.expr)
+        try:
+            text = printer(st.compute_dtype).print_named(expr, names)
+        except CPrintError as exc:
+            raise CPrintError(f"op {st.node.op.name!r} ({st.node.op.expr}): {exc}") from None
+        if _is_boolean_expr(expr) and st.dtype != "bool":
+            return f"({D.C_TYPES[st.dtype]})({text})"
+        if _is_boolean_expr(expr):
+            return f"(uint8_t)({text})"
+        return _convert(text, st.compute_dtype, st.dtype)
+
+    def reduce_kernel(self, k: ReduceKernel) -> dict:
+        if k.op == "sum" and len(k.kept) == 1 and k.kept[0][1] == 1 and k.reduced and k.input.kind == "buffer":
+            return self.column_sum_kernel(k)
+        outer = self.loops([s for s, _ in k.kept], "o")
+        inner = self.loops([s for s, _ in k.reduced], "r", depth0=1 + len(outer), parallel=False)
+        acc_t, out_t = D.C_TYPES[k.acc_dtype], D.C_TYPES[k.out.dtype]
+        in_t = D.C_TYPES[k.input.dtype]
+        offset_vars = [l["var"] for l in outer] + [l["var"] for l in inner]
+        strides = [st for _, st in k.kept] + [st for _, st in k.reduced]
+        view = View(k.input.kind, (), k.input.dtype, tuple(strides), k.input.offset, k.input.buffer, k.input.literal)
+        load = self.load(view, offset_vars)
+        out_index = self.ex.index(0, [l["var"] for l in outer],
+                                  _contiguous([s for s, _ in k.kept]))
+        simd_op = ""
+        if k.op == "sum":
+            init = [f"{acc_t} acc = 0;"]
+            body = [f"acc += ({acc_t}){load};"]
+            finish = [f"{k.out.name}[{out_index}] = {_convert('acc', k.acc_dtype, k.out.dtype)};"]
+            simd_op = "+"
+        elif k.op == "max":
+            init = [f"{acc_t} acc = {_lowest(k.acc_dtype)};"]
+            body = [f"const {in_t} v = {load};",
+                    "acc = (v > acc || v != v) ? v : acc;  /* NaN propagates, as in NumPy */"]
+            finish = [f"{k.out.name}[{out_index}] = acc;"]
+        elif k.op == "argmax":
+            flat = self.ex.index(0, [l["var"] for l in inner], _contiguous([s for s, _ in k.reduced]))
+            init = [f"{acc_t} acc = {_lowest(k.acc_dtype)};", "int64_t best = -1;"]
+            body = [f"const {in_t} v = {load};",
+                    "if (best < 0 || v > acc || (v != v && acc == acc)) {  /* the first maximum; NaN wins */",
+                    "    acc = v;",
+                    f"    best = {flat};",
+                    "}"]
+            finish = [f"{k.out.name}[{out_index}] = best < 0 ? 0 : best;"]
+        else:
+            raise NotImplementedError(f"no C lowering for reduction {k.op!r}")
+        for l in inner:
+            l["simd"] = bool(simd_op) and l is inner[-1]
+        buffers = [k.input.buffer] if k.input.buffer is not None else []
+        params, args = self.params(buffers, k.out)
+        return dict(template="c/reduce.c.j2", name=k.name, comments=[comment(l) for l in k.lines],
+                    params=params, args=args, outer=outer, inner=inner, init=init, body=body, finish=finish,
+                    indent="    " * (len(outer) + 1), inner_indent="    " * (len(outer) + len(inner) + 1),
+                    numel=self.ex._paren(k.numel), simd_op=simd_op or "+")
+
+    def column_sum_kernel(self, k: ReduceKernel) -> dict:
+        """A sum over leading axes into a contiguous kept axis: rows added into a tile (bias gradients)."""
+        inner = self.loops([s for s, _ in k.reduced], "r", depth0=2, parallel=False)
+        row_offset = self.ex.index(k.input.offset, [l["var"] for l in inner], [st for _, st in k.reduced])
+        params, args = self.params([k.input.buffer], k.out)
+        return dict(template="c/reduce_columns.c.j2", name=k.name, comments=[comment(l) for l in k.lines],
+                    params=params, args=args, inner=inner, size=self.ex._paren(k.kept[0][0]), tile=COLUMN_TILE,
+                    acc_t=D.C_TYPES[k.acc_dtype], in_t=D.C_TYPES[k.input.dtype],
+                    row=f"{k.input.buffer.name} + {row_offset}" if row_offset != "0" else k.input.buffer.name,
+                    out=k.out.name, store=_convert("acc[j]", k.acc_dtype, k.out.dtype),
+                    inner_indent="    " * (len(inner) + 2), numel=self.ex._paren(k.numel))
+
+    def matmul_kernel(self, k: MatmulKernel) -> dict:
+        if k.out.dtype not in self.gemm_dtypes:
+            self.gemm_dtypes.append(k.out.dtype)
+        a, b = k.a, k.b
+        ptr = lambda v: v.buffer.name if v.offset == 0 else f"{v.buffer.name} + {self.ex._paren(v.offset)}"
+        params, args = self.params([a.buffer, b.buffer], k.out)
+        return dict(template="c/matmul.c.j2", name=k.name, comments=[comment(l) for l in k.lines],
+                    params=params, args=args, suffix=GEMM[k.out.dtype]["suffix"],
+                    M=self.ex.size(k.M), N=self.ex.size(k.N), K=self.ex.size(k.K),
+                    a=ptr(a), b=ptr(b), out=k.out.name,
+                    sam=self.ex.size(a.strides[0]), sak=self.ex.size(a.strides[1]),
+                    sbk=self.ex.size(b.strides[0]), sbn=self.ex.size(b.strides[1]))
+
+    def render(self) -> str:
+        plan = self.plan
+        kernels = []
+        for k in plan.kernels:
+            if isinstance(k, LoopKernel):
+                kernels.append(self.loop_kernel(k))
+            elif isinstance(k, ReduceKernel):
+                kernels.append(self.reduce_kernel(k))
+            elif isinstance(k, MatmulKernel):
+                kernels.append(self.matmul_kernel(k))
+            else:
+                raise NotImplementedError(f"no C rendering for kernel {type(k).__name__}")
+        prologue = []
+        for k, d in enumerate(plan.dims):
+            prologue.append(f"const int64_t d{k} = dims[{k}];  /* Dim {comment(d)} */")
+        for group, storage in ((plan.inputs, "inputs"), (plan.variables, "variables"), (plan.outputs, "outputs")):
+            for b in group:
+                const = "const " if storage == "inputs" else ""
+                t = D.C_TYPES[b.dtype]
+                prologue.append(f"{const}{t}* {b.name} = ({const}{t}*){storage}[{b.index}];  /* {comment(b.label)} */")
+        for b in plan.workspace:
+            t = D.C_TYPES[b.dtype]
+            prologue.append(f"{t}* {b.name} = ({t}*)(workspace + offsets[{b.index}]);  /* {comment(b.label)} */")
+        prologue += ["(void)dims; (void)inputs; (void)variables; (void)outputs; (void)workspace; (void)offsets;"]
+        calls = [f"{k['name']}({', '.join(k['args'])});" for k in kernels]
+        consts = [self.const(c) for c in plan.consts]
+        gemms = [dict(GEMM[d], ctype=D.C_TYPES[d], SUFFIX=GEMM[d]["suffix"].upper(),
+                      parallel_min=GEMM_PARALLEL_MIN) for d in self.gemm_dtypes]
+        arguments = [f"dims[{k}] = {comment(d)}" for k, d in enumerate(plan.dims)]
+        arguments += [f"inputs[{b.index}] = {comment(b.label)}: {D.SHORT_NAMES[b.dtype]}{_fmt(plan.graph.inputs[b.index].shape)}"
+                      for b in plan.inputs]
+        arguments += [f"variables[{b.index}] = {comment(b.label)}: "
+                      f"{D.SHORT_NAMES[b.dtype]}{_fmt(plan.graph.variables[b.index].shape)}" for b in plan.variables]
+        arguments += [f"outputs[{b.index}]: {D.SHORT_NAMES[b.dtype]}{_fmt(plan.graph.outputs[b.index].shape)}"
+                      for b in plan.outputs]
+        arguments += [f"workspace + offsets[k]: temporary ws<k> ({len(plan.workspace)} buffers)"]
+        from .. import __version__
+        return render("c/program.c.j2", version=__version__,
+                      header=[comment(line) for line in plan.header.splitlines()],
+                      entry=ENTRY, arguments=arguments, parallel_min=PARALLEL_MIN, int_pow=self.int_pow,
+                      random=self.random,
+                      consts=consts, gemms=gemms, kernels=kernels,
+                      signature=CDEF.rstrip(";"), prologue=prologue, calls=calls)
+
+    def const(self, buf) -> dict:
+        flat = np.asarray(buf.value).reshape(-1)
+        items = [format_literal(v.item(), buf.dtype) for v in flat]
+        rows = [", ".join(items[i:i + 8]) + ("," if i + 8 < len(items) else "") for i in range(0, len(items), 8)]
+        return dict(name=buf.name, ctype=D.C_TYPES[buf.dtype], size=max(len(items), 1), rows=rows or ["0"],
+                    comment=comment(f"constant {buf.label}: {list(np.shape(buf.value))}"))
+
+
+def _contiguous(shape) -> list:
+    strides, step = [], 1
+    for s in reversed(shape):
+        strides.append(step)
+        step = step * s
+    return list(reversed(strides))
+
+
+def _lowest(dtype: str) -> str:
+    return {"float32": "-INFINITY", "float64": "-INFINITY", "int32": "INT32_MIN", "int64": "INT64_MIN",
+            "bool": "0"}[dtype]
+
+
+def _fmt(shape) -> str:
+    return comment(S.format_shape(shape))
+
+
+def render_source(plan: Plan) -> str:
+    """The C source of a kernel plan."""
+    return _Renderer(plan).render()
+
+
+# ---- the program ------------------------------------------------------------------------
+
+class CProgram:
+    """A graph compiled to a native module: `run` computes outputs and updates variables in place."""
+
+    backend = "c"
+
+    def __init__(self, graph: Graph, flags: list[str] | None = None):
+        self.graph = graph
+        self.plan = lower(graph)
+        self.source = render_source(self.plan)
+        built = cache.build(self.source, CDEF, flags=flags)
+        self.module = built.module
+        self.module_name = built.module_name
+        self.source_path = built.source_path
+        self.library_path = built.library_path
+        self._ffi = built.module.ffi
+        self._entry = getattr(built.module.lib, ENTRY)
+        self._layouts: dict[tuple, tuple] = {}
+        self._variables = [(v.name, D.to_numpy(v.dtype), tuple(v.shape)) for v in graph.variables]
+        self._inputs = [(v.name, D.to_numpy(v.dtype)) for v in graph.inputs]
+        # Pointer arrays filled in place at each call; variable pointers cached while the
+        # caller keeps passing the same arrays (the usual case: Compiled owns them).
+        self._pointer_arrays = tuple(self._ffi.new("void*[]", max(n, 1)) for n in
+                                     (len(graph.inputs), len(graph.variables), len(graph.outputs)))
+        self._var_cache = None
+        self._lock = threading.Lock()
+
+    def _layout(self, key: tuple, bindings: dict) -> tuple:
+        """Per Dim binding: output shapes and the workspace (array, offsets), made once and reused."""
+        layout = self._layouts.get(key)
+        if layout is None:
+            if len(self._layouts) >= LAYOUTS_KEPT:  # bound the memory held for past batch sizes
+                self._layouts.pop(next(iter(self._layouts)))
+            outs = [(S.evaluate_shape(v.shape, bindings), D.to_numpy(v.dtype)) for v in self.graph.outputs]
+            inputs = [S.evaluate_shape(v.shape, bindings) for v in self.graph.inputs]
+            offsets, total = [], 0
+            for b in self.plan.workspace:
+                offsets.append(total)
+                nbytes = S.evaluate(b.numel, bindings) * D.to_numpy(b.dtype).itemsize
+                total += -(-nbytes // ALIGN) * ALIGN
+            raw = np.zeros(total + 2 * ALIGN, dtype=np.uint8)
+            shift = (-raw.ctypes.data) % ALIGN
+            workspace = raw[shift:shift + total + ALIGN]
+            ffi = self._ffi
+            layout = (outs, inputs, ffi.new("int64_t[]", [int(bindings[d]) for d in self.plan.dims] or [0]),
+                      workspace, ffi.from_buffer(workspace), ffi.new("int64_t[]", offsets or [0]))
+            self._layouts[key] = layout
+        return layout
+
+    def run(self, inputs: list, bindings: dict, variables: dict) -> list:
+        """Compute the outputs, then write the updates into `variables` (name -> ndarray) in place.
+
+        Calls are serialized: they share the workspace and the pointer arrays.
+        """
+        with self._lock:
+            return self._run(inputs, bindings, variables)
+
+    def _run(self, inputs: list, bindings: dict, variables: dict) -> list:
+        try:
+            key = tuple([int(bindings[d]) for d in self.plan.dims])
+        except KeyError as exc:
+            raise ValueError(f"no binding for Dim {exc.args[0]}") from None
+        outs, in_shapes, dims, _, ws_ptr, offsets = self._layout(key, bindings)
+        if len(inputs) != len(self._inputs):
+            raise TypeError(f"expected {len(self._inputs)} inputs, got {len(inputs)}")
+        from_buffer = self._ffi.from_buffer
+        keep = []  # the cdata views must outlive the call
+        in_ptrs, var_ptrs, out_ptrs = self._pointer_arrays
+        for k, ((name, dtype), shape, array) in enumerate(zip(self._inputs, in_shapes, inputs)):
+            if not isinstance(array, np.ndarray) or array.dtype != dtype or array.shape != shape \
+                    or not array.flags.c_contiguous:
+                raise ValueError(f"input {name!r}: expected a C-contiguous {dtype} array of shape {shape}, got "
+                                 f"{getattr(array, 'dtype', type(array).__name__)} {getattr(array, 'shape', '')}")
+            in_ptrs[k] = p = from_buffer(array)
+            keep.append(p)
+        arrays = [variables.get(name) for name, _, _ in self._variables]
+        if self._var_cache is None or any(a is not b for a, b in zip(arrays, self._var_cache[0])):
+            self._var_cache = None
+            for k, ((name, dtype, shape), array) in enumerate(zip(self._variables, arrays)):
+                if not isinstance(array, np.ndarray) or array.dtype != dtype or array.shape != shape \
+                        or not array.flags.c_contiguous or not array.flags.writeable:
+                    raise ValueError(f"variable {name!r}: expected a writeable C-contiguous {dtype} array of "
+                                     f"shape {shape}, got {getattr(array, 'dtype', type(array).__name__)} "
+                                     f"{getattr(array, 'shape', '')}")
+            self._var_cache = (arrays, [from_buffer(a, require_writable=True) for a in arrays])
+            for k, p in enumerate(self._var_cache[1]):
+                var_ptrs[k] = p
+        else:
+            for (name, dtype, shape), array in zip(self._variables, arrays):
+                if array.shape != shape or array.dtype != dtype:  # reshaped or re-typed in place
+                    self._var_cache = None
+                    return self._run(inputs, bindings, variables)
+        results = []
+        for k, (shape, dtype) in enumerate(outs):
+            array = np.empty(shape, dtype)
+            results.append(array)
+            out_ptrs[k] = p = from_buffer(array, require_writable=True)
+            keep.append(p)
+        status = self._entry(dims, in_ptrs, var_ptrs, out_ptrs, ws_ptr, offsets)
+        if status != 0:
+            raise RuntimeError(f"the compiled program failed with status {status}")
+        return results
+
+
+def compile(graph: Graph, flags: list[str] | None = None, **options) -> CProgram:
+    """Compile `graph` to C and build it (cached): the backend protocol's entry point.
+
+    flags: compiler flags instead of the default (`-O3 -march=native -fopenmp`, or SYMGRAD_CFLAGS).
+    """
+    if options:
+        raise TypeError(f"backend 'c' takes only flags=, got {sorted(options)}")
+    return CProgram(graph, flags=flags)

@@ -1,0 +1,620 @@
+"""Lowering: a graph becomes a kernel plan, the same for every compiled backend.
+
+The plan says which buffers exist (inputs, variables, outputs, one workspace
+of temporaries, constant arrays), how every value is read (a `View`: a
+buffer with per-axis strides, a literal, or an index), and which kernels run
+in which order. Movement ops cost nothing: reshape of a contiguous value,
+transpose and expand only change the strides a consumer reads through;
+matmul reads transposed operands through their strides. Chains of
+elementwise nodes whose value has one elementwise user are fused into that
+user's loop, one statement per node.
+
+Updates are functional: kernels write new variable values into
+temporaries, and copies into the variables run after every other kernel.
+
+The C backend renders the plan (symgrad/backends/c.py); a CUDA backend can
+render the same plan.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import Any
+
+import numpy as np
+import sympy
+
+from ..ir import dtypes as D
+from ..ir import shapes as S
+from ..ir.elementwise import ARGS
+from ..ir.graph import Graph
+from ..ir.printing import Namer, node_line
+from ..ir.registry import CUSTOM, ELEMENTWISE, MATMUL, MOVEMENT, REDUCE, SOURCE
+from ..ir.value import Value
+
+
+# ---- buffers and views ----------------------------------------------------------
+
+@dataclass(eq=False)
+class Buffer:
+    """Storage for one value. `name` is index-based (in0, var2, out0, ws3, c1): never a user's name."""
+
+    name: str
+    storage: str        # "input" | "variable" | "output" | "workspace" | "const"
+    index: int          # position among its storage's buffers
+    dtype: str
+    numel: Any          # int or sympy expression of Dims
+    label: str = ""     # what it holds, for comments only (may contain user text)
+    value: Any = None   # the array of a "const" buffer
+
+
+@dataclass(frozen=True, eq=False)
+class View:
+    """How a kernel reads a value of `shape`.
+
+    Element (i0, ..., in) is `offset + sum(ik * strides[k])`, which is an
+    index into `buffer` (kind "buffer") or the value itself (kind "index":
+    iota). Kind "literal" is `literal` everywhere (a number, or a sympy
+    expression of Dims such as 1/B).
+    """
+
+    kind: str
+    shape: tuple
+    dtype: str
+    strides: tuple
+    offset: Any = 0
+    buffer: Buffer | None = None
+    literal: Any = None
+
+
+def contiguous_strides(shape) -> tuple:
+    """Row-major strides, in elements."""
+    strides, step = [], 1
+    for size in reversed(shape):
+        strides.append(step)
+        step = _mul(step, size)
+    return tuple(reversed(strides))
+
+
+def _mul(a, b):
+    if isinstance(a, int) and isinstance(b, int):
+        return a * b
+    return S.as_size(sympy.expand(sympy.sympify(a) * sympy.sympify(b))) if a != 0 and b != 0 else 0
+
+
+def _same(a, b) -> bool:
+    if isinstance(a, int) and isinstance(b, int):
+        return a == b
+    return sympy.expand(sympy.sympify(a) - sympy.sympify(b)) == 0
+
+
+def _is_one(size) -> bool:
+    return isinstance(size, int) and size == 1
+
+
+def _numel(shape):
+    return S.numel(shape)
+
+
+def buffer_view(buffer: Buffer, shape) -> View:
+    """A contiguous view of a whole buffer."""
+    return View("buffer", tuple(shape), buffer.dtype, contiguous_strides(shape), 0, buffer)
+
+
+def literal_view(value, shape, dtype) -> View:
+    """A value equal to `value` everywhere (every stride 0)."""
+    return View("literal", tuple(shape), dtype, (0,) * len(shape), 0, None, value)
+
+
+def is_contiguous(view: View) -> bool:
+    """Whether the view reads its elements in row-major order with no gaps (size-1 axes ignored)."""
+    expected = contiguous_strides(view.shape)
+    return view.kind == "buffer" and all(_is_one(s) or _same(a, b)
+                                          for s, a, b in zip(view.shape, view.strides, expected))
+
+
+def broadcast_view(view: View, shape) -> View:
+    """The view read at the broadcast `shape` (NumPy rules: new axes and size-1 axes get stride 0)."""
+    shape = tuple(shape)
+    if view.shape == shape:
+        return view
+    lead = len(shape) - len(view.shape)
+    strides = [0] * lead
+    for size, stride, target in zip(view.shape, view.strides, shape[lead:]):
+        strides.append(0 if _is_one(size) and not _is_one(target) else stride)
+    return replace(view, shape=shape, strides=tuple(strides))
+
+
+def transpose_view(view: View, perm) -> View:
+    """The view with its axes permuted: only the strides move."""
+    return replace(view, shape=tuple(view.shape[p] for p in perm),
+                   strides=tuple(view.strides[p] for p in perm))
+
+
+def reshape_view(view: View, shape) -> View | None:
+    """The view as `shape` without moving data, or None when that needs a copy."""
+    shape = tuple(shape)
+    if view.kind == "literal":
+        return replace(view, shape=shape, strides=(0,) * len(shape))
+    if is_contiguous(view):
+        return replace(view, shape=shape, strides=contiguous_strides(shape))
+    # Only size-1 axes added or removed: keep the other axes' strides.
+    old = [(s, st) for s, st in zip(view.shape, view.strides) if not _is_one(s)]
+    new = [s for s in shape if not _is_one(s)]
+    if len(old) == len(new) and all(_same(a, b) for (a, _), b in zip(old, new)):
+        it = iter(st for _, st in old)
+        return replace(view, shape=shape, strides=tuple(0 if _is_one(s) else next(it) for s in shape))
+    return None
+
+
+def collapse(shape, stride_lists: list[tuple]) -> tuple[tuple, list[tuple]]:
+    """Merge adjacent axes that every operand steps through as one (fewer, longer loops).
+
+    Axes of size 1 are dropped first. Axes a, a+1 merge when, for every
+    operand, stride[a] == stride[a+1] * size[a+1].
+    """
+    keep = [a for a, s in enumerate(shape) if not _is_one(s)]
+    shape = [shape[a] for a in keep]
+    strides = [[st[a] for a in keep] for st in stride_lists]
+    a = len(shape) - 2
+    while a >= 0:
+        if all(_same(st[a], _mul(st[a + 1], shape[a + 1])) for st in strides):
+            shape[a:a + 2] = [_mul(shape[a], shape[a + 1])]
+            for st in strides:
+                st[a:a + 2] = [st[a + 1]]
+        a -= 1
+    return tuple(shape), [tuple(st) for st in strides]
+
+
+# ---- kernels ----------------------------------------------------------------------
+
+@dataclass(eq=False)
+class Operand:
+    """One value a loop kernel reads: local `name`, through `view` (at the kernel's loop shape)."""
+
+    name: str
+    view: View
+    label: str
+
+
+@dataclass(eq=False)
+class Statement:
+    """`name = expr(args)` for one node: args cast to `compute_dtype`, the result converted to `dtype`."""
+
+    name: str
+    node: Value
+    expr: Any            # sympy expression over elementwise ARGS
+    args: list[str]      # local names of the operands, in ARGS order
+    arg_dtypes: list[str]
+    compute_dtype: str
+    dtype: str
+    line: str            # the IR text line it computes
+
+
+@dataclass(eq=False)
+class LoopKernel:
+    """Elementwise work: for every index of `shape`, run `statements`, store `result` to `out`."""
+
+    name: str
+    lines: list[str]
+    shape: tuple          # the loop nest, after collapsing
+    out: Buffer
+    out_view: View        # at `shape`
+    operands: list[Operand]
+    statements: list[Statement]
+    result: str
+    numel: Any
+    kind: str = "loop"
+
+
+@dataclass(eq=False)
+class ReduceKernel:
+    """`op` (sum, max, argmax) of `input` over `reduced` axes, for every index of `kept` axes."""
+
+    name: str
+    lines: list[str]
+    op: str
+    input: View
+    kept: list[tuple]     # (size, input stride), outer to inner; the output is contiguous over them
+    reduced: list[tuple]  # (size, input stride)
+    out: Buffer
+    acc_dtype: str
+    numel: Any            # elements read
+    kind: str = "reduce"
+
+
+@dataclass(eq=False)
+class MatmulKernel:
+    """out[M,N] = a[M,K] @ b[K,N], both read through strides (a transpose costs no copy)."""
+
+    name: str
+    lines: list[str]
+    a: View
+    b: View
+    out: Buffer
+    M: Any
+    N: Any
+    K: Any
+    kind: str = "matmul"
+
+
+@dataclass
+class Plan:
+    """Everything a backend needs to emit one program."""
+
+    graph: Graph
+    dims: list                     # Dim symbols, in the order of the entry point's dims argument
+    inputs: list[Buffer]
+    variables: list[Buffer]
+    outputs: list[Buffer]
+    workspace: list[Buffer]
+    consts: list[Buffer]
+    kernels: list                  # compute kernels, then output copies, then update copies
+    header: str                    # the graph's text form
+
+
+# ---- the lowering itself ----------------------------------------------------------
+
+class LoweringError(NotImplementedError):
+    """A node the lowering has no rule for."""
+
+
+def _c_ident(text: str) -> str:
+    """`text` reduced to [A-Za-z0-9_] (op names of user-defined ops may be any identifier)."""
+    out = "".join(c if (c.isascii() and (c.isalnum() or c == "_")) else "_" for c in text)
+    return out or "_"
+
+
+class _Lowerer:
+    """One lowering: walks the graph in order, records a view per value and appends kernels."""
+
+    def __init__(self, graph: Graph):
+        self.graph = graph
+        self.name = Namer()
+        for v in [*graph.inputs, *graph.variables, *graph.nodes]:
+            self.name(v)
+        self.order = {id(n): k for k, n in enumerate(graph.nodes)}
+        self.uses = {id(n): len(graph.users[id(n)]) for n in graph.nodes}
+        for v in graph.outputs:
+            self.uses[id(v)] += 1
+        for _, new in graph.updates:
+            self.uses[id(new)] += 1
+        self.dims = list(graph.dims)
+        # Positions by identity: Value.__eq__ builds a graph node, so list.index cannot be used.
+        self.input_pos = {id(v): k for k, v in enumerate(graph.inputs)}
+        self.var_pos = {id(v): k for k, v in enumerate(graph.variables)}
+        self.inputs = [Buffer(f"in{k}", "input", k, v.dtype, _numel(v.shape), v.name)
+                       for k, v in enumerate(graph.inputs)]
+        self.variables = [Buffer(f"var{k}", "variable", k, v.dtype, _numel(v.shape), v.name)
+                          for k, v in enumerate(graph.variables)]
+        self.outputs = [Buffer(f"out{k}", "output", k, v.dtype, _numel(v.shape), f"output {k}")
+                        for k, v in enumerate(graph.outputs)]
+        self.workspace: list[Buffer] = []
+        self.consts: list[Buffer] = []
+        self.kernels: list = []
+        self.views: dict[int, View] = {}
+        self.out_claimed: set[int] = set()
+        self.fused = {id(n) for n in graph.nodes if self._fusable(n)}
+
+    # ---- decisions ------------------------------------------------------
+    def _fusable(self, node: Value) -> bool:
+        """Computed inside its one user's loop: an elementwise node read once, by an elementwise node
+        of its own shape (or a single element, which costs nothing to recompute)."""
+        if node.op.kind != ELEMENTWISE or self.uses[id(node)] != 1:
+            return False
+        users = self.graph.users[id(node)]
+        if len(users) != 1 or users[0].op.kind != ELEMENTWISE:
+            return False
+        return users[0].shape == node.shape or all(_is_one(s) for s in node.shape)
+
+    def kernel_name(self, node: Value) -> str:
+        label = self.name(node)
+        label = label if label.startswith("t") and label[1:].isdigit() else f"n{self.order[id(node)]}"
+        return f"k{len(self.kernels)}_{_c_ident(node.op.name)}_{label}"
+
+    def line(self, node: Value) -> str:
+        return node_line(node, self.name)
+
+    def alloc(self, node: Value, shape=None, dtype=None) -> Buffer:
+        """The buffer a kernel computing `node` writes: its output buffer when it is one, else workspace."""
+        shape = node.shape if shape is None else shape
+        dtype = node.dtype if dtype is None else dtype
+        if dtype == node.dtype and shape == node.shape:
+            for k, out in enumerate(self.graph.outputs):
+                if out is node and k not in self.out_claimed:
+                    self.out_claimed.add(k)
+                    return self.outputs[k]
+        buf = Buffer(f"ws{len(self.workspace)}", "workspace", len(self.workspace), dtype, _numel(shape),
+                     self.name(node))
+        self.workspace.append(buf)
+        return buf
+
+    # ---- per kind -------------------------------------------------------
+    def lower(self) -> Plan:
+        for node in self.graph.nodes:
+            kind = node.op.kind
+            if kind == SOURCE:
+                self.views[id(node)] = self.source(node)
+            elif kind == MOVEMENT:
+                self.views[id(node)] = self.movement(node)
+            elif kind == CUSTOM:
+                self.views[id(node)] = self.views[id(node.inputs[0])]
+            elif kind == ELEMENTWISE:
+                if id(node) not in self.fused:
+                    self.views[id(node)] = self.elementwise(node)
+            elif kind == REDUCE:
+                self.views[id(node)] = self.reduce(node)
+            elif kind == MATMUL:
+                self.views[id(node)] = self.matmul(node)
+            else:
+                raise LoweringError(f"no lowering for op {node.op.name!r} of kind {kind!r}")
+        # Outputs not written in place by their kernel are copied into their buffers.
+        for k, node in enumerate(self.graph.outputs):
+            if k not in self.out_claimed and not self.alias_output(k, node):
+                self.copy(node, self.views[id(node)], self.outputs[k], f"output {k}")
+        # Updates: new values that live in a variable must be saved before any variable is written.
+        finals = []
+        for target, new in self.graph.updates:
+            view = self.views[id(new)]
+            if view.kind == "buffer" and view.buffer.storage == "variable":
+                buf = self.alloc(new, dtype=new.dtype)
+                self.copy(new, view, buf, f"save the new value of variable {target.name}")
+                view = buffer_view(buf, new.shape)
+            finals.append((target, new, view))
+        direct = self.write_in_place(finals)
+        for target, new, view in finals:
+            if id(target) in direct:
+                continue
+            k = self.var_pos[id(target)]
+            self.copy(new, view, self.variables[k], f"update {self.name(target)} <- {self.name(new)}")
+        for k, b in enumerate(self.workspace):  # close the gaps left by retargeted temporaries
+            b.index, b.name = k, f"ws{k}"
+        header = str(self.graph)
+        return Plan(self.graph, self.dims, self.inputs, self.variables, self.outputs, self.workspace,
+                    self.consts, self.kernels, header)
+
+    def alias_output(self, k: int, node: Value) -> bool:
+        """An output that is a reshape of a temporary: the kernel writes the output buffer instead.
+
+        Applies when the output reads the whole temporary contiguously from its start (a
+        reshape, an added or removed size-1 axis); transposes and broadcasts still need a copy.
+        """
+        view = self.views[id(node)]
+        out = self.outputs[k]
+        if view.kind != "buffer" or view.buffer.storage != "workspace" or view.buffer.dtype != out.dtype \
+                or not is_contiguous(view) or not (isinstance(view.offset, int) and view.offset == 0) \
+                or not _same(view.buffer.numel, out.numel):
+            return False
+        self.retarget(view.buffer, out)
+        self.out_claimed.add(k)
+        return True
+
+    def retarget(self, old: Buffer, new: Buffer) -> None:
+        """Every kernel and view that used the temporary `old` uses `new` instead."""
+        for kernel in self.kernels:
+            _substitute(kernel, old, new)
+        for key, view in self.views.items():
+            if view.buffer is old:
+                self.views[key] = replace(view, buffer=new)
+        self.workspace.remove(old)
+
+    def write_in_place(self, finals: list) -> set:
+        """Let the loop computing a variable's new value store it into the variable directly.
+
+        Safe when the loop reads the variable only at the element it writes (same strides), no
+        later kernel reads the variable's old value, and the new value is a temporary of its own
+        (not an output, not another update's value). Returns the ids of the targets so written.
+        """
+        counts: dict[int, int] = {}
+        for _, new, _ in finals:
+            counts[id(new)] = counts.get(id(new), 0) + 1
+        direct: set[int] = set()
+        for target, new, view in finals:
+            var = self.variables[self.var_pos[id(target)]]
+            buf = view.buffer
+            if view.kind != "buffer" or buf.storage != "workspace" or counts[id(new)] != 1 \
+                    or view != self.views.get(id(new)) or not is_contiguous(view) \
+                    or not (isinstance(view.offset, int) and view.offset == 0):
+                continue
+            if any(other is not view and other.buffer is buf for _, _, other in finals):
+                continue  # another update reads this temporary too
+            producer = next((i for i, k in enumerate(self.kernels) if k.out is buf), None)
+            if producer is None or not isinstance(self.kernels[producer], LoopKernel):
+                continue
+            kernel = self.kernels[producer]
+            if any(var in _reads(k) for k in self.kernels[producer + 1:]):
+                continue
+            aligned = all(o.view.buffer is not var or (
+                all(_same(a, b) for a, b in zip(o.view.strides, kernel.out_view.strides))
+                and isinstance(o.view.offset, int) and o.view.offset == 0) for o in kernel.operands)
+            if not aligned:
+                continue
+            self.retarget(buf, var)
+            direct.add(id(target))
+        return direct
+
+    def source(self, node: Value) -> View:
+        name = node.op.name
+        if name == "input":
+            k = self.input_pos[id(node)]
+            return buffer_view(self.inputs[k], node.shape)
+        if name == "variable":
+            k = self.var_pos[id(node)]
+            return buffer_view(self.variables[k], node.shape)
+        if name == "const":
+            value = node.attrs["value"]
+            if isinstance(value, np.ndarray) and value.ndim > 0:
+                if value.size == 1 or (value.size and (value == value.flat[0]).all()):
+                    return literal_view(value.flat[0].item(), node.shape, node.dtype)
+                buf = Buffer(f"c{len(self.consts)}", "const", len(self.consts), node.dtype, value.size,
+                             self.name(node), np.ascontiguousarray(value, dtype=D.to_numpy(node.dtype)))
+                self.consts.append(buf)
+                return buffer_view(buf, node.shape)
+            if isinstance(value, np.ndarray):
+                value = value.item()
+            return literal_view(value, node.shape, node.dtype)
+        if name == "iota":
+            axis = node.attrs["axis"]
+            strides = tuple(1 if a == axis else 0 for a in range(node.ndim))
+            return View("index", node.shape, node.dtype, strides)
+        raise LoweringError(f"no lowering for source op {name!r}")
+
+    def movement(self, node: Value) -> View:
+        src = self.views[id(node.inputs[0])]
+        name = node.op.name
+        if name == "transpose":
+            return transpose_view(src, node.attrs["perm"])
+        if name == "expand":
+            return broadcast_view(src, node.shape)
+        if name == "reshape":
+            view = reshape_view(src, node.shape)
+            if view is None:
+                buf = self.alloc(node.inputs[0])
+                self.copy(node.inputs[0], src, buf, "make contiguous for a reshape")
+                view = reshape_view(buffer_view(buf, node.inputs[0].shape), node.shape)
+            return view
+        raise LoweringError(f"no lowering for movement op {name!r}")
+
+    def copy(self, node: Value, view: View, out: Buffer, why: str) -> None:
+        """A loop kernel storing `view` into `out` (converted to out's dtype)."""
+        shape = view.shape
+        operand = Operand("v0", view, why)
+        stmt = Statement("r", node, ARGS[0], ["v0"], [view.dtype], view.dtype, out.dtype,
+                         f"{why}: {self.line(node) if node.inputs else self.name(node)}")
+        self.kernels.append(self._loop(f"k{len(self.kernels)}_copy", [stmt.line], shape, out,
+                                       [operand], [stmt], "r"))
+
+    def _loop(self, name, lines, shape, out, operands, statements, result) -> LoopKernel:
+        out_view = buffer_view(out, shape)
+        loop_shape, strides = collapse(shape, [out_view.strides, *(o.view.strides for o in operands)])
+        out_view = replace(out_view, shape=loop_shape, strides=strides[0])
+        operands = [replace(o, view=replace(o.view, shape=loop_shape, strides=st))
+                    for o, st in zip(operands, strides[1:])]
+        return LoopKernel(name, lines, loop_shape, out, out_view, operands, statements, result,
+                          _numel(shape))
+
+    def elementwise(self, root: Value) -> View:
+        # The fused group: root and, recursively, its fused inputs, in graph order.
+        group, stack = [], [root]
+        while stack:
+            n = stack.pop()
+            group.append(n)
+            stack.extend(i for i in n.inputs if id(i) in self.fused)
+        group.sort(key=lambda n: self.order[id(n)])
+        local: dict[int, str] = {}
+        operands: list[Operand] = []
+        statements: list[Statement] = []
+        for n in group:
+            for i in n.inputs:
+                if id(i) not in local:
+                    name = f"v{len(operands)}"
+                    local[id(i)] = name
+                    operands.append(Operand(name, broadcast_view(self.views[id(i)], root.shape),
+                                            self.name(i)))
+            name = f"t{len(statements)}"
+            arg_dtypes = [i.dtype for i in n.inputs]
+            statements.append(Statement(name, n, n.op.expr, [local[id(i)] for i in n.inputs], arg_dtypes,
+                                        _compute_dtype(n), n.dtype, self.line(n)))
+            local[id(n)] = name
+        out = self.alloc(root)
+        kernel = self._loop(self.kernel_name(root), [s.line for s in statements], root.shape, out,
+                            operands, statements, local[id(root)])
+        self.kernels.append(kernel)
+        return buffer_view(out, root.shape)
+
+    def reduce(self, node: Value) -> View:
+        (x,) = node.inputs
+        src = self.views[id(x)]
+        axes = node.attrs["axes"]
+        kept = [(s, st) for a, (s, st) in enumerate(zip(src.shape, src.strides)) if a not in axes]
+        reduced = [(s, st) for a, (s, st) in enumerate(zip(src.shape, src.strides)) if a in axes]
+        kept, reduced = _merge(kept), _merge(reduced)
+        op = node.op.name
+        acc = node.dtype
+        if op == "sum" and node.dtype == "float32":
+            acc = "float64"  # float32 sums accumulate in double: NumPy's pairwise sum is that accurate
+        elif op == "argmax":
+            acc = x.dtype
+        out = self.alloc(node)
+        self.kernels.append(ReduceKernel(self.kernel_name(node), [self.line(node)], op, src, kept, reduced,
+                                         out, acc, _numel(x.shape)))
+        return buffer_view(out, node.shape)
+
+    def matmul(self, node: Value) -> View:
+        a, b = node.inputs
+        views = []
+        for v in (a, b):
+            view = self.views[id(v)]
+            if view.kind != "buffer":
+                buf = self.alloc(v)
+                self.copy(v, view, buf, "materialize a matmul operand")
+                view = buffer_view(buf, v.shape)
+            views.append(view)
+        out = self.alloc(node)
+        self.kernels.append(MatmulKernel(self.kernel_name(node), [self.line(node)], views[0], views[1], out,
+                                         node.shape[0], node.shape[1], a.shape[1]))
+        return buffer_view(out, node.shape)
+
+
+def _reads(kernel) -> list:
+    """The buffers a kernel reads."""
+    if isinstance(kernel, LoopKernel):
+        return [o.view.buffer for o in kernel.operands if o.view.buffer is not None]
+    if isinstance(kernel, ReduceKernel):
+        return [kernel.input.buffer] if kernel.input.buffer is not None else []
+    return [kernel.a.buffer, kernel.b.buffer]
+
+
+def _substitute(kernel, old: Buffer, new: Buffer) -> None:
+    """Make `kernel` read and write `new` wherever it used `old`."""
+    def swap(view: View) -> View:
+        return replace(view, buffer=new) if view.buffer is old else view
+    if kernel.out is old:
+        kernel.out = new
+    if isinstance(kernel, LoopKernel):
+        kernel.out_view = swap(kernel.out_view)
+        kernel.operands = [replace(o, view=swap(o.view)) for o in kernel.operands]
+    elif isinstance(kernel, ReduceKernel):
+        kernel.input = swap(kernel.input)
+    else:
+        kernel.a, kernel.b = swap(kernel.a), swap(kernel.b)
+
+
+def _merge(axes: list[tuple]) -> list[tuple]:
+    """Merge adjacent (size, stride) loop axes that step as one; drop size-1 axes."""
+    axes = [(s, st) for s, st in axes if not _is_one(s)]
+    k = len(axes) - 2
+    while k >= 0:
+        (s0, st0), (s1, st1) = axes[k], axes[k + 1]
+        if _same(st0, _mul(st1, s1)):
+            axes[k:k + 2] = [(_mul(s0, s1), st1)]
+        k -= 1
+    return axes
+
+
+def _compute_dtype(node: Value) -> str:
+    """The dtype a node's arithmetic runs in: its own, or its operands' common one for comparisons
+    and for casts (a cast computes in the input's dtype and converts the result)."""
+    if node.op.name == "cast":
+        return node.inputs[0].dtype
+    if node.dtype == "bool":
+        return D.promote(*(i.dtype for i in node.inputs)) if node.inputs else "bool"
+    return node.dtype
+
+
+
+
+def lower(graph: Graph) -> Plan:
+    """The kernel plan of `graph`."""
+    for node in graph.nodes:
+        stray = set()
+        for size in node.shape:
+            if isinstance(size, sympy.Basic):
+                stray |= size.free_symbols - set(graph.dims)
+        value = node.attrs.get("value") if node.op.name == "const" else None
+        if isinstance(value, sympy.Basic):
+            stray |= value.free_symbols - set(graph.dims)
+        if stray:
+            raise ValueError(f"{node.op.name} {node.type_str}: sizes use Dims {sorted(map(str, stray))} "
+                             f"that no input's shape determines")
+    return _Lowerer(graph).lower()
