@@ -10,7 +10,7 @@ import torch.nn.functional as TF
 
 import symgrad as sg
 from symgrad.ir.elementwise import ARGS, OUT, partial_derivative
-from helpers import assert_close
+from helpers import MySquare, assert_close
 
 softplus = sg.elementwise("softplus", lambda x: sympy.log(1 + sympy.exp(x)))
 
@@ -19,18 +19,6 @@ _a, _b = sympy.symbols("a b")
 smooth_mix = sg.elementwise("smooth_mix", _a * sympy.tanh(_b) + sympy.exp(-_a ** 2) / (1 + _b ** 2))
 # Explicit operand order.
 ratio = sg.elementwise("ratio_ba", _b / (1 + _a ** 2), args=[_b, _a])
-
-
-class MySquare(sg.Function):
-    @staticmethod
-    def forward(ctx, x):
-        ctx.save_for_backward(x)
-        return x * x
-
-    @staticmethod
-    def backward(ctx, grad_output):
-        (x,) = ctx.saved_tensors
-        return 2 * x * grad_output
 
 
 class ScaledCube(sg.Function):
