@@ -19,9 +19,17 @@ _serial = itertools.count()
 
 
 def manual_seed(seed: int) -> None:
-    """Seed the generator behind init="normal" / "uniform" (torch.manual_seed)."""
+    """Seed every generator symgrad draws from, as torch.manual_seed does.
+
+    That is the one behind init="normal" / "uniform" (and nn layers'
+    initialisation), and the default dropout generator of layers built
+    afterwards (symgrad.random).
+    """
     global _rng
+    from . import random as graph_random
+
     _rng = np.random.default_rng(seed)
+    graph_random.manual_seed(seed)
 
 
 def _check_name(name, what: str) -> str:

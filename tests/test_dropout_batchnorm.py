@@ -104,6 +104,19 @@ def test_dropout_layers_draw_different_masks_and_eval_is_identity():
         nn.Dropout(1.5)
 
 
+def test_manual_seed_seeds_dropout_like_torch_manual_seed():
+    """sg.manual_seed reseeds the default dropout generator: same seed, same mask; other seed, other mask."""
+    x = sg.input("x", (8, 64), "float64")
+
+    def mask(seed):
+        sg.manual_seed(seed)
+        (out,) = sg.function([x], [nn.Dropout(0.5)(x)])(np.ones((8, 64)))
+        return out != 0
+
+    assert np.array_equal(mask(7), mask(7))
+    assert not np.array_equal(mask(7), mask(8))
+
+
 def test_batchnorm_matches_torch_after_ten_steps(backend, rng):
     torch.manual_seed(0)
     reference = torch.nn.Sequential(torch.nn.Linear(5, 6), torch.nn.BatchNorm1d(6), torch.nn.ReLU(),
