@@ -97,6 +97,9 @@ def _add_inspect(subparsers) -> None:
                          help="directory for graph.dot, graph.svg and step.c (default %(default)s)")
     inspect.add_argument("--backend", choices=list(BACKENDS), default="c",
                          help="whose source to write (default %(default)s)")
+    inspect.add_argument("--report", action="store_true",
+                         help="also print the compilation report: passes, kernels, save/recompute "
+                              "choices, memory plan, compile time by stage")
     inspect.set_defaults(run=_run_inspect)
 
 
@@ -104,7 +107,7 @@ def _run_inspect(args) -> int:
     from .inspect_cmd import run_inspect
 
     try:
-        run_inspect(args.file, args.out, backend=args.backend)
+        run_inspect(args.file, args.out, backend=args.backend, report=args.report)
     except (FileNotFoundError, TypeError) + USER_ERRORS as exc:
         print(f"symgrad inspect: error: {exc}", file=sys.stderr)
         return 1

@@ -54,8 +54,12 @@ def load_build(path: str | Path) -> tuple[Value, list[Value], object]:
     return loss, _as_param_list(params), optimizer or optim.SGD(lr=0.1)
 
 
-def run_inspect(path: str | Path, out_dir: str | Path, backend: str = "c", file=None) -> dict:
+def run_inspect(path: str | Path, out_dir: str | Path, backend: str = "c", file=None,
+                report: bool = False) -> dict:
     """Print the graphs of the model in `path`, write graph.dot / graph.svg / step.c to `out_dir`.
+
+    report: also print the compiled step's report (`step.report()`: passes, kernels,
+    save/recompute choices, memory plan, compile time by stage).
 
     Returns {"dot": path, "svg": path or None, "source": path or None}. The
     generated source is skipped, with a note, when `backend` cannot build.
@@ -93,6 +97,8 @@ def run_inspect(path: str | Path, out_dir: str | Path, backend: str = "c", file=
         source = out_dir / ("step.c" if backend == "c" else f"step.{backend}.txt")
         source.write_text(step.source)
         written["source"] = source
+        if report:
+            section("compilation report", step.report())
     for kind, where in written.items():
         if where is not None:
             print(f"wrote {kind}: {where}", file=out)

@@ -16,6 +16,7 @@ except inside comments, escaped.
 from __future__ import annotations
 
 import threading
+import time
 
 import numpy as np
 import sympy
@@ -26,7 +27,10 @@ from ..ir.elementwise import ARGS
 from ..ir.graph import Graph
 from . import cache
 from .c_printer import CPrintError, format_literal, printer
-from .lowering import LoopKernel, MatmulKernel, Plan, ReduceKernel, View, lower
+from .. import passes
+from .lowering import DEFAULT_DIM, REDUCED, LoopKernel, MatmulKernel, Plan, ReduceKernel, View, lower
+from .memory import MemoryPlan, memory_plan
+from .report import program_report, timed as _timed
 from .templates import render
 
 ENTRY = "symgrad_run"
@@ -34,6 +38,9 @@ CDEF = (f"int {ENTRY}(const int64_t* dims, void** inputs, void** variables, void
         f"char* workspace, const int64_t* offsets);")
 PARALLEL_MIN = 1 << 15          # elements: below this a loop runs on one thread
 GEMM_PARALLEL_MIN = 1 << 18     # multiply-adds: below this a matmul runs on one thread
+NARROW_N = 16                   # matmuls with at most this many output columns use a narrow-N kernel
+NARROW_PARALLEL_MIN = 1 << 22   # multiply-adds: below this a narrow-N matmul runs on one thread (its
+                                # kernels are fast enough that a parallel region rarely pays below)
 COLUMN_TILE = 256              # accumulators per column tile of a column sum (a few KB on the stack)
 LAYOUTS_KEPT = 4                # workspaces kept for the most recent distinct Dim bindings
 ALIGN = 64                      # bytes: every workspace buffer starts on a cache line
@@ -130,6 +137,7 @@ class _Renderer:
         self.int_pow = False
         self.random = False
         self.gemm_dtypes: list[str] = []
+        self.narrow: dict[str, dict] = {}  # narrow-N GEMM variants used, by function name
 
     def params(self, buffers: list, out) -> tuple[str, list[str]]:
         """The kernel's C parameters (dims first, then each buffer once) and the call's arguments."""
@@ -155,12 +163,14 @@ class _Renderer:
             return _convert(index, "int64", view.dtype)
         return f"{view.buffer.name}[{index}]"
 
-    def loops(self, shape, prefix: str, depth0: int = 1, parallel: bool = True) -> list[dict]:
+    def loops(self, shape, prefix: str, depth0: int = 1, parallel: bool = True, numel=None) -> list[dict]:
+        if numel is not None and _small(numel):
+            parallel = False  # no OpenMP region at all: even one with a false if() costs ~0.5 us
         return [dict(var=f"{prefix}{k}", size=self.ex.size(s), indent="    " * (depth0 + k),
                      parallel=parallel and k == 0) for k, s in enumerate(shape)]
 
     def loop_kernel(self, k: LoopKernel) -> dict:
-        loops = self.loops(k.shape, "i")
+        loops = self.loops(k.shape, "i", numel=k.numel)
         loop_vars = [l["var"] for l in loops]
         body = []
         for op in k.operands:
@@ -204,16 +214,22 @@ class _Renderer:
         return _convert(text, st.compute_dtype, st.dtype)
 
     def reduce_kernel(self, k: ReduceKernel) -> dict:
-        if k.op == "sum" and len(k.kept) == 1 and k.kept[0][1] == 1 and k.reduced and k.input.kind == "buffer":
+        if k.op == "sum" and len(k.kept) == 1 and k.kept[0][1] == 1 and k.reduced and k.input.kind == "buffer" \
+                and not k.epilogue_statements:
             return self.column_sum_kernel(k)
-        outer = self.loops([s for s, _ in k.kept], "o")
+        outer = self.loops([s for s, _ in k.kept], "o", numel=k.numel)
         inner = self.loops([s for s, _ in k.reduced], "r", depth0=1 + len(outer), parallel=False)
         acc_t, out_t = D.C_TYPES[k.acc_dtype], D.C_TYPES[k.out.dtype]
         in_t = D.C_TYPES[k.input.dtype]
         offset_vars = [l["var"] for l in outer] + [l["var"] for l in inner]
         strides = [st for _, st in k.kept] + [st for _, st in k.reduced]
-        view = View(k.input.kind, (), k.input.dtype, tuple(strides), k.input.offset, k.input.buffer, k.input.literal)
-        load = self.load(view, offset_vars)
+        prologue = []
+        if k.operands:  # a fused elementwise prologue: the reduced element is computed in the loop
+            prologue, load = self.fused_prologue(k, offset_vars), k.result
+        else:
+            view = View(k.input.kind, (), k.input.dtype, tuple(strides), k.input.offset, k.input.buffer,
+                        k.input.literal)
+            load = self.load(view, offset_vars)
         out_index = self.ex.index(0, [l["var"] for l in outer],
                                   _contiguous([s for s, _ in k.kept]))
         simd_op = ""
@@ -238,14 +254,50 @@ class _Renderer:
             finish = [f"{k.out.name}[{out_index}] = best < 0 ? 0 : best;"]
         else:
             raise NotImplementedError(f"no C lowering for reduction {k.op!r}")
+        body = prologue + body
+        if k.epilogue_statements:  # the reduced value goes through the fused epilogue before it is stored
+            value = {"sum": _convert("acc", k.acc_dtype, k.reduced_dtype), "max": "acc",
+                     "argmax": "(best < 0 ? 0 : best)"}[k.op]
+            finish = [f"const {D.C_TYPES[k.reduced_dtype]} {REDUCED} = {value};",
+                      *self.epilogue_lines(k, out_index)]
         for l in inner:
             l["simd"] = bool(simd_op) and l is inner[-1]
         buffers = [k.input.buffer] if k.input.buffer is not None else []
+        buffers += [op.view.buffer for op in [*k.operands, *k.epilogue] if op.view.buffer is not None]
         params, args = self.params(buffers, k.out)
         return dict(template="c/reduce.c.j2", name=k.name, comments=[comment(l) for l in k.lines],
                     params=params, args=args, outer=outer, inner=inner, init=init, body=body, finish=finish,
                     indent="    " * (len(outer) + 1), inner_indent="    " * (len(outer) + len(inner) + 1),
                     numel=self.ex._paren(k.numel), simd_op=simd_op or "+")
+
+    def epilogue_lines(self, k: ReduceKernel, out_index: str) -> list[str]:
+        """A fused epilogue's C lines: operands read at the output's index, one line per node, the store."""
+        lines = []
+        for op in k.epilogue:
+            load = (self.ex.literal(op.view.literal, op.view.dtype) if op.view.kind == "literal"
+                    else f"{op.view.buffer.name}[{out_index}]")
+            lines.append(f"const {D.C_TYPES[op.view.dtype]} {op.name} = {load};  /* {comment(op.label)} */")
+        dtypes = {op.name: op.view.dtype for op in k.epilogue}
+        dtypes[REDUCED] = k.reduced_dtype
+        for st in k.epilogue_statements:
+            text = self.statement(st, dtypes)
+            dtypes[st.name] = st.dtype
+            lines.append(f"const {D.C_TYPES[st.dtype]} {st.name} = {text};  /* {comment(st.line)} */")
+        lines.append(f"{k.out.name}[{out_index}] = {k.epilogue_result};")
+        return lines
+
+    def fused_prologue(self, k: ReduceKernel, loop_vars: list[str]) -> list[str]:
+        """The C lines computing a fused reduction's element: operand loads, then one line per node."""
+        lines = []
+        for op in k.operands:
+            lines.append(f"const {D.C_TYPES[op.view.dtype]} {op.name} = {self.load(op.view, loop_vars)};"
+                         f"  /* {comment(op.label)} */")
+        dtypes = {op.name: op.view.dtype for op in k.operands}
+        for st in k.statements:
+            text = self.statement(st, dtypes)
+            dtypes[st.name] = st.dtype
+            lines.append(f"const {D.C_TYPES[st.dtype]} {st.name} = {text};  /* {comment(st.line)} */")
+        return lines
 
     def column_sum_kernel(self, k: ReduceKernel) -> dict:
         """A sum over leading axes into a contiguous kept axis: rows added into a tile (bias gradients)."""
@@ -257,20 +309,32 @@ class _Renderer:
                     acc_t=D.C_TYPES[k.acc_dtype], in_t=D.C_TYPES[k.input.dtype],
                     row=f"{k.input.buffer.name} + {row_offset}" if row_offset != "0" else k.input.buffer.name,
                     out=k.out.name, store=_convert("acc[j]", k.acc_dtype, k.out.dtype),
-                    inner_indent="    " * (len(inner) + 2), numel=self.ex._paren(k.numel))
+                    inner_indent="    " * (len(inner) + 2), numel=self.ex._paren(k.numel),
+                    parallel=not _small(k.numel))
 
     def matmul_kernel(self, k: MatmulKernel) -> dict:
-        if k.out.dtype not in self.gemm_dtypes:
-            self.gemm_dtypes.append(k.out.dtype)
         a, b = k.a, k.b
         ptr = lambda v: v.buffer.name if v.offset == 0 else f"{v.buffer.name} + {self.ex._paren(v.offset)}"
         params, args = self.params([a.buffer, b.buffer], k.out)
-        return dict(template="c/matmul.c.j2", name=k.name, comments=[comment(l) for l in k.lines],
-                    params=params, args=args, suffix=GEMM[k.out.dtype]["suffix"],
-                    M=self.ex.size(k.M), N=self.ex.size(k.N), K=self.ex.size(k.K),
-                    a=ptr(a), b=ptr(b), out=k.out.name,
-                    sam=self.ex.size(a.strides[0]), sak=self.ex.size(a.strides[1]),
-                    sbk=self.ex.size(b.strides[0]), sbn=self.ex.size(b.strides[1]))
+        ctx = dict(template="c/matmul.c.j2", name=k.name, comments=[comment(l) for l in k.lines],
+                   params=params, args=args, M=self.ex.size(k.M), N=self.ex.size(k.N), K=self.ex.size(k.K),
+                   a=ptr(a), b=ptr(b), out=k.out.name,
+                   sam=self.ex.size(a.strides[0]), sak=self.ex.size(a.strides[1]),
+                   sbk=self.ex.size(b.strides[0]), sbn=self.ex.size(b.strides[1]))
+        narrow = _narrow_variant(k)
+        if narrow is None:
+            if k.out.dtype not in self.gemm_dtypes:
+                self.gemm_dtypes.append(k.out.dtype)
+            return dict(ctx, gemm=f"sg_gemm_{GEMM[k.out.dtype]['suffix']}", a_strides=[ctx["sam"], ctx["sak"]])
+        kind, nb = narrow
+        g = GEMM[k.out.dtype]
+        name = f"sg_gemm_{kind}{nb}_{g['suffix']}"
+        if name not in self.narrow:
+            self.narrow[name] = dict(name=name, kind=kind, NB=nb, ctype=D.C_TYPES[k.out.dtype], VL=g["VL"],
+                                     VB=g["VB"], parallel_min=NARROW_PARALLEL_MIN)
+        # The dot kernel needs only A's row stride (its columns are contiguous), the
+        # transposed one only A's column stride (its rows are).
+        return dict(ctx, gemm=name, a_strides=[ctx["sam"] if kind == "dot" else ctx["sak"]])
 
     def render(self) -> str:
         plan = self.plan
@@ -304,7 +368,7 @@ class _Renderer:
         arguments += [f"inputs[{b.index}] = {comment(b.label)}: {D.SHORT_NAMES[b.dtype]}{_fmt(plan.graph.inputs[b.index].shape)}"
                       for b in plan.inputs]
         arguments += [f"variables[{b.index}] = {comment(b.label)}: "
-                      f"{D.SHORT_NAMES[b.dtype]}{_fmt(plan.graph.variables[b.index].shape)}" for b in plan.variables]
+                      f"{D.SHORT_NAMES[b.dtype]}{_fmt(plan.variable_nodes[b.index].shape)}" for b in plan.variables]
         arguments += [f"outputs[{b.index}]: {D.SHORT_NAMES[b.dtype]}{_fmt(plan.graph.outputs[b.index].shape)}"
                       for b in plan.outputs]
         arguments += [f"workspace + offsets[k]: temporary ws<k> ({len(plan.workspace)} buffers)"]
@@ -313,7 +377,7 @@ class _Renderer:
                       header=[comment(line) for line in plan.header.splitlines()],
                       entry=ENTRY, arguments=arguments, parallel_min=PARALLEL_MIN, int_pow=self.int_pow,
                       random=self.random,
-                      consts=consts, gemms=gemms, kernels=kernels,
+                      consts=consts, gemms=gemms, narrow=list(self.narrow.values()), kernels=kernels,
                       signature=CDEF.rstrip(";"), prologue=prologue, calls=calls)
 
     def const(self, buf) -> dict:
@@ -322,6 +386,42 @@ class _Renderer:
         rows = [", ".join(items[i:i + 8]) + ("," if i + 8 < len(items) else "") for i in range(0, len(items), 8)]
         return dict(name=buf.name, ctype=D.C_TYPES[buf.dtype], size=max(len(items), 1), rows=rows or ["0"],
                     comment=comment(f"constant {buf.label}: {list(np.shape(buf.value))}"))
+
+
+def _narrow_variant(k: MatmulKernel):
+    """("dot" | "tn", columns per block) when a narrow-N kernel beats the register-tiled GEMM, else None.
+
+    Narrow means N (known at compile time) at most NARROW_N: the general kernel's 16-column tile
+    would compute mostly padding. "dot" needs A's rows contiguous in K, "tn" its columns contiguous
+    in M (a transposed operand); any other layout keeps the general kernel. Blocks of columns are
+    made equal so every accumulator does useful work: at most 6 columns x 2 rows ("dot") or 12
+    columns ("tn") of vector accumulators stay within AVX2's 16 registers.
+    """
+    n, sam, sak = k.N, k.a.strides[0], k.a.strides[1]
+    if k.out.dtype not in GEMM or not _concrete(n) or int(n) > NARROW_N or int(n) < 1:
+        return None
+    n = int(n)
+    if _concrete(sak) and int(sak) == 1:
+        kind, most = "dot", 6
+    elif _concrete(sam) and int(sam) == 1:
+        kind, most = "tn", 12
+    else:
+        return None
+    blocks = -(-n // most)
+    return kind, -(-n // blocks)
+
+
+def _concrete(value) -> bool:
+    return isinstance(value, (int, np.integer)) or (isinstance(value, sympy.Basic) and value.is_Integer)
+
+
+def _small(numel) -> bool:
+    """Whether a kernel's element count is known at compile time to be below SG_PARALLEL_MIN."""
+    if isinstance(numel, sympy.Basic):
+        if not numel.is_Integer:
+            return False
+        numel = int(numel)
+    return isinstance(numel, (int, np.integer)) and int(numel) < PARALLEL_MIN
 
 
 def _contiguous(shape) -> list:
@@ -353,11 +453,21 @@ class CProgram:
 
     backend = "c"
 
-    def __init__(self, graph: Graph, flags: list[str] | None = None):
-        self.graph = graph
-        self.plan = lower(graph)
-        self.source = render_source(self.plan)
-        built = cache.build(self.source, CDEF, flags=flags)
+    def __init__(self, graph: Graph, flags: list[str] | None = None, optimize: bool = True):
+        self.graph = graph  # as given: its variables are the program's variable slots
+        self.timings: dict[str, float] = {}
+        self.pass_report: dict = {}
+        with _timed(self.timings, "passes"):
+            self.optimized = passes.optimize(graph, report=self.pass_report) if optimize else graph
+        with _timed(self.timings, "lower"):
+            self.plan = lower(self.optimized, variables=graph.variables)
+        with _timed(self.timings, "render"):
+            self.source = render_source(self.plan)
+        started = time.time()
+        with _timed(self.timings, "build"):
+            built = cache.build(self.source, CDEF, flags=flags)
+        # The library predates this build call: it came from the cache, no compiler ran.
+        self.from_cache = built.library_path.stat().st_mtime < started
         self.module = built.module
         self.module_name = built.module_name
         self.source_path = built.source_path
@@ -365,6 +475,7 @@ class CProgram:
         self._ffi = built.module.ffi
         self._entry = getattr(built.module.lib, ENTRY)
         self._layouts: dict[tuple, tuple] = {}
+        self.memory_plans: dict[tuple, MemoryPlan] = {}  # per Dim binding, as planned for the calls
         self._variables = [(v.name, D.to_numpy(v.dtype), tuple(v.shape)) for v in graph.variables]
         self._inputs = [(v.name, D.to_numpy(v.dtype)) for v in graph.inputs]
         # Pointer arrays filled in place at each call; variable pointers cached while the
@@ -379,14 +490,14 @@ class CProgram:
         layout = self._layouts.get(key)
         if layout is None:
             if len(self._layouts) >= LAYOUTS_KEPT:  # bound the memory held for past batch sizes
+                self.memory_plans.pop(next(iter(self._layouts)), None)
                 self._layouts.pop(next(iter(self._layouts)))
             outs = [(S.evaluate_shape(v.shape, bindings), D.to_numpy(v.dtype)) for v in self.graph.outputs]
             inputs = [S.evaluate_shape(v.shape, bindings) for v in self.graph.inputs]
-            offsets, total = [], 0
-            for b in self.plan.workspace:
-                offsets.append(total)
-                nbytes = S.evaluate(b.numel, bindings) * D.to_numpy(b.dtype).itemsize
-                total += -(-nbytes // ALIGN) * ALIGN
+            # Temporaries share one arena: buffers whose lifetimes do not overlap reuse bytes.
+            planned = memory_plan(self.plan, {d: bindings[d] for d in self.plan.dims}, align=ALIGN)
+            self.memory_plans[key] = planned
+            offsets, total = planned.offsets, planned.arena_bytes
             raw = np.zeros(total + 2 * ALIGN, dtype=np.uint8)
             shift = (-raw.ctypes.data) % ALIGN
             workspace = raw[shift:shift + total + ALIGN]
@@ -395,6 +506,21 @@ class CProgram:
                       workspace, ffi.from_buffer(workspace), ffi.new("int64_t[]", offsets or [0]))
             self._layouts[key] = layout
         return layout
+
+    @property
+    def memory_plan(self) -> MemoryPlan:
+        """The arena plan: of the last Dim binding called with, else planned before any call with
+        every Dim at DEFAULT_DIM (sizes without Dims are exact either way)."""
+        if self.memory_plans:
+            return next(reversed(self.memory_plans.values()))
+        planned = memory_plan(self.plan, {d: DEFAULT_DIM for d in self.plan.dims}, align=ALIGN)
+        planned.assumed = bool(self.plan.dims)
+        return planned
+
+    def report(self, timings: dict | None = None) -> str:
+        """Passes, kernels, save/recompute choices, the memory plan and compile time by stage
+        (`timings`: earlier stages measured by the caller, such as graph building)."""
+        return program_report(self, timings)
 
     def run(self, inputs: list, bindings: dict, variables: dict) -> list:
         """Compute the outputs, then write the updates into `variables` (name -> ndarray) in place.
@@ -405,27 +531,39 @@ class CProgram:
             return self._run(inputs, bindings, variables)
 
     def _run(self, inputs: list, bindings: dict, variables: dict) -> list:
+        dims = self.plan.dims
         try:
-            key = tuple([int(bindings[d]) for d in self.plan.dims])
+            key = tuple([int(bindings[d]) for d in dims]) if dims else ()
         except KeyError as exc:
             raise ValueError(f"no binding for Dim {exc.args[0]}") from None
-        outs, in_shapes, dims, _, ws_ptr, offsets = self._layout(key, bindings)
+        layout = self._layouts.get(key)
+        if layout is None:
+            layout = self._layout(key, bindings)
+        outs, in_shapes, dims_ptr, _, ws_ptr, offsets = layout
         if len(inputs) != len(self._inputs):
             raise TypeError(f"expected {len(self._inputs)} inputs, got {len(inputs)}")
         from_buffer = self._ffi.from_buffer
-        keep = []  # the cdata views must outlive the call
         in_ptrs, var_ptrs, out_ptrs = self._pointer_arrays
+        # The cdata views must outlive the call: `keep` holds them.
+        keep = [None] * (len(inputs) + len(outs))
         for k, ((name, dtype), shape, array) in enumerate(zip(self._inputs, in_shapes, inputs)):
-            if not isinstance(array, np.ndarray) or array.dtype != dtype or array.shape != shape \
-                    or not array.flags.c_contiguous:
+            if not isinstance(array, np.ndarray) or (array.dtype is not dtype and array.dtype != dtype) \
+                    or array.shape != shape or not array.flags.c_contiguous:
                 raise ValueError(f"input {name!r}: expected a C-contiguous {dtype} array of shape {shape}, got "
                                  f"{getattr(array, 'dtype', type(array).__name__)} {getattr(array, 'shape', '')}")
-            in_ptrs[k] = p = from_buffer(array)
-            keep.append(p)
-        arrays = [variables.get(name) for name, _, _ in self._variables]
-        if self._var_cache is None or any(a is not b for a, b in zip(arrays, self._var_cache[0])):
-            self._var_cache = None
-            for k, ((name, dtype, shape), array) in enumerate(zip(self._variables, arrays)):
+            in_ptrs[k] = keep[k] = from_buffer(array)
+        cached = self._var_cache
+        if cached is not None:
+            # The usual case: the same variable arrays as last call (Compiled owns them); an array
+            # replaced, reshaped or re-typed in place is checked again from scratch.
+            for (name, dtype, shape), old in zip(self._variables, cached[0]):
+                array = variables.get(name)
+                if array is not old or array.shape != shape or (array.dtype is not dtype and array.dtype != dtype):
+                    cached = self._var_cache = None
+                    break
+        if cached is None:
+            arrays = [variables.get(name) for name, _, _ in self._variables]
+            for (name, dtype, shape), array in zip(self._variables, arrays):
                 if not isinstance(array, np.ndarray) or array.dtype != dtype or array.shape != shape \
                         or not array.flags.c_contiguous or not array.flags.writeable:
                     raise ValueError(f"variable {name!r}: expected a writeable C-contiguous {dtype} array of "
@@ -434,28 +572,24 @@ class CProgram:
             self._var_cache = (arrays, [from_buffer(a, require_writable=True) for a in arrays])
             for k, p in enumerate(self._var_cache[1]):
                 var_ptrs[k] = p
-        else:
-            for (name, dtype, shape), array in zip(self._variables, arrays):
-                if array.shape != shape or array.dtype != dtype:  # reshaped or re-typed in place
-                    self._var_cache = None
-                    return self._run(inputs, bindings, variables)
         results = []
+        base = len(inputs)
         for k, (shape, dtype) in enumerate(outs):
             array = np.empty(shape, dtype)
             results.append(array)
-            out_ptrs[k] = p = from_buffer(array, require_writable=True)
-            keep.append(p)
-        status = self._entry(dims, in_ptrs, var_ptrs, out_ptrs, ws_ptr, offsets)
+            out_ptrs[k] = keep[base + k] = from_buffer(array, require_writable=True)
+        status = self._entry(dims_ptr, in_ptrs, var_ptrs, out_ptrs, ws_ptr, offsets)
         if status != 0:
             raise RuntimeError(f"the compiled program failed with status {status}")
         return results
 
 
-def compile(graph: Graph, flags: list[str] | None = None, **options) -> CProgram:
+def compile(graph: Graph, flags: list[str] | None = None, optimize: bool = True, **options) -> CProgram:
     """Compile `graph` to C and build it (cached): the backend protocol's entry point.
 
     flags: compiler flags instead of the default (`-O3 -march=native -fopenmp`, or SYMGRAD_CFLAGS).
+    optimize: run the graph passes (symgrad.passes.optimize) first; False compiles the graph as given.
     """
     if options:
-        raise TypeError(f"backend 'c' takes only flags=, got {sorted(options)}")
-    return CProgram(graph, flags=flags)
+        raise TypeError(f"backend 'c' takes only flags= and optimize=, got {sorted(options)}")
+    return CProgram(graph, flags=flags, optimize=optimize)

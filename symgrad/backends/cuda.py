@@ -42,7 +42,9 @@ from . import cache
 from .c import _convert, _fmt, _is_boolean_expr, _lowest, _Renderer, comment
 from .c_printer import CPrintError
 from .cuda_printer import printer
-from .lowering import LoopKernel, MatmulKernel, Plan, ReduceKernel, View, lower
+from .. import passes
+from .lowering import REDUCED, LoopKernel, MatmulKernel, Plan, ReduceKernel, View, lower
+from .report import timed
 from .templates import render
 
 ENTRY = "sg_cuda_run"
@@ -167,9 +169,13 @@ class _CudaRenderer(_Renderer):
         acc_t, in_t, out_t = D.C_TYPES[k.acc_dtype], D.C_TYPES[k.input.dtype], D.C_TYPES[k.out.dtype]
         outer = [f"o{d}" for d in range(len(k.kept))]
         inner = [f"r{d}" for d in range(len(k.reduced))]
-        view = View(k.input.kind, (), k.input.dtype, tuple(st for _, st in [*k.kept, *k.reduced]),
-                    k.input.offset, k.input.buffer, k.input.literal)
-        load = self.load(view, outer + inner)
+        prologue = []
+        if k.operands:  # a fused elementwise prologue, computed where the element is read
+            prologue, load = self.fused_prologue(k, outer + inner), k.result
+        else:
+            view = View(k.input.kind, (), k.input.dtype, tuple(st for _, st in [*k.kept, *k.reduced]),
+                        k.input.offset, k.input.buffer, k.input.literal)
+            load = self.load(view, outer + inner)
         if k.op == "sum":
             init = [f"{acc_t} acc = 0;"]
             body = [f"acc += ({acc_t}){load};"]
@@ -199,7 +205,14 @@ class _CudaRenderer(_Renderer):
             self.argmax = True
         else:
             raise NotImplementedError(f"no CUDA lowering for reduction {k.op!r}")
-        params, args = self.params([k.input.buffer] if k.input.buffer is not None else [], k.out)
+        body = prologue + body
+        if k.epilogue_statements:  # the reduced value goes through the fused epilogue before it is stored
+            value = {"sum": _convert("s_acc[0]", k.acc_dtype, k.reduced_dtype), "max": "s_acc[0]",
+                     "argmax": "(s_best[0] < 0 ? 0 : s_best[0])"}[k.op]
+            finish = [f"const {D.C_TYPES[k.reduced_dtype]} {REDUCED} = {value};", *self.epilogue_lines(k, "o")]
+        buffers = [k.input.buffer] if k.input.buffer is not None else []
+        buffers += [op.view.buffer for op in [*k.operands, *k.epilogue] if op.view.buffer is not None]
+        params, args = self.params(buffers, k.out)
         return dict(kind="reduce", name=k.name, comments=[comment(line) for line in k.lines], params=params,
                     args=args, op=k.op, acc_t=acc_t, init=init, body=body, combine=combine, finish=finish,
                     n_out=self._numel([s for s, _ in k.kept]), n_red=self._numel([s for s, _ in k.reduced]),
@@ -271,7 +284,7 @@ class _CudaRenderer(_Renderer):
         arguments += [f"outputs[{b.index}] (host): {D.SHORT_NAMES[b.dtype]}{_fmt(plan.graph.outputs[b.index].shape)}"
                       for b in plan.outputs]
         arguments += [f"variable {b.index} (device) = {comment(b.label)}: "
-                      f"{D.SHORT_NAMES[b.dtype]}{_fmt(plan.graph.variables[b.index].shape)}" for b in plan.variables]
+                      f"{D.SHORT_NAMES[b.dtype]}{_fmt(plan.variable_nodes[b.index].shape)}" for b in plan.variables]
         from .. import __version__
         return render("cuda/program.cu.j2", version=__version__,
                       header=[comment(line) for line in plan.header.splitlines()],
@@ -291,7 +304,7 @@ def cuda_source(graph: Graph) -> str:
     """The CUDA C++ source (.cu text) that `backend="cuda"` compiles for `graph`; needs no GPU or nvcc."""
     if not isinstance(graph, Graph):
         raise TypeError(f"cuda_source: expected a symgrad Graph, got {type(graph).__name__}")
-    return render_source(lower(graph))
+    return render_source(lower(passes.optimize(graph), variables=graph.variables))
 
 
 # ---- the device, the architecture -------------------------------------------------------
@@ -399,10 +412,16 @@ class CudaProgram:
     backend = "cuda"
 
     def __init__(self, graph: Graph, build_only: bool = False, flags: list[str] | None = None,
-                 arch: str | None = None):
-        self.graph = graph
-        self.plan = lower(graph)
-        self.source = render_source(self.plan)
+                 arch: str | None = None, optimize: bool = True):
+        self.graph = graph  # as given: its variables are the program's variable slots
+        self.timings: dict[str, float] = {}
+        self.pass_report: dict = {}
+        with timed(self.timings, "passes"):
+            self.optimized = passes.optimize(graph, report=self.pass_report) if optimize else graph
+        with timed(self.timings, "lower"):
+            self.plan = lower(self.optimized, variables=graph.variables)
+        with timed(self.timings, "render"):
+            self.source = render_source(self.plan)
         self.build_only = bool(build_only)
         self._state = None
         self._group: _Shared | None = None
@@ -412,7 +431,8 @@ class CudaProgram:
                 raise RuntimeError(f"backend='cuda': no CUDA device is present ({why}). Use backend='c' or "
                                    f"'numpy' here, or compile(..., build_only=True) / sg.cuda_source(graph) "
                                    f"to only generate and build the CUDA code.")
-        built = self._build(flags, arch)
+        with timed(self.timings, "build"):
+            built = self._build(flags, arch)
         self.module = built.module
         self.module_name = built.module_name
         self.source_path = built.source_path
@@ -640,15 +660,16 @@ class CudaProgram:
 
 
 def compile(graph: Graph, build_only: bool = False, flags: list[str] | None = None, arch: str | None = None,
-            **options) -> CudaProgram:
+            optimize: bool = True, **options) -> CudaProgram:
     """Compile `graph` to CUDA and build it with nvcc (cached): the backend protocol's entry point.
 
     build_only: render and build, but neither require a device nor touch one (for CI and
     inspection: `.source`, `.source_path`, `.library_path`).
     flags: all nvcc flags instead of `nvcc_flags(arch)`. arch: e.g. "sm_90" instead of the
     device's own (or, with no device, the sm_80 + sm_90 fat binary).
+    optimize: run the graph passes (symgrad.passes.optimize) first; False compiles the graph as given.
     Raises RuntimeError when no CUDA device is present and build_only is false.
     """
     if options:
-        raise TypeError(f"backend 'cuda' takes build_only=, flags= and arch=, got {sorted(options)}")
-    return CudaProgram(graph, build_only=build_only, flags=flags, arch=arch)
+        raise TypeError(f"backend 'cuda' takes build_only=, flags=, arch= and optimize=, got {sorted(options)}")
+    return CudaProgram(graph, build_only=build_only, flags=flags, arch=arch, optimize=optimize)

@@ -7,7 +7,12 @@ in which order. Movement ops cost nothing: reshape of a contiguous value,
 transpose and expand only change the strides a consumer reads through;
 matmul reads transposed operands through their strides. Chains of
 elementwise nodes whose value has one elementwise user are fused into that
-user's loop, one statement per node.
+user's loop, one statement per node; an elementwise prologue read by a
+row-wise reduction runs inside the reduction's loop, and an elementwise
+epilogue of a row-wise reduction runs as each reduced value is stored; a
+cheap elementwise value read by several kernels is recomputed in each. The
+kernels run in an order that keeps few bytes live (symgrad.backends.fusion
+decides all that; symgrad.backends.memory plans the workspace arena).
 
 Updates are functional: kernels write new variable values into
 temporaries, and copies into the variables run after every other kernel.
@@ -18,7 +23,7 @@ render the same plan.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -31,6 +36,7 @@ from ..ir.graph import Graph
 from ..ir.printing import Namer, node_line
 from ..ir.registry import CUSTOM, ELEMENTWISE, MATMUL, MOVEMENT, REDUCE, SOURCE
 from ..ir.value import Value
+from .fusion import DEFAULT_DIM, FusionDecisions  # noqa: F401 -- DEFAULT_DIM: re-exported for the backends
 
 
 # ---- buffers and views ----------------------------------------------------------
@@ -209,7 +215,14 @@ class LoopKernel:
 
 @dataclass(eq=False)
 class ReduceKernel:
-    """`op` (sum, max, argmax) of `input` over `reduced` axes, for every index of `kept` axes."""
+    """`op` (sum, max, argmax) of `input` over `reduced` axes, for every index of `kept` axes.
+
+    A fused reduction (an elementwise prologue such as `exp(x - m)` computed
+    inside the reduction loop) has `operands` and `statements`: each operand's
+    view is at the loop shape [*kept sizes, *reduced sizes], and the reduced
+    element is the local `result`; `input` is then a placeholder of kind
+    "fused" (no buffer) and the strides in `kept` / `reduced` are unused.
+    """
 
     name: str
     lines: list[str]
@@ -221,6 +234,17 @@ class ReduceKernel:
     acc_dtype: str
     numel: Any            # elements read
     kind: str = "reduce"
+    operands: list = field(default_factory=list)     # Operand, for a fused prologue
+    statements: list = field(default_factory=list)   # Statement, for a fused prologue
+    result: str = ""
+    # A fused epilogue (`log(sum)`, `loss * -1/B`): after the reduction, the reduced value (local
+    # REDUCED, of dtype `reduced_dtype`) goes through `epilogue_statements`; each epilogue operand
+    # is a literal or a buffer laid out as the output (read at the output's own index); `out`
+    # receives `epilogue_result`.
+    epilogue: list = field(default_factory=list)
+    epilogue_statements: list = field(default_factory=list)
+    epilogue_result: str = ""
+    reduced_dtype: str = ""
 
 
 @dataclass(eq=False)
@@ -251,9 +275,14 @@ class Plan:
     consts: list[Buffer]
     kernels: list                  # compute kernels, then output copies, then update copies
     header: str                    # the graph's text form
+    variable_nodes: list = field(default_factory=list)  # the variable node of each variables[k]
+    choices: list = field(default_factory=list)         # save / recompute decisions, for the report
+    in_place: list = field(default_factory=list)        # variables whose new value is written in place
 
 
 # ---- the lowering itself ----------------------------------------------------------
+
+REDUCED = "red"  # the local name of a reduced value inside a fused epilogue
 
 class LoweringError(NotImplementedError):
     """A node the lowering has no rule for."""
@@ -265,13 +294,21 @@ def _c_ident(text: str) -> str:
     return out or "_"
 
 
-class _Lowerer:
+class _Lowerer(FusionDecisions):
     """One lowering: walks the graph in order, records a view per value and appends kernels."""
 
-    def __init__(self, graph: Graph):
+    def __init__(self, graph: Graph, variables=None, fuse_reduce: bool = True, recompute: bool = True,
+                 schedule: bool = True):
         self.graph = graph
+        # The variable buffers: the caller's list (those of the unoptimized graph, so that no
+        # variable disappears from the program's arguments when passes drop its last use).
+        self.variable_nodes = list(graph.variables if variables is None else variables)
+        missing = [v.name for v in graph.variables if all(v is not w for w in self.variable_nodes)]
+        if missing:
+            raise ValueError(f"lower: the graph reads variables {missing} that are not in `variables`")
+        self.fuse_reduce = fuse_reduce
         self.name = Namer()
-        for v in [*graph.inputs, *graph.variables, *graph.nodes]:
+        for v in [*graph.inputs, *self.variable_nodes, *graph.nodes]:
             self.name(v)
         self.order = {id(n): k for k, n in enumerate(graph.nodes)}
         self.uses = {id(n): len(graph.users[id(n)]) for n in graph.nodes}
@@ -282,11 +319,11 @@ class _Lowerer:
         self.dims = list(graph.dims)
         # Positions by identity: Value.__eq__ builds a graph node, so list.index cannot be used.
         self.input_pos = {id(v): k for k, v in enumerate(graph.inputs)}
-        self.var_pos = {id(v): k for k, v in enumerate(graph.variables)}
+        self.var_pos = {id(v): k for k, v in enumerate(self.variable_nodes)}
         self.inputs = [Buffer(f"in{k}", "input", k, v.dtype, _numel(v.shape), v.name)
                        for k, v in enumerate(graph.inputs)]
         self.variables = [Buffer(f"var{k}", "variable", k, v.dtype, _numel(v.shape), v.name)
-                          for k, v in enumerate(graph.variables)]
+                          for k, v in enumerate(self.variable_nodes)]
         self.outputs = [Buffer(f"out{k}", "output", k, v.dtype, _numel(v.shape), f"output {k}")
                         for k, v in enumerate(graph.outputs)]
         self.workspace: list[Buffer] = []
@@ -295,18 +332,17 @@ class _Lowerer:
         self.views: dict[int, View] = {}
         self.out_claimed: set[int] = set()
         self.fused = {id(n) for n in graph.nodes if self._fusable(n)}
+        self.choices: list[dict] = []
+        if recompute:
+            self._choose_recompute()
+        self.epilogue_of: dict[int, Value] = {}   # id(elementwise root) -> the reduction it finishes
+        self.epilogued: set[int] = set()          # ids of reductions whose kernel its epilogue emits
+        if fuse_reduce:
+            self._choose_epilogues()
+        self.schedule = self._schedule() if schedule else list(graph.nodes)
+        self.order = {id(n): k for k, n in enumerate(self.schedule)}
 
     # ---- decisions ------------------------------------------------------
-    def _fusable(self, node: Value) -> bool:
-        """Computed inside its one user's loop: an elementwise node read once, by an elementwise node
-        of its own shape (or a single element, which costs nothing to recompute)."""
-        if node.op.kind != ELEMENTWISE or self.uses[id(node)] != 1:
-            return False
-        users = self.graph.users[id(node)]
-        if len(users) != 1 or users[0].op.kind != ELEMENTWISE:
-            return False
-        return users[0].shape == node.shape or all(_is_one(s) for s in node.shape)
-
     def kernel_name(self, node: Value) -> str:
         label = self.name(node)
         label = label if label.startswith("t") and label[1:].isdigit() else f"n{self.order[id(node)]}"
@@ -331,7 +367,7 @@ class _Lowerer:
 
     # ---- per kind -------------------------------------------------------
     def lower(self) -> Plan:
-        for node in self.graph.nodes:
+        for node in self.schedule:
             kind = node.op.kind
             if kind == SOURCE:
                 self.views[id(node)] = self.source(node)
@@ -340,10 +376,13 @@ class _Lowerer:
             elif kind == CUSTOM:
                 self.views[id(node)] = self.views[id(node.inputs[0])]
             elif kind == ELEMENTWISE:
-                if id(node) not in self.fused:
+                if id(node) in self.epilogue_of:
+                    self.views[id(node)] = self.reduce_with_epilogue(node)
+                elif id(node) not in self.fused:
                     self.views[id(node)] = self.elementwise(node)
             elif kind == REDUCE:
-                self.views[id(node)] = self.reduce(node)
+                if id(node) not in self.epilogued:  # else emitted with its epilogue
+                    self.views[id(node)] = self.reduce(node)
             elif kind == MATMUL:
                 self.views[id(node)] = self.matmul(node)
             else:
@@ -371,7 +410,8 @@ class _Lowerer:
             b.index, b.name = k, f"ws{k}"
         header = str(self.graph)
         return Plan(self.graph, self.dims, self.inputs, self.variables, self.outputs, self.workspace,
-                    self.consts, self.kernels, header)
+                    self.consts, self.kernels, header, self.variable_nodes, self.choices,
+                    [self.name(t) for t, _, _ in finals if id(t) in direct])
 
     def alias_output(self, k: int, node: Value) -> bool:
         """An output that is a reshape of a temporary: the kernel writes the output buffer instead.
@@ -495,13 +535,26 @@ class _Lowerer:
 
     def elementwise(self, root: Value) -> View:
         # The fused group: root and, recursively, its fused inputs, in graph order.
-        group, stack = [], [root]
+        operands, statements, result = self._fused_body(root, root.shape)
+        out = self.alloc(root)
+        kernel = self._loop(self.kernel_name(root), [s.line for s in statements], root.shape, out,
+                            operands, statements, result)
+        self.kernels.append(kernel)
+        return buffer_view(out, root.shape)
+
+    def _fused_body(self, root: Value, shape, preset: dict | None = None) -> tuple[list, list, str]:
+        """The operands (read at `shape`) and statements computing `root` with every node fused into it
+        (`preset`: id(node) -> a local name the kernel already holds, such as a reduced value)."""
+        group, stack, seen = [], [root], set()
         while stack:
             n = stack.pop()
+            if id(n) in seen:
+                continue
+            seen.add(id(n))
             group.append(n)
             stack.extend(i for i in n.inputs if id(i) in self.fused)
         group.sort(key=lambda n: self.order[id(n)])
-        local: dict[int, str] = {}
+        local: dict[int, str] = dict(preset or {})
         operands: list[Operand] = []
         statements: list[Statement] = []
         for n in group:
@@ -509,21 +562,29 @@ class _Lowerer:
                 if id(i) not in local:
                     name = f"v{len(operands)}"
                     local[id(i)] = name
-                    operands.append(Operand(name, broadcast_view(self.views[id(i)], root.shape),
-                                            self.name(i)))
+                    operands.append(Operand(name, broadcast_view(self.views[id(i)], shape), self.name(i)))
             name = f"t{len(statements)}"
             arg_dtypes = [i.dtype for i in n.inputs]
             statements.append(Statement(name, n, n.op.expr, [local[id(i)] for i in n.inputs], arg_dtypes,
                                         _compute_dtype(n), n.dtype, self.line(n)))
             local[id(n)] = name
-        out = self.alloc(root)
-        kernel = self._loop(self.kernel_name(root), [s.line for s in statements], root.shape, out,
-                            operands, statements, local[id(root)])
-        self.kernels.append(kernel)
-        return buffer_view(out, root.shape)
+        return operands, statements, local[id(root)]
 
-    def reduce(self, node: Value) -> View:
+    def reduce_with_epilogue(self, root: Value) -> View:
+        """The reduction feeding `root`, with `root`'s fused group computed as it stores each value."""
+        r = self.epilogue_of[id(root)]
+        operands, statements, result = self._fused_body(root, root.shape, {id(r): REDUCED})
+        if not all(o.view.kind == "literal" or (o.view.kind == "buffer" and is_contiguous(o.view)
+                                                 and isinstance(o.view.offset, int) and o.view.offset == 0)
+                   for o in operands):  # a strided operand: no epilogue after all
+            self.views[id(r)] = self.reduce(r)
+            return self.elementwise(root)
+        return self.reduce(r, epilogue=(root, operands, statements, result))
+
+    def reduce(self, node: Value, epilogue=None) -> View:
         (x,) = node.inputs
+        if id(x) in self.fused:
+            return self.fused_reduce(node, epilogue)
         src = self.views[id(x)]
         axes = node.attrs["axes"]
         kept = [(s, st) for a, (s, st) in enumerate(zip(src.shape, src.strides)) if a not in axes]
@@ -535,10 +596,43 @@ class _Lowerer:
             acc = "float64"  # float32 sums accumulate in double: NumPy's pairwise sum is that accurate
         elif op == "argmax":
             acc = x.dtype
-        out = self.alloc(node)
-        self.kernels.append(ReduceKernel(self.kernel_name(node), [self.line(node)], op, src, kept, reduced,
-                                         out, acc, _numel(x.shape)))
-        return buffer_view(out, node.shape)
+        return self._emit_reduce(node, [self.line(node)], op, src, kept, reduced, acc, epilogue)
+
+    def _emit_reduce(self, node, lines, op, src, kept, reduced, acc, epilogue, **prologue) -> View:
+        """Append the ReduceKernel of `node` (with its epilogue, if any); the view of what it stores."""
+        (x,) = node.inputs
+        root = node if epilogue is None else epilogue[0]
+        out = self.alloc(root)
+        kernel = ReduceKernel(self.kernel_name(root), lines, op, src, kept, reduced, out, acc, _numel(x.shape),
+                              **prologue)
+        if epilogue is not None:
+            _, operands, statements, result = epilogue
+            kernel.lines = lines + [st.line for st in statements]
+            kernel.epilogue, kernel.epilogue_statements = operands, statements
+            kernel.epilogue_result, kernel.reduced_dtype = result, node.dtype
+        self.kernels.append(kernel)
+        return buffer_view(out, root.shape)
+
+    def fused_reduce(self, node: Value, epilogue=None) -> View:
+        """A row-wise reduction whose elementwise input is computed inside the reduction loop."""
+        (x,) = node.inputs
+        axes = node.attrs["axes"]
+        operands, statements, result = self._fused_body(x, x.shape)
+        order = [a for a in range(x.ndim) if a not in axes] + list(axes)
+        per_axis = [(x.shape[a], tuple(o.view.strides[a] for o in operands)) for a in order]
+        kept = _merge_multi(per_axis[:x.ndim - len(axes)])
+        reduced = _merge_multi(per_axis[x.ndim - len(axes):])
+        loop_shape = tuple(s for s, _ in [*kept, *reduced])
+        operands = [replace(o, view=replace(o.view, shape=loop_shape,
+                                            strides=tuple(st[k] for _, st in [*kept, *reduced])))
+                    for k, o in enumerate(operands)]
+        op = node.op.name
+        acc = "float64" if op == "sum" and node.dtype == "float32" else (x.dtype if op == "argmax" else node.dtype)
+        placeholder = View("fused", tuple(x.shape), x.dtype, ())
+        lines = [st.line for st in statements] + [self.line(node)]
+        return self._emit_reduce(node, lines, op, placeholder, [(s, 0) for s, _ in kept],
+                                 [(s, 0) for s, _ in reduced], acc, epilogue, operands=operands,
+                                 statements=statements, result=result)
 
     def matmul(self, node: Value) -> View:
         a, b = node.inputs
@@ -561,7 +655,10 @@ def _reads(kernel) -> list:
     if isinstance(kernel, LoopKernel):
         return [o.view.buffer for o in kernel.operands if o.view.buffer is not None]
     if isinstance(kernel, ReduceKernel):
-        return [kernel.input.buffer] if kernel.input.buffer is not None else []
+        extra = [o.view.buffer for o in kernel.epilogue if o.view.buffer is not None]
+        if kernel.operands:
+            return [o.view.buffer for o in kernel.operands if o.view.buffer is not None] + extra
+        return ([kernel.input.buffer] if kernel.input.buffer is not None else []) + extra
     return [kernel.a.buffer, kernel.b.buffer]
 
 
@@ -569,13 +666,18 @@ def _substitute(kernel, old: Buffer, new: Buffer) -> None:
     """Make `kernel` read and write `new` wherever it used `old`."""
     def swap(view: View) -> View:
         return replace(view, buffer=new) if view.buffer is old else view
+
+    def swap_all(operands: list) -> list:  # untouched operands stay the same objects (cheap)
+        return [replace(o, view=swap(o.view)) if o.view.buffer is old else o for o in operands]
     if kernel.out is old:
         kernel.out = new
     if isinstance(kernel, LoopKernel):
         kernel.out_view = swap(kernel.out_view)
-        kernel.operands = [replace(o, view=swap(o.view)) for o in kernel.operands]
+        kernel.operands = swap_all(kernel.operands)
     elif isinstance(kernel, ReduceKernel):
         kernel.input = swap(kernel.input)
+        kernel.operands = swap_all(kernel.operands)
+        kernel.epilogue = swap_all(kernel.epilogue)
     else:
         kernel.a, kernel.b = swap(kernel.a), swap(kernel.b)
 
@@ -587,6 +689,18 @@ def _merge(axes: list[tuple]) -> list[tuple]:
     while k >= 0:
         (s0, st0), (s1, st1) = axes[k], axes[k + 1]
         if _same(st0, _mul(st1, s1)):
+            axes[k:k + 2] = [(_mul(s0, s1), st1)]
+        k -= 1
+    return axes
+
+
+def _merge_multi(axes: list[tuple]) -> list[tuple]:
+    """`_merge` for several operands at once: (size, strides tuple) axes merge when all operands agree."""
+    axes = [(s, st) for s, st in axes if not _is_one(s)]
+    k = len(axes) - 2
+    while k >= 0:
+        (s0, st0), (s1, st1) = axes[k], axes[k + 1]
+        if all(_same(a, _mul(b, s1)) for a, b in zip(st0, st1)):
             axes[k:k + 2] = [(_mul(s0, s1), st1)]
         k -= 1
     return axes
@@ -604,8 +718,16 @@ def _compute_dtype(node: Value) -> str:
 
 
 
-def lower(graph: Graph) -> Plan:
-    """The kernel plan of `graph`."""
+def lower(graph: Graph, variables=None, fuse_reduce: bool = True, recompute: bool = True,
+          schedule: bool = True) -> Plan:
+    """The kernel plan of `graph`.
+
+    variables: the variable nodes to give buffers, in order (default the graph's own); pass
+        the unoptimized graph's list so every variable keeps its slot after passes.
+    fuse_reduce: compute elementwise prologues inside row-wise reductions.
+    recompute: recompute cheap elementwise values in each reader instead of storing them.
+    schedule: order the kernels to keep few bytes live (else the graph's own order).
+    """
     for node in graph.nodes:
         stray = set()
         for size in node.shape:
@@ -617,4 +739,6 @@ def lower(graph: Graph) -> Plan:
         if stray:
             raise ValueError(f"{node.op.name} {node.type_str}: sizes use Dims {sorted(map(str, stray))} "
                              f"that no input's shape determines")
-    return _Lowerer(graph).lower()
+    return _Lowerer(graph, variables, fuse_reduce=fuse_reduce, recompute=recompute,
+                    schedule=schedule).lower()
+

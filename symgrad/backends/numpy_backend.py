@@ -50,21 +50,29 @@ class NumpyProgram:
 
     backend = "numpy"
 
-    def __init__(self, graph: Graph):
+    def __init__(self, graph: Graph, optimize: bool = False):
         self.graph = graph
+        self.pass_report: dict = {}
+        if optimize:
+            from ..passes import optimize as run_passes
+            graph = run_passes(graph, report=self.pass_report)
+        self.optimized = graph  # what runs: the graph itself unless optimize=True
         self.source = str(graph)  # there is no generated code; the graph text stands in
         self.module = None
 
     def run(self, inputs: list, bindings: dict, variables: dict) -> list:
         """Compute the outputs, then write the updates into `variables` in place."""
-        outputs, updates = evaluate(self.graph, inputs, variables, bindings)
-        for (target, _), new in zip(self.graph.updates, updates):
+        outputs, updates = evaluate(self.optimized, inputs, variables, bindings)
+        for (target, _), new in zip(self.optimized.updates, updates):
             variables[target.name][...] = new
         return outputs
 
 
-def compile(graph: Graph, **options) -> NumpyProgram:
-    """The NumPy 'compilation': nothing to build."""
+def compile(graph: Graph, optimize: bool = False, **options) -> NumpyProgram:
+    """The NumPy 'compilation': nothing to build.
+
+    optimize: run the graph passes first (default False: the reference runs the graph as built).
+    """
     if options:
-        raise TypeError(f"backend 'numpy' takes no options, got {sorted(options)}")
-    return NumpyProgram(graph)
+        raise TypeError(f"backend 'numpy' takes only optimize=, got {sorted(options)}")
+    return NumpyProgram(graph, optimize=optimize)

@@ -6,6 +6,9 @@ first and reroutes the users of the others to it. Forward and backward are
 one graph here, so a value the backward recomputes (the cast of the learning
 rate, a transposed weight) is found once for both.
 
+A reduction computed both with and without `keepdims` is computed once; the
+other form becomes a reshape of it (a view: no copy, no kernel).
+
 Never merged: runtime leaves (`input`, `variable`: two inputs are two
 arguments even when they look alike) and random ops (two draws differ).
 """
@@ -18,7 +21,8 @@ import numpy as np
 import sympy
 
 from ..ir.graph import Graph
-from ..ir.value import Value
+from ..ir.registry import REDUCE, lookup
+from ..ir.value import Value, make
 from .rewrite import DATA_LEAVES, is_nondeterministic, rebuild
 
 # Ops whose operands may be swapped without changing a bit of the result.
@@ -65,6 +69,7 @@ def node_key(node: Value, input_ids: tuple):
 def cse(graph: Graph, counts: dict | None = None) -> Graph:
     """The graph with each distinct computation made once."""
     seen: dict = {}
+    reductions: dict = {}  # (op, input, axes, dtype) -> the first such reduction, either keepdims
     order: dict[int, int] = {}  # a node's position: commutative keys sort on it, deterministically
     merged = 0
 
@@ -77,6 +82,15 @@ def cse(graph: Graph, counts: dict | None = None) -> Graph:
         first = seen.setdefault(key, node)
         if first is not node:
             merged += 1
+        elif node.op.kind == REDUCE and "keepdims" in node.attrs:
+            # r(x, A, keepdims=True) and r(x, A, keepdims=False) hold the same numbers: the second
+            # one computed becomes a reshape (a free view) of the first.
+            loose = (id(node.op), key[1], attr_key(tuple(node.attrs["axes"])), node.dtype)
+            other = reductions.setdefault(loose, node)
+            if other is not node:
+                merged += 1
+                first = make(lookup("reshape"), (other,), shape=node.shape)
+                seen[key] = first
         order.setdefault(id(first), len(order))
         return first
 

@@ -14,6 +14,7 @@ from ..ir.graph import Graph
 from .cse import cse
 from .dce import dce
 from .fold import fold
+from .masks import masks
 from .simplify import simplify
 from .verify import verify as verify_graph
 
@@ -22,12 +23,14 @@ Pass = Callable[..., Graph]
 # Why this order: dce first strips autodiff-only wrappers (custom,
 # stop_gradient) that would hide patterns; folding turns constant scaffolding
 # (1.0 * 1/B, broadcast seeds) into consts the identities can see; simplify
-# rewrites; cse then merges what the rewrites made equal (forward and
+# rewrites; masks makes relu's backward read the kept activation (so the
+# pre-activation can die early); cse then merges what the rewrites made equal (forward and
 # backward alike); a last dce drops what merging and rewriting left unused.
 DEFAULT_PIPELINE: tuple[tuple[str, Pass], ...] = (
     ("dce", dce),
     ("fold", fold),
     ("simplify", simplify),
+    ("masks", masks),
     ("cse", cse),
     ("dce", dce),
 )

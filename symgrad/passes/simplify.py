@@ -23,6 +23,7 @@ and regroups roundings: results agree to float tolerance, not bit for bit.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 
 import sympy
@@ -365,6 +366,14 @@ def _candidates(expr: sympy.Expr) -> list:
     return out
 
 
+@functools.lru_cache(maxsize=4096)
+def _cheapest(expr: sympy.Expr) -> sympy.Expr:
+    """The cheapest of `_candidates(expr)`. Cached: chains of the same form (every parameter's
+    optimizer update, every layer's backward) compose to the same expression over l0, l1, ...,
+    and sympy's rewritings cost milliseconds each."""
+    return min(_candidates(expr), key=_cost)
+
+
 def _inline_number(v: Value):
     """A 0-d const inlined into a chain's expression: a number with a short exact form (2, -0.125),
     or an expression of Dims (1/B), so sympy can combine -1/B with 1/B; None for other values
@@ -453,7 +462,7 @@ def simplify_chains(graph: Graph, assume_finite: bool = False, counts: dict | No
         if chain.members < 2 or chain.cost > MAX_CHAIN_OPS:
             continue
         operands = set(chain.symbols.values())
-        best = _extract_dims(min(_candidates(chain.expr), key=_cost), chain)
+        best = _extract_dims(_cheapest(chain.expr), chain)
         if _cost(best) >= chain.cost:
             continue
         if not assume_finite and operands - best.free_symbols:

@@ -1,0 +1,98 @@
+"""The static memory plan: where each temporary of a kernel plan lives in one arena.
+
+Liveness is over the plan's kernel order (a buffer is live from the kernel
+that writes it to the last kernel that reads it); buffers are placed greedily,
+largest first, each into the smallest gap that no overlapping-lifetime buffer
+uses (best fit). The plan is made per Dim binding, before any kernel runs,
+with the naive total (every temporary its own buffer) and the lower bound (the
+most bytes live at one kernel) beside it for the report.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..ir import dtypes as D
+from ..ir import shapes as S
+from .lowering import Plan, _reads
+
+
+@dataclass
+class MemoryPlan:
+    """Where each workspace buffer lives in one arena, for one Dim binding.
+
+    offsets[k] is the byte offset of plan.workspace[k]; two buffers share
+    bytes only when no kernel runs while both are live (liveness is over the
+    kernel order: from the kernel writing a buffer to the last kernel reading it).
+    """
+
+    offsets: list[int]
+    arena_bytes: int        # the arena's size (best-fit reuse)
+    naive_bytes: int        # every temporary its own buffer
+    lower_bound_bytes: int  # the most bytes live at once: no plan can be smaller
+    sizes: list[int]        # bytes of each workspace buffer, before alignment
+    live: list[tuple]       # (first kernel, last kernel) of each workspace buffer
+    bindings: dict          # the Dim values it was planned for
+    assumed: bool = False   # bindings assumed before any call (a program with Dims not yet run)
+
+    def summary(self) -> str:
+        """One line: planned arena beside the naive total and the lower bound."""
+        ratio = self.arena_bytes / self.lower_bound_bytes if self.lower_bound_bytes else 1.0
+        return (f"arena {_kib(self.arena_bytes)} (naive {_kib(self.naive_bytes)}, lower bound "
+                f"{_kib(self.lower_bound_bytes)}, {ratio:.2f}x the bound) over {len(self.sizes)} temporaries")
+
+
+def _kib(nbytes: int) -> str:
+    return f"{nbytes} B" if nbytes < 1024 else f"{nbytes / 1024:.1f} KiB"
+
+
+def _align(nbytes: int, align: int) -> int:
+    return -(-nbytes // align) * align
+
+
+def liveness(plan: Plan) -> list[tuple]:
+    """(first, last) kernel index during which each workspace buffer holds a value."""
+    first: dict[int, int] = {}
+    last: dict[int, int] = {}
+    for k, kernel in enumerate(plan.kernels):
+        for buf in [*_reads(kernel), kernel.out]:
+            if buf is not None and buf.storage == "workspace":
+                first.setdefault(id(buf), k)
+                last[id(buf)] = k
+    n = len(plan.kernels)
+    return [(first.get(id(b), n), last.get(id(b), n)) for b in plan.workspace]
+
+
+def memory_plan(plan: Plan, bindings: dict | None = None, align: int = 64) -> MemoryPlan:
+    """Offsets of the plan's temporaries in one arena, with reuse: greedy best-fit by size.
+
+    Buffers are placed largest first; each goes into the smallest gap (between
+    already placed buffers whose lifetimes overlap its own) that holds it, else
+    above them all. Every offset is a multiple of `align` bytes.
+    """
+    bindings = dict(bindings or {})
+    sizes = [int(S.evaluate(b.numel, bindings)) * D.to_numpy(b.dtype).itemsize for b in plan.workspace]
+    live = liveness(plan)
+    order = sorted(range(len(sizes)), key=lambda k: (-_align(sizes[k], align), live[k][0], k))
+    offsets = [0] * len(sizes)
+    placed: list[int] = []
+    arena = 0
+    for k in order:
+        need = _align(sizes[k], align)
+        lo, hi = live[k]
+        busy = sorted((offsets[j], offsets[j] + _align(sizes[j], align)) for j in placed
+                      if live[j][0] <= hi and lo <= live[j][1])
+        best, best_gap, cursor = None, None, 0
+        for start, end in busy:
+            gap = start - cursor
+            if gap >= need and (best_gap is None or gap < best_gap):
+                best, best_gap = cursor, gap
+            cursor = max(cursor, end)
+        offsets[k] = cursor if best is None else best
+        placed.append(k)
+        arena = max(arena, offsets[k] + need)
+    naive = sum(_align(s, align) for s in sizes)
+    bound = 0
+    for t in range(len(plan.kernels) + 1):
+        bound = max(bound, sum(_align(s, align) for s, (lo, hi) in zip(sizes, live) if lo <= t <= hi))
+    return MemoryPlan(offsets, arena, naive, bound, sizes, live, bindings)

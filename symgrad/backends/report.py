@@ -1,0 +1,100 @@
+"""The compilation report of a compiled program (`step.report()`, `symgrad inspect --report`).
+
+Backend-neutral: it reads what a program built from the kernel plan keeps
+(`pass_report`, `optimized`, `plan`, `memory_plan`, `timings`) and formats
+it; nothing here changes a program.
+"""
+
+from __future__ import annotations
+
+import time
+from contextlib import contextmanager
+
+from ..passes import format_report
+from .lowering import LoopKernel, MatmulKernel, ReduceKernel
+
+# Compile stages in the order they run, with the words the report uses.
+STAGES = (("graph", "graph build + autodiff"), ("passes", "graph passes"), ("lower", "lowering to kernels"),
+          ("render", "render source"), ("build", "compiler or cache load"))
+IN_PLACE_SHOWN = 12  # variables named on the in-place line; the rest are counted
+
+
+@contextmanager
+def timed(timings: dict, stage: str):
+    """Add the seconds spent in the `with` body to timings[stage]."""
+    start = time.perf_counter()
+    try:
+        yield
+    finally:
+        timings[stage] = timings.get(stage, 0.0) + time.perf_counter() - start
+
+
+def kernel_counts(plan) -> dict:
+    """How many kernels of each kind the plan runs per call."""
+    counts = {"total": len(plan.kernels), "loop": 0, "copy": 0, "reduce": 0, "fused reduce": 0, "matmul": 0}
+    for k in plan.kernels:
+        if isinstance(k, LoopKernel):
+            counts["copy" if k.name.endswith("_copy") else "loop"] += 1
+        elif isinstance(k, ReduceKernel):
+            counts["fused reduce" if k.operands else "reduce"] += 1
+        elif isinstance(k, MatmulKernel):
+            counts["matmul"] += 1
+    return counts
+
+
+def _kernel_line(k) -> str:
+    if isinstance(k, LoopKernel):
+        what = f"loop, {len(k.statements)} op(s) fused, {len(k.operands)} operand(s)"
+    elif isinstance(k, ReduceKernel):
+        what = f"{k.op}" + (f" with {len(k.statements)} fused op(s)" if k.operands else "")
+    else:
+        what = "matmul"
+    return f"  {k.name:<32} {what} -> {k.out.name}"
+
+
+def program_report(program, timings: dict | None = None) -> str:
+    """A readable multi-line report of `program` (a CProgram or CudaProgram)."""
+    plan = program.plan
+    out = []
+    passes = getattr(program, "pass_report", None) or {}
+    before, after = len(program.graph.nodes), len(program.optimized.nodes)
+    out.append("== passes ==")
+    out.append(f"nodes: {before} before, {after} after")
+    if passes.get("passes"):
+        out.append(format_report(passes))
+    else:
+        out.append("(passes off: compiled with optimize=False)")
+    counts = kernel_counts(plan)
+    out.append("")
+    out.append("== kernels ==")
+    out.append(f"kernels: {counts['total']} ({counts['loop']} loops, {counts['reduce']} reductions, "
+               f"{counts['fused reduce']} fused reductions, {counts['matmul']} matmuls, {counts['copy']} copies)")
+    out.extend(_kernel_line(k) for k in plan.kernels)
+    out.append("")
+    out.append("== save / recompute ==")
+    if not plan.choices:
+        out.append("(no forward value is read by a later kernel)")
+    for c in plan.choices:
+        out.append(f"  {c['decision']:<9} {c['value']} = {c['op']} ({c['bytes']} bytes): {c['reason']}")
+    mp = program.memory_plan
+    out.append("")
+    out.append("== memory plan ==")
+    binding = ", ".join(f"{d}={v}" for d, v in mp.bindings.items()) or "no Dims"
+    if getattr(mp, "assumed", False):
+        binding += ", assumed: not called yet"
+    out.append(f"{mp.summary()} [{binding}]")
+    out.append(f"  arena {mp.arena_bytes} B, naive {mp.naive_bytes} B, lower bound {mp.lower_bound_bytes} B")
+    shown = ", ".join(plan.in_place[:IN_PLACE_SHOWN]) or "none"
+    more = len(plan.in_place) - IN_PLACE_SHOWN
+    out.append(f"  in-place updates: {shown}" + (f" and {more} more" if more > 0 else ""))
+    times = {**(timings or {}), **program.timings}
+    out.append("")
+    out.append("== compile time ==")
+    cached = getattr(program, "from_cache", None)
+    for stage, words in STAGES:
+        if stage in times:
+            if stage == "build" and cached is not None:
+                words = "cache load (no compiler ran)" if cached else "C compiler (a cache miss)"
+            out.append(f"  {stage:<7} {times[stage] * 1e3:>9.1f} ms  {words}")
+    out.append(f"  {'total':<7} {sum(times.values()) * 1e3:>9.1f} ms")
+    return "\n".join(out)

@@ -1,0 +1,311 @@
+"""Issue 4, phase 2: passes in compile(), fusion, save/recompute, the memory plan, report().
+
+Every compiled result here is compared with the NumPy reference running the
+unoptimized graph. C builds are shared through module-scoped fixtures.
+"""
+
+import io
+
+import numpy as np
+import pytest
+
+import symgrad as sg
+from symgrad.backends import c as cbackend
+from symgrad.backends.lowering import LoopKernel, ReduceKernel, lower
+from symgrad.backends.memory import memory_plan
+from symgrad.inspect_cmd import run_inspect
+
+RNG = np.random.default_rng(7)
+
+
+def chain_graph():
+    """Ten elementwise ops on two inputs: one fused loop."""
+    B = sg.Dim("B")
+    x, y = sg.input("x", (B, 33)), sg.input("y", (B, 33))
+    v = x * y                 # 1
+    v = v + 1.5               # 2
+    v = sg.tanh(v)            # 3
+    v = v - y                 # 4
+    v = sg.exp(v)             # 5
+    v = v * x                 # 6
+    v = sg.sigmoid(v)         # 7
+    v = sg.maximum(v, y)      # 8
+    v = sg.sqrt(v + 2.0)      # 9, 10
+    return [x, y], v
+
+
+def test_elementwise_chain_of_ten_ops_is_one_kernel():
+    inputs, out = chain_graph()
+    raw = sg.Graph(inputs, [out])
+    assert sum(n.op.kind == "elementwise" for n in raw.nodes) >= 10
+    a, b = RNG.standard_normal((5, 33)).astype("f4"), RNG.standard_normal((5, 33)).astype("f4")
+    ref = sg.function(inputs, out, backend="numpy")(a, b)
+    for optimize in (True, False):  # fused by the lowering, whatever the passes made of the chain
+        f = sg.function(inputs, out, backend="c", optimize=optimize)
+        kernels = f.program.plan.kernels
+        assert len(kernels) == 1 and isinstance(kernels[0], LoopKernel), [k.name for k in kernels]
+        np.testing.assert_allclose(f(a, b), ref, rtol=2e-6, atol=1e-6)
+    assert "kernels: 1 (1 loops" in f.report()
+
+
+def test_row_reduction_prologue_is_fused():
+    B = sg.Dim("B")
+    x = sg.input("x", (B, 17), dtype="float64")
+    m = sg.max(x, axis=1, keepdims=True)
+    lse = sg.log(sg.sum(sg.exp(x - m), axis=1)) + sg.reshape(m, (B,))
+    f = sg.function([x], lse, backend="c")
+    reduces = [k for k in f.program.plan.kernels if isinstance(k, ReduceKernel)]
+    fused = [k for k in reduces if k.operands]
+    assert len(reduces) == 2 and len(fused) == 1 and fused[0].op == "sum"
+    assert "exp(" in f.source.split("k1_sum")[1].split("}")[0]  # exp computed inside the sum's loop
+    a = RNG.standard_normal((6, 17)) * 30
+    np.testing.assert_allclose(f(a), sg.function([x], lse, backend="numpy")(a), rtol=1e-13)
+
+
+def test_reduction_epilogue_is_fused():
+    """log(sum(exp(x))): exp runs inside the sum's loop, log as each row's sum is stored: one kernel."""
+    B = sg.Dim("B")
+    x = sg.input("x", (B, 9, 4), dtype="float64")
+    out = sg.log(sg.sum(sg.exp(x), axis=(1, 2))) * 0.5
+    f = sg.function([x], out, backend="c")
+    (kernel,) = f.program.plan.kernels
+    assert isinstance(kernel, ReduceKernel) and kernel.operands and kernel.epilogue_statements
+    assert kernel.out is f.program.plan.outputs[0]  # stored straight into the output
+    a = RNG.standard_normal((5, 9, 4))
+    np.testing.assert_allclose(f(a), sg.function([x], out, backend="numpy")(a), rtol=1e-13)
+
+
+def test_column_sums_keep_their_own_kernel():
+    """A bias gradient (a sum over the batch axis) is not fused: its column kernel is faster."""
+    B = sg.Dim("B")
+    x = sg.input("x", (B, 8))
+    plan = lower(sg.Graph([x], [sg.sum(sg.exp(x), axis=0)]))
+    assert [type(k).__name__ for k in plan.kernels] == ["LoopKernel", "ReduceKernel"]
+
+
+# ---- the two reference models ------------------------------------------------------------
+
+def softmax_regression(backend, **options):
+    B = sg.Dim("B")
+    x, y = sg.input("x", (B, 784)), sg.input("y", (B,), dtype="int64")
+    W = sg.param("W", (784, 10), init="zeros")
+    b = sg.param("b", (10,), init="zeros")
+    loss = sg.cross_entropy(x @ W + b, y)
+    return sg.train_step(loss, params=[W, b], optimizer=sg.optim.SGD(lr=0.1), backend=backend, **options)
+
+
+def mlp(backend, batch=128, **options):
+    sg.manual_seed(0)
+    x, y = sg.input("x", (batch, 784)), sg.input("y", (batch,), dtype="int64")
+    model = sg.nn.Sequential(sg.nn.Linear(784, 256), sg.nn.ReLU(), sg.nn.Linear(256, 256), sg.nn.ReLU(),
+                             sg.nn.Linear(256, 10))
+    loss = sg.cross_entropy(model(x), y)
+    return sg.train_step(loss, params=model.parameters(), optimizer=sg.optim.SGD(lr=0.1), backend=backend,
+                         **options)
+
+
+@pytest.fixture(scope="module")
+def mlp_steps():
+    return mlp("c"), mlp("numpy")
+
+
+@pytest.fixture(scope="module")
+def softmax_step():
+    return softmax_regression("c")
+
+
+def _no_overlap(plan, mp):
+    for i, (lo_i, hi_i) in enumerate(mp.live):
+        for j in range(i):
+            lo_j, hi_j = mp.live[j]
+            if lo_i <= hi_j and lo_j <= hi_i:  # live at the same time: disjoint bytes
+                a, b = mp.offsets[i], mp.offsets[j]
+                assert a + mp.sizes[i] <= b or b + mp.sizes[j] <= a, (plan.workspace[i], plan.workspace[j])
+    assert all(o % 64 == 0 for o in mp.offsets)
+    assert all(o + s <= mp.arena_bytes for o, s in zip(mp.offsets, mp.sizes))
+
+
+def test_mlp_arena_is_close_to_the_liveness_bound(mlp_steps):
+    step, _ = mlp_steps
+    mp = step.program.memory_plan
+    assert mp.arena_bytes <= 1.25 * mp.lower_bound_bytes
+    assert mp.arena_bytes < 0.5 * mp.naive_bytes
+    _no_overlap(step.program.plan, mp)
+    # in place: every parameter's new value is written straight into the parameter
+    assert sorted(step.program.plan.in_place) == sorted(step.params)
+
+
+def test_mlp_optimized_step_matches_the_reference(mlp_steps):
+    step, ref = mlp_steps
+    for name in step.params:
+        ref.params[name] = step.params[name]
+    for _ in range(3):
+        x = RNG.standard_normal((128, 784)).astype("f4")
+        y = RNG.integers(0, 10, 128)
+        np.testing.assert_allclose(step(x=x, y=y), ref(x=x, y=y), rtol=1e-5)
+    for name in step.params:
+        np.testing.assert_allclose(step.params[name], ref.params[name], rtol=1e-4, atol=1e-6)
+
+
+def test_memory_plan_per_binding_and_kernel_counts(softmax_step):
+    step = softmax_step
+    x = RNG.standard_normal((64, 784)).astype("f4")
+    y = RNG.integers(0, 10, 64)
+    ref = softmax_regression("numpy")
+    np.testing.assert_allclose(step(x=x, y=y), ref(x=x, y=y), rtol=1e-6)
+    np.testing.assert_allclose(step.params["W"], ref.params["W"], rtol=1e-5, atol=1e-7)
+    mp = step.program.memory_plan
+    assert list(mp.bindings.values()) == [64]
+    _no_overlap(step.program.plan, mp)
+    small = memory_plan(step.program.plan, {d: 3 for d in step.program.plan.dims})
+    assert small.arena_bytes < mp.arena_bytes
+    raw = lower(step.graph, fuse_reduce=False, recompute=False, schedule=False)
+    assert len(step.program.plan.kernels) <= len(raw.kernels) // 2
+    # the loss, sum(...) * -1/B, is finished by the reduction and stored into the output
+    (last,) = [k for k in step.program.plan.kernels if k.out is step.program.plan.outputs[0]]
+    assert isinstance(last, ReduceKernel) and last.epilogue_statements
+
+
+def test_save_or_recompute_choices_are_recorded(softmax_step):
+    choices = softmax_step.program.plan.choices
+    by_op = {(c["op"], c["decision"]) for c in choices}
+    assert ("sub", "recompute") in by_op          # x - max: recomputed where it is read
+    assert ("exp", "keep") in by_op               # exp(x - max): too costly to recompute
+    assert all(c["reason"] for c in choices)
+
+
+def test_report_has_every_section(softmax_step):
+    text = softmax_step.report()
+    for needle in ("== passes ==", "nodes:", "simplify", "== kernels ==", "kernels:", "== save / recompute ==",
+                   "recompute", "== memory plan ==", "naive", "lower bound", "in-place updates: W, b",
+                   "== compile time ==", "graph build", "graph passes", "render source"):
+        assert needle in text, needle
+    assert ("C compiler" in text) != ("cache load" in text)
+    again = softmax_regression("c")  # the same source: the module comes from the cache
+    assert again.program.from_cache and "cache load (no compiler ran)" in again.report()
+    assert "no passes" in softmax_regression("numpy").report()
+
+
+def test_optimize_false_compiles_the_graph_as_given():
+    inputs, out = chain_graph()
+    f = sg.function(inputs, out * 1.0, backend="c", optimize=False)
+    assert f.program.optimized is f.program.graph
+    assert "(passes off" in f.report()
+    with pytest.raises(TypeError, match="optimize"):
+        cbackend.compile(sg.Graph(inputs, [out]), bogus=1)
+
+
+def test_variables_survive_passes_that_drop_them():
+    """dce drops the identity update v <- v and the unused variable: its slot and value stay."""
+    x = sg.input("x", (3,))
+    w = sg.param("w", (3,), init="ones")
+    kept = sg.sources.variable("kept", np.arange(3, dtype="f4"), role="state")
+    graph = sg.Graph([x], [sg.sum(x * w)], [(kept, kept), (w, w + x)])
+    compiled = sg.compiled.Compiled(graph, "c")
+    assert [v.name for v in compiled.program.optimized.variables] == ["w"]
+    compiled._run([np.ones(3, "f4")])
+    np.testing.assert_array_equal(compiled._read_variable("kept"), np.arange(3))
+    np.testing.assert_array_equal(compiled._read_variable("w"), np.full(3, 2.0))
+
+
+def test_inspect_report(tmp_path):
+    path = tmp_path / "model.py"
+    path.write_text("import symgrad as sg\n"
+                    "def build():\n"
+                    "    x, y = sg.input('x', (sg.Dim('B'), 4)), sg.input('y', (sg.Dim('B'),), dtype='int64')\n"
+                    "    model = sg.nn.Linear(4, 3)\n"
+                    "    return sg.cross_entropy(model(x), y), model.parameters()\n")
+    out = io.StringIO()
+    run_inspect(path, tmp_path / "out", backend="c", file=out, report=True)
+    text = out.getvalue()
+    assert "== compilation report ==" in text and "== memory plan ==" in text and "arena" in text
+    from symgrad.cli import main
+    assert main(["inspect", str(path), "--out", str(tmp_path / "cli"), "--report"]) == 0
+
+
+def test_numpy_backend_can_run_the_optimized_graph():
+    inputs, out = chain_graph()
+    raw = sg.function(inputs, out * 1.0 + 0.0, backend="numpy")
+    opt = sg.function(inputs, out * 1.0 + 0.0, backend="numpy", optimize=True)
+    assert raw.program.optimized is raw.program.graph
+    assert len(opt.program.optimized.nodes) < len(raw.graph.nodes)
+    a, b = RNG.standard_normal((4, 33)).astype("f4"), RNG.standard_normal((4, 33)).astype("f4")
+    np.testing.assert_allclose(opt(a, b), raw(a, b), rtol=1e-6)
+
+
+def test_relu_backward_reads_the_kept_activation(mlp_steps):
+    """masks: relu's derivative tests relu(x) > 0 instead of x > 0, so x dies with the forward."""
+    step, _ = mlp_steps
+    vjps = [n for n in step.program.optimized.nodes if n.op.name == "relu_vjp0"]
+    assert len(vjps) == 2 and all(any(i.op.name == "relu" for i in n.inputs) for n in vjps)
+    x = sg.input("x", (6,), dtype="float64")
+    loss = sg.sum(sg.relu(x * 2.0) * sg.constant(np.arange(6.0)))
+    graph = sg.Graph([x], [loss, sg.grad(loss, [x])[0]])
+    optimized = sg.passes.optimize(graph)
+    assert any(n.op.name == "relu_vjp0" and n.inputs[1].op.name == "relu" for n in optimized.nodes)
+    a = np.array([-1.0, -0.0, 0.0, 1e-300, np.nan, 3.0])
+    from symgrad.backends.numpy_backend import evaluate
+    ref, _ = evaluate(graph, [a], {}, {})
+    got, _ = evaluate(optimized, [a], {}, {})
+    np.testing.assert_array_equal(got[1], ref[1])
+
+
+def test_memory_plan_before_the_first_call_says_it_assumed_the_dims():
+    inputs, out = chain_graph()
+    f = sg.function(inputs, sg.sum(out, axis=1), backend="c")
+    assert f.program.memory_plan.assumed and "assumed: not called yet" in f.report()
+    a = RNG.standard_normal((3, 33)).astype("f4")
+    f(a, a)
+    mp = f.program.memory_plan
+    assert not mp.assumed and list(mp.bindings.values()) == [3]
+
+
+# ---- random graphs: every fusion, recompute, epilogue and schedule decision vs NumPy ------------
+
+def random_program(seed: int, steps: int = 28):
+    """A random DAG of elementwise ops, row/column/full reductions (keepdims or not, reshaped
+    back), broadcasts and reused values, with its gradients: (inputs, outputs)."""
+    rng = np.random.default_rng(seed)
+    B = sg.Dim("B")
+    a, b = sg.input("a", (B, 6, 5), dtype="float64"), sg.input("b", (B, 6, 5), dtype="float64")
+    c, d = sg.input("c", (5,), dtype="float64"), sg.input("d", (B, 6, 1), dtype="float64")
+    pool = [a, b, c, d]
+    unary = [sg.tanh, sg.sigmoid, sg.relu, lambda v: -v, lambda v: sg.exp(sg.tanh(v)), lambda v: v * 0.5 + 1.0]
+    binary = [lambda u, v: u + v, lambda u, v: u - v, lambda u, v: u * v, sg.maximum]
+    for _ in range(steps):
+        kind = rng.integers(0, 10)
+        v = pool[int(rng.integers(0, len(pool)))]
+        if kind < 3:
+            pool.append(unary[int(rng.integers(0, len(unary)))](v))
+        elif kind < 7:
+            w = pool[int(rng.integers(0, len(pool)))]
+            pool.append(binary[int(rng.integers(0, len(binary)))](v, w))
+        elif v.shape == a.shape:
+            red = sg.sum if rng.integers(0, 2) else sg.max
+            choice = int(rng.integers(0, 4))
+            if choice == 0:    # row-wise, kept axis
+                pool.append(red(v, axis=2, keepdims=True))
+            elif choice == 1:  # row-wise, dropped then reshaped back: a view
+                pool.append(sg.reshape(red(v, axis=2), (B, 6, 1)))
+            elif choice == 2:  # over the batch: a column reduction
+                pool.append(red(v, axis=0))
+            else:              # per example
+                pool.append(red(v, axis=(1, 2), keepdims=True))
+    outs = [v for v in pool[4:] if rng.integers(0, 3) == 0] + [pool[-1]]
+    loss = sum(sg.sum(v) for v in outs)
+    grads = sg.grad(loss, [a, b, c, d])
+    return [a, b, c, d], [*outs, loss, *grads]
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_random_graphs_match_the_reference(seed):
+    inputs, outputs = random_program(seed)
+    compiled = sg.function(inputs, outputs, backend="c")
+    reference = sg.function(inputs, outputs, backend="numpy")
+    rng = np.random.default_rng(100 + seed)
+    for batch in (1, 3):
+        arrays = [rng.standard_normal((batch, 6, 5)), rng.standard_normal((batch, 6, 5)),
+                  rng.standard_normal(5), rng.standard_normal((batch, 6, 1))]
+        for got, want in zip(compiled(*arrays), reference(*arrays)):
+            np.testing.assert_allclose(got, want, rtol=1e-10, atol=1e-12)
+    _no_overlap(compiled.program.plan, compiled.program.memory_plan)
