@@ -32,12 +32,16 @@ class KernelPrinter(C99CodePrinter):
     symbols named after C locals (v0, t3) and Dims with their C arguments (d0).
     """
 
+    # M_PI, M_LN2, ...: POSIX, not C11; literals instead. A class attribute, so sympy's
+    # __init__ skips computing its macro table (milliseconds of a warm compile).
+    math_macros: dict = {}
+
     def __init__(self, dtype: str = "float64"):
         self.dtype = dtype
         self.is_float = D.is_float(dtype)
         aliases = {real: float32 if dtype == "float32" else float64}
         super().__init__({"type_aliases": aliases, "strict": True})
-        self.math_macros = {}  # M_PI, M_LN2, ...: POSIX, not C11; literals instead
+        self.math_macros = {}
 
     def print_named(self, expr, names: dict) -> str:
         """Print `expr` with symbols printed as `names[symbol]` (C text).

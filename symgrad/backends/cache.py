@@ -256,7 +256,7 @@ def clear_cache() -> int:
         return 0
     count = len(list(directory.glob("_symgrad_*.json")))
     for path in directory.iterdir():
-        if path.name.startswith(("_symgrad_", ".tmp-")) or path.name in ("index", "locks"):
+        if path.name.startswith(("_symgrad_", ".tmp-")) or path.name in ("index", "locks", "sympy", "templates"):
             shutil.rmtree(path) if path.is_dir() else path.unlink(missing_ok=True)
     _LOADED.clear()
     return count

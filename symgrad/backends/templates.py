@@ -8,6 +8,7 @@ variable in a template is an error, never an empty string.
 
 from __future__ import annotations
 
+import os
 from functools import lru_cache
 from pathlib import Path
 
@@ -25,11 +26,28 @@ def template_dir() -> Path:
                             f"and {_PACKAGE.parent / 'templates'}; reinstall symgrad")
 
 
+class _BytecodeCache(jinja2.FileSystemBytecodeCache):
+    """Compiled templates kept in the build cache: parsing them costs a fresh process ~50 ms.
+
+    Entries are checked against the template source's checksum by jinja2; a cache that
+    cannot be written (read-only, removed meanwhile) only means compiling again.
+    """
+
+    def dump_bytecode(self, bucket) -> None:
+        try:
+            os.makedirs(self.directory, exist_ok=True)
+            super().dump_bytecode(bucket)
+        except OSError:
+            pass
+
+
 @lru_cache(maxsize=None)
 def environment() -> jinja2.Environment:
     """The shared jinja2 Environment (StrictUndefined, no autoescape: the output is C)."""
+    from .cache import cache_dir
     return jinja2.Environment(
         loader=jinja2.FileSystemLoader(str(template_dir())),
+        bytecode_cache=_BytecodeCache(str(cache_dir() / "templates")),
         undefined=jinja2.StrictUndefined,
         keep_trailing_newline=True,
         trim_blocks=True,

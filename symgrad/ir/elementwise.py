@@ -19,6 +19,7 @@ from typing import Callable, Sequence
 import numpy as np
 import sympy
 
+from . import sympy_memo
 from . import dtypes as D
 from . import shapes as S
 from .registry import ELEMENTWISE, REGISTRY, OpDef, register
@@ -56,10 +57,19 @@ _NUMPY_EXTRAS = {name: np.vectorize(getattr(math, fn), otypes=[np.float64])
                                   ("loggamma", "lgamma"))}
 
 
+# What lambdify's "numpy" module namespace adds to NumPy's own names. Passing the module
+# object (printer: NumPyPrinter all the same) spares lambdify's `from numpy import *`, which
+# imports every lazy NumPy submodule (f2py, testing, ...): over 0.1 s of a fresh process.
+_NUMPY_NAMES = {"numpy": np, "I": 1j, "Heaviside": np.heaviside}
+
+
 def _numpy_impl(expr: sympy.Expr, arity: int) -> Callable:
-    fn = sympy.lambdify(ARGS[:arity], expr, modules=[_NUMPY_EXTRAS, "numpy"])
+    fn = None  # lambdified on first use: defining an op (every import, every derived VJP) stays cheap
 
     def run(args, node, env):
+        nonlocal fn
+        if fn is None:
+            fn = sympy.lambdify(ARGS[:arity], expr, modules=[_NUMPY_EXTRAS, _NUMPY_NAMES, np])
         # Broadcast first: sympy prints Max/Min/Piecewise with helpers that
         # want operands of one shape.
         args = np.broadcast_arrays(*args) if len(args) > 1 else args
@@ -159,6 +169,18 @@ def _in_terms_of_output(expr: sympy.Expr, partial: sympy.Expr) -> sympy.Expr | N
 def partial_derivative(op_name: str, i: int) -> sympy.Expr:
     """d op / d x_i as a sympy expression over ARGS and OUT, cached per op."""
     op = REGISTRY[op_name]
+    # Deriving costs sympy tens of milliseconds per op: a fresh process reads earlier results.
+    key = f"{sympy.srepr(op.expr)}|{op.arity}|{i}"
+    known = sympy_memo.lookup("partial", __file__, key)
+    if known is not None:
+        return known
+    partial = _derive(op, i)
+    sympy_memo.store("partial", __file__, key, partial)
+    return partial
+
+
+def _derive(op: OpDef, i: int) -> sympy.Expr:
+    """d op / d x_i derived by sympy: diff, masks folded, simplified, rewritten in y where cheaper."""
     partial = sympy.diff(op.expr, ARGS[i])
     # The derivative of a step (Heaviside, sign) is zero almost everywhere, as
     # torch treats its masks: DiracDelta would only print as an unknown name.

@@ -1,0 +1,96 @@
+"""A persistent memo of sympy results, so a fresh process skips sympy's slow work.
+
+Deriving a partial derivative (sympy.diff, simplify, solve for the output-form rewrite)
+costs tens of milliseconds per op, paid again by every new process: most of a warm compile.
+Results are stored as `sympy.srepr` text in one JSON file per kind in the build cache
+directory (`$SYMGRAD_CACHE_DIR/sympy/`), keyed by the caller's key text (the input
+expression's srepr and parameters) and tagged with a hash of the code that computes them
+(the caller's source file) and sympy's version: a change to either starts a new memo
+rather than reading stale results.
+
+Writes are atomic (a temporary file, then os.replace); concurrent writers may drop each
+other's new entries, which are then computed again. An unreadable or corrupt file or entry
+is ignored. The cache directory is trusted as the compiled modules it holds are: entries
+are read back with `eval` over sympy's namespace only, and must rebuild to sympy objects.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import tempfile
+import threading
+from pathlib import Path
+
+import sympy
+
+_LOCK = threading.Lock()
+_FILES: dict[tuple, dict] = {}  # (kind, path) -> entries of this process, loaded on first use
+
+
+def _path(kind: str, source: str) -> Path | None:
+    from ..backends.cache import cache_dir  # the one definition of where caches live
+    try:
+        code = Path(source).read_bytes()
+    except OSError:
+        return None
+    tag = hashlib.sha256(code + sympy.__version__.encode()).hexdigest()[:16]
+    return cache_dir() / "sympy" / f"{kind}-{tag}.json"
+
+
+def _entries(kind: str, source: str) -> tuple[Path | None, dict]:
+    path = _path(kind, source)
+    entries = _FILES.get((kind, path))
+    if entries is None:  # first use, or the cache directory changed (tests)
+        entries = {}
+        if path is not None:
+            try:
+                loaded = json.loads(path.read_text())
+                entries = loaded if isinstance(loaded, dict) else {}
+            except (OSError, ValueError):
+                entries = {}
+        _FILES[(kind, path)] = entries
+    return path, entries
+
+
+def _digest(key: str) -> str:
+    return hashlib.sha256(key.encode()).hexdigest()
+
+
+def lookup(kind: str, source: str, key: str):
+    """The stored result for `key` (text naming the input exactly), or None to compute it.
+
+    source: the file whose code computes the results (its hash tags the memo).
+    """
+    with _LOCK:
+        text = _entries(kind, source)[1].get(_digest(key))
+    if not isinstance(text, str):
+        return None
+    try:
+        value = eval(text, {"__builtins__": {}}, vars(sympy))  # noqa: S307 - srepr text we wrote
+    except Exception:  # noqa: BLE001 - a corrupt entry is computed again
+        return None
+    return value if isinstance(value, sympy.Basic) else None
+
+
+def store(kind: str, source: str, key: str, value: sympy.Basic) -> None:
+    """Record a result; failing to write (a read-only cache) is ignored."""
+    with _LOCK:
+        path, entries = _entries(kind, source)
+        entries[_digest(key)] = sympy.srepr(value)
+        if path is None:
+            return
+        tmp = None
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{kind}-", suffix=".tmp")
+            with os.fdopen(fd, "w") as f:
+                json.dump(entries, f)
+            os.replace(tmp, path)
+        except OSError:
+            if tmp is not None:
+                try:
+                    os.unlink(tmp)
+                except OSError:
+                    pass
