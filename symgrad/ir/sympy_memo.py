@@ -68,7 +68,10 @@ def lookup(kind: str, source: str, key: str):
     if not isinstance(text, str):
         return None
     try:
-        value = eval(text, {"__builtins__": {}}, vars(sympy))  # noqa: S307 - srepr text we wrote
+        # Rebuild the tree exactly as stored: evaluating would re-canonicalise it
+        # (a Rational times an Add distributes), undoing the form that was chosen.
+        with sympy.evaluate(False):
+            value = eval(text, {"__builtins__": {}}, vars(sympy))  # noqa: S307 - srepr text we wrote
     except Exception:  # noqa: BLE001 - a corrupt entry is computed again
         return None
     return value if isinstance(value, sympy.Basic) else None

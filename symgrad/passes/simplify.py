@@ -30,6 +30,7 @@ import sympy
 
 from ..ir import dtypes as D
 from ..ir import shapes as S
+from ..ir import sympy_memo
 from ..ir.elementwise import ARGS, derived_op
 from ..ir.graph import Graph
 from ..ir.registry import ELEMENTWISE, REDUCE, lookup
@@ -370,8 +371,15 @@ def _candidates(expr: sympy.Expr) -> list:
 def _cheapest(expr: sympy.Expr) -> sympy.Expr:
     """The cheapest of `_candidates(expr)`. Cached: chains of the same form (every parameter's
     optimizer update, every layer's backward) compose to the same expression over l0, l1, ...,
-    and sympy's rewritings cost milliseconds each."""
-    return min(_candidates(expr), key=_cost)
+    and sympy's rewritings cost milliseconds each; a fresh process reads earlier results from
+    the on-disk memo, which keeps warm compiles fast."""
+    key = sympy.srepr(expr)
+    known = sympy_memo.lookup("cheapest", __file__, key)
+    if known is not None:
+        return known
+    best = min(_candidates(expr), key=_cost)
+    sympy_memo.store("cheapest", __file__, key, best)
+    return best
 
 
 def _inline_number(v: Value):
