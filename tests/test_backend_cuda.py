@@ -560,3 +560,11 @@ def test_out_of_device_memory_is_a_cuda_error():
     f = sg.function([x], sg.sum(huge), backend="cuda")
     with pytest.raises(cuda.CudaError, match="out of memory"):
         f(np.ones(1, np.float32))
+
+
+def test_cuda_statements_keep_nan_tests():
+    """x != x is true for NaN: the CUDA printer must not fold it to false (the C renderer's statement is shared)."""
+    x = sg.input("x", (4,))
+    source = sg.cuda_source(sg.Graph([x], [sg.not_equal(x, x)]))
+    (statement,) = [line for line in source.splitlines() if "= not_equal(x, x)" in line and "const" in line]
+    assert "v0 != v0" in statement.replace("(", " ").replace(")", " ")

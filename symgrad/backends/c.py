@@ -129,7 +129,14 @@ def _is_boolean_expr(expr) -> bool:
 # ---- kernels -> template contexts ----------------------------------------------------
 
 class _Renderer:
-    """Turns a plan's kernels into template contexts; Python computes names and expressions only."""
+    """Turns a plan's kernels into template contexts; Python computes names and expressions only.
+
+    `printer` (dtype -> expression printer) and `language` are the only differences a
+    renderer for another C-like language must supply to reuse `statement` and `kernels`.
+    """
+
+    printer = staticmethod(printer)
+    language = "C"
 
     def __init__(self, plan: Plan):
         self.plan = plan
@@ -204,7 +211,7 @@ class _Renderer:
             names[ARGS[i]] = text
         expr = sympy.sympify(st.expr)
         try:
-            text = printer(st.compute_dtype).print_named(expr, names)
+            text = self.printer(st.compute_dtype).print_named(expr, names)
         except CPrintError as exc:
             raise CPrintError(f"op {st.node.op.name!r} ({st.node.op.expr}): {exc}") from None
         if _is_boolean_expr(expr) and st.dtype != "bool":
@@ -219,7 +226,7 @@ class _Renderer:
             return self.column_sum_kernel(k)
         outer = self.loops([s for s, _ in k.kept], "o", numel=k.numel)
         inner = self.loops([s for s, _ in k.reduced], "r", depth0=1 + len(outer), parallel=False)
-        acc_t, out_t = D.C_TYPES[k.acc_dtype], D.C_TYPES[k.out.dtype]
+        acc_t = D.C_TYPES[k.acc_dtype]
         in_t = D.C_TYPES[k.input.dtype]
         offset_vars = [l["var"] for l in outer] + [l["var"] for l in inner]
         strides = [st for _, st in k.kept] + [st for _, st in k.reduced]
@@ -336,18 +343,23 @@ class _Renderer:
         # transposed one only A's column stride (its rows are).
         return dict(ctx, gemm=name, a_strides=[ctx["sam"] if kind == "dot" else ctx["sak"]])
 
+    def kernels(self) -> list[dict]:
+        """The template context of every kernel of the plan, in schedule order."""
+        contexts = []
+        for k in self.plan.kernels:
+            if isinstance(k, LoopKernel):
+                contexts.append(self.loop_kernel(k))
+            elif isinstance(k, ReduceKernel):
+                contexts.append(self.reduce_kernel(k))
+            elif isinstance(k, MatmulKernel):
+                contexts.append(self.matmul_kernel(k))
+            else:
+                raise NotImplementedError(f"no {self.language} rendering for kernel {type(k).__name__}")
+        return contexts
+
     def render(self) -> str:
         plan = self.plan
-        kernels = []
-        for k in plan.kernels:
-            if isinstance(k, LoopKernel):
-                kernels.append(self.loop_kernel(k))
-            elif isinstance(k, ReduceKernel):
-                kernels.append(self.reduce_kernel(k))
-            elif isinstance(k, MatmulKernel):
-                kernels.append(self.matmul_kernel(k))
-            else:
-                raise NotImplementedError(f"no C rendering for kernel {type(k).__name__}")
+        kernels = self.kernels()
         prologue = []
         for k, d in enumerate(plan.dims):
             prologue.append(f"const int64_t d{k} = dims[{k}];  /* Dim {comment(d)} */")

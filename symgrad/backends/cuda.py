@@ -32,15 +32,12 @@ import subprocess
 import weakref
 
 import numpy as np
-import sympy
 
 from ..ir import dtypes as D
 from ..ir import shapes as S
-from ..ir.elementwise import ARGS
 from ..ir.graph import Graph
 from . import cache
-from .c import _convert, _fmt, _is_boolean_expr, _lowest, _Renderer, comment
-from .c_printer import CPrintError
+from .c import _convert, _fmt, _lowest, _Renderer, comment
 from .cuda_printer import printer
 from .. import passes
 from .lowering import REDUCED, LoopKernel, MatmulKernel, Plan, ReduceKernel, View, lower
@@ -74,7 +71,11 @@ class _CudaRenderer(_Renderer):
     """Renders a kernel plan as CUDA: one __global__ function per kernel, launched by the entry point.
 
     Inherits from the C renderer only what is the same in both languages: operand loads,
-    sizes and indices (`self.ex`), constant tables (`const`)."""
+    sizes and indices (`self.ex`), constant tables (`const`), each node's statement (printed
+    by the CUDA printer) and the dispatch over kernel kinds."""
+
+    printer = staticmethod(printer)
+    language = "CUDA"
 
     def params(self, buffers: list, out) -> tuple[str, list[str]]:
         """Kernel parameters (dims first, then each buffer once, `__restrict__`) and the launch arguments."""
@@ -90,31 +91,6 @@ class _CudaRenderer(_Renderer):
             decls.append(f"{const}{D.C_TYPES[b.dtype]}* __restrict__ {b.name}")
             args.append(b.name)
         return ", ".join(decls) or "void", args
-
-    def statement(self, st, dtypes: dict) -> str:
-        """One node's expression, printed by the CUDA printer (same casts and conversions as C)."""
-        if st.node.op.name == "pow" and not D.is_float(st.compute_dtype):
-            self.int_pow = True
-            a, b = (_convert(a, d, "int64") for a, d in zip(st.args, st.arg_dtypes))
-            return _convert(f"sg_ipow({a}, {b})", "int64", st.dtype)
-        if st.node.op.name == "random_bits":
-            self.random = True
-        symbols = {}
-        for i, (name, dtype) in enumerate(zip(st.args, st.arg_dtypes)):
-            text = name if dtype == st.compute_dtype else f"(({D.C_TYPES[st.compute_dtype]}){name})"
-            if st.compute_dtype == "bool" and dtype != "bool":
-                text = f"({name} != 0)"
-            symbols[ARGS[i]] = sympy.Symbol(text, real=True)
-        expr = sympy.sympify(st.expr).xreplace(symbols)
-        try:
-            text = printer(st.compute_dtype).doprint(expr)
-        except CPrintError as exc:
-            raise CPrintError(f"op {st.node.op.name!r} ({st.node.op.expr}): {exc}") from None
-        if _is_boolean_expr(expr) and st.dtype != "bool":
-            return f"({D.C_TYPES[st.dtype]})({text})"
-        if _is_boolean_expr(expr):
-            return f"(uint8_t)({text})"
-        return _convert(text, st.compute_dtype, st.dtype)
 
     def _split(self, var: str, rest: str, sizes: list[str], prefix: str, body: list[str]) -> list[str]:
         """C lines splitting the flat index `var` into the row-major indices prefix0.. that `body` uses
@@ -238,16 +214,7 @@ class _CudaRenderer(_Renderer):
     def render(self) -> str:
         plan = self.plan
         self.gemm = self.argmax = False
-        kernels = []
-        for k in plan.kernels:
-            if isinstance(k, LoopKernel):
-                kernels.append(self.loop_kernel(k))
-            elif isinstance(k, ReduceKernel):
-                kernels.append(self.reduce_kernel(k))
-            elif isinstance(k, MatmulKernel):
-                kernels.append(self.matmul_kernel(k))
-            else:
-                raise NotImplementedError(f"no CUDA rendering for kernel {type(k).__name__}")
+        kernels = self.kernels()
         dim_lines = [f"const int64_t d{k} = dims[{k}];  /* Dim {comment(d)} */" for k, d in enumerate(plan.dims)]
         dim_lines.append("(void)dims;")
         # Typed pointers for the buffers the launches pass (only those: nvcc warns about unused ones).

@@ -10,7 +10,6 @@ from __future__ import annotations
 import numpy as np
 import sympy
 
-from . import shapes as S
 from .value import Value
 
 # Attributes that are part of the node's type and would only repeat it.
