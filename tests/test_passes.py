@@ -27,6 +27,8 @@ from symgrad.passes import (DEFAULT_PIPELINE, VerifyError, cse, dce, fold, forma
                             simplify, verify)
 from symgrad.passes.simplify import simplify_chains
 
+from helpers import MySquare
+
 GOLDEN = Path(__file__).parent / "golden"
 PASSES = {"dce": dce, "fold": fold, "simplify": simplify, "cse": cse,
           "pipeline": lambda g, counts=None: optimize(g, verify=True)}
@@ -128,18 +130,6 @@ def regression_adam_step() -> Graph:
     return step_graph(sg.mse_loss(sg.tanh(x @ W), t), [W], sg.optim.Adam(lr=0.01))
 
 
-class Square(sg.Function):
-    @staticmethod
-    def forward(ctx, x):
-        ctx.save_for_backward(x)
-        return x * x
-
-    @staticmethod
-    def backward(ctx, g):
-        (x,) = ctx.saved_tensors
-        return 2 * x * g
-
-
 def custom_and_identities() -> Graph:
     """Custom ops, stop_gradient, and patterns every identity rule matches, with their gradients."""
     x = sg.input("x", (4, 3))
@@ -149,7 +139,7 @@ def custom_and_identities() -> Graph:
     r = sg.reshape(sg.reshape(x, (12,)), (2, 6))               # reshape chain
     s = sg.sum(sg.broadcast_to(v, (4, 3)), axis=0)             # sum of a broadcast
     c = sg.cast(sg.cast(x, "float64"), "float32")              # lossless cast chain
-    w = -(-Square.apply(x)) + sg.stop_gradient(sg.log(sg.exp(q)))
+    w = -(-MySquare.apply(x)) + sg.stop_gradient(sg.log(sg.exp(q)))
     loss = sg.sum(p * q) + sg.sum(r * r) + sg.sum(s * v) + sg.sum(c * w)
     gx, gv = sg.grad(loss, [x, v])
     return Graph([x, v], [loss, gx, gv, r, s])
@@ -347,7 +337,7 @@ def test_dce_unused_gradient_emits_no_nodes():
 def test_dce_drops_wrappers_noops_and_identity_updates():
     x = sg.input("x", (2, 3))
     state = sg.param("s", (2, 3), init="ones")
-    wrapped = Square.apply(sg.stop_gradient(x))
+    wrapped = MySquare.apply(sg.stop_gradient(x))
     noops = op("transpose", op("reshape", op("cast", wrapped, dtype="float32"), shape=(2, 3)), perm=(0, 1))
     noops = op("expand", noops, shape=(2, 3))
     graph = Graph([x], [noops * state], [(state, state)])

@@ -179,15 +179,7 @@ class _Renderer:
     def loop_kernel(self, k: LoopKernel) -> dict:
         loops = self.loops(k.shape, "i", numel=k.numel)
         loop_vars = [l["var"] for l in loops]
-        body = []
-        for op in k.operands:
-            body.append(f"const {D.C_TYPES[op.view.dtype]} {op.name} = {self.load(op.view, loop_vars)};"
-                        f"  /* {comment(op.label)} */")
-        dtypes = {op.name: op.view.dtype for op in k.operands}
-        for st in k.statements:
-            text = self.statement(st, dtypes)
-            dtypes[st.name] = st.dtype
-            body.append(f"const {D.C_TYPES[st.dtype]} {st.name} = {text};  /* {comment(st.line)} */")
+        body = self.element_lines(k, loop_vars)
         out_index = self.ex.index(0, loop_vars, k.out_view.strides)
         body.append(f"{k.out.name}[{out_index}] = {k.result};")
         params, args = self.params([op.view.buffer for op in k.operands if op.view.buffer is not None], k.out)
@@ -232,7 +224,7 @@ class _Renderer:
         strides = [st for _, st in k.kept] + [st for _, st in k.reduced]
         prologue = []
         if k.operands:  # a fused elementwise prologue: the reduced element is computed in the loop
-            prologue, load = self.fused_prologue(k, offset_vars), k.result
+            prologue, load = self.element_lines(k, offset_vars), k.result
         else:
             view = View(k.input.kind, (), k.input.dtype, tuple(strides), k.input.offset, k.input.buffer,
                         k.input.literal)
@@ -293,8 +285,9 @@ class _Renderer:
         lines.append(f"{k.out.name}[{out_index}] = {k.epilogue_result};")
         return lines
 
-    def fused_prologue(self, k: ReduceKernel, loop_vars: list[str]) -> list[str]:
-        """The C lines computing a fused reduction's element: operand loads, then one line per node."""
+    def element_lines(self, k, loop_vars: list[str]) -> list[str]:
+        """The lines computing one element of a loop kernel or a fused reduction's input:
+        operand loads, then one line per fused node (the same in C and CUDA)."""
         lines = []
         for op in k.operands:
             lines.append(f"const {D.C_TYPES[op.view.dtype]} {op.name} = {self.load(op.view, loop_vars)};"

@@ -122,19 +122,11 @@ class _CudaRenderer(_Renderer):
         return self.ex._paren(S.numel(tuple(sizes))) if sizes else "1"
 
     # The kernel contexts are built here, not taken from the C renderer's: C specialises its loops
-    # for the CPU (OpenMP, SIMD, column sums); only `load`, `statement` and the printers are shared.
+    # for the CPU (OpenMP, SIMD, column sums); `element_lines`, `statement` and the printers are shared.
     def loop_kernel(self, k: LoopKernel) -> dict:
         sizes = [self.ex.size(s) for s in k.shape]
         loop_vars = [f"i{d}" for d in range(len(sizes))]
-        body = []
-        for op in k.operands:
-            body.append(f"const {D.C_TYPES[op.view.dtype]} {op.name} = {self.load(op.view, loop_vars)};"
-                        f"  /* {comment(op.label)} */")
-        dtypes = {op.name: op.view.dtype for op in k.operands}
-        for st in k.statements:
-            text = self.statement(st, dtypes)
-            dtypes[st.name] = st.dtype
-            body.append(f"const {D.C_TYPES[st.dtype]} {st.name} = {text};  /* {comment(st.line)} */")
+        body = self.element_lines(k, loop_vars)
         body.append(f"{k.out.name}[{self.ex.index(0, loop_vars, k.out_view.strides)}] = {k.result};")
         params, args = self.params([op.view.buffer for op in k.operands if op.view.buffer is not None], k.out)
         return dict(kind="loop", name=k.name, comments=[comment(line) for line in k.lines], params=params,
@@ -147,7 +139,7 @@ class _CudaRenderer(_Renderer):
         inner = [f"r{d}" for d in range(len(k.reduced))]
         prologue = []
         if k.operands:  # a fused elementwise prologue, computed where the element is read
-            prologue, load = self.fused_prologue(k, outer + inner), k.result
+            prologue, load = self.element_lines(k, outer + inner), k.result
         else:
             view = View(k.input.kind, (), k.input.dtype, tuple(st for _, st in [*k.kept, *k.reduced]),
                         k.input.offset, k.input.buffer, k.input.literal)

@@ -262,26 +262,25 @@ def _concrete_bytes(node: Value, dims: dict) -> int:
     return int(numel) * D.to_numpy(node.dtype).itemsize
 
 
-def _ancestors(node: Value) -> set:
-    """ids of every node `node` depends on, itself included."""
-    seen, stack = set(), [node]
+def _reachable(roots) -> set:
+    """ids of every node the roots depend on, the roots included."""
+    seen, stack = set(), list(roots)
     while stack:
         n = stack.pop()
         if id(n) not in seen:
             seen.add(id(n))
             stack.extend(n.inputs)
     return seen
+
+
+def _ancestors(node: Value) -> set:
+    """ids of every node `node` depends on, itself included."""
+    return _reachable([node])
 
 
 def _forward_ids(graph: Graph) -> set:
     """The nodes the graph's outputs depend on (the forward pass of a training step)."""
-    seen, stack = set(), list(graph.outputs)
-    while stack:
-        n = stack.pop()
-        if id(n) not in seen:
-            seen.add(id(n))
-            stack.extend(n.inputs)
-    return seen
+    return _reachable(graph.outputs)
 
 
 def _only_sign_tests(node: Value, users: list) -> bool:
