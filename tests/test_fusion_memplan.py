@@ -178,11 +178,17 @@ def test_report_has_every_section(softmax_step):
     text = softmax_step.report()
     for needle in ("== passes ==", "nodes:", "simplify", "== kernels ==", "kernels:", "== save / recompute ==",
                    "recompute", "== memory plan ==", "naive", "lower bound", "in-place updates: W, b",
-                   "== compile time ==", "graph build", "graph passes", "render source"):
+                   "== compile time ==", "graph build", "program cache lookup"
+                   if not softmax_step.program.from_program_cache else "program cache hit"):
         assert needle in text, needle
+    if not softmax_step.program.from_program_cache:
+        assert "graph passes" in text and "render source" in text
     assert ("C compiler" in text) != ("cache load" in text)
-    again = softmax_regression("c")  # the same source: the module comes from the cache
-    assert again.program.from_cache and "cache load (no compiler ran)" in again.report()
+    again = softmax_regression("c")  # the same graph: the source and the module come from the caches
+    assert again.program.from_program_cache and again.program.from_cache
+    again_text = again.report()
+    assert "cache load (no compiler ran)" in again_text and "program cache hit" in again_text
+    assert "graph passes" not in again_text and "simplify" in again_text  # the passes' report, remade
     assert "no passes" in softmax_regression("numpy").report()
 
 

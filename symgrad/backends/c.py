@@ -29,7 +29,8 @@ from . import cache
 from .c_printer import CPrintError, format_literal, printer
 from .. import passes
 from .lowering import DEFAULT_DIM, REDUCED, LoopKernel, MatmulKernel, Plan, ReduceKernel, View, lower
-from .memory import MemoryPlan, memory_plan
+from . import program_cache
+from .memory import ArenaSpec, MemoryPlan, memory_plan
 from .report import program_report, timed as _timed
 from .templates import render
 
@@ -461,13 +462,24 @@ class CProgram:
     def __init__(self, graph: Graph, flags: list[str] | None = None, optimize: bool = True):
         self.graph = graph  # as given: its variables are the program's variable slots
         self.timings: dict[str, float] = {}
-        self.pass_report: dict = {}
-        with _timed(self.timings, "passes"):
-            self.optimized = passes.optimize(graph, report=self.pass_report) if optimize else graph
-        with _timed(self.timings, "lower"):
-            self.plan = lower(self.optimized, variables=graph.variables)
-        with _timed(self.timings, "render"):
-            self.source = render_source(self.plan)
+        self._optimize = optimize
+        self._compiled_graph = None  # (optimized graph, pass report, plan), made on first need
+        with _timed(self.timings, "lookup"):
+            key = program_cache.key(graph, self.backend, flags=flags, optimize=optimize)
+            entry = program_cache.load(key, graph)
+        self.from_program_cache = entry is not None
+        if entry is None:
+            with _timed(self.timings, "passes"):
+                optimized, pass_report = self._passes()
+            with _timed(self.timings, "lower"):
+                plan = lower(optimized, variables=graph.variables)
+            self._compiled_graph = (optimized, pass_report, plan)
+            with _timed(self.timings, "render"):
+                self.source = render_source(plan)
+            self.dims, self.arena = list(plan.dims), ArenaSpec.of(plan)
+            program_cache.store(key, self.source, self.dims, self.arena)
+        else:
+            self.source, self.dims, self.arena = entry["source"], entry["dims"], entry["arena"]
         started = time.time()
         with _timed(self.timings, "build"):
             built = cache.build(self.source, CDEF, flags=flags)
@@ -490,6 +502,35 @@ class CProgram:
         self._var_cache = None
         self._lock = threading.Lock()
 
+    # The optimized graph, the pass report and the kernel plan: kept from a compile that made
+    # them; remade on first use by a program whose source came from the program cache (the
+    # stages are deterministic, so they describe that source).
+    def _passes(self) -> tuple:
+        report: dict = {}
+        optimized = passes.optimize(self.graph, report=report) if self._optimize else self.graph
+        return optimized, report
+
+    def _compiled(self) -> tuple:
+        if self._compiled_graph is None:
+            optimized, pass_report = self._passes()
+            self._compiled_graph = (optimized, pass_report, lower(optimized, variables=self.graph.variables))
+        return self._compiled_graph
+
+    @property
+    def optimized(self) -> Graph:
+        """The graph after the passes (the graph itself with optimize=False)."""
+        return self._compiled()[0]
+
+    @property
+    def pass_report(self) -> dict:
+        """What each pass did: nodes before and after (symgrad.passes.optimize's report)."""
+        return self._compiled()[1]
+
+    @property
+    def plan(self) -> Plan:
+        """The kernel plan the source renders."""
+        return self._compiled()[2]
+
     def _layout(self, key: tuple, bindings: dict) -> tuple:
         """Per Dim binding: output shapes and the workspace (array, offsets), made once and reused."""
         layout = self._layouts.get(key)
@@ -500,14 +541,14 @@ class CProgram:
             outs = [(S.evaluate_shape(v.shape, bindings), D.to_numpy(v.dtype)) for v in self.graph.outputs]
             inputs = [S.evaluate_shape(v.shape, bindings) for v in self.graph.inputs]
             # Temporaries share one arena: buffers whose lifetimes do not overlap reuse bytes.
-            planned = memory_plan(self.plan, {d: bindings[d] for d in self.plan.dims}, align=ALIGN)
+            planned = memory_plan(self.arena, {d: bindings[d] for d in self.dims}, align=ALIGN)
             self.memory_plans[key] = planned
             offsets, total = planned.offsets, planned.arena_bytes
             raw = np.zeros(total + 2 * ALIGN, dtype=np.uint8)
             shift = (-raw.ctypes.data) % ALIGN
             workspace = raw[shift:shift + total + ALIGN]
             ffi = self._ffi
-            layout = (outs, inputs, ffi.new("int64_t[]", [int(bindings[d]) for d in self.plan.dims] or [0]),
+            layout = (outs, inputs, ffi.new("int64_t[]", [int(bindings[d]) for d in self.dims] or [0]),
                       workspace, ffi.from_buffer(workspace), ffi.new("int64_t[]", offsets or [0]))
             self._layouts[key] = layout
         return layout
@@ -518,8 +559,8 @@ class CProgram:
         every Dim at DEFAULT_DIM (sizes without Dims are exact either way)."""
         if self.memory_plans:
             return next(reversed(self.memory_plans.values()))
-        planned = memory_plan(self.plan, {d: DEFAULT_DIM for d in self.plan.dims}, align=ALIGN)
-        planned.assumed = bool(self.plan.dims)
+        planned = memory_plan(self.arena, {d: DEFAULT_DIM for d in self.dims}, align=ALIGN)
+        planned.assumed = bool(self.dims)
         return planned
 
     def report(self, timings: dict | None = None) -> str:
@@ -536,7 +577,7 @@ class CProgram:
             return self._run(inputs, bindings, variables)
 
     def _run(self, inputs: list, bindings: dict, variables: dict) -> list:
-        dims = self.plan.dims
+        dims = self.dims
         try:
             key = tuple([int(bindings[d]) for d in dims]) if dims else ()
         except KeyError as exc:

@@ -13,6 +13,7 @@ earlier from the same inputs. Layout of the cache directory
     _symgrad_<hash>.log            the compiler's output, only after a failed build
     index/<prekey>.json            which module the same source and flags built last (see below)
     locks/_symgrad_<hash>.lock     one fcntl lock per key: concurrent builders take turns
+    programs/<key>.json            graph -> source, the program cache (symgrad/backends/program_cache.py)
 
 The binaries sit directly in the cache directory, so with it on `sys.path`
 `import _symgrad_<hash>` works in any process without symgrad. The kept .c is
@@ -240,7 +241,7 @@ def cache_info() -> dict:
     directory = cache_dir()
     entries = []
     for meta_path in sorted(directory.glob("_symgrad_*.json")):
-        meta = _read_json(meta_path) or {}
+        meta = read_json(meta_path) or {}
         so_path = directory / str(meta.get("library", ""))
         size = so_path.stat().st_size if so_path.is_file() else 0
         entries.append({"module_name": meta_path.stem, "bytes": size, "flags": meta.get("flags"),
@@ -256,7 +257,7 @@ def clear_cache() -> int:
         return 0
     count = len(list(directory.glob("_symgrad_*.json")))
     for path in directory.iterdir():
-        if path.name.startswith(("_symgrad_", ".tmp-")) or path.name in ("index", "locks", "sympy", "templates"):
+        if path.name.startswith(("_symgrad_", ".tmp-")) or path.name in ("index", "locks", "sympy", "templates", "programs"):
             shutil.rmtree(path) if path.is_dir() else path.unlink(missing_ok=True)
     _LOADED.clear()
     return count
@@ -332,14 +333,14 @@ class _Paths:
 
 def _verified(paths: _Paths, key: str, source: str) -> Path | None:
     """The entry's .so if its metadata and checksum hold, else None (missing or damaged)."""
-    meta = _read_json(paths.meta)
+    meta = read_json(paths.meta)
     if not meta or meta.get("format") != FORMAT or meta.get("key") != key:
         return None
     if meta.get("library") != paths.library.name or _file_sha256(paths.library) != meta.get("library_sha256"):
         return None
     if _file_sha256(paths.source) != hashlib.sha256(source.encode()).hexdigest():
         # The binary is fine; only the kept copy of the source was lost or edited: restore it.
-        _atomic_write(paths.source, source.encode())
+        atomic_write(paths.source, source.encode())
     return paths.library
 
 
@@ -350,7 +351,7 @@ def _compile_entry(paths: _Paths, key: str, prekey: str, source: str, cdef: str,
     The source is put in place first: the compiler's messages and the debug info name it, and
     after a failure it stays there for the user to read (without metadata it is no entry).
     """
-    _atomic_write(paths.source, source.encode())
+    atomic_write(paths.source, source.encode())
     tmp = Path(tempfile.mkdtemp(prefix=f".tmp-{paths.name}-", dir=paths.directory))
     try:
         built = (_compile if kind == "c" else _compile_nvcc)(tmp, paths, source, cdef, flags)
@@ -408,7 +409,7 @@ def _compile_nvcc(tmp: Path, paths: _Paths, source: str, cdef: str, flags: list[
                                f"CUDA toolkit, or point the NVCC environment variable at nvcc.") from None
     if done.returncode != 0 or not out.is_file():
         text = f"$ {shlex.join(command)}\n{done.stdout}\n{done.stderr}"
-        _atomic_write(paths.log, text.encode())
+        atomic_write(paths.log, text.encode())
         raise BuildError(f"CUDA compilation of {paths.name} failed (nvcc exited with {done.returncode}).\n"
                          f"nvcc output (tail):\n{_tail(text)}\n"
                          f"Source kept at: {paths.source} (full log: {paths.log})",
@@ -426,7 +427,7 @@ def _build_failed(paths: _Paths, log: str, error: Exception) -> Exception:
     if any(marker in text for marker in broken) or (
             "No such file or directory" in text and "command" in text and "failed" in text):
         return _compiler_not_found(compiler_command(), f"could not be run:\n{_tail(text, lines=8)}")
-    _atomic_write(paths.log, text.encode())
+    atomic_write(paths.log, text.encode())
     return BuildError(f"C compilation of {paths.name} failed ({error.__class__.__name__}).\n"
                       f"Compiler output (tail):\n{_tail(text)}\n"
                       f"Source kept at: {paths.source} (full log: {paths.log})",
@@ -475,15 +476,15 @@ def _load(name: str, so_path: Path) -> ModuleType:
 
 def _record_index(directory: Path, prekey: str, name: str, key: str) -> None:
     path = directory / "index" / (prekey + ".json")
-    if (_read_json(path) or {}).get("key") != key:
+    if (read_json(path) or {}).get("key") != key:
         path.parent.mkdir(exist_ok=True)
-        _atomic_write(path, json.dumps({"module_name": name, "key": key}).encode())
+        atomic_write(path, json.dumps({"module_name": name, "key": key}).encode())
 
 
 def _load_without_compiler(directory: Path, prekey: str, source: str, kind: str = "c",
                            cdef: str = "") -> BuiltModule | None:
     """The module the same source/cdef/flags built last, if it is intact; None otherwise."""
-    record = _read_json(directory / "index" / (prekey + ".json"))
+    record = read_json(directory / "index" / (prekey + ".json"))
     if not record or not isinstance(record.get("key"), str):
         return None
     key = record["key"]
@@ -493,7 +494,7 @@ def _load_without_compiler(directory: Path, prekey: str, source: str, kind: str 
     name = module_name(key)
     paths = _Paths(directory, name, kind)
     so_path = _verified(paths, key, source)
-    if so_path is None or (_read_json(paths.meta) or {}).get("prekey") != prekey:
+    if so_path is None or (read_json(paths.meta) or {}).get("prekey") != prekey:
         return None
     built = BuiltModule(_open(name, so_path, kind, cdef), name, paths.source, so_path, directory)
     _LOADED[memo] = built
@@ -553,7 +554,7 @@ def _file_lock(path: Path):
             fcntl.flock(handle.fileno(), fcntl.LOCK_UN)
 
 
-def _atomic_write(path: Path, data: bytes) -> None:
+def atomic_write(path: Path, data: bytes) -> None:
     """Write `data` to a fresh file beside `path`, then rename it over `path`."""
     # Not mkstemp: its 0600 mode would make a shared cache unreadable to others; "x" honours umask.
     tmp = path.parent / f".tmp-{path.name}-{os.getpid()}-{secrets.token_hex(4)}"
@@ -566,7 +567,8 @@ def _atomic_write(path: Path, data: bytes) -> None:
         raise
 
 
-def _read_json(path: Path) -> dict | None:
+def read_json(path: Path) -> dict | None:
+    """The JSON object in `path`, or None when it is missing, unreadable or not an object."""
     try:
         value = json.loads(path.read_text())
     except (OSError, ValueError):

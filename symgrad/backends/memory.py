@@ -6,11 +6,17 @@ largest first, each into the smallest gap that no overlapping-lifetime buffer
 uses (best fit). The plan is made per Dim binding, before any kernel runs,
 with the naive total (every temporary its own buffer) and the lower bound (the
 most bytes live at one kernel) beside it for the report.
+
+What the plan needs of a kernel plan, each temporary's size and lifetime, is
+an `ArenaSpec`: small, and kept by the program cache beside the source, so a
+program loaded from that cache plans its arena without lowering the graph.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+
+import sympy
 
 from ..ir import dtypes as D
 from ..ir import shapes as S
@@ -63,16 +69,53 @@ def liveness(plan: Plan) -> list[tuple]:
     return [(first.get(id(b), n), last.get(id(b), n)) for b in plan.workspace]
 
 
-def memory_plan(plan: Plan, bindings: dict | None = None, align: int = 64) -> MemoryPlan:
+@dataclass(frozen=True)
+class ArenaSpec:
+    """The temporaries of a kernel plan as the arena sees them.
+
+    nbytes[k]: the size of workspace buffer k in bytes, an int or a sympy
+    expression of Dims; live[k]: its (first, last) kernel; kernels: how many
+    kernels the plan runs.
+    """
+
+    nbytes: tuple
+    live: tuple
+    kernels: int
+
+    @classmethod
+    def of(cls, plan: Plan) -> "ArenaSpec":
+        """The spec of a kernel plan."""
+        nbytes = tuple(_as_int(b.numel * D.to_numpy(b.dtype).itemsize) for b in plan.workspace)
+        return cls(nbytes, tuple(liveness(plan)), len(plan.kernels))
+
+    def to_json(self) -> dict:
+        """A JSON-ready dict: sizes that depend on Dims are written as sympy text."""
+        return {"nbytes": [n if isinstance(n, int) else str(n) for n in self.nbytes],
+                "live": [list(r) for r in self.live], "kernels": self.kernels}
+
+    @classmethod
+    def from_json(cls, data: dict, dims: dict) -> "ArenaSpec":
+        """The spec `to_json` wrote; `dims` maps each Dim's name to its symbol."""
+        nbytes = tuple(n if isinstance(n, int) else sympy.sympify(n, locals=dims) for n in data["nbytes"])
+        return cls(nbytes, tuple(tuple(r) for r in data["live"]), int(data["kernels"]))
+
+
+def _as_int(size):
+    size = sympy.sympify(size)
+    return int(size) if size.is_Integer else size
+
+
+def memory_plan(plan: "Plan | ArenaSpec", bindings: dict | None = None, align: int = 64) -> MemoryPlan:
     """Offsets of the plan's temporaries in one arena, with reuse: greedy best-fit by size.
 
     Buffers are placed largest first; each goes into the smallest gap (between
     already placed buffers whose lifetimes overlap its own) that holds it, else
     above them all. Every offset is a multiple of `align` bytes.
     """
+    spec = plan if isinstance(plan, ArenaSpec) else ArenaSpec.of(plan)
     bindings = dict(bindings or {})
-    sizes = [int(S.evaluate(b.numel, bindings)) * D.to_numpy(b.dtype).itemsize for b in plan.workspace]
-    live = liveness(plan)
+    sizes = [n if isinstance(n, int) else int(S.evaluate(n, bindings)) for n in spec.nbytes]
+    live = list(spec.live)
     order = sorted(range(len(sizes)), key=lambda k: (-_align(sizes[k], align), live[k][0], k))
     offsets = [0] * len(sizes)
     placed: list[int] = []
@@ -93,6 +136,6 @@ def memory_plan(plan: Plan, bindings: dict | None = None, align: int = 64) -> Me
         arena = max(arena, offsets[k] + need)
     naive = sum(_align(s, align) for s in sizes)
     bound = 0
-    for t in range(len(plan.kernels) + 1):
+    for t in range(spec.kernels + 1):
         bound = max(bound, sum(_align(s, align) for s, (lo, hi) in zip(sizes, live) if lo <= t <= hi))
     return MemoryPlan(offsets, arena, naive, bound, sizes, live, bindings)

@@ -14,8 +14,8 @@ from ..passes import format_report
 from .lowering import LoopKernel, MatmulKernel, ReduceKernel
 
 # Compile stages in the order they run, with the words the report uses.
-STAGES = (("graph", "graph build + autodiff"), ("passes", "graph passes"), ("lower", "lowering to kernels"),
-          ("render", "render source"), ("build", "compiler or cache load"))
+STAGES = (("graph", "graph build + autodiff"), ("lookup", "program cache lookup"), ("passes", "graph passes"),
+          ("lower", "lowering to kernels"), ("render", "render source"), ("build", "compiler or cache load"))
 IN_PLACE_SHOWN = 12  # variables named on the in-place line; the rest are counted
 
 
@@ -95,6 +95,8 @@ def program_report(program, timings: dict | None = None) -> str:
         if stage in times:
             if stage == "build" and cached is not None:
                 words = "cache load (no compiler ran)" if cached else "C compiler (a cache miss)"
+            if stage == "lookup" and getattr(program, "from_program_cache", False):
+                words = "program cache hit: passes, lowering and render skipped"
             out.append(f"  {stage:<7} {times[stage] * 1e3:>9.1f} ms  {words}")
     out.append(f"  {'total':<7} {sum(times.values()) * 1e3:>9.1f} ms")
     return "\n".join(out)

@@ -1,0 +1,79 @@
+"""A graph's structural fingerprint: one hash for every graph that compiles to the same code.
+
+Two graphs get the same fingerprint when they have the same nodes in the
+same topological order: the same ops (for elementwise ops, the same sympy
+expression too, since a user may define two ops of one name in two
+processes), inputs, shapes, dtypes and attributes, and the same inputs,
+outputs and updates. What the code does not depend on is left out: the
+initial values of variables (they are data, copied in at run time) and the
+creation counter of sources.
+
+A graph holding an attribute the fingerprint cannot describe exactly (a
+Python object such as a custom Function's backward) has no fingerprint:
+`fingerprint` returns None and the caller compiles it without a cache. A
+missing fingerprint costs time; a wrong one would run the wrong code, so
+anything unknown is refused rather than guessed.
+"""
+
+from __future__ import annotations
+
+import hashlib
+
+import numpy as np
+import sympy
+
+from .graph import Graph
+
+#: Attributes that never change the emitted code.
+IGNORED_ATTRS = frozenset({"init", "serial"})
+
+
+class _Unhashable(Exception):
+    """An attribute value with no exact, process-independent description."""
+
+
+def _describe(value) -> str:
+    """A text that two values share only when they are equal (as far as code generation sees)."""
+    if value is None or isinstance(value, (bool, int, str)):
+        return repr(value)
+    if isinstance(value, float):
+        return value.hex()
+    if isinstance(value, np.generic):
+        return f"{value.dtype}:{value.item()!r}"
+    if isinstance(value, (tuple, list)):
+        return "(" + ",".join(_describe(v) for v in value) + ")"
+    if isinstance(value, sympy.Basic):
+        return sympy.srepr(value)
+    if isinstance(value, np.ndarray):
+        digest = hashlib.sha256(np.ascontiguousarray(value).tobytes()).hexdigest()
+        return f"ndarray({value.dtype},{value.shape},{digest})"
+    raise _Unhashable(type(value).__name__)
+
+
+def _op_text(op, memo: dict) -> str:
+    text = memo.get(id(op))
+    if text is None:
+        expr = "" if op.expr is None else sympy.srepr(op.expr)
+        extra = _describe(sorted(op.extra.items()))
+        text = memo[id(op)] = f"{op.name}|{op.kind}|{op.arity}|{expr}|{extra}"
+    return text
+
+
+def fingerprint(graph: Graph) -> str | None:
+    """The sha256 (hex) of the graph's structure, or None when an attribute cannot be described."""
+    index = {id(node): k for k, node in enumerate(graph.nodes)}
+    digest = hashlib.sha256()
+    ops: dict = {}
+    try:
+        for node in graph.nodes:
+            attrs = ",".join(f"{k}={_describe(node.attrs[k])}" for k in sorted(node.attrs)
+                             if k not in IGNORED_ATTRS)
+            inputs = ",".join(str(index[id(i)]) for i in node.inputs)
+            digest.update(f"{_op_text(node.op, ops)}|{node.dtype}|{_describe(node.shape)}|"
+                          f"[{inputs}]|{attrs}\n".encode())
+    except _Unhashable:
+        return None
+    ends = [[index[id(v)] for v in graph.inputs], [index[id(v)] for v in graph.outputs],
+            [(index[id(t)], index[id(n)]) for t, n in graph.updates]]
+    digest.update(repr(ends).encode())
+    return digest.hexdigest()

@@ -1,0 +1,155 @@
+"""The program cache: a graph compiled before skips passes, lowering and rendering, and only
+a graph that compiles to the same code ever hits."""
+
+import shutil
+
+import numpy as np
+import pytest
+
+import symgrad as sg
+from symgrad.backends import cache, program_cache
+from symgrad.backends.numpy_backend import evaluate
+from symgrad.ir.fingerprint import fingerprint
+from symgrad.ir.graph import Graph
+
+from helpers import MySquare
+
+
+def _clear_programs():
+    shutil.rmtree(cache.cache_dir() / "programs", ignore_errors=True)
+
+
+def _regression(B=None, W0=None, lr=0.5):
+    """The seed softmax regression train step's pieces, built afresh each call."""
+    B = B or 16
+    x = sg.input("x", (B, 6))
+    y = sg.input("y", (B,), dtype="int64")
+    W = sg.param("W", (6, 3), init=np.zeros((6, 3), np.float32) if W0 is None else W0)
+    b = sg.param("b", (3,), init="zeros")
+    loss = sg.cross_entropy(x @ W + b, y)
+    return loss, [W, b], lr
+
+
+def _step(B=None, W0=None, **options):
+    loss, params, lr = _regression(B, W0)
+    return sg.train_step(loss, params=params, optimizer=sg.optim.SGD(lr=lr), backend="c", **options)
+
+
+def _batch(n=16, seed=0):
+    rng = np.random.default_rng(seed)
+    return rng.standard_normal((n, 6)).astype(np.float32), rng.integers(0, 3, n)
+
+
+# ---- the fingerprint -----------------------------------------------------------------------
+
+def _graph(scale=2.0, shape=(4, 5), axis=1, name="x"):
+    x = sg.input(name, shape)
+    return Graph([x], [sg.sum(sg.exp(x * scale), axis=axis)])
+
+
+def test_identical_graphs_built_twice_share_a_fingerprint():
+    assert fingerprint(_graph()) == fingerprint(_graph())
+
+
+@pytest.mark.parametrize("change", [dict(scale=3.0), dict(shape=(4, 6)), dict(axis=0), dict(name="z")])
+def test_any_change_that_reaches_the_code_changes_the_fingerprint(change):
+    assert fingerprint(_graph(**change)) != fingerprint(_graph())
+
+
+def test_initial_values_are_data_not_code():
+    first, _, _ = _regression(W0=np.ones((6, 3), np.float32))
+    second, _, _ = _regression(W0=np.full((6, 3), 7, np.float32))
+    assert fingerprint(Graph([], [first])) == fingerprint(Graph([], [second]))
+
+
+def test_user_ops_of_one_name_with_other_expressions_differ(monkeypatch):
+    # Two processes may define one name differently; here, a registry without the first one.
+    from symgrad.ir import registry
+
+    x = sg.input("x", (3,))
+    first = fingerprint(Graph([x], [sg.elementwise("fp_probe", lambda a: a ** 2)(x)]))
+    monkeypatch.delitem(registry.REGISTRY, "fp_probe")
+    second = fingerprint(Graph([x], [sg.elementwise("fp_probe", lambda a: a ** 3)(x)]))
+    assert first is not None and second is not None and first != second
+
+
+def test_a_custom_function_graph_has_no_fingerprint():
+    x = sg.input("x", (3,))
+    assert fingerprint(Graph([x], [MySquare.apply(x)])) is None
+
+
+# ---- the cache -----------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def miss_and_hit():
+    """One step compiled with an empty program cache, then the same graph built and compiled again."""
+    _clear_programs()
+    return _step(), _step()
+
+
+def test_the_second_compile_hits_and_skips_the_python_stages(miss_and_hit):
+    miss, hit = miss_and_hit
+    assert not miss.program.from_program_cache and hit.program.from_program_cache
+    assert {"passes", "lower", "render"} <= set(miss.program.timings)
+    assert not {"passes", "lower", "render"} & set(hit.program.timings)
+    assert hit.source == miss.source
+    assert hit.program.module_name == miss.program.module_name
+
+
+def test_a_hit_trains_exactly_like_the_miss(miss_and_hit):
+    miss, hit = miss_and_hit
+    for k in range(3):
+        xb, yb = _batch(seed=k)
+        assert hit(x=xb, y=yb) == miss(x=xb, y=yb)
+    for name in ("W", "b"):
+        np.testing.assert_array_equal(hit.params[name], miss.params[name])
+
+
+def test_a_hit_reports_what_the_miss_reported(miss_and_hit):
+    miss, hit = miss_and_hit
+    # Everything but the timings: node counts, kernels, save/recompute choices, memory plan.
+    sections = lambda text: [text.splitlines()[1], text.split("== kernels ==")[1].split("== compile time ==")[0]]  # noqa: E731
+    assert sections(hit.report()) == sections(miss.report())
+    assert "program cache hit" in hit.report()
+    assert hit.program.memory_plan.offsets == miss.program.memory_plan.offsets
+
+
+def test_other_options_or_other_compiler_code_miss(miss_and_hit, monkeypatch):
+    assert not _step(optimize=False).program.from_program_cache
+    monkeypatch.setattr(program_cache, "code_fingerprint", lambda: "a changed compiler")
+    assert not _step().program.from_program_cache
+
+
+def test_a_damaged_entry_is_a_miss_and_is_rewritten(miss_and_hit):
+    miss, _ = miss_and_hit
+    loss, _, _ = _regression()
+    entries = list((cache.cache_dir() / "programs").glob("*.json"))
+    assert entries
+    for path in entries:
+        path.write_text('{"format": 1, "source": 3')
+    again = _step()
+    assert not again.program.from_program_cache and again.source == miss.source
+    assert _step().program.from_program_cache
+
+
+def test_symbolic_sizes_survive_the_cache():
+    _clear_programs()
+    B = sg.Dim("B")
+    first, hit = _step(B=B), _step(B=B)
+    assert hit.program.from_program_cache and hit.program.dims == list(hit.graph.dims)
+    for n in (5, 16):
+        xb, yb = _batch(n, seed=n)
+        assert hit(x=xb, y=yb) == pytest.approx(first(x=xb, y=yb), rel=0, abs=0)
+        assert hit.program.memory_plan.bindings == {B: n}
+
+
+def test_a_hit_function_matches_the_numpy_reference():
+    _clear_programs()
+    x = sg.input("x", (7, 5))
+    f = lambda: sg.function([x], [sg.softmax(x * 3 - 1, axis=1)], backend="c")  # noqa: E731
+    f()
+    hit = f()
+    assert hit.program.from_program_cache
+    xb = np.random.default_rng(3).standard_normal((7, 5)).astype(np.float32)
+    (expected,), _ = evaluate(hit.graph, [xb], {}, {})
+    np.testing.assert_allclose(hit(xb)[0], expected, rtol=1e-5, atol=1e-6)
