@@ -9,13 +9,18 @@ import symgrad as sg  # noqa: F401
 
 
 def available_backends() -> list[str]:
-    """numpy always; c when its backend module exists (a missing gcc fails loudly, not silently)."""
+    """numpy always; c when its backend module exists (a missing gcc fails loudly, not silently);
+    cuda when an NVIDIA GPU is present (asked in a child process, so that CUDA is not initialised
+    in this one before pytest or a test forks)."""
     names = ["numpy"]
     try:
         import symgrad.backends.c  # noqa: F401
         names.append("c")
     except ImportError:
         pass
+    from symgrad.backends import cuda
+    if cuda.probe_device_count()[0] > 0:
+        names.append("cuda")
     return names
 
 
@@ -24,7 +29,7 @@ BACKENDS = available_backends()
 
 @pytest.fixture(params=BACKENDS)
 def backend(request) -> str:
-    """Parametrizes a test over every backend built so far."""
+    """Parametrizes a test over every backend this machine can run."""
     return request.param
 
 

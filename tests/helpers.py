@@ -372,6 +372,20 @@ def bundle(backend: str, dtype: str = "float64") -> Bundle:
     return Bundle(backend, dtype, second_order=(dtype == "float64"))
 
 
+# float32 on CUDA differs from the NumPy reference by summation order (block-tree reductions, tiled
+# matmul) and the device's libm; issue 7 allows 1e-4 relative there. The CPU backends keep their
+# tighter tolerances.
+CUDA_FLOAT32_RTOL, CUDA_FLOAT32_ATOL = 1e-4, 1e-5
+
+
+def float32_tolerance(backend: str, rtol: float, atol: float) -> tuple[float, float]:
+    """(rtol, atol) for a float32 comparison on `backend`: as given on the CPU, widened to
+    issue 7's float32 tolerance on CUDA."""
+    if backend == "cuda":
+        return max(rtol, CUDA_FLOAT32_RTOL), max(atol, CUDA_FLOAT32_ATOL)
+    return rtol, atol
+
+
 def assert_close(got, want, rtol, atol, what=""):
     """assert_allclose that also checks shapes and says which output differs."""
     got, want = np.asarray(got), np.asarray(want)

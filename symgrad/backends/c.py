@@ -28,9 +28,9 @@ from ..ir.graph import Graph
 from . import cache
 from .c_printer import CPrintError, format_literal, printer
 from .. import passes
-from .lowering import DEFAULT_DIM, REDUCED, LoopKernel, MatmulKernel, Plan, ReduceKernel, View, lower
+from .lowering import REDUCED, LoopKernel, MatmulKernel, Plan, ReduceKernel, View, lower
 from . import program_cache
-from .memory import ArenaSpec, MemoryPlan, memory_plan
+from .memory import ArenaSpec, MemoryPlan, latest_or_assumed, memory_plan
 from .report import program_report, timed as _timed
 from .templates import render
 
@@ -555,13 +555,9 @@ class CProgram:
 
     @property
     def memory_plan(self) -> MemoryPlan:
-        """The arena plan: of the last Dim binding called with, else planned before any call with
-        every Dim at DEFAULT_DIM (sizes without Dims are exact either way)."""
-        if self.memory_plans:
-            return next(reversed(self.memory_plans.values()))
-        planned = memory_plan(self.arena, {d: DEFAULT_DIM for d in self.dims}, align=ALIGN)
-        planned.assumed = bool(self.dims)
-        return planned
+        """The arena plan (see `latest_or_assumed`): of the Dim binding first called with most
+        recently, else assumed before any call."""
+        return latest_or_assumed(self.arena, self.dims, self.memory_plans, ALIGN)
 
     def report(self, timings: dict | None = None) -> str:
         """Passes, kernels, save/recompute choices, the memory plan and compile time by stage

@@ -9,7 +9,10 @@ Memory: variables (parameters, optimizer state), constants, inputs, outputs
 and the workspace (gradients and other temporaries) live in device memory
 held by the program's state until `close()`. A run copies in only the
 inputs and copies out only the outputs; updates stay on the device, so
-`read_variable` (what `step.params[name]` calls) copies to the host.
+`read_variable` (what `step.params[name]` calls) copies to the host. The
+workspace is one arena laid out per Dim binding by the static memory plan
+(symgrad.backends.memory, as for C, with 256-byte alignment): the entry
+point takes each temporary's offset and the arena's size from the caller.
 
 Programs compiled from the same `Compiled` object share its variable
 storage dict (a TrainStep's accumulate / apply / predict programs): each
@@ -29,6 +32,8 @@ import os
 import re
 import shutil
 import subprocess
+import sys
+import threading
 import weakref
 
 import numpy as np
@@ -41,8 +46,9 @@ from .c import _convert, _fmt, _lowest, _Renderer, comment
 from .cuda_printer import printer
 from .. import passes
 from .lowering import REDUCED, LoopKernel, MatmulKernel, Plan, ReduceKernel, View, lower
-from .report import timed
+from .report import program_report, timed
 from .templates import render
+from .memory import MemoryPlan, latest_or_assumed, memory_plan
 
 ENTRY = "sg_cuda_run"
 CDEF = """
@@ -51,10 +57,14 @@ int sg_cuda_create(void** state, char* err, size_t errlen);
 int sg_cuda_destroy(void* state, char* err, size_t errlen);
 int sg_cuda_write_variable(void* state, int64_t index, const void* host, int64_t nbytes, char* err, size_t errlen);
 int sg_cuda_read_variable(void* state, int64_t index, void* host, int64_t nbytes, char* err, size_t errlen);
-int sg_cuda_run(void* state, const int64_t* dims, void** inputs, void** outputs, char* err, size_t errlen);
+int sg_cuda_run(void* state, const int64_t* dims, void** inputs, void** outputs, const int64_t* offsets,
+                int64_t arena_bytes, char* err, size_t errlen);
 """
-SIGNATURE = f"int {ENTRY}(void* handle, const int64_t* dims, void** inputs, void** outputs, char* err, size_t errlen)"
+SIGNATURE = (f"int {ENTRY}(void* handle, const int64_t* dims, void** inputs, void** outputs, "
+             f"const int64_t* offsets, int64_t arena_bytes, char* err, size_t errlen)")
 ERR_BYTES = 1024
+ALIGN = 256        # bytes: each workspace temporary starts where cudaMalloc would put a buffer
+LAYOUTS_KEPT = 4   # layouts (memory plan, offsets array) kept for the most recent distinct Dim bindings
 
 
 class CudaError(RuntimeError):
@@ -244,6 +254,8 @@ class _CudaRenderer(_Renderer):
                       for b in plan.outputs]
         arguments += [f"variable {b.index} (device) = {comment(b.label)}: "
                       f"{D.SHORT_NAMES[b.dtype]}{_fmt(plan.variable_nodes[b.index].shape)}" for b in plan.variables]
+        arguments += [f"offsets[k]: byte offset of temporary ws<k> in the workspace ({len(plan.workspace)} buffers, "
+                      f"multiples of {ALIGN}); arena_bytes: the workspace's size"]
         from .. import __version__
         return render("cuda/program.cu.j2", version=__version__,
                       header=[comment(line) for line in plan.header.splitlines()],
@@ -251,7 +263,7 @@ class _CudaRenderer(_Renderer):
                       gemm=self.gemm, qualifiers="static __host__ __device__ __forceinline__",
                       consts=consts, kernels=kernels, variables=variables, inputs=buffers(plan.inputs),
                       outputs=buffers(plan.outputs), workspace=buffers(plan.workspace),
-                      signature=SIGNATURE, dim_lines=dim_lines, pointers=pointers)
+                      signature=SIGNATURE, dim_lines=dim_lines, pointers=pointers, align=ALIGN)
 
 
 def render_source(plan: Plan) -> str:
@@ -268,13 +280,20 @@ def cuda_source(graph: Graph) -> str:
 
 # ---- the device, the architecture -------------------------------------------------------
 
+def _load_driver():
+    """libcuda (the driver API) loaded but not initialised, or (None, why) when it is missing."""
+    try:
+        return ctypes.CDLL("libcuda.so.1"), ""
+    except OSError as exc:
+        return None, f"the CUDA driver library libcuda.so.1 could not be loaded ({exc})"
+
+
 @functools.lru_cache(maxsize=None)
 def _driver():
     """libcuda (the driver API) initialised, or (None, why) when it is missing or finds no device."""
-    try:
-        lib = ctypes.CDLL("libcuda.so.1")
-    except OSError as exc:
-        return None, f"the CUDA driver library libcuda.so.1 could not be loaded ({exc})"
+    lib, why = _load_driver()
+    if lib is None:
+        return None, why
     status = lib.cuInit(0)
     if status != 0:
         return None, f"cuInit failed with CUDA driver error {status}"
@@ -291,6 +310,30 @@ def device_count() -> tuple[int, str]:
     if status != 0:
         return 0, f"cuDeviceGetCount failed with CUDA driver error {status}"
     return count.value, "" if count.value else "the CUDA driver reports 0 devices"
+
+
+@functools.lru_cache(maxsize=None)
+def probe_device_count() -> tuple[int, str]:
+    """`device_count()` asked in a child process, leaving CUDA uninitialised in this one.
+
+    For test collection and other parents that fork: a process that has initialised CUDA
+    cannot use it in forked children. Without a driver library nothing is started (loading
+    libcuda does not initialise it).
+    """
+    lib, why = _load_driver()
+    if lib is None:
+        return 0, why
+    package_root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [package_root, os.environ.get("PYTHONPATH")]))}
+    code = "from symgrad.backends.cuda import device_count; count, why = device_count(); print(count); print(why)"
+    try:
+        done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=env)
+    except (OSError, subprocess.SubprocessError) as exc:
+        return 0, f"the device probe could not run ({exc})"
+    count, _, why = done.stdout.partition("\n")
+    if done.returncode != 0 or not count.strip().isdigit():
+        return 0, f"the device probe failed: {(done.stderr or done.stdout).strip()[-500:]}"
+    return int(count), why.strip()
 
 
 def device_arch() -> str | None:
@@ -404,7 +447,10 @@ class CudaProgram:
         self._updated = [t.name for t, _ in graph.updates]
         self._have: dict[str, int] = {}   # name -> version of the group this program's copy holds
         self._dirty: set[str] = set()     # written before any run linked a storage dict
-        self._dims_cache: dict[tuple, tuple] = {}
+        self._layouts: dict[tuple, tuple] = {}
+        self.memory_plans: dict[tuple, MemoryPlan] = {}  # per Dim binding, as planned for the calls
+        # Calls are serialized: they share the device buffers of one state.
+        self._lock = threading.Lock()
         if self.build_only:
             return
         handle = self._ffi.new("void**")
@@ -543,13 +589,49 @@ class CudaProgram:
             if not group.members:
                 _Shared.groups.pop(id(group.storage), None)
 
+    # ---- the memory plan ---------------------------------------------------------
+    def _layout(self, key: tuple, bindings: dict) -> tuple:
+        """Per Dim binding, made once: output and input shapes, the dims array, and the workspace
+        arena's offsets and size from the static memory plan."""
+        layout = self._layouts.get(key)
+        if layout is None:
+            if len(self._layouts) >= LAYOUTS_KEPT:  # bound what is kept for past batch sizes
+                oldest = next(iter(self._layouts))
+                del self._layouts[oldest]
+                self.memory_plans.pop(oldest, None)
+            outs = [(S.evaluate_shape(v.shape, bindings), D.to_numpy(v.dtype)) for v in self.graph.outputs]
+            in_shapes = [S.evaluate_shape(v.shape, bindings) for v in self.graph.inputs]
+            # Temporaries share one arena: buffers whose lifetimes do not overlap reuse bytes.
+            planned = memory_plan(self.plan, {d: bindings[d] for d in self.plan.dims}, align=ALIGN)
+            self.memory_plans[key] = planned
+            ffi = self._ffi
+            layout = self._layouts[key] = (outs, in_shapes, ffi.new("int64_t[]", list(key) or [0]),
+                                           ffi.new("int64_t[]", planned.offsets or [0]), planned.arena_bytes)
+        return layout
+
+    @property
+    def memory_plan(self) -> MemoryPlan:
+        """The arena plan (see `latest_or_assumed`): of the Dim binding first called with most
+        recently, else assumed before any call."""
+        return latest_or_assumed(self.plan, self.plan.dims, self.memory_plans, ALIGN)
+
+    def report(self, timings: dict | None = None) -> str:
+        """Passes, kernels, save/recompute choices, the memory plan and compile time by stage
+        (`timings`: earlier stages measured by the caller, such as graph building)."""
+        return program_report(self, timings)
+
     # ---- running -------------------------------------------------------------------
     def run(self, inputs: list, bindings: dict, variables: dict) -> list:
         """Copy the inputs in, run every kernel, copy the outputs out.
 
         Updates are applied to the device copies of the variables (not to the
         `variables` arrays): `read_variable` returns the current values.
+        Calls are serialized: they share the state's device buffers.
         """
+        with self._lock:
+            return self._run(inputs, bindings, variables)
+
+    def _run(self, inputs: list, bindings: dict, variables: dict) -> list:
         self._require_state()
         try:
             key = tuple(int(bindings[d]) for d in self.plan.dims)
@@ -557,12 +639,7 @@ class CudaProgram:
             raise ValueError(f"no binding for Dim {exc.args[0]}") from None
         if len(inputs) != len(self._inputs):
             raise TypeError(f"expected {len(self._inputs)} inputs, got {len(inputs)}")
-        layout = self._dims_cache.get(key)
-        if layout is None:
-            outs = [(S.evaluate_shape(v.shape, bindings), D.to_numpy(v.dtype)) for v in self.graph.outputs]
-            in_shapes = [S.evaluate_shape(v.shape, bindings) for v in self.graph.inputs]
-            layout = self._dims_cache[key] = (outs, in_shapes, self._ffi.new("int64_t[]", list(key) or [0]))
-        outs, in_shapes, dims = layout
+        outs, in_shapes, dims, offsets, arena_bytes = self._layout(key, bindings)
         ffi = self._ffi
         keep, in_ptrs = [], []
         for (name, dtype), shape, array in zip(self._inputs, in_shapes, inputs):
@@ -584,7 +661,8 @@ class CudaProgram:
             keep.append(p)
             out_ptrs.append(ffi.cast("void*", p))
         status = self._lib.sg_cuda_run(self._state, dims, ffi.new("void*[]", in_ptrs or [ffi.NULL]),
-                                       ffi.new("void*[]", out_ptrs or [ffi.NULL]), self._err, ERR_BYTES)
+                                       ffi.new("void*[]", out_ptrs or [ffi.NULL]), offsets, arena_bytes,
+                                       self._err, ERR_BYTES)
         self._check(status, "running the step")
         for name in self._updated:
             self._bump(name)
@@ -594,13 +672,14 @@ class CudaProgram:
     def close(self) -> None:
         """Free the device memory. Values this program held are copied to the host storage first,
         so they stay readable (`step.params`); running again raises."""
-        if self._state is None:
-            return
-        try:
-            self._flush()
-        finally:
-            state, self._state = self._state, None
-            self._check(self._lib.sg_cuda_destroy(state, self._err, ERR_BYTES), "freeing device memory")
+        with self._lock:  # not under a run: it would use the memory freed here
+            if self._state is None:
+                return
+            try:
+                self._flush()
+            finally:
+                state, self._state = self._state, None
+                self._check(self._lib.sg_cuda_destroy(state, self._err, ERR_BYTES), "freeing device memory")
 
     def __enter__(self):
         return self

@@ -20,7 +20,7 @@ import sympy
 
 from ..ir import dtypes as D
 from ..ir import shapes as S
-from .lowering import Plan, _reads
+from .lowering import DEFAULT_DIM, Plan, _reads
 
 
 @dataclass
@@ -139,3 +139,14 @@ def memory_plan(plan: "Plan | ArenaSpec", bindings: dict | None = None, align: i
     for t in range(spec.kernels + 1):
         bound = max(bound, sum(_align(s, align) for s, (lo, hi) in zip(sizes, live) if lo <= t <= hi))
     return MemoryPlan(offsets, arena, naive, bound, sizes, live, bindings)
+
+
+def latest_or_assumed(plan: "Plan | ArenaSpec", dims: list, plans: dict, align: int) -> MemoryPlan:
+    """A program's arena plan for its report: the newest of `plans` (Dim binding -> plan, as made
+    for its calls), else one planned before any call with every Dim (of `dims`) at DEFAULT_DIM
+    and marked assumed (sizes without Dims are exact either way)."""
+    if plans:
+        return next(reversed(plans.values()))
+    planned = memory_plan(plan, {d: DEFAULT_DIM for d in dims}, align=align)
+    planned.assumed = bool(dims)
+    return planned
