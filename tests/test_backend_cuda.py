@@ -106,9 +106,11 @@ def training_programs() -> dict:
 def all_graphs() -> dict:
     """Every graph whose CUDA source must compile, by name."""
     from test_passes import GRAPHS
+    from test_rowwise import ROW_GRAPHS
     graphs = {"ops_float64": op_suite("float64"), "ops_float32": op_suite("float32"),
               "unary_derivatives": unary_derivatives(), "integer_and_index_ops": integer_and_index_ops()}
     graphs.update({f"passes_{name}": build() for name, build in GRAPHS.items()})
+    graphs.update({name: build() for name, build in ROW_GRAPHS.items()})
     graphs.update(training_programs())
     return graphs
 

@@ -11,7 +11,7 @@ import pytest
 
 import symgrad as sg
 from symgrad.backends import c as cbackend
-from symgrad.backends.lowering import LoopKernel, ReduceKernel, lower
+from symgrad.backends.lowering import LoopKernel, ReduceKernel, RowKernel, lower
 from symgrad.backends.memory import memory_plan
 from symgrad.inspect_cmd import run_inspect
 
@@ -49,15 +49,17 @@ def test_elementwise_chain_of_ten_ops_is_one_kernel():
 
 
 def test_row_reduction_prologue_is_fused():
+    """log-sum-exp: one row kernel; exp runs inside the sum's pass, log(s) + m once per row."""
     B = sg.Dim("B")
     x = sg.input("x", (B, 17), dtype="float64")
     m = sg.max(x, axis=1, keepdims=True)
     lse = sg.log(sg.sum(sg.exp(x - m), axis=1)) + sg.reshape(m, (B,))
     f = sg.function([x], lse, backend="c")
-    reduces = [k for k in f.program.plan.kernels if isinstance(k, ReduceKernel)]
-    fused = [k for k in reduces if k.operands]
-    assert len(reduces) == 2 and len(fused) == 1 and fused[0].op == "sum"
-    assert "exp(" in f.source.split("k1_sum")[1].split("}")[0]  # exp computed inside the sum's loop
+    (kernel,) = f.program.plan.kernels
+    assert isinstance(kernel, RowKernel)
+    assert [[r.op for r in p.reductions] for p in kernel.passes] == [["max"], ["sum"]]
+    assert [st.node.op.name for st in kernel.passes[1].after] == ["log", "add"]
+    assert "exp(" in f.source.split("pass 2 of 2")[1].split("}")[0]  # exp computed inside the sum's loop
     a = RNG.standard_normal((6, 17)) * 30
     np.testing.assert_allclose(f(a), sg.function([x], lse, backend="numpy")(a), rtol=1e-13)
 
@@ -161,9 +163,10 @@ def test_memory_plan_per_binding_and_kernel_counts(softmax_step):
     assert small.arena_bytes < mp.arena_bytes
     raw = lower(step.graph, fuse_reduce=False, recompute=False, schedule=False)
     assert len(step.program.plan.kernels) <= len(raw.kernels) // 2
-    # the loss, sum(...) * -1/B, is finished by the reduction and stored into the output
-    (last,) = [k for k in step.program.plan.kernels if k.out is step.program.plan.outputs[0]]
-    assert isinstance(last, ReduceKernel) and last.epilogue_statements
+    # the loss, sum(...) * -1/B, is finished by the cross-row sum and stored into the output
+    (last,) = [k for k in step.program.plan.kernels
+               if isinstance(k, ReduceKernel) and k.out is step.program.plan.outputs[0]]
+    assert last.epilogue_statements
 
 
 def test_save_or_recompute_choices_are_recorded(softmax_step):

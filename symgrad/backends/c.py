@@ -28,7 +28,7 @@ from ..ir.graph import Graph
 from . import cache
 from .c_printer import CPrintError, format_literal, printer
 from .. import passes
-from .lowering import REDUCED, LoopKernel, MatmulKernel, Plan, ReduceKernel, View, lower
+from .lowering import REDUCED, LoopKernel, MatmulKernel, Plan, ReduceKernel, RowKernel, View, lower
 from . import program_cache
 from .memory import ArenaSpec, MemoryPlan, latest_or_assumed, memory_plan
 from .report import program_report, timed as _timed
@@ -148,9 +148,11 @@ class _Renderer:
         self.narrow: dict[str, dict] = {}  # narrow-N GEMM variants used, by function name
 
     def params(self, buffers: list, out) -> tuple[str, list[str]]:
-        """The kernel's C parameters (dims first, then each buffer once) and the call's arguments."""
+        """The kernel's C parameters (dims first, then each buffer once) and the call's arguments
+        (`out`: the buffer written, or a list of them)."""
+        outs = out if isinstance(out, list) else [out]
         seen, order = {}, []
-        for b in [*buffers, out]:
+        for b in [*buffers, *outs]:
             if id(b) not in seen:
                 seen[id(b)] = b
                 order.append(b)
@@ -158,7 +160,7 @@ class _Renderer:
         decls = list(dims)
         args = [f"d{k}" for k in range(len(self.plan.dims))]
         for b in order:
-            const = "" if b is out else "const "
+            const = "" if any(b is o for o in outs) else "const "
             decls.append(f"{const}{D.C_TYPES[b.dtype]}* restrict {b.name}")
             args.append(b.name)
         return ", ".join(decls) or "void", args
@@ -300,6 +302,61 @@ class _Renderer:
             lines.append(f"const {D.C_TYPES[st.dtype]} {st.name} = {text};  /* {comment(st.line)} */")
         return lines
 
+    def row_pass_lines(self, k: RowKernel, loop_vars: list[str]) -> list[dict]:
+        """Per pass of a row kernel: the accumulators' `init`, the element `body` (loads, one line per
+        node, the folds, the stores) and the per-row `finish` (reduced values, per-row maps, stores);
+        the combining of accumulators across threads is the caller's (C has one thread per row)."""
+        out = []
+        for n, p in enumerate(k.passes):
+            init, folds = [], []
+            for r in p.reductions:
+                acc_t = D.C_TYPES[r.acc_dtype]
+                if r.op == "sum":
+                    init.append(f"{acc_t} {r.acc} = 0;")
+                    folds.append(f"{r.acc} += ({acc_t}){r.value};  /* {comment(r.line)} */")
+                else:
+                    init.append(f"{acc_t} {r.acc} = {_lowest(r.acc_dtype)};")
+                    folds.append(f"{r.acc} = ({r.value} > {r.acc} || {r.value} != {r.value}) ? {r.value} : {r.acc};"
+                                 f"  /* {comment(r.line)}; NaN propagates, as in NumPy */")
+            stores = [f"{self.store(st, loop_vars)}  /* {comment(st.label)} */" for st in p.stores]
+            after = self.element_lines(_Body([], p.after), loop_vars)
+            row_stores = [f"{self.store(st, loop_vars)}  /* {comment(st.label)} */" for st in p.row_stores]
+            what = [f"{r.op} {r.name}" for r in p.reductions] + [f"store {st.label}" for st in p.stores]
+            out.append(dict(title=f"pass {n + 1} of {len(k.passes)} over the row: {', '.join(what)}",
+                            init=init, body=self.element_lines(p, loop_vars) + folds + stores, after=after,
+                            row_stores=row_stores, reductions=p.reductions))
+        return out
+
+    def store(self, st, loop_vars: list[str]) -> str:
+        """`buffer[index] = value;` for a row kernel's store (its view is at the kernel's loop shape)."""
+        return f"{st.view.buffer.name}[{self.ex.index(st.view.offset, loop_vars, st.view.strides)}] = {st.value};"
+
+    def row_kernel(self, k: RowKernel) -> dict:
+        """A row kernel: rows split over OpenMP threads; per row, the per-row loads, then each pass's
+        loop over the row's elements and what follows it."""
+        outer = self.loops(k.rows, "o", numel=k.numel)
+        loop_vars = [l["var"] for l in outer] + ["c"]
+        passes = []
+        for p in self.row_pass_lines(k, loop_vars):
+            finish = [f"const {D.C_TYPES[r.dtype]} {r.name} = {_convert(r.acc, r.acc_dtype, r.dtype)};"
+                      for r in p["reductions"]]
+            ops = {r.op for r in p["reductions"]}
+            # Sums vectorize as OpenMP simd reductions; max's NaN-propagating select is not one.
+            if "max" in ops:
+                simd = ""
+            elif ops:
+                simd = "simd reduction(+:" + ", ".join(r.acc for r in p["reductions"]) + ")"
+            else:
+                simd = "simd"
+            passes.append(dict(p, finish=finish + p["after"] + p["row_stores"], simd=simd))
+        reads = [o.view.buffer for o in [*k.operands, *(o for p in k.passes for o in p.operands)]
+                 if o.view.buffer is not None]
+        params, args = self.params(reads, k.outs)
+        return dict(template="c/row.c.j2", name=k.name, comments=[comment(k.summary())] + [comment(l) for l in k.lines],
+                    params=params, args=args, outer=outer, row=self.element_lines(_Body(k.operands, []), loop_vars),
+                    passes=passes, size=self.ex.size(k.size), indent="    " * (len(outer) + 1),
+                    numel=self.ex._paren(k.numel))
+
     def column_sum_kernel(self, k: ReduceKernel) -> dict:
         """A sum over leading axes into a contiguous kept axis: rows added into a tile (bias gradients)."""
         inner = self.loops([s for s, _ in k.reduced], "r", depth0=2, parallel=False)
@@ -347,6 +404,8 @@ class _Renderer:
                 contexts.append(self.reduce_kernel(k))
             elif isinstance(k, MatmulKernel):
                 contexts.append(self.matmul_kernel(k))
+            elif isinstance(k, RowKernel):
+                contexts.append(self.row_kernel(k))
             else:
                 raise NotImplementedError(f"no {self.language} rendering for kernel {type(k).__name__}")
         return contexts
@@ -392,6 +451,13 @@ class _Renderer:
         rows = [", ".join(items[i:i + 8]) + ("," if i + 8 < len(items) else "") for i in range(0, len(items), 8)]
         return dict(name=buf.name, ctype=D.C_TYPES[buf.dtype], size=max(len(items), 1), rows=rows or ["0"],
                     comment=comment(f"constant {buf.label}: {list(np.shape(buf.value))}"))
+
+
+class _Body:
+    """Operands and statements for `element_lines` (a row kernel's per-row loads, or its per-row maps)."""
+
+    def __init__(self, operands: list, statements: list):
+        self.operands, self.statements = operands, statements
 
 
 def _narrow_variant(k: MatmulKernel):

@@ -42,10 +42,10 @@ from ..ir import dtypes as D
 from ..ir import shapes as S
 from ..ir.graph import Graph
 from . import cache
-from .c import _convert, _fmt, _lowest, _Renderer, comment
+from .c import _Body, _convert, _fmt, _lowest, _Renderer, comment
 from .cuda_printer import printer
 from .. import passes
-from .lowering import REDUCED, LoopKernel, MatmulKernel, Plan, ReduceKernel, View, lower
+from .lowering import REDUCED, LoopKernel, MatmulKernel, Plan, ReduceKernel, RowKernel, View, lower
 from .report import program_report, timed
 from .templates import render
 from .memory import MemoryPlan, latest_or_assumed, memory_plan
@@ -88,16 +88,18 @@ class _CudaRenderer(_Renderer):
     language = "CUDA"
 
     def params(self, buffers: list, out) -> tuple[str, list[str]]:
-        """Kernel parameters (dims first, then each buffer once, `__restrict__`) and the launch arguments."""
+        """Kernel parameters (dims first, then each buffer once, `__restrict__`) and the launch arguments
+        (`out`: the buffer written, or a list of them)."""
+        outs = out if isinstance(out, list) else [out]
         seen, order = set(), []
-        for b in [*buffers, out]:
+        for b in [*buffers, *outs]:
             if id(b) not in seen:
                 seen.add(id(b))
                 order.append(b)
         decls = [f"int64_t d{k}" for k in range(len(self.plan.dims))]
         args = [f"d{k}" for k in range(len(self.plan.dims))]
         for b in order:
-            const = "" if b is out else "const "
+            const = "" if any(b is o for o in outs) else "const "
             decls.append(f"{const}{D.C_TYPES[b.dtype]}* __restrict__ {b.name}")
             args.append(b.name)
         return ", ".join(decls) or "void", args
@@ -197,6 +199,33 @@ class _CudaRenderer(_Renderer):
                     split_out=self._split("o", "rest", [self.ex.size(s) for s, _ in k.kept], "o", [*init, *body]),
                     split_red=self._split("r", "rrest", [self.ex.size(s) for s, _ in k.reduced], "r", body))
 
+    def row_kernel(self, k: RowKernel) -> dict:
+        """One block per row: threads stride over the row's elements, each reduction combines the
+        threads' accumulators with a deterministic block tree (`sg_block_sum` / `sg_block_max`), every
+        thread computes the per-row values, thread 0 stores them."""
+        sizes = [self.ex.size(s) for s in k.rows]
+        loop_vars = [f"o{d}" for d in range(len(sizes))] + ["c"]
+        passes, shared = [], []
+        for p in self.row_pass_lines(k, loop_vars):
+            finish = []
+            for r in p["reductions"]:
+                acc_t = D.C_TYPES[r.acc_dtype]
+                if acc_t not in shared:
+                    shared.append(acc_t)
+                combined = f"sg_block_{r.op}<{acc_t}>({r.acc}, s_{acc_t})"
+                finish.append(f"const {D.C_TYPES[r.dtype]} {r.name} = {_convert(combined, r.acc_dtype, r.dtype)};")
+            stores = [f"if (threadIdx.x == 0) {line}" for line in p["row_stores"]]
+            passes.append(dict(p, finish=finish + p["after"] + stores))
+        self.rows = True
+        row = self.element_lines(_Body(k.operands, []), loop_vars)
+        text = [*row, *(line for p in passes for line in [*p["body"], *p["finish"]])]
+        reads = [o.view.buffer for o in [*k.operands, *(o for p in k.passes for o in p.operands)]
+                 if o.view.buffer is not None]
+        params, args = self.params(reads, k.outs)
+        return dict(kind="row", name=k.name, comments=[comment(k.summary())] + [comment(l) for l in k.lines],
+                    params=params, args=args, shared=shared, row=row, passes=passes, size=self.ex.size(k.size),
+                    n_rows=self._numel(k.rows), split=self._split("o", "rest", sizes, "o", text))
+
     def matmul_kernel(self, k: MatmulKernel) -> dict:
         if k.out.dtype not in ("float32", "float64"):
             raise NotImplementedError(f"no CUDA matmul for dtype {k.out.dtype}")
@@ -215,7 +244,7 @@ class _CudaRenderer(_Renderer):
 
     def render(self) -> str:
         plan = self.plan
-        self.gemm = self.argmax = False
+        self.gemm = self.argmax = self.rows = False
         kernels = self.kernels()
         dim_lines = [f"const int64_t d{k} = dims[{k}];  /* Dim {comment(d)} */" for k, d in enumerate(plan.dims)]
         dim_lines.append("(void)dims;")
@@ -260,6 +289,7 @@ class _CudaRenderer(_Renderer):
         return render("cuda/program.cu.j2", version=__version__,
                       header=[comment(line) for line in plan.header.splitlines()],
                       arguments=arguments, int_pow=self.int_pow, random=self.random, argmax=self.argmax,
+                      rows=self.rows,
                       gemm=self.gemm, qualifiers="static __host__ __device__ __forceinline__",
                       consts=consts, kernels=kernels, variables=variables, inputs=buffers(plan.inputs),
                       outputs=buffers(plan.outputs), workspace=buffers(plan.workspace),

@@ -175,6 +175,8 @@ class FusionDecisions:
                     got |= reads[id(i)]
             reads[id(n)] = got
         deps = {id(n): {id(i) for i in n.inputs} for n in nodes}
+        for member, leaves in self._row_deps().items():  # a row group runs as one kernel
+            deps[member] |= leaves
         for target, new in graph.updates:
             if not mat.get(id(new)) or new.op.kind != ELEMENTWISE:
                 continue

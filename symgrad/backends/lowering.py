@@ -37,6 +37,7 @@ from ..ir.printing import Namer, node_line
 from ..ir.registry import CUSTOM, ELEMENTWISE, MATMUL, MOVEMENT, REDUCE, SOURCE
 from ..ir.value import Value
 from .fusion import DEFAULT_DIM, FusionDecisions  # noqa: F401 -- DEFAULT_DIM: re-exported for the backends
+from .rows import RowDecisions
 
 
 # ---- buffers and views ----------------------------------------------------------
@@ -262,6 +263,77 @@ class MatmulKernel:
     kind: str = "matmul"
 
 
+@dataclass(eq=False)
+class RowReduction:
+    """One accumulator of a row pass: `op` (sum, max) of the element local `value` into `acc`
+    (of `acc_dtype`), finished per row as the local `name` of `dtype`."""
+
+    name: str
+    acc: str
+    op: str
+    value: str
+    acc_dtype: str
+    dtype: str
+    line: str
+
+
+@dataclass(eq=False)
+class RowStore:
+    """`view`'s buffer receives the local `value` at the view's index (at the kernel's loop shape)."""
+
+    value: str
+    view: View
+    label: str
+
+
+@dataclass(eq=False)
+class RowPass:
+    """One loop over a row's elements, then what follows it once per row.
+
+    Per element: load `operands`, run `statements`, fold each of `reductions`,
+    write `stores`. Then per row: finish the reductions into their locals, run
+    `after` (per-row maps, such as log(sum)), write `row_stores`.
+    """
+
+    operands: list
+    statements: list
+    reductions: list
+    stores: list
+    after: list
+    row_stores: list
+
+
+@dataclass(eq=False)
+class RowKernel:
+    """Row reductions and maps over the same rows in one kernel: for every row (the `rows` loop
+    axes, outer to inner), `operands` are loaded once, then `passes` run in order over the row's
+    `size` elements, each reading the per-row values of the passes before it (softmax: max, then
+    sum(exp(z - m)), then the outputs). Every view is at the loop shape [*rows, size]."""
+
+    name: str
+    lines: list[str]
+    rows: list            # loop sizes of the row axes (merged where every view allows)
+    size: Any             # elements per row
+    operands: list        # Operand, read once per row (stride 0 along the row)
+    passes: list          # RowPass
+    numel: Any            # elements per (rows, size) array
+    kind: str = "row"
+
+    @property
+    def outs(self) -> list:
+        """The buffers the kernel writes, each once."""
+        seen: dict[int, Buffer] = {}
+        for p in self.passes:
+            for st in [*p.stores, *p.row_stores]:
+                seen.setdefault(id(st.view.buffer), st.view.buffer)
+        return list(seen.values())
+
+    def summary(self) -> str:
+        """What the kernel does in words, for the report: "row kernel: max, sum (3 passes), 2 outputs"."""
+        ops = [r.op for p in self.passes for r in p.reductions]
+        return f"row kernel: {', '.join(ops)} ({len(self.passes)} passes), {len(self.outs)} outputs"
+
+
 @dataclass
 class Plan:
     """Everything a backend needs to emit one program."""
@@ -294,7 +366,205 @@ def _c_ident(text: str) -> str:
     return out or "_"
 
 
-class _Lowerer(FusionDecisions):
+class _RowContext:
+    """Where `_RowLowering._row_value` puts what it computes: one pass (element level) or the row level."""
+
+    def __init__(self, local: dict, row_level: bool, compute: set, prefix: str, shape=None, first: int = 0):
+        self.local = local          # key -> local name (key: id(node), or ("row", id(node)) per row)
+        self.row_level = row_level
+        self.compute = compute      # ids of non-fused nodes computed here (this pass's maps)
+        self.prefix = prefix        # local names of statements: t0, t1 (a pass) or q0, q1 (per row)
+        self.first = first          # the number of the first statement's name
+        self.shape = shape          # per row: the shape the leaves broadcast to (the member's)
+        self.operands: list = []
+        self.statements: list = []
+
+    def key(self, node: Value):
+        return ("row", id(node)) if self.row_level else id(node)
+
+
+class _RowLowering:
+    """Carries out RowDecisions (mixed into `_Lowerer`): one RowKernel per row group."""
+
+    def row_group(self, node: Value) -> None:
+        """Emit the kernel of `node`'s row group, once: at its first member in the schedule (the
+        schedule makes every member wait for all that the group reads)."""
+        g = self.row_of[id(node)]
+        if id(g) in self.rows_done:
+            return
+        self.rows_done.add(id(g))
+        rows, full = tuple(g.rows), (*g.rows, g.size)
+        inside = {id(n) for n in [*g.members, *g.partials]}
+        members = {id(n) for n in g.members}
+        alias: dict[int, Value] = {}
+        for a in g.aliases:
+            alias[id(a)] = alias.get(id(a.inputs[0]), a.inputs[0])
+        leaves = {id(n): [alias.get(id(l), l) for l in self._leaves(n)] for n in [*g.members, *g.partials]}
+
+        def per_row(n):
+            return n.op.kind == REDUCE or tuple(n.shape) != full
+        # Which pass computes each map and reduction; after which pass each per-row value is ready.
+        pass_of, ready = {}, {}
+        work = sorted([*g.members, *g.partials], key=lambda n: self.order[id(n)])
+        for n in work:
+            k = max([ready[id(l)] if per_row(l) else pass_of[id(l)] for l in leaves[id(n)] if id(l) in members],
+                    default=0)
+            if n.op.kind == REDUCE:
+                pass_of[id(n)] = k
+                ready[id(n)] = k + 1
+            elif per_row(n):
+                ready[id(n)] = k
+            else:
+                pass_of[id(n)] = k
+        outside = {id(v) for v in self.graph.outputs} | {id(new) for _, new in self.graph.updates}
+
+        def escapes(n) -> bool:  # whether a kernel other than this one reads n (so it is stored)
+            if id(n) in outside:
+                return True
+            for u in self.graph.users[id(n)]:
+                if id(u) in inside or ((id(u) in self.fused or id(u) in alias) and not escapes(u)):
+                    continue
+                return True
+            return False
+        later = {id(l) for n in work for l in leaves[id(n)] if id(l) in members and not per_row(l)
+                 and pass_of[id(l)] < pass_of[id(n)]}
+        row_local: dict = {}
+        row_ops: list[Operand] = []
+        passes, lines = [], []
+        self._row_state = (rows, full, alias, row_local, row_ops)
+        for k in range(max(pass_of.values()) + 1):
+            here = [n for n in work if id(n) in pass_of and pass_of[id(n)] == k]
+            ctx = _RowContext(dict(row_local), False, {id(n) for n in here if n.op.kind != REDUCE}, "t")
+            reductions, stores, row_stores = [], [], []
+            for n in here:
+                if n.op.kind == REDUCE:
+                    value = self._row_value(n.inputs[0], ctx)
+                    split = id(n) in self.row_partial
+                    acc = "float64" if n.op.name == "sum" and n.dtype == "float32" else n.dtype
+                    index = sum(len(p.reductions) for p in passes) + len(reductions)
+                    name = f"p{index}"
+                    reductions.append(RowReduction(name, f"a{index}", n.op.name, value, acc,
+                                                   acc if split else n.dtype,
+                                                   self.line(n) + (" (this row's part)" if split else "")))
+                    if split:  # a full sum: this row's part, in the accumulator's precision
+                        buf = self.alloc(n, shape=rows, dtype=acc)
+                        self.row_partials[id(n)] = buffer_view(buf, rows)
+                        row_stores.append(RowStore(name, self._per_row_view(buffer_view(buf, rows)),
+                                                   f"{self.name(n)}, per row"))
+                    else:
+                        self._row_define(n, name)
+                        if escapes(n):
+                            row_stores.append(self._row_store(n, name))
+                else:
+                    value = self._row_value(n, ctx)
+                    if escapes(n) or id(n) in later:
+                        buf = self.alloc(n)
+                        self.views[id(n)] = buffer_view(buf, n.shape)
+                        stores.append(RowStore(value, broadcast_view(self.views[id(n)], full), self.name(n)))
+            after = []
+            for n in work:
+                if id(n) in ready and n.op.kind != REDUCE and ready[id(n)] == k + 1:
+                    done = sum(len(p.after) for p in passes) + len(after)
+                    rctx = _RowContext(row_local, True, {id(n)}, "q", tuple(n.shape), done)
+                    value = self._row_value(n, rctx)
+                    after.extend(rctx.statements)
+                    self._row_define(n, value)
+                    if escapes(n):
+                        row_stores.append(self._row_store(n, value))
+            passes.append(RowPass(ctx.operands, ctx.statements, reductions, stores, after, row_stores))
+            lines += [st.line for st in ctx.statements] + [r.line for r in reductions] + [st.line for st in after]
+        for a in g.aliases:  # reshapes and expands of stored members read by other kernels
+            if id(a.inputs[0]) in self.views:
+                self.views[id(a)] = self.movement(a)
+        self.kernels.append(self._row_kernel(g, list(dict.fromkeys(lines)), row_ops, passes))
+
+    def _row_define(self, n: Value, name: str) -> None:
+        """Record the per-row local of member `n`: read per row always, and by full-row maps when
+        broadcasting it along the row is NumPy's reading (its shape ends in 1, or there are no row axes)."""
+        rows, full, _, row_local, _ = self._row_state
+        row_local[("row", id(n))] = name
+        if tuple(n.shape) != rows or not rows:
+            row_local[id(n)] = name
+
+    def _per_row_view(self, view: View) -> View:
+        """A per-row view (shape rows or rows + (1,)) read at the full shape: stride 0 along the row."""
+        rows, full = self._row_state[:2]
+        if tuple(view.shape) != (*rows, 1):
+            view = reshape_view(view, (*rows, 1))
+            if view is None:
+                raise LoweringError("a per-row value that cannot be viewed with a trailing axis")
+        return broadcast_view(replace(view, strides=view.strides[:-1] + (0,)), full)
+
+    def _row_store(self, n: Value, name: str) -> RowStore:
+        """A per-row member stored for other kernels (its own buffer, laid out as its shape)."""
+        buf = self.alloc(n)
+        self.views[id(n)] = buffer_view(buf, n.shape)
+        return RowStore(name, self._per_row_view(self.views[id(n)]), self.name(n))
+
+    def _row_value(self, n: Value, ctx: _RowContext) -> str:
+        """The local holding `n` where `ctx` runs: computed there (fused nodes and the maps of this
+        pass, one statement per node), taken from an earlier pass, or loaded."""
+        rows, full, alias, row_local, row_ops = self._row_state
+        key = ctx.key(n)
+        if key in ctx.local:
+            return ctx.local[key]
+        if id(n) in alias:  # a reshape or expand of a member: its per-row value
+            name = ctx.local[("row", id(alias[id(n)]))]
+        elif id(n) in self.fused or id(n) in ctx.compute:
+            args = [self._row_value(i, ctx) for i in n.inputs]
+            name = f"{ctx.prefix}{ctx.first + len(ctx.statements)}"
+            ctx.statements.append(Statement(name, n, n.op.expr, args, [i.dtype for i in n.inputs],
+                                            _compute_dtype(n), n.dtype, self.line(n)))
+        else:
+            view = self.views[id(n)]
+            if ctx.row_level:
+                view = self._per_row_view(broadcast_view(view, ctx.shape))
+            else:
+                view = broadcast_view(view, full)
+            if ctx.row_level or view.strides[-1] == 0:  # the same all along the row: loaded once per row
+                name = f"u{len(row_ops)}"
+                row_ops.append(Operand(name, view, self.name(n)))
+                row_local[key] = name
+            else:
+                name = f"v{len(ctx.operands)}"
+                ctx.operands.append(Operand(name, view, self.name(n)))
+        ctx.local[key] = name
+        return name
+
+    def _row_kernel(self, g, lines: list, row_ops: list, passes: list) -> "RowKernel":
+        """The RowKernel, its views' row axes merged where every view steps through them as one."""
+        views = [o.view for o in row_ops]
+        for p in passes:
+            views += [o.view for o in p.operands] + [s.view for s in [*p.stores, *p.row_stores]]
+        per_axis = [(size, tuple(v.strides[a] for v in views)) for a, size in enumerate(g.rows)]
+        merged = _merge_multi(per_axis)
+        shape = (*[size for size, _ in merged], g.size)
+
+        def at_loop(view: View, k: int) -> View:
+            return replace(view, shape=shape, strides=(*[st[k] for _, st in merged], view.strides[-1]))
+        k = 0
+        for o in row_ops:
+            o.view, k = at_loop(o.view, k), k + 1
+        for p in passes:
+            for o in p.operands:
+                o.view, k = at_loop(o.view, k), k + 1
+            for st in [*p.stores, *p.row_stores]:
+                st.view, k = at_loop(st.view, k), k + 1
+        first = g.members[0]
+        label = self.name(first)
+        label = label if label.startswith("t") and label[1:].isdigit() else f"n{self.order[id(first)]}"
+        return RowKernel(f"k{len(self.kernels)}_rows_{label}", lines, [size for size, _ in merged], g.size,
+                         row_ops, passes, _numel((*g.rows, g.size)))
+
+    def cross_row_sum(self, node: Value, epilogue=None) -> View:
+        """The sum over rows of a split full sum's per-row parts (stored by its row kernel)."""
+        part = self.row_partials[id(node)]
+        rows = part.shape
+        return self._emit_reduce(node, [f"{self.line(node)} (the sum of the per-row parts)"], "sum", part, [],
+                                 _merge([(s, st) for s, st in zip(rows, part.strides)]), part.dtype, epilogue)
+
+
+class _Lowerer(FusionDecisions, RowDecisions, _RowLowering):
     """One lowering: walks the graph in order, records a view per value and appends kernels."""
 
     def __init__(self, graph: Graph, variables=None, fuse_reduce: bool = True, recompute: bool = True,
@@ -339,7 +609,10 @@ class _Lowerer(FusionDecisions):
         self.epilogued: set[int] = set()          # ids of reductions whose kernel its epilogue emits
         if fuse_reduce:
             self._choose_epilogues()
-        self.schedule = self._schedule() if schedule else list(graph.nodes)
+        self._choose_row_groups()
+        self.rows_done: set[int] = set()       # ids of the row groups whose kernel is emitted
+        self.row_partials: dict[int, View] = {}  # id(split full sum) -> its per-row parts
+        self.schedule = self._schedule() if schedule else self._graph_order()
         self.order = {id(n): k for k, n in enumerate(self.schedule)}
 
     # ---- decisions ------------------------------------------------------
@@ -369,7 +642,9 @@ class _Lowerer(FusionDecisions):
     def lower(self) -> Plan:
         for node in self.schedule:
             kind = node.op.kind
-            if kind == SOURCE:
+            if id(node) in self.row_of:
+                self.row_group(node)
+            elif kind == SOURCE:
                 self.views[id(node)] = self.source(node)
             elif kind == MOVEMENT:
                 self.views[id(node)] = self.movement(node)
@@ -458,7 +733,7 @@ class _Lowerer(FusionDecisions):
                 continue
             if any(other is not view and other.buffer is buf for _, _, other in finals):
                 continue  # another update reads this temporary too
-            producer = next((i for i, k in enumerate(self.kernels) if k.out is buf), None)
+            producer = next((i for i, k in enumerate(self.kernels) if buf in _writes(k)), None)
             if producer is None or not isinstance(self.kernels[producer], LoopKernel):
                 continue
             kernel = self.kernels[producer]
@@ -583,6 +858,8 @@ class _Lowerer(FusionDecisions):
 
     def reduce(self, node: Value, epilogue=None) -> View:
         (x,) = node.inputs
+        if id(node) in self.row_partials:
+            return self.cross_row_sum(node, epilogue)
         if id(x) in self.fused:
             return self.fused_reduce(node, epilogue)
         src = self.views[id(x)]
@@ -652,6 +929,9 @@ class _Lowerer(FusionDecisions):
 
 def _reads(kernel) -> list:
     """The buffers a kernel reads."""
+    if isinstance(kernel, RowKernel):
+        operands = [*kernel.operands, *(o for p in kernel.passes for o in p.operands)]
+        return [o.view.buffer for o in operands if o.view.buffer is not None]
     if isinstance(kernel, LoopKernel):
         return [o.view.buffer for o in kernel.operands if o.view.buffer is not None]
     if isinstance(kernel, ReduceKernel):
@@ -662,6 +942,11 @@ def _reads(kernel) -> list:
     return [kernel.a.buffer, kernel.b.buffer]
 
 
+def _writes(kernel) -> list:
+    """The buffers a kernel writes."""
+    return kernel.outs if isinstance(kernel, RowKernel) else [kernel.out]
+
+
 def _substitute(kernel, old: Buffer, new: Buffer) -> None:
     """Make `kernel` read and write `new` wherever it used `old`."""
     def swap(view: View) -> View:
@@ -669,6 +954,12 @@ def _substitute(kernel, old: Buffer, new: Buffer) -> None:
 
     def swap_all(operands: list) -> list:  # untouched operands stay the same objects (cheap)
         return [replace(o, view=swap(o.view)) if o.view.buffer is old else o for o in operands]
+    if isinstance(kernel, RowKernel):
+        kernel.operands = swap_all(kernel.operands)
+        for p in kernel.passes:
+            p.operands = swap_all(p.operands)
+            p.stores, p.row_stores = swap_all(p.stores), swap_all(p.row_stores)
+        return
     if kernel.out is old:
         kernel.out = new
     if isinstance(kernel, LoopKernel):
@@ -726,7 +1017,8 @@ def lower(graph: Graph, variables=None, fuse_reduce: bool = True, recompute: boo
         the unoptimized graph's list so every variable keeps its slot after passes.
     fuse_reduce: compute elementwise prologues inside row-wise reductions.
     recompute: recompute cheap elementwise values in each reader instead of storing them.
-    schedule: order the kernels to keep few bytes live (else the graph's own order).
+    schedule: order the kernels to keep few bytes live (else the graph's own order, each row group
+        waiting for all it reads).
     """
     for node in graph.nodes:
         stray = set()

@@ -20,7 +20,7 @@ import sympy
 
 from ..ir import dtypes as D
 from ..ir import shapes as S
-from .lowering import DEFAULT_DIM, Plan, _reads
+from .lowering import DEFAULT_DIM, Plan, _reads, _writes
 
 
 @dataclass
@@ -61,7 +61,7 @@ def liveness(plan: Plan) -> list[tuple]:
     first: dict[int, int] = {}
     last: dict[int, int] = {}
     for k, kernel in enumerate(plan.kernels):
-        for buf in [*_reads(kernel), kernel.out]:
+        for buf in [*_reads(kernel), *_writes(kernel)]:
             if buf is not None and buf.storage == "workspace":
                 first.setdefault(id(buf), k)
                 last[id(buf)] = k

@@ -11,7 +11,7 @@ import time
 from contextlib import contextmanager
 
 from ..passes import format_report
-from .lowering import LoopKernel, MatmulKernel, ReduceKernel
+from .lowering import LoopKernel, MatmulKernel, ReduceKernel, RowKernel
 
 # Compile stages in the order they run, with the words the report uses.
 STAGES = (("graph", "graph build + autodiff"), ("lookup", "program cache lookup"), ("passes", "graph passes"),
@@ -31,7 +31,8 @@ def timed(timings: dict, stage: str):
 
 def kernel_counts(plan) -> dict:
     """How many kernels of each kind the plan runs per call."""
-    counts = {"total": len(plan.kernels), "loop": 0, "copy": 0, "reduce": 0, "fused reduce": 0, "matmul": 0}
+    counts = {"total": len(plan.kernels), "loop": 0, "copy": 0, "reduce": 0, "fused reduce": 0, "matmul": 0,
+              "row": 0}
     for k in plan.kernels:
         if isinstance(k, LoopKernel):
             counts["copy" if k.name.endswith("_copy") else "loop"] += 1
@@ -39,10 +40,14 @@ def kernel_counts(plan) -> dict:
             counts["fused reduce" if k.operands else "reduce"] += 1
         elif isinstance(k, MatmulKernel):
             counts["matmul"] += 1
+        elif isinstance(k, RowKernel):
+            counts["row"] += 1
     return counts
 
 
 def _kernel_line(k) -> str:
+    if isinstance(k, RowKernel):
+        return f"  {k.name:<32} {k.summary()} -> {', '.join(b.name for b in k.outs)}"
     if isinstance(k, LoopKernel):
         what = f"loop, {len(k.statements)} op(s) fused, {len(k.operands)} operand(s)"
     elif isinstance(k, ReduceKernel):
@@ -68,7 +73,8 @@ def program_report(program, timings: dict | None = None) -> str:
     out.append("")
     out.append("== kernels ==")
     out.append(f"kernels: {counts['total']} ({counts['loop']} loops, {counts['reduce']} reductions, "
-               f"{counts['fused reduce']} fused reductions, {counts['matmul']} matmuls, {counts['copy']} copies)")
+               f"{counts['fused reduce']} fused reductions, {counts['row']} row kernels, {counts['matmul']} matmuls, "
+               f"{counts['copy']} copies)")
     out.extend(_kernel_line(k) for k in plan.kernels)
     out.append("")
     out.append("== save / recompute ==")
