@@ -28,7 +28,8 @@ from ..ir.graph import Graph
 from . import cache
 from .c_printer import CPrintError, format_literal, printer
 from .. import passes
-from .lowering import REDUCED, LoopKernel, MatmulKernel, Plan, ReduceKernel, RowKernel, View, lower
+from .lowering import (PRODUCT, REDUCED, LoopKernel, MatmulKernel, Plan, ReduceKernel, RowKernel, View,
+                       contiguous_strides, lower)
 from . import program_cache
 from .memory import ArenaSpec, MemoryPlan, latest_or_assumed, memory_plan
 from .report import program_report, timed as _timed
@@ -291,12 +292,17 @@ class _Renderer:
     def element_lines(self, k, loop_vars: list[str]) -> list[str]:
         """The lines computing one element of a loop kernel or a fused reduction's input:
         operand loads, then one line per fused node (the same in C and CUDA)."""
+        return self.body_lines(k.operands, k.statements, loop_vars)
+
+    def body_lines(self, operands: list, statements: list, loop_vars: list[str]) -> list[str]:
+        """Operand loads at `loop_vars` (each operand's view indexed by them), then one line per
+        statement: one element of a fused elementwise group."""
         lines = []
-        for op in k.operands:
+        for op in operands:
             lines.append(f"const {D.C_TYPES[op.view.dtype]} {op.name} = {self.load(op.view, loop_vars)};"
                          f"  /* {comment(op.label)} */")
-        dtypes = {op.name: op.view.dtype for op in k.operands}
-        for st in k.statements:
+        dtypes = {op.name: op.view.dtype for op in operands}
+        for st in statements:
             text = self.statement(st, dtypes)
             dtypes[st.name] = st.dtype
             lines.append(f"const {D.C_TYPES[st.dtype]} {st.name} = {text};  /* {comment(st.line)} */")
@@ -373,12 +379,14 @@ class _Renderer:
     def matmul_kernel(self, k: MatmulKernel) -> dict:
         a, b = k.a, k.b
         ptr = lambda v: v.buffer.name if v.offset == 0 else f"{v.buffer.name} + {self.ex._paren(v.offset)}"
-        params, args = self.params([a.buffer, b.buffer], k.out)
+        epilogue_buffers = [op.view.buffer for op in k.epilogue if op.view.buffer is not None]
+        params, args = self.params([a.buffer, b.buffer, *epilogue_buffers], k.out)
         ctx = dict(template="c/matmul.c.j2", name=k.name, comments=[comment(l) for l in k.lines],
                    params=params, args=args, M=self.ex.size(k.M), N=self.ex.size(k.N), K=self.ex.size(k.K),
                    a=ptr(a), b=ptr(b), out=k.out.name,
                    sam=self.ex.size(a.strides[0]), sak=self.ex.size(a.strides[1]),
-                   sbk=self.ex.size(b.strides[0]), sbn=self.ex.size(b.strides[1]))
+                   sbk=self.ex.size(b.strides[0]), sbn=self.ex.size(b.strides[1]),
+                   epilogue=self.matmul_epilogue(k, epilogue_buffers) if k.epilogue_statements else None)
         narrow = _narrow_variant(k)
         if narrow is None:
             if k.out.dtype not in self.gemm_dtypes:
@@ -393,6 +401,26 @@ class _Renderer:
         # The dot kernel needs only A's row stride (its columns are contiguous), the
         # transposed one only A's column stride (its rows are).
         return dict(ctx, gemm=name, a_strides=[ctx["sam"] if kind == "dot" else ctx["sak"]])
+
+    def matmul_epilogue(self, k: MatmulKernel, buffers: list) -> dict:
+        """The fused epilogue of a matmul kernel: a function the GEMM calls on each block of the
+        product once the block holds its final sums; it reads each element back (the local
+        PRODUCT), computes the fused nodes at that (row, col) and stores the root's value."""
+        ctype = D.C_TYPES[k.out.dtype]
+        dims = [f"d{n}" for n in range(len(self.plan.dims))]
+        fields = [f"int64_t {d}" for d in dims]
+        unpack = [f"const int64_t {d} = args->{d};" for d in dims]
+        buffers = list(dict.fromkeys(buffers))  # each buffer once, in order (a Buffer hashes by identity)
+        for buf in buffers:
+            fields.append(f"const {D.C_TYPES[buf.dtype]}* {buf.name}")
+            unpack.append(f"const {D.C_TYPES[buf.dtype]}* restrict {buf.name} = args->{buf.name};")
+        fields.append(f"{ctype}* {k.out.name}")
+        unpack.append(f"{ctype}* restrict {k.out.name} = args->{k.out.name};")
+        at = self.ex.index(0, ["row", "col"], contiguous_strides((k.M, k.N)))
+        body = [f"const {ctype} {PRODUCT} = {k.out.name}[{at}];  /* {comment(k.lines[0])} */",
+                *self.body_lines(k.epilogue, k.epilogue_statements, ["row", "col"]),
+                f"{k.out.name}[{at}] = {k.epilogue_result};"]
+        return dict(fields=fields, unpack=unpack, init=[*dims, *(b.name for b in buffers), k.out.name], body=body)
 
     def kernels(self) -> list[dict]:
         """The template context of every kernel of the plan, in schedule order."""
@@ -538,7 +566,7 @@ class CProgram:
             with _timed(self.timings, "passes"):
                 optimized, pass_report = self._passes()
             with _timed(self.timings, "lower"):
-                plan = lower(optimized, variables=graph.variables)
+                plan = self._lower(optimized)
             self._compiled_graph = (optimized, pass_report, plan)
             with _timed(self.timings, "render"):
                 self.source = render_source(plan)
@@ -576,10 +604,13 @@ class CProgram:
         optimized = passes.optimize(self.graph, report=report) if self._optimize else self.graph
         return optimized, report
 
+    def _lower(self, optimized: Graph) -> Plan:
+        return lower(optimized, variables=self.graph.variables, matmul_epilogues=True)
+
     def _compiled(self) -> tuple:
         if self._compiled_graph is None:
             optimized, pass_report = self._passes()
-            self._compiled_graph = (optimized, pass_report, lower(optimized, variables=self.graph.variables))
+            self._compiled_graph = (optimized, pass_report, self._lower(optimized))
         return self._compiled_graph
 
     @property

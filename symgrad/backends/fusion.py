@@ -1,10 +1,10 @@
 """Fusion, save-or-recompute and scheduling decisions of the lowering (mixed into `_Lowerer`).
 
 Which elementwise nodes are computed inside another kernel's loop instead of
-getting one of their own (chains, reduction prologues and epilogues, cheap
-values recomputed by each reader), which forward values are kept for the
-backward and why, and the kernel order that keeps few bytes live. The
-decisions read only the graph; `symgrad.backends.lowering` carries them out.
+getting one of their own (chains, reduction prologues and epilogues, matmul
+epilogues, cheap values recomputed by each reader), which forward values are
+kept for the backward and why, and the kernel order that keeps few bytes live.
+The decisions read only the graph; `symgrad.backends.lowering` carries them out.
 """
 
 from __future__ import annotations
@@ -21,8 +21,9 @@ from ..ir.value import Value
 
 
 class FusionDecisions:
-    """The decisions; expects `graph`, `uses`, `fused`, `fuse_reduce`, `choices`, `epilogue_of`,
-    `epilogued` and `name` (a Namer) on the instance."""
+    """The decisions; expects `graph`, `uses`, `fused`, `fuse_reduce`, `choices`, `epilogue_of`
+    (id(elementwise root) -> the reduction or matmul it finishes), `epilogued` and `name` (a Namer)
+    on the instance."""
 
     def _fusable(self, node: Value) -> bool:
         """Computed inside its one user's loop: an elementwise node read once, by an elementwise node
@@ -128,6 +129,31 @@ class FusionDecisions:
             if all(self._epilogue_leaf(leaf, r) for leaf in self._leaves(u) if leaf is not r):
                 self.epilogue_of[id(u)] = r
                 self.epilogued.add(id(r))
+
+    def _choose_matmul_epilogues(self) -> None:
+        """A matmul read only by a chain of elementwise nodes of its own (M, N) shape and dtype hands
+        its product to that chain inside the matmul kernel: the GEMM applies the chain to each element
+        as it stores it (`relu(x @ W + b)`, relu's backward mask `dy @ W * (h > 0)`), so the bare
+        product is never written out and read back. The chain's other operands are read at the same
+        (row, col) through their views (a bias row broadcast over the rows, a saved activation).
+
+        Not for a chain feeding a reduction or fused into several readers (a recompute choice stands),
+        not for a chain that is already a reduction's epilogue, and not for a variable's new value:
+        a loop kernel can write that straight into the variable, which the GEMM cannot (it stores
+        partial sums into its output before the last K chunk)."""
+        graph = self.graph
+        updated = {id(new) for _, new in graph.updates}
+        for m in graph.nodes:
+            if m.op.kind != MATMUL or self.uses[id(m)] != 1 or len(graph.users[id(m)]) != 1:
+                continue
+            u = graph.users[id(m)][0]
+            while id(u) in self.fused and len(graph.users[id(u)]) == 1:  # up to the fused chain's root
+                u = graph.users[id(u)][0]
+            if u.op.kind != ELEMENTWISE or id(u) in self.fused or id(u) in updated or id(u) in self.epilogue_of \
+                    or u.shape != m.shape or u.dtype != m.dtype:
+                continue
+            self.epilogue_of[id(u)] = m
+            self.epilogued.add(id(m))
 
     def _leaves(self, root: Value) -> list:
         """The values `root`'s fused group reads (its non-fused inputs, recursively)."""

@@ -9,7 +9,9 @@ matmul reads transposed operands through their strides. Chains of
 elementwise nodes whose value has one elementwise user are fused into that
 user's loop, one statement per node; an elementwise prologue read by a
 row-wise reduction runs inside the reduction's loop, and an elementwise
-epilogue of a row-wise reduction runs as each reduced value is stored; a
+epilogue of a row-wise reduction runs as each reduced value is stored; with
+`matmul_epilogues`, an elementwise chain reading a matmul's product (bias add
+and activation, relu's backward mask) runs as the GEMM stores each element; a
 cheap elementwise value read by several kernels is recomputed in each. The
 kernels run in an order that keeps few bytes live (symgrad.backends.fusion
 decides all that; symgrad.backends.memory plans the workspace arena).
@@ -250,7 +252,12 @@ class ReduceKernel:
 
 @dataclass(eq=False)
 class MatmulKernel:
-    """out[M,N] = a[M,K] @ b[K,N], both read through strides (a transpose costs no copy)."""
+    """out[M,N] = a[M,K] @ b[K,N], both read through strides (a transpose costs no copy).
+
+    A fused epilogue (`relu(a @ b + bias)`): each element of the product, the local PRODUCT,
+    goes through `epilogue_statements` as it is stored; each epilogue operand's view is at
+    [M, N] (read at the element's (row, col)), and `out` receives `epilogue_result`.
+    """
 
     name: str
     lines: list[str]
@@ -261,6 +268,9 @@ class MatmulKernel:
     N: Any
     K: Any
     kind: str = "matmul"
+    epilogue: list = field(default_factory=list)             # Operand
+    epilogue_statements: list = field(default_factory=list)  # Statement
+    epilogue_result: str = ""
 
 
 @dataclass(eq=False)
@@ -354,7 +364,8 @@ class Plan:
 
 # ---- the lowering itself ----------------------------------------------------------
 
-REDUCED = "red"  # the local name of a reduced value inside a fused epilogue
+REDUCED = "red"    # the local name of a reduced value inside a fused epilogue
+PRODUCT = "prod"   # the local name of a matmul's element inside a fused epilogue
 
 class LoweringError(NotImplementedError):
     """A node the lowering has no rule for."""
@@ -568,7 +579,7 @@ class _Lowerer(FusionDecisions, RowDecisions, _RowLowering):
     """One lowering: walks the graph in order, records a view per value and appends kernels."""
 
     def __init__(self, graph: Graph, variables=None, fuse_reduce: bool = True, recompute: bool = True,
-                 schedule: bool = True):
+                 schedule: bool = True, matmul_epilogues: bool = False):
         self.graph = graph
         # The variable buffers: the caller's list (those of the unoptimized graph, so that no
         # variable disappears from the program's arguments when passes drop its last use).
@@ -605,13 +616,15 @@ class _Lowerer(FusionDecisions, RowDecisions, _RowLowering):
         self.choices: list[dict] = []
         if recompute:
             self._choose_recompute()
-        self.epilogue_of: dict[int, Value] = {}   # id(elementwise root) -> the reduction it finishes
-        self.epilogued: set[int] = set()          # ids of reductions whose kernel its epilogue emits
+        self.epilogue_of: dict[int, Value] = {}   # id(elementwise root) -> the reduction or matmul it finishes
+        self.epilogued: set[int] = set()          # ids of reductions and matmuls whose kernel its epilogue emits
         if fuse_reduce:
             self._choose_epilogues()
         self._choose_row_groups()
         self.rows_done: set[int] = set()       # ids of the row groups whose kernel is emitted
         self.row_partials: dict[int, View] = {}  # id(split full sum) -> its per-row parts
+        if matmul_epilogues:
+            self._choose_matmul_epilogues()
         self.schedule = self._schedule() if schedule else self._graph_order()
         self.order = {id(n): k for k, n in enumerate(self.schedule)}
 
@@ -651,7 +664,10 @@ class _Lowerer(FusionDecisions, RowDecisions, _RowLowering):
             elif kind == CUSTOM:
                 self.views[id(node)] = self.views[id(node.inputs[0])]
             elif kind == ELEMENTWISE:
-                if id(node) in self.epilogue_of:
+                finished = self.epilogue_of.get(id(node))
+                if finished is not None and finished.op.kind == MATMUL:
+                    self.views[id(node)] = self.matmul(finished, epilogue_root=node)
+                elif finished is not None:
                     self.views[id(node)] = self.reduce_with_epilogue(node)
                 elif id(node) not in self.fused:
                     self.views[id(node)] = self.elementwise(node)
@@ -659,7 +675,8 @@ class _Lowerer(FusionDecisions, RowDecisions, _RowLowering):
                 if id(node) not in self.epilogued:  # else emitted with its epilogue
                     self.views[id(node)] = self.reduce(node)
             elif kind == MATMUL:
-                self.views[id(node)] = self.matmul(node)
+                if id(node) not in self.epilogued:  # else emitted with its epilogue
+                    self.views[id(node)] = self.matmul(node)
             else:
                 raise LoweringError(f"no lowering for op {node.op.name!r} of kind {kind!r}")
         # Outputs not written in place by their kernel are copied into their buffers.
@@ -911,7 +928,9 @@ class _Lowerer(FusionDecisions, RowDecisions, _RowLowering):
                                  [(s, 0) for s, _ in reduced], acc, epilogue, operands=operands,
                                  statements=statements, result=result)
 
-    def matmul(self, node: Value) -> View:
+    def matmul(self, node: Value, epilogue_root: Value | None = None) -> View:
+        """The MatmulKernel of `node`; with `epilogue_root`, the kernel also computes the elementwise
+        chain from the product up to that root as it stores each element, and stores the root."""
         a, b = node.inputs
         views = []
         for v in (a, b):
@@ -921,10 +940,16 @@ class _Lowerer(FusionDecisions, RowDecisions, _RowLowering):
                 self.copy(v, view, buf, "materialize a matmul operand")
                 view = buffer_view(buf, v.shape)
             views.append(view)
-        out = self.alloc(node)
-        self.kernels.append(MatmulKernel(self.kernel_name(node), [self.line(node)], views[0], views[1], out,
-                                         node.shape[0], node.shape[1], a.shape[1]))
-        return buffer_view(out, node.shape)
+        root = node if epilogue_root is None else epilogue_root
+        out = self.alloc(root)
+        kernel = MatmulKernel(self.kernel_name(root), [self.line(node)], views[0], views[1], out,
+                              node.shape[0], node.shape[1], a.shape[1])
+        if epilogue_root is not None:
+            operands, statements, result = self._fused_body(root, root.shape, {id(node): PRODUCT})
+            kernel.lines += [st.line for st in statements]
+            kernel.epilogue, kernel.epilogue_statements, kernel.epilogue_result = operands, statements, result
+        self.kernels.append(kernel)
+        return buffer_view(out, root.shape)
 
 
 def _reads(kernel) -> list:
@@ -939,7 +964,7 @@ def _reads(kernel) -> list:
         if kernel.operands:
             return [o.view.buffer for o in kernel.operands if o.view.buffer is not None] + extra
         return ([kernel.input.buffer] if kernel.input.buffer is not None else []) + extra
-    return [kernel.a.buffer, kernel.b.buffer]
+    return [kernel.a.buffer, kernel.b.buffer] + [o.view.buffer for o in kernel.epilogue if o.view.buffer is not None]
 
 
 def _writes(kernel) -> list:
@@ -971,6 +996,7 @@ def _substitute(kernel, old: Buffer, new: Buffer) -> None:
         kernel.epilogue = swap_all(kernel.epilogue)
     else:
         kernel.a, kernel.b = swap(kernel.a), swap(kernel.b)
+        kernel.epilogue = swap_all(kernel.epilogue)
 
 
 def _merge(axes: list[tuple]) -> list[tuple]:
@@ -1010,7 +1036,7 @@ def _compute_dtype(node: Value) -> str:
 
 
 def lower(graph: Graph, variables=None, fuse_reduce: bool = True, recompute: bool = True,
-          schedule: bool = True) -> Plan:
+          schedule: bool = True, matmul_epilogues: bool = False) -> Plan:
     """The kernel plan of `graph`.
 
     variables: the variable nodes to give buffers, in order (default the graph's own); pass
@@ -1019,6 +1045,9 @@ def lower(graph: Graph, variables=None, fuse_reduce: bool = True, recompute: boo
     recompute: recompute cheap elementwise values in each reader instead of storing them.
     schedule: order the kernels to keep few bytes live (else the graph's own order, each row group
         waiting for all it reads).
+    matmul_epilogues: compute an elementwise chain that reads a matmul's product (bias add,
+        activation, relu's backward mask) inside the matmul kernel, as each element is stored; only
+        for backends whose matmul renders MatmulKernel.epilogue (C; not CUDA yet).
     """
     for node in graph.nodes:
         stray = set()
@@ -1032,5 +1061,5 @@ def lower(graph: Graph, variables=None, fuse_reduce: bool = True, recompute: boo
             raise ValueError(f"{node.op.name} {node.type_str}: sizes use Dims {sorted(map(str, stray))} "
                              f"that no input's shape determines")
     return _Lowerer(graph, variables, fuse_reduce=fuse_reduce, recompute=recompute,
-                    schedule=schedule).lower()
+                    schedule=schedule, matmul_epilogues=matmul_epilogues).lower()
 

@@ -32,14 +32,14 @@ def timed(timings: dict, stage: str):
 def kernel_counts(plan) -> dict:
     """How many kernels of each kind the plan runs per call."""
     counts = {"total": len(plan.kernels), "loop": 0, "copy": 0, "reduce": 0, "fused reduce": 0, "matmul": 0,
-              "row": 0}
+              "row": 0, "fused matmul": 0}
     for k in plan.kernels:
         if isinstance(k, LoopKernel):
             counts["copy" if k.name.endswith("_copy") else "loop"] += 1
         elif isinstance(k, ReduceKernel):
             counts["fused reduce" if k.operands else "reduce"] += 1
         elif isinstance(k, MatmulKernel):
-            counts["matmul"] += 1
+            counts["fused matmul" if k.epilogue_statements else "matmul"] += 1
         elif isinstance(k, RowKernel):
             counts["row"] += 1
     return counts
@@ -53,7 +53,7 @@ def _kernel_line(k) -> str:
     elif isinstance(k, ReduceKernel):
         what = f"{k.op}" + (f" with {len(k.statements)} fused op(s)" if k.operands else "")
     else:
-        what = "matmul"
+        what = "matmul" + (f" + {len(k.epilogue_statements)} fused op(s)" if k.epilogue_statements else "")
     return f"  {k.name:<32} {what} -> {k.out.name}"
 
 
@@ -74,7 +74,7 @@ def program_report(program, timings: dict | None = None) -> str:
     out.append("== kernels ==")
     out.append(f"kernels: {counts['total']} ({counts['loop']} loops, {counts['reduce']} reductions, "
                f"{counts['fused reduce']} fused reductions, {counts['row']} row kernels, {counts['matmul']} matmuls, "
-               f"{counts['copy']} copies)")
+               f"{counts['fused matmul']} fused matmuls, {counts['copy']} copies)")
     out.extend(_kernel_line(k) for k in plan.kernels)
     out.append("")
     out.append("== save / recompute ==")
