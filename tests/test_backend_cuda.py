@@ -559,7 +559,12 @@ def test_mlp_arena_equals_the_c_backends_plan(simulated):
     xb, yb = rng.standard_normal((128, 784)).astype(np.float32), rng.integers(0, 10, 128)
     losses = {backend: step(x=xb, y=yb) for backend, step in steps.items()}
     assert losses["cuda"] == pytest.approx(losses["c"], rel=1e-5)
-    c_plan, cuda_plan = (steps[backend].program.memory_plan for backend in ("c", "cuda"))
+    cuda_plan = steps["cuda"].program.memory_plan
+    # C fuses matmul epilogues and CUDA does not (yet): the same optimized graph lowered without
+    # them, planned by the C backend's planner, is the arena CUDA must use.
+    c_program = steps["c"].program
+    c_plan = memory_plan(lower(c_program.optimized, variables=c_program.graph.variables), {B: 128},
+                         align=cuda.ALIGN)
     assert cuda_plan.bindings == c_plan.bindings == {B: 128}
     assert (cuda_plan.sizes, cuda_plan.live) == (c_plan.sizes, c_plan.live)     # the same temporaries
     assert (cuda_plan.offsets, cuda_plan.arena_bytes) == (c_plan.offsets, c_plan.arena_bytes)

@@ -132,13 +132,18 @@ def test_mlp_arena_is_close_to_the_liveness_bound(mlp_steps):
     mp = step.program.memory_plan
     assert mp.arena_bytes <= 1.25 * mp.lower_bound_bytes
     _no_overlap(step.program.plan, mp)
-    # Less than half the naive total, on the plan before matmul epilogues: fusing them removes four
-    # 128 KiB temporaries from the naive total, not from the peak (the first layer's weight gradient
-    # and its input), so the fused plan's arena, at the bound already, is no longer under half of it.
-    unfused = lower(step.program.optimized, variables=step.graph.variables)
+    # Less than half the naive total: every value the step computes in its own buffer.
+    graph = step.program.optimized
+    values = sum(int(np.prod(n.shape)) * np.dtype(n.dtype).itemsize for n in graph.nodes
+                 if n.op.kind not in ("source", "movement"))
+    assert mp.naive_bytes == values and mp.arena_bytes < 0.5 * mp.naive_bytes
+    # Reuse, apart from fusion: under half the temporaries' own total on the plan before matmul
+    # epilogues. Fusing those removes four 128 KiB temporaries, not the peak (the first layer's
+    # weight gradient and its input), so the fused plan, at the bound already, is at 0.58 of its own.
+    unfused = lower(graph, variables=step.graph.variables)
     before = memory_plan(unfused, {})
-    assert before.arena_bytes < 0.5 * before.naive_bytes
-    assert mp.arena_bytes <= before.arena_bytes and mp.naive_bytes < before.naive_bytes
+    assert before.arena_bytes < 0.5 * before.unshared_bytes
+    assert mp.arena_bytes <= before.arena_bytes and mp.unshared_bytes < before.unshared_bytes
     # in place: every parameter's new value is written straight into the parameter
     assert sorted(step.program.plan.in_place) == sorted(step.params)
 

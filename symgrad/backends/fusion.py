@@ -143,14 +143,19 @@ class FusionDecisions:
         partial sums into its output before the last K chunk)."""
         graph = self.graph
         updated = {id(new) for _, new in graph.updates}
+        row_of = getattr(self, "row_of", {})  # row groups are chosen first
         for m in graph.nodes:
             if m.op.kind != MATMUL or self.uses[id(m)] != 1 or len(graph.users[id(m)]) != 1:
                 continue
             u = graph.users[id(m)][0]
+            chain = [u]
             while id(u) in self.fused and len(graph.users[id(u)]) == 1:  # up to the fused chain's root
                 u = graph.users[id(u)][0]
+                chain.append(u)
             if u.op.kind != ELEMENTWISE or id(u) in self.fused or id(u) in updated or id(u) in self.epilogue_of \
                     or u.shape != m.shape or u.dtype != m.dtype:
+                continue
+            if any(id(n) in row_of for n in chain):  # a row kernel computes it (and reads the product)
                 continue
             self.epilogue_of[id(u)] = m
             self.epilogued.add(id(m))

@@ -4,8 +4,10 @@ Liveness is over the plan's kernel order (a buffer is live from the kernel
 that writes it to the last kernel that reads it); buffers are placed greedily,
 largest first, each into the smallest gap that no overlapping-lifetime buffer
 uses (best fit). The plan is made per Dim binding, before any kernel runs,
-with the naive total (every temporary its own buffer) and the lower bound (the
-most bytes live at one kernel) beside it for the report.
+with two totals beside it for the report: the naive total (every value the
+step computes its own buffer, as an interpreter without fusion or reuse would
+hold them) and the temporaries' total without reuse, and the lower bound (the
+most bytes live at one kernel).
 
 What the plan needs of a kernel plan, each temporary's size and lifetime, is
 an `ArenaSpec`: small, and kept by the program cache beside the source, so a
@@ -20,6 +22,7 @@ import sympy
 
 from ..ir import dtypes as D
 from ..ir import shapes as S
+from ..ir.registry import MOVEMENT, SOURCE
 from .lowering import DEFAULT_DIM, Plan, _reads, _writes
 
 
@@ -34,7 +37,8 @@ class MemoryPlan:
 
     offsets: list[int]
     arena_bytes: int        # the arena's size (best-fit reuse)
-    naive_bytes: int        # every temporary its own buffer
+    naive_bytes: int        # every value the step computes its own buffer (no fusion, no reuse)
+    unshared_bytes: int     # every temporary of the kernels its own buffer (fusion, no reuse)
     lower_bound_bytes: int  # the most bytes live at once: no plan can be smaller
     sizes: list[int]        # bytes of each workspace buffer, before alignment
     live: list[tuple]       # (first kernel, last kernel) of each workspace buffer
@@ -42,10 +46,11 @@ class MemoryPlan:
     assumed: bool = False   # bindings assumed before any call (a program with Dims not yet run)
 
     def summary(self) -> str:
-        """One line: planned arena beside the naive total and the lower bound."""
+        """One line: planned arena beside the naive total, the unshared temporaries and the lower bound."""
         ratio = self.arena_bytes / self.lower_bound_bytes if self.lower_bound_bytes else 1.0
-        return (f"arena {_kib(self.arena_bytes)} (naive {_kib(self.naive_bytes)}, lower bound "
-                f"{_kib(self.lower_bound_bytes)}, {ratio:.2f}x the bound) over {len(self.sizes)} temporaries")
+        return (f"arena {_kib(self.arena_bytes)} (naive {_kib(self.naive_bytes)}, temporaries unshared "
+                f"{_kib(self.unshared_bytes)}, lower bound {_kib(self.lower_bound_bytes)}, {ratio:.2f}x the bound) "
+                f"over {len(self.sizes)} temporaries")
 
 
 def _kib(nbytes: int) -> str:
@@ -75,29 +80,35 @@ class ArenaSpec:
 
     nbytes[k]: the size of workspace buffer k in bytes, an int or a sympy
     expression of Dims; live[k]: its (first, last) kernel; kernels: how many
-    kernels the plan runs.
+    kernels the plan runs; value_bytes: the bytes of every value the graph
+    computes (not its inputs, variables, constants or views), for the naive total.
     """
 
     nbytes: tuple
     live: tuple
     kernels: int
+    value_bytes: object = 0
 
     @classmethod
     def of(cls, plan: Plan) -> "ArenaSpec":
         """The spec of a kernel plan."""
         nbytes = tuple(_as_int(b.numel * D.to_numpy(b.dtype).itemsize) for b in plan.workspace)
-        return cls(nbytes, tuple(liveness(plan)), len(plan.kernels))
+        values = sum((S.numel(n.shape) * D.to_numpy(n.dtype).itemsize for n in plan.graph.nodes
+                      if n.op.kind not in (SOURCE, MOVEMENT)), sympy.S.Zero)
+        return cls(nbytes, tuple(liveness(plan)), len(plan.kernels), _as_int(values))
 
     def to_json(self) -> dict:
         """A JSON-ready dict: sizes that depend on Dims are written as sympy text."""
-        return {"nbytes": [n if isinstance(n, int) else str(n) for n in self.nbytes],
-                "live": [list(r) for r in self.live], "kernels": self.kernels}
+        text = lambda n: n if isinstance(n, int) else str(n)  # noqa: E731
+        return {"nbytes": [text(n) for n in self.nbytes], "live": [list(r) for r in self.live],
+                "kernels": self.kernels, "value_bytes": text(self.value_bytes)}
 
     @classmethod
     def from_json(cls, data: dict, dims: dict) -> "ArenaSpec":
         """The spec `to_json` wrote; `dims` maps each Dim's name to its symbol."""
-        nbytes = tuple(n if isinstance(n, int) else sympy.sympify(n, locals=dims) for n in data["nbytes"])
-        return cls(nbytes, tuple(tuple(r) for r in data["live"]), int(data["kernels"]))
+        parse = lambda n: n if isinstance(n, int) else sympy.sympify(n, locals=dims)  # noqa: E731
+        return cls(tuple(parse(n) for n in data["nbytes"]), tuple(tuple(r) for r in data["live"]),
+                   int(data["kernels"]), parse(data["value_bytes"]))
 
 
 def _as_int(size):
@@ -134,11 +145,13 @@ def memory_plan(plan: "Plan | ArenaSpec", bindings: dict | None = None, align: i
         offsets[k] = cursor if best is None else best
         placed.append(k)
         arena = max(arena, offsets[k] + need)
-    naive = sum(_align(s, align) for s in sizes)
+    unshared = sum(_align(s, align) for s in sizes)
+    values = spec.value_bytes
+    naive = values if isinstance(values, int) else int(S.evaluate(values, bindings))
     bound = 0
     for t in range(spec.kernels + 1):
         bound = max(bound, sum(_align(s, align) for s, (lo, hi) in zip(sizes, live) if lo <= t <= hi))
-    return MemoryPlan(offsets, arena, naive, bound, sizes, live, bindings)
+    return MemoryPlan(offsets, arena, naive, unshared, bound, sizes, live, bindings)
 
 
 def latest_or_assumed(plan: "Plan | ArenaSpec", dims: list, plans: dict, align: int) -> MemoryPlan:

@@ -89,7 +89,8 @@ def program_report(program, timings: dict | None = None) -> str:
     if getattr(mp, "assumed", False):
         binding += ", assumed: not called yet"
     out.append(f"{mp.summary()} [{binding}]")
-    out.append(f"  arena {mp.arena_bytes} B, naive {mp.naive_bytes} B, lower bound {mp.lower_bound_bytes} B")
+    out.append(f"  arena {mp.arena_bytes} B, naive {mp.naive_bytes} B (every value its own buffer), "
+               f"temporaries unshared {mp.unshared_bytes} B, lower bound {mp.lower_bound_bytes} B")
     shown = ", ".join(plan.in_place[:IN_PLACE_SHOWN]) or "none"
     more = len(plan.in_place) - IN_PLACE_SHOWN
     out.append(f"  in-place updates: {shown}" + (f" and {more} more" if more > 0 else ""))
