@@ -139,6 +139,7 @@ class _Renderer:
 
     printer = staticmethod(printer)
     language = "C"
+    restrict = "restrict"  # the no-alias qualifier of kernel parameters in this language
 
     def __init__(self, plan: Plan):
         self.plan = plan
@@ -152,17 +153,16 @@ class _Renderer:
         """The kernel's C parameters (dims first, then each buffer once) and the call's arguments
         (`out`: the buffer written, or a list of them)."""
         outs = out if isinstance(out, list) else [out]
-        seen, order = {}, []
+        seen, order = set(), []
         for b in [*buffers, *outs]:
             if id(b) not in seen:
-                seen[id(b)] = b
+                seen.add(id(b))
                 order.append(b)
-        dims = [f"int64_t d{k}" for k in range(len(self.plan.dims))]
-        decls = list(dims)
+        decls = [f"int64_t d{k}" for k in range(len(self.plan.dims))]
         args = [f"d{k}" for k in range(len(self.plan.dims))]
         for b in order:
             const = "" if any(b is o for o in outs) else "const "
-            decls.append(f"{const}{D.C_TYPES[b.dtype]}* restrict {b.name}")
+            decls.append(f"{const}{D.C_TYPES[b.dtype]}* {self.restrict} {b.name}")
             args.append(b.name)
         return ", ".join(decls) or "void", args
 

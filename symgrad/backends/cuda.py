@@ -86,23 +86,7 @@ class _CudaRenderer(_Renderer):
 
     printer = staticmethod(printer)
     language = "CUDA"
-
-    def params(self, buffers: list, out) -> tuple[str, list[str]]:
-        """Kernel parameters (dims first, then each buffer once, `__restrict__`) and the launch arguments
-        (`out`: the buffer written, or a list of them)."""
-        outs = out if isinstance(out, list) else [out]
-        seen, order = set(), []
-        for b in [*buffers, *outs]:
-            if id(b) not in seen:
-                seen.add(id(b))
-                order.append(b)
-        decls = [f"int64_t d{k}" for k in range(len(self.plan.dims))]
-        args = [f"d{k}" for k in range(len(self.plan.dims))]
-        for b in order:
-            const = "" if any(b is o for o in outs) else "const "
-            decls.append(f"{const}{D.C_TYPES[b.dtype]}* __restrict__ {b.name}")
-            args.append(b.name)
-        return ", ".join(decls) or "void", args
+    restrict = "__restrict__"
 
     def _split(self, var: str, rest: str, sizes: list[str], prefix: str, body: list[str]) -> list[str]:
         """C lines splitting the flat index `var` into the row-major indices prefix0.. that `body` uses
