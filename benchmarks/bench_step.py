@@ -2,9 +2,10 @@
 
     python -m benchmarks.bench_step [--models A,B,C] [--systems ...] [--quick] [--json PATH]
 
-In one process and one run: for each model (benchmarks/models.py) and each
-system (benchmarks/systems.py), build the step, warm up, and take the median
-over blocks of several steps (benchmarks/timing.py). Then, unless
+In one process and one run: for each model (benchmarks/models.py), build
+every system's step (benchmarks/systems.py), warm each up, then time them
+side by side, their blocks of several steps taken in turns, and report the
+median block of each (benchmarks/timing.py). Then, unless
 --no-latency, measure compile latency in fresh processes
 (benchmarks/compile_latency.py). A system that is missing here (the C
 backend not built yet, JAX not installed) or fails on a model shows as a
@@ -34,26 +35,45 @@ RESULTS = Path(__file__).resolve().parent / "results"
 
 
 def run_steps(models: list[M.Model], names: list[str], plan: timing.Plan, log=print) -> list[dict]:
-    """Measure every (model, system) pair; one result row per model."""
+    """Measure every (model, system) pair; one result row per model.
+
+    Per model, every system's step is built first, then all are timed side by side
+    (timing.measure_side_by_side: their blocks in turns), so they share the machine's
+    conditions and the ratios compare the systems rather than the minutes they ran in.
+    """
     rows = []
     for model in models:
-        cells = {}
+        cells, runners = {}, {}
         for name in names:
             start = time.perf_counter()
             try:
-                runner = systems.SYSTEMS[name](model)
-                cells[name] = {**report.ok_cell(model, timing.measure(runner, plan)), "note": runner.note}
+                runners[name] = systems.SYSTEMS[name](model)
             except systems.Unavailable as exc:
                 cells[name] = report.failed_cell("unavailable", str(exc))
             except Exception as exc:  # the error text becomes the table cell
-                cells[name] = report.failed_cell("error", f"{type(exc).__name__}: {exc}")
-                cells[name]["traceback"] = traceback.format_exc()
-            cell = cells[name]
-            shown = f"{cell['us_per_step']:.1f} us/step" if cell["status"] == "ok" \
-                else f"{cell['status']}: {report._first_line(cell['reason'], 100)}"
+                cells[name] = _error_cell(exc)
+            shown = "built" if name in runners else \
+                f"{cells[name]['status']}: {report._first_line(cells[name]['reason'], 100)}"
             log(f"  {model.label:7s} {name:19s} {shown}  ({time.perf_counter() - start:.1f} s)")
-        rows.append(report.make_row(model, cells))
+
+        def failed(name: str, exc: Exception) -> None:
+            cells[name] = _error_cell(exc)
+
+        start = time.perf_counter()
+        measured = timing.measure_side_by_side(runners, plan, on_error=failed)
+        for name, result in measured.items():
+            cells[name] = {**report.ok_cell(model, result), "note": runners[name].note}
+        log(f"  {model.label:7s} timed side by side ({time.perf_counter() - start:.1f} s): " + ", ".join(
+            f"{name} {cells[name]['us_per_step']:.1f} us" if cells[name]["status"] == "ok"
+            else f"{name} {cells[name]['status']}" for name in names if name in runners))
+        rows.append(report.make_row(model, {name: cells[name] for name in names}))
     return rows
+
+
+def _error_cell(exc: Exception) -> dict:
+    cell = report.failed_cell("error", f"{type(exc).__name__}: {exc}")
+    cell["traceback"] = traceback.format_exc()
+    return cell
 
 
 def system_notes(names: list[str]) -> dict[str, str]:

@@ -17,7 +17,7 @@ import math
 
 import pytest
 
-from benchmarks import bench_step, compile_latency, models, report, systems
+from benchmarks import bench_step, compile_latency, models, report, systems, timing
 
 # symgrad-C joins as soon as its backend module exists; from then on a build
 # failure there fails this test (the cell would read "error").
@@ -128,3 +128,39 @@ def test_compile_latency_worker_protocol(tmp_path):
                                    "cold_ratio": 0.1, "cold_meets_target": True,
                                    "warm_meets_target": True})
     assert "| symgrad / torch.compile | 0.100 (target <= 0.2) met | 10.0 ms (target <= 50 ms) met |" in text
+
+
+def _counting_runner(name: str, log: list, fail_at: int | None = None) -> systems.Runner:
+    calls = []
+
+    def step():
+        calls.append(1)
+        if fail_at is not None and len(calls) >= fail_at:
+            raise RuntimeError(f"{name} broke at call {len(calls)}")
+        log.append(name)
+        return float(len(calls))
+    return systems.Runner(step, float)
+
+
+def test_systems_are_timed_in_turns_in_a_rotating_order():
+    log: list = []
+    runners = {n: _counting_runner(n, log) for n in ("a", "b", "c")}
+    plan = timing.Plan(blocks=4, steps=2, warmup_steps=1, warmup_s=0.0, settle_s=0.0)
+    results = timing.measure_side_by_side(runners, plan)
+    assert set(results) == {"a", "b", "c"}
+    assert all(r["blocks"] == 4 and r["steps_per_block"] == 2 and r["us_per_step"] > 0
+               for r in results.values())
+    timed = log[3:]   # after each runner's one first call
+    blocks = [timed[i] for i in range(0, len(timed), 2)]
+    assert all(timed[i] == timed[i + 1] for i in range(0, len(timed), 2))   # whole blocks
+    assert blocks == ["a", "b", "c", "b", "c", "a", "c", "a", "b", "a", "b", "c"]
+
+
+def test_a_system_failing_between_blocks_is_an_error_cell_the_others_are_timed():
+    log: list = []
+    runners = {"good": _counting_runner("good", log), "bad": _counting_runner("bad", log, fail_at=4)}
+    errors = {}
+    plan = timing.Plan(blocks=3, steps=2, warmup_steps=1, warmup_s=0.0, settle_s=0.0)
+    results = timing.measure_side_by_side(runners, plan, on_error=lambda n, e: errors.setdefault(n, str(e)))
+    assert list(results) == ["good"] and len(log) - log.count("bad") == 1 + 3 * 2
+    assert errors == {"bad": "bad broke at call 4"}
