@@ -41,8 +41,9 @@ CDEF = (f"int {ENTRY}(const int64_t* dims, void** inputs, void** variables, void
 PARALLEL_MIN = 1 << 15          # elements: below this a loop runs on one thread
 GEMM_PARALLEL_MIN = 1 << 18     # multiply-adds: below this a matmul runs on one thread
 NARROW_N = 16                   # matmuls with at most this many output columns use a narrow-N kernel
-NARROW_PARALLEL_MIN = 1 << 22   # multiply-adds: below this a narrow-N matmul runs on one thread (its
-                                # kernels are fast enough that a parallel region rarely pays below)
+NARROW_PARALLEL_MIN = 1 << 22   # multiply-adds: below this a narrow-N matmul runs on one thread: the
+                                # team costs ~1 us awake, but tens of us when the last region was long
+                                # enough ago that it fell asleep (a futex wake; measured on 2-vCPU VMs)
 COLUMN_TILE = 256              # accumulators per column tile of a column sum (a few KB on the stack)
 LAYOUTS_KEPT = 4                # workspaces kept for the most recent distinct Dim bindings
 ALIGN = 64                      # bytes: every workspace buffer starts on a cache line
