@@ -470,7 +470,7 @@ class _Renderer:
         return render("c/program.c.j2", version=__version__,
                       header=[comment(line) for line in plan.header.splitlines()],
                       entry=ENTRY, arguments=arguments, parallel_min=PARALLEL_MIN, int_pow=self.int_pow,
-                      random=self.random,
+                      random=self.random, fast_exp=_mentions(kernels, "sg_expf("),
                       consts=consts, gemms=gemms, narrow=list(self.narrow.values()), kernels=kernels,
                       signature=CDEF.rstrip(";"), prologue=prologue, calls=calls)
 
@@ -510,6 +510,17 @@ def _narrow_variant(k: MatmulKernel):
         return None
     blocks = -(-n // most)
     return kind, -(-n // blocks)
+
+
+def _mentions(context, text: str) -> bool:
+    """Whether any string inside a template context (dicts, lists, strings) contains `text`."""
+    if isinstance(context, str):
+        return text in context
+    if isinstance(context, dict):
+        return any(_mentions(v, text) for v in context.values())
+    if isinstance(context, (list, tuple)):
+        return any(_mentions(v, text) for v in context)
+    return False
 
 
 def _concrete(value) -> bool:
