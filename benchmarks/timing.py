@@ -128,7 +128,3 @@ def measure_side_by_side(runners: dict[str, Runner], plan: Plan,
             attempt(name, lambda: _block(timed[name]))
     return {name: _summary(t) for name, t in timed.items()}
 
-
-def measure(runner: Runner, plan: Plan) -> dict:
-    """Time one runner by `plan` alone (see `measure_side_by_side` for the result's keys)."""
-    return measure_side_by_side({"runner": runner}, plan)["runner"]

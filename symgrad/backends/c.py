@@ -147,6 +147,7 @@ class _Renderer:
         self.ex = _Exprs(plan.dims)
         self.int_pow = False
         self.random = False
+        self.fast_exp = False  # a statement calls sg_expf (templates/c/expf.h.j2 goes in the prelude)
         self.gemm_dtypes: list[str] = []
         self.narrow: dict[str, dict] = {}  # narrow-N GEMM variants used, by function name
 
@@ -211,6 +212,7 @@ class _Renderer:
             text = self.printer(st.compute_dtype).print_named(expr, names)
         except CPrintError as exc:
             raise CPrintError(f"op {st.node.op.name!r} ({st.node.op.expr}): {exc}") from None
+        self.fast_exp = self.fast_exp or "sg_expf(" in text
         if _is_boolean_expr(expr) and st.dtype != "bool":
             return f"({D.C_TYPES[st.dtype]})({text})"
         if _is_boolean_expr(expr):
@@ -470,7 +472,7 @@ class _Renderer:
         return render("c/program.c.j2", version=__version__,
                       header=[comment(line) for line in plan.header.splitlines()],
                       entry=ENTRY, arguments=arguments, parallel_min=PARALLEL_MIN, int_pow=self.int_pow,
-                      random=self.random, fast_exp=_mentions(kernels, "sg_expf("),
+                      random=self.random, fast_exp=self.fast_exp,
                       consts=consts, gemms=gemms, narrow=list(self.narrow.values()), kernels=kernels,
                       signature=CDEF.rstrip(";"), prologue=prologue, calls=calls)
 
@@ -510,17 +512,6 @@ def _narrow_variant(k: MatmulKernel):
         return None
     blocks = -(-n // most)
     return kind, -(-n // blocks)
-
-
-def _mentions(context, text: str) -> bool:
-    """Whether any string inside a template context (dicts, lists, strings) contains `text`."""
-    if isinstance(context, str):
-        return text in context
-    if isinstance(context, dict):
-        return any(_mentions(v, text) for v in context.values())
-    if isinstance(context, (list, tuple)):
-        return any(_mentions(v, text) for v in context)
-    return False
 
 
 def _concrete(value) -> bool:
