@@ -197,6 +197,25 @@ def test_extreme_logits_stay_finite_where_torchs_do(everything_c6):
     assert np.isfinite(got[0]).all() and np.isfinite(got[3]).all()
 
 
+@pytest.mark.parametrize("C", [6, 40])
+def test_a_nan_logit_makes_its_row_max_and_softmax_nan(C):
+    """The row max vectorizes as a plain `>` max plus a "saw a NaN" flag: a NaN anywhere in a row
+    (first, last, mid-vector) still makes that row's max NaN, as NumPy's is, and only that row's."""
+    x_in = sg.input("x", (B, C))
+    inputs, outputs = [x_in], [sg.softmax(x_in, axis=1), sg.max(x_in, axis=1, keepdims=True)]
+    f = sg.function(inputs, outputs, backend="c")
+    assert kinds(f.program.plan) == ["RowKernel"]  # the max is the softmax's own, in the row kernel
+    x = RNG.standard_normal((5, C)).astype("f4")
+    x[0, 0] = x[1, C - 1] = x[2, C // 2 + 1] = np.nan
+    x[3, 2] = np.inf
+    with np.errstate(invalid="ignore"):
+        want, got = reference(inputs, outputs, x), f(x)
+    for g, w in zip(got, want):
+        np.testing.assert_array_equal(np.isnan(g), np.isnan(w))
+        np.testing.assert_allclose(g[~np.isnan(w)], w[~np.isnan(w)], rtol=1e-6)
+    assert np.isnan(got[1][:3]).all() and got[1][3, 0] == np.inf and not np.isnan(got[0][4]).any()
+
+
 def test_large_logits_give_torchs_loss(everything_c6):
     """The loss at huge logits (every log-probability finite: nll_loss multiplies them by the
     one-hot rows, so a -inf one would make the graph's own value NaN, as in the NumPy reference)."""
@@ -245,7 +264,7 @@ def test_cuda_row_kernel_is_one_block_per_row():
     body = src.split("row kernel: max, sum, sum, sum (3 passes), 3 outputs")[1].split("\n}\n")[0]
     assert "for (int64_t o = blockIdx.x; o < n_rows; o += gridDim.x)" in body
     assert "for (int64_t c = threadIdx.x; c < 10; c += blockDim.x)" in body
-    assert "sg_block_max<float>(a0, s_float)" in body and "sg_block_sum<double>" in body
+    assert "sg_block_max<float>((a0_nan ? NAN : a0), s_float)" in body and "sg_block_sum<double>" in body
     assert "atomicAdd" not in src
 
 

@@ -121,6 +121,12 @@ def _convert(text: str, src: str, dst: str) -> str:
         return text
     if dst == "bool":
         return f"(uint8_t)(({text}) != 0)"
+    if src == "bool" and D.is_float(dst):
+        # A select rather than a conversion: gcc vectorizes `b ? 1.0f : 0.0f` beside 64-bit lanes
+        # (an int64 index compared to a label, a one-hot), where a uint8 -> float convert keeps the
+        # whole loop scalar (8x slower on a cross-entropy row).
+        one, zero = ("1.0f", "0.0f") if dst == "float32" else ("1.0", "0.0")
+        return f"(({text}) ? {one} : {zero})"
     return f"({D.C_TYPES[dst]})({text})"
 
 
@@ -214,7 +220,7 @@ class _Renderer:
             raise CPrintError(f"op {st.node.op.name!r} ({st.node.op.expr}): {exc}") from None
         self.fast_exp = self.fast_exp or "sg_expf(" in text
         if _is_boolean_expr(expr) and st.dtype != "bool":
-            return f"({D.C_TYPES[st.dtype]})({text})"
+            return _convert(text, "bool", st.dtype)
         if _is_boolean_expr(expr):
             return f"(uint8_t)({text})"
         return _convert(text, st.compute_dtype, st.dtype)
@@ -238,17 +244,18 @@ class _Renderer:
             load = self.load(view, offset_vars)
         out_index = self.ex.index(0, [l["var"] for l in outer],
                                   _contiguous([s for s, _ in k.kept]))
-        simd_op = ""
+        simd = ""  # argmax's first-maximum search is no OpenMP reduction
+        reduced = "acc"
         if k.op == "sum":
             init = [f"{acc_t} acc = 0;"]
             body = [f"acc += ({acc_t}){load};"]
             finish = [f"{k.out.name}[{out_index}] = {_convert('acc', k.acc_dtype, k.out.dtype)};"]
-            simd_op = "+"
+            simd = _simd_reductions({"+": ["acc"]})
         elif k.op == "max":
-            init = [f"{acc_t} acc = {_lowest(k.acc_dtype)};"]
-            body = [f"const {in_t} v = {load};",
-                    "acc = (v > acc || v != v) ? v : acc;  /* NaN propagates, as in NumPy */"]
-            finish = [f"{k.out.name}[{out_index}] = acc;"]
+            init, fold, reduced, accumulators = _max_fold("acc", "v", k.acc_dtype)
+            body = [f"const {in_t} v = {load};", *fold]
+            finish = [f"{k.out.name}[{out_index}] = {reduced};"]
+            simd = _simd_reductions(accumulators)
         elif k.op == "argmax":
             flat = self.ex.index(0, [l["var"] for l in inner], _contiguous([s for s, _ in k.reduced]))
             init = [f"{acc_t} acc = {_lowest(k.acc_dtype)};", "int64_t best = -1;"]
@@ -262,19 +269,19 @@ class _Renderer:
             raise NotImplementedError(f"no C lowering for reduction {k.op!r}")
         body = prologue + body
         if k.epilogue_statements:  # the reduced value goes through the fused epilogue before it is stored
-            value = {"sum": _convert("acc", k.acc_dtype, k.reduced_dtype), "max": "acc",
+            value = {"sum": _convert("acc", k.acc_dtype, k.reduced_dtype), "max": reduced,
                      "argmax": "(best < 0 ? 0 : best)"}[k.op]
             finish = [f"const {D.C_TYPES[k.reduced_dtype]} {REDUCED} = {value};",
                       *self.epilogue_lines(k, out_index)]
         for l in inner:
-            l["simd"] = bool(simd_op) and l is inner[-1]
+            l["simd"] = simd if l is inner[-1] else ""
         buffers = [k.input.buffer] if k.input.buffer is not None else []
         buffers += [op.view.buffer for op in [*k.operands, *k.epilogue] if op.view.buffer is not None]
         params, args = self.params(buffers, k.out)
         return dict(template="c/reduce.c.j2", name=k.name, comments=[comment(l) for l in k.lines],
                     params=params, args=args, outer=outer, inner=inner, init=init, body=body, finish=finish,
                     indent="    " * (len(outer) + 1), inner_indent="    " * (len(outer) + len(inner) + 1),
-                    numel=self.ex._paren(k.numel), simd_op=simd_op or "+")
+                    numel=self.ex._paren(k.numel))
 
     def epilogue_lines(self, k: ReduceKernel, out_index: str) -> list[str]:
         """A fused epilogue's C lines: operands read at the output's index, one line per node, the store."""
@@ -317,23 +324,29 @@ class _Renderer:
         the combining of accumulators across threads is the caller's (C has one thread per row)."""
         out = []
         for n, p in enumerate(k.passes):
-            init, folds = [], []
+            init, folds, reduced, accumulators = [], [], [], {"+": [], "max": [], "|": []}
             for r in p.reductions:
                 acc_t = D.C_TYPES[r.acc_dtype]
                 if r.op == "sum":
                     init.append(f"{acc_t} {r.acc} = 0;")
                     folds.append(f"{r.acc} += ({acc_t}){r.value};  /* {comment(r.line)} */")
+                    reduced.append(r.acc)
+                    accumulators["+"].append(r.acc)
                 else:
-                    init.append(f"{acc_t} {r.acc} = {_lowest(r.acc_dtype)};")
-                    folds.append(f"{r.acc} = ({r.value} > {r.acc} || {r.value} != {r.value}) ? {r.value} : {r.acc};"
-                                 f"  /* {comment(r.line)}; NaN propagates, as in NumPy */")
+                    more, fold, value, accs = _max_fold(r.acc, r.value, r.acc_dtype)
+                    init += more
+                    folds += [f"{fold[0]}  /* {comment(r.line)} */", *fold[1:]]
+                    reduced.append(value)
+                    for op, names in accs.items():
+                        accumulators[op] += names
             stores = [f"{self.store(st, loop_vars)}  /* {comment(st.label)} */" for st in p.stores]
             after = self.element_lines(_Body([], p.after), loop_vars)
             row_stores = [f"{self.store(st, loop_vars)}  /* {comment(st.label)} */" for st in p.row_stores]
             what = [f"{r.op} {r.name}" for r in p.reductions] + [f"store {st.label}" for st in p.stores]
             out.append(dict(title=f"pass {n + 1} of {len(k.passes)} over the row: {', '.join(what)}",
                             init=init, body=self.element_lines(p, loop_vars) + folds + stores, after=after,
-                            row_stores=row_stores, reductions=p.reductions))
+                            row_stores=row_stores, reductions=p.reductions, reduced=reduced,
+                            simd=_simd_reductions(accumulators)))
         return out
 
     def store(self, st, loop_vars: list[str]) -> str:
@@ -347,17 +360,9 @@ class _Renderer:
         loop_vars = [l["var"] for l in outer] + ["c"]
         passes = []
         for p in self.row_pass_lines(k, loop_vars):
-            finish = [f"const {D.C_TYPES[r.dtype]} {r.name} = {_convert(r.acc, r.acc_dtype, r.dtype)};"
-                      for r in p["reductions"]]
-            ops = {r.op for r in p["reductions"]}
-            # Sums vectorize as OpenMP simd reductions; max's NaN-propagating select is not one.
-            if "max" in ops:
-                simd = ""
-            elif ops:
-                simd = "simd reduction(+:" + ", ".join(r.acc for r in p["reductions"]) + ")"
-            else:
-                simd = "simd"
-            passes.append(dict(p, finish=finish + p["after"] + p["row_stores"], simd=simd))
+            finish = [f"const {D.C_TYPES[r.dtype]} {r.name} = {_convert(value, r.acc_dtype, r.dtype)};"
+                      for r, value in zip(p["reductions"], p["reduced"])]
+            passes.append(dict(p, finish=finish + p["after"] + p["row_stores"]))
         reads = [o.view.buffer for o in [*k.operands, *(o for p in k.passes for o in p.operands)]
                  if o.view.buffer is not None]
         params, args = self.params(reads, k.outs)
@@ -538,6 +543,27 @@ def _contiguous(shape) -> list:
 def _lowest(dtype: str) -> str:
     return {"float32": "-INFINITY", "float64": "-INFINITY", "int32": "INT32_MIN", "int64": "INT64_MIN",
             "bool": "0"}[dtype]
+
+
+def _max_fold(acc: str, value: str, dtype: str) -> tuple[list[str], list[str], str, dict[str, list[str]]]:
+    """A max reduction that vectorizes and still propagates NaN as NumPy does: a plain `>` select
+    (an OpenMP `max` reduction, one vmaxps per vector) beside an `|` reduction of "saw a NaN",
+    applied once the loop is done. Returns the (init, fold) lines, the reduced value's C
+    expression, and the accumulators by OpenMP reduction operator."""
+    init = [f"{D.C_TYPES[dtype]} {acc} = {_lowest(dtype)};"]
+    fold = [f"{acc} = {value} > {acc} ? {value} : {acc};"]
+    if not D.is_float(dtype):
+        return init, fold, acc, {"max": [acc]}
+    flag = f"{acc}_nan"
+    init.append(f"int {flag} = 0;")
+    fold.append(f"{flag} |= {value} != {value};  /* NaN propagates, as in NumPy */")
+    return init, fold, f"({flag} ? NAN : {acc})", {"max": [acc], "|": [flag]}
+
+
+def _simd_reductions(accumulators: dict[str, list[str]]) -> str:
+    """`simd reduction(op: accs) ...`: the OpenMP pragma for a loop folding into these accumulators."""
+    clauses = [f"reduction({op}:{', '.join(accs)})" for op, accs in accumulators.items() if accs]
+    return " ".join(["simd", *clauses])
 
 
 def _fmt(shape) -> str:

@@ -192,11 +192,11 @@ class _CudaRenderer(_Renderer):
         passes, shared = [], []
         for p in self.row_pass_lines(k, loop_vars):
             finish = []
-            for r in p["reductions"]:
+            for r, value in zip(p["reductions"], p["reduced"]):  # value: this thread's part, NaN folded in
                 acc_t = D.C_TYPES[r.acc_dtype]
                 if acc_t not in shared:
                     shared.append(acc_t)
-                combined = f"sg_block_{r.op}<{acc_t}>({r.acc}, s_{acc_t})"
+                combined = f"sg_block_{r.op}<{acc_t}>({value}, s_{acc_t})"
                 finish.append(f"const {D.C_TYPES[r.dtype]} {r.name} = {_convert(combined, r.acc_dtype, r.dtype)};")
             stores = [f"if (threadIdx.x == 0) {line}" for line in p["row_stores"]]
             passes.append(dict(p, finish=finish + p["after"] + stores))
