@@ -407,7 +407,8 @@ class _Renderer:
         name = f"sg_gemm_{kind}{nb}_{g['suffix']}"
         if name not in self.narrow:
             self.narrow[name] = dict(name=name, kind=kind, NB=nb, ctype=D.C_TYPES[k.out.dtype], VL=g["VL"],
-                                     VB=g["VB"], parallel_min=NARROW_PARALLEL_MIN)
+                                     VB=g["VB"], suffix=g["suffix"], dtype=k.out.dtype,
+                                     parallel_min=NARROW_PARALLEL_MIN)
         # The dot kernel needs only A's row stride (its columns are contiguous), the
         # transposed one only A's column stride (its rows are).
         return dict(ctx, gemm=name, a_strides=[ctx["sam"] if kind == "dot" else ctx["sak"]])
@@ -467,6 +468,8 @@ class _Renderer:
         consts = [self.const(c) for c in plan.consts]
         gemms = [dict(GEMM[d], ctype=D.C_TYPES[d], SUFFIX=GEMM[d]["suffix"].upper(),
                       parallel_min=GEMM_PARALLEL_MIN) for d in self.gemm_dtypes]
+        vector_dtypes = dict.fromkeys([*self.gemm_dtypes, *(n["dtype"] for n in self.narrow.values())])
+        vectors = [dict(GEMM[d], ctype=D.C_TYPES[d]) for d in vector_dtypes]  # what the GEMMs' vectors are
         arguments = [f"dims[{k}] = {comment(d)}" for k, d in enumerate(plan.dims)]
         arguments += [f"inputs[{b.index}] = {comment(b.label)}: {D.SHORT_NAMES[b.dtype]}{_fmt(plan.graph.inputs[b.index].shape)}"
                       for b in plan.inputs]
@@ -480,7 +483,8 @@ class _Renderer:
                       header=[comment(line) for line in plan.header.splitlines()],
                       entry=ENTRY, arguments=arguments, parallel_min=PARALLEL_MIN, int_pow=self.int_pow,
                       random=self.random, fast_exp=self.fast_exp,
-                      consts=consts, gemms=gemms, narrow=list(self.narrow.values()), kernels=kernels,
+                      consts=consts, vectors=vectors, gemms=gemms, narrow=list(self.narrow.values()),
+                      kernels=kernels,
                       signature=CDEF.rstrip(";"), prologue=prologue, calls=calls)
 
     def const(self, buf) -> dict:
