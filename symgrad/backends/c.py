@@ -704,7 +704,14 @@ class CProgram:
         with self._lock:
             return self._run(inputs, bindings, variables)
 
-    def _run(self, inputs: list, bindings: dict, variables: dict) -> list:
+    def run_checked(self, inputs: list, bindings: dict, variables: dict) -> list:
+        """`run` for inputs the caller has already checked against the graph's inputs (ndarrays
+        of its dtypes, C-contiguous, of the shapes `bindings` give): symgrad.compiled checks each
+        input signature once, and a small step should not pay for the same checks twice."""
+        with self._lock:
+            return self._run(inputs, bindings, variables, check_inputs=False)
+
+    def _run(self, inputs: list, bindings: dict, variables: dict, check_inputs: bool = True) -> list:
         dims = self.dims
         try:
             key = tuple([int(bindings[d]) for d in dims]) if dims else ()
@@ -720,11 +727,14 @@ class CProgram:
         in_ptrs, var_ptrs, out_ptrs = self._pointer_arrays
         # The cdata views must outlive the call: `keep` holds them.
         keep = [None] * (len(inputs) + len(outs))
-        for k, ((name, dtype), shape, array) in enumerate(zip(self._inputs, in_shapes, inputs)):
-            if not isinstance(array, np.ndarray) or (array.dtype is not dtype and array.dtype != dtype) \
-                    or array.shape != shape or not array.flags.c_contiguous:
-                raise ValueError(f"input {name!r}: expected a C-contiguous {dtype} array of shape {shape}, got "
-                                 f"{getattr(array, 'dtype', type(array).__name__)} {getattr(array, 'shape', '')}")
+        if check_inputs:
+            for (name, dtype), shape, array in zip(self._inputs, in_shapes, inputs):
+                if not isinstance(array, np.ndarray) or (array.dtype is not dtype and array.dtype != dtype) \
+                        or array.shape != shape or not array.flags.c_contiguous:
+                    raise ValueError(f"input {name!r}: expected a C-contiguous {dtype} array of shape {shape}, "
+                                     f"got {getattr(array, 'dtype', type(array).__name__)} "
+                                     f"{getattr(array, 'shape', '')}")
+        for k, array in enumerate(inputs):
             in_ptrs[k] = keep[k] = from_buffer(array)
         cached = self._var_cache
         if cached is not None:
