@@ -69,3 +69,29 @@ def test_narrow_outputs_use_the_narrow_kernels(compiled):
     assert "sg_gemm_dot6_" in src and "sg_gemm_tn8_" in src   # N = 16: 3 x 6 (rounded up) and 2 x 8
     # N = 17 and 33 are not narrow: the register-tiled kernel serves them.
     assert "sg_gemm_f32(6, 17" in src or "sg_gemm_f64(6, 17" in src
+
+
+def test_narrow_matmuls_after_a_team_gemm_run_on_the_team():
+    """A narrow matmul too small to wake a sleeping OpenMP team runs on it once the call has run a
+    GEMM on the team (its threads are then awake): an output layer's product and weight gradient,
+    128 x 256 x 10, after the 128 x 784 x 256 GEMM that makes their input. They match NumPy."""
+    x = sg.input("x", (128, 784))
+    w = sg.input("w", (784, 256))
+    v = sg.input("v", (256, 10))
+    g = sg.input("g", (128, 10))
+    h = sg.relu(x @ w)
+    fn = sg.function([x, w, v, g], [h @ v, sg.transpose(h) @ g], backend="c")
+    src = fn.source
+    entry = src[src.rindex("int symgrad_run("):]
+    assert entry.index("sg_team_warm = 0;") < entry.index("k0_")  # reset by each call
+    assert "sg_team_warm |= parallel;" in src                      # set by a GEMM on the team
+    for kind in ("dot5", "tn10"):
+        body = src[src.index(f"static void sg_gemm_{kind}_f32("):].split("\n}\n")[0]
+        assert "if((double)M * N * K >= (sg_team_warm ? 262144 : 4194304))" in body
+    rng = np.random.default_rng(5)
+    arrays = [rng.standard_normal(a.shape).astype(np.float32) for a in (x, w, v, g)]
+    got = fn(*arrays)
+    xa, wa, va, ga = (a.astype(np.float64) for a in arrays)
+    ha = np.maximum(xa @ wa, 0)
+    for out, ref in zip(got, [ha @ va, ha.T @ ga]):
+        np.testing.assert_allclose(out, ref, rtol=2e-4, atol=2e-3)

@@ -44,6 +44,8 @@ NARROW_N = 16                   # matmuls with at most this many output columns 
 NARROW_PARALLEL_MIN = 1 << 22   # multiply-adds: below this a narrow-N matmul runs on one thread: the
                                 # team costs ~1 us awake, but tens of us when the last region was long
                                 # enough ago that it fell asleep (a futex wake; measured on 2-vCPU VMs)
+NARROW_PARALLEL_MIN_WARM = 1 << 18  # ...and below this once the call has run a GEMM on the team, which
+                                    # keeps it awake (model B's output layer: 2% of its step)
 COLUMN_TILE = 256              # accumulators per column tile of a column sum (a few KB on the stack)
 LAYOUTS_KEPT = 4                # workspaces kept for the most recent distinct Dim bindings
 ALIGN = 64                      # bytes: every workspace buffer starts on a cache line
@@ -408,7 +410,8 @@ class _Renderer:
         if name not in self.narrow:
             self.narrow[name] = dict(name=name, kind=kind, NB=nb, ctype=D.C_TYPES[k.out.dtype], VL=g["VL"],
                                      VB=g["VB"], suffix=g["suffix"], dtype=k.out.dtype,
-                                     parallel_min=NARROW_PARALLEL_MIN)
+                                     parallel_min=NARROW_PARALLEL_MIN,
+                                     parallel_min_warm=NARROW_PARALLEL_MIN_WARM)
         # The dot kernel needs only A's row stride (its columns are contiguous), the
         # transposed one only A's column stride (its rows are).
         return dict(ctx, gemm=name, a_strides=[ctx["sam"] if kind == "dot" else ctx["sak"]])
