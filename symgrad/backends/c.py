@@ -325,7 +325,9 @@ class _Renderer:
     def row_pass_lines(self, k: RowKernel, loop_vars: list[str]) -> list[dict]:
         """Per pass of a row kernel: the accumulators' `init`, the element `body` (loads, one line per
         node, the folds, the stores) and the per-row `finish` (reduced values, per-row maps, stores);
-        the combining of accumulators across threads is the caller's (C has one thread per row)."""
+        `reduced`, each reduction's value from its accumulators (a max's NaN flag folded in), and
+        `accumulators` by reduction operator ("+", "max", "|"). Combining a row's accumulators
+        across threads is the caller's (C has one thread per row)."""
         out = []
         for n, p in enumerate(k.passes):
             init, folds, reduced, accumulators = [], [], [], {"+": [], "max": [], "|": []}
@@ -350,7 +352,7 @@ class _Renderer:
             out.append(dict(title=f"pass {n + 1} of {len(k.passes)} over the row: {', '.join(what)}",
                             init=init, body=self.element_lines(p, loop_vars) + folds + stores, after=after,
                             row_stores=row_stores, reductions=p.reductions, reduced=reduced,
-                            simd=_simd_reductions(accumulators)))
+                            accumulators=accumulators))
         return out
 
     def store(self, st, loop_vars: list[str]) -> str:
@@ -366,7 +368,8 @@ class _Renderer:
         for p in self.row_pass_lines(k, loop_vars):
             finish = [f"const {D.C_TYPES[r.dtype]} {r.name} = {_convert(value, r.acc_dtype, r.dtype)};"
                       for r, value in zip(p["reductions"], p["reduced"])]
-            passes.append(dict(p, finish=finish + p["after"] + p["row_stores"]))
+            passes.append(dict(p, finish=finish + p["after"] + p["row_stores"],
+                               simd=_simd_reductions(p["accumulators"])))
         reads = [o.view.buffer for o in [*k.operands, *(o for p in k.passes for o in p.operands)]
                  if o.view.buffer is not None]
         params, args = self.params(reads, k.outs)
