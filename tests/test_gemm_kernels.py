@@ -95,3 +95,31 @@ def test_narrow_matmuls_after_a_team_gemm_run_on_the_team():
     ha = np.maximum(xa @ wa, 0)
     for out, ref in zip(got, [ha @ va, ha.T @ ga]):
         np.testing.assert_allclose(out, ref, rtol=2e-4, atol=2e-3)
+
+
+STEAL_SCRIPT = """
+import numpy as np, symgrad as sg
+a, b = sg.input("a", (515, 300)), sg.input("b", (300, 200))
+fn = sg.function([a, b], [sg.relu(a @ b), sg.transpose(a) @ a], backend="c")
+rng = np.random.default_rng(9)
+x, w = rng.standard_normal((515, 300)).astype(np.float32), rng.standard_normal((300, 200)).astype(np.float32)
+for _ in range(20):
+    y, g = fn(x, w)
+    assert np.allclose(y, np.maximum(x.astype(np.float64) @ w, 0), rtol=2e-4, atol=2e-3)
+    assert np.allclose(g, x.T.astype(np.float64) @ x, rtol=2e-4, atol=2e-3)
+print("ok")
+"""
+
+
+@pytest.mark.parametrize("threads", [3, 5])
+def test_threads_that_finish_early_take_the_others_row_blocks(threads):
+    """More OpenMP threads than cores: some are descheduled mid-GEMM while the others finish
+    their own row blocks and claim the rest (the work stealing that keeps a slowed core from
+    holding the team at each K chunk's barrier). Uneven runs of rows; the results stay exact."""
+    import os
+    import subprocess
+    import sys
+    env = dict(os.environ, OMP_NUM_THREADS=str(threads))
+    done = subprocess.run([sys.executable, "-c", STEAL_SCRIPT], env=env, capture_output=True, text=True,
+                          timeout=300)
+    assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr[-2000:]
