@@ -83,18 +83,22 @@ def test_narrow_matmuls_after_a_team_gemm_run_on_the_team():
     fn = sg.function([x, w, v, g], [h @ v, sg.transpose(h) @ g], backend="c")
     src = fn.source
     entry = src[src.rindex("int symgrad_run("):]
-    assert entry.index("sg_team_warm = 0;") < entry.index("k0_")  # reset by each call
-    assert "sg_team_warm |= parallel;" in src                      # set by a GEMM on the team
+    # Each call starts warm only if the previous one ended moments ago (a training loop), and
+    # records when it ends; a GEMM on the team makes it warm.
+    assert entry.index("sg_team_warm = omp_get_wtime() - sg_last_call_end < SG_TEAM_AWAKE_S;") < entry.index("k0_")
+    assert entry.rindex("k1_") < entry.index("sg_last_call_end = omp_get_wtime();")
+    assert "sg_team_warm |= parallel;" in src
     for kind in ("dot5", "tn10"):
         body = src[src.index(f"static void sg_gemm_{kind}_f32("):].split("\n}\n")[0]
         assert "if((double)M * N * K >= (sg_team_warm ? 262144 : 4194304))" in body
     rng = np.random.default_rng(5)
     arrays = [rng.standard_normal(a.shape).astype(np.float32) for a in (x, w, v, g)]
-    got = fn(*arrays)
     xa, wa, va, ga = (a.astype(np.float64) for a in arrays)
     ha = np.maximum(xa @ wa, 0)
-    for out, ref in zip(got, [ha @ va, ha.T @ ga]):
-        np.testing.assert_allclose(out, ref, rtol=2e-4, atol=2e-3)
+    calls = [fn(*arrays) for _ in range(3)]  # back to back: the later ones find the team awake
+    for got in calls:
+        for out, ref in zip(got, [ha @ va, ha.T @ ga]):
+            np.testing.assert_allclose(out, ref, rtol=2e-4, atol=2e-3)
 
 
 STEAL_SCRIPT = """
@@ -123,3 +127,74 @@ def test_threads_that_finish_early_take_the_others_row_blocks(threads):
     done = subprocess.run([sys.executable, "-c", STEAL_SCRIPT], env=env, capture_output=True, text=True,
                           timeout=300)
     assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr[-2000:]
+
+
+# ---- register tiles stay in registers, on every x86-64 level (read from the assembly) ----------
+
+#: gcc's x86-64 levels: SSE2 only (16 registers of 16 bytes), AVX2 + FMA (16 of 32 bytes), AVX-512 (32).
+LEVELS = ["x86-64", "x86-64-v3", "x86-64-v4"]
+KERNELS = ("sg_micro", "sg_gemm")  # the micro-kernels, and the narrow kernels (inlined into sg_gemm_*)
+
+
+def _assembly(source: str, march: str) -> str:
+    import shutil
+    import subprocess
+    import tempfile
+    from symgrad.backends.cache import DEFAULT_FLAGS
+    gcc = shutil.which("gcc")
+    if gcc is None:
+        pytest.skip("needs gcc: the check reads gcc's assembly")
+    flags = [f for f in DEFAULT_FLAGS if not f.startswith("-march")]
+    with tempfile.TemporaryDirectory() as tmp:
+        path = f"{tmp}/kernels.c"
+        with open(path, "w") as f:
+            f.write(source)
+        subprocess.run([gcc, *flags, f"-march={march}", "-S", "-o", f"{tmp}/kernels.s", path], check=True,
+                       capture_output=True, text=True, timeout=120)
+        with open(f"{tmp}/kernels.s") as f:
+            return f.read()
+
+
+def _kernel_loops(asm: str) -> list:
+    from asm_loops import kernel_loops
+    return [loop for prefix in KERNELS for loop in kernel_loops(asm, prefix)]
+
+
+@pytest.fixture(scope="module")
+def every_kernel_source() -> str:
+    """C source holding every GEMM variant (tiled, dot and tn of every block width, in-place A), both dtypes."""
+    from symgrad.backends.c import c_source
+    outs, inputs = [], []
+    for dtype in ("float32", "float64"):
+        for M, K, N in [*SHAPES, *((24, 40, n) for n in range(1, 17))]:
+            a = sg.input(f"a_{dtype}_{M}_{K}_{N}", (M, K), dtype=dtype)
+            at = sg.input(f"at_{dtype}_{M}_{K}_{N}", (K, M), dtype=dtype)
+            b = sg.input(f"b_{dtype}_{M}_{K}_{N}", (K, N), dtype=dtype)
+            inputs += [a, at, b]
+            outs += [sg.matmul(a, b), sg.matmul(sg.transpose(at), b)]
+    return c_source(sg.Graph(inputs, outs))
+
+
+@pytest.mark.parametrize("march", LEVELS)
+def test_register_tiles_never_touch_the_stack_in_their_k_loop(every_kernel_source, march):
+    """The k loop of every register-tiled kernel (the GEMM's micro-kernels, the narrow dot and tn
+    kernels, both dtypes) neither loads from nor stores to the stack, for each x86-64 level: its
+    accumulators fit the target's vector registers. A spilled tile runs several times slower."""
+    loops = _kernel_loops(_assembly(every_kernel_source, march))
+    functions = {loop.function.split(".")[0] for loop in loops}
+    for name in ("sg_micro_f32", "sg_micro_rows_f32", "sg_micro_f64", "sg_micro_rows_f64"):
+        assert name in functions, f"{march}: no k loop found in {name}"
+    assert any(f.startswith("sg_gemm_dot") for f in functions) and any(f.startswith("sg_gemm_tn") for f in functions)
+    spills = {loop.function: loop.stack_accesses for loop in loops if loop.stack_accesses}
+    assert not spills, f"{march}: k loops that use the stack: " + "; ".join(
+        f"{name}: {accesses[:4]}" for name, accesses in spills.items())
+
+
+def test_a_tile_too_big_for_the_registers_is_caught():
+    """The check above catches a spill: a 12-row tile (24 accumulators) on AVX2's 16 registers."""
+    from symgrad.backends.c import Target, c_source
+    a, b = sg.input("a", (64, 64)), sg.input("b", (64, 64))
+    source = c_source(sg.Graph([a, b], [a @ b]), targets=(Target("too big", "", 32, 12, 1),))
+    assert "enum { SG_F32_MR = 12 };" in source
+    loops = [loop for loop in _kernel_loops(_assembly(source, "x86-64-v3")) if loop.function.startswith("sg_micro")]
+    assert loops and all(loop.stack_accesses for loop in loops)

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import threading
 import time
+from dataclasses import dataclass
 
 import numpy as np
 import sympy
@@ -42,19 +43,69 @@ PARALLEL_MIN = 1 << 15          # elements: below this a loop runs on one thread
 GEMM_PARALLEL_MIN = 1 << 18     # multiply-adds: below this a matmul runs on one thread
 NARROW_N = 16                   # matmuls with at most this many output columns use a narrow-N kernel
 NARROW_PARALLEL_MIN = 1 << 22   # multiply-adds: below this a narrow-N matmul runs on one thread: the
-                                # team costs ~1 us awake, but tens of us when the last region was long
-                                # enough ago that it fell asleep (a futex wake; measured on 2-vCPU VMs)
-NARROW_PARALLEL_MIN_WARM = 1 << 18  # ...and below this once the call has run a GEMM on the team, which
-                                    # keeps it awake (model B's output layer: 2% of its step)
+                                # team costs ~1 us awake, but 40 us to milliseconds when the last region
+                                # was long enough ago that it fell asleep (measured on 2-vCPU VMs)
+NARROW_PARALLEL_MIN_WARM = 1 << 18  # ...and below this while the team is awake (sg_team_warm: a GEMM
+                                    # ran on it in this call, or the previous call ended < 0.5 ms ago,
+                                    # as in a training loop): A b64's step 20% faster, A b256's 30%
 COLUMN_TILE = 256              # accumulators per column tile of a column sum (a few KB on the stack)
 LAYOUTS_KEPT = 4                # workspaces kept for the most recent distinct Dim bindings
 ALIGN = 64                      # bytes: every workspace buffer starts on a cache line
-# Register tile and cache blocks of the GEMM, per dtype: MR x 16 floats (MR x 8 doubles) is 2 * MR
-# vector accumulators. AVX2's 16 vector registers hold MR = 6 (12 accumulators, 2 B vectors, a
-# broadcast); AVX-512VL's 32 hold MR_WIDE = 8, which on Zen 4 runs model B's step 6% faster. The
-# KC x NR B sliver stays in L1, the MC x KC A block (MC a multiple of both) in L2.
-GEMM = {"float32": dict(suffix="f32", MR=6, MR_WIDE=8, NR=16, VL=8, VB=32, MC=72, KC=256, NC=2048),
-        "float64": dict(suffix="f64", MR=6, MR_WIDE=8, NR=8, VL=4, VB=32, MC=72, KC=256, NC=1024)}
+
+
+@dataclass(frozen=True)
+class Target:
+    """One SIMD level the kernels are tiled for, chosen in the C source by the preprocessor.
+
+    The register tiles are sized for the registers the level has: a tile that does not fit is
+    spilled by the compiler, and its k loop then stores and reloads every accumulator through the
+    stack (a 5x slowdown on AVX2: issue #13). `condition` is the `#if` test that selects it ("" for
+    the portable rest); `vector_bytes` its vector width; `gemm_rows` the rows of the GEMM's register
+    tile (MR; it is 2 vectors wide); `tn_vectors` the vectors of rows the narrow transposed kernel
+    keeps per column.
+    """
+    name: str
+    condition: str
+    vector_bytes: int
+    gemm_rows: int
+    tn_vectors: int
+
+
+#: Tested in this order; the first whose condition holds is compiled. 16 vector registers (SSE2,
+#: AVX2) hold a 6-row tile: 12 accumulators, 2 B vectors and a broadcast (SSE2: plus the product,
+#: having no FMA); AVX-512VL's 32 hold 8 rows (model B's step 6% faster on Zen 4) and two vectors of
+#: rows in the tn kernel (24 accumulators). AVX-512 keeps 32-byte vectors: Zen 4 splits 64-byte ones.
+TARGETS = (
+    Target("AVX-512VL: 32 vector registers", "defined(__AVX512VL__)", 32, 8, 2),
+    Target("AVX, AVX2: 16 vector registers of 32 bytes", "defined(__AVX__)", 32, 6, 1),
+    Target("SSE2, NEON and the rest: 16-byte vectors", "", 16, 6, 1),
+)
+
+# Cache blocks of the GEMM, per dtype: the KC x NR B sliver stays in L1, the MC x KC A block (MC a
+# multiple of every target's MR) in L2, the KC x NC B panel in L3.
+GEMM = {"float32": dict(suffix="f32", MC=72, KC=256, NC=2048),
+        "float64": dict(suffix="f64", MC=72, KC=256, NC=1024)}
+
+
+def target_branches(targets, value) -> list[dict]:
+    """The `#if` / `#elif` / `#else` chain that picks `value(target)` for the target compiled: one
+    branch per run of consecutive targets with equal values, each a dict of the directive that
+    opens it, the targets' names and the value. The last target is the fallback (`#else`, or `#if 1`
+    alone); the chain ends with `#endif`."""
+    groups: list[tuple[list, object]] = []
+    for t in targets:
+        if groups and groups[-1][1] == value(t):
+            groups[-1][0].append(t)
+        else:
+            groups.append(([t], value(t)))
+    branches = []
+    for k, (group, v) in enumerate(groups):
+        if k == len(groups) - 1:
+            directive = "#else" if k else "#if 1"
+        else:
+            directive = ("#elif " if k else "#if ") + " || ".join(t.condition for t in group)
+        branches.append(dict(directive=directive, names="; ".join(t.name for t in group), value=v))
+    return branches
 
 
 def comment(text) -> str:
@@ -152,8 +203,9 @@ class _Renderer:
     language = "C"
     restrict = "restrict"  # the no-alias qualifier of kernel parameters in this language
 
-    def __init__(self, plan: Plan):
+    def __init__(self, plan: Plan, targets: tuple = TARGETS):
         self.plan = plan
+        self.targets = targets
         self.ex = _Exprs(plan.dims)
         self.int_pow = False
         self.random = False
@@ -411,10 +463,11 @@ class _Renderer:
         g = GEMM[k.out.dtype]
         name = f"sg_gemm_{kind}{nb}_{g['suffix']}"
         if name not in self.narrow:
-            self.narrow[name] = dict(name=name, kind=kind, NB=nb, ctype=D.C_TYPES[k.out.dtype], VL=g["VL"],
-                                     VB=g["VB"], suffix=g["suffix"], dtype=k.out.dtype,
+            self.narrow[name] = dict(name=name, kind=kind, NB=nb, ctype=D.C_TYPES[k.out.dtype],
+                                     suffix=g["suffix"], SUFFIX=g["suffix"].upper(), dtype=k.out.dtype,
                                      parallel_min=NARROW_PARALLEL_MIN,
-                                     parallel_min_warm=NARROW_PARALLEL_MIN_WARM)
+                                     parallel_min_warm=NARROW_PARALLEL_MIN_WARM,
+                                     tiles=target_branches(self.targets, lambda t: t.tn_vectors))
         # The dot kernel needs only A's row stride (its columns are contiguous), the
         # transposed one only A's column stride (its rows are).
         return dict(ctx, gemm=name, a_strides=[ctx["sam"] if kind == "dot" else ctx["sak"]])
@@ -473,9 +526,14 @@ class _Renderer:
         calls = [f"{k['name']}({', '.join(k['args'])});" for k in kernels]
         consts = [self.const(c) for c in plan.consts]
         gemms = [dict(GEMM[d], ctype=D.C_TYPES[d], SUFFIX=GEMM[d]["suffix"].upper(),
-                      parallel_min=GEMM_PARALLEL_MIN) for d in self.gemm_dtypes]
+                      parallel_min=GEMM_PARALLEL_MIN, tiles=target_branches(self.targets, lambda t: t.gemm_rows))
+                 for d in self.gemm_dtypes]
         vector_dtypes = dict.fromkeys([*self.gemm_dtypes, *(n["dtype"] for n in self.narrow.values())])
-        vectors = [dict(GEMM[d], ctype=D.C_TYPES[d]) for d in vector_dtypes]  # what the GEMMs' vectors are
+        # what the GEMMs' vectors are: per width, the lanes
+        vectors = [dict(GEMM[d], ctype=D.C_TYPES[d], SUFFIX=GEMM[d]["suffix"].upper(),
+                        widths=[dict(b, lanes=b["value"] // D.to_numpy(d).itemsize)
+                                for b in target_branches(self.targets, lambda t: t.vector_bytes)])
+                   for d in vector_dtypes]
         arguments = [f"dims[{k}] = {comment(d)}" for k, d in enumerate(plan.dims)]
         arguments += [f"inputs[{b.index}] = {comment(b.label)}: {D.SHORT_NAMES[b.dtype]}{_fmt(plan.graph.inputs[b.index].shape)}"
                       for b in plan.inputs]
@@ -582,9 +640,16 @@ def _fmt(shape) -> str:
     return comment(S.format_shape(shape))
 
 
-def render_source(plan: Plan) -> str:
-    """The C source of a kernel plan."""
-    return _Renderer(plan).render()
+def render_source(plan: Plan, targets: tuple = TARGETS) -> str:
+    """The C source of a kernel plan, its kernels tiled for `targets`."""
+    return _Renderer(plan, targets).render()
+
+
+def c_source(graph: Graph, targets: tuple = TARGETS) -> str:
+    """The C source that `backend="c"` compiles for `graph` (with the default targets); no compiler
+    runs. Other `targets` render the same plan with other register tiles."""
+    return render_source(lower(passes.optimize(graph), variables=graph.variables, matmul_epilogues=True),
+                         targets)
 
 
 # ---- the program ------------------------------------------------------------------------
