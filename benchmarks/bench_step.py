@@ -117,6 +117,7 @@ def meta(argv: list[str], plan: timing.Plan) -> dict:
         "argv": argv,
         "cpu": _cpu(), "cores": os.cpu_count(), "threads": THREADS,
         "omp_num_threads": os.environ.get("OMP_NUM_THREADS"),
+        "symgrad_cflags": os.environ.get("SYMGRAD_CFLAGS"),
         "versions": _versions(), "git_commit": _git_commit(),
         "plan": dataclasses.asdict(plan), "lr": M.LR,
         "load_average_at_start": _load(),
@@ -153,6 +154,9 @@ def parse_args(argv=None):
     parser.add_argument("--blocks", type=int, help="blocks per measurement (overrides the plan)")
     parser.add_argument("--steps", type=int, help="steps per block (default: enough for the block time)")
     parser.add_argument("--warmup", type=int, help="warm-up steps after the first (default: by time)")
+    parser.add_argument("--march", help="build symgrad for this gcc -march level instead of the default flags "
+                                        "(x86-64, x86-64-v3 for AVX2, x86-64-v4 for AVX-512, native): an "
+                                        "AVX-512 machine measures the AVX2 build too; sets SYMGRAD_CFLAGS")
     parser.add_argument("--no-latency", action="store_true", help="skip the compile-latency measurement")
     parser.add_argument("--latency-repeats", type=int, default=1, help="cold/warm pairs per system")
     parser.add_argument("--json", type=Path,
@@ -174,6 +178,12 @@ def parse_args(argv=None):
     return args
 
 
+def march_flags(march: str) -> list[str]:
+    """symgrad's default C flags with `-march=<march>` in place of theirs."""
+    from symgrad.backends.cache import DEFAULT_FLAGS
+    return [f"-march={march}" if flag.startswith("-march=") else flag for flag in DEFAULT_FLAGS]
+
+
 def make_plan(args) -> timing.Plan:
     """The timing plan: FULL or QUICK, with any --blocks/--steps/--warmup overrides."""
     plan = timing.QUICK if args.quick else timing.FULL
@@ -193,6 +203,8 @@ def main(argv=None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     args = parse_args(argv)
     plan = make_plan(args)
+    if args.march:  # read at each build, and inherited by the compile-latency processes
+        os.environ["SYMGRAD_CFLAGS"] = " ".join(march_flags(args.march))
     names = [s.strip() for s in args.systems.split(",") if s.strip()]
     info, warning = meta(argv, plan), _busy_warning()
     print(f"symgrad step benchmark: {len(args.model_list)} model(s) x {len(names)} system(s), "
