@@ -15,6 +15,7 @@ except inside comments, escaped.
 
 from __future__ import annotations
 
+import re
 import threading
 import time
 
@@ -36,8 +37,12 @@ from .report import program_report, timed as _timed
 from .templates import render
 
 ENTRY = "symgrad_run"
+# What the workspace must hold: the number of temporaries, and (given nbytes) the bytes each needs
+# for these dims: the kernels' own sizes, against which a caller checks its arena.
+WORKSPACE_SIZES = "symgrad_workspace_bytes"
 CDEF = (f"int {ENTRY}(const int64_t* dims, void** inputs, void** variables, void** outputs, "
-        f"char* workspace, const int64_t* offsets);")
+        f"char* workspace, const int64_t* offsets);\n"
+        f"int64_t {WORKSPACE_SIZES}(const int64_t* dims, int64_t* nbytes);")
 PARALLEL_MIN = 1 << 15          # elements: below this a loop runs on one thread
 GEMM_PARALLEL_MIN = 1 << 18     # multiply-adds: below this a matmul runs on one thread
 NARROW_N = 16                   # matmuls with at most this many output columns use a narrow-N kernel
@@ -470,6 +475,11 @@ class _Renderer:
             t = D.C_TYPES[b.dtype]
             prologue.append(f"{t}* {b.name} = ({t}*)(workspace + offsets[{b.index}]);  /* {comment(b.label)} */")
         prologue += ["(void)dims; (void)inputs; (void)variables; (void)outputs; (void)workspace; (void)offsets;"]
+        workspace_bytes = [f"nbytes[{b.index}] = {self.ex._paren(b.numel)} * (int64_t)sizeof({D.C_TYPES[b.dtype]});"
+                           f"  /* {b.name}: {comment(b.label)} */" for b in plan.workspace]
+        sized_by = " ".join(workspace_bytes)
+        dim_lines = [f"const int64_t d{k} = dims[{k}];" for k in range(len(plan.dims))
+                     if re.search(rf"\bd{k}\b", sized_by)]
         calls = [f"{k['name']}({', '.join(k['args'])});" for k in kernels]
         consts = [self.const(c) for c in plan.consts]
         gemms = [dict(GEMM[d], ctype=D.C_TYPES[d], SUFFIX=GEMM[d]["suffix"].upper(),
@@ -491,7 +501,8 @@ class _Renderer:
                       random=self.random, fast_exp=self.fast_exp,
                       consts=consts, vectors=vectors, gemms=gemms, narrow=list(self.narrow.values()),
                       kernels=kernels,
-                      signature=CDEF.rstrip(";"), prologue=prologue, calls=calls)
+                      signature=CDEF.splitlines()[0].rstrip(";"), prologue=prologue, calls=calls,
+                      workspace_sizes=WORKSPACE_SIZES, dim_lines=dim_lines, workspace_bytes=workspace_bytes)
 
     def const(self, buf) -> dict:
         flat = np.asarray(buf.value).reshape(-1)
@@ -602,6 +613,7 @@ class CProgram:
         with _timed(self.timings, "lookup"):
             key = program_cache.key(graph, self.backend, flags=flags, optimize=optimize)
             entry = program_cache.load(key, graph)
+        self._program_key = key
         self.from_program_cache = entry is not None
         if entry is None:
             with _timed(self.timings, "passes"):
@@ -626,6 +638,7 @@ class CProgram:
         self.library_path = built.library_path
         self._ffi = built.module.ffi
         self._entry = getattr(built.module.lib, ENTRY)
+        self._workspace_bytes = getattr(built.module.lib, WORKSPACE_SIZES)
         self._layouts: dict[tuple, tuple] = {}
         self.memory_plans: dict[tuple, MemoryPlan] = {}  # per Dim binding, as planned for the calls
         self._variables = [(v.name, D.to_numpy(v.dtype), tuple(v.shape)) for v in graph.variables]
@@ -678,18 +691,43 @@ class CProgram:
                 self._layouts.pop(next(iter(self._layouts)))
             outs = [(S.evaluate_shape(v.shape, bindings), D.to_numpy(v.dtype)) for v in self.graph.outputs]
             inputs = [S.evaluate_shape(v.shape, bindings) for v in self.graph.inputs]
+            ffi = self._ffi
+            dims = ffi.new("int64_t[]", [int(bindings[d]) for d in self.dims] or [0])
             # Temporaries share one arena: buffers whose lifetimes do not overlap reuse bytes.
-            planned = memory_plan(self.arena, {d: bindings[d] for d in self.dims}, align=ALIGN)
+            planned = self._planned_arena({d: bindings[d] for d in self.dims}, dims)
             self.memory_plans[key] = planned
             offsets, total = planned.offsets, planned.arena_bytes
             raw = np.zeros(total + 2 * ALIGN, dtype=np.uint8)
             shift = (-raw.ctypes.data) % ALIGN
             workspace = raw[shift:shift + total + ALIGN]
-            ffi = self._ffi
-            layout = (outs, inputs, ffi.new("int64_t[]", [int(bindings[d]) for d in self.dims] or [0]),
-                      workspace, ffi.from_buffer(workspace), ffi.new("int64_t[]", offsets or [0]))
+            layout = (outs, inputs, dims, workspace, ffi.from_buffer(workspace), ffi.new("int64_t[]", offsets or [0]))
             self._layouts[key] = layout
         return layout
+
+    def _planned_arena(self, bindings: dict, dims) -> MemoryPlan:
+        """The arena plan for one Dim binding (`dims`: the same values, as the C array), its sizes
+        checked against the ones the compiled code says its kernels use.
+
+        They differ only when the arena came from a damaged or forged program-cache entry: then
+        it is planned again from the kernel plan (which describes this very source: the stages
+        are deterministic) and the entry is rewritten. A call never gets a workspace too small.
+        """
+        ffi = self._ffi
+        count = self._workspace_bytes(ffi.NULL, ffi.NULL)
+        sizes = ffi.new("int64_t[]", max(count, 1))
+        self._workspace_bytes(dims, sizes)
+        needed = list(sizes)[:count]
+        planned = memory_plan(self.arena, bindings, align=ALIGN)
+        if planned.sizes == needed:
+            return planned
+        self.arena = ArenaSpec.of(self.plan)
+        planned = memory_plan(self.arena, bindings, align=ALIGN)
+        if planned.sizes != needed:
+            raise RuntimeError(f"{self.module_name}: the memory plan sizes the workspace temporaries at "
+                               f"{planned.sizes} bytes, the compiled code at {needed}")
+        if self.from_program_cache:
+            program_cache.store(self._program_key, self.source, self.dims, self.arena)
+        return planned
 
     @property
     def memory_plan(self) -> MemoryPlan:
