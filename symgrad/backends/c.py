@@ -15,6 +15,7 @@ except inside comments, escaped.
 
 from __future__ import annotations
 
+import os
 import re
 import threading
 import time
@@ -40,9 +41,12 @@ ENTRY = "symgrad_run"
 # What the workspace must hold: the number of temporaries, and (given nbytes) the bytes each needs
 # for these dims: the kernels' own sizes, against which a caller checks its arena.
 WORKSPACE_SIZES = "symgrad_workspace_bytes"
+# Caps the OpenMP team of the calling thread's later parallel regions (see _ForkedChild).
+SET_THREADS = "symgrad_set_num_threads"
 CDEF = (f"int {ENTRY}(const int64_t* dims, void** inputs, void** variables, void** outputs, "
         f"char* workspace, const int64_t* offsets);\n"
-        f"int64_t {WORKSPACE_SIZES}(const int64_t* dims, int64_t* nbytes);")
+        f"int64_t {WORKSPACE_SIZES}(const int64_t* dims, int64_t* nbytes);\n"
+        f"void {SET_THREADS}(int threads);")
 PARALLEL_MIN = 1 << 15          # elements: below this a loop runs on one thread
 GEMM_PARALLEL_MIN = 1 << 18     # multiply-adds: below this a matmul runs on one thread
 NARROW_N = 16                   # matmuls with at most this many output columns use a narrow-N kernel
@@ -502,7 +506,8 @@ class _Renderer:
                       consts=consts, vectors=vectors, gemms=gemms, narrow=list(self.narrow.values()),
                       kernels=kernels,
                       signature=CDEF.splitlines()[0].rstrip(";"), prologue=prologue, calls=calls,
-                      workspace_sizes=WORKSPACE_SIZES, dim_lines=dim_lines, workspace_bytes=workspace_bytes)
+                      workspace_sizes=WORKSPACE_SIZES, dim_lines=dim_lines, workspace_bytes=workspace_bytes,
+                      set_threads=SET_THREADS)
 
     def const(self, buf) -> dict:
         flat = np.asarray(buf.value).reshape(-1)
@@ -600,6 +605,28 @@ def render_source(plan: Plan) -> str:
 
 # ---- the program ------------------------------------------------------------------------
 
+class _ForkedChild:
+    """Whether this process was forked (os.fork, multiprocessing's default "fork" start method,
+    DataLoader-style workers): then its C programs run on one thread.
+
+    libgomp keeps the threads of a parallel region in a pool for the next one. A forked child
+    inherits the pool's bookkeeping but not its threads (fork copies only the calling thread),
+    so the child's next parallel region on more than one thread waits for them forever. With
+    the OpenMP team capped at one thread (omp_set_num_threads(1) in the calling thread, before
+    every call) no region ever reaches the pool. A process started with "spawn" or "forkserver"
+    keeps every thread.
+    """
+
+    forked = False
+
+    @classmethod
+    def after_fork(cls) -> None:
+        cls.forked = True
+
+
+os.register_at_fork(after_in_child=_ForkedChild.after_fork)
+
+
 class CProgram:
     """A graph compiled to a native module: `run` computes outputs and updates variables in place."""
 
@@ -639,6 +666,7 @@ class CProgram:
         self._ffi = built.module.ffi
         self._entry = getattr(built.module.lib, ENTRY)
         self._workspace_bytes = getattr(built.module.lib, WORKSPACE_SIZES)
+        self._set_threads = getattr(built.module.lib, SET_THREADS)
         self._layouts: dict[tuple, tuple] = {}
         self.memory_plans: dict[tuple, MemoryPlan] = {}  # per Dim binding, as planned for the calls
         self._variables = [(v.name, D.to_numpy(v.dtype), tuple(v.shape)) for v in graph.variables]
@@ -806,6 +834,8 @@ class CProgram:
             array = np.empty(shape, dtype)
             results.append(array)
             out_ptrs[k] = keep[base + k] = from_buffer(array, require_writable=True)
+        if _ForkedChild.forked:
+            self._set_threads(1)  # this thread's OpenMP setting: set on each call, whichever thread calls
         status = self._entry(dims_ptr, in_ptrs, var_ptrs, out_ptrs, ws_ptr, offsets)
         if status != 0:
             raise RuntimeError(f"the compiled program failed with status {status}")
