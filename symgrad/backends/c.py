@@ -6,11 +6,14 @@ C11 file with one function per kernel and one entry point,
     int symgrad_run(const int64_t* dims, void** inputs, void** variables,
                     void** outputs, char* workspace, const int64_t* offsets);
 
-and builds it through the cache (symgrad.backends.cache). Python owns all
-memory: inputs, variables and outputs are NumPy arrays passed with
-`ffi.from_buffer` (no copies); temporaries live in one workspace array whose
-layout is computed here from the Dim bindings. User names never enter C
-except inside comments, escaped.
+beside two small ones: `symgrad_workspace_bytes` (how many temporaries, and
+the bytes each needs for given dims) and `symgrad_set_num_threads` (caps the
+calling thread's OpenMP team). It builds the file through the cache
+(symgrad.backends.cache). Python owns all memory: inputs, variables and
+outputs are NumPy arrays passed with `ffi.from_buffer` (no copies);
+temporaries live in one workspace array whose layout is computed here from
+the Dim bindings, and checked against the sizes the code itself reports.
+User names never enter C except inside comments, escaped.
 """
 
 from __future__ import annotations
@@ -43,8 +46,9 @@ ENTRY = "symgrad_run"
 WORKSPACE_SIZES = "symgrad_workspace_bytes"
 # Caps the OpenMP team of the calling thread's later parallel regions (see _ForkedChild).
 SET_THREADS = "symgrad_set_num_threads"
-CDEF = (f"int {ENTRY}(const int64_t* dims, void** inputs, void** variables, void** outputs, "
-        f"char* workspace, const int64_t* offsets);\n"
+SIGNATURE = (f"int {ENTRY}(const int64_t* dims, void** inputs, void** variables, void** outputs, "
+             f"char* workspace, const int64_t* offsets)")
+CDEF = (f"{SIGNATURE};\n"
         f"int64_t {WORKSPACE_SIZES}(const int64_t* dims, int64_t* nbytes);\n"
         f"void {SET_THREADS}(int threads);")
 PARALLEL_MIN = 1 << 15          # elements: below this a loop runs on one thread
@@ -505,7 +509,7 @@ class _Renderer:
                       random=self.random, fast_exp=self.fast_exp,
                       consts=consts, vectors=vectors, gemms=gemms, narrow=list(self.narrow.values()),
                       kernels=kernels,
-                      signature=CDEF.splitlines()[0].rstrip(";"), prologue=prologue, calls=calls,
+                      signature=SIGNATURE, prologue=prologue, calls=calls,
                       workspace_sizes=WORKSPACE_SIZES, dim_lines=dim_lines, workspace_bytes=workspace_bytes,
                       set_threads=SET_THREADS)
 
