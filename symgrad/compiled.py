@@ -9,6 +9,7 @@ in arrays the object owns, and the program updates them in place.
 
 from __future__ import annotations
 
+import threading
 import time
 from typing import Iterable, Mapping
 
@@ -73,13 +74,35 @@ def collect_inputs(values: Iterable[Value]) -> list[Value]:
     return sorted((n for n in toposort(values) if n.op.name == "input"), key=lambda n: n.attrs["serial"])
 
 
+def _leaf_kind(leaf: Value) -> str:
+    """What a graph leaf is, in words: "input", "param", "state" (optimizer or layer), "hyper"."""
+    return leaf.attrs.get("role", leaf.op.name)
+
+
 def _check_unique_names(graph: Graph) -> None:
     seen: dict[str, Value] = {}
     for v in [*graph.inputs, *graph.variables]:
         other = seen.setdefault(v.name, v)
         if other is not v:
-            raise ValueError(f"two different graph leaves are named {v.name!r} "
-                             f"({other.type_str} and {v.type_str}); names must be unique")
+            raise ValueError(f"two different graph leaves are named {v.name!r} ({_leaf_kind(other)} "
+                             f"{other.type_str} and {_leaf_kind(v)} {v.type_str}); names must be unique")
+
+
+def gradient_buffer_name(param: Value) -> str:
+    """The name under which `step.accumulate()` sums `param`'s gradient for `step.apply()`."""
+    return f"{param.name}.grad"
+
+
+def _check_no_gradient_buffer_names(variables: Iterable[Value], params: list[Value], what: str) -> None:
+    """Refuse a variable named as a param's gradient buffer: the step's programs share their
+    variables by name, so accumulate() would sum into it and apply() would step the param by it."""
+    buffers = {gradient_buffer_name(p): p for p in params}
+    for v in variables:
+        param = buffers.get(v.name)
+        if param is not None:
+            raise ValueError(f"{what}: {_leaf_kind(v)} {v.name!r} has the name of the gradient buffer of "
+                             f"param {param.name!r}, which step.accumulate() and step.apply() use; "
+                             f"rename the {_leaf_kind(v)}")
 
 
 class VariableView(Mapping):
@@ -122,6 +145,10 @@ class Compiled:
         self._variables = {v.name: v for v in graph.variables}
         self._storage = {v.name: np.array(v.attrs["init"], copy=True) for v in graph.variables}
         self._bound: dict[tuple, dict] = {}  # validated input signature -> Dim bindings
+        # Calls, reads and writes of the variables take turns, on every backend: a step reads the
+        # parameters and writes them back, and two at once would lose one's update. The programs
+        # of one TrainStep share its storage, and this lock with it.
+        self._lock = threading.Lock()
         self.program = backends.get(backend).compile(graph, **options)
         self._attach()
 
@@ -179,7 +206,8 @@ class Compiled:
 
     def _read_variable(self, name: str) -> np.ndarray:
         reader = getattr(self.program, "read_variable", None)
-        return reader(name) if reader else self._storage[name].copy()
+        with self._lock:
+            return reader(name) if reader else self._storage[name].copy()
 
     def _write_variable(self, name: str, value) -> None:
         node = self._variables[name]
@@ -190,10 +218,11 @@ class Compiled:
             raise TypeError(f"variable {name!r}: cannot store {array.dtype} values in {node.dtype}")
         converted = array.astype(D.to_numpy(node.dtype))
         writer = getattr(self.program, "write_variable", None)
-        if writer:
-            writer(name, converted)
-        else:
-            self._storage[name][...] = converted
+        with self._lock:
+            if writer:
+                writer(name, converted)
+            else:
+                self._storage[name][...] = converted
 
     def _run(self, arrays: list) -> list:
         # bind_inputs depends only on each array's type, shape, dtype and contiguity: a call
@@ -214,7 +243,8 @@ class Compiled:
                 cache[key] = bindings
         # The arrays match a checked signature: a backend that can skip checking them again does.
         program = self.program
-        return getattr(program, "run_checked", program.run)(arrays, bindings, self._storage)
+        with self._lock:
+            return getattr(program, "run_checked", program.run)(arrays, bindings, self._storage)
 
 
 class CompiledFunction(Compiled):
@@ -268,6 +298,7 @@ class TrainStep(Compiled):
 
     def __init__(self, graph: Graph, backend: str, params: list[Value], optimizer=None, grads=None,
                  predict=None, effects_pairs=(), **options):
+        _check_no_gradient_buffer_names(graph.variables, params, "train_step")
         super().__init__(graph, backend, **options)
         self.params = VariableView(self, [p.name for p in params])
         self.state = VariableView(self, [v.name for v in graph.variables
@@ -296,7 +327,7 @@ class TrainStep(Compiled):
     def _gradient_buffers(self) -> list[Value]:
         from .sources import variable
         if self._buffers is None:
-            self._buffers = [variable(f"{p.name}.grad", np.zeros(p.shape, D.to_numpy(p.dtype)), role="state")
+            self._buffers = [variable(gradient_buffer_name(p), np.zeros(p.shape, D.to_numpy(p.dtype)), role="state")
                              for p in self._param_values]
         return self._buffers
 
@@ -321,8 +352,23 @@ class TrainStep(Compiled):
                 raise RuntimeError("predict: pass the value to compute when building the step, "
                                    "sg.train_step(loss, params, optimizer, predict=logits)")
             outs = [self._predict] if isinstance(self._predict, Value) else list(self._predict)
-            return Graph(collect_inputs(outs), outs, effects.collect(outs))
+            graph = Graph(collect_inputs(outs), outs, effects.collect(outs))
+            _check_no_gradient_buffer_names(graph.variables, self._param_values, "predict")
+            return graph
         raise ValueError(f"unknown program {kind!r}; expected accumulate, apply or predict")
+
+    def _check_shared_names(self, kind: str, graph: Graph) -> None:
+        """Refuse a program whose variable shares a name with a different param of the step's
+        programs: they share storage by name. (The optimizer's state and hyperparameters are
+        made anew for each program under the same names; a param is the user's own leaf, shared
+        as that very value.)"""
+        known = {name: v for other in self._programs.values() for name, v in other._variables.items()}
+        known.update(self._variables)
+        for theirs in graph.variables:
+            ours = known.get(theirs.name)
+            if ours is not None and ours is not theirs and "param" in (_leaf_kind(ours), _leaf_kind(theirs)):
+                raise ValueError(f"{kind}: {_leaf_kind(theirs)} {theirs.name!r} there and {_leaf_kind(ours)} "
+                                 f"{ours.name!r} in the step are different variables of one name; rename one")
 
     def program_for(self, kind: str) -> Compiled:
         """The compiled "accumulate", "apply" or "predict" program (compiled on first use).
@@ -331,7 +377,9 @@ class TrainStep(Compiled):
         describe that program alone.
         """
         if kind not in self._programs:
-            sub = Compiled(self._build(kind), self.backend, **self._options)
+            graph = self._build(kind)
+            self._check_shared_names(kind, graph)
+            sub = Compiled(graph, self.backend, **self._options)
             for name, array in sub._storage.items():
                 mine = self._storage.get(name)
                 if mine is None:
@@ -342,6 +390,7 @@ class TrainStep(Compiled):
                     raise ValueError(f"{kind}: variable {name!r} is {array.dtype}{list(array.shape)} there, "
                                      f"{mine.dtype}{list(mine.shape)} in the step")
             sub._storage = self._storage  # one storage: the programs see each other's updates
+            sub._lock = self._lock  # ...and one lock: a step and an apply() take turns too
             sub._attach()
             self._programs[kind] = sub
         return self._programs[kind]

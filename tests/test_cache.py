@@ -358,3 +358,46 @@ def test_threads_building_the_same_source_share_one_module(fresh, compiles):
         results = list(pool.map(lambda _: cache.build(SOURCE, CDEF), range(4)))
     assert all(r is results[0] for r in results) and len(compiles) == 1
     assert results[0].module.lib.add(2, 3) == 5
+
+
+def test_a_cache_directory_deleted_under_a_running_process_is_rebuilt(fresh, compiles):
+    first = cache.build(SOURCE, CDEF)
+    shutil.rmtree(fresh)
+    again = cache.build(SOURCE, CDEF)
+    assert len(compiles) == 2
+    assert again.library_path.is_file() and again.source_path.read_bytes() == SOURCE.encode()
+    key = json.loads(paths(fresh, again.module_name).meta.read_text())["key"]
+    assert cache._verified(paths(fresh, again.module_name), key, SOURCE) == again.library_path
+    assert again.module is first.module and again.module.lib.add(2, 3) == 5
+    assert cache.build(SOURCE, CDEF) is again and len(compiles) == 2
+
+
+def test_a_compiled_function_recompiles_after_its_cache_directory_is_deleted(fresh):
+    import numpy as np
+    import symgrad as sg
+
+    x = sg.input("x", (3,))
+    compile_function = lambda: sg.function([x], sg.exp(x) * 3, backend="c")  # noqa: E731
+    compile_function()
+    shutil.rmtree(fresh)
+    f = compile_function()
+    assert f.source_path.read_text() == f.source and f.library_path.is_file()
+    np.testing.assert_allclose(f(np.zeros(3, np.float32)), [3, 3, 3])
+
+
+def test_a_cache_path_with_control_characters_and_c_escapes_compiles(monkeypatch, fresh, compiles):
+    # ESC starts a terminal escape sequence; JSON would write it as \u001b, which C rejects. The
+    # quote, backslash and "??/" (a trigraph under -std=c11) must not end or bend the literal.
+    directory = fresh.parent / 'odd\x1b[31m "q" back\\slash ??/ é'
+    monkeypatch.setenv("SYMGRAD_CACHE_DIR", str(directory))
+    assert cache.build(SOURCE, CDEF).module.lib.add(2, 3) == 5
+    bad = "int add(int a, int b) {\n    return a + ;\n}\n"
+    with pytest.raises(cache.BuildError) as info:
+        cache.build(bad, CDEF)
+    # The #line names the kept source byte for byte: the compiler's message points at it.
+    assert info.value.source_path.parent == directory
+    assert f"{info.value.source_path}:2:" in str(info.value)
+
+
+def test_c_string_literal_escapes_every_byte_outside_printable_ascii():
+    assert cache.c_string_literal(b'a\x1b"\\?\n\xc3\xa97') == '"a\\033\\"\\\\\\?\\012\\303\\2517"'

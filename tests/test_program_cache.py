@@ -153,3 +153,79 @@ def test_a_hit_function_matches_the_numpy_reference():
     xb = np.random.default_rng(3).standard_normal((7, 5)).astype(np.float32)
     (expected,), _ = evaluate(hit.graph, [xb], {}, {})
     np.testing.assert_allclose(hit(xb)[0], expected, rtol=1e-5, atol=1e-6)
+
+
+# ---- damaged and forged entries --------------------------------------------------------------
+
+def _entry_path():
+    (path,) = (cache.cache_dir() / "programs").glob("*.json")
+    return path
+
+
+def _damage(change, *, forge=False):
+    """Apply `change` to the one stored entry; `forge` also recomputes its checksum."""
+    import json
+
+    path = _entry_path()
+    entry = json.loads(path.read_text())
+    change(entry)
+    if forge:
+        entry.pop("sha256")
+        entry["sha256"] = cache.sha256_json(entry)
+    path.write_text(json.dumps(entry))
+
+
+def test_a_changed_byte_in_the_stored_source_is_a_miss_not_a_build_error():
+    _clear_programs()
+    miss = _step()
+
+    def flip(entry):
+        at = entry["source"].index("int symgrad_run(")
+        entry["source"] = entry["source"][:at] + "X" + entry["source"][at + 1:]
+
+    _damage(flip)
+    again = _step()
+    assert not again.program.from_program_cache and again.source == miss.source
+    assert _step().program.from_program_cache  # the entry was rewritten
+
+
+_BIG_BATCH_CHILD = """
+import json, sys
+sys.path.insert(0, sys.argv[1])
+import symgrad as sg
+from test_program_cache import _batch, _step
+step = _step(B=sg.Dim("B"))
+xb, yb = _batch(4096, seed=7)
+losses = [step(x=xb, y=yb) for _ in range(2)]
+print(json.dumps({"hit": step.program.from_program_cache, "losses": losses, "W": step.params["W"].tolist()}))
+"""
+
+
+@pytest.mark.parametrize("forge", [False, True], ids=["damaged", "forged-checksum"])
+def test_shrunk_arena_sizes_never_undersize_the_workspace_in_a_new_process(forge):
+    import json
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    _clear_programs()
+    _step(B=sg.Dim("B"))
+
+    def shrink(entry):
+        entry["arena"]["nbytes"] = [1 for _ in entry["arena"]["nbytes"]]
+
+    _damage(shrink, forge=forge)
+    tests = Path(__file__).resolve().parent
+    done = subprocess.run([sys.executable, "-c", _BIG_BATCH_CHILD, str(tests)], cwd=tests.parent,
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, f"the child failed ({done.returncode}):\n{done.stderr[-3000:]}"
+    child = json.loads(done.stdout.strip().splitlines()[-1])
+    # A damaged entry misses; a forged one hits, and its sizes are the compiled code's.
+    assert child["hit"] == forge
+    loss, params, lr = _regression(sg.Dim("B"))
+    reference = sg.train_step(loss, params=params, optimizer=sg.optim.SGD(lr=lr), backend="numpy")
+    xb, yb = _batch(4096, seed=7)
+    np.testing.assert_allclose(child["losses"], [reference(x=xb, y=yb) for _ in range(2)], rtol=1e-5)
+    np.testing.assert_allclose(child["W"], reference.params["W"], rtol=1e-4, atol=1e-6)
+    # Either way the entry now holds the true sizes again.
+    assert all(size != 1 for size in json.loads(_entry_path().read_text())["arena"]["nbytes"])

@@ -6,15 +6,20 @@ C11 file with one function per kernel and one entry point,
     int symgrad_run(const int64_t* dims, void** inputs, void** variables,
                     void** outputs, char* workspace, const int64_t* offsets);
 
-and builds it through the cache (symgrad.backends.cache). Python owns all
-memory: inputs, variables and outputs are NumPy arrays passed with
-`ffi.from_buffer` (no copies); temporaries live in one workspace array whose
-layout is computed here from the Dim bindings. User names never enter C
-except inside comments, escaped.
+beside two small ones: `symgrad_workspace_bytes` (how many temporaries, and
+the bytes each needs for given dims) and `symgrad_set_num_threads` (caps the
+calling thread's OpenMP team). It builds the file through the cache
+(symgrad.backends.cache). Python owns all memory: inputs, variables and
+outputs are NumPy arrays passed with `ffi.from_buffer` (no copies);
+temporaries live in one workspace array whose layout is computed here from
+the Dim bindings, and checked against the sizes the code itself reports.
+User names never enter C except inside comments, escaped.
 """
 
 from __future__ import annotations
 
+import os
+import re
 import threading
 import time
 from dataclasses import dataclass
@@ -37,8 +42,16 @@ from .report import program_report, timed as _timed
 from .templates import render
 
 ENTRY = "symgrad_run"
-CDEF = (f"int {ENTRY}(const int64_t* dims, void** inputs, void** variables, void** outputs, "
-        f"char* workspace, const int64_t* offsets);")
+# What the workspace must hold: the number of temporaries, and (given nbytes) the bytes each needs
+# for these dims: the kernels' own sizes, against which a caller checks its arena.
+WORKSPACE_SIZES = "symgrad_workspace_bytes"
+# Caps the OpenMP team of the calling thread's later parallel regions (see _ForkedChild).
+SET_THREADS = "symgrad_set_num_threads"
+SIGNATURE = (f"int {ENTRY}(const int64_t* dims, void** inputs, void** variables, void** outputs, "
+             f"char* workspace, const int64_t* offsets)")
+CDEF = (f"{SIGNATURE};\n"
+        f"int64_t {WORKSPACE_SIZES}(const int64_t* dims, int64_t* nbytes);\n"
+        f"void {SET_THREADS}(int threads);")
 PARALLEL_MIN = 1 << 15          # elements: below this a loop runs on one thread
 GEMM_PARALLEL_MIN = 1 << 18     # multiply-adds: below this a matmul runs on one thread
 NARROW_N = 16                   # matmuls with at most this many output columns use a narrow-N kernel
@@ -523,6 +536,11 @@ class _Renderer:
             t = D.C_TYPES[b.dtype]
             prologue.append(f"{t}* {b.name} = ({t}*)(workspace + offsets[{b.index}]);  /* {comment(b.label)} */")
         prologue += ["(void)dims; (void)inputs; (void)variables; (void)outputs; (void)workspace; (void)offsets;"]
+        workspace_bytes = [f"nbytes[{b.index}] = {self.ex._paren(b.numel)} * (int64_t)sizeof({D.C_TYPES[b.dtype]});"
+                           f"  /* {b.name}: {comment(b.label)} */" for b in plan.workspace]
+        sized_by = " ".join(workspace_bytes)
+        dim_lines = [f"const int64_t d{k} = dims[{k}];" for k in range(len(plan.dims))
+                     if re.search(rf"\bd{k}\b", sized_by)]
         calls = [f"{k['name']}({', '.join(k['args'])});" for k in kernels]
         consts = [self.const(c) for c in plan.consts]
         gemms = [dict(GEMM[d], ctype=D.C_TYPES[d], SUFFIX=GEMM[d]["suffix"].upper(),
@@ -549,7 +567,9 @@ class _Renderer:
                       random=self.random, fast_exp=self.fast_exp,
                       consts=consts, vectors=vectors, gemms=gemms, narrow=list(self.narrow.values()),
                       kernels=kernels,
-                      signature=CDEF.rstrip(";"), prologue=prologue, calls=calls)
+                      signature=SIGNATURE, prologue=prologue, calls=calls,
+                      workspace_sizes=WORKSPACE_SIZES, dim_lines=dim_lines, workspace_bytes=workspace_bytes,
+                      set_threads=SET_THREADS)
 
     def const(self, buf) -> dict:
         flat = np.asarray(buf.value).reshape(-1)
@@ -654,6 +674,28 @@ def c_source(graph: Graph, targets: tuple = TARGETS) -> str:
 
 # ---- the program ------------------------------------------------------------------------
 
+class _ForkedChild:
+    """Whether this process was forked (os.fork, multiprocessing's default "fork" start method,
+    DataLoader-style workers): then its C programs run on one thread.
+
+    libgomp keeps the threads of a parallel region in a pool for the next one. A forked child
+    inherits the pool's bookkeeping but not its threads (fork copies only the calling thread),
+    so the child's next parallel region on more than one thread waits for them forever. With
+    the OpenMP team capped at one thread (omp_set_num_threads(1) in the calling thread, before
+    every call) no region ever reaches the pool. A process started with "spawn" or "forkserver"
+    keeps every thread.
+    """
+
+    forked = False
+
+    @classmethod
+    def after_fork(cls) -> None:
+        cls.forked = True
+
+
+os.register_at_fork(after_in_child=_ForkedChild.after_fork)
+
+
 class CProgram:
     """A graph compiled to a native module: `run` computes outputs and updates variables in place."""
 
@@ -667,6 +709,7 @@ class CProgram:
         with _timed(self.timings, "lookup"):
             key = program_cache.key(graph, self.backend, flags=flags, optimize=optimize)
             entry = program_cache.load(key, graph)
+        self._program_key = key
         self.from_program_cache = entry is not None
         if entry is None:
             with _timed(self.timings, "passes"):
@@ -691,6 +734,8 @@ class CProgram:
         self.library_path = built.library_path
         self._ffi = built.module.ffi
         self._entry = getattr(built.module.lib, ENTRY)
+        self._workspace_bytes = getattr(built.module.lib, WORKSPACE_SIZES)
+        self._set_threads = getattr(built.module.lib, SET_THREADS)
         self._layouts: dict[tuple, tuple] = {}
         self.memory_plans: dict[tuple, MemoryPlan] = {}  # per Dim binding, as planned for the calls
         self._variables = [(v.name, D.to_numpy(v.dtype), tuple(v.shape)) for v in graph.variables]
@@ -743,18 +788,43 @@ class CProgram:
                 self._layouts.pop(next(iter(self._layouts)))
             outs = [(S.evaluate_shape(v.shape, bindings), D.to_numpy(v.dtype)) for v in self.graph.outputs]
             inputs = [S.evaluate_shape(v.shape, bindings) for v in self.graph.inputs]
+            ffi = self._ffi
+            dims = ffi.new("int64_t[]", [int(bindings[d]) for d in self.dims] or [0])
             # Temporaries share one arena: buffers whose lifetimes do not overlap reuse bytes.
-            planned = memory_plan(self.arena, {d: bindings[d] for d in self.dims}, align=ALIGN)
+            planned = self._planned_arena({d: bindings[d] for d in self.dims}, dims)
             self.memory_plans[key] = planned
             offsets, total = planned.offsets, planned.arena_bytes
             raw = np.zeros(total + 2 * ALIGN, dtype=np.uint8)
             shift = (-raw.ctypes.data) % ALIGN
             workspace = raw[shift:shift + total + ALIGN]
-            ffi = self._ffi
-            layout = (outs, inputs, ffi.new("int64_t[]", [int(bindings[d]) for d in self.dims] or [0]),
-                      workspace, ffi.from_buffer(workspace), ffi.new("int64_t[]", offsets or [0]))
+            layout = (outs, inputs, dims, workspace, ffi.from_buffer(workspace), ffi.new("int64_t[]", offsets or [0]))
             self._layouts[key] = layout
         return layout
+
+    def _planned_arena(self, bindings: dict, dims) -> MemoryPlan:
+        """The arena plan for one Dim binding (`dims`: the same values, as the C array), its sizes
+        checked against the ones the compiled code says its kernels use.
+
+        They differ only when the arena came from a damaged or forged program-cache entry: then
+        it is planned again from the kernel plan (which describes this very source: the stages
+        are deterministic) and the entry is rewritten. A call never gets a workspace too small.
+        """
+        ffi = self._ffi
+        count = self._workspace_bytes(ffi.NULL, ffi.NULL)
+        sizes = ffi.new("int64_t[]", max(count, 1))
+        self._workspace_bytes(dims, sizes)
+        needed = list(sizes)[:count]
+        planned = memory_plan(self.arena, bindings, align=ALIGN)
+        if planned.sizes == needed:
+            return planned
+        self.arena = ArenaSpec.of(self.plan)
+        planned = memory_plan(self.arena, bindings, align=ALIGN)
+        if planned.sizes != needed:
+            raise RuntimeError(f"{self.module_name}: the memory plan sizes the workspace temporaries at "
+                               f"{planned.sizes} bytes, the compiled code at {needed}")
+        if self.from_program_cache:
+            program_cache.store(self._program_key, self.source, self.dims, self.arena)
+        return planned
 
     @property
     def memory_plan(self) -> MemoryPlan:
@@ -833,6 +903,8 @@ class CProgram:
             array = np.empty(shape, dtype)
             results.append(array)
             out_ptrs[k] = keep[base + k] = from_buffer(array, require_writable=True)
+        if _ForkedChild.forked:
+            self._set_threads(1)  # this thread's OpenMP setting: set on each call, whichever thread calls
         status = self._entry(dims_ptr, in_ptrs, var_ptrs, out_ptrs, ws_ptr, offsets)
         if status != 0:
             raise RuntimeError(f"the compiled program failed with status {status}")

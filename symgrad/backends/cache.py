@@ -33,7 +33,8 @@ cache directory and moved into place with `os.replace`, the .so first and the
 metadata last, so a reader never sees a half-written file and an entry counts
 only once its metadata exists. Before an entry is loaded its metadata is
 checked (key and sha256 of the .so); a damaged entry is removed and rebuilt,
-never loaded.
+never loaded. A module already loaded in this process is reused while its entry is
+still on disk; an entry deleted since (the cache directory cleared) is rebuilt.
 
 kind="cuda" (symgrad/backends/cuda.py) uses the same keys, locks, checks and index, with
 nvcc instead of cffi's build: `_symgrad_<hash>.cu` is compiled by `nvcc <flags> -o
@@ -213,10 +214,13 @@ def _build(source: str, cdef: str, flags: list[str], kind: str) -> BuiltModule:
         return built
 
     memo = (str(directory), key)
-    if memo in _LOADED:
-        return _LOADED[memo]
     name = module_name(key)
     paths = _Paths(directory, name, kind)
+    loaded = _LOADED.get(memo)
+    if loaded is not None and _on_disk(paths):
+        return loaded
+    # Not loaded yet, or loaded but its files were deleted since (the cache directory cleared
+    # under a running process): verify, or rebuild, the entry on disk.
     so_path = _verified(paths, key, source)
     if so_path is None:
         with _file_lock(paths.lock):
@@ -226,7 +230,10 @@ def _build(source: str, cdef: str, flags: list[str], kind: str) -> BuiltModule:
                 _remove_entry(paths)
                 so_path = _compile_entry(paths, key, prekey, source, cdef, flags, kind)
     _record_index(directory, prekey, name, key)
-    built = BuiltModule(_open(name, so_path, kind, cdef), name, paths.source, so_path, directory)
+    # A module loaded before its files were deleted is the same code (the same key): keep using
+    # it. Importing the rebuilt file under the same name would only return the first one anyway.
+    module = loaded.module if loaded is not None else _open(name, so_path, kind, cdef)
+    built = BuiltModule(module, name, paths.source, so_path, directory)
     _LOADED[memo] = built
     return built
 
@@ -271,7 +278,7 @@ def _prekey(source: str, cdef: str, flags: list[str], kind: str) -> str:
     """Hash of everything except the compiler: names the fallback when no compiler is present."""
     import symgrad
 
-    return _sha256_json({"format": FORMAT, "kind": kind, "source": source, "cdef": cdef, "flags": flags,
+    return sha256_json({"format": FORMAT, "kind": kind, "source": source, "cdef": cdef, "flags": flags,
                          "cffi": _cffi_version(), "abi": sysconfig.get_config_var("EXT_SUFFIX"),
                          "symgrad": symgrad.__version__})
 
@@ -283,7 +290,7 @@ def _key(prekey: str, flags: list[str], kind: str = "c") -> str:
              "env": {name: os.environ.get(name) for name in _ENV_FLAG_VARS}}
     if any(flag.startswith(("-march=native", "-mcpu=native", "-mtune=native")) for flag in flags):
         parts["cpu"] = _host_cpu()
-    return _sha256_json(parts)
+    return sha256_json(parts)
 
 
 @functools.lru_cache(maxsize=None)
@@ -303,7 +310,8 @@ def _host_cpu() -> str:
     return platform.machine() + json.dumps(seen, sort_keys=True)
 
 
-def _sha256_json(parts: dict) -> str:
+def sha256_json(parts: dict) -> str:
+    """The sha256 of `parts` as canonical JSON (sorted keys): a cache key, or an entry's checksum."""
     return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()
 
 
@@ -329,6 +337,12 @@ class _Paths:
         self.meta = directory / (name + ".json")
         self.log = directory / (name + ".log")  # only after a failed build
         self.lock = directory / "locks" / (name + ".lock")
+
+
+def _on_disk(paths: _Paths) -> bool:
+    """Whether the entry's metadata and binary are still in place (two stats; a loaded module's
+    entry is only checked this far: its checksum held when it was loaded)."""
+    return paths.meta.is_file() and paths.library.is_file()
 
 
 def _verified(paths: _Paths, key: str, source: str) -> Path | None:
@@ -379,8 +393,8 @@ def _compile(tmp: Path, paths: _Paths, source: str, cdef: str, flags: list[str])
     ffi.cdef(cdef)
     link = ["-fopenmp"] if any(flag.startswith("-fopenmp") for flag in flags) else []
     # The #line makes the compiler's messages and the debug info point at the kept source file,
-    # not at cffi's wrapper around it. json.dumps quotes the path as a valid C string literal.
-    ffi.set_source(paths.name, f"#line 1 {json.dumps(str(paths.source), ensure_ascii=False)}\n{source}",
+    # not at cffi's wrapper around it.
+    ffi.set_source(paths.name, f"#line 1 {c_string_literal(os.fsencode(paths.source))}\n{source}",
                    extra_compile_args=list(flags), extra_link_args=link, libraries=["m"])
     log_path = tmp / "compiler.log"
     with _LOCK, _redirect_output(log_path):
@@ -489,10 +503,10 @@ def _load_without_compiler(directory: Path, prekey: str, source: str, kind: str 
         return None
     key = record["key"]
     memo = (str(directory), key)
-    if memo in _LOADED:
-        return _LOADED[memo]
     name = module_name(key)
     paths = _Paths(directory, name, kind)
+    if memo in _LOADED and _on_disk(paths):
+        return _LOADED[memo]
     so_path = _verified(paths, key, source)
     if so_path is None or (read_json(paths.meta) or {}).get("prekey") != prekey:
         return None
@@ -581,6 +595,27 @@ def _file_sha256(path: Path) -> str | None:
         return hashlib.sha256(path.read_bytes()).hexdigest()
     except OSError:
         return None
+
+
+def c_string_literal(data: bytes) -> str:
+    """`data` as a C string literal that spells exactly these bytes, in printable ASCII.
+
+    Printable ASCII stays as it is; every other byte (a control character such as ESC or a
+    newline, the bytes of UTF-8 or of a file name that is not UTF-8) becomes a three-digit octal
+    escape, which, unlike `\\x`, cannot run on into the characters after it. `\\`, `"` and `?` are
+    escaped (the last so that no `??/` trigraph forms: -std=c11 turns trigraphs on). JSON's
+    escapes are not C's: `\\u001b` is an invalid universal character name in C.
+    """
+    out = []
+    for byte in data:
+        char = chr(byte)
+        if char in '\\"?':
+            out.append("\\" + char)
+        elif 32 <= byte < 127:
+            out.append(char)
+        else:
+            out.append(f"\\{byte:03o}")
+    return '"' + "".join(out) + '"'
 
 
 def _tail(text: str, lines: int = 30, chars: int = 4000) -> str:

@@ -5,7 +5,7 @@ The build cache (symgrad/backends/cache.py) saves the compiler run; this one
 saves the Python stages before it, which dominate a compile whose module is
 already built (tens of milliseconds of sympy work). An entry is a JSON file
 
-    programs/<key>.json   {"format", "source", "dims", "arena"}
+    programs/<key>.json   {"format", "source", "dims", "arena", "sha256"}
 
 under the cache directory. The key is the sha256 of the graph's structural
 fingerprint (symgrad.ir.fingerprint), the backend and its options, and the
@@ -17,7 +17,11 @@ build cache, whose key and integrity checks stay the authority on binaries.
 
 A graph without a fingerprint (an attribute that is a Python object) is
 compiled every time. A damaged or foreign entry reads as a miss and is
-overwritten.
+overwritten: "sha256" is a checksum over the rest of the entry (canonical JSON,
+as the build cache keys its entries), so a changed byte anywhere, in the source
+or in a size, fails it. The arena's sizes are checked once more at every new Dim
+binding against the compiled code's own (symgrad.backends.c), so that even an
+entry forged with a matching checksum cannot make the workspace too small.
 """
 
 from __future__ import annotations
@@ -34,7 +38,7 @@ from ..ir.graph import Graph
 from . import cache
 from .memory import ArenaSpec
 
-FORMAT = 1
+FORMAT = 2  # 2: the entry carries its checksum
 _PACKAGE = Path(__file__).resolve().parent.parent
 
 
@@ -78,6 +82,9 @@ def load(key: str | None, graph: Graph) -> dict | None:
     entry = cache.read_json(_path(key))
     if entry is None or entry.get("format") != FORMAT:
         return None
+    # The checksum covers everything else in the entry: the source, the Dims, every size.
+    if entry.pop("sha256", None) != cache.sha256_json(entry):
+        return None
     by_name = {str(d): d for d in graph.dims}
     try:
         dims = [by_name[name] for name in entry["dims"]]
@@ -92,6 +99,7 @@ def store(key: str | None, source: str, dims: list, arena: ArenaSpec) -> None:
         return
     path = _path(key)
     entry = {"format": FORMAT, "dims": [str(d) for d in dims], "arena": arena.to_json(), "source": source}
+    entry["sha256"] = cache.sha256_json(entry)
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         cache.atomic_write(path, json.dumps(entry).encode())
