@@ -205,7 +205,9 @@ def elementwise_vjp(node, g, wants: Sequence[bool]):
             # None tells the driver to skip it; a 0-ary node would have no shape.
             out.append(None)
             continue
-        out.append(apply_expression(COTANGENT * partial,
+        # g folded into a mask's branches: Piecewise((g, c), (0, True)) is 0 where the mask is,
+        # as torch's masked backwards give (g*0 would be nan for g = inf), with one multiply fewer.
+        out.append(apply_expression(sympy.piecewise_fold(COTANGENT * partial),
                                     {COTANGENT: g, OUT: node, **dict(zip(ARGS, node.inputs))},
                                     name=f"{node.op.name}_vjp{i}"))
     return out

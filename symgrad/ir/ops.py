@@ -70,6 +70,40 @@ register(OpDef("stop_gradient", "elementwise", lambda inputs, attrs: (inputs[0].
                doc="identity whose derivative is zero", expr=x0, arity=1))
 
 
+def check_labels(labels: np.ndarray, num_classes: int, node, source: str) -> None:
+    """Raise ValueError unless every entry of `labels` lies in [0, num_classes) (torch's check).
+
+    `node` is the class_labels node (it names the op and argument); `source` says where the
+    labels came from ("input 'y'"). One reduction over an unsigned view: a negative label
+    reads as a huge unsigned one, so `max >= num_classes` catches both ends.
+    """
+    if labels.size == 0:
+        return
+    unsigned = labels.view(np.dtype(f"u{labels.dtype.itemsize}"))
+    if int(unsigned.max()) < num_classes:
+        return
+    flat = labels.reshape(-1)
+    bad = int(np.flatnonzero((flat < 0) | (flat >= num_classes))[0])
+    where = np.unravel_index(bad, labels.shape)
+    raise ValueError(f"{node.attrs['caller']}: {node.attrs['arg']} ({source}) holds {int(flat[bad])} at "
+                     f"index {list(map(int, where))}, outside [0, {num_classes}) for {num_classes} classes")
+
+
+def _class_labels_numpy(args, node, env):
+    (labels,) = args
+    num_classes = S.evaluate(node.attrs["num_classes"], env.bindings)
+    check_labels(np.asarray(labels), int(num_classes), node, "computed in the graph")
+    return labels
+
+
+# Labels that must lie in [0, num_classes): an identity that carries the check. Calls check
+# input labels in Python before running (symgrad.compiled); the NumPy reference checks computed
+# ones here. The passes drop the node (passes/dce.py), so compiled code never sees it.
+register(OpDef("class_labels", "elementwise", lambda inputs, attrs: (inputs[0].shape, inputs[0].dtype),
+               _class_labels_numpy, lambda node, g, wants: [None],
+               doc="integer labels, checked to lie in [0, attrs['num_classes'])", expr=x0, arity=1))
+
+
 # ---- sources: the leaves of every graph ---------------------------------
 
 def _leaf_infer(inputs, attrs):
