@@ -113,7 +113,22 @@ def _unary(name):
     return fn
 
 
-add, sub, mul, div, pow = (_binary(n) for n in ("add", "sub", "mul", "div", "pow"))
+add, sub, mul, div = (_binary(n) for n in ("add", "sub", "mul", "div"))
+
+
+def pow(a, b) -> Value:
+    """Elementwise a ** b, with NumPy broadcasting.
+
+    An integer base to a constant negative integer power is refused, as torch and NumPy
+    refuse it (`int32 ** -2`): the result is not an integer. Cast the base to float first.
+    """
+    a, b = _lift(a, b, "pow")
+    if not D.is_float(a.dtype) and not D.is_float(b.dtype) and b.op.name == "const" \
+            and not isinstance(b.attrs["value"], sympy.Basic) and np.any(np.asarray(b.attrs["value"]) < 0):
+        raise ValueError(f"pow: integers to negative integer powers are not allowed: "
+                         f"{a.dtype} {S.format_shape(a.shape)} ** {np.asarray(b.attrs['value']).tolist()}; "
+                         f"cast the base to a float dtype first")
+    return apply_elementwise("pow", (a, b))
 maximum, minimum = _binary("maximum"), _binary("minimum")
 less, less_equal, greater = _binary("less"), _binary("less_equal"), _binary("greater")
 greater_equal, equal, not_equal = _binary("greater_equal"), _binary("equal"), _binary("not_equal")

@@ -135,20 +135,19 @@ class KernelPrinter(C99CodePrinter):
         return f"({x} < 0 ? -{x} : {x})"
 
     def _print_Max(self, expr):
-        if self.is_float:
-            return super()._print_Max(expr)
         return self._minmax(expr.args, ">")
 
     def _print_Min(self, expr):
-        if self.is_float:
-            return super()._print_Min(expr)
         return self._minmax(expr.args, "<")
 
     def _minmax(self, args, cmp):
+        """Comparisons, not fmax/fmin (which drop a NaN): a NaN operand gives NaN, as in NumPy
+        and torch. `a cmp b || a != a` keeps a when it wins or is NaN; otherwise b, NaN or not."""
         out = self._print(args[0])
         for a in args[1:]:
             b = self._print(a)
-            out = f"(({out}) {cmp} ({b}) ? ({out}) : ({b}))"
+            nan_wins = f" || ({out}) != ({out})" if self.is_float else ""
+            out = f"((({out}) {cmp} ({b}){nan_wins}) ? ({out}) : ({b}))"
         return out
 
     def _print_sign(self, expr):

@@ -29,7 +29,10 @@ define("add", x0 + x1, 2, doc="x + y")
 define("sub", x0 - x1, 2, doc="x - y")
 define("mul", x0 * x1, 2, doc="x * y")
 define("div", x0 / x1, 2, "float", doc="x / y (true division)")
-define("pow", x0 ** x1, 2, doc="x ** y")
+# torch's pow backward: d/dx is 0 where y == 0 (not y * x**(y-1) = 0 * inf at x = 0), d/dy is
+# 0 where x == 0 and y >= 0 (not x**y * log(x) = 0 * -inf): x**y is constant there.
+define("pow", x0 ** x1, 2, doc="x ** y",
+       zero_derivative_where={0: sympy.Eq(x1, 0), 1: sympy.And(sympy.Eq(x0, 0), x1 >= 0)})
 define("neg", -x0, 1, doc="-x")
 define("exp", sympy.exp(x0), 1, "float")
 define("log", sympy.log(x0), 1, "float")
@@ -39,10 +42,12 @@ define("tanh", sympy.tanh(x0), 1, "float")
 define("sigmoid", 1 / (1 + sympy.exp(-x0)), 1, "float", doc="1 / (1 + exp(-x))")
 define("sqrt", sympy.sqrt(x0), 1, "float")
 define("abs", sympy.Abs(x0), 1, doc="|x|; its derivative is sign(x), 0 at 0 as in torch")
-# relu as a Piecewise, so its derivative is 0 at 0 (torch's threshold_backward).
-define("relu", sympy.Piecewise((x0, x0 > 0), (0, True)), 1, doc="max(x, 0)")
+# relu as a Piecewise tested by x <= 0, so a NaN (which compares false) passes through as in
+# torch, and the derivative is 0 at 0 and 1 at NaN (torch's threshold_backward).
+define("relu", sympy.Piecewise((0, x0 <= 0), (x0, True)), 1, doc="max(x, 0); NaN stays NaN")
 # Max/Min differentiate to Heaviside(x - y), which is 1/2 at ties: torch splits
-# the gradient of maximum/minimum evenly between equal operands too.
+# the gradient of maximum/minimum evenly between equal operands too. A NaN operand
+# gives NaN (NumPy, torch), and its cotangent passes to both operands (elementwise._torch_masks).
 define("maximum", sympy.Max(x0, x1), 2)
 define("minimum", sympy.Min(x0, x1), 2)
 define("where", sympy.Piecewise((x1, sympy.Ne(x0, 0)), (x2, True)), 3, "select",
