@@ -180,7 +180,21 @@ def mean(x, axis=None, keepdims=False) -> Value:
     total = _reduce("sum", x, axes, keepdims)
     if not D.is_float(total.dtype):
         total = cast(total, D.DEFAULT_FLOAT)
-    return total * constant(1 / sympy.sympify(count), total.dtype)
+    return total * constant(ieee_ratio(1, count), total.dtype)
+
+
+def ieee_ratio(numerator, denominator):
+    """numerator / denominator for a constant: a sympy expression, or IEEE's value of n/0.
+
+    sympy's n/0 is complex infinity (zoo), which no backend can hold; IEEE division gives
+    +-inf, or nan for 0/0, as torch computes a mean over no elements (0 * inf = nan) or an
+    unbiased variance of one element. Symbolic sizes stay symbolic (1/B; B is at least 1).
+    """
+    numerator, denominator = sympy.sympify(numerator), sympy.sympify(denominator)
+    if denominator.is_zero:
+        with np.errstate(divide="ignore", invalid="ignore"):
+            return float(np.float64(float(numerator)) / np.float64(0.0))
+    return numerator / denominator
 
 
 def max(x, axis=None, keepdims=False) -> Value:

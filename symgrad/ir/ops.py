@@ -124,8 +124,22 @@ register(OpDef("variable", SOURCE, _leaf_infer, lambda args, node, env: env.vari
 def _const_numpy(args, node, env):
     value = node.attrs["value"]
     if isinstance(value, sympy.Basic):
-        value = float(value.xreplace({k: sympy.Integer(v) for k, v in env.bindings.items()}))
+        value = _dims_value(value, env.bindings)
     return np.asarray(value, dtype=D.to_numpy(node.dtype))
+
+
+def _dims_value(expr: sympy.Expr, bindings: dict) -> float:
+    """An expression of Dims (1/B, B/(B - 1)) at the bound sizes, as compiled code computes it.
+
+    Exact where sympy's value is a real number; where it is not (B/(B - 1) at B = 1 is zoo),
+    in IEEE float64 arithmetic, as the C and CUDA code divide: 1/0 = inf, 0/0 = nan.
+    """
+    exact = expr.xreplace({k: sympy.Integer(v) for k, v in bindings.items()})
+    if exact.is_extended_real and exact.is_finite:
+        return float(exact)
+    symbols = sorted(expr.free_symbols, key=lambda s: s.name)
+    with np.errstate(all="ignore"):
+        return float(sympy.lambdify(symbols, expr, "numpy")(*(np.float64(bindings[s]) for s in symbols)))
 
 
 register(OpDef("const", SOURCE, _leaf_infer, _const_numpy,
