@@ -142,9 +142,11 @@ class KernelPrinter(C99CodePrinter):
 
     def _minmax(self, args, cmp):
         """Comparisons, not fmax/fmin (which drop a NaN): a NaN operand gives NaN, as in NumPy
-        and torch. `a cmp b || a != a` keeps a when it wins or is NaN; otherwise b, NaN or not."""
-        out = self._print(args[0])
-        for a in args[1:]:
+        and torch. `a cmp b || a != a` keeps a when it wins or is NaN; otherwise b, NaN or not.
+        Numbers go last: a literal is never NaN, so `a != a` is only ever asked of an expression."""
+        first, *rest = sorted(args, key=lambda a: bool(a.is_number))
+        out = self._print(first)
+        for a in rest:
             b = self._print(a)
             nan_wins = f" || ({out}) != ({out})" if self.is_float else ""
             out = f"((({out}) {cmp} ({b}){nan_wins}) ? ({out}) : ({b}))"
