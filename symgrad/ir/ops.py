@@ -75,6 +75,10 @@ register(OpDef("stop_gradient", "elementwise", lambda inputs, attrs: (inputs[0].
                doc="identity whose derivative is zero", expr=x0, arity=1))
 
 
+# The unsigned view of each integer label dtype (a dict hit: this runs on every call).
+_UNSIGNED = {np.dtype(np.int32): np.dtype(np.uint32), np.dtype(np.int64): np.dtype(np.uint64)}
+
+
 def check_labels(labels: np.ndarray, num_classes: int, node, source: str) -> None:
     """Raise ValueError unless every entry of `labels` lies in [0, num_classes) (torch's check).
 
@@ -82,10 +86,7 @@ def check_labels(labels: np.ndarray, num_classes: int, node, source: str) -> Non
     labels came from ("input 'y'"). One reduction over an unsigned view: a negative label
     reads as a huge unsigned one, so `max >= num_classes` catches both ends.
     """
-    if labels.size == 0:
-        return
-    unsigned = labels.view(np.dtype(f"u{labels.dtype.itemsize}"))
-    if int(unsigned.max()) < num_classes:
+    if labels.size == 0 or labels.view(_UNSIGNED[labels.dtype]).max() < num_classes:
         return
     flat = labels.reshape(-1)
     bad = int(np.flatnonzero((flat < 0) | (flat >= num_classes))[0])
