@@ -20,6 +20,7 @@ from . import backends
 from .ir import dtypes as D
 from .ir import shapes as S
 from .ir.graph import Graph, toposort
+from .ir.ops import check_labels
 from .ir.value import Value
 
 _SIGNATURES_KEPT = 8  # validated input signatures remembered per compiled object
@@ -105,6 +106,28 @@ def _check_no_gradient_buffer_names(variables: Iterable[Value], params: list[Val
                              f"rename the {_leaf_kind(v)}")
 
 
+_MOVEMENT = ("reshape", "transpose", "expand")
+
+
+def label_checks(graph: Graph) -> list[tuple[int, Value]]:
+    """(input position, class_labels node) for each label check whose labels are an input.
+
+    Labels reached from an input through reshapes, transposes and broadcasts hold the
+    input's own values, so checking the input array checks them.
+    """
+    position = {id(v): k for k, v in enumerate(graph.inputs)}
+    checks = []
+    for node in graph.nodes:
+        if node.op.name != "class_labels":
+            continue
+        source = node.inputs[0]
+        while source.op.name in _MOVEMENT:
+            source = source.inputs[0]
+        if id(source) in position:
+            checks.append((position[id(source)], node))
+    return checks
+
+
 class VariableView(Mapping):
     """A dict-like view of some variables: read copies, assign checked values.
 
@@ -149,6 +172,7 @@ class Compiled:
         # parameters and writes them back, and two at once would lose one's update. The programs
         # of one TrainStep share its storage, and this lock with it.
         self._lock = threading.Lock()
+        self._label_checks = label_checks(graph)  # values, not signatures: checked on every call
         self.program = backends.get(backend).compile(graph, **options)
         self._attach()
 
@@ -241,6 +265,9 @@ class Compiled:
                 if len(cache) >= _SIGNATURES_KEPT:
                     cache.pop(next(iter(cache)))
                 cache[key] = bindings
+        for position, node in self._label_checks:
+            check_labels(arrays[position], S.evaluate(node.attrs["num_classes"], bindings), node,
+                         f"input {self.graph.inputs[position].name!r}")
         # The arrays match a checked signature: a backend that can skip checking them again does.
         program = self.program
         with self._lock:

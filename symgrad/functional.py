@@ -113,7 +113,22 @@ def _unary(name):
     return fn
 
 
-add, sub, mul, div, pow = (_binary(n) for n in ("add", "sub", "mul", "div", "pow"))
+add, sub, mul, div = (_binary(n) for n in ("add", "sub", "mul", "div"))
+
+
+def pow(a, b) -> Value:
+    """Elementwise a ** b, with NumPy broadcasting.
+
+    An integer base to a constant negative integer power is refused, as torch and NumPy
+    refuse it (`int32 ** -2`): the result is not an integer. Cast the base to float first.
+    """
+    a, b = _lift(a, b, "pow")
+    if not D.is_float(a.dtype) and not D.is_float(b.dtype) and b.op.name == "const" \
+            and not isinstance(b.attrs["value"], sympy.Basic) and np.any(np.asarray(b.attrs["value"]) < 0):
+        raise ValueError(f"pow: integers to negative integer powers are not allowed: "
+                         f"{a.dtype} {S.format_shape(a.shape)} ** {np.asarray(b.attrs['value']).tolist()}; "
+                         f"cast the base to a float dtype first")
+    return apply_elementwise("pow", (a, b))
 maximum, minimum = _binary("maximum"), _binary("minimum")
 less, less_equal, greater = _binary("less"), _binary("less_equal"), _binary("greater")
 greater_equal, equal, not_equal = _binary("greater_equal"), _binary("equal"), _binary("not_equal")
@@ -165,7 +180,21 @@ def mean(x, axis=None, keepdims=False) -> Value:
     total = _reduce("sum", x, axes, keepdims)
     if not D.is_float(total.dtype):
         total = cast(total, D.DEFAULT_FLOAT)
-    return total * constant(1 / sympy.sympify(count), total.dtype)
+    return total * constant(ieee_ratio(1, count), total.dtype)
+
+
+def ieee_ratio(numerator, denominator):
+    """numerator / denominator for a constant: a sympy expression, or IEEE's value of n/0.
+
+    sympy's n/0 is complex infinity (zoo), which no backend can hold; IEEE division gives
+    +-inf, or nan for 0/0, as torch computes a mean over no elements (0 * inf = nan) or an
+    unbiased variance of one element. Symbolic sizes stay symbolic (1/B; B is at least 1).
+    """
+    numerator, denominator = sympy.sympify(numerator), sympy.sympify(denominator)
+    if denominator.is_zero:
+        with np.errstate(divide="ignore", invalid="ignore"):
+            return float(np.float64(float(numerator)) / np.float64(0.0))
+    return numerator / denominator
 
 
 def max(x, axis=None, keepdims=False) -> Value:
@@ -288,14 +317,30 @@ def softmax(x, axis: int = -1) -> Value:
     return e / sum(e, axis=axis, keepdims=True)
 
 
-def one_hot(labels, num_classes: int, dtype: str = D.DEFAULT_FLOAT) -> Value:
-    """labels (integers) as one-hot rows of length `num_classes`."""
-    labels = _value(labels, "one_hot", "labels")
+def class_labels(labels, num_classes, op: str = "class_labels", arg: str = "labels") -> Value:
+    """`labels` (integers), checked on every call to lie in [0, num_classes), as torch checks them.
+
+    An input's labels are checked in Python before the program runs (symgrad.compiled);
+    labels the graph computes are checked by the NumPy reference as it runs. `op` and `arg`
+    name the caller in the error (cross_entropy's target).
+    """
+    labels = _value(labels, op, arg)
     if D.is_float(labels.dtype) or labels.dtype == "bool":
-        raise TypeError(f"one_hot: labels must be integers, got {labels.dtype} {S.format_shape(labels.shape)}")
+        raise TypeError(f"{op}: {arg} must be integers, got {labels.dtype} {S.format_shape(labels.shape)}")
+    return make(lookup("class_labels"), (labels,), num_classes=num_classes, caller=op, arg=arg)
+
+
+def _class_mask(labels: Value, num_classes) -> Value:
+    """bool[..., num_classes]: True at each row's label (labels already checked)."""
     shape = labels.shape + (num_classes,)
     classes = make(lookup("iota"), shape=shape, axis=len(shape) - 1, dtype=labels.dtype)
-    return cast(equal(expand_dims(labels, -1), classes), dtype)
+    return equal(expand_dims(labels, -1), classes)
+
+
+def one_hot(labels, num_classes: int, dtype: str = D.DEFAULT_FLOAT) -> Value:
+    """labels (integers in [0, num_classes)) as one-hot rows of length `num_classes`."""
+    labels = class_labels(labels, num_classes, "one_hot", "labels")
+    return cast(_class_mask(labels, num_classes), dtype)
 
 
 def _reduce_loss(per_element: Value, reduction: str, op: str) -> Value:
@@ -315,16 +360,25 @@ def nll_loss(log_probs, target, reduction: str = "mean") -> Value:
     if log_probs.ndim != 2 or target.ndim != 1 or not S.same_size(log_probs.shape[0], target.shape[0]):
         raise ValueError(f"nll_loss: expects log_probs [N,C] and target [N], got "
                          f"{S.format_shape(log_probs.shape)} and {S.format_shape(target.shape)}")
-    picked = sum(one_hot(target, log_probs.shape[1], log_probs.dtype) * log_probs, axis=1)
-    return _reduce_loss(-picked, reduction, "nll_loss")
+    return _nll_loss(log_probs, target, reduction, "nll_loss")
+
+
+def _nll_loss(log_probs: Value, target: Value, reduction: str, op: str) -> Value:
+    target = class_labels(target, log_probs.shape[1], op, "target")
+    # Each row's target entry selected, not one_hot * log_probs: a masked class (log-probability
+    # -inf) would give 0 * -inf = nan in the sum, where torch's gather gives the target's value.
+    picked = sum(where(_class_mask(target, log_probs.shape[1]), log_probs, 0), axis=1)
+    return _reduce_loss(-picked, reduction, op)
 
 
 def cross_entropy(logits, target, reduction: str = "mean") -> Value:
     """Softmax cross-entropy of integer `target` (F.cross_entropy): mean over the batch by default."""
     logits = _value(logits, "cross_entropy", "logits")
-    if logits.ndim != 2:
-        raise ValueError(f"cross_entropy: logits must be [N,C], got {S.format_shape(logits.shape)}")
-    return nll_loss(log_softmax(logits, axis=1), target, reduction)
+    target = _value(target, "cross_entropy", "target")
+    if logits.ndim != 2 or target.ndim != 1 or not S.same_size(logits.shape[0], target.shape[0]):
+        raise ValueError(f"cross_entropy: expects logits [N,C] and target [N], got "
+                         f"{S.format_shape(logits.shape)} and {S.format_shape(target.shape)}")
+    return _nll_loss(log_softmax(logits, axis=1), target, reduction, "cross_entropy")
 
 
 def mse_loss(input, target, reduction: str = "mean") -> Value:

@@ -313,7 +313,8 @@ def test_printer_prints_float32_math_and_refuses_the_unknown():
     x, y = sympy.symbols("x y", real=True)
     p = KernelPrinter("float32")
     assert p.doprint(sympy.exp(x) + 1) == "expf(x) + 1.0f"
-    assert p.doprint(sympy.Max(x, y)) == "fmaxf(x, y)"
+    # Comparisons, not fmaxf (which drops a NaN): a NaN operand gives NaN, as in NumPy and torch.
+    assert p.doprint(sympy.Max(x, y)) == "(((x) > (y) || (x) != (x)) ? (x) : (y))"
     assert "?" in p.doprint(sympy.Piecewise((x, x > 0), (0, True)))
     assert "\n" not in p.doprint(sympy.Heaviside(x))
     assert KernelPrinter("float64").doprint(sympy.exp(x) / 3) == "(1.0/3.0)*exp(x)"

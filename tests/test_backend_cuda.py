@@ -296,7 +296,8 @@ def test_printer_uses_precise_device_functions():
     from symgrad.backends.cuda_printer import device_function_ok
     v = sympy.Symbol("v0", real=True)
     assert cuda_printer("float32").doprint(sympy.exp(v) + sympy.log(v)) == "expf(v0) + logf(v0)"
-    assert cuda_printer("float64").doprint(sympy.Max(v, 0)) == "fmax(0.0, v0)"
+    # Comparisons, not fmax (which drops a NaN), as the C printer: NaN propagates as in torch.
+    assert cuda_printer("float64").doprint(sympy.Max(v, 0)) == "(((v0) > (0.0) || (v0) != (v0)) ? (v0) : (0.0))"
     assert device_function_ok("tanhf") and device_function_ok("erf") and device_function_ok("sg_random_bits")
     assert not device_function_ok("__expf") and not device_function_ok("__fdividef")
     assert not device_function_ok("qsort")

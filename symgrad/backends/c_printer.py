@@ -135,20 +135,21 @@ class KernelPrinter(C99CodePrinter):
         return f"({x} < 0 ? -{x} : {x})"
 
     def _print_Max(self, expr):
-        if self.is_float:
-            return super()._print_Max(expr)
         return self._minmax(expr.args, ">")
 
     def _print_Min(self, expr):
-        if self.is_float:
-            return super()._print_Min(expr)
         return self._minmax(expr.args, "<")
 
     def _minmax(self, args, cmp):
-        out = self._print(args[0])
-        for a in args[1:]:
+        """Comparisons, not fmax/fmin (which drop a NaN): a NaN operand gives NaN, as in NumPy
+        and torch. `a cmp b || a != a` keeps a when it wins or is NaN; otherwise b, NaN or not.
+        Numbers go last: a literal is never NaN, so `a != a` is only ever asked of an expression."""
+        first, *rest = sorted(args, key=lambda a: bool(a.is_number))
+        out = self._print(first)
+        for a in rest:
             b = self._print(a)
-            out = f"(({out}) {cmp} ({b}) ? ({out}) : ({b}))"
+            nan_wins = f" || ({out}) != ({out})" if self.is_float else ""
+            out = f"((({out}) {cmp} ({b}){nan_wins}) ? ({out}) : ({b}))"
         return out
 
     def _print_sign(self, expr):

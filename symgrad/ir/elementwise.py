@@ -81,8 +81,14 @@ def _numpy_impl(expr: sympy.Expr, arity: int) -> Callable:
 
 
 def define(name: str, expr: sympy.Expr, arity: int, dtype_rule: str = "promote",
-           doc: str = "", vjp: Callable | None = None, differentiable: bool = True) -> OpDef:
-    """Register an elementwise op over ARGS[:arity]; its VJP comes from sympy.diff."""
+           doc: str = "", vjp: Callable | None = None, differentiable: bool = True,
+           zero_derivative_where: dict | None = None) -> OpDef:
+    """Register an elementwise op over ARGS[:arity]; its VJP comes from sympy.diff.
+
+    zero_derivative_where: {i: condition over ARGS}: d op/d x_i is 0 where the condition holds.
+        For points where the derivative's closed form reads 0 * inf or 0 ** -1 but the limit
+        (torch's value) is 0: d/dx of x**y at y == 0, d/dy of x**y at x == 0, y >= 0.
+    """
     if dtype_rule not in DTYPE_RULES:
         raise ValueError(f"{name}: unknown dtype rule {dtype_rule!r}")
     stray = expr.free_symbols - set(ARGS[:arity])
@@ -91,7 +97,10 @@ def define(name: str, expr: sympy.Expr, arity: int, dtype_rule: str = "promote",
                          f"beyond its operands {list(ARGS[:arity])}")
     op = OpDef(name=name, kind=ELEMENTWISE, infer=_infer(name, arity, dtype_rule),
                numpy=_numpy_impl(expr, arity), doc=doc or f"{name}: {expr}",
-               expr=expr, arity=arity)
+               expr=expr, arity=arity,
+               # (i, condition) pairs: a tuple, which the graph fingerprint can describe.
+               extra={"zero_derivative_where": tuple(sorted(zero_derivative_where.items()))}
+               if zero_derivative_where else {})
     op.vjp = vjp if vjp is not None else (elementwise_vjp if differentiable else None)
     return register(op)
 
@@ -109,6 +118,65 @@ def _cost(expr: sympy.Expr) -> int:
     return cost
 
 
+# Operand values at which `stays_finite` compares two forms of an expression. The magnitudes
+# reach past exp's float64 range (exp(1000) = inf), so a form such as exp(x)/(exp(x) + 1)**2
+# shows here, in float64, the inf/inf that float32 meets from x = 89.
+_FINITE_PROBES = np.array([-1e4, -1000.0, -300.0, -30.0, -2.5, -1.0, -0.3, 0.0,
+                           0.4, 1.5, 3.0, 30.0, 300.0, 1000.0, 1e4])
+_PROBE_POINTS = 256  # operand tuples per comparison, drawn from the probes (fixed seed)
+
+
+def stays_finite(candidate: sympy.Expr, reference: sympy.Expr) -> bool:
+    """Whether `candidate` is finite wherever `reference` is, at probe points of their symbols.
+
+    Two forms of one function can differ in where they overflow: sigmoid's derivative
+    y*(1 - y) is finite for every x, its rational form exp(x)/(exp(x) + 1)**2 is inf/inf = nan
+    past x = 89 in float32. A rewrite (a simplified derivative, a simplified chain) is only
+    taken when this holds. A candidate NumPy cannot evaluate is refused; a reference it cannot
+    evaluate gives no evidence either way (True).
+    """
+    symbols = sorted(candidate.free_symbols | reference.free_symbols, key=lambda s: s.name)
+    if not symbols:
+        return True
+    rng = np.random.default_rng(0)
+    points = [rng.choice(_FINITE_PROBES, _PROBE_POINTS) for _ in symbols]
+    # Each operand alone at every probe, the others at 1: the plain one-variable sweep.
+    for k in range(len(symbols)):
+        for j, column in enumerate(points):
+            sweep = _FINITE_PROBES if j == k else np.ones_like(_FINITE_PROBES)
+            points[j] = np.concatenate([column, sweep])
+
+    def evaluate(expr):
+        fn = sympy.lambdify(symbols, expr, modules=[_NUMPY_EXTRAS, _NUMPY_NAMES, np])
+        with np.errstate(all="ignore"):
+            out = np.asarray(fn(*points), dtype=np.complex128)
+        return np.broadcast_to(out, points[0].shape)
+
+    try:
+        want = evaluate(reference)
+    except Exception:  # noqa: BLE001 - no NumPy twin for some function: nothing to compare
+        return True
+    try:
+        got = evaluate(candidate)
+    except Exception:  # noqa: BLE001 - a form that cannot be evaluated is not taken
+        return False
+    return bool(np.all(np.isfinite(got) | ~np.isfinite(want)))
+
+
+def _torch_masks(partial: sympy.Expr) -> sympy.Expr:
+    """Heaviside(u, h0) -> 0 where u < 0, h0 where u == 0, else 1: a mask that a NaN passes.
+
+    sympy differentiates Max(x, y) to Heaviside(x - y); torch's maximum backward is
+    `where(x == y, g/2, g).masked_fill(x < y, 0)`, so where x or y is NaN (no comparison
+    holds) the cotangent passes through, to both operands. NumPy's heaviside(nan) is nan
+    and a C `u > 0 ? 1 : (u < 0 ? 0 : h0)` gives h0: the Piecewise reads alike on all
+    backends, and as torch.
+    """
+    def mask(u, h0=sympy.Rational(1, 2)):
+        return sympy.Piecewise((0, u < 0), (h0, sympy.Eq(u, 0)), (1, True))
+    return partial.replace(sympy.Heaviside, mask)
+
+
 def _in_terms_of_output(expr: sympy.Expr, partial: sympy.Expr) -> sympy.Expr | None:
     """Rewrite a unary op's derivative in terms of y = expr(x0), if that is cheaper.
 
@@ -116,7 +184,8 @@ def _in_terms_of_output(expr: sympy.Expr, partial: sympy.Expr) -> sympy.Expr | N
     and the derivative at each inverse x0 = f^-1(y) found by sympy.solve,
     simplified (sigmoid: y*(1 - y)). A candidate is kept only when it has no
     x0 left, verifies numerically at sample points on both sides of zero
-    (so a branch such as sqrt(1 - y**2) for cos is refused) and is cheaper.
+    (so a branch such as sqrt(1 - y**2) for cos is refused), is cheaper, and
+    stays finite wherever the derivative in x is (`stays_finite`).
     """
     x = ARGS[0]
     candidates = [sympy.diff(expr, x).subs(expr, OUT)]
@@ -160,7 +229,8 @@ def _in_terms_of_output(expr: sympy.Expr, partial: sympy.Expr) -> sympy.Expr | N
             if abs(got - want.real) > 1e-9 * (1 + abs(want.real)):
                 ok = False
                 break
-        if ok and checked >= 3 and (best is None or key(rewritten) < key(best)):
+        if ok and checked >= 3 and (best is None or key(rewritten) < key(best)) \
+                and stays_finite(rewritten.xreplace({OUT: expr}), partial):
             best = rewritten
     return best
 
@@ -170,7 +240,8 @@ def partial_derivative(op_name: str, i: int) -> sympy.Expr:
     """d op / d x_i as a sympy expression over ARGS and OUT, cached per op."""
     op = REGISTRY[op_name]
     # Deriving costs sympy tens of milliseconds per op: a fresh process reads earlier results.
-    key = f"{sympy.srepr(op.expr)}|{op.arity}|{i}"
+    zero_where = op.extra.get("zero_derivative_where", ())
+    key = f"{sympy.srepr(op.expr)}|{op.arity}|{i}|{sympy.srepr(sympy.Tuple(*map(sympy.Tuple, zero_where)))}"
     known = sympy_memo.lookup("partial", __file__, key)
     if known is not None:
         return known
@@ -180,19 +251,49 @@ def partial_derivative(op_name: str, i: int) -> sympy.Expr:
 
 
 def _derive(op: OpDef, i: int) -> sympy.Expr:
-    """d op / d x_i derived by sympy: diff, masks folded, simplified, rewritten in y where cheaper."""
+    """d op / d x_i derived by sympy: diff, masks folded, simplified, rewritten in y where cheaper.
+
+    A simplified or rewritten form is taken only where it stays finite wherever the plain
+    derivative is (`stays_finite`); a unary derivative of exps that overflows where the op is
+    finite is split at x = 0 (`_split_at_zero`); the op's zero_derivative_where points come last.
+    """
     partial = sympy.diff(op.expr, ARGS[i])
     # The derivative of a step (Heaviside, sign) is zero almost everywhere, as
     # torch treats its masks: DiracDelta would only print as an unknown name.
     partial = partial.replace(sympy.DiracDelta, lambda *args: sympy.S.Zero)
-    if partial.has(sympy.Piecewise, sympy.Heaviside, sympy.sign):
+    partial = _torch_masks(partial)
+    if partial.has(sympy.Piecewise, sympy.sign):
         partial = sympy.piecewise_fold(partial)
     elif _cost(partial) > 0:
-        partial = sympy.simplify(partial)
+        simplified = sympy.simplify(partial)
+        partial = simplified if stays_finite(simplified, partial) else partial
     # Kinked ops (relu, abs, max) keep their masks in x: there is nothing to gain.
-    if op.arity == 1 and _cost(partial) > 0 and not partial.has(sympy.Piecewise, sympy.Heaviside, sympy.sign):
+    if op.arity == 1 and _cost(partial) > 0 and not partial.has(sympy.Piecewise, sympy.sign):
         partial = _in_terms_of_output(op.expr, partial) or partial
+    if op.arity == 1 and partial.has(sympy.exp) \
+            and not stays_finite(partial.xreplace({OUT: op.expr}), op.expr):
+        partial = _split_at_zero(partial, op.expr) or partial
+    zero_where = dict(op.extra.get("zero_derivative_where", ()))
+    if i in zero_where:
+        partial = sympy.Piecewise((0, zero_where[i]), (partial, True))
     return partial
+
+
+def _split_at_zero(partial: sympy.Expr, expr: sympy.Expr) -> sympy.Expr | None:
+    """A unary derivative that overflows on one side, as two forms that do not: or None.
+
+    SiLU's x*exp(-x)/(1 + exp(-x))**2 + ... is inf/inf = nan for x << 0 although silu(x) is
+    finite there. Written as a rational function of t = exp(x), it is finite for x < 0; of
+    t = exp(-x), for x >= 0. Taken only when the result stays finite wherever `expr` is.
+    """
+    x, t = ARGS[0], sympy.Dummy("t", positive=True)
+    try:
+        rising = sympy.cancel(partial.subs(sympy.exp(x), t)).subs(t, sympy.exp(x))
+        falling = sympy.cancel(partial.subs(sympy.exp(x), 1 / t)).subs(t, sympy.exp(-x))
+    except (sympy.PolynomialError, TypeError, ValueError, NotImplementedError):
+        return None
+    split = sympy.Piecewise((falling, x >= 0), (rising, True))
+    return split if stays_finite(split, expr) else None
 
 
 def elementwise_vjp(node, g, wants: Sequence[bool]):
@@ -205,7 +306,9 @@ def elementwise_vjp(node, g, wants: Sequence[bool]):
             # None tells the driver to skip it; a 0-ary node would have no shape.
             out.append(None)
             continue
-        out.append(apply_expression(COTANGENT * partial,
+        # g folded into a mask's branches: Piecewise((g, c), (0, True)) is 0 where the mask is,
+        # as torch's masked backwards give (g*0 would be nan for g = inf), with one multiply fewer.
+        out.append(apply_expression(sympy.piecewise_fold(COTANGENT * partial),
                                     {COTANGENT: g, OUT: node, **dict(zip(ARGS, node.inputs))},
                                     name=f"{node.op.name}_vjp{i}"))
     return out

@@ -29,7 +29,10 @@ define("add", x0 + x1, 2, doc="x + y")
 define("sub", x0 - x1, 2, doc="x - y")
 define("mul", x0 * x1, 2, doc="x * y")
 define("div", x0 / x1, 2, "float", doc="x / y (true division)")
-define("pow", x0 ** x1, 2, doc="x ** y")
+# torch's pow backward: d/dx is 0 where y == 0 (not y * x**(y-1) = 0 * inf at x = 0), d/dy is
+# 0 where x == 0 and y >= 0 (not x**y * log(x) = 0 * -inf): x**y is constant there.
+define("pow", x0 ** x1, 2, doc="x ** y",
+       zero_derivative_where={0: sympy.Eq(x1, 0), 1: sympy.And(sympy.Eq(x0, 0), x1 >= 0)})
 define("neg", -x0, 1, doc="-x")
 define("exp", sympy.exp(x0), 1, "float")
 define("log", sympy.log(x0), 1, "float")
@@ -39,10 +42,12 @@ define("tanh", sympy.tanh(x0), 1, "float")
 define("sigmoid", 1 / (1 + sympy.exp(-x0)), 1, "float", doc="1 / (1 + exp(-x))")
 define("sqrt", sympy.sqrt(x0), 1, "float")
 define("abs", sympy.Abs(x0), 1, doc="|x|; its derivative is sign(x), 0 at 0 as in torch")
-# relu as a Piecewise, so its derivative is 0 at 0 (torch's threshold_backward).
-define("relu", sympy.Piecewise((x0, x0 > 0), (0, True)), 1, doc="max(x, 0)")
+# relu as a Piecewise tested by x <= 0, so a NaN (which compares false) passes through as in
+# torch, and the derivative is 0 at 0 and 1 at NaN (torch's threshold_backward).
+define("relu", sympy.Piecewise((0, x0 <= 0), (x0, True)), 1, doc="max(x, 0); NaN stays NaN")
 # Max/Min differentiate to Heaviside(x - y), which is 1/2 at ties: torch splits
-# the gradient of maximum/minimum evenly between equal operands too.
+# the gradient of maximum/minimum evenly between equal operands too. A NaN operand
+# gives NaN (NumPy, torch), and its cotangent passes to both operands (elementwise._torch_masks).
 define("maximum", sympy.Max(x0, x1), 2)
 define("minimum", sympy.Min(x0, x1), 2)
 define("where", sympy.Piecewise((x1, sympy.Ne(x0, 0)), (x2, True)), 3, "select",
@@ -70,6 +75,41 @@ register(OpDef("stop_gradient", "elementwise", lambda inputs, attrs: (inputs[0].
                doc="identity whose derivative is zero", expr=x0, arity=1))
 
 
+# The unsigned view of each integer label dtype (a dict hit: this runs on every call).
+_UNSIGNED = {np.dtype(np.int32): np.dtype(np.uint32), np.dtype(np.int64): np.dtype(np.uint64)}
+
+
+def check_labels(labels: np.ndarray, num_classes: int, node, source: str) -> None:
+    """Raise ValueError unless every entry of `labels` lies in [0, num_classes) (torch's check).
+
+    `node` is the class_labels node (it names the op and argument); `source` says where the
+    labels came from ("input 'y'"). One reduction over an unsigned view: a negative label
+    reads as a huge unsigned one, so `max >= num_classes` catches both ends.
+    """
+    if labels.size == 0 or labels.view(_UNSIGNED[labels.dtype]).max() < num_classes:
+        return
+    flat = labels.reshape(-1)
+    bad = int(np.flatnonzero((flat < 0) | (flat >= num_classes))[0])
+    where = np.unravel_index(bad, labels.shape)
+    raise ValueError(f"{node.attrs['caller']}: {node.attrs['arg']} ({source}) holds {int(flat[bad])} at "
+                     f"index {list(map(int, where))}, outside [0, {num_classes}) for {num_classes} classes")
+
+
+def _class_labels_numpy(args, node, env):
+    (labels,) = args
+    num_classes = S.evaluate(node.attrs["num_classes"], env.bindings)
+    check_labels(np.asarray(labels), int(num_classes), node, "computed in the graph")
+    return labels
+
+
+# Labels that must lie in [0, num_classes): an identity that carries the check. Calls check
+# input labels in Python before running (symgrad.compiled); the NumPy reference checks computed
+# ones here. The passes drop the node (passes/dce.py), so compiled code never sees it.
+register(OpDef("class_labels", "elementwise", lambda inputs, attrs: (inputs[0].shape, inputs[0].dtype),
+               _class_labels_numpy, lambda node, g, wants: [None],
+               doc="integer labels, checked to lie in [0, attrs['num_classes'])", expr=x0, arity=1))
+
+
 # ---- sources: the leaves of every graph ---------------------------------
 
 def _leaf_infer(inputs, attrs):
@@ -85,8 +125,22 @@ register(OpDef("variable", SOURCE, _leaf_infer, lambda args, node, env: env.vari
 def _const_numpy(args, node, env):
     value = node.attrs["value"]
     if isinstance(value, sympy.Basic):
-        value = float(value.xreplace({k: sympy.Integer(v) for k, v in env.bindings.items()}))
+        value = _dims_value(value, env.bindings)
     return np.asarray(value, dtype=D.to_numpy(node.dtype))
+
+
+def _dims_value(expr: sympy.Expr, bindings: dict) -> float:
+    """An expression of Dims (1/B, B/(B - 1)) at the bound sizes, as compiled code computes it.
+
+    Exact where sympy's value is a real number; where it is not (B/(B - 1) at B = 1 is zoo),
+    in IEEE float64 arithmetic, as the C and CUDA code divide: 1/0 = inf, 0/0 = nan.
+    """
+    exact = expr.xreplace({k: sympy.Integer(v) for k, v in bindings.items()})
+    if exact.is_extended_real and exact.is_finite:
+        return float(exact)
+    symbols = sorted(expr.free_symbols, key=lambda s: s.name)
+    with np.errstate(all="ignore"):
+        return float(sympy.lambdify(symbols, expr, "numpy")(*(np.float64(bindings[s]) for s in symbols)))
 
 
 register(OpDef("const", SOURCE, _leaf_infer, _const_numpy,

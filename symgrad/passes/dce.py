@@ -6,7 +6,8 @@ unreachable. This pass removes the rest of the dead weight:
 
 - updates that write a variable with its own, unchanged value;
 - wrappers that only matter to autodiff, which has already run:
-  `custom(result, *inputs)` and `stop_gradient(x)`;
+  `custom(result, *inputs)` and `stop_gradient(x)`; and `class_labels(y)`,
+  whose check runs before the call;
 - no-op casts, reshapes, transposes and expands.
 """
 
@@ -27,6 +28,13 @@ def drop_custom(node: Value) -> Value | None:
 def drop_stop_gradient(node: Value) -> Value | None:
     """stop_gradient(x) -> x: an identity once gradients have been taken."""
     if node.op.name == "stop_gradient":
+        return node.inputs[0]
+    return None
+
+
+def drop_class_labels(node: Value) -> Value | None:
+    """class_labels(y) -> y: the labels' range is checked by the call, not by compiled code."""
+    if node.op.name == "class_labels":
         return node.inputs[0]
     return None
 
@@ -59,7 +67,7 @@ def drop_noop_expand(node: Value) -> Value | None:
     return None
 
 
-RULES = (drop_custom, drop_stop_gradient, drop_noop_cast, drop_noop_reshape,
+RULES = (drop_custom, drop_stop_gradient, drop_class_labels, drop_noop_cast, drop_noop_reshape,
          drop_noop_transpose, drop_noop_expand)
 
 

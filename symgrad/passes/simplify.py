@@ -31,7 +31,7 @@ import sympy
 from ..ir import dtypes as D
 from ..ir import shapes as S
 from ..ir import sympy_memo
-from ..ir.elementwise import ARGS, derived_op
+from ..ir.elementwise import ARGS, derived_op, stays_finite
 from ..ir.graph import Graph
 from ..ir.registry import ELEMENTWISE, REDUCE, lookup
 from ..ir.value import Value, make
@@ -369,7 +369,7 @@ def _candidates(expr: sympy.Expr) -> list:
 
 @functools.lru_cache(maxsize=4096)
 def _cheapest(expr: sympy.Expr) -> sympy.Expr:
-    """The cheapest of `_candidates(expr)`. Cached: chains of the same form (every parameter's
+    """The cheapest of `_candidates(expr)` that stays finite wherever `expr` is. Cached: chains of the same form (every parameter's
     optimizer update, every layer's backward) compose to the same expression over l0, l1, ...,
     and sympy's rewritings cost milliseconds each; a fresh process reads earlier results from
     the on-disk memo, which keeps warm compiles fast."""
@@ -377,7 +377,12 @@ def _cheapest(expr: sympy.Expr) -> sympy.Expr:
     known = sympy_memo.lookup("cheapest", __file__, key)
     if known is not None:
         return known
-    best = min(_candidates(expr), key=_cost)
+    candidates = _candidates(expr)
+    # The cheapest rewriting that overflows nowhere the composed chain does not (sigmoid's
+    # backward composes to -y*(y - 1) at y = 1/(1 + exp(-x)), finite everywhere; `cancel`
+    # gives exp(x)/(exp(x) + 1)**2, nan past x = 89 in float32). The chain itself always qualifies.
+    best = min((c for c in candidates[1:] if _cost(c) < _cost(expr) and stays_finite(c, expr)),
+               key=_cost, default=expr)
     sympy_memo.store("cheapest", __file__, key, best)
     return best
 
