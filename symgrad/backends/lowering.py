@@ -834,9 +834,11 @@ class _Lowerer(FusionDecisions, RowDecisions, _RowLowering):
         self.kernels.append(kernel)
         return buffer_view(out, root.shape)
 
-    def _fused_body(self, root: Value, shape, preset: dict | None = None) -> tuple[list, list, str]:
+    def _fused_body(self, root: Value, shape, preset: dict | None = None,
+                    prefixes: tuple[str, str] = ("v", "t")) -> tuple[list, list, str]:
         """The operands (read at `shape`) and statements computing `root` with every node fused into it
-        (`preset`: id(node) -> a local name the kernel already holds, such as a reduced value)."""
+        (`preset`: id(node) -> a local name the kernel already holds, such as a reduced value;
+        `prefixes`: of the operands' and the statements' local names, v0, v1 and t0, t1 by default)."""
         group, stack, seen = [], [root], set()
         while stack:
             n = stack.pop()
@@ -852,10 +854,10 @@ class _Lowerer(FusionDecisions, RowDecisions, _RowLowering):
         for n in group:
             for i in n.inputs:
                 if id(i) not in local:
-                    name = f"v{len(operands)}"
+                    name = f"{prefixes[0]}{len(operands)}"
                     local[id(i)] = name
                     operands.append(Operand(name, broadcast_view(self.views[id(i)], shape), self.name(i)))
-            name = f"t{len(statements)}"
+            name = f"{prefixes[1]}{len(statements)}"
             arg_dtypes = [i.dtype for i in n.inputs]
             statements.append(Statement(name, n, n.op.expr, [local[id(i)] for i in n.inputs], arg_dtypes,
                                         _compute_dtype(n), n.dtype, self.line(n)))
@@ -865,7 +867,9 @@ class _Lowerer(FusionDecisions, RowDecisions, _RowLowering):
     def reduce_with_epilogue(self, root: Value) -> View:
         """The reduction feeding `root`, with `root`'s fused group computed as it stores each value."""
         r = self.epilogue_of[id(root)]
-        operands, statements, result = self._fused_body(root, root.shape, {id(r): REDUCED})
+        # The epilogue's locals are named apart from a fused prologue's: where no reduced loop is left
+        # (a 0-d input, reduced axes of size 1) both are declared in the same C scope.
+        operands, statements, result = self._fused_body(root, root.shape, {id(r): REDUCED}, ("ev", "et"))
         if not all(o.view.kind == "literal" or (o.view.kind == "buffer" and is_contiguous(o.view)
                                                  and isinstance(o.view.offset, int) and o.view.offset == 0)
                    for o in operands):  # a strided operand: no epilogue after all

@@ -185,13 +185,23 @@ class RowDecisions:
                 if id(l) not in inside and id(l) not in seen:
                     seen.add(id(l))
                     external.append(l)
+        # Everything that must run after the group's kernel. A group accepted before runs as one
+        # kernel too: reaching one of its members puts all of them after this group, and so what
+        # reads any of them (two groups each reading the other's output would wait for each other).
         below, stack = set(), list(g.members)
-        while stack:  # everything computed from the group
+        while stack:
             n = stack.pop()
             for u in self.graph.users[id(n)]:
-                if id(u) not in below:
-                    below.add(id(u))
-                    stack.append(u)
+                if id(u) in below:
+                    continue
+                below.add(id(u))
+                stack.append(u)
+                other = self.row_of.get(id(u))
+                if other is not None:
+                    for m in other.members:
+                        if id(m) not in below:
+                            below.add(id(m))
+                            stack.append(m)
         if any(id(l) in below for l in external):
             return  # not convex: the group would wait for a kernel that waits for it
         g.leaves = external
