@@ -1,8 +1,11 @@
-"""Graph shapes that broke the compiled backends: 0-d reductions beside elementwise ops and two row
-groups that read each other's results.
+"""Graph shapes that broke the compiled backends: 0-d reductions beside elementwise ops, two row
+groups that read each other's results, and chains deeper than Python's recursion limit.
 
 Compiled results are compared with the NumPy reference backend (and torch where it says more).
 """
+
+import io
+import sys
 
 import numpy as np
 import pytest
@@ -10,7 +13,9 @@ import torch
 
 import symgrad as sg
 from symgrad import passes
+from symgrad.backends.c import ENTRY, render_source
 from symgrad.backends.lowering import RowKernel, lower
+from symgrad.ir.fingerprint import fingerprint
 from symgrad.ir.graph import Graph
 
 from conftest import BACKENDS
@@ -72,3 +77,61 @@ def test_loss_and_gradient_of_two_dependent_row_groups(backend):
     for g, w, t in zip(got, want, [loss_t.detach().numpy(), xt.grad.numpy()]):
         np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-6)
         np.testing.assert_allclose(g, t, rtol=1e-5, atol=1e-6)
+
+
+# ---- deep graphs ------------------------------------------------------------------------------------
+
+DEPTH = 1200  # elementwise ops in a row: deeper than Python's default recursion limit (1000)
+
+
+def _deep_chain():
+    """A chain of DEPTH elementwise ops (tanh, then an affine map, in turn) between a parameter
+    and a cross-entropy loss, and the same computation in torch."""
+    x = sg.input("x", (4, 5))
+    y = sg.input("y", (4,), dtype="int64")
+    W = sg.param("W", (5,), init=np.linspace(-0.5, 0.5, 5).astype(np.float32))
+    h = x + W
+    for k in range(DEPTH):
+        h = h * 0.999 + 0.001 if k % 2 else sg.tanh(h)
+    loss = sg.cross_entropy(h, y)
+
+    def torch_loss(xv, yv):
+        Wt = torch.tensor(np.linspace(-0.5, 0.5, 5), dtype=torch.float64, requires_grad=True)
+        ht = torch.tensor(xv, dtype=torch.float64) + Wt
+        for k in range(DEPTH):
+            ht = ht * 0.999 + 0.001 if k % 2 else torch.tanh(ht)
+        lt = torch.nn.functional.cross_entropy(ht, torch.tensor(yv))
+        lt.backward()
+        return lt.item(), Wt.grad.numpy()
+    return x, y, W, loss, torch_loss
+
+
+def test_a_chain_deeper_than_the_recursion_limit_compiles():
+    """Autodiff, printing, fingerprinting, the passes, the lowering and the C rendering walk the
+    graph without recursion: a chain deeper than the recursion limit goes all the way to C source,
+    and the reference backend's loss and gradient match torch's."""
+    assert DEPTH > sys.getrecursionlimit()
+    x, y, W, loss, torch_loss = _deep_chain()
+    (gW,) = sg.grad(loss, [W])
+    graph = Graph([x, y], [loss, gW])
+    assert fingerprint(graph) is not None
+
+    chain = sg.backward_chain(loss)
+    lines = chain.splitlines()
+    assert lines[:2] == ["MulBackward", "  SumBackward"]
+    assert sum("TanhBackward" in line for line in lines) == DEPTH // 2
+    assert any(line.lstrip().startswith(f"[{DEPTH}]") for line in lines)  # deep lines carry their depth
+    assert max(len(line) for line in lines) < 200                          # and no quadratic indentation
+    out = io.StringIO()
+    sg.print_graph(loss, file=out)
+    assert out.getvalue() == chain + "\n"
+
+    source = render_source(lower(passes.optimize(graph), variables=graph.variables, matmul_epilogues=True))
+    assert f"int {ENTRY}(" in source and source.count("tanh") >= DEPTH // 2
+
+    xv = RNG.standard_normal((4, 5)).astype(np.float32)
+    yv = np.array([0, 1, 2, 4])
+    loss_v, gW_v = sg.function([x, y], [loss, gW], backend="numpy")(xv, yv)
+    want_loss, want_gW = torch_loss(xv, yv)
+    np.testing.assert_allclose(loss_v, want_loss, rtol=1e-4)
+    np.testing.assert_allclose(gW_v, want_gW, rtol=1e-3, atol=1e-6)

@@ -218,9 +218,11 @@ class RowDecisions:
         """id(member) -> ids of every value its group reads: the schedule runs a group's kernel at
         its first member, so each member waits for all of them."""
         deps = {}
-        for g in self.row_of.values():
+        groups = {id(g): g for g in self.row_of.values()}  # row_of holds each group once per member
+        for g in groups.values():
+            leaves = {id(l) for l in g.leaves}
             for m in g.members:
-                deps[id(m)] = {id(l) for l in g.leaves}
+                deps[id(m)] = leaves  # shared: the callers copy before they add to it
         return deps
 
     def _graph_order(self) -> list:
