@@ -10,6 +10,7 @@ in arrays the object owns, and the program updates them in place.
 from __future__ import annotations
 
 import time
+import weakref
 from typing import Iterable, Mapping
 
 import numpy as np
@@ -110,6 +111,34 @@ class VariableView(Mapping):
 
     def __repr__(self) -> str:
         return "{" + ", ".join(f"{n!r}: array{list(self._owner._storage[n].shape)}" for n in self._names) + "}"
+
+
+# id(variable) -> (weak reference to the variable, weak reference to the step or function built last
+# that updates it, that object's storage): where a variable's trained value lives, for
+# Module.state_dict(). Keyed by id, not by the value (Value.__eq__ builds a graph node); an entry
+# goes when its variable dies. The storage is held so that a value stays readable after its step
+# is collected (a CUDA program copies its device values there when it is freed).
+_HOLDERS: dict[int, tuple[weakref.ref, weakref.ref, dict]] = {}
+
+
+def _hold(compiled: "Compiled") -> None:
+    """Record `compiled` as the holder of the current value of every variable its graph updates."""
+    for target, _ in compiled.graph.updates:
+        key = id(target)
+        _HOLDERS[key] = (weakref.ref(target, lambda _ref, key=key: _HOLDERS.pop(key, None)),
+                         weakref.ref(compiled), compiled._storage)
+
+
+def current_value(variable: Value) -> np.ndarray:
+    """A copy of `variable`'s value now: as the step or function built last that updates it holds
+    it (the trained value), or its initial value when nothing compiled updates it."""
+    entry = _HOLDERS.get(id(variable))
+    if entry is None or entry[0]() is not variable:
+        return np.array(variable.attrs["init"], copy=True)
+    holder = entry[1]()
+    if holder is not None:
+        return holder._read_variable(variable.name)
+    return np.array(entry[2][variable.name], copy=True)
 
 
 class Compiled:
@@ -223,6 +252,7 @@ class CompiledFunction(Compiled):
     def __init__(self, graph: Graph, backend: str, single: bool, **options):
         super().__init__(graph, backend, **options)
         self._single = single  # outputs given as one value: return one array
+        _hold(self)
 
     def __call__(self, *arrays):
         names = [v.name for v in self.graph.inputs]
@@ -279,6 +309,7 @@ class TrainStep(Compiled):
         self._input_names = [v.name for v in graph.inputs]
         self._programs: dict[str, Compiled] = {}
         self._buffers = None
+        _hold(self)  # its programs share its storage: the step holds what they train too
 
     def __call__(self, **batch) -> float:
         names = self._input_names
@@ -388,8 +419,13 @@ def function(inputs, outputs, backend: str = "numpy", **options) -> CompiledFunc
 
     The call takes NumPy arrays positionally in input order and returns one
     array, or a tuple when `outputs` is a list. Parameters the outputs read
-    keep their initial values.
+    keep their initial values. Updates that layers attach to the values the
+    outputs compute run on every call, as they do in a train step: Dropout
+    draws a fresh mask each call (reproducibly from sg.manual_seed), BatchNorm
+    in training mode updates its running statistics.
     """
+    from . import effects
+
     single = isinstance(outputs, Value)
     outs = [outputs] if single else list(outputs)
     inputs = [inputs] if isinstance(inputs, Value) else list(inputs)
@@ -400,7 +436,7 @@ def function(inputs, outputs, backend: str = "numpy", **options) -> CompiledFunc
     missing = [v.name for v in collect_inputs(outs) if id(v) not in given]
     if missing:
         raise ValueError(f"function: outputs depend on inputs {missing} that are not in the inputs list")
-    return CompiledFunction(Graph(inputs, outs), backend, single, **options)
+    return CompiledFunction(Graph(inputs, outs, effects.collect(outs)), backend, single, **options)
 
 
 def _as_param_list(params) -> list[Value]:
