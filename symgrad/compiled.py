@@ -21,6 +21,7 @@ from .ir import dtypes as D
 from .ir import shapes as S
 from .ir.graph import Graph, toposort
 from .ir.value import Value
+from .optim.optimizer import check_hyperparameter
 
 _SIGNATURES_KEPT = 8  # validated input signatures remembered per compiled object
 
@@ -38,6 +39,7 @@ def bind_inputs(inputs: Iterable[Value], arrays: Iterable) -> dict:
         if not isinstance(array, np.ndarray):
             raise TypeError(f"input {node.name!r}: expected a numpy array of shape {expected}, "
                             f"got {type(array).__name__}")
+        _refuse_subclass(f"input {node.name!r}", array)
         got = f"{list(array.shape)} ({array.dtype})"
         if array.dtype != D.to_numpy(node.dtype):
             raise TypeError(f"input {node.name!r}: expected dtype {node.dtype}, got {array.dtype} "
@@ -69,6 +71,16 @@ def bind_inputs(inputs: Iterable[Value], arrays: Iterable) -> dict:
     return bindings
 
 
+def _refuse_subclass(what: str, array) -> None:
+    """Refuse an ndarray subclass whose raw data is not what it means (a masked array's mask, a
+    matrix's algebra): the backends compute on the raw data. A memory map is its data: accepted."""
+    if isinstance(array, np.ndarray) and type(array) is not np.ndarray and not isinstance(array, np.memmap):
+        kind = f"{type(array).__module__}.{type(array).__name__}"
+        raise TypeError(f"{what}: expected a plain numpy.ndarray, got {kind}, an ndarray subclass whose "
+                        f"raw data the compiled code would read without its meaning; pass a plain array "
+                        f"(a masked array's .filled(value), np.asarray(matrix))")
+
+
 def collect_inputs(values: Iterable[Value]) -> list[Value]:
     """The input nodes the values depend on, in the order they were created."""
     return sorted((n for n in toposort(values) if n.op.name == "input"), key=lambda n: n.attrs["serial"])
@@ -95,13 +107,21 @@ class VariableView(Mapping):
 
     def __getitem__(self, name: str) -> np.ndarray:
         if name not in self._names:
-            raise KeyError(f"no variable named {name!r}; have {self._names}")
+            raise self._missing(name)
         return self._owner._read_variable(name)
 
     def __setitem__(self, name: str, value) -> None:
         if name not in self._names:
-            raise KeyError(f"no variable named {name!r}; have {self._names}")
+            raise self._missing(name)
         self._owner._write_variable(name, value)
+
+    def _missing(self, name) -> KeyError:
+        """The error for a name this view does not hold: the name, the names it holds, and where a
+        gradient buffer comes from (a Mapping raises KeyError, so `in` and `get` keep working)."""
+        text = f"no variable named {name!r}; have {self._names}"
+        if isinstance(name, str) and name.endswith(".grad"):
+            text += " (a parameter's .grad buffer is made by the step's first accumulate())"
+        return KeyError(text)
 
     def __iter__(self):
         return iter(self._names)
@@ -212,12 +232,15 @@ class Compiled:
 
     def _write_variable(self, name: str, value) -> None:
         node = self._variables[name]
+        _refuse_subclass(f"variable {name!r}", value)
         array = np.asarray(value)
         if array.shape != tuple(node.shape):
             raise ValueError(f"variable {name!r}: expected shape {S.format_shape(node.shape)}, got {list(array.shape)}")
         if not np.can_cast(array.dtype, D.to_numpy(node.dtype), casting="same_kind"):
             raise TypeError(f"variable {name!r}: cannot store {array.dtype} values in {node.dtype}")
         converted = array.astype(D.to_numpy(node.dtype))
+        if node.attrs["role"] == "hyper":
+            check_hyperparameter(f"variable {name!r} (a hyperparameter)", converted.item())
         writer = getattr(self.program, "write_variable", None)
         if writer:
             writer(name, converted)
@@ -367,6 +390,7 @@ class TrainStep(Compiled):
                 mine = self._storage.get(name)
                 if mine is None:
                     self._storage[name] = array
+                    self._variables[name] = sub._variables[name]  # step.state[name] = ... checks against it
                     if name not in self.state._names and sub._variables[name].attrs["role"] != "param":
                         self.state._names.append(name)
                 elif mine.shape != array.shape or mine.dtype != array.dtype:
@@ -411,6 +435,7 @@ class TrainStep(Compiled):
 
     @lr.setter
     def lr(self, value: float) -> None:
+        """Refused (ValueError) unless a finite non-negative number, as the optimizer's lr= is."""
         self._write_variable("lr", value)
 
 
