@@ -646,6 +646,9 @@ class _Lowerer(FusionDecisions, RowDecisions, _RowLowering):
         self.kernels: list = []
         self.views: dict[int, View] = {}
         self.out_claimed: set[int] = set()
+        self.output_positions: dict[int, list[int]] = {}  # id(node) -> where it is among the outputs
+        for k, v in enumerate(graph.outputs):
+            self.output_positions.setdefault(id(v), []).append(k)
         self.fused = {id(n) for n in graph.nodes if self._fusable(n)}
         self.choices: list[dict] = []
         if recompute:
@@ -676,8 +679,8 @@ class _Lowerer(FusionDecisions, RowDecisions, _RowLowering):
         shape = node.shape if shape is None else shape
         dtype = node.dtype if dtype is None else dtype
         if dtype == node.dtype and shape == node.shape:
-            for k, out in enumerate(self.graph.outputs):
-                if out is node and k not in self.out_claimed:
+            for k in self.output_positions.get(id(node), ()):
+                if k not in self.out_claimed:
                     self.out_claimed.add(k)
                     return self.outputs[k]
         buf = Buffer(f"ws{len(self.workspace)}", "workspace", len(self.workspace), dtype, _numel(shape),
