@@ -44,8 +44,7 @@ class RowGroup:
 
 class RowDecisions:
     """Expects FusionDecisions' attributes (`graph`, `uses`, `fused`, `fuse_reduce`, `epilogue_of`,
-    `epilogued`, `_leaves`, `_materializes`) and `order` (id(node) -> its position in the graph's
-    order) on the instance; sets `row_of` and `row_partial`."""
+    `epilogued`, `_leaves`, `_materializes`) on the instance; sets `row_of` and `row_partial`."""
 
     def _choose_row_groups(self) -> None:
         """Group row reductions with the elementwise maps over the same rows into row kernels.
