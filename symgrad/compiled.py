@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import threading
 import time
+import weakref
 from typing import Iterable, Mapping
 
 import numpy as np
@@ -22,6 +23,7 @@ from .ir import shapes as S
 from .ir.graph import Graph, toposort
 from .ir.ops import check_labels
 from .ir.value import Value
+from .optim.optimizer import check_hyperparameter
 
 _SIGNATURES_KEPT = 8  # validated input signatures remembered per compiled object
 
@@ -39,6 +41,7 @@ def bind_inputs(inputs: Iterable[Value], arrays: Iterable) -> dict:
         if not isinstance(array, np.ndarray):
             raise TypeError(f"input {node.name!r}: expected a numpy array of shape {expected}, "
                             f"got {type(array).__name__}")
+        _refuse_subclass(f"input {node.name!r}", array)
         got = f"{list(array.shape)} ({array.dtype})"
         if array.dtype != D.to_numpy(node.dtype):
             raise TypeError(f"input {node.name!r}: expected dtype {node.dtype}, got {array.dtype} "
@@ -68,6 +71,16 @@ def bind_inputs(inputs: Iterable[Value], arrays: Iterable) -> dict:
             raise ValueError(f"input {node.name!r}: expected shape {expected}, got {got} "
                              f"(axis {axis} is {size} = {value})")
     return bindings
+
+
+def _refuse_subclass(what: str, array) -> None:
+    """Refuse an ndarray subclass whose raw data is not what it means (a masked array's mask, a
+    matrix's algebra): the backends compute on the raw data. A memory map is its data: accepted."""
+    if isinstance(array, np.ndarray) and type(array) is not np.ndarray and not isinstance(array, np.memmap):
+        kind = f"{type(array).__module__}.{type(array).__name__}"
+        raise TypeError(f"{what}: expected a plain numpy.ndarray, got {kind}, an ndarray subclass whose "
+                        f"raw data the compiled code would read without its meaning; pass a plain array "
+                        f"(a masked array's .filled(value), np.asarray(matrix))")
 
 
 def collect_inputs(values: Iterable[Value]) -> list[Value]:
@@ -140,13 +153,21 @@ class VariableView(Mapping):
 
     def __getitem__(self, name: str) -> np.ndarray:
         if name not in self._names:
-            raise KeyError(f"no variable named {name!r}; have {self._names}")
+            raise self._missing(name)
         return self._owner._read_variable(name)
 
     def __setitem__(self, name: str, value) -> None:
         if name not in self._names:
-            raise KeyError(f"no variable named {name!r}; have {self._names}")
+            raise self._missing(name)
         self._owner._write_variable(name, value)
+
+    def _missing(self, name) -> KeyError:
+        """The error for a name this view does not hold: the name, the names it holds, and where a
+        gradient buffer comes from (a Mapping raises KeyError, so `in` and `get` keep working)."""
+        text = f"no variable named {name!r}; have {self._names}"
+        if isinstance(name, str) and name.endswith(".grad"):
+            text += " (a parameter's .grad buffer is made by the step's first accumulate())"
+        return KeyError(text)
 
     def __iter__(self):
         return iter(self._names)
@@ -156,6 +177,34 @@ class VariableView(Mapping):
 
     def __repr__(self) -> str:
         return "{" + ", ".join(f"{n!r}: array{list(self._owner._storage[n].shape)}" for n in self._names) + "}"
+
+
+# id(variable) -> (weak reference to the variable, weak reference to the step or function built last
+# that updates it, that object's storage): where a variable's trained value lives, for
+# Module.state_dict(). Keyed by id, not by the value (Value.__eq__ builds a graph node); an entry
+# goes when its variable dies. The storage is held so that a value stays readable after its step
+# is collected (a CUDA program copies its device values there when it is freed).
+_HOLDERS: dict[int, tuple[weakref.ref, weakref.ref, dict]] = {}
+
+
+def _hold(compiled: "Compiled") -> None:
+    """Record `compiled` as the holder of the current value of every variable its graph updates."""
+    for target, _ in compiled.graph.updates:
+        key = id(target)
+        _HOLDERS[key] = (weakref.ref(target, lambda _ref, key=key: _HOLDERS.pop(key, None)),
+                         weakref.ref(compiled), compiled._storage)
+
+
+def current_value(variable: Value) -> np.ndarray:
+    """A copy of `variable`'s value now: as the step or function built last that updates it holds
+    it (the trained value), or its initial value when nothing compiled updates it."""
+    entry = _HOLDERS.get(id(variable))
+    if entry is None or entry[0]() is not variable:
+        return np.array(variable.attrs["init"], copy=True)
+    holder = entry[1]()
+    if holder is not None:
+        return holder._read_variable(variable.name)
+    return np.array(entry[2][variable.name], copy=True)
 
 
 class Compiled:
@@ -235,12 +284,15 @@ class Compiled:
 
     def _write_variable(self, name: str, value) -> None:
         node = self._variables[name]
+        _refuse_subclass(f"variable {name!r}", value)
         array = np.asarray(value)
         if array.shape != tuple(node.shape):
             raise ValueError(f"variable {name!r}: expected shape {S.format_shape(node.shape)}, got {list(array.shape)}")
         if not np.can_cast(array.dtype, D.to_numpy(node.dtype), casting="same_kind"):
             raise TypeError(f"variable {name!r}: cannot store {array.dtype} values in {node.dtype}")
         converted = array.astype(D.to_numpy(node.dtype))
+        if node.attrs["role"] == "hyper":
+            check_hyperparameter(f"variable {name!r} (a hyperparameter)", converted.item())
         writer = getattr(self.program, "write_variable", None)
         with self._lock:
             if writer:
@@ -280,6 +332,7 @@ class CompiledFunction(Compiled):
     def __init__(self, graph: Graph, backend: str, single: bool, **options):
         super().__init__(graph, backend, **options)
         self._single = single  # outputs given as one value: return one array
+        _hold(self)
 
     def __call__(self, *arrays):
         names = [v.name for v in self.graph.inputs]
@@ -337,6 +390,7 @@ class TrainStep(Compiled):
         self._input_names = [v.name for v in graph.inputs]
         self._programs: dict[str, Compiled] = {}
         self._buffers = None
+        _hold(self)  # its programs share its storage: the step holds what they train too
 
     def __call__(self, **batch) -> float:
         names = self._input_names
@@ -411,6 +465,7 @@ class TrainStep(Compiled):
                 mine = self._storage.get(name)
                 if mine is None:
                     self._storage[name] = array
+                    self._variables[name] = sub._variables[name]  # step.state[name] = ... checks against it
                     if name not in self.state._names and sub._variables[name].attrs["role"] != "param":
                         self.state._names.append(name)
                 elif mine.shape != array.shape or mine.dtype != array.dtype:
@@ -456,6 +511,7 @@ class TrainStep(Compiled):
 
     @lr.setter
     def lr(self, value: float) -> None:
+        """Refused (ValueError) unless a finite non-negative number, as the optimizer's lr= is."""
         self._write_variable("lr", value)
 
 
@@ -464,8 +520,13 @@ def function(inputs, outputs, backend: str = "numpy", **options) -> CompiledFunc
 
     The call takes NumPy arrays positionally in input order and returns one
     array, or a tuple when `outputs` is a list. Parameters the outputs read
-    keep their initial values.
+    keep their initial values. Updates that layers attach to the values the
+    outputs compute run on every call, as they do in a train step: Dropout
+    draws a fresh mask each call (reproducibly from sg.manual_seed), BatchNorm
+    in training mode updates its running statistics.
     """
+    from . import effects
+
     single = isinstance(outputs, Value)
     outs = [outputs] if single else list(outputs)
     inputs = [inputs] if isinstance(inputs, Value) else list(inputs)
@@ -476,7 +537,7 @@ def function(inputs, outputs, backend: str = "numpy", **options) -> CompiledFunc
     missing = [v.name for v in collect_inputs(outs) if id(v) not in given]
     if missing:
         raise ValueError(f"function: outputs depend on inputs {missing} that are not in the inputs list")
-    return CompiledFunction(Graph(inputs, outs), backend, single, **options)
+    return CompiledFunction(Graph(inputs, outs, effects.collect(outs)), backend, single, **options)
 
 
 def _as_param_list(params) -> list[Value]:

@@ -117,6 +117,27 @@ def test_manual_seed_seeds_dropout_like_torch_manual_seed():
     assert not np.array_equal(mask(7), mask(8))
 
 
+def test_function_draws_a_fresh_mask_every_call(backend):
+    """sg.function of a training-mode Dropout advances the random stream on every call, as a train
+    step does: each call's mask is Philox at that call's counter, and the sequence of masks
+    depends on sg.manual_seed alone (a second function built the same way repeats it)."""
+    shape, p, seed = (6, 40), 0.5, 21
+    x = sg.input("x", shape, "float64")
+    ones = np.ones(shape)
+
+    def masks():
+        sg.manual_seed(seed)
+        f = sg.function([x], nn.Dropout(p)(x), backend=backend)
+        return [f(ones) != 0 for _ in range(3)]
+
+    first = masks()
+    for counter, mask in enumerate(first):
+        np.testing.assert_array_equal(mask, reference_mask(seed, counter, 0, shape, p))
+    assert not np.array_equal(first[0], first[1]) and not np.array_equal(first[1], first[2])
+    for again, mask in zip(masks(), first):
+        np.testing.assert_array_equal(again, mask)
+
+
 def test_batchnorm_matches_torch_after_ten_steps(backend, rng):
     torch.manual_seed(0)
     reference = torch.nn.Sequential(torch.nn.Linear(5, 6), torch.nn.BatchNorm1d(6), torch.nn.ReLU(),

@@ -262,3 +262,74 @@ def test_duplicate_names_are_refused():
     a, b = sg.input("same", (3,)), sg.input("same", (3,))
     with pytest.raises(ValueError, match="'same'"):
         sg.function([a, b], [a + b])
+
+
+@pytest.mark.parametrize("value", [-1, float("nan"), float("inf")])
+def test_learning_rate_is_checked_as_the_optimizer_checks_it(backend, value):
+    """step.lr (or step.state["lr"]) takes a finite non-negative number only, as SGD(lr=...) does."""
+    _, step = _compiled(backend)
+    with pytest.raises(ValueError, match=r"SGD: lr must be a finite non-negative number"):
+        sg.optim.SGD(lr=value)
+    lr = step.lr
+    with pytest.raises(ValueError, match=r"'lr'.*finite non-negative number, got"):
+        step.lr = value
+    with pytest.raises(ValueError, match=r"'lr'.*finite non-negative number"):
+        step.state["lr"] = value
+    assert step.lr == lr
+    step.lr = 0.0  # zero is a learning rate (a frozen model), and a later good value is taken
+    step.lr = lr
+    assert step.lr == lr
+
+
+def test_the_same_input_twice_is_refused():
+    a = sg.input("a", (3,))
+    with pytest.raises(ValueError, match=r"'a'.*twice.*positions 0 and 1"):
+        sg.function([a, a], [a * 2])
+
+
+@pytest.mark.parametrize("make", [
+    lambda: np.ma.masked_array(np.ones((5, 4), np.float32), mask=np.eye(5, 4, dtype=bool)),
+    lambda: np.matrix(np.ones((5, 4), np.float32)),
+], ids=["masked", "matrix"])
+@pytest.mark.filterwarnings("ignore:the matrix subclass:PendingDeprecationWarning")
+def test_ndarray_subclasses_are_refused(backend, make):
+    """A masked array or np.matrix is refused before any backend reads its raw data; a memory map
+    (whose data is what it means) is taken."""
+    f, step = _compiled(backend)
+    before = _snapshot(step)
+    x = make()
+    for call in (lambda: f(x, GOOD_Y), lambda: step(x=x, y=GOOD_Y)):
+        with pytest.raises(TypeError, match=rf"input 'x'.*plain numpy.ndarray.*{type(x).__name__}"):
+            call()
+    with pytest.raises(TypeError, match=r"variable 'b'.*plain numpy.ndarray"):
+        step.params["b"] = np.ma.masked_array(np.zeros(3), mask=[0, 1, 0])
+    for name, value in _snapshot(step).items():
+        np.testing.assert_array_equal(value, before[name])
+
+
+def test_memory_mapped_inputs_are_taken(backend, tmp_path):
+    f, _ = _compiled(backend)
+    mapped = np.lib.format.open_memmap(tmp_path / "x.npy", mode="w+", dtype=np.float32, shape=(5, 4))
+    mapped[...] = GOOD_X
+    np.testing.assert_array_equal(f(mapped, GOOD_Y)[0], f(GOOD_X, GOOD_Y)[0])
+
+
+def test_state_names_are_checked_and_gradient_buffers_writable(backend):
+    """A missing name (read or written) raises a KeyError naming it and the names there are; the
+    gradient buffers that accumulate() makes can be read and assigned, and apply() uses them."""
+    x = sg.input("x", (2,))
+    W = sg.param("W", (2,), init="ones")
+    step = sg.train_step(sg.sum(x * W), [W], sg.optim.SGD(lr=0.5), backend=backend)
+    for access in (lambda: step.state["W.grad"], lambda: step.state.__setitem__("W.grad", np.zeros(2))):
+        with pytest.raises(KeyError, match=r"'W.grad'.*have \['lr'\].*accumulate"):
+            access()
+    with pytest.raises(KeyError, match=r"'nope'.*have \['W'\]"):
+        step.params["nope"] = np.zeros(2)
+    step.accumulate(x=np.ones(2, np.float32))
+    np.testing.assert_array_equal(step.state["W.grad"], [1, 1])
+    step.state["W.grad"] = np.array([4.0, -2.0])
+    with pytest.raises(ValueError, match=r"'W.grad'.*\[2\].*\[3\]"):
+        step.state["W.grad"] = np.zeros(3)
+    step.apply()
+    np.testing.assert_allclose(step.params["W"], [1 - 0.5 * 4, 1 + 0.5 * 2])
+    np.testing.assert_array_equal(step.state["W.grad"], [0, 0])

@@ -109,6 +109,35 @@ def test_state_dict_round_trip_and_errors():
         model.load_state_dict({"0.weight": state["0.weight"]})
 
 
+def test_state_dict_returns_the_trained_values(backend, rng):
+    """After training, state_dict() holds what the step trained (parameters and running statistics),
+    as torch's does; they stay readable after the step is gone; load_state_dict starts afresh."""
+    import gc
+    model = nn.Sequential(nn.Linear(3, 4), nn.BatchNorm1d(4), nn.ReLU(), nn.Linear(4, 1))
+    initial = model.state_dict()
+    x, y = sg.input("x", (8, 3)), sg.input("y", (8, 1))
+    step = sg.train_step(sg.mse_loss(model(x), y), model.parameters(), sg.optim.SGD(lr=0.1), backend=backend)
+    for _ in range(3):
+        step(x=rng.standard_normal((8, 3)).astype(np.float32), y=rng.standard_normal((8, 1)).astype(np.float32))
+    trained = model.state_dict()
+    assert list(trained) == list(initial)
+    for name in step.params:
+        np.testing.assert_array_equal(trained[name], step.params[name], err_msg=name)
+    moved = {name for name in step.params if not np.array_equal(trained[name], initial[name])}
+    assert moved == set(step.params) - {"0.bias"}  # BatchNorm takes the mean out: 0.bias gets no gradient
+    np.testing.assert_array_equal(trained["1.running_mean"], step.state["1.running_mean"])
+    assert int(trained["1.num_batches_tracked"]) == 3
+    model.state_dict()["0.bias"][:] = 7  # a copy: the step's value is untouched
+    np.testing.assert_array_equal(step.params["0.bias"], trained["0.bias"])
+    del step
+    gc.collect()
+    for name, value in model.state_dict().items():
+        np.testing.assert_array_equal(value, trained[name], err_msg=name)
+    model.load_state_dict(initial)  # new leaves: nothing has trained them yet
+    for name, value in model.state_dict().items():
+        np.testing.assert_array_equal(value, initial[name], err_msg=name)
+
+
 def test_module_attribute_errors():
     class NoInit(nn.Module):
         def __init__(self):

@@ -9,6 +9,8 @@ The decisions read only the graph; `symgrad.backends.lowering` carries them out.
 
 from __future__ import annotations
 
+import heapq
+
 import numpy as np
 import sympy
 
@@ -196,14 +198,24 @@ class FusionDecisions:
         nodes = graph.nodes
         index = {id(n): k for k, n in enumerate(nodes)}
         mat = {id(n): self._materializes(n) for n in nodes}
-        reads: dict[int, set] = {}   # id(node) -> ids of the buffers (materialized nodes, variables) read
+        # id(kernel node) -> ids of the buffers (materialized nodes, variables) its kernel reads, through
+        # the views and fused nodes it computes itself. Only kernels: the running sets of every node
+        # of a long fused chain would cost time quadratic in its length.
+        reads: dict[int, set] = {}
         for n in nodes:
+            if not mat[id(n)]:
+                continue
             got: set = set()
-            for i in n.inputs:
+            stack, seen = list(n.inputs), set()
+            while stack:
+                i = stack.pop()
+                if id(i) in seen:
+                    continue
+                seen.add(id(i))
                 if mat[id(i)] or i.op.name == "variable":
                     got.add(id(i))
                 else:
-                    got |= reads[id(i)]
+                    stack.extend(i.inputs)
             reads[id(n)] = got
         deps = {id(n): {id(i) for i in n.inputs} for n in nodes}
         for member, leaves in self._row_deps().items():  # a row group runs as one kernel
@@ -229,26 +241,38 @@ class FusionDecisions:
             for d in deps[id(n)]:
                 users[d].append(n)
         waiting = {id(n): len(deps[id(n)]) for n in nodes}
-        ready = [n for n in nodes if waiting[id(n)] == 0]
-        order = []
-        while ready:
-            views = [n for n in ready if not mat[id(n)]]
-            if views:
-                pick = min(views, key=lambda n: index[id(n)])
+        # Ready views wait in a heap by graph position (thousands of constants are ready at once);
+        # ready kernels, few at a time, are compared by what running them frees.
+        ready_views: list[int] = []
+        ready_kernels: list = []
+
+        def make_ready(n):
+            if mat[id(n)]:
+                ready_kernels.append(n)
             else:
-                def gain(n):
-                    freed = sum(size.get(b, 0) for b in reads[id(n)]
-                                if readers.get(b) == 1 and b not in pinned and b in size)
-                    return (size[id(n)] - freed, index[id(n)])
-                pick = min(ready, key=gain)
+                heapq.heappush(ready_views, index[id(n)])
+
+        def gain(n):
+            freed = sum(size.get(b, 0) for b in reads[id(n)]
+                        if readers.get(b) == 1 and b not in pinned and b in size)
+            return (size[id(n)] - freed, index[id(n)])
+        for n in nodes:
+            if waiting[id(n)] == 0:
+                make_ready(n)
+        order = []
+        while ready_views or ready_kernels:
+            if ready_views:
+                pick = nodes[heapq.heappop(ready_views)]
+            else:
+                pick = min(ready_kernels, key=gain)
+                ready_kernels = [n for n in ready_kernels if n is not pick]  # by identity: Value.__eq__ builds a node
                 for b in reads[id(pick)]:
                     readers[b] -= 1
-            ready = [n for n in ready if n is not pick]  # by identity: Value.__eq__ builds a node
             order.append(pick)
             for u in users[id(pick)]:
                 waiting[id(u)] -= 1
                 if waiting[id(u)] == 0:
-                    ready.append(u)
+                    make_ready(u)
         if len(order) != len(nodes):  # a dependency cycle would be a bug here: keep the graph's order
             return list(nodes)
         return order

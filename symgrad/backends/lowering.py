@@ -429,22 +429,46 @@ class _RowLowering:
                 pass_of[id(n)] = k
         outside = {id(v) for v in self.graph.outputs} | {id(new) for _, new in self.graph.updates}
 
-        def escapes(n) -> bool:  # whether a kernel other than this one reads n (so it is stored)
-            if id(n) in outside:
-                return True
-            for u in self.graph.users[id(n)]:
-                if id(u) in inside or ((id(u) in self.fused or id(u) in alias) and not escapes(u)):
+        escaping: dict[int, bool] = {}  # id(node) -> escapes(node), for the members and what they reach
+
+        def escapes(n) -> bool:
+            """Whether a kernel other than this one reads n (so it is stored): a graph end, or a
+            reader outside the group, directly or through fused nodes and aliases (which other
+            kernels compute or view themselves). A post-order walk on an explicit stack, each
+            node's answer kept: members share long fused chains."""
+            stack = [(n, False)]
+            while stack:
+                v, readers_done = stack.pop()
+                if id(v) in escaping:
                     continue
-                return True
-            return False
+                through = [u for u in self.graph.users[id(v)] if id(u) not in inside
+                           and (id(u) in self.fused or id(u) in alias)]
+                if readers_done:
+                    escaping[id(v)] = any(escaping[id(u)] for u in through)
+                elif id(v) in outside or any(id(u) not in inside and id(u) not in self.fused
+                                             and id(u) not in alias for u in self.graph.users[id(v)]):
+                    escaping[id(v)] = True
+                else:
+                    stack.append((v, True))
+                    stack.extend((u, False) for u in through)
+            return escaping[id(n)]
         later = {id(l) for n in work for l in leaves[id(n)] if id(l) in members and not per_row(l)
                  and pass_of[id(l)] < pass_of[id(n)]}
         row_local: dict = {}
         row_ops: list[Operand] = []
         passes, lines = [], []
         self._row_state = (rows, full, alias, row_local, row_ops)
-        for k in range(max(pass_of.values()) + 1):
-            here = [n for n in work if id(n) in pass_of and pass_of[id(n)] == k]
+        npasses = max(pass_of.values()) + 1
+        computed_in = [[] for _ in range(npasses)]  # per pass: its maps and reductions, in work order
+        ready_after = [[] for _ in range(npasses)]  # per pass: the per-row maps ready once it is done
+        for n in work:
+            if id(n) in pass_of:
+                computed_in[pass_of[id(n)]].append(n)
+            elif n.op.kind != REDUCE and 1 <= ready[id(n)] <= npasses:
+                ready_after[ready[id(n)] - 1].append(n)
+        nreductions = nafter = 0  # over the passes so far: the numbers of the next names
+        for k in range(npasses):
+            here = computed_in[k]
             ctx = _RowContext(dict(row_local), False, {id(n) for n in here if n.op.kind != REDUCE}, "t")
             reductions, stores, row_stores = [], [], []
             for n in here:
@@ -452,7 +476,7 @@ class _RowLowering:
                     value = self._row_value(n.inputs[0], ctx)
                     split = id(n) in self.row_partial
                     acc = "float64" if n.op.name == "sum" and n.dtype == "float32" else n.dtype
-                    index = sum(len(p.reductions) for p in passes) + len(reductions)
+                    index = nreductions + len(reductions)
                     name = f"p{index}"
                     reductions.append(RowReduction(name, f"a{index}", n.op.name, value, acc,
                                                    acc if split else n.dtype,
@@ -473,16 +497,15 @@ class _RowLowering:
                         self.views[id(n)] = buffer_view(buf, n.shape)
                         stores.append(RowStore(value, broadcast_view(self.views[id(n)], full), self.name(n)))
             after = []
-            for n in work:
-                if id(n) in ready and n.op.kind != REDUCE and ready[id(n)] == k + 1:
-                    done = sum(len(p.after) for p in passes) + len(after)
-                    rctx = _RowContext(row_local, True, {id(n)}, "q", tuple(n.shape), done)
-                    value = self._row_value(n, rctx)
-                    after.extend(rctx.statements)
-                    self._row_define(n, value)
-                    if escapes(n):
-                        row_stores.append(self._row_store(n, value))
+            for n in ready_after[k]:
+                rctx = _RowContext(row_local, True, {id(n)}, "q", tuple(n.shape), nafter + len(after))
+                value = self._row_value(n, rctx)
+                after.extend(rctx.statements)
+                self._row_define(n, value)
+                if escapes(n):
+                    row_stores.append(self._row_store(n, value))
             passes.append(RowPass(ctx.operands, ctx.statements, reductions, stores, after, row_stores))
+            nreductions, nafter = nreductions + len(reductions), nafter + len(after)
             lines += [st.line for st in ctx.statements] + [r.line for r in reductions] + [st.line for st in after]
         for a in g.aliases:  # reshapes and expands of stored members read by other kernels
             if id(a.inputs[0]) in self.views:
@@ -514,33 +537,44 @@ class _RowLowering:
 
     def _row_value(self, n: Value, ctx: _RowContext) -> str:
         """The local holding `n` where `ctx` runs: computed there (fused nodes and the maps of this
-        pass, one statement per node), taken from an earlier pass, or loaded."""
+        pass, one statement per node), taken from an earlier pass, or loaded.
+
+        A post-order walk on an explicit stack (a fused chain may be thousands of nodes long),
+        inputs left to right: statements and operands are numbered in the order they are first
+        needed."""
         rows, full, alias, row_local, row_ops = self._row_state
-        key = ctx.key(n)
-        if key in ctx.local:
-            return ctx.local[key]
-        if id(n) in alias:  # a reshape or expand of a member: its per-row value
-            name = ctx.local[("row", id(alias[id(n)]))]
-        elif id(n) in self.fused or id(n) in ctx.compute:
-            args = [self._row_value(i, ctx) for i in n.inputs]
-            name = f"{ctx.prefix}{ctx.first + len(ctx.statements)}"
-            ctx.statements.append(Statement(name, n, n.op.expr, args, [i.dtype for i in n.inputs],
-                                            _compute_dtype(n), n.dtype, self.line(n)))
-        else:
-            view = self.views[id(n)]
-            if ctx.row_level:
-                view = self._per_row_view(broadcast_view(view, ctx.shape))
+        stack = [(n, False)]
+        while stack:
+            v, inputs_done = stack.pop()
+            key = ctx.key(v)
+            if key in ctx.local:
+                continue
+            if id(v) in alias:  # a reshape or expand of a member: its per-row value
+                name = ctx.local[("row", id(alias[id(v)]))]
+            elif id(v) in self.fused or id(v) in ctx.compute:
+                if not inputs_done:
+                    stack.append((v, True))
+                    stack.extend((i, False) for i in reversed(v.inputs))
+                    continue
+                args = [ctx.local[ctx.key(i)] for i in v.inputs]
+                name = f"{ctx.prefix}{ctx.first + len(ctx.statements)}"
+                ctx.statements.append(Statement(name, v, v.op.expr, args, [i.dtype for i in v.inputs],
+                                                _compute_dtype(v), v.dtype, self.line(v)))
             else:
-                view = broadcast_view(view, full)
-            if ctx.row_level or view.strides[-1] == 0:  # the same all along the row: loaded once per row
-                name = f"u{len(row_ops)}"
-                row_ops.append(Operand(name, view, self.name(n)))
-                row_local[key] = name
-            else:
-                name = f"v{len(ctx.operands)}"
-                ctx.operands.append(Operand(name, view, self.name(n)))
-        ctx.local[key] = name
-        return name
+                view = self.views[id(v)]
+                if ctx.row_level:
+                    view = self._per_row_view(broadcast_view(view, ctx.shape))
+                else:
+                    view = broadcast_view(view, full)
+                if ctx.row_level or view.strides[-1] == 0:  # the same all along the row: loaded once per row
+                    name = f"u{len(row_ops)}"
+                    row_ops.append(Operand(name, view, self.name(v)))
+                    row_local[key] = name
+                else:
+                    name = f"v{len(ctx.operands)}"
+                    ctx.operands.append(Operand(name, view, self.name(v)))
+            ctx.local[key] = name
+        return ctx.local[ctx.key(n)]
 
     def _row_kernel(self, g, lines: list, row_ops: list, passes: list) -> "RowKernel":
         """The RowKernel, its views' row axes merged where every view steps through them as one."""
@@ -612,6 +646,9 @@ class _Lowerer(FusionDecisions, RowDecisions, _RowLowering):
         self.kernels: list = []
         self.views: dict[int, View] = {}
         self.out_claimed: set[int] = set()
+        self.output_positions: dict[int, list[int]] = {}  # id(node) -> where it is among the outputs
+        for k, v in enumerate(graph.outputs):
+            self.output_positions.setdefault(id(v), []).append(k)
         self.fused = {id(n) for n in graph.nodes if self._fusable(n)}
         self.choices: list[dict] = []
         if recompute:
@@ -642,8 +679,8 @@ class _Lowerer(FusionDecisions, RowDecisions, _RowLowering):
         shape = node.shape if shape is None else shape
         dtype = node.dtype if dtype is None else dtype
         if dtype == node.dtype and shape == node.shape:
-            for k, out in enumerate(self.graph.outputs):
-                if out is node and k not in self.out_claimed:
+            for k in self.output_positions.get(id(node), ()):
+                if k not in self.out_claimed:
                     self.out_claimed.add(k)
                     return self.outputs[k]
         buf = Buffer(f"ws{len(self.workspace)}", "workspace", len(self.workspace), dtype, _numel(shape),
@@ -834,9 +871,11 @@ class _Lowerer(FusionDecisions, RowDecisions, _RowLowering):
         self.kernels.append(kernel)
         return buffer_view(out, root.shape)
 
-    def _fused_body(self, root: Value, shape, preset: dict | None = None) -> tuple[list, list, str]:
+    def _fused_body(self, root: Value, shape, preset: dict | None = None,
+                    prefixes: tuple[str, str] = ("v", "t")) -> tuple[list, list, str]:
         """The operands (read at `shape`) and statements computing `root` with every node fused into it
-        (`preset`: id(node) -> a local name the kernel already holds, such as a reduced value)."""
+        (`preset`: id(node) -> a local name the kernel already holds, such as a reduced value;
+        `prefixes`: of the operands' and the statements' local names, v0, v1 and t0, t1 by default)."""
         group, stack, seen = [], [root], set()
         while stack:
             n = stack.pop()
@@ -852,10 +891,10 @@ class _Lowerer(FusionDecisions, RowDecisions, _RowLowering):
         for n in group:
             for i in n.inputs:
                 if id(i) not in local:
-                    name = f"v{len(operands)}"
+                    name = f"{prefixes[0]}{len(operands)}"
                     local[id(i)] = name
                     operands.append(Operand(name, broadcast_view(self.views[id(i)], shape), self.name(i)))
-            name = f"t{len(statements)}"
+            name = f"{prefixes[1]}{len(statements)}"
             arg_dtypes = [i.dtype for i in n.inputs]
             statements.append(Statement(name, n, n.op.expr, [local[id(i)] for i in n.inputs], arg_dtypes,
                                         _compute_dtype(n), n.dtype, self.line(n)))
@@ -865,7 +904,9 @@ class _Lowerer(FusionDecisions, RowDecisions, _RowLowering):
     def reduce_with_epilogue(self, root: Value) -> View:
         """The reduction feeding `root`, with `root`'s fused group computed as it stores each value."""
         r = self.epilogue_of[id(root)]
-        operands, statements, result = self._fused_body(root, root.shape, {id(r): REDUCED})
+        # The epilogue's locals are named apart from a fused prologue's: where no reduced loop is left
+        # (a 0-d input, reduced axes of size 1) both are declared in the same C scope.
+        operands, statements, result = self._fused_body(root, root.shape, {id(r): REDUCED}, ("ev", "et"))
         if not all(o.view.kind == "literal" or (o.view.kind == "buffer" and is_contiguous(o.view)
                                                  and isinstance(o.view.offset, int) and o.view.offset == 0)
                    for o in operands):  # a strided operand: no epilogue after all

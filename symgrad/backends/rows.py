@@ -50,7 +50,8 @@ class RowDecisions:
         """Group row reductions with the elementwise maps over the same rows into row kernels.
 
         A group must be worth a kernel (at least two of its reductions, maps and partial sums),
-        and convex: nothing it reads may depend on what it computes (it runs as one kernel).
+        and convex: nothing it reads may depend on what it computes (it runs as one kernel); nor
+        may groups wait for each other.
         Reductions in a group lose the epilogue `_choose_epilogues` gave them: the row kernel
         computes per-row maps itself.
         """
@@ -97,8 +98,29 @@ class RowDecisions:
             k = self._partial_key(n, key, leaves)
             if k is not None:
                 partial[id(n)] = k
-        for group in self._row_components(key, partial, leaves, alias_of):
-            self._accept_row_group(group, leaves, raw)
+        candidates = [g for g in self._row_components(key, partial, leaves, alias_of)
+                      if self._worth_a_row_kernel(g, leaves, raw)]
+        accepted = self._convex(candidates)
+        for g in accepted:
+            for n in [*g.members, *g.aliases]:
+                self.row_of[id(n)] = g
+            for p in g.partials:
+                self.row_partial[id(p)] = g
+        while True:  # groups convex alone may still wait for each other: drop one until none does
+            g = self._row_group_in_a_cycle(accepted)
+            if g is None:
+                break
+            accepted = [a for a in accepted if a is not g]
+            for n in [*g.members, *g.aliases]:
+                del self.row_of[id(n)]
+            for p in g.partials:
+                del self.row_partial[id(p)]
+        # The row kernels compute their reductions' per-row maps: the epilogues chosen before go.
+        inside = {id(n) for g in accepted for n in [*g.members, *g.aliases]}
+        for root, r in list(self.epilogue_of.items()):
+            if id(r) in inside:
+                del self.epilogue_of[root]
+                self.epilogued.discard(id(r))
 
     def _row_aliases(self, key: dict) -> dict:
         """id(movement node) -> the member it only reshapes (per row) or expands (per row to full)."""
@@ -167,50 +189,91 @@ class RowDecisions:
                 by_member[id(alias_of[id(n)])].aliases.append(n)
         return list(groups.values())
 
-    def _accept_row_group(self, g: RowGroup, leaves: dict, raw: dict) -> None:
-        """Record `g` if it is worth a kernel and convex; drop its reductions' epilogues."""
+    def _worth_a_row_kernel(self, g: RowGroup, leaves: dict, raw: dict) -> bool:
+        """Whether `g` can and should be one kernel (convexity aside); sets its partials and leaves."""
         inside = {id(n) for n in [*g.members, *g.aliases]}
         if g.rows and any(id(l) in inside and tuple(l.shape) == g.rows for n in [*g.members, *g.partials]
                           if n.op.kind == REDUCE or tuple(n.shape) == (*g.rows, g.size) for l in raw[id(n)]):
-            return  # a full-row map reads a per-row value without its kept axis: NumPy aligns it with C
-        g.partials = [p for p in g.partials if id(p) not in
-                      {id(l) for m in g.members for l in leaves[id(m)]}]  # a member reads it: not split
+            return False  # a full-row map reads a per-row value without its kept axis: NumPy aligns it with C
+        read_by_members = {id(l) for m in g.members for l in leaves[id(m)]}
+        g.partials = [p for p in g.partials if id(p) not in read_by_members]  # a member reads it: not split
         reductions = [m for m in g.members if m.op.kind == REDUCE]
         maps = [m for m in g.members if m.op.kind == ELEMENTWISE and tuple(m.shape) == (*g.rows, g.size)]
         if not reductions or len(reductions) + len(maps) + len(g.partials) < 2:
-            return
+            return False
         external, seen = [], set()
         for n in [*g.members, *g.partials]:
             for l in leaves[id(n)]:
                 if id(l) not in inside and id(l) not in seen:
                     seen.add(id(l))
                     external.append(l)
-        below, stack = set(), list(g.members)
-        while stack:  # everything computed from the group
-            n = stack.pop()
-            for u in self.graph.users[id(n)]:
-                if id(u) not in below:
-                    below.add(id(u))
-                    stack.append(u)
-        if any(id(l) in below for l in external):
-            return  # not convex: the group would wait for a kernel that waits for it
         g.leaves = external
-        for n in [*g.members, *g.aliases]:
-            self.row_of[id(n)] = g
-        for p in g.partials:
-            self.row_partial[id(p)] = g
-        for root, r in list(self.epilogue_of.items()):
-            if id(r) in inside:
-                del self.epilogue_of[root]
-                self.epilogued.discard(id(r))
+        return True
+
+    def _convex(self, groups: list) -> list:
+        """The groups nothing they read is computed from (each runs as one kernel, after all it reads).
+
+        One sweep in graph order gives every node the set of groups it comes after (a bit per
+        group, in a Python int): a walk down from each group would cost time quadratic in the
+        graph's size."""
+        bit = {id(m): 1 << k for k, g in enumerate(groups) for m in g.members}
+        after: dict[int, int] = {}  # id(node) -> bits of the groups with a member it depends on
+        for n in self.graph.nodes:
+            mask = 0
+            for i in n.inputs:
+                mask |= after[id(i)] | bit.get(id(i), 0)
+            after[id(n)] = mask
+        return [g for k, g in enumerate(groups) if not any(after[id(l)] >> k & 1 for l in g.leaves)]
+
+    def _row_group_in_a_cycle(self, groups: list):
+        """A group (the last of `groups` that is) on a cycle of waits, or None.
+
+        Each group runs as one kernel, after everything any of its members reads: two groups,
+        each convex, can still each read what the other computes (the gradient of
+        sum(rowsum(exp(x)) * m) * sum(m)). A topological sort with every member waiting for all
+        its group reads finds what never gets ready; peeling off what only follows a cycle leaves
+        the cycles' nodes."""
+        nodes = self.graph.nodes
+        deps = {id(n): {id(i) for i in n.inputs} for n in nodes}
+        for g in groups:
+            leaves = {id(l) for l in g.leaves}
+            for m in g.members:
+                deps[id(m)] |= leaves
+        users: dict[int, list] = {id(n): [] for n in nodes}
+        for k, ds in deps.items():
+            for d in ds:
+                users[d].append(k)
+        waiting = {k: len(ds) for k, ds in deps.items()}
+        stack = [k for k, w in waiting.items() if w == 0]
+        while stack:
+            for u in users[stack.pop()]:
+                waiting[u] -= 1
+                if waiting[u] == 0:
+                    stack.append(u)
+        stuck = {k for k, w in waiting.items() if w > 0}
+        if not stuck:
+            return None
+        onward = {k: sum(u in stuck for u in users[k]) for k in stuck}  # stuck nodes waiting for k
+        stack = [k for k, c in onward.items() if c == 0]
+        while stack:
+            k = stack.pop()
+            stuck.discard(k)
+            for d in deps[k]:
+                if d in stuck:
+                    onward[d] -= 1
+                    if onward[d] == 0:
+                        stack.append(d)
+        return next((g for g in reversed(groups) if any(id(m) in stuck for m in g.members)), None)
 
     def _row_deps(self) -> dict:
         """id(member) -> ids of every value its group reads: the schedule runs a group's kernel at
         its first member, so each member waits for all of them."""
         deps = {}
-        for g in self.row_of.values():
+        groups = {id(g): g for g in self.row_of.values()}  # row_of holds each group once per member
+        for g in groups.values():
+            leaves = {id(l) for l in g.leaves}
             for m in g.members:
-                deps[id(m)] = {id(l) for l in g.leaves}
+                deps[id(m)] = leaves  # shared: the callers copy before they add to it
         return deps
 
     def _graph_order(self) -> list:

@@ -53,9 +53,14 @@ class Graph:
         object.__setattr__(self, "inputs", tuple(self.inputs))
         object.__setattr__(self, "outputs", tuple(self.outputs))
         object.__setattr__(self, "updates", tuple((v, n) for v, n in self.updates))
-        for v in self.inputs:
+        position: dict[int, int] = {}
+        for k, v in enumerate(self.inputs):
             if v.op.name != "input":
                 raise TypeError(f"graph inputs must be sg.input values, got {v!r}")
+            if id(v) in position:  # one runtime argument per input: two would leave one unread
+                raise ValueError(f"graph inputs: input {v.name!r} {v.type_str} is given twice "
+                                 f"(positions {position[id(v)]} and {k}); list each input once")
+            position[id(v)] = k
         for target, new in self.updates:
             if target.op.name != "variable":
                 raise TypeError(f"only variables can be updated, got {target!r}")

@@ -88,41 +88,50 @@ def _backward_name(node: Value) -> str:
     return f"{label}Backward"
 
 
+# Deeper lines of a backward chain are indented this far and carry their depth as a number: a
+# chain of thousands of nodes would otherwise print a quadratic number of spaces.
+MAX_INDENT = 64
+
+
 def backward_chain(root: Value) -> str:
     """The chain autograd would record for `root`, as grad_fn.next_functions prints.
 
     Each line is a node that passes gradient on; leaves that take gradients
     (float inputs and variables) end in AccumulateGrad. Constants and
-    integer values, which take no gradient, are left out.
+    integer values, which take no gradient, are left out. A node reached
+    again is printed once more, marked "(shown above)", without its inputs.
+    Lines deeper than MAX_INDENT levels start with their depth: `[70] MulBackward`.
     """
-    lines: list[str] = []
-    seen: set[int] = set()
+    from .dtypes import is_float
+    from .graph import toposort
+
+    # Whether each node depends on a float input or variable, in one sweep (inputs first).
+    reaches_leaf: dict[int, bool] = {}
+    for n in toposort([root]):
+        reaches_leaf[id(n)] = ((n.op.name in ("input", "variable") and n.dtype.startswith("float"))
+                               or any(reaches_leaf[id(i)] for i in n.inputs))
 
     def differentiable(v: Value) -> bool:
-        from .dtypes import is_float
-        return is_float(v.dtype) and v.op.name not in ("const", "iota") and _reaches_leaf(v)
+        return is_float(v.dtype) and v.op.name not in ("const", "iota") and reaches_leaf[id(v)]
 
-    def walk(node: Value, depth: int):
+    lines: list[str] = []
+    seen: set[int] = set()
+    stack = [(root, 0)]  # depth first, inputs in order: an explicit stack, so any depth prints
+    while stack:
+        node, depth = stack.pop()
         repeat = id(node) in seen
-        lines.append("  " * depth + _backward_name(node) + (" (shown above)" if repeat and node.inputs else ""))
+        indent = "  " * depth if depth <= MAX_INDENT else "  " * MAX_INDENT + f"[{depth}] "
+        lines.append(indent + _backward_name(node) + (" (shown above)" if repeat and node.inputs else ""))
         if repeat:
-            return
+            continue
         seen.add(id(node))
         if node.op.vjp is None and node.inputs:
-            return
-        for i, child in enumerate(node.inputs):
-            if node.op.name == "custom" and i == 0:
-                continue
-            if differentiable(child) and child.op.name != "stop_gradient":
-                walk(child, depth + 1)
-
-    walk(root, 0)
+            continue
+        children = [child for i, child in enumerate(node.inputs)
+                    if not (node.op.name == "custom" and i == 0)
+                    and differentiable(child) and child.op.name != "stop_gradient"]
+        stack.extend((child, depth + 1) for child in reversed(children))
     return "\n".join(lines)
-
-
-def _reaches_leaf(v: Value) -> bool:
-    from .graph import toposort
-    return any(n.op.name in ("input", "variable") and n.dtype.startswith("float") for n in toposort([v]))
 
 
 def graph_dot(graph) -> str:

@@ -160,14 +160,17 @@ class Module:
 
     # ---- values ------------------------------------------------------------
     def state_dict(self) -> "OrderedDict[str, np.ndarray]":
-        """Initial values of parameters and buffers by dotted name (torch's keys and layouts).
+        """Current values of parameters and buffers by dotted name (torch's keys and layouts), as copies.
 
-        The values a compiled step has trained live in the step:
-        `step.params` and `step.state`.
+        A leaf that a train step (or a function whose layers update it, such
+        as BatchNorm's running statistics) has updated reads its value from
+        the one built last that updates it: after training, the trained
+        values. Before that, the initial values.
         """
+        from ..compiled import current_value  # compiled imports the backends; nn must not at import
         out: OrderedDict = OrderedDict()
         for name, leaf in [*self.named_parameters(), *self.named_buffers()]:
-            out[name] = np.array(leaf.attrs["init"], copy=True)
+            out[name] = current_value(leaf)
         return out
 
     def load_state_dict(self, state: Mapping, strict: bool = True) -> "Module":

@@ -2,11 +2,21 @@
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from .. import functional as F
 from ..ir.value import Value
 from ..sources import variable
+
+
+def check_hyperparameter(what: str, value) -> None:
+    """Refuse a hyperparameter that is not a finite non-negative number (ValueError naming `what`):
+    a negative learning rate climbs the loss, a NaN or infinite one destroys every parameter."""
+    number = float(value)
+    if not (math.isfinite(number) and number >= 0):
+        raise ValueError(f"{what} must be a finite non-negative number, got {value!r}")
 
 
 class Optimizer:
@@ -19,13 +29,13 @@ class Optimizer:
     """
 
     def __init__(self, lr: float):
-        if lr < 0:
-            raise ValueError(f"{type(self).__name__}: lr must be non-negative, got {lr}")
+        check_hyperparameter(f"{type(self).__name__}: lr", lr)
         self.lr = lr
         self._pending: list[tuple[Value, Value]] = []
 
     def hyper(self, name: str, value: float, like: Value) -> Value:
-        """A runtime scalar hyperparameter, read at every step, cast to `like`'s dtype."""
+        """A runtime scalar hyperparameter, read at every step, cast to `like`'s dtype. A new value
+        (`step.lr = ...`) must be a finite non-negative number, as the constructor's."""
         key = ("hyper", name)
         if key not in self._made:
             self._made[key] = variable(name, np.array(value, dtype=np.float64), role="hyper")

@@ -400,7 +400,12 @@ def _inline_number(v: Value):
 
 
 class _Chain:
-    """One maximal chain: its root, the nodes composed into it and its expression."""
+    """One maximal chain: its root, the nodes composed into it and its expression.
+
+    A chain costing more than MAX_CHAIN_OPS is not composed to the end (`expr` is None): it is
+    left as it is, and a chain of thousands of nodes neither builds a huge expression nor walks
+    deeper than the limit.
+    """
 
     def __init__(self, root: Value, inner):
         self.root = root
@@ -417,14 +422,33 @@ class _Chain:
             self.leaves.append(v)
         return self.symbols[id(v)]
 
-    def _compose(self, v: Value, inner):
-        if v is not self.root and not inner(v):
-            number = _inline_number(v)
-            return number if number is not None else self.leaf(v)
-        self.members += 1
-        self.cost += _cost(v.op.expr)
-        args = [self._compose(i, inner) for i in v.inputs]
-        return v.op.expr.xreplace(dict(zip(ARGS, args)))
+    def _compose(self, root: Value, inner):
+        """The chain's expression over its leaves, or None once its cost passes MAX_CHAIN_OPS.
+
+        An iterative post-order walk, inputs left to right, so that the leaves are numbered
+        l0, l1, ... in the order they are first read (the key of `_cheapest`'s memo). The chain is
+        a tree: an inner node has one user, so no node is composed twice.
+        """
+        stack = [(root, False)]
+        composed: list = []  # the expressions of the walk's finished nodes, the latest last
+        while stack:
+            v, inputs_done = stack.pop()
+            if v is not root and not inner(v):
+                number = _inline_number(v)
+                composed.append(number if number is not None else self.leaf(v))
+            elif not inputs_done:
+                self.members += 1
+                self.cost += _cost(v.op.expr)
+                if self.cost > MAX_CHAIN_OPS:
+                    return None
+                stack.append((v, True))
+                stack.extend((i, False) for i in reversed(v.inputs))
+            else:
+                first = len(composed) - len(v.inputs)
+                args = composed[first:]
+                del composed[first:]
+                composed.append(v.op.expr.xreplace(dict(zip(ARGS, args))))
+        return composed[0]
 
 
 def _extract_dims(expr: sympy.Expr, chain: "_Chain") -> sympy.Expr:
