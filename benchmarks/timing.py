@@ -14,7 +14,12 @@ in turns, every system sees the same drift, so the ratio of medians is a
 comparison of the systems. A short pause before each block lets the thread
 pools of the system that ran before it go idle (OpenMP and XLA workers
 spin for a while after their last task), so no block shares the cores
-with another system's spinning threads.
+with another system's spinning threads. After the pause each system runs
+one untimed step before its block: threads that went to sleep cost a
+wake-up of 1 to 7 ms on the project's 2-vCPU VMs after 20 ms idle (a
+halted vCPU; 2 us after 1 ms), which a training loop that never pauses
+does not pay, and which would otherwise land on the first step of every
+block of every system that uses a thread pool.
 """
 
 from __future__ import annotations
@@ -38,7 +43,8 @@ class Plan:
     steps: int | None = None       # fixed steps per block (overrides block_s / min_steps)
     warmup_steps: int = 3          # at least this many warm-up steps...
     warmup_s: float = 0.3          # ...and at least this long, so caches and JITs settle
-    settle_s: float = 0.02         # pause before each block (untimed): other systems' threads go idle
+    settle_s: float = 0.02         # pause before each block (untimed): other systems' threads go idle;
+                                   # then one untimed step wakes this system's own (see the module doc)
 
 
 FULL = Plan()
@@ -77,9 +83,11 @@ def _warm_up(runner: Runner, plan: Plan) -> _Timed:
     return _Timed(runner, steps, result, [])
 
 
-def _block(timed: _Timed) -> None:
-    """One sample: `steps` steps, then wait for the last loss."""
+def _block(timed: _Timed, wake: bool) -> None:
+    """One sample: `steps` steps, then wait for the last loss. `wake`: one untimed step first."""
     runner = timed.runner
+    if wake:
+        runner.to_float(runner.step())
     t0 = time.perf_counter()
     for _ in range(timed.steps):
         out = runner.step()
@@ -125,6 +133,6 @@ def measure_side_by_side(runners: dict[str, Runner], plan: Plan,
         for name in names[shift:] + names[:shift]:   # who goes first rotates
             if plan.settle_s:
                 time.sleep(plan.settle_s)
-            attempt(name, lambda: _block(timed[name]))
+            attempt(name, lambda: _block(timed[name], wake=bool(plan.settle_s)))
     return {name: _summary(t) for name, t in timed.items()}
 

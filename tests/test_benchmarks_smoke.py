@@ -156,6 +156,19 @@ def test_systems_are_timed_in_turns_in_a_rotating_order():
     assert blocks == ["a", "b", "c", "b", "c", "a", "c", "a", "b", "a", "b", "c"]
 
 
+def test_after_the_settle_pause_one_untimed_step_wakes_the_system_before_its_block():
+    """A pause lets the other systems' threads sleep; this system's own are woken by one step that
+    the block does not time (a sleeping thread pool costs milliseconds to wake on a VM)."""
+    log: list = []
+    runners = {n: _counting_runner(n, log) for n in ("a", "b")}
+    plan = timing.Plan(blocks=3, steps=2, warmup_steps=1, warmup_s=0.0, settle_s=0.001)
+    results = timing.measure_side_by_side(runners, plan)
+    assert all(r["steps_per_block"] == 2 for r in results.values())
+    timed = log[2:]   # after each runner's one first call
+    assert len(timed) == 2 * 3 * (1 + 2)
+    assert all(timed[i] == timed[i + 1] == timed[i + 2] for i in range(0, len(timed), 3))   # wake + block
+
+
 def test_a_system_failing_between_blocks_is_an_error_cell_the_others_are_timed():
     log: list = []
     runners = {"good": _counting_runner("good", log), "bad": _counting_runner("bad", log, fail_at=4)}
