@@ -21,7 +21,7 @@ from . import backends
 from .ir import dtypes as D
 from .ir import shapes as S
 from .ir.graph import Graph, toposort
-from .ir.ops import check_labels
+from .ir.ops import check_labels, label_checks
 from .ir.value import Value
 from .optim.optimizer import check_hyperparameter
 
@@ -119,28 +119,6 @@ def _check_no_gradient_buffer_names(variables: Iterable[Value], params: list[Val
                              f"rename the {_leaf_kind(v)}")
 
 
-_MOVEMENT = ("reshape", "transpose", "expand")
-
-
-def label_checks(graph: Graph) -> list[tuple[int, Value]]:
-    """(input position, class_labels node) for each label check whose labels are an input.
-
-    Labels reached from an input through reshapes, transposes and broadcasts hold the
-    input's own values, so checking the input array checks them.
-    """
-    position = {id(v): k for k, v in enumerate(graph.inputs)}
-    checks = []
-    for node in graph.nodes:
-        if node.op.name != "class_labels":
-            continue
-        source = node.inputs[0]
-        while source.op.name in _MOVEMENT:
-            source = source.inputs[0]
-        if id(source) in position:
-            checks.append((position[id(source)], node))
-    return checks
-
-
 class VariableView(Mapping):
     """A dict-like view of some variables: read copies, assign checked values.
 
@@ -221,8 +199,9 @@ class Compiled:
         # parameters and writes them back, and two at once would lose one's update. The programs
         # of one TrainStep share its storage, and this lock with it.
         self._lock = threading.Lock()
-        self._label_checks = label_checks(graph)  # values, not signatures: checked on every call
         self.program = backends.get(backend).compile(graph, **options)
+        # Labels are values, not signatures: checked on every call, here unless the program does.
+        self._label_checks = [] if getattr(self.program, "checks_labels", False) else label_checks(graph)
         self._attach()
 
     def _attach(self) -> None:

@@ -83,6 +83,19 @@ def test_cross_entropy_refuses_labels_outside_classes(compiled, backend, bad):
     step.params["W"] = before
 
 
+def test_compiled_c_checks_its_labels_in_the_entry_not_in_python(compiled):
+    """C refuses bad labels itself (a status before any kernel runs, a few ns a label), so a call
+    pays no Python check; the refusal names the label as the Python check does (above)."""
+    pytest.importorskip("cffi")
+    step, nll = compiled("classifier", "c", _classifier_step)
+    assert step._label_checks == [] and nll._label_checks == []
+    entry = step.source[step.source.rindex("int symgrad_run("):]
+    check = "if ((uint64_t)(int64_t)in1[i] >= (uint64_t)(4))"
+    assert check in entry and entry.index(check) < entry.index("k0_")
+    with pytest.raises(ValueError, match=r"cross_entropy: target \(input 'y'\) holds -1 at index \[2\]"):
+        step(x=np.ones((3, 3), np.float32), y=np.array([0, 1, -1]))
+
+
 def test_labels_computed_in_the_graph_are_checked_by_the_reference():
     x = sg.input("x", (2, 3))
     y = sg.input("y", (2,), dtype="int64")

@@ -31,6 +31,7 @@ from ..ir import dtypes as D
 from ..ir import shapes as S
 from ..ir.elementwise import ARGS
 from ..ir.graph import Graph
+from ..ir.ops import check_labels, label_checks
 from . import cache
 from .c_printer import CPrintError, format_literal, printer
 from .. import passes
@@ -42,6 +43,7 @@ from .report import program_report, timed as _timed
 from .templates import render
 
 ENTRY = "symgrad_run"
+BAD_LABEL = 2  # the entry's status when a class-label input holds a label outside [0, classes)
 # What the workspace must hold: the number of temporaries, and (given nbytes) the bytes each needs
 # for these dims: the kernels' own sizes, against which a caller checks its arena.
 WORKSPACE_SIZES = "symgrad_workspace_bytes"
@@ -521,7 +523,17 @@ class _Renderer:
                 raise NotImplementedError(f"no {self.language} rendering for kernel {type(k).__name__}")
         return contexts
 
-    def render(self) -> str:
+    def label_checks(self, labels: list) -> list[dict]:
+        """The entry's checks of class-label inputs: the buffer, its size and the class count."""
+        checks = []
+        for position, classes in labels:
+            buf = next(b for b in self.plan.inputs if b.index == position)
+            numel = sympy.Mul(*self.plan.graph.inputs[position].shape)
+            checks.append(dict(labels=buf.name, numel=self.ex.size(numel), classes=self.ex.size(classes),
+                               comment=comment(buf.label)))
+        return checks
+
+    def render(self, labels: list = ()) -> str:
         plan = self.plan
         kernels = self.kernels()
         prologue = []
@@ -564,7 +576,8 @@ class _Renderer:
         return render("c/program.c.j2", version=__version__,
                       header=[comment(line) for line in plan.header.splitlines()],
                       entry=ENTRY, arguments=arguments, parallel_min=PARALLEL_MIN, int_pow=self.int_pow,
-                      random=self.random, fast_exp=self.fast_exp,
+                      random=self.random, fast_exp=self.fast_exp, bad_label=BAD_LABEL,
+                      label_checks=self.label_checks(labels),
                       consts=consts, vectors=vectors, gemms=gemms, narrow=list(self.narrow.values()),
                       kernels=kernels,
                       signature=SIGNATURE, prologue=prologue, calls=calls,
@@ -660,16 +673,23 @@ def _fmt(shape) -> str:
     return comment(S.format_shape(shape))
 
 
-def render_source(plan: Plan, targets: tuple = TARGETS) -> str:
-    """The C source of a kernel plan, its kernels tiled for `targets`."""
-    return _Renderer(plan, targets).render()
+def render_source(plan: Plan, targets: tuple = TARGETS, labels: list = ()) -> str:
+    """The C source of a kernel plan, its kernels tiled for `targets`; `labels`: (input position,
+    number of classes) of the class-label inputs the entry checks before it computes anything."""
+    return _Renderer(plan, targets).render(labels)
 
 
 def c_source(graph: Graph, targets: tuple = TARGETS) -> str:
     """The C source that `backend="c"` compiles for `graph` (with the default targets); no compiler
     runs. Other `targets` render the same plan with other register tiles."""
     return render_source(lower(passes.optimize(graph), variables=graph.variables, matmul_epilogues=True),
-                         targets)
+                         targets, _label_inputs(graph))
+
+
+def _label_inputs(graph: Graph) -> list:
+    """(input position, number of classes) of each class-label input of `graph` (before the
+    passes, which drop the class_labels nodes that mark them)."""
+    return [(position, node.attrs["num_classes"]) for position, node in label_checks(graph)]
 
 
 # ---- the program ------------------------------------------------------------------------
@@ -700,6 +720,7 @@ class CProgram:
     """A graph compiled to a native module: `run` computes outputs and updates variables in place."""
 
     backend = "c"
+    checks_labels = True  # the entry refuses class labels outside [0, classes) itself (BAD_LABEL)
 
     def __init__(self, graph: Graph, flags: list[str] | None = None, optimize: bool = True):
         self.graph = graph  # as given: its variables are the program's variable slots
@@ -718,7 +739,7 @@ class CProgram:
                 plan = self._lower(optimized)
             self._compiled_graph = (optimized, pass_report, plan)
             with _timed(self.timings, "render"):
-                self.source = render_source(plan)
+                self.source = render_source(plan, labels=_label_inputs(graph))
             self.dims, self.arena = list(plan.dims), ArenaSpec.of(plan)
             program_cache.store(key, self.source, self.dims, self.arena)
         else:
@@ -907,6 +928,10 @@ class CProgram:
             self._set_threads(1)  # this thread's OpenMP setting: set on each call, whichever thread calls
         status = self._entry(dims_ptr, in_ptrs, var_ptrs, out_ptrs, ws_ptr, offsets)
         if status != 0:
+            if status == BAD_LABEL:  # refused before anything ran: say which label, as Python would
+                for position, node in label_checks(self.graph):
+                    check_labels(inputs[position], S.evaluate(node.attrs["num_classes"], bindings), node,
+                                 f"input {self.graph.inputs[position].name!r}")
             raise RuntimeError(f"the compiled program failed with status {status}")
         return results
 

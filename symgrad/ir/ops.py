@@ -95,6 +95,29 @@ def check_labels(labels: np.ndarray, num_classes: int, node, source: str) -> Non
                      f"index {list(map(int, where))}, outside [0, {num_classes}) for {num_classes} classes")
 
 
+# Ops that move labels without changing them: labels reached through these are an input's own.
+_LABEL_MOVES = ("reshape", "transpose", "expand")
+
+
+def label_checks(graph) -> list[tuple[int, object]]:
+    """(input position, class_labels node) for each label check whose labels are an input.
+
+    Labels reached from an input through reshapes, transposes and broadcasts hold the
+    input's own values, so checking the input array checks them.
+    """
+    position = {id(v): k for k, v in enumerate(graph.inputs)}
+    checks = []
+    for node in graph.nodes:
+        if node.op.name != "class_labels":
+            continue
+        source = node.inputs[0]
+        while source.op.name in _LABEL_MOVES:
+            source = source.inputs[0]
+        if id(source) in position:
+            checks.append((position[id(source)], node))
+    return checks
+
+
 def _class_labels_numpy(args, node, env):
     (labels,) = args
     num_classes = S.evaluate(node.attrs["num_classes"], env.bindings)
