@@ -366,3 +366,23 @@ def test_nan_follows_numpy():
     with np.errstate(invalid="ignore"):
         for got, want in zip(program.run([xb], {}, {}), ref):
             np.testing.assert_array_equal(got, want)
+
+
+def test_an_output_array_is_written_again_only_when_nobody_kept_it():
+    """A call's output array that the caller dropped (a step's loss, read as a float) is reused by
+    the next call instead of allocated; one still referred to, as a result tuple, a name or a
+    view's base, is never written again."""
+    x = sg.input("x", (3,))
+    f = sg.function([x], [x * 2, x + 1], backend="c")
+    one, two = np.ones(3, np.float32), np.full(3, 2, np.float32)
+    kept = f(one)
+    doubled, _ = f(two)
+    view = f(one)[1][1:]
+    f(two)
+    np.testing.assert_array_equal(kept[0], [2, 2, 2])
+    np.testing.assert_array_equal(kept[1], [2, 2, 2])
+    np.testing.assert_array_equal(doubled, [4, 4, 4])
+    np.testing.assert_array_equal(view, [2, 2])
+    assert kept[0] is not doubled
+    first = id(f(one)[0])
+    assert id(f(two)[0]) == first  # dropped at once: the same array again

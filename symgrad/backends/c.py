@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import os
 import re
+import sys
 import threading
 import time
 from dataclasses import dataclass
@@ -42,6 +43,7 @@ from .memory import ArenaSpec, MemoryPlan, latest_or_assumed, memory_plan
 from .report import program_report, timed as _timed
 from .templates import render
 
+_refcount = getattr(sys, "getrefcount", None)  # CPython's; elsewhere outputs are always new arrays
 ENTRY = "symgrad_run"
 BAD_LABEL = 2  # the entry's status when a class-label input holds a label outside [0, classes)
 # What the workspace must hold: the number of temporaries, and (given nbytes) the bytes each needs
@@ -818,7 +820,9 @@ class CProgram:
             raw = np.zeros(total + 2 * ALIGN, dtype=np.uint8)
             shift = (-raw.ctypes.data) % ALIGN
             workspace = raw[shift:shift + total + ALIGN]
-            layout = (outs, inputs, dims, workspace, ffi.from_buffer(workspace), ffi.new("int64_t[]", offsets or [0]))
+            # The last element holds each output's last array (see _outputs), once there is one.
+            layout = (outs, inputs, dims, workspace, ffi.from_buffer(workspace), ffi.new("int64_t[]", offsets or [0]),
+                      [None] * len(outs))
             self._layouts[key] = layout
         return layout
 
@@ -867,11 +871,32 @@ class CProgram:
             return self._run(inputs, bindings, variables)
 
     def run_checked(self, inputs: list, bindings: dict, variables: dict) -> list:
-        """`run` for inputs the caller has already checked against the graph's inputs (ndarrays
-        of its dtypes, C-contiguous, of the shapes `bindings` give): symgrad.compiled checks each
-        input signature once, and a small step should not pay for the same checks twice."""
-        with self._lock:
-            return self._run(inputs, bindings, variables, check_inputs=False)
+        """`run` for a caller that has already checked the inputs against the graph's inputs
+        (ndarrays of its dtypes, C-contiguous, of the shapes `bindings` give) and serializes its
+        calls itself: symgrad.compiled checks each input signature once and holds its storage's
+        lock, and a small step should not pay for the same checks and a second lock."""
+        return self._run(inputs, bindings, variables, check_inputs=False)
+
+    def _outputs(self, outs: list, held: list, out_ptrs) -> list:
+        """The arrays this call's outputs go to, their pointers set in `out_ptrs`. An output array of
+        the last call that nobody kept (only `held` and its pointer view refer to it: a step's loss,
+        read as a float and dropped) is written again, saving its allocation; otherwise a new one."""
+        results = []
+        for k, (shape, dtype) in enumerate(outs):
+            last = held[k]
+            if last is not None and _refcount is not None and _refcount(last[0]) == last[2]:  # nobody kept it
+                array, pointer = last[0], last[1]
+            else:
+                array = np.empty(shape, dtype)
+                pointer = self._ffi.from_buffer(array, require_writable=True)
+                # Its references now (the local name, the pointer view's) are those it has unused
+                # later (held's tuple instead of the name). Counted in a statement of its own: inside
+                # the tuple display below, the tuple's first item would be counted too.
+                unused = _refcount(array) if _refcount is not None else -1
+                held[k] = (array, pointer, unused)
+            out_ptrs[k] = pointer
+            results.append(array)
+        return results
 
     def _run(self, inputs: list, bindings: dict, variables: dict, check_inputs: bool = True) -> list:
         dims = self.dims
@@ -882,13 +907,13 @@ class CProgram:
         layout = self._layouts.get(key)
         if layout is None:
             layout = self._layout(key, bindings)
-        outs, in_shapes, dims_ptr, _, ws_ptr, offsets = layout
+        outs, in_shapes, dims_ptr, _, ws_ptr, offsets, held = layout
         if len(inputs) != len(self._inputs):
             raise TypeError(f"expected {len(self._inputs)} inputs, got {len(inputs)}")
         from_buffer = self._ffi.from_buffer
         in_ptrs, var_ptrs, out_ptrs = self._pointer_arrays
         # The cdata views must outlive the call: `keep` holds them.
-        keep = [None] * (len(inputs) + len(outs))
+        keep = [None] * len(inputs)
         if check_inputs:
             for (name, dtype), shape, array in zip(self._inputs, in_shapes, inputs):
                 if not isinstance(array, np.ndarray) or (array.dtype is not dtype and array.dtype != dtype) \
@@ -918,12 +943,7 @@ class CProgram:
             self._var_cache = (arrays, [from_buffer(a, require_writable=True) for a in arrays])
             for k, p in enumerate(self._var_cache[1]):
                 var_ptrs[k] = p
-        results = []
-        base = len(inputs)
-        for k, (shape, dtype) in enumerate(outs):
-            array = np.empty(shape, dtype)
-            results.append(array)
-            out_ptrs[k] = keep[base + k] = from_buffer(array, require_writable=True)
+        results = self._outputs(outs, held, out_ptrs)
         if _ForkedChild.forked:
             self._set_threads(1)  # this thread's OpenMP setting: set on each call, whichever thread calls
         status = self._entry(dims_ptr, in_ptrs, var_ptrs, out_ptrs, ws_ptr, offsets)
