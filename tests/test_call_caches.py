@@ -56,19 +56,20 @@ def test_cached_signature_reused_for_a_new_batch_size(step):
         assert np.isfinite(step(x=x, y=np.zeros(batch, np.int64)))
 
 
-def test_partials_memo_round_trips(tmp_path, monkeypatch):
+@pytest.mark.parametrize("op", ["tanh", "relu", "maximum"])  # relu's and maximum's are Piecewise
+def test_partials_memo_round_trips(tmp_path, monkeypatch, op):
     monkeypatch.setenv("SYMGRAD_CACHE_DIR", str(tmp_path))
     monkeypatch.setattr(sympy_memo, "_FILES", {})
-    expected = elementwise._derive(elementwise.REGISTRY["tanh"], 0)
+    expected = elementwise._derive(elementwise.REGISTRY[op], 0)
     elementwise.partial_derivative.cache_clear()
     try:
-        assert elementwise.partial_derivative("tanh", 0) == expected   # computed, then stored
+        assert elementwise.partial_derivative(op, 0) == expected   # computed, then stored
         (memo,) = (tmp_path / "sympy").glob("partial-*.json")
         assert len(json.loads(memo.read_text())) >= 1
         monkeypatch.setattr(sympy_memo, "_FILES", {})                   # a fresh process
         elementwise.partial_derivative.cache_clear()
         monkeypatch.setattr(elementwise, "_derive", lambda op, i: pytest.fail("derived again"))
-        assert elementwise.partial_derivative("tanh", 0) == expected   # read back from disk
+        assert elementwise.partial_derivative(op, 0) == expected   # read back from disk
     finally:
         elementwise.partial_derivative.cache_clear()
 

@@ -26,6 +26,9 @@ from pathlib import Path
 import sympy
 
 _LOCK = threading.Lock()
+# What srepr text names: sympy's namespace, and the classes srepr prints that it does not export
+# (a Piecewise's pairs: without them every Piecewise entry failed to read back and was derived again).
+_NAMES = {**vars(sympy), "ExprCondPair": sympy.functions.elementary.piecewise.ExprCondPair}
 _FILES: dict[tuple, dict] = {}  # (kind, path) -> entries of this process, loaded on first use
 
 
@@ -71,7 +74,7 @@ def lookup(kind: str, source: str, key: str):
         # Rebuild the tree exactly as stored: evaluating would re-canonicalise it
         # (a Rational times an Add distributes), undoing the form that was chosen.
         with sympy.evaluate(False):
-            value = eval(text, {"__builtins__": {}}, vars(sympy))  # noqa: S307 - srepr text we wrote
+            value = eval(text, {"__builtins__": {}}, _NAMES)  # noqa: S307 - srepr text we wrote
     except Exception:  # noqa: BLE001 - a corrupt entry is computed again
         return None
     return value if isinstance(value, sympy.Basic) else None
