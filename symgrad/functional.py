@@ -303,17 +303,27 @@ def matmul(a, b) -> Value:
 
 # ---- composites: softmax and the losses ------------------------------------
 
+def _shift_by_max(x: Value, axis: int, op: str) -> Value:
+    """x - max(x) along `axis` (no gradient through the max): exp of it cannot overflow.
+
+    An empty axis has no max and needs no shift: softmax over it is empty, as in torch.
+    """
+    if x.shape[S.normalize_axes(axis, x.ndim, op)[0]] == 0:
+        return x
+    return x - stop_gradient(max(x, axis=axis, keepdims=True))
+
+
 def log_softmax(x, axis: int = -1) -> Value:
     """log(softmax(x)) computed stably: x - max - log(sum(exp(x - max)))."""
     x = _value(x, "log_softmax")
-    shifted = x - stop_gradient(max(x, axis=axis, keepdims=True))
+    shifted = _shift_by_max(x, axis, "log_softmax")
     return shifted - log(sum(exp(shifted), axis=axis, keepdims=True))
 
 
 def softmax(x, axis: int = -1) -> Value:
     """exp(x) / sum(exp(x)) along `axis`, computed stably."""
     x = _value(x, "softmax")
-    e = exp(x - stop_gradient(max(x, axis=axis, keepdims=True)))
+    e = exp(_shift_by_max(x, axis, "softmax"))
     return e / sum(e, axis=axis, keepdims=True)
 
 

@@ -397,7 +397,6 @@ IDENTITIES = {
     "zero_sub": (lambda x: 0.0 - x, ["sub"]),
     "mul_minus_one": (lambda x: x * -1.0, ["mul"]),
     "neg_neg": (lambda x: -(-x), ["neg"]),
-    "exp_log": (lambda x: sg.exp(sg.log(x)), ["exp", "log"]),
     "log_exp": (lambda x: sg.log(sg.exp(x)), ["exp", "log"]),
     "neg_scaled": (lambda x: -(2.0 * x), ["neg"]),
     "transpose_transpose": (lambda x: sg.transpose(sg.transpose(x)), ["transpose"]),

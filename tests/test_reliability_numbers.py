@@ -271,3 +271,74 @@ def test_unbiased_variance_of_one_row_is_nan_as_torch(backend):
         warnings.simplefilter("ignore")  # torch warns that one element has no degrees of freedom
         want = 0.9 * 1 + 0.1 * torch.tensor([[1.0, 2.0]]).var(dim=0)  # torch.var of one element: nan
     assert_like_torch(step.state["running_var"], want)
+
+
+# ---- found by the differential fuzzer (tests/test_fuzz.py) -----------------------------
+
+def _fuzz_cases(backend):
+    x = sg.input("x", (5,), dtype="float64")
+    a, b = sg.input("a", (3,), dtype="float64"), sg.input("b", (3,), dtype="float64")
+    empty = sg.input("empty", (3, 0), dtype="float64")
+    log = sg.log(x)
+    exp_log = sg.exp(log)
+    tie = sg.minimum(a, b)
+    # log is an output too, so the pipeline's rule (not its chain composition) decides exp(log(x)).
+    quotient = a / b
+    outs = [exp_log, log, *sg.grad(sg.sum(tie * 2.0), [a, b]), sg.softmax(empty, axis=1), sg.log_softmax(empty, axis=1),
+            *sg.grad(sg.sum(quotient * 3.0), [a, b])]
+    return sg.function([x, a, b, empty], outs, backend=backend)
+
+
+FUZZ_X = np.array([-1e-4, -2.0, 0.0, 3.0, NAN])
+FUZZ_A, FUZZ_B = np.array([INF, -INF, 1.0]), np.array([INF, -INF, 2.0])
+
+
+def test_fuzz_found_exp_of_log_of_negative_is_nan(compiled, backend):
+    """The rule exp(log(x)) -> x was wrong for x < 0 (NaN in NumPy and torch): it is gone."""
+    got = compiled("fuzz", backend, _fuzz_cases)(FUZZ_X, FUZZ_A, FUZZ_B, np.zeros((3, 0)))[0]
+    assert_like_torch(got, torch.exp(torch.log(torch.tensor(FUZZ_X))))
+
+
+def test_fuzz_found_minimum_gradient_splits_at_equal_infinities(compiled, backend):
+    """minimum(inf, inf) is a tie (torch halves the cotangent); inf - inf = NaN read as a NaN operand."""
+    got = compiled("fuzz", backend, _fuzz_cases)(FUZZ_X, FUZZ_A, FUZZ_B, np.zeros((3, 0)))[2:4]
+    a, b = (torch.tensor(v, requires_grad=True) for v in (FUZZ_A, FUZZ_B))
+    want = torch.autograd.grad((torch.minimum(a, b) * 2.0).sum(), [a, b])
+    for g, w in zip(got, want):
+        assert_like_torch(g, w)
+    assert_like_torch(got[0], [1.0, 1.0, 2.0])
+
+
+def test_fuzz_found_softmax_over_empty_axis_is_empty(compiled, backend):
+    """softmax and log_softmax over an axis of size 0 are empty (torch), not a refused max."""
+    softmax, log_softmax = compiled("fuzz", backend, _fuzz_cases)(FUZZ_X, FUZZ_A, FUZZ_B, np.zeros((3, 0)))[4:6]
+    assert softmax.shape == log_softmax.shape == torch.softmax(torch.zeros(3, 0), dim=1).shape
+
+
+def test_fuzz_found_div_gradient_finite_where_the_quotient_is(compiled, backend):
+    """d(a/b)/db was -a/b**2: 0/0 or inf where b**2 underflows or overflows although a/b is finite
+    (a = b = 1e-300 gave -inf, torch -3e300). Now -(a/b)/b as torch, reusing the quotient."""
+    a_values, b_values = np.array([1e-300, 1e300, 3.0]), np.array([1e-300, 1e300, -2.0])
+    got = compiled("fuzz", backend, _fuzz_cases)(FUZZ_X, a_values, b_values, np.zeros((3, 0)))[6:8]
+    a, b = (torch.tensor(v, requires_grad=True) for v in (a_values, b_values))
+    want = torch.autograd.grad((a / b * 3.0).sum(), [a, b])
+    for g, w in zip(got, want):
+        assert_like_torch(g, w, rtol=1e-12, atol=0)
+
+
+
+def _tanh_of_quotient_by_zero(backend):
+    x = sg.input("x", (3,), dtype="float64")
+    y = sg.tanh(x / 0.0)
+    return sg.function([x], [y, *sg.grad(sg.sum(y), [x])], backend=backend)
+
+
+def test_fuzz_found_chain_dividing_by_zero_compiles_and_matches_torch(compiled, backend):
+    """A chain with x / 0.0 composed to sympy's zoo (complex infinity): CPrintError on C. Such
+    chains are now left as they are."""
+    values = np.array([1.0, 0.0, -1.0])
+    got = compiled("quotient_by_zero", backend, _tanh_of_quotient_by_zero)(values)
+    x = torch.tensor(values, requires_grad=True)
+    y = torch.tanh(x / 0.0)
+    for g, w in zip(got, [y, torch.autograd.grad(y.sum(), [x])[0]]):
+        assert_like_torch(g, w)

@@ -157,7 +157,8 @@ def everything(request):
 def test_row_kernels_match_the_reference(everything, rows):
     """softmax, log_softmax, the loss and its gradient at awkward sizes (1001 rows of 1000: threads)."""
     C, dtype, inputs, outputs, f = everything
-    assert any(isinstance(k, RowKernel) for k in f.program.plan.kernels)
+    # Rows of one element are no row reduction: those nodes lower one by one (rows._row_key).
+    assert any(isinstance(k, RowKernel) for k in f.program.plan.kernels) == (C > 1)
     x = (RNG.standard_normal((rows, C)) * 4).astype(dtype)
     y = RNG.integers(0, C, rows)
     tol = dict(rtol=2e-5, atol=1e-6) if dtype == "float32" else dict(rtol=1e-12, atol=1e-14)
@@ -294,3 +295,20 @@ def test_unscheduled_lowering_runs_a_group_after_all_it_reads():
     plan = lower(Graph([x], [out]), schedule=False)
     names = kinds(plan)
     assert names.count("RowKernel") == 1 and names.index("RowKernel") > names.index("MatmulKernel")
+
+
+def test_softmax_over_rows_of_one_element_compiles_and_matches_torch():
+    """Found by the differential fuzzer: a row group over rows of C = 1 could not tell per-row
+    values (rows, 1) from full-row ones (rows, C) and the lowering raised KeyError."""
+    x = sg.input("x", (3, 1), dtype="float64")
+    cot = sg.input("cot", (3, 2), dtype="float64")
+    out = sg.broadcast_to(sg.tanh(sg.log_softmax(x, axis=1)), (3, 2))
+    (dx,) = sg.grad(sg.sum(out * cot), [x])
+    f = sg.function([x, cot], [out, dx], backend="c")
+    xv, cv = RNG.standard_normal((3, 1)), RNG.standard_normal((3, 2))
+    xt = torch.tensor(xv, requires_grad=True)
+    want = torch.tanh(torch.log_softmax(xt, dim=1)).expand(3, 2)
+    (want_dx,) = torch.autograd.grad(want, [xt], grad_outputs=torch.tensor(cv))
+    got, got_dx = f(xv, cv)
+    np.testing.assert_allclose(got, want.detach().numpy(), rtol=1e-12, atol=1e-14)
+    np.testing.assert_allclose(got_dx, want_dx.numpy(), rtol=1e-12, atol=1e-14)

@@ -314,7 +314,9 @@ def _row_key(n: Value):
         if not size.is_Integer:
             return None
         size = int(size)
-    if not 1 <= size <= ROW_MAX:
+    # C = 1 is no row reduction, and per-row values (rows, 1) would have the full shape (rows, C):
+    # the group could not tell them apart (a KeyError in the lowering). Such nodes lower one by one.
+    if not 2 <= size <= ROW_MAX:
         return None
     return tuple(x.shape[:-1]), size
 

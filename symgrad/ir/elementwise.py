@@ -171,9 +171,15 @@ def _torch_masks(partial: sympy.Expr) -> sympy.Expr:
     holds) the cotangent passes through, to both operands. NumPy's heaviside(nan) is nan
     and a C `u > 0 ? 1 : (u < 0 ? 0 : h0)` gives h0: the Piecewise reads alike on all
     backends, and as torch.
+
+    The argument u = a - b is compared as a < b and a == b, not u < 0 and u == 0: equal
+    infinities are a tie (torch halves the cotangent), while inf - inf is NaN.
     """
     def mask(u, h0=sympy.Rational(1, 2)):
-        return sympy.Piecewise((0, u < 0), (h0, sympy.Eq(u, 0)), (1, True))
+        terms = sympy.Add.make_args(u)
+        a = sympy.Add(*(t for t in terms if not t.could_extract_minus_sign()))
+        b = -sympy.Add(*(t for t in terms if t.could_extract_minus_sign()))
+        return sympy.Piecewise((0, sympy.Lt(a, b)), (h0, sympy.Eq(a, b)), (1, True))
     return partial.replace(sympy.Heaviside, mask)
 
 
@@ -270,6 +276,8 @@ def _derive(op: OpDef, i: int) -> sympy.Expr:
     # Kinked ops (relu, abs, max) keep their masks in x: there is nothing to gain.
     if op.arity == 1 and _cost(partial) > 0 and not partial.has(sympy.Piecewise, sympy.sign):
         partial = _in_terms_of_output(op.expr, partial) or partial
+    if op.arity > 1 and _cost(partial) + sympy.count_ops(partial) > 0:
+        partial = _reuse_output(op.expr, partial) or partial
     if op.arity == 1 and partial.has(sympy.exp) \
             and not stays_finite(partial.xreplace({OUT: op.expr}), op.expr):
         partial = _split_at_zero(partial, op.expr) or partial
@@ -277,6 +285,23 @@ def _derive(op: OpDef, i: int) -> sympy.Expr:
     if i in zero_where:
         partial = sympy.Piecewise((0, zero_where[i]), (partial, True))
     return partial
+
+
+def _reuse_output(expr: sympy.Expr, partial: sympy.Expr) -> sympy.Expr | None:
+    """The derivative of an op of several operands with its own output y put in, or None.
+
+    div: -x0/x1**2 -> -y/x1, torch's -(x0/x1)/x1, finite where x1**2 overflows or underflows
+    (x0 = x1 = 1e300, or x1 = 1e-300) although the quotient is not; pow: x0**x1*log(x0) ->
+    y*log(x0). Taken when cheaper and finite wherever the plain derivative is, y evaluated as a
+    value of its own (x1*y/x0 for pow is refused: 0/0 at x0 = 0).
+    """
+    rewritten = partial.subs(expr, OUT)
+    if rewritten == partial or not rewritten.has(OUT):
+        return None
+    if (_cost(rewritten), sympy.count_ops(rewritten)) >= (_cost(partial), sympy.count_ops(partial)):
+        return None
+    as_value = rewritten.xreplace({OUT: sympy.UnevaluatedExpr(expr)})
+    return rewritten if stays_finite(as_value, partial) else None
 
 
 def _split_at_zero(partial: sympy.Expr, expr: sympy.Expr) -> sympy.Expr | None:

@@ -2,7 +2,7 @@
 
 Part one is a set of small rules (each docstring states its identity) run
 to a fixed point by `rewrite.apply_rules`: arithmetic identities (`x*1`,
-`x+0`, `--x`, `exp(log(x))`), movement algebra (transpose of transpose,
+`x+0`, `--x`, `log(exp(x))`), movement algebra (transpose of transpose,
 reshape chains, broadcasts absorbed by the elementwise ops that would
 broadcast anyway), `sum` of a broadcast, and casts of casts.
 
@@ -114,13 +114,6 @@ def mul_zero(node: Value) -> Value | None:
 def neg_neg(node: Value) -> Value | None:
     """-(-x) -> x (exact)."""
     if node.op.name == "neg" and node.inputs[0].op.name == "neg":
-        return same_type(node, node.inputs[0].inputs[0])
-    return None
-
-
-def exp_log(node: Value) -> Value | None:
-    """exp(log(x)) -> x, valid for x > 0 (x < 0 gives nan and x = 0 gives 0 before the rewrite)."""
-    if node.op.name == "exp" and node.inputs[0].op.name == "log":
         return same_type(node, node.inputs[0].inputs[0])
     return None
 
@@ -331,7 +324,7 @@ def cast_cast(node: Value) -> Value | None:
 
 
 RULES = (*NOOP_RULES, fold_scalar, mul_one, add_zero, sub_zero, zero_sub, mul_minus_one, neg_neg,
-         exp_log, log_exp, neg_scaled, scaled_neg, transpose_transpose, reshape_reshape, expand_expand,
+         log_exp, neg_scaled, scaled_neg, transpose_transpose, reshape_reshape, expand_expand,
          expand_of_reshape, reshape_of_broadcast_scalar, absorb_broadcast, unary_through_broadcast,
          sum_of_broadcast, sum_of_sum, drop_kept_axes, sum_of_scaled, sum_of_neg, cast_cast)
 FINITE_RULES = (mul_zero,)
@@ -341,6 +334,8 @@ FINITE_RULES = (mul_zero,)
 
 # Chains costing more than this many operations are left as they are (bounded effort).
 MAX_CHAIN_OPS = 40
+# sympy's results of dividing by an inlined 0.0 (1/0 = zoo): not IEEE values, never emitted.
+_NOT_REAL = (sympy.zoo, sympy.nan, sympy.oo, -sympy.oo)
 _NON_RATIONAL = (sympy.Piecewise, sympy.Max, sympy.Min, sympy.Heaviside, sympy.sign, sympy.Abs)
 
 
@@ -498,8 +493,12 @@ def simplify_chains(graph: Graph, assume_finite: bool = False, counts: dict | No
         chain = _Chain(node, inner)
         if chain.members < 2 or chain.cost > MAX_CHAIN_OPS:
             continue
+        if chain.expr.has(*_NOT_REAL):
+            continue  # x / 0.0 inlined: sympy's zoo has no float meaning (and no C spelling)
         operands = set(chain.symbols.values())
         best = _extract_dims(_cheapest(chain.expr), chain)
+        if best.has(*_NOT_REAL):
+            continue
         if _cost(best) >= chain.cost:
             continue
         if not assume_finite and operands - best.free_symbols:
