@@ -181,20 +181,10 @@ class _Drawer:
         kind = self.choice(("unary", "unary", "binary", "binary", "scalar", "reduce", "movement", "matmul"))
         if kind == "unary":
             op = self.choice(sorted(UNARY))
-            if op == "abs" and self.specials:
-                # Defect kept away from: abs's derivative is sign(x), NaN at x = NaN on NumPy and C;
-                # torch's is g * sgn(x) with sgn(NaN) = 0: 0 for a finite g, NaN for a NaN g. Folding g
-                # into a mask (elementwise_vjp) gives 0 for both, so neither form matches torch.
-                op = "relu"
             if op in ("sin", "cos") and self.steps[x].op != "input":
                 # Only of inputs: sin of a computed 1e200 is ill-conditioned (one ulp of its argument,
                 # which NumPy's and torch's libms may round differently, changes it entirely).
                 x = self.choice(self.steps_inputs())
-            if op == "exp" and self.steps[x].op == "log":
-                # Defect kept away from: the C pipeline composes exp(log(x)) into x (sympy evaluates
-                # exp(log(l0)) to l0 in passes/simplify.py's chain composition), so x = -1 gives -1
-                # on C where NumPy and torch give NaN.
-                op = "tanh"
             return self.add(op, (x,))
         if kind == "binary":
             y = self.operand(shape)

@@ -489,16 +489,30 @@ def test_x_times_zero_is_not_folded_unless_finite_is_assumed():
 
 def test_sympy_chain_is_rewritten_only_when_cheaper():
     x, y, z = (sg.input(n, (3,)) for n in "xyz")
-    graph = Graph([x, y, z], [x * y + x * z])                  # 3 ops -> x*(y+z): 2 ops
+    graph = Graph([x, y, z], [(x * y + x * y) * z])            # 4 ops -> 2*x*y*z: 3 ops
     counts: dict = {}
     out = simplify(graph, counts=counts)
     assert counts.get("sympy_chain") == 1
     (node,) = [n for n in out.nodes if n.op.kind == "elementwise"]
-    assert sympy.count_ops(node.op.expr) == 2
+    assert sympy.count_ops(node.op.expr) == 3
     arrays = [np.random.default_rng(2).standard_normal(3).astype(np.float32) for _ in range(3)]
     assert_same_results(graph, out, arrays, {}, "chain")
     already_minimal = Graph([x, y, z], [sg.exp(x * y) + z])
     assert simplify_chains(already_minimal) is already_minimal
+
+
+def test_sympy_chain_factors_only_for_finite_operands():
+    """x*y + x*z -> x*(y + z) is one op fewer, but at x = inf, y = 0 it is inf * 1 = inf where
+    the chain computes inf * 0 + inf = NaN: taken only under assume_finite."""
+    x, y, z = (sg.input(n, (3,)) for n in "xyz")
+    graph = Graph([x, y, z], [x * y + x * z])
+    assert simplify_chains(graph) is graph
+    factored = simplify_chains(graph, assume_finite=True)
+    (node,) = [n for n in factored.nodes if n.op.kind == "elementwise"]
+    assert sympy.count_ops(node.op.expr) == 2
+    arrays = [np.array([np.inf, 2.0, -1.0], np.float32), np.array([0.0, 1.0, 3.0], np.float32),
+              np.array([1.0, -1.0, 0.5], np.float32)]
+    assert_same_results(graph, simplify(graph), arrays, {}, "not factored")
 
 
 def test_sympy_chain_never_drops_an_operand_by_default():

@@ -342,3 +342,47 @@ def test_fuzz_found_chain_dividing_by_zero_compiles_and_matches_torch(compiled, 
     y = torch.tanh(x / 0.0)
     for g, w in zip(got, [y, torch.autograd.grad(y.sum(), [x])[0]]):
         assert_like_torch(g, w)
+
+
+def _composed_chains(backend):
+    """Single-use chains that sympy's real algebra would compose to something else at inf, NaN
+    or outside log's domain: x - (x - x) -> x, exp(log(x)) -> x, (x*y)/y -> x."""
+    x, y = sg.input("x", (6,), dtype="float64"), sg.input("y", (6,), dtype="float64")
+    outs = [x - (x - x), sg.exp(sg.log(x)), (x * y) / y]
+    return sg.function([x, y], outs + list(sg.grad(sg.sum(sg.abs(x) * y), [x])), backend=backend)
+
+
+CHAIN_X = np.array([INF, -INF, -1.0, 0.0, NAN, 2.0])
+CHAIN_Y = np.array([0.0, INF, NAN, 3.0, 1.0, -INF])
+
+
+def test_chain_composition_keeps_special_values(compiled, backend):
+    """The composed chain is only taken where it is NaN and infinite exactly where the nodes are
+    (C composed all three chains to x: inf for x - (x - x) at x = inf, -1 for exp(log(-1)))."""
+    got = compiled("chains", backend, _composed_chains)(CHAIN_X, CHAIN_Y)
+    x, y = torch.tensor(CHAIN_X), torch.tensor(CHAIN_Y)
+    for g, w in zip(got, [x - (x - x), torch.exp(torch.log(x)), (x * y) / y]):
+        assert_like_torch(g, w)
+
+
+def test_abs_gradient_at_nan_is_zero_as_in_torch(compiled, backend):
+    """d|x|/dx = sign(x), and sign(NaN) = 0 as torch.sign: the gradient at NaN is 0 for a finite
+    cotangent (NumPy's sign gave NaN on the reference backend)."""
+    got = compiled("chains", backend, _composed_chains)(CHAIN_X, CHAIN_Y)[3]
+    x = torch.tensor(CHAIN_X, requires_grad=True)
+    (want,) = torch.autograd.grad((x.abs() * torch.tensor(CHAIN_Y)).sum(), [x])
+    assert_like_torch(got, want)
+    assert got[4] == 0.0  # x = NaN, cotangent 1
+
+
+def test_keeps_special_values_refuses_real_algebra_that_ieee_does_not_do():
+    from symgrad.ir.elementwise import keeps_special_values
+
+    x, y = sympy.symbols("x y", real=True)
+    with sympy.evaluate(False):
+        x_minus_nothing, exp_log, quotient = x - (x - x), sympy.exp(sympy.log(x)), (x * y) / y
+        twice = x + x
+    for exact in (x_minus_nothing, exp_log, quotient):
+        assert not keeps_special_values(x, exact), exact
+    assert keeps_special_values(2 * x, twice)  # NaN and inf at the same operands
+    assert not keeps_special_values(x * (y + 1), x * y + x)  # inf * 0 = NaN at x = inf, y = -1

@@ -63,13 +63,29 @@ _NUMPY_EXTRAS = {name: np.vectorize(getattr(math, fn), otypes=[np.float64])
 _NUMPY_NAMES = {"numpy": np, "I": 1j, "Heaviside": np.heaviside}
 
 
+def _sign_as_torch(u):
+    """sign(u) as torch.sign and the C printer compute it: 0 at NaN (NumPy's sign gives NaN)."""
+    return sympy.Piecewise((1, u > 0), (-1, u < 0), (0, True))
+
+
+def numpy_function(symbols, expr: sympy.Expr) -> Callable:
+    """`expr` as a NumPy function of `symbols`, with the IR's meaning of each function.
+
+    The one place sympy expressions become NumPy code: the reference interpreter and every
+    numerical comparison of two forms (`stays_finite`) evaluate alike. sign(NaN) is 0, as in
+    torch (abs's derivative at NaN is 0 for a finite cotangent); NumPy's sign would give NaN.
+    """
+    expr = expr.replace(sympy.sign, _sign_as_torch) if expr.has(sympy.sign) else expr
+    return sympy.lambdify(symbols, expr, modules=[_NUMPY_EXTRAS, _NUMPY_NAMES, np])
+
+
 def _numpy_impl(expr: sympy.Expr, arity: int) -> Callable:
     fn = None  # lambdified on first use: defining an op (every import, every derived VJP) stays cheap
 
     def run(args, node, env):
         nonlocal fn
         if fn is None:
-            fn = sympy.lambdify(ARGS[:arity], expr, modules=[_NUMPY_EXTRAS, _NUMPY_NAMES, np])
+            fn = numpy_function(ARGS[:arity], expr)
         # Broadcast first: sympy prints Max/Min/Piecewise with helpers that
         # want operands of one shape.
         args = np.broadcast_arrays(*args) if len(args) > 1 else args
@@ -126,41 +142,74 @@ _FINITE_PROBES = np.array([-1e4, -1000.0, -300.0, -30.0, -2.5, -1.0, -0.3, 0.0,
 _PROBE_POINTS = 256  # operand tuples per comparison, drawn from the probes (fixed seed)
 
 
+def _probe_points(symbols: list, probes: np.ndarray) -> list:
+    """Operand columns for comparing two forms: random tuples of `probes` (fixed seed), then
+    each operand alone at every probe with the others at 1, the plain one-variable sweep."""
+    rng = np.random.default_rng(0)
+    points = [rng.choice(probes, _PROBE_POINTS) for _ in symbols]
+    for k in range(len(symbols)):
+        for j, column in enumerate(points):
+            sweep = probes if j == k else np.ones_like(probes)
+            points[j] = np.concatenate([column, sweep])
+    return points
+
+
+def _evaluate(expr: sympy.Expr, symbols: list, points: list) -> np.ndarray:
+    with np.errstate(all="ignore"):
+        out = np.asarray(numpy_function(symbols, expr)(*points), dtype=np.complex128)
+    return np.broadcast_to(out, points[0].shape)
+
+
+def _compare(candidate: sympy.Expr, reference: sympy.Expr, probes: np.ndarray, agree) -> bool:
+    """`agree(got, want, points)` over the probe points; a candidate NumPy cannot evaluate is
+    refused, a reference it cannot evaluate gives no evidence either way (True)."""
+    symbols = sorted(candidate.free_symbols | reference.free_symbols, key=lambda s: s.name)
+    if not symbols:
+        return True
+    points = _probe_points(symbols, probes)
+    try:
+        want = _evaluate(reference, symbols, points)
+    except Exception:  # noqa: BLE001 - no NumPy twin for some function: nothing to compare
+        return True
+    try:
+        got = _evaluate(candidate, symbols, points)
+    except Exception:  # noqa: BLE001 - a form that cannot be evaluated is not taken
+        return False
+    return bool(agree(got, want, points))
+
+
 def stays_finite(candidate: sympy.Expr, reference: sympy.Expr) -> bool:
     """Whether `candidate` is finite wherever `reference` is, at probe points of their symbols.
 
     Two forms of one function can differ in where they overflow: sigmoid's derivative
     y*(1 - y) is finite for every x, its rational form exp(x)/(exp(x) + 1)**2 is inf/inf = nan
     past x = 89 in float32. A rewrite (a simplified derivative, a simplified chain) is only
-    taken when this holds. A candidate NumPy cannot evaluate is refused; a reference it cannot
-    evaluate gives no evidence either way (True).
+    taken when this holds.
     """
-    symbols = sorted(candidate.free_symbols | reference.free_symbols, key=lambda s: s.name)
-    if not symbols:
-        return True
-    rng = np.random.default_rng(0)
-    points = [rng.choice(_FINITE_PROBES, _PROBE_POINTS) for _ in symbols]
-    # Each operand alone at every probe, the others at 1: the plain one-variable sweep.
-    for k in range(len(symbols)):
-        for j, column in enumerate(points):
-            sweep = _FINITE_PROBES if j == k else np.ones_like(_FINITE_PROBES)
-            points[j] = np.concatenate([column, sweep])
+    return _compare(candidate, reference, _FINITE_PROBES,
+                    lambda got, want, points: np.all(np.isfinite(got) | ~np.isfinite(want)))
 
-    def evaluate(expr):
-        fn = sympy.lambdify(symbols, expr, modules=[_NUMPY_EXTRAS, _NUMPY_NAMES, np])
-        with np.errstate(all="ignore"):
-            out = np.asarray(fn(*points), dtype=np.complex128)
-        return np.broadcast_to(out, points[0].shape)
 
-    try:
-        want = evaluate(reference)
-    except Exception:  # noqa: BLE001 - no NumPy twin for some function: nothing to compare
-        return True
-    try:
-        got = evaluate(candidate)
-    except Exception:  # noqa: BLE001 - a form that cannot be evaluated is not taken
-        return False
-    return bool(np.all(np.isfinite(got) | ~np.isfinite(want)))
+# Operand values at which `keeps_special_values` compares two forms: the IEEE specials, signed
+# zeros, negatives (outside log's and sqrt's domains) and ordinary magnitudes.
+_SPECIAL_PROBES = np.array([-np.inf, -1e4, -2.5, -1.0, -0.3, -0.0, 0.0, 0.4, 1.0, 3.0, 1e4, np.inf, np.nan])
+
+
+def keeps_special_values(candidate: sympy.Expr, reference: sympy.Expr) -> bool:
+    """Whether `candidate` is NaN exactly where `reference` is, and the same infinity wherever
+    `reference` is infinite at operands that are not all finite.
+
+    sympy rewrites by real algebra, exact only for finite operands: it evaluates x - (x - x)
+    to x (inf at x = inf where IEEE gives NaN), exp(log(x)) to x (-1 at x = -1, where log
+    is NaN) and x*y/y to x. Such a rewrite of a chain is refused unless the user assumed
+    finite operands. Overflow at finite operands is `stays_finite`'s question, not this one's.
+    """
+    def agree(got, want, points):
+        nan_got, nan_want = np.isnan(got), np.isnan(want)
+        special_operands = np.any([~np.isfinite(column) for column in points], axis=0)
+        infinite = np.isinf(want) & special_operands
+        return np.array_equal(nan_got, nan_want) and np.array_equal(got[infinite], want[infinite])
+    return _compare(candidate, reference, _SPECIAL_PROBES, agree)
 
 
 def _torch_masks(partial: sympy.Expr) -> sympy.Expr:

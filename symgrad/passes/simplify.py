@@ -14,11 +14,13 @@ strictly fewer operations (sympy.count_ops).
 
 Floating-point notes. Every rule is exact for finite operands except where
 its docstring says otherwise. `x*0 -> 0` is wrong for x = inf or nan, so it
-is off unless `assume_finite=True` (torch does not fold it either); for the
-same reason a sympy result that drops an operand (`x - x -> 0`, `x*y/y -> x`)
-is only used under `assume_finite=True`. Rational rewriting may still remove
-a removable singularity ((x*x - 1)/(x - 1) -> x + 1 is 2, not nan, at x = 1)
-and regroups roundings: results agree to float tolerance, not bit for bit.
+is off unless `assume_finite=True` (torch does not fold it either). sympy's
+algebra is real algebra: composing a chain evaluates x - (x - x) to x and
+exp(log(x)) to x, rational rewriting removes singularities ((x*x - 1)/(x - 1)
+-> x + 1). So a composed form is taken only where it is NaN and infinite at
+the same probe operands (+-inf, NaN, +-0, negatives) as the chain computed
+node by node (`keeps_special_values`), or under `assume_finite=True`. Forms
+regroup roundings: results agree to float tolerance, not bit for bit.
 """
 
 from __future__ import annotations
@@ -31,7 +33,7 @@ import sympy
 from ..ir import dtypes as D
 from ..ir import shapes as S
 from ..ir import sympy_memo
-from ..ir.elementwise import ARGS, derived_op, stays_finite
+from ..ir.elementwise import ARGS, derived_op, keeps_special_values, stays_finite
 from ..ir.graph import Graph
 from ..ir.registry import ELEMENTWISE, REDUCE, lookup
 from ..ir.value import Value, make
@@ -363,22 +365,31 @@ def _candidates(expr: sympy.Expr) -> list:
 
 
 @functools.lru_cache(maxsize=4096)
-def _cheapest(expr: sympy.Expr) -> sympy.Expr:
-    """The cheapest of `_candidates(expr)` that stays finite wherever `expr` is. Cached: chains of the same form (every parameter's
-    optimizer update, every layer's backward) compose to the same expression over l0, l1, ...,
-    and sympy's rewritings cost milliseconds each; a fresh process reads earlier results from
-    the on-disk memo, which keeps warm compiles fast."""
-    key = sympy.srepr(expr)
+def _cheapest(expr: sympy.Expr, exact: sympy.Expr, assume_finite: bool) -> sympy.Expr | None:
+    """The cheapest of `_candidates(expr)` that computes what the chain computes, or None.
+
+    `expr` is the chain composed by sympy's evaluating constructors, `exact` the same chain
+    composed unevaluated (node for node, as the graph computes it). sympy's evaluation is
+    real algebra, exact for finite operands only (x - (x - x) -> x, exp(log(x)) -> x), so
+    every form, `expr` included, must keep `exact`'s NaNs and infinities
+    (`keeps_special_values`) unless the user assumed finite operands, and must overflow
+    nowhere `exact` does not (`stays_finite`: sigmoid's backward composes to -y*(y - 1) at
+    y = 1/(1 + exp(-x)), finite everywhere; `cancel` gives exp(x)/(exp(x) + 1)**2, nan past
+    x = 89 in float32).
+
+    Cached: chains of the same form (every parameter's optimizer update, every layer's
+    backward) compose to the same expression over l0, l1, ..., and sympy's rewritings cost
+    milliseconds each; a fresh process reads earlier results from the on-disk memo, which
+    keeps warm compiles fast.
+    """
+    key = f"{sympy.srepr(exact)}|{assume_finite}"
     known = sympy_memo.lookup("cheapest", __file__, key)
     if known is not None:
-        return known
-    candidates = _candidates(expr)
-    # The cheapest rewriting that overflows nowhere the composed chain does not (sigmoid's
-    # backward composes to -y*(y - 1) at y = 1/(1 + exp(-x)), finite everywhere; `cancel`
-    # gives exp(x)/(exp(x) + 1)**2, nan past x = 89 in float32). The chain itself always qualifies.
-    best = min((c for c in candidates[1:] if _cost(c) < _cost(expr) and stays_finite(c, expr)),
-               key=_cost, default=expr)
-    sympy_memo.store("cheapest", __file__, key, best)
+        return None if known == sympy.S.NaN else known
+    candidates = sorted(_candidates(expr), key=_cost)
+    best = next((c for c in candidates if stays_finite(c, exact)
+                 and (assume_finite or keeps_special_values(c, exact))), None)
+    sympy_memo.store("cheapest", __file__, key, sympy.S.NaN if best is None else best)
     return best
 
 
@@ -408,7 +419,7 @@ class _Chain:
         self.symbols: dict[int, sympy.Symbol] = {}
         self.members = 0
         self.cost = 0
-        self.expr = self._compose(root, inner)
+        self.expr, self.exact = self._compose(root, inner)
 
     def leaf(self, v: Value) -> sympy.Symbol:
         """The symbol standing for operand `v` (one per distinct value)."""
@@ -418,31 +429,36 @@ class _Chain:
         return self.symbols[id(v)]
 
     def _compose(self, root: Value, inner):
-        """The chain's expression over its leaves, or None once its cost passes MAX_CHAIN_OPS.
+        """The chain's expression over its leaves, evaluated and unevaluated (what the nodes
+        compute, step by step); (None, None) once its cost passes MAX_CHAIN_OPS.
 
         An iterative post-order walk, inputs left to right, so that the leaves are numbered
         l0, l1, ... in the order they are first read (the key of `_cheapest`'s memo). The chain is
         a tree: an inner node has one user, so no node is composed twice.
         """
         stack = [(root, False)]
-        composed: list = []  # the expressions of the walk's finished nodes, the latest last
+        composed: list = []  # (evaluated, exact) of the walk's finished nodes, the latest last
         while stack:
             v, inputs_done = stack.pop()
             if v is not root and not inner(v):
                 number = _inline_number(v)
-                composed.append(number if number is not None else self.leaf(v))
+                leaf = number if number is not None else self.leaf(v)
+                composed.append((leaf, leaf))
             elif not inputs_done:
                 self.members += 1
                 self.cost += _cost(v.op.expr)
                 if self.cost > MAX_CHAIN_OPS:
-                    return None
+                    return None, None
                 stack.append((v, True))
                 stack.extend((i, False) for i in reversed(v.inputs))
             else:
                 first = len(composed) - len(v.inputs)
                 args = composed[first:]
                 del composed[first:]
-                composed.append(v.op.expr.xreplace(dict(zip(ARGS, args))))
+                evaluated = v.op.expr.xreplace(dict(zip(ARGS, (a for a, _ in args))))
+                with sympy.evaluate(False):
+                    exact = v.op.expr.xreplace(dict(zip(ARGS, (e for _, e in args))))
+                composed.append((evaluated, exact))
         return composed[0]
 
 
@@ -496,7 +512,10 @@ def simplify_chains(graph: Graph, assume_finite: bool = False, counts: dict | No
         if chain.expr.has(*_NOT_REAL):
             continue  # x / 0.0 inlined: sympy's zoo has no float meaning (and no C spelling)
         operands = set(chain.symbols.values())
-        best = _extract_dims(_cheapest(chain.expr), chain)
+        best = _cheapest(chain.expr, chain.exact, assume_finite)
+        if best is None:
+            continue  # every form sympy found differs from the chain at inf, NaN or overflow
+        best = _extract_dims(best, chain)
         if best.has(*_NOT_REAL):
             continue
         if _cost(best) >= chain.cost:
