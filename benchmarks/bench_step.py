@@ -159,6 +159,9 @@ def parse_args(argv=None):
                                         "AVX-512 machine measures the AVX2 build too; sets SYMGRAD_CFLAGS")
     parser.add_argument("--no-latency", action="store_true", help="skip the compile-latency measurement")
     parser.add_argument("--latency-repeats", type=int, default=1, help="cold/warm pairs per system")
+    parser.add_argument("--base", type=Path,
+                        help="a checkout of another commit (git worktree add DIR REV): its symgrad-C "
+                             f"runs beside this one as system {systems.BASE}, in the same rounds")
     parser.add_argument("--json", type=Path,
                         help=f"where to write the results (default {RESULTS.name}/bench-<time>.json "
                              "beside this file)")
@@ -206,6 +209,9 @@ def main(argv=None) -> int:
     if args.march:  # read at each build, and inherited by the compile-latency processes
         os.environ["SYMGRAD_CFLAGS"] = " ".join(march_flags(args.march))
     names = [s.strip() for s in args.systems.split(",") if s.strip()]
+    if args.base:
+        systems.SYSTEMS[systems.BASE] = systems.base_builder(args.base)
+        names.insert(names.index(report.SUBJECT) + 1 if report.SUBJECT in names else 0, systems.BASE)
     info, warning = meta(argv, plan), _busy_warning()
     print(f"symgrad step benchmark: {len(args.model_list)} model(s) x {len(names)} system(s), "
           f"{plan.blocks} blocks, {THREADS} threads", flush=True)

@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 
 from .models import Model
-from .systems import OTHERS
+from .systems import BASE, OTHERS
 
 SUBJECT = "symgrad-c"   # the system whose ratio against the others is the issue's target
 
@@ -32,11 +32,14 @@ def make_row(model: Model, cells: dict[str, dict]) -> dict:
     fastest = min(others, key=others.get) if others else None
     subject = cells.get(SUBJECT, {})
     ratio = subject["us_per_step"] / others[fastest] if fastest and subject.get("status") == "ok" else None
+    base = cells.get(BASE, {})
+    base_ratio = subject["us_per_step"] / base["us_per_step"] \
+        if subject.get("status") == "ok" and base.get("status") == "ok" else None
     return {
         "model": model.label, "key": model.key, "widths": list(model.widths), "batch": model.batch,
         "flops_per_step": model.flops, "target": model.target, "cells": cells,
         "fastest_other": fastest, "fastest_other_us": others.get(fastest),
-        "ratio": ratio,
+        "ratio": ratio, "base_ratio": base_ratio,
         "meets_target": None if ratio is None or model.target is None else ratio <= model.target,
     }
 
@@ -93,17 +96,20 @@ def render_steps(rows: list[dict], systems: list[str], notes_by_system: dict[str
     """The two Markdown tables (us per step with the ratio; GFLOP/s) and their footnotes."""
     notes = _Notes()
     us_lines, gf_lines = [], []
+    with_base = BASE in systems
     for row in rows:
         cells = row["cells"]
+        base = [] if not with_base else ["n/a" if row["base_ratio"] is None else f"{row['base_ratio']:.2f}"]
         us_lines.append([row["model"]]
                         + [_cell_text(s, cells[s], _us(cells[s].get("us_per_step", 0)), notes) for s in systems]
-                        + [_ratio_text(row)])
+                        + [_ratio_text(row)] + base)
         gf_lines.append([row["model"], f"{row['flops_per_step'] / 1e9:.4g}"]
                         + [_cell_text(s, cells[s], _gflops(cells[s].get("gflops", 0)), notes) for s in systems])
     parts = [
         "Training step, microseconds per step (median of blocks):",
         "",
-        _table(["model", *systems, f"{SUBJECT} / fastest other"], us_lines),
+        _table(["model", *systems, f"{SUBJECT} / fastest other"]
+               + ([f"{SUBJECT} / {BASE}"] if with_base else []), us_lines),
         "",
         "GFLOP/s (3 GEMMs of 2*B*in*out FLOPs per Linear):",
         "",

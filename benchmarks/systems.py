@@ -11,7 +11,9 @@ Every step is forward, mean cross-entropy, backward and a plain SGD update
 from __future__ import annotations
 
 import importlib.util
+import sys
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Callable
 
 from . import THREADS
@@ -34,9 +36,11 @@ class Runner:
 # symgrad ------------------------------------------------------------------------------------
 
 
-def symgrad_step(model: Model, backend: str) -> Runner:
-    """symgrad's train_step for `model` on `backend` ("c", "numpy", ...), data bound."""
-    import symgrad as sg
+def symgrad_step(model: Model, backend: str, sg=None) -> Runner:
+    """symgrad's train_step for `model` on `backend` ("c", "numpy", ...), data bound; `sg` is the
+    symgrad package to use (default: the installed one)."""
+    if sg is None:
+        import symgrad as sg
 
     # Concrete sizes: torch.compile and jax.jit specialize to the shapes they see too.
     x = sg.input("x", (model.batch, model.widths[0]))
@@ -61,6 +65,35 @@ def build_symgrad_c(model: Model) -> Runner:
     if importlib.util.find_spec("symgrad.backends.c") is None:
         raise Unavailable("symgrad/backends/c.py does not exist yet (the C backend is not built)")
     return symgrad_step(model, "c")
+
+
+BASE = "symgrad-c-base"
+
+
+def load_base(checkout: Path):
+    """The symgrad package of another checkout (an earlier commit), imported beside this one as
+    `symgrad_base`. symgrad's modules import each other relatively and find their templates
+    beside the package, so the two share nothing but the build cache, where their different
+    sources give different keys."""
+    init = Path(checkout) / "symgrad" / "__init__.py"
+    if not init.is_file():
+        raise FileNotFoundError(f"--base {checkout}: no symgrad/__init__.py there")
+    spec = importlib.util.spec_from_file_location("symgrad_base", init,
+                                                  submodule_search_locations=[str(init.parent)])
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["symgrad_base"] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def base_builder(checkout: Path) -> Callable[[Model], Runner]:
+    """The builder of system BASE: symgrad-C of `checkout`, to time a change against its parent."""
+    package = load_base(checkout)
+
+    def build(model: Model) -> Runner:
+        return symgrad_step(model, "c", sg=package)
+    build.__doc__ = f"symgrad compiled to C, as of the checkout {checkout}."
+    return build
 
 
 def build_symgrad_numpy(model: Model) -> Runner:
