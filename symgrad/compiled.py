@@ -12,6 +12,7 @@ from __future__ import annotations
 import threading
 import time
 import weakref
+from collections import OrderedDict
 from typing import Iterable, Mapping
 
 import numpy as np
@@ -89,7 +90,7 @@ def collect_inputs(values: Iterable[Value]) -> list[Value]:
 
 
 def _leaf_kind(leaf: Value) -> str:
-    """What a graph leaf is, in words: "input", "param", "state" (optimizer or layer), "hyper"."""
+    """What a graph leaf is, in words: "input", or its variable role (symgrad.sources.ROLES)."""
     return leaf.attrs.get("role", leaf.op.name)
 
 
@@ -387,7 +388,7 @@ class TrainStep(Compiled):
     def _gradient_buffers(self) -> list[Value]:
         from .sources import variable
         if self._buffers is None:
-            self._buffers = [variable(gradient_buffer_name(p), np.zeros(p.shape, D.to_numpy(p.dtype)), role="state")
+            self._buffers = [variable(gradient_buffer_name(p), np.zeros(p.shape, D.to_numpy(p.dtype)), role="grad")
                              for p in self._param_values]
         return self._buffers
 
@@ -482,6 +483,25 @@ class TrainStep(Compiled):
         program = self.program_for("predict")
         outputs = program._run(_arrays_by_name(program.graph, inputs, "predict"))
         return outputs[0] if isinstance(self._predict, Value) else tuple(outputs)
+
+    # ---- checkpoints: symgrad/checkpoint.py ----
+    def state_dict(self) -> "OrderedDict[str, np.ndarray]":
+        """Current parameters and module buffers by dotted name, as torch's `model.state_dict()`:
+        `model.load_state_dict(step.state_dict())` gives the module the trained values."""
+        from . import checkpoint
+        return checkpoint.state_dict(self)
+
+    def save(self, path) -> None:
+        """Write parameters, buffers, optimizer state, the generator's state and the learning rate
+        to one safetensors file; `load` resumes from it bit for bit."""
+        from . import checkpoint
+        checkpoint.save(self, path)
+
+    def load(self, path) -> None:
+        """Restore from a `save` file or a model's safetensors state_dict (torch's included); checks
+        every name, shape and dtype first and changes nothing if one is wrong."""
+        from . import checkpoint
+        checkpoint.load(self, path)
 
     @property
     def lr(self) -> float:

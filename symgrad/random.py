@@ -123,8 +123,8 @@ class Generator:
         seed = int(seed)
         seed = seed - 2 ** 64 if seed >= 2 ** 63 else seed  # a uint64 seed, stored as its int64 bit pattern
         self.name = name
-        self.seed = variable(f"{name}.seed", np.array(seed, dtype=np.int64), role="state")
-        self.counter = variable(f"{name}.counter", np.array(0, dtype=np.int64), role="state")
+        self.seed = variable(f"{name}.seed", np.array(seed, dtype=np.int64), role="rng")
+        self.counter = variable(f"{name}.counter", np.array(0, dtype=np.int64), role="rng")
         self._advance = self.counter + 1  # one Value, so every draw of a step shares one update
         self._streams = itertools.count()
 

@@ -44,8 +44,21 @@ def input(name: str, shape, dtype: str = "float32") -> Value:
                 dtype=D.canonical(dtype), serial=next(_serial))
 
 
+# What a variable is for: it decides where a checkpoint and a state_dict put it.
+ROLES = {
+    "param": "a trainable parameter (sg.param)",
+    "state": "a module's buffer, updated by its layer (BatchNorm's running statistics)",
+    "optimizer": "an optimizer's per-parameter state (momentum buffers, Adam's moments and step)",
+    "rng": "a random generator's seed and counter (Dropout's masks)",
+    "hyper": "a hyperparameter read at every step (the learning rate)",
+    "grad": "a gradient buffer that accumulate() sums into",
+}
+
+
 def variable(name: str, value: np.ndarray, role: str) -> Value:
-    """Persistent storage with an initial value: a parameter, optimizer state or hyperparameter."""
+    """Persistent storage with an initial value, of one of the ROLES."""
+    if role not in ROLES:
+        raise ValueError(f"variable {name!r}: unknown role {role!r}; expected one of {list(ROLES)}")
     value = np.array(value, copy=True)
     value.flags.writeable = False
     return make(lookup("variable"), name=_check_name(name, role), shape=value.shape,

@@ -44,7 +44,7 @@ class Optimizer:
     def state(self, param: Value, name: str, init: float = 0.0, shape=None, dtype=None) -> Value:
         """Optimizer state for `param`, named `<param>.<name>`, zeros (or `init`) at first."""
         shape = param.shape if shape is None else shape
-        return variable(f"{param.name}.{name}", np.full(shape, init, dtype=dtype or param.dtype), role="state")
+        return variable(f"{param.name}.{name}", np.full(shape, init, dtype=dtype or param.dtype), role="optimizer")
 
     def assign(self, target: Value, new: Value) -> None:
         """Record that `target` (a state variable) takes `new` after this step."""
