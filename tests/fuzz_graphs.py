@@ -88,6 +88,16 @@ UNARY: dict[str, tuple[Callable, Callable]] = {
     "abs": (sg.abs, torch.abs),
     "sin": (sg.sin, torch.sin),
     "cos": (sg.cos, torch.cos),
+    "erf": (sg.erf, torch.erf),
+    "log1p": (sg.log1p, torch.log1p),
+    "softplus": (sg.softplus, torch.nn.functional.softplus),
+    "gelu": (sg.gelu, torch.nn.functional.gelu),
+    "gelu_tanh": (lambda x: sg.gelu(x, approximate="tanh"), lambda x: torch.nn.functional.gelu(x, approximate="tanh")),
+    "sign": (sg.sign, torch.sign),
+    "floor": (sg.floor, torch.floor),
+    "round": (sg.round, torch.round),
+    "trunc": (sg.trunc, torch.trunc),
+    "clip": (lambda x: sg.clip(x, -2.0, 1.5), lambda x: torch.clamp(x, -2.0, 1.5)),
 }
 BINARY: dict[str, tuple[Callable, Callable]] = {
     "add": (lambda a, b: a + b, lambda a, b: a + b),

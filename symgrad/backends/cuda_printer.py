@@ -23,7 +23,7 @@ from .c_printer import CPrintError, KernelPrinter
 CUDA_MATH = frozenset("""
     exp exp2 exp10 expm1 log log2 log10 log1p pow sqrt cbrt rsqrt hypot
     sin cos tan asin acos atan atan2 sinh cosh tanh asinh acosh atanh
-    erf erfc erfinv erfcinv tgamma lgamma fabs fmax fmin fdim floor ceil trunc round rint
+    erf erfc erfinv erfcinv tgamma lgamma fabs fmax fmin fdim floor ceil trunc round rint nearbyint
     fmod remainder copysign fma
 """.split())
 _CALL = re.compile(r"\b([A-Za-z_][A-Za-z0-9_]*)\s*\(")

@@ -154,9 +154,15 @@ def _probe_points(symbols: list, probes: np.ndarray) -> list:
     return points
 
 
-def _evaluate(expr: sympy.Expr, symbols: list, points: list) -> np.ndarray:
+def _evaluate(expr, symbols: list, points: list) -> np.ndarray:
+    """`expr` at the probe points: a sympy expression, or a reference with its own
+    `evaluate({symbol: column})` (a chain evaluated node by node, passes/simplify.py)."""
     with np.errstate(all="ignore"):
-        out = np.asarray(numpy_function(symbols, expr)(*points), dtype=np.complex128)
+        if hasattr(expr, "evaluate"):
+            out = expr.evaluate(dict(zip(symbols, points)))
+        else:
+            out = numpy_function(symbols, expr)(*points)
+        out = np.asarray(out, dtype=np.complex128)
     return np.broadcast_to(out, points[0].shape)
 
 
@@ -244,10 +250,16 @@ def _in_terms_of_output(expr: sympy.Expr, partial: sympy.Expr) -> sympy.Expr | N
     """
     x = ARGS[0]
     candidates = [sympy.diff(expr, x).subs(expr, OUT)]
-    try:
-        inverses = sympy.solve(sympy.Eq(OUT, expr), x)
-    except (NotImplementedError, ValueError, TypeError):
-        inverses = []
+    inverses = []
+    # sympy.solve inverts an expression that reads x once by peeling one function at a time
+    # (sigmoid, tanh, exp: milliseconds); where x occurs more than once (GELU's tanh form,
+    # x*(1 + tanh(c*(x + k*x**3)))/2) the inverse is rarely closed-form and solve can search
+    # for minutes. Such ops keep their derivative in x.
+    if sum(1 for atom in sympy.preorder_traversal(expr) if atom == x) == 1:
+        try:
+            inverses = sympy.solve(sympy.Eq(OUT, expr), x)
+        except (NotImplementedError, ValueError, TypeError):
+            pass
     for inverse in inverses:
         try:
             at = partial.subs(x, inverse)
@@ -290,6 +302,11 @@ def _in_terms_of_output(expr: sympy.Expr, partial: sympy.Expr) -> sympy.Expr | N
     return best
 
 
+# sympy.simplify's time grows steeply with its input (GELU's tanh form, 41 operations, took
+# minutes in trigsimp); a larger derivative keeps sympy.diff's form, which is correct as it is.
+MAX_SIMPLIFY_OPS = 24
+
+
 @lru_cache(maxsize=None)
 def partial_derivative(op_name: str, i: int) -> sympy.Expr:
     """d op / d x_i as a sympy expression over ARGS and OUT, cached per op."""
@@ -319,7 +336,7 @@ def _derive(op: OpDef, i: int) -> sympy.Expr:
     partial = _torch_masks(partial)
     if partial.has(sympy.Piecewise, sympy.sign):
         partial = sympy.piecewise_fold(partial)
-    elif _cost(partial) > 0:
+    elif _cost(partial) > 0 and sympy.count_ops(partial) <= MAX_SIMPLIFY_OPS:
         simplified = sympy.simplify(partial)
         partial = simplified if stays_finite(simplified, partial) else partial
     # Kinked ops (relu, abs, max) keep their masks in x: there is nothing to gain.

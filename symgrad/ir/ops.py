@@ -9,11 +9,13 @@ from __future__ import annotations
 
 import numpy as np
 import sympy
+from sympy.codegen.cfunctions import log1p
 
 from . import dtypes as D
 from . import shapes as S
 from .elementwise import ARGS, define
 from .registry import CUSTOM, MATMUL, MOVEMENT, REDUCE, SOURCE, OpDef, register
+from .rounding import round_half_even, trunc
 
 x0, x1, x2 = ARGS[:3]
 
@@ -42,6 +44,48 @@ define("tanh", sympy.tanh(x0), 1, "float")
 define("sigmoid", 1 / (1 + sympy.exp(-x0)), 1, "float", doc="1 / (1 + exp(-x))")
 define("sqrt", sympy.sqrt(x0), 1, "float")
 define("abs", sympy.Abs(x0), 1, doc="|x|; its derivative is sign(x), 0 at 0 as in torch")
+define("erf", sympy.erf(x0), 1, "float")
+define("log1p", log1p(x0), 1, "float", doc="log(1 + x), exact for tiny x")
+# torch's softplus: log(1 + exp(beta*x))/beta, and x itself where beta*x > threshold (x1 = beta,
+# x2 = threshold). As one Piecewise, the derivative's exp(beta*x)/(exp(beta*x) + 1) is only
+# evaluated below the threshold, where it cannot overflow.
+define("softplus", sympy.Piecewise((x0, x0 * x1 > x2), (log1p(sympy.exp(x0 * x1)) / x1, True)), 3, "float",
+       doc="softplus(x, beta, threshold): log(1 + exp(beta*x))/beta; x past the threshold")
+define("gelu", x0 / 2 * (1 + sympy.erf(x0 / sympy.sqrt(2))), 1, "float", doc="x * Phi(x), Phi the normal CDF")
+define("gelu_tanh", x0 / 2 * (1 + sympy.tanh(sympy.sqrt(2 / sympy.pi) * (x0 + sympy.Rational(44715, 10**6) * x0**3))),
+       1, "float", doc="GELU's tanh approximation, as torch's gelu(approximate='tanh')")
+
+
+def _zero_vjp(node, g, wants):
+    """A zero gradient of the operand's shape, as torch's zeros_like(grad) for the steps: not
+    "no gradient", because torch goes on through the chain rule with it (0 * inf = NaN upstream)."""
+    F = _F()
+    return [F.broadcast_to(F.constant(0, x.dtype), x.shape) if want else None
+            for x, want in zip(node.inputs, wants)]
+
+
+define("sign", sympy.sign(x0), 1, vjp=_zero_vjp, doc="-1, 0 or 1; 0 at NaN, as torch.sign")
+define("floor", sympy.floor(x0), 1, vjp=_zero_vjp)
+define("ceil", sympy.ceiling(x0), 1, vjp=_zero_vjp)
+define("trunc", trunc(x0), 1, vjp=_zero_vjp, doc="rounding toward zero")
+define("round", round_half_even(x0), 1, vjp=_zero_vjp, doc="rounding to nearest, ties to even")
+
+
+def _clip_vjp(node, g, wants):
+    """torch's clamp backward: to x where lo <= x <= hi (0 at NaN), to lo where x < lo < hi, to hi
+    where x > hi or hi < lo. (sympy's derivative of the Piecewise would pass a NaN x's cotangent.)"""
+    F = _F()
+    x, lo, hi = node.inputs
+    inside = F.where(F.greater_equal(x, lo), F.where(F.less_equal(x, hi), g, 0.0), 0.0)
+    below = F.where(F.less(x, lo), F.where(F.less(lo, hi), g, 0.0), 0.0)
+    above = F.where(F.greater(x, hi), g, F.where(F.less(hi, lo), g, 0.0))
+    return [grad if want else None for grad, want in zip((inside, below, above), wants)]
+
+
+# torch.clamp: NaN where x is NaN (every comparison of it is false), else min(max(x, lo), hi),
+# so hi wins where lo > hi.
+define("clip", sympy.Piecewise((x2, sympy.Or(x0 > x2, sympy.And(x0 < x1, x1 > x2))), (x1, x0 < x1), (x0, True)),
+       3, vjp=_clip_vjp, doc="clip(x, lo, hi): torch.clamp")
 # relu as a Piecewise tested by x <= 0, so a NaN (which compares false) passes through as in
 # torch, and the derivative is 0 at 0 and 1 at NaN (torch's threshold_backward).
 define("relu", sympy.Piecewise((0, x0 <= 0), (x0, True)), 1, doc="max(x, 0); NaN stays NaN")

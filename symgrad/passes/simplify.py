@@ -33,7 +33,7 @@ import sympy
 from ..ir import dtypes as D
 from ..ir import shapes as S
 from ..ir import sympy_memo
-from ..ir.elementwise import ARGS, derived_op, keeps_special_values, stays_finite
+from ..ir.elementwise import ARGS, derived_op, keeps_special_values, numpy_function, stays_finite
 from ..ir.graph import Graph
 from ..ir.registry import ELEMENTWISE, REDUCE, lookup
 from ..ir.value import Value, make
@@ -364,12 +364,63 @@ def _candidates(expr: sympy.Expr) -> list:
     return out
 
 
+@functools.lru_cache(maxsize=None)
+def _op_function(name: str):
+    """Op `name`'s expression as a NumPy function of its operands (ops are immutable by name)."""
+    op = lookup(name)
+    return numpy_function(ARGS[:op.arity], op.expr)
+
+
+class _NodeByNode:
+    """A chain as its nodes compute it, one op after another: the reference its composed forms
+    are checked against. (sympy's unevaluated constructors cannot stand in: nested Piecewise
+    recurse without end when built unevaluated.)
+
+    `tree` is a leaf (a symbol, or an inlined number, possibly of Dims) or (op name, operand trees).
+    """
+
+    def __init__(self, tree):
+        self.tree = tree
+        self.key = repr(self._describe(tree))
+        self.free_symbols = set()
+        stack = [tree]
+        while stack:
+            t = stack.pop()
+            if isinstance(t, sympy.Basic):
+                self.free_symbols |= t.free_symbols
+            else:
+                stack.extend(t[1])
+
+    def __eq__(self, other):  # by what it computes: _cheapest's in-process memo finds repeats
+        return isinstance(other, _NodeByNode) and other.key == self.key
+
+    def __hash__(self):
+        return hash(self.key)
+
+    @classmethod
+    def _describe(cls, tree):
+        return sympy.srepr(tree) if isinstance(tree, sympy.Basic) else (tree[0], *map(cls._describe, tree[1]))
+
+    def evaluate(self, values: dict):
+        """The chain at operand arrays `values` (symbol -> array), in float64."""
+        def run(tree):
+            if isinstance(tree, sympy.Basic):
+                if tree in values:
+                    return values[tree]
+                if not tree.free_symbols:
+                    return float(tree)
+                symbols = sorted(tree.free_symbols, key=lambda s: s.name)
+                return numpy_function(symbols, tree)(*(values[s] for s in symbols))
+            return _op_function(tree[0])(*map(run, tree[1]))
+        return run(self.tree)
+
+
 @functools.lru_cache(maxsize=4096)
-def _cheapest(expr: sympy.Expr, exact: sympy.Expr, assume_finite: bool) -> sympy.Expr | None:
+def _cheapest(expr: sympy.Expr, exact: _NodeByNode, assume_finite: bool) -> sympy.Expr | None:
     """The cheapest of `_candidates(expr)` that computes what the chain computes, or None.
 
     `expr` is the chain composed by sympy's evaluating constructors, `exact` the same chain
-    composed unevaluated (node for node, as the graph computes it). sympy's evaluation is
+    node by node, as the graph computes it. sympy's evaluation is
     real algebra, exact for finite operands only (x - (x - x) -> x, exp(log(x)) -> x), so
     every form, `expr` included, must keep `exact`'s NaNs and infinities
     (`keeps_special_values`) unless the user assumed finite operands, and must overflow
@@ -382,7 +433,7 @@ def _cheapest(expr: sympy.Expr, exact: sympy.Expr, assume_finite: bool) -> sympy
     milliseconds each; a fresh process reads earlier results from the on-disk memo, which
     keeps warm compiles fast.
     """
-    key = f"{sympy.srepr(exact)}|{assume_finite}"
+    key = f"{exact.key}|{assume_finite}"
     known = sympy_memo.lookup("cheapest", __file__, key)
     if known is not None:
         return None if known == sympy.S.NaN else known
@@ -429,8 +480,8 @@ class _Chain:
         return self.symbols[id(v)]
 
     def _compose(self, root: Value, inner):
-        """The chain's expression over its leaves, evaluated and unevaluated (what the nodes
-        compute, step by step); (None, None) once its cost passes MAX_CHAIN_OPS.
+        """The chain's expression over its leaves, and the chain node by node (`_NodeByNode`);
+        (None, None) once its cost passes MAX_CHAIN_OPS.
 
         An iterative post-order walk, inputs left to right, so that the leaves are numbered
         l0, l1, ... in the order they are first read (the key of `_cheapest`'s memo). The chain is
@@ -456,10 +507,9 @@ class _Chain:
                 args = composed[first:]
                 del composed[first:]
                 evaluated = v.op.expr.xreplace(dict(zip(ARGS, (a for a, _ in args))))
-                with sympy.evaluate(False):
-                    exact = v.op.expr.xreplace(dict(zip(ARGS, (e for _, e in args))))
-                composed.append((evaluated, exact))
-        return composed[0]
+                composed.append((evaluated, (v.op.name, tuple(tree for _, tree in args))))
+        expr, tree = composed[0]
+        return expr, _NodeByNode(tree)
 
 
 def _extract_dims(expr: sympy.Expr, chain: "_Chain") -> sympy.Expr:

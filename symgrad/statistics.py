@@ -1,0 +1,46 @@
+"""Statistics along axes as torch computes them: var, std (with `correction=`) and logsumexp.
+
+Composites of sum, max and pointwise ops, so their gradients follow from their parts.
+"""
+
+from __future__ import annotations
+
+import sympy
+
+from . import functional as F
+from .ir import shapes as S
+from .ir.value import Value
+
+__all__ = ["var", "std", "logsumexp"]
+
+
+def var(x, axis=None, correction: int = 1, keepdims: bool = False) -> Value:
+    """The variance over `axis` (None: all), divided by N - correction (torch.var; correction=1,
+    the unbiased estimate, is torch's default). N - correction <= 0 gives inf or NaN, as in torch."""
+    x = F._value(x, "var")
+    axes = S.normalize_axes(axis, x.ndim, "var")
+    count = S.numel([x.shape[a] for a in axes])
+    divisor = count - correction
+    if isinstance(divisor, sympy.Basic) and divisor.is_number:
+        divisor = sympy.Max(divisor, 0)  # torch clamps the degrees of freedom at 0
+    centred = x - F.mean(x, axis=axes, keepdims=True)
+    squares = F.sum(centred * centred, axis=axes, keepdims=keepdims)
+    return squares * F.constant(F.ieee_ratio(1, divisor), squares.dtype)
+
+
+def std(x, axis=None, correction: int = 1, keepdims: bool = False) -> Value:
+    """sqrt(var(x, axis, correction)), as torch.std."""
+    return F.sqrt(var(x, axis=axis, correction=correction, keepdims=keepdims))
+
+
+def logsumexp(x, axis=None, keepdims: bool = False) -> Value:
+    """log(sum(exp(x))) over `axis`, computed stably (torch.logsumexp): shifted by the max,
+    which is taken as 0 where it is infinite, so a row of -inf gives -inf and one +inf gives inf."""
+    x = F._value(x, "logsumexp")
+    axes = S.normalize_axes(axis, x.ndim, "logsumexp")
+    if any(x.shape[a] == 0 for a in axes):  # nothing to shift by: log(0) = -inf, as torch
+        return F.log(F.sum(F.exp(x), axis=axes, keepdims=keepdims))
+    peak = F.stop_gradient(F.max(x, axis=axes, keepdims=True))
+    shift = F.where(F.equal(F.abs(peak), float("inf")), 0.0, peak)
+    total = F.log(F.sum(F.exp(x - shift), axis=axes, keepdims=True)) + shift
+    return total if keepdims else F.squeeze(total, axis=axes)

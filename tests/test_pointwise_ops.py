@@ -1,0 +1,155 @@
+"""erf, log1p, softplus, gelu, sign, rounding, clip, var, std, logsumexp against torch.
+
+Every function is an output of one graph per backend (one C build), evaluated in
+float64 at ordinary and special values (+-0, +-inf, NaN, ties of rounding), and
+so is its gradient (of sum(f(x) * cot)); finite differences check the
+differentiable ones at smooth points.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import sympy
+import torch
+
+import symgrad as sg
+from symgrad.ir.elementwise import partial_derivative
+
+NAN, INF = float("nan"), float("inf")
+X = np.array([-INF, -30.0, -2.5, -1.5, -0.5, -0.0, 0.0, 0.3, 0.5, 1.5, 2.5, 25.0, INF, NAN])
+M = np.random.default_rng(3).standard_normal((3, 5))
+ROWS = np.array([[1.0, 2.0, 3.0, 4.0], [-INF, -INF, -INF, -INF], [0.0, INF, 1.0, 2.0], [1.0, NAN, 0.0, 0.0]])
+
+# name -> (symgrad on a graph value, torch on a tensor)
+POINTWISE = {
+    "erf": (sg.erf, torch.erf),
+    "log1p": (sg.log1p, torch.log1p),
+    "softplus": (sg.softplus, torch.nn.functional.softplus),
+    "softplus_beta": (lambda x: sg.softplus(x, beta=2.0, threshold=5.0),
+                      lambda x: torch.nn.functional.softplus(x, beta=2.0, threshold=5.0)),
+    "gelu": (sg.gelu, torch.nn.functional.gelu),
+    "gelu_tanh": (lambda x: sg.gelu(x, approximate="tanh"),
+                  lambda x: torch.nn.functional.gelu(x, approximate="tanh")),
+    "sign": (sg.sign, torch.sign),
+    "floor": (sg.floor, torch.floor),
+    "ceil": (sg.ceil, torch.ceil),
+    "round": (sg.round, torch.round),
+    "trunc": (sg.trunc, torch.trunc),
+    "clip": (lambda x: sg.clip(x, -1.5, 2.0), lambda x: torch.clamp(x, -1.5, 2.0)),
+    "clip_min": (lambda x: sg.clip(x, min=0.3), lambda x: torch.clamp(x, min=0.3)),
+    "clip_crossed": (lambda x: sg.clip(x, 1.0, -1.0), lambda x: torch.clamp(x, 1.0, -1.0)),
+}
+# name -> (symgrad, torch) on a matrix, along axes
+STATISTICS = {
+    "var": (lambda m: sg.var(m, axis=1), lambda m: torch.var(m, dim=1)),
+    "var_all_biased": (lambda m: sg.var(m, correction=0), lambda m: torch.var(m, correction=0)),
+    "std_keep": (lambda m: sg.std(m, axis=0, keepdims=True), lambda m: torch.std(m, dim=0, keepdim=True)),
+    "logsumexp": (lambda m: sg.logsumexp(m, axis=1), lambda m: torch.logsumexp(m, dim=1)),
+    "logsumexp_all": (lambda m: sg.logsumexp(m), lambda m: torch.logsumexp(m, dim=(0, 1))),
+}
+STAT_INPUTS = {"logsumexp": ROWS}  # special rows: a -inf row, a +inf, a NaN
+
+
+def _graph(backend):
+    x = sg.input("x", (len(X),), dtype="float64")
+    m = sg.input("m", M.shape, dtype="float64")
+    rows = sg.input("rows", ROWS.shape, dtype="float64")
+    outs = []
+    for fn, _ in POINTWISE.values():
+        y = fn(x)
+        outs += [y, *sg.grad(sg.sum(y * 0.75), [x])]
+    for name, (fn, _) in STATISTICS.items():
+        source = rows if name in STAT_INPUTS else m
+        y = fn(source)
+        outs += [y, *sg.grad(sg.sum(y * 0.75), [source])]
+    return sg.function([x, m, rows], outs, backend=backend)
+
+
+@pytest.fixture(scope="module")
+def results():
+    cache = {}
+
+    def get(backend):
+        if backend not in cache:
+            cache[backend] = iter(_graph(backend)(X, M, ROWS))
+            cache[backend] = list(cache[backend])
+        return cache[backend]
+    return get
+
+
+def _torch(fn, values):
+    t = torch.tensor(values, requires_grad=True)
+    y = fn(t)
+    (g,) = torch.autograd.grad((y * 0.75).sum(), [t])
+    return y.detach().numpy(), g.numpy()
+
+
+def _cases():
+    for name, (_, fn) in POINTWISE.items():
+        yield name, fn, X
+    for name, (_, fn) in STATISTICS.items():
+        yield name, fn, STAT_INPUTS.get(name, M)
+
+
+@pytest.mark.parametrize("k, name", list(enumerate(name for name, _, _ in _cases())))
+def test_values_and_gradients_match_torch(results, backend, k, name):
+    _, fn, values = list(_cases())[k]
+    got_value, got_grad = results(backend)[2 * k: 2 * k + 2]
+    want_value, want_grad = _torch(fn, values)
+    np.testing.assert_allclose(got_value, want_value, rtol=1e-12, atol=1e-12, equal_nan=True, err_msg=f"{name} value")
+    np.testing.assert_allclose(got_grad, want_grad, rtol=1e-10, atol=1e-12, equal_nan=True, err_msg=f"{name} grad")
+
+
+def test_rounding_ties_go_to_even_and_signed_zeros_stay(results, backend):
+    rounded = dict(zip(POINTWISE, results(backend)[0::2]))["round"]
+    assert rounded[X == 0.5] == 0.0 and rounded[X == 1.5] == 2.0 and rounded[X == 2.5] == 2.0
+    trunc = dict(zip(POINTWISE, results(backend)[0::2]))["trunc"]
+    assert np.signbit(trunc[X == -0.5]).all()  # trunc(-0.5) = -0.0, as torch
+
+
+@pytest.mark.parametrize("name", ["erf", "log1p", "softplus", "gelu", "gelu_tanh", "clip"])
+def test_gradients_match_finite_differences(name):
+    fn = POINTWISE[name][0]
+    sg.gradcheck(lambda x: fn(x), [np.array([-2.1, -0.7, 0.2, 0.9, 1.7])])
+
+
+def test_statistics_match_finite_differences():
+    sg.gradcheck(lambda m: sg.std(m, axis=1) + sg.logsumexp(m, axis=1), [M])
+
+
+def test_integer_inputs_round_to_themselves_and_clip_as_integers():
+    i = sg.input("i", (4,), dtype="int32")
+    f = sg.function([i], [sg.floor(i), sg.round(i), sg.clip(i, 0, 2), sg.sign(i)], backend="numpy")
+    values = np.array([-3, 0, 1, 7], np.int32)
+    floor, rounded, clipped, sign = f(values)
+    assert floor.dtype == np.int32 and (floor == values).all() and (rounded == values).all()
+    np.testing.assert_array_equal(clipped, torch.clamp(torch.tensor(values), 0, 2).numpy())
+    np.testing.assert_array_equal(sign, torch.sign(torch.tensor(values)).numpy())
+
+
+def test_bad_arguments_are_refused_with_the_op_named():
+    x = sg.input("x", (3,))
+    with pytest.raises(ValueError, match="gelu: approximate must be 'none' or 'tanh', got 'fast'"):
+        sg.gelu(x, approximate="fast")
+    with pytest.raises(ValueError, match="clip: give min, max or both"):
+        sg.clip(x)
+    with pytest.raises(ValueError, match="softplus: beta must be positive"):
+        sg.softplus(x, beta=0.0)
+    with pytest.raises(TypeError, match="erf: argument x must be a graph value"):
+        sg.erf(np.ones(3))
+
+
+def test_a_user_op_with_a_hard_inverse_gets_its_derivative_at_once():
+    """GELU's tanh form written by a user: sympy.solve (inverting it) and sympy.simplify (of its
+    41-operation derivative) each ran for minutes; both are bounded, and the plain derivative
+    is used, which matches torch."""
+    c = sympy.sqrt(2 / sympy.pi)
+    user_gelu = sg.elementwise("user_gelu_tanh", lambda x: x / 2 * (1 + sympy.tanh(c * (x + sympy.Rational(44715, 10**6) * x**3))))
+    x = sg.input("x", (5,), dtype="float64")
+    (g,) = sg.grad(sg.sum(user_gelu(x)), [x])
+    op = user_gelu(x).op
+    assert str(partial_derivative(op.name, 0)) == str(sympy.diff(op.expr, sympy.Symbol("x0", real=True)))
+    values = np.array([-2.0, -0.5, 0.0, 0.5, 2.0])
+    _, want = _torch(lambda t: torch.nn.functional.gelu(t, approximate="tanh"), values)
+    np.testing.assert_allclose(sg.function([x], g)(values), want / 0.75, rtol=1e-12)
