@@ -17,7 +17,8 @@ from .functional import (abs, argmax, broadcast_to, cast, constant, cos, cross_e
                          log_softmax, matmul, max, maximum, mean, minimum, mse_loss, nll_loss,
                          not_equal, one_hot, relu, reshape, sigmoid, sin, softmax, sqrt, squeeze,
                          stop_gradient, sum, tanh, transpose, where)
-from .pointwise import ceil, clip, erf, floor, gelu, log1p, round, sign, softplus, trunc
+from .pointwise import ceil, clip, erf, floor, gelu, log1p, masked_fill, round, sign, softplus, trunc
+from .nn.functional import layer_norm
 from .statistics import logsumexp, std, var
 from .ir.graph import Graph
 from .ir.printing import backward_chain, print_graph
@@ -35,6 +36,6 @@ __all__ = [
     "maximum", "mean", "minimum", "mse_loss", "nll_loss", "not_equal", "one_hot", "relu",
     "reshape", "sigmoid", "sin", "softmax", "sqrt", "squeeze", "stop_gradient", "sum", "tanh",
     "transpose", "where", "erf", "log1p", "softplus", "gelu", "sign", "floor", "ceil", "round",
-    "trunc", "clip", "var", "std", "logsumexp", "__version__",
+    "trunc", "clip", "masked_fill", "layer_norm", "var", "std", "logsumexp", "__version__",
     "nn", "random", "gradcheck", "GradcheckError",
 ]

@@ -356,7 +356,7 @@ class TrainStep(Compiled):
     `step(**batch)` neither reads nor clears the buffers.
     """
 
-    def __init__(self, graph: Graph, backend: str, params: list[Value], optimizer=None, grads=None,
+    def __init__(self, graph: Graph, backend: str, params: list[Value], update_rule=None, grads=None,
                  predict=None, effects_pairs=(), **options):
         _check_no_gradient_buffer_names(graph.variables, params, "train_step")
         super().__init__(graph, backend, **options)
@@ -364,7 +364,8 @@ class TrainStep(Compiled):
         self.state = VariableView(self, [v.name for v in graph.variables
                                          if v.attrs["role"] != "param"])
         self._options = options
-        self._param_values, self._optimizer, self._grads = list(params), optimizer, grads
+        # update_rule(params, grads) -> update pairs: the optimizer, with clipping and groups
+        self._param_values, self._update_rule, self._grads = list(params), update_rule, grads
         self._effects = list(effects_pairs)
         self._predict = predict
         self._input_names = [v.name for v in graph.inputs]
@@ -402,10 +403,10 @@ class TrainStep(Compiled):
             sums = [(b, b + g) for b, g in zip(self._gradient_buffers(), self._grads)]
             return Graph(self.graph.inputs, [loss], effects.merge(sums, self._effects))
         if kind == "apply":
-            if self._optimizer is None:
+            if self._update_rule is None:
                 raise RuntimeError("apply: this step was not built by sg.train_step")
             buffers = self._gradient_buffers()
-            updates = self._optimizer.updates(self._param_values, buffers)
+            updates = self._update_rule(self._param_values, buffers)
             zeros = [(b, F.broadcast_to(F.constant(0, b.dtype), b.shape)) for b in buffers]
             return Graph([], [], effects.merge(updates, zeros))
         if kind == "predict":
@@ -539,19 +540,40 @@ def function(inputs, outputs, backend: str = "numpy", **options) -> CompiledFunc
     return CompiledFunction(Graph(inputs, outs, effects.collect(outs)), backend, single, **options)
 
 
-def _as_param_list(params) -> list[Value]:
+def _param_groups(params) -> tuple[list[Value], list[dict]]:
+    """The parameters, and per parameter its group's optimizer options ({} outside groups).
+
+    `params` is a list of sg.param values (or a name -> param mapping, as named_parameters()
+    gives), or torch's parameter groups: a list of dicts, each with "params" and options.
+    """
     if isinstance(params, Mapping):
         params = list(params.values())
-    params = list(params)
-    for k, p in enumerate(params):
+    params, flat, options = list(params), [], []
+    for k, entry in enumerate(params):
+        if isinstance(entry, Mapping):
+            if "params" not in entry:
+                raise TypeError(f"train_step: parameter group {k} has no 'params' entry")
+            members = entry["params"]
+            members = list(members.values()) if isinstance(members, Mapping) else list(members)
+            group = {key: value for key, value in entry.items() if key != "params"}
+            flat += members
+            options += [group] * len(members)
+        else:
+            flat.append(entry)
+            options.append({})
+    for k, p in enumerate(flat):
         if not isinstance(p, Value) or p.op.name != "variable" or p.attrs["role"] != "param":
             raise TypeError(f"train_step: params[{k}] must be an sg.param, got {p!r}")
         if not D.is_float(p.dtype):
             raise TypeError(f"train_step: param {p.name!r} is {p.dtype}; only float params train")
-    return params
+    repeated = sorted({p.name for p in flat if sum(q is p for q in flat) > 1})
+    if repeated:
+        raise ValueError(f"train_step: parameters {repeated} appear more than once (in two groups?)")
+    return flat, options
 
 
-def train_step(loss: Value, params, optimizer, backend: str = "numpy", predict=None, **options) -> TrainStep:
+def train_step(loss: Value, params, optimizer, backend: str = "numpy", predict=None,
+               clip_grad_norm: float | None = None, **options) -> TrainStep:
     """Compile forward, backward and the optimizer's update into one call.
 
     `step(**batch)` runs it on arrays given by input name and returns the
@@ -561,26 +583,41 @@ def train_step(loss: Value, params, optimizer, backend: str = "numpy", predict=N
     `predict=` names the value (or list of values) that `step.predict(**inputs)`
     computes, typically the model's output built in eval mode; see TrainStep
     for `accumulate` / `apply`.
+
+    params: sg.param values, or torch's parameter groups (dicts with "params" and the
+    optimizer options that differ for them, such as {"weight_decay": 0.0}).
+    clip_grad_norm: the max_norm of torch.nn.utils.clip_grad_norm_, applied to the gradients
+    inside the step (and to the buffers in apply()); a runtime hyperparameter,
+    `step.state["clip_grad_norm"]`.
     """
     from . import effects
     from .autodiff import grad
+    from .optim import clip
 
     if not isinstance(loss, Value) or loss.shape != () or not D.is_float(loss.dtype):
         raise ValueError(f"train_step: loss must be a float scalar value, got {loss!r}")
-    params = _as_param_list(params)
+    params, group_options = _param_groups(params)
     if predict is not None:
         outs = [predict] if isinstance(predict, Value) else list(predict)
         for k, v in enumerate(outs):
             if not isinstance(v, Value):
                 raise TypeError(f"train_step: predict[{k}] must be a graph value, got {type(v).__name__}")
+    max_norm = None if clip_grad_norm is None else clip.max_norm_variable(clip_grad_norm)
+
+    def update_rule(params: list[Value], grads: list[Value]) -> list:
+        """The optimizer's updates from these gradients, clipped first (the step's and apply()'s)."""
+        if max_norm is not None:
+            grads = clip.clip_grad_norm(grads, max_norm)
+        return optimizer.updates(params, grads, group_options)
+
     start = time.perf_counter()
     grads = grad(loss, params)
     layer_updates = effects.collect([loss])
-    updates = effects.merge(optimizer.updates(params, grads), layer_updates)
+    updates = effects.merge(update_rule(params, grads), layer_updates)
     graph = Graph(collect_inputs([loss]), [loss], updates)
     graph.nodes  # noqa: B018 -- the topological sort belongs to graph building in the report's timings
     built = time.perf_counter() - start
-    step = TrainStep(graph, backend, params, optimizer=optimizer, grads=grads, predict=predict,
+    step = TrainStep(graph, backend, params, update_rule=update_rule, grads=grads, predict=predict,
                      effects_pairs=layer_updates, **options)
     step.timings = {"graph": built}  # autodiff + optimizer graph, for report()
     return step

@@ -1,4 +1,5 @@
-"""Pointwise functions beyond arithmetic: erf, log1p, softplus, GELU, sign, rounding, clip.
+"""Pointwise functions beyond arithmetic: erf, log1p, softplus, GELU, sign, rounding, clip,
+masked_fill.
 
 Each is one elementwise op (symgrad/ir/ops.py), so its derivative comes from
 sympy and it fuses into the kernels around it. Arguments and results follow
@@ -10,11 +11,11 @@ from __future__ import annotations
 
 import numpy as np
 
-from .functional import _lift, _unary, _value, apply_elementwise, constant
+from .functional import _lift, _unary, _value, apply_elementwise, constant, where
 from .ir import dtypes as D
 from .ir.value import Value
 
-__all__ = ["erf", "log1p", "softplus", "gelu", "sign", "floor", "ceil", "round", "trunc", "clip"]
+__all__ = ["erf", "log1p", "softplus", "gelu", "sign", "floor", "ceil", "round", "trunc", "clip", "masked_fill"]
 
 erf, log1p, sign = (_unary(n) for n in ("erf", "log1p", "sign"))
 
@@ -70,3 +71,17 @@ def clip(x, min=None, max=None) -> Value:
         return constant(int(info.min if extreme == "-" else info.max), x.dtype)
 
     return apply_elementwise("clip", (x, bound(min, "-"), bound(max, "+")))
+
+
+def masked_fill(x, mask, value) -> Value:
+    """x with `value` where the bool `mask` (broadcast to x's shape) holds, as torch's masked_fill:
+    a causal mask of -inf gives exact zeros after softmax. The gradient to x is 0 where filled."""
+    x = _value(x, "masked_fill")
+    mask = _value(mask, "masked_fill", "mask")
+    if mask.dtype != "bool":
+        raise TypeError(f"masked_fill: mask must be bool, got {mask.dtype} {mask.type_str}")
+    filled = where(mask, value, x)
+    if tuple(filled.shape) != tuple(x.shape):
+        raise ValueError(f"masked_fill: mask {mask.type_str} must broadcast to the input {x.type_str}, "
+                         f"not widen it to {list(filled.shape)}")
+    return filled

@@ -1,8 +1,9 @@
 """`sg.nn`: modules and layer functions in PyTorch's shapes and names, building graph code."""
 
 from . import functional
-from .layers import BatchNorm1d, Dropout, Identity, Linear, ReLU, Sequential, Sigmoid, Tanh
+from .containers import ModuleDict, ModuleList, Sequential
+from .layers import GELU, BatchNorm1d, Dropout, Flatten, Identity, LayerNorm, Linear, ReLU, Sigmoid, Tanh
 from .module import Module
 
-__all__ = ["Module", "Linear", "ReLU", "Tanh", "Sigmoid", "Identity", "Sequential", "Dropout", "BatchNorm1d",
-           "functional"]
+__all__ = ["Module", "Linear", "ReLU", "Tanh", "Sigmoid", "GELU", "Identity", "Sequential", "ModuleList",
+           "ModuleDict", "Dropout", "BatchNorm1d", "LayerNorm", "Flatten", "functional"]

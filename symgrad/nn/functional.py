@@ -18,9 +18,10 @@ from ..functional import (cross_entropy, log_softmax, mse_loss, nll_loss, relu, 
 from ..ir import dtypes as D
 from ..ir import shapes as S
 from ..ir.value import Value
+from ..pointwise import gelu  # noqa: F401  (torch.nn.functional.gelu)
 from ..random import Generator, default_generator
 
-__all__ = ["linear", "dropout", "batch_norm", "cross_entropy", "nll_loss", "mse_loss", "relu", "tanh",
+__all__ = ["linear", "dropout", "batch_norm", "layer_norm", "gelu", "cross_entropy", "nll_loss", "mse_loss", "relu", "tanh",
            "sigmoid", "softmax", "log_softmax"]
 
 
@@ -109,4 +110,23 @@ def batch_norm(x: Value, running_mean: Value | None, running_var: Value | None, 
         new_mean = (1 - momentum) * running_mean + momentum * F.cast(F.stop_gradient(mean), running_mean.dtype)
         new_var = (1 - momentum) * running_var + momentum * F.cast(F.stop_gradient(unbiased), running_var.dtype)
         effects.attach(y, [(running_mean, new_mean), (running_var, new_var)])
+    return y
+
+
+def layer_norm(x: Value, normalized_shape, weight: Value | None = None, bias: Value | None = None,
+               eps: float = 1e-5) -> Value:
+    """(x - mean) / sqrt(var + eps) * weight + bias over the last len(normalized_shape) axes, the
+    variance biased, as torch.nn.functional.layer_norm."""
+    shape = (normalized_shape,) if isinstance(normalized_shape, int) else tuple(normalized_shape)
+    if tuple(x.shape[x.ndim - len(shape):]) != shape or len(shape) > x.ndim:
+        raise ValueError(f"layer_norm: normalized_shape {list(shape)} is not the trailing shape of the input "
+                         f"{x.type_str}")
+    axes = tuple(range(x.ndim - len(shape), x.ndim))
+    centred = x - F.mean(x, axis=axes, keepdims=True)
+    var = F.mean(centred * centred, axis=axes, keepdims=True)
+    y = centred / F.sqrt(var + eps)
+    if weight is not None:
+        y = y * weight
+    if bias is not None:
+        y = y + bias
     return y

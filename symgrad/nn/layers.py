@@ -1,15 +1,15 @@
-"""The layers: Linear, activations, Sequential, Dropout, BatchNorm1d (torch.nn's defaults)."""
+"""The layers: Linear, activations, Dropout, BatchNorm1d, LayerNorm, Flatten (torch.nn's defaults)."""
 
 from __future__ import annotations
 
 import math
-from collections import OrderedDict
-
 import numpy as np
 
 from .. import effects
 from .. import functional as F
+from .. import pointwise
 from .. import sources
+from ..ir import shapes as S
 from ..ir import dtypes as D
 from ..ir.value import Value
 from ..random import Generator
@@ -95,35 +95,6 @@ class Identity(Module):
         return x
 
 
-class Sequential(Module):
-    """Modules applied in order; children are named "0", "1", ... (or by an OrderedDict's keys)."""
-
-    def __init__(self, *modules):
-        super().__init__()
-        if len(modules) == 1 and isinstance(modules[0], OrderedDict):
-            items = list(modules[0].items())
-        else:
-            items = [(str(k), m) for k, m in enumerate(modules)]
-        for name, module in items:
-            if not isinstance(module, Module):
-                raise TypeError(f"Sequential: item {name} is a {type(module).__name__}, not a Module")
-            self.add_module(name, module)
-
-    def forward(self, x: Value) -> Value:
-        for module in self._modules.values():
-            x = module(x)
-        return x
-
-    def __getitem__(self, index: int) -> Module:
-        return list(self._modules.values())[index]
-
-    def __len__(self) -> int:
-        return len(self._modules)
-
-    def __iter__(self):
-        return iter(self._modules.values())
-
-
 class Dropout(Module):
     """Zero each element with probability p in training mode, scale the rest by 1/(1-p); identity in eval.
 
@@ -181,3 +152,61 @@ class BatchNorm1d(Module):
 
     def extra_repr(self) -> str:
         return f"{self.num_features}, eps={self.eps}, momentum={self.momentum}, affine={self.affine}"
+
+
+class GELU(Module):
+    """x * Phi(x) (approximate="none") or its tanh approximation (approximate="tanh"), as torch.nn.GELU."""
+
+    def __init__(self, approximate: str = "none"):
+        super().__init__()
+        if approximate not in ("none", "tanh"):
+            raise ValueError(f"GELU: approximate must be 'none' or 'tanh', got {approximate!r}")
+        self.approximate = approximate
+
+    def forward(self, x: Value) -> Value:
+        return pointwise.gelu(x, self.approximate)
+
+    def extra_repr(self) -> str:
+        return f"approximate={self.approximate!r}"
+
+
+class LayerNorm(Module):
+    """torch.nn.LayerNorm: normalise over the last len(normalized_shape) axes with the biased
+    variance, then scale by `weight` (ones) and shift by `bias` (zeros)."""
+
+    def __init__(self, normalized_shape, eps: float = 1e-5, elementwise_affine: bool = True, bias: bool = True,
+                 dtype: str = "float32"):
+        super().__init__()
+        shape = (normalized_shape,) if isinstance(normalized_shape, int) else tuple(normalized_shape)
+        if not shape or any(not isinstance(n, int) or n < 1 for n in shape):
+            raise ValueError(f"LayerNorm: normalized_shape must be positive ints, got {normalized_shape!r}")
+        self.normalized_shape, self.eps, self.elementwise_affine = shape, eps, elementwise_affine
+        np_dtype = D.to_numpy(dtype)
+        self.weight = param("weight", shape, init=np.ones(shape, np_dtype), dtype=dtype) if elementwise_affine else None
+        self.bias = param("bias", shape, init=np.zeros(shape, np_dtype), dtype=dtype) \
+            if elementwise_affine and bias else None
+
+    def forward(self, x: Value) -> Value:
+        return NF.layer_norm(x, self.normalized_shape, self.weight, self.bias, self.eps)
+
+    def extra_repr(self) -> str:
+        return f"{self.normalized_shape}, eps={self.eps}, elementwise_affine={self.elementwise_affine}"
+
+
+class Flatten(Module):
+    """Axes start_dim..end_dim merged into one (torch.nn.Flatten: from axis 1 by default)."""
+
+    def __init__(self, start_dim: int = 1, end_dim: int = -1):
+        super().__init__()
+        self.start_dim, self.end_dim = start_dim, end_dim
+
+    def forward(self, x: Value) -> Value:
+        start, end = (S.normalize_axes(d, x.ndim, "Flatten")[0] for d in (self.start_dim, self.end_dim))
+        if start > end:
+            raise ValueError(f"Flatten: start_dim {self.start_dim} comes after end_dim {self.end_dim} "
+                             f"for an input {x.type_str}")
+        merged = S.numel(x.shape[start:end + 1])
+        return F.reshape(x, (*x.shape[:start], merged, *x.shape[end + 1:]))
+
+    def extra_repr(self) -> str:
+        return f"start_dim={self.start_dim}, end_dim={self.end_dim}"

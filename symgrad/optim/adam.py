@@ -31,11 +31,17 @@ class Adam(Optimizer):
             raise ValueError(f"Adam: eps and weight_decay must be non-negative, got {eps}, {weight_decay}")
         self.betas, self.eps, self.weight_decay = (float(beta1), float(beta2)), float(eps), float(weight_decay)
 
+    def l2_gradient(self, param: Value, grad: Value) -> Value:
+        """The gradient with Adam's L2 weight decay added (AdamW decays the parameter instead)."""
+        return grad + self.weight_decay * param if self.weight_decay else grad
+
+    def decayed(self, param: Value, lr: Value) -> Value:
+        """The parameter that the step moves: itself (AdamW decays it first)."""
+        return param
+
     def update(self, param: Value, grad: Value) -> Value:
         beta1, beta2 = self.betas
-        g = grad
-        if self.weight_decay:
-            g = g + self.weight_decay * param
+        g = self.l2_gradient(param, grad)
         t = self.state(param, "step", shape=(), dtype="float64")
         m = self.state(param, "exp_avg")
         v = self.state(param, "exp_avg_sq")
@@ -48,4 +54,4 @@ class Adam(Optimizer):
         lr = self.hyper("lr", self.lr, t_new)
         step_size = F.cast(lr / (1.0 - beta1 ** t_new), param.dtype)
         correction2 = F.cast(F.sqrt(1.0 - beta2 ** t_new), param.dtype)
-        return param - step_size * m_new / (F.sqrt(v_new) / correction2 + self.eps)
+        return self.decayed(param, lr) - step_size * m_new / (F.sqrt(v_new) / correction2 + self.eps)

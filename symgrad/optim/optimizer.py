@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 import math
 
 import numpy as np
@@ -54,9 +55,41 @@ class Optimizer:
         """The parameter's new value, as graph code; calls `assign` for any state."""
         raise NotImplementedError(f"{type(self).__name__} defines update(param, grad)")
 
-    def updates(self, params: list[Value], grads: list[Value]) -> list[tuple[Value, Value]]:
-        """All (variable, new value) pairs of one step, parameters first."""
+    def updates(self, params: list[Value], grads: list[Value], options: list[dict] | None = None
+                ) -> list[tuple[Value, Value]]:
+        """All (variable, new value) pairs of one step, parameters first.
+
+        options: per parameter, hyperparameters that differ from this optimizer's (its parameter
+        group's, as torch's `{"params": [...], "weight_decay": 0.0}`); see `for_group`.
+        """
         self._made: dict = {}
         self._pending = []
-        pairs = [(p, F.cast(self.update(p, g), p.dtype)) for p, g in zip(params, grads)]
+        pairs = []
+        for k, (p, g) in enumerate(zip(params, grads)):
+            rule = self.for_group(options[k]) if options and options[k] else self
+            pairs.append((p, F.cast(rule.update(p, g), p.dtype)))
         return pairs + self._pending
+
+    def hyperparameters(self) -> dict:
+        """The constructor's arguments as this optimizer holds them (by the constructor's names)."""
+        names = [n for n in inspect.signature(type(self).__init__).parameters if n != "self"]
+        return {name: getattr(self, name) for name in names}
+
+    def for_group(self, options: dict) -> "Optimizer":
+        """This optimizer with a parameter group's hyperparameters, sharing its state and variables.
+
+        The learning rate is one runtime variable for the whole step (`step.lr`), so a group
+        cannot set its own; any other constructor argument can be overridden, and is checked as
+        the constructor checks it.
+        """
+        known = self.hyperparameters()
+        if "lr" in options:
+            raise ValueError(f"{type(self).__name__}: a parameter group cannot set its own lr (one runtime "
+                             f"lr drives the step: step.lr); got lr={options['lr']!r}")
+        unknown = sorted(set(options) - set(known))
+        if unknown:
+            raise ValueError(f"{type(self).__name__}: unknown parameter-group option(s) {unknown}; "
+                             f"expected some of {sorted(set(known) - {'lr'})}")
+        variant = type(self)(**{**known, **options})
+        variant._made, variant._pending = self._made, self._pending  # one set of variables and updates
+        return variant
