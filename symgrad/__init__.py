@@ -20,6 +20,7 @@ from .functional import (abs, argmax, broadcast_to, cast, constant, cos, cross_e
 from .pointwise import ceil, clip, erf, floor, gelu, log1p, masked_fill, round, sign, softplus, trunc
 from .nn.functional import layer_norm
 from .statistics import logsumexp, std, var
+from .indices import arange, permute, swapaxes, tril, triu
 from .ir.graph import Graph
 from .ir.printing import backward_chain, print_graph
 from .ir.shapes import Dim
@@ -36,6 +37,7 @@ __all__ = [
     "maximum", "mean", "minimum", "mse_loss", "nll_loss", "not_equal", "one_hot", "relu",
     "reshape", "sigmoid", "sin", "softmax", "sqrt", "squeeze", "stop_gradient", "sum", "tanh",
     "transpose", "where", "erf", "log1p", "softplus", "gelu", "sign", "floor", "ceil", "round",
-    "trunc", "clip", "masked_fill", "layer_norm", "var", "std", "logsumexp", "__version__",
+    "trunc", "clip", "masked_fill", "layer_norm", "var", "std", "logsumexp", "arange", "tril", "triu", "permute",
+    "swapaxes", "__version__",
     "nn", "random", "gradcheck", "GradcheckError",
 ]
