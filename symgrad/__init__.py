@@ -6,7 +6,7 @@ compile forward, backward and update into one native call.
 
 from . import ir  # noqa: F401  (registers the ops before anything builds nodes)
 from . import optim
-from . import nn, random  # noqa: F401  (sg.nn, sg.random: layers and the counter-based generator)
+from . import distributed, nn, random  # noqa: F401  (sg.nn, sg.random: layers and the counter-based generator)
 from .autodiff import grad
 from .compiled import function, train_step
 from .backends.cuda import cuda_source  # the .cu text of a graph; needs no GPU
@@ -39,5 +39,5 @@ __all__ = [
     "transpose", "where", "erf", "log1p", "softplus", "gelu", "sign", "floor", "ceil", "round",
     "trunc", "clip", "masked_fill", "layer_norm", "var", "std", "logsumexp", "arange", "tril", "triu", "permute",
     "swapaxes", "__version__",
-    "nn", "random", "gradcheck", "GradcheckError",
+    "nn", "random", "distributed", "gradcheck", "GradcheckError",
 ]

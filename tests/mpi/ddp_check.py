@@ -1,0 +1,115 @@
+"""Run under `mpiexec -n 2`: the checks of tests/test_distributed.py, one mode per run.
+
+    mpiexec -n 2 python tests/mpi/ddp_check.py MODE BACKEND
+
+Rank 0 prints one line of JSON with what it measured; every assertion runs on
+every rank, so a failing check fails the run.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+import numpy as np
+from mpi4py import MPI
+
+import symgrad as sg
+from symgrad import nn
+
+COMM = MPI.COMM_WORLD
+RANK, SIZE = COMM.Get_rank(), COMM.Get_size()
+BATCH, STEPS = 8, 20
+RNG = np.random.default_rng(21)
+DATA = [(RNG.standard_normal((BATCH, 6)), RNG.integers(0, 4, BATCH)) for _ in range(STEPS)]
+
+
+def _model(dropout: bool = False):
+    sg.manual_seed(RANK + 1)  # different initial weights per rank: the broadcast must fix them
+    layers = [nn.Linear(6, 16), nn.GELU(), nn.Linear(16, 4)]
+    if dropout:
+        layers.insert(2, nn.Dropout(0.5))
+    return nn.Sequential(*layers).double()
+
+
+def _step(model, backend, distributed=True, timeout=120.0):
+    x = sg.input("x", (sg.Dim("B"), 6), dtype="float64")
+    y = sg.input("y", (sg.Dim("B"),), dtype="int64")
+    loss = sg.cross_entropy(model(x), y)
+    if distributed:
+        return sg.distributed.train_step(loss, model.parameters(), sg.optim.Adam(lr=1e-2), backend=backend,
+                                         timeout=timeout)
+    return sg.train_step(loss, model.parameters(), sg.optim.Adam(lr=1e-2), backend=backend)
+
+
+def _shard(xb, yb):
+    rows = BATCH // SIZE
+    return xb[RANK * rows:(RANK + 1) * rows], yb[RANK * rows:(RANK + 1) * rows]
+
+
+def _identical_across_ranks(step) -> bool:
+    mine = {name: step.params[name] for name in step.params}
+    theirs = COMM.bcast(mine, root=0)
+    return all(np.array_equal(mine[n], theirs[n]) for n in mine)
+
+
+def equivalence(backend):
+    step = _step(_model(), backend)
+    single = None
+    if RANK == 0:  # the same model, from rank 0's weights, on the whole batch in one process
+        model = _model()
+        model.load_state_dict(step.step.state_dict())
+        single = _step(model, backend, distributed=False)
+    worst_loss, worst_param = 0.0, 0.0
+    for xb, yb in DATA:
+        loss = step(**dict(zip("xy", _shard(xb, yb))))
+        assert _identical_across_ranks(step), "parameters differ across ranks"
+        if RANK == 0:
+            want = single(x=xb, y=yb)
+            worst_loss = max(worst_loss, abs(loss - want) / abs(want))
+            for name in single.params:
+                got, ref = step.params[name], single.params[name]
+                worst_param = max(worst_param, float(np.max(np.abs(got - ref) / (np.abs(ref) + 1e-300))))
+    return {"worst_loss_rel": worst_loss, "worst_param_rel": worst_param, "steps": STEPS}
+
+
+def dropout(backend):
+    step = _step(_model(dropout=True), backend)
+    seeds = COMM.allgather(int(step.state["rng.seed"]))
+    for xb, yb in DATA[:3]:
+        step(**dict(zip("xy", _shard(xb, yb))))
+        assert _identical_across_ranks(step)
+    return {"seeds": seeds}
+
+
+def refusal(backend):
+    step = _step(_model(), backend)
+    before = {n: step.params[n] for n in step.params}
+    xb, yb = _shard(*DATA[0])
+    if RANK == 1:
+        xb = xb[:, :5]  # a wrong shape on one rank only
+    try:
+        step(x=xb, y=yb)
+    except sg.distributed.DistributedError as exc:
+        message = str(exc)
+    else:
+        raise AssertionError("the bad input was not refused")
+    unchanged = all(np.array_equal(step.params[n], v) for n, v in before.items())
+    step(**dict(zip("xy", _shard(*DATA[1]))))  # the ranks go on together after a refusal
+    return {"messages": COMM.allgather(message), "unchanged": COMM.allgather(unchanged)}
+
+
+def death(backend):
+    step = _step(_model(), backend, timeout=5.0)
+    if RANK == 1:
+        os._exit(3)  # a rank that dies between steps
+    step(**dict(zip("xy", _shard(*DATA[0]))))
+    return {"survived": True}
+
+
+if __name__ == "__main__":
+    mode, backend = sys.argv[1], sys.argv[2]
+    result = globals()[mode](backend)
+    if RANK == 0:
+        print("RESULT " + json.dumps(result), flush=True)
