@@ -9,7 +9,20 @@ from ..ir.value import Value
 from .module import Module
 
 
-class Sequential(Module):
+class _Ordered(Module):
+    """Submodules read by position: indexing, len() and iteration in registration order."""
+
+    def __getitem__(self, index: int) -> Module:
+        return list(self._modules.values())[index]
+
+    def __len__(self) -> int:
+        return len(self._modules)
+
+    def __iter__(self):
+        return iter(self._modules.values())
+
+
+class Sequential(_Ordered):
     """Modules applied in order; children are named "0", "1", ... (or by an OrderedDict's keys)."""
 
     def __init__(self, *modules):
@@ -28,17 +41,8 @@ class Sequential(Module):
             x = module(x)
         return x
 
-    def __getitem__(self, index: int) -> Module:
-        return list(self._modules.values())[index]
 
-    def __len__(self) -> int:
-        return len(self._modules)
-
-    def __iter__(self):
-        return iter(self._modules.values())
-
-
-class ModuleList(Module):
+class ModuleList(_Ordered):
     """Submodules in a list, named "0", "1", ... (torch.nn.ModuleList); not callable itself."""
 
     def __init__(self, modules: Iterable[Module] = ()):
@@ -55,15 +59,6 @@ class ModuleList(Module):
         for module in modules:
             self.append(module)
         return self
-
-    def __getitem__(self, index: int) -> Module:
-        return list(self._modules.values())[index]
-
-    def __len__(self) -> int:
-        return len(self._modules)
-
-    def __iter__(self):
-        return iter(self._modules.values())
 
 
 class ModuleDict(Module):
