@@ -57,6 +57,7 @@ class DistributedStep:
         MPI = _mpi()
         self.step, self.comm, self.timeout = step, comm if comm is not None else MPI.COMM_WORLD, float(timeout)
         self.rank, self.size = self.comm.Get_rank(), self.comm.Get_size()
+        self.waited_s = 0.0  # seconds this rank has spent waiting on the others (communication)
         self._params = list(step._param_values)
         self._accumulate = step.program_for("accumulate")
         self._label_checks = label_checks(self._accumulate.graph)
@@ -81,13 +82,15 @@ class DistributedStep:
     # ---- waiting, bounded ---------------------------------------------------------------
     def _wait(self, request, what: str) -> None:
         """Complete a non-blocking MPI request, or raise DistributedError after `timeout` seconds."""
-        deadline, pause = time.monotonic() + self.timeout, 1e-5
+        start = time.monotonic()
+        deadline, pause = start + self.timeout, 1e-5
         while not request.Test():
             if time.monotonic() > deadline:
                 raise DistributedError(f"rank {self.rank} of {self.size}: {what} did not complete within "
                                        f"{self.timeout:g} s: another rank failed, died or is stuck")
             time.sleep(pause)
             pause = min(pause * 2, 1e-3)
+        self.waited_s += time.monotonic() - start
 
     def _agree(self, problem: str | None) -> None:
         """Raise on every rank if any rank has a problem (its own text where it is this rank's)."""
