@@ -25,14 +25,14 @@ from pathlib import Path
 
 from . import optim
 from .autodiff import grad
-from .compiled import _as_param_list, collect_inputs, train_step
+from .compiled import _param_groups, collect_inputs, train_step
 from .effects import collect, merge
 from .ir.graph import Graph
 from .ir.printing import backward_chain
 from .ir.value import Value
 
 
-def load_build(path: str | Path) -> tuple[Value, list[Value], object]:
+def load_build(path: str | Path) -> tuple[Value, list, object]:
     """Run the file and call its build(); returns (loss, params, optimizer)."""
     path = Path(path)
     if not path.is_file():
@@ -51,7 +51,8 @@ def load_build(path: str | Path) -> tuple[Value, list[Value], object]:
                          f"got {type(result).__name__}")
     if not isinstance(loss, Value):
         raise TypeError(f"inspect: build() returned a {type(loss).__name__} as the loss, not a graph value")
-    return loss, _as_param_list(params), optimizer or optim.SGD(lr=0.1)
+    _param_groups(params)  # checked here, so that a bad entry is reported before anything is built
+    return loss, params, optimizer or optim.SGD(lr=0.1)
 
 
 def run_inspect(path: str | Path, out_dir: str | Path, backend: str = "c", file=None,
@@ -69,6 +70,8 @@ def run_inspect(path: str | Path, out_dir: str | Path, backend: str = "c", file=
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     inputs = collect_inputs([loss])
+    groups = params
+    params, options = _param_groups(groups)
     grads = grad(loss, params)
 
     def section(title: str, body: str) -> None:
@@ -81,7 +84,7 @@ def run_inspect(path: str | Path, out_dir: str | Path, backend: str = "c", file=
             str(Graph(inputs, [loss, *grads])))
     section("backward chain (as print_graph)", backward_chain(loss))
 
-    step_graph = Graph(inputs, [loss], merge(optimizer.updates(params, grads), collect([loss])))
+    step_graph = Graph(inputs, [loss], merge(optimizer.updates(params, grads, options), collect([loss])))
     written: dict = {"dot": out_dir / "graph.dot", "svg": None, "source": None}
     written["dot"].write_text(step_graph.to_dot() + "\n")
     dot = shutil.which("dot")
@@ -90,7 +93,7 @@ def run_inspect(path: str | Path, out_dir: str | Path, backend: str = "c", file=
         subprocess.run([dot, "-Tsvg", str(written["dot"]), "-o", str(svg)], check=True)
         written["svg"] = svg
     try:
-        step = train_step(loss, params, optimizer, backend=backend)
+        step = train_step(loss, groups, optimizer, backend=backend)
     except NotImplementedError as exc:
         print(f"(no generated source: {exc})", file=out)
     else:
