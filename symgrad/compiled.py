@@ -233,6 +233,14 @@ class Compiled:
         return self.program.source
 
     @property
+    def optimized_graph(self) -> Graph:
+        """The graph the program computes: after the passes on C and CUDA, the graph as built on
+        NumPy. Printed, it names each value as `source` (its C locals and comments) and
+        `report()` (kernels, recompute choices) do: t12 is the same value in all three.
+        (`graph` is the graph as built, before the passes, and numbers its values differently.)"""
+        return self.program.optimized
+
+    @property
     def module(self):
         """The imported generated module (None for the numpy backend)."""
         return self.program.module

@@ -380,12 +380,10 @@ def _c_ident(text: str) -> str:
 class _RowContext:
     """Where `_RowLowering._row_value` puts what it computes: one pass (element level) or the row level."""
 
-    def __init__(self, local: dict, row_level: bool, compute: set, prefix: str, shape=None, first: int = 0):
+    def __init__(self, local: dict, row_level: bool, compute: set, shape=None):
         self.local = local          # key -> local name (key: id(node), or ("row", id(node)) per row)
         self.row_level = row_level
         self.compute = compute      # ids of non-fused nodes computed here (this pass's maps)
-        self.prefix = prefix        # local names of statements: t0, t1 (a pass) or q0, q1 (per row)
-        self.first = first          # the number of the first statement's name
         self.shape = shape          # per row: the shape the leaves broadcast to (the member's)
         self.operands: list = []
         self.statements: list = []
@@ -466,10 +464,10 @@ class _RowLowering:
                 computed_in[pass_of[id(n)]].append(n)
             elif n.op.kind != REDUCE and 1 <= ready[id(n)] <= npasses:
                 ready_after[ready[id(n)] - 1].append(n)
-        nreductions = nafter = 0  # over the passes so far: the numbers of the next names
+        nreductions = 0  # over the passes so far: the number of the next accumulator's name
         for k in range(npasses):
             here = computed_in[k]
-            ctx = _RowContext(dict(row_local), False, {id(n) for n in here if n.op.kind != REDUCE}, "t")
+            ctx = _RowContext(dict(row_local), False, {id(n) for n in here if n.op.kind != REDUCE})
             reductions, stores, row_stores = [], [], []
             for n in here:
                 if n.op.kind == REDUCE:
@@ -498,14 +496,14 @@ class _RowLowering:
                         stores.append(RowStore(value, broadcast_view(self.views[id(n)], full), self.name(n)))
             after = []
             for n in ready_after[k]:
-                rctx = _RowContext(row_local, True, {id(n)}, "q", tuple(n.shape), nafter + len(after))
+                rctx = _RowContext(row_local, True, {id(n)}, tuple(n.shape))
                 value = self._row_value(n, rctx)
                 after.extend(rctx.statements)
                 self._row_define(n, value)
                 if escapes(n):
                     row_stores.append(self._row_store(n, value))
             passes.append(RowPass(ctx.operands, ctx.statements, reductions, stores, after, row_stores))
-            nreductions, nafter = nreductions + len(reductions), nafter + len(after)
+            nreductions += len(reductions)
             lines += [st.line for st in ctx.statements] + [r.line for r in reductions] + [st.line for st in after]
         for a in g.aliases:  # reshapes and expands of stored members read by other kernels
             if id(a.inputs[0]) in self.views:
@@ -557,7 +555,7 @@ class _RowLowering:
                     stack.extend((i, False) for i in reversed(v.inputs))
                     continue
                 args = [ctx.local[ctx.key(i)] for i in v.inputs]
-                name = f"{ctx.prefix}{ctx.first + len(ctx.statements)}"
+                name = self.name(v)
                 ctx.statements.append(Statement(name, v, v.op.expr, args, [i.dtype for i in v.inputs],
                                                 _compute_dtype(v), v.dtype, self.line(v)))
             else:
@@ -872,10 +870,11 @@ class _Lowerer(FusionDecisions, RowDecisions, _RowLowering):
         return buffer_view(out, root.shape)
 
     def _fused_body(self, root: Value, shape, preset: dict | None = None,
-                    prefixes: tuple[str, str] = ("v", "t")) -> tuple[list, list, str]:
+                    operand_prefix: str = "v") -> tuple[list, list, str]:
         """The operands (read at `shape`) and statements computing `root` with every node fused into it
         (`preset`: id(node) -> a local name the kernel already holds, such as a reduced value;
-        `prefixes`: of the operands' and the statements' local names, v0, v1 and t0, t1 by default)."""
+        `operand_prefix`: of the operands' local names, v0, v1 by default). A statement's local is
+        named as its value is in the printed graph and the report (t12), so the C reads as the graph."""
         group, stack, seen = [], [root], set()
         while stack:
             n = stack.pop()
@@ -891,10 +890,10 @@ class _Lowerer(FusionDecisions, RowDecisions, _RowLowering):
         for n in group:
             for i in n.inputs:
                 if id(i) not in local:
-                    name = f"{prefixes[0]}{len(operands)}"
+                    name = f"{operand_prefix}{len(operands)}"
                     local[id(i)] = name
                     operands.append(Operand(name, broadcast_view(self.views[id(i)], shape), self.name(i)))
-            name = f"{prefixes[1]}{len(statements)}"
+            name = self.name(n)  # the value's own name, as the graph prints it and the report says
             arg_dtypes = [i.dtype for i in n.inputs]
             statements.append(Statement(name, n, n.op.expr, [local[id(i)] for i in n.inputs], arg_dtypes,
                                         _compute_dtype(n), n.dtype, self.line(n)))
@@ -906,7 +905,7 @@ class _Lowerer(FusionDecisions, RowDecisions, _RowLowering):
         r = self.epilogue_of[id(root)]
         # The epilogue's locals are named apart from a fused prologue's: where no reduced loop is left
         # (a 0-d input, reduced axes of size 1) both are declared in the same C scope.
-        operands, statements, result = self._fused_body(root, root.shape, {id(r): REDUCED}, ("ev", "et"))
+        operands, statements, result = self._fused_body(root, root.shape, {id(r): REDUCED}, "ev")
         if not all(o.view.kind == "literal" or (o.view.kind == "buffer" and is_contiguous(o.view)
                                                  and isinstance(o.view.offset, int) and o.view.offset == 0)
                    for o in operands):  # a strided operand: no epilogue after all
