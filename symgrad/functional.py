@@ -9,6 +9,7 @@ operator become constants of the other operand's dtype.
 from __future__ import annotations
 
 import numbers
+import sys
 from typing import Callable, Sequence
 
 import numpy as np
@@ -17,7 +18,7 @@ import sympy
 from .ir import dtypes as D
 from .ir import shapes as S
 from .ir.registry import lookup
-from .ir.value import Value, make
+from .ir.value import Value, make, provide_functions
 
 __all__ = [
     "add", "sub", "mul", "div", "pow", "neg", "exp", "log", "sin", "cos", "tanh", "sigmoid",
@@ -441,3 +442,6 @@ def elementwise(name: str, fn, args: Sequence[sympy.Symbol] | None = None) -> Ca
     apply.op = op
     apply.__doc__ = f"Elementwise {name}(x) = {expr}."
     return apply
+
+
+provide_functions(sys.modules[__name__])  # Value's operators and the VJP rules build with these

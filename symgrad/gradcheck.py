@@ -17,7 +17,7 @@ from typing import Callable, Sequence
 import numpy as np
 
 from .autodiff import grad, unbroadcast
-from .backends.numpy_backend import Env
+from .ir.interpret import Env
 from .compiled import bind_inputs, function
 from .functional import constant
 from .ir import dtypes as D

@@ -71,6 +71,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
 
+from ..settings import cache_dir
+
 DEFAULT_FLAGS = ("-O3", "-march=native", "-fopenmp", "-std=c11", "-fno-math-errno")
 # Bumped whenever the layout or the metadata changes, so old entries are never misread.
 FORMAT = 1
@@ -115,12 +117,6 @@ _COMPILER_IDS: dict[str, str] = {}
 # Threads of one process take turns in `build`: cffi's compile chdirs into its tmpdir and we
 # redirect fds 1/2 (both process-wide), and one key must map to one module object.
 _LOCK = threading.RLock()
-
-
-def cache_dir() -> Path:
-    """The cache directory: `$SYMGRAD_CACHE_DIR`, else `~/.cache/symgrad`."""
-    configured = os.environ.get("SYMGRAD_CACHE_DIR")
-    return Path(configured).expanduser() if configured else Path.home() / ".cache" / "symgrad"
 
 
 def default_flags() -> list[str]:

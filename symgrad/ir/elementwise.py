@@ -23,6 +23,7 @@ from . import sympy_memo
 from . import dtypes as D
 from . import shapes as S
 from .registry import ELEMENTWISE, REGISTRY, OpDef, register
+from .value import functions
 
 # x0..x7: the op's operands; y: its own output; g: the incoming cotangent.
 ARGS = sympy.symbols("x0:8", real=True)
@@ -412,8 +413,7 @@ def apply_expression(expr: sympy.Expr, values: dict, name: str):
     other expression becomes one node of a derived elementwise op (registered
     once per name), which sympy can differentiate again for higher orders.
     """
-    from .. import functional as F
-
+    F = functions()
     expr = sympy.sympify(expr)
     used = sorted(expr.free_symbols, key=lambda s: s.name)
     if expr in values:

@@ -16,13 +16,11 @@ from . import shapes as S
 from .elementwise import ARGS, define
 from .registry import CUSTOM, MATMUL, MOVEMENT, REDUCE, SOURCE, OpDef, register
 from .rounding import round_half_even, trunc
+from .value import functions as _F  # symgrad.functional, for VJP rules written as graph code
 
 x0, x1, x2 = ARGS[:3]
 
 
-def _F():
-    from .. import functional
-    return functional
 
 
 # ---- elementwise: defined once as sympy expressions ----------------------

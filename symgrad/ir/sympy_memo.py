@@ -25,6 +25,8 @@ from pathlib import Path
 
 import sympy
 
+from ..settings import cache_dir
+
 _LOCK = threading.Lock()
 # What srepr text names: sympy's namespace, and the classes srepr prints that it does not export
 # (a Piecewise's pairs: without them every Piecewise entry failed to read back and was derived again).
@@ -33,7 +35,6 @@ _FILES: dict[tuple, dict] = {}  # (kind, path) -> entries of this process, loade
 
 
 def _path(kind: str, source: str) -> Path | None:
-    from ..backends.cache import cache_dir  # the one definition of where caches live
     try:
         code = Path(source).read_bytes()
     except OSError:

@@ -23,15 +23,18 @@ class Value:
     though `==` builds an elementwise comparison, as in PyTorch.
     """
 
-    __slots__ = ("op", "inputs", "attrs", "shape", "dtype", "__weakref__")
+    __slots__ = ("op", "inputs", "attrs", "shape", "dtype", "effects", "__weakref__")
     __array_priority__ = 1000  # numpy scalars defer to our operators
 
-    def __init__(self, op: OpDef, inputs: tuple, attrs: dict, shape: tuple, dtype: str):
+    def __init__(self, op: OpDef, inputs: tuple, attrs: dict, shape: tuple, dtype: str, effects: tuple = ()):
         object.__setattr__(self, "op", op)
         object.__setattr__(self, "inputs", tuple(inputs))
         object.__setattr__(self, "attrs", MappingProxyType(dict(attrs)))
         object.__setattr__(self, "shape", tuple(shape))
         object.__setattr__(self, "dtype", dtype)
+        # (variable, new value) pairs that computing this value also performs: BatchNorm's running
+        # statistics, a random stream's counter (symgrad.effects). Not part of what it computes.
+        object.__setattr__(self, "effects", tuple(effects))
 
     def __setattr__(self, name, value):
         raise AttributeError("graph values are immutable")
@@ -106,11 +109,27 @@ class Value:
     def astype(self, dtype): return _F().cast(self, dtype)
 
 
-def _F():
-    # The operator table lives in symgrad.functional, which imports this
-    # module; a late import breaks the cycle without a registry of callbacks.
-    from .. import functional
-    return functional
+# The graph-building functions (symgrad.functional) that the operators above and the ops' VJP
+# rules call. They are written above the IR, against it, so the IR cannot import them: the
+# functional module hands itself down when it is imported (`provide_functions`), as JAX binds
+# its Tracer's operators from jax.numpy. Set once, at import; never changed after.
+_FUNCTIONS: list = []
+
+
+def provide_functions(module) -> None:
+    """Called by symgrad.functional as it is imported: the module the IR builds graph code with."""
+    if not _FUNCTIONS:
+        _FUNCTIONS.append(module)
+
+
+def functions():
+    """symgrad.functional, as handed down by `provide_functions`."""
+    if not _FUNCTIONS:
+        raise RuntimeError("graph operators need symgrad.functional: import symgrad before building graphs")
+    return _FUNCTIONS[0]
+
+
+_F = functions
 
 
 def make(op: OpDef, inputs=(), **attrs: Any) -> Value:

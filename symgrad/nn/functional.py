@@ -109,7 +109,7 @@ def batch_norm(x: Value, running_mean: Value | None, running_var: Value | None, 
         unbiased = var * F.constant(F.ieee_ratio(n, n - 1), x.dtype)
         new_mean = (1 - momentum) * running_mean + momentum * F.cast(F.stop_gradient(mean), running_mean.dtype)
         new_var = (1 - momentum) * running_var + momentum * F.cast(F.stop_gradient(unbiased), running_var.dtype)
-        effects.attach(y, [(running_mean, new_mean), (running_var, new_var)])
+        y = effects.attach(y, [(running_mean, new_mean), (running_var, new_var)])
     return y
 
 

@@ -147,7 +147,7 @@ class BatchNorm1d(Module):
         y = NF.batch_norm(x, self.running_mean if stats else None, self.running_var if stats else None,
                           self.weight, self.bias, training, self.momentum, self.eps)
         if training and stats:
-            effects.attach(y, [(self.num_batches_tracked, self.num_batches_tracked + 1)])
+            y = effects.attach(y, [(self.num_batches_tracked, self.num_batches_tracked + 1)])
         return y
 
     def extra_repr(self) -> str:

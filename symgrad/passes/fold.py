@@ -16,11 +16,11 @@ from __future__ import annotations
 import numpy as np
 import sympy
 
-from ..backends.numpy_backend import Env
 from ..ir import dtypes as D
 from ..ir import shapes as S
 from ..ir.elementwise import ARGS
 from ..ir.graph import Graph
+from ..ir.interpret import Env
 from ..ir.registry import ELEMENTWISE, SOURCE, lookup
 from ..ir.value import Value, make
 from .rewrite import DATA_LEAVES, is_nondeterministic, rebuild, short_rational

@@ -1,0 +1,46 @@
+"""The reference interpreter: a graph run node by node with each op's NumPy implementation.
+
+The specification every compiled backend is tested against, so it is written
+to be obviously right, not fast. It lives in the IR, below the passes: constant
+folding (passes/fold.py) computes with it, and the NumPy backend runs it.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from . import shapes as S
+from .graph import Graph
+
+
+class Env:
+    """What an op's NumPy implementation may read besides its operands."""
+
+    def __init__(self, bindings: dict, inputs: dict, variables: dict):
+        self.bindings = bindings    # Dim symbol -> int
+        self.inputs = inputs        # input node -> array
+        self.variables = variables  # variable node -> array
+        self._shapes: dict[int, tuple] = {}
+
+    def shape(self, node) -> tuple:
+        """The concrete shape of `node` under the current Dim bindings."""
+        key = id(node)
+        if key not in self._shapes:
+            self._shapes[key] = S.evaluate_shape(node.shape, self.bindings)
+        return self._shapes[key]
+
+
+def evaluate(graph: Graph, inputs: list, variables: dict, bindings: dict) -> tuple[list, list]:
+    """Run `graph`: returns (output arrays, new values of the updated variables).
+
+    `variables` maps a variable's name to its current array; nothing is written.
+    """
+    env = Env(bindings, dict(zip(graph.inputs, inputs)),
+              {v: variables[v.name] for v in graph.variables})
+    values: dict[int, np.ndarray] = {}
+    for node in graph.nodes:
+        args = [values[id(i)] for i in node.inputs]
+        values[id(node)] = node.op.numpy(args, node, env)
+    outputs = [np.array(values[id(v)]) for v in graph.outputs]
+    updates = [np.array(values[id(new)]) for _, new in graph.updates]
+    return outputs, updates
