@@ -71,3 +71,17 @@ def test_the_check_sees_function_level_and_relative_imports(tmp_path):
     fake.parent.mkdir(parents=True)
     fake.write_text("def f():\n    from .. import functional\n    from ..backends.cache import cache_dir\n")
     assert [t for _, t in _imports(fake, tmp_path / "symgrad")] == ["symgrad.functional", "symgrad.backends.cache"]
+
+
+def test_autodiff_and_the_passes_leave_the_op_registry_as_it_was():
+    """Derivatives and simplified chains are ops that travel on their nodes, not global entries."""
+    import symgrad as sg
+    from symgrad.ir.registry import REGISTRY
+
+    before = dict(REGISTRY)
+    x, y = sg.input("x", (sg.Dim("B"), 5), dtype="float64"), sg.input("y", (sg.Dim("B"),), dtype="int64")
+    model = sg.nn.Sequential(sg.nn.Linear(5, 4), sg.nn.GELU(), sg.nn.LayerNorm(4), sg.nn.Linear(4, 3)).double()
+    step = sg.train_step(sg.cross_entropy(model(x), y), model.parameters(), sg.optim.AdamW(), backend="c")
+    hessian = sg.grad(sg.sum(sg.grad(sg.sum(sg.sigmoid(x) * sg.tanh(x)), [x])[0]), [x])
+    assert step.optimized_graph.nodes and hessian
+    assert REGISTRY == before

@@ -106,6 +106,14 @@ def define(name: str, expr: sympy.Expr, arity: int, dtype_rule: str = "promote",
         For points where the derivative's closed form reads 0 * inf or 0 ** -1 but the limit
         (torch's value) is 0: d/dx of x**y at y == 0, d/dy of x**y at x == 0, y >= 0.
     """
+    return register(_elementwise_op(name, expr, arity, dtype_rule, doc, vjp, differentiable,
+                                    zero_derivative_where))
+
+
+def _elementwise_op(name: str, expr: sympy.Expr, arity: int, dtype_rule: str = "promote",
+                    doc: str = "", vjp: Callable | None = None, differentiable: bool = True,
+                    zero_derivative_where: dict | None = None, extra: dict | None = None) -> OpDef:
+    """The OpDef of an elementwise op (see `define`), not registered."""
     if dtype_rule not in DTYPE_RULES:
         raise ValueError(f"{name}: unknown dtype rule {dtype_rule!r}")
     stray = expr.free_symbols - set(ARGS[:arity])
@@ -116,10 +124,10 @@ def define(name: str, expr: sympy.Expr, arity: int, dtype_rule: str = "promote",
                numpy=_numpy_impl(expr, arity), doc=doc or f"{name}: {expr}",
                expr=expr, arity=arity,
                # (i, condition) pairs: a tuple, which the graph fingerprint can describe.
-               extra={"zero_derivative_where": tuple(sorted(zero_derivative_where.items()))}
-               if zero_derivative_where else {})
+               extra={**(extra or {}), **({"zero_derivative_where": tuple(sorted(zero_derivative_where.items()))}
+                                         if zero_derivative_where else {})})
     op.vjp = vjp if vjp is not None else (elementwise_vjp if differentiable else None)
-    return register(op)
+    return op
 
 
 # ---- derivatives ---------------------------------------------------------
@@ -169,7 +177,7 @@ def _evaluate(expr, symbols: list, points: list) -> np.ndarray:
 
 def _compare(candidate: sympy.Expr, reference: sympy.Expr, probes: np.ndarray, agree) -> bool:
     """`agree(got, want, points)` over the probe points; a candidate NumPy cannot evaluate is
-    refused, a reference it cannot evaluate gives no evidence either way (True)."""
+    refused, a sympy reference it cannot evaluate gives no evidence either way (True)."""
     symbols = sorted(candidate.free_symbols | reference.free_symbols, key=lambda s: s.name)
     if not symbols:
         return True
@@ -177,7 +185,9 @@ def _compare(candidate: sympy.Expr, reference: sympy.Expr, probes: np.ndarray, a
     try:
         want = _evaluate(reference, symbols, points)
     except Exception:  # noqa: BLE001 - no NumPy twin for some function: nothing to compare
-        return True
+        # ... unless the reference is the graph's own ops run node by node: that it cannot be
+        # evaluated means something is wrong, and the rewrite is not taken.
+        return not hasattr(reference, "evaluate")
     try:
         got = _evaluate(candidate, symbols, points)
     except Exception:  # noqa: BLE001 - a form that cannot be evaluated is not taken
@@ -309,9 +319,10 @@ MAX_SIMPLIFY_OPS = 24
 
 
 @lru_cache(maxsize=None)
-def partial_derivative(op_name: str, i: int) -> sympy.Expr:
-    """d op / d x_i as a sympy expression over ARGS and OUT, cached per op."""
-    op = REGISTRY[op_name]
+def partial_derivative(op: "OpDef | str", i: int) -> sympy.Expr:
+    """d op / d x_i as a sympy expression over ARGS and OUT, cached per op (an OpDef, or the name
+    of a registered one)."""
+    op = REGISTRY[op] if isinstance(op, str) else op
     # Deriving costs sympy tens of milliseconds per op: a fresh process reads earlier results.
     zero_where = op.extra.get("zero_derivative_where", ())
     key = f"{sympy.srepr(op.expr)}|{op.arity}|{i}|{sympy.srepr(sympy.Tuple(*map(sympy.Tuple, zero_where)))}"
@@ -392,7 +403,7 @@ def elementwise_vjp(node, g, wants: Sequence[bool]):
     """The VJP of any sympy-defined op: g * d op/d x_i, one fused node per input."""
     out = []
     for i, want in enumerate(wants):
-        partial = partial_derivative(node.op.name, i) if want else sympy.S.Zero
+        partial = partial_derivative(node.op, i) if want else sympy.S.Zero
         if partial == 0:
             # No contribution (relu's second derivative, where's condition):
             # None tells the driver to skip it; a 0-ary node would have no shape.
@@ -429,16 +440,11 @@ def apply_expression(expr: sympy.Expr, values: dict, name: str):
     return F.apply_elementwise(op, [values[s] for s in used])
 
 
-def derived_op(name: str, expr: sympy.Expr, arity: int) -> OpDef:
-    """The op computing `expr`, registered under `name` (suffixed if the name is taken)."""
-    key = (expr, arity)
-    cache = _DERIVED.setdefault(name, {})
-    if key not in cache:
-        unique = name if name not in REGISTRY else f"{name}_{len(cache) + 1}"
-        while unique in REGISTRY:
-            unique += "_"
-        cache[key] = define(unique, expr, arity, dtype_rule="float", doc=f"{unique}: {expr}")
-    return cache[key]
-
-
-_DERIVED: dict[str, dict] = {}
+@lru_cache(maxsize=None)
+def derived_op(label: str, expr: sympy.Expr, arity: int) -> OpDef:
+    """The op computing `expr` (a derivative, a simplified chain): not registered, it travels on
+    the nodes that use it, and prints as its formula. `label` says where it came from
+    (relu_vjp0, simplified) and names the kernels that compute it. One OpDef per (label,
+    expression): a memo of a pure function, so that equal derivatives are one op for CSE."""
+    return _elementwise_op(label, expr, arity, dtype_rule="float", doc=f"{label}: {expr}",
+                           extra={"derived": True})

@@ -10,6 +10,7 @@ from __future__ import annotations
 import numpy as np
 import sympy
 
+from .elementwise import ARGS
 from .value import Value
 
 # Attributes that are part of the node's type and would only repeat it.
@@ -53,8 +54,20 @@ class Namer:
         return base
 
 
+def formula(node: Value, name) -> str:
+    """A derived op's expression (a derivative, a simplified chain) over its operands' names:
+    `t21 - t12*t22/t13`; an operand that prints as a number or an expression is parenthesized."""
+    def operand(value: Value) -> sympy.Symbol:
+        text = name(value)
+        return sympy.Symbol(text if text.replace(".", "_").isidentifier() else f"({text})")
+    return str(node.op.expr.xreplace({ARGS[k]: operand(i) for k, i in enumerate(node.inputs)}))
+
+
 def node_line(node: Value, name) -> str:
-    """One let-binding: `t3: f32[B,10] = add(t2, b)`."""
+    """One let-binding: `t3: f32[B,10] = add(t2, b)`, or `t9: f32[B,10] = t3*(1 - t8)` for an op
+    derived by sympy (it has no registered name; its formula is what it computes)."""
+    if node.op.extra.get("derived"):
+        return f"{name(node)}: {node.type_str} = {formula(node, name)}"
     attrs = ", ".join(f"{k}={_format_attr(v)}" for k, v in node.attrs.items() if k not in _HIDDEN_ATTRS)
     if node.op.name == "const" and isinstance(node.attrs["value"], np.ndarray):
         attrs = "array"

@@ -26,7 +26,6 @@ regroup roundings: results agree to float tolerance, not bit for bit.
 from __future__ import annotations
 
 import functools
-import hashlib
 
 import sympy
 
@@ -365,9 +364,8 @@ def _candidates(expr: sympy.Expr) -> list:
 
 
 @functools.lru_cache(maxsize=None)
-def _op_function(name: str):
-    """Op `name`'s expression as a NumPy function of its operands (ops are immutable by name)."""
-    op = lookup(name)
+def _op_function(op):
+    """An elementwise op's expression as a NumPy function of its operands (ops are immutable)."""
     return numpy_function(ARGS[:op.arity], op.expr)
 
 
@@ -376,7 +374,7 @@ class _NodeByNode:
     are checked against. (sympy's unevaluated constructors cannot stand in: nested Piecewise
     recurse without end when built unevaluated.)
 
-    `tree` is a leaf (a symbol, or an inlined number, possibly of Dims) or (op name, operand trees).
+    `tree` is a leaf (a symbol, or an inlined number, possibly of Dims) or (op, operand trees).
     """
 
     def __init__(self, tree):
@@ -399,7 +397,9 @@ class _NodeByNode:
 
     @classmethod
     def _describe(cls, tree):
-        return sympy.srepr(tree) if isinstance(tree, sympy.Basic) else (tree[0], *map(cls._describe, tree[1]))
+        # An op by its expression: derived ops share labels (mul_vjp0) across different formulas.
+        return sympy.srepr(tree) if isinstance(tree, sympy.Basic) else \
+            (sympy.srepr(tree[0].expr), *map(cls._describe, tree[1]))
 
     def evaluate(self, values: dict):
         """The chain at operand arrays `values` (symbol -> array), in float64."""
@@ -507,7 +507,7 @@ class _Chain:
                 args = composed[first:]
                 del composed[first:]
                 evaluated = v.op.expr.xreplace(dict(zip(ARGS, (a for a, _ in args))))
-                composed.append((evaluated, (v.op.name, tuple(tree for _, tree in args))))
+                composed.append((evaluated, (v.op, tuple(tree for _, tree in args))))
         expr, tree = composed[0]
         return expr, _NodeByNode(tree)
 
@@ -538,8 +538,7 @@ def _emit(chain: _Chain, best: sympy.Expr, mapped) -> Value | None:
     if len(used) > len(ARGS):
         return None
     renamed = best.xreplace({sym: ARGS[k] for k, (sym, _) in enumerate(used)})
-    digest = hashlib.sha1(sympy.srepr(renamed).encode()).hexdigest()[:8]
-    op = derived_op(f"simplified_{digest}", renamed, len(used))
+    op = derived_op("simplified", renamed, len(used))
     return same_type(root, make(op, tuple(mapped(leaf) for _, leaf in used)))
 
 
