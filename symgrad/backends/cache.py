@@ -1,6 +1,7 @@
 """Build cache: C source -> an importable cffi extension module `_symgrad_<hash>`.
 
-    build(source, cdef, *, flags=None, kind="c") -> BuiltModule      (kind "c" or "cuda")
+    build(source, cdef, *, flags=None, kind="c", headers=None, link=None) -> BuiltModule
+                                                    (kind "c", "cuda" or "runtime")
 
 `build` compiles `source` with cffi's out-of-line API mode (`ffi.cdef(cdef)`,
 `ffi.set_source(name, source)`, `ffi.compile()`), or loads the module built
@@ -13,6 +14,7 @@ earlier from the same inputs. Layout of the cache directory
     _symgrad_<hash>.log            the compiler's output, only after a failed build
     index/<prekey>.json            which module the same source and flags built last (see below)
     locks/_symgrad_<hash>.lock     one fcntl lock per key: concurrent builders take turns
+    include/<hash>/<name>.h        `headers` a build includes, by the hash of their text
     programs/<key>.json            graph -> source, the program cache (symgrad/backends/program_cache.py)
 
 The binaries sit directly in the cache directory, so with it on `sys.path`
@@ -42,6 +44,15 @@ _symgrad_<hash>.so` (flags: DEFAULT_NVCC_FLAGS or `$SYMGRAD_NVCCFLAGS`, plus the
 architecture the caller chose), the compiler identity is nvcc's path and `--version`
 (`$NVCC` is honoured), and the library, which has no Python C-API, is loaded with
 cffi's ABI mode (`ffi.dlopen` with the cdef): `BuiltModule.module` has `.ffi` and `.lib`.
+
+kind="runtime" (symgrad/backends/runtime.py) builds a plain shared library the same way
+with the C compiler and flags: `cc <flags> -shared -fPIC -o _symgrad_<hash>.so`, its
+soname the file's name; it is loaded with cffi's ABI mode (no cdef) and RTLD_LOCAL. A
+build given `link=` (that library's BuiltModule) links to it by soname, with `$ORIGIN`
+(the cache directory) as its run path, so the extension finds it wherever the directory
+is; the library's key is part of the linking build's key. `headers` (file name -> text)
+are written to `include/<hash>/` and put on the include path; their text is part of the
+key too.
 
 With no compiler at all (CC missing), the key cannot be computed; `build` then
 loads the module the same source, cdef and flags built last (recorded in
@@ -75,7 +86,7 @@ DEFAULT_FLAGS = ("-O3", "-march=native", "-fopenmp", "-std=c11", "-fno-math-errn
 # Bumped whenever the layout or the metadata changes, so old entries are never misread.
 FORMAT = 1
 _HASH_CHARS = 32
-_KINDS = ("c", "cuda")
+_KINDS = ("c", "cuda", "runtime")
 # kind="cuda": nvcc builds a plain shared library (no Python C-API) that cffi loads in ABI mode.
 # No --use_fast_math: its approximate expf/logf/division would break parity with the reference.
 DEFAULT_NVCC_FLAGS = ("-O3", "-std=c++17", "-shared", "-Xcompiler", "-fPIC")
@@ -184,27 +195,50 @@ def _identity(command: list[str], not_found) -> str:
     return identity
 
 
-def build(source: str, cdef: str, *, flags: list[str] | None = None, kind: str = "c") -> BuiltModule:
+def build(source: str, cdef: str, *, flags: list[str] | None = None, kind: str = "c",
+          headers: dict[str, str] | None = None, link: BuiltModule | None = None) -> BuiltModule:
     """Compile `source` (declarations `cdef`) into a cached extension module, or load it from the cache.
 
-    `flags` default to `default_flags()`. Raises `CompilerNotFound` when a build is
-    needed and no compiler runs, `BuildError` when the compiler rejects the source.
+    `flags` default to `default_flags()` (nvcc's for kind "cuda"). `headers` (file name -> text):
+    files the source includes; `link`: a kind="runtime" library it calls. Raises `CompilerNotFound`
+    when a build is needed and no compiler runs, `BuildError` when the compiler rejects the source.
     """
     if kind not in _KINDS:
         raise ValueError(f"build: unknown kind {kind!r}; expected one of {', '.join(_KINDS)}")
     if not isinstance(source, str) or not isinstance(cdef, str):
         raise TypeError("build: source and cdef must be str")
     if flags is None:
-        flags = default_flags() if kind == "c" else default_nvcc_flags() + list(NVCC_FAT_BINARY)
+        flags = default_flags() if kind != "cuda" else default_nvcc_flags() + list(NVCC_FAT_BINARY)
     flags = [str(flag) for flag in flags]
     with _LOCK:
-        return _build(source, cdef, flags, kind)
+        return _build(source, cdef, flags, kind, _Inputs(dict(headers or {}), link))
 
 
-def _build(source: str, cdef: str, flags: list[str], kind: str) -> BuiltModule:
+@dataclass(frozen=True)
+class _Inputs:
+    """What a build reads besides its source: the headers it includes, the library it links."""
+    headers: dict
+    link: BuiltModule | None
+
+    def key_parts(self) -> dict:
+        return {"headers": self.headers, "link": self.link.module_name if self.link else None}
+
+    def include_dir(self, directory: Path) -> Path | None:
+        """The directory holding the headers (written there, by their hash, if missing or changed)."""
+        if not self.headers:
+            return None
+        include = directory / "include" / sha256_json(self.headers)[:16]
+        for name, text in self.headers.items():
+            if _file_sha256(include / name) != hashlib.sha256(text.encode()).hexdigest():
+                include.mkdir(parents=True, exist_ok=True)
+                atomic_write(include / name, text.encode())
+        return include
+
+
+def _build(source: str, cdef: str, flags: list[str], kind: str, inputs: _Inputs) -> BuiltModule:
     directory = cache_dir()
     directory.mkdir(parents=True, exist_ok=True)
-    prekey = _prekey(source, cdef, flags, kind)
+    prekey = _prekey(source, cdef, flags, kind, inputs)
     try:
         key = _key(prekey, flags, kind)
     except CompilerNotFound:
@@ -228,7 +262,7 @@ def _build(source: str, cdef: str, flags: list[str], kind: str) -> BuiltModule:
             so_path = _verified(paths, key, source)
             if so_path is None:
                 _remove_entry(paths)
-                so_path = _compile_entry(paths, key, prekey, source, cdef, flags, kind)
+                so_path = _compile_entry(paths, key, prekey, source, cdef, flags, kind, inputs)
     _record_index(directory, prekey, name, key)
     # A module loaded before its files were deleted is the same code (the same key): keep using
     # it. Importing the rebuilt file under the same name would only return the first one anyway.
@@ -264,7 +298,8 @@ def clear_cache() -> int:
         return 0
     count = len(list(directory.glob("_symgrad_*.json")))
     for path in directory.iterdir():
-        if path.name.startswith(("_symgrad_", ".tmp-")) or path.name in ("index", "locks", "sympy", "templates", "programs"):
+        if path.name.startswith(("_symgrad_", ".tmp-")) or path.name in ("index", "locks", "sympy", "templates",
+                                                                          "programs", "include"):
             shutil.rmtree(path) if path.is_dir() else path.unlink(missing_ok=True)
     _LOADED.clear()
     return count
@@ -274,19 +309,20 @@ def clear_cache() -> int:
 # keys
 
 
-def _prekey(source: str, cdef: str, flags: list[str], kind: str) -> str:
+def _prekey(source: str, cdef: str, flags: list[str], kind: str, inputs: _Inputs | None = None) -> str:
     """Hash of everything except the compiler: names the fallback when no compiler is present."""
     import symgrad
 
+    inputs = inputs or _Inputs({}, None)
     return sha256_json({"format": FORMAT, "kind": kind, "source": source, "cdef": cdef, "flags": flags,
                          "cffi": _cffi_version(), "abi": sysconfig.get_config_var("EXT_SUFFIX"),
-                         "symgrad": symgrad.__version__})
+                         "symgrad": symgrad.__version__, **inputs.key_parts()})
 
 
 def _key(prekey: str, flags: list[str], kind: str = "c") -> str:
     """The full cache key: the prekey plus compiler identity (`cc` or `nvcc --version`), build
     environment and, for -march=native, the host CPU."""
-    parts = {"prekey": prekey, "compiler": compiler_identity() if kind == "c" else nvcc_identity(),
+    parts = {"prekey": prekey, "compiler": nvcc_identity() if kind == "cuda" else compiler_identity(),
              "env": {name: os.environ.get(name) for name in _ENV_FLAG_VARS}}
     if any(flag.startswith(("-march=native", "-mcpu=native", "-mtune=native")) for flag in flags):
         parts["cpu"] = _host_cpu()
@@ -331,9 +367,9 @@ class _Paths:
     def __init__(self, directory: Path, name: str, kind: str = "c"):
         self.directory = directory
         self.name = name
-        # A CUDA entry is a plain shared library and its .cu source, not a Python extension.
+        # A CUDA or runtime entry is a plain shared library, not a Python extension.
         self.library = directory / (name + (sysconfig.get_config_var("EXT_SUFFIX") if kind == "c" else ".so"))
-        self.source = directory / (name + (".c" if kind == "c" else ".cu"))
+        self.source = directory / (name + (".cu" if kind == "cuda" else ".c"))
         self.meta = directory / (name + ".json")
         self.log = directory / (name + ".log")  # only after a failed build
         self.lock = directory / "locks" / (name + ".lock")
@@ -359,7 +395,7 @@ def _verified(paths: _Paths, key: str, source: str) -> Path | None:
 
 
 def _compile_entry(paths: _Paths, key: str, prekey: str, source: str, cdef: str, flags: list[str],
-                   kind: str = "c") -> Path:
+                   kind: str, inputs: _Inputs) -> Path:
     """Build into a temp dir inside the cache dir, then move the .so and the metadata into place.
 
     The source is put in place first: the compiler's messages and the debug info name it, and
@@ -368,11 +404,17 @@ def _compile_entry(paths: _Paths, key: str, prekey: str, source: str, cdef: str,
     atomic_write(paths.source, source.encode())
     tmp = Path(tempfile.mkdtemp(prefix=f".tmp-{paths.name}-", dir=paths.directory))
     try:
-        built = (_compile if kind == "c" else _compile_nvcc)(tmp, paths, source, cdef, flags)
+        include = inputs.include_dir(paths.directory)
+        if kind == "c":
+            built = _compile(tmp, paths, source, cdef, flags, include=include, link=inputs.link)
+        elif kind == "runtime":
+            built = _compile_shared(tmp, paths, flags, include=include)
+        else:
+            built = _compile_nvcc(tmp, paths, source, cdef, flags)
         meta = {"format": FORMAT, "module_name": paths.name, "key": key, "prekey": prekey,
                 "library": paths.library.name, "library_sha256": _file_sha256(built),
                 "source_sha256": hashlib.sha256(source.encode()).hexdigest(), "flags": flags,
-                "compiler": _COMPILER_IDS.get(shlex.join(compiler_command() if kind == "c" else nvcc_command()), ""),
+                "compiler": _COMPILER_IDS.get(shlex.join(nvcc_command() if kind == "cuda" else compiler_command()), ""),
                 "cffi": _cffi_version(), "created": _now()}
         meta_tmp = tmp / "meta.json"
         meta_tmp.write_text(json.dumps(meta, indent=1, sort_keys=True))
@@ -385,17 +427,23 @@ def _compile_entry(paths: _Paths, key: str, prekey: str, source: str, cdef: str,
     return paths.library
 
 
-def _compile(tmp: Path, paths: _Paths, source: str, cdef: str, flags: list[str]) -> Path:
-    """Run cffi's out-of-line build in `tmp`, capturing the compiler's output; returns the .so."""
+def _compile(tmp: Path, paths: _Paths, source: str, cdef: str, flags: list[str], include: Path | None = None,
+             link: BuiltModule | None = None) -> Path:
+    """Run cffi's out-of-line build in `tmp`, capturing the compiler's output; returns the .so.
+    `include`: a directory on the include path; `link`: a runtime library linked by its soname,
+    found at run time beside the extension ($ORIGIN: both sit in the cache directory)."""
     import cffi
 
     ffi = cffi.FFI()
     ffi.cdef(cdef)
-    link = ["-fopenmp"] if any(flag.startswith("-fopenmp") for flag in flags) else []
+    link_args = _openmp_link(flags)
+    if link is not None:
+        link_args += [str(link.library_path), "-Wl,-rpath,$ORIGIN"]
     # The #line makes the compiler's messages and the debug info point at the kept source file,
     # not at cffi's wrapper around it.
     ffi.set_source(paths.name, f"#line 1 {c_string_literal(os.fsencode(paths.source))}\n{source}",
-                   extra_compile_args=list(flags), extra_link_args=link, libraries=["m"])
+                   extra_compile_args=list(flags), extra_link_args=link_args, libraries=["m"],
+                   include_dirs=[str(include)] if include else [])
     log_path = tmp / "compiler.log"
     with _LOCK, _redirect_output(log_path):
         try:
@@ -409,6 +457,28 @@ def _compile(tmp: Path, paths: _Paths, source: str, cdef: str, flags: list[str])
     if built.name != paths.library.name:
         raise BuildError(f"cffi produced {built.name}, expected {paths.library.name}")
     return built
+
+
+def _compile_shared(tmp: Path, paths: _Paths, flags: list[str], include: Path | None = None) -> Path:
+    """Compile the kept source into a plain shared library in `tmp` (kind "runtime"), its soname
+    the library's file name; returns it."""
+    out = tmp / paths.library.name
+    command = [*compiler_command(), *flags, "-shared", "-fPIC", f"-Wl,-soname,{paths.library.name}",
+               *(["-I", str(include)] if include else []), "-o", str(out), str(paths.source), "-lm",
+               *_openmp_link(flags)]
+    try:
+        done = subprocess.run(command, capture_output=True, text=True, cwd=tmp, timeout=600)
+    except (OSError, subprocess.SubprocessError) as exc:
+        raise _compiler_not_found(compiler_command(), f"could not be run ({exc})") from None
+    if done.returncode != 0 or not out.is_file():
+        raise _build_failed(paths, f"$ {shlex.join(command)}\n{done.stdout}\n{done.stderr}",
+                            RuntimeError(f"the compiler exited with {done.returncode}"))
+    return out
+
+
+def _openmp_link(flags: list[str]) -> list[str]:
+    """The link flags OpenMP code needs: -fopenmp when it was compiled with it."""
+    return ["-fopenmp"] if any(flag.startswith("-fopenmp") for flag in flags) else []
 
 
 def _compile_nvcc(tmp: Path, paths: _Paths, source: str, cdef: str, flags: list[str]) -> Path:
@@ -455,7 +525,8 @@ def _remove_entry(paths: _Paths) -> None:
 
 
 class DlopenModule:
-    """A kind="cuda" entry loaded with cffi's ABI mode: `.ffi` (with the cdef) and `.lib` (the functions)."""
+    """A kind="cuda" or "runtime" entry loaded with cffi's ABI mode: `.ffi` (with the cdef) and `.lib`
+    (the functions)."""
 
     def __init__(self, name: str, so_path: Path, cdef: str):
         import cffi
@@ -466,11 +537,13 @@ class DlopenModule:
         self.lib = self.ffi.dlopen(str(so_path))
 
     def __repr__(self) -> str:
-        return f"<symgrad CUDA library {self.__name__}>"
+        return f"<symgrad shared library {self.__name__}>"
 
 
 def _open(name: str, so_path: Path, kind: str, cdef: str):
-    """The loaded entry: an imported extension module (kind "c"), a dlopened library (kind "cuda")."""
+    """The loaded entry: an imported extension module (kind "c"), a dlopened library (kind "cuda",
+    "runtime"; RTLD_LOCAL: a program linking a runtime finds it by its soname, and two runtimes
+    built with other flags, which define the same names, never serve each other's programs)."""
     return _load(name, so_path) if kind == "c" else DlopenModule(name, so_path, cdef)
 
 
