@@ -4,7 +4,8 @@
                                                     (kind "c", "cuda" or "runtime")
 
 `build` compiles `source` with cffi's out-of-line API mode (`ffi.cdef(cdef)`,
-`ffi.set_source(name, source)`, `ffi.compile()`), or loads the module built
+`ffi.set_source(name, source)`, its C wrapper compiled and linked by one run of the C
+compiler, see symgrad.backends.toolchain), or loads the module built
 earlier from the same inputs. Layout of the cache directory
 (`SYMGRAD_CACHE_DIR`, default `~/.cache/symgrad`):
 
@@ -54,6 +55,9 @@ is; the library's key is part of the linking build's key. `headers` (file name -
 are written to `include/<hash>/` and put on the include path; their text is part of the
 key too.
 
+Which compiler runs, with which flags, and the errors of a failed build are
+symgrad.backends.toolchain's (the names callers know from here are re-exported).
+
 With no compiler at all (CC missing), the key cannot be computed; `build` then
 loads the module the same source, cdef and flags built last (recorded in
 `index/`), after the same integrity checks: a binary does not need its
@@ -82,30 +86,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
 
-DEFAULT_FLAGS = ("-O3", "-march=native", "-fopenmp", "-std=c11", "-fno-math-errno")
+from . import toolchain
+# The toolchain's names the cache's callers (backends, tests, benchmarks) know it by.
+from .toolchain import (DEFAULT_FLAGS, NVCC_FAT_BINARY, BuildError, CompilerNotFound, c_string_literal,  # noqa: F401
+                        compiler_command, default_flags, default_nvcc_flags, nvcc_command)
+
 # Bumped whenever the layout or the metadata changes, so old entries are never misread.
 FORMAT = 1
 _HASH_CHARS = 32
 _KINDS = ("c", "cuda", "runtime")
-# kind="cuda": nvcc builds a plain shared library (no Python C-API) that cffi loads in ABI mode.
-# No --use_fast_math: its approximate expf/logf/division would break parity with the reference.
-DEFAULT_NVCC_FLAGS = ("-O3", "-std=c++17", "-shared", "-Xcompiler", "-fPIC")
-# With no device to ask for its architecture: a fat binary for Ampere and Hopper.
-NVCC_FAT_BINARY = ("-gencode", "arch=compute_80,code=sm_80", "-gencode", "arch=compute_90,code=sm_90")
 _ENV_FLAG_VARS = ("CFLAGS", "CPPFLAGS", "LDFLAGS", "LDSHARED")
-
-
-class CompilerNotFound(RuntimeError):
-    """No working C compiler: says which one was looked for and how to fix it."""
-
-
-class BuildError(RuntimeError):
-    """The compiler rejected the source: carries its output tail and the kept source path."""
-
-    def __init__(self, message: str, *, log: str = "", source_path: Path | None = None):
-        super().__init__(message)
-        self.log = log
-        self.source_path = source_path
 
 
 @dataclass(frozen=True)
@@ -123,8 +113,7 @@ class BuiltModule:
 _LOADED: dict[tuple[str, str], BuiltModule] = {}
 # compiler command -> identity string; asking `cc --version` once per process is enough.
 _COMPILER_IDS: dict[str, str] = {}
-# Threads of one process take turns in `build`: cffi's compile chdirs into its tmpdir and we
-# redirect fds 1/2 (both process-wide), and one key must map to one module object.
+# Threads of one process take turns in `build`: one key must map to one module object.
 _LOCK = threading.RLock()
 
 
@@ -134,45 +123,14 @@ def cache_dir() -> Path:
     return Path(configured).expanduser() if configured else Path.home() / ".cache" / "symgrad"
 
 
-def default_flags() -> list[str]:
-    """Compiler flags: `$SYMGRAD_CFLAGS` (shell-split) if set, else `DEFAULT_FLAGS`.
-
-    No -ffast-math: it lets gcc assume there are no NaNs or infinities, which breaks
-    the NumPy semantics (log(0) = -inf, nan propagation) the backends must match.
-    """
-    configured = os.environ.get("SYMGRAD_CFLAGS")
-    return shlex.split(configured) if configured is not None else list(DEFAULT_FLAGS)
-
-
-def compiler_command() -> list[str]:
-    """The C compiler setuptools will run: `$CC`, else the one Python was built with."""
-    cc = os.environ.get("CC") or sysconfig.get_config_var("CC") or "cc"
-    return shlex.split(cc)
-
-
-def default_nvcc_flags() -> list[str]:
-    """nvcc flags before the architecture: `$SYMGRAD_NVCCFLAGS` (shell-split) if set, else
-    `DEFAULT_NVCC_FLAGS`."""
-    configured = os.environ.get("SYMGRAD_NVCCFLAGS")
-    return shlex.split(configured) if configured is not None else list(DEFAULT_NVCC_FLAGS)
-
-
-def nvcc_command() -> list[str]:
-    """The CUDA compiler: `$NVCC`, else `nvcc` on PATH, else /usr/local/cuda/bin/nvcc."""
-    configured = os.environ.get("NVCC")
-    if configured:
-        return shlex.split(configured)
-    return [shutil.which("nvcc") or "/usr/local/cuda/bin/nvcc"]
-
-
 def compiler_identity() -> str:
     """Resolved path and `--version` output of the C compiler; raises `CompilerNotFound`."""
-    return _identity(compiler_command(), _compiler_not_found)
+    return _identity(compiler_command(), toolchain.compiler_not_found)
 
 
 def nvcc_identity() -> str:
     """Resolved path and `--version` output of nvcc (kind="cuda"); raises `CompilerNotFound`."""
-    return _identity(nvcc_command(), _nvcc_not_found)
+    return _identity(nvcc_command(), toolchain.nvcc_not_found)
 
 
 def _identity(command: list[str], not_found) -> str:
@@ -189,7 +147,7 @@ def _identity(command: list[str], not_found) -> str:
         raise not_found(command, f"could not be run ({exc})") from None
     if done.returncode != 0:
         raise not_found(command, f"failed to run: `--version` exited with {done.returncode}:\n"
-                                 f"{_tail(done.stderr or done.stdout)}")
+                                 f"{toolchain.tail(done.stderr or done.stdout)}")
     identity = f"{resolved}\n{done.stdout.strip()}"
     _COMPILER_IDS[cache_key] = identity
     return identity
@@ -405,12 +363,16 @@ def _compile_entry(paths: _Paths, key: str, prekey: str, source: str, cdef: str,
     tmp = Path(tempfile.mkdtemp(prefix=f".tmp-{paths.name}-", dir=paths.directory))
     try:
         include = inputs.include_dir(paths.directory)
-        if kind == "c":
-            built = _compile(tmp, paths, source, cdef, flags, include=include, link=inputs.link)
-        elif kind == "runtime":
-            built = _compile_shared(tmp, paths, flags, include=include)
-        else:
-            built = _compile_nvcc(tmp, paths, source, cdef, flags)
+        try:
+            if kind == "c":
+                built = _compile(tmp, paths, source, cdef, flags, include=include, link=inputs.link)
+            elif kind == "runtime":
+                built = toolchain.compile_shared(tmp, paths, flags, include_dirs=[include] if include else [])
+            else:
+                built = toolchain.compile_nvcc(tmp, paths, flags)
+        except BuildError as failed:
+            atomic_write(paths.log, failed.log.encode())  # beside the kept source, for the user to read
+            raise
         meta = {"format": FORMAT, "module_name": paths.name, "key": key, "prekey": prekey,
                 "library": paths.library.name, "library_sha256": _file_sha256(built),
                 "source_sha256": hashlib.sha256(source.encode()).hexdigest(), "flags": flags,
@@ -429,93 +391,22 @@ def _compile_entry(paths: _Paths, key: str, prekey: str, source: str, cdef: str,
 
 def _compile(tmp: Path, paths: _Paths, source: str, cdef: str, flags: list[str], include: Path | None = None,
              link: BuiltModule | None = None) -> Path:
-    """Run cffi's out-of-line build in `tmp`, capturing the compiler's output; returns the .so.
-    `include`: a directory on the include path; `link`: a runtime library linked by its soname,
-    found at run time beside the extension ($ORIGIN: both sit in the cache directory)."""
+    """Build the extension module in `tmp`: cffi writes its C wrapper around the source (API mode),
+    the compiler builds it; returns the .so. `include`: a directory on the include path; `link`: a
+    runtime library linked by its soname, found at run time beside the extension ($ORIGIN: both
+    sit in the cache directory)."""
     import cffi
+    from cffi.recompiler import make_c_source
 
     ffi = cffi.FFI()
     ffi.cdef(cdef)
-    link_args = _openmp_link(flags)
-    if link is not None:
-        link_args += [str(link.library_path), "-Wl,-rpath,$ORIGIN"]
+    wrapper = tmp / (paths.name + ".c")
     # The #line makes the compiler's messages and the debug info point at the kept source file,
     # not at cffi's wrapper around it.
-    ffi.set_source(paths.name, f"#line 1 {c_string_literal(os.fsencode(paths.source))}\n{source}",
-                   extra_compile_args=list(flags), extra_link_args=link_args, libraries=["m"],
-                   include_dirs=[str(include)] if include else [])
-    log_path = tmp / "compiler.log"
-    with _LOCK, _redirect_output(log_path):
-        try:
-            built = Path(ffi.compile(tmpdir=str(tmp), verbose=False))
-            error = None
-        except Exception as exc:  # cffi wraps setuptools' CompileError/LinkError in VerificationError
-            error = exc
-    if error is not None:
-        log = log_path.read_text(errors="replace") if log_path.exists() else ""
-        raise _build_failed(paths, log, error) from None
-    if built.name != paths.library.name:
-        raise BuildError(f"cffi produced {built.name}, expected {paths.library.name}")
-    return built
-
-
-def _compile_shared(tmp: Path, paths: _Paths, flags: list[str], include: Path | None = None) -> Path:
-    """Compile the kept source into a plain shared library in `tmp` (kind "runtime"), its soname
-    the library's file name; returns it."""
-    out = tmp / paths.library.name
-    command = [*compiler_command(), *flags, "-shared", "-fPIC", f"-Wl,-soname,{paths.library.name}",
-               *(["-I", str(include)] if include else []), "-o", str(out), str(paths.source), "-lm",
-               *_openmp_link(flags)]
-    try:
-        done = subprocess.run(command, capture_output=True, text=True, cwd=tmp, timeout=600)
-    except (OSError, subprocess.SubprocessError) as exc:
-        raise _compiler_not_found(compiler_command(), f"could not be run ({exc})") from None
-    if done.returncode != 0 or not out.is_file():
-        raise _build_failed(paths, f"$ {shlex.join(command)}\n{done.stdout}\n{done.stderr}",
-                            RuntimeError(f"the compiler exited with {done.returncode}"))
-    return out
-
-
-def _openmp_link(flags: list[str]) -> list[str]:
-    """The link flags OpenMP code needs: -fopenmp when it was compiled with it."""
-    return ["-fopenmp"] if any(flag.startswith("-fopenmp") for flag in flags) else []
-
-
-def _compile_nvcc(tmp: Path, paths: _Paths, source: str, cdef: str, flags: list[str]) -> Path:
-    """Run nvcc on the kept .cu (so its messages name that file) into `tmp`; returns the .so."""
-    out = tmp / paths.library.name
-    command = [*nvcc_command(), *flags, "-o", str(out), str(paths.source)]
-    try:
-        done = subprocess.run(command, capture_output=True, text=True, cwd=tmp, timeout=600)
-    except (OSError, subprocess.SubprocessError) as exc:
-        raise CompilerNotFound(f"No working CUDA compiler: {shlex.join(nvcc_command())!r} could not be run "
-                               f"({exc}).\nThe CUDA backend needs nvcc to build its libraries. Fix: install the "
-                               f"CUDA toolkit, or point the NVCC environment variable at nvcc.") from None
-    if done.returncode != 0 or not out.is_file():
-        text = f"$ {shlex.join(command)}\n{done.stdout}\n{done.stderr}"
-        atomic_write(paths.log, text.encode())
-        raise BuildError(f"CUDA compilation of {paths.name} failed (nvcc exited with {done.returncode}).\n"
-                         f"nvcc output (tail):\n{_tail(text)}\n"
-                         f"Source kept at: {paths.source} (full log: {paths.log})",
-                         log=text, source_path=paths.source)
-    return out
-
-
-def _build_failed(paths: _Paths, log: str, error: Exception) -> Exception:
-    """`CompilerNotFound` if the compiler could not even start, else a `BuildError` with the
-    compiler's output tail; the full log is kept beside the source."""
-    text = f"{log}\n{error}"
-    # The driver ran but could not start itself or its parts (cc1, as, ld): an install problem,
-    # not a bug in the source.
-    broken = ("cannot execute", "error trying to exec", "No such file or directory: '")
-    if any(marker in text for marker in broken) or (
-            "No such file or directory" in text and "command" in text and "failed" in text):
-        return _compiler_not_found(compiler_command(), f"could not be run:\n{_tail(text, lines=8)}")
-    atomic_write(paths.log, text.encode())
-    return BuildError(f"C compilation of {paths.name} failed ({error.__class__.__name__}).\n"
-                      f"Compiler output (tail):\n{_tail(text)}\n"
-                      f"Source kept at: {paths.source} (full log: {paths.log})",
-                      log=text, source_path=paths.source)
+    make_c_source(ffi, paths.name, f"#line 1 {c_string_literal(os.fsencode(paths.source))}\n{source}", str(wrapper))
+    link_args = [str(link.library_path), "-Wl,-rpath,$ORIGIN"] if link is not None else []
+    return toolchain.compile_shared(tmp, paths, flags, source=wrapper, include_dirs=[include] if include else [],
+                                    link_args=link_args, python=True)
 
 
 def _remove_entry(paths: _Paths) -> None:
@@ -592,43 +483,6 @@ def _load_without_compiler(directory: Path, prekey: str, source: str, kind: str 
 # small helpers
 
 
-def _compiler_not_found(command: list[str], problem: str) -> CompilerNotFound:
-    cc = shlex.join(command) if command else "(empty)"
-    source = "$CC" if os.environ.get("CC") else "the compiler Python was built with (set $CC to change)"
-    return CompilerNotFound(
-        f"No working C compiler: {cc!r} ({source}) {problem}.\n"
-        f"The C backend needs one to build its modules. Fix: install gcc (e.g. `apt install gcc` or "
-        f"`conda install gcc`), or point the CC environment variable at a working C compiler.\n"
-        f"backend=\"numpy\" works without a compiler.")
-
-
-def _nvcc_not_found(command: list[str], problem: str) -> CompilerNotFound:
-    nvcc = shlex.join(command) if command else "(empty)"
-    return CompilerNotFound(
-        f"No working CUDA compiler: {nvcc!r} {problem}.\n"
-        f"The CUDA backend needs nvcc to build its libraries. Fix: install the CUDA toolkit, or point "
-        f"the NVCC environment variable at nvcc.\nbackend=\"c\" and backend=\"numpy\" work without it.")
-
-
-@contextlib.contextmanager
-def _redirect_output(log_path: Path):
-    """Send fds 1 and 2 (where setuptools' compiler subprocesses write) to `log_path`."""
-    for stream in (sys.stdout, sys.stderr):
-        with contextlib.suppress(Exception):
-            stream.flush()
-    saved = [os.dup(1), os.dup(2)]
-    try:
-        with open(log_path, "wb") as log:
-            os.dup2(log.fileno(), 1)
-            os.dup2(log.fileno(), 2)
-            yield
-    finally:
-        os.dup2(saved[0], 1)
-        os.dup2(saved[1], 2)
-        for fd in saved:
-            os.close(fd)
-
-
 @contextlib.contextmanager
 def _file_lock(path: Path):
     """An exclusive fcntl lock on `path` (released when the process dies, too)."""
@@ -668,31 +522,6 @@ def _file_sha256(path: Path) -> str | None:
         return hashlib.sha256(path.read_bytes()).hexdigest()
     except OSError:
         return None
-
-
-def c_string_literal(data: bytes) -> str:
-    """`data` as a C string literal that spells exactly these bytes, in printable ASCII.
-
-    Printable ASCII stays as it is; every other byte (a control character such as ESC or a
-    newline, the bytes of UTF-8 or of a file name that is not UTF-8) becomes a three-digit octal
-    escape, which, unlike `\\x`, cannot run on into the characters after it. `\\`, `"` and `?` are
-    escaped (the last so that no `??/` trigraph forms: -std=c11 turns trigraphs on). JSON's
-    escapes are not C's: `\\u001b` is an invalid universal character name in C.
-    """
-    out = []
-    for byte in data:
-        char = chr(byte)
-        if char in '\\"?':
-            out.append("\\" + char)
-        elif 32 <= byte < 127:
-            out.append(char)
-        else:
-            out.append(f"\\{byte:03o}")
-    return '"' + "".join(out) + '"'
-
-
-def _tail(text: str, lines: int = 30, chars: int = 4000) -> str:
-    return "\n".join(text.strip().splitlines()[-lines:])[-chars:]
 
 
 def _now() -> str:
