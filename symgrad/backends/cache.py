@@ -47,11 +47,12 @@ architecture the caller chose), the compiler identity is nvcc's path and `--vers
 cffi's ABI mode (`ffi.dlopen` with the cdef): `BuiltModule.module` has `.ffi` and `.lib`.
 
 kind="runtime" (symgrad/backends/runtime.py) builds a plain shared library the same way
-with the C compiler and flags: `cc <flags> -shared -fPIC -o _symgrad_<hash>.so`, its
-soname the file's name; it is loaded with cffi's ABI mode (no cdef) and RTLD_LOCAL. A
-build given `link=` (that library's BuiltModule) links to it by soname, with `$ORIGIN`
-(the cache directory) as its run path, so the extension finds it wherever the directory
-is; the library's key is part of the linking build's key. `headers` (file name -> text)
+with the C compiler and flags, `_symgrad_<hash>.so`, its soname the file's name; Python does
+not load it (`BuiltModule.module` is None). A build given `link=` (that library's
+BuiltModule) links to it by soname, with `$ORIGIN` (the cache directory) as its run path:
+importing the extension loads the library from beside it, wherever the directory is, or
+reuses the one already loaded under that soname. The library's key is part of the linking
+build's key. `headers` (file name -> text)
 are written to `include/<hash>/` and put on the include path; their text is part of the
 key too.
 
@@ -102,7 +103,7 @@ _ENV_FLAG_VARS = ("CFLAGS", "CPPFLAGS", "LDFLAGS", "LDSHARED")
 class BuiltModule:
     """A compiled, verified and imported cache entry."""
 
-    module: ModuleType  # the cffi extension module: `.lib` (the C functions) and `.ffi`
+    module: ModuleType | None  # the cffi extension module: `.lib` (the C functions) and `.ffi`; None: a runtime
     module_name: str  # "_symgrad_<hash>"; `import` it with `cache_dir` on sys.path
     source_path: Path  # the .c beside the binary, byte for byte the `source` compiled
     library_path: Path  # the .so
@@ -416,8 +417,7 @@ def _remove_entry(paths: _Paths) -> None:
 
 
 class DlopenModule:
-    """A kind="cuda" or "runtime" entry loaded with cffi's ABI mode: `.ffi` (with the cdef) and `.lib`
-    (the functions)."""
+    """A kind="cuda" entry loaded with cffi's ABI mode: `.ffi` (with the cdef) and `.lib` (the functions)."""
 
     def __init__(self, name: str, so_path: Path, cdef: str):
         import cffi
@@ -428,13 +428,16 @@ class DlopenModule:
         self.lib = self.ffi.dlopen(str(so_path))
 
     def __repr__(self) -> str:
-        return f"<symgrad shared library {self.__name__}>"
+        return f"<symgrad CUDA library {self.__name__}>"
 
 
 def _open(name: str, so_path: Path, kind: str, cdef: str):
-    """The loaded entry: an imported extension module (kind "c"), a dlopened library (kind "cuda",
-    "runtime"; RTLD_LOCAL: a program linking a runtime finds it by its soname, and two runtimes
-    built with other flags, which define the same names, never serve each other's programs)."""
+    """The loaded entry: an imported extension module (kind "c"), a dlopened library (kind "cuda"),
+    or nothing (kind "runtime": the programs linking it load it, from beside them, when they are
+    imported; each program's dependencies are its own (RTLD_LOCAL), so two runtimes built with
+    other flags, which define the same names, never serve each other's programs)."""
+    if kind == "runtime":
+        return None
     return _load(name, so_path) if kind == "c" else DlopenModule(name, so_path, cdef)
 
 

@@ -9,6 +9,7 @@ import subprocess
 import sys
 import sysconfig
 import textwrap
+from unittest import mock
 
 import numpy as np
 import pytest
@@ -34,17 +35,11 @@ def fresh(monkeypatch, tmp_path):
 
 @pytest.fixture
 def runtime_builds(monkeypatch):
-    """Counts the runtime libraries compiled in this process."""
-    calls = []
-    real = toolchain.compile_shared
-
-    def counting(*args, **kwargs):
-        if not kwargs.get("python"):  # not a program's extension module
-            calls.append(args)
-        return real(*args, **kwargs)
-
-    monkeypatch.setattr(toolchain, "compile_shared", counting)
-    return calls
+    """The runtime libraries compiled in this process (a program's extension module is the
+    same function's other use: python=True)."""
+    spy = mock.Mock(wraps=toolchain.compile_shared)
+    monkeypatch.setattr(toolchain, "compile_shared", spy)
+    return lambda: [call for call in spy.call_args_list if not call.kwargs.get("python")]
 
 
 def _mlp(width: int):
@@ -109,13 +104,13 @@ def test_two_programs_link_one_runtime_built_once(fresh, runtime_builds):
     """The first program builds the runtime; the next one, another model, links the same file.
     Other flags build another runtime, which only their programs link."""
     first, second = _function(40), _function(24)
-    assert len(runtime_builds) == 1
+    assert len(runtime_builds()) == 1
     (library,) = _runtime_libraries(fresh)
     for fn in (first, second):
         assert library.name.encode() in fn.library_path.read_bytes()  # DT_NEEDED: the runtime's soname
         _check(fn, 40 if fn is first else 24)
     portable = _function(40, flags=PORTABLE_FLAGS)
-    assert len(runtime_builds) == 2
+    assert len(runtime_builds()) == 2
     (other,) = set(_runtime_libraries(fresh)) - {library}
     assert other.name.encode() in portable.library_path.read_bytes()
     assert library.name.encode() not in portable.library_path.read_bytes()
@@ -134,7 +129,7 @@ def test_a_damaged_runtime_is_rebuilt_not_loaded(fresh, runtime_builds, monkeypa
     os.replace(damaged, library)
     monkeypatch.setattr(cache, "_LOADED", {})  # as a new process would: nothing loaded yet
     fn = _function(16)
-    assert len(runtime_builds) == 2
+    assert len(runtime_builds()) == 2
     assert _runtime_libraries(fresh) == [library] and library.read_bytes() != bytes(data)
     _check(fn, 16)
 
@@ -145,7 +140,7 @@ def test_a_cache_directory_deleted_and_compiled_again_works(fresh, runtime_build
     _check(_function(40), 40)
     shutil.rmtree(fresh)
     again, new = _function(40), _function(8)
-    assert len(runtime_builds) == 2 and len(_runtime_libraries(fresh)) == 1
+    assert len(runtime_builds()) == 2 and len(_runtime_libraries(fresh)) == 1
     _check(again, 40)
     _check(new, 8)
 
