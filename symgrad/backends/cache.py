@@ -17,6 +17,7 @@ earlier from the same inputs. Layout of the cache directory
     locks/_symgrad_<hash>.lock     one fcntl lock per key: concurrent builders take turns
     include/<hash>/<name>.h        `headers` a build includes, by the hash of their text
     programs/<key>.json            graph -> source, the program cache (symgrad/backends/program_cache.py)
+    runtime/<hash>.json            the runtime's rendered source (symgrad/backends/runtime.py)
 
 The binaries sit directly in the cache directory, so with it on `sys.path`
 `import _symgrad_<hash>` works in any process without symgrad. The kept .c is
@@ -258,7 +259,7 @@ def clear_cache() -> int:
     count = len(list(directory.glob("_symgrad_*.json")))
     for path in directory.iterdir():
         if path.name.startswith(("_symgrad_", ".tmp-")) or path.name in ("index", "locks", "sympy", "templates",
-                                                                          "programs", "include"):
+                                                                          "programs", "include", "runtime"):
             shutil.rmtree(path) if path.is_dir() else path.unlink(missing_ok=True)
     _LOADED.clear()
     return count

@@ -19,15 +19,18 @@ clock) and its arguments: the library keeps no state of its own. Its functions r
 
 from __future__ import annotations
 
+import hashlib
+import json
 from dataclasses import dataclass
 from functools import lru_cache
 
+import jinja2
 import numpy as np
 import sympy
 
 from ..ir import dtypes as D
 from . import cache
-from .templates import render
+from .templates import render, template_dir
 
 HEADER = "symgrad_runtime.h"    # the name programs include it by
 OK = 0                          # status: done
@@ -162,8 +165,25 @@ def header() -> str:
 
 @lru_cache(maxsize=None)
 def source(targets: tuple = TARGETS) -> str:
-    """The runtime's C source (it includes `symgrad_runtime.h`), its kernels tiled for `targets`."""
-    return render("c/runtime.c.j2", **_context(targets))
+    """The runtime's C source (it includes `symgrad_runtime.h`), its kernels tiled for `targets`.
+
+    Rendering it takes ~10 ms, a fifth of a warm compile, which needs only its text (the key of
+    the library built from it): the text is kept in the build cache (`runtime/<hash>.json`),
+    under a hash of what it is rendered from (every C template, jinja2's version, the context),
+    with a checksum; one that does not match is rendered again.
+    """
+    context = _context(targets)
+    inputs = dict(context=context, jinja2=jinja2.__version__,
+                  templates={p.name: p.read_text() for p in sorted((template_dir() / "c").glob("*.j2"))})
+    path = cache.cache_dir() / "runtime" / f"{cache.sha256_json(inputs)[:32]}.json"
+    kept = cache.read_json(path) or {}
+    text = kept.get("source")
+    if isinstance(text, str) and kept.get("sha256") == hashlib.sha256(text.encode()).hexdigest():
+        return text
+    text = render("c/runtime.c.j2", **context)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    cache.atomic_write(path, json.dumps({"source": text, "sha256": hashlib.sha256(text.encode()).hexdigest()}).encode())
+    return text
 
 
 def build(flags: list[str] | None = None) -> cache.BuiltModule:

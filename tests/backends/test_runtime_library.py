@@ -2,6 +2,7 @@
 into the build cache and linked by every program, which keeps no state of its own and returns
 status codes (a failed allocation is a MemoryError naming the kernel, never an abort)."""
 
+import json
 import os
 import re
 import shutil
@@ -98,6 +99,20 @@ def test_no_writable_data_in_a_program_or_the_runtime(fresh):
         variables = [line.split()[2] for line in listing.splitlines()
                      if len(line.split()) == 3 and line.split()[1] in "bBdD"]
         assert variables and not [v for v in variables if not v.startswith(("_", "completed."))], variables
+
+
+def test_the_runtime_source_kept_in_the_cache_is_checked_before_use(fresh):
+    """A warm compile reads the runtime's source from the cache instead of rendering it; an
+    edited copy fails its checksum and is rendered again."""
+    runtime.source.cache_clear()
+    text = runtime.source()
+    (kept,) = (fresh / "runtime").glob("*.json")
+    entry = json.loads(kept.read_text())
+    assert entry["source"] == text
+    entry["source"] = text.replace("context->team_warm |= parallel;", "")
+    kept.write_text(json.dumps(entry))
+    runtime.source.cache_clear()
+    assert runtime.source() == text and json.loads(kept.read_text())["source"] == text
 
 
 def test_two_programs_link_one_runtime_built_once(fresh, runtime_builds):
