@@ -156,19 +156,23 @@ def _context(targets: tuple) -> dict:
                 vectors=vectors, narrow=[v for d in GEMM for v in _narrow_variants(d, targets)])
 
 
-@lru_cache(maxsize=None)
 def header() -> str:
     """`symgrad_runtime.h`: the status codes, the epilogue and context types, and a declaration
     of every function a program may call."""
-    return render("c/runtime.h.j2", **_context(TARGETS))
+    return _rendered(TARGETS)["header"]
+
+
+def source(targets: tuple = TARGETS) -> str:
+    """The runtime's C source (it includes `symgrad_runtime.h`), its kernels tiled for `targets`."""
+    return _rendered(targets)["source"]
 
 
 @lru_cache(maxsize=None)
-def source(targets: tuple = TARGETS) -> str:
-    """The runtime's C source (it includes `symgrad_runtime.h`), its kernels tiled for `targets`.
+def _rendered(targets: tuple) -> dict:
+    """The header and the source, rendered, or read back from the build cache.
 
-    Rendering it takes ~10 ms, a fifth of a warm compile, which needs only its text (the key of
-    the library built from it): the text is kept in the build cache (`runtime/<hash>.json`),
+    Rendering them takes 10-20 ms, a third of a warm compile, which needs only their text (the
+    key of the library built from it): the text is kept in the cache (`runtime/<hash>.json`),
     under a hash of what it is rendered from (every C template, jinja2's version, the context),
     with a checksum; one that does not match is rendered again.
     """
@@ -177,13 +181,17 @@ def source(targets: tuple = TARGETS) -> str:
                   templates={p.name: p.read_text() for p in sorted((template_dir() / "c").glob("*.j2"))})
     path = cache.cache_dir() / "runtime" / f"{cache.sha256_json(inputs)[:32]}.json"
     kept = cache.read_json(path) or {}
-    text = kept.get("source")
-    if isinstance(text, str) and kept.get("sha256") == hashlib.sha256(text.encode()).hexdigest():
-        return text
-    text = render("c/runtime.c.j2", **context)
+    texts = {name: kept.get(name) for name in ("header", "source")}
+    if all(isinstance(t, str) for t in texts.values()) and kept.get("sha256") == _checksum(texts):
+        return texts
+    texts = {"header": render("c/runtime.h.j2", **context), "source": render("c/runtime.c.j2", **context)}
     path.parent.mkdir(parents=True, exist_ok=True)
-    cache.atomic_write(path, json.dumps({"source": text, "sha256": hashlib.sha256(text.encode()).hexdigest()}).encode())
-    return text
+    cache.atomic_write(path, json.dumps({**texts, "sha256": _checksum(texts)}).encode())
+    return texts
+
+
+def _checksum(texts: dict) -> str:
+    return hashlib.sha256("\0".join([texts["header"], texts["source"]]).encode()).hexdigest()
 
 
 def build(flags: list[str] | None = None) -> cache.BuiltModule:

@@ -104,14 +104,14 @@ def test_no_writable_data_in_a_program_or_the_runtime(fresh):
 def test_the_runtime_source_kept_in_the_cache_is_checked_before_use(fresh):
     """A warm compile reads the runtime's source from the cache instead of rendering it; an
     edited copy fails its checksum and is rendered again."""
-    runtime.source.cache_clear()
+    runtime._rendered.cache_clear()
     text = runtime.source()
     (kept,) = (fresh / "runtime").glob("*.json")
     entry = json.loads(kept.read_text())
     assert entry["source"] == text
     entry["source"] = text.replace("context->team_warm |= parallel;", "")
     kept.write_text(json.dumps(entry))
-    runtime.source.cache_clear()
+    runtime._rendered.cache_clear()
     assert runtime.source() == text and json.loads(kept.read_text())["source"] == text
 
 
