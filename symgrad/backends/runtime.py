@@ -185,8 +185,11 @@ def _rendered(targets: tuple) -> dict:
     if all(isinstance(t, str) for t in texts.values()) and kept.get("sha256") == _checksum(texts):
         return texts
     texts = {"header": render("c/runtime.h.j2", **context), "source": render("c/runtime.c.j2", **context)}
-    path.parent.mkdir(parents=True, exist_ok=True)
-    cache.atomic_write(path, json.dumps({**texts, "sha256": _checksum(texts)}).encode())
+    try:  # a cache that cannot be written (read-only, removed meanwhile) only means rendering again
+        path.parent.mkdir(parents=True, exist_ok=True)
+        cache.atomic_write(path, json.dumps({**texts, "sha256": _checksum(texts)}).encode())
+    except OSError:
+        pass
     return texts
 
 
