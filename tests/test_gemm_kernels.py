@@ -81,16 +81,19 @@ def test_narrow_matmuls_after_a_team_gemm_run_on_the_team():
     g = sg.input("g", (128, 10))
     h = sg.relu(x @ w)
     fn = sg.function([x, w, v, g], [h @ v, sg.transpose(h) @ g], backend="c")
-    src = fn.source
+    from symgrad.backends import runtime
+    src, lib = fn.source, runtime.source()
     entry = src[src.rindex("int symgrad_run("):]
     # Each call starts warm only if the previous one ended moments ago (a training loop), and
-    # records when it ends; a GEMM on the team makes it warm.
-    assert entry.index("sg_team_warm = omp_get_wtime() - sg_last_call_end < SG_TEAM_AWAKE_S;") < entry.index("k0_")
-    assert entry.rindex("k1_") < entry.index("sg_last_call_end = omp_get_wtime();")
-    assert "sg_team_warm |= parallel;" in src
+    # records when it ends, in the program's context; a GEMM on the team makes it warm.
+    assert entry.index("sg_team_begin_call(context);") < entry.index("k0_")
+    assert entry.rindex("k1_") < entry.index("sg_team_end_call(context);")
+    assert "context->team_warm = omp_get_wtime() - context->last_call_end < SG_TEAM_AWAKE_S;" in lib
+    assert "context->last_call_end = omp_get_wtime();" in lib
+    assert "context->team_warm |= parallel;" in lib
     for kind in ("dot5", "tn10"):
-        body = src[src.index(f"static void sg_gemm_{kind}_f32("):].split("\n}\n")[0]
-        assert "if((double)M * N * K >= (sg_team_warm ? 262144 : 4194304))" in body
+        body = lib[lib.index(f"int sg_gemm_{kind}_f32("):].split("\n}\n")[0]
+        assert "if((double)M * N * K >= (context->team_warm ? 262144 : 4194304))" in body
     rng = np.random.default_rng(5)
     arrays = [rng.standard_normal(a.shape).astype(np.float32) for a in (x, w, v, g)]
     xa, wa, va, ga = (a.astype(np.float64) for a in arrays)
@@ -137,9 +140,11 @@ KERNELS = ("sg_micro", "sg_gemm")  # the micro-kernels, and the narrow kernels (
 
 
 def _assembly(source: str, march: str) -> str:
+    """gcc's assembly of a runtime source (beside its header) for `march`."""
     import shutil
     import subprocess
     import tempfile
+    from symgrad.backends import runtime
     from symgrad.backends.cache import DEFAULT_FLAGS
     gcc = shutil.which("gcc")
     if gcc is None:
@@ -149,6 +154,8 @@ def _assembly(source: str, march: str) -> str:
         path = f"{tmp}/kernels.c"
         with open(path, "w") as f:
             f.write(source)
+        with open(f"{tmp}/{runtime.HEADER}", "w") as f:
+            f.write(runtime.header())
         subprocess.run([gcc, *flags, f"-march={march}", "-S", "-o", f"{tmp}/kernels.s", path], check=True,
                        capture_output=True, text=True, timeout=120)
         with open(f"{tmp}/kernels.s") as f:
@@ -162,17 +169,10 @@ def _kernel_loops(asm: str) -> list:
 
 @pytest.fixture(scope="module")
 def every_kernel_source() -> str:
-    """C source holding every GEMM variant (tiled, dot and tn of every block width, in-place A), both dtypes."""
-    from symgrad.backends.c import c_source
-    outs, inputs = [], []
-    for dtype in ("float32", "float64"):
-        for M, K, N in [*SHAPES, *((24, 40, n) for n in range(1, 17))]:
-            a = sg.input(f"a_{dtype}_{M}_{K}_{N}", (M, K), dtype=dtype)
-            at = sg.input(f"at_{dtype}_{M}_{K}_{N}", (K, M), dtype=dtype)
-            b = sg.input(f"b_{dtype}_{M}_{K}_{N}", (K, N), dtype=dtype)
-            inputs += [a, at, b]
-            outs += [sg.matmul(a, b), sg.matmul(sg.transpose(at), b)]
-    return c_source(sg.Graph(inputs, outs))
+    """C source holding every GEMM variant (tiled, dot and tn of every block width, in-place A), both
+    dtypes: the runtime's, which every program calls."""
+    from symgrad.backends import runtime
+    return runtime.source()
 
 
 @pytest.mark.parametrize("march", LEVELS)
@@ -192,9 +192,8 @@ def test_register_tiles_never_touch_the_stack_in_their_k_loop(every_kernel_sourc
 
 def test_a_tile_too_big_for_the_registers_is_caught():
     """The check above catches a spill: a 12-row tile (24 accumulators) on AVX2's 16 registers."""
-    from symgrad.backends.c import Target, c_source
-    a, b = sg.input("a", (64, 64)), sg.input("b", (64, 64))
-    source = c_source(sg.Graph([a, b], [a @ b]), targets=(Target("too big", "", 32, 12, 1),))
+    from symgrad.backends.runtime import Target, source as runtime_source
+    source = runtime_source(targets=(Target("too big", "", 32, 12, 1),))
     assert "enum { SG_F32_MR = 12 };" in source
     loops = [loop for loop in _kernel_loops(_assembly(source, "x86-64-v3")) if loop.function.startswith("sg_micro")]
     assert loops and all(loop.stack_accesses for loop in loops)

@@ -4,12 +4,15 @@
 C11 file with one function per kernel and one entry point,
 
     int symgrad_run(const int64_t* dims, void** inputs, void** variables,
-                    void** outputs, char* workspace, const int64_t* offsets);
+                    void** outputs, char* workspace, const int64_t* offsets,
+                    sg_context* context);
 
 beside two small ones: `symgrad_workspace_bytes` (how many temporaries, and
 the bytes each needs for given dims) and `symgrad_set_num_threads` (caps the
-calling thread's OpenMP team). It builds the file through the cache
-(symgrad.backends.cache). Python owns all memory: inputs, variables and
+calling thread's OpenMP team). Its matmuls call the runtime
+(symgrad.backends.runtime), whose header it includes and whose library,
+built once per compiler and flags, it links; it builds the file through
+the cache (symgrad.backends.cache). Python owns all memory: inputs, variables and
 outputs are NumPy arrays passed with `ffi.from_buffer` (no copies);
 temporaries live in one workspace array whose layout is computed here from
 the Dim bindings, and checked against the sizes the code itself reports.
@@ -23,7 +26,6 @@ import re
 import sys
 import threading
 import time
-from dataclasses import dataclass
 
 import numpy as np
 import sympy
@@ -33,7 +35,7 @@ from ..ir import shapes as S
 from ..ir.elementwise import ARGS
 from ..ir.graph import Graph
 from ..ir.ops import check_labels, label_checks
-from . import cache
+from . import cache, runtime
 from .c_printer import CPrintError, format_literal, printer
 from .. import passes
 from .lowering import (PRODUCT, REDUCED, LoopKernel, MatmulKernel, Plan, ReduceKernel, RowKernel, View,
@@ -52,77 +54,16 @@ WORKSPACE_SIZES = "symgrad_workspace_bytes"
 # Caps the OpenMP team of the calling thread's later parallel regions (see _ForkedChild).
 SET_THREADS = "symgrad_set_num_threads"
 SIGNATURE = (f"int {ENTRY}(const int64_t* dims, void** inputs, void** variables, void** outputs, "
-             f"char* workspace, const int64_t* offsets)")
-CDEF = (f"{SIGNATURE};\n"
+             f"char* workspace, const int64_t* offsets, sg_context* context)")
+# The program's sg_context (symgrad_runtime.h): Python owns one per program and reads `failed`.
+CDEF = ("typedef struct { const char* failed; ...; } sg_context;\n"
+        f"{SIGNATURE};\n"
         f"int64_t {WORKSPACE_SIZES}(const int64_t* dims, int64_t* nbytes);\n"
         f"void {SET_THREADS}(int threads);")
 PARALLEL_MIN = 1 << 15          # elements: below this a loop runs on one thread
-GEMM_PARALLEL_MIN = 1 << 18     # multiply-adds: below this a matmul runs on one thread
-NARROW_N = 16                   # matmuls with at most this many output columns use a narrow-N kernel
-NARROW_PARALLEL_MIN = 1 << 22   # multiply-adds: below this a narrow-N matmul runs on one thread: the
-                                # team costs ~1 us awake, but 40 us to milliseconds when the last region
-                                # was long enough ago that it fell asleep (measured on 2-vCPU VMs)
-NARROW_PARALLEL_MIN_WARM = 1 << 18  # ...and below this while the team is awake (sg_team_warm: a GEMM
-                                    # ran on it in this call, or the previous call ended < 0.5 ms ago,
-                                    # as in a training loop): A b64's step 20% faster, A b256's 30%
 COLUMN_TILE = 256              # accumulators per column tile of a column sum (a few KB on the stack)
 LAYOUTS_KEPT = 4                # workspaces kept for the most recent distinct Dim bindings
 ALIGN = 64                      # bytes: every workspace buffer starts on a cache line
-
-
-@dataclass(frozen=True)
-class Target:
-    """One SIMD level the kernels are tiled for, chosen in the C source by the preprocessor.
-
-    The register tiles are sized for the registers the level has: a tile that does not fit is
-    spilled by the compiler, and its k loop then stores and reloads every accumulator through the
-    stack (a 5x slowdown on AVX2: issue #13). `condition` is the `#if` test that selects it ("" for
-    the portable rest); `vector_bytes` its vector width; `gemm_rows` the rows of the GEMM's register
-    tile (MR; it is 2 vectors wide); `tn_vectors` the vectors of rows the narrow transposed kernel
-    keeps per column.
-    """
-    name: str
-    condition: str
-    vector_bytes: int
-    gemm_rows: int
-    tn_vectors: int
-
-
-#: Tested in this order; the first whose condition holds is compiled. 16 vector registers (SSE2,
-#: AVX2) hold a 6-row tile: 12 accumulators, 2 B vectors and a broadcast (SSE2: plus the product,
-#: having no FMA); AVX-512VL's 32 hold 8 rows (model B's step 6% faster on Zen 4) and two vectors of
-#: rows in the tn kernel (24 accumulators). AVX-512 keeps 32-byte vectors: Zen 4 splits 64-byte ones.
-TARGETS = (
-    Target("AVX-512VL: 32 vector registers", "defined(__AVX512VL__)", 32, 8, 2),
-    Target("AVX, AVX2: 16 vector registers of 32 bytes", "defined(__AVX__)", 32, 6, 1),
-    Target("SSE2, NEON and the rest: 16-byte vectors", "", 16, 6, 1),
-)
-
-# Cache blocks of the GEMM, per dtype: the KC x NR B sliver stays in L1, the MC x KC A block (MC a
-# multiple of every target's MR) in L2, the KC x NC B panel in L3.
-GEMM = {"float32": dict(suffix="f32", MC=72, KC=256, NC=2048),
-        "float64": dict(suffix="f64", MC=72, KC=256, NC=1024)}
-
-
-def target_branches(targets, value) -> list[dict]:
-    """The `#if` / `#elif` / `#else` chain that picks `value(target)` for the target compiled: one
-    branch per run of consecutive targets with equal values, each a dict of the directive that
-    opens it, the targets' names and the value. The last target is the fallback (`#else`, or `#if 1`
-    alone); the chain ends with `#endif`."""
-    groups: list[tuple[list, object]] = []
-    for t in targets:
-        if groups and groups[-1][1] == value(t):
-            groups[-1][0].append(t)
-        else:
-            groups.append(([t], value(t)))
-    branches = []
-    for k, (group, v) in enumerate(groups):
-        if k == len(groups) - 1:
-            directive = "#else" if k else "#if 1"
-        else:
-            directive = ("#elif " if k else "#if ") + " || ".join(t.condition for t in group)
-        branches.append(dict(directive=directive, names="; ".join(t.name for t in group), value=v))
-    return branches
 
 
 def comment(text) -> str:
@@ -220,15 +161,13 @@ class _Renderer:
     language = "C"
     restrict = "restrict"  # the no-alias qualifier of kernel parameters in this language
 
-    def __init__(self, plan: Plan, targets: tuple = TARGETS):
+    def __init__(self, plan: Plan):
         self.plan = plan
-        self.targets = targets
         self.ex = _Exprs(plan.dims)
         self.int_pow = False
         self.random = False
         self.fast_exp = False  # a statement calls sg_expf (templates/c/expf.h.j2 goes in the prelude)
-        self.gemm_dtypes: list[str] = []
-        self.narrow: dict[str, dict] = {}  # narrow-N GEMM variants used, by function name
+        self.gemm = False  # a kernel calls the runtime's GEMMs
 
     def params(self, buffers: list, out) -> tuple[str, list[str]]:
         """The kernel's C parameters (dims first, then each buffer once) and the call's arguments
@@ -471,23 +410,13 @@ class _Renderer:
                    sam=self.ex.size(a.strides[0]), sak=self.ex.size(a.strides[1]),
                    sbk=self.ex.size(b.strides[0]), sbn=self.ex.size(b.strides[1]),
                    epilogue=self.matmul_epilogue(k, epilogue_buffers) if k.epilogue_statements else None)
-        narrow = _narrow_variant(k)
-        if narrow is None:
-            if k.out.dtype not in self.gemm_dtypes:
-                self.gemm_dtypes.append(k.out.dtype)
-            return dict(ctx, gemm=f"sg_gemm_{GEMM[k.out.dtype]['suffix']}", a_strides=[ctx["sam"], ctx["sak"]])
-        kind, nb = narrow
-        g = GEMM[k.out.dtype]
-        name = f"sg_gemm_{kind}{nb}_{g['suffix']}"
-        if name not in self.narrow:
-            self.narrow[name] = dict(name=name, kind=kind, NB=nb, ctype=D.C_TYPES[k.out.dtype],
-                                     suffix=g["suffix"], SUFFIX=g["suffix"].upper(), dtype=k.out.dtype,
-                                     parallel_min=NARROW_PARALLEL_MIN,
-                                     parallel_min_warm=NARROW_PARALLEL_MIN_WARM,
-                                     tiles=target_branches(self.targets, lambda t: t.tn_vectors))
-        # The dot kernel needs only A's row stride (its columns are contiguous), the
-        # transposed one only A's column stride (its rows are).
-        return dict(ctx, gemm=name, a_strides=[ctx["sam"] if kind == "dot" else ctx["sak"]])
+        self.gemm = True
+        gemm, kind = runtime.gemm_function(k.out.dtype, k.N, a.strides[0], a.strides[1])
+        # The dot kernel needs only A's row stride (its columns are contiguous), the transposed one
+        # only A's column stride (its rows are). The kernel leaves the GEMM's status in context->status.
+        a_strides = {"gemm": [ctx["sam"], ctx["sak"]], "dot": [ctx["sam"]], "tn": [ctx["sak"]]}[kind]
+        return dict(ctx, gemm=gemm, a_strides=a_strides, params=f"{params}, sg_context* context",
+                    args=[*args, "context"], status=True)
 
     def matmul_epilogue(self, k: MatmulKernel, buffers: list) -> dict:
         """The fused epilogue of a matmul kernel: a function the GEMM calls on each block of the
@@ -555,17 +484,8 @@ class _Renderer:
         sized_by = " ".join(workspace_bytes)
         dim_lines = [f"const int64_t d{k} = dims[{k}];" for k in range(len(plan.dims))
                      if re.search(rf"\bd{k}\b", sized_by)]
-        calls = [f"{k['name']}({', '.join(k['args'])});" for k in kernels]
+        calls = [dict(name=k["name"], args=", ".join(k["args"]), status=k.get("status", False)) for k in kernels]
         consts = [self.const(c) for c in plan.consts]
-        gemms = [dict(GEMM[d], ctype=D.C_TYPES[d], SUFFIX=GEMM[d]["suffix"].upper(),
-                      parallel_min=GEMM_PARALLEL_MIN, tiles=target_branches(self.targets, lambda t: t.gemm_rows))
-                 for d in self.gemm_dtypes]
-        vector_dtypes = dict.fromkeys([*self.gemm_dtypes, *(n["dtype"] for n in self.narrow.values())])
-        # what the GEMMs' vectors are: per width, the lanes
-        vectors = [dict(GEMM[d], ctype=D.C_TYPES[d], SUFFIX=GEMM[d]["suffix"].upper(),
-                        widths=[dict(b, lanes=b["value"] // D.to_numpy(d).itemsize)
-                                for b in target_branches(self.targets, lambda t: t.vector_bytes)])
-                   for d in vector_dtypes]
         arguments = [f"dims[{k}] = {comment(d)}" for k, d in enumerate(plan.dims)]
         arguments += [f"inputs[{b.index}] = {comment(b.label)}: {D.SHORT_NAMES[b.dtype]}{_fmt(plan.graph.inputs[b.index].shape)}"
                       for b in plan.inputs]
@@ -580,8 +500,7 @@ class _Renderer:
                       entry=ENTRY, arguments=arguments, parallel_min=PARALLEL_MIN, int_pow=self.int_pow,
                       random=self.random, fast_exp=self.fast_exp, bad_label=BAD_LABEL,
                       label_checks=self.label_checks(labels),
-                      consts=consts, vectors=vectors, gemms=gemms, narrow=list(self.narrow.values()),
-                      kernels=kernels,
+                      consts=consts, runtime_header=runtime.HEADER, gemm=self.gemm, kernels=kernels,
                       signature=SIGNATURE, prologue=prologue, calls=calls,
                       workspace_sizes=WORKSPACE_SIZES, dim_lines=dim_lines, workspace_bytes=workspace_bytes,
                       set_threads=SET_THREADS)
@@ -599,33 +518,6 @@ class _Body:
 
     def __init__(self, operands: list, statements: list):
         self.operands, self.statements = operands, statements
-
-
-def _narrow_variant(k: MatmulKernel):
-    """("dot" | "tn", columns per block) when a narrow-N kernel beats the register-tiled GEMM, else None.
-
-    Narrow means N (known at compile time) at most NARROW_N: the general kernel's 16-column tile
-    would compute mostly padding. "dot" needs A's rows contiguous in K, "tn" its columns contiguous
-    in M (a transposed operand); any other layout keeps the general kernel. Blocks of columns are
-    made equal so every accumulator does useful work: at most 6 columns x 2 rows ("dot") or 12
-    columns ("tn") of vector accumulators stay within AVX2's 16 registers.
-    """
-    n, sam, sak = k.N, k.a.strides[0], k.a.strides[1]
-    if k.out.dtype not in GEMM or not _concrete(n) or int(n) > NARROW_N or int(n) < 1:
-        return None
-    n = int(n)
-    if _concrete(sak) and int(sak) == 1:
-        kind, most = "dot", 6
-    elif _concrete(sam) and int(sam) == 1:
-        kind, most = "tn", 12
-    else:
-        return None
-    blocks = -(-n // most)
-    return kind, -(-n // blocks)
-
-
-def _concrete(value) -> bool:
-    return isinstance(value, (int, np.integer)) or (isinstance(value, sympy.Basic) and value.is_Integer)
 
 
 def _small(numel) -> bool:
@@ -675,17 +567,25 @@ def _fmt(shape) -> str:
     return comment(S.format_shape(shape))
 
 
-def render_source(plan: Plan, targets: tuple = TARGETS, labels: list = ()) -> str:
-    """The C source of a kernel plan, its kernels tiled for `targets`; `labels`: (input position,
-    number of classes) of the class-label inputs the entry checks before it computes anything."""
-    return _Renderer(plan, targets).render(labels)
+def render_source(plan: Plan, labels: list = ()) -> str:
+    """The C source of a kernel plan; `labels`: (input position, number of classes) of the
+    class-label inputs the entry checks before it computes anything."""
+    return _Renderer(plan).render(labels)
 
 
-def c_source(graph: Graph, targets: tuple = TARGETS) -> str:
-    """The C source that `backend="c"` compiles for `graph` (with the default targets); no compiler
-    runs. Other `targets` render the same plan with other register tiles."""
+def c_source(graph: Graph) -> str:
+    """The C source that `backend="c"` compiles for `graph`; no compiler runs. Its matmuls call the
+    runtime (symgrad.backends.runtime.source() holds their code)."""
     return render_source(lower(passes.optimize(graph), variables=graph.variables, matmul_epilogues=True),
-                         targets, _label_inputs(graph))
+                         _label_inputs(graph))
+
+
+def build_program(source: str, flags: list[str] | None = None) -> cache.BuiltModule:
+    """What a C program includes and links: its `source` built (cached) with the runtime's header on
+    its include path, linked to the runtime library built with the same `flags` (once per compiler
+    and flags; default `cache.default_flags()`)."""
+    return cache.build(source, CDEF, flags=flags, headers={runtime.HEADER: runtime.header()},
+                       link=runtime.build(flags))
 
 
 def _label_inputs(graph: Graph) -> list:
@@ -748,7 +648,7 @@ class CProgram:
             self.source, self.dims, self.arena = entry["source"], entry["dims"], entry["arena"]
         started = time.time()
         with _timed(self.timings, "build"):
-            built = cache.build(self.source, CDEF, flags=flags)
+            built = build_program(self.source, flags)
         # The library predates this build call: it came from the cache, no compiler ran.
         self.from_cache = built.library_path.stat().st_mtime < started
         self.module = built.module
@@ -759,6 +659,7 @@ class CProgram:
         self._entry = getattr(built.module.lib, ENTRY)
         self._workspace_bytes = getattr(built.module.lib, WORKSPACE_SIZES)
         self._set_threads = getattr(built.module.lib, SET_THREADS)
+        self._context = self._ffi.new("sg_context*")  # what the program keeps between its calls
         self._layouts: dict[tuple, tuple] = {}
         self.memory_plans: dict[tuple, MemoryPlan] = {}  # per Dim binding, as planned for the calls
         self._variables = [(v.name, D.to_numpy(v.dtype), tuple(v.shape)) for v in graph.variables]
@@ -946,8 +847,13 @@ class CProgram:
         results = self._outputs(outs, held, out_ptrs)
         if _ForkedChild.forked:
             self._set_threads(1)  # this thread's OpenMP setting: set on each call, whichever thread calls
-        status = self._entry(dims_ptr, in_ptrs, var_ptrs, out_ptrs, ws_ptr, offsets)
+        status = self._entry(dims_ptr, in_ptrs, var_ptrs, out_ptrs, ws_ptr, offsets, self._context)
         if status != 0:
+            if status == runtime.OUT_OF_MEMORY:
+                failed = self._ffi.string(self._context.failed).decode()
+                raise MemoryError(f"{self.module_name}: kernel {failed} could not allocate the memory it "
+                                  f"needs; the call stopped there (outputs and variable updates of the "
+                                  f"kernels before it may be written)")
             if status == BAD_LABEL:  # refused before anything ran: say which label, as Python would
                 for position, node in label_checks(self.graph):
                     check_labels(inputs[position], S.evaluate(node.attrs["num_classes"], bindings), node,

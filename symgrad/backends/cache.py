@@ -1,9 +1,11 @@
 """Build cache: C source -> an importable cffi extension module `_symgrad_<hash>`.
 
-    build(source, cdef, *, flags=None, kind="c") -> BuiltModule      (kind "c" or "cuda")
+    build(source, cdef, *, flags=None, kind="c", headers=None, link=None) -> BuiltModule
+                                                    (kind "c", "cuda" or "runtime")
 
 `build` compiles `source` with cffi's out-of-line API mode (`ffi.cdef(cdef)`,
-`ffi.set_source(name, source)`, `ffi.compile()`), or loads the module built
+`ffi.set_source(name, source)`, its C wrapper compiled and linked by one run of the C
+compiler, see symgrad.backends.toolchain), or loads the module built
 earlier from the same inputs. Layout of the cache directory
 (`SYMGRAD_CACHE_DIR`, default `~/.cache/symgrad`):
 
@@ -13,7 +15,9 @@ earlier from the same inputs. Layout of the cache directory
     _symgrad_<hash>.log            the compiler's output, only after a failed build
     index/<prekey>.json            which module the same source and flags built last (see below)
     locks/_symgrad_<hash>.lock     one fcntl lock per key: concurrent builders take turns
+    include/<hash>/<name>.h        `headers` a build includes, by the hash of their text
     programs/<key>.json            graph -> source, the program cache (symgrad/backends/program_cache.py)
+    runtime/<hash>.json            the runtime's rendered source (symgrad/backends/runtime.py)
 
 The binaries sit directly in the cache directory, so with it on `sys.path`
 `import _symgrad_<hash>` works in any process without symgrad. The kept .c is
@@ -42,6 +46,19 @@ _symgrad_<hash>.so` (flags: DEFAULT_NVCC_FLAGS or `$SYMGRAD_NVCCFLAGS`, plus the
 architecture the caller chose), the compiler identity is nvcc's path and `--version`
 (`$NVCC` is honoured), and the library, which has no Python C-API, is loaded with
 cffi's ABI mode (`ffi.dlopen` with the cdef): `BuiltModule.module` has `.ffi` and `.lib`.
+
+kind="runtime" (symgrad/backends/runtime.py) builds a plain shared library the same way
+with the C compiler and flags, `_symgrad_<hash>.so`, its soname the file's name; Python does
+not load it (`BuiltModule.module` is None). A build given `link=` (that library's
+BuiltModule) links to it by soname, with `$ORIGIN` (the cache directory) as its run path:
+importing the extension loads the library from beside it, wherever the directory is, or
+reuses the one already loaded under that soname. The library's key is part of the linking
+build's key. `headers` (file name -> text)
+are written to `include/<hash>/` and put on the include path; their text is part of the
+key too.
+
+Which compiler runs, with which flags, and the errors of a failed build are
+symgrad.backends.toolchain's (the names callers know from here are re-exported).
 
 With no compiler at all (CC missing), the key cannot be computed; `build` then
 loads the module the same source, cdef and flags built last (recorded in
@@ -72,38 +89,23 @@ from pathlib import Path
 from types import ModuleType
 
 from ..settings import cache_dir
+from . import toolchain
+# The toolchain's names the cache's callers (backends, tests, benchmarks) know it by.
+from .toolchain import (DEFAULT_FLAGS, NVCC_FAT_BINARY, BuildError, CompilerNotFound, c_string_literal,  # noqa: F401
+                        compiler_command, default_flags, default_nvcc_flags, nvcc_command)
 
-DEFAULT_FLAGS = ("-O3", "-march=native", "-fopenmp", "-std=c11", "-fno-math-errno")
 # Bumped whenever the layout or the metadata changes, so old entries are never misread.
 FORMAT = 1
 _HASH_CHARS = 32
-_KINDS = ("c", "cuda")
-# kind="cuda": nvcc builds a plain shared library (no Python C-API) that cffi loads in ABI mode.
-# No --use_fast_math: its approximate expf/logf/division would break parity with the reference.
-DEFAULT_NVCC_FLAGS = ("-O3", "-std=c++17", "-shared", "-Xcompiler", "-fPIC")
-# With no device to ask for its architecture: a fat binary for Ampere and Hopper.
-NVCC_FAT_BINARY = ("-gencode", "arch=compute_80,code=sm_80", "-gencode", "arch=compute_90,code=sm_90")
+_KINDS = ("c", "cuda", "runtime")
 _ENV_FLAG_VARS = ("CFLAGS", "CPPFLAGS", "LDFLAGS", "LDSHARED")
-
-
-class CompilerNotFound(RuntimeError):
-    """No working C compiler: says which one was looked for and how to fix it."""
-
-
-class BuildError(RuntimeError):
-    """The compiler rejected the source: carries its output tail and the kept source path."""
-
-    def __init__(self, message: str, *, log: str = "", source_path: Path | None = None):
-        super().__init__(message)
-        self.log = log
-        self.source_path = source_path
 
 
 @dataclass(frozen=True)
 class BuiltModule:
     """A compiled, verified and imported cache entry."""
 
-    module: ModuleType  # the cffi extension module: `.lib` (the C functions) and `.ffi`
+    module: ModuleType | None  # the cffi extension module: `.lib` (the C functions) and `.ffi`; None: a runtime
     module_name: str  # "_symgrad_<hash>"; `import` it with `cache_dir` on sys.path
     source_path: Path  # the .c beside the binary, byte for byte the `source` compiled
     library_path: Path  # the .so
@@ -114,50 +116,18 @@ class BuiltModule:
 _LOADED: dict[tuple[str, str], BuiltModule] = {}
 # compiler command -> identity string; asking `cc --version` once per process is enough.
 _COMPILER_IDS: dict[str, str] = {}
-# Threads of one process take turns in `build`: cffi's compile chdirs into its tmpdir and we
-# redirect fds 1/2 (both process-wide), and one key must map to one module object.
+# Threads of one process take turns in `build`: one key must map to one module object.
 _LOCK = threading.RLock()
-
-
-def default_flags() -> list[str]:
-    """Compiler flags: `$SYMGRAD_CFLAGS` (shell-split) if set, else `DEFAULT_FLAGS`.
-
-    No -ffast-math: it lets gcc assume there are no NaNs or infinities, which breaks
-    the NumPy semantics (log(0) = -inf, nan propagation) the backends must match.
-    """
-    configured = os.environ.get("SYMGRAD_CFLAGS")
-    return shlex.split(configured) if configured is not None else list(DEFAULT_FLAGS)
-
-
-def compiler_command() -> list[str]:
-    """The C compiler setuptools will run: `$CC`, else the one Python was built with."""
-    cc = os.environ.get("CC") or sysconfig.get_config_var("CC") or "cc"
-    return shlex.split(cc)
-
-
-def default_nvcc_flags() -> list[str]:
-    """nvcc flags before the architecture: `$SYMGRAD_NVCCFLAGS` (shell-split) if set, else
-    `DEFAULT_NVCC_FLAGS`."""
-    configured = os.environ.get("SYMGRAD_NVCCFLAGS")
-    return shlex.split(configured) if configured is not None else list(DEFAULT_NVCC_FLAGS)
-
-
-def nvcc_command() -> list[str]:
-    """The CUDA compiler: `$NVCC`, else `nvcc` on PATH, else /usr/local/cuda/bin/nvcc."""
-    configured = os.environ.get("NVCC")
-    if configured:
-        return shlex.split(configured)
-    return [shutil.which("nvcc") or "/usr/local/cuda/bin/nvcc"]
 
 
 def compiler_identity() -> str:
     """Resolved path and `--version` output of the C compiler; raises `CompilerNotFound`."""
-    return _identity(compiler_command(), _compiler_not_found)
+    return _identity(compiler_command(), toolchain.compiler_not_found)
 
 
 def nvcc_identity() -> str:
     """Resolved path and `--version` output of nvcc (kind="cuda"); raises `CompilerNotFound`."""
-    return _identity(nvcc_command(), _nvcc_not_found)
+    return _identity(nvcc_command(), toolchain.nvcc_not_found)
 
 
 def _identity(command: list[str], not_found) -> str:
@@ -174,33 +144,56 @@ def _identity(command: list[str], not_found) -> str:
         raise not_found(command, f"could not be run ({exc})") from None
     if done.returncode != 0:
         raise not_found(command, f"failed to run: `--version` exited with {done.returncode}:\n"
-                                 f"{_tail(done.stderr or done.stdout)}")
+                                 f"{toolchain.tail(done.stderr or done.stdout)}")
     identity = f"{resolved}\n{done.stdout.strip()}"
     _COMPILER_IDS[cache_key] = identity
     return identity
 
 
-def build(source: str, cdef: str, *, flags: list[str] | None = None, kind: str = "c") -> BuiltModule:
+def build(source: str, cdef: str, *, flags: list[str] | None = None, kind: str = "c",
+          headers: dict[str, str] | None = None, link: BuiltModule | None = None) -> BuiltModule:
     """Compile `source` (declarations `cdef`) into a cached extension module, or load it from the cache.
 
-    `flags` default to `default_flags()`. Raises `CompilerNotFound` when a build is
-    needed and no compiler runs, `BuildError` when the compiler rejects the source.
+    `flags` default to `default_flags()` (nvcc's for kind "cuda"). `headers` (file name -> text):
+    files the source includes; `link`: a kind="runtime" library it calls. Raises `CompilerNotFound`
+    when a build is needed and no compiler runs, `BuildError` when the compiler rejects the source.
     """
     if kind not in _KINDS:
         raise ValueError(f"build: unknown kind {kind!r}; expected one of {', '.join(_KINDS)}")
     if not isinstance(source, str) or not isinstance(cdef, str):
         raise TypeError("build: source and cdef must be str")
     if flags is None:
-        flags = default_flags() if kind == "c" else default_nvcc_flags() + list(NVCC_FAT_BINARY)
+        flags = default_flags() if kind != "cuda" else default_nvcc_flags() + list(NVCC_FAT_BINARY)
     flags = [str(flag) for flag in flags]
     with _LOCK:
-        return _build(source, cdef, flags, kind)
+        return _build(source, cdef, flags, kind, _Inputs(dict(headers or {}), link))
 
 
-def _build(source: str, cdef: str, flags: list[str], kind: str) -> BuiltModule:
+@dataclass(frozen=True)
+class _Inputs:
+    """What a build reads besides its source: the headers it includes, the library it links."""
+    headers: dict
+    link: BuiltModule | None
+
+    def key_parts(self) -> dict:
+        return {"headers": self.headers, "link": self.link.module_name if self.link else None}
+
+    def include_dir(self, directory: Path) -> Path | None:
+        """The directory holding the headers (written there, by their hash, if missing or changed)."""
+        if not self.headers:
+            return None
+        include = directory / "include" / sha256_json(self.headers)[:16]
+        for name, text in self.headers.items():
+            if _file_sha256(include / name) != hashlib.sha256(text.encode()).hexdigest():
+                include.mkdir(parents=True, exist_ok=True)
+                atomic_write(include / name, text.encode())
+        return include
+
+
+def _build(source: str, cdef: str, flags: list[str], kind: str, inputs: _Inputs) -> BuiltModule:
     directory = cache_dir()
     directory.mkdir(parents=True, exist_ok=True)
-    prekey = _prekey(source, cdef, flags, kind)
+    prekey = _prekey(source, cdef, flags, kind, inputs)
     try:
         key = _key(prekey, flags, kind)
     except CompilerNotFound:
@@ -224,7 +217,7 @@ def _build(source: str, cdef: str, flags: list[str], kind: str) -> BuiltModule:
             so_path = _verified(paths, key, source)
             if so_path is None:
                 _remove_entry(paths)
-                so_path = _compile_entry(paths, key, prekey, source, cdef, flags, kind)
+                so_path = _compile_entry(paths, key, prekey, source, cdef, flags, kind, inputs)
     _record_index(directory, prekey, name, key)
     # A module loaded before its files were deleted is the same code (the same key): keep using
     # it. Importing the rebuilt file under the same name would only return the first one anyway.
@@ -260,7 +253,8 @@ def clear_cache() -> int:
         return 0
     count = len(list(directory.glob("_symgrad_*.json")))
     for path in directory.iterdir():
-        if path.name.startswith(("_symgrad_", ".tmp-")) or path.name in ("index", "locks", "sympy", "templates", "programs"):
+        if path.name.startswith(("_symgrad_", ".tmp-")) or path.name in ("index", "locks", "sympy", "templates",
+                                                                          "programs", "include", "runtime"):
             shutil.rmtree(path) if path.is_dir() else path.unlink(missing_ok=True)
     _LOADED.clear()
     return count
@@ -270,19 +264,22 @@ def clear_cache() -> int:
 # keys
 
 
-def _prekey(source: str, cdef: str, flags: list[str], kind: str) -> str:
+def _prekey(source: str, cdef: str, flags: list[str], kind: str, inputs: _Inputs | None = None) -> str:
     """Hash of everything except the compiler: names the fallback when no compiler is present."""
     import symgrad
 
-    return sha256_json({"format": FORMAT, "kind": kind, "source": source, "cdef": cdef, "flags": flags,
+    inputs = inputs or _Inputs({}, None)
+    # The source by its digest: written into the JSON whole, a runtime's 350 KB would cost 1.4 ms.
+    return sha256_json({"format": FORMAT, "kind": kind, "source": hashlib.sha256(source.encode()).hexdigest(),
+                        "cdef": cdef, "flags": flags,
                          "cffi": _cffi_version(), "abi": sysconfig.get_config_var("EXT_SUFFIX"),
-                         "symgrad": symgrad.__version__})
+                         "symgrad": symgrad.__version__, **inputs.key_parts()})
 
 
 def _key(prekey: str, flags: list[str], kind: str = "c") -> str:
     """The full cache key: the prekey plus compiler identity (`cc` or `nvcc --version`), build
     environment and, for -march=native, the host CPU."""
-    parts = {"prekey": prekey, "compiler": compiler_identity() if kind == "c" else nvcc_identity(),
+    parts = {"prekey": prekey, "compiler": nvcc_identity() if kind == "cuda" else compiler_identity(),
              "env": {name: os.environ.get(name) for name in _ENV_FLAG_VARS}}
     if any(flag.startswith(("-march=native", "-mcpu=native", "-mtune=native")) for flag in flags):
         parts["cpu"] = _host_cpu()
@@ -327,9 +324,9 @@ class _Paths:
     def __init__(self, directory: Path, name: str, kind: str = "c"):
         self.directory = directory
         self.name = name
-        # A CUDA entry is a plain shared library and its .cu source, not a Python extension.
+        # A CUDA or runtime entry is a plain shared library, not a Python extension.
         self.library = directory / (name + (sysconfig.get_config_var("EXT_SUFFIX") if kind == "c" else ".so"))
-        self.source = directory / (name + (".c" if kind == "c" else ".cu"))
+        self.source = directory / (name + (".cu" if kind == "cuda" else ".c"))
         self.meta = directory / (name + ".json")
         self.log = directory / (name + ".log")  # only after a failed build
         self.lock = directory / "locks" / (name + ".lock")
@@ -355,7 +352,7 @@ def _verified(paths: _Paths, key: str, source: str) -> Path | None:
 
 
 def _compile_entry(paths: _Paths, key: str, prekey: str, source: str, cdef: str, flags: list[str],
-                   kind: str = "c") -> Path:
+                   kind: str, inputs: _Inputs) -> Path:
     """Build into a temp dir inside the cache dir, then move the .so and the metadata into place.
 
     The source is put in place first: the compiler's messages and the debug info name it, and
@@ -364,11 +361,21 @@ def _compile_entry(paths: _Paths, key: str, prekey: str, source: str, cdef: str,
     atomic_write(paths.source, source.encode())
     tmp = Path(tempfile.mkdtemp(prefix=f".tmp-{paths.name}-", dir=paths.directory))
     try:
-        built = (_compile if kind == "c" else _compile_nvcc)(tmp, paths, source, cdef, flags)
+        include = inputs.include_dir(paths.directory)
+        try:
+            if kind == "c":
+                built = _compile(tmp, paths, source, cdef, flags, include=include, link=inputs.link)
+            elif kind == "runtime":
+                built = toolchain.compile_shared(tmp, paths, flags, include_dirs=[include] if include else [])
+            else:
+                built = toolchain.compile_nvcc(tmp, paths, flags)
+        except BuildError as failed:
+            atomic_write(paths.log, failed.log.encode())  # beside the kept source, for the user to read
+            raise
         meta = {"format": FORMAT, "module_name": paths.name, "key": key, "prekey": prekey,
                 "library": paths.library.name, "library_sha256": _file_sha256(built),
                 "source_sha256": hashlib.sha256(source.encode()).hexdigest(), "flags": flags,
-                "compiler": _COMPILER_IDS.get(shlex.join(compiler_command() if kind == "c" else nvcc_command()), ""),
+                "compiler": _COMPILER_IDS.get(shlex.join(nvcc_command() if kind == "cuda" else compiler_command()), ""),
                 "cffi": _cffi_version(), "created": _now()}
         meta_tmp = tmp / "meta.json"
         meta_tmp.write_text(json.dumps(meta, indent=1, sort_keys=True))
@@ -381,67 +388,24 @@ def _compile_entry(paths: _Paths, key: str, prekey: str, source: str, cdef: str,
     return paths.library
 
 
-def _compile(tmp: Path, paths: _Paths, source: str, cdef: str, flags: list[str]) -> Path:
-    """Run cffi's out-of-line build in `tmp`, capturing the compiler's output; returns the .so."""
+def _compile(tmp: Path, paths: _Paths, source: str, cdef: str, flags: list[str], include: Path | None = None,
+             link: BuiltModule | None = None) -> Path:
+    """Build the extension module in `tmp`: cffi writes its C wrapper around the source (API mode),
+    the compiler builds it; returns the .so. `include`: a directory on the include path; `link`: a
+    runtime library linked by its soname, found at run time beside the extension ($ORIGIN: both
+    sit in the cache directory)."""
     import cffi
+    from cffi.recompiler import make_c_source
 
     ffi = cffi.FFI()
     ffi.cdef(cdef)
-    link = ["-fopenmp"] if any(flag.startswith("-fopenmp") for flag in flags) else []
+    wrapper = tmp / (paths.name + ".c")
     # The #line makes the compiler's messages and the debug info point at the kept source file,
     # not at cffi's wrapper around it.
-    ffi.set_source(paths.name, f"#line 1 {c_string_literal(os.fsencode(paths.source))}\n{source}",
-                   extra_compile_args=list(flags), extra_link_args=link, libraries=["m"])
-    log_path = tmp / "compiler.log"
-    with _LOCK, _redirect_output(log_path):
-        try:
-            built = Path(ffi.compile(tmpdir=str(tmp), verbose=False))
-            error = None
-        except Exception as exc:  # cffi wraps setuptools' CompileError/LinkError in VerificationError
-            error = exc
-    if error is not None:
-        log = log_path.read_text(errors="replace") if log_path.exists() else ""
-        raise _build_failed(paths, log, error) from None
-    if built.name != paths.library.name:
-        raise BuildError(f"cffi produced {built.name}, expected {paths.library.name}")
-    return built
-
-
-def _compile_nvcc(tmp: Path, paths: _Paths, source: str, cdef: str, flags: list[str]) -> Path:
-    """Run nvcc on the kept .cu (so its messages name that file) into `tmp`; returns the .so."""
-    out = tmp / paths.library.name
-    command = [*nvcc_command(), *flags, "-o", str(out), str(paths.source)]
-    try:
-        done = subprocess.run(command, capture_output=True, text=True, cwd=tmp, timeout=600)
-    except (OSError, subprocess.SubprocessError) as exc:
-        raise CompilerNotFound(f"No working CUDA compiler: {shlex.join(nvcc_command())!r} could not be run "
-                               f"({exc}).\nThe CUDA backend needs nvcc to build its libraries. Fix: install the "
-                               f"CUDA toolkit, or point the NVCC environment variable at nvcc.") from None
-    if done.returncode != 0 or not out.is_file():
-        text = f"$ {shlex.join(command)}\n{done.stdout}\n{done.stderr}"
-        atomic_write(paths.log, text.encode())
-        raise BuildError(f"CUDA compilation of {paths.name} failed (nvcc exited with {done.returncode}).\n"
-                         f"nvcc output (tail):\n{_tail(text)}\n"
-                         f"Source kept at: {paths.source} (full log: {paths.log})",
-                         log=text, source_path=paths.source)
-    return out
-
-
-def _build_failed(paths: _Paths, log: str, error: Exception) -> Exception:
-    """`CompilerNotFound` if the compiler could not even start, else a `BuildError` with the
-    compiler's output tail; the full log is kept beside the source."""
-    text = f"{log}\n{error}"
-    # The driver ran but could not start itself or its parts (cc1, as, ld): an install problem,
-    # not a bug in the source.
-    broken = ("cannot execute", "error trying to exec", "No such file or directory: '")
-    if any(marker in text for marker in broken) or (
-            "No such file or directory" in text and "command" in text and "failed" in text):
-        return _compiler_not_found(compiler_command(), f"could not be run:\n{_tail(text, lines=8)}")
-    atomic_write(paths.log, text.encode())
-    return BuildError(f"C compilation of {paths.name} failed ({error.__class__.__name__}).\n"
-                      f"Compiler output (tail):\n{_tail(text)}\n"
-                      f"Source kept at: {paths.source} (full log: {paths.log})",
-                      log=text, source_path=paths.source)
+    make_c_source(ffi, paths.name, f"#line 1 {c_string_literal(os.fsencode(paths.source))}\n{source}", str(wrapper))
+    link_args = [str(link.library_path), "-Wl,-rpath,$ORIGIN"] if link is not None else []
+    return toolchain.compile_shared(tmp, paths, flags, source=wrapper, include_dirs=[include] if include else [],
+                                    link_args=link_args, python=True)
 
 
 def _remove_entry(paths: _Paths) -> None:
@@ -466,7 +430,12 @@ class DlopenModule:
 
 
 def _open(name: str, so_path: Path, kind: str, cdef: str):
-    """The loaded entry: an imported extension module (kind "c"), a dlopened library (kind "cuda")."""
+    """The loaded entry: an imported extension module (kind "c"), a dlopened library (kind "cuda"),
+    or nothing (kind "runtime": the programs linking it load it, from beside them, when they are
+    imported; each program's dependencies are its own (RTLD_LOCAL), so two runtimes built with
+    other flags, which define the same names, never serve each other's programs)."""
+    if kind == "runtime":
+        return None
     return _load(name, so_path) if kind == "c" else DlopenModule(name, so_path, cdef)
 
 
@@ -515,43 +484,6 @@ def _load_without_compiler(directory: Path, prekey: str, source: str, kind: str 
 # small helpers
 
 
-def _compiler_not_found(command: list[str], problem: str) -> CompilerNotFound:
-    cc = shlex.join(command) if command else "(empty)"
-    source = "$CC" if os.environ.get("CC") else "the compiler Python was built with (set $CC to change)"
-    return CompilerNotFound(
-        f"No working C compiler: {cc!r} ({source}) {problem}.\n"
-        f"The C backend needs one to build its modules. Fix: install gcc (e.g. `apt install gcc` or "
-        f"`conda install gcc`), or point the CC environment variable at a working C compiler.\n"
-        f"backend=\"numpy\" works without a compiler.")
-
-
-def _nvcc_not_found(command: list[str], problem: str) -> CompilerNotFound:
-    nvcc = shlex.join(command) if command else "(empty)"
-    return CompilerNotFound(
-        f"No working CUDA compiler: {nvcc!r} {problem}.\n"
-        f"The CUDA backend needs nvcc to build its libraries. Fix: install the CUDA toolkit, or point "
-        f"the NVCC environment variable at nvcc.\nbackend=\"c\" and backend=\"numpy\" work without it.")
-
-
-@contextlib.contextmanager
-def _redirect_output(log_path: Path):
-    """Send fds 1 and 2 (where setuptools' compiler subprocesses write) to `log_path`."""
-    for stream in (sys.stdout, sys.stderr):
-        with contextlib.suppress(Exception):
-            stream.flush()
-    saved = [os.dup(1), os.dup(2)]
-    try:
-        with open(log_path, "wb") as log:
-            os.dup2(log.fileno(), 1)
-            os.dup2(log.fileno(), 2)
-            yield
-    finally:
-        os.dup2(saved[0], 1)
-        os.dup2(saved[1], 2)
-        for fd in saved:
-            os.close(fd)
-
-
 @contextlib.contextmanager
 def _file_lock(path: Path):
     """An exclusive fcntl lock on `path` (released when the process dies, too)."""
@@ -591,31 +523,6 @@ def _file_sha256(path: Path) -> str | None:
         return hashlib.sha256(path.read_bytes()).hexdigest()
     except OSError:
         return None
-
-
-def c_string_literal(data: bytes) -> str:
-    """`data` as a C string literal that spells exactly these bytes, in printable ASCII.
-
-    Printable ASCII stays as it is; every other byte (a control character such as ESC or a
-    newline, the bytes of UTF-8 or of a file name that is not UTF-8) becomes a three-digit octal
-    escape, which, unlike `\\x`, cannot run on into the characters after it. `\\`, `"` and `?` are
-    escaped (the last so that no `??/` trigraph forms: -std=c11 turns trigraphs on). JSON's
-    escapes are not C's: `\\u001b` is an invalid universal character name in C.
-    """
-    out = []
-    for byte in data:
-        char = chr(byte)
-        if char in '\\"?':
-            out.append("\\" + char)
-        elif 32 <= byte < 127:
-            out.append(char)
-        else:
-            out.append(f"\\{byte:03o}")
-    return '"' + "".join(out) + '"'
-
-
-def _tail(text: str, lines: int = 30, chars: int = 4000) -> str:
-    return "\n".join(text.strip().splitlines()[-lines:])[-chars:]
 
 
 def _now() -> str:

@@ -1,0 +1,226 @@
+"""The C runtime (symgrad/backends/runtime.py): the GEMMs compiled once per compiler and flags
+into the build cache and linked by every program, which keeps no state of its own and returns
+status codes (a failed allocation is a MemoryError naming the kernel, never an abort)."""
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import sysconfig
+import textwrap
+from unittest import mock
+
+import numpy as np
+import pytest
+
+import symgrad as sg
+from symgrad.backends import cache, runtime, toolchain
+
+pytest.importorskip("symgrad.backends.c")
+
+PORTABLE_FLAGS = ["-O2", "-march=x86-64", "-fopenmp", "-std=c11", "-fno-math-errno"]
+EXT_SUFFIX = sysconfig.get_config_var("EXT_SUFFIX")  # a program's binary; the runtime's ends in plain .so
+
+
+@pytest.fixture
+def fresh(monkeypatch, tmp_path):
+    """An empty cache dir of the test's own, and no in-process memory of builds."""
+    directory = tmp_path / "cache"
+    monkeypatch.setenv("SYMGRAD_CACHE_DIR", str(directory))
+    monkeypatch.delenv("SYMGRAD_CFLAGS", raising=False)
+    monkeypatch.setattr(cache, "_LOADED", {})
+    return directory
+
+
+@pytest.fixture
+def runtime_builds(monkeypatch):
+    """The runtime libraries compiled in this process (a program's extension module is the
+    same function's other use: python=True)."""
+    spy = mock.Mock(wraps=toolchain.compile_shared)
+    monkeypatch.setattr(toolchain, "compile_shared", spy)
+    return lambda: [call for call in spy.call_args_list if not call.kwargs.get("python")]
+
+
+def _mlp(width: int):
+    x, w1, w2 = sg.input("x", (32, 20)), sg.input("w1", (20, width)), sg.input("w2", (width, 3))
+    return [x, w1, w2], sg.relu(x @ w1) @ w2
+
+
+def _function(width: int, **options):
+    inputs, y = _mlp(width)
+    return sg.function(inputs, [y], backend="c", **options)
+
+
+def _check(fn, width: int):
+    """`fn` (a `_function(width)`) computes what the reference interpreter does."""
+    inputs, y = _mlp(width)
+    rng = np.random.default_rng(0)
+    arrays = [rng.standard_normal(v.shape).astype(np.float32) for v in inputs]
+    (want,) = sg.function(inputs, [y], backend="numpy")(*arrays)
+    np.testing.assert_allclose(fn(*arrays)[0], want, rtol=1e-4, atol=1e-4)
+
+
+def _runtime_libraries(directory) -> list:
+    return [p for p in directory.glob("_symgrad_*.so") if not p.name.endswith(EXT_SUFFIX)]
+
+
+def test_a_program_includes_the_runtime_instead_of_holding_the_gemm():
+    """The model's source calls the GEMMs by name through symgrad_runtime.h; their bodies, the
+    vector helpers and the team's clock are in the runtime's source alone."""
+    fn = _function(40)
+    src = fn.source
+    assert f'#include "{runtime.HEADER}"' in src
+    assert "sg_gemm_f32(" in src and "sg_gemm_dot3_f32(" in src
+    for body in ("sg_micro_f32", "sg_gemm_blocked_f32", "sg_transpose_block_f32", "typedef float sg_vec_f32",
+                 "omp_get_wtime", "abort("):
+        assert body not in src, body
+    lib = runtime.source()
+    for body in ("static SG_NOINLINE void sg_micro_f32(", "static int sg_gemm_blocked_f32(", "int sg_gemm_f32(",
+                 "int sg_gemm_dot3_f32(", "int sg_gemm_tn12_f64("):
+        assert body in lib, body
+    assert "abort(" not in lib
+    assert "int sg_gemm_dot3_f32(" in runtime.header() and "{" not in runtime.header().split("sg_gemm_f32(")[1]
+
+
+def test_no_writable_data_in_a_program_or_the_runtime(fresh):
+    """Neither binary defines a writable variable of its own (data or bss): state shared by every
+    call and thread. What a call keeps lives in the caller's sg_context. (Names beginning with an
+    underscore are the toolchain's and cffi's wrapper's; completed.0 is gcc's crtstuff.)"""
+    nm = shutil.which("nm")
+    if nm is None:
+        pytest.skip("needs nm (binutils)")
+    fn = _function(40)
+    (library,) = _runtime_libraries(fresh)
+    for binary in (fn.library_path, library):
+        listing = subprocess.run([nm, "--defined-only", str(binary)], capture_output=True, text=True,
+                                 check=True).stdout
+        variables = [line.split()[2] for line in listing.splitlines()
+                     if len(line.split()) == 3 and line.split()[1] in "bBdD"]
+        assert variables and not [v for v in variables if not v.startswith(("_", "completed."))], variables
+
+
+def test_the_runtime_source_kept_in_the_cache_is_checked_before_use(fresh):
+    """A warm compile reads the runtime's source from the cache instead of rendering it; an
+    edited copy fails its checksum and is rendered again."""
+    runtime._rendered.cache_clear()
+    text = runtime.source()
+    (kept,) = (fresh / "runtime").glob("*.json")
+    entry = json.loads(kept.read_text())
+    assert entry["source"] == text
+    entry["source"] = text.replace("context->team_warm |= parallel;", "")
+    kept.write_text(json.dumps(entry))
+    runtime._rendered.cache_clear()
+    assert runtime.source() == text and json.loads(kept.read_text())["source"] == text
+
+
+def test_two_programs_link_one_runtime_built_once(fresh, runtime_builds):
+    """The first program builds the runtime; the next one, another model, links the same file.
+    Other flags build another runtime, which only their programs link."""
+    first, second = _function(40), _function(24)
+    assert len(runtime_builds()) == 1
+    (library,) = _runtime_libraries(fresh)
+    for fn in (first, second):
+        assert library.name.encode() in fn.library_path.read_bytes()  # DT_NEEDED: the runtime's soname
+        _check(fn, 40 if fn is first else 24)
+    portable = _function(40, flags=PORTABLE_FLAGS)
+    assert len(runtime_builds()) == 2
+    (other,) = set(_runtime_libraries(fresh)) - {library}
+    assert other.name.encode() in portable.library_path.read_bytes()
+    assert library.name.encode() not in portable.library_path.read_bytes()
+    _check(portable, 40)
+    _check(first, 40)  # both runtimes in one process: each program calls its own
+
+
+def test_a_damaged_runtime_is_rebuilt_not_loaded(fresh, runtime_builds, monkeypatch):
+    _function(40)
+    (library,) = _runtime_libraries(fresh)
+    data = bytearray(library.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    # A new file in its place: the loaded library's pages (the old file's) stay as they were.
+    damaged = library.with_suffix(".damaged")
+    damaged.write_bytes(bytes(data))
+    os.replace(damaged, library)
+    monkeypatch.setattr(cache, "_LOADED", {})  # as a new process would: nothing loaded yet
+    fn = _function(16)
+    assert len(runtime_builds()) == 2
+    assert _runtime_libraries(fresh) == [library] and library.read_bytes() != bytes(data)
+    _check(fn, 16)
+
+
+def test_a_cache_directory_deleted_and_compiled_again_works(fresh, runtime_builds):
+    """The runtime is loaded (its file gone) when the directory is deleted: the programs compiled
+    next, the same model and a new one, rebuild it and link it, and run."""
+    _check(_function(40), 40)
+    shutil.rmtree(fresh)
+    again, new = _function(40), _function(8)
+    assert len(runtime_builds()) == 2 and len(_runtime_libraries(fresh)) == 1
+    _check(again, 40)
+    _check(new, 8)
+
+
+def test_a_program_imports_in_a_fresh_process_without_symgrad(fresh):
+    """A program finds its runtime beside it (its run path is $ORIGIN): `import _symgrad_<hash>`
+    works with the cache directory on sys.path, in a process that never imported symgrad."""
+    fn = _function(40)
+    script = textwrap.dedent(f"""
+        import sys
+        sys.path.insert(0, {str(fresh)!r})
+        import {fn.module_name} as m
+        assert "symgrad" not in sys.modules
+        print(m.lib.symgrad_workspace_bytes(m.ffi.NULL, m.ffi.NULL) >= 0)
+        """)
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120, cwd=fresh)
+    assert done.returncode == 0 and done.stdout.strip() == "True", done.stderr[-2000:]
+
+
+OUT_OF_MEMORY = """
+import resource, sys
+import numpy as np
+import symgrad as sg
+M, K, N, transposed = {shape}
+a = sg.input("a", (K, M) if transposed else (M, K))
+b = sg.input("b", (K, N))
+fn = sg.function([a, b], [(sg.transpose(a) if transposed else a) @ b], backend="c")
+rng = np.random.default_rng(0)
+A = rng.standard_normal(a.shape).astype(np.float32)
+B = rng.standard_normal(b.shape).astype(np.float32)
+want = (A.T if transposed else A).astype(np.float64) @ B
+np.testing.assert_allclose(fn(A, B)[0], want, rtol=1e-3, atol=1e-2)
+vm = next(int(line.split()[1]) for line in open("/proc/self/status") if line.startswith("VmSize:"))
+soft, hard = resource.getrlimit(resource.RLIMIT_AS)
+# 4 MB more address space than now: less than the GEMM's packing buffers need.
+resource.setrlimit(resource.RLIMIT_AS, (vm * 1024 + (4 << 20), hard))
+try:
+    fn(A, B)
+    print("no error")
+except MemoryError as exc:
+    print("MemoryError:", exc)
+resource.setrlimit(resource.RLIMIT_AS, (soft, hard))
+np.testing.assert_allclose(fn(A, B)[0], want, rtol=1e-3, atol=1e-2)
+print("recovered")
+"""
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc/self/status")
+@pytest.mark.parametrize("shape, threads", [
+    ((64, 2048, 1024, False), 1),    # the blocked GEMM: its packed panel of B (8 MB)
+    ((200, 8192, 64, False), 2),     # few row blocks on 2 threads: A packed for the team (6.7 MB)
+    ((8, 65536, 64, False), 2),      # ...A packed (2 MB) fits; each thread's panel of B (8 MB) does not
+    ((2, 1 << 19, 10, False), 1),    # the narrow dot kernel: B^T (20 MB)
+    ((2, 1 << 19, 10, True), 1),     # the narrow transposed kernel: B's copy (20 MB)
+], ids=["blocked", "columns-pack", "columns-panel", "dot", "tn"])
+def test_a_gemm_out_of_memory_raises_memory_error_naming_the_kernel(shape, threads):
+    """With the address space capped just above what the process holds, the GEMM's buffers cannot
+    be allocated: the call raises MemoryError naming the matmul kernel (no abort), and once the
+    cap is lifted the same program computes the right product again."""
+    # Every buffer of 128 KB or more mapped afresh (glibc would otherwise raise that threshold
+    # after the first call, and serve the GEMM's buffers from heap memory freed earlier).
+    env = dict(os.environ, OMP_NUM_THREADS=str(threads), MALLOC_MMAP_THRESHOLD_="131072")
+    done = subprocess.run([sys.executable, "-c", OUT_OF_MEMORY.format(shape=shape)], env=env,
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    lines = done.stdout.strip().splitlines()
+    assert lines[-1] == "recovered"
+    assert re.fullmatch(r"MemoryError: _symgrad_\w+: kernel k\d+_matmul_\w+ could not allocate .*", lines[0]), lines
