@@ -216,7 +216,7 @@ def test_shrunk_arena_sizes_never_undersize_the_workspace_in_a_new_process(forge
 
     _damage(shrink, forge=forge)
     tests = Path(__file__).resolve().parent
-    done = subprocess.run([sys.executable, "-c", _BIG_BATCH_CHILD, str(tests)], cwd=tests.parent,
+    done = subprocess.run([sys.executable, "-c", _BIG_BATCH_CHILD, str(tests)], cwd=tests.parents[1],
                           capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, f"the child failed ({done.returncode}):\n{done.stderr[-3000:]}"
     child = json.loads(done.stdout.strip().splitlines()[-1])

@@ -29,7 +29,7 @@ from symgrad.passes.simplify import simplify_chains
 
 from helpers import MySquare
 
-GOLDEN = Path(__file__).parent / "golden"
+GOLDEN = Path(__file__).resolve().parents[1] / "golden"
 PASSES = {"dce": dce, "fold": fold, "simplify": simplify, "cse": cse,
           "pipeline": lambda g, counts=None: optimize(g, verify=True)}
 
