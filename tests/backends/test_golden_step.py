@@ -1,0 +1,49 @@
+"""Golden files of the seed softmax-regression step on C: its generated source and its report.
+
+A change to the emitted code or to what the report says shows in review as a diff of
+tests/golden/softmax_regression_step.c and softmax_regression_report.txt. When the change is
+intended, regenerate them: SYMGRAD_UPDATE_GOLDEN=1 python -m pytest tests/backends/test_golden_step.py
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+
+import pytest
+
+import symgrad as sg
+
+GOLDEN = Path(__file__).resolve().parents[1] / "golden"
+
+
+@pytest.fixture(scope="module")
+def step():
+    x, y = sg.input("x", (sg.Dim("B"), 784)), sg.input("y", (sg.Dim("B"),), dtype="int64")
+    W, b = sg.param("W", (784, 10)), sg.param("b", (10,))
+    return sg.train_step(sg.cross_entropy(x @ W + b, y), [W, b], sg.optim.SGD(lr=0.1), backend="c")
+
+
+def _stable_report(text: str) -> str:
+    """The report without what varies from run to run: pass times and the compile-time section."""
+    text = text.split("\n== compile time ==")[0]
+    return re.sub(r"(-> +\d+) +\d+\.\d+", r"\1  <ms>", text) + "\n"
+
+
+def _check(name: str, text: str) -> None:
+    path = GOLDEN / name
+    if os.environ.get("SYMGRAD_UPDATE_GOLDEN") == "1":
+        path.write_text(text)
+    assert path.exists(), f"{path} is missing; create it with SYMGRAD_UPDATE_GOLDEN=1"
+    assert text == path.read_text(), f"{name} changed; if intended, rerun with SYMGRAD_UPDATE_GOLDEN=1 and review the diff"
+
+
+def test_generated_source_is_the_golden_one(step):
+    _check("softmax_regression_step.c", step.source)
+
+
+def test_report_is_the_golden_one(step):
+    report = _stable_report(step.report())
+    assert "<ms>" in report and "== memory plan ==" in report
+    _check("softmax_regression_report.txt", report)
