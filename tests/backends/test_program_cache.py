@@ -190,8 +190,8 @@ def test_a_changed_byte_in_the_stored_source_is_a_miss_not_a_build_error():
 
 
 _BIG_BATCH_CHILD = """
-import json, sys
-sys.path.insert(0, sys.argv[1])
+import json, os, sys
+sys.path[:0] = [sys.argv[1], os.path.dirname(sys.argv[1])]  # this test's folder and tests/ (helpers)
 import symgrad as sg
 from test_program_cache import _batch, _step
 step = _step(B=sg.Dim("B"))
