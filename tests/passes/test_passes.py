@@ -25,7 +25,7 @@ from symgrad.ir.registry import OpDef, lookup, register
 from symgrad.ir.value import Value, make
 from symgrad.passes import (DEFAULT_PIPELINE, VerifyError, cse, dce, fold, format_report, optimize,
                             simplify, verify)
-from symgrad.passes.simplify import simplify_chains
+from symgrad.passes.chains import simplify_chains
 
 from helpers import MySquare
 
