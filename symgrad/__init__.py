@@ -8,7 +8,8 @@ from . import ir  # noqa: F401  (registers the ops before anything builds nodes)
 from . import optim
 from . import distributed, nn, random  # noqa: F401  (sg.nn, sg.random: layers and the counter-based generator)
 from .autodiff import grad
-from .compiled import function, train_step
+from .compiled import function
+from .training import train_step
 from .backends.cuda import cuda_source  # the .cu text of a graph; needs no GPU
 from .gradcheck import GradcheckError, gradcheck
 from .custom import Context, Function

@@ -18,7 +18,8 @@ import numpy as np
 import symgrad as sg  # the demo is written as user code, against the public API only
 
 from . import data as mnist
-from .compiled import CompiledFunction, TrainStep
+from .compiled import CompiledFunction
+from .training import TrainStep
 
 PIXELS, CLASSES = 784, 10
 

@@ -27,8 +27,9 @@ import time
 
 import numpy as np
 
-from .compiled import TrainStep, _arrays_by_name, bind_inputs, gradient_buffer_name
-from .compiled import train_step as local_train_step
+from .call_checks import arrays_by_name, bind_inputs, gradient_buffer_name
+from .training import TrainStep
+from .training import train_step as local_train_step
 from .ir.ops import check_labels, label_checks
 from .ir import shapes as S
 
@@ -109,7 +110,7 @@ class DistributedStep:
         graph = self._accumulate.graph
         problem = None
         try:
-            arrays = _arrays_by_name(graph, batch, "distributed train step")
+            arrays = arrays_by_name(graph, batch, "distributed train step")
             bindings = bind_inputs(graph.inputs, arrays)
             for position, node in self._label_checks:
                 check_labels(arrays[position], S.evaluate(node.attrs["num_classes"], bindings), node,

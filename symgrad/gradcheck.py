@@ -18,7 +18,8 @@ import numpy as np
 
 from .autodiff import grad, unbroadcast
 from .ir.interpret import Env
-from .compiled import bind_inputs, function
+from .call_checks import bind_inputs
+from .compiled import function
 from .functional import constant
 from .ir import dtypes as D
 from .ir.graph import Graph, toposort

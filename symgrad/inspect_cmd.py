@@ -25,7 +25,8 @@ from pathlib import Path
 
 from . import optim
 from .autodiff import grad
-from .compiled import _param_groups, collect_inputs, train_step
+from .call_checks import collect_inputs
+from .training import param_groups, train_step
 from .effects import collect, merge
 from .ir.graph import Graph
 from .ir.printing import backward_chain
@@ -51,7 +52,7 @@ def load_build(path: str | Path) -> tuple[Value, list, object]:
                          f"got {type(result).__name__}")
     if not isinstance(loss, Value):
         raise TypeError(f"inspect: build() returned a {type(loss).__name__} as the loss, not a graph value")
-    _param_groups(params)  # checked here, so that a bad entry is reported before anything is built
+    param_groups(params)  # checked here, so that a bad entry is reported before anything is built
     return loss, params, optimizer or optim.SGD(lr=0.1)
 
 
@@ -71,7 +72,7 @@ def run_inspect(path: str | Path, out_dir: str | Path, backend: str = "c", file=
     out_dir.mkdir(parents=True, exist_ok=True)
     inputs = collect_inputs([loss])
     groups = params
-    params, options = _param_groups(groups)
+    params, options = param_groups(groups)
     grads = grad(loss, params)
 
     def section(title: str, body: str) -> None:

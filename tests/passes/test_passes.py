@@ -19,13 +19,13 @@ import sympy
 import symgrad as sg
 from symgrad import effects
 from symgrad.backends.numpy_backend import evaluate
-from symgrad.compiled import bind_inputs, collect_inputs
+from symgrad.call_checks import bind_inputs, collect_inputs
 from symgrad.ir.graph import Graph
 from symgrad.ir.registry import OpDef, lookup, register
 from symgrad.ir.value import Value, make
 from symgrad.passes import (DEFAULT_PIPELINE, VerifyError, cse, dce, fold, format_report, optimize,
                             simplify, verify)
-from symgrad.passes.simplify import simplify_chains
+from symgrad.passes.chains import simplify_chains
 
 from helpers import MySquare
 

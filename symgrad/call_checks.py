@@ -1,0 +1,122 @@
+"""What a call and a graph are checked for before anything runs, in one place for every backend.
+
+An input array is checked against its graph input (type, dtype, shape, contiguity,
+Dim consistency) and a graph's leaf names against each other, in Python, so a refused
+call changes nothing and never reaches native code.
+"""
+
+from __future__ import annotations
+
+from typing import Iterable
+
+import numpy as np
+import sympy
+
+from .ir import dtypes as D
+from .ir import shapes as S
+from .ir.graph import Graph, toposort
+from .ir.value import Value
+
+
+def bind_inputs(inputs: Iterable[Value], arrays: Iterable) -> dict:
+    """Check each array against its input's dtype and shape; return the Dim bindings.
+
+    Raises TypeError (not an array, wrong dtype) or ValueError (rank, size,
+    inconsistent Dim, not C-contiguous), naming the input and both shapes.
+    """
+    bindings: dict = {}
+    pending = []
+    for node, array in zip(inputs, arrays):
+        expected = f"{S.format_shape(node.shape)} ({node.dtype})"
+        if not isinstance(array, np.ndarray):
+            raise TypeError(f"input {node.name!r}: expected a numpy array of shape {expected}, "
+                            f"got {type(array).__name__}")
+        refuse_subclass(f"input {node.name!r}", array)
+        got = f"{list(array.shape)} ({array.dtype})"
+        if array.dtype != D.to_numpy(node.dtype):
+            raise TypeError(f"input {node.name!r}: expected dtype {node.dtype}, got {array.dtype} "
+                            f"(shape {expected} expected, {got} given); convert with .astype(np.{node.dtype})")
+        if array.ndim != node.ndim:
+            raise ValueError(f"input {node.name!r}: expected shape {expected}, got {got}")
+        if not array.flags.c_contiguous:
+            raise ValueError(f"input {node.name!r}: array of shape {list(array.shape)} is not C-contiguous; "
+                             f"pass np.ascontiguousarray(...)")
+        for axis, (size, actual) in enumerate(zip(node.shape, array.shape)):
+            if isinstance(size, int):
+                if size != actual:
+                    raise ValueError(f"input {node.name!r}: expected shape {expected}, got {got} "
+                                     f"(axis {axis} must be {size})")
+            elif isinstance(size, sympy.Symbol):
+                if actual < 1:
+                    raise ValueError(f"input {node.name!r}: Dim {size} must be at least 1, got shape {got}")
+                if size in bindings and bindings[size] != actual:
+                    raise ValueError(f"input {node.name!r}: expected shape {expected}, got {got}: "
+                                     f"{size} is {bindings[size]} from an earlier input, here {actual}")
+                bindings[size] = actual
+            else:
+                pending.append((node, axis, size, actual, expected, got))
+    for node, axis, size, actual, expected, got in pending:
+        value = S.evaluate(size, bindings)
+        if value != actual:
+            raise ValueError(f"input {node.name!r}: expected shape {expected}, got {got} "
+                             f"(axis {axis} is {size} = {value})")
+    return bindings
+
+
+def refuse_subclass(what: str, array) -> None:
+    """Refuse an ndarray subclass whose raw data is not what it means (a masked array's mask, a
+    matrix's algebra): the backends compute on the raw data. A memory map is its data: accepted."""
+    if isinstance(array, np.ndarray) and type(array) is not np.ndarray and not isinstance(array, np.memmap):
+        kind = f"{type(array).__module__}.{type(array).__name__}"
+        raise TypeError(f"{what}: expected a plain numpy.ndarray, got {kind}, an ndarray subclass whose "
+                        f"raw data the compiled code would read without its meaning; pass a plain array "
+                        f"(a masked array's .filled(value), np.asarray(matrix))")
+
+
+def collect_inputs(values: Iterable[Value]) -> list[Value]:
+    """The input nodes the values depend on, in the order they were created."""
+    return sorted((n for n in toposort(values) if n.op.name == "input"), key=lambda n: n.attrs["serial"])
+
+
+def leaf_kind(leaf: Value) -> str:
+    """What a graph leaf is, in words: "input", or its variable role (symgrad.sources.ROLES)."""
+    return leaf.attrs.get("role", leaf.op.name)
+
+
+def check_unique_names(graph: Graph) -> None:
+    seen: dict[str, Value] = {}
+    for v in [*graph.inputs, *graph.variables]:
+        other = seen.setdefault(v.name, v)
+        if other is not v:
+            raise ValueError(f"two different graph leaves are named {v.name!r} ({leaf_kind(other)} "
+                             f"{other.type_str} and {leaf_kind(v)} {v.type_str}); names must be unique")
+
+
+def gradient_buffer_name(param: Value) -> str:
+    """The name under which `step.accumulate()` sums `param`'s gradient for `step.apply()`."""
+    return f"{param.name}.grad"
+
+
+def check_no_gradient_buffer_names(variables: Iterable[Value], params: list[Value], what: str) -> None:
+    """Refuse a variable named as a param's gradient buffer: the step's programs share their
+    variables by name, so accumulate() would sum into it and apply() would step the param by it."""
+    buffers = {gradient_buffer_name(p): p for p in params}
+    for v in variables:
+        param = buffers.get(v.name)
+        if param is not None:
+            raise ValueError(f"{what}: {leaf_kind(v)} {v.name!r} has the name of the gradient buffer of "
+                             f"param {param.name!r}, which step.accumulate() and step.apply() use; "
+                             f"rename the {leaf_kind(v)}")
+
+
+def arrays_by_name(graph: Graph, batch: dict, what: str) -> list:
+    """The arrays of `batch` in the graph's input order; a TypeError naming missing and extra names."""
+    names = [v.name for v in graph.inputs]
+    missing = [n for n in names if n not in batch]
+    extra = [n for n in batch if n not in names]
+    if missing or extra:
+        raise TypeError(f"{what} takes inputs {names}: "
+                        + (f"missing {missing}" if missing else "")
+                        + ("; " if missing and extra else "")
+                        + (f"unexpected {extra}" if extra else ""))
+    return [batch[n] for n in names]
