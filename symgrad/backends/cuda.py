@@ -29,7 +29,6 @@ from __future__ import annotations
 import ctypes
 import functools
 import os
-import re
 import shutil
 import subprocess
 import sys
@@ -42,15 +41,13 @@ from ..ir import dtypes as D
 from ..ir import shapes as S
 from ..ir.graph import Graph
 from . import cache
-from .c import _Body, _convert, _fmt, _lowest, _Renderer, comment
-from .cuda_printer import printer
 from .. import passes
-from .lowering import REDUCED, LoopKernel, MatmulKernel, Plan, ReduceKernel, RowKernel, View, lower
+from .languages import CUDA, CUDA_ALIGN as ALIGN, CUDA_ENTRY as ENTRY, CUDA_SIGNATURE as SIGNATURE  # noqa: F401
+from .lowering import Plan, lower
+from .render_program import render
 from .report import program_report, timed
-from .templates import render
 from .memory import MemoryPlan, latest_or_assumed, memory_plan
 
-ENTRY = "sg_cuda_run"
 CDEF = """
 int sg_cuda_device_count(int* count, char* err, size_t errlen);
 int sg_cuda_create(void** state, char* err, size_t errlen);
@@ -60,10 +57,7 @@ int sg_cuda_read_variable(void* state, int64_t index, void* host, int64_t nbytes
 int sg_cuda_run(void* state, const int64_t* dims, void** inputs, void** outputs, const int64_t* offsets,
                 int64_t arena_bytes, char* err, size_t errlen);
 """
-SIGNATURE = (f"int {ENTRY}(void* handle, const int64_t* dims, void** inputs, void** outputs, "
-             f"const int64_t* offsets, int64_t arena_bytes, char* err, size_t errlen)")
 ERR_BYTES = 1024
-ALIGN = 256        # bytes: each workspace temporary starts where cudaMalloc would put a buffer
 LAYOUTS_KEPT = 4   # layouts (memory plan, offsets array) kept for the most recent distinct Dim bindings
 
 
@@ -75,214 +69,11 @@ class CudaError(RuntimeError):
         self.code = code
 
 
-# ---- rendering --------------------------------------------------------------------------
-
-class _CudaRenderer(_Renderer):
-    """Renders a kernel plan as CUDA: one __global__ function per kernel, launched by the entry point.
-
-    Inherits from the C renderer only what is the same in both languages: operand loads,
-    sizes and indices (`self.ex`), constant tables (`const`), each node's statement (printed
-    by the CUDA printer) and the dispatch over kernel kinds."""
-
-    printer = staticmethod(printer)
-    language = "CUDA"
-    restrict = "__restrict__"
-
-    def _split(self, var: str, rest: str, sizes: list[str], prefix: str, body: list[str]) -> list[str]:
-        """C lines splitting the flat index `var` into the row-major indices prefix0.. that `body` uses
-        (an index no line reads is skipped: nvcc warns about unused variables)."""
-        text = "\n".join(body)
-        needed = [k for k in range(len(sizes)) if re.search(rf"\b{prefix}{k}\b", text)]
-        if not needed:
-            return []
-        low = min(needed)
-        lines = [f"int64_t {rest} = {var};"]
-        for k in range(len(sizes) - 1, low - 1, -1):
-            size = self._p(sizes[k])
-            if k == 0:
-                lines.append(f"const int64_t {prefix}0 = {rest};")
-            elif k == low:
-                lines.append(f"const int64_t {prefix}{k} = {rest} % {size};")
-            elif k in needed:
-                lines.append(f"const int64_t {prefix}{k} = {rest} % {size}; {rest} /= {size};")
-            else:
-                lines.append(f"{rest} /= {size};")
-        return lines
-
-    @staticmethod
-    def _p(text: str) -> str:
-        return text if text.isidentifier() or text.isdigit() else f"({text})"
-
-    def _numel(self, sizes) -> str:
-        """The product of loop sizes as a C expression (1 for none)."""
-        return self.ex._paren(S.numel(tuple(sizes))) if sizes else "1"
-
-    # The kernel contexts are built here, not taken from the C renderer's: C specialises its loops
-    # for the CPU (OpenMP, SIMD, column sums); `element_lines`, `statement` and the printers are shared.
-    def loop_kernel(self, k: LoopKernel) -> dict:
-        sizes = [self.ex.size(s) for s in k.shape]
-        loop_vars = [f"i{d}" for d in range(len(sizes))]
-        body = self.element_lines(k, loop_vars)
-        body.append(f"{k.out.name}[{self.ex.index(0, loop_vars, k.out_view.strides)}] = {k.result};")
-        params, args = self.params([op.view.buffer for op in k.operands if op.view.buffer is not None], k.out)
-        return dict(kind="loop", name=k.name, comments=[comment(line) for line in k.lines], params=params,
-                    args=args, body=body, numel=self._numel(k.shape),
-                    split=self._split("flat", "rest", sizes, "i", body))
-
-    def reduce_kernel(self, k: ReduceKernel) -> dict:
-        acc_t, in_t, out_t = D.C_TYPES[k.acc_dtype], D.C_TYPES[k.input.dtype], D.C_TYPES[k.out.dtype]
-        outer = [f"o{d}" for d in range(len(k.kept))]
-        inner = [f"r{d}" for d in range(len(k.reduced))]
-        prologue = []
-        if k.operands:  # a fused elementwise prologue, computed where the element is read
-            prologue, load = self.element_lines(k, outer + inner), k.result
-        else:
-            view = View(k.input.kind, (), k.input.dtype, tuple(st for _, st in [*k.kept, *k.reduced]),
-                        k.input.offset, k.input.buffer, k.input.literal)
-            load = self.load(view, outer + inner)
-        if k.op == "sum":
-            init = [f"{acc_t} acc = 0;"]
-            body = [f"acc += ({acc_t}){load};"]
-            combine = ["s_acc[threadIdx.x] += s_acc[threadIdx.x + width];"]
-            finish = [f"{k.out.name}[o] = {_convert('s_acc[0]', k.acc_dtype, k.out.dtype)};"]
-        elif k.op == "max":
-            init = [f"{acc_t} acc = {_lowest(k.acc_dtype)};"]
-            body = [f"const {in_t} v = {load};",
-                    "acc = (v > acc || v != v) ? v : acc;  /* NaN propagates, as in NumPy */"]
-            combine = [f"const {acc_t} a = s_acc[threadIdx.x], b = s_acc[threadIdx.x + width];",
-                       "s_acc[threadIdx.x] = (b > a || b != b) ? b : a;"]
-            finish = [f"{k.out.name}[o] = ({out_t})s_acc[0];"]
-        elif k.op == "argmax":
-            # r, the flat index over the reduced axes, is the index argmax returns.
-            init = [f"{acc_t} acc = {_lowest(k.acc_dtype)};", "int64_t best = -1;"]
-            body = [f"const {in_t} v = {load};",
-                    "if (best < 0 || v > acc || (v != v && acc == acc)) {  /* the first maximum; NaN wins */",
-                    "    acc = v;",
-                    "    best = r;",
-                    "}"]
-            combine = [f"if (sg_argmax_better<{acc_t}>(s_acc[threadIdx.x + width], s_best[threadIdx.x + width], "
-                       f"s_acc[threadIdx.x], s_best[threadIdx.x])) {{",
-                       "    s_acc[threadIdx.x] = s_acc[threadIdx.x + width];",
-                       "    s_best[threadIdx.x] = s_best[threadIdx.x + width];",
-                       "}"]
-            finish = [f"{k.out.name}[o] = s_best[0] < 0 ? 0 : s_best[0];"]
-            self.argmax = True
-        else:
-            raise NotImplementedError(f"no CUDA lowering for reduction {k.op!r}")
-        body = prologue + body
-        if k.epilogue_statements:  # the reduced value goes through the fused epilogue before it is stored
-            value = {"sum": _convert("s_acc[0]", k.acc_dtype, k.reduced_dtype), "max": "s_acc[0]",
-                     "argmax": "(s_best[0] < 0 ? 0 : s_best[0])"}[k.op]
-            finish = [f"const {D.C_TYPES[k.reduced_dtype]} {REDUCED} = {value};", *self.epilogue_lines(k, "o")]
-        buffers = [k.input.buffer] if k.input.buffer is not None else []
-        buffers += [op.view.buffer for op in [*k.operands, *k.epilogue] if op.view.buffer is not None]
-        params, args = self.params(buffers, k.out)
-        return dict(kind="reduce", name=k.name, comments=[comment(line) for line in k.lines], params=params,
-                    args=args, op=k.op, acc_t=acc_t, init=init, body=body, combine=combine, finish=finish,
-                    n_out=self._numel([s for s, _ in k.kept]), n_red=self._numel([s for s, _ in k.reduced]),
-                    split_out=self._split("o", "rest", [self.ex.size(s) for s, _ in k.kept], "o", [*init, *body]),
-                    split_red=self._split("r", "rrest", [self.ex.size(s) for s, _ in k.reduced], "r", body))
-
-    def row_kernel(self, k: RowKernel) -> dict:
-        """One block per row: threads stride over the row's elements, each reduction combines the
-        threads' accumulators with a deterministic block tree (`sg_block_sum` / `sg_block_max`), every
-        thread computes the per-row values, thread 0 stores them."""
-        sizes = [self.ex.size(s) for s in k.rows]
-        loop_vars = [f"o{d}" for d in range(len(sizes))] + ["c"]
-        passes, shared = [], []
-        for p in self.row_pass_lines(k, loop_vars):
-            finish = []
-            for r, value in zip(p["reductions"], p["reduced"]):  # value: this thread's part, NaN folded in
-                acc_t = D.C_TYPES[r.acc_dtype]
-                if acc_t not in shared:
-                    shared.append(acc_t)
-                combined = f"sg_block_{r.op}<{acc_t}>({value}, s_{acc_t})"
-                finish.append(f"const {D.C_TYPES[r.dtype]} {r.name} = {_convert(combined, r.acc_dtype, r.dtype)};")
-            stores = [f"if (threadIdx.x == 0) {line}" for line in p["row_stores"]]
-            passes.append(dict(p, finish=finish + p["after"] + stores))
-        self.rows = True
-        row = self.element_lines(_Body(k.operands, []), loop_vars)
-        text = [*row, *(line for p in passes for line in [*p["body"], *p["finish"]])]
-        reads = [o.view.buffer for o in [*k.operands, *(o for p in k.passes for o in p.operands)]
-                 if o.view.buffer is not None]
-        params, args = self.params(reads, k.outs)
-        return dict(kind="row", name=k.name, comments=[comment(k.summary())] + [comment(l) for l in k.lines],
-                    params=params, args=args, shared=shared, row=row, passes=passes, size=self.ex.size(k.size),
-                    n_rows=self._numel(k.rows), split=self._split("o", "rest", sizes, "o", text))
-
-    def matmul_kernel(self, k: MatmulKernel) -> dict:
-        if k.out.dtype not in ("float32", "float64"):
-            raise NotImplementedError(f"no CUDA matmul for dtype {k.out.dtype}")
-        self.gemm = True
-        a, b = k.a, k.b
-
-        def ptr(v):
-            return v.buffer.name if v.offset == 0 else f"{v.buffer.name} + {self.ex._paren(v.offset)}"
-
-        params, args = self.params([a.buffer, b.buffer], k.out)
-        return dict(kind="matmul", name=k.name, comments=[comment(line) for line in k.lines], params=params,
-                    args=args, ctype=D.C_TYPES[k.out.dtype], M=self.ex.size(k.M), N=self.ex.size(k.N),
-                    K=self.ex.size(k.K), a=ptr(a), b=ptr(b), out=k.out.name,
-                    sam=self.ex.size(a.strides[0]), sak=self.ex.size(a.strides[1]),
-                    sbk=self.ex.size(b.strides[0]), sbn=self.ex.size(b.strides[1]))
-
-    def render(self) -> str:
-        plan = self.plan
-        self.gemm = self.argmax = self.rows = False
-        kernels = self.kernels()
-        dim_lines = [f"const int64_t d{k} = dims[{k}];  /* Dim {comment(d)} */" for k, d in enumerate(plan.dims)]
-        dim_lines.append("(void)dims;")
-        # Typed pointers for the buffers the launches pass (only those: nvcc warns about unused ones).
-        used = {arg for kc in kernels for arg in kc["args"]}
-        pointers = []
-        for group, field, const in ((plan.inputs, "inputs", "const "), (plan.variables, "variables", ""),
-                                    (plan.consts, "consts", "const "), (plan.outputs, "outputs", "")):
-            for b in group:
-                if b.name in used:
-                    t = D.C_TYPES[b.dtype]
-                    pointers.append(f"{const}{t}* {b.name} = ({const}{t}*)st->{field}[{b.index}];  "
-                                    f"/* {comment(b.label)} */")
-        for b in plan.workspace:
-            if b.name in used:
-                t = D.C_TYPES[b.dtype]
-                pointers.append(f"{t}* {b.name} = ({t}*)((char*)st->workspace + offsets[{b.index}]);  "
-                                f"/* {comment(b.label)} */")
-
-        def buffers(group):
-            return [dict(name=b.name, index=b.index, ctype=D.C_TYPES[b.dtype], numel=self.ex.size(b.numel),
-                         label=comment(b.label)) for b in group]
-
-        variables = []
-        for b in plan.variables:
-            if not isinstance(b.numel, (int, np.integer)):
-                raise NotImplementedError(f"variable {b.label!r}: a symbolic size ({b.numel}) cannot be "
-                                          f"allocated up front")
-            variables.append(dict(name=b.name, index=b.index, label=comment(b.label),
-                                  bytes=int(b.numel) * D.to_numpy(b.dtype).itemsize))
-        consts = [dict(self.const(c), index=c.index) for c in plan.consts]
-        arguments = [f"dims[{k}] = {comment(d)}" for k, d in enumerate(plan.dims)]
-        arguments += [f"inputs[{b.index}] (host) = {comment(b.label)}: "
-                      f"{D.SHORT_NAMES[b.dtype]}{_fmt(plan.graph.inputs[b.index].shape)}" for b in plan.inputs]
-        arguments += [f"outputs[{b.index}] (host): {D.SHORT_NAMES[b.dtype]}{_fmt(plan.graph.outputs[b.index].shape)}"
-                      for b in plan.outputs]
-        arguments += [f"variable {b.index} (device) = {comment(b.label)}: "
-                      f"{D.SHORT_NAMES[b.dtype]}{_fmt(plan.variable_nodes[b.index].shape)}" for b in plan.variables]
-        arguments += [f"offsets[k]: byte offset of temporary ws<k> in the workspace ({len(plan.workspace)} buffers, "
-                      f"multiples of {ALIGN}); arena_bytes: the workspace's size"]
-        from .. import __version__
-        return render("cuda/program.cu.j2", version=__version__,
-                      header=[comment(line) for line in plan.header.splitlines()],
-                      arguments=arguments, int_pow=self.int_pow, random=self.random, argmax=self.argmax,
-                      rows=self.rows,
-                      gemm=self.gemm, qualifiers="static __host__ __device__ __forceinline__",
-                      consts=consts, kernels=kernels, variables=variables, inputs=buffers(plan.inputs),
-                      outputs=buffers(plan.outputs), workspace=buffers(plan.workspace),
-                      signature=SIGNATURE, dim_lines=dim_lines, pointers=pointers, align=ALIGN)
-
+# ---- rendering: the one C-style renderer (symgrad.backends.render) with the CUDA row --------
 
 def render_source(plan: Plan) -> str:
     """The CUDA source of a kernel plan."""
-    return _CudaRenderer(plan).render()
+    return render(plan, CUDA)
 
 
 def cuda_source(graph: Graph) -> str:

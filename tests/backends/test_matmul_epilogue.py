@@ -13,6 +13,8 @@ import pytest
 import symgrad as sg
 from symgrad.backends import c as cbackend
 from symgrad.backends.lowering import PRODUCT, LoopKernel, MatmulKernel, contiguous_strides, lower
+from symgrad.backends.languages import C_OPENMP
+from symgrad.backends.render import Renderer
 from symgrad.ir.graph import Graph
 
 pytest.importorskip("symgrad.backends.c")
@@ -102,12 +104,12 @@ def test_every_matmul_path_is_called_with_its_epilogue(suite):
     assert src.count("&epilogue);") == 7
     # each epilogue function computes its nodes with the loop kernels' sympy printing, one commented
     # line per node, between reading the product back and storing the root
-    renderer = cbackend._Renderer(fn.program.plan)
+    exprs = Renderer(fn.program.plan, C_OPENMP).ex
     for k in fn.program.plan.kernels:
         body = src.split(f"static void {k.name}_epilogue(")[1].split("\n}\n")[0]
-        at = renderer.ex.index(0, ["row", "col"], contiguous_strides((k.M, k.N)))
+        at = exprs.index(0, ["row", "col"], contiguous_strides((k.M, k.N)))
         lines = [f"{PRODUCT} = {k.out.name}[{at}];"]
-        lines += [f"{st.name} = {renderer.statement(st, {})};  /* {cbackend.comment(st.line)} */"
+        lines += [f"{st.name} = {exprs.statement(st)};  /* {cbackend.comment(st.line)} */"
                   for st in k.epilogue_statements]
         lines.append(f"{k.out.name}[{at}] = {k.epilogue_result};")
         where = [body.find(line) for line in lines]

@@ -1,0 +1,90 @@
+"""What differs between the C-style languages symgrad emits, as data: one row per language.
+
+The renderer (symgrad.backends.render) is the same for every language; it reads
+a `Language` for the rest. As in tinygrad's C-style renderer, a new C-like target
+is a new row here (and its templates), not a new renderer class.
+
+- `templates`: the directory of the language's kernel and program templates
+  (templates/<dir>/loop, reduce, row, matmul, program); the statements inside
+  kernels come from the shared templates/statements.j2.
+- `printer`: dtype -> sympy expression printer for the fused nodes.
+- `restrict`: the no-alias qualifier of kernel pointer parameters.
+- `index`: how a kernel's loop nest maps to threads. "nested": one C loop per
+  axis, the outer one split over an OpenMP team; "flat": one grid-stride index
+  over the whole nest, split into the axes' indices (only those a view reads).
+- `combine`: how the partial accumulators of a reduction combine. "simd": one
+  thread owns a whole reduction and OpenMP `simd reduction(...)` clauses combine
+  the vector lanes; "block": the threads of a block each fold a strided part,
+  then a shared-memory tree combines them in a fixed order (deterministic).
+- `max_fold`: how a float max folds an element. "flag": a plain `>` select
+  (vectorizes) beside a "saw a NaN" flag applied at the end; "select": one
+  select that lets a NaN in (what a block tree compares pairwise).
+- `column_sums`: a sum over leading axes into a contiguous axis gets a tiled
+  kernel of its own (rows added into a tile of accumulators: vectorizes on a CPU).
+- `gemm`: "runtime" (the precompiled runtime's GEMMs, symgrad.backends.runtime,
+  chosen per shape; matmul epilogues run inside them) or "template" (the tiled
+  kernel in templates/cuda/gemm.cu.j2, no epilogues).
+- `declare_used_only`: the entry point declares typed pointers only for the
+  buffers some launch passes (nvcc warns about unused locals).
+- `helper_qualifiers`: the storage class of the helpers kernels call (sg_random_bits).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+from . import c_printer, cuda_printer
+
+
+@dataclass(frozen=True)
+class Language:
+    """One C-style target: everything the renderer does not decide the same way for all."""
+
+    name: str
+    templates: str
+    printer: Callable
+    restrict: str
+    index: str                 # "nested" | "flat"
+    combine: str               # "simd" | "block"
+    max_fold: str              # "flag" | "select"
+    column_sums: bool
+    gemm: str                  # "runtime" | "template"
+    declare_used_only: bool
+    helper_qualifiers: str
+
+    @property
+    def program(self) -> str:
+        """The program template: prelude, kernels, entry point."""
+        return f"{self.templates}/program.{'cu' if self.templates == 'cuda' else 'c'}.j2"
+
+    def kernel_template(self, kind: str) -> str:
+        """The template of a kernel kind ("loop", "reduce", "reduce_columns", "row", "matmul")."""
+        return f"{self.templates}/{kind}.{'cu' if self.templates == 'cuda' else 'c'}.j2"
+
+
+C_OPENMP = Language(name="C", templates="c", printer=c_printer.printer, restrict="restrict", index="nested",
+                    combine="simd", max_fold="flag", column_sums=True, gemm="runtime", declare_used_only=False,
+                    helper_qualifiers="static inline")
+
+CUDA = Language(name="CUDA", templates="cuda", printer=cuda_printer.printer, restrict="__restrict__", index="flat",
+                combine="block", max_fold="select", column_sums=False, gemm="template", declare_used_only=True,
+                helper_qualifiers="static __host__ __device__ __forceinline__")
+
+# The C program's entry points, shared by its template and the cffi declarations that load it.
+C_ENTRY = "symgrad_run"
+# What the workspace must hold: the number of temporaries, and (given nbytes) the bytes each needs
+# for these dims: the kernels' own sizes, against which a caller checks its arena.
+C_WORKSPACE_SIZES = "symgrad_workspace_bytes"
+# Caps the OpenMP team of the calling thread's later parallel regions.
+C_SET_THREADS = "symgrad_set_num_threads"
+C_SIGNATURE = (f"int {C_ENTRY}(const int64_t* dims, void** inputs, void** variables, void** outputs, "
+               f"char* workspace, const int64_t* offsets, sg_context* context)")
+C_BAD_LABEL = 2      # the entry's status when a class-label input holds a label outside [0, classes)
+PARALLEL_MIN = 1 << 15   # elements: below this a C loop runs on one thread
+COLUMN_TILE = 256        # accumulators per column tile of a column sum (a few KB on the stack)
+
+CUDA_ENTRY = "sg_cuda_run"
+CUDA_SIGNATURE = (f"int {CUDA_ENTRY}(void* handle, const int64_t* dims, void** inputs, void** outputs, "
+                  f"const int64_t* offsets, int64_t arena_bytes, char* err, size_t errlen)")
+CUDA_ALIGN = 256         # bytes: each workspace temporary starts where cudaMalloc would put a buffer

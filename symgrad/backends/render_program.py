@@ -1,0 +1,125 @@
+"""A whole program's source: the kernels (symgrad.backends.render) inside the language's program.
+
+`render(plan, language, labels)` is the one entry: it renders the kernels, then
+the program template of the language (templates/c/program.c.j2 or
+templates/cuda/program.cu.j2) with what the entry point needs as data: the Dims,
+each buffer's name, C type, storage slot and label, the workspace's sizes, the
+constants' literals. The C program is a library called with host pointers; the
+CUDA program owns device memory in a state the caller holds. What is printed
+around these names (pointer casts, size checks, copies) is the templates'.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import sympy
+
+from ..ir import dtypes as D
+from .c_printer import format_literal
+from .expressions import comment, shape_comment
+from .languages import (C_BAD_LABEL, C_ENTRY, C_SET_THREADS, C_SIGNATURE, C_WORKSPACE_SIZES, CUDA_ALIGN,
+                        CUDA_SIGNATURE, PARALLEL_MIN, Language)
+from .lowering import Plan
+from .render import Renderer
+from .templates import render as render_template
+
+CONST_ROW = 8  # literals per line of a constant table
+
+
+def render(plan: Plan, language: Language, labels: list = ()) -> str:
+    """The source of `plan` in `language`; `labels`: (input position, number of classes) of the
+    class-label inputs the C entry checks before it computes anything."""
+    renderer = Renderer(plan, language)
+    kernels = renderer.kernels()
+    if language.templates == "cuda":
+        return _cuda_program(renderer, kernels)
+    return _c_program(renderer, kernels, labels)
+
+
+def _buffer(renderer: Renderer, b, **more) -> dict:
+    """What a template needs of a buffer: its name, slot, C type, element count and label."""
+    return dict(name=b.name, index=b.index, ctype=D.C_TYPES[b.dtype], numel=renderer.ex.size(b.numel),
+                label=comment(b.label), **more)
+
+
+def _const(b) -> dict:
+    """A constant table: its literals, CONST_ROW a line."""
+    items = [format_literal(v.item(), b.dtype) for v in np.asarray(b.value).reshape(-1)]
+    rows = [items[i:i + CONST_ROW] for i in range(0, len(items), CONST_ROW)]
+    return dict(name=b.name, index=b.index, ctype=D.C_TYPES[b.dtype], size=max(len(items), 1), rows=rows or [["0"]],
+                comment=comment(f"constant {b.label}: {list(np.shape(b.value))}"))
+
+
+def _header(plan: Plan) -> list[str]:
+    return [comment(line) for line in plan.header.splitlines()]
+
+
+def _c_program(renderer: Renderer, kernels: list, labels: list) -> str:
+    plan, ex = renderer.plan, renderer.ex
+    pointers = [_buffer(renderer, b, storage=storage, const=storage == "inputs")
+                for group, storage in ((plan.inputs, "inputs"), (plan.variables, "variables"), (plan.outputs, "outputs"))
+                for b in group]
+    workspace = [dict(_buffer(renderer, b), numel=ex.paren(b.numel)) for b in plan.workspace]
+    checks = []
+    for position, classes in labels:
+        buf = next(b for b in plan.inputs if b.index == position)
+        checks.append(dict(labels=buf.name, numel=ex.size(sympy.Mul(*plan.graph.inputs[position].shape)),
+                           classes=ex.size(classes), comment=comment(buf.label)))
+    arguments = [f"dims[{k}] = {comment(d)}" for k, d in enumerate(plan.dims)]
+    arguments += [f"inputs[{b.index}] = {comment(b.label)}: {D.SHORT_NAMES[b.dtype]}"
+                  f"{shape_comment(plan.graph.inputs[b.index].shape)}" for b in plan.inputs]
+    arguments += [f"variables[{b.index}] = {comment(b.label)}: "
+                  f"{D.SHORT_NAMES[b.dtype]}{shape_comment(plan.variable_nodes[b.index].shape)}" for b in plan.variables]
+    arguments += [f"outputs[{b.index}]: {D.SHORT_NAMES[b.dtype]}{shape_comment(plan.graph.outputs[b.index].shape)}"
+                  for b in plan.outputs]
+    arguments += [f"workspace + offsets[k]: temporary ws<k> ({len(plan.workspace)} buffers)"]
+    from .. import __version__
+    from .runtime import HEADER
+    features = renderer.features
+    return render_template(
+        renderer.lang.program, version=__version__, header=_header(plan), entry=C_ENTRY, arguments=arguments,
+        parallel_min=PARALLEL_MIN, int_pow="int_pow" in features, random="random" in features,
+        fast_exp="fast_exp" in features, gemm="gemm" in features, bad_label=C_BAD_LABEL, label_checks=checks,
+        consts=[_const(c) for c in plan.consts], runtime_header=HEADER, kernels=kernels, signature=C_SIGNATURE,
+        dims=[comment(d) for d in plan.dims], pointers=pointers, workspace=workspace,
+        workspace_dims=sorted(ex.dims_used(b.numel for b in plan.workspace)),
+        workspace_sizes=C_WORKSPACE_SIZES, set_threads=C_SET_THREADS, qualifiers=renderer.lang.helper_qualifiers)
+
+
+def _cuda_program(renderer: Renderer, kernels: list) -> str:
+    plan = renderer.plan
+    # Typed pointers for the buffers the launches pass (only those: nvcc warns about unused ones).
+    used = {arg for k in kernels for arg in k["args"]}
+    pointers = [_buffer(renderer, b, field=field, const=const)
+                for group, field, const in ((plan.inputs, "inputs", True), (plan.variables, "variables", False),
+                                            (plan.consts, "consts", True), (plan.outputs, "outputs", False))
+                for b in group if b.name in used or not renderer.lang.declare_used_only]
+    variables = []
+    for b in plan.variables:
+        if not isinstance(b.numel, (int, np.integer)):
+            raise NotImplementedError(f"variable {b.label!r}: a symbolic size ({b.numel}) cannot be "
+                                      f"allocated up front")
+        variables.append(dict(name=b.name, index=b.index, label=comment(b.label),
+                              bytes=int(b.numel) * D.to_numpy(b.dtype).itemsize))
+    arguments = [f"dims[{k}] = {comment(d)}" for k, d in enumerate(plan.dims)]
+    arguments += [f"inputs[{b.index}] (host) = {comment(b.label)}: "
+                  f"{D.SHORT_NAMES[b.dtype]}{shape_comment(plan.graph.inputs[b.index].shape)}" for b in plan.inputs]
+    arguments += [f"outputs[{b.index}] (host): {D.SHORT_NAMES[b.dtype]}{shape_comment(plan.graph.outputs[b.index].shape)}"
+                  for b in plan.outputs]
+    arguments += [f"variable {b.index} (device) = {comment(b.label)}: "
+                  f"{D.SHORT_NAMES[b.dtype]}{shape_comment(plan.variable_nodes[b.index].shape)}" for b in plan.variables]
+    arguments += [f"offsets[k]: byte offset of temporary ws<k> in the workspace ({len(plan.workspace)} buffers, "
+                  f"multiples of {CUDA_ALIGN}); arena_bytes: the workspace's size"]
+    from .. import __version__
+    features = renderer.features
+    return render_template(
+        renderer.lang.program, version=__version__, header=_header(plan), arguments=arguments,
+        int_pow="int_pow" in features, random="random" in features, argmax="argmax" in features,
+        rows="rows" in features, gemm="gemm" in features, qualifiers=renderer.lang.helper_qualifiers,
+        consts=[_const(c) for c in plan.consts], kernels=kernels, variables=variables,
+        inputs=[_buffer(renderer, b) for b in plan.inputs], outputs=[_buffer(renderer, b) for b in plan.outputs],
+        workspace=[_buffer(renderer, b) for b in plan.workspace], signature=CUDA_SIGNATURE,
+        dims=[comment(d) for d in plan.dims], pointers=pointers,
+        workspace_pointers=[_buffer(renderer, b) for b in plan.workspace
+                            if b.name in used or not renderer.lang.declare_used_only],
+        align=CUDA_ALIGN)
