@@ -4,9 +4,12 @@ The renderer (symgrad.backends.render) is the same for every language; it reads
 a `Language` for the rest. As in tinygrad's C-style renderer, a new C-like target
 is a new row here (and its templates), not a new renderer class.
 
-- `templates`: the directory of the language's kernel and program templates
-  (templates/<dir>/loop, reduce, row, matmul, program); the statements inside
-  kernels come from the shared templates/statements.j2.
+- `templates`, `extension`: the directory of the language's kernel and program
+  templates and their file extension (templates/c/loop.c.j2, templates/cuda/loop.cu.j2,
+  ...); the statements inside kernels come from the shared templates/statements.j2.
+- `memory`: who owns the buffers. "host": the program is a library called with
+  host pointers and a workspace (C); "device": the program holds device memory in
+  a state and copies inputs in and outputs out (CUDA).
 - `printer`: dtype -> sympy expression printer for the fused nodes.
 - `restrict`: the no-alias qualifier of kernel pointer parameters.
 - `index`: how a kernel's loop nest maps to threads. "nested": one C loop per
@@ -16,9 +19,11 @@ is a new row here (and its templates), not a new renderer class.
   thread owns a whole reduction and OpenMP `simd reduction(...)` clauses combine
   the vector lanes; "block": the threads of a block each fold a strided part,
   then a shared-memory tree combines them in a fixed order (deterministic).
-- `max_fold`: how a float max folds an element. "flag": a plain `>` select
-  (vectorizes) beside a "saw a NaN" flag applied at the end; "select": one
-  select that lets a NaN in (what a block tree compares pairwise).
+- `max_fold`: how a reduce kernel's max folds an element. "flag": a plain `>`
+  select (vectorizes) beside a "saw a NaN" flag applied at the end; "select": one
+  select that lets a NaN in (what a block tree then compares pairwise). A row
+  kernel folds with the flag in every language: each thread applies it to its
+  part before the block combines.
 - `column_sums`: a sum over leading axes into a contiguous axis gets a tiled
   kernel of its own (rows added into a tile of accumulators: vectorizes on a CPU).
 - `gemm`: "runtime" (the precompiled runtime's GEMMs, symgrad.backends.runtime,
@@ -43,6 +48,8 @@ class Language:
 
     name: str
     templates: str
+    extension: str
+    memory: str                # "host" | "device"
     printer: Callable
     restrict: str
     index: str                 # "nested" | "flat"
@@ -56,20 +63,26 @@ class Language:
     @property
     def program(self) -> str:
         """The program template: prelude, kernels, entry point."""
-        return f"{self.templates}/program.{'cu' if self.templates == 'cuda' else 'c'}.j2"
+        return self.kernel_template("program")
 
     def kernel_template(self, kind: str) -> str:
-        """The template of a kernel kind ("loop", "reduce", "reduce_columns", "row", "matmul")."""
-        return f"{self.templates}/{kind}.{'cu' if self.templates == 'cuda' else 'c'}.j2"
+        """The template of a kernel kind ("loop", "reduce", "reduce_columns", "row", "matmul", "program")."""
+        return f"{self.templates}/{kind}.{self.extension}.j2"
 
 
-C_OPENMP = Language(name="C", templates="c", printer=c_printer.printer, restrict="restrict", index="nested",
-                    combine="simd", max_fold="flag", column_sums=True, gemm="runtime", declare_used_only=False,
-                    helper_qualifiers="static inline")
+C_OPENMP = Language(
+    name="C", templates="c", extension="c", memory="host",
+    printer=c_printer.printer, restrict="restrict",
+    index="nested", combine="simd", max_fold="flag", column_sums=True,
+    gemm="runtime", declare_used_only=False, helper_qualifiers="static inline",
+)
 
-CUDA = Language(name="CUDA", templates="cuda", printer=cuda_printer.printer, restrict="__restrict__", index="flat",
-                combine="block", max_fold="select", column_sums=False, gemm="template", declare_used_only=True,
-                helper_qualifiers="static __host__ __device__ __forceinline__")
+CUDA = Language(
+    name="CUDA", templates="cuda", extension="cu", memory="device",
+    printer=cuda_printer.printer, restrict="__restrict__",
+    index="flat", combine="block", max_fold="select", column_sums=False,
+    gemm="template", declare_used_only=True, helper_qualifiers="static __host__ __device__ __forceinline__",
+)
 
 # The C program's entry points, shared by its template and the cffi declarations that load it.
 C_ENTRY = "symgrad_run"

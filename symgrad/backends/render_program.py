@@ -31,9 +31,9 @@ def render(plan: Plan, language: Language, labels: list = ()) -> str:
     class-label inputs the C entry checks before it computes anything."""
     renderer = Renderer(plan, language)
     kernels = renderer.kernels()
-    if language.templates == "cuda":
-        return _cuda_program(renderer, kernels)
-    return _c_program(renderer, kernels, labels)
+    if language.memory == "device":
+        return _device_program(renderer, kernels)
+    return _host_program(renderer, kernels, labels)
 
 
 def _buffer(renderer: Renderer, b, **more) -> dict:
@@ -54,7 +54,8 @@ def _header(plan: Plan) -> list[str]:
     return [comment(line) for line in plan.header.splitlines()]
 
 
-def _c_program(renderer: Renderer, kernels: list, labels: list) -> str:
+def _host_program(renderer: Renderer, kernels: list, labels: list) -> str:
+    """A library over host pointers (C): the entry casts each slot to its buffer, checks the labels."""
     plan, ex = renderer.plan, renderer.ex
     pointers = [_buffer(renderer, b, storage=storage, const=storage == "inputs")
                 for group, storage in ((plan.inputs, "inputs"), (plan.variables, "variables"), (plan.outputs, "outputs"))
@@ -86,7 +87,9 @@ def _c_program(renderer: Renderer, kernels: list, labels: list) -> str:
         workspace_sizes=C_WORKSPACE_SIZES, set_threads=C_SET_THREADS, qualifiers=renderer.lang.helper_qualifiers)
 
 
-def _cuda_program(renderer: Renderer, kernels: list) -> str:
+def _device_program(renderer: Renderer, kernels: list) -> str:
+    """A program holding device memory (CUDA): variables and constants allocated once, inputs and
+    outputs copied per call, the workspace laid out by the caller."""
     plan = renderer.plan
     # Typed pointers for the buffers the launches pass (only those: nvcc warns about unused ones).
     used = {arg for k in kernels for arg in k["args"]}
