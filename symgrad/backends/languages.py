@@ -19,6 +19,13 @@ is a new row here (and its templates), not a new renderer class.
   thread owns a whole reduction and OpenMP `simd reduction(...)` clauses combine
   the vector lanes; "block": the threads of a block each fold a strided part,
   then a shared-memory tree combines them in a fixed order (deterministic).
+- `reduced_at`: where a reduce kernel's accumulator and argmax's best index are
+  read once the threads' parts are combined (C: the thread's own locals; CUDA:
+  slot 0 of the block's shared arrays).
+- `row_combine`: the expression that combines a row reduction's per-thread part
+  `{value}` (of reduction `{op}` in C type `{ctype}`) across the threads: C's one
+  thread per row has nothing to combine; CUDA calls the block-wide tree of
+  templates/cuda/row.cu.j2.
 - `max_fold`: how a reduce kernel's max folds an element. "flag": a plain `>`
   select (vectorizes) beside a "saw a NaN" flag applied at the end; "select": one
   select that lets a NaN in (what a block tree then compares pairwise). A row
@@ -54,6 +61,8 @@ class Language:
     restrict: str
     index: str                 # "nested" | "flat"
     combine: str               # "simd" | "block"
+    reduced_at: tuple          # (accumulator, argmax index) after the combine
+    row_combine: str           # format of the combined row reduction: {op}, {ctype}, {value}
     max_fold: str              # "flag" | "select"
     column_sums: bool
     gemm: str                  # "runtime" | "template"
@@ -73,14 +82,16 @@ class Language:
 C_OPENMP = Language(
     name="C", templates="c", extension="c", memory="host",
     printer=c_printer.printer, restrict="restrict",
-    index="nested", combine="simd", max_fold="flag", column_sums=True,
+    index="nested", combine="simd", reduced_at=("acc", "best"), row_combine="{value}",
+    max_fold="flag", column_sums=True,
     gemm="runtime", declare_used_only=False, helper_qualifiers="static inline",
 )
 
 CUDA = Language(
     name="CUDA", templates="cuda", extension="cu", memory="device",
     printer=cuda_printer.printer, restrict="__restrict__",
-    index="flat", combine="block", max_fold="select", column_sums=False,
+    index="flat", combine="block", reduced_at=("s_acc[0]", "s_best[0]"),
+    row_combine="sg_block_{op}<{ctype}>({value}, s_{ctype})", max_fold="select", column_sums=False,
     gemm="template", declare_used_only=True, helper_qualifiers="static __host__ __device__ __forceinline__",
 )
 

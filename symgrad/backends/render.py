@@ -107,7 +107,7 @@ class Renderer:
         self.plan, self.lang = plan, language
         self.ex = Exprs(plan.dims, language.printer)
         self.features = self.ex.features
-        self.block = language.combine == "block"
+        self.flat = language.index == "flat"
 
     # ---- pieces shared by every kernel ----
 
@@ -199,18 +199,17 @@ class Renderer:
             body.append(Let(D.C_TYPES[k.input.dtype], "v", value))
             value = "v"
         nan_flag = "acc_nan" if k.op == "max" and self.lang.max_fold == "flag" and D.is_float(k.acc_dtype) else ""
-        # argmax's index: the flat index over the reduced axes (a block's threads stride over it as r)
-        index = "r" if self.block else self.ex.index(0, inner_vars, contiguous(reduced))
+        # argmax's index: the flat index over the reduced axes (a flat loop strides over it as r)
+        index = "r" if self.flat else self.ex.index(0, inner_vars, contiguous(reduced))
         acc = Accumulator(k.op, "acc", acc_t, value, fold=self.lang.max_fold, lowest=lowest(k.acc_dtype),
                           index=index, nan_flag=nan_flag)
         if k.op == "argmax":
             self.features.add("argmax")
         body.append(Fold(acc))
-        # The reduced value, once the threads' accumulators are combined (a block's in s_acc[0]).
-        total, best = ("s_acc[0]", "s_best[0]") if self.block else ("acc", "best")
+        total, best = self.lang.reduced_at  # the accumulators once the threads' parts are combined
         if nan_flag:
             total = f"({nan_flag} ? NAN : {total})"
-        out_index = "o" if self.block else self.ex.index(0, outer_vars, contiguous(kept))
+        out_index = "o" if self.flat else self.ex.index(0, outer_vars, contiguous(kept))
         if k.op == "argmax":
             result = f"{best} < 0 ? 0 : {best}"
             finish = [Store(k.out.name, out_index, result)]
@@ -221,7 +220,8 @@ class Renderer:
         if k.epilogue_statements:  # the reduced value goes through the fused epilogue before it is stored
             finish = [Let(D.C_TYPES[k.reduced_dtype], REDUCED, result), *self.reduce_epilogue(k, out_index)]
         for l in inner:
-            l["simd"] = l is inner[-1] and k.op != "argmax"  # argmax's first-maximum search is no OpenMP reduction
+            # lanes combine by OpenMP's simd reduction; argmax's first-maximum search is no OpenMP reduction
+            l["simd"] = self.lang.combine == "simd" and l is inner[-1] and k.op != "argmax"
         buffers = [k.input.buffer] if k.input.buffer is not None else []
         buffers += [op.view.buffer for op in [*k.operands, *k.epilogue] if op.view.buffer is not None]
         params, args = self.params(buffers, k.out)
@@ -265,14 +265,13 @@ class Renderer:
                 accumulators.append(Accumulator(r.op, r.acc, acc_t, r.value, lowest=lowest(r.acc_dtype),
                                                 nan_flag=nan_flag, note=comment(r.line)))
                 value = f"({nan_flag} ? NAN : {r.acc})" if nan_flag else r.acc  # this thread's part
-                if self.block:  # the block's threads combine their parts (templates/cuda/row.cu.j2)
-                    shared += [acc_t] if acc_t not in shared else []
-                    value = f"sg_block_{r.op}<{acc_t}>({value}, s_{acc_t})"
+                shared += [acc_t] if acc_t not in shared else []  # a block's scratch, by type
+                value = self.lang.row_combine.format(op=r.op, ctype=acc_t, value=value)
                 finish.append(Let(D.C_TYPES[r.dtype], r.name, convert(value, r.acc_dtype, r.dtype)))
             stores = [self.store(st, loop_vars) for st in p.stores]
             what = [f"{r.op} {r.name}" for r in p.reductions] + [f"store {st.label}" for st in p.stores]
             passes.append(dict(title=f"pass {n + 1} of {len(k.passes)} over the row: {', '.join(what)}",
-                               accumulators=accumulators,
+                               accumulators=accumulators, simd=self.lang.combine == "simd",
                                body=[*self.element(p.operands, p.statements, loop_vars),
                                      *(Fold(a) for a in accumulators), *stores],
                                finish=finish + self.nodes(p.after),
