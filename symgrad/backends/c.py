@@ -1,7 +1,8 @@
 """The C/OpenMP backend: a kernel plan rendered through templates/c/, built by cffi.
 
 `compile(graph)` lowers the graph (symgrad.backends.lowering), renders one
-C11 file with one function per kernel and one entry point,
+C11 file (symgrad.backends.render with the C/OpenMP row of
+symgrad.backends.languages) with one function per kernel and one entry point,
 
     int symgrad_run(const int64_t* dims, void** inputs, void** variables,
                     void** outputs, char* workspace, const int64_t* offsets,

@@ -1,8 +1,9 @@
 """The CUDA backend: the C backend's kernel plan rendered through templates/cuda/, built by nvcc.
 
 `compile(graph)` lowers the graph (symgrad.backends.lowering, the same plan
-as C), renders one CUDA C++ file (one `__global__` function per kernel, an
-`extern "C"` host API), builds it with nvcc through the cache
+as C), renders one CUDA C++ file (the renderer C uses, symgrad.backends.render,
+with the CUDA row of symgrad.backends.languages: one `__global__` function per
+kernel, an `extern "C"` host API), builds it with nvcc through the cache
 (symgrad.backends.cache, kind="cuda") and loads it with cffi's ABI mode.
 
 Memory: variables (parameters, optimizer state), constants, inputs, outputs

@@ -116,7 +116,7 @@ class Renderer:
         or a list of them) for statements.j2's `params`, and the call's arguments."""
         outs = out if isinstance(out, list) else [out]
         order = list({id(b): b for b in [*buffers, *outs]}.values())
-        params = [dict(ctype="int64_t", name=f"d{k}", const=False, pointer=False) for k in range(len(self.plan.dims))]
+        params = [dict(ctype="int64_t", name=f"d{k}", const=False, pointer=False, restrict=False) for k in range(len(self.plan.dims))]
         args = [f"d{k}" for k in range(len(self.plan.dims))]
         for b in order:
             params.append(dict(ctype=D.C_TYPES[b.dtype], name=b.name, const=not any(b is o for o in outs),
@@ -147,7 +147,7 @@ class Renderer:
     def split(self, shape, prefix: str, used: set[int]) -> list[dict]:
         """A flat index split into the row-major indices prefix<k> (index "flat"), innermost first,
         down to the outermost index `used` (statements.j2's `split_step`)."""
-        if not used or self.lang.index != "flat":
+        if not used or not self.flat:
             return []
         low, steps = min(used), []
         for k in range(len(shape) - 1, low - 1, -1):
