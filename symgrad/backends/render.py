@@ -20,6 +20,7 @@ import numpy as np
 import sympy
 
 from ..ir import dtypes as D
+from . import runtime
 from .expressions import Exprs, comment, contiguous, convert, lowest
 from .languages import COLUMN_TILE, PARALLEL_MIN, Language
 from .lowering import PRODUCT, REDUCED, LoopKernel, MatmulKernel, Plan, ReduceKernel, RowKernel, View
@@ -311,7 +312,6 @@ class Renderer:
                           sbk=self.ex.size(b.strides[0]), sbn=self.ex.size(b.strides[1]), epilogue=None)
         if not runtime_gemm:
             return ctx
-        from . import runtime
         gemm, kind = runtime.gemm_function(k.out.dtype, k.N, a.strides[0], a.strides[1])
         # The dot kernel needs only A's row stride (its columns are contiguous), the transposed one
         # only A's column stride (its rows are). The kernel leaves the GEMM's status in context->status.
