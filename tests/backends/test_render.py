@@ -25,8 +25,8 @@ from symgrad.backends.templates import environment
 from symgrad.ir.graph import Graph
 
 BACKENDS = Path(sg.__file__).resolve().parent / "backends"
-# The expression printers print expressions, not statements; a `CDEF` is cffi's declaration of
-# the built library's ABI (what Python calls), not code symgrad emits.
+# The expression printers print expressions, not statements; a cffi `cdef` declares the built
+# library's ABI to Python (what Python calls), it is not code symgrad emits.
 PRINTERS = {"c_printer.py", "cuda_printer.py"}
 # What ends a C statement or opens a block inside a string: `;` at its end, before a comment or a
 # newline; a `{` ending a line; a pragma.
@@ -34,11 +34,20 @@ C_STATEMENT = re.compile(r";(\n|$|\s+/\*)|\{\n|\{$|#pragma")
 
 
 def _cdef_constants(tree) -> set[int]:
-    """ids of the string constants inside `CDEF = ...` assignments."""
+    """ids of the string constants of cffi declarations: assigned to a name holding "cdef"
+    (CDEF, _CDEF, ...) or passed to a `.cdef(...)` call."""
+    def named_cdef(target) -> bool:
+        name = target.id if isinstance(target, ast.Name) else getattr(target, "attr", "")
+        return "cdef" in name.lower()
+
     held = set()
     for node in ast.walk(tree):
-        if isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == "CDEF" for t in node.targets):
-            held |= {id(n) for n in ast.walk(node.value)}
+        if isinstance(node, (ast.Assign, ast.AnnAssign)):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            if any(named_cdef(t) for t in targets) and node.value is not None:
+                held |= {id(n) for n in ast.walk(node.value)}
+        elif isinstance(node, ast.Call) and getattr(node.func, "attr", "") == "cdef":
+            held |= {id(n) for arg in node.args for n in ast.walk(arg)}
     return held
 
 
