@@ -8,6 +8,8 @@ through its expression printer (symgrad.backends.c_printer / cuda_printer).
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import sympy
 
@@ -17,9 +19,15 @@ from ..ir.elementwise import ARGS
 from .c_printer import CPrintError, format_literal
 
 
+_PRINTABLE = re.compile(r"[ -~]*")  # printable ASCII, nothing else
+
+
 def comment(text) -> str:
     """`text` safe inside a C block comment on one line: no `*/`, no newlines, printable ASCII only."""
-    text = str(text).encode("ascii", "backslashreplace").decode("ascii")
+    text = str(text)
+    if _PRINTABLE.fullmatch(text) and "*/" not in text and "/*" not in text and "??" not in text:
+        return text  # the usual case, already safe (a render calls this a few hundred times)
+    text = text.encode("ascii", "backslashreplace").decode("ascii")
     out = []
     for ch in text:
         if ch == "\n":
