@@ -2,7 +2,7 @@
 
 from . import functional
 from .containers import ModuleDict, ModuleList, Sequential
-from .layers import GELU, BatchNorm1d, Dropout, Flatten, Identity, LayerNorm, Linear, ReLU, Sigmoid, Tanh
+from .layers import GELU, BatchNorm1d, Dropout, Embedding, Flatten, Identity, LayerNorm, Linear, ReLU, Sigmoid, Tanh
 from .module import Module
 
 __all__ = ["Module", "Linear", "ReLU", "Tanh", "Sigmoid", "GELU", "Identity", "Sequential", "ModuleList",

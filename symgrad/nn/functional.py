@@ -21,7 +21,7 @@ from ..ir.value import Value
 from ..pointwise import gelu  # noqa: F401  (torch.nn.functional.gelu)
 from ..random import Generator, default_generator
 
-__all__ = ["linear", "dropout", "batch_norm", "layer_norm", "gelu", "cross_entropy", "nll_loss", "mse_loss", "relu", "tanh",
+__all__ = ["linear", "dropout", "batch_norm", "layer_norm", "embedding", "scaled_dot_product_attention", "gelu", "cross_entropy", "nll_loss", "mse_loss", "relu", "tanh",
            "sigmoid", "softmax", "log_softmax"]
 
 
@@ -130,3 +130,42 @@ def layer_norm(x: Value, normalized_shape, weight: Value | None = None, bias: Va
     if bias is not None:
         y = y + bias
     return y
+
+
+def embedding(input: Value, weight: Value) -> Value:
+    """weight's rows at the integer `input` (torch.nn.functional.embedding): shape input.shape +
+    (embedding_dim,). Indices are checked against the table's rows on every call; the weight's
+    gradient adds each row's cotangents (repeated indices sum)."""
+    if not isinstance(weight, Value) or weight.ndim != 2:
+        raise ValueError(f"embedding: weight must be a [num_embeddings, embedding_dim] value, got "
+                         f"{getattr(weight, 'type_str', type(weight).__name__)}")
+    return F.take(weight, input, axis=0)
+
+
+def scaled_dot_product_attention(query: Value, key: Value, value: Value, attn_mask: Value | None = None,
+                                 is_causal: bool = False, scale: float | None = None) -> Value:
+    """softmax(query @ key^T * scale + mask) @ value over the last two axes, as torch's: `scale`
+    defaults to 1/sqrt(head dim); `is_causal` lets position i see positions <= i only; a boolean
+    `attn_mask` marks the positions that may be attended (True: keep), a float one is added."""
+    from ..indices import arange
+    for name, v in (("query", query), ("key", key), ("value", value)):
+        if not isinstance(v, Value) or v.ndim < 2:
+            raise ValueError(f"scaled_dot_product_attention: {name} must be a value of >= 2 axes, "
+                             f"got {getattr(v, 'type_str', type(v).__name__)}")
+    if not S.same_size(query.shape[-1], key.shape[-1]) or not S.same_size(key.shape[-2], value.shape[-2]):
+        raise ValueError(f"scaled_dot_product_attention: query {query.type_str}, key {key.type_str} and "
+                         f"value {value.type_str} do not align (query and key share the last axis, "
+                         f"key and value the second last)")
+    if is_causal and attn_mask is not None:
+        raise ValueError("scaled_dot_product_attention: give attn_mask or is_causal, not both (as torch)")
+    head = query.shape[-1]
+    factor = scale if scale is not None else 1.0 / sympy.sqrt(head)
+    keys_t = F.transpose(key, tuple(range(key.ndim - 2)) + (key.ndim - 1, key.ndim - 2))
+    scores = F.matmul(query, keys_t) * F.constant(float(factor), query.dtype)
+    if is_causal:
+        rows, cols = scores.shape[-2:]  # torch's: tril(ones(L, S)), key j visible from query i when j <= i
+        visible = F.less_equal(F.expand_dims(arange(cols), 0), F.expand_dims(arange(rows), 1))
+        scores = F.where(visible, scores, float("-inf"))
+    elif attn_mask is not None:
+        scores = F.where(attn_mask, scores, float("-inf")) if attn_mask.dtype == "bool" else scores + attn_mask
+    return F.matmul(F.softmax(scores, axis=-1), value)

@@ -210,3 +210,25 @@ class Flatten(Module):
 
     def extra_repr(self) -> str:
         return f"start_dim={self.start_dim}, end_dim={self.end_dim}"
+
+
+class Embedding(Module):
+    """A table of `num_embeddings` vectors of `embedding_dim`, looked up by integer index, as
+    torch.nn.Embedding (initialised N(0, 1), as torch's)."""
+
+    def __init__(self, num_embeddings: int, embedding_dim: int, init=None, dtype: str = "float32"):
+        super().__init__()
+        for name, n in (("num_embeddings", num_embeddings), ("embedding_dim", embedding_dim)):
+            if not isinstance(n, int) or n < 1:
+                raise ValueError(f"Embedding: {name} must be a positive int, got {n!r}")
+        self.num_embeddings, self.embedding_dim = num_embeddings, embedding_dim
+        shape = (num_embeddings, embedding_dim)
+        if init is None:
+            init = sources._rng.standard_normal(shape).astype(D.to_numpy(dtype))
+        self.weight = param("weight", shape, init=_initial(init, shape, 1.0, dtype), dtype=dtype)
+
+    def forward(self, indices) -> Value:
+        return NF.embedding(indices, self.weight)
+
+    def extra_repr(self) -> str:
+        return f"{self.num_embeddings}, {self.embedding_dim}"
