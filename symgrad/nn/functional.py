@@ -18,10 +18,12 @@ from ..functional import (cross_entropy, log_softmax, mse_loss, nll_loss, relu, 
 from ..ir import dtypes as D
 from ..ir import shapes as S
 from ..ir.value import Value
+from ..convolution import conv1d, conv2d, pad  # noqa: F401  (torch.nn.functional's names)
 from ..pointwise import gelu  # noqa: F401  (torch.nn.functional.gelu)
+from ..pooling import adaptive_avg_pool2d, avg_pool2d, interpolate, max_pool2d  # noqa: F401
 from ..random import Generator, default_generator
 
-__all__ = ["linear", "dropout", "batch_norm", "layer_norm", "embedding", "scaled_dot_product_attention", "gelu", "cross_entropy", "nll_loss", "mse_loss", "relu", "tanh",
+__all__ = ["conv1d", "conv2d", "pad", "max_pool2d", "avg_pool2d", "adaptive_avg_pool2d", "interpolate", "linear", "dropout", "batch_norm", "layer_norm", "embedding", "scaled_dot_product_attention", "gelu", "cross_entropy", "nll_loss", "mse_loss", "relu", "tanh",
            "sigmoid", "softmax", "log_softmax"]
 
 
@@ -68,18 +70,18 @@ def dropout(x: Value, p: float = 0.5, training: bool = True, generator: Generato
 def batch_norm(x: Value, running_mean: Value | None, running_var: Value | None, weight: Value | None = None,
                bias: Value | None = None, training: bool = False, momentum: float = 0.1,
                eps: float = 1e-5) -> Value:
-    """Batch normalisation over axis 1 of [N, C] or [N, C, L] (F.batch_norm).
+    """Batch normalisation over axis 1 of [N, C], [N, C, L] or [N, C, H, W] (F.batch_norm).
 
     Training: normalise with the batch's mean and biased variance, and (when
     running statistics are given) update them with `momentum` and the
     unbiased variance, as torch does. Otherwise: normalise with the running
     statistics.
     """
-    if not isinstance(x, Value) or x.ndim not in (2, 3) or not D.is_float(x.dtype):
-        raise ValueError(f"batch_norm: expects a float [N, C] or [N, C, L] input, got {x!r}")
+    if not isinstance(x, Value) or x.ndim < 2 or not D.is_float(x.dtype):
+        raise ValueError(f"batch_norm: expects a float [N, C, ...] input, got {x!r}")
     channels = x.shape[1]
-    axes = (0,) if x.ndim == 2 else (0, 2)
-    stat_shape = (channels,) if x.ndim == 2 else (channels, 1)
+    axes = (0, *range(2, x.ndim))                   # every axis but the channels'
+    stat_shape = (channels,) + (1,) * (x.ndim - 2)
 
     def along_channels(v: Value) -> Value:
         if v.shape != (channels,):

@@ -142,6 +142,9 @@ class BatchNorm1d(Module):
         if x.ndim not in (2, 3) or x.shape[1] != self.num_features:
             raise ValueError(f"BatchNorm1d({self.num_features}): expected input [N, {self.num_features}] or "
                              f"[N, {self.num_features}, L], got {x.type_str}")
+        return self._normalize(x)
+
+    def _normalize(self, x: Value) -> Value:
         stats = self.track_running_stats
         training = self.training or not stats
         y = NF.batch_norm(x, self.running_mean if stats else None, self.running_var if stats else None,
@@ -232,3 +235,13 @@ class Embedding(Module):
 
     def extra_repr(self) -> str:
         return f"{self.num_embeddings}, {self.embedding_dim}"
+
+
+class BatchNorm2d(BatchNorm1d):
+    """torch.nn.BatchNorm2d: BatchNorm1d's statistics per channel of an (N, C, H, W) input."""
+
+    def forward(self, x: Value) -> Value:
+        if x.ndim != 4 or x.shape[1] != self.num_features:
+            raise ValueError(f"BatchNorm2d({self.num_features}): expected input [N, {self.num_features}, H, W], "
+                             f"got {x.type_str}")
+        return self._normalize(x)
