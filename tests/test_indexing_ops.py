@@ -165,3 +165,32 @@ def test_symbolic_slices_and_cat_keep_the_dim():
     (gt,) = torch.autograd.grad((jt * jt).sum(), [xt])
     np.testing.assert_allclose(got[0], jt.detach().numpy())
     np.testing.assert_allclose(got[1], gt.numpy())
+
+
+def test_second_order_gradients_match_torch():
+    """d/dx of (dL/dx . v): the VJPs' own VJPs (slice <-> embed, take <-> scatter_add, matmul)."""
+    v = RNG_W(X.shape)
+
+    def loss(lib, x, table, idx):
+        if lib is torch:
+            rows = torch.nn.functional.embedding(idx, table)
+            joined = torch.cat([x[:, 1:], x[:, :1] ** 2], 1)
+            return (torch.tanh(joined @ joined.transpose(-1, -2)).sum() + (rows * rows.sum()).sum()
+                    + (x[..., ::2] ** 3).sum())
+        rows = sg.embedding(table, idx)
+        joined = sg.cat([x[:, 1:], x[:, :1] ** 2], 1)
+        return (sg.tanh(joined @ sg.swapaxes(joined, -1, -2)).sum() + (rows * rows.sum()).sum()
+                + (x[..., ::2] ** 3).sum())
+
+    xt, tt = torch.tensor(X, requires_grad=True), torch.tensor(TABLE, requires_grad=True)
+    it = torch.tensor(INDICES)
+    gx, gt = torch.autograd.grad(loss(torch, xt, tt, it), [xt, tt], create_graph=True)
+    want = torch.autograd.grad((gx * torch.tensor(v)).sum() + (gt * gt).sum(), [xt, tt])
+
+    x, table = sg.input("x", X.shape, dtype="float64"), sg.input("t", TABLE.shape, dtype="float64")
+    idx = sg.input("i", INDICES.shape, dtype="int64")
+    sx, st = sg.grad(loss(sg, x, table, idx), [x, table])
+    second = sg.grad((sx * sg.constant(v, "float64")).sum() + (st * st).sum(), [x, table])
+    got = sg.function([x, table, idx], second, backend="numpy")(X, TABLE, INDICES)
+    for g, w in zip(got, want):
+        np.testing.assert_allclose(g, w.numpy(), rtol=1e-10, atol=1e-10)

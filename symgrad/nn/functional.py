@@ -145,10 +145,12 @@ def embedding(input: Value, weight: Value) -> Value:
 
 
 def scaled_dot_product_attention(query: Value, key: Value, value: Value, attn_mask: Value | None = None,
-                                 is_causal: bool = False, scale: float | None = None) -> Value:
+                                 dropout_p: float = 0.0, is_causal: bool = False, scale: float | None = None,
+                                 generator: Generator | None = None) -> Value:
     """softmax(query @ key^T * scale + mask) @ value over the last two axes, as torch's: `scale`
     defaults to 1/sqrt(head dim); `is_causal` lets position i see positions <= i only; a boolean
-    `attn_mask` marks the positions that may be attended (True: keep), a float one is added."""
+    `attn_mask` marks the positions that may be attended (True: keep), a float one is added;
+    `dropout_p` drops attention weights (symgrad's generator: the masks are not torch's)."""
     from ..indices import arange
     for name, v in (("query", query), ("key", key), ("value", value)):
         if not isinstance(v, Value) or v.ndim < 2:
@@ -170,4 +172,7 @@ def scaled_dot_product_attention(query: Value, key: Value, value: Value, attn_ma
         scores = F.where(visible, scores, float("-inf"))
     elif attn_mask is not None:
         scores = F.where(attn_mask, scores, float("-inf")) if attn_mask.dtype == "bool" else scores + attn_mask
-    return F.matmul(F.softmax(scores, axis=-1), value)
+    weights = F.softmax(scores, axis=-1)
+    if dropout_p:
+        weights = dropout(weights, dropout_p, True, generator)
+    return F.matmul(weights, value)
