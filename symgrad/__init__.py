@@ -22,6 +22,11 @@ from .pointwise import ceil, clip, erf, floor, gelu, log1p, masked_fill, round, 
 from .nn.functional import layer_norm
 from .statistics import logsumexp, std, var
 from .indices import arange, permute, swapaxes, tril, triu
+from .indexing import cat, chunk, concat, concatenate, embedding, narrow, split, stack, take
+from .nn.functional import scaled_dot_product_attention
+from .convolution import conv1d, conv2d, pad
+from .pooling import adaptive_avg_pool2d, avg_pool2d, flatten, interpolate, max_pool2d
+from .nn.functional import batch_norm
 from .ir.graph import Graph
 from .ir.printing import backward_chain, print_graph
 from .ir.shapes import Dim
@@ -37,7 +42,8 @@ __all__ = [
     "greater", "greater_equal", "less", "less_equal", "log", "log_softmax", "matmul", "max",
     "maximum", "mean", "minimum", "mse_loss", "nll_loss", "not_equal", "one_hot", "relu",
     "reshape", "sigmoid", "sin", "softmax", "sqrt", "squeeze", "stop_gradient", "sum", "tanh",
-    "transpose", "where", "erf", "log1p", "softplus", "gelu", "sign", "floor", "ceil", "round",
+    "transpose", "where", "cat", "chunk", "concat", "concatenate", "embedding", "scaled_dot_product_attention", "conv1d", "conv2d", "pad",
+    "adaptive_avg_pool2d", "avg_pool2d", "flatten", "interpolate", "max_pool2d", "batch_norm", "narrow", "split", "stack", "take", "erf", "log1p", "softplus", "gelu", "sign", "floor", "ceil", "round",
     "trunc", "clip", "masked_fill", "layer_norm", "var", "std", "logsumexp", "arange", "tril", "triu", "permute",
     "swapaxes", "__version__",
     "nn", "random", "distributed", "gradcheck", "GradcheckError",

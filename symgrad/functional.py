@@ -284,22 +284,67 @@ def squeeze(x, axis=None) -> Value:
 # ---- matmul ------------------------------------------------------------------
 
 def matmul(a, b) -> Value:
-    """Matrix product with NumPy's rules for 1-D operands: (M,K)@(K,N), (K,)@(K,N), (M,K)@(K,)."""
+    """Matrix product with torch.matmul's rules: (M,K)@(K,N); 1-D operands gain an axis that the
+    result drops; leading axes are batch dimensions that broadcast ((B,H,T,D) @ (B,H,D,T))."""
     if isinstance(a, np.ndarray) or isinstance(b, np.ndarray):
         a, b = _lift(a, b, "matmul")  # `array @ x`: NumPy defers to Value.__rmatmul__
     a, b = _value(a, "matmul", "a"), _value(b, "matmul", "b")
-    if a.ndim not in (1, 2) or b.ndim not in (1, 2):
-        raise ValueError(f"matmul: operands must be 1-D or 2-D, got {S.format_shape(a.shape)} and {S.format_shape(b.shape)}")
-    if a.ndim == 2 and b.ndim == 2:
-        return make(lookup("matmul"), (a, b))
+    if a.ndim == 0 or b.ndim == 0:
+        raise ValueError(f"matmul: operands need at least one axis, got {S.format_shape(a.shape)} "
+                         f"and {S.format_shape(b.shape)}")
     a2 = reshape(a, (1, a.shape[0])) if a.ndim == 1 else a
     b2 = reshape(b, (b.shape[0], 1)) if b.ndim == 1 else b
-    try:
-        out = make(lookup("matmul"), (a2, b2))
-    except ValueError:
-        raise ValueError(f"matmul: shapes {S.format_shape(a.shape)} and {S.format_shape(b.shape)} do not align") from None
-    keep = ([out.shape[0]] if a.ndim == 2 else []) + ([out.shape[1]] if b.ndim == 2 else [])
-    return reshape(out, tuple(keep))
+    if a2.ndim > 2 and b2.ndim == 2 and S.same_size(a2.shape[-1], b2.shape[0]):
+        # (..., M, K) @ (K, N) is one 2-D product of the rows: a Linear layer on a sequence.
+        flat = make(lookup("matmul"), (reshape(a2, (S.numel(a2.shape[:-1]), a2.shape[-1])), b2))
+        out = reshape(flat, a2.shape[:-1] + (b2.shape[1],))
+    else:
+        try:
+            out = make(lookup("matmul"), (a2, b2))
+        except ValueError as exc:
+            if a.ndim > 1 and b.ndim > 1:
+                raise
+            raise ValueError(f"matmul: shapes {S.format_shape(a.shape)} and {S.format_shape(b.shape)} "
+                             f"do not align") from exc
+    if a.ndim == 1:
+        out = reshape(out, out.shape[:-2] + out.shape[-1:])
+    if b.ndim == 1:
+        out = reshape(out, out.shape[:-1])
+    return out
+
+
+# ---- indexing primitives (symgrad.indexing builds slicing, cat, embedding on these) --------
+
+def make_slice(x, starts, stops, steps) -> Value:
+    """x[start:stop:step] on every axis, the bounds already normalized (see symgrad.indexing)."""
+    x = _value(x, "slice")
+    if all(a == 0 and S.same_size(b, n) and c == 1 for a, b, c, n in zip(starts, stops, steps, x.shape)):
+        return x
+    return make(lookup("slice"), (x,), starts=tuple(starts), stops=tuple(stops), steps=tuple(steps))
+
+
+def embed(g, shape, starts, steps) -> Value:
+    """Zeros of `shape` with g written from `starts` by `steps`: the transpose of make_slice."""
+    g = _value(g, "embed")
+    shape = S.as_shape(shape)
+    if g.shape == shape:
+        return g
+    return make(lookup("embed"), (g,), shape=shape, starts=tuple(starts), steps=tuple(steps))
+
+
+def take(table, indices, axis: int = 0, checked: bool = False) -> Value:
+    """table's entries at integer `indices` along `axis` (np.take). Unless `checked` (indices known
+    to lie in range), the indices are checked against the axis's size before anything reads them."""
+    table, indices = _value(table, "take", "table"), _value(indices, "take", "indices")
+    axis = S.normalize_axes(axis, table.ndim, "take")[0]
+    if not checked:
+        indices = class_labels(indices, table.shape[axis], op="take", arg="indices")
+    return make(lookup("take"), (table, indices), axis=axis)
+
+
+def scatter_add(src, indices, axis: int, size) -> Value:
+    """Zeros with `size` entries along `axis`, src's entries added at `indices`: take's transpose."""
+    return make(lookup("scatter_add"), (_value(src, "scatter_add", "src"), indices), axis=axis, size=size)
 
 
 # ---- composites: softmax and the losses ------------------------------------
@@ -445,3 +490,7 @@ def elementwise(name: str, fn, args: Sequence[sympy.Symbol] | None = None) -> Ca
 
 
 provide_functions(sys.modules[__name__])  # Value's operators and the VJP rules build with these
+
+
+# x[...] (Value.__getitem__) dispatches here; symgrad.indexing builds on the primitives above.
+from .indexing import getitem  # noqa: E402

@@ -140,6 +140,16 @@ def transpose_view(view: View, perm) -> View:
                    strides=tuple(view.strides[p] for p in perm))
 
 
+def slice_view(view: View, starts, steps, shape) -> View:
+    """The window of the view from `starts` by `steps` on each axis: its offset moves to the first
+    element, its strides scale by the steps."""
+    offset = view.offset
+    for start, stride in zip(starts, view.strides):
+        offset = offset + _mul(start, stride) if not (isinstance(start, int) and start == 0) else offset
+    return replace(view, shape=tuple(shape), offset=S.as_size(offset) if not isinstance(offset, int) else offset,
+                   strides=tuple(_mul(stride, step) for stride, step in zip(view.strides, steps)))
+
+
 def reshape_view(view: View, shape) -> View | None:
     """The view as `shape` without moving data, or None when that needs a copy."""
     shape = tuple(shape)
@@ -833,6 +843,8 @@ class _Lowerer(FusionDecisions, RowDecisions, _RowLowering):
             return transpose_view(src, node.attrs["perm"])
         if name == "expand":
             return broadcast_view(src, node.shape)
+        if name == "slice":
+            return slice_view(src, node.attrs["starts"], node.attrs["steps"], node.shape)
         if name == "reshape":
             view = reshape_view(src, node.shape)
             if view is None:
@@ -972,6 +984,8 @@ class _Lowerer(FusionDecisions, RowDecisions, _RowLowering):
         """The MatmulKernel of `node`; with `epilogue_root`, the kernel also computes the elementwise
         chain from the product up to that root as it stores each element, and stores the root."""
         a, b = node.inputs
+        if node.ndim != 2:
+            raise LoweringError(f"matmul with batch dimensions ({a.type_str} @ {b.type_str}) has no C lowering yet")
         views = []
         for v in (a, b):
             view = self.views[id(v)]

@@ -1,6 +1,7 @@
 """The IR: values, ops, graphs, dtypes, symbolic shapes, and their printing."""
 
 from . import ops as _ops  # noqa: F401  (registers the primitive ops)
+from . import ops_indexing as _ops_indexing  # noqa: F401  (slice, embed, take, scatter_add)
 from .graph import Graph, toposort
 from .registry import REGISTRY, OpDef, lookup
 from .shapes import Dim

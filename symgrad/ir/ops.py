@@ -333,22 +333,35 @@ register(OpDef("expand", MOVEMENT, _expand_infer,
 
 def _matmul_infer(inputs, attrs):
     a, b = inputs
-    if a.ndim != 2 or b.ndim != 2:
-        raise ValueError(f"matmul: expects 2-D operands here, got {S.format_shape(a.shape)} and {S.format_shape(b.shape)}")
-    if not S.same_size(a.shape[1], b.shape[0]):
+    if a.ndim < 2 or b.ndim < 2:
+        raise ValueError(f"matmul: expects operands of 2 or more axes here, got {S.format_shape(a.shape)} "
+                         f"and {S.format_shape(b.shape)}")
+    if not S.same_size(a.shape[-1], b.shape[-2]):
         raise ValueError(f"matmul: shapes {S.format_shape(a.shape)} and {S.format_shape(b.shape)} "
-                         f"do not align ({a.shape[1]} != {b.shape[0]})")
+                         f"do not align ({a.shape[-1]} != {b.shape[-2]})")
     if a.dtype != b.dtype or not D.is_float(a.dtype):
         raise TypeError(f"matmul: operands must share one float dtype, got {a.dtype} {S.format_shape(a.shape)} "
                         f"and {b.dtype} {S.format_shape(b.shape)}")
-    return (a.shape[0], b.shape[1]), a.dtype
+    try:  # leading axes broadcast, as torch.matmul's batch dimensions
+        batch = S.broadcast_shapes(a.shape[:-2], b.shape[:-2], op="matmul")
+    except ValueError:
+        raise ValueError(f"matmul: the batch dimensions of {S.format_shape(a.shape)} and "
+                         f"{S.format_shape(b.shape)} do not broadcast") from None
+    return batch + (a.shape[-2], b.shape[-1]), a.dtype
+
+
+def _matrix_transpose(F, x):
+    """x with its last two axes swapped."""
+    return F.transpose(x, tuple(range(x.ndim - 2)) + (x.ndim - 1, x.ndim - 2))
 
 
 def _matmul_vjp(node, g, wants):
+    """g @ b^T and a^T @ g, on the broadcast batch; the autodiff driver sums each down to its
+    operand's own batch shape."""
     F = _F()
     a, b = node.inputs
-    return [F.matmul(g, F.transpose(b)) if wants[0] else None,
-            F.matmul(F.transpose(a), g) if wants[1] else None]
+    return [F.matmul(g, _matrix_transpose(F, b)) if wants[0] else None,
+            F.matmul(_matrix_transpose(F, a), g) if wants[1] else None]
 
 
 register(OpDef("matmul", MATMUL, _matmul_infer, lambda args, node, env: args[0] @ args[1], _matmul_vjp))

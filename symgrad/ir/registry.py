@@ -16,9 +16,10 @@ SOURCE = "source"            # no inputs: input, variable, const, iota
 ELEMENTWISE = "elementwise"  # a sympy expression over broadcast inputs
 REDUCE = "reduce"            # sum / max / argmax over some axes
 MOVEMENT = "movement"        # reshape, transpose, expand: index remapping only
-MATMUL = "matmul"            # 2-D matrix product
+MATMUL = "matmul"            # matrix product, batched over leading axes
+GATHER = "gather"            # take, scatter_add, embed: elements at positions of their own
 CUSTOM = "custom"            # a user's op with a hand-written backward
-KINDS = (SOURCE, ELEMENTWISE, REDUCE, MOVEMENT, MATMUL, CUSTOM)
+KINDS = (SOURCE, ELEMENTWISE, REDUCE, MOVEMENT, MATMUL, GATHER, CUSTOM)
 
 
 @dataclass(eq=False)

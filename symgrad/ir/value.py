@@ -69,6 +69,13 @@ class Value:
             raise TypeError("len() of a 0-d value")
         return self.shape[0]
 
+    def __getitem__(self, key): return _F().getitem(self, key)
+
+    def __iter__(self):
+        if not self.shape or not isinstance(self.shape[0], int):
+            raise TypeError(f"iteration over a value of shape {self.type_str}: needs a fixed first axis")
+        return (self[k] for k in range(self.shape[0]))
+
     # ---- operators: thin forwards to symgrad.functional ---------------
     def __add__(self, other): return _F().add(self, other)
     def __radd__(self, other): return _F().add(other, self)

@@ -18,10 +18,12 @@ from ..functional import (cross_entropy, log_softmax, mse_loss, nll_loss, relu, 
 from ..ir import dtypes as D
 from ..ir import shapes as S
 from ..ir.value import Value
+from ..convolution import conv1d, conv2d, pad  # noqa: F401  (torch.nn.functional's names)
 from ..pointwise import gelu  # noqa: F401  (torch.nn.functional.gelu)
+from ..pooling import adaptive_avg_pool2d, avg_pool2d, interpolate, max_pool2d  # noqa: F401
 from ..random import Generator, default_generator
 
-__all__ = ["linear", "dropout", "batch_norm", "layer_norm", "gelu", "cross_entropy", "nll_loss", "mse_loss", "relu", "tanh",
+__all__ = ["conv1d", "conv2d", "pad", "max_pool2d", "avg_pool2d", "adaptive_avg_pool2d", "interpolate", "linear", "dropout", "batch_norm", "layer_norm", "embedding", "scaled_dot_product_attention", "gelu", "cross_entropy", "nll_loss", "mse_loss", "relu", "tanh",
            "sigmoid", "softmax", "log_softmax"]
 
 
@@ -68,18 +70,18 @@ def dropout(x: Value, p: float = 0.5, training: bool = True, generator: Generato
 def batch_norm(x: Value, running_mean: Value | None, running_var: Value | None, weight: Value | None = None,
                bias: Value | None = None, training: bool = False, momentum: float = 0.1,
                eps: float = 1e-5) -> Value:
-    """Batch normalisation over axis 1 of [N, C] or [N, C, L] (F.batch_norm).
+    """Batch normalisation over axis 1 of [N, C], [N, C, L] or [N, C, H, W] (F.batch_norm).
 
     Training: normalise with the batch's mean and biased variance, and (when
     running statistics are given) update them with `momentum` and the
     unbiased variance, as torch does. Otherwise: normalise with the running
     statistics.
     """
-    if not isinstance(x, Value) or x.ndim not in (2, 3) or not D.is_float(x.dtype):
-        raise ValueError(f"batch_norm: expects a float [N, C] or [N, C, L] input, got {x!r}")
+    if not isinstance(x, Value) or x.ndim < 2 or not D.is_float(x.dtype):
+        raise ValueError(f"batch_norm: expects a float [N, C, ...] input, got {x!r}")
     channels = x.shape[1]
-    axes = (0,) if x.ndim == 2 else (0, 2)
-    stat_shape = (channels,) if x.ndim == 2 else (channels, 1)
+    axes = (0, *range(2, x.ndim))                   # every axis but the channels'
+    stat_shape = (channels,) + (1,) * (x.ndim - 2)
 
     def along_channels(v: Value) -> Value:
         if v.shape != (channels,):
@@ -130,3 +132,47 @@ def layer_norm(x: Value, normalized_shape, weight: Value | None = None, bias: Va
     if bias is not None:
         y = y + bias
     return y
+
+
+def embedding(input: Value, weight: Value) -> Value:
+    """weight's rows at the integer `input` (torch.nn.functional.embedding): shape input.shape +
+    (embedding_dim,). Indices are checked against the table's rows on every call; the weight's
+    gradient adds each row's cotangents (repeated indices sum)."""
+    if not isinstance(weight, Value) or weight.ndim != 2:
+        raise ValueError(f"embedding: weight must be a [num_embeddings, embedding_dim] value, got "
+                         f"{getattr(weight, 'type_str', type(weight).__name__)}")
+    return F.take(weight, input, axis=0)
+
+
+def scaled_dot_product_attention(query: Value, key: Value, value: Value, attn_mask: Value | None = None,
+                                 dropout_p: float = 0.0, is_causal: bool = False, scale: float | None = None,
+                                 generator: Generator | None = None) -> Value:
+    """softmax(query @ key^T * scale + mask) @ value over the last two axes, as torch's: `scale`
+    defaults to 1/sqrt(head dim); `is_causal` lets position i see positions <= i only; a boolean
+    `attn_mask` marks the positions that may be attended (True: keep), a float one is added;
+    `dropout_p` drops attention weights (symgrad's generator: the masks are not torch's)."""
+    from ..indices import arange
+    for name, v in (("query", query), ("key", key), ("value", value)):
+        if not isinstance(v, Value) or v.ndim < 2:
+            raise ValueError(f"scaled_dot_product_attention: {name} must be a value of >= 2 axes, "
+                             f"got {getattr(v, 'type_str', type(v).__name__)}")
+    if not S.same_size(query.shape[-1], key.shape[-1]) or not S.same_size(key.shape[-2], value.shape[-2]):
+        raise ValueError(f"scaled_dot_product_attention: query {query.type_str}, key {key.type_str} and "
+                         f"value {value.type_str} do not align (query and key share the last axis, "
+                         f"key and value the second last)")
+    if is_causal and attn_mask is not None:
+        raise ValueError("scaled_dot_product_attention: give attn_mask or is_causal, not both (as torch)")
+    head = query.shape[-1]
+    factor = scale if scale is not None else 1.0 / sympy.sqrt(head)
+    keys_t = F.transpose(key, tuple(range(key.ndim - 2)) + (key.ndim - 1, key.ndim - 2))
+    scores = F.matmul(query, keys_t) * F.constant(float(factor), query.dtype)
+    if is_causal:
+        rows, cols = scores.shape[-2:]  # torch's: tril(ones(L, S)), key j visible from query i when j <= i
+        visible = F.less_equal(F.expand_dims(arange(cols), 0), F.expand_dims(arange(rows), 1))
+        scores = F.where(visible, scores, float("-inf"))
+    elif attn_mask is not None:
+        scores = F.where(attn_mask, scores, float("-inf")) if attn_mask.dtype == "bool" else scores + attn_mask
+    weights = F.softmax(scores, axis=-1)
+    if dropout_p:
+        weights = dropout(weights, dropout_p, True, generator)
+    return F.matmul(weights, value)

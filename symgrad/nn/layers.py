@@ -142,6 +142,9 @@ class BatchNorm1d(Module):
         if x.ndim not in (2, 3) or x.shape[1] != self.num_features:
             raise ValueError(f"BatchNorm1d({self.num_features}): expected input [N, {self.num_features}] or "
                              f"[N, {self.num_features}, L], got {x.type_str}")
+        return self._normalize(x)
+
+    def _normalize(self, x: Value) -> Value:
         stats = self.track_running_stats
         training = self.training or not stats
         y = NF.batch_norm(x, self.running_mean if stats else None, self.running_var if stats else None,
@@ -210,3 +213,35 @@ class Flatten(Module):
 
     def extra_repr(self) -> str:
         return f"start_dim={self.start_dim}, end_dim={self.end_dim}"
+
+
+class Embedding(Module):
+    """A table of `num_embeddings` vectors of `embedding_dim`, looked up by integer index, as
+    torch.nn.Embedding (initialised N(0, 1), as torch's)."""
+
+    def __init__(self, num_embeddings: int, embedding_dim: int, init=None, dtype: str = "float32"):
+        super().__init__()
+        for name, n in (("num_embeddings", num_embeddings), ("embedding_dim", embedding_dim)):
+            if not isinstance(n, int) or n < 1:
+                raise ValueError(f"Embedding: {name} must be a positive int, got {n!r}")
+        self.num_embeddings, self.embedding_dim = num_embeddings, embedding_dim
+        shape = (num_embeddings, embedding_dim)
+        if init is None:
+            init = sources._rng.standard_normal(shape).astype(D.to_numpy(dtype))
+        self.weight = param("weight", shape, init=_initial(init, shape, 1.0, dtype), dtype=dtype)
+
+    def forward(self, indices) -> Value:
+        return NF.embedding(indices, self.weight)
+
+    def extra_repr(self) -> str:
+        return f"{self.num_embeddings}, {self.embedding_dim}"
+
+
+class BatchNorm2d(BatchNorm1d):
+    """torch.nn.BatchNorm2d: BatchNorm1d's statistics per channel of an (N, C, H, W) input."""
+
+    def forward(self, x: Value) -> Value:
+        if x.ndim != 4 or x.shape[1] != self.num_features:
+            raise ValueError(f"BatchNorm2d({self.num_features}): expected input [N, {self.num_features}, H, W], "
+                             f"got {x.type_str}")
+        return self._normalize(x)

@@ -1,0 +1,240 @@
+"""A GPT trained end to end with symgrad: nanoGPT's model on bytes of text.
+
+    python examples/gpt.py                      # the running Python's standard library as text
+    python examples/gpt.py --text input.txt     # any file, e.g. tinyshakespeare
+    python examples/gpt.py --steps 300 --layers 4 --heads 4 --channels 128 --context 64
+
+The model is nanoGPT's: token and position embeddings, pre-LayerNorm blocks of
+causal self-attention and a GELU MLP, a final LayerNorm, and the output layer
+tied to the token embedding. The vocabulary is the 256 byte values. Training
+is AdamW (weight decay on matrices only) with linear warmup, cosine decay and
+gradient clipping at norm 1, all inside one compiled step per batch; the
+learning rate is a runtime value of the step (`step.lr`). Every
+`--eval-every` steps it prints the train and validation loss; at the end it
+samples text from the trained model with the step's compiled forward program.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import sys
+import sysconfig
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+import symgrad as sg
+from symgrad import nn
+from symgrad.nn import functional as NF
+
+
+@dataclass(frozen=True)
+class GPTConfig:
+    """The model's sizes, as nanoGPT's GPTConfig (bias=True, dropout 0)."""
+
+    vocab_size: int = 256
+    block_size: int = 64      # the longest context
+    n_layer: int = 4
+    n_head: int = 4
+    n_embd: int = 128
+
+
+def _normal(std: float):
+    """nanoGPT's initialisation, drawn from the generator sg.manual_seed seeds."""
+    from symgrad import sources
+    return lambda shape: sources._rng.normal(0.0, std, size=shape)
+
+
+class CausalSelfAttention(nn.Module):
+    """Multi-head self-attention where position t sees positions <= t."""
+
+    def __init__(self, config: GPTConfig, dtype: str):
+        super().__init__()
+        self.n_head, self.n_embd = config.n_head, config.n_embd
+        self.c_attn = nn.Linear(config.n_embd, 3 * config.n_embd, dtype=dtype)
+        self.c_proj = nn.Linear(config.n_embd, config.n_embd, dtype=dtype)
+
+    def forward(self, x):
+        B, T, C = x.shape
+        q, k, v = sg.split(self.c_attn(x), self.n_embd, 2)
+        heads = [sg.swapaxes(sg.reshape(t, (B, T, self.n_head, C // self.n_head)), 1, 2) for t in (q, k, v)]
+        y = NF.scaled_dot_product_attention(*heads, is_causal=True)       # (B, nh, T, hs)
+        return self.c_proj(sg.reshape(sg.swapaxes(y, 1, 2), (B, T, C)))
+
+
+class MLP(nn.Module):
+    def __init__(self, config: GPTConfig, dtype: str):
+        super().__init__()
+        self.c_fc = nn.Linear(config.n_embd, 4 * config.n_embd, dtype=dtype)
+        self.gelu = nn.GELU()
+        self.c_proj = nn.Linear(4 * config.n_embd, config.n_embd, dtype=dtype)
+
+    def forward(self, x):
+        return self.c_proj(self.gelu(self.c_fc(x)))
+
+
+class Block(nn.Module):
+    def __init__(self, config: GPTConfig, dtype: str):
+        super().__init__()
+        self.ln_1 = nn.LayerNorm(config.n_embd, dtype=dtype)
+        self.attn = CausalSelfAttention(config, dtype)
+        self.ln_2 = nn.LayerNorm(config.n_embd, dtype=dtype)
+        self.mlp = MLP(config, dtype)
+
+    def forward(self, x):
+        x = x + self.attn(self.ln_1(x))
+        return x + self.mlp(self.ln_2(x))
+
+
+class GPT(nn.Module):
+    """nanoGPT's GPT: `model(idx)` gives the logits (B, T, vocab) of integer tokens idx (B, T)."""
+
+    def __init__(self, config: GPTConfig, dtype: str = "float32"):
+        super().__init__()
+        self.config = config
+        self.wte = nn.Embedding(config.vocab_size, config.n_embd, init=_normal(0.02), dtype=dtype)
+        self.wpe = nn.Embedding(config.block_size, config.n_embd, init=_normal(0.02), dtype=dtype)
+        self.h = nn.ModuleList([Block(config, dtype) for _ in range(config.n_layer)])
+        self.ln_f = nn.LayerNorm(config.n_embd, dtype=dtype)
+        # nanoGPT's init: N(0, 0.02) matrices, zero biases, residual projections scaled down by depth.
+        init = {}
+        for name, p in self.named_parameters():
+            layer, kind = name.split(".")[-2:]
+            if layer in ("c_attn", "c_fc", "c_proj"):
+                std = 0.02 / math.sqrt(2 * config.n_layer) if layer == "c_proj" else 0.02
+                init[name] = _normal(std)(p.shape) if kind == "weight" else np.zeros(p.shape)
+        self.load_state_dict(init, strict=False)
+
+    def forward(self, idx):
+        B, T = idx.shape
+        x = self.wte(idx) + self.wpe(sg.arange(T))
+        for block in self.h:
+            x = block(x)
+        return NF.linear(self.ln_f(x), self.wte.weight)   # the output layer is the token embedding
+
+
+def parameter_groups(model: GPT, weight_decay: float) -> list[dict]:
+    """nanoGPT's split: matrices (2-D and up) decay, biases and LayerNorm weights do not."""
+    named = list(model.named_parameters())
+    return [{"params": [p for _, p in named if p.ndim >= 2], "weight_decay": weight_decay},
+            {"params": [p for _, p in named if p.ndim < 2], "weight_decay": 0.0}]
+
+
+def learning_rate(step: int, peak: float, warmup: int, total: int, floor_ratio: float = 0.1) -> float:
+    """Linear warmup to `peak`, then cosine decay to floor_ratio * peak at `total` (nanoGPT's)."""
+    if step < warmup:
+        return peak * (step + 1) / warmup
+    progress = min(1.0, (step - warmup) / max(1, total - warmup))
+    return peak * (floor_ratio + (1 - floor_ratio) * 0.5 * (1 + math.cos(math.pi * progress)))
+
+
+def build_step(model: GPT, batch, context, lr: float = 1e-3, weight_decay: float = 0.1,
+               backend: str = "numpy", dtype: str = "float32"):
+    """The compiled training step (AdamW, clipping at 1) and, as its predict program, the logits of
+    the last position for sampling. `batch` and `context` may be sg.Dims."""
+    idx = sg.input("idx", (batch, context), dtype="int64")
+    targets = sg.input("targets", (batch, context), dtype="int64")
+    logits = model(idx)
+    V = model.config.vocab_size
+    loss = sg.cross_entropy(sg.reshape(logits, (-1, V)), sg.reshape(targets, (-1,)))
+    return sg.train_step(loss, parameter_groups(model, weight_decay),
+                         sg.optim.AdamW(lr=lr, betas=(0.9, 0.95), eps=1e-8), backend=backend,
+                         clip_grad_norm=1.0, predict=logits[:, -1])
+
+
+def standard_library_text(limit: int = 4_000_000) -> bytes:
+    """The running Python's standard-library sources, sorted by path: text every machine has."""
+    root = Path(sysconfig.get_paths()["stdlib"])
+    chunks, size = [], 0
+    for path in sorted(root.glob("*.py")):
+        data = path.read_bytes()
+        chunks.append(data)
+        size += len(data)
+        if size >= limit:
+            break
+    return b"".join(chunks)
+
+
+def batches(data: np.ndarray, batch: int, context: int, rng: np.random.Generator):
+    """Random windows of `context` bytes and the same windows shifted by one (the targets)."""
+    while True:
+        starts = rng.integers(0, len(data) - context - 1, batch)
+        x = np.stack([data[s:s + context] for s in starts]).astype(np.int64)
+        y = np.stack([data[s + 1:s + 1 + context] for s in starts]).astype(np.int64)
+        yield x, y
+
+
+def sample(step, prompt: bytes, length: int, block_size: int, rng: np.random.Generator,
+           temperature: float = 0.8) -> bytes:
+    """`length` bytes after `prompt`, each drawn from the softmax of the last position's logits."""
+    tokens = list(prompt)
+    for _ in range(length):
+        context = np.array([tokens[-block_size:]], dtype=np.int64)
+        logits = np.asarray(step.predict(idx=context), dtype=np.float64)[0] / temperature
+        p = np.exp(logits - logits.max())
+        tokens.append(int(rng.choice(len(p), p=p / p.sum())))
+    return bytes(tokens[len(prompt):])
+
+
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--text", type=Path, help="a text file (default: the Python standard library's sources)")
+    parser.add_argument("--backend", default="numpy", choices=["numpy", "c"])
+    parser.add_argument("--steps", type=int, default=200)
+    parser.add_argument("--batch", type=int, default=8)
+    parser.add_argument("--context", type=int, default=64)
+    parser.add_argument("--layers", type=int, default=4)
+    parser.add_argument("--heads", type=int, default=4)
+    parser.add_argument("--channels", type=int, default=128)
+    parser.add_argument("--lr", type=float, default=1e-3)
+    parser.add_argument("--warmup", type=int, default=20)
+    parser.add_argument("--eval-every", type=int, default=50)
+    parser.add_argument("--sample", type=int, default=200, help="bytes to sample at the end")
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args(argv)
+
+    text = args.text.read_bytes() if args.text else standard_library_text()
+    data = np.frombuffer(text, dtype=np.uint8)
+    split = int(0.9 * len(data))
+    train, val = data[:split], data[split:]
+    print(f"text: {len(data):,} bytes ({args.text or 'the standard library'}), "
+          f"{len(train):,} train / {len(val):,} val", file=sys.stderr)
+
+    sg.manual_seed(args.seed)
+    config = GPTConfig(block_size=args.context, n_layer=args.layers, n_head=args.heads, n_embd=args.channels)
+    model = GPT(config)
+    print(f"{sum(p.size for p in model.state_dict().values()) / 1e6:.2f}M parameters", file=sys.stderr)
+    step = build_step(model, sg.Dim("B"), sg.Dim("T"), lr=args.lr, backend=args.backend)
+    rng = np.random.default_rng(args.seed)
+    train_batches, val_batches = batches(train, args.batch, args.context, rng), batches(val, args.batch, args.context, rng)
+    for k in range(args.steps):
+        step.lr = learning_rate(k, args.lr, args.warmup, args.steps)
+        x, y = next(train_batches)
+        loss = step(idx=x, targets=y)
+        if k % args.eval_every == 0 or k == args.steps - 1:
+            # The validation loss: the same step's forward, without an update (lr 0 would still move Adam's
+            # moments), so it is measured with the predict-free evaluation of cross-entropy in NumPy.
+            vx, vy = next(val_batches)
+            val_loss = evaluate(step, vx, vy, config.block_size)
+            print(f"step {k:5d}  train loss {loss:.4f}  val loss {val_loss:.4f}  lr {step.lr:.2e}")
+    prompt = val[:32].tobytes()
+    print(prompt.decode("utf-8", "replace") + "|" +
+          sample(step, prompt, args.sample, config.block_size, rng).decode("utf-8", "replace"))
+
+
+def evaluate(step, x: np.ndarray, y: np.ndarray, block_size: int) -> float:
+    """Mean cross-entropy of the last position's prediction over each window's prefixes of x:
+    the validation loss computed with the compiled forward program, no update."""
+    losses = []
+    for t in range(1, x.shape[1] + 1, max(1, x.shape[1] // 8)):
+        logits = np.asarray(step.predict(idx=np.ascontiguousarray(x[:, :t])), dtype=np.float64)
+        shifted = logits - logits.max(axis=1, keepdims=True)
+        log_p = shifted - np.log(np.exp(shifted).sum(axis=1, keepdims=True))
+        losses.append(-log_p[np.arange(len(y)), y[:, t - 1]].mean())
+    return float(np.mean(losses))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,152 @@
+"""Convolution and padding in torch's terms: conv1d, conv2d, pad, written as graph code.
+
+A 2-D convolution is a sum over the kernel's offsets (i, j) of one matrix
+product each: the input's window at that offset, a strided slice of shape
+(N, C, H_out, W_out), moved to rows of channels, times the weight's (C, O)
+slice at (i, j). Slices are views, so the products read the input where it
+lies; their gradients are the transposes (embed into the input's shape) and
+the autodiff sum adds them. Groups split the channels into a batched product.
+Padding is a primitive too: zeros are `embed` (the input written into a
+larger zero array), reflect and replicate are `take` with a fixed index map.
+"""
+
+from __future__ import annotations
+
+import numbers
+
+import numpy as np
+
+from . import functional as F
+from .ir import shapes as S
+from .ir.value import Value
+
+__all__ = ["conv1d", "conv2d", "pad", "output_size"]
+
+
+def _pair(value, name: str, op: str) -> tuple[int, int]:
+    if isinstance(value, numbers.Integral) and not isinstance(value, bool):
+        return int(value), int(value)
+    if isinstance(value, (tuple, list)) and len(value) == 2 and all(isinstance(v, numbers.Integral) for v in value):
+        return int(value[0]), int(value[1])
+    raise ValueError(f"{op}: {name} must be an int or a pair of ints, got {value!r}")
+
+
+def output_size(size: int, kernel: int, stride: int, padding: int, dilation: int, ceil_mode: bool = False) -> int:
+    """torch's output length of a window op: floor (or ceil) of the span over the stride, plus one;
+    in ceil mode the last window must start inside the input or its left padding."""
+    span = size + 2 * padding - dilation * (kernel - 1) - 1
+    if span < 0:
+        return 0
+    out = (-(-span // stride) if ceil_mode else span // stride) + 1
+    if ceil_mode and (out - 1) * stride >= size + padding:
+        out -= 1
+    return out
+
+
+def pad(x, padding, mode: str = "constant", value: float = 0.0) -> Value:
+    """torch.nn.functional.pad: `padding` pairs (left, right) from the last axis backwards;
+    mode "constant" (with `value`), "reflect" or "replicate"."""
+    x = F._value(x, "pad")
+    padding = tuple(padding)
+    if len(padding) % 2 or len(padding) // 2 > x.ndim or not all(isinstance(p, numbers.Integral) and p >= 0
+                                                                  for p in padding):
+        raise ValueError(f"pad: padding must be non-negative int pairs for at most {x.ndim} axes of "
+                         f"{x.type_str}, got {padding}")
+    if mode not in ("constant", "reflect", "replicate"):
+        raise ValueError(f"pad: mode must be 'constant', 'reflect' or 'replicate', got {mode!r}")
+    pairs = [(0, 0)] * x.ndim
+    for k in range(len(padding) // 2):
+        pairs[x.ndim - 1 - k] = (padding[2 * k], padding[2 * k + 1])
+    if mode == "constant":
+        shape = tuple(S.as_size(s + lo + hi) for s, (lo, hi) in zip(x.shape, pairs))
+        out = F.embed(x, shape, [lo for lo, _ in pairs], [1] * x.ndim)
+        if value != 0:
+            inside = F.embed(F.broadcast_to(F.constant(True), x.shape), shape, [lo for lo, _ in pairs], [1] * x.ndim)
+            out = F.where(inside, out, F.constant(value, x.dtype))
+        return out
+    for axis, (lo, hi) in enumerate(pairs):
+        if lo == hi == 0:
+            continue
+        size = x.shape[axis]
+        if not isinstance(size, int):
+            raise ValueError(f"pad: {mode} padding of the symbolic axis {axis} of {x.type_str}")
+        if mode == "reflect" and (lo >= size or hi >= size):
+            raise ValueError(f"pad: reflect padding ({lo}, {hi}) must be below the size {size} of axis {axis}")
+        positions = np.arange(-lo, size + hi)
+        if mode == "reflect":
+            positions = np.abs(positions)
+            positions = np.where(positions >= size, 2 * (size - 1) - positions, positions)
+        else:
+            positions = np.clip(positions, 0, size - 1)
+        x = F.take(x, F.constant(positions.astype(np.int64)), axis=axis, checked=True)
+    return x
+
+
+def conv2d(input, weight, bias=None, stride=1, padding=0, dilation=1, groups: int = 1) -> Value:
+    """torch.nn.functional.conv2d: input (N, C, H, W), weight (O, C/groups, KH, KW), bias (O,);
+    padding an int, a pair, "valid" or "same" (stride 1)."""
+    x, w = F._value(input, "conv2d", "input"), F._value(weight, "conv2d", "weight")
+    if x.ndim != 4 or w.ndim != 4:
+        raise ValueError(f"conv2d: expects input (N, C, H, W) and weight (O, C/groups, KH, KW), got "
+                         f"{x.type_str} and {w.type_str}")
+    N, C, H, W = x.shape
+    O, Cg, KH, KW = w.shape
+    if not isinstance(groups, numbers.Integral) or groups < 1 or C % groups or O % groups or Cg != C // groups:
+        raise ValueError(f"conv2d: input {x.type_str} and weight {w.type_str} do not fit groups={groups} "
+                         f"(weight's axis 1 must be C/groups, O a multiple of groups)")
+    (sh, sw), (dh, dw) = _pair(stride, "stride", "conv2d"), _pair(dilation, "dilation", "conv2d")
+    if isinstance(padding, str):
+        if padding == "valid":
+            pads = ((0, 0), (0, 0))
+        elif padding == "same":
+            if (sh, sw) != (1, 1):
+                raise ValueError("conv2d: padding='same' needs stride 1 (as torch)")
+            total = (dh * (KH - 1), dw * (KW - 1))
+            pads = tuple((t // 2, t - t // 2) for t in total)   # torch puts the odd one on the right
+        else:
+            raise ValueError(f"conv2d: padding must be an int, a pair, 'valid' or 'same', got {padding!r}")
+    else:
+        ph, pw = _pair(padding, "padding", "conv2d")
+        pads = ((ph, ph), (pw, pw))
+    if any(p for pair in pads for p in pair):
+        x = pad(x, (pads[1][0], pads[1][1], pads[0][0], pads[0][1]))
+    Hp, Wp = x.shape[2], x.shape[3]
+    Ho = output_size(Hp, KH, sh, 0, dh)
+    Wo = output_size(Wp, KW, sw, 0, dw)
+    if Ho < 1 or Wo < 1:
+        raise ValueError(f"conv2d: the kernel {KH}x{KW} (dilation {dh}, {dw}) is larger than the padded "
+                         f"input {Hp}x{Wp}")
+    rows = S.numel((N, Ho, Wo))
+    out = None
+    for i in range(KH):
+        for j in range(KW):
+            window = F.make_slice(x, (0, 0, i * dh, j * dw), (N, C, i * dh + sh * (Ho - 1) + 1, j * dw + sw * (Wo - 1) + 1),
+                                  (1, 1, sh, sw))                                   # (N, C, Ho, Wo)
+            patch = F.transpose(window, (0, 2, 3, 1))                               # (N, Ho, Wo, C)
+            taps = F.transpose(F.make_slice(w, (0, 0, i, j), (O, Cg, i + 1, j + 1), (1, 1, 1, 1)), (2, 3, 1, 0))
+            taps = F.reshape(taps, (Cg, O))                                         # (C/g, O)
+            if groups == 1:
+                term = F.matmul(F.reshape(patch, (rows, C)), taps)
+            else:  # (g, rows, C/g) @ (g, C/g, O/g): one batched product over the groups
+                lhs = F.transpose(F.reshape(patch, (rows, groups, Cg)), (1, 0, 2))
+                rhs = F.transpose(F.reshape(taps, (Cg, groups, O // groups)), (1, 0, 2))
+                term = F.reshape(F.transpose(F.matmul(lhs, rhs), (1, 0, 2)), (rows, O))
+            out = term if out is None else out + term
+    out = F.transpose(F.reshape(out, (N, Ho, Wo, O)), (0, 3, 1, 2))
+    if bias is not None:
+        b = F._value(bias, "conv2d", "bias")
+        if b.shape != (O,):
+            raise ValueError(f"conv2d: bias must be [{O}], got {b.type_str}")
+        out = out + F.reshape(b, (O, 1, 1))
+    return out
+
+
+def conv1d(input, weight, bias=None, stride=1, padding=0, dilation=1, groups: int = 1) -> Value:
+    """torch.nn.functional.conv1d: input (N, C, L), weight (O, C/groups, K): conv2d over a height of 1."""
+    x, w = F._value(input, "conv1d", "input"), F._value(weight, "conv1d", "weight")
+    if x.ndim != 3 or w.ndim != 3:
+        raise ValueError(f"conv1d: expects input (N, C, L) and weight (O, C/groups, K), got {x.type_str} and {w.type_str}")
+    one = lambda v: v if isinstance(v, str) else (0 if v is None else (v if isinstance(v, numbers.Integral) else v[0]))  # noqa: E731
+    out = conv2d(F.expand_dims(x, 2), F.expand_dims(w, 2), bias, (1, one(stride)),
+                 padding if isinstance(padding, str) else (0, one(padding)), (1, one(dilation)), groups)
+    return F.squeeze(out, 2)

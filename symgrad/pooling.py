@@ -1,0 +1,148 @@
+"""Pooling and resizing in torch's terms: max_pool2d, avg_pool2d, adaptive_avg_pool2d, interpolate.
+
+A window op over (N, C, H, W) reads one strided slice per kernel offset: the
+slice at (i, j) holds, for every output position, the input element at that
+offset of its window. Average pooling adds the slices; max pooling stacks them
+on a last axis and keeps the first maximum (argmax), so a tie sends the whole
+gradient to the first element of the window in row-major order, as torch's
+max_pool2d does, and a NaN in a window wins, as in torch.
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+
+import numpy as np
+
+from . import functional as F
+from .convolution import _pair, output_size, pad
+from .indexing import stack
+from .ir import shapes as S
+from .ir.value import Value
+
+__all__ = ["max_pool2d", "avg_pool2d", "adaptive_avg_pool2d", "interpolate", "flatten"]
+
+
+def _windows(x: Value, kernel, stride, padding, dilation, ceil_mode: bool, fill: float, op: str):
+    """The input padded with `fill` (and on the right as far as ceil mode reaches), and the slice
+    of each kernel offset: a list of (N, C, Ho, Wo) values."""
+    if x.ndim != 4:
+        raise ValueError(f"{op}: expects an (N, C, H, W) input, got {x.type_str}")
+    (kh, kw) = _pair(kernel, "kernel_size", op)
+    (sh, sw) = _pair(kernel if stride is None or stride == [] else stride, "stride", op)
+    (ph, pw), (dh, dw) = _pair(padding, "padding", op), _pair(dilation, "dilation", op)
+    if ph > kh // 2 or pw > kw // 2:
+        raise ValueError(f"{op}: padding ({ph}, {pw}) must be at most half the kernel ({kh}, {kw}), as torch requires")
+    H, W = x.shape[2], x.shape[3]
+    if not isinstance(H, int) or not isinstance(W, int):
+        raise ValueError(f"{op}: the spatial axes of {x.type_str} must be fixed sizes")
+    Ho, Wo = output_size(H, kh, sh, ph, dh, ceil_mode), output_size(W, kw, sw, pw, dw, ceil_mode)
+    if Ho < 1 or Wo < 1:
+        raise ValueError(f"{op}: the window {kh}x{kw} does not fit the input {H}x{W} with padding ({ph}, {pw})")
+    # Right padding: what the last window reaches beyond the input (ceil mode reads past it).
+    right_h = max(0, (Ho - 1) * sh + dh * (kh - 1) + 1 - H - ph)
+    right_w = max(0, (Wo - 1) * sw + dw * (kw - 1) + 1 - W - pw)
+    if ph or pw or right_h or right_w:
+        x = pad(x, (pw, right_w, ph, right_h), value=fill)
+    N, C = x.shape[:2]
+    slices = [F.make_slice(x, (0, 0, i * dh, j * dw), (N, C, i * dh + sh * (Ho - 1) + 1, j * dw + sw * (Wo - 1) + 1),
+                           (1, 1, sh, sw))
+              for i in range(kh) for j in range(kw)]
+    return slices, (kh, kw, sh, sw, ph, pw, H, W, Ho, Wo)
+
+
+def max_pool2d(input, kernel_size, stride=None, padding=0, dilation=1, ceil_mode: bool = False,
+               return_indices: bool = False) -> Value:
+    """torch.nn.functional.max_pool2d: the maximum of each window (-inf where it reaches padding)."""
+    if return_indices:
+        raise NotImplementedError("max_pool2d: return_indices is not supported")
+    x = F._value(input, "max_pool2d")
+    slices, _ = _windows(x, kernel_size, stride, padding, dilation, ceil_mode, float("-inf"), "max_pool2d")
+    if len(slices) == 1:
+        return slices[0]
+    stacked = stack(slices, axis=-1)
+    first = F.argmax(F.where(F.not_equal(stacked, stacked), F.constant(float("inf"), x.dtype), stacked), axis=-1)
+    chosen = F.equal(F.expand_dims(first, -1), F.reshape(_offsets(len(slices)), (1, 1, 1, 1, len(slices))))
+    return F.sum(F.where(chosen, stacked, F.constant(0, x.dtype)), axis=-1)
+
+
+def _offsets(count: int) -> Value:
+    return F.constant(np.arange(count, dtype=np.int64))
+
+
+def avg_pool2d(input, kernel_size, stride=None, padding=0, ceil_mode: bool = False,
+               count_include_pad: bool = True, divisor_override: int | None = None) -> Value:
+    """torch.nn.functional.avg_pool2d: each window's mean, over its kernel size or (with
+    count_include_pad=False) over the elements inside the input."""
+    x = F._value(input, "avg_pool2d")
+    slices, (kh, kw, sh, sw, ph, pw, H, W, Ho, Wo) = _windows(x, kernel_size, stride, padding, 1, ceil_mode, 0.0,
+                                                              "avg_pool2d")
+    total = slices[0]
+    for s in slices[1:]:
+        total = total + s
+    if divisor_override is not None:
+        return total / float(divisor_override)
+    # torch divides by the window clipped to the padded input (ceil mode's overhang excluded), or by
+    # the part inside the input without padding: fixed numbers per output position.
+    rows = [(min(i * sh - ph + kh, H + ph) - (i * sh - ph), min(i * sh - ph + kh, H) - max(i * sh - ph, 0))
+            for i in range(Ho)]
+    cols = [(min(j * sw - pw + kw, W + pw) - (j * sw - pw), min(j * sw - pw + kw, W) - max(j * sw - pw, 0))
+            for j in range(Wo)]
+    k = 0 if count_include_pad else 1
+    counts = np.outer([r[k] for r in rows], [c[k] for c in cols]).astype(np.float64)
+    return total / F.constant(counts, x.dtype)
+
+
+def adaptive_avg_pool2d(input, output_size) -> Value:
+    """torch.nn.functional.adaptive_avg_pool2d: output cell (i, j) averages rows
+    floor(i*H/Ho) .. ceil((i+1)*H/Ho) and the same for columns."""
+    x = F._value(input, "adaptive_avg_pool2d")
+    if x.ndim != 4:
+        raise ValueError(f"adaptive_avg_pool2d: expects an (N, C, H, W) input, got {x.type_str}")
+    Ho, Wo = _pair(output_size, "output_size", "adaptive_avg_pool2d")
+    H, W = x.shape[2], x.shape[3]
+    rows = []
+    for i in range(Ho):
+        r0, r1 = (i * H) // Ho, -(-(i + 1) * H // Ho)
+        cols = []
+        for j in range(Wo):
+            c0, c1 = (j * W) // Wo, -(-(j + 1) * W // Wo)
+            cols.append(F.mean(x[:, :, r0:r1, c0:c1], axis=(2, 3)))
+        rows.append(stack(cols, axis=-1))
+    return stack(rows, axis=-2)
+
+
+def interpolate(input, size=None, scale_factor=None, mode: str = "nearest") -> Value:
+    """torch.nn.functional.interpolate with mode="nearest" on (N, C, L) or (N, C, H, W): output
+    index o reads input index floor(o * in / out)."""
+    x = F._value(input, "interpolate")
+    if mode != "nearest":
+        raise NotImplementedError(f"interpolate: mode {mode!r} is not supported (only 'nearest')")
+    spatial = x.shape[2:]
+    if not spatial:
+        raise ValueError(f"interpolate: expects (N, C, ...) with spatial axes, got {x.type_str}")
+    if (size is None) == (scale_factor is None):
+        raise ValueError("interpolate: give exactly one of size and scale_factor")
+    if size is not None:
+        out = [size] * len(spatial) if isinstance(size, numbers.Integral) else list(size)
+        scales = [s / o for s, o in zip(spatial, out)]
+    else:
+        factors = [scale_factor] * len(spatial) if isinstance(scale_factor, numbers.Number) else list(scale_factor)
+        out = [int(math.floor(s * f)) for s, f in zip(spatial, factors)]
+        scales = [1.0 / f for f in factors]
+    for axis, (n_in, n_out, scale) in enumerate(zip(spatial, out, scales)):
+        index = np.minimum(np.floor(np.arange(n_out) * scale).astype(np.int64), n_in - 1)
+        x = F.take(x, F.constant(index), axis=2 + axis, checked=True)
+    return x
+
+
+def flatten(input, start_dim: int = 0, end_dim: int = -1) -> Value:
+    """torch.flatten: axes start_dim..end_dim merged into one."""
+    x = F._value(input, "flatten")
+    if x.ndim == 0:
+        return F.reshape(x, (1,))
+    start, end = (S.normalize_axes(d, x.ndim, "flatten")[0] for d in (start_dim, end_dim))
+    if start > end:
+        raise ValueError(f"flatten: start_dim {start_dim} comes after end_dim {end_dim} for {x.type_str}")
+    return F.reshape(x, (*x.shape[:start], S.numel(x.shape[start:end + 1]), *x.shape[end + 1:]))

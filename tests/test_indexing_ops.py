@@ -1,0 +1,196 @@
+"""Indexing, joining, gathering and batched matmul against torch, in float64, forward and gradient.
+
+Each case is a symgrad function and the same function in torch on the same
+arrays; a case's gradient is that of sum(out * weights) with fixed random
+weights, so every output element's cotangent differs. The cases run on the
+NumPy reference; the C backend lowers basic slicing (a view) and is checked
+on the slicing cases, the others (embed, take, scatter_add, batched matmul)
+get their kernels with the back-end redesign.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+import symgrad as sg
+
+RNG = np.random.default_rng(7)
+X = RNG.standard_normal((4, 5, 6))
+Y = RNG.standard_normal((4, 2, 6))
+TABLE = RNG.standard_normal((7, 3))
+INDICES = np.array([[1, 6, 1], [0, 2, 1]])    # repeated rows: their gradients add
+Q, K, V = (RNG.standard_normal((2, 3, 5, 4)) for _ in range(3))
+A3 = RNG.standard_normal((2, 1, 4, 3))
+B3 = RNG.standard_normal((5, 3, 2))
+
+
+def _slices(x, y):
+    return [x[1], x[:, 1:4], x[..., ::2], x[None, 2, :, -1], x[1:3, None, -9:3], x[:, 1:5:3, 4:],
+            x.narrow(1, 2, 2) if hasattr(x, "narrow") else sg.narrow(x, 1, 2, 2)]
+
+
+def _joins(x, y):
+    cat = torch.cat if isinstance(x, torch.Tensor) else sg.cat
+    stack = torch.stack if isinstance(x, torch.Tensor) else sg.stack
+    split = torch.split if isinstance(x, torch.Tensor) else sg.split
+    chunk = torch.chunk if isinstance(x, torch.Tensor) else sg.chunk
+    a, b = split(x, [2, 3], 1)
+    return [cat([x, y], 1), cat([y, x, y], 1), stack([x[:, 0], y[:, 1]], 1), a * 2, b,
+            *chunk(x, 3, 2), *split(x, 2, 0), cat([b, a], 1)]
+
+
+def _gathers(table, indices):
+    if isinstance(table, torch.Tensor):
+        return [torch.nn.functional.embedding(indices, table), table[:, [2, 0, 2]], table[indices[0]]]
+    return [sg.nn.functional.embedding(indices, table), table[:, [2, 0, 2]], table[indices[0]]]
+
+
+def _products(q, k, v, a, b):
+    if isinstance(q, torch.Tensor):
+        sdpa = torch.nn.functional.scaled_dot_product_attention
+        mask = torch.tensor(np.tril(np.ones((5, 5), bool), 1))
+    else:
+        sdpa = sg.nn.functional.scaled_dot_product_attention
+        mask = sg.constant(np.tril(np.ones((5, 5), bool), 1))
+    return [q @ k.transpose(-1, -2) if isinstance(q, torch.Tensor) else q @ sg.swapaxes(k, -1, -2),
+            a @ b, a @ b[0], q[0, 0] @ k[0, 0, 0], k[0, 0, :, 0] @ v,
+            sdpa(q, k, v, is_causal=True), sdpa(q, k, v, attn_mask=mask), sdpa(q, k, v, scale=0.3)]
+
+
+CASES = {
+    "slices": (_slices, (X, Y)),
+    "joins": (_joins, (X, Y)),
+    "gathers": (_gathers, (TABLE, INDICES)),
+    "products": (_products, (Q, K, V, A3, B3)),
+}
+
+
+def _torch(case):
+    build, arrays = CASES[case]
+    tensors = [torch.tensor(a, requires_grad=a.dtype.kind == "f") for a in arrays]
+    outs = build(*tensors)
+    weights = [torch.tensor(RNG_W(o.shape)) for o in outs]
+    total = sum((o * w).sum() for o, w in zip(outs, weights))
+    grads = torch.autograd.grad(total, [t for t in tensors if t.requires_grad], allow_unused=True)
+    return [o.detach().numpy() for o in outs], [None if g is None else g.numpy() for g in grads], [w.numpy() for w in weights]
+
+
+def RNG_W(shape):  # noqa: N802  (fixed weights per shape: the same in both systems)
+    return np.random.default_rng(abs(hash(tuple(shape))) % 2**32).standard_normal(tuple(shape))
+
+
+def _symgrad(case, backend, weights):
+    build, arrays = CASES[case]
+    inputs = [sg.input(f"a{k}", a.shape, dtype="float64" if a.dtype.kind == "f" else "int64")
+              for k, a in enumerate(arrays)]
+    outs = build(*inputs)
+    total = sum(((o * sg.constant(w, "float64")).sum() for o, w in zip(outs, weights)), sg.constant(0.0, "float64"))
+    floats = [v for v in inputs if v.dtype == "float64"]
+    grads = sg.grad(total, floats)
+    results = sg.function(inputs, outs + list(grads), backend=backend)(*arrays)
+    return results[:len(outs)], results[len(outs):]
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_forward_and_gradient_match_torch(case):
+    want_out, want_grad, weights = _torch(case)
+    got_out, got_grad = _symgrad(case, "numpy", weights)
+    assert len(got_out) == len(want_out)
+    for k, (g, w) in enumerate(zip(got_out, want_out)):
+        assert g.shape == w.shape, f"{case} output {k}: shape {g.shape}, torch {w.shape}"
+        np.testing.assert_allclose(g, w, rtol=1e-12, atol=1e-12, err_msg=f"{case} output {k}")
+    for k, (g, w) in enumerate(zip(got_grad, want_grad)):
+        if w is None:  # an input the case does not use: symgrad's gradient is zeros
+            np.testing.assert_array_equal(g, 0)
+            continue
+        np.testing.assert_allclose(g, w, rtol=1e-10, atol=1e-12, err_msg=f"{case} gradient {k}")
+
+
+def test_basic_slicing_compiles_to_c_as_views():
+    x = sg.input("x", X.shape, dtype="float64")
+    outs = [o * 1.5 + 1 for o in _slices(x, None)]
+    got = sg.function([x], outs, backend="c")(X)
+    want = sg.function([x], outs, backend="numpy")(X)
+    for g, w in zip(got, want):
+        np.testing.assert_array_equal(g, w)
+
+
+@pytest.mark.parametrize("fn, inputs", [
+    (lambda x: sg.cat([x[:, :2], x * x], 1), [X[0]]),
+    (lambda x: (x[1:, ::2] ** 2).sum(axis=0), [X[0]]),
+    (lambda t: sg.take(t, sg.constant(np.array([3, 3, 0])), axis=0) ** 2, [TABLE]),
+    (lambda a, b: sg.tanh(a @ b), [A3, B3]),
+    (lambda q, k, v: sg.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True), [Q[0], K[0], V[0]]),
+], ids=["cat", "strided-slice", "take", "batched-matmul", "attention"])
+def test_gradients_match_finite_differences(fn, inputs):
+    assert sg.gradcheck(fn, inputs)
+
+
+def test_bad_indices_and_shapes_are_python_errors_naming_the_op():
+    table = sg.input("table", (7, 3), dtype="float64")
+    idx = sg.input("idx", (2,), dtype="int64")
+    f = sg.function([table, idx], [sg.nn.functional.embedding(idx, table)], backend="numpy")
+    with pytest.raises(ValueError, match=r"take: indices .* holds 7 .* outside \[0, 7\)"):
+        f(TABLE, np.array([0, 7]))
+    with pytest.raises(ValueError, match=r"take: indices .* holds -1"):
+        f(TABLE, np.array([-1, 0]))
+    x = sg.input("x", (4, 5, 6), dtype="float64")
+    with pytest.raises(ValueError, match=r"cat: values\[1\] is float64 \[4,2,5\]"):
+        sg.cat([x, sg.input("y", (4, 2, 5), dtype="float64")], 1)
+    with pytest.raises(IndexError, match="index 4 is out of range for axis 0"):
+        x[4]
+    with pytest.raises(IndexError, match="too many indices"):
+        x[0, 0, 0, 0]
+    with pytest.raises(ValueError, match="positive integer steps"):
+        x[::-1]
+    with pytest.raises(ValueError, match="matmul: the batch dimensions of \\[2,4,3\\] and \\[3,3,2\\]"):
+        sg.input("a", (2, 4, 3), dtype="float64") @ sg.input("b", (3, 3, 2), dtype="float64")
+    with pytest.raises(TypeError, match="take: indices must be integers"):
+        sg.take(table, sg.input("f", (2,), dtype="float64"))
+    with pytest.raises(ValueError, match="split: sizes \\[2, 2\\] do not add up to 5"):
+        sg.split(x, [2, 2], 1)
+
+
+def test_symbolic_slices_and_cat_keep_the_dim():
+    T = sg.Dim("T")
+    x = sg.input("x", (T, 3), dtype="float64")
+    head, tail = x[:-1], x[1:]
+    joined = sg.cat([tail, head], 0)
+    assert str(head.shape[0]) == "T - 1" and str(joined.shape[0]) == "2*T - 2"
+    got = sg.function([x], [joined, sg.grad((joined * joined).sum(), [x])[0]], backend="numpy")(np.ascontiguousarray(X[0, :, :3]))
+    xt = torch.tensor(X[0, :, :3], requires_grad=True)
+    jt = torch.cat([xt[1:], xt[:-1]])
+    (gt,) = torch.autograd.grad((jt * jt).sum(), [xt])
+    np.testing.assert_allclose(got[0], jt.detach().numpy())
+    np.testing.assert_allclose(got[1], gt.numpy())
+
+
+def test_second_order_gradients_match_torch():
+    """d/dx of (dL/dx . v): the VJPs' own VJPs (slice <-> embed, take <-> scatter_add, matmul)."""
+    v = RNG_W(X.shape)
+
+    def loss(lib, x, table, idx):
+        if lib is torch:
+            rows = torch.nn.functional.embedding(idx, table)
+            joined = torch.cat([x[:, 1:], x[:, :1] ** 2], 1)
+            return (torch.tanh(joined @ joined.transpose(-1, -2)).sum() + (rows * rows.sum()).sum()
+                    + (x[..., ::2] ** 3).sum())
+        rows = sg.embedding(table, idx)
+        joined = sg.cat([x[:, 1:], x[:, :1] ** 2], 1)
+        return (sg.tanh(joined @ sg.swapaxes(joined, -1, -2)).sum() + (rows * rows.sum()).sum()
+                + (x[..., ::2] ** 3).sum())
+
+    xt, tt = torch.tensor(X, requires_grad=True), torch.tensor(TABLE, requires_grad=True)
+    it = torch.tensor(INDICES)
+    gx, gt = torch.autograd.grad(loss(torch, xt, tt, it), [xt, tt], create_graph=True)
+    want = torch.autograd.grad((gx * torch.tensor(v)).sum() + (gt * gt).sum(), [xt, tt])
+
+    x, table = sg.input("x", X.shape, dtype="float64"), sg.input("t", TABLE.shape, dtype="float64")
+    idx = sg.input("i", INDICES.shape, dtype="int64")
+    sx, st = sg.grad(loss(sg, x, table, idx), [x, table])
+    second = sg.grad((sx * sg.constant(v, "float64")).sum() + (st * st).sum(), [x, table])
+    got = sg.function([x, table, idx], second, backend="numpy")(X, TABLE, INDICES)
+    for g, w in zip(got, want):
+        np.testing.assert_allclose(g, w.numpy(), rtol=1e-10, atol=1e-10)
