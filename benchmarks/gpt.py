@@ -21,14 +21,12 @@ import argparse
 import json
 import sys
 import tempfile
-import time
-import traceback
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
-from . import THREADS, timing
+from . import THREADS, side_by_side, timing
 from .gpt_models import jax_loss, load_example, torch_gpt, write_llmc_checkpoint
 from .systems import Runner, Unavailable
 
@@ -158,60 +156,6 @@ def systems(llmc_dir: Path | None, workdir: Path) -> dict:
             "llm.c": llmc_runner(llmc_dir, workdir)}
 
 
-def run(benches: list[Bench], names: list[str], builders: dict, plan: timing.Plan, log=print) -> list[dict]:
-    """Build every system per config, time them side by side; one row per config."""
-    rows = []
-    for bench in benches:
-        model, state, x, y = setup(bench)
-        cells, runners = {}, {}
-        for name in names:
-            start = time.perf_counter()
-            try:
-                runners[name] = builders[name](bench, model, state, x, y)
-            except Unavailable as exc:
-                cells[name] = {"status": "unavailable", "reason": str(exc)}
-            except Exception as exc:   # the error text becomes the cell
-                cells[name] = {"status": "error", "reason": f"{type(exc).__name__}: {exc}",
-                               "traceback": traceback.format_exc()}
-            log(f"  {bench.name:8s} {name:14s} {'built' if name in runners else cells[name]['status']}"
-                f"  ({time.perf_counter() - start:.1f} s)")
-
-        def failed(name: str, exc: Exception) -> None:
-            cells[name] = {"status": "error", "reason": f"{type(exc).__name__}: {exc}"}
-
-        for name, result in timing.measure_side_by_side(runners, plan, on_error=failed).items():
-            cells[name] = {"status": "ok", "ms_per_step": result["us_per_step"] / 1e3, **result,
-                           "note": runners[name].note}
-        rows.append({"config": bench.name, "bench": bench.__dict__, "cells": cells})
-    return rows
-
-
-def _ratio(cells: dict, names) -> str:
-    ours = cells.get("symgrad-c", {})
-    others = [(cells[n]["ms_per_step"], n) for n in names if cells.get(n, {}).get("status") == "ok"]
-    if ours.get("status") != "ok" or not others:
-        return "-"
-    best, who = min(others)
-    return f"{ours['ms_per_step'] / best:.2f} vs {who}"
-
-
-def render(rows: list[dict], names: list[str]) -> str:
-    """The markdown table of ms per step and ratios, and the first losses."""
-    head = ["config", *names, "symgrad-c / fastest anchor", "symgrad-c / llm.c"]
-    lines = ["| " + " | ".join(head) + " |", "|" + " --- |" * len(head)]
-    for row in rows:
-        cells = row["cells"]
-        text = [f"{cells[n]['ms_per_step']:.1f}" if cells[n]["status"] == "ok" else cells[n]["status"] for n in names]
-        lines.append("| " + " | ".join([row["config"], *text, _ratio(cells, ANCHORS), _ratio(cells, ["llm.c"])]) + " |")
-    losses = ["", "First loss of each system (same weights, same batch):", ""]
-    for row in rows:
-        losses.append(f"- {row['config']}: " + ", ".join(
-            f"{n} {c['loss_first']:.6f}" for n, c in row["cells"].items() if c["status"] == "ok"))
-    failures = [f"- {row['config']} {n}: {c['reason'].splitlines()[0][:160]}" for row in rows
-                for n, c in row["cells"].items() if c["status"] != "ok"]
-    return "\n".join(lines + losses + (["", "Not run:", *failures] if failures else []))
-
-
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--configs", default="small,nanogpt", help=f"comma list of {', '.join(CONFIGS)}")
@@ -228,8 +172,8 @@ def main(argv=None) -> int:
     with tempfile.TemporaryDirectory(prefix="symgrad-gpt-bench-") as work:
         builders = systems(args.llmc, Path(work))
         print(f"GPT step benchmark: {len(benches)} config(s), {THREADS} threads", file=sys.stderr)
-        rows = run(benches, names, builders, plan, log=lambda s: print(s, file=sys.stderr))
-    print(render(rows, names))
+        rows = side_by_side.run(benches, names, builders, setup, plan, log=lambda s: print(s, file=sys.stderr))
+    print(side_by_side.render(rows, names, ANCHORS, "llm.c"))
     if args.json:
         args.json.write_text(json.dumps(rows, indent=1, default=str))
     return 0

@@ -8,17 +8,18 @@ against the layout train_gpt2.c reads (header, then 16 tensors with the vocabula
 import numpy as np
 import pytest
 
-from benchmarks import gpt, gpt_models, timing
+from benchmarks import gpt, gpt_models, side_by_side, timing
 
 
 def test_tiny_gpt_runs_side_by_side_with_equal_first_losses(tmp_path):
     names = ["symgrad-numpy", "torch-eager"]
     plan = timing.Plan(blocks=2, steps=1, warmup_steps=1, warmup_s=0.0, settle_s=0.0)
-    rows = gpt.run([gpt.CONFIGS["tiny"]], names, gpt.systems(None, tmp_path), plan, log=lambda s: None)
+    rows = side_by_side.run([gpt.CONFIGS["tiny"]], names, gpt.systems(None, tmp_path), gpt.setup, plan,
+                            log=lambda s: None)
     cells = rows[0]["cells"]
     assert all(cells[n]["status"] == "ok" for n in names), cells
     assert cells["symgrad-numpy"]["loss_first"] == pytest.approx(cells["torch-eager"]["loss_first"], rel=1e-5)
-    table = gpt.render(rows, names)
+    table = side_by_side.render(rows, names, gpt.ANCHORS, "llm.c")
     assert "| tiny |" in table and "First loss" in table
 
 
