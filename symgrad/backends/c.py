@@ -1,8 +1,9 @@
 """The C/OpenMP backend: a kernel plan rendered through templates/c/, built by cffi.
 
-`compile(graph)` lowers the graph (symgrad.backends.lowering), renders one
-C11 file (symgrad.backends.render with the C/OpenMP row of
-symgrad.backends.languages) with one function per kernel and one entry point,
+`compile(graph)` goes through the compile driver (symgrad.backends.driver: passes,
+lowering, render, program cache), which renders one C11 file (symgrad.backends.render
+with the C/OpenMP row of symgrad.backends.languages) with one function per kernel and
+one entry point,
 
     int symgrad_run(const int64_t* dims, void** inputs, void** variables,
                     void** outputs, char* workspace, const int64_t* offsets,
@@ -13,7 +14,9 @@ the bytes each needs for given dims) and `symgrad_set_num_threads` (caps the
 calling thread's OpenMP team). Its matmuls call the runtime
 (symgrad.backends.runtime), whose header it includes and whose library,
 built once per compiler and flags, it links; it builds the file through
-the cache (symgrad.backends.cache). Python owns all memory: inputs, variables and
+the cache (symgrad.backends.cache). What every native program does alike (layouts per
+Dim binding, memory plan, report, locking, input checks) is symgrad.backends.native's;
+this module keeps the cffi build and call. Python owns all memory: inputs, variables and
 outputs are NumPy arrays passed with `ffi.from_buffer` (no copies);
 temporaries live in one workspace array whose layout is computed here from
 the Dim bindings, and checked against the sizes the code itself reports.

@@ -1,7 +1,8 @@
 """The CUDA backend: the C backend's kernel plan rendered through templates/cuda/, built by nvcc.
 
-`compile(graph)` lowers the graph (symgrad.backends.lowering, the same plan
-as C), renders one CUDA C++ file (the renderer C uses, symgrad.backends.render,
+`compile(graph)` goes through the compile driver C uses (symgrad.backends.driver:
+passes, lowering, render, program cache; the program base is symgrad.backends.native),
+which renders one CUDA C++ file (the renderer C uses, symgrad.backends.render,
 with the CUDA row of symgrad.backends.languages: one `__global__` function per
 kernel, an `extern "C"` host API), builds it with nvcc through the cache
 (symgrad.backends.cache, kind="cuda") and loads it with cffi's ABI mode.
@@ -18,7 +19,8 @@ point takes each temporary's offset and the arena's size from the caller.
 Programs compiled from the same `Compiled` object share its variable
 storage dict (a TrainStep's accumulate / apply / predict programs): each
 device copy carries a version, and a program pulls a variable from the
-program holding the newest version before it runs (see `_Shared`).
+program holding the newest version before it runs (see `_Shared`, kept on that
+storage dict, not in this module).
 
 Without a CUDA device, `compile` raises a RuntimeError up front;
 `compile(graph, build_only=True)` and `cuda_source(graph)` still render

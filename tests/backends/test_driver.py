@@ -139,3 +139,36 @@ def test_run_checks_the_arrays_in_one_place():
     frozen.flags.writeable = False
     with pytest.raises(ValueError, match="variable 'w': expected a writeable C-contiguous float32"):
         program.run([np.ones(4, np.float32)], {}, {"w": frozen})
+
+
+_NEW_PROCESS_HIT = """
+import json, os, sys
+sys.path[:0] = [sys.argv[1], os.path.dirname(sys.argv[1])]  # this test's folder and tests/ (helpers)
+import pytest
+from symgrad.backends import c as cbackend
+from test_driver import _forbid_stages, _report_sections, _step_graph
+with pytest.MonkeyPatch.context() as monkeypatch:
+    _forbid_stages(monkeypatch)
+    program = cbackend.compile(_step_graph())
+    print(json.dumps({"hit": program.from_program_cache, "report": _report_sections(program.report()),
+                      "graph": str(program.optimized), "kernels": len(program.plan.kernels)}))
+"""
+
+
+def test_a_hit_in_a_new_process_has_everything_without_running_a_stage():
+    """In a process whose passes never ran (no derived op made yet), the stored plan still loads."""
+    import json
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    _clear_programs()
+    miss = cbackend.compile(_step_graph())
+    tests = Path(__file__).resolve().parent
+    done = subprocess.run([sys.executable, "-c", _NEW_PROCESS_HIT, str(tests)], cwd=tests.parents[1],
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, f"the child failed ({done.returncode}):\n{done.stderr[-3000:]}"
+    child = json.loads(done.stdout.strip().splitlines()[-1])
+    assert child["hit"]
+    assert child["report"] == _report_sections(miss.report())
+    assert child["graph"] == str(miss.optimized) and child["kernels"] == len(miss.plan.kernels)
