@@ -39,6 +39,7 @@ import weakref
 
 import numpy as np
 
+from ..call_checks import check_array
 from ..ir import dtypes as D
 from ..ir.graph import Graph
 from . import cache
@@ -352,10 +353,7 @@ class CudaProgram(NativeProgram):
                 value = holder._download(name)
             else:
                 value = group.storage.get(name)
-                if not isinstance(value, np.ndarray) or value.dtype != dtype or value.shape != shape:
-                    raise ValueError(f"variable {name!r}: expected a {dtype} array of shape {list(shape)}, got "
-                                     f"{getattr(value, 'dtype', type(value).__name__)} "
-                                     f"{list(getattr(value, 'shape', ()))}")
+                check_array(f"variable {name!r}", value, dtype, shape)  # as C checks the arrays it is given
             self._upload(name, value)
             self._have[name] = version
 
