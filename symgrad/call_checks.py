@@ -120,3 +120,23 @@ def arrays_by_name(graph: Graph, batch: dict, what: str) -> list:
                         + ("; " if missing and extra else "")
                         + (f"unexpected {extra}" if extra else ""))
     return [batch[n] for n in names]
+
+
+def check_array(what: str, array, dtype, shape: tuple, writeable: bool = False) -> None:
+    """Refuse anything but a C-contiguous ndarray of `dtype` and `shape` (and writeable, for an
+    array the compiled code writes into): what a native program checks of the arrays it is
+    handed directly, with shapes from the caller's Dim bindings. A ValueError naming `what`."""
+    if not isinstance(array, np.ndarray) or (array.dtype is not dtype and array.dtype != dtype) \
+            or array.shape != shape or not array.flags.c_contiguous or (writeable and not array.flags.writeable):
+        kind = "a writeable C-contiguous" if writeable else "a C-contiguous"
+        raise ValueError(f"{what}: expected {kind} {dtype} array of shape {shape}, "
+                         f"got {getattr(array, 'dtype', type(array).__name__)} {getattr(array, 'shape', '')}")
+
+
+def check_arrays(what: str, nodes: list, arrays: list, shapes: list) -> None:
+    """`check_array` for each of `arrays` against its graph leaf (`what`: "input" or "variable"),
+    after their number."""
+    if len(arrays) != len(nodes):
+        raise TypeError(f"expected {len(nodes)} {what}s, got {len(arrays)}")
+    for node, shape, array in zip(nodes, shapes, arrays):
+        check_array(f"{what} {node.name!r}", array, D.to_numpy(node.dtype), shape)

@@ -27,6 +27,14 @@ from .optim.optimizer import check_hyperparameter
 _SIGNATURES_KEPT = 8  # validated input signatures remembered per compiled object
 
 
+class VariableStorage(dict):
+    """name -> host array: the variables of a compiled object, shared by the programs of one
+    TrainStep. A backend that keeps copies of its own (cuda) records beside the arrays which
+    program holds the newest value of each (`sharing`): state of this storage, not of a module."""
+
+    sharing = None
+
+
 class VariableView(Mapping):
     """A dict-like view of some variables: read copies, assign checked values.
 
@@ -101,7 +109,7 @@ class Compiled:
         self.graph = graph
         self.backend = backend
         self._variables = {v.name: v for v in graph.variables}
-        self._storage = {v.name: np.array(v.attrs["init"], copy=True) for v in graph.variables}
+        self._storage = VariableStorage((v.name, np.array(v.attrs["init"], copy=True)) for v in graph.variables)
         self._bound: dict[tuple, dict] = {}  # validated input signature -> Dim bindings
         # Calls, reads and writes of the variables take turns, on every backend: a step reads the
         # parameters and writes them back, and two at once would lose one's update. The programs

@@ -68,15 +68,12 @@ compiler. Only when there is nothing to load does it raise `CompilerNotFound`.
 
 from __future__ import annotations
 
-import contextlib
-import fcntl
 import functools
 import hashlib
 import importlib.util
 import json
 import os
 import platform
-import secrets
 import shlex
 import shutil
 import subprocess
@@ -90,6 +87,7 @@ from types import ModuleType
 
 from ..settings import cache_dir
 from . import toolchain
+from .cache_files import atomic_write, file_lock, file_sha256, now_utc, read_json  # noqa: F401  (callers use cache.*)
 # The toolchain's names the cache's callers (backends, tests, benchmarks) know it by.
 from .toolchain import (DEFAULT_FLAGS, NVCC_FAT_BINARY, BuildError, CompilerNotFound, c_string_literal,  # noqa: F401
                         compiler_command, default_flags, default_nvcc_flags, nvcc_command)
@@ -184,7 +182,7 @@ class _Inputs:
             return None
         include = directory / "include" / sha256_json(self.headers)[:16]
         for name, text in self.headers.items():
-            if _file_sha256(include / name) != hashlib.sha256(text.encode()).hexdigest():
+            if file_sha256(include / name) != hashlib.sha256(text.encode()).hexdigest():
                 include.mkdir(parents=True, exist_ok=True)
                 atomic_write(include / name, text.encode())
         return include
@@ -212,7 +210,7 @@ def _build(source: str, cdef: str, flags: list[str], kind: str, inputs: _Inputs)
     # under a running process): verify, or rebuild, the entry on disk.
     so_path = _verified(paths, key, source)
     if so_path is None:
-        with _file_lock(paths.lock):
+        with file_lock(paths.lock):
             # Another process may have built it while we waited for the lock.
             so_path = _verified(paths, key, source)
             if so_path is None:
@@ -343,9 +341,9 @@ def _verified(paths: _Paths, key: str, source: str) -> Path | None:
     meta = read_json(paths.meta)
     if not meta or meta.get("format") != FORMAT or meta.get("key") != key:
         return None
-    if meta.get("library") != paths.library.name or _file_sha256(paths.library) != meta.get("library_sha256"):
+    if meta.get("library") != paths.library.name or file_sha256(paths.library) != meta.get("library_sha256"):
         return None
-    if _file_sha256(paths.source) != hashlib.sha256(source.encode()).hexdigest():
+    if file_sha256(paths.source) != hashlib.sha256(source.encode()).hexdigest():
         # The binary is fine; only the kept copy of the source was lost or edited: restore it.
         atomic_write(paths.source, source.encode())
     return paths.library
@@ -373,10 +371,10 @@ def _compile_entry(paths: _Paths, key: str, prekey: str, source: str, cdef: str,
             atomic_write(paths.log, failed.log.encode())  # beside the kept source, for the user to read
             raise
         meta = {"format": FORMAT, "module_name": paths.name, "key": key, "prekey": prekey,
-                "library": paths.library.name, "library_sha256": _file_sha256(built),
+                "library": paths.library.name, "library_sha256": file_sha256(built),
                 "source_sha256": hashlib.sha256(source.encode()).hexdigest(), "flags": flags,
                 "compiler": _COMPILER_IDS.get(shlex.join(nvcc_command() if kind == "cuda" else compiler_command()), ""),
-                "cffi": _cffi_version(), "created": _now()}
+                "cffi": _cffi_version(), "created": now_utc()}
         meta_tmp = tmp / "meta.json"
         meta_tmp.write_text(json.dumps(meta, indent=1, sort_keys=True))
         # Metadata last: an entry exists only once its checksum is in place.
@@ -478,54 +476,3 @@ def _load_without_compiler(directory: Path, prekey: str, source: str, kind: str 
     built = BuiltModule(_open(name, so_path, kind, cdef), name, paths.source, so_path, directory)
     _LOADED[memo] = built
     return built
-
-
-# ---------------------------------------------------------------------------------------------
-# small helpers
-
-
-@contextlib.contextmanager
-def _file_lock(path: Path):
-    """An exclusive fcntl lock on `path` (released when the process dies, too)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "a+b") as handle:
-        fcntl.flock(handle.fileno(), fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(handle.fileno(), fcntl.LOCK_UN)
-
-
-def atomic_write(path: Path, data: bytes) -> None:
-    """Write `data` to a fresh file beside `path`, then rename it over `path`."""
-    # Not mkstemp: its 0600 mode would make a shared cache unreadable to others; "x" honours umask.
-    tmp = path.parent / f".tmp-{path.name}-{os.getpid()}-{secrets.token_hex(4)}"
-    try:
-        with open(tmp, "xb") as handle:
-            handle.write(data)
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
-
-
-def read_json(path: Path) -> dict | None:
-    """The JSON object in `path`, or None when it is missing, unreadable or not an object."""
-    try:
-        value = json.loads(path.read_text())
-    except (OSError, ValueError):
-        return None
-    return value if isinstance(value, dict) else None
-
-
-def _file_sha256(path: Path) -> str | None:
-    try:
-        return hashlib.sha256(path.read_bytes()).hexdigest()
-    except OSError:
-        return None
-
-
-def _now() -> str:
-    import datetime
-
-    return datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")

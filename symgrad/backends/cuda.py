@@ -1,7 +1,8 @@
 """The CUDA backend: the C backend's kernel plan rendered through templates/cuda/, built by nvcc.
 
-`compile(graph)` lowers the graph (symgrad.backends.lowering, the same plan
-as C), renders one CUDA C++ file (the renderer C uses, symgrad.backends.render,
+`compile(graph)` goes through the compile driver C uses (symgrad.backends.driver:
+passes, lowering, render, program cache; the program base is symgrad.backends.native),
+which renders one CUDA C++ file (the renderer C uses, symgrad.backends.render,
 with the CUDA row of symgrad.backends.languages: one `__global__` function per
 kernel, an `extern "C"` host API), builds it with nvcc through the cache
 (symgrad.backends.cache, kind="cuda") and loads it with cffi's ABI mode.
@@ -18,7 +19,8 @@ point takes each temporary's offset and the arena's size from the caller.
 Programs compiled from the same `Compiled` object share its variable
 storage dict (a TrainStep's accumulate / apply / predict programs): each
 device copy carries a version, and a program pulls a variable from the
-program holding the newest version before it runs (see `_Shared`).
+program holding the newest version before it runs (see `_Shared`, kept on that
+storage dict, not in this module).
 
 Without a CUDA device, `compile` raises a RuntimeError up front;
 `compile(graph, build_only=True)` and `cuda_source(graph)` still render
@@ -33,21 +35,20 @@ import os
 import shutil
 import subprocess
 import sys
-import threading
 import weakref
 
 import numpy as np
 
+from ..call_checks import check_array
 from ..ir import dtypes as D
-from ..ir import shapes as S
 from ..ir.graph import Graph
 from . import cache
-from .. import passes
+from .driver import source_of
 from .languages import CUDA, CUDA_ALIGN as ALIGN, CUDA_ENTRY as ENTRY, CUDA_SIGNATURE as SIGNATURE  # noqa: F401
-from .lowering import Plan, lower
+from .lowering import Plan
+from .memory import MemoryPlan
+from .native import NativeProgram
 from .render_program import render
-from .report import program_report, timed
-from .memory import MemoryPlan, latest_or_assumed, memory_plan
 
 CDEF = """
 int sg_cuda_device_count(int* count, char* err, size_t errlen);
@@ -59,7 +60,6 @@ int sg_cuda_run(void* state, const int64_t* dims, void** inputs, void** outputs,
                 int64_t arena_bytes, char* err, size_t errlen);
 """
 ERR_BYTES = 1024
-LAYOUTS_KEPT = 4   # layouts (memory plan, offsets array) kept for the most recent distinct Dim bindings
 
 
 class CudaError(RuntimeError):
@@ -81,7 +81,7 @@ def cuda_source(graph: Graph) -> str:
     """The CUDA C++ source (.cu text) that `backend="cuda"` compiles for `graph`; needs no GPU or nvcc."""
     if not isinstance(graph, Graph):
         raise TypeError(f"cuda_source: expected a symgrad Graph, got {type(graph).__name__}")
-    return render_source(lower(passes.optimize(graph), variables=graph.variables))
+    return source_of(graph, CUDA)
 
 
 # ---- the device, the architecture -------------------------------------------------------
@@ -188,18 +188,18 @@ class _Shared:
     """Which program holds the newest device copy of each variable of one storage dict.
 
     Versions count updates; version 0 with no holder means the host array in the
-    storage dict is current. Kept per storage dict (the dict `Compiled` passes to run).
+    storage dict is current. Kept on the storage itself (`Compiled`'s, a
+    symgrad.compiled.VariableStorage, carries it as `.sharing`): the programs of one
+    TrainStep share it, and nothing outlives them in a table of this module. A plain
+    dict cannot carry it; then each program attached to it keeps its own.
     """
 
-    groups: dict[int, "_Shared"] = {}
-
     def __init__(self, storage: dict):
-        self.storage = storage        # held: keeps id(storage) unique while the group lives
+        self.storage = storage
         self.version: dict[str, int] = {}
-        # Weak: the group lives in a module-level table and must not keep programs alive; a program
-        # flushes what it holds to the storage before it goes (close / __del__).
+        # Weak: programs are not kept alive by the storage they share; a program flushes what
+        # it holds to the storage before it goes (close / __del__).
         self.holder: dict[str, weakref.ref] = {}
-        self.members: set[int] = set()
 
     def holding(self, name: str):
         """The program holding the newest value of `name`, or None (the host array is current)."""
@@ -208,28 +208,24 @@ class _Shared:
 
     @classmethod
     def of(cls, storage: dict) -> "_Shared":
-        group = cls.groups.get(id(storage))
+        group = getattr(storage, "sharing", None)
         if group is None or group.storage is not storage:
-            group = cls.groups[id(storage)] = cls(storage)
+            group = cls(storage)
+            try:
+                storage.sharing = group
+            except AttributeError:  # a plain dict: this program's own
+                pass
         return group
 
 
-class CudaProgram:
+class CudaProgram(NativeProgram):
     """A graph compiled for the GPU: state in device memory, `run` copies only inputs and outputs."""
 
     backend = "cuda"
+    align = ALIGN
 
     def __init__(self, graph: Graph, build_only: bool = False, flags: list[str] | None = None,
                  arch: str | None = None, optimize: bool = True):
-        self.graph = graph  # as given: its variables are the program's variable slots
-        self.timings: dict[str, float] = {}
-        self.pass_report: dict = {}
-        with timed(self.timings, "passes"):
-            self.optimized = passes.optimize(graph, report=self.pass_report) if optimize else graph
-        with timed(self.timings, "lower"):
-            self.plan = lower(self.optimized, variables=graph.variables)
-        with timed(self.timings, "render"):
-            self.source = render_source(self.plan)
         self.build_only = bool(build_only)
         self._state = None
         self._group: _Shared | None = None
@@ -239,24 +235,14 @@ class CudaProgram:
                 raise RuntimeError(f"backend='cuda': no CUDA device is present ({why}). Use backend='c' or "
                                    f"'numpy' here, or compile(..., build_only=True) / sg.cuda_source(graph) "
                                    f"to only generate and build the CUDA code.")
-        with timed(self.timings, "build"):
-            built = self._build(flags, arch)
-        self.module = built.module
-        self.module_name = built.module_name
-        self.source_path = built.source_path
-        self.library_path = built.library_path
-        self._ffi, self._lib = built.module.ffi, built.module.lib
+        super().__init__(graph, CUDA, optimize, flags=flags, arch=arch)
+        self._lib = self.module.lib
         self._err = self._ffi.new("char[]", ERR_BYTES)
         self._variables = [(v.name, D.to_numpy(v.dtype), tuple(v.shape)) for v in graph.variables]
         self._var_index = {name: k for k, (name, _, _) in enumerate(self._variables)}
-        self._inputs = [(v.name, D.to_numpy(v.dtype)) for v in graph.inputs]
         self._updated = [t.name for t, _ in graph.updates]
         self._have: dict[str, int] = {}   # name -> version of the group this program's copy holds
         self._dirty: set[str] = set()     # written before any run linked a storage dict
-        self._layouts: dict[tuple, tuple] = {}
-        self.memory_plans: dict[tuple, MemoryPlan] = {}  # per Dim binding, as planned for the calls
-        # Calls are serialized: they share the device buffers of one state.
-        self._lock = threading.Lock()
         if self.build_only:
             return
         handle = self._ffi.new("void**")
@@ -309,7 +295,6 @@ class CudaProgram:
         if self._group is not None:
             self._leave()
         self._group = _Shared.of(storage)
-        self._group.members.add(id(self))
         for name in sorted(self._dirty):
             self._bump(name)
         self._dirty.clear()
@@ -368,10 +353,7 @@ class CudaProgram:
                 value = holder._download(name)
             else:
                 value = group.storage.get(name)
-                if not isinstance(value, np.ndarray) or value.dtype != dtype or value.shape != shape:
-                    raise ValueError(f"variable {name!r}: expected a {dtype} array of shape {list(shape)}, got "
-                                     f"{getattr(value, 'dtype', type(value).__name__)} "
-                                     f"{list(getattr(value, 'shape', ()))}")
+                check_array(f"variable {name!r}", value, dtype, shape)  # as C checks the arrays it is given
             self._upload(name, value)
             self._have[name] = version
 
@@ -387,72 +369,29 @@ class CudaProgram:
                 del group.holder[name]
 
     def _leave(self) -> None:
-        """Flush, then leave the group (dropping it with its last member)."""
+        """Flush, then leave the group."""
         self._flush()
-        group, self._group = self._group, None
-        if group is not None:
-            group.members.discard(id(self))
-            if not group.members:
-                _Shared.groups.pop(id(group.storage), None)
-
-    # ---- the memory plan ---------------------------------------------------------
-    def _layout(self, key: tuple, bindings: dict) -> tuple:
-        """Per Dim binding, made once: output and input shapes, the dims array, and the workspace
-        arena's offsets and size from the static memory plan."""
-        layout = self._layouts.get(key)
-        if layout is None:
-            if len(self._layouts) >= LAYOUTS_KEPT:  # bound what is kept for past batch sizes
-                oldest = next(iter(self._layouts))
-                del self._layouts[oldest]
-                self.memory_plans.pop(oldest, None)
-            outs = [(S.evaluate_shape(v.shape, bindings), D.to_numpy(v.dtype)) for v in self.graph.outputs]
-            in_shapes = [S.evaluate_shape(v.shape, bindings) for v in self.graph.inputs]
-            # Temporaries share one arena: buffers whose lifetimes do not overlap reuse bytes.
-            planned = memory_plan(self.plan, {d: bindings[d] for d in self.plan.dims}, align=ALIGN)
-            self.memory_plans[key] = planned
-            ffi = self._ffi
-            layout = self._layouts[key] = (outs, in_shapes, ffi.new("int64_t[]", list(key) or [0]),
-                                           ffi.new("int64_t[]", planned.offsets or [0]), planned.arena_bytes)
-        return layout
-
-    @property
-    def memory_plan(self) -> MemoryPlan:
-        """The arena plan (see `latest_or_assumed`): of the Dim binding first called with most
-        recently, else assumed before any call."""
-        return latest_or_assumed(self.plan, self.plan.dims, self.memory_plans, ALIGN)
-
-    def report(self, timings: dict | None = None) -> str:
-        """Passes, kernels, save/recompute choices, the memory plan and compile time by stage
-        (`timings`: earlier stages measured by the caller, such as graph building)."""
-        return program_report(self, timings)
+        self._group = None
 
     # ---- running -------------------------------------------------------------------
-    def run(self, inputs: list, bindings: dict, variables: dict) -> list:
+    def _native_layout(self, key: tuple, planned: MemoryPlan) -> tuple:
+        """The dims array, the arena's offsets array and its size."""
+        ffi = self._ffi
+        return ffi.new("int64_t[]", list(key) or [0]), ffi.new("int64_t[]", planned.offsets or [0]), planned.arena_bytes
+
+    def _run(self, inputs: list, bindings: dict, variables: dict, check_inputs: bool) -> list:
         """Copy the inputs in, run every kernel, copy the outputs out.
 
         Updates are applied to the device copies of the variables (not to the
         `variables` arrays): `read_variable` returns the current values.
-        Calls are serialized: they share the state's device buffers.
         """
-        with self._lock:
-            return self._run(inputs, bindings, variables)
-
-    def _run(self, inputs: list, bindings: dict, variables: dict) -> list:
         self._require_state()
-        try:
-            key = tuple(int(bindings[d]) for d in self.plan.dims)
-        except KeyError as exc:
-            raise ValueError(f"no binding for Dim {exc.args[0]}") from None
-        if len(inputs) != len(self._inputs):
-            raise TypeError(f"expected {len(self._inputs)} inputs, got {len(inputs)}")
-        outs, in_shapes, dims, offsets, arena_bytes = self._layout(key, bindings)
+        outs, in_shapes, dims, offsets, arena_bytes = self._layout(self._binding_key(bindings), bindings)
+        if check_inputs:
+            self._check_inputs(inputs, in_shapes)
         ffi = self._ffi
         keep, in_ptrs = [], []
-        for (name, dtype), shape, array in zip(self._inputs, in_shapes, inputs):
-            if not isinstance(array, np.ndarray) or array.dtype != dtype or array.shape != shape \
-                    or not array.flags.c_contiguous:
-                raise ValueError(f"input {name!r}: expected a C-contiguous {dtype} array of shape {shape}, got "
-                                 f"{getattr(array, 'dtype', type(array).__name__)} {getattr(array, 'shape', '')}")
+        for array in inputs:
             p = ffi.from_buffer(array)
             keep.append(p)
             in_ptrs.append(ffi.cast("void*", p))

@@ -1,0 +1,158 @@
+"""The base of the native programs (C, CUDA): what a compiled graph is, whichever machine runs it.
+
+A `NativeProgram` holds what the compile driver (symgrad.backends.driver) made: the
+source, the optimized graph, the pass report, the kernel plan and the arena spec, and the
+built module. It owns what every backend does the same way around a call:
+
+- one layout per Dim binding (output and input shapes, the arena's memory plan, and what
+  the backend makes of them: `_native_layout`), the most recent `LAYOUTS_KEPT` kept;
+- the memory plan, checked against the sizes the compiled code reports where it reports
+  them (`_workspace_sizes`), and `report()`;
+- the lock that serializes calls, and the checks of the arrays a caller hands to `run`
+  (symgrad.call_checks; `run_checked` is for a caller that has checked them itself).
+
+A backend subclass supplies `_build`, `_native_layout` and `_run`.
+"""
+
+from __future__ import annotations
+
+import threading
+
+from ..call_checks import check_arrays
+from ..ir import dtypes as D
+from ..ir import shapes as S
+from ..ir.graph import Graph
+from . import driver, program_cache
+from .cache import BuiltModule
+from .languages import Language
+from .memory import ArenaSpec, MemoryPlan, latest_or_assumed, memory_plan
+from .report import program_report
+
+
+class NativeProgram:
+    """A graph compiled to a native module: `run` computes outputs and applies the updates."""
+
+    backend = ""
+    align = 64            # bytes: where each workspace temporary may start
+    layouts_kept = 4      # layouts kept for the most recent distinct Dim bindings
+    checks_labels = False  # whether the compiled entry refuses out-of-range class labels itself
+
+    def __init__(self, graph: Graph, language: Language, optimize: bool = True, **build_options):
+        """Compile `graph` for `language` (symgrad.backends.driver) and build it with
+        `self._build(**build_options)`."""
+        self.graph = graph  # as given: its variables are the program's variable slots
+        compilation = driver.prepare(graph, language, optimize)
+        entry = compilation.entry
+        self.timings: dict[str, float] = compilation.timings
+        self.source, self.dims, self.arena = entry.source, entry.dims, entry.arena
+        self.optimized: Graph = entry.optimized  # the graph after the passes (the graph itself with optimize=False)
+        self.pass_report: dict = entry.pass_report  # what each pass did (symgrad.passes.optimize's report)
+        self.plan = entry.plan  # the kernel plan the source renders
+        self.from_program_cache = compilation.from_program_cache
+        self._program_key = compilation.key
+        driver.build(compilation, lambda source: self._build(**build_options))
+        built = compilation.built
+        self.from_cache = compilation.from_cache
+        self.module = built.module
+        self.module_name = built.module_name
+        self.source_path = built.source_path
+        self.library_path = built.library_path
+        self._ffi = built.module.ffi
+        self._layouts: dict[tuple, tuple] = {}
+        self.memory_plans: dict[tuple, MemoryPlan] = {}  # per Dim binding, as planned for the calls
+        self._input_nodes = list(graph.inputs)
+        # Calls are serialized: they share the workspace and whatever else a layout holds.
+        self._lock = threading.Lock()
+
+    def _build(self, **options) -> BuiltModule:
+        """The backend's compiler run on `self.source`, through the build cache."""
+        raise NotImplementedError
+
+    # ---- per Dim binding ----------------------------------------------------------------
+    def _binding_key(self, bindings: dict) -> tuple:
+        """The Dim values of `bindings`, in the entry point's order: the key of a layout."""
+        try:
+            return tuple([int(bindings[d]) for d in self.dims]) if self.dims else ()
+        except KeyError as exc:
+            raise ValueError(f"no binding for Dim {exc.args[0]}") from None
+
+    def _layout(self, key: tuple, bindings: dict) -> tuple:
+        """Per Dim binding, made once: (output shapes and dtypes, input shapes, *the backend's
+        part: `_native_layout`)."""
+        layout = self._layouts.get(key)
+        if layout is None:
+            if len(self._layouts) >= self.layouts_kept:  # bound what is kept for past batch sizes
+                oldest = next(iter(self._layouts))
+                del self._layouts[oldest]
+                self.memory_plans.pop(oldest, None)
+            outs = [(S.evaluate_shape(v.shape, bindings), D.to_numpy(v.dtype)) for v in self.graph.outputs]
+            inputs = [S.evaluate_shape(v.shape, bindings) for v in self.graph.inputs]
+            # Temporaries share one arena: buffers whose lifetimes do not overlap reuse bytes.
+            planned = self._planned_arena(key, {d: bindings[d] for d in self.dims})
+            self.memory_plans[key] = planned
+            layout = self._layouts[key] = (outs, inputs, *self._native_layout(key, planned))
+        return layout
+
+    def _native_layout(self, key: tuple, planned: MemoryPlan) -> tuple:
+        """What the backend keeps per Dim binding besides the shapes (native arrays, a workspace)."""
+        raise NotImplementedError
+
+    def _workspace_sizes(self, key: tuple) -> list | None:
+        """The bytes of each temporary as the compiled code computes them for these Dim values;
+        None where the code does not report them."""
+        return None
+
+    def _planned_arena(self, key: tuple, bindings: dict) -> MemoryPlan:
+        """The arena plan for one Dim binding, its sizes checked against the compiled code's own.
+
+        They differ only when the arena came from a damaged or forged program-cache entry: then
+        it is planned again from the kernel plan (which describes this very source) and the
+        entry is rewritten. A call never gets a workspace too small.
+        """
+        planned = memory_plan(self.arena, bindings, align=self.align)
+        needed = self._workspace_sizes(key)
+        if needed is None or planned.sizes == needed:
+            return planned
+        self.arena = ArenaSpec.of(self.plan)
+        planned = memory_plan(self.arena, bindings, align=self.align)
+        if planned.sizes != needed:
+            raise RuntimeError(f"{self.module_name}: the memory plan sizes the workspace temporaries at "
+                               f"{planned.sizes} bytes, the compiled code at {needed}")
+        if self.from_program_cache:
+            program_cache.store(self._program_key, self.graph, program_cache.Entry(
+                self.source, self.dims, self.arena, self.optimized, self.pass_report, self.plan))
+        return planned
+
+    @property
+    def memory_plan(self) -> MemoryPlan:
+        """The arena plan (see `latest_or_assumed`): of the Dim binding first called with most
+        recently, else assumed before any call."""
+        return latest_or_assumed(self.arena, self.dims, self.memory_plans, self.align)
+
+    def report(self, timings: dict | None = None) -> str:
+        """Passes, kernels, save/recompute choices, the memory plan and compile time by stage
+        (`timings`: earlier stages measured by the caller, such as graph building)."""
+        return program_report(self, timings)
+
+    # ---- calls ----------------------------------------------------------------------------
+    def run(self, inputs: list, bindings: dict, variables: dict) -> list:
+        """Compute the outputs and apply the updates, the inputs checked first (C-contiguous
+        ndarrays of the graph inputs' dtypes, of the shapes `bindings` give).
+
+        Calls are serialized: they share the workspace and the native state.
+        """
+        with self._lock:
+            return self._run(inputs, bindings, variables, check_inputs=True)
+
+    def run_checked(self, inputs: list, bindings: dict, variables: dict) -> list:
+        """`run` for a caller that has already checked the inputs against the graph's inputs
+        (symgrad.call_checks.bind_inputs) and serializes its calls itself: symgrad.compiled
+        checks each input signature once and holds its storage's lock, and a small step should
+        not pay for the same checks and a second lock."""
+        return self._run(inputs, bindings, variables, check_inputs=False)
+
+    def _check_inputs(self, inputs: list, shapes: list) -> None:
+        check_arrays("input", self._input_nodes, inputs, shapes)
+
+    def _run(self, inputs: list, bindings: dict, variables: dict, check_inputs: bool) -> list:
+        raise NotImplementedError
