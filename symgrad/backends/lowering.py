@@ -25,8 +25,7 @@ render the same plan.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
-from typing import Any
+from dataclasses import replace
 
 import numpy as np
 import sympy
@@ -40,342 +39,18 @@ from ..ir.registry import CUSTOM, ELEMENTWISE, MATMUL, MOVEMENT, REDUCE, SOURCE
 from ..ir.value import Value
 from .fusion import DEFAULT_DIM, FusionDecisions  # noqa: F401 -- DEFAULT_DIM: re-exported for the backends
 from .rows import RowDecisions
-
-
-# ---- buffers and views ----------------------------------------------------------
-
-@dataclass(eq=False)
-class Buffer:
-    """Storage for one value. `name` is index-based (in0, var2, out0, ws3, c1): never a user's name."""
-
-    name: str
-    storage: str        # "input" | "variable" | "output" | "workspace" | "const"
-    index: int          # position among its storage's buffers
-    dtype: str
-    numel: Any          # int or sympy expression of Dims
-    label: str = ""     # what it holds, for comments only (may contain user text)
-    value: Any = None   # the array of a "const" buffer
-
-
-@dataclass(frozen=True, eq=False)
-class View:
-    """How a kernel reads a value of `shape`.
-
-    Element (i0, ..., in) is `offset + sum(ik * strides[k])`, which is an
-    index into `buffer` (kind "buffer") or the value itself (kind "index":
-    iota). Kind "literal" is `literal` everywhere (a number, or a sympy
-    expression of Dims such as 1/B).
-    """
-
-    kind: str
-    shape: tuple
-    dtype: str
-    strides: tuple
-    offset: Any = 0
-    buffer: Buffer | None = None
-    literal: Any = None
-
-
-def contiguous_strides(shape) -> tuple:
-    """Row-major strides, in elements."""
-    strides, step = [], 1
-    for size in reversed(shape):
-        strides.append(step)
-        step = _mul(step, size)
-    return tuple(reversed(strides))
-
-
-def _mul(a, b):
-    if isinstance(a, int) and isinstance(b, int):
-        return a * b
-    return S.as_size(sympy.expand(sympy.sympify(a) * sympy.sympify(b))) if a != 0 and b != 0 else 0
-
-
-def _same(a, b) -> bool:
-    if isinstance(a, int) and isinstance(b, int):
-        return a == b
-    return sympy.expand(sympy.sympify(a) - sympy.sympify(b)) == 0
-
-
-def _is_one(size) -> bool:
-    return isinstance(size, int) and size == 1
-
-
-def _numel(shape):
-    return S.numel(shape)
-
-
-def buffer_view(buffer: Buffer, shape) -> View:
-    """A contiguous view of a whole buffer."""
-    return View("buffer", tuple(shape), buffer.dtype, contiguous_strides(shape), 0, buffer)
-
-
-def literal_view(value, shape, dtype) -> View:
-    """A value equal to `value` everywhere (every stride 0)."""
-    return View("literal", tuple(shape), dtype, (0,) * len(shape), 0, None, value)
-
-
-def is_contiguous(view: View) -> bool:
-    """Whether the view reads its elements in row-major order with no gaps (size-1 axes ignored)."""
-    expected = contiguous_strides(view.shape)
-    return view.kind == "buffer" and all(_is_one(s) or _same(a, b)
-                                          for s, a, b in zip(view.shape, view.strides, expected))
-
-
-def broadcast_view(view: View, shape) -> View:
-    """The view read at the broadcast `shape` (NumPy rules: new axes and size-1 axes get stride 0)."""
-    shape = tuple(shape)
-    if view.shape == shape:
-        return view
-    lead = len(shape) - len(view.shape)
-    strides = [0] * lead
-    for size, stride, target in zip(view.shape, view.strides, shape[lead:]):
-        strides.append(0 if _is_one(size) and not _is_one(target) else stride)
-    return replace(view, shape=shape, strides=tuple(strides))
-
-
-def transpose_view(view: View, perm) -> View:
-    """The view with its axes permuted: only the strides move."""
-    return replace(view, shape=tuple(view.shape[p] for p in perm),
-                   strides=tuple(view.strides[p] for p in perm))
-
-
-def slice_view(view: View, starts, steps, shape) -> View:
-    """The window of the view from `starts` by `steps` on each axis: its offset moves to the first
-    element, its strides scale by the steps."""
-    offset = view.offset
-    for start, stride in zip(starts, view.strides):
-        offset = offset + _mul(start, stride) if not (isinstance(start, int) and start == 0) else offset
-    return replace(view, shape=tuple(shape), offset=S.as_size(offset) if not isinstance(offset, int) else offset,
-                   strides=tuple(_mul(stride, step) for stride, step in zip(view.strides, steps)))
-
-
-def reshape_view(view: View, shape) -> View | None:
-    """The view as `shape` without moving data, or None when that needs a copy."""
-    shape = tuple(shape)
-    if view.kind == "literal":
-        return replace(view, shape=shape, strides=(0,) * len(shape))
-    if is_contiguous(view):
-        return replace(view, shape=shape, strides=contiguous_strides(shape))
-    # Only size-1 axes added or removed: keep the other axes' strides.
-    old = [(s, st) for s, st in zip(view.shape, view.strides) if not _is_one(s)]
-    new = [s for s in shape if not _is_one(s)]
-    if len(old) == len(new) and all(_same(a, b) for (a, _), b in zip(old, new)):
-        it = iter(st for _, st in old)
-        return replace(view, shape=shape, strides=tuple(0 if _is_one(s) else next(it) for s in shape))
-    return None
-
-
-def collapse(shape, stride_lists: list[tuple]) -> tuple[tuple, list[tuple]]:
-    """Merge adjacent axes that every operand steps through as one (fewer, longer loops).
-
-    Axes of size 1 are dropped first. Axes a, a+1 merge when, for every
-    operand, stride[a] == stride[a+1] * size[a+1].
-    """
-    keep = [a for a, s in enumerate(shape) if not _is_one(s)]
-    shape = [shape[a] for a in keep]
-    strides = [[st[a] for a in keep] for st in stride_lists]
-    a = len(shape) - 2
-    while a >= 0:
-        if all(_same(st[a], _mul(st[a + 1], shape[a + 1])) for st in strides):
-            shape[a:a + 2] = [_mul(shape[a], shape[a + 1])]
-            for st in strides:
-                st[a:a + 2] = [st[a + 1]]
-        a -= 1
-    return tuple(shape), [tuple(st) for st in strides]
-
-
-# ---- kernels ----------------------------------------------------------------------
-
-@dataclass(eq=False)
-class Operand:
-    """One value a loop kernel reads: local `name`, through `view` (at the kernel's loop shape)."""
-
-    name: str
-    view: View
-    label: str
-
-
-@dataclass(eq=False)
-class Statement:
-    """`name = expr(args)` for one node: args cast to `compute_dtype`, the result converted to `dtype`."""
-
-    name: str
-    node: Value
-    expr: Any            # sympy expression over elementwise ARGS
-    args: list[str]      # local names of the operands, in ARGS order
-    arg_dtypes: list[str]
-    compute_dtype: str
-    dtype: str
-    line: str            # the IR text line it computes
-
-
-@dataclass(eq=False)
-class LoopKernel:
-    """Elementwise work: for every index of `shape`, run `statements`, store `result` to `out`."""
-
-    name: str
-    lines: list[str]
-    shape: tuple          # the loop nest, after collapsing
-    out: Buffer
-    out_view: View        # at `shape`
-    operands: list[Operand]
-    statements: list[Statement]
-    result: str
-    numel: Any
-    kind: str = "loop"
-
-
-@dataclass(eq=False)
-class ReduceKernel:
-    """`op` (sum, max, argmax) of `input` over `reduced` axes, for every index of `kept` axes.
-
-    A fused reduction (an elementwise prologue such as `exp(x - m)` computed
-    inside the reduction loop) has `operands` and `statements`: each operand's
-    view is at the loop shape [*kept sizes, *reduced sizes], and the reduced
-    element is the local `result`; `input` is then a placeholder of kind
-    "fused" (no buffer) and the strides in `kept` / `reduced` are unused.
-    """
-
-    name: str
-    lines: list[str]
-    op: str
-    input: View
-    kept: list[tuple]     # (size, input stride), outer to inner; the output is contiguous over them
-    reduced: list[tuple]  # (size, input stride)
-    out: Buffer
-    acc_dtype: str
-    numel: Any            # elements read
-    kind: str = "reduce"
-    operands: list = field(default_factory=list)     # Operand, for a fused prologue
-    statements: list = field(default_factory=list)   # Statement, for a fused prologue
-    result: str = ""
-    # A fused epilogue (`log(sum)`, `loss * -1/B`): after the reduction, the reduced value (local
-    # REDUCED, of dtype `reduced_dtype`) goes through `epilogue_statements`; each epilogue operand
-    # is a literal or a buffer laid out as the output (read at the output's own index); `out`
-    # receives `epilogue_result`.
-    epilogue: list = field(default_factory=list)
-    epilogue_statements: list = field(default_factory=list)
-    epilogue_result: str = ""
-    reduced_dtype: str = ""
-
-
-@dataclass(eq=False)
-class MatmulKernel:
-    """out[M,N] = a[M,K] @ b[K,N], both read through strides (a transpose costs no copy).
-
-    A fused epilogue (`relu(a @ b + bias)`): each element of the product, the local PRODUCT,
-    goes through `epilogue_statements` as it is stored; each epilogue operand's view is at
-    [M, N] (read at the element's (row, col)), and `out` receives `epilogue_result`.
-    """
-
-    name: str
-    lines: list[str]
-    a: View
-    b: View
-    out: Buffer
-    M: Any
-    N: Any
-    K: Any
-    kind: str = "matmul"
-    epilogue: list = field(default_factory=list)             # Operand
-    epilogue_statements: list = field(default_factory=list)  # Statement
-    epilogue_result: str = ""
-
-
-@dataclass(eq=False)
-class RowReduction:
-    """One accumulator of a row pass: `op` (sum, max) of the element local `value` into `acc`
-    (of `acc_dtype`), finished per row as the local `name` of `dtype`."""
-
-    name: str
-    acc: str
-    op: str
-    value: str
-    acc_dtype: str
-    dtype: str
-    line: str
-
-
-@dataclass(eq=False)
-class RowStore:
-    """`view`'s buffer receives the local `value` at the view's index (at the kernel's loop shape)."""
-
-    value: str
-    view: View
-    label: str
-
-
-@dataclass(eq=False)
-class RowPass:
-    """One loop over a row's elements, then what follows it once per row.
-
-    Per element: load `operands`, run `statements`, fold each of `reductions`,
-    write `stores`. Then per row: finish the reductions into their locals, run
-    `after` (per-row maps, such as log(sum)), write `row_stores`.
-    """
-
-    operands: list
-    statements: list
-    reductions: list
-    stores: list
-    after: list
-    row_stores: list
-
-
-@dataclass(eq=False)
-class RowKernel:
-    """Row reductions and maps over the same rows in one kernel: for every row (the `rows` loop
-    axes, outer to inner), `operands` are loaded once, then `passes` run in order over the row's
-    `size` elements, each reading the per-row values of the passes before it (softmax: max, then
-    sum(exp(z - m)), then the outputs). Every view is at the loop shape [*rows, size]."""
-
-    name: str
-    lines: list[str]
-    rows: list            # loop sizes of the row axes (merged where every view allows)
-    size: Any             # elements per row
-    operands: list        # Operand, read once per row (stride 0 along the row)
-    passes: list          # RowPass
-    numel: Any            # elements per (rows, size) array
-    kind: str = "row"
-
-    @property
-    def outs(self) -> list:
-        """The buffers the kernel writes, each once."""
-        seen: dict[int, Buffer] = {}
-        for p in self.passes:
-            for st in [*p.stores, *p.row_stores]:
-                seen.setdefault(id(st.view.buffer), st.view.buffer)
-        return list(seen.values())
-
-    def summary(self) -> str:
-        """What the kernel does in words, for the report: "row kernel: max, sum (3 passes), 2 outputs"."""
-        ops = [r.op for p in self.passes for r in p.reductions]
-        return f"row kernel: {', '.join(ops)} ({len(self.passes)} passes), {len(self.outs)} outputs"
-
-
-@dataclass
-class Plan:
-    """Everything a backend needs to emit one program."""
-
-    graph: Graph
-    dims: list                     # Dim symbols, in the order of the entry point's dims argument
-    inputs: list[Buffer]
-    variables: list[Buffer]
-    outputs: list[Buffer]
-    workspace: list[Buffer]
-    consts: list[Buffer]
-    kernels: list                  # compute kernels, then output copies, then update copies
-    header: str                    # the graph's text form
-    variable_nodes: list = field(default_factory=list)  # the variable node of each variables[k]
-    choices: list = field(default_factory=list)         # save / recompute decisions, for the report
-    in_place: list = field(default_factory=list)        # variables whose new value is written in place
+from .plan import (PRODUCT, REDUCED, LoopKernel, MatmulKernel, Operand, Plan, ReduceKernel, RowKernel,  # noqa: F401
+                   RowPass, RowReduction, RowStore, Statement, kernel_reads, kernel_writes, swap_buffers)
+from .views import (Buffer, View, broadcast_view, buffer_view, collapse, contiguous_strides,  # noqa: F401
+                    is_contiguous, literal_view, merge_loop_axes, merge_strided_axes, reshape_view, slice_view,
+                    transpose_view, _numel, _same)
+
+# What other modules have imported from here (the plan types and view algebra live in plan.py and views.py).
+_reads, _writes = kernel_reads, kernel_writes
 
 
 # ---- the lowering itself ----------------------------------------------------------
 
-REDUCED = "red"    # the local name of a reduced value inside a fused epilogue
-PRODUCT = "prod"   # the local name of a matmul's element inside a fused epilogue
 
 class LoweringError(NotImplementedError):
     """A node the lowering has no rule for."""
@@ -590,19 +265,18 @@ class _RowLowering:
         for p in passes:
             views += [o.view for o in p.operands] + [s.view for s in [*p.stores, *p.row_stores]]
         per_axis = [(size, tuple(v.strides[a] for v in views)) for a, size in enumerate(g.rows)]
-        merged = _merge_multi(per_axis)
+        merged = merge_loop_axes(per_axis)
         shape = (*[size for size, _ in merged], g.size)
 
         def at_loop(view: View, k: int) -> View:
             return replace(view, shape=shape, strides=(*[st[k] for _, st in merged], view.strides[-1]))
-        k = 0
-        for o in row_ops:
-            o.view, k = at_loop(o.view, k), k + 1
-        for p in passes:
-            for o in p.operands:
-                o.view, k = at_loop(o.view, k), k + 1
-            for st in [*p.stores, *p.row_stores]:
-                st.view, k = at_loop(st.view, k), k + 1
+        position = iter(range(len(views)))  # the views' order above: each one's column of `merged`
+
+        def each(items: list) -> list:
+            return [replace(o, view=at_loop(o.view, next(position))) for o in items]
+        row_ops = each(row_ops)
+        passes = [replace(p, operands=each(p.operands), stores=each(p.stores), row_stores=each(p.row_stores))
+                  for p in passes]
         first = g.members[0]
         label = self.name(first)
         label = label if label.startswith("t") and label[1:].isdigit() else f"n{self.order[id(first)]}"
@@ -614,7 +288,7 @@ class _RowLowering:
         part = self.row_partials[id(node)]
         rows = part.shape
         return self._emit_reduce(node, [f"{self.line(node)} (the sum of the per-row parts)"], "sum", part, [],
-                                 _merge([(s, st) for s, st in zip(rows, part.strides)]), part.dtype, epilogue)
+                                 merge_strided_axes([(s, st) for s, st in zip(rows, part.strides)]), part.dtype, epilogue)
 
 
 class _Lowerer(FusionDecisions, RowDecisions, _RowLowering):
@@ -743,8 +417,11 @@ class _Lowerer(FusionDecisions, RowDecisions, _RowLowering):
                 continue
             k = self.var_pos[id(target)]
             self.copy(new, view, self.variables[k], f"update {self.name(target)} <- {self.name(new)}")
-        for k, b in enumerate(self.workspace):  # close the gaps left by retargeted temporaries
-            b.index, b.name = k, f"ws{k}"
+        renumbered = {id(b): replace(b, index=k, name=f"ws{k}")  # close the gaps left by retargeted temporaries
+                      for k, b in enumerate(self.workspace) if b.index != k}
+        if renumbered:
+            self.kernels = [swap_buffers(k, renumbered) for k in self.kernels]
+            self.workspace = [renumbered.get(id(b), b) for b in self.workspace]
         header = str(self.graph)
         return Plan(self.graph, self.dims, self.inputs, self.variables, self.outputs, self.workspace,
                     self.consts, self.kernels, header, self.variable_nodes, self.choices,
@@ -768,8 +445,8 @@ class _Lowerer(FusionDecisions, RowDecisions, _RowLowering):
 
     def retarget(self, old: Buffer, new: Buffer) -> None:
         """Every kernel and view that used the temporary `old` uses `new` instead."""
-        for kernel in self.kernels:
-            _substitute(kernel, old, new)
+        self.kernels = [swap_buffers(k, {id(old): new})
+                        if any(b is old for b in [*kernel_reads(k), *kernel_writes(k)]) else k for k in self.kernels]
         for key, view in self.views.items():
             if view.buffer is old:
                 self.views[key] = replace(view, buffer=new)
@@ -795,11 +472,11 @@ class _Lowerer(FusionDecisions, RowDecisions, _RowLowering):
                 continue
             if any(other is not view and other.buffer is buf for _, _, other in finals):
                 continue  # another update reads this temporary too
-            producer = next((i for i, k in enumerate(self.kernels) if buf in _writes(k)), None)
+            producer = next((i for i, k in enumerate(self.kernels) if any(b is buf for b in kernel_writes(k))), None)
             if producer is None or not isinstance(self.kernels[producer], LoopKernel):
                 continue
             kernel = self.kernels[producer]
-            if any(var in _reads(k) for k in self.kernels[producer + 1:]):
+            if any(any(b is var for b in kernel_reads(k)) for k in self.kernels[producer + 1:]):
                 continue
             aligned = all(o.view.buffer is not var or (
                 all(_same(a, b) for a, b in zip(o.view.strides, kernel.out_view.strides))
@@ -935,7 +612,7 @@ class _Lowerer(FusionDecisions, RowDecisions, _RowLowering):
         axes = node.attrs["axes"]
         kept = [(s, st) for a, (s, st) in enumerate(zip(src.shape, src.strides)) if a not in axes]
         reduced = [(s, st) for a, (s, st) in enumerate(zip(src.shape, src.strides)) if a in axes]
-        kept, reduced = _merge(kept), _merge(reduced)
+        kept, reduced = merge_strided_axes(kept), merge_strided_axes(reduced)
         op = node.op.name
         acc = node.dtype
         if op == "sum" and node.dtype == "float32":
@@ -949,14 +626,13 @@ class _Lowerer(FusionDecisions, RowDecisions, _RowLowering):
         (x,) = node.inputs
         root = node if epilogue is None else epilogue[0]
         out = self.alloc(root)
-        kernel = ReduceKernel(self.kernel_name(root), lines, op, src, kept, reduced, out, acc, _numel(x.shape),
-                              **prologue)
         if epilogue is not None:
             _, operands, statements, result = epilogue
-            kernel.lines = lines + [st.line for st in statements]
-            kernel.epilogue, kernel.epilogue_statements = operands, statements
-            kernel.epilogue_result, kernel.reduced_dtype = result, node.dtype
-        self.kernels.append(kernel)
+            lines = lines + [st.line for st in statements]
+            prologue.update(epilogue=operands, epilogue_statements=statements, epilogue_result=result,
+                            reduced_dtype=node.dtype)
+        self.kernels.append(ReduceKernel(self.kernel_name(root), lines, op, src, kept, reduced, out, acc,
+                                         _numel(x.shape), **prologue))
         return buffer_view(out, root.shape)
 
     def fused_reduce(self, node: Value, epilogue=None) -> View:
@@ -966,8 +642,8 @@ class _Lowerer(FusionDecisions, RowDecisions, _RowLowering):
         operands, statements, result = self._fused_body(x, x.shape)
         order = [a for a in range(x.ndim) if a not in axes] + list(axes)
         per_axis = [(x.shape[a], tuple(o.view.strides[a] for o in operands)) for a in order]
-        kept = _merge_multi(per_axis[:x.ndim - len(axes)])
-        reduced = _merge_multi(per_axis[x.ndim - len(axes):])
+        kept = merge_loop_axes(per_axis[:x.ndim - len(axes)])
+        reduced = merge_loop_axes(per_axis[x.ndim - len(axes):])
         loop_shape = tuple(s for s, _ in [*kept, *reduced])
         operands = [replace(o, view=replace(o.view, shape=loop_shape,
                                             strides=tuple(st[k] for _, st in [*kept, *reduced])))
@@ -996,85 +672,14 @@ class _Lowerer(FusionDecisions, RowDecisions, _RowLowering):
             views.append(view)
         root = node if epilogue_root is None else epilogue_root
         out = self.alloc(root)
-        kernel = MatmulKernel(self.kernel_name(root), [self.line(node)], views[0], views[1], out,
-                              node.shape[0], node.shape[1], a.shape[1])
+        name, lines, epilogue = self.kernel_name(root), [self.line(node)], {}
         if epilogue_root is not None:
             operands, statements, result = self._fused_body(root, root.shape, {id(node): PRODUCT})
-            kernel.lines += [st.line for st in statements]
-            kernel.epilogue, kernel.epilogue_statements, kernel.epilogue_result = operands, statements, result
-        self.kernels.append(kernel)
+            lines += [st.line for st in statements]
+            epilogue = dict(epilogue=operands, epilogue_statements=statements, epilogue_result=result)
+        self.kernels.append(MatmulKernel(name, lines, views[0], views[1], out, node.shape[0], node.shape[1],
+                                         a.shape[1], **epilogue))
         return buffer_view(out, root.shape)
-
-
-def _reads(kernel) -> list:
-    """The buffers a kernel reads."""
-    if isinstance(kernel, RowKernel):
-        operands = [*kernel.operands, *(o for p in kernel.passes for o in p.operands)]
-        return [o.view.buffer for o in operands if o.view.buffer is not None]
-    if isinstance(kernel, LoopKernel):
-        return [o.view.buffer for o in kernel.operands if o.view.buffer is not None]
-    if isinstance(kernel, ReduceKernel):
-        extra = [o.view.buffer for o in kernel.epilogue if o.view.buffer is not None]
-        if kernel.operands:
-            return [o.view.buffer for o in kernel.operands if o.view.buffer is not None] + extra
-        return ([kernel.input.buffer] if kernel.input.buffer is not None else []) + extra
-    return [kernel.a.buffer, kernel.b.buffer] + [o.view.buffer for o in kernel.epilogue if o.view.buffer is not None]
-
-
-def _writes(kernel) -> list:
-    """The buffers a kernel writes."""
-    return kernel.outs if isinstance(kernel, RowKernel) else [kernel.out]
-
-
-def _substitute(kernel, old: Buffer, new: Buffer) -> None:
-    """Make `kernel` read and write `new` wherever it used `old`."""
-    def swap(view: View) -> View:
-        return replace(view, buffer=new) if view.buffer is old else view
-
-    def swap_all(operands: list) -> list:  # untouched operands stay the same objects (cheap)
-        return [replace(o, view=swap(o.view)) if o.view.buffer is old else o for o in operands]
-    if isinstance(kernel, RowKernel):
-        kernel.operands = swap_all(kernel.operands)
-        for p in kernel.passes:
-            p.operands = swap_all(p.operands)
-            p.stores, p.row_stores = swap_all(p.stores), swap_all(p.row_stores)
-        return
-    if kernel.out is old:
-        kernel.out = new
-    if isinstance(kernel, LoopKernel):
-        kernel.out_view = swap(kernel.out_view)
-        kernel.operands = swap_all(kernel.operands)
-    elif isinstance(kernel, ReduceKernel):
-        kernel.input = swap(kernel.input)
-        kernel.operands = swap_all(kernel.operands)
-        kernel.epilogue = swap_all(kernel.epilogue)
-    else:
-        kernel.a, kernel.b = swap(kernel.a), swap(kernel.b)
-        kernel.epilogue = swap_all(kernel.epilogue)
-
-
-def _merge(axes: list[tuple]) -> list[tuple]:
-    """Merge adjacent (size, stride) loop axes that step as one; drop size-1 axes."""
-    axes = [(s, st) for s, st in axes if not _is_one(s)]
-    k = len(axes) - 2
-    while k >= 0:
-        (s0, st0), (s1, st1) = axes[k], axes[k + 1]
-        if _same(st0, _mul(st1, s1)):
-            axes[k:k + 2] = [(_mul(s0, s1), st1)]
-        k -= 1
-    return axes
-
-
-def _merge_multi(axes: list[tuple]) -> list[tuple]:
-    """`_merge` for several operands at once: (size, strides tuple) axes merge when all operands agree."""
-    axes = [(s, st) for s, st in axes if not _is_one(s)]
-    k = len(axes) - 2
-    while k >= 0:
-        (s0, st0), (s1, st1) = axes[k], axes[k + 1]
-        if all(_same(a, _mul(b, s1)) for a, b in zip(st0, st1)):
-            axes[k:k + 2] = [(_mul(s0, s1), st1)]
-        k -= 1
-    return axes
 
 
 def _compute_dtype(node: Value) -> str:

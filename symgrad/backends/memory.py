@@ -23,7 +23,8 @@ import sympy
 from ..ir import dtypes as D
 from ..ir import shapes as S
 from ..ir.registry import MOVEMENT, SOURCE
-from .lowering import DEFAULT_DIM, Plan, _reads, _writes
+from .fusion import DEFAULT_DIM
+from .plan import Plan, kernel_reads as _reads, kernel_writes as _writes
 
 
 @dataclass
