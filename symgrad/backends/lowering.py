@@ -1,26 +1,21 @@
 """Lowering: a graph becomes a kernel plan, the same for every compiled backend.
 
-The plan says which buffers exist (inputs, variables, outputs, one workspace
-of temporaries, constant arrays), how every value is read (a `View`: a
-buffer with per-axis strides, a literal, or an index), and which kernels run
-in which order. Movement ops cost nothing: reshape of a contiguous value,
-transpose and expand only change the strides a consumer reads through;
-matmul reads transposed operands through their strides. Chains of
-elementwise nodes whose value has one elementwise user are fused into that
-user's loop, one statement per node; an elementwise prologue read by a
-row-wise reduction runs inside the reduction's loop, and an elementwise
-epilogue of a row-wise reduction runs as each reduced value is stored; with
-`matmul_epilogues`, an elementwise chain reading a matmul's product (bias add
-and activation, relu's backward mask) runs as the GEMM stores each element; a
-cheap elementwise value read by several kernels is recomputed in each. The
-kernels run in an order that keeps few bytes live (symgrad.backends.fusion
-decides all that; symgrad.backends.memory plans the workspace arena).
+`lower(graph)` takes the decisions of symgrad.backends.decisions (what is
+fused, which groups finish a reduction or a matmul in its kernel, the row
+groups, the kernel order) and builds the plan's kernels from them, walking
+the nodes in that order: a view per value (symgrad.backends.views: movement
+ops only change the strides a reader uses), a loop kernel per fused
+elementwise group (one statement per node), a reduction kernel (with its
+prologue and epilogue), a matmul kernel (with its epilogue), a row kernel
+per row group (symgrad.backends.row_kernels). Outputs and updates are copied
+into their buffers last, unless the memory sweeps of symgrad.backends.inplace
+let the kernels write them directly; symgrad.backends.memory then plans the
+workspace arena.
 
 Updates are functional: kernels write new variable values into
 temporaries, and copies into the variables run after every other kernel.
-
-The C backend renders the plan (symgrad/backends/c.py); a CUDA backend can
-render the same plan.
+The plan types (symgrad.backends.plan) and the view algebra are re-exported
+here for the modules that import them from the lowering.
 """
 
 from __future__ import annotations
@@ -31,29 +26,23 @@ import numpy as np
 import sympy
 
 from ..ir import dtypes as D
-from ..ir import shapes as S
 from ..ir.elementwise import ARGS
 from ..ir.graph import Graph
-from ..ir.printing import Namer, node_line
+from ..ir.printing import node_line
 from ..ir.registry import CUSTOM, ELEMENTWISE, MATMUL, MOVEMENT, REDUCE, SOURCE
 from ..ir.value import Value
-from .fusion import DEFAULT_DIM, FusionDecisions  # noqa: F401 -- DEFAULT_DIM: re-exported for the backends
-from .rows import RowDecisions
+from .decisions import decide, graph_namer
+from .fusion import DEFAULT_DIM  # noqa: F401 -- re-exported for the backends
+from .inplace import alias_output, renumber_workspace, write_in_place
+from .row_kernels import LoweringError, compute_dtype, lower_row_group
 from .plan import (PRODUCT, REDUCED, LoopKernel, MatmulKernel, Operand, Plan, ReduceKernel, RowKernel,  # noqa: F401
-                   RowPass, RowReduction, RowStore, Statement, kernel_reads, kernel_writes, swap_buffers)
+                   RowPass, RowReduction, RowStore, Statement, kernel_reads, kernel_writes)
 from .views import (Buffer, View, broadcast_view, buffer_view, collapse, contiguous_strides,  # noqa: F401
                     is_contiguous, literal_view, merge_loop_axes, merge_strided_axes, reshape_view, slice_view,
-                    transpose_view, _numel, _same)
+                    transpose_view, _numel)
 
 # What other modules have imported from here (the plan types and view algebra live in plan.py and views.py).
 _reads, _writes = kernel_reads, kernel_writes
-
-
-# ---- the lowering itself ----------------------------------------------------------
-
-
-class LoweringError(NotImplementedError):
-    """A node the lowering has no rule for."""
 
 
 def _c_ident(text: str) -> str:
@@ -62,236 +51,7 @@ def _c_ident(text: str) -> str:
     return out or "_"
 
 
-class _RowContext:
-    """Where `_RowLowering._row_value` puts what it computes: one pass (element level) or the row level."""
-
-    def __init__(self, local: dict, row_level: bool, compute: set, shape=None):
-        self.local = local          # key -> local name (key: id(node), or ("row", id(node)) per row)
-        self.row_level = row_level
-        self.compute = compute      # ids of non-fused nodes computed here (this pass's maps)
-        self.shape = shape          # per row: the shape the leaves broadcast to (the member's)
-        self.operands: list = []
-        self.statements: list = []
-
-    def key(self, node: Value):
-        return ("row", id(node)) if self.row_level else id(node)
-
-
-class _RowLowering:
-    """Carries out RowDecisions (mixed into `_Lowerer`): one RowKernel per row group."""
-
-    def row_group(self, node: Value) -> None:
-        """Emit the kernel of `node`'s row group, once: at its first member in the schedule (the
-        schedule makes every member wait for all that the group reads)."""
-        g = self.row_of[id(node)]
-        if id(g) in self.rows_done:
-            return
-        self.rows_done.add(id(g))
-        rows, full = tuple(g.rows), (*g.rows, g.size)
-        inside = {id(n) for n in [*g.members, *g.partials]}
-        members = {id(n) for n in g.members}
-        alias: dict[int, Value] = {}
-        for a in g.aliases:
-            alias[id(a)] = alias.get(id(a.inputs[0]), a.inputs[0])
-        leaves = {id(n): [alias.get(id(l), l) for l in self._leaves(n)] for n in [*g.members, *g.partials]}
-
-        def per_row(n):
-            return n.op.kind == REDUCE or tuple(n.shape) != full
-        # Which pass computes each map and reduction; after which pass each per-row value is ready.
-        pass_of, ready = {}, {}
-        work = sorted([*g.members, *g.partials], key=lambda n: self.order[id(n)])
-        for n in work:
-            k = max([ready[id(l)] if per_row(l) else pass_of[id(l)] for l in leaves[id(n)] if id(l) in members],
-                    default=0)
-            if n.op.kind == REDUCE:
-                pass_of[id(n)] = k
-                ready[id(n)] = k + 1
-            elif per_row(n):
-                ready[id(n)] = k
-            else:
-                pass_of[id(n)] = k
-        outside = {id(v) for v in self.graph.outputs} | {id(new) for _, new in self.graph.updates}
-
-        escaping: dict[int, bool] = {}  # id(node) -> escapes(node), for the members and what they reach
-
-        def escapes(n) -> bool:
-            """Whether a kernel other than this one reads n (so it is stored): a graph end, or a
-            reader outside the group, directly or through fused nodes and aliases (which other
-            kernels compute or view themselves). A post-order walk on an explicit stack, each
-            node's answer kept: members share long fused chains."""
-            stack = [(n, False)]
-            while stack:
-                v, readers_done = stack.pop()
-                if id(v) in escaping:
-                    continue
-                through = [u for u in self.graph.users[id(v)] if id(u) not in inside
-                           and (id(u) in self.fused or id(u) in alias)]
-                if readers_done:
-                    escaping[id(v)] = any(escaping[id(u)] for u in through)
-                elif id(v) in outside or any(id(u) not in inside and id(u) not in self.fused
-                                             and id(u) not in alias for u in self.graph.users[id(v)]):
-                    escaping[id(v)] = True
-                else:
-                    stack.append((v, True))
-                    stack.extend((u, False) for u in through)
-            return escaping[id(n)]
-        later = {id(l) for n in work for l in leaves[id(n)] if id(l) in members and not per_row(l)
-                 and pass_of[id(l)] < pass_of[id(n)]}
-        row_local: dict = {}
-        row_ops: list[Operand] = []
-        passes, lines = [], []
-        self._row_state = (rows, full, alias, row_local, row_ops)
-        npasses = max(pass_of.values()) + 1
-        computed_in = [[] for _ in range(npasses)]  # per pass: its maps and reductions, in work order
-        ready_after = [[] for _ in range(npasses)]  # per pass: the per-row maps ready once it is done
-        for n in work:
-            if id(n) in pass_of:
-                computed_in[pass_of[id(n)]].append(n)
-            elif n.op.kind != REDUCE and 1 <= ready[id(n)] <= npasses:
-                ready_after[ready[id(n)] - 1].append(n)
-        nreductions = 0  # over the passes so far: the number of the next accumulator's name
-        for k in range(npasses):
-            here = computed_in[k]
-            ctx = _RowContext(dict(row_local), False, {id(n) for n in here if n.op.kind != REDUCE})
-            reductions, stores, row_stores = [], [], []
-            for n in here:
-                if n.op.kind == REDUCE:
-                    value = self._row_value(n.inputs[0], ctx)
-                    split = id(n) in self.row_partial
-                    acc = "float64" if n.op.name == "sum" and n.dtype == "float32" else n.dtype
-                    index = nreductions + len(reductions)
-                    name = f"p{index}"
-                    reductions.append(RowReduction(name, f"a{index}", n.op.name, value, acc,
-                                                   acc if split else n.dtype,
-                                                   self.line(n) + (" (this row's part)" if split else "")))
-                    if split:  # a full sum: this row's part, in the accumulator's precision
-                        buf = self.alloc(n, shape=rows, dtype=acc)
-                        self.row_partials[id(n)] = buffer_view(buf, rows)
-                        row_stores.append(RowStore(name, self._per_row_view(buffer_view(buf, rows)),
-                                                   f"{self.name(n)}, per row"))
-                    else:
-                        self._row_define(n, name)
-                        if escapes(n):
-                            row_stores.append(self._row_store(n, name))
-                else:
-                    value = self._row_value(n, ctx)
-                    if escapes(n) or id(n) in later:
-                        buf = self.alloc(n)
-                        self.views[id(n)] = buffer_view(buf, n.shape)
-                        stores.append(RowStore(value, broadcast_view(self.views[id(n)], full), self.name(n)))
-            after = []
-            for n in ready_after[k]:
-                rctx = _RowContext(row_local, True, {id(n)}, tuple(n.shape))
-                value = self._row_value(n, rctx)
-                after.extend(rctx.statements)
-                self._row_define(n, value)
-                if escapes(n):
-                    row_stores.append(self._row_store(n, value))
-            passes.append(RowPass(ctx.operands, ctx.statements, reductions, stores, after, row_stores))
-            nreductions += len(reductions)
-            lines += [st.line for st in ctx.statements] + [r.line for r in reductions] + [st.line for st in after]
-        for a in g.aliases:  # reshapes and expands of stored members read by other kernels
-            if id(a.inputs[0]) in self.views:
-                self.views[id(a)] = self.movement(a)
-        self.kernels.append(self._row_kernel(g, list(dict.fromkeys(lines)), row_ops, passes))
-
-    def _row_define(self, n: Value, name: str) -> None:
-        """Record the per-row local of member `n`: read per row always, and by full-row maps when
-        broadcasting it along the row is NumPy's reading (its shape ends in 1, or there are no row axes)."""
-        rows, full, _, row_local, _ = self._row_state
-        row_local[("row", id(n))] = name
-        if tuple(n.shape) != rows or not rows:
-            row_local[id(n)] = name
-
-    def _per_row_view(self, view: View) -> View:
-        """A per-row view (shape rows or rows + (1,)) read at the full shape: stride 0 along the row."""
-        rows, full = self._row_state[:2]
-        if tuple(view.shape) != (*rows, 1):
-            view = reshape_view(view, (*rows, 1))
-            if view is None:
-                raise LoweringError("a per-row value that cannot be viewed with a trailing axis")
-        return broadcast_view(replace(view, strides=view.strides[:-1] + (0,)), full)
-
-    def _row_store(self, n: Value, name: str) -> RowStore:
-        """A per-row member stored for other kernels (its own buffer, laid out as its shape)."""
-        buf = self.alloc(n)
-        self.views[id(n)] = buffer_view(buf, n.shape)
-        return RowStore(name, self._per_row_view(self.views[id(n)]), self.name(n))
-
-    def _row_value(self, n: Value, ctx: _RowContext) -> str:
-        """The local holding `n` where `ctx` runs: computed there (fused nodes and the maps of this
-        pass, one statement per node), taken from an earlier pass, or loaded.
-
-        A post-order walk on an explicit stack (a fused chain may be thousands of nodes long),
-        inputs left to right: statements and operands are numbered in the order they are first
-        needed."""
-        rows, full, alias, row_local, row_ops = self._row_state
-        stack = [(n, False)]
-        while stack:
-            v, inputs_done = stack.pop()
-            key = ctx.key(v)
-            if key in ctx.local:
-                continue
-            if id(v) in alias:  # a reshape or expand of a member: its per-row value
-                name = ctx.local[("row", id(alias[id(v)]))]
-            elif id(v) in self.fused or id(v) in ctx.compute:
-                if not inputs_done:
-                    stack.append((v, True))
-                    stack.extend((i, False) for i in reversed(v.inputs))
-                    continue
-                args = [ctx.local[ctx.key(i)] for i in v.inputs]
-                name = self.name(v)
-                ctx.statements.append(Statement(name, v, v.op.expr, args, [i.dtype for i in v.inputs],
-                                                _compute_dtype(v), v.dtype, self.line(v)))
-            else:
-                view = self.views[id(v)]
-                if ctx.row_level:
-                    view = self._per_row_view(broadcast_view(view, ctx.shape))
-                else:
-                    view = broadcast_view(view, full)
-                if ctx.row_level or view.strides[-1] == 0:  # the same all along the row: loaded once per row
-                    name = f"u{len(row_ops)}"
-                    row_ops.append(Operand(name, view, self.name(v)))
-                    row_local[key] = name
-                else:
-                    name = f"v{len(ctx.operands)}"
-                    ctx.operands.append(Operand(name, view, self.name(v)))
-            ctx.local[key] = name
-        return ctx.local[ctx.key(n)]
-
-    def _row_kernel(self, g, lines: list, row_ops: list, passes: list) -> "RowKernel":
-        """The RowKernel, its views' row axes merged where every view steps through them as one."""
-        views = [o.view for o in row_ops]
-        for p in passes:
-            views += [o.view for o in p.operands] + [s.view for s in [*p.stores, *p.row_stores]]
-        per_axis = [(size, tuple(v.strides[a] for v in views)) for a, size in enumerate(g.rows)]
-        merged = merge_loop_axes(per_axis)
-        shape = (*[size for size, _ in merged], g.size)
-
-        def at_loop(view: View, k: int) -> View:
-            return replace(view, shape=shape, strides=(*[st[k] for _, st in merged], view.strides[-1]))
-        position = iter(range(len(views)))  # the views' order above: each one's column of `merged`
-
-        def each(items: list) -> list:
-            return [replace(o, view=at_loop(o.view, next(position))) for o in items]
-        row_ops = each(row_ops)
-        passes = [replace(p, operands=each(p.operands), stores=each(p.stores), row_stores=each(p.row_stores))
-                  for p in passes]
-        first = g.members[0]
-        label = self.name(first)
-        label = label if label.startswith("t") and label[1:].isdigit() else f"n{self.order[id(first)]}"
-        return RowKernel(f"k{len(self.kernels)}_rows_{label}", lines, [size for size, _ in merged], g.size,
-                         row_ops, passes, _numel((*g.rows, g.size)))
-
-    def cross_row_sum(self, node: Value, epilogue=None) -> View:
-        """The sum over rows of a split full sum's per-row parts (stored by its row kernel)."""
-        part = self.row_partials[id(node)]
-        rows = part.shape
-        return self._emit_reduce(node, [f"{self.line(node)} (the sum of the per-row parts)"], "sum", part, [],
-                                 merge_strided_axes([(s, st) for s, st in zip(rows, part.strides)]), part.dtype, epilogue)
-
-
-class _Lowerer(FusionDecisions, RowDecisions, _RowLowering):
+class _Lowerer:
     """One lowering: walks the graph in order, records a view per value and appends kernels."""
 
     def __init__(self, graph: Graph, variables=None, fuse_reduce: bool = True, recompute: bool = True,
@@ -303,16 +63,12 @@ class _Lowerer(FusionDecisions, RowDecisions, _RowLowering):
         missing = [v.name for v in graph.variables if all(v is not w for w in self.variable_nodes)]
         if missing:
             raise ValueError(f"lower: the graph reads variables {missing} that are not in `variables`")
-        self.fuse_reduce = fuse_reduce
-        self.name = Namer()
-        for v in [*graph.inputs, *self.variable_nodes, *graph.nodes]:
-            self.name(v)
-        self.order = {id(n): k for k, n in enumerate(graph.nodes)}
-        self.uses = {id(n): len(graph.users[id(n)]) for n in graph.nodes}
-        for v in graph.outputs:
-            self.uses[id(v)] += 1
-        for _, new in graph.updates:
-            self.uses[id(new)] += 1
+        self.name = graph_namer(graph, self.variable_nodes)
+        self.decisions = decisions = decide(graph, self.variable_nodes, fuse_reduce=fuse_reduce, recompute=recompute,
+                                            schedule=schedule, matmul_epilogues=matmul_epilogues)
+        self.fused, self.epilogue_of, self.epilogued = decisions.fused, decisions.epilogue_of, decisions.epilogued
+        self.row_of = decisions.row_of
+        self.order = {id(n): k for k, n in enumerate(decisions.order)}
         self.dims = list(graph.dims)
         # Positions by identity: Value.__eq__ builds a graph node, so list.index cannot be used.
         self.input_pos = {id(v): k for k, v in enumerate(graph.inputs)}
@@ -331,23 +87,9 @@ class _Lowerer(FusionDecisions, RowDecisions, _RowLowering):
         self.output_positions: dict[int, list[int]] = {}  # id(node) -> where it is among the outputs
         for k, v in enumerate(graph.outputs):
             self.output_positions.setdefault(id(v), []).append(k)
-        self.fused = {id(n) for n in graph.nodes if self._fusable(n)}
-        self.choices: list[dict] = []
-        if recompute:
-            self._choose_recompute()
-        self.epilogue_of: dict[int, Value] = {}   # id(elementwise root) -> the reduction or matmul it finishes
-        self.epilogued: set[int] = set()          # ids of reductions and matmuls whose kernel its epilogue emits
-        if fuse_reduce:
-            self._choose_epilogues()
-        self._choose_row_groups()
         self.rows_done: set[int] = set()       # ids of the row groups whose kernel is emitted
         self.row_partials: dict[int, View] = {}  # id(split full sum) -> its per-row parts
-        if matmul_epilogues:
-            self._choose_matmul_epilogues()
-        self.schedule = self._schedule() if schedule else self._graph_order()
-        self.order = {id(n): k for k, n in enumerate(self.schedule)}
 
-    # ---- decisions ------------------------------------------------------
     def kernel_name(self, node: Value) -> str:
         label = self.name(node)
         label = label if label.startswith("t") and label[1:].isdigit() else f"n{self.order[id(node)]}"
@@ -372,10 +114,10 @@ class _Lowerer(FusionDecisions, RowDecisions, _RowLowering):
 
     # ---- per kind -------------------------------------------------------
     def lower(self) -> Plan:
-        for node in self.schedule:
+        for node in self.decisions.order:
             kind = node.op.kind
             if id(node) in self.row_of:
-                self.row_group(node)
+                self.row_group(self.row_of[id(node)])
             elif kind == SOURCE:
                 self.views[id(node)] = self.source(node)
             elif kind == MOVEMENT:
@@ -400,8 +142,14 @@ class _Lowerer(FusionDecisions, RowDecisions, _RowLowering):
                 raise LoweringError(f"no lowering for op {node.op.name!r} of kind {kind!r}")
         # Outputs not written in place by their kernel are copied into their buffers.
         for k, node in enumerate(self.graph.outputs):
-            if k not in self.out_claimed and not self.alias_output(k, node):
+            if k in self.out_claimed:
+                continue
+            aliased = alias_output(self.kernels, self.workspace, self.views, self.views[id(node)], self.outputs[k])
+            if aliased is None:
                 self.copy(node, self.views[id(node)], self.outputs[k], f"output {k}")
+            else:
+                self.kernels, self.workspace, self.views = aliased
+                self.out_claimed.add(k)
         # Updates: new values that live in a variable must be saved before any variable is written.
         finals = []
         for target, new in self.graph.updates:
@@ -411,81 +159,41 @@ class _Lowerer(FusionDecisions, RowDecisions, _RowLowering):
                 self.copy(new, view, buf, f"save the new value of variable {target.name}")
                 view = buffer_view(buf, new.shape)
             finals.append((target, new, view))
-        direct = self.write_in_place(finals)
+        self.kernels, self.workspace, self.views, direct = write_in_place(
+            self.kernels, self.workspace, self.views, finals,
+            {id(t): self.variables[self.var_pos[id(t)]] for t, _, _ in finals})
         for target, new, view in finals:
             if id(target) in direct:
                 continue
             k = self.var_pos[id(target)]
             self.copy(new, view, self.variables[k], f"update {self.name(target)} <- {self.name(new)}")
-        renumbered = {id(b): replace(b, index=k, name=f"ws{k}")  # close the gaps left by retargeted temporaries
-                      for k, b in enumerate(self.workspace) if b.index != k}
-        if renumbered:
-            self.kernels = [swap_buffers(k, renumbered) for k in self.kernels]
-            self.workspace = [renumbered.get(id(b), b) for b in self.workspace]
+        self.kernels, self.workspace = renumber_workspace(self.kernels, self.workspace)
         header = str(self.graph)
         return Plan(self.graph, self.dims, self.inputs, self.variables, self.outputs, self.workspace,
-                    self.consts, self.kernels, header, self.variable_nodes, self.choices,
+                    self.consts, self.kernels, header, self.variable_nodes, list(self.decisions.choices),
                     [self.name(t) for t, _, _ in finals if id(t) in direct])
 
-    def alias_output(self, k: int, node: Value) -> bool:
-        """An output that is a reshape of a temporary: the kernel writes the output buffer instead.
+    def row_group(self, g) -> None:
+        """Emit the kernel of row group `g`, once: at its first member in the schedule (the schedule
+        makes every member wait for all that the group reads)."""
+        if id(g) in self.rows_done:
+            return
+        self.rows_done.add(id(g))
+        done = lower_row_group(g, self.decisions, self.views, self.alloc, self.name, self.order, len(self.kernels))
+        self.views.update(done.stored)
+        self.row_partials.update(done.partials)
+        for a in g.aliases:  # reshapes and expands of stored members read by other kernels
+            if id(a.inputs[0]) in self.views:
+                self.views[id(a)] = self.movement(a)
+        self.kernels.append(done.kernel)
 
-        Applies when the output reads the whole temporary contiguously from its start (a
-        reshape, an added or removed size-1 axis); transposes and broadcasts still need a copy.
-        """
-        view = self.views[id(node)]
-        out = self.outputs[k]
-        if view.kind != "buffer" or view.buffer.storage != "workspace" or view.buffer.dtype != out.dtype \
-                or not is_contiguous(view) or not (isinstance(view.offset, int) and view.offset == 0) \
-                or not _same(view.buffer.numel, out.numel):
-            return False
-        self.retarget(view.buffer, out)
-        self.out_claimed.add(k)
-        return True
+    def cross_row_sum(self, node: Value, epilogue=None) -> View:
+        """The sum over rows of a split full sum's per-row parts (stored by its row kernel)."""
+        part = self.row_partials[id(node)]
+        rows = part.shape
+        return self._emit_reduce(node, [f"{self.line(node)} (the sum of the per-row parts)"], "sum", part, [],
+                                 merge_strided_axes([(s, st) for s, st in zip(rows, part.strides)]), part.dtype, epilogue)
 
-    def retarget(self, old: Buffer, new: Buffer) -> None:
-        """Every kernel and view that used the temporary `old` uses `new` instead."""
-        self.kernels = [swap_buffers(k, {id(old): new})
-                        if any(b is old for b in [*kernel_reads(k), *kernel_writes(k)]) else k for k in self.kernels]
-        for key, view in self.views.items():
-            if view.buffer is old:
-                self.views[key] = replace(view, buffer=new)
-        self.workspace.remove(old)
-
-    def write_in_place(self, finals: list) -> set:
-        """Let the loop computing a variable's new value store it into the variable directly.
-
-        Safe when the loop reads the variable only at the element it writes (same strides), no
-        later kernel reads the variable's old value, and the new value is a temporary of its own
-        (not an output, not another update's value). Returns the ids of the targets so written.
-        """
-        counts: dict[int, int] = {}
-        for _, new, _ in finals:
-            counts[id(new)] = counts.get(id(new), 0) + 1
-        direct: set[int] = set()
-        for target, new, view in finals:
-            var = self.variables[self.var_pos[id(target)]]
-            buf = view.buffer
-            if view.kind != "buffer" or buf.storage != "workspace" or counts[id(new)] != 1 \
-                    or view != self.views.get(id(new)) or not is_contiguous(view) \
-                    or not (isinstance(view.offset, int) and view.offset == 0):
-                continue
-            if any(other is not view and other.buffer is buf for _, _, other in finals):
-                continue  # another update reads this temporary too
-            producer = next((i for i, k in enumerate(self.kernels) if any(b is buf for b in kernel_writes(k))), None)
-            if producer is None or not isinstance(self.kernels[producer], LoopKernel):
-                continue
-            kernel = self.kernels[producer]
-            if any(any(b is var for b in kernel_reads(k)) for k in self.kernels[producer + 1:]):
-                continue
-            aligned = all(o.view.buffer is not var or (
-                all(_same(a, b) for a, b in zip(o.view.strides, kernel.out_view.strides))
-                and isinstance(o.view.offset, int) and o.view.offset == 0) for o in kernel.operands)
-            if not aligned:
-                continue
-            self.retarget(buf, var)
-            direct.add(id(target))
-        return direct
 
     def source(self, node: Value) -> View:
         name = node.op.name
@@ -585,7 +293,7 @@ class _Lowerer(FusionDecisions, RowDecisions, _RowLowering):
             name = self.name(n)  # the value's own name, as the graph prints it and the report says
             arg_dtypes = [i.dtype for i in n.inputs]
             statements.append(Statement(name, n, n.op.expr, [local[id(i)] for i in n.inputs], arg_dtypes,
-                                        _compute_dtype(n), n.dtype, self.line(n)))
+                                        compute_dtype(n), n.dtype, self.line(n)))
             local[id(n)] = name
         return operands, statements, local[id(root)]
 
@@ -680,18 +388,6 @@ class _Lowerer(FusionDecisions, RowDecisions, _RowLowering):
         self.kernels.append(MatmulKernel(name, lines, views[0], views[1], out, node.shape[0], node.shape[1],
                                          a.shape[1], **epilogue))
         return buffer_view(out, root.shape)
-
-
-def _compute_dtype(node: Value) -> str:
-    """The dtype a node's arithmetic runs in: its own, or its operands' common one for comparisons
-    and for casts (a cast computes in the input's dtype and converts the result)."""
-    if node.op.name == "cast":
-        return node.inputs[0].dtype
-    if node.dtype == "bool":
-        return D.promote(*(i.dtype for i in node.inputs)) if node.inputs else "bool"
-    return node.dtype
-
-
 
 
 def lower(graph: Graph, variables=None, fuse_reduce: bool = True, recompute: bool = True,
