@@ -39,6 +39,7 @@ class GPTConfig:
     n_layer: int = 4
     n_head: int = 4
     n_embd: int = 128
+    gelu: str = "none"        # "tanh": GPT-2's (and llm.c's) approximation
 
 
 def _normal(std: float):
@@ -68,7 +69,7 @@ class MLP(nn.Module):
     def __init__(self, config: GPTConfig, dtype: str):
         super().__init__()
         self.c_fc = nn.Linear(config.n_embd, 4 * config.n_embd, dtype=dtype)
-        self.gelu = nn.GELU()
+        self.gelu = nn.GELU(approximate=config.gelu)
         self.c_proj = nn.Linear(4 * config.n_embd, config.n_embd, dtype=dtype)
 
     def forward(self, x):
@@ -131,17 +132,17 @@ def learning_rate(step: int, peak: float, warmup: int, total: int, floor_ratio: 
 
 
 def build_step(model: GPT, batch, context, lr: float = 1e-3, weight_decay: float = 0.1,
-               backend: str = "numpy", dtype: str = "float32"):
-    """The compiled training step (AdamW, clipping at 1) and, as its predict program, the logits of
-    the last position for sampling. `batch` and `context` may be sg.Dims."""
+               backend: str = "numpy", dtype: str = "float32", betas=(0.9, 0.95), clip: float | None = 1.0):
+    """The compiled training step (AdamW, gradients clipped at norm `clip`) and, as its predict
+    program, the logits of the last position for sampling. `batch` and `context` may be sg.Dims."""
     idx = sg.input("idx", (batch, context), dtype="int64")
     targets = sg.input("targets", (batch, context), dtype="int64")
     logits = model(idx)
     V = model.config.vocab_size
     loss = sg.cross_entropy(sg.reshape(logits, (-1, V)), sg.reshape(targets, (-1,)))
     return sg.train_step(loss, parameter_groups(model, weight_decay),
-                         sg.optim.AdamW(lr=lr, betas=(0.9, 0.95), eps=1e-8), backend=backend,
-                         clip_grad_norm=1.0, predict=logits[:, -1])
+                         sg.optim.AdamW(lr=lr, betas=betas, eps=1e-8), backend=backend,
+                         clip_grad_norm=clip, predict=logits[:, -1])
 
 
 def standard_library_text(limit: int = 4_000_000) -> bytes:

@@ -1,4 +1,4 @@
-"""examples/gpt.py's GPT trained beside the same model in torch, from the same weights on the same batches.
+"""examples/gpt.py's GPT trained beside the same model in torch (benchmarks/gpt_models.py), from the same weights on the same batches.
 
 20 AdamW steps with warmup, cosine decay and clipping: per-step losses agree within 1e-10 relative in
 float64 and 1e-4 in float32, and so do the parameters at the end. On the NumPy reference: the C
@@ -7,9 +7,7 @@ backend does not lower embed, take, scatter_add and batched matmul yet.
 
 from __future__ import annotations
 
-import importlib.util
 import math
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -18,46 +16,13 @@ import torch
 
 import symgrad as sg
 
-_spec = importlib.util.spec_from_file_location("gpt_example", Path(__file__).parents[2] / "examples" / "gpt.py")
-gpt = importlib.util.module_from_spec(_spec)
-sys.modules["gpt_example"] = gpt  # dataclasses look their module up while the class is made
-_spec.loader.exec_module(gpt)
+from benchmarks.gpt_models import load_example, torch_gpt
+
+gpt = load_example()
 
 CONFIG = gpt.GPTConfig(vocab_size=256, block_size=8, n_layer=2, n_head=2, n_embd=16)
 STEPS, BATCH, LR, WARMUP = 20, 3, 3e-3, 5
 TEXT = np.frombuffer(Path(gpt.__file__).read_bytes(), dtype=np.uint8)
-
-
-class TorchGPT(torch.nn.Module):
-    """nanoGPT's model, written in torch with the same parameter names as examples/gpt.py's."""
-
-    def __init__(self, c):
-        super().__init__()
-        T = torch.nn
-        self.c = c
-        self.wte, self.wpe = T.Embedding(c.vocab_size, c.n_embd), T.Embedding(c.block_size, c.n_embd)
-        self.h = T.ModuleList()
-        for _ in range(c.n_layer):
-            block = T.Module()
-            block.ln_1, block.ln_2 = T.LayerNorm(c.n_embd), T.LayerNorm(c.n_embd)
-            block.attn = T.Module()
-            block.attn.c_attn, block.attn.c_proj = T.Linear(c.n_embd, 3 * c.n_embd), T.Linear(c.n_embd, c.n_embd)
-            block.mlp = T.Module()
-            block.mlp.c_fc, block.mlp.c_proj = T.Linear(c.n_embd, 4 * c.n_embd), T.Linear(4 * c.n_embd, c.n_embd)
-            self.h.append(block)
-        self.ln_f = T.LayerNorm(c.n_embd)
-
-    def forward(self, idx):
-        B, T = idx.shape
-        C, nh = self.c.n_embd, self.c.n_head
-        x = self.wte(idx) + self.wpe(torch.arange(T))
-        for b in self.h:
-            q, k, v = b.attn.c_attn(b.ln_1(x)).split(C, dim=2)
-            q, k, v = (t.view(B, T, nh, C // nh).transpose(1, 2) for t in (q, k, v))
-            y = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
-            x = x + b.attn.c_proj(y.transpose(1, 2).contiguous().view(B, T, C))
-            x = x + b.mlp.c_proj(torch.nn.functional.gelu(b.mlp.c_fc(b.ln_2(x))))
-        return torch.nn.functional.linear(self.ln_f(x), self.wte.weight)
 
 
 def _batches():
@@ -68,8 +33,7 @@ def _batches():
 def _train(dtype: str):
     sg.manual_seed(0)
     model = gpt.GPT(CONFIG, dtype=dtype)
-    twin = TorchGPT(CONFIG).to(getattr(torch, dtype))
-    twin.load_state_dict({k: torch.from_numpy(v) for k, v in model.state_dict().items()})  # strict
+    twin = torch_gpt(CONFIG, model.state_dict(), dtype)  # loaded strictly: the same names and shapes
     step = gpt.build_step(model, sg.Dim("B"), CONFIG.block_size, lr=LR, backend="numpy", dtype=dtype)
     named = list(twin.named_parameters())
     optimizer = torch.optim.AdamW([{"params": [p for _, p in named if p.ndim >= 2], "weight_decay": 0.1},

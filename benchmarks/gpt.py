@@ -1,0 +1,183 @@
+"""GPT training steps side by side: symgrad, torch eager, torch.compile, JAX and llm.c.
+
+    python -m benchmarks.gpt                         # both configs, every system available here
+    python -m benchmarks.gpt --configs small --llmc ~/llm.c --quick
+
+Two configs of examples/gpt.py's model (issue 16): small (4 layers, 4 heads,
+128 channels, T=64, vocab 256, batch 8) and nanoGPT's shakespeare-char size
+(6 layers, 6 heads, 384 channels, T=256, vocab 256, batch 4), with GPT-2's
+tanh GELU as llm.c has it. Every system starts from symgrad's initial weights
+(llm.c through its checkpoint format) and trains on the same batch with one
+AdamW step per call (lr 1e-4, betas (0.9, 0.999), eps 1e-8, no weight decay,
+no clipping: what llm.c's CPU update does), so the first losses agree. The
+systems are timed side by side, in turns (benchmarks.timing); the table gives
+ms per step, the ratio of symgrad-C to the fastest of torch eager,
+torch.compile and jax, and to llm.c, and each system's first loss.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from . import THREADS, side_by_side, timing
+from .gpt_models import jax_loss, load_example, torch_gpt, write_llmc_checkpoint
+from .systems import Runner, Unavailable
+
+LR, BETAS, EPS = 1e-4, (0.9, 0.999), 1e-8
+ANCHORS = ("torch-eager", "torch-compile", "jax-jit")
+
+
+@dataclass(frozen=True)
+class Bench:
+    """One row: a GPT config and its batch size."""
+
+    name: str
+    layers: int
+    heads: int
+    channels: int
+    context: int
+    vocab: int
+    batch: int
+
+    def config(self):
+        return load_example().GPTConfig(vocab_size=self.vocab, block_size=self.context, n_layer=self.layers,
+                                        n_head=self.heads, n_embd=self.channels, gelu="tanh")
+
+
+CONFIGS = {"small": Bench("small", 4, 4, 128, 64, 256, 8), "nanogpt": Bench("nanogpt", 6, 6, 384, 256, 256, 4),
+           "tiny": Bench("tiny", 1, 2, 16, 8, 256, 2)}
+
+
+def setup(bench: Bench, seed: int = 0):
+    """(symgrad model, its initial state_dict, one batch of token ids and targets)."""
+    import symgrad as sg
+    gpt = load_example()
+    sg.manual_seed(seed)
+    model = gpt.GPT(bench.config())
+    text = np.frombuffer(gpt.standard_library_text(400_000), dtype=np.uint8)
+    x, y = next(gpt.batches(text, bench.batch, bench.context, np.random.default_rng(seed + 1)))
+    return model, model.state_dict(), x, y
+
+
+def symgrad_runner(backend: str):
+    def build(bench: Bench, model, state, x, y) -> Runner:
+        gpt = load_example()
+        step = gpt.build_step(model, bench.batch, bench.context, lr=LR, weight_decay=0.0, backend=backend,
+                              betas=BETAS, clip=None)
+        return Runner(lambda: step(idx=x, targets=y), float, note=f"sg.train_step(backend={backend!r})")
+    return build
+
+
+def _torch_step(bench, state, compiled: bool):
+    try:
+        import torch
+    except ImportError as exc:
+        raise Unavailable(f"torch is not installed ({exc})") from None
+    torch.set_num_threads(THREADS)
+    model = torch_gpt(bench.config(), state)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=LR, betas=BETAS, eps=EPS, weight_decay=0.0)
+
+    def step(x, y):
+        optimizer.zero_grad(set_to_none=True)
+        loss = torch.nn.functional.cross_entropy(model(x).view(-1, bench.vocab), y.view(-1))
+        loss.backward()
+        optimizer.step()
+        return loss
+    return torch.compile(step) if compiled else step
+
+
+def torch_runner(compiled: bool):
+    def build(bench: Bench, model, state, x, y) -> Runner:
+        import torch
+        step = _torch_step(bench, state, compiled)
+        xt, yt = torch.from_numpy(x), torch.from_numpy(y)
+        return Runner(lambda: step(xt, yt), lambda loss: loss.item(),
+                      note="torch.compile of zero_grad + forward + backward + AdamW" if compiled
+                      else "PyTorch eager: zero_grad, forward, backward, AdamW")
+    return build
+
+
+def jax_runner(bench: Bench, model, state, x, y) -> Runner:
+    try:
+        import jax
+        import jax.numpy as jnp
+    except ImportError as exc:
+        raise Unavailable(f"jax is not installed ({exc}); pip install jax jaxlib") from None
+    loss_fn = jax_loss(bench.config())
+    b1, b2 = BETAS
+
+    def adamw(params, m, v, t, x, y):
+        loss, grads = jax.value_and_grad(loss_fn)(params, x, y)
+        m = jax.tree.map(lambda a, g: b1 * a + (1 - b1) * g, m, grads)
+        v = jax.tree.map(lambda a, g: b2 * a + (1 - b2) * g * g, v, grads)
+        c1, c2 = 1 - b1 ** t, 1 - b2 ** t
+        params = jax.tree.map(lambda p, a, b: p - LR * (a / c1) / (jnp.sqrt(b / c2) + EPS), params, m, v)
+        return params, m, v, loss
+
+    jitted = jax.jit(adamw, donate_argnums=(0, 1, 2))
+    zeros = {k: jnp.zeros_like(jnp.asarray(v)) for k, v in state.items()}
+    box = {"p": {k: jnp.asarray(v) for k, v in state.items()}, "m": zeros,
+           "v": {k: jnp.zeros_like(a) for k, a in zeros.items()}, "t": 0}
+    xj, yj = jnp.asarray(x.astype(np.int32)), jnp.asarray(y.astype(np.int32))
+
+    def step():
+        box["t"] += 1
+        box["p"], box["m"], box["v"], loss = jitted(box["p"], box["m"], box["v"], float(box["t"]), xj, yj)
+        return loss
+    return Runner(step, lambda loss: float(loss.block_until_ready()),
+                  note=f"jax {jax.__version__} jit(value_and_grad + AdamW), buffers donated")
+
+
+def llmc_runner(checkout: Path | None, workdir: Path):
+    def build(bench: Bench, model, state, x, y) -> Runner:
+        from . import llmc
+        if checkout is None:
+            raise Unavailable("no llm.c checkout: pass --llmc DIR (a clone of karpathy/llm.c)")
+        library = llmc.build(checkout, workdir)
+        checkpoint = workdir / f"gpt_{bench.name}.bin"
+        write_llmc_checkpoint(checkpoint, bench.config(), state)
+        net = llmc.LlmcModel(library, checkpoint, LR)
+        xi, yi = np.ascontiguousarray(x, np.int32), np.ascontiguousarray(y, np.int32)
+        return Runner(lambda: net.step(xi, yi), float, note="llm.c train_gpt2.c (-Ofast -march=native -fopenmp)")
+    return build
+
+
+def systems(llmc_dir: Path | None, workdir: Path) -> dict:
+    """Column order of the table: name -> builder(bench, model, state, x, y)."""
+    return {"symgrad-c": symgrad_runner("c"), "symgrad-numpy": symgrad_runner("numpy"),
+            "torch-eager": torch_runner(False), "torch-compile": torch_runner(True), "jax-jit": jax_runner,
+            "llm.c": llmc_runner(llmc_dir, workdir)}
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--configs", default="small,nanogpt", help=f"comma list of {', '.join(CONFIGS)}")
+    parser.add_argument("--systems", default="symgrad-c,symgrad-numpy,torch-eager,torch-compile,jax-jit,llm.c")
+    parser.add_argument("--llmc", type=Path, help="a clone of karpathy/llm.c: its train_gpt2.c joins as system llm.c")
+    parser.add_argument("--quick", action="store_true", help="5 blocks of 2 steps: a look, not a result")
+    parser.add_argument("--blocks", type=int, default=11)
+    parser.add_argument("--json", type=Path, help="where to write the results")
+    args = parser.parse_args(argv)
+    benches = [CONFIGS[c] for c in args.configs.split(",")]
+    names = args.systems.split(",")
+    plan = timing.Plan(blocks=5, steps=2, warmup_steps=1, warmup_s=0.0) if args.quick else \
+        timing.Plan(blocks=args.blocks, block_s=0.5, min_steps=1, warmup_steps=2, warmup_s=1.0)
+    with tempfile.TemporaryDirectory(prefix="symgrad-gpt-bench-") as work:
+        builders = systems(args.llmc, Path(work))
+        print(f"GPT step benchmark: {len(benches)} config(s), {THREADS} threads", file=sys.stderr)
+        rows = side_by_side.run(benches, names, builders, setup, plan, log=lambda s: print(s, file=sys.stderr))
+    print(side_by_side.render(rows, names, ANCHORS, "llm.c"))
+    if args.json:
+        args.json.write_text(json.dumps(rows, indent=1, default=str))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
