@@ -165,8 +165,8 @@ def choose_matmul_epilogues(graph: Graph, uses: dict, fused, epilogue_of: dict, 
     chosen: dict = {}
     updated = {id(new) for _, new in graph.updates}
     for m in graph.nodes:
-        if m.op.kind != MATMUL or uses[id(m)] != 1 or len(graph.users[id(m)]) != 1:
-            continue
+        if m.op.kind != MATMUL or m.ndim != 2 or uses[id(m)] != 1 or len(graph.users[id(m)]) != 1:
+            continue  # (a batched product's GEMMs store each matrix apart: no epilogue there yet)
         u = graph.users[id(m)][0]
         chain = [u]
         while id(u) in fused and len(graph.users[id(u)]) == 1:  # up to the fused chain's root

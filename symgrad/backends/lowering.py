@@ -29,9 +29,10 @@ from ..ir import dtypes as D
 from ..ir.elementwise import ARGS
 from ..ir.graph import Graph
 from ..ir.printing import node_line
-from ..ir.registry import CUSTOM, ELEMENTWISE, MATMUL, MOVEMENT, REDUCE, SOURCE
+from ..ir.registry import CUSTOM, ELEMENTWISE, GATHER, MATMUL, MOVEMENT, REDUCE, SOURCE
 from ..ir.value import Value
 from .decisions import decide, graph_namer
+from .gather import lower_gather
 from .fusion import DEFAULT_DIM  # noqa: F401 -- re-exported for the backends
 from .inplace import alias_output, renumber_workspace, write_in_place
 from .row_kernels import LoweringError, compute_dtype, lower_row_group
@@ -138,6 +139,8 @@ class _Lowerer:
             elif kind == MATMUL:
                 if id(node) not in self.epilogued:  # else emitted with its epilogue
                     self.views[id(node)] = self.matmul(node)
+            elif kind == GATHER:
+                self.views[id(node)] = lower_gather(self, node)
             else:
                 raise LoweringError(f"no lowering for op {node.op.name!r} of kind {kind!r}")
         # Outputs not written in place by their kernel are copied into their buffers.
@@ -248,8 +251,10 @@ class _Lowerer:
         self.kernels.append(self._loop(f"k{len(self.kernels)}_copy", [stmt.line], shape, out,
                                        [operand], [stmt], "r"))
 
-    def _loop(self, name, lines, shape, out, operands, statements, result) -> LoopKernel:
-        out_view = buffer_view(out, shape)
+    def _loop(self, name, lines, shape, out, operands, statements, result, out_view=None) -> LoopKernel:
+        """A loop over `shape` storing `result` into `out` (through `out_view`: by default the whole
+        buffer, contiguously; embed passes a window of it)."""
+        out_view = buffer_view(out, shape) if out_view is None else out_view
         loop_shape, strides = collapse(shape, [out_view.strides, *(o.view.strides for o in operands)])
         out_view = replace(out_view, shape=loop_shape, strides=strides[0])
         operands = [replace(o, view=replace(o.view, shape=loop_shape, strides=st))
@@ -368,8 +373,6 @@ class _Lowerer:
         """The MatmulKernel of `node`; with `epilogue_root`, the kernel also computes the elementwise
         chain from the product up to that root as it stores each element, and stores the root."""
         a, b = node.inputs
-        if node.ndim != 2:
-            raise LoweringError(f"matmul with batch dimensions ({a.type_str} @ {b.type_str}) has no C lowering yet")
         views = []
         for v in (a, b):
             view = self.views[id(v)]
@@ -378,6 +381,14 @@ class _Lowerer:
                 self.copy(v, view, buf, "materialize a matmul operand")
                 view = buffer_view(buf, v.shape)
             views.append(view)
+        batch = ()
+        if node.ndim > 2:  # torch.matmul's batch axes: each operand's view at the broadcast batch shape
+            lead = node.shape[:-2]
+            a_view, b_view = (broadcast_view(vw, lead + v.shape[-2:]) for vw, v in zip(views, (a, b)))
+            out_strides = contiguous_strides(node.shape)
+            batch = tuple(zip(lead, a_view.strides[:-2], b_view.strides[:-2], out_strides[:-2]))
+            views = [replace(a_view, shape=a.shape[-2:], strides=a_view.strides[-2:]),
+                     replace(b_view, shape=b.shape[-2:], strides=b_view.strides[-2:])]
         root = node if epilogue_root is None else epilogue_root
         out = self.alloc(root)
         name, lines, epilogue = self.kernel_name(root), [self.line(node)], {}
@@ -385,8 +396,8 @@ class _Lowerer:
             operands, statements, result = self._fused_body(root, root.shape, {id(node): PRODUCT})
             lines += [st.line for st in statements]
             epilogue = dict(epilogue=operands, epilogue_statements=statements, epilogue_result=result)
-        self.kernels.append(MatmulKernel(name, lines, views[0], views[1], out, node.shape[0], node.shape[1],
-                                         a.shape[1], **epilogue))
+        self.kernels.append(MatmulKernel(name, lines, views[0], views[1], out, node.shape[-2], node.shape[-1],
+                                         a.shape[-1], batch=batch, **epilogue))
         return buffer_view(out, root.shape)
 
 

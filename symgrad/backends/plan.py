@@ -97,7 +97,8 @@ class ReduceKernel:
 
 @dataclass(frozen=True, eq=False)
 class MatmulKernel:
-    """out[M,N] = a[M,K] @ b[K,N], both read through strides (a transpose costs no copy).
+    """out[M,N] = a[M,K] @ b[K,N], both read through strides (a transpose costs no copy); with
+    `batch`, one such product per index of the leading axes.
 
     A fused epilogue (`relu(a @ b + bias)`): each element of the product, the local PRODUCT,
     goes through `epilogue_statements` as it is stored; each epilogue operand's view is at
@@ -116,6 +117,9 @@ class MatmulKernel:
     epilogue: list = field(default_factory=list)             # Operand
     epilogue_statements: list = field(default_factory=list)  # Statement
     epilogue_result: str = ""
+    # A batched product: one GEMM per index of the leading axes, (size, a stride, b stride, out
+    # stride) each, outer to inner (a stride of 0: that operand is broadcast over the axis).
+    batch: tuple = ()
 
 
 @dataclass(frozen=True, eq=False)
@@ -211,6 +215,8 @@ class Plan:
 
 def kernel_reads(kernel) -> list:
     """The buffers a kernel reads."""
+    if hasattr(kernel, "reads"):  # a kernel kind that says it itself (symgrad.backends.gather)
+        return kernel.reads()
     if isinstance(kernel, RowKernel):
         operands = [*kernel.operands, *(o for p in kernel.passes for o in p.operands)]
         return [o.view.buffer for o in operands if o.view.buffer is not None]
@@ -226,6 +232,8 @@ def kernel_reads(kernel) -> list:
 
 def kernel_writes(kernel) -> list:
     """The buffers a kernel writes."""
+    if hasattr(kernel, "writes"):
+        return kernel.writes()
     return kernel.outs if isinstance(kernel, RowKernel) else [kernel.out]
 
 
@@ -238,6 +246,8 @@ def swap_buffers(kernel, new: dict):
     def each(items: list) -> list:  # Operand or RowStore: both read through `.view`
         return [replace(o, view=view(o.view)) if o.view.buffer is not None and id(o.view.buffer) in new else o
                 for o in items]
+    if hasattr(kernel, "swap"):
+        return kernel.swap(view, new)
     if isinstance(kernel, RowKernel):
         return replace(kernel, operands=each(kernel.operands),
                        passes=[replace(p, operands=each(p.operands), stores=each(p.stores),
