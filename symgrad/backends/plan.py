@@ -236,16 +236,24 @@ def swap_buffers(kernel, new: dict):
         return replace(v, buffer=new[id(v.buffer)]) if v.buffer is not None and id(v.buffer) in new else v
 
     def each(items: list) -> list:  # Operand or RowStore: both read through `.view`
+        if not any(o.view.buffer is not None and id(o.view.buffer) in new for o in items):
+            return items
         return [replace(o, view=view(o.view)) if o.view.buffer is not None and id(o.view.buffer) in new else o
                 for o in items]
+
+    def rebuilt(obj, **parts):  # `obj` itself when no part changed
+        changed = {k: v for k, v in parts.items() if v is not getattr(obj, k)}
+        return replace(obj, **changed) if changed else obj
     if isinstance(kernel, RowKernel):
-        return replace(kernel, operands=each(kernel.operands),
-                       passes=[replace(p, operands=each(p.operands), stores=each(p.stores),
-                                       row_stores=each(p.row_stores)) for p in kernel.passes])
+        passes = [rebuilt(p, operands=each(p.operands), stores=each(p.stores), row_stores=each(p.row_stores))
+                  for p in kernel.passes]
+        if all(a is b for a, b in zip(passes, kernel.passes)):
+            passes = kernel.passes
+        return rebuilt(kernel, operands=each(kernel.operands), passes=passes)
     out = new.get(id(kernel.out), kernel.out)
     if isinstance(kernel, LoopKernel):
-        return replace(kernel, out=out, out_view=view(kernel.out_view), operands=each(kernel.operands))
+        return rebuilt(kernel, out=out, out_view=view(kernel.out_view), operands=each(kernel.operands))
     if isinstance(kernel, ReduceKernel):
-        return replace(kernel, out=out, input=view(kernel.input), operands=each(kernel.operands),
+        return rebuilt(kernel, out=out, input=view(kernel.input), operands=each(kernel.operands),
                        epilogue=each(kernel.epilogue))
-    return replace(kernel, out=out, a=view(kernel.a), b=view(kernel.b), epilogue=each(kernel.epilogue))
+    return rebuilt(kernel, out=out, a=view(kernel.a), b=view(kernel.b), epilogue=each(kernel.epilogue))
