@@ -34,9 +34,10 @@ from ..ir.value import Value
 from .decisions import Decisions, decide, graph_namer
 from .fusion import DEFAULT_DIM  # noqa: F401 -- re-exported for the backends
 from .inplace import aliases_output, apply_retargets, retarget_views, write_in_place
-from .row_kernels import LoweringError, compute_dtype, lower_row_group
-from .plan import (PRODUCT, REDUCED, LoopKernel, MatmulKernel, Operand, Plan, ReduceKernel, RowKernel,  # noqa: F401
-                   RowPass, RowReduction, RowStore, Statement, kernel_reads, kernel_writes)
+from .plan import (PRODUCT, REDUCED, LoopKernel, LoweringError, MatmulKernel, Operand,  # noqa: F401
+                   Plan, ReduceKernel, RowKernel, RowPass, RowReduction, RowStore, Statement, compute_dtype,
+                   kernel_reads, kernel_writes)
+from .row_kernels import lower_row_group
 from .views import (Buffer, View, broadcast_view, buffer_view, collapse, contiguous_strides,  # noqa: F401
                     is_contiguous, literal_view, merge_loop_axes, merge_strided_axes, reshape_view, slice_view,
                     transpose_view, _numel)

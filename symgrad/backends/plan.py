@@ -14,9 +14,14 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from ..ir import dtypes as D
 from ..ir.graph import Graph
 from ..ir.value import Value
 from .views import Buffer, View
+
+class LoweringError(NotImplementedError):
+    """A node the lowering has no rule for."""
+
 
 REDUCED = "red"    # the local name of a reduced value inside a fused epilogue
 PRODUCT = "prod"   # the local name of a matmul's element inside a fused epilogue
@@ -205,6 +210,16 @@ class Plan:
     variable_nodes: list = field(default_factory=list)  # the variable node of each variables[k]
     choices: list = field(default_factory=list)         # save / recompute decisions, for the report
     in_place: list = field(default_factory=list)        # variables whose new value is written in place
+
+
+def compute_dtype(node: Value) -> str:
+    """The dtype a node's arithmetic runs in: its own, or its operands' common one for comparisons
+    and for casts (a cast computes in the input's dtype and converts the result)."""
+    if node.op.name == "cast":
+        return node.inputs[0].dtype
+    if node.dtype == "bool":
+        return D.promote(*(i.dtype for i in node.inputs)) if node.inputs else "bool"
+    return node.dtype
 
 
 # ---- what kernels read and write, and buffers swapped ----------------------------
