@@ -53,7 +53,7 @@ def _c_ident(text: str) -> str:
 
 
 class _Lowerer:
-    """One lowering of decided graph: walks the nodes in the decided order, records a view per value
+    """One lowering of a decided graph: walks the nodes in the decided order, records a view per value
     and appends kernels (this object's state lives for one `build_plan` call)."""
 
     def __init__(self, decisions: Decisions):
@@ -195,9 +195,9 @@ class _Lowerer:
         """The sum over rows of a split full sum's per-row parts (stored by its row kernel)."""
         part = self.row_partials[id(node)]
         rows = part.shape
+        reduced = merge_strided_axes([(s, st) for s, st in zip(rows, part.strides)])
         return self._emit_reduce(node, [f"{self.line(node)} (the sum of the per-row parts)"], "sum", part, [],
-                                 merge_strided_axes([(s, st) for s, st in zip(rows, part.strides)]), part.dtype, epilogue)
-
+                                 reduced, part.dtype, epilogue)
 
     def source(self, node: Value) -> View:
         name = node.op.name
