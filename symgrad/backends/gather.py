@@ -24,7 +24,7 @@ from typing import Any
 from ..ir import shapes as S
 from ..ir.elementwise import ARGS
 from ..ir.value import Value
-from .plan import Operand, Statement
+from .plan import LoweringError, Operand, Statement
 from .views import Buffer, View, broadcast_view, buffer_view, is_contiguous, literal_view, slice_view
 
 
@@ -82,7 +82,6 @@ def lower_gather(lowerer, node: Value) -> View:
     elif name == "scatter_add":
         P, rows, Q = S.numel(source.shape[:axis]), node.shape[axis], S.numel(source.shape[axis + k:])
     else:
-        from .row_kernels import LoweringError
         raise LoweringError(f"no lowering for gather op {name!r}")
     out = lowerer.alloc(node)
     lowerer.kernels.append(GatherKernel(lowerer.kernel_name(node), [lowerer.line(node)], name, src, idx, out,

@@ -31,13 +31,14 @@ from ..ir.graph import Graph
 from ..ir.printing import node_line
 from ..ir.registry import CUSTOM, ELEMENTWISE, GATHER, MATMUL, MOVEMENT, REDUCE, SOURCE
 from ..ir.value import Value
-from .decisions import decide, graph_namer
+from .decisions import Decisions, decide, graph_namer
 from .gather import lower_gather
 from .fusion import DEFAULT_DIM  # noqa: F401 -- re-exported for the backends
-from .inplace import alias_output, renumber_workspace, write_in_place
-from .row_kernels import LoweringError, compute_dtype, lower_row_group
-from .plan import (PRODUCT, REDUCED, LoopKernel, MatmulKernel, Operand, Plan, ReduceKernel, RowKernel,  # noqa: F401
-                   RowPass, RowReduction, RowStore, Statement, kernel_reads, kernel_writes)
+from .inplace import aliases_output, apply_retargets, retarget_views, write_in_place
+from .plan import (PRODUCT, REDUCED, LoopKernel, LoweringError, MatmulKernel, Operand,  # noqa: F401
+                   Plan, ReduceKernel, RowKernel, RowPass, RowReduction, RowStore, Statement, compute_dtype,
+                   kernel_reads, kernel_writes)
+from .row_kernels import lower_row_group
 from .views import (Buffer, View, broadcast_view, buffer_view, collapse, contiguous_strides,  # noqa: F401
                     is_contiguous, literal_view, merge_loop_axes, merge_strided_axes, reshape_view, slice_view,
                     transpose_view, _numel)
@@ -53,20 +54,15 @@ def _c_ident(text: str) -> str:
 
 
 class _Lowerer:
-    """One lowering: walks the graph in order, records a view per value and appends kernels."""
+    """One lowering of a decided graph: walks the nodes in the decided order, records a view per value
+    and appends kernels (this object's state lives for one `build_plan` call)."""
 
-    def __init__(self, graph: Graph, variables=None, fuse_reduce: bool = True, recompute: bool = True,
-                 schedule: bool = True, matmul_epilogues: bool = False):
-        self.graph = graph
-        # The variable buffers: the caller's list (those of the unoptimized graph, so that no
-        # variable disappears from the program's arguments when passes drop its last use).
-        self.variable_nodes = list(graph.variables if variables is None else variables)
-        missing = [v.name for v in graph.variables if all(v is not w for w in self.variable_nodes)]
-        if missing:
-            raise ValueError(f"lower: the graph reads variables {missing} that are not in `variables`")
+    def __init__(self, decisions: Decisions):
+        self.decisions = decisions
+        self.graph = graph = decisions.graph
+        self.variable_nodes = list(decisions.variables)
         self.name = graph_namer(graph, self.variable_nodes)
-        self.decisions = decisions = decide(graph, self.variable_nodes, fuse_reduce=fuse_reduce, recompute=recompute,
-                                            schedule=schedule, matmul_epilogues=matmul_epilogues)
+        # What the decisions say, read in every kernel's walk.
         self.fused, self.epilogue_of, self.epilogued = decisions.fused, decisions.epilogue_of, decisions.epilogued
         self.row_of = decisions.row_of
         self.order = {id(n): k for k, n in enumerate(decisions.order)}
@@ -113,8 +109,8 @@ class _Lowerer:
         self.workspace.append(buf)
         return buf
 
-    # ---- per kind -------------------------------------------------------
     def lower(self) -> Plan:
+        """The plan: every decided kernel, then copies into the outputs and the variables."""
         for node in self.decisions.order:
             kind = node.op.kind
             if id(node) in self.row_of:
@@ -143,16 +139,24 @@ class _Lowerer:
                 self.views[id(node)] = lower_gather(self, node)
             else:
                 raise LoweringError(f"no lowering for op {node.op.name!r} of kind {kind!r}")
+        return self.outputs_and_updates()
+
+    def outputs_and_updates(self) -> Plan:
+        """The plan, once the computing kernels are built: outputs and new variable values are copied
+        into their buffers, unless the memory sweeps (symgrad.backends.inplace) let their kernels
+        write there directly."""
         # Outputs not written in place by their kernel are copied into their buffers.
+        retargets: dict[int, tuple] = {}  # id(temporary) -> (temporary, the output or variable written instead)
         for k, node in enumerate(self.graph.outputs):
             if k in self.out_claimed:
                 continue
-            aliased = alias_output(self.kernels, self.workspace, self.views, self.views[id(node)], self.outputs[k])
-            if aliased is None:
-                self.copy(node, self.views[id(node)], self.outputs[k], f"output {k}")
-            else:
-                self.kernels, self.workspace, self.views = aliased
+            view = self.views[id(node)]
+            if aliases_output(view, self.outputs[k]):
+                retargets[id(view.buffer)] = (view.buffer, self.outputs[k])
+                self.views = retarget_views(self.views, view.buffer, self.outputs[k])
                 self.out_claimed.add(k)
+            else:
+                self.copy(node, view, self.outputs[k], f"output {k}")
         # Updates: new values that live in a variable must be saved before any variable is written.
         finals = []
         for target, new in self.graph.updates:
@@ -162,15 +166,15 @@ class _Lowerer:
                 self.copy(new, view, buf, f"save the new value of variable {target.name}")
                 view = buffer_view(buf, new.shape)
             finals.append((target, new, view))
-        self.kernels, self.workspace, self.views, direct = write_in_place(
-            self.kernels, self.workspace, self.views, finals,
-            {id(t): self.variables[self.var_pos[id(t)]] for t, _, _ in finals})
+        self.views, in_place, direct = write_in_place(
+            self.kernels, self.views, finals, {id(t): self.variables[self.var_pos[id(t)]] for t, _, _ in finals})
+        retargets.update(in_place)
         for target, new, view in finals:
             if id(target) in direct:
                 continue
             k = self.var_pos[id(target)]
             self.copy(new, view, self.variables[k], f"update {self.name(target)} <- {self.name(new)}")
-        self.kernels, self.workspace = renumber_workspace(self.kernels, self.workspace)
+        self.kernels, self.workspace = apply_retargets(self.kernels, self.workspace, retargets)
         header = str(self.graph)
         return Plan(self.graph, self.dims, self.inputs, self.variables, self.outputs, self.workspace,
                     self.consts, self.kernels, header, self.variable_nodes, list(self.decisions.choices),
@@ -194,9 +198,9 @@ class _Lowerer:
         """The sum over rows of a split full sum's per-row parts (stored by its row kernel)."""
         part = self.row_partials[id(node)]
         rows = part.shape
+        reduced = merge_strided_axes([(s, st) for s, st in zip(rows, part.strides)])
         return self._emit_reduce(node, [f"{self.line(node)} (the sum of the per-row parts)"], "sum", part, [],
-                                 merge_strided_axes([(s, st) for s, st in zip(rows, part.strides)]), part.dtype, epilogue)
-
+                                 reduced, part.dtype, epilogue)
 
     def source(self, node: Value) -> View:
         name = node.op.name
@@ -401,9 +405,14 @@ class _Lowerer:
         return buffer_view(out, root.shape)
 
 
+def build_plan(decisions: Decisions) -> Plan:
+    """The kernel plan that `decisions` describe (symgrad.backends.decisions.decide)."""
+    return _Lowerer(decisions).lower()
+
+
 def lower(graph: Graph, variables=None, fuse_reduce: bool = True, recompute: bool = True,
           schedule: bool = True, matmul_epilogues: bool = False) -> Plan:
-    """The kernel plan of `graph`.
+    """The kernel plan of `graph`: `build_plan(decide(graph, ...))`.
 
     variables: the variable nodes to give buffers, in order (default the graph's own); pass
         the unoptimized graph's list so every variable keeps its slot after passes.
@@ -426,6 +435,11 @@ def lower(graph: Graph, variables=None, fuse_reduce: bool = True, recompute: boo
         if stray:
             raise ValueError(f"{node.op.name} {node.type_str}: sizes use Dims {sorted(map(str, stray))} "
                              f"that no input's shape determines")
-    return _Lowerer(graph, variables, fuse_reduce=fuse_reduce, recompute=recompute,
-                    schedule=schedule, matmul_epilogues=matmul_epilogues).lower()
-
+    # The variable buffers: the caller's list (those of the unoptimized graph, so that no
+    # variable disappears from the program's arguments when passes drop its last use).
+    variables = list(graph.variables if variables is None else variables)
+    missing = [v.name for v in graph.variables if all(v is not w for w in variables)]
+    if missing:
+        raise ValueError(f"lower: the graph reads variables {missing} that are not in `variables`")
+    return build_plan(decide(graph, variables, fuse_reduce=fuse_reduce, recompute=recompute, schedule=schedule,
+                             matmul_epilogues=matmul_epilogues))

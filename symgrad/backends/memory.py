@@ -24,7 +24,7 @@ from ..ir import dtypes as D
 from ..ir import shapes as S
 from ..ir.registry import MOVEMENT, SOURCE
 from .fusion import DEFAULT_DIM
-from .plan import Plan, kernel_reads as _reads, kernel_writes as _writes
+from .plan import Plan, kernel_reads, kernel_writes
 
 
 @dataclass
@@ -67,7 +67,7 @@ def liveness(plan: Plan) -> list[tuple]:
     first: dict[int, int] = {}
     last: dict[int, int] = {}
     for k, kernel in enumerate(plan.kernels):
-        for buf in [*_reads(kernel), *_writes(kernel)]:
+        for buf in [*kernel_reads(kernel), *kernel_writes(kernel)]:
             if buf is not None and buf.storage == "workspace":
                 first.setdefault(id(buf), k)
                 last[id(buf)] = k

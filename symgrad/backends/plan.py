@@ -14,9 +14,14 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from ..ir import dtypes as D
 from ..ir.graph import Graph
 from ..ir.value import Value
 from .views import Buffer, View
+
+class LoweringError(NotImplementedError):
+    """A node the lowering has no rule for."""
+
 
 REDUCED = "red"    # the local name of a reduced value inside a fused epilogue
 PRODUCT = "prod"   # the local name of a matmul's element inside a fused epilogue
@@ -211,6 +216,16 @@ class Plan:
     in_place: list = field(default_factory=list)        # variables whose new value is written in place
 
 
+def compute_dtype(node: Value) -> str:
+    """The dtype a node's arithmetic runs in: its own, or its operands' common one for comparisons
+    and for casts (a cast computes in the input's dtype and converts the result)."""
+    if node.op.name == "cast":
+        return node.inputs[0].dtype
+    if node.dtype == "bool":
+        return D.promote(*(i.dtype for i in node.inputs)) if node.inputs else "bool"
+    return node.dtype
+
+
 # ---- what kernels read and write, and buffers swapped ----------------------------
 
 def kernel_reads(kernel) -> list:
@@ -244,18 +259,26 @@ def swap_buffers(kernel, new: dict):
         return replace(v, buffer=new[id(v.buffer)]) if v.buffer is not None and id(v.buffer) in new else v
 
     def each(items: list) -> list:  # Operand or RowStore: both read through `.view`
+        if not any(o.view.buffer is not None and id(o.view.buffer) in new for o in items):
+            return items
         return [replace(o, view=view(o.view)) if o.view.buffer is not None and id(o.view.buffer) in new else o
                 for o in items]
-    if hasattr(kernel, "swap"):
+
+    def rebuilt(obj, **parts):  # `obj` itself when no part changed
+        changed = {k: v for k, v in parts.items() if v is not getattr(obj, k)}
+        return replace(obj, **changed) if changed else obj
+    if hasattr(kernel, "swap"):  # a kernel kind that swaps its own views (symgrad.backends.gather)
         return kernel.swap(view, new)
     if isinstance(kernel, RowKernel):
-        return replace(kernel, operands=each(kernel.operands),
-                       passes=[replace(p, operands=each(p.operands), stores=each(p.stores),
-                                       row_stores=each(p.row_stores)) for p in kernel.passes])
+        passes = [rebuilt(p, operands=each(p.operands), stores=each(p.stores), row_stores=each(p.row_stores))
+                  for p in kernel.passes]
+        if all(a is b for a, b in zip(passes, kernel.passes)):
+            passes = kernel.passes
+        return rebuilt(kernel, operands=each(kernel.operands), passes=passes)
     out = new.get(id(kernel.out), kernel.out)
     if isinstance(kernel, LoopKernel):
-        return replace(kernel, out=out, out_view=view(kernel.out_view), operands=each(kernel.operands))
+        return rebuilt(kernel, out=out, out_view=view(kernel.out_view), operands=each(kernel.operands))
     if isinstance(kernel, ReduceKernel):
-        return replace(kernel, out=out, input=view(kernel.input), operands=each(kernel.operands),
+        return rebuilt(kernel, out=out, input=view(kernel.input), operands=each(kernel.operands),
                        epilogue=each(kernel.epilogue))
-    return replace(kernel, out=out, a=view(kernel.a), b=view(kernel.b), epilogue=each(kernel.epilogue))
+    return rebuilt(kernel, out=out, a=view(kernel.a), b=view(kernel.b), epilogue=each(kernel.epilogue))

@@ -13,19 +13,14 @@ from __future__ import annotations
 from collections import ChainMap
 from dataclasses import dataclass, replace
 
-from ..ir import dtypes as D
 from ..ir.printing import node_line
 from ..ir.registry import REDUCE
 from ..ir.value import Value
 from .decisions import Decisions
 from .fusion import leaves as leaves_of
-from .plan import Operand, RowKernel, RowPass, RowReduction, RowStore, Statement
+from .plan import LoweringError, Operand, RowKernel, RowPass, RowReduction, RowStore, Statement, compute_dtype
 from .rows import RowGroup
 from .views import View, _numel, broadcast_view, buffer_view, merge_loop_axes, reshape_view
-
-
-class LoweringError(NotImplementedError):
-    """A node the lowering has no rule for."""
 
 
 @dataclass(frozen=True, eq=False)
@@ -50,14 +45,28 @@ def lower_row_group(g: RowGroup, decisions: Decisions, views, alloc, name, order
     return LoweredRows(kernel, builder.stored, builder.partials)
 
 
-def compute_dtype(node: Value) -> str:
-    """The dtype a node's arithmetic runs in: its own, or its operands' common one for comparisons
-    and for casts (a cast computes in the input's dtype and converts the result)."""
-    if node.op.name == "cast":
-        return node.inputs[0].dtype
-    if node.dtype == "bool":
-        return D.promote(*(i.dtype for i in node.inputs)) if node.inputs else "bool"
-    return node.dtype
+def _per_row_only(n: Value, full: tuple) -> bool:
+    """Whether `n` holds one value per row (a reduction, or a map of the per-row shape)."""
+    return n.op.kind == REDUCE or tuple(n.shape) != full
+
+
+def _assign_passes(work: list, leaves: dict, members: set, full: tuple) -> tuple[dict, dict]:
+    """Which pass computes each full-row map and reduction of `work` (in order), and after which
+    pass each per-row value is ready: (pass_of, ready), by id. A reduction runs in the first pass
+    after everything it reads is ready and its value is ready after that pass; a full-row map
+    runs in the pass that makes its last input ready."""
+    pass_of, ready = {}, {}
+    for n in work:
+        k = max([ready[id(l)] if _per_row_only(l, full) else pass_of[id(l)] for l in leaves[id(n)]
+                 if id(l) in members], default=0)
+        if n.op.kind == REDUCE:
+            pass_of[id(n)] = k
+            ready[id(n)] = k + 1
+        elif _per_row_only(n, full):
+            ready[id(n)] = k
+        else:
+            pass_of[id(n)] = k
+    return pass_of, ready
 
 
 class _RowContext:
@@ -90,6 +99,9 @@ class _RowKernelBuilder:
         self.alias: dict[int, Value] = {}  # id(alias) -> the member it views
         self.row_local: dict = {}          # key -> local name, per row (see _RowContext)
         self.row_ops: list[Operand] = []   # operands loaded once per row
+        self.inside = {id(n) for n in [*g.members, *g.partials]}
+        self.outside = {id(v) for v in self.graph.outputs} | {id(new) for _, new in self.graph.updates}
+        self.escaping: dict[int, bool] = {}  # id(node) -> whether another kernel reads it (see _escapes)
 
     def line(self, node: Value) -> str:
         return node_line(node, self.name)
@@ -98,53 +110,15 @@ class _RowKernelBuilder:
         """The group's kernel (its stores and parts are in `stored` and `partials` once it is built)."""
         g = self.g
         rows, full, alias = self.rows, self.full, self.alias
-        inside = {id(n) for n in [*g.members, *g.partials]}
         members = {id(n) for n in g.members}
         for a in g.aliases:
             alias[id(a)] = alias.get(id(a.inputs[0]), a.inputs[0])
         leaves = {id(n): [alias.get(id(l), l) for l in leaves_of(n, self.fused)] for n in [*g.members, *g.partials]}
-
-        def per_row(n):
-            return n.op.kind == REDUCE or tuple(n.shape) != full
-        # Which pass computes each map and reduction; after which pass each per-row value is ready.
-        pass_of, ready = {}, {}
         work = sorted([*g.members, *g.partials], key=lambda n: self.order[id(n)])
-        for n in work:
-            k = max([ready[id(l)] if per_row(l) else pass_of[id(l)] for l in leaves[id(n)] if id(l) in members],
-                    default=0)
-            if n.op.kind == REDUCE:
-                pass_of[id(n)] = k
-                ready[id(n)] = k + 1
-            elif per_row(n):
-                ready[id(n)] = k
-            else:
-                pass_of[id(n)] = k
-        outside = {id(v) for v in self.graph.outputs} | {id(new) for _, new in self.graph.updates}
-
-        escaping: dict[int, bool] = {}  # id(node) -> escapes(node), for the members and what they reach
-
-        def escapes(n) -> bool:
-            """Whether a kernel other than this one reads n (so it is stored): a graph end, or a
-            reader outside the group, directly or through fused nodes and aliases (which other
-            kernels compute or view themselves). A post-order walk on an explicit stack, each
-            node's answer kept: members share long fused chains."""
-            stack = [(n, False)]
-            while stack:
-                v, readers_done = stack.pop()
-                if id(v) in escaping:
-                    continue
-                through = [u for u in self.graph.users[id(v)] if id(u) not in inside
-                           and (id(u) in self.fused or id(u) in alias)]
-                if readers_done:
-                    escaping[id(v)] = any(escaping[id(u)] for u in through)
-                elif id(v) in outside or any(id(u) not in inside and id(u) not in self.fused
-                                             and id(u) not in alias for u in self.graph.users[id(v)]):
-                    escaping[id(v)] = True
-                else:
-                    stack.append((v, True))
-                    stack.extend((u, False) for u in through)
-            return escaping[id(n)]
-        later = {id(l) for n in work for l in leaves[id(n)] if id(l) in members and not per_row(l)
+        pass_of, ready = _assign_passes(work, leaves, members, full)
+        escapes = self._escapes
+        # Full-row maps read by a later pass: stored by their pass, read back by the later one.
+        later = {id(l) for n in work for l in leaves[id(n)] if id(l) in members and not _per_row_only(l, full)
                  and pass_of[id(l)] < pass_of[id(n)]}
         row_local = self.row_local
         passes, lines = [], []
@@ -198,6 +172,29 @@ class _RowKernelBuilder:
             nreductions += len(reductions)
             lines += [st.line for st in ctx.statements] + [r.line for r in reductions] + [st.line for st in after]
         return self._row_kernel(list(dict.fromkeys(lines)), passes)
+
+    def _escapes(self, n: Value) -> bool:
+        """Whether a kernel other than this one reads member n (so it is stored): a graph end, or a
+        reader outside the group, directly or through fused nodes and aliases (which other kernels
+        compute or view themselves). A post-order walk on an explicit stack, each node's answer
+        kept: members share long fused chains."""
+        escaping, users, fused, alias = self.escaping, self.graph.users, self.fused, self.alias
+        inside = self.inside
+        stack = [(n, False)]
+        while stack:
+            v, readers_done = stack.pop()
+            if id(v) in escaping:
+                continue
+            through = [u for u in users[id(v)] if id(u) not in inside and (id(u) in fused or id(u) in alias)]
+            if readers_done:
+                escaping[id(v)] = any(escaping[id(u)] for u in through)
+            elif id(v) in self.outside or any(id(u) not in inside and id(u) not in fused and id(u) not in alias
+                                              for u in users[id(v)]):
+                escaping[id(v)] = True
+            else:
+                stack.append((v, True))
+                stack.extend((u, False) for u in through)
+        return escaping[id(n)]
 
     def _row_define(self, n: Value, name: str) -> None:
         """Record the per-row local of member `n`: read per row always, and by full-row maps when
