@@ -1,11 +1,10 @@
 """Convolution and padding in torch's terms: conv1d, conv2d, pad, written as graph code.
 
-A 2-D convolution is a sum over the kernel's offsets (i, j) of one matrix
-product each: the input's window at that offset, a strided slice of shape
-(N, C, H_out, W_out), moved to rows of channels, times the weight's (C, O)
-slice at (i, j). Slices are views, so the products read the input where it
-lies; their gradients are the transposes (embed into the input's shape) and
-the autodiff sum adds them. Groups split the channels into a batched product.
+A 2-D convolution is im2col and one batched matrix product: the padded input,
+flattened over its spatial axes, is gathered (`take`) at a fixed index map
+into patches (N, C, KH*KW, H_out*W_out), and the weight (O, C*KH*KW) multiplies
+each image's patches, groups as a batch axis. The gather's gradient is one
+scatter_add (col2im), so backward is as short as forward.
 Padding is a primitive too: zeros are `embed` (the input written into a
 larger zero array), reflect and replicate are `take` with a fixed index map.
 """
@@ -116,23 +115,18 @@ def conv2d(input, weight, bias=None, stride=1, padding=0, dilation=1, groups: in
     if Ho < 1 or Wo < 1:
         raise ValueError(f"conv2d: the kernel {KH}x{KW} (dilation {dh}, {dw}) is larger than the padded "
                          f"input {Hp}x{Wp}")
-    rows = S.numel((N, Ho, Wo))
-    out = None
-    for i in range(KH):
-        for j in range(KW):
-            window = F.make_slice(x, (0, 0, i * dh, j * dw), (N, C, i * dh + sh * (Ho - 1) + 1, j * dw + sw * (Wo - 1) + 1),
-                                  (1, 1, sh, sw))                                   # (N, C, Ho, Wo)
-            patch = F.transpose(window, (0, 2, 3, 1))                               # (N, Ho, Wo, C)
-            taps = F.transpose(F.make_slice(w, (0, 0, i, j), (O, Cg, i + 1, j + 1), (1, 1, 1, 1)), (2, 3, 1, 0))
-            taps = F.reshape(taps, (Cg, O))                                         # (C/g, O)
-            if groups == 1:
-                term = F.matmul(F.reshape(patch, (rows, C)), taps)
-            else:  # (g, rows, C/g) @ (g, C/g, O/g): one batched product over the groups
-                lhs = F.transpose(F.reshape(patch, (rows, groups, Cg)), (1, 0, 2))
-                rhs = F.transpose(F.reshape(taps, (Cg, groups, O // groups)), (1, 0, 2))
-                term = F.reshape(F.transpose(F.matmul(lhs, rhs), (1, 0, 2)), (rows, O))
-            out = term if out is None else out + term
-    out = F.transpose(F.reshape(out, (N, Ho, Wo, O)), (0, 3, 1, 2))
+    # im2col as one gather: the flattened padded image read at a fixed index map, patch element
+    # (c, i, j) of output position (ho, wo) at (ho*sh + i*dh) * Wp + wo*sw + j*dw. Its gradient is
+    # one scatter_add (col2im), the sums of overlapping windows added in a fixed order.
+    K2, L = KH * KW, Ho * Wo
+    taps = (np.arange(KH)[:, None] * dh * Wp + np.arange(KW)[None, :] * dw).reshape(K2, 1)
+    starts = (np.arange(Ho)[:, None] * sh * Wp + np.arange(Wo)[None, :] * sw).reshape(1, L)
+    flat = F.reshape(x, (N, C, Hp * Wp))
+    patches = F.take(flat, F.constant((taps + starts).astype(np.int64)), axis=2, checked=True)  # (N, C, K2, L)
+    # One product per image and group: (O/g, C/g * K2) @ (C/g * K2, L), the weight broadcast over N.
+    cols = F.reshape(patches, (N, groups, Cg * K2, L))
+    kernel = F.reshape(w, (groups, O // groups, Cg * K2))
+    out = F.reshape(F.matmul(kernel, cols), (N, O, Ho, Wo))                               # (N, g, O/g, L)
     if bias is not None:
         b = F._value(bias, "conv2d", "bias")
         if b.shape != (O,):

@@ -1,9 +1,8 @@
 """Pooling and resizing in torch's terms: max_pool2d, avg_pool2d, adaptive_avg_pool2d, interpolate.
 
-A window op over (N, C, H, W) reads one strided slice per kernel offset: the
-slice at (i, j) holds, for every output position, the input element at that
-offset of its window. Average pooling adds the slices; max pooling stacks them
-on a last axis and keeps the first maximum (argmax), so a tie sends the whole
+A window op over (N, C, H, W) gathers its windows with one `take` of the
+flattened image at a fixed index map, (N, C, H_out, W_out, kh*kw). Average
+pooling sums the last axis; max pooling keeps its first maximum (argmax), so a tie sends the whole
 gradient to the first element of the window in row-major order, as torch's
 max_pool2d does, and a NaN in a window wins, as in torch.
 """
@@ -25,8 +24,8 @@ __all__ = ["max_pool2d", "avg_pool2d", "adaptive_avg_pool2d", "interpolate", "fl
 
 
 def _windows(x: Value, kernel, stride, padding, dilation, ceil_mode: bool, fill: float, op: str):
-    """The input padded with `fill` (and on the right as far as ceil mode reaches), and the slice
-    of each kernel offset: a list of (N, C, Ho, Wo) values."""
+    """The windows of the input padded with `fill` (and on the right as far as ceil mode reaches):
+    (N, C, Ho, Wo, kh*kw), gathered by one `take` of the flattened image at a fixed index map."""
     if x.ndim != 4:
         raise ValueError(f"{op}: expects an (N, C, H, W) input, got {x.type_str}")
     (kh, kw) = _pair(kernel, "kernel_size", op)
@@ -45,10 +44,11 @@ def _windows(x: Value, kernel, stride, padding, dilation, ceil_mode: bool, fill:
     right_w = max(0, (Wo - 1) * sw + dw * (kw - 1) + 1 - W - pw)
     if ph or pw or right_h or right_w:
         x = pad(x, (pw, right_w, ph, right_h), value=fill)
-    N, C = x.shape[:2]
-    slices = [F.make_slice(x, (0, 0, i * dh, j * dw), (N, C, i * dh + sh * (Ho - 1) + 1, j * dw + sw * (Wo - 1) + 1),
-                           (1, 1, sh, sw))
-              for i in range(kh) for j in range(kw)]
+    N, C, Hp, Wp = x.shape
+    taps = (np.arange(kh)[:, None] * dh * Wp + np.arange(kw)[None, :] * dw).reshape(1, 1, kh * kw)
+    starts = (np.arange(Ho)[:, None, None] * sh * Wp + np.arange(Wo)[None, :, None] * sw)
+    slices = F.take(F.reshape(x, (N, C, Hp * Wp)), F.constant((starts + taps).astype(np.int64)), axis=2,
+                    checked=True)
     return slices, (kh, kw, sh, sw, ph, pw, H, W, Ho, Wo)
 
 
@@ -58,12 +58,12 @@ def max_pool2d(input, kernel_size, stride=None, padding=0, dilation=1, ceil_mode
     if return_indices:
         raise NotImplementedError("max_pool2d: return_indices is not supported")
     x = F._value(input, "max_pool2d")
-    slices, _ = _windows(x, kernel_size, stride, padding, dilation, ceil_mode, float("-inf"), "max_pool2d")
-    if len(slices) == 1:
-        return slices[0]
-    stacked = stack(slices, axis=-1)
+    stacked, _ = _windows(x, kernel_size, stride, padding, dilation, ceil_mode, float("-inf"), "max_pool2d")
+    count = stacked.shape[-1]
+    if count == 1:
+        return F.squeeze(stacked, -1)
     first = F.argmax(F.where(F.not_equal(stacked, stacked), F.constant(float("inf"), x.dtype), stacked), axis=-1)
-    chosen = F.equal(F.expand_dims(first, -1), F.reshape(_offsets(len(slices)), (1, 1, 1, 1, len(slices))))
+    chosen = F.equal(F.expand_dims(first, -1), F.reshape(_offsets(count), (1, 1, 1, 1, count)))
     return F.sum(F.where(chosen, stacked, F.constant(0, x.dtype)), axis=-1)
 
 
@@ -76,11 +76,9 @@ def avg_pool2d(input, kernel_size, stride=None, padding=0, ceil_mode: bool = Fal
     """torch.nn.functional.avg_pool2d: each window's mean, over its kernel size or (with
     count_include_pad=False) over the elements inside the input."""
     x = F._value(input, "avg_pool2d")
-    slices, (kh, kw, sh, sw, ph, pw, H, W, Ho, Wo) = _windows(x, kernel_size, stride, padding, 1, ceil_mode, 0.0,
-                                                              "avg_pool2d")
-    total = slices[0]
-    for s in slices[1:]:
-        total = total + s
+    windows, (kh, kw, sh, sw, ph, pw, H, W, Ho, Wo) = _windows(x, kernel_size, stride, padding, 1, ceil_mode, 0.0,
+                                                               "avg_pool2d")
+    total = F.sum(windows, axis=-1)
     if divisor_override is not None:
         return total / float(divisor_override)
     # torch divides by the window clipped to the padded input (ceil mode's overhang excluded), or by

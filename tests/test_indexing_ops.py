@@ -3,9 +3,9 @@
 Each case is a symgrad function and the same function in torch on the same
 arrays; a case's gradient is that of sum(out * weights) with fixed random
 weights, so every output element's cotangent differs. The cases run on the
-NumPy reference; the C backend lowers basic slicing (a view) and is checked
-on the slicing cases, the others (embed, take, scatter_add, batched matmul)
-get their kernels with the back-end redesign.
+backend (NumPy reference, C, CUDA where there is a GPU): slicing is a view,
+embed a zeroed buffer and a windowed store, take and scatter_add gather
+kernels, batched matmul one GEMM per batch index.
 """
 
 from __future__ import annotations
@@ -94,9 +94,9 @@ def _symgrad(case, backend, weights):
 
 
 @pytest.mark.parametrize("case", sorted(CASES))
-def test_forward_and_gradient_match_torch(case):
+def test_forward_and_gradient_match_torch(case, backend):
     want_out, want_grad, weights = _torch(case)
-    got_out, got_grad = _symgrad(case, "numpy", weights)
+    got_out, got_grad = _symgrad(case, backend, weights)
     assert len(got_out) == len(want_out)
     for k, (g, w) in enumerate(zip(got_out, want_out)):
         assert g.shape == w.shape, f"{case} output {k}: shape {g.shape}, torch {w.shape}"

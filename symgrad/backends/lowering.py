@@ -1,384 +1,50 @@
 """Lowering: a graph becomes a kernel plan, the same for every compiled backend.
 
-The plan says which buffers exist (inputs, variables, outputs, one workspace
-of temporaries, constant arrays), how every value is read (a `View`: a
-buffer with per-axis strides, a literal, or an index), and which kernels run
-in which order. Movement ops cost nothing: reshape of a contiguous value,
-transpose and expand only change the strides a consumer reads through;
-matmul reads transposed operands through their strides. Chains of
-elementwise nodes whose value has one elementwise user are fused into that
-user's loop, one statement per node; an elementwise prologue read by a
-row-wise reduction runs inside the reduction's loop, and an elementwise
-epilogue of a row-wise reduction runs as each reduced value is stored; with
-`matmul_epilogues`, an elementwise chain reading a matmul's product (bias add
-and activation, relu's backward mask) runs as the GEMM stores each element; a
-cheap elementwise value read by several kernels is recomputed in each. The
-kernels run in an order that keeps few bytes live (symgrad.backends.fusion
-decides all that; symgrad.backends.memory plans the workspace arena).
+`lower(graph)` takes the decisions of symgrad.backends.decisions (what is
+fused, which groups finish a reduction or a matmul in its kernel, the row
+groups, the kernel order) and builds the plan's kernels from them, walking
+the nodes in that order: a view per value (symgrad.backends.views: movement
+ops only change the strides a reader uses), a loop kernel per fused
+elementwise group (one statement per node), a reduction kernel (with its
+prologue and epilogue), a matmul kernel (with its epilogue), a row kernel
+per row group (symgrad.backends.row_kernels). Outputs and updates are copied
+into their buffers last, unless the memory sweeps of symgrad.backends.inplace
+let the kernels write them directly; symgrad.backends.memory then plans the
+workspace arena.
 
 Updates are functional: kernels write new variable values into
 temporaries, and copies into the variables run after every other kernel.
-
-The C backend renders the plan (symgrad/backends/c.py); a CUDA backend can
-render the same plan.
+The plan types (symgrad.backends.plan) and the view algebra are re-exported
+here for the modules that import them from the lowering.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
-from typing import Any
+from dataclasses import replace
 
 import numpy as np
 import sympy
 
 from ..ir import dtypes as D
-from ..ir import shapes as S
 from ..ir.elementwise import ARGS
 from ..ir.graph import Graph
-from ..ir.printing import Namer, node_line
-from ..ir.registry import CUSTOM, ELEMENTWISE, MATMUL, MOVEMENT, REDUCE, SOURCE
+from ..ir.printing import node_line
+from ..ir.registry import CUSTOM, ELEMENTWISE, GATHER, MATMUL, MOVEMENT, REDUCE, SOURCE
 from ..ir.value import Value
-from .fusion import DEFAULT_DIM, FusionDecisions  # noqa: F401 -- DEFAULT_DIM: re-exported for the backends
-from .rows import RowDecisions
-
-
-# ---- buffers and views ----------------------------------------------------------
-
-@dataclass(eq=False)
-class Buffer:
-    """Storage for one value. `name` is index-based (in0, var2, out0, ws3, c1): never a user's name."""
-
-    name: str
-    storage: str        # "input" | "variable" | "output" | "workspace" | "const"
-    index: int          # position among its storage's buffers
-    dtype: str
-    numel: Any          # int or sympy expression of Dims
-    label: str = ""     # what it holds, for comments only (may contain user text)
-    value: Any = None   # the array of a "const" buffer
-
-
-@dataclass(frozen=True, eq=False)
-class View:
-    """How a kernel reads a value of `shape`.
-
-    Element (i0, ..., in) is `offset + sum(ik * strides[k])`, which is an
-    index into `buffer` (kind "buffer") or the value itself (kind "index":
-    iota). Kind "literal" is `literal` everywhere (a number, or a sympy
-    expression of Dims such as 1/B).
-    """
-
-    kind: str
-    shape: tuple
-    dtype: str
-    strides: tuple
-    offset: Any = 0
-    buffer: Buffer | None = None
-    literal: Any = None
-
-
-def contiguous_strides(shape) -> tuple:
-    """Row-major strides, in elements."""
-    strides, step = [], 1
-    for size in reversed(shape):
-        strides.append(step)
-        step = _mul(step, size)
-    return tuple(reversed(strides))
-
-
-def _mul(a, b):
-    if isinstance(a, int) and isinstance(b, int):
-        return a * b
-    return S.as_size(sympy.expand(sympy.sympify(a) * sympy.sympify(b))) if a != 0 and b != 0 else 0
-
-
-def _same(a, b) -> bool:
-    if isinstance(a, int) and isinstance(b, int):
-        return a == b
-    return sympy.expand(sympy.sympify(a) - sympy.sympify(b)) == 0
-
-
-def _is_one(size) -> bool:
-    return isinstance(size, int) and size == 1
-
-
-def _numel(shape):
-    return S.numel(shape)
-
-
-def buffer_view(buffer: Buffer, shape) -> View:
-    """A contiguous view of a whole buffer."""
-    return View("buffer", tuple(shape), buffer.dtype, contiguous_strides(shape), 0, buffer)
-
-
-def literal_view(value, shape, dtype) -> View:
-    """A value equal to `value` everywhere (every stride 0)."""
-    return View("literal", tuple(shape), dtype, (0,) * len(shape), 0, None, value)
-
-
-def is_contiguous(view: View) -> bool:
-    """Whether the view reads its elements in row-major order with no gaps (size-1 axes ignored)."""
-    expected = contiguous_strides(view.shape)
-    return view.kind == "buffer" and all(_is_one(s) or _same(a, b)
-                                          for s, a, b in zip(view.shape, view.strides, expected))
-
-
-def broadcast_view(view: View, shape) -> View:
-    """The view read at the broadcast `shape` (NumPy rules: new axes and size-1 axes get stride 0)."""
-    shape = tuple(shape)
-    if view.shape == shape:
-        return view
-    lead = len(shape) - len(view.shape)
-    strides = [0] * lead
-    for size, stride, target in zip(view.shape, view.strides, shape[lead:]):
-        strides.append(0 if _is_one(size) and not _is_one(target) else stride)
-    return replace(view, shape=shape, strides=tuple(strides))
-
-
-def transpose_view(view: View, perm) -> View:
-    """The view with its axes permuted: only the strides move."""
-    return replace(view, shape=tuple(view.shape[p] for p in perm),
-                   strides=tuple(view.strides[p] for p in perm))
-
-
-def slice_view(view: View, starts, steps, shape) -> View:
-    """The window of the view from `starts` by `steps` on each axis: its offset moves to the first
-    element, its strides scale by the steps."""
-    offset = view.offset
-    for start, stride in zip(starts, view.strides):
-        offset = offset + _mul(start, stride) if not (isinstance(start, int) and start == 0) else offset
-    return replace(view, shape=tuple(shape), offset=S.as_size(offset) if not isinstance(offset, int) else offset,
-                   strides=tuple(_mul(stride, step) for stride, step in zip(view.strides, steps)))
-
-
-def reshape_view(view: View, shape) -> View | None:
-    """The view as `shape` without moving data, or None when that needs a copy."""
-    shape = tuple(shape)
-    if view.kind == "literal":
-        return replace(view, shape=shape, strides=(0,) * len(shape))
-    if is_contiguous(view):
-        return replace(view, shape=shape, strides=contiguous_strides(shape))
-    # Only size-1 axes added or removed: keep the other axes' strides.
-    old = [(s, st) for s, st in zip(view.shape, view.strides) if not _is_one(s)]
-    new = [s for s in shape if not _is_one(s)]
-    if len(old) == len(new) and all(_same(a, b) for (a, _), b in zip(old, new)):
-        it = iter(st for _, st in old)
-        return replace(view, shape=shape, strides=tuple(0 if _is_one(s) else next(it) for s in shape))
-    return None
-
-
-def collapse(shape, stride_lists: list[tuple]) -> tuple[tuple, list[tuple]]:
-    """Merge adjacent axes that every operand steps through as one (fewer, longer loops).
-
-    Axes of size 1 are dropped first. Axes a, a+1 merge when, for every
-    operand, stride[a] == stride[a+1] * size[a+1].
-    """
-    keep = [a for a, s in enumerate(shape) if not _is_one(s)]
-    shape = [shape[a] for a in keep]
-    strides = [[st[a] for a in keep] for st in stride_lists]
-    a = len(shape) - 2
-    while a >= 0:
-        if all(_same(st[a], _mul(st[a + 1], shape[a + 1])) for st in strides):
-            shape[a:a + 2] = [_mul(shape[a], shape[a + 1])]
-            for st in strides:
-                st[a:a + 2] = [st[a + 1]]
-        a -= 1
-    return tuple(shape), [tuple(st) for st in strides]
-
-
-# ---- kernels ----------------------------------------------------------------------
-
-@dataclass(eq=False)
-class Operand:
-    """One value a loop kernel reads: local `name`, through `view` (at the kernel's loop shape)."""
-
-    name: str
-    view: View
-    label: str
-
-
-@dataclass(eq=False)
-class Statement:
-    """`name = expr(args)` for one node: args cast to `compute_dtype`, the result converted to `dtype`."""
-
-    name: str
-    node: Value
-    expr: Any            # sympy expression over elementwise ARGS
-    args: list[str]      # local names of the operands, in ARGS order
-    arg_dtypes: list[str]
-    compute_dtype: str
-    dtype: str
-    line: str            # the IR text line it computes
-
-
-@dataclass(eq=False)
-class LoopKernel:
-    """Elementwise work: for every index of `shape`, run `statements`, store `result` to `out`."""
-
-    name: str
-    lines: list[str]
-    shape: tuple          # the loop nest, after collapsing
-    out: Buffer
-    out_view: View        # at `shape`
-    operands: list[Operand]
-    statements: list[Statement]
-    result: str
-    numel: Any
-    kind: str = "loop"
-
-
-@dataclass(eq=False)
-class ReduceKernel:
-    """`op` (sum, max, argmax) of `input` over `reduced` axes, for every index of `kept` axes.
-
-    A fused reduction (an elementwise prologue such as `exp(x - m)` computed
-    inside the reduction loop) has `operands` and `statements`: each operand's
-    view is at the loop shape [*kept sizes, *reduced sizes], and the reduced
-    element is the local `result`; `input` is then a placeholder of kind
-    "fused" (no buffer) and the strides in `kept` / `reduced` are unused.
-    """
-
-    name: str
-    lines: list[str]
-    op: str
-    input: View
-    kept: list[tuple]     # (size, input stride), outer to inner; the output is contiguous over them
-    reduced: list[tuple]  # (size, input stride)
-    out: Buffer
-    acc_dtype: str
-    numel: Any            # elements read
-    kind: str = "reduce"
-    operands: list = field(default_factory=list)     # Operand, for a fused prologue
-    statements: list = field(default_factory=list)   # Statement, for a fused prologue
-    result: str = ""
-    # A fused epilogue (`log(sum)`, `loss * -1/B`): after the reduction, the reduced value (local
-    # REDUCED, of dtype `reduced_dtype`) goes through `epilogue_statements`; each epilogue operand
-    # is a literal or a buffer laid out as the output (read at the output's own index); `out`
-    # receives `epilogue_result`.
-    epilogue: list = field(default_factory=list)
-    epilogue_statements: list = field(default_factory=list)
-    epilogue_result: str = ""
-    reduced_dtype: str = ""
-
-
-@dataclass(eq=False)
-class MatmulKernel:
-    """out[M,N] = a[M,K] @ b[K,N], both read through strides (a transpose costs no copy).
-
-    A fused epilogue (`relu(a @ b + bias)`): each element of the product, the local PRODUCT,
-    goes through `epilogue_statements` as it is stored; each epilogue operand's view is at
-    [M, N] (read at the element's (row, col)), and `out` receives `epilogue_result`.
-    """
-
-    name: str
-    lines: list[str]
-    a: View
-    b: View
-    out: Buffer
-    M: Any
-    N: Any
-    K: Any
-    kind: str = "matmul"
-    epilogue: list = field(default_factory=list)             # Operand
-    epilogue_statements: list = field(default_factory=list)  # Statement
-    epilogue_result: str = ""
-
-
-@dataclass(eq=False)
-class RowReduction:
-    """One accumulator of a row pass: `op` (sum, max) of the element local `value` into `acc`
-    (of `acc_dtype`), finished per row as the local `name` of `dtype`."""
-
-    name: str
-    acc: str
-    op: str
-    value: str
-    acc_dtype: str
-    dtype: str
-    line: str
-
-
-@dataclass(eq=False)
-class RowStore:
-    """`view`'s buffer receives the local `value` at the view's index (at the kernel's loop shape)."""
-
-    value: str
-    view: View
-    label: str
-
-
-@dataclass(eq=False)
-class RowPass:
-    """One loop over a row's elements, then what follows it once per row.
-
-    Per element: load `operands`, run `statements`, fold each of `reductions`,
-    write `stores`. Then per row: finish the reductions into their locals, run
-    `after` (per-row maps, such as log(sum)), write `row_stores`.
-    """
-
-    operands: list
-    statements: list
-    reductions: list
-    stores: list
-    after: list
-    row_stores: list
-
-
-@dataclass(eq=False)
-class RowKernel:
-    """Row reductions and maps over the same rows in one kernel: for every row (the `rows` loop
-    axes, outer to inner), `operands` are loaded once, then `passes` run in order over the row's
-    `size` elements, each reading the per-row values of the passes before it (softmax: max, then
-    sum(exp(z - m)), then the outputs). Every view is at the loop shape [*rows, size]."""
-
-    name: str
-    lines: list[str]
-    rows: list            # loop sizes of the row axes (merged where every view allows)
-    size: Any             # elements per row
-    operands: list        # Operand, read once per row (stride 0 along the row)
-    passes: list          # RowPass
-    numel: Any            # elements per (rows, size) array
-    kind: str = "row"
-
-    @property
-    def outs(self) -> list:
-        """The buffers the kernel writes, each once."""
-        seen: dict[int, Buffer] = {}
-        for p in self.passes:
-            for st in [*p.stores, *p.row_stores]:
-                seen.setdefault(id(st.view.buffer), st.view.buffer)
-        return list(seen.values())
-
-    def summary(self) -> str:
-        """What the kernel does in words, for the report: "row kernel: max, sum (3 passes), 2 outputs"."""
-        ops = [r.op for p in self.passes for r in p.reductions]
-        return f"row kernel: {', '.join(ops)} ({len(self.passes)} passes), {len(self.outs)} outputs"
-
-
-@dataclass
-class Plan:
-    """Everything a backend needs to emit one program."""
-
-    graph: Graph
-    dims: list                     # Dim symbols, in the order of the entry point's dims argument
-    inputs: list[Buffer]
-    variables: list[Buffer]
-    outputs: list[Buffer]
-    workspace: list[Buffer]
-    consts: list[Buffer]
-    kernels: list                  # compute kernels, then output copies, then update copies
-    header: str                    # the graph's text form
-    variable_nodes: list = field(default_factory=list)  # the variable node of each variables[k]
-    choices: list = field(default_factory=list)         # save / recompute decisions, for the report
-    in_place: list = field(default_factory=list)        # variables whose new value is written in place
-
-
-# ---- the lowering itself ----------------------------------------------------------
-
-REDUCED = "red"    # the local name of a reduced value inside a fused epilogue
-PRODUCT = "prod"   # the local name of a matmul's element inside a fused epilogue
-
-class LoweringError(NotImplementedError):
-    """A node the lowering has no rule for."""
+from .decisions import Decisions, decide, graph_namer
+from .gather import lower_gather
+from .fusion import DEFAULT_DIM  # noqa: F401 -- re-exported for the backends
+from .inplace import aliases_output, apply_retargets, retarget_views, write_in_place
+from .plan import (PRODUCT, REDUCED, LoopKernel, LoweringError, MatmulKernel, Operand,  # noqa: F401
+                   Plan, ReduceKernel, RowKernel, RowPass, RowReduction, RowStore, Statement, compute_dtype,
+                   kernel_reads, kernel_writes)
+from .row_kernels import lower_row_group
+from .views import (Buffer, View, broadcast_view, buffer_view, collapse, contiguous_strides,  # noqa: F401
+                    is_contiguous, literal_view, merge_loop_axes, merge_strided_axes, reshape_view, slice_view,
+                    transpose_view, _numel)
+
+# What other modules have imported from here (the plan types and view algebra live in plan.py and views.py).
+_reads, _writes = kernel_reads, kernel_writes
 
 
 def _c_ident(text: str) -> str:
@@ -387,258 +53,19 @@ def _c_ident(text: str) -> str:
     return out or "_"
 
 
-class _RowContext:
-    """Where `_RowLowering._row_value` puts what it computes: one pass (element level) or the row level."""
+class _Lowerer:
+    """One lowering of a decided graph: walks the nodes in the decided order, records a view per value
+    and appends kernels (this object's state lives for one `build_plan` call)."""
 
-    def __init__(self, local: dict, row_level: bool, compute: set, shape=None):
-        self.local = local          # key -> local name (key: id(node), or ("row", id(node)) per row)
-        self.row_level = row_level
-        self.compute = compute      # ids of non-fused nodes computed here (this pass's maps)
-        self.shape = shape          # per row: the shape the leaves broadcast to (the member's)
-        self.operands: list = []
-        self.statements: list = []
-
-    def key(self, node: Value):
-        return ("row", id(node)) if self.row_level else id(node)
-
-
-class _RowLowering:
-    """Carries out RowDecisions (mixed into `_Lowerer`): one RowKernel per row group."""
-
-    def row_group(self, node: Value) -> None:
-        """Emit the kernel of `node`'s row group, once: at its first member in the schedule (the
-        schedule makes every member wait for all that the group reads)."""
-        g = self.row_of[id(node)]
-        if id(g) in self.rows_done:
-            return
-        self.rows_done.add(id(g))
-        rows, full = tuple(g.rows), (*g.rows, g.size)
-        inside = {id(n) for n in [*g.members, *g.partials]}
-        members = {id(n) for n in g.members}
-        alias: dict[int, Value] = {}
-        for a in g.aliases:
-            alias[id(a)] = alias.get(id(a.inputs[0]), a.inputs[0])
-        leaves = {id(n): [alias.get(id(l), l) for l in self._leaves(n)] for n in [*g.members, *g.partials]}
-
-        def per_row(n):
-            return n.op.kind == REDUCE or tuple(n.shape) != full
-        # Which pass computes each map and reduction; after which pass each per-row value is ready.
-        pass_of, ready = {}, {}
-        work = sorted([*g.members, *g.partials], key=lambda n: self.order[id(n)])
-        for n in work:
-            k = max([ready[id(l)] if per_row(l) else pass_of[id(l)] for l in leaves[id(n)] if id(l) in members],
-                    default=0)
-            if n.op.kind == REDUCE:
-                pass_of[id(n)] = k
-                ready[id(n)] = k + 1
-            elif per_row(n):
-                ready[id(n)] = k
-            else:
-                pass_of[id(n)] = k
-        outside = {id(v) for v in self.graph.outputs} | {id(new) for _, new in self.graph.updates}
-
-        escaping: dict[int, bool] = {}  # id(node) -> escapes(node), for the members and what they reach
-
-        def escapes(n) -> bool:
-            """Whether a kernel other than this one reads n (so it is stored): a graph end, or a
-            reader outside the group, directly or through fused nodes and aliases (which other
-            kernels compute or view themselves). A post-order walk on an explicit stack, each
-            node's answer kept: members share long fused chains."""
-            stack = [(n, False)]
-            while stack:
-                v, readers_done = stack.pop()
-                if id(v) in escaping:
-                    continue
-                through = [u for u in self.graph.users[id(v)] if id(u) not in inside
-                           and (id(u) in self.fused or id(u) in alias)]
-                if readers_done:
-                    escaping[id(v)] = any(escaping[id(u)] for u in through)
-                elif id(v) in outside or any(id(u) not in inside and id(u) not in self.fused
-                                             and id(u) not in alias for u in self.graph.users[id(v)]):
-                    escaping[id(v)] = True
-                else:
-                    stack.append((v, True))
-                    stack.extend((u, False) for u in through)
-            return escaping[id(n)]
-        later = {id(l) for n in work for l in leaves[id(n)] if id(l) in members and not per_row(l)
-                 and pass_of[id(l)] < pass_of[id(n)]}
-        row_local: dict = {}
-        row_ops: list[Operand] = []
-        passes, lines = [], []
-        self._row_state = (rows, full, alias, row_local, row_ops)
-        npasses = max(pass_of.values()) + 1
-        computed_in = [[] for _ in range(npasses)]  # per pass: its maps and reductions, in work order
-        ready_after = [[] for _ in range(npasses)]  # per pass: the per-row maps ready once it is done
-        for n in work:
-            if id(n) in pass_of:
-                computed_in[pass_of[id(n)]].append(n)
-            elif n.op.kind != REDUCE and 1 <= ready[id(n)] <= npasses:
-                ready_after[ready[id(n)] - 1].append(n)
-        nreductions = 0  # over the passes so far: the number of the next accumulator's name
-        for k in range(npasses):
-            here = computed_in[k]
-            ctx = _RowContext(dict(row_local), False, {id(n) for n in here if n.op.kind != REDUCE})
-            reductions, stores, row_stores = [], [], []
-            for n in here:
-                if n.op.kind == REDUCE:
-                    value = self._row_value(n.inputs[0], ctx)
-                    split = id(n) in self.row_partial
-                    acc = "float64" if n.op.name == "sum" and n.dtype == "float32" else n.dtype
-                    index = nreductions + len(reductions)
-                    name = f"p{index}"
-                    reductions.append(RowReduction(name, f"a{index}", n.op.name, value, acc,
-                                                   acc if split else n.dtype,
-                                                   self.line(n) + (" (this row's part)" if split else "")))
-                    if split:  # a full sum: this row's part, in the accumulator's precision
-                        buf = self.alloc(n, shape=rows, dtype=acc)
-                        self.row_partials[id(n)] = buffer_view(buf, rows)
-                        row_stores.append(RowStore(name, self._per_row_view(buffer_view(buf, rows)),
-                                                   f"{self.name(n)}, per row"))
-                    else:
-                        self._row_define(n, name)
-                        if escapes(n):
-                            row_stores.append(self._row_store(n, name))
-                else:
-                    value = self._row_value(n, ctx)
-                    if escapes(n) or id(n) in later:
-                        buf = self.alloc(n)
-                        self.views[id(n)] = buffer_view(buf, n.shape)
-                        stores.append(RowStore(value, broadcast_view(self.views[id(n)], full), self.name(n)))
-            after = []
-            for n in ready_after[k]:
-                rctx = _RowContext(row_local, True, {id(n)}, tuple(n.shape))
-                value = self._row_value(n, rctx)
-                after.extend(rctx.statements)
-                self._row_define(n, value)
-                if escapes(n):
-                    row_stores.append(self._row_store(n, value))
-            passes.append(RowPass(ctx.operands, ctx.statements, reductions, stores, after, row_stores))
-            nreductions += len(reductions)
-            lines += [st.line for st in ctx.statements] + [r.line for r in reductions] + [st.line for st in after]
-        for a in g.aliases:  # reshapes and expands of stored members read by other kernels
-            if id(a.inputs[0]) in self.views:
-                self.views[id(a)] = self.movement(a)
-        self.kernels.append(self._row_kernel(g, list(dict.fromkeys(lines)), row_ops, passes))
-
-    def _row_define(self, n: Value, name: str) -> None:
-        """Record the per-row local of member `n`: read per row always, and by full-row maps when
-        broadcasting it along the row is NumPy's reading (its shape ends in 1, or there are no row axes)."""
-        rows, full, _, row_local, _ = self._row_state
-        row_local[("row", id(n))] = name
-        if tuple(n.shape) != rows or not rows:
-            row_local[id(n)] = name
-
-    def _per_row_view(self, view: View) -> View:
-        """A per-row view (shape rows or rows + (1,)) read at the full shape: stride 0 along the row."""
-        rows, full = self._row_state[:2]
-        if tuple(view.shape) != (*rows, 1):
-            view = reshape_view(view, (*rows, 1))
-            if view is None:
-                raise LoweringError("a per-row value that cannot be viewed with a trailing axis")
-        return broadcast_view(replace(view, strides=view.strides[:-1] + (0,)), full)
-
-    def _row_store(self, n: Value, name: str) -> RowStore:
-        """A per-row member stored for other kernels (its own buffer, laid out as its shape)."""
-        buf = self.alloc(n)
-        self.views[id(n)] = buffer_view(buf, n.shape)
-        return RowStore(name, self._per_row_view(self.views[id(n)]), self.name(n))
-
-    def _row_value(self, n: Value, ctx: _RowContext) -> str:
-        """The local holding `n` where `ctx` runs: computed there (fused nodes and the maps of this
-        pass, one statement per node), taken from an earlier pass, or loaded.
-
-        A post-order walk on an explicit stack (a fused chain may be thousands of nodes long),
-        inputs left to right: statements and operands are numbered in the order they are first
-        needed."""
-        rows, full, alias, row_local, row_ops = self._row_state
-        stack = [(n, False)]
-        while stack:
-            v, inputs_done = stack.pop()
-            key = ctx.key(v)
-            if key in ctx.local:
-                continue
-            if id(v) in alias:  # a reshape or expand of a member: its per-row value
-                name = ctx.local[("row", id(alias[id(v)]))]
-            elif id(v) in self.fused or id(v) in ctx.compute:
-                if not inputs_done:
-                    stack.append((v, True))
-                    stack.extend((i, False) for i in reversed(v.inputs))
-                    continue
-                args = [ctx.local[ctx.key(i)] for i in v.inputs]
-                name = self.name(v)
-                ctx.statements.append(Statement(name, v, v.op.expr, args, [i.dtype for i in v.inputs],
-                                                _compute_dtype(v), v.dtype, self.line(v)))
-            else:
-                view = self.views[id(v)]
-                if ctx.row_level:
-                    view = self._per_row_view(broadcast_view(view, ctx.shape))
-                else:
-                    view = broadcast_view(view, full)
-                if ctx.row_level or view.strides[-1] == 0:  # the same all along the row: loaded once per row
-                    name = f"u{len(row_ops)}"
-                    row_ops.append(Operand(name, view, self.name(v)))
-                    row_local[key] = name
-                else:
-                    name = f"v{len(ctx.operands)}"
-                    ctx.operands.append(Operand(name, view, self.name(v)))
-            ctx.local[key] = name
-        return ctx.local[ctx.key(n)]
-
-    def _row_kernel(self, g, lines: list, row_ops: list, passes: list) -> "RowKernel":
-        """The RowKernel, its views' row axes merged where every view steps through them as one."""
-        views = [o.view for o in row_ops]
-        for p in passes:
-            views += [o.view for o in p.operands] + [s.view for s in [*p.stores, *p.row_stores]]
-        per_axis = [(size, tuple(v.strides[a] for v in views)) for a, size in enumerate(g.rows)]
-        merged = _merge_multi(per_axis)
-        shape = (*[size for size, _ in merged], g.size)
-
-        def at_loop(view: View, k: int) -> View:
-            return replace(view, shape=shape, strides=(*[st[k] for _, st in merged], view.strides[-1]))
-        k = 0
-        for o in row_ops:
-            o.view, k = at_loop(o.view, k), k + 1
-        for p in passes:
-            for o in p.operands:
-                o.view, k = at_loop(o.view, k), k + 1
-            for st in [*p.stores, *p.row_stores]:
-                st.view, k = at_loop(st.view, k), k + 1
-        first = g.members[0]
-        label = self.name(first)
-        label = label if label.startswith("t") and label[1:].isdigit() else f"n{self.order[id(first)]}"
-        return RowKernel(f"k{len(self.kernels)}_rows_{label}", lines, [size for size, _ in merged], g.size,
-                         row_ops, passes, _numel((*g.rows, g.size)))
-
-    def cross_row_sum(self, node: Value, epilogue=None) -> View:
-        """The sum over rows of a split full sum's per-row parts (stored by its row kernel)."""
-        part = self.row_partials[id(node)]
-        rows = part.shape
-        return self._emit_reduce(node, [f"{self.line(node)} (the sum of the per-row parts)"], "sum", part, [],
-                                 _merge([(s, st) for s, st in zip(rows, part.strides)]), part.dtype, epilogue)
-
-
-class _Lowerer(FusionDecisions, RowDecisions, _RowLowering):
-    """One lowering: walks the graph in order, records a view per value and appends kernels."""
-
-    def __init__(self, graph: Graph, variables=None, fuse_reduce: bool = True, recompute: bool = True,
-                 schedule: bool = True, matmul_epilogues: bool = False):
-        self.graph = graph
-        # The variable buffers: the caller's list (those of the unoptimized graph, so that no
-        # variable disappears from the program's arguments when passes drop its last use).
-        self.variable_nodes = list(graph.variables if variables is None else variables)
-        missing = [v.name for v in graph.variables if all(v is not w for w in self.variable_nodes)]
-        if missing:
-            raise ValueError(f"lower: the graph reads variables {missing} that are not in `variables`")
-        self.fuse_reduce = fuse_reduce
-        self.name = Namer()
-        for v in [*graph.inputs, *self.variable_nodes, *graph.nodes]:
-            self.name(v)
-        self.order = {id(n): k for k, n in enumerate(graph.nodes)}
-        self.uses = {id(n): len(graph.users[id(n)]) for n in graph.nodes}
-        for v in graph.outputs:
-            self.uses[id(v)] += 1
-        for _, new in graph.updates:
-            self.uses[id(new)] += 1
+    def __init__(self, decisions: Decisions):
+        self.decisions = decisions
+        self.graph = graph = decisions.graph
+        self.variable_nodes = list(decisions.variables)
+        self.name = graph_namer(graph, self.variable_nodes)
+        # What the decisions say, read in every kernel's walk.
+        self.fused, self.epilogue_of, self.epilogued = decisions.fused, decisions.epilogue_of, decisions.epilogued
+        self.row_of = decisions.row_of
+        self.order = {id(n): k for k, n in enumerate(decisions.order)}
         self.dims = list(graph.dims)
         # Positions by identity: Value.__eq__ builds a graph node, so list.index cannot be used.
         self.input_pos = {id(v): k for k, v in enumerate(graph.inputs)}
@@ -657,23 +84,9 @@ class _Lowerer(FusionDecisions, RowDecisions, _RowLowering):
         self.output_positions: dict[int, list[int]] = {}  # id(node) -> where it is among the outputs
         for k, v in enumerate(graph.outputs):
             self.output_positions.setdefault(id(v), []).append(k)
-        self.fused = {id(n) for n in graph.nodes if self._fusable(n)}
-        self.choices: list[dict] = []
-        if recompute:
-            self._choose_recompute()
-        self.epilogue_of: dict[int, Value] = {}   # id(elementwise root) -> the reduction or matmul it finishes
-        self.epilogued: set[int] = set()          # ids of reductions and matmuls whose kernel its epilogue emits
-        if fuse_reduce:
-            self._choose_epilogues()
-        self._choose_row_groups()
         self.rows_done: set[int] = set()       # ids of the row groups whose kernel is emitted
         self.row_partials: dict[int, View] = {}  # id(split full sum) -> its per-row parts
-        if matmul_epilogues:
-            self._choose_matmul_epilogues()
-        self.schedule = self._schedule() if schedule else self._graph_order()
-        self.order = {id(n): k for k, n in enumerate(self.schedule)}
 
-    # ---- decisions ------------------------------------------------------
     def kernel_name(self, node: Value) -> str:
         label = self.name(node)
         label = label if label.startswith("t") and label[1:].isdigit() else f"n{self.order[id(node)]}"
@@ -696,12 +109,12 @@ class _Lowerer(FusionDecisions, RowDecisions, _RowLowering):
         self.workspace.append(buf)
         return buf
 
-    # ---- per kind -------------------------------------------------------
     def lower(self) -> Plan:
-        for node in self.schedule:
+        """The plan: every decided kernel, then copies into the outputs and the variables."""
+        for node in self.decisions.order:
             kind = node.op.kind
             if id(node) in self.row_of:
-                self.row_group(node)
+                self.row_group(self.row_of[id(node)])
             elif kind == SOURCE:
                 self.views[id(node)] = self.source(node)
             elif kind == MOVEMENT:
@@ -722,12 +135,28 @@ class _Lowerer(FusionDecisions, RowDecisions, _RowLowering):
             elif kind == MATMUL:
                 if id(node) not in self.epilogued:  # else emitted with its epilogue
                     self.views[id(node)] = self.matmul(node)
+            elif kind == GATHER:
+                self.views[id(node)] = lower_gather(self, node)
             else:
                 raise LoweringError(f"no lowering for op {node.op.name!r} of kind {kind!r}")
+        return self.outputs_and_updates()
+
+    def outputs_and_updates(self) -> Plan:
+        """The plan, once the computing kernels are built: outputs and new variable values are copied
+        into their buffers, unless the memory sweeps (symgrad.backends.inplace) let their kernels
+        write there directly."""
         # Outputs not written in place by their kernel are copied into their buffers.
+        retargets: dict[int, tuple] = {}  # id(temporary) -> (temporary, the output or variable written instead)
         for k, node in enumerate(self.graph.outputs):
-            if k not in self.out_claimed and not self.alias_output(k, node):
-                self.copy(node, self.views[id(node)], self.outputs[k], f"output {k}")
+            if k in self.out_claimed:
+                continue
+            view = self.views[id(node)]
+            if aliases_output(view, self.outputs[k]):
+                retargets[id(view.buffer)] = (view.buffer, self.outputs[k])
+                self.views = retarget_views(self.views, view.buffer, self.outputs[k])
+                self.out_claimed.add(k)
+            else:
+                self.copy(node, view, self.outputs[k], f"output {k}")
         # Updates: new values that live in a variable must be saved before any variable is written.
         finals = []
         for target, new in self.graph.updates:
@@ -737,78 +166,41 @@ class _Lowerer(FusionDecisions, RowDecisions, _RowLowering):
                 self.copy(new, view, buf, f"save the new value of variable {target.name}")
                 view = buffer_view(buf, new.shape)
             finals.append((target, new, view))
-        direct = self.write_in_place(finals)
+        self.views, in_place, direct = write_in_place(
+            self.kernels, self.views, finals, {id(t): self.variables[self.var_pos[id(t)]] for t, _, _ in finals})
+        retargets.update(in_place)
         for target, new, view in finals:
             if id(target) in direct:
                 continue
             k = self.var_pos[id(target)]
             self.copy(new, view, self.variables[k], f"update {self.name(target)} <- {self.name(new)}")
-        for k, b in enumerate(self.workspace):  # close the gaps left by retargeted temporaries
-            b.index, b.name = k, f"ws{k}"
+        self.kernels, self.workspace = apply_retargets(self.kernels, self.workspace, retargets)
         header = str(self.graph)
         return Plan(self.graph, self.dims, self.inputs, self.variables, self.outputs, self.workspace,
-                    self.consts, self.kernels, header, self.variable_nodes, self.choices,
+                    self.consts, self.kernels, header, self.variable_nodes, list(self.decisions.choices),
                     [self.name(t) for t, _, _ in finals if id(t) in direct])
 
-    def alias_output(self, k: int, node: Value) -> bool:
-        """An output that is a reshape of a temporary: the kernel writes the output buffer instead.
+    def row_group(self, g) -> None:
+        """Emit the kernel of row group `g`, once: at its first member in the schedule (the schedule
+        makes every member wait for all that the group reads)."""
+        if id(g) in self.rows_done:
+            return
+        self.rows_done.add(id(g))
+        done = lower_row_group(g, self.decisions, self.views, self.alloc, self.name, self.order, len(self.kernels))
+        self.views.update(done.stored)
+        self.row_partials.update(done.partials)
+        for a in g.aliases:  # reshapes and expands of stored members read by other kernels
+            if id(a.inputs[0]) in self.views:
+                self.views[id(a)] = self.movement(a)
+        self.kernels.append(done.kernel)
 
-        Applies when the output reads the whole temporary contiguously from its start (a
-        reshape, an added or removed size-1 axis); transposes and broadcasts still need a copy.
-        """
-        view = self.views[id(node)]
-        out = self.outputs[k]
-        if view.kind != "buffer" or view.buffer.storage != "workspace" or view.buffer.dtype != out.dtype \
-                or not is_contiguous(view) or not (isinstance(view.offset, int) and view.offset == 0) \
-                or not _same(view.buffer.numel, out.numel):
-            return False
-        self.retarget(view.buffer, out)
-        self.out_claimed.add(k)
-        return True
-
-    def retarget(self, old: Buffer, new: Buffer) -> None:
-        """Every kernel and view that used the temporary `old` uses `new` instead."""
-        for kernel in self.kernels:
-            _substitute(kernel, old, new)
-        for key, view in self.views.items():
-            if view.buffer is old:
-                self.views[key] = replace(view, buffer=new)
-        self.workspace.remove(old)
-
-    def write_in_place(self, finals: list) -> set:
-        """Let the loop computing a variable's new value store it into the variable directly.
-
-        Safe when the loop reads the variable only at the element it writes (same strides), no
-        later kernel reads the variable's old value, and the new value is a temporary of its own
-        (not an output, not another update's value). Returns the ids of the targets so written.
-        """
-        counts: dict[int, int] = {}
-        for _, new, _ in finals:
-            counts[id(new)] = counts.get(id(new), 0) + 1
-        direct: set[int] = set()
-        for target, new, view in finals:
-            var = self.variables[self.var_pos[id(target)]]
-            buf = view.buffer
-            if view.kind != "buffer" or buf.storage != "workspace" or counts[id(new)] != 1 \
-                    or view != self.views.get(id(new)) or not is_contiguous(view) \
-                    or not (isinstance(view.offset, int) and view.offset == 0):
-                continue
-            if any(other is not view and other.buffer is buf for _, _, other in finals):
-                continue  # another update reads this temporary too
-            producer = next((i for i, k in enumerate(self.kernels) if buf in _writes(k)), None)
-            if producer is None or not isinstance(self.kernels[producer], LoopKernel):
-                continue
-            kernel = self.kernels[producer]
-            if any(var in _reads(k) for k in self.kernels[producer + 1:]):
-                continue
-            aligned = all(o.view.buffer is not var or (
-                all(_same(a, b) for a, b in zip(o.view.strides, kernel.out_view.strides))
-                and isinstance(o.view.offset, int) and o.view.offset == 0) for o in kernel.operands)
-            if not aligned:
-                continue
-            self.retarget(buf, var)
-            direct.add(id(target))
-        return direct
+    def cross_row_sum(self, node: Value, epilogue=None) -> View:
+        """The sum over rows of a split full sum's per-row parts (stored by its row kernel)."""
+        part = self.row_partials[id(node)]
+        rows = part.shape
+        reduced = merge_strided_axes([(s, st) for s, st in zip(rows, part.strides)])
+        return self._emit_reduce(node, [f"{self.line(node)} (the sum of the per-row parts)"], "sum", part, [],
+                                 reduced, part.dtype, epilogue)
 
     def source(self, node: Value) -> View:
         name = node.op.name
@@ -863,8 +255,10 @@ class _Lowerer(FusionDecisions, RowDecisions, _RowLowering):
         self.kernels.append(self._loop(f"k{len(self.kernels)}_copy", [stmt.line], shape, out,
                                        [operand], [stmt], "r"))
 
-    def _loop(self, name, lines, shape, out, operands, statements, result) -> LoopKernel:
-        out_view = buffer_view(out, shape)
+    def _loop(self, name, lines, shape, out, operands, statements, result, out_view=None) -> LoopKernel:
+        """A loop over `shape` storing `result` into `out` (through `out_view`: by default the whole
+        buffer, contiguously; embed passes a window of it)."""
+        out_view = buffer_view(out, shape) if out_view is None else out_view
         loop_shape, strides = collapse(shape, [out_view.strides, *(o.view.strides for o in operands)])
         out_view = replace(out_view, shape=loop_shape, strides=strides[0])
         operands = [replace(o, view=replace(o.view, shape=loop_shape, strides=st))
@@ -908,7 +302,7 @@ class _Lowerer(FusionDecisions, RowDecisions, _RowLowering):
             name = self.name(n)  # the value's own name, as the graph prints it and the report says
             arg_dtypes = [i.dtype for i in n.inputs]
             statements.append(Statement(name, n, n.op.expr, [local[id(i)] for i in n.inputs], arg_dtypes,
-                                        _compute_dtype(n), n.dtype, self.line(n)))
+                                        compute_dtype(n), n.dtype, self.line(n)))
             local[id(n)] = name
         return operands, statements, local[id(root)]
 
@@ -935,7 +329,7 @@ class _Lowerer(FusionDecisions, RowDecisions, _RowLowering):
         axes = node.attrs["axes"]
         kept = [(s, st) for a, (s, st) in enumerate(zip(src.shape, src.strides)) if a not in axes]
         reduced = [(s, st) for a, (s, st) in enumerate(zip(src.shape, src.strides)) if a in axes]
-        kept, reduced = _merge(kept), _merge(reduced)
+        kept, reduced = merge_strided_axes(kept), merge_strided_axes(reduced)
         op = node.op.name
         acc = node.dtype
         if op == "sum" and node.dtype == "float32":
@@ -949,14 +343,13 @@ class _Lowerer(FusionDecisions, RowDecisions, _RowLowering):
         (x,) = node.inputs
         root = node if epilogue is None else epilogue[0]
         out = self.alloc(root)
-        kernel = ReduceKernel(self.kernel_name(root), lines, op, src, kept, reduced, out, acc, _numel(x.shape),
-                              **prologue)
         if epilogue is not None:
             _, operands, statements, result = epilogue
-            kernel.lines = lines + [st.line for st in statements]
-            kernel.epilogue, kernel.epilogue_statements = operands, statements
-            kernel.epilogue_result, kernel.reduced_dtype = result, node.dtype
-        self.kernels.append(kernel)
+            lines = lines + [st.line for st in statements]
+            prologue.update(epilogue=operands, epilogue_statements=statements, epilogue_result=result,
+                            reduced_dtype=node.dtype)
+        self.kernels.append(ReduceKernel(self.kernel_name(root), lines, op, src, kept, reduced, out, acc,
+                                         _numel(x.shape), **prologue))
         return buffer_view(out, root.shape)
 
     def fused_reduce(self, node: Value, epilogue=None) -> View:
@@ -966,8 +359,8 @@ class _Lowerer(FusionDecisions, RowDecisions, _RowLowering):
         operands, statements, result = self._fused_body(x, x.shape)
         order = [a for a in range(x.ndim) if a not in axes] + list(axes)
         per_axis = [(x.shape[a], tuple(o.view.strides[a] for o in operands)) for a in order]
-        kept = _merge_multi(per_axis[:x.ndim - len(axes)])
-        reduced = _merge_multi(per_axis[x.ndim - len(axes):])
+        kept = merge_loop_axes(per_axis[:x.ndim - len(axes)])
+        reduced = merge_loop_axes(per_axis[x.ndim - len(axes):])
         loop_shape = tuple(s for s, _ in [*kept, *reduced])
         operands = [replace(o, view=replace(o.view, shape=loop_shape,
                                             strides=tuple(st[k] for _, st in [*kept, *reduced])))
@@ -984,8 +377,6 @@ class _Lowerer(FusionDecisions, RowDecisions, _RowLowering):
         """The MatmulKernel of `node`; with `epilogue_root`, the kernel also computes the elementwise
         chain from the product up to that root as it stores each element, and stores the root."""
         a, b = node.inputs
-        if node.ndim != 2:
-            raise LoweringError(f"matmul with batch dimensions ({a.type_str} @ {b.type_str}) has no C lowering yet")
         views = []
         for v in (a, b):
             view = self.views[id(v)]
@@ -994,104 +385,34 @@ class _Lowerer(FusionDecisions, RowDecisions, _RowLowering):
                 self.copy(v, view, buf, "materialize a matmul operand")
                 view = buffer_view(buf, v.shape)
             views.append(view)
+        batch = ()
+        if node.ndim > 2:  # torch.matmul's batch axes: each operand's view at the broadcast batch shape
+            lead = node.shape[:-2]
+            a_view, b_view = (broadcast_view(vw, lead + v.shape[-2:]) for vw, v in zip(views, (a, b)))
+            out_strides = contiguous_strides(node.shape)
+            batch = tuple(zip(lead, a_view.strides[:-2], b_view.strides[:-2], out_strides[:-2]))
+            views = [replace(a_view, shape=a.shape[-2:], strides=a_view.strides[-2:]),
+                     replace(b_view, shape=b.shape[-2:], strides=b_view.strides[-2:])]
         root = node if epilogue_root is None else epilogue_root
         out = self.alloc(root)
-        kernel = MatmulKernel(self.kernel_name(root), [self.line(node)], views[0], views[1], out,
-                              node.shape[0], node.shape[1], a.shape[1])
+        name, lines, epilogue = self.kernel_name(root), [self.line(node)], {}
         if epilogue_root is not None:
             operands, statements, result = self._fused_body(root, root.shape, {id(node): PRODUCT})
-            kernel.lines += [st.line for st in statements]
-            kernel.epilogue, kernel.epilogue_statements, kernel.epilogue_result = operands, statements, result
-        self.kernels.append(kernel)
+            lines += [st.line for st in statements]
+            epilogue = dict(epilogue=operands, epilogue_statements=statements, epilogue_result=result)
+        self.kernels.append(MatmulKernel(name, lines, views[0], views[1], out, node.shape[-2], node.shape[-1],
+                                         a.shape[-1], batch=batch, **epilogue))
         return buffer_view(out, root.shape)
 
 
-def _reads(kernel) -> list:
-    """The buffers a kernel reads."""
-    if isinstance(kernel, RowKernel):
-        operands = [*kernel.operands, *(o for p in kernel.passes for o in p.operands)]
-        return [o.view.buffer for o in operands if o.view.buffer is not None]
-    if isinstance(kernel, LoopKernel):
-        return [o.view.buffer for o in kernel.operands if o.view.buffer is not None]
-    if isinstance(kernel, ReduceKernel):
-        extra = [o.view.buffer for o in kernel.epilogue if o.view.buffer is not None]
-        if kernel.operands:
-            return [o.view.buffer for o in kernel.operands if o.view.buffer is not None] + extra
-        return ([kernel.input.buffer] if kernel.input.buffer is not None else []) + extra
-    return [kernel.a.buffer, kernel.b.buffer] + [o.view.buffer for o in kernel.epilogue if o.view.buffer is not None]
-
-
-def _writes(kernel) -> list:
-    """The buffers a kernel writes."""
-    return kernel.outs if isinstance(kernel, RowKernel) else [kernel.out]
-
-
-def _substitute(kernel, old: Buffer, new: Buffer) -> None:
-    """Make `kernel` read and write `new` wherever it used `old`."""
-    def swap(view: View) -> View:
-        return replace(view, buffer=new) if view.buffer is old else view
-
-    def swap_all(operands: list) -> list:  # untouched operands stay the same objects (cheap)
-        return [replace(o, view=swap(o.view)) if o.view.buffer is old else o for o in operands]
-    if isinstance(kernel, RowKernel):
-        kernel.operands = swap_all(kernel.operands)
-        for p in kernel.passes:
-            p.operands = swap_all(p.operands)
-            p.stores, p.row_stores = swap_all(p.stores), swap_all(p.row_stores)
-        return
-    if kernel.out is old:
-        kernel.out = new
-    if isinstance(kernel, LoopKernel):
-        kernel.out_view = swap(kernel.out_view)
-        kernel.operands = swap_all(kernel.operands)
-    elif isinstance(kernel, ReduceKernel):
-        kernel.input = swap(kernel.input)
-        kernel.operands = swap_all(kernel.operands)
-        kernel.epilogue = swap_all(kernel.epilogue)
-    else:
-        kernel.a, kernel.b = swap(kernel.a), swap(kernel.b)
-        kernel.epilogue = swap_all(kernel.epilogue)
-
-
-def _merge(axes: list[tuple]) -> list[tuple]:
-    """Merge adjacent (size, stride) loop axes that step as one; drop size-1 axes."""
-    axes = [(s, st) for s, st in axes if not _is_one(s)]
-    k = len(axes) - 2
-    while k >= 0:
-        (s0, st0), (s1, st1) = axes[k], axes[k + 1]
-        if _same(st0, _mul(st1, s1)):
-            axes[k:k + 2] = [(_mul(s0, s1), st1)]
-        k -= 1
-    return axes
-
-
-def _merge_multi(axes: list[tuple]) -> list[tuple]:
-    """`_merge` for several operands at once: (size, strides tuple) axes merge when all operands agree."""
-    axes = [(s, st) for s, st in axes if not _is_one(s)]
-    k = len(axes) - 2
-    while k >= 0:
-        (s0, st0), (s1, st1) = axes[k], axes[k + 1]
-        if all(_same(a, _mul(b, s1)) for a, b in zip(st0, st1)):
-            axes[k:k + 2] = [(_mul(s0, s1), st1)]
-        k -= 1
-    return axes
-
-
-def _compute_dtype(node: Value) -> str:
-    """The dtype a node's arithmetic runs in: its own, or its operands' common one for comparisons
-    and for casts (a cast computes in the input's dtype and converts the result)."""
-    if node.op.name == "cast":
-        return node.inputs[0].dtype
-    if node.dtype == "bool":
-        return D.promote(*(i.dtype for i in node.inputs)) if node.inputs else "bool"
-    return node.dtype
-
-
+def build_plan(decisions: Decisions) -> Plan:
+    """The kernel plan that `decisions` describe (symgrad.backends.decisions.decide)."""
+    return _Lowerer(decisions).lower()
 
 
 def lower(graph: Graph, variables=None, fuse_reduce: bool = True, recompute: bool = True,
           schedule: bool = True, matmul_epilogues: bool = False) -> Plan:
-    """The kernel plan of `graph`.
+    """The kernel plan of `graph`: `build_plan(decide(graph, ...))`.
 
     variables: the variable nodes to give buffers, in order (default the graph's own); pass
         the unoptimized graph's list so every variable keeps its slot after passes.
@@ -1114,6 +435,11 @@ def lower(graph: Graph, variables=None, fuse_reduce: bool = True, recompute: boo
         if stray:
             raise ValueError(f"{node.op.name} {node.type_str}: sizes use Dims {sorted(map(str, stray))} "
                              f"that no input's shape determines")
-    return _Lowerer(graph, variables, fuse_reduce=fuse_reduce, recompute=recompute,
-                    schedule=schedule, matmul_epilogues=matmul_epilogues).lower()
-
+    # The variable buffers: the caller's list (those of the unoptimized graph, so that no
+    # variable disappears from the program's arguments when passes drop its last use).
+    variables = list(graph.variables if variables is None else variables)
+    missing = [v.name for v in graph.variables if all(v is not w for w in variables)]
+    if missing:
+        raise ValueError(f"lower: the graph reads variables {missing} that are not in `variables`")
+    return build_plan(decide(graph, variables, fuse_reduce=fuse_reduce, recompute=recompute, schedule=schedule,
+                             matmul_epilogues=matmul_epilogues))

@@ -23,7 +23,8 @@ import sympy
 from ..ir import dtypes as D
 from ..ir import shapes as S
 from ..ir.registry import MOVEMENT, SOURCE
-from .lowering import DEFAULT_DIM, Plan, _reads, _writes
+from .fusion import DEFAULT_DIM
+from .plan import Plan, kernel_reads, kernel_writes
 
 
 @dataclass
@@ -66,7 +67,7 @@ def liveness(plan: Plan) -> list[tuple]:
     first: dict[int, int] = {}
     last: dict[int, int] = {}
     for k, kernel in enumerate(plan.kernels):
-        for buf in [*_reads(kernel), *_writes(kernel)]:
+        for buf in [*kernel_reads(kernel), *kernel_writes(kernel)]:
             if buf is not None and buf.storage == "workspace":
                 first.setdefault(id(buf), k)
                 last[id(buf)] = k

@@ -21,6 +21,7 @@ import sympy
 
 from ..ir import dtypes as D
 from . import runtime
+from .gather import GatherKernel
 from .expressions import Exprs, comment, contiguous, convert, lowest
 from .languages import COLUMN_TILE, PARALLEL_MIN, Language
 from .lowering import PRODUCT, REDUCED, LoopKernel, MatmulKernel, Plan, ReduceKernel, RowKernel, View
@@ -169,7 +170,8 @@ class Renderer:
         loops = self.loops(k.shape, "i", numel=k.numel)
         loop_vars = [l["var"] for l in loops]
         body = self.element(k.operands, k.statements, loop_vars)
-        body.append(Store(k.out.name, self.ex.index(0, loop_vars, k.out_view.strides), k.result))
+        # out_view's offset: 0 but for embed, which stores into a window of its buffer.
+        body.append(Store(k.out.name, self.ex.index(k.out_view.offset, loop_vars, k.out_view.strides), k.result))
         params, args = self.params([op.view.buffer for op in k.operands if op.view.buffer is not None], k.out)
         used = _used([op.view for op in k.operands] + [k.out_view], len(k.shape))
         return self.kernel(k, "loop", params=params, args=args, loops=loops, body=body,
@@ -304,10 +306,20 @@ class Renderer:
         runtime_gemm = self.lang.gemm == "runtime"
         if k.epilogue_statements and not runtime_gemm:
             raise NotImplementedError(f"no {self.lang.name} matmul with a fused epilogue ({k.name})")
+        if k.batch and not runtime_gemm:
+            raise NotImplementedError(f"no {self.lang.name} batched matmul yet ({k.name})")
         params, args = self.params([a.buffer, b.buffer, *epilogue_buffers], k.out, context=runtime_gemm)
+        # A batched product: one GEMM per batch index n0, n1, ..., each operand's pointer moved by
+        # its batch strides (0 where it is broadcast).
+        batch = [dict(var=f"n{j}", size=self.ex.size(size)) for j, (size, *_) in enumerate(k.batch)]
+        names = [loop["var"] for loop in batch]
+        a_at, b_at, out_at = (self.ex.index(offset, names, [step[j] for step in k.batch])
+                              for offset, j in ((a.offset, 1), (b.offset, 2), (0, 3)))
         ctx = self.kernel(k, "matmul", params=params, args=args, ctype=D.C_TYPES[k.out.dtype],
-                          M=self.ex.size(k.M), N=self.ex.size(k.N), K=self.ex.size(k.K),
-                          a=self.ex.pointer(a), b=self.ex.pointer(b), out=k.out.name,
+                          M=self.ex.size(k.M), N=self.ex.size(k.N), K=self.ex.size(k.K), batch=batch,
+                          a=self.ex.pointer(a) if not batch else f"{a.buffer.name} + {a_at}",
+                          b=self.ex.pointer(b) if not batch else f"{b.buffer.name} + {b_at}",
+                          out=k.out.name if not batch else f"{k.out.name} + {out_at}",
                           sam=self.ex.size(a.strides[0]), sak=self.ex.size(a.strides[1]),
                           sbk=self.ex.size(b.strides[0]), sbn=self.ex.size(b.strides[1]), epilogue=None)
         if not runtime_gemm:
@@ -327,6 +339,20 @@ class Renderer:
                                    buffers=[dict(name=buf.name, ctype=D.C_TYPES[buf.dtype]) for buf in epilogue_buffers])
         return dict(ctx, gemm=gemm, a_strides=a_strides, status=True)
 
+    def gather_kernel(self, k: GatherKernel) -> dict:
+        """take or scatter_add over (P, I, Q) loops (templates <language>/gather)."""
+        params, args = self.params([k.src.buffer, k.indices.buffer], k.out)
+        sizes = {name: self.ex.paren(getattr(k, name)) for name in ("P", "I", "Q", "rows")}
+        threads = f"{sizes['P']} * {sizes['I']} * {sizes['Q']}" if k.op == "take" else f"{sizes['P']} * {sizes['Q']}"
+        return self.kernel(k, "gather", params=params, args=args, op=k.op, ctype=D.C_TYPES[k.out.dtype],
+                           itype=D.C_TYPES[k.indices.dtype], src=self.ex.pointer(k.src),
+                           idx=self.ex.pointer(k.indices), out=k.out.name, threads=threads,
+                           parallel=not _small(self.ex_numel(k)), **sizes)
+
+    def ex_numel(self, k: GatherKernel):
+        """Elements a gather kernel moves: P * I * Q."""
+        return sympy.sympify(k.P) * sympy.sympify(k.I) * sympy.sympify(k.Q)
+
     def kernels(self) -> list[dict]:
         """The template context of every kernel of the plan, in schedule order."""
         contexts = []
@@ -339,6 +365,8 @@ class Renderer:
                 contexts.append(self.matmul_kernel(k))
             elif isinstance(k, RowKernel):
                 contexts.append(self.row_kernel(k))
+            elif isinstance(k, GatherKernel):
+                contexts.append(self.gather_kernel(k))
             else:
                 raise NotImplementedError(f"no {self.lang.name} rendering for kernel {type(k).__name__}")
         return contexts

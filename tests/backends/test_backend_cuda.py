@@ -103,12 +103,23 @@ def training_programs() -> dict:
     return graphs
 
 
+def gather_ops() -> sg.Graph:
+    """take, its gradient scatter_add, and embed (the gradient of a strided slice)."""
+    table = sg.input("table", (7, 3), dtype="float32")
+    ids = sg.input("ids", (B, 2), dtype="int64")
+    x = sg.input("x", (B, 6), dtype="float32")
+    rows = sg.embedding(table, ids)
+    loss = (rows * rows).sum() + (x[:, 1::2] ** 2).sum()
+    return sg.Graph([table, ids, x], [rows, *sg.grad(loss, [table, x])])
+
+
 def all_graphs() -> dict:
     """Every graph whose CUDA source must compile, by name."""
     from test_passes import GRAPHS
     from test_rowwise import ROW_GRAPHS
     graphs = {"ops_float64": op_suite("float64"), "ops_float32": op_suite("float32"),
-              "unary_derivatives": unary_derivatives(), "integer_and_index_ops": integer_and_index_ops()}
+              "unary_derivatives": unary_derivatives(), "integer_and_index_ops": integer_and_index_ops(),
+              "gather_ops": gather_ops()}
     graphs.update({f"passes_{name}": build() for name, build in GRAPHS.items()})
     graphs.update({name: build() for name, build in ROW_GRAPHS.items()})
     graphs.update(training_programs())

@@ -1,0 +1,169 @@
+"""What the lowering decides, as one printable value: `decide(graph) -> Decisions`.
+
+Before any kernel is built, a pure function of the graph decides which
+elementwise nodes are computed inside another kernel (fused chains,
+reduction prologues, cheap values recomputed by each reader), which
+elementwise groups finish a reduction or a matmul in its kernel (epilogues),
+which row reductions and maps run as one row kernel (row groups), and the
+order the kernels run in. `str(decisions)` reads as a list of those choices;
+symgrad.backends.lowering builds the kernels from it.
+
+    fused into their reader: t10 t11
+    recomputed by each reader: t4 t6
+    epilogues: t13 <- sum t12
+    row groups:
+      rows (B,) x 10: max t5, exp t7, sum t8, log t9 | partial sums t12 | reads t3 b
+    kernels, in order:
+      matmul t3
+      rows t5 t7 t8 t9
+      sum t12 -> t13
+      ...
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import cached_property
+from types import MappingProxyType
+
+from ..ir.graph import Graph
+from ..ir.printing import Namer
+from ..ir.value import Value
+from .fusion import (choose_epilogues, choose_matmul_epilogues, choose_recompute, fused_chains, materializes,
+                     use_counts)
+from .rows import RowGroup, choose_row_groups
+from .schedule import graph_order, schedule as schedule_kernels
+
+
+def graph_namer(graph: Graph, variables) -> Namer:
+    """The names the printed graph, the report and the generated code give the values: inputs,
+    then `variables` (the caller's variable slots), then the nodes in graph order."""
+    name = Namer()
+    for v in [*graph.inputs, *variables, *graph.nodes]:
+        name(v)
+    return name
+
+
+@dataclass(frozen=True, eq=False)
+class Decisions:
+    """Fusion, epilogues, row groups, save-or-recompute and kernel order of one graph's lowering.
+
+    Nodes are held by identity (`id(node)`): two decisions over the same graph compare equal when
+    they decide the same for the same nodes.
+    """
+
+    graph: Graph
+    variables: tuple        # the variable nodes given buffers, in order
+    options: tuple          # (option, value) pairs decide was called with
+    fused: frozenset        # ids of the elementwise nodes computed inside their readers' kernels
+    recomputed: frozenset   # those of `fused` read by several kernels, each computing it again
+    choices: tuple          # save / recompute records of forward values (dicts), for the report
+    epilogue_of: MappingProxyType  # id(elementwise root) -> the reduction or matmul whose kernel computes it
+    row_groups: tuple       # RowGroup: each one row kernel
+    order: tuple            # every node, in the order the lowering visits them (kernels run in this order)
+
+    @cached_property
+    def epilogued(self) -> frozenset:
+        """ids of the reductions and matmuls whose kernel is emitted with its epilogue's root."""
+        return frozenset(id(r) for r in self.epilogue_of.values())
+
+    @cached_property
+    def row_of(self) -> dict:
+        """id(member or alias) -> its row group."""
+        return {id(n): g for g in self.row_groups for n in [*g.members, *g.aliases]}
+
+    @cached_property
+    def row_partial(self) -> dict:
+        """id(full sum split into per-row parts) -> the row group storing the parts."""
+        return {id(p): g for g in self.row_groups for p in g.partials}
+
+    def materializes(self, node: Value) -> bool:
+        """Whether `node` gets a kernel and a buffer of its own (row group members aside)."""
+        return materializes(node, self.fused, self.epilogued)
+
+    def _key(self) -> tuple:
+        return (id(self.graph), tuple(map(id, self.variables)), self.options, self.fused, self.recomputed,
+                self.choices, tuple((root, id(r)) for root, r in self.epilogue_of.items()),
+                tuple(g.ids() for g in self.row_groups), tuple(map(id, self.order)))
+
+    def __eq__(self, other) -> bool:
+        return isinstance(other, Decisions) and self._key() == other._key()
+
+    __hash__ = None  # type: ignore[assignment]  -- holds dicts: equal by content, not hashable
+
+    def kernels(self) -> list[str]:
+        """One line per kernel, in the order they run: `matmul t2`, `sum t8 -> t9` (with its
+        epilogue up to t9), `rows t5 t7 t8` (a row group's members, at its first member)."""
+        name = graph_namer(self.graph, self.variables)
+        lines, seen = [], set()
+        for n in self.order:
+            g = self.row_of.get(id(n))
+            if g is not None:
+                if id(g) not in seen:
+                    seen.add(id(g))
+                    lines.append("rows " + " ".join(name(m) for m in g.members))
+            elif id(n) in self.epilogue_of:
+                r = self.epilogue_of[id(n)]
+                lines.append(f"{r.op.name} {name(r)} -> {name(n)}")
+            elif self.materializes(n):
+                lines.append(f"{n.op.name} {name(n)}")
+        return lines
+
+    def __str__(self) -> str:
+        name = graph_namer(self.graph, self.variables)
+        position = {id(n): k for k, n in enumerate(self.graph.nodes)}
+        by_id = {id(n): n for n in self.graph.nodes}
+
+        def names(ids) -> str:
+            return " ".join(name(by_id[i]) for i in sorted(ids, key=position.__getitem__)) or "none"
+        options = ", ".join(f"{k}={v}" for k, v in self.options)
+        lines = [f"decisions ({options})",
+                 f"fused into their reader: {names(self.fused - self.recomputed)}",
+                 f"recomputed by each reader: {names(self.recomputed)}"]
+        epilogues = sorted(self.epilogue_of.items(), key=lambda item: position[item[0]])
+        lines.append("epilogues: " + (", ".join(f"{name(by_id[root])} <- {r.op.name} {name(r)}"
+                                                 for root, r in epilogues) or "none"))
+        lines.append("row groups:" + ("" if self.row_groups else " none"))
+        lines += [f"  {_group_line(g, name)}" for g in self.row_groups]
+        lines.append("kernels, in order:")
+        lines += [f"  {line}" for line in self.kernels()]
+        return "\n".join(lines)
+
+
+def _group_line(g: RowGroup, name) -> str:
+    """`rows (B,) x 10: max t5, sub t6, sum t8 | partial sums t11 | views t7 | reads t4`."""
+    rows = "(" + ", ".join(map(str, g.rows)) + ("," if len(g.rows) == 1 else "") + ")"
+    text = f"rows {rows} x {g.size}: " + ", ".join(f"{m.op.name} {name(m)}" for m in g.members)
+    for words, part in (("partial sums", g.partials), ("views", g.aliases), ("reads", g.leaves)):
+        if part:
+            text += f" | {words} " + " ".join(name(n) for n in part)
+    return text
+
+
+def decide(graph: Graph, variables=None, fuse_reduce: bool = True, recompute: bool = True,
+           schedule: bool = True, matmul_epilogues: bool = False) -> Decisions:
+    """The lowering's decisions for `graph` (the options are `lower`'s); reads the graph, changes nothing.
+
+    In this order, each step seeing the ones before: elementwise chains fused into their one
+    reader; cheap values read by several kernels recomputed in each (`recompute`); reductions'
+    epilogues and row groups (`fuse_reduce`; a reduction in a row group keeps no epilogue of its
+    own); matmul epilogues (`matmul_epilogues`); the kernel order (`schedule`: few bytes live,
+    else the graph's own order).
+    """
+    variables = tuple(graph.variables if variables is None else variables)
+    name = graph_namer(graph, variables)
+    uses = use_counts(graph)
+    chains = fused_chains(graph, uses, fuse_reduce)
+    fused, choices = choose_recompute(graph, uses, chains, fuse_reduce, name) if recompute else (chains, [])
+    epilogue_of = choose_epilogues(graph, uses, fused) if fuse_reduce else {}
+    groups = choose_row_groups(graph, fused, epilogue_of) if fuse_reduce else ()
+    in_groups = {id(n) for g in groups for n in [*g.members, *g.aliases]}
+    epilogue_of = {root: r for root, r in epilogue_of.items() if id(r) not in in_groups}
+    if matmul_epilogues:
+        epilogue_of.update(choose_matmul_epilogues(graph, uses, fused, epilogue_of, in_groups))
+    epilogued = {id(r) for r in epilogue_of.values()}
+    order = schedule_kernels(graph, fused, epilogued, groups) if schedule else graph_order(graph, groups)
+    options = (("fuse_reduce", fuse_reduce), ("recompute", recompute), ("schedule", schedule),
+               ("matmul_epilogues", matmul_epilogues))
+    return Decisions(graph, variables, options, frozenset(fused), frozenset(fused) - frozenset(chains),
+                     tuple(choices), MappingProxyType(epilogue_of), tuple(groups), tuple(order))

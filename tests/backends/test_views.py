@@ -1,0 +1,69 @@
+"""The view algebra's axis merge (written once, used by loop, reduction and row kernels) and the
+in-place sweep's retargets, which build new kernels and leave the old ones as they were."""
+
+from __future__ import annotations
+
+import sympy
+
+import symgrad as sg
+from symgrad.backends.inplace import apply_retargets
+from symgrad.backends.lowering import lower
+from symgrad.backends.plan import kernel_reads, kernel_writes
+from symgrad.backends.views import (Buffer, collapse, contiguous_strides, merge_axes, merge_loop_axes,
+                                    merge_strided_axes)
+
+
+def test_merge_axes_joins_axes_every_operand_steps_through_as_one():
+    # A contiguous (2, 3, 4) array is one loop; beside a read with its last two axes transposed,
+    # no two axes step as one for both operands.
+    shape = (2, 3, 4)
+    assert merge_axes(shape, [contiguous_strides(shape)]) == ((24,), [(1,)])
+    assert merge_axes(shape, [contiguous_strides(shape), (12, 1, 3)]) == ((2, 3, 4), [(12, 4, 1), (12, 1, 3)])
+    # ...and beside a read broadcast along the first axis, the last two merge.
+    assert merge_axes(shape, [contiguous_strides(shape), (0, 4, 1)]) == ((2, 12), [(12, 1), (0, 1)])
+    # Size-1 axes are dropped first; a broadcast (stride 0) axis stays apart from a strided one.
+    assert merge_axes((5, 1, 7), [(7, 99, 1), (0, 0, 1)]) == ((5, 7), [(7, 1), (0, 1)])
+    # Symbolic sizes merge as products.
+    B = sympy.Symbol("B", positive=True, integer=True)
+    sizes, strides = merge_axes((B, 10), [(10, 1)])
+    assert sympy.simplify(sizes[0] - 10 * B) == 0 and strides == [(1,)]
+    # No operand at all: every axis steps as one.
+    assert merge_axes((2, 3), []) == ((6,), [])
+
+
+def test_the_three_spellings_agree():
+    shape, strides = (4, 1, 6, 5), [(30, 0, 5, 1), (0, 0, 5, 1)]
+    merged_shape, merged = collapse(shape, strides)
+    pairs = merge_loop_axes([(s, tuple(st[a] for st in strides)) for a, s in enumerate(shape)])
+    assert [s for s, _ in pairs] == list(merged_shape)
+    assert [tuple(st[k] for _, st in pairs) for k in range(len(strides))] == merged
+    sizes, (only,) = merge_axes(shape, [strides[0]])
+    assert merge_strided_axes(list(zip(shape, strides[0]))) == list(zip(sizes, only)) == [(120, 1)]
+    assert merge_loop_axes([(3, ()), (4, ())]) == [(12, ())]
+
+
+def test_retargets_build_new_kernels_and_leave_the_old_ones():
+    x, y = sg.input("x", (8, 6)), sg.input("y", (8,), dtype="int64")
+    W = sg.param("W", (6, 4))
+    step = sg.train_step(sg.cross_entropy(sg.tanh(x @ W), y), [W], sg.optim.SGD(lr=0.1))
+    plan = lower(step.graph)
+    assert len(plan.workspace) >= 2
+    temp = plan.workspace[0]  # the others move down one place
+    users = [k for k in plan.kernels if any(b is temp for b in [*kernel_reads(k), *kernel_writes(k)])]
+    assert users
+    before = [(k, [b.name for b in [*kernel_reads(k), *kernel_writes(k)]]) for k in plan.kernels]
+    new = Buffer("elsewhere", "output", 9, temp.dtype, temp.numel)
+    kernels, workspace = apply_retargets(plan.kernels, plan.workspace, {id(temp): (temp, new)})
+    # The old kernels still read and write what they did.
+    assert [(k, [b.name for b in [*kernel_reads(k), *kernel_writes(k)]]) for k, _ in before] == before
+    assert all(not any(b is temp for b in [*kernel_reads(k), *kernel_writes(k)]) for k in kernels)
+    assert sum(any(b is new for b in [*kernel_reads(k), *kernel_writes(k)]) for k in kernels) == len(users)
+    # Every temporary moved down one place, so exactly the kernels using no temporary stay the same
+    # objects; the new ones use the renumbered buffers of the new workspace.
+    for old, k in zip(plan.kernels, kernels):
+        assert (k is old) == all(b.storage != "workspace" for b in [*kernel_reads(old), *kernel_writes(old)])
+        assert all(any(b is w for w in workspace) for b in [*kernel_reads(k), *kernel_writes(k)]
+                   if b.storage == "workspace")
+    # The workspace lost the temporary and is numbered from ws0 again.
+    assert temp not in workspace and [b.name for b in workspace] == [f"ws{k}" for k in range(len(workspace))]
+    assert [b.index for b in workspace] == list(range(len(workspace)))
