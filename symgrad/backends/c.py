@@ -1,4 +1,5 @@
-"""The C/OpenMP backend: a kernel plan rendered through templates/c/, built by cffi.
+"""The C/OpenMP backend: a kernel plan rendered through templates/c/, built as a plain shared
+library and called through cffi's ABI mode.
 
 `compile(graph)` goes through the compile driver (symgrad.backends.driver: passes,
 lowering, render, program cache), which renders one C11 file (symgrad.backends.render
@@ -47,8 +48,10 @@ from .native import NativeProgram
 from .render_program import render
 
 _refcount = getattr(sys, "getrefcount", None)  # CPython's; elsewhere outputs are always new arrays
-# The program's sg_context (symgrad_runtime.h): Python owns one per program and reads `failed`.
-CDEF = ("typedef struct { const char* failed; ...; } sg_context;\n"
+# The program's sg_context, field for field as symgrad_runtime.h declares it (the program is loaded
+# in cffi's ABI mode, which needs the whole layout): Python owns one per program and reads `failed`.
+CONTEXT_FIELDS = "int team_warm; double last_call_end; int status; const char* failed;"
+CDEF = (f"typedef struct {{ {CONTEXT_FIELDS} }} sg_context;\n"
         f"{SIGNATURE};\n"
         f"int64_t {WORKSPACE_SIZES}(const int64_t* dims, int64_t* nbytes);\n"
         f"void {SET_THREADS}(int threads);")
@@ -71,7 +74,7 @@ def build_program(source: str, flags: list[str] | None = None) -> cache.BuiltMod
     """What a C program includes and links: its `source` built (cached) with the runtime's header on
     its include path, linked to the runtime library built with the same `flags` (once per compiler
     and flags; default `cache.default_flags()`)."""
-    return cache.build(source, CDEF, flags=flags, headers={runtime.HEADER: runtime.header()},
+    return cache.build(source, CDEF, flags=flags, kind="program", headers={runtime.HEADER: runtime.header()},
                        link=runtime.build(flags))
 
 

@@ -1,7 +1,7 @@
 """Build cache: C source -> an importable cffi extension module `_symgrad_<hash>`.
 
     build(source, cdef, *, flags=None, kind="c", headers=None, link=None) -> BuiltModule
-                                                    (kind "c", "cuda" or "runtime")
+                                                    (kind "c", "program", "cuda" or "runtime")
 
 `build` compiles `source` with cffi's out-of-line API mode (`ffi.cdef(cdef)`,
 `ffi.set_source(name, source)`, its C wrapper compiled and linked by one run of the C
@@ -46,6 +46,11 @@ _symgrad_<hash>.so` (flags: DEFAULT_NVCC_FLAGS or `$SYMGRAD_NVCCFLAGS`, plus the
 architecture the caller chose), the compiler identity is nvcc's path and `--version`
 (`$NVCC` is honoured), and the library, which has no Python C-API, is loaded with
 cffi's ABI mode (`ffi.dlopen` with the cdef): `BuiltModule.module` has `.ffi` and `.lib`.
+
+kind="program" (symgrad/backends/c.py's programs) builds a plain shared library with the C compiler
+and flags, `_symgrad_<hash>.so`, without cffi's wrapper or Python's headers (half the compile
+of a model's step), and loads it with cffi's ABI mode as kind "cuda" does; with `link=`, it
+links the runtime library as an extension module does.
 
 kind="runtime" (symgrad/backends/runtime.py) builds a plain shared library the same way
 with the C compiler and flags, `_symgrad_<hash>.so`, its soname the file's name; Python does
@@ -95,7 +100,7 @@ from .toolchain import (DEFAULT_FLAGS, NVCC_FAT_BINARY, BuildError, CompilerNotF
 # Bumped whenever the layout or the metadata changes, so old entries are never misread.
 FORMAT = 1
 _HASH_CHARS = 32
-_KINDS = ("c", "cuda", "runtime")
+_KINDS = ("c", "program", "cuda", "runtime")
 _ENV_FLAG_VARS = ("CFLAGS", "CPPFLAGS", "LDFLAGS", "LDSHARED")
 
 
@@ -363,14 +368,16 @@ def _compile_entry(paths: _Paths, key: str, prekey: str, source: str, cdef: str,
         try:
             if kind == "c":
                 built = _compile(tmp, paths, source, cdef, flags, include=include, link=inputs.link)
-            elif kind == "runtime":
-                built = toolchain.compile_shared(tmp, paths, flags, include_dirs=[include] if include else [])
+            elif kind in ("runtime", "program"):
+                link = inputs.link if kind == "program" else None
+                built = toolchain.compile_shared(tmp, paths, flags, include_dirs=[include] if include else [],
+                                                 link_args=[str(link.library_path), "-Wl,-rpath,$ORIGIN"] if link else [])
             else:
                 built = toolchain.compile_nvcc(tmp, paths, flags)
         except BuildError as failed:
             atomic_write(paths.log, failed.log.encode())  # beside the kept source, for the user to read
             raise
-        meta = {"format": FORMAT, "module_name": paths.name, "key": key, "prekey": prekey,
+        meta = {"format": FORMAT, "kind": kind, "module_name": paths.name, "key": key, "prekey": prekey,
                 "library": paths.library.name, "library_sha256": file_sha256(built),
                 "source_sha256": hashlib.sha256(source.encode()).hexdigest(), "flags": flags,
                 "compiler": _COMPILER_IDS.get(shlex.join(nvcc_command() if kind == "cuda" else compiler_command()), ""),
@@ -413,7 +420,8 @@ def _remove_entry(paths: _Paths) -> None:
 
 
 class DlopenModule:
-    """A kind="cuda" entry loaded with cffi's ABI mode: `.ffi` (with the cdef) and `.lib` (the functions)."""
+    """A kind="program" or "cuda" entry loaded with cffi's ABI mode: `.ffi` (with the cdef) and `.lib`
+    (the functions)."""
 
     def __init__(self, name: str, so_path: Path, cdef: str):
         import cffi
@@ -424,11 +432,12 @@ class DlopenModule:
         self.lib = self.ffi.dlopen(str(so_path))
 
     def __repr__(self) -> str:
-        return f"<symgrad CUDA library {self.__name__}>"
+        return f"<symgrad native library {self.__name__}>"
 
 
 def _open(name: str, so_path: Path, kind: str, cdef: str):
-    """The loaded entry: an imported extension module (kind "c"), a dlopened library (kind "cuda"),
+    """The loaded entry: an imported extension module (kind "c"), a dlopened library (kinds "program"
+    and "cuda"),
     or nothing (kind "runtime": the programs linking it load it, from beside them, when they are
     imported; each program's dependencies are its own (RTLD_LOCAL), so two runtimes built with
     other flags, which define the same names, never serve each other's programs)."""

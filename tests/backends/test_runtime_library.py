@@ -8,7 +8,6 @@ import re
 import shutil
 import subprocess
 import sys
-import sysconfig
 import textwrap
 from unittest import mock
 
@@ -16,12 +15,11 @@ import numpy as np
 import pytest
 
 import symgrad as sg
-from symgrad.backends import cache, runtime, toolchain
+from symgrad.backends import c, cache, runtime, toolchain
 
 pytest.importorskip("symgrad.backends.c")
 
 PORTABLE_FLAGS = ["-O2", "-march=x86-64", "-fopenmp", "-std=c11", "-fno-math-errno"]
-EXT_SUFFIX = sysconfig.get_config_var("EXT_SUFFIX")  # a program's binary; the runtime's ends in plain .so
 
 
 @pytest.fixture
@@ -36,11 +34,12 @@ def fresh(monkeypatch, tmp_path):
 
 @pytest.fixture
 def runtime_builds(monkeypatch):
-    """The runtime libraries compiled in this process (a program's extension module is the
-    same function's other use: python=True)."""
+    """The runtime libraries compiled in this process (the same function builds a program, which
+    links the runtime: link_args)."""
     spy = mock.Mock(wraps=toolchain.compile_shared)
     monkeypatch.setattr(toolchain, "compile_shared", spy)
-    return lambda: [call for call in spy.call_args_list if not call.kwargs.get("python")]
+    return lambda: [call for call in spy.call_args_list if not call.kwargs.get("python")
+                    and not call.kwargs.get("link_args")]
 
 
 def _mlp(width: int):
@@ -63,7 +62,9 @@ def _check(fn, width: int):
 
 
 def _runtime_libraries(directory) -> list:
-    return [p for p in directory.glob("_symgrad_*.so") if not p.name.endswith(EXT_SUFFIX)]
+    """The runtime libraries in a cache directory (their metadata says kind "runtime")."""
+    return [p for p in directory.glob("_symgrad_*.so")
+            if json.loads(p.with_suffix(".json").read_text()).get("kind") == "runtime"]
 
 
 def test_a_program_includes_the_runtime_instead_of_holding_the_gemm():
@@ -160,16 +161,18 @@ def test_a_cache_directory_deleted_and_compiled_again_works(fresh, runtime_build
     _check(new, 8)
 
 
-def test_a_program_imports_in_a_fresh_process_without_symgrad(fresh):
-    """A program finds its runtime beside it (its run path is $ORIGIN): `import _symgrad_<hash>`
-    works with the cache directory on sys.path, in a process that never imported symgrad."""
+def test_a_program_loads_in_a_fresh_process_without_symgrad(fresh):
+    """A program is a plain shared library that finds its runtime beside it (its run path is
+    $ORIGIN): cffi's ABI mode loads it from the cache directory in a process that never imported
+    symgrad."""
     fn = _function(40)
     script = textwrap.dedent(f"""
-        import sys
-        sys.path.insert(0, {str(fresh)!r})
-        import {fn.module_name} as m
+        import sys, cffi
+        ffi = cffi.FFI()
+        ffi.cdef({c.CDEF!r})
+        lib = ffi.dlopen({str(fn.library_path)!r})
         assert "symgrad" not in sys.modules
-        print(m.lib.symgrad_workspace_bytes(m.ffi.NULL, m.ffi.NULL) >= 0)
+        print(lib.symgrad_workspace_bytes(ffi.NULL, ffi.NULL) >= 0)
         """)
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120, cwd=fresh)
     assert done.returncode == 0 and done.stdout.strip() == "True", done.stderr[-2000:]
@@ -224,3 +227,12 @@ def test_a_gemm_out_of_memory_raises_memory_error_naming_the_kernel(shape, threa
     lines = done.stdout.strip().splitlines()
     assert lines[-1] == "recovered"
     assert re.fullmatch(r"MemoryError: _symgrad_\w+: kernel k\d+_matmul_\w+ could not allocate .*", lines[0]), lines
+
+
+def test_the_context_python_declares_is_the_runtimes():
+    """The program is loaded in cffi's ABI mode, which lays sg_context out from c.CDEF: its fields
+    must be symgrad_runtime.h's, in order."""
+    header = runtime.header()
+    declared = re.search(r"typedef struct \{([^}]*)\} sg_context;", header).group(1)
+    fields = " ".join(line.strip() for line in declared.splitlines() if line.strip())
+    assert fields == c.CONTEXT_FIELDS
