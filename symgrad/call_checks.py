@@ -14,7 +14,7 @@ import sympy
 
 from .ir import dtypes as D
 from .ir import shapes as S
-from .ir.graph import Graph, toposort
+from .ir.graph import Graph, same_named_leaves, toposort
 from .ir.value import Value
 
 
@@ -84,12 +84,12 @@ def leaf_kind(leaf: Value) -> str:
 
 
 def check_unique_names(graph: Graph) -> None:
-    seen: dict[str, Value] = {}
-    for v in [*graph.inputs, *graph.variables]:
-        other = seen.setdefault(v.name, v)
-        if other is not v:
-            raise ValueError(f"two different graph leaves are named {v.name!r} ({leaf_kind(other)} "
-                             f"{other.type_str} and {leaf_kind(v)} {v.type_str}); names must be unique")
+    """Raise ValueError naming the two leaves when different inputs or variables share a name."""
+    pair = same_named_leaves(graph)
+    if pair is not None:
+        other, v = pair
+        raise ValueError(f"two different graph leaves are named {v.name!r} ({leaf_kind(other)} "
+                         f"{other.type_str} and {leaf_kind(v)} {v.type_str}); names must be unique")
 
 
 def gradient_buffer_name(param: Value) -> str:

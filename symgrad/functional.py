@@ -411,12 +411,17 @@ def _reduce_loss(per_element: Value, reduction: str, op: str) -> Value:
 
 def nll_loss(log_probs, target, reduction: str = "mean") -> Value:
     """Negative log-likelihood of integer `target` under rows of log-probabilities (F.nll_loss)."""
-    log_probs = _value(log_probs, "nll_loss", "log_probs")
-    target = _value(target, "nll_loss", "target")
-    if log_probs.ndim != 2 or target.ndim != 1 or not S.same_size(log_probs.shape[0], target.shape[0]):
-        raise ValueError(f"nll_loss: expects log_probs [N,C] and target [N], got "
-                         f"{S.format_shape(log_probs.shape)} and {S.format_shape(target.shape)}")
+    log_probs, target = _rows_and_targets(log_probs, target, "nll_loss", "log_probs")
     return _nll_loss(log_probs, target, reduction, "nll_loss")
+
+
+def _rows_and_targets(scores, target, op: str, arg: str) -> tuple[Value, Value]:
+    """`scores` [N, C] and `target` [N] as graph values, checked as torch's losses check them."""
+    scores, target = _value(scores, op, arg), _value(target, op, "target")
+    if scores.ndim != 2 or target.ndim != 1 or not S.same_size(scores.shape[0], target.shape[0]):
+        raise ValueError(f"{op}: expects {arg} [N,C] and target [N], got "
+                         f"{S.format_shape(scores.shape)} and {S.format_shape(target.shape)}")
+    return scores, target
 
 
 def _nll_loss(log_probs: Value, target: Value, reduction: str, op: str) -> Value:
@@ -429,11 +434,7 @@ def _nll_loss(log_probs: Value, target: Value, reduction: str, op: str) -> Value
 
 def cross_entropy(logits, target, reduction: str = "mean") -> Value:
     """Softmax cross-entropy of integer `target` (F.cross_entropy): mean over the batch by default."""
-    logits = _value(logits, "cross_entropy", "logits")
-    target = _value(target, "cross_entropy", "target")
-    if logits.ndim != 2 or target.ndim != 1 or not S.same_size(logits.shape[0], target.shape[0]):
-        raise ValueError(f"cross_entropy: expects logits [N,C] and target [N], got "
-                         f"{S.format_shape(logits.shape)} and {S.format_shape(target.shape)}")
+    logits, target = _rows_and_targets(logits, target, "cross_entropy", "logits")
     return _nll_loss(log_softmax(logits, axis=1), target, reduction, "cross_entropy")
 
 

@@ -110,3 +110,14 @@ class Graph:
         return Graph(self.inputs if inputs is None else inputs,
                      self.outputs if outputs is None else outputs,
                      self.updates if updates is None else updates)
+
+
+def same_named_leaves(graph: "Graph") -> tuple | None:
+    """The first two different leaves (inputs, variables) that share a name, or None: names are
+    how callers and checkpoints address leaves, so each must be one leaf's."""
+    seen: dict[str, Value] = {}
+    for leaf in [*graph.inputs, *graph.variables]:
+        other = seen.setdefault(leaf.name, leaf)
+        if other is not leaf:
+            return other, leaf
+    return None

@@ -10,7 +10,7 @@ import numpy as np
 import sympy
 
 from ..ir import shapes as S
-from ..ir.graph import Graph
+from ..ir.graph import Graph, same_named_leaves
 from ..ir.value import Value
 
 
@@ -66,12 +66,11 @@ def verify(graph: Graph) -> Graph:
             raise VerifyError(f"variable {target.name!r} is updated twice")
         written.add(id(target))
 
-    names: dict[str, Value] = {}
-    for leaf in [*graph.inputs, *graph.variables]:
-        other = names.setdefault(leaf.name, leaf)
-        if other is not leaf:
-            raise VerifyError(f"two different leaves are named {leaf.name!r} "
-                              f"({_describe(other)} and {_describe(leaf)})")
+    pair = same_named_leaves(graph)
+    if pair is not None:
+        other, leaf = pair
+        raise VerifyError(f"two different leaves are named {leaf.name!r} "
+                          f"({_describe(other)} and {_describe(leaf)})")
     return graph
 
 
