@@ -15,7 +15,7 @@ import sympy
 from ..ir import dtypes as D
 from ..ir import shapes as S
 from ..ir.elementwise import ARGS
-from ..ir.graph import Graph
+from ..ir.graph import Graph, ancestors
 from ..ir.registry import CUSTOM, ELEMENTWISE, MATMUL, MOVEMENT, REDUCE, SOURCE
 from ..ir.value import Value
 
@@ -240,20 +240,9 @@ def _expr_cost(expr) -> int:
 DEFAULT_DIM = 64  # the value a Dim takes where a size must be a number before any call
 
 
-def _reachable(roots) -> set:
-    """ids of every node the roots depend on, the roots included."""
-    seen, stack = set(), list(roots)
-    while stack:
-        n = stack.pop()
-        if id(n) not in seen:
-            seen.add(id(n))
-            stack.extend(n.inputs)
-    return seen
-
-
 def _forward_ids(graph: Graph) -> set:
     """The nodes the graph's outputs depend on (the forward pass of a training step)."""
-    return _reachable(graph.outputs)
+    return ancestors(graph.outputs)
 
 
 def _only_sign_tests(node: Value, users: list) -> bool:

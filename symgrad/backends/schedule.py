@@ -12,7 +12,7 @@ import heapq
 
 from ..ir import dtypes as D
 from ..ir import shapes as S
-from ..ir.graph import Graph
+from ..ir.graph import Graph, ancestors
 from ..ir.registry import ELEMENTWISE
 from ..ir.value import Value
 from .fusion import DEFAULT_DIM, materializes
@@ -57,10 +57,10 @@ def schedule(graph: Graph, fused, epilogued, groups) -> list:
     for target, new in graph.updates:
         if not mat.get(id(new)) or new.op.kind != ELEMENTWISE:
             continue
-        ancestors = _ancestors(new)
+        before_new = ancestors([new])
         for n in nodes:
-            if n is not new and mat[id(n)] and id(target) in reads[id(n)] and id(n) not in ancestors \
-                    and id(new) not in _ancestors(n):
+            if n is not new and mat[id(n)] and id(target) in reads[id(n)] and id(n) not in before_new \
+                    and id(new) not in ancestors([n]):
                 deps[id(new)].add(id(n))
     dims = {d: DEFAULT_DIM for d in graph.dims}
     size = {id(n): _concrete_bytes(n, dims) for n in nodes if mat[id(n)]}
@@ -152,14 +152,3 @@ def _concrete_bytes(node: Value, dims: dict) -> int:
     """Bytes of `node` with every Dim at the value `dims` gives it."""
     numel = S.evaluate(S.numel(node.shape), dims) if node.shape else 1
     return int(numel) * D.to_numpy(node.dtype).itemsize
-
-
-def _ancestors(node: Value) -> set:
-    """ids of every node `node` depends on, itself included."""
-    seen, stack = set(), [node]
-    while stack:
-        n = stack.pop()
-        if id(n) not in seen:
-            seen.add(id(n))
-            stack.extend(n.inputs)
-    return seen

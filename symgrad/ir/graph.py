@@ -121,3 +121,14 @@ def same_named_leaves(graph: "Graph") -> tuple | None:
         if other is not leaf:
             return other, leaf
     return None
+
+
+def ancestors(roots) -> set:
+    """ids of every node the `roots` depend on, the roots included."""
+    seen, stack = set(), list(roots)
+    while stack:
+        n = stack.pop()
+        if id(n) not in seen:
+            seen.add(id(n))
+            stack.extend(n.inputs)
+    return seen
