@@ -50,8 +50,8 @@ from .render_program import render
 _refcount = getattr(sys, "getrefcount", None)  # CPython's; elsewhere outputs are always new arrays
 # The program's sg_context, field for field as symgrad_runtime.h declares it (the program is loaded
 # in cffi's ABI mode, which needs the whole layout): Python owns one per program and reads `failed`.
-CONTEXT_FIELDS = "int team_warm; double last_call_end; int status; const char* failed;"
-CDEF = (f"typedef struct {{ {CONTEXT_FIELDS} }} sg_context;\n"
+CDEF_CONTEXT_FIELDS = "int team_warm; double last_call_end; int status; const char* failed;"
+CDEF = (f"typedef struct {{ {CDEF_CONTEXT_FIELDS} }} sg_context;\n"
         f"{SIGNATURE};\n"
         f"int64_t {WORKSPACE_SIZES}(const int64_t* dims, int64_t* nbytes);\n"
         f"void {SET_THREADS}(int threads);")

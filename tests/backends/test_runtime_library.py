@@ -235,4 +235,4 @@ def test_the_context_python_declares_is_the_runtimes():
     header = runtime.header()
     declared = re.search(r"typedef struct \{([^}]*)\} sg_context;", header).group(1)
     fields = " ".join(line.strip() for line in declared.splitlines() if line.strip())
-    assert fields == c.CONTEXT_FIELDS
+    assert fields == c.CDEF_CONTEXT_FIELDS
