@@ -1,4 +1,4 @@
-"""Backends: numpy (the reference interpreter), c (OpenMP + cffi), cuda (nvcc).
+"""Backends: numpy (the reference interpreter), c (OpenMP, a shared library called through cffi), cuda (nvcc).
 
 A backend is a module with `compile(graph, **options) -> program`; a program
 has `run(inputs, bindings, variables) -> outputs` (writing the graph's

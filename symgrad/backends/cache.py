@@ -1,4 +1,5 @@
-"""Build cache: C source -> an importable cffi extension module `_symgrad_<hash>`.
+"""Build cache: C or CUDA source -> a verified, loaded binary `_symgrad_<hash>` (a cffi extension
+module, or a plain shared library opened with cffi's ABI mode).
 
     build(source, cdef, *, flags=None, kind="c", headers=None, link=None) -> BuiltModule
                                                     (kind "c", "program", "cuda" or "runtime")
