@@ -194,3 +194,14 @@ def test_second_order_gradients_match_torch():
     got = sg.function([x, table, idx], second, backend="numpy")(X, TABLE, INDICES)
     for g, w in zip(got, want):
         np.testing.assert_allclose(g, w.numpy(), rtol=1e-10, atol=1e-10)
+
+
+def test_the_report_lists_gather_kernels_and_batched_products():
+    table = sg.input("table", TABLE.shape)
+    ids = sg.input("ids", INDICES.shape, dtype="int64")
+    q = sg.input("q", (2, 3, 5, 4))
+    rows = sg.embedding(table, ids)
+    loss = (rows * rows).sum() + (q @ sg.swapaxes(q, -1, -2)).sum()
+    report = sg.function([table, ids, q], [loss, *sg.grad(loss, [table, q])], backend="c").report()
+    assert "take of 6 index(es)" in report and "scatter_add of 6 index(es)" in report
+    assert "batched over 2 x 3" in report and "2 gathers)" in report

@@ -11,6 +11,7 @@ import time
 from contextlib import contextmanager
 
 from ..passes import format_report
+from .gather import GatherKernel
 from .lowering import LoopKernel, MatmulKernel, ReduceKernel, RowKernel
 
 # Compile stages in the order they run, with the words the report uses.
@@ -32,7 +33,7 @@ def timed(timings: dict, stage: str):
 def kernel_counts(plan) -> dict:
     """How many kernels of each kind the plan runs per call."""
     counts = {"total": len(plan.kernels), "loop": 0, "copy": 0, "reduce": 0, "fused reduce": 0, "matmul": 0,
-              "row": 0, "fused matmul": 0}
+              "row": 0, "fused matmul": 0, "gather": 0}
     for k in plan.kernels:
         if isinstance(k, LoopKernel):
             counts["copy" if k.name.endswith("_copy") else "loop"] += 1
@@ -42,6 +43,8 @@ def kernel_counts(plan) -> dict:
             counts["fused matmul" if k.epilogue_statements else "matmul"] += 1
         elif isinstance(k, RowKernel):
             counts["row"] += 1
+        elif isinstance(k, GatherKernel):
+            counts["gather"] += 1
     return counts
 
 
@@ -52,8 +55,11 @@ def _kernel_line(k) -> str:
         what = f"loop, {len(k.statements)} op(s) fused, {len(k.operands)} operand(s)"
     elif isinstance(k, ReduceKernel):
         what = f"{k.op}" + (f" with {len(k.statements)} fused op(s)" if k.operands else "")
+    elif isinstance(k, GatherKernel):
+        what = f"{k.op} of {k.I} index(es)"
     else:
-        what = "matmul" + (f" + {len(k.epilogue_statements)} fused op(s)" if k.epilogue_statements else "")
+        what = "matmul" + (f" + {len(k.epilogue_statements)} fused op(s)" if k.epilogue_statements else "") \
+            + (f", batched over {' x '.join(str(size) for size, *_ in k.batch)}" if k.batch else "")
     return f"  {k.name:<32} {what} -> {k.out.name}"
 
 
@@ -74,7 +80,8 @@ def program_report(program, timings: dict | None = None) -> str:
     out.append("== kernels ==")
     out.append(f"kernels: {counts['total']} ({counts['loop']} loops, {counts['reduce']} reductions, "
                f"{counts['fused reduce']} fused reductions, {counts['row']} row kernels, {counts['matmul']} matmuls, "
-               f"{counts['fused matmul']} fused matmuls, {counts['copy']} copies)")
+               f"{counts['fused matmul']} fused matmuls, {counts['copy']} copies"
+               + (f", {counts['gather']} gathers)" if counts["gather"] else ")"))
     out.extend(_kernel_line(k) for k in plan.kernels)
     out.append("")
     out.append("== save / recompute ==")
