@@ -1,0 +1,315 @@
+"""`step.export(dir)`: a train step as a standalone C training library and program.
+
+The export writes, into one directory:
+
+    <name>.h            the C API: create / free a training state, load / save a safetensors
+                        checkpoint, set hyperparameters, one training step, predict
+    <name>.c            that API: it owns the variables (parameters, optimizer state, generator
+                        state, step counters), sizes and plans the workspace from the batch size,
+                        reads and writes safetensors in plain C
+    <name>_step.c       the step's program, the very source the C backend compiles (entry points
+    <name>_predict.c    renamed with #defines), and the predict program's
+    symgrad_runtime.h/.c  the runtime the programs call (GEMMs), compiled into the library
+    train_main.c        a training program: a dataset file in, epochs of shuffled batches, the
+                        loss printed, checkpoints written
+    Makefile            `make` builds lib<name>.a and train_main with the flags the step used
+
+Nothing needs Python, cffi or symgrad to build or run. The dataset layout that train_main reads
+(`write_dataset` writes it) is, all integers int64 little-endian:
+
+    "SGDATA01"                          8 bytes of magic
+    rows, arrays                        the row count, the number of arrays (the step's inputs)
+    arrays x (dtype code, per_row)      DTYPE_CODES[dtype], elements per row
+    the arrays, in input order          each rows x per_row elements, C order, little-endian
+
+`shuffle_order(rows, seed, epoch)` is train_main's per-epoch shuffle, so Python can reproduce its
+batches. Templates: templates/export/*.j2; this module computes names, tables and expressions.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import sympy
+
+from .backends import c as c_backend
+from .backends import runtime
+from .backends.c_printer import printer
+from .backends.templates import render
+from .backends.toolchain import default_flags
+from .checkpoint import FORMAT
+from .ir import dtypes as D
+from .ir.graph import Graph
+from .ir.ops import label_checks
+
+MAGIC = b"SGDATA01"
+# The dtype codes of the dataset file (also the exported library's, for its variables).
+DTYPE_CODES = {"float32": 1, "float64": 2, "int32": 3, "int64": 4, "bool": 5}
+SAFETENSORS_DTYPES = {"float32": "F32", "float64": "F64", "int32": "I32", "int64": "I64", "bool": "BOOL"}
+# The library's status codes: the runtime's and the program's first, as the entry returns them.
+STATUSES = (("OK", "success"), ("OUT_OF_MEMORY", "out of memory"),
+            ("BAD_LABEL", "a class label outside [0, classes)"), ("BAD_SIZE", "a bad batch size"),
+            ("BAD_ARGUMENT", "a NULL or bad argument"), ("IO_ERROR", "a file could not be read or written"),
+            ("BAD_CHECKPOINT", "a checkpoint that does not match the model"),
+            ("NO_SUCH_VARIABLE", "no variable (or hyperparameter) of that name"))
+BATCH = sympy.Symbol("batch", integer=True, positive=True)
+WORDS_PER_LINE = 8
+_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
+_MIX = 0x9E3779B97F4A7C15  # splitmix64's increment: the shuffle's generator (train_main.c's too)
+_MASK = (1 << 64) - 1
+
+
+@dataclass
+class _Program:
+    """One exported program: its C source (as the backend compiles it), Dims, arena and graph."""
+    kind: str
+    source: str
+    dims: list
+    arena: object
+    graph: Graph
+
+
+def export(step, out_dir, name: str = "model") -> dict:
+    """Write `step` as a C library and training program into `out_dir` (see the module doc).
+
+    The exported state starts from the step's current values (its parameters, optimizer state,
+    generator, learning rate). Returns {file kind: path}. Refuses (ValueError) a name that is no C
+    identifier and a step whose inputs are not batches: one Dim (or none) leading every input.
+    """
+    if not isinstance(name, str) or not _NAME.match(name):
+        raise ValueError(f"export: name must be a C identifier, got {name!r}")
+    programs = [_train_program(step), _predict_program(step)]
+    dim = _batch_dim(programs)
+    variables = _variables(step, programs)
+    flags = list(step._options.get("flags") or default_flags())
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    context = dict(lib=name, LIB=name.upper(), version=_version(), statuses=_statuses(name),
+                   variables=variables, programs=[_program_context(p, name, dim, variables) for p in programs],
+                   checkpoint=_checkpoint_header(variables), hyper=[v for v in variables if v["role"] == "hyper"],
+                   fixed_batch=None if dim is None or isinstance(dim, sympy.Symbol) else int(dim),
+                   dtype_codes=DTYPE_CODES, magic=MAGIC.decode(), flags=" ".join(flags), runtime_header=runtime.HEADER)
+    files = {
+        "header": (f"{name}.h", render("export/library.h.j2", **context)),
+        "library": (f"{name}.c", render("export/library.c.j2", **context)),
+        "train_main": ("train_main.c", render("export/train_main.c.j2", **context)),
+        "makefile": ("Makefile", render("export/Makefile.j2", **context)),
+        "runtime_header": (runtime.HEADER, runtime.header()),
+        "runtime": ("symgrad_runtime.c", runtime.source()),
+    }
+    for p, ctx in zip(programs, context["programs"]):
+        renames = "".join(f"#define {old} {new}\n" for old, new in ctx["renames"])
+        files[p.kind] = (f"{ctx['prefix']}.c", f"/* {name}'s {p.kind} program: symgrad's generated C, its entry "
+                         f"points renamed. */\n{renames}\n{p.source}")
+    written = {}
+    for kind, (filename, text) in files.items():
+        path = out / filename
+        path.write_text(text)
+        written[kind] = path
+    return written
+
+
+# ---- the programs -------------------------------------------------------------------------
+
+def _c_program(compiled, graph: Graph, kind: str) -> _Program:
+    """The program as the C backend compiles it: the step's own when it runs on C (the same source
+    byte for byte, so the library computes what the step computes), else compiled for C now."""
+    program = compiled.program if compiled is not None and compiled.backend == "c" else c_backend.compile(graph)
+    return _Program(kind, program.source, list(program.dims), program.arena, program.graph)
+
+
+def _train_program(step) -> _Program:
+    return _c_program(step, step.graph, "step")
+
+
+def _predict_program(step) -> _Program:
+    """The predict= program; a step without one exports its forward outputs (the loss), no updates."""
+    if step._predict is not None:
+        graph = step._build("predict")
+        sub = step.program_for("predict") if step.backend == "c" else None
+        return _c_program(sub, graph, "predict")
+    graph = Graph(step.graph.inputs, step.graph.outputs)
+    return _c_program(None, graph, "predict")
+
+
+def _batch_dim(programs: list[_Program]):
+    """The batch size every input leads with: the one Dim, or the fixed leading size if none."""
+    dims = {d for p in programs for d in p.dims}
+    if len(dims) > 1:
+        raise ValueError(f"export: the step has Dims {sorted(map(str, dims))}; the C API binds one, the batch size")
+    leading = set()
+    for p in programs:
+        for v in p.graph.inputs:
+            rest = v.shape[1:]
+            if not v.shape or not all(isinstance(s, (int, np.integer)) for s in rest):
+                raise ValueError(f"export: input {v.name!r} has shape {list(v.shape)}; the C API takes batches "
+                                 f"(the batch size first, fixed sizes after)")
+            leading.add(v.shape[0])
+    if dims:
+        (dim,) = dims
+        wrong = [v.name for p in programs for v in p.graph.inputs if v.shape[0] != dim]
+        if wrong:
+            raise ValueError(f"export: inputs {wrong} do not lead with the batch Dim {dim}")
+        return dim
+    if len(leading) > 1:
+        raise ValueError(f"export: the inputs lead with different sizes {sorted(leading)}; expected one batch size")
+    return int(leading.pop()) if leading else None
+
+
+def _program_context(p: _Program, name: str, dim, variables: list[dict]) -> dict:
+    """What the library template needs of one program: its renamed entry, argument tables, the
+    workspace sizes printed as C expressions of `batch`, and the temporaries' lifetimes."""
+    prefix = f"{name}_{p.kind}"
+    size = _size_printer(dim)
+    index = {v["name"]: v["index"] for v in variables}
+    inputs = [dict(name=v.name, c_name=_c_string(v.name), ctype=D.C_TYPES[v.dtype], dtype=v.dtype,
+                   per_row=int(np.prod(v.shape[1:], dtype=np.int64)), shape=_shape_text(v.shape), ident=_ident(v.name, k))
+              for k, v in enumerate(p.graph.inputs)]
+    outputs = [dict(ctype=D.C_TYPES[v.dtype], numel=size(sympy.Mul(*v.shape)), shape=_shape_text(v.shape),
+                    scalar=v.shape == ()) for v in p.graph.outputs]
+    labels = [dict(position=position, c_name=inputs[position]["c_name"], numel=size(sympy.Mul(*p.graph.inputs[position].shape)),
+                   classes=size(node.attrs["num_classes"])) for position, node in label_checks(p.graph)]
+    return dict(kind=p.kind, prefix=prefix, entry=f"{prefix}_run", dims=len(p.dims), inputs=inputs, outputs=outputs,
+                slots=[index[v.name] for v in p.graph.variables], labels=labels,
+                sizes=[size(n) for n in p.arena.nbytes], live=[list(r) for r in p.arena.live],
+                renames=[(c_backend.ENTRY, f"{prefix}_run"), (c_backend.WORKSPACE_SIZES, f"{prefix}_temporaries"),
+                         (c_backend.SET_THREADS, f"{prefix}_set_num_threads")])
+
+
+def _size_printer(dim):
+    """int64 C text of a size: Dims become `batch` (the API's argument)."""
+    ints = printer("int64")
+
+    def size(value) -> str:
+        expr = sympy.sympify(value)
+        if dim is not None and isinstance(dim, sympy.Symbol):
+            expr = expr.xreplace({dim: BATCH})
+        return f"((int64_t)({ints.doprint(expr)}))"
+    return size
+
+
+def _ident(name: str, k: int) -> str:
+    """A C parameter name for input `name`: the name itself when it is a safe identifier."""
+    return name if _NAME.match(name) and not name.startswith("sg") and name not in ("state", "batch") \
+        else f"input{k}"
+
+
+# ---- the variables and the checkpoint -----------------------------------------------------
+
+def _variables(step, programs: list[_Program]) -> list[dict]:
+    """Every variable the programs use (the step's first), with its current value as C words."""
+    seen, out = {}, []
+    for p in programs:
+        for v in p.graph.variables:
+            if v.name in seen:
+                continue
+            seen[v.name] = len(out)
+            value = np.ascontiguousarray(step._read_variable(v.name) if v.name in step._storage else v.attrs["init"],
+                                         dtype=D.to_numpy(v.dtype))
+            if v.dtype not in SAFETENSORS_DTYPES:
+                raise ValueError(f"export: variable {v.name!r} is {v.dtype}; a checkpoint holds "
+                                 f"{sorted(SAFETENSORS_DTYPES)}")
+            out.append(dict(index=len(out), name=v.name, c_name=_c_string(v.name), dtype=v.dtype,
+                            code=DTYPE_CODES[v.dtype], ctype=D.C_TYPES[v.dtype], role=v.attrs["role"],
+                            shape=[int(s) for s in v.shape], numel=int(value.size), nbytes=int(value.nbytes),
+                            itemsize=value.itemsize, init=_words(value), shape_text=_shape_text(v.shape)))
+    return out
+
+
+def _words(value: np.ndarray) -> dict | None:
+    """The value's bytes as unsigned words of its item size (exact, whatever the dtype); None if zero."""
+    if not value.any():
+        return None
+    word = {1: np.uint8, 2: np.uint16, 4: np.uint32, 8: np.uint64}[value.itemsize]
+    words = value.reshape(-1).view(word)
+    suffix = "ULL" if value.itemsize == 8 else "U"
+    items = [f"0x{int(w):x}{suffix}" for w in words]
+    rows = [", ".join(items[i:i + WORDS_PER_LINE]) for i in range(0, len(items), WORDS_PER_LINE)]
+    return dict(ctype=f"uint{8 * value.itemsize}_t", rows=rows)
+
+
+def _checkpoint_header(variables: list[dict]) -> dict:
+    """The safetensors header of a checkpoint of these variables (static: their shapes are), as
+    checkpoint.save writes it: metadata with the format and the roles, then each tensor in order."""
+    roles = {v["name"]: v["role"] for v in variables}
+    header, offset = {"__metadata__": {"format": FORMAT, "roles": json.dumps(roles)}}, 0
+    for v in variables:
+        header[v["name"]] = {"dtype": SAFETENSORS_DTYPES[v["dtype"]], "shape": v["shape"],
+                             "data_offsets": [offset, offset + v["nbytes"]]}
+        v["offset"] = offset
+        offset += v["nbytes"]
+    text = json.dumps(header, separators=(",", ":"), ensure_ascii=False).encode()
+    text += b" " * (-len(text) % 8)  # the data starts 8-byte aligned, as safetensors writes it
+    return dict(text=_c_bytes(text), length=len(text), data_bytes=offset,
+                dtypes=[dict(code=c, name=SAFETENSORS_DTYPES[d]) for d, c in DTYPE_CODES.items()])
+
+
+# ---- C text -------------------------------------------------------------------------------
+
+def _c_bytes(data: bytes) -> str:
+    """A C string literal holding exactly `data` (printable ASCII kept, the rest octal escapes)."""
+    out = []
+    for byte in data:
+        ch = chr(byte)
+        out.append(ch if 32 <= byte < 127 and ch not in '"\\?' else f"\\{byte:03o}")
+    return '"' + "".join(out) + '"'
+
+
+def _c_string(text: str) -> str:
+    """A user's name as a C string literal (UTF-8): no name enters C unescaped."""
+    return _c_bytes(text.encode())
+
+
+def _shape_text(shape) -> str:
+    return "[" + ", ".join(str(s) for s in shape) + "]"
+
+
+def _statuses(name: str) -> list[dict]:
+    return [dict(name=f"{name.upper()}_{s}", value=k, text=t) for k, (s, t) in enumerate(STATUSES)]
+
+
+def _version() -> str:
+    from . import __version__
+    return __version__
+
+
+# ---- datasets ------------------------------------------------------------------------------
+
+def write_dataset(path, arrays) -> None:
+    """Write arrays (the step's inputs, in input order; one row per example) as train_main reads them."""
+    arrays = [np.ascontiguousarray(a) for a in arrays]
+    if not arrays or any(a.ndim == 0 for a in arrays):
+        raise ValueError("write_dataset: give one or more arrays of at least one axis (rows first)")
+    rows = arrays[0].shape[0]
+    header = [rows, len(arrays)]
+    for k, a in enumerate(arrays):
+        dtype = a.dtype.name
+        if a.shape[0] != rows or dtype not in DTYPE_CODES:
+            raise ValueError(f"write_dataset: array {k} is {dtype}{list(a.shape)}; expected {rows} rows of "
+                             f"one of {sorted(DTYPE_CODES)}")
+        header += [DTYPE_CODES[dtype], int(np.prod(a.shape[1:], dtype=np.int64))]
+    with open(path, "wb") as f:
+        f.write(MAGIC + np.asarray(header, dtype="<i8").tobytes())
+        for a in arrays:
+            f.write(a.astype(a.dtype.newbyteorder("<"), copy=False).tobytes())
+
+
+def shuffle_order(rows: int, seed: int, epoch: int) -> np.ndarray:
+    """The row order of epoch `epoch` as train_main shuffles it: Fisher-Yates driven by splitmix64
+    seeded with seed + (epoch + 1) * 0x9E3779B97F4A7C15 (mod 2**64)."""
+    state = (seed + (epoch + 1) * _MIX) & _MASK
+    order = list(range(rows))
+    for i in range(rows - 1, 0, -1):
+        state = (state + _MIX) & _MASK
+        z = state
+        z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & _MASK
+        z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & _MASK
+        z ^= z >> 31
+        j = z % (i + 1)
+        order[i], order[j] = order[j], order[i]
+    return np.asarray(order, dtype=np.int64)
+
