@@ -113,6 +113,21 @@ def export(step, out_dir, name: str = "model") -> dict:
     return written
 
 
+def export_file(path, out_dir, name: str | None = None) -> dict:
+    """`symgrad export FILE`: compile the step of FILE's build() (as `symgrad inspect` reads it;
+    a dict may add "predict") on the C backend and export it; `name` defaults to the file's."""
+    from .inspect_cmd import load_build
+    from .training import train_step
+
+    path = Path(path)
+    loss, params, optimizer, predict = load_build(path, with_predict=True)
+    if name is None:
+        name = re.sub(r"\W", "_", path.stem, flags=re.ASCII)
+        name = name if _NAME.match(name) else f"model_{name}"
+    step = train_step(loss, params, optimizer, backend="c", predict=predict)
+    return export(step, out_dir, name=name)
+
+
 # ---- the programs -------------------------------------------------------------------------
 
 def _c_program(compiled, graph: Graph, kind: str) -> _Program:
@@ -167,7 +182,7 @@ def _program_context(p: _Program, name: str, dim, variables: list[dict]) -> dict
     size = _size_printer(dim)
     index = {v["name"]: v["index"] for v in variables}
     inputs = [dict(name=v.name, c_name=_c_string(v.name), ctype=D.C_TYPES[v.dtype], dtype=v.dtype,
-                   per_row=int(np.prod(v.shape[1:], dtype=np.int64)), shape=_shape_text(v.shape), ident=_ident(v.name, k))
+                   per_row=int(np.prod(v.shape[1:], dtype=np.int64)), shape=_shape_text(v.shape), ident=_ident(v.name, k, name))
               for k, v in enumerate(p.graph.inputs)]
     outputs = [dict(ctype=D.C_TYPES[v.dtype], numel=size(sympy.Mul(*v.shape)), shape=_shape_text(v.shape),
                     scalar=v.shape == ()) for v in p.graph.outputs]
@@ -192,10 +207,18 @@ def _size_printer(dim):
     return size
 
 
-def _ident(name: str, k: int) -> str:
-    """A C parameter name for input `name`: the name itself when it is a safe identifier."""
-    return name if _NAME.match(name) and not name.startswith("sg") and name not in ("state", "batch") \
-        else f"input{k}"
+# What an input's C parameter may not be called: C's keywords, the API functions' other parameters
+# and locals, and the runtime's and the library's prefixes.
+_RESERVED = set("""auto break case char const continue default do double else enum extern float for goto if
+inline int long register restrict return short signed sizeof static struct switch typedef union unsigned void
+volatile while _Bool _Complex _Imaginary bool true false NULL s w state batch dims inputs outputs variables
+status k i labels classes raw bytes main""".split())
+
+
+def _ident(name: str, k: int, lib: str) -> str:
+    """A C parameter name for input `name`: the name itself when it is a safe identifier, else input<k>."""
+    safe = _NAME.match(name) and name not in _RESERVED and not name.lower().startswith(("sg", lib.lower(), "out", "input"))
+    return name if safe else f"input{k}"
 
 
 # ---- the variables and the checkpoint -----------------------------------------------------
