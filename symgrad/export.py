@@ -203,7 +203,7 @@ def _size_printer(dim):
         expr = sympy.sympify(value)
         if dim is not None and isinstance(dim, sympy.Symbol):
             expr = expr.xreplace({dim: BATCH})
-        return f"((int64_t)({ints.doprint(expr)}))"
+        return str(int(expr)) if expr.is_Integer else f"((int64_t)({ints.doprint(expr)}))"
     return size
 
 
