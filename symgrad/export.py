@@ -55,7 +55,12 @@ STATUSES = (("OK", "success"), ("OUT_OF_MEMORY", "out of memory"),
             ("BAD_LABEL", "a class label outside [0, classes)"), ("BAD_SIZE", "a bad batch size"),
             ("BAD_ARGUMENT", "a NULL or bad argument"), ("IO_ERROR", "a file could not be read or written"),
             ("BAD_CHECKPOINT", "a checkpoint that does not match the model"),
-            ("NO_SUCH_VARIABLE", "no variable (or hyperparameter) of that name"))
+            ("NO_SUCH_VARIABLE", "no variable (or hyperparameter) of that name"),
+            ("DEVICE_ERROR", "a CUDA call failed"))
+# The CUDA program's host API, renamed per program (<name>_<kind>_...) so that two link together.
+CUDA_RENAMES = (("sg_cuda_run", "run"), ("sg_cuda_create", "device_create"), ("sg_cuda_destroy", "device_destroy"),
+                ("sg_cuda_write_variable", "write_variable"), ("sg_cuda_read_variable", "read_variable"),
+                ("sg_cuda_device_count", "device_count"))
 BATCH = sympy.Symbol("batch", integer=True, positive=True)
 WORDS_PER_LINE = 8
 _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
@@ -73,23 +78,32 @@ class _Program:
     graph: Graph
 
 
-def export(step, out_dir, name: str = "model") -> dict:
+def export(step, out_dir, name: str = "model", backend: str = "c") -> dict:
     """Write `step` as a C library and training program into `out_dir` (see the module doc).
 
-    The exported state starts from the step's current values (its parameters, optimizer state,
-    generator, learning rate). Returns {file kind: path}. Refuses (ValueError) a name that is no C
-    identifier and a step whose inputs are not batches: one Dim (or none) leading every input.
+    backend: "c" (the programs as C with OpenMP), or "cuda": the same API, the programs as
+    `.cu` files (the CUDA backend's source, built by nvcc; variables live on the GPU and move to
+    the host only to be saved or read). The exported state starts from the step's current values
+    (its parameters, optimizer state, generator, learning rate). Returns {file kind: path}.
+    Refuses (ValueError) a name that is no C identifier and a step whose inputs are not batches:
+    one Dim (or none) leading every input.
     """
     if not isinstance(name, str) or not _NAME.match(name):
         raise ValueError(f"export: name must be a C identifier, got {name!r}")
+    if backend not in ("c", "cuda"):
+        raise ValueError(f"export: backend must be 'c' or 'cuda', got {backend!r}")
+    cuda = backend == "cuda"
     programs = [_train_program(step), _predict_program(step)]
+    if cuda:
+        programs = [_cuda_program(p.graph, p.kind) for p in programs]
     dim = _batch_dim(programs)
     variables = _variables(step, programs)
-    flags = list(step._options.get("flags") or default_flags())
+    flags = list(default_flags() if cuda else step._options.get("flags") or default_flags())
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    context = dict(lib=name, LIB=name.upper(), version=_version(), statuses=_statuses(name),
-                   variables=variables, programs=[_program_context(p, name, dim, variables) for p in programs],
+    context = dict(lib=name, LIB=name.upper(), cuda=cuda, align=_cuda().ALIGN if cuda else c_backend.ALIGN,
+                   nvcc_flags=" ".join(_nvcc_flags()) if cuda else "", version=_version(), statuses=_statuses(name),
+                   variables=variables, programs=[_program_context(k, p, name, dim, variables, cuda) for k, p in enumerate(programs)],
                    checkpoint=_checkpoint_header(variables), hyper=[v for v in variables if v["role"] == "hyper"],
                    fixed_batch=None if dim is None or isinstance(dim, sympy.Symbol) else int(dim),
                    dtype_codes=DTYPE_CODES, magic=MAGIC.decode(), flags=" ".join(flags), runtime_header=runtime.HEADER)
@@ -98,13 +112,15 @@ def export(step, out_dir, name: str = "model") -> dict:
         "library": (f"{name}.c", render("export/library.c.j2", **context)),
         "train_main": ("train_main.c", render("export/train_main.c.j2", **context)),
         "makefile": ("Makefile", render("export/Makefile.j2", **context)),
-        "runtime_header": (runtime.HEADER, runtime.header()),
-        "runtime": ("symgrad_runtime.c", runtime.source()),
     }
+    if not cuda:
+        files["runtime_header"] = (runtime.HEADER, runtime.header())
+        files["runtime"] = ("symgrad_runtime.c", runtime.source())
     for p, ctx in zip(programs, context["programs"]):
         renames = "".join(f"#define {old} {new}\n" for old, new in ctx["renames"])
-        files[p.kind] = (f"{ctx['prefix']}.c", f"/* {name}'s {p.kind} program: symgrad's generated C, its entry "
-                         f"points renamed. */\n{renames}\n{p.source}")
+        language = "CUDA" if cuda else "C"
+        files[p.kind] = (f"{ctx['prefix']}.{'cu' if cuda else 'c'}", f"/* {name}'s {p.kind} program: symgrad's "
+                         f"generated {language}, its entry points renamed. */\n{renames}\n{p.source}")
     written = {}
     for kind, (filename, text) in files.items():
         path = out / filename
@@ -151,6 +167,27 @@ def _predict_program(step) -> _Program:
     return _c_program(None, graph, "predict")
 
 
+def _cuda():
+    from .backends import cuda
+    return cuda
+
+
+def _nvcc_flags() -> list[str]:
+    """nvcc's flags for object files: the CUDA backend's, without -shared (the Makefile links)."""
+    from .backends.toolchain import default_nvcc_flags
+    flags = [f for f in default_nvcc_flags() if f != "-shared"]
+    return flags + _cuda().arch_flags()
+
+
+def _cuda_program(graph: Graph, kind: str) -> _Program:
+    """The program as the CUDA backend renders it (no GPU or nvcc needed to render)."""
+    from . import passes
+    from .backends.lowering import lower
+    from .backends.memory import ArenaSpec
+    plan = lower(passes.optimize(graph), variables=graph.variables)
+    return _Program(kind, _cuda().render_source(plan), list(plan.dims), ArenaSpec.of(plan), graph)
+
+
 def _batch_dim(programs: list[_Program]):
     """The batch size every input leads with: the one Dim, or the fixed leading size if none."""
     dims = {d for p in programs for d in p.dims}
@@ -175,7 +212,7 @@ def _batch_dim(programs: list[_Program]):
     return int(leading.pop()) if leading else None
 
 
-def _program_context(p: _Program, name: str, dim, variables: list[dict]) -> dict:
+def _program_context(number: int, p: _Program, name: str, dim, variables: list[dict], cuda: bool) -> dict:
     """What the library template needs of one program: its renamed entry, argument tables, the
     workspace sizes printed as C expressions of `batch`, and the temporaries' lifetimes."""
     prefix = f"{name}_{p.kind}"
@@ -186,13 +223,17 @@ def _program_context(p: _Program, name: str, dim, variables: list[dict]) -> dict
               for k, v in enumerate(p.graph.inputs)]
     outputs = [dict(ctype=D.C_TYPES[v.dtype], numel=size(sympy.Mul(*v.shape)), shape=_shape_text(v.shape),
                     scalar=v.shape == ()) for v in p.graph.outputs]
-    labels = [dict(position=position, c_name=inputs[position]["c_name"], numel=size(sympy.Mul(*p.graph.inputs[position].shape)),
+    labels = [dict(position=position, c_name=inputs[position]["c_name"], ctype=inputs[position]["ctype"], numel=size(sympy.Mul(*p.graph.inputs[position].shape)),
                    classes=size(node.attrs["num_classes"])) for position, node in label_checks(p.graph)]
-    return dict(kind=p.kind, prefix=prefix, entry=f"{prefix}_run", dims=len(p.dims), inputs=inputs, outputs=outputs,
-                slots=[index[v.name] for v in p.graph.variables], labels=labels,
-                sizes=[size(n) for n in p.arena.nbytes], live=[list(r) for r in p.arena.live],
-                renames=[(c_backend.ENTRY, f"{prefix}_run"), (c_backend.WORKSPACE_SIZES, f"{prefix}_temporaries"),
-                         (c_backend.SET_THREADS, f"{prefix}_set_num_threads")])
+    slots = [index[v.name] for v in p.graph.variables]
+    renames = ([(old, f"{prefix}_{new}") for old, new in CUDA_RENAMES] if cuda else
+               [(c_backend.ENTRY, f"{prefix}_run"), (c_backend.WORKSPACE_SIZES, f"{prefix}_temporaries"),
+                (c_backend.SET_THREADS, f"{prefix}_set_num_threads")])
+    return dict(index=number, kind=p.kind, prefix=prefix, renames=renames,
+                slot_of=[slots.index(v["index"]) if v["index"] in slots else -1 for v in variables],
+                updated=sorted({index[t.name] for t, _ in p.graph.updates}), entry=f"{prefix}_run",
+                dims=len(p.dims), inputs=inputs, outputs=outputs, slots=slots, labels=labels,
+                sizes=[size(n) for n in p.arena.nbytes], live=[list(r) for r in p.arena.live])
 
 
 def _size_printer(dim):
