@@ -93,9 +93,7 @@ def export(step, out_dir, name: str = "model", backend: str = "c") -> dict:
     if backend not in ("c", "cuda"):
         raise ValueError(f"export: backend must be 'c' or 'cuda', got {backend!r}")
     cuda = backend == "cuda"
-    programs = [_train_program(step), _predict_program(step)]
-    if cuda:
-        programs = [_cuda_program(p.graph, p.kind) for p in programs]
+    programs = _programs(step, cuda)
     dim = _batch_dim(programs)
     variables = _variables(step, programs)
     flags = list(default_flags() if cuda else step._options.get("flags") or default_flags())
@@ -153,18 +151,14 @@ def _c_program(compiled, graph: Graph, kind: str) -> _Program:
     return _Program(kind, program.source, list(program.dims), program.arena, program.graph)
 
 
-def _train_program(step) -> _Program:
-    return _c_program(step, step.graph, "step")
-
-
-def _predict_program(step) -> _Program:
-    """The predict= program; a step without one exports its forward outputs (the loss), no updates."""
-    if step._predict is not None:
-        graph = step._build("predict")
-        sub = step.program_for("predict") if step.backend == "c" else None
-        return _c_program(sub, graph, "predict")
-    graph = Graph(step.graph.inputs, step.graph.outputs)
-    return _c_program(None, graph, "predict")
+def _programs(step, cuda: bool) -> list[_Program]:
+    """The step's program and the predict program: the predict= value's, else the step's forward
+    outputs (the loss) without updates."""
+    predict = step._build("predict") if step._predict is not None else Graph(step.graph.inputs, step.graph.outputs)
+    if cuda:
+        return [_cuda_program(step.graph, "step"), _cuda_program(predict, "predict")]
+    compiled_predict = step.program_for("predict") if step._predict is not None and step.backend == "c" else None
+    return [_c_program(step, step.graph, "step"), _c_program(compiled_predict, predict, "predict")]
 
 
 def _cuda():
