@@ -208,6 +208,50 @@ def test_predict_from_a_python_checkpoint_equals_python(exported):
     np.testing.assert_array_equal(c_out, e.step.predict(x=X[:20]))
 
 
+def test_a_torch_models_safetensors_loads_into_the_c_library(exported):
+    """A file with the model's entries only (torch's state_dict; its own order and layout) loads the
+    parameters and buffers and keeps the rest, as step.load does."""
+    e = exported("mlp")
+    trained = {name: torch.from_numpy(value + 0.25) for name, value in e.step.state_dict().items()
+               if value.dtype == np.float32}
+    trained["1.num_batches_tracked"] = torch.tensor(5)
+    safetensors.torch.save_file(trained, str(e.dir / "torch.safetensors"))
+    X[:20].tofile(e.dir / "x.bin")
+    done = subprocess.run([str(e.harness(HARNESS)), "predict", "torch.safetensors", "20"], cwd=e.dir,
+                          capture_output=True, text=True)
+    assert done.returncode == 0, done.stdout + done.stderr
+    e.step.load(e.init)
+    e.step.load(e.dir / "torch.safetensors")
+    c_out = np.fromfile(e.dir / "out.bin", dtype=np.float32).reshape(20, 3)
+    np.testing.assert_array_equal(c_out, e.step.predict(x=X[:20]))
+
+
+def test_a_fixed_batch_step_drops_the_last_partial_batch(tmp_path):
+    x, y = sg.input("x", (16, 5)), sg.input("y", (16,), dtype="int64")
+    W, b = sg.param("W", (5, 3), init="normal"), sg.param("b", (3,), init="zeros")
+    step = sg.train_step(sg.cross_entropy(x @ W + b, y), [W, b], sg.optim.SGD(lr=0.1, momentum=0.9), backend="c")
+    fixed = Exported(step, tmp_path, "fixed", None)
+    done = fixed.train_main("--epochs", EPOCHS, "--log-steps")
+    assert done.returncode == 0, done.stderr
+    c_losses = [float(line.split()[-1]) for line in done.stdout.splitlines() if line.startswith("step ")]
+    assert len(c_losses) == EPOCHS * (ROWS // 16)
+    assert c_losses == _full_batches(fixed, EPOCHS, 16)
+    done = fixed.train_main("--batch-size", 5)
+    assert done.returncode == 2 and "exactly 16 rows" in done.stderr
+
+
+def _full_batches(e: Exported, epochs: int, batch: int) -> list[float]:
+    """The Python step's losses on train_main's batches, the last partial batch of each epoch dropped."""
+    e.step.load(e.init)
+    losses = []
+    for epoch in range(epochs):
+        order = export.shuffle_order(ROWS, 0, epoch)
+        for start in range(0, ROWS - batch + 1, batch):
+            rows = order[start:start + batch]
+            losses.append(e.step(x=X[rows], y=Y[rows]))
+    return losses
+
+
 def test_workspace_is_planned_as_python_plans_it(exported):
     e = exported("mlp")
     done = subprocess.run([str(e.harness(HARNESS)), "workspace"], cwd=e.dir, capture_output=True, text=True)
