@@ -124,6 +124,8 @@ def _add_export(subparsers) -> None:
     export.add_argument("--out", default="symgrad-export", help="directory to write (default %(default)s)")
     export.add_argument("--name", default=None,
                         help="the library's name, a C identifier (default: the file's name)")
+    export.add_argument("--backend", choices=["c", "cuda"], default="c",
+                        help="the programs as C with OpenMP, or as CUDA built by nvcc (default %(default)s)")
     export.set_defaults(run=_run_export)
 
 
@@ -131,7 +133,7 @@ def _run_export(args) -> int:
     from .export import export_file
 
     try:
-        written = export_file(args.file, args.out, name=args.name)
+        written = export_file(args.file, args.out, name=args.name, backend=args.backend)
     except (FileNotFoundError, TypeError) + USER_ERRORS as exc:
         print(f"symgrad export: error: {exc}", file=sys.stderr)
         return 1

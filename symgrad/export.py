@@ -14,6 +14,10 @@ The export writes, into one directory:
                         loss printed, checkpoints written
     Makefile            `make` builds lib<name>.a and train_main with the flags the step used
 
+With backend="cuda" the programs are the CUDA backend's `.cu` files (nvcc; no runtime files), each
+keeping its variables on the GPU; `<name>.c` moves a variable between the host and a program's
+device copy only when another copy is newer (to save, to read, after a load).
+
 Nothing needs Python, cffi or symgrad to build or run. The dataset layout that train_main reads
 (`write_dataset` writes it) is, all integers int64 little-endian:
 
@@ -96,15 +100,18 @@ def export(step, out_dir, name: str = "model", backend: str = "c") -> dict:
     programs = _programs(step, cuda)
     dim = _batch_dim(programs)
     variables = _variables(step, programs)
-    flags = list(default_flags() if cuda else step._options.get("flags") or default_flags())
+    # The flags the step's C programs were built with: the same compiler and flags, the same numbers.
+    flags = list((step._options.get("flags") if step.backend == "c" else None) or default_flags())
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    context = dict(lib=name, LIB=name.upper(), cuda=cuda, align=_cuda().ALIGN if cuda else c_backend.ALIGN,
-                   nvcc_flags=" ".join(_nvcc_flags()) if cuda else "", version=_version(), statuses=_statuses(name),
-                   variables=variables, programs=[_program_context(k, p, name, dim, variables, cuda) for k, p in enumerate(programs)],
-                   checkpoint=_checkpoint_header(variables), hyper=[v for v in variables if v["role"] == "hyper"],
+    contexts = [_program_context(k, p, name, dim, variables, cuda) for k, p in enumerate(programs)]
+    context = dict(lib=name, LIB=name.upper(), version=_version(), statuses=_statuses(name), variables=variables,
+                   programs=contexts, checkpoint=_checkpoint_header(variables),
+                   hyper=[v for v in variables if v["role"] == "hyper"],
                    fixed_batch=None if dim is None or isinstance(dim, sympy.Symbol) else int(dim),
-                   dtype_codes=DTYPE_CODES, magic=MAGIC.decode(), flags=" ".join(flags), runtime_header=runtime.HEADER)
+                   dtype_codes=DTYPE_CODES, magic=MAGIC.decode(), runtime_header=runtime.HEADER,
+                   has_predict=step._predict is not None, cuda=cuda, align=_cuda().ALIGN if cuda else c_backend.ALIGN, flags=" ".join(flags),
+                   nvcc_flags=" ".join(_nvcc_flags()) if cuda else "")
     files = {
         "header": (f"{name}.h", render("export/library.h.j2", **context)),
         "library": (f"{name}.c", render("export/library.c.j2", **context)),
@@ -114,7 +121,7 @@ def export(step, out_dir, name: str = "model", backend: str = "c") -> dict:
     if not cuda:
         files["runtime_header"] = (runtime.HEADER, runtime.header())
         files["runtime"] = ("symgrad_runtime.c", runtime.source())
-    for p, ctx in zip(programs, context["programs"]):
+    for p, ctx in zip(programs, contexts):
         renames = "".join(f"#define {old} {new}\n" for old, new in ctx["renames"])
         language = "CUDA" if cuda else "C"
         files[p.kind] = (f"{ctx['prefix']}.{'cu' if cuda else 'c'}", f"/* {name}'s {p.kind} program: symgrad's "
@@ -127,9 +134,10 @@ def export(step, out_dir, name: str = "model", backend: str = "c") -> dict:
     return written
 
 
-def export_file(path, out_dir, name: str | None = None) -> dict:
+def export_file(path, out_dir, name: str | None = None, backend: str = "c") -> dict:
     """`symgrad export FILE`: compile the step of FILE's build() (as `symgrad inspect` reads it;
-    a dict may add "predict") on the C backend and export it; `name` defaults to the file's."""
+    a dict may add "predict") on the C backend and export it for `backend`; `name` defaults to
+    the file's."""
     from .inspect_cmd import load_build
     from .training import train_step
 
@@ -139,7 +147,7 @@ def export_file(path, out_dir, name: str | None = None) -> dict:
         name = re.sub(r"\W", "_", path.stem, flags=re.ASCII)
         name = name if _NAME.match(name) else f"model_{name}"
     step = train_step(loss, params, optimizer, backend="c", predict=predict)
-    return export(step, out_dir, name=name)
+    return export(step, out_dir, name=name, backend=backend)
 
 
 # ---- the programs -------------------------------------------------------------------------
@@ -213,12 +221,13 @@ def _program_context(number: int, p: _Program, name: str, dim, variables: list[d
     size = _size_printer(dim)
     index = {v["name"]: v["index"] for v in variables}
     inputs = [dict(name=v.name, c_name=_c_string(v.name), ctype=D.C_TYPES[v.dtype], dtype=v.dtype,
-                   per_row=int(np.prod(v.shape[1:], dtype=np.int64)), shape=_shape_text(v.shape), ident=_ident(v.name, k, name))
-              for k, v in enumerate(p.graph.inputs)]
+                   per_row=int(np.prod(v.shape[1:], dtype=np.int64)), shape=_shape_text(v.shape),
+                   ident=_ident(v.name, k, name)) for k, v in enumerate(p.graph.inputs)]
     outputs = [dict(ctype=D.C_TYPES[v.dtype], numel=size(sympy.Mul(*v.shape)), shape=_shape_text(v.shape),
                     scalar=v.shape == ()) for v in p.graph.outputs]
-    labels = [dict(position=position, c_name=inputs[position]["c_name"], ctype=inputs[position]["ctype"], numel=size(sympy.Mul(*p.graph.inputs[position].shape)),
-                   classes=size(node.attrs["num_classes"])) for position, node in label_checks(p.graph)]
+    labels = [dict(position=at, c_name=inputs[at]["c_name"], ctype=inputs[at]["ctype"],
+                   numel=size(sympy.Mul(*p.graph.inputs[at].shape)), classes=size(node.attrs["num_classes"]))
+              for at, node in label_checks(p.graph)]
     slots = [index[v.name] for v in p.graph.variables]
     renames = ([(old, f"{prefix}_{new}") for old, new in CUDA_RENAMES] if cuda else
                [(c_backend.ENTRY, f"{prefix}_run"), (c_backend.WORKSPACE_SIZES, f"{prefix}_temporaries"),
@@ -252,7 +261,8 @@ status k i labels classes raw bytes main""".split())
 
 def _ident(name: str, k: int, lib: str) -> str:
     """A C parameter name for input `name`: the name itself when it is a safe identifier, else input<k>."""
-    safe = _NAME.match(name) and name not in _RESERVED and not name.lower().startswith(("sg", lib.lower(), "out", "input"))
+    prefixes = ("sg", lib.lower(), "out", "input")
+    safe = _NAME.match(name) and name not in _RESERVED and not name.lower().startswith(prefixes)
     return name if safe else f"input{k}"
 
 
