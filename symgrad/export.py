@@ -319,11 +319,12 @@ def _checkpoint_header(variables: list[dict]) -> dict:
 # ---- C text -------------------------------------------------------------------------------
 
 def _c_bytes(data: bytes) -> str:
-    """A C string literal holding exactly `data` (printable ASCII kept, the rest octal escapes)."""
+    """A C string literal holding exactly `data`: printable ASCII kept, the rest octal escapes, and
+    so are `*` and `/`, so that the literal is safe inside a comment too."""
     out = []
     for byte in data:
         ch = chr(byte)
-        out.append(ch if 32 <= byte < 127 and ch not in '"\\?' else f"\\{byte:03o}")
+        out.append(ch if 32 <= byte < 127 and ch not in '"\\?*/' else f"\\{byte:03o}")
     return '"' + "".join(out) + '"'
 
 

@@ -343,3 +343,17 @@ def test_cuda_export_builds_with_nvcc(tmp_path):
     else:
         assert done.returncode == 0, done.stderr
         assert set(safetensors.numpy.load_file(str(tmp_path / "ckpt.safetensors"))) == set(step._storage)
+
+
+def test_odd_names_stay_inside_c_strings(tmp_path):
+    """Names with quotes, comment ends and non-ASCII build, and come back from a C checkpoint as given."""
+    odd_x, odd_w = 'x */ "é', 'W*/\\"ü?'
+    x, y = sg.input(odd_x, (sg.Dim("B"), 5)), sg.input("y", (sg.Dim("B"),), dtype="int64")
+    W = sg.param(odd_w, (5, 3), init="normal")
+    step = sg.train_step(sg.cross_entropy(x @ W, y), [W], sg.optim.SGD(lr=0.1), backend="c")
+    odd = Exported(step, tmp_path, "odd", None)
+    done = odd.train_main("--epochs", 1, "--save", tmp_path / "odd.safetensors")
+    assert done.returncode == 0, done.stderr
+    assert set(safetensors.numpy.load_file(str(tmp_path / "odd.safetensors"))) == {odd_w, "lr"}
+    step.load(tmp_path / "odd.safetensors")
+    assert "input0" in (tmp_path / "odd.h").read_text()  # not a C identifier: a parameter name of its own
