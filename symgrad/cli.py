@@ -1,4 +1,4 @@
-"""The `symgrad` command: `symgrad demo`, `symgrad inspect FILE`, `symgrad --version`.
+"""The `symgrad` command: `symgrad demo`, `symgrad inspect FILE`, `symgrad export FILE`, `symgrad --version`.
 
 Each subcommand is a `_add_<name>(subparsers)` that registers its options and
 a `_run_<name>(args) -> exit status`; `main` only dispatches.
@@ -114,6 +114,35 @@ def _run_inspect(args) -> int:
     return 0
 
 
+def _add_export(subparsers) -> None:
+    export = subparsers.add_parser(
+        "export", help="write a model's training step as a standalone C library and training program",
+        description="Run FILE, a Python script defining build() -> (loss, params[, optimizer]) as for "
+                    "`symgrad inspect` (a dict may add \"predict\"), compile its training step and write "
+                    "<name>.c, <name>.h, train_main.c and a Makefile to --out: `make` builds them with no Python.")
+    export.add_argument("file", help="Python file defining build()")
+    export.add_argument("--out", default="symgrad-export", help="directory to write (default %(default)s)")
+    export.add_argument("--name", default=None,
+                        help="the library's name, a C identifier (default: the file's name)")
+    export.add_argument("--backend", choices=["c", "cuda"], default="c",
+                        help="the programs as C with OpenMP, or as CUDA built by nvcc (default %(default)s)")
+    export.set_defaults(run=_run_export)
+
+
+def _run_export(args) -> int:
+    from .export import export_file
+
+    try:
+        written = export_file(args.file, args.out, name=args.name, backend=args.backend)
+    except (FileNotFoundError, TypeError) + USER_ERRORS as exc:
+        print(f"symgrad export: error: {exc}", file=sys.stderr)
+        return 1
+    for kind, path in written.items():
+        print(f"wrote {kind}: {path}")
+    print(f"build: make -C {args.out}")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of the `symgrad` command."""
     parser = argparse.ArgumentParser(prog="symgrad", description="A static-graph symbolic compiler "
@@ -122,6 +151,7 @@ def build_parser() -> argparse.ArgumentParser:
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
     _add_demo(subparsers)
     _add_inspect(subparsers)
+    _add_export(subparsers)
     return parser
 
 

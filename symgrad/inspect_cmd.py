@@ -33,8 +33,9 @@ from .ir.printing import backward_chain
 from .ir.value import Value
 
 
-def load_build(path: str | Path) -> tuple[Value, list, object]:
-    """Run the file and call its build(); returns (loss, params, optimizer)."""
+def load_build(path: str | Path, with_predict: bool = False) -> tuple:
+    """Run the file and call its build(); returns (loss, params, optimizer), and the dict's
+    "predict" entry (None if none) after them with `with_predict`."""
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"inspect: no such file {str(path)!r}")
@@ -43,8 +44,10 @@ def load_build(path: str | Path) -> tuple[Value, list, object]:
     if not callable(build):
         raise ValueError(f"inspect: {path} must define build() returning (loss, params[, optimizer])")
     result = build()
+    predict = None
     if isinstance(result, dict):
         loss, params, optimizer = result.get("loss"), result.get("params"), result.get("optimizer")
+        predict = result.get("predict")
     elif isinstance(result, (tuple, list)) and len(result) in (2, 3):
         loss, params, optimizer = (*result, None) if len(result) == 2 else result
     else:
@@ -53,6 +56,8 @@ def load_build(path: str | Path) -> tuple[Value, list, object]:
     if not isinstance(loss, Value):
         raise TypeError(f"inspect: build() returned a {type(loss).__name__} as the loss, not a graph value")
     param_groups(params)  # checked here, so that a bad entry is reported before anything is built
+    if with_predict:
+        return loss, params, optimizer or optim.SGD(lr=0.1), predict
     return loss, params, optimizer or optim.SGD(lr=0.1)
 
 

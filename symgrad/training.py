@@ -185,6 +185,14 @@ class TrainStep(Compiled):
         from . import checkpoint
         checkpoint.load(self, path)
 
+    def export(self, out_dir, name: str = "model", backend: str = "c") -> dict:
+        """Write this step as a standalone C training library and program into `out_dir`:
+        `<name>.c`, `<name>.h`, the programs' sources, the runtime, `train_main.c` and a `Makefile`
+        (symgrad/export.py); backend="cuda" writes the programs as `.cu`, behind the same API.
+        Returns {file kind: path}."""
+        from . import export
+        return export.export(self, out_dir, name=name, backend=backend)
+
     @property
     def lr(self) -> float:
         """The learning rate, changeable between steps without recompiling."""
