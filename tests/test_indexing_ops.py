@@ -205,3 +205,18 @@ def test_the_report_lists_gather_kernels_and_batched_products():
     report = sg.function([table, ids, q], [loss, *sg.grad(loss, [table, q])], backend="c").report()
     assert "take of 6 index(es)" in report and "scatter_add of 6 index(es)" in report
     assert "batched over 2 x 3" in report and "2 gathers)" in report
+
+
+def test_batched_products_shared_over_the_team_match_numpy():
+    """Products too small to split one by one (32 x 24 x 16) but many of them (a 6 x 8 batch,
+    broadcast on one side): the C kernel hands batch indices out to the team's threads; each
+    product lands at its own place, gradients (the transposed products) included."""
+    rng = np.random.default_rng(3)
+    a_data, b_data = rng.standard_normal((6, 8, 32, 16)), rng.standard_normal((8, 16, 24))
+    a, b = sg.input("a", a_data.shape, dtype="float64"), sg.input("b", b_data.shape, dtype="float64")
+    loss = (sg.tanh(a @ b) * sg.constant(rng.standard_normal((6, 8, 32, 24)))).sum()
+    outputs = [a @ b, *sg.grad(loss, [a, b])]
+    c_step = sg.function([a, b], outputs, backend="c")
+    assert "if(share)" in c_step.source
+    for got, want in zip(c_step(a_data, b_data), sg.function([a, b], outputs, backend="numpy")(a_data, b_data)):
+        np.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-12)

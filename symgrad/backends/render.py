@@ -337,7 +337,10 @@ class Renderer:
                     Store(k.out.name, at, k.epilogue_result)]
             ctx["epilogue"] = dict(dims=[f"d{n}" for n in range(len(self.plan.dims))], body=body,
                                    buffers=[dict(name=buf.name, ctype=D.C_TYPES[buf.dtype]) for buf in epilogue_buffers])
-        return dict(ctx, gemm=gemm, a_strides=a_strides, status=True)
+        # A batched product's GEMMs share the team out between them when each runs on one thread.
+        share_min = runtime.GEMM_PARALLEL_MIN if kind == "gemm" else runtime.NARROW_PARALLEL_MIN
+        return dict(ctx, gemm=gemm, a_strides=a_strides, status=True, share_min=share_min,
+                    parallel_min=runtime.GEMM_PARALLEL_MIN)
 
     def gather_kernel(self, k: GatherKernel) -> dict:
         """take or scatter_add over (P, I, Q) loops (templates <language>/gather)."""
