@@ -20,7 +20,7 @@ from .functional import (abs, argmax, broadcast_to, cast, constant, cos, cross_e
                          stop_gradient, sum, tanh, transpose, where)
 from .pointwise import ceil, clip, erf, floor, gelu, log1p, masked_fill, round, sign, softplus, trunc
 from .nn.functional import layer_norm
-from .statistics import logsumexp, std, var
+from .statistics import logsumexp, prod, std, var
 from .indices import arange, permute, swapaxes, tril, triu
 from .indexing import cat, chunk, concat, concatenate, embedding, narrow, split, stack, take
 from .nn.functional import scaled_dot_product_attention
@@ -44,7 +44,7 @@ __all__ = [
     "reshape", "sigmoid", "sin", "softmax", "sqrt", "squeeze", "stop_gradient", "sum", "tanh",
     "transpose", "where", "cat", "chunk", "concat", "concatenate", "embedding", "scaled_dot_product_attention", "conv1d", "conv2d", "pad",
     "adaptive_avg_pool2d", "avg_pool2d", "flatten", "interpolate", "max_pool2d", "batch_norm", "narrow", "split", "stack", "take", "erf", "log1p", "softplus", "gelu", "sign", "floor", "ceil", "round",
-    "trunc", "clip", "masked_fill", "layer_norm", "var", "std", "logsumexp", "arange", "tril", "triu", "permute",
+    "trunc", "clip", "masked_fill", "layer_norm", "var", "std", "logsumexp", "prod", "arange", "tril", "triu", "permute",
     "swapaxes", "__version__",
     "nn", "random", "distributed", "gradcheck", "GradcheckError",
 ]

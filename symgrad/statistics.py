@@ -1,6 +1,6 @@
-"""Statistics along axes as torch computes them: var, std (with `correction=`) and logsumexp.
+"""Statistics along axes as torch computes them: var, std (with `correction=`), logsumexp and prod.
 
-Composites of sum, max and pointwise ops, so their gradients follow from their parts.
+Composites of sum, max, slices and pointwise ops, so their gradients follow from their parts.
 """
 
 from __future__ import annotations
@@ -8,10 +8,11 @@ from __future__ import annotations
 import sympy
 
 from . import functional as F
+from . import indexing
 from .ir import shapes as S
 from .ir.value import Value
 
-__all__ = ["var", "std", "logsumexp"]
+__all__ = ["var", "std", "logsumexp", "prod"]
 
 
 def var(x, axis=None, correction: int = 1, keepdims: bool = False) -> Value:
@@ -44,3 +45,36 @@ def logsumexp(x, axis=None, keepdims: bool = False) -> Value:
     shift = F.where(F.equal(F.abs(peak), float("inf")), 0.0, peak)
     total = F.log(F.sum(F.exp(x - shift), axis=axes, keepdims=True)) + shift
     return total if keepdims else F.squeeze(total, axis=axes)
+
+
+def prod(x, axis=None, keepdims: bool = False) -> Value:
+    """The product over `axis` (None: all), as torch.prod; the product of nothing is 1.
+
+    The reduced axes are merged into one, which is multiplied as a balanced tree of halves (each
+    half a slice, so a view): its gradient is then the product of the other elements, exact where
+    some are zero and to any order, with no division (torch's backward special-cases zeros)."""
+    x = F._value(x, "prod")
+    axes = S.normalize_axes(axis, x.ndim, "prod")
+    if not all(isinstance(x.shape[a], int) for a in axes):
+        raise ValueError(f"prod: the reduced axes {list(axes)} of x {S.format_shape(x.shape)} "
+                         "must have fixed sizes (a product tree is built over them)")
+    kept = [a for a in range(x.ndim) if a not in axes]
+    count = int(S.numel([x.shape[a] for a in axes]))
+    rows = F.reshape(F.transpose(x, kept + list(axes)), [x.shape[a] for a in kept] + [count])
+    if count == 0:
+        product = F.sum(rows, axis=-1, keepdims=True) + 1   # (zero gradient, as the 1 has none)
+    else:
+        leftovers = []  # the last element of an odd-length level, multiplied in at the end
+        while count > 1:
+            if count % 2:
+                leftovers.append(indexing.narrow(rows, -1, count - 1, 1))
+                count -= 1
+            rows = indexing.narrow(rows, -1, 0, count // 2) * indexing.narrow(rows, -1, count // 2, count // 2)
+            count //= 2
+        product = rows
+        for leftover in reversed(leftovers):
+            product = product * leftover
+    product = F.squeeze(product, axis=-1)
+    if keepdims:
+        product = F.reshape(product, [1 if a in axes else x.shape[a] for a in range(x.ndim)])
+    return product

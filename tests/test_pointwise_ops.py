@@ -1,4 +1,4 @@
-"""erf, log1p, softplus, gelu, sign, rounding, clip, var, std, logsumexp against torch.
+"""erf, log1p, softplus, gelu, sign, rounding, clip, var, std, logsumexp, prod against torch.
 
 Every function is an output of one graph per backend (one C build), evaluated in
 float64 at ordinary and special values (+-0, +-inf, NaN, ties of rounding), and
@@ -47,23 +47,30 @@ STATISTICS = {
     "std_keep": (lambda m: sg.std(m, axis=0, keepdims=True), lambda m: torch.std(m, dim=0, keepdim=True)),
     "logsumexp": (lambda m: sg.logsumexp(m, axis=1), lambda m: torch.logsumexp(m, dim=1)),
     "logsumexp_all": (lambda m: sg.logsumexp(m), lambda m: torch.logsumexp(m, dim=(0, 1))),
+    "prod": (lambda m: sg.prod(m, axis=1), lambda m: torch.prod(m, dim=1)),
+    "prod_keep": (lambda m: sg.prod(m, axis=0, keepdims=True), lambda m: torch.prod(m, dim=0, keepdim=True)),
+    "prod_all": (lambda m: sg.prod(m), lambda m: torch.prod(m)),
 }
-STAT_INPUTS = {"logsumexp": ROWS}  # special rows: a -inf row, a +inf, a NaN
+# special rows: a -inf row, a +inf, a NaN; for prod, rows with no, one and two zeros (whose
+# gradients torch computes without dividing by them)
+ZEROS = np.array([[1.5, -2.0, 0.5, 3.0, -0.7], [1.5, 0.0, 2.0, -1.0, 0.3], [0.0, 2.0, -0.0, 1.1, 4.0]])
+STAT_INPUTS = {"logsumexp": ROWS, "prod": ZEROS, "prod_keep": ZEROS}
 
 
 def _graph(backend):
     x = sg.input("x", (len(X),), dtype="float64")
     m = sg.input("m", M.shape, dtype="float64")
     rows = sg.input("rows", ROWS.shape, dtype="float64")
+    zeros = sg.input("zeros", ZEROS.shape, dtype="float64")
     outs = []
     for fn, _ in POINTWISE.values():
         y = fn(x)
         outs += [y, *sg.grad(sg.sum(y * 0.75), [x])]
     for name, (fn, _) in STATISTICS.items():
-        source = rows if name in STAT_INPUTS else m
+        source = {"logsumexp": rows, "prod": zeros, "prod_keep": zeros}.get(name, m)
         y = fn(source)
         outs += [y, *sg.grad(sg.sum(y * 0.75), [source])]
-    return sg.function([x, m, rows], outs, backend=backend)
+    return sg.function([x, m, rows, zeros], outs, backend=backend)
 
 
 @pytest.fixture(scope="module")
@@ -72,7 +79,7 @@ def results():
 
     def get(backend):
         if backend not in cache:
-            cache[backend] = iter(_graph(backend)(X, M, ROWS))
+            cache[backend] = iter(_graph(backend)(X, M, ROWS, ZEROS))
             cache[backend] = list(cache[backend])
         return cache[backend]
     return get
@@ -115,7 +122,29 @@ def test_gradients_match_finite_differences(name):
 
 
 def test_statistics_match_finite_differences():
-    sg.gradcheck(lambda m: sg.std(m, axis=1) + sg.logsumexp(m, axis=1), [M])
+    sg.gradcheck(lambda m: sg.std(m, axis=1) + sg.logsumexp(m, axis=1) + sg.prod(m, axis=1), [M])
+
+
+def test_prod_second_order_matches_torch_where_elements_are_zero():
+    """d/dm of (dL/dm . v) for L = sum(prod(m, axis=1) * w): the product tree's own gradients."""
+    rng = np.random.default_rng(5)
+    v, w = rng.standard_normal(ZEROS.shape), rng.standard_normal(ZEROS.shape[0])
+    t = torch.tensor(ZEROS, requires_grad=True)
+    (g,) = torch.autograd.grad((torch.prod(t, dim=1) * torch.tensor(w)).sum(), [t], create_graph=True)
+    (want,) = torch.autograd.grad((g * torch.tensor(v)).sum(), [t])
+    m = sg.input("m", ZEROS.shape, dtype="float64")
+    (first,) = sg.grad(sg.sum(sg.prod(m, axis=1) * sg.constant(w, "float64")), [m])
+    (second,) = sg.grad(sg.sum(first * sg.constant(v, "float64")), [m])
+    (got,) = sg.function([m], [second], backend="numpy")(ZEROS)
+    np.testing.assert_allclose(got, want.numpy(), rtol=1e-12, atol=1e-12)
+
+
+def test_prod_of_nothing_is_one_and_symbolic_axes_are_refused():
+    e = sg.input("e", (3, 0), dtype="float64")
+    (got,) = sg.function([e], [sg.prod(e, axis=1)], backend="numpy")(np.zeros((3, 0)))
+    np.testing.assert_array_equal(got, torch.prod(torch.zeros((3, 0)), dim=1).numpy())
+    with pytest.raises(ValueError, match=r"prod: the reduced axes \[0\] of x \[B,3\] must have fixed sizes"):
+        sg.prod(sg.input("x", (sg.Dim("B"), 3)), axis=0)
 
 
 def test_integer_inputs_round_to_themselves_and_clip_as_integers():
