@@ -226,7 +226,7 @@ def reshape(x, shape) -> Value:
         raise ValueError(f"reshape: only one size may be -1, got {shape}")
     if wildcards:
         known = S.numel([s for i, s in enumerate(shape) if i != wildcards[0]])
-        rest = sympy.simplify(sympy.sympify(S.numel(x.shape)) / sympy.sympify(known))
+        rest = S.simplify(sympy.sympify(S.numel(x.shape)) / sympy.sympify(known))
         if rest.is_Rational and not rest.is_Integer:
             raise ValueError(f"reshape: cannot reshape {S.format_shape(x.shape)} to {shape}")
         shape = tuple(rest if i == wildcards[0] else s for i, s in enumerate(shape))

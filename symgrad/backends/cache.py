@@ -92,7 +92,7 @@ from pathlib import Path
 from types import ModuleType
 
 from ..settings import cache_dir
-from . import toolchain
+from . import ffi, toolchain
 from .cache_files import atomic_write, file_lock, file_sha256, now_utc, read_json  # noqa: F401  (callers use cache.*)
 # The toolchain's names the cache's callers (backends, tests, benchmarks) know it by.
 from .toolchain import (DEFAULT_FLAGS, NVCC_FAT_BINARY, BuildError, CompilerNotFound, c_string_literal,  # noqa: F401
@@ -258,7 +258,7 @@ def clear_cache() -> int:
     count = len(list(directory.glob("_symgrad_*.json")))
     for path in directory.iterdir():
         if path.name.startswith(("_symgrad_", ".tmp-")) or path.name in ("index", "locks", "sympy", "templates",
-                                                                          "programs", "include", "runtime"):
+                                                                          "programs", "include", "runtime", ffi.DIRECTORY):
             shutil.rmtree(path) if path.is_dir() else path.unlink(missing_ok=True)
     _LOADED.clear()
     return count
@@ -425,11 +425,8 @@ class DlopenModule:
     (the functions)."""
 
     def __init__(self, name: str, so_path: Path, cdef: str):
-        import cffi
-
         self.__name__ = name
-        self.ffi = cffi.FFI()
-        self.ffi.cdef(cdef)
+        self.ffi = ffi.declared(cdef)  # shared by every library with these declarations
         self.lib = self.ffi.dlopen(str(so_path))
 
     def __repr__(self) -> str:

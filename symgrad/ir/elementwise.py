@@ -268,14 +268,14 @@ def _in_terms_of_output(expr: sympy.Expr, partial: sympy.Expr) -> sympy.Expr | N
     # for minutes. Such ops keep their derivative in x.
     if sum(1 for atom in sympy.preorder_traversal(expr) if atom == x) == 1:
         try:
-            inverses = sympy.solve(sympy.Eq(OUT, expr), x)
+            inverses = sympy.solve(sympy.Eq(OUT, expr), x, check=False)
         except (NotImplementedError, ValueError, TypeError):
             pass
     for inverse in inverses:
         try:
             at = partial.subs(x, inverse)
-            candidates.append(sympy.simplify(at))
-            candidates.append(sympy.factor(sympy.cancel(sympy.simplify(at.rewrite(sympy.exp)))))
+            candidates.append(S.simplify(at))
+            candidates.append(sympy.factor(sympy.cancel(S.simplify(at.rewrite(sympy.exp)))))
         except (NotImplementedError, ValueError, TypeError, AttributeError):
             continue  # sympy could not evaluate this branch: keep the derivative in x
     f = sympy.lambdify(x, expr, "math")
@@ -349,7 +349,7 @@ def _derive(op: OpDef, i: int) -> sympy.Expr:
     if partial.has(sympy.Piecewise, sympy.sign):
         partial = sympy.piecewise_fold(partial)
     elif _cost(partial) > 0 and sympy.count_ops(partial) <= MAX_SIMPLIFY_OPS:
-        simplified = sympy.simplify(partial)
+        simplified = S.simplify(partial)
         partial = simplified if stays_finite(simplified, partial) else partial
     # Kinked ops (relu, abs, max) keep their masks in x: there is nothing to gain.
     if op.arity == 1 and _cost(partial) > 0 and not partial.has(sympy.Piecewise, sympy.sign):

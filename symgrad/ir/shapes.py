@@ -63,11 +63,19 @@ def format_shape(shape: Sequence) -> str:
     return "[" + ",".join(format_size(s) for s in shape) + "]"
 
 
+def simplify(expr) -> sympy.Expr:
+    """sympy.simplify, but not of an expression of at most one operation on atoms (B, exp(x0),
+    1/x0): sympy's own evaluation has left it as simple as it gets, and sympy.simplify's first
+    call in a process imports sympy.physics.units (0.2-0.3 s, a third of a cold compile of an MLP)."""
+    expr = sympy.sympify(expr)
+    return expr if sympy.count_ops(expr) <= 1 else sympy.simplify(expr)
+
+
 def same_size(a, b) -> bool:
     """Whether two sizes are provably equal."""
     if isinstance(a, int) and isinstance(b, int):
         return a == b
-    return sympy.simplify(sympy.sympify(a) - sympy.sympify(b)) == 0
+    return simplify(sympy.sympify(a) - sympy.sympify(b)) == 0
 
 
 def numel(shape: Sequence) -> "int | sympy.Expr":
