@@ -39,8 +39,11 @@ def declared(cdef: str):
     builder.cdef(cdef)
     text = io.StringIO()
     make_py_source(builder, name, text)  # what cffi's out-of-line ABI mode writes (set_source(name, None))
-    path.parent.mkdir(parents=True, exist_ok=True)
-    atomic_write(path, text.getvalue().encode())  # whole or not at all, for processes sharing the cache
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        atomic_write(path, text.getvalue().encode())  # whole or not at all, for processes sharing the cache
+    except OSError:  # a read-only cache: this process keeps the FFI it parsed
+        return builder
     return _imported(name, path).ffi
 
 
