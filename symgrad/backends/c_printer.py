@@ -197,17 +197,24 @@ class KernelPrinter(C99CodePrinter):
 
 
 class CKernelPrinter(KernelPrinter):
-    """KernelPrinter for the C backend: float32 `exp` calls the program's own `sg_expf`.
+    """KernelPrinter for the C backend: float32 `exp` and `tanh` call the program's own
+    `sg_expf` and `sg_tanhf`.
 
-    libm's expf is an opaque call, so a loop over it runs one element at a time; sg_expf
-    (templates/c/expf.h.j2) is plain arithmetic the compiler vectorizes, within 1 ulp of
-    expf. Softmax and cross-entropy spend most of their time in exp.
+    libm's expf and tanhf are opaque calls, so a loop over them runs one element at a time;
+    sg_expf and sg_tanhf (templates/c/expf.h.j2) are plain arithmetic the compiler vectorizes,
+    within 1 and 2 ulp. Softmax and cross-entropy spend most of their time in exp, a GELU
+    (tanh form) and its gradient in tanh.
     """
 
     def _print_exp(self, expr):
         if self.dtype == "float32":
             return f"sg_expf({self._print(expr.args[0])})"
         return super()._print_exp(expr)
+
+    def _print_tanh(self, expr):
+        if self.dtype == "float32":
+            return f"sg_tanhf({self._print(expr.args[0])})"
+        return super()._print_tanh(expr)
 
 
 def _refuse_outside_float(method):

@@ -174,7 +174,7 @@ class Exprs:
             text = self.printer(st.compute_dtype).print_named(expr, names)
         except CPrintError as exc:
             raise CPrintError(f"op {st.node.op.name!r} ({st.node.op.expr}): {exc}") from None
-        if "sg_expf(" in text:
+        if "sg_expf(" in text or "sg_tanhf(" in text:
             self.features.add("fast_exp")  # templates/c/expf.h.j2 goes in the prelude
         if _is_boolean_expr(expr) and st.dtype != "bool":
             return convert(text, "bool", st.dtype)

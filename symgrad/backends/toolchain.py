@@ -23,7 +23,11 @@ import sysconfig
 from pathlib import Path
 
 # The C compiler's flags unless $SYMGRAD_CFLAGS says otherwise (see default_flags).
-DEFAULT_FLAGS = ("-O3", "-march=native", "-fopenmp", "-std=c11", "-fno-math-errno")
+# -fno-trapping-math (clang's default) lets gcc compute both sides of a select and choose: no
+# program enables floating-point traps, and every value stays IEEE's. Without it gcc 12 moves the
+# work of sg_expf's and sg_tanhf's clamps under branches and then keeps every loop over them
+# scalar (such work might trap), a GPT step's GELU and softmax loops included.
+DEFAULT_FLAGS = ("-O3", "-march=native", "-fopenmp", "-std=c11", "-fno-math-errno", "-fno-trapping-math")
 
 # kind="cuda": nvcc builds a plain shared library (no Python C-API) that cffi loads in ABI mode.
 # No --use_fast_math: its approximate expf/logf/division would break parity with the reference.

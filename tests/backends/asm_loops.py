@@ -17,7 +17,12 @@ that multiplies vectors (FMAs, or SSE2's mulps/mulpd); a spill is an operand add
 from __future__ import annotations
 
 import re
+import shutil
+import subprocess
+import tempfile
 from dataclasses import dataclass
+
+import pytest
 
 _LABEL = re.compile(r"^(\.?[A-Za-z_][\w.$]*):")
 _JUMP = re.compile(r"^\s+(j[a-z]+)\s+(\.L\w+)\s*$")
@@ -150,3 +155,24 @@ def kernel_loops(asm: str, prefix: str) -> list[Loop]:
     (an OpenMP region's outlined body, `sg_gemm_dot5_f32._omp_fn.0`, keeps its function's name)."""
     return [loop for loop in innermost_loops(asm)
             if loop.function.startswith(prefix) and loop.vector_multiplies > 0]
+
+
+def assembly(source: str, march: str) -> str:
+    """gcc's assembly of a C source (a runtime or a program: the runtime's header beside it) with
+    symgrad's default flags, for `march`; skips the test without gcc."""
+    from symgrad.backends import runtime
+    from symgrad.backends.cache import DEFAULT_FLAGS
+    gcc = shutil.which("gcc")
+    if gcc is None:
+        pytest.skip("needs gcc: the check reads gcc's assembly")
+    flags = [f for f in DEFAULT_FLAGS if not f.startswith("-march")]
+    with tempfile.TemporaryDirectory() as tmp:
+        path = f"{tmp}/kernels.c"
+        with open(path, "w") as f:
+            f.write(source)
+        with open(f"{tmp}/{runtime.HEADER}", "w") as f:
+            f.write(runtime.header())
+        subprocess.run([gcc, *flags, f"-march={march}", "-S", "-o", f"{tmp}/kernels.s", path], check=True,
+                       capture_output=True, text=True, timeout=120)
+        with open(f"{tmp}/kernels.s") as f:
+            return f.read()

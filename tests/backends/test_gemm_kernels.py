@@ -141,26 +141,8 @@ KERNELS = ("sg_micro", "sg_gemm")  # the micro-kernels, and the narrow kernels (
 
 
 def _assembly(source: str, march: str) -> str:
-    """gcc's assembly of a runtime source (beside its header) for `march`."""
-    import shutil
-    import subprocess
-    import tempfile
-    from symgrad.backends import runtime
-    from symgrad.backends.cache import DEFAULT_FLAGS
-    gcc = shutil.which("gcc")
-    if gcc is None:
-        pytest.skip("needs gcc: the check reads gcc's assembly")
-    flags = [f for f in DEFAULT_FLAGS if not f.startswith("-march")]
-    with tempfile.TemporaryDirectory() as tmp:
-        path = f"{tmp}/kernels.c"
-        with open(path, "w") as f:
-            f.write(source)
-        with open(f"{tmp}/{runtime.HEADER}", "w") as f:
-            f.write(runtime.header())
-        subprocess.run([gcc, *flags, f"-march={march}", "-S", "-o", f"{tmp}/kernels.s", path], check=True,
-                       capture_output=True, text=True, timeout=120)
-        with open(f"{tmp}/kernels.s") as f:
-            return f.read()
+    from asm_loops import assembly
+    return assembly(source, march)
 
 
 def _kernel_loops(asm: str) -> list:

@@ -66,12 +66,15 @@
  * enough), |r| <= ln(2) / 2; e^r by Cephes' degree-7 polynomial. x is first clamped to
  * [-104, 89], past which e^x is 0 or overflows anyway; 2^n is applied as two factors so that
  * n = 128 (overflow to inf) and n < -126 (subnormal results, one rounding) come out right.
- * NaN gives NaN.
+ * n is rounded by adding 1.5 * 2^23, which leaves it in the sum's low mantissa bits: no rint
+ * instruction (SSE2 has none) and no float-to-int conversion. NaN stays NaN through the clamp
+ * and the polynomial (its exponent bits are then meaningless, and harmless).
  */
 static inline float sg_expf(float x)
 {
-    const float xc = x < -104.0f ? -104.0f : (x > 89.0f ? 89.0f : (x == x ? x : 0.0f));
-    const float n = __builtin_rintf(xc * 1.44269504088896341f);
+    const float xc = x < -104.0f ? -104.0f : (x > 89.0f ? 89.0f : x);
+    const float shifted = xc * 1.44269504088896341f + 12582912.0f;
+    const float n = shifted - 12582912.0f;
     const float r = (xc - n * 0.693359375f) + n * 2.12194440e-4f;
     float p = 1.9875691500e-4f;
     p = p * r + 1.3981999507e-3f;
@@ -80,12 +83,40 @@ static inline float sg_expf(float x)
     p = p * r + 1.6666665459e-1f;
     p = p * r + 5.0000001201e-1f;
     const float y = p * r * r + r + 1.0f;
-    const int32_t half = (int32_t)n / 2, rest = (int32_t)n - half;
-    const int32_t b1 = (half + 127) << 23, b2 = (rest + 127) << 23;
+    uint32_t bits;
+    memcpy(&bits, &shifted, sizeof bits);
+    const int32_t whole = (int32_t)(bits - 0x4B400000u), half = whole / 2, rest = whole - half;
+    const uint32_t b1 = (uint32_t)(half + 127) << 23, b2 = (uint32_t)(rest + 127) << 23;
     float s1, s2;
     memcpy(&s1, &b1, sizeof s1);
     memcpy(&s2, &b2, sizeof s2);
-    return x == x ? y * s1 * s2 : x;
+    return y * s1 * s2;
+}
+
+/*
+ * sg_tanhf(x): tanh x in float, within 2 ulp of the exact value, in plain arithmetic (sg_expf's
+ * reason: libm's tanhf, an expm1f call inside, keeps a GELU loop scalar).
+ * |x| < 0.55: the odd Taylor series to x^19 (the first term left out is below 1e-9 of the
+ * result); beyond: (1 - e^-2|x|) / (1 + e^-2|x|) with the sign of x, where e^-2|x| < 1/3, so
+ * 1 - e^-2|x| loses nothing to cancellation; both on |x|, then x's sign (tanh is odd). Both are
+ * computed and one is chosen (a select, vectorized under -fno-trapping-math). +-0 keep their sign, +-inf give
+ * +-1, NaN gives NaN.
+ */
+static inline float sg_tanhf(float x)
+{
+    const float a = __builtin_fabsf(x), s = x * x;
+    float p = -2.3912911424e-4f;
+    p = p * s + 5.9002744095e-4f;
+    p = p * s - 1.4558343871e-3f;
+    p = p * s + 3.5921280366e-3f;
+    p = p * s - 8.8632355299e-3f;
+    p = p * s + 2.1869488536e-2f;
+    p = p * s - 5.3968253968e-2f;
+    p = p * s + 1.3333333333e-1f;
+    p = p * s - 3.3333333333e-1f;
+    const float t = sg_expf(-2.0f * a);
+    const float near = a + a * s * p, far = (1.0f - t) / (1.0f + t);
+    return __builtin_copysignf(a < 0.55f ? near : far, x);
 }
 
 /* t3: f32[B,10] = matmul(x, W) */
