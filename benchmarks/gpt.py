@@ -2,6 +2,7 @@
 
     python -m benchmarks.gpt                         # both configs, every system available here
     python -m benchmarks.gpt --configs small --llmc ~/llm.c --quick
+    python -m benchmarks.gpt --configs small --systems symgrad-c --memory   # + step memory vs torch
 
 Two configs of examples/gpt.py's model (issue 16): small (4 layers, 4 heads,
 128 channels, T=64, vocab 256, batch 8) and nanoGPT's shakespeare-char size
@@ -149,6 +150,67 @@ def llmc_runner(checkout: Path | None, workdir: Path):
     return build
 
 
+# Memory: symgrad's planned step memory against torch's measured growth -----------------------
+
+
+def _peak_rss_growth_worker(config: str) -> None:
+    """In a fresh process: how much torch eager's resident memory peaks above what it was before the
+    model existed, over two steps of `config` (its parameters, gradients, AdamW state, activations
+    and allocator caches). The kernel's peak-RSS mark is reset first (/proc/self/clear_refs), so
+    the imports' own peak does not count."""
+    import torch
+    torch.set_num_threads(THREADS)
+    bench = CONFIGS[config]
+    _, state, x, y = setup(bench)
+    xt, yt = torch.from_numpy(x), torch.from_numpy(y)
+    Path("/proc/self/clear_refs").write_text("5")
+    before = _status_kib("VmRSS")
+    step = _torch_step(bench, state, compiled=False)
+    for _ in range(2):
+        step(xt, yt)
+    print(json.dumps({"growth_bytes": (_status_kib("VmHWM") - before) * 1024}))
+
+
+def _status_kib(field: str) -> int:
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith(field + ":"):
+            return int(line.split()[1])
+    raise RuntimeError(f"/proc/self/status has no {field}")
+
+
+def memory_rows(benches) -> list[dict]:
+    """Per config: symgrad-C's step memory as step.report() plans it before any call (variables,
+    inputs, outputs, arena, GEMM packing), and torch eager's measured peak RSS growth (Linux)."""
+    import subprocess
+    from symgrad.backends.report import step_memory
+    rows = []
+    for bench in benches:
+        model, state, x, y = setup(bench)
+        step = load_example().build_step(model, bench.batch, bench.context, lr=LR, weight_decay=0.0,
+                                          backend="c", betas=BETAS, clip=None)
+        program = step.program
+        planned = sum(step_memory(program.graph, program.plan, program.memory_plan).values())
+        child = subprocess.run([sys.executable, "-m", "benchmarks.gpt", "--rss-worker", bench.name],
+                               capture_output=True, text=True, cwd=Path(__file__).resolve().parent.parent)
+        torch_growth = json.loads(child.stdout.strip().splitlines()[-1])["growth_bytes"] if child.returncode == 0 \
+            else None
+        rows.append({"config": bench.name, "symgrad_planned_bytes": planned, "torch_peak_rss_growth_bytes": torch_growth})
+    return rows
+
+
+def render_memory(rows) -> str:
+    """The memory table (target: symgrad's planned step memory <= 0.5 of torch's growth)."""
+    out = ["| config | symgrad-C step memory (planned, report) | torch eager peak RSS growth | ratio (target <= 0.5) |",
+           "| --- | --- | --- | --- |"]
+    for r in rows:
+        mib = r["symgrad_planned_bytes"] / 2**20
+        torch_mib = r["torch_peak_rss_growth_bytes"] / 2**20 if r["torch_peak_rss_growth_bytes"] else None
+        ratio = f"{mib / torch_mib:.2f}" if torch_mib else "n/a"
+        out.append(f"| {r['config']} | {mib:.1f} MiB | " + (f"{torch_mib:.1f} MiB" if torch_mib else "unavailable")
+                   + f" | {ratio} |")
+    return "\n".join(out)
+
+
 def systems(llmc_dir: Path | None, workdir: Path) -> dict:
     """Column order of the table: name -> builder(bench, model, state, x, y)."""
     return {"symgrad-c": symgrad_runner("c"), "symgrad-numpy": symgrad_runner("numpy"),
@@ -164,7 +226,13 @@ def main(argv=None) -> int:
     parser.add_argument("--quick", action="store_true", help="5 blocks of 2 steps: a look, not a result")
     parser.add_argument("--blocks", type=int, default=11)
     parser.add_argument("--json", type=Path, help="where to write the results")
+    parser.add_argument("--memory", action="store_true",
+                        help="also compare symgrad's planned step memory with torch's peak RSS growth")
+    parser.add_argument("--rss-worker", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
+    if args.rss_worker:
+        _peak_rss_growth_worker(args.rss_worker)
+        return 0
     benches = [CONFIGS[c] for c in args.configs.split(",")]
     names = args.systems.split(",")
     plan = timing.Plan(blocks=5, steps=2, warmup_steps=1, warmup_s=0.0) if args.quick else \
@@ -174,6 +242,11 @@ def main(argv=None) -> int:
         print(f"GPT step benchmark: {len(benches)} config(s), {THREADS} threads", file=sys.stderr)
         rows = side_by_side.run(benches, names, builders, setup, plan, log=lambda s: print(s, file=sys.stderr))
     print(side_by_side.render(rows, names, ANCHORS, "llm.c"))
+    if args.memory:
+        memory = memory_rows(benches)
+        print("\nMemory of one step:\n")
+        print(render_memory(memory))
+        rows = {"steps": rows, "memory": memory}
     if args.json:
         args.json.write_text(json.dumps(rows, indent=1, default=str))
     return 0

@@ -10,7 +10,12 @@ from __future__ import annotations
 import time
 from contextlib import contextmanager
 
+import numpy as np
+
+from ..ir import dtypes as D
+from ..ir import shapes as S
 from ..passes import format_report
+from . import runtime
 from .gather import GatherKernel
 from .lowering import LoopKernel, MatmulKernel, ReduceKernel, RowKernel
 
@@ -63,6 +68,49 @@ def _kernel_line(k) -> str:
     return f"  {k.name:<32} {what} -> {k.out.name}"
 
 
+# What a variable of each role is, in the step-memory lines.
+ROLE_NAMES = {"param": "parameters", "grad": "gradient buffers", "optimizer": "optimizer state",
+              "state": "running statistics", "rng": "random streams", "hyper": "hyperparameters"}
+
+
+def step_memory(graph, plan, mp) -> dict:
+    """Bytes a call of the program holds at its peak, by what they are, for the memory plan's Dim
+    binding: the variables by role (parameters, optimizer state, ...), the inputs and the
+    outputs a call returns, the arena of temporaries, and the most that the runtime's GEMM
+    allocates while one product runs (its packed panels, freed after it). Known before any call."""
+    def nbytes(value) -> int:
+        return int(np.prod(S.evaluate_shape(value.shape, mp.bindings), dtype=np.int64)) * D.to_numpy(value.dtype).itemsize
+
+    parts = {}
+    for v in graph.variables:
+        name = ROLE_NAMES.get(v.attrs.get("role"), "other variables")
+        parts[name] = parts.get(name, 0) + nbytes(v)
+    parts["inputs"] = sum(nbytes(v) for v in graph.inputs)
+    parts["outputs"] = sum(nbytes(v) for v in graph.outputs)
+    parts["arena"] = mp.arena_bytes
+    # A batched product's GEMMs may run one per thread at once (their batch indices shared out).
+    team = runtime.team_size()
+    packing = [runtime.packing_bytes(k.out.dtype, *(S.evaluate(size, mp.bindings) for size in (k.M, k.N, k.K)),
+                                     kind=runtime.gemm_function(k.out.dtype, k.N, *k.a.strides[:2])[1])
+               * (team if k.batch else 1) for k in plan.kernels if isinstance(k, MatmulKernel)]
+    parts["GEMM packing"] = max(packing, default=0)
+    return parts
+
+
+def step_memory_lines(graph, plan, mp) -> list[str]:
+    """The step-memory part of the report: the total, then each part of it."""
+    parts = step_memory(graph, plan, mp)
+    total = sum(parts.values())
+    shown = ", ".join(f"{name} {_mib(n)}" for name, n in parts.items() if n)
+    return [f"  step memory {_mib(total)} at its peak: {shown}"]
+
+
+def _mib(nbytes: int) -> str:
+    if nbytes < 1024:
+        return f"{nbytes} B"
+    return f"{nbytes / 2**20:.2f} MiB" if nbytes >= 2**20 else f"{nbytes / 1024:.1f} KiB"
+
+
 def program_report(program, timings: dict | None = None) -> str:
     """A readable multi-line report of `program` (a CProgram or CudaProgram)."""
     plan = program.plan
@@ -98,6 +146,7 @@ def program_report(program, timings: dict | None = None) -> str:
     out.append(f"{mp.summary()} [{binding}]")
     out.append(f"  arena {mp.arena_bytes} B, naive {mp.naive_bytes} B (every value its own buffer), "
                f"temporaries unshared {mp.unshared_bytes} B, lower bound {mp.lower_bound_bytes} B")
+    out.extend(step_memory_lines(program.graph, plan, mp))
     shown = ", ".join(plan.in_place[:IN_PLACE_SHOWN]) or "none"
     more = len(plan.in_place) - IN_PLACE_SHOWN
     out.append(f"  in-place updates: {shown}" + (f" and {more} more" if more > 0 else ""))

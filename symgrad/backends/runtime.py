@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 from dataclasses import dataclass
 from functools import lru_cache
 
@@ -51,6 +52,31 @@ NARROW_MOST = {"dot": 6, "tn": 12}
 # multiple of every target's MR) in L2, the KC x NC B panel in L3.
 GEMM = {"float32": dict(suffix="f32", MC=72, KC=256, NC=2048),
         "float64": dict(suffix="f64", MC=72, KC=256, NC=1024)}
+
+
+def packing_bytes(dtype: str, m: int, n: int, k: int, kind: str = "gemm", threads: int | None = None) -> int:
+    """At most how many bytes the runtime's GEMM allocates while one m x n x k product runs (all
+    freed when it returns), after templates/c/gemm*.c.j2. `kind` as `gemm_function` picks it: a
+    narrow kernel ("dot", "tn") packs B's few columns (and A's last rows); the blocked GEMM packs
+    B's panel over all of K (at most NC columns, in slivers of 16 floats or 8 doubles) and each
+    thread's MC x KC block of A, or, when its threads share out columns instead (few row blocks),
+    all of A plus each thread's panel of two slivers. `threads`: the team (default `team_size()`),
+    used only by a product large enough to run on it."""
+    g, size = GEMM[dtype], D.to_numpy(dtype).itemsize
+    sliver = 64 // size
+    if kind != "gemm":
+        return (k * (2 * sliver + n) + 64) * size
+    team = (threads or team_size()) if m * n * k >= GEMM_PARALLEL_MIN else 1
+    if team > 1 and -(-m // g["MC"]) < 2 * team and n >= 2 * sliver * team:
+        return (-(-m // 8) * 8 * k + team * k * 2 * sliver) * size
+    return (k * -(-min(n, g["NC"]) // sliver) * sliver + team * g["MC"] * min(k, g["KC"])) * size
+
+
+def team_size() -> int:
+    """The threads an OpenMP region gets by default: $OMP_NUM_THREADS (its first level), else the
+    machine's cores."""
+    first = os.environ.get("OMP_NUM_THREADS", "").split(",")[0].strip()
+    return int(first) if first.isdigit() and int(first) > 0 else (os.cpu_count() or 1)
 
 
 @dataclass(frozen=True)
