@@ -115,6 +115,10 @@ def gather_ops() -> sg.Graph:
 
 def all_graphs() -> dict:
     """Every graph whose CUDA source must compile, by name."""
+    import sys
+    passes_tests = str(Path(__file__).resolve().parents[1] / "passes")
+    if passes_tests not in sys.path:  # pytest puts it there only when it collects tests/passes too
+        sys.path.append(passes_tests)
     from test_passes import GRAPHS
     from test_rowwise import ROW_GRAPHS
     graphs = {"ops_float64": op_suite("float64"), "ops_float32": op_suite("float32"),
