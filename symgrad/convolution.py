@@ -1,9 +1,11 @@
 """Convolution and padding in torch's terms: conv1d, conv2d, pad, written as graph code.
 
-A 2-D convolution is im2col and one batched matrix product: the padded input,
-flattened over its spatial axes, is gathered (`take`) at a fixed index map
-into patches (N, C, KH*KW, H_out*W_out), and the weight (O, C*KH*KW) multiplies
-each image's patches, groups as a batch axis. The gather's gradient is one
+A 2-D convolution is im2col and a matrix product: the padded input is gathered
+(`take`) at a fixed index map into patches. Without groups the input is read
+channels last, so the patches of the whole batch are the rows of one matrix
+(N*H_out*W_out, KH*KW*C), multiplied once by the weight as (KH*KW*C, O); with
+groups, each image's patches (C, KH*KW, H_out*W_out) meet the weight in a
+batched product, groups as a batch axis. The gather's gradient is one
 scatter_add (col2im), so backward is as short as forward.
 Padding is a primitive too: zeros are `embed` (the input written into a
 larger zero array), reflect and replicate are `take` with a fixed index map.
@@ -115,18 +117,32 @@ def conv2d(input, weight, bias=None, stride=1, padding=0, dilation=1, groups: in
     if Ho < 1 or Wo < 1:
         raise ValueError(f"conv2d: the kernel {KH}x{KW} (dilation {dh}, {dw}) is larger than the padded "
                          f"input {Hp}x{Wp}")
-    # im2col as one gather: the flattened padded image read at a fixed index map, patch element
-    # (c, i, j) of output position (ho, wo) at (ho*sh + i*dh) * Wp + wo*sw + j*dw. Its gradient is
-    # one scatter_add (col2im), the sums of overlapping windows added in a fixed order.
+    # im2col as one gather: patch element (i, j) of output position (ho, wo) is pixel
+    # (ho*sh + i*dh) * Wp + wo*sw + j*dw of the flattened padded image. Its gradient is one
+    # scatter_add (col2im), the sums of overlapping windows added in a fixed order.
     K2, L = KH * KW, Ho * Wo
-    taps = (np.arange(KH)[:, None] * dh * Wp + np.arange(KW)[None, :] * dw).reshape(K2, 1)
-    starts = (np.arange(Ho)[:, None] * sh * Wp + np.arange(Wo)[None, :] * sw).reshape(1, L)
-    flat = F.reshape(x, (N, C, Hp * Wp))
-    patches = F.take(flat, F.constant((taps + starts).astype(np.int64)), axis=2, checked=True)  # (N, C, K2, L)
-    # One product per image and group: (O/g, C/g * K2) @ (C/g * K2, L), the weight broadcast over N.
-    cols = F.reshape(patches, (N, groups, Cg * K2, L))
-    kernel = F.reshape(w, (groups, O // groups, Cg * K2))
-    out = F.reshape(F.matmul(kernel, cols), (N, O, Ho, Wo))                               # (N, g, O/g, L)
+    taps = (np.arange(KH)[:, None] * dh * Wp + np.arange(KW)[None, :] * dw).reshape(K2)
+    starts = (np.arange(Ho)[:, None] * sh * Wp + np.arange(Wo)[None, :] * sw).reshape(L)
+    if groups == 1:
+        # Channels last: the image as (N, Hp*Wp, C) pixel rows, gathered into (N, L, K2, C), which
+        # is (N*L, K2*C) patch rows: ONE product for the whole batch, (N*L, K2*C) @ (K2*C, O), and
+        # the backward's two are single products too (the weight's gradient over all N*L
+        # positions), large enough for the GEMM's tiles and threads.
+        pixels = F.reshape(F.transpose(x, (0, 2, 3, 1)), (N, Hp * Wp, C))
+        patches = F.take(pixels, F.constant((starts[:, None] + taps[None, :]).astype(np.int64)), axis=1,
+                         checked=True)                                                     # (N, L, K2, C)
+        kernel = F.reshape(F.transpose(w, (2, 3, 1, 0)), (K2 * C, O))
+        product = F.matmul(F.reshape(patches, (N * L, K2 * C)), kernel)                  # (N*L, O)
+        out = F.transpose(F.reshape(product, (N, Ho, Wo, O)), (0, 3, 1, 2))
+    else:
+        # One product per image and group: (O/g, C/g * K2) @ (C/g * K2, L), the weight broadcast
+        # over N.
+        flat = F.reshape(x, (N, C, Hp * Wp))
+        patches = F.take(flat, F.constant((taps[:, None] + starts[None, :]).astype(np.int64)), axis=2,
+                         checked=True)                                                     # (N, C, K2, L)
+        cols = F.reshape(patches, (N, groups, Cg * K2, L))
+        kernel = F.reshape(w, (groups, O // groups, Cg * K2))
+        out = F.reshape(F.matmul(kernel, cols), (N, O, Ho, Wo))                           # (N, g, O/g, L)
     if bias is not None:
         b = F._value(bias, "conv2d", "bias")
         if b.shape != (O,):
