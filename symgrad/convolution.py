@@ -130,7 +130,8 @@ def conv2d(input, weight, bias=None, stride=1, padding=0, dilation=1, groups: in
         # positions), large enough for the GEMM's tiles and threads.
         pixels = F.reshape(F.transpose(x, (0, 2, 3, 1)), (N, Hp * Wp, C))
         patches = F.take(pixels, F.constant((starts[:, None] + taps[None, :]).astype(np.int64)), axis=1,
-                         checked=True)                                                     # (N, L, K2, C)
+                         checked=True, purpose=f"conv2d {KH}x{KW} im2col, channels last: "
+                                               f"{S.format_size(N * L)} x {K2 * C} patch rows, one GEMM")
         kernel = F.reshape(F.transpose(w, (2, 3, 1, 0)), (K2 * C, O))
         product = F.matmul(F.reshape(patches, (N * L, K2 * C)), kernel)                  # (N*L, O)
         out = F.transpose(F.reshape(product, (N, Ho, Wo, O)), (0, 3, 1, 2))
@@ -139,7 +140,8 @@ def conv2d(input, weight, bias=None, stride=1, padding=0, dilation=1, groups: in
         # over N.
         flat = F.reshape(x, (N, C, Hp * Wp))
         patches = F.take(flat, F.constant((taps[:, None] + starts[None, :]).astype(np.int64)), axis=2,
-                         checked=True)                                                     # (N, C, K2, L)
+                         checked=True, purpose=f"conv2d {KH}x{KW} im2col, groups={groups}: {Cg * K2} x {L} "
+                                               "patches per image and group, a batched GEMM")  # (N, C, K2, L)
         cols = F.reshape(patches, (N, groups, Cg * K2, L))
         kernel = F.reshape(w, (groups, O // groups, Cg * K2))
         out = F.reshape(F.matmul(kernel, cols), (N, O, Ho, Wo))                           # (N, g, O/g, L)

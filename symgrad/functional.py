@@ -332,19 +332,21 @@ def embed(g, shape, starts, steps) -> Value:
     return make(lookup("embed"), (g,), shape=shape, starts=tuple(starts), steps=tuple(steps))
 
 
-def take(table, indices, axis: int = 0, checked: bool = False) -> Value:
+def take(table, indices, axis: int = 0, checked: bool = False, purpose: str = "") -> Value:
     """table's entries at integer `indices` along `axis` (np.take). Unless `checked` (indices known
-    to lie in range), the indices are checked against the axis's size before anything reads them."""
+    to lie in range), the indices are checked against the axis's size before anything reads them.
+    `purpose`: what the gather is for (a convolution's im2col), named by step.report()."""
     table, indices = _value(table, "take", "table"), _value(indices, "take", "indices")
     axis = S.normalize_axes(axis, table.ndim, "take")[0]
     if not checked:
         indices = class_labels(indices, table.shape[axis], op="take", arg="indices")
-    return make(lookup("take"), (table, indices), axis=axis)
+    return make(lookup("take"), (table, indices), axis=axis, **({"purpose": purpose} if purpose else {}))
 
 
-def scatter_add(src, indices, axis: int, size) -> Value:
+def scatter_add(src, indices, axis: int, size, purpose: str = "") -> Value:
     """Zeros with `size` entries along `axis`, src's entries added at `indices`: take's transpose."""
-    return make(lookup("scatter_add"), (_value(src, "scatter_add", "src"), indices), axis=axis, size=size)
+    return make(lookup("scatter_add"), (_value(src, "scatter_add", "src"), indices), axis=axis, size=size,
+                **({"purpose": purpose} if purpose else {}))
 
 
 # ---- composites: softmax and the losses ------------------------------------

@@ -44,6 +44,7 @@ class GatherKernel:
     I: Any
     Q: Any
     rows: Any
+    purpose: str = ""    # what the gather is for (a convolution's im2col), from the node, for the report
     kind: str = "gather"
 
     def reads(self) -> list:
@@ -85,7 +86,7 @@ def lower_gather(lowerer, node: Value) -> View:
         raise LoweringError(f"no lowering for gather op {name!r}")
     out = lowerer.alloc(node)
     lowerer.kernels.append(GatherKernel(lowerer.kernel_name(node), [lowerer.line(node)], name, src, idx, out,
-                                        P, S.numel(indices.shape), Q, rows))
+                                        P, S.numel(indices.shape), Q, rows, node.attrs.get("purpose", "")))
     return buffer_view(out, node.shape)
 
 

@@ -53,6 +53,17 @@ def kernel_counts(plan) -> dict:
     return counts
 
 
+def _purpose_lines(plan, mp) -> list[str]:
+    """The gathers a composite op asked for by name (a convolution's im2col and its col2im), with
+    the bytes of what each writes, for the memory plan's Dim binding."""
+    lines = []
+    for k in plan.kernels:
+        if isinstance(k, GatherKernel) and k.purpose:
+            nbytes = int(S.evaluate(k.out.numel, mp.bindings)) * D.to_numpy(k.out.dtype).itemsize
+            lines.append(f"  {k.name}: {k.purpose} -> {k.out.name}, {_mib(nbytes)}")
+    return ["", "== gathers by purpose =="] + lines if lines else []
+
+
 def _kernel_line(k) -> str:
     if isinstance(k, RowKernel):
         return f"  {k.name:<32} {k.summary()} -> {', '.join(b.name for b in k.outs)}"
@@ -131,6 +142,7 @@ def program_report(program, timings: dict | None = None) -> str:
                f"{counts['fused matmul']} fused matmuls, {counts['copy']} copies"
                + (f", {counts['gather']} gathers)" if counts["gather"] else ")"))
     out.extend(_kernel_line(k) for k in plan.kernels)
+    out.extend(_purpose_lines(plan, program.memory_plan))
     out.append("")
     out.append("== save / recompute ==")
     if not plan.choices:

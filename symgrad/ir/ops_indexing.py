@@ -139,7 +139,9 @@ def _take_numpy(args, node, env):
 def _take_vjp(node, g, wants):
     table, indices = node.inputs
     axis = node.attrs["axis"]
-    return [_F().scatter_add(g, indices, axis, table.shape[axis]) if wants[0] else None, None]
+    purpose = node.attrs.get("purpose")
+    return [_F().scatter_add(g, indices, axis, table.shape[axis], purpose=f"col2im, the gradient of {purpose}" if purpose
+                             else "") if wants[0] else None, None]
 
 
 register(OpDef("take", GATHER, _take_infer, _take_numpy, _take_vjp,
