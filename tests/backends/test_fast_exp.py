@@ -18,16 +18,25 @@ SPECIAL = np.array([0.0, -0.0, 1e-8, -1e-8, 1.0, -1.0, 88.72283, 88.7229, 89.0, 
                     -87.33, -103.28, -103.97, -104.0, -1000.0, -np.inf, np.nan], dtype=np.float32)
 
 
+def _compiled(fn, dtype="float32", n=sg.Dim("n")):
+    x = sg.input("x", (n,), dtype)
+    return sg.function([x], fn(x), backend="c")
+
+
 @pytest.fixture(scope="module")
 def exp_c():
-    x = sg.input("x", (sg.Dim("n"),))
-    return sg.function([x], sg.exp(x), backend="c")
+    return _compiled(sg.exp)
 
 
-def test_exp_is_the_vectorizable_one_in_float32_only(exp_c):
-    assert "sg_expf(" in exp_c.source and "static inline float sg_expf" in exp_c.source
-    x = sg.input("x", (4,), "float64")
-    assert "sg_expf" not in sg.function([x], sg.exp(x), backend="c").source
+@pytest.fixture(scope="module")
+def tanh_c():
+    return _compiled(sg.tanh)
+
+
+@pytest.mark.parametrize("fn, name", [(sg.exp, "sg_expf"), (sg.tanh, "sg_tanhf")])
+def test_the_vectorizable_one_in_float32_only(fn, name):
+    assert f"{name}(" in _compiled(fn).source and f"static inline float {name}" in _compiled(fn).source
+    assert name not in _compiled(fn, "float64", 4).source
 
 
 def test_within_one_ulp_of_exact_over_the_float_range(exp_c):
@@ -48,18 +57,6 @@ def test_within_one_ulp_of_exact_over_the_float_range(exp_c):
 
 TANH_SPECIAL = np.array([0.0, -0.0, 1e-45, -1e-45, 1e-30, -1e-30, 1e-8, 0.5499999, 0.55, 0.5500001, -0.55,
                          9.0, 20.0, -20.0, np.inf, -np.inf, np.nan], dtype=np.float32)
-
-
-@pytest.fixture(scope="module")
-def tanh_c():
-    x = sg.input("x", (sg.Dim("n"),))
-    return sg.function([x], sg.tanh(x), backend="c")
-
-
-def test_tanh_is_the_vectorizable_one_in_float32_only(tanh_c):
-    assert "sg_tanhf(" in tanh_c.source and "static inline float sg_tanhf" in tanh_c.source
-    x = sg.input("x", (4,), "float64")
-    assert "sg_tanhf" not in sg.function([x], sg.tanh(x), backend="c").source
 
 
 def test_tanh_within_two_ulp_of_exact_with_its_special_values(tanh_c):
