@@ -16,7 +16,7 @@ from ..ir import dtypes as D
 from ..ir import shapes as S
 from ..ir.elementwise import ARGS
 from ..ir.graph import Graph, ancestors
-from ..ir.registry import CUSTOM, ELEMENTWISE, MATMUL, MOVEMENT, REDUCE, SOURCE
+from ..ir.registry import ATTENTION, CUSTOM, ELEMENTWISE, MATMUL, MOVEMENT, REDUCE, SOURCE
 from ..ir.value import Value
 
 
@@ -103,7 +103,7 @@ def choose_recompute(graph: Graph, uses: dict, fused: set, fuse_reduce: bool, na
             why = f"stored anyway: the forward's {', '.join(readers)} reads it from memory"
         elif n.op.kind == ELEMENTWISE and _expr_cost(n.op.expr) > RECOMPUTE_MAX_COST:
             why = f"{n.op.name} is costly to recompute (cost {group_cost(n, fused)})"
-        elif n.op.kind in (MATMUL, REDUCE):
+        elif n.op.kind in (MATMUL, REDUCE, ATTENTION):
             why = f"a {n.op.kind} result: recomputing it would repeat the whole {n.op.kind}"
         else:
             why = "read by kernels that cannot compute it themselves (another shape or a column sum)"

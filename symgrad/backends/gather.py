@@ -58,7 +58,7 @@ class GatherKernel:
         return replace(self, src=view(self.src), indices=view(self.indices), out=new.get(id(self.out), self.out))
 
 
-def _contiguous(lowerer, node: Value) -> View:
+def contiguous_operand(lowerer, node: Value) -> View:
     """The view of `node`'s value, copied into a buffer of its own unless it is already contiguous."""
     view = lowerer.views[id(node)]
     if view.kind == "buffer" and is_contiguous(view):
@@ -76,7 +76,7 @@ def lower_gather(lowerer, node: Value) -> View:
         return _embed(lowerer, node)
     source, indices = node.inputs
     axis = node.attrs["axis"]
-    src, idx = _contiguous(lowerer, source), _contiguous(lowerer, indices)
+    src, idx = contiguous_operand(lowerer, source), contiguous_operand(lowerer, indices)
     k = indices.ndim
     if name == "take":
         P, rows, Q = S.numel(source.shape[:axis]), source.shape[axis], S.numel(source.shape[axis + 1:])

@@ -20,7 +20,10 @@ import numpy as np
 import sympy
 
 from ..ir import dtypes as D
+from ..ir import shapes as S
+from ..ir.elementwise import ARGS
 from . import runtime
+from .attention import AttentionKernel
 from .gather import GatherKernel
 from .expressions import Exprs, comment, contiguous, convert, lowest
 from .languages import COLUMN_TILE, PARALLEL_MIN, Language
@@ -356,6 +359,33 @@ class Renderer:
         """Elements a gather kernel moves: P * I * Q."""
         return sympy.sympify(k.P) * sympy.sympify(k.I) * sympy.sympify(k.Q)
 
+    def attention_kernel(self, k: AttentionKernel) -> dict:
+        """Fused attention or its gradient over H heads of T rows (templates <language>/attention):
+        Python gives each operand's head pointer and row stride, and the softmax's exp expressions."""
+        ctype = D.C_TYPES[k.out.dtype]
+        params, args = self.params([view.buffer for view in k.operands], [k.out, *k.scratch])
+        # Head h's batch indices n0, n1, ... (row-major over k.batch), then each operand's head pointer.
+        unravel = []
+        for j, size in enumerate(k.batch):
+            inner = self.ex.paren(S.numel(k.batch[j + 1:]))
+            value = "h" if inner == "1" else f"h / {inner}"
+            unravel.append(dict(var=f"n{j}", value=value if j == 0 else f"{value} % {self.ex.paren(size)}"))
+        names = [u["var"] for u in unravel]
+        operands = [dict(role=role, label=label, row=self.ex.paren(view.strides[-2]),
+                         at=f"{view.buffer.name} + {self.ex.index(view.offset, names, view.strides[:-2])}")
+                    for role, label, view in zip(("q", "k", "v", "o", "g"), k.labels, k.operands)]
+        printer = self.lang.printer(k.out.dtype)
+        exp = {name: printer.print_named(sympy.exp(ARGS[0] - ARGS[1]), {ARGS[0]: a, ARGS[1]: b})
+               for name, (a, b) in dict(rescale=("before", "top"), p=("s[jj]", "top")).items()}
+        self.features.add("attention")
+        if any("sg_expf(" in text for text in exp.values()):
+            self.features.add("fast_exp")
+        return self.kernel(k, "attention", params=params, args=args, op=k.op, ctype=ctype, unravel=unravel,
+                           operands=operands, H=self.ex.paren(k.heads), T=self.ex.paren(k.T), E=self.ex.paren(k.E),
+                           causal=k.causal, scale=self.ex.literal(k.scale, k.out.dtype), out=k.out.name,
+                           scratch=[b.name for b in k.scratch],
+                           parallel=not _small(sympy.sympify(k.heads) * k.T * k.T * k.E), **exp)
+
     def kernels(self) -> list[dict]:
         """The template context of every kernel of the plan, in schedule order."""
         contexts = []
@@ -370,6 +400,8 @@ class Renderer:
                 contexts.append(self.row_kernel(k))
             elif isinstance(k, GatherKernel):
                 contexts.append(self.gather_kernel(k))
+            elif isinstance(k, AttentionKernel):
+                contexts.append(self.attention_kernel(k))
             else:
                 raise NotImplementedError(f"no {self.lang.name} rendering for kernel {type(k).__name__}")
         return contexts

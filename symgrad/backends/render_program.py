@@ -80,7 +80,7 @@ def _host_program(renderer: Renderer, kernels: list, labels: list) -> str:
     return render_template(
         renderer.lang.program, version=__version__, header=_header(plan), entry=C_ENTRY, arguments=arguments,
         parallel_min=PARALLEL_MIN, int_pow="int_pow" in features, random="random" in features,
-        fast_exp="fast_exp" in features, gemm="gemm" in features, bad_label=C_BAD_LABEL, label_checks=checks,
+        fast_exp="fast_exp" in features, gemm="gemm" in features, attention="attention" in features, bad_label=C_BAD_LABEL, label_checks=checks,
         consts=[_const(c) for c in plan.consts], runtime_header=HEADER, kernels=kernels, signature=C_SIGNATURE,
         dims=[comment(d) for d in plan.dims], pointers=pointers, workspace=workspace,
         workspace_dims=sorted(ex.dims_used(b.numel for b in plan.workspace)),
@@ -118,7 +118,7 @@ def _device_program(renderer: Renderer, kernels: list) -> str:
     return render_template(
         renderer.lang.program, version=__version__, header=_header(plan), arguments=arguments,
         int_pow="int_pow" in features, random="random" in features, argmax="argmax" in features,
-        rows="rows" in features, gemm="gemm" in features, qualifiers=renderer.lang.helper_qualifiers,
+        rows="rows" in features, gemm="gemm" in features, attention="attention" in features, qualifiers=renderer.lang.helper_qualifiers,
         consts=[_const(c) for c in plan.consts], kernels=kernels, variables=variables,
         inputs=[_buffer(renderer, b) for b in plan.inputs], outputs=[_buffer(renderer, b) for b in plan.outputs],
         workspace=[_buffer(renderer, b) for b in plan.workspace], signature=CUDA_SIGNATURE,

@@ -16,6 +16,7 @@ from ..ir import dtypes as D
 from ..ir import shapes as S
 from ..passes import format_report
 from . import runtime
+from .attention import AttentionKernel
 from .gather import GatherKernel
 from .lowering import LoopKernel, MatmulKernel, ReduceKernel, RowKernel
 
@@ -38,7 +39,7 @@ def timed(timings: dict, stage: str):
 def kernel_counts(plan) -> dict:
     """How many kernels of each kind the plan runs per call."""
     counts = {"total": len(plan.kernels), "loop": 0, "copy": 0, "reduce": 0, "fused reduce": 0, "matmul": 0,
-              "row": 0, "fused matmul": 0, "gather": 0}
+              "row": 0, "fused matmul": 0, "gather": 0, "attention": 0}
     for k in plan.kernels:
         if isinstance(k, LoopKernel):
             counts["copy" if k.name.endswith("_copy") else "loop"] += 1
@@ -50,6 +51,8 @@ def kernel_counts(plan) -> dict:
             counts["row"] += 1
         elif isinstance(k, GatherKernel):
             counts["gather"] += 1
+        elif isinstance(k, AttentionKernel):
+            counts["attention"] += 1
     return counts
 
 
@@ -73,6 +76,10 @@ def _kernel_line(k) -> str:
         what = f"{k.op}" + (f" with {len(k.statements)} fused op(s)" if k.operands else "")
     elif isinstance(k, GatherKernel):
         what = f"{k.op} of {k.I} index(es)"
+    elif isinstance(k, AttentionKernel):
+        # What the fused kernel holds instead of the T x T weights: k (and v) transposed per head.
+        what = (f"fused {k.op}{' (causal)' if k.causal else ''}, {k.heads} head(s) of {k.T} x {k.E}, "
+                f"no T x T buffer; scratch {', '.join(b.name for b in k.scratch)}")
     else:
         what = "matmul" + (f" + {len(k.epilogue_statements)} fused op(s)" if k.epilogue_statements else "") \
             + (f", batched over {' x '.join(str(size) for size, *_ in k.batch)}" if k.batch else "")
@@ -140,7 +147,8 @@ def program_report(program, timings: dict | None = None) -> str:
     out.append(f"kernels: {counts['total']} ({counts['loop']} loops, {counts['reduce']} reductions, "
                f"{counts['fused reduce']} fused reductions, {counts['row']} row kernels, {counts['matmul']} matmuls, "
                f"{counts['fused matmul']} fused matmuls, {counts['copy']} copies"
-               + (f", {counts['gather']} gathers)" if counts["gather"] else ")"))
+               + (f", {counts['gather']} gathers" if counts["gather"] else "")
+               + (f", {counts['attention']} fused attention" if counts["attention"] else "") + ")")
     out.extend(_kernel_line(k) for k in plan.kernels)
     out.extend(_purpose_lines(plan, program.memory_plan))
     out.append("")

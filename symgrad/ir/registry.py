@@ -19,7 +19,8 @@ MOVEMENT = "movement"        # reshape, transpose, expand: index remapping only
 MATMUL = "matmul"            # matrix product, batched over leading axes
 GATHER = "gather"            # take, scatter_add, embed: elements at positions of their own
 CUSTOM = "custom"            # a user's op with a hand-written backward
-KINDS = (SOURCE, ELEMENTWISE, REDUCE, MOVEMENT, MATMUL, GATHER, CUSTOM)
+ATTENTION = "attention"      # fused attention and its gradient: softmax(q k^T) v without the T x T matrix
+KINDS = (SOURCE, ELEMENTWISE, REDUCE, MOVEMENT, MATMUL, GATHER, CUSTOM, ATTENTION)
 
 
 @dataclass(eq=False)

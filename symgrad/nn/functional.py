@@ -17,6 +17,7 @@ from ..functional import (cross_entropy, log_softmax, mse_loss, nll_loss, relu, 
                           tanh)
 from ..ir import dtypes as D
 from ..ir import shapes as S
+from ..ir.ops_attention import MAX_HEAD, attention, same_shape
 from ..ir.value import Value
 from ..convolution import conv1d, conv2d, pad  # noqa: F401  (torch.nn.functional's names)
 from ..pointwise import gelu  # noqa: F401  (torch.nn.functional.gelu)
@@ -144,13 +145,26 @@ def embedding(input: Value, weight: Value) -> Value:
     return F.take(weight, input, axis=0)
 
 
+def fusable(query: Value, key: Value, value: Value) -> bool:
+    """Whether fused attention computes these operands: one shape, one float dtype, a fixed head
+    dimension of at most MAX_HEAD."""
+    head = query.shape[-1]
+    return (D.is_float(query.dtype) and query.dtype == key.dtype == value.dtype
+            and isinstance(head, int) and 0 < head <= MAX_HEAD
+            and same_shape(query.shape, key.shape) and same_shape(query.shape, value.shape))
+
+
 def scaled_dot_product_attention(query: Value, key: Value, value: Value, attn_mask: Value | None = None,
                                  dropout_p: float = 0.0, is_causal: bool = False, scale: float | None = None,
                                  generator: Generator | None = None) -> Value:
     """softmax(query @ key^T * scale + mask) @ value over the last two axes, as torch's: `scale`
     defaults to 1/sqrt(head dim); `is_causal` lets position i see positions <= i only; a boolean
     `attn_mask` marks the positions that may be attended (True: keep), a float one is added;
-    `dropout_p` drops attention weights (symgrad's generator: the masks are not torch's)."""
+    `dropout_p` drops attention weights (symgrad's generator: the masks are not torch's).
+
+    Self-attention (query, key and value of one shape and float dtype, no attn_mask, no dropout)
+    is one fused op (symgrad.ir.ops_attention) that never stores the T x T weights; anything else
+    is written here as graph code."""
     from ..indices import arange
     for name, v in (("query", query), ("key", key), ("value", value)):
         if not isinstance(v, Value) or v.ndim < 2:
@@ -164,6 +178,8 @@ def scaled_dot_product_attention(query: Value, key: Value, value: Value, attn_ma
         raise ValueError("scaled_dot_product_attention: give attn_mask or is_causal, not both (as torch)")
     head = query.shape[-1]
     factor = scale if scale is not None else 1.0 / sympy.sqrt(head)
+    if attn_mask is None and not dropout_p and fusable(query, key, value):
+        return attention(query, key, value, is_causal, float(factor))
     keys_t = F.transpose(key, tuple(range(key.ndim - 2)) + (key.ndim - 1, key.ndim - 2))
     scores = F.matmul(query, keys_t) * F.constant(float(factor), query.dtype)
     if is_causal:

@@ -113,6 +113,20 @@ def gather_ops() -> sg.Graph:
     return sg.Graph([table, ids, x], [rows, *sg.grad(loss, [table, x])])
 
 
+def attention_ops() -> sg.Graph:
+    """Fused attention and its gradient, causal and not, in float32 and float64 (T a Dim, heads
+    read through the transpose a transformer hands over)."""
+    outs, inputs = [], []
+    for dtype in ("float32", "float64"):
+        x = sg.input(f"x_{dtype}", (2, B, 3, 8), dtype=dtype)  # (batch, T, heads, head dim)
+        heads = sg.swapaxes(x, 1, 2)
+        for causal in (False, True):
+            y = sg.nn.functional.scaled_dot_product_attention(heads, heads * 2, heads * heads, is_causal=causal)
+            outs += [y, *sg.grad((y * y).sum(), [x])]
+        inputs.append(x)
+    return sg.Graph(inputs, outs)
+
+
 def all_graphs() -> dict:
     """Every graph whose CUDA source must compile, by name."""
     import sys
@@ -123,7 +137,7 @@ def all_graphs() -> dict:
     from test_rowwise import ROW_GRAPHS
     graphs = {"ops_float64": op_suite("float64"), "ops_float32": op_suite("float32"),
               "unary_derivatives": unary_derivatives(), "integer_and_index_ops": integer_and_index_ops(),
-              "gather_ops": gather_ops()}
+              "gather_ops": gather_ops(), "attention_ops": attention_ops()}
     graphs.update({f"passes_{name}": build() for name, build in GRAPHS.items()})
     graphs.update({name: build() for name, build in ROW_GRAPHS.items()})
     graphs.update(training_programs())

@@ -1,0 +1,90 @@
+"""Lowering of fused attention (kind attention): one `AttentionKernel` per node.
+
+attention(q, k, v) and attention_grad(q, k, v, out, g) read their operands as H heads of T rows
+of E contiguous elements (E = the head dimension): head h of an operand starts where the view
+puts batch index unravel(h), and its rows are `row` elements apart. That is how a transformer
+hands them over, (B, T, H, E) transposed to (B, H, T, E), so nothing is copied first; an operand
+whose last axis is not contiguous (or a broadcast constant) is copied into a buffer of its own.
+
+The kernels (templates <language>/attention) walk the keys a block at a time for one query row:
+
+    forward:   m, l, out_i = running max, sum of exp(s_ij - m) and sum of exp(s_ij - m) v_j
+               over the blocks, each rescaled by exp(m_old - m_new) as the max grows; out_i /= l
+    backward:  m and l recomputed so; D_i = g_i . out_i; then for each visible key j
+               p = exp(s_ij - m) / l,  ds = p (g_i . v_j - D_i) scale,
+               dv_j += p g_i,  dq_i += ds k_j,  dk_j += ds q_i
+
+s_ij = scale q_i . k_j, and key j is visible from row i when j <= i if causal. No buffer of T x T
+elements exists: a block of scores (SG_KEY_BLOCK of them) lives on the stack of one thread. The
+backward's threads take whole heads, so no two add into one dk or dv row.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import Any
+
+from ..ir import shapes as S
+from ..ir.value import Value
+from .gather import contiguous_operand
+from .views import Buffer, View, buffer_view
+
+
+@dataclass(frozen=True, eq=False)
+class AttentionKernel:
+    """attention (`op` "attention": out = softmax(q k^T scale) v) or its gradient ("attention_grad":
+    out = [dq, dk, dv], each H x T x E). `operands`: q, k, v (and out, g for the gradient), views
+    of `batch + (T, E)` with contiguous rows; `out` is contiguous."""
+
+    name: str
+    lines: list[str]
+    op: str
+    operands: tuple       # View per operand, in the op's input order
+    labels: tuple         # the graph value each operand holds, for comments
+    out: Buffer
+    batch: tuple          # the sizes of the batch axes (their product: the heads H)
+    T: Any
+    E: Any
+    causal: bool
+    scale: float
+    scratch: tuple = ()   # H x E x T buffers the kernel fills and reads: k (and v) transposed per head
+    kind: str = "attention"
+
+    @property
+    def heads(self):
+        """H: the number of heads, the product of the batch sizes."""
+        return S.numel(self.batch)
+
+    def reads(self) -> list:
+        return [view.buffer for view in self.operands]
+
+    def writes(self) -> list:
+        return [self.out, *self.scratch]
+
+    def swap(self, view, new: dict) -> "AttentionKernel":
+        """This kernel with the buffers `new` maps swapped in (`view` swaps one view)."""
+        return replace(self, operands=tuple(view(v) for v in self.operands), out=new.get(id(self.out), self.out),
+                       scratch=tuple(new.get(id(b), b) for b in self.scratch))
+
+
+def _rows_view(lowerer, node: Value) -> View:
+    """The view of `node` if its rows are contiguous in a buffer, else a contiguous copy's."""
+    view = lowerer.views[id(node)]
+    if view.kind == "buffer" and view.shape == node.shape and view.strides[-1] == 1:
+        return view
+    return contiguous_operand(lowerer, node)
+
+
+def lower_attention(lowerer, node: Value) -> View:
+    """The kernel computing an attention-kind node; returns the view of its value."""
+    operands = tuple(_rows_view(lowerer, operand) for operand in node.inputs)
+    shape = node.inputs[0].shape
+    out = lowerer.alloc(node)
+    # k (and for the gradient v) transposed, head by head: the keys along a dot product's vector lanes.
+    transposed = (S.numel(shape[:-2]), shape[-1], shape[-2])
+    scratch = tuple(lowerer.alloc(node, transposed, node.dtype) for _ in range(1 if node.op.name == "attention" else 2))
+    lowerer.kernels.append(AttentionKernel(
+        lowerer.kernel_name(node), [lowerer.line(node)], node.op.name, operands,
+        tuple(lowerer.name(operand) for operand in node.inputs), out, tuple(shape[:-2]), shape[-2], shape[-1],
+        node.attrs["causal"], node.attrs["scale"], scratch))
+    return buffer_view(out, node.shape)

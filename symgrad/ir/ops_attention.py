@@ -1,0 +1,111 @@
+"""Fused attention: `attention` and its gradient `attention_grad` (kind attention).
+
+    attention(q, k, v; causal, scale)       softmax(q @ k^T * scale [causal mask]) @ v
+    attention_grad(q, k, v, out, g; ...)    [dq, dk, dv] stacked on a new first axis
+
+q, k and v share one shape (*batch, T, D): the self-attention of a transformer
+block, which is what torch's scaled_dot_product_attention computes for it. The
+T x T matrix of probabilities is never a value of the graph: compiled code
+computes it a block of keys at a time for one query row (flash attention's
+online softmax) and recomputes it in the backward from q and k, so the memory
+plan holds q, k, v and the output only. The backward's row sums
+D_i = sum_d g[i, d] * out[i, d] come from the forward's output, as flash
+attention's do; `out` is an input of the gradient for that reason.
+
+Shapes that differ (cross-attention, another value width), a mask given as a
+tensor and dropout stay composite (symgrad.nn.functional writes them as graph
+code). The gradient has no VJP of its own: a second derivative through fused
+attention is refused by name, as torch's fused kernels refuse it.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from . import dtypes as D
+from . import shapes as S
+from .registry import ATTENTION, OpDef, register
+from .value import make
+
+
+MAX_HEAD = 512  # the largest head dimension (last axis) the fused kernels take
+
+
+def same_shape(a: tuple, b: tuple) -> bool:
+    """Whether two shapes are the same, axis by axis (Dims compared as sizes)."""
+    return len(a) == len(b) and all(S.same_size(x, y) for x, y in zip(a, b))
+
+
+def _check_operands(op: str, named: list) -> None:
+    """Every operand float, of one dtype and one shape (*batch, T, D) with at least two axes."""
+    (first_name, first), *rest = named
+    if first.ndim < 2 or not D.is_float(first.dtype):
+        raise ValueError(f"{op}: {first_name} must be a float value of >= 2 axes (*batch, T, D), "
+                         f"got {first.type_str}")
+    if not isinstance(first.shape[-1], int) or not 0 < first.shape[-1] <= MAX_HEAD:
+        raise ValueError(f"{op}: the head dimension of {first_name} {first.type_str} must be a fixed size in "
+                         f"1..{MAX_HEAD} (the kernels hold rows of it on the stack)")
+    for name, v in rest:
+        if v.dtype != first.dtype or not same_shape(v.shape, first.shape):
+            raise ValueError(f"{op}: {name} {v.type_str} differs from {first_name} {first.type_str}; fused "
+                             f"attention takes one shape and dtype for all of them")
+
+
+def _attention_infer(inputs, attrs):
+    _check_operands("attention", list(zip(("query", "key", "value"), inputs)))
+    return inputs[0].shape, inputs[0].dtype
+
+
+def _attention_grad_infer(inputs, attrs):
+    _check_operands("attention_grad", list(zip(("query", "key", "value", "output", "cotangent"), inputs)))
+    return (3, *inputs[0].shape), inputs[0].dtype
+
+
+def probabilities(q: np.ndarray, k: np.ndarray, causal: bool, scale: float) -> np.ndarray:
+    """softmax(q @ k^T * scale) over the keys, key j hidden from query i when causal and j > i."""
+    scores = np.matmul(q, np.swapaxes(k, -1, -2)) * q.dtype.type(scale)
+    if causal:
+        rows, cols = scores.shape[-2:]
+        scores = np.where(np.tril(np.ones((rows, cols), bool)), scores, -np.inf)
+    shifted = np.exp(scores - scores.max(axis=-1, keepdims=True))
+    return shifted / shifted.sum(axis=-1, keepdims=True)
+
+
+def _attention_numpy(args, node, env):
+    q, k, v = args
+    return np.matmul(probabilities(q, k, node.attrs["causal"], node.attrs["scale"]), v).astype(q.dtype)
+
+
+def _attention_grad_numpy(args, node, env):
+    q, k, v, out, g = args
+    scale = q.dtype.type(node.attrs["scale"])
+    p = probabilities(q, k, node.attrs["causal"], node.attrs["scale"])
+    dv = np.matmul(np.swapaxes(p, -1, -2), g)
+    dp = np.matmul(g, np.swapaxes(v, -1, -2))
+    rows = (g * out).sum(axis=-1, keepdims=True)  # D_i = sum_j p_ij dp_ij, from the output
+    ds = p * (dp - rows) * scale
+    dq = np.matmul(ds, k)
+    dk = np.matmul(np.swapaxes(ds, -1, -2), q)
+    return np.stack([dq, dk, dv]).astype(q.dtype)
+
+
+def _attention_vjp(node, g, wants):
+    q, k, v = node.inputs
+    grads = attention_grad(q, k, v, node, g, node.attrs["causal"], node.attrs["scale"])
+    return [grads[n] if wants[n] else None for n in range(3)]
+
+
+def attention(q, k, v, causal: bool, scale: float):
+    """The fused attention node of q, k, v (one shape (*batch, T, D)): out[i] = sum_j p_ij v[j]."""
+    return make(ATTENTION_OP, (q, k, v), causal=bool(causal), scale=float(scale))
+
+
+def attention_grad(q, k, v, out, g, causal: bool, scale: float):
+    """[dq, dk, dv] of fused attention, stacked on a new first axis, from its output and cotangent."""
+    return make(ATTENTION_GRAD_OP, (q, k, v, out, g), causal=bool(causal), scale=float(scale))
+
+
+ATTENTION_OP = register(OpDef("attention", ATTENTION, _attention_infer, _attention_numpy, _attention_vjp,
+                              doc="softmax(q @ k^T * scale, causal mask) @ v, never holding the T x T matrix"))
+ATTENTION_GRAD_OP = register(OpDef("attention_grad", ATTENTION, _attention_grad_infer, _attention_grad_numpy,
+                                   doc="dq, dk, dv of attention (stacked), the probabilities recomputed"))

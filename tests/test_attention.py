@@ -1,0 +1,142 @@
+"""Fused attention (symgrad.ir.ops_attention, symgrad.backends.attention): one op and its gradient.
+
+Self-attention through `scaled_dot_product_attention` is one `attention` node whose VJP is one
+`attention_grad` node; both match torch in float64 on every backend, with T past a key block and
+a row tile, heads read in place through a transpose, and T a Dim. The compiled plan holds no
+buffer of T x T elements, where the composite graph holds several.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+import symgrad as sg
+from symgrad.backends.lowering import lower
+from symgrad.passes.pipeline import optimize
+
+NF = sg.nn.functional
+RNG = np.random.default_rng(11)
+# (batch, T, heads, head dim): T = 70 crosses a key block (64) and ends inside a row tile (16).
+X = RNG.standard_normal((2, 70, 3, 8))
+W = RNG.standard_normal((2, 3, 70, 8))
+
+
+def _torch(x, w, causal, scale):
+    xt = torch.tensor(x, requires_grad=True)
+    heads = xt.transpose(1, 2)
+    y = torch.nn.functional.scaled_dot_product_attention(heads, heads * 2, torch.tanh(heads), is_causal=causal,
+                                                         scale=scale)
+    (gx,) = torch.autograd.grad((y * torch.tensor(w)).sum(), [xt])
+    return y.detach().numpy(), gx.numpy()
+
+
+def _symgrad(x_value, causal, scale):
+    heads = sg.swapaxes(x_value, 1, 2)
+    return NF.scaled_dot_product_attention(heads, heads * 2, sg.tanh(heads), is_causal=causal, scale=scale)
+
+
+@pytest.fixture(scope="module")
+def functions():
+    """backend -> one compiled function of the four cases (causal or not, default or given scale)."""
+    T = sg.Dim("T")
+    x = sg.input("x", (2, T, 3, 8), dtype="float64")
+    w = sg.input("w", (2, 3, T, 8), dtype="float64")
+    outs = []
+    for causal, scale in ((False, None), (True, None), (False, 0.3), (True, 0.3)):
+        y = _symgrad(x, causal, scale)
+        assert y.op.name == "attention"
+        outs += [y, *sg.grad((y * w).sum(), [x])]
+    return {backend: sg.function([x, w], outs, backend=backend) for backend in ("numpy", "c")}
+
+
+@pytest.mark.parametrize("backend", ["numpy", "c"])
+@pytest.mark.parametrize("rows", [70, 5])
+def test_fused_attention_and_its_gradient_match_torch(functions, backend, rows):
+    got = functions[backend](np.ascontiguousarray(X[:, :rows]), np.ascontiguousarray(W[:, :, :rows]))
+    for k, (causal, scale) in enumerate(((False, None), (True, None), (False, 0.3), (True, 0.3))):
+        want_y, want_g = _torch(X[:, :rows], W[:, :, :rows], causal, scale)
+        np.testing.assert_allclose(got[2 * k], want_y, rtol=1e-12, atol=1e-12, err_msg=f"case {k} output")
+        np.testing.assert_allclose(got[2 * k + 1], want_g, rtol=1e-10, atol=1e-12, err_msg=f"case {k} gradient")
+
+
+def test_float32_c_matches_the_numpy_reference():
+    x = sg.input("x", (2, 70, 3, 8))
+    y = _symgrad(x, True, None)
+    outs = [y, *sg.grad((y * y).sum(), [x])]
+    arrays = [X.astype("float32")]
+    got = sg.function([x], outs, backend="c")(*arrays)
+    want = sg.function([x], outs, backend="numpy")(*arrays)
+    for g, w in zip(got, want):
+        np.testing.assert_allclose(g, w, rtol=2e-5, atol=2e-5)
+
+
+def test_gradient_matches_finite_differences():
+    def f(q, k, v):
+        return NF.scaled_dot_product_attention(q, k, v, is_causal=True)
+    assert sg.gradcheck(f, [RNG.standard_normal((2, 6, 4)) for _ in range(3)])
+
+
+def test_only_self_attention_without_mask_or_dropout_is_fused():
+    q = sg.input("q", (2, 4, 6, 8), dtype="float64")
+    kv = sg.input("kv", (2, 4, 9, 8), dtype="float64")
+    assert NF.scaled_dot_product_attention(q, q, q).op.name == "attention"
+    assert NF.scaled_dot_product_attention(q, kv, kv).op.name != "attention"       # cross-attention
+    mask = sg.constant(np.tril(np.ones((6, 6), bool)))
+    assert NF.scaled_dot_product_attention(q, q, q, attn_mask=mask).op.name != "attention"
+    assert NF.scaled_dot_product_attention(q, q, q, dropout_p=0.1).op.name != "attention"
+    (dq,) = sg.grad(NF.scaled_dot_product_attention(q, q, q).sum(), [q])
+    graph = sg.Graph([q], [dq])
+    assert [n.op.name for n in graph.nodes].count("attention_grad") == 1
+
+
+def test_the_op_refuses_operands_of_another_shape_by_name():
+    from symgrad.ir.ops_attention import attention
+    q = sg.input("q", (2, 6, 8), dtype="float64")
+    with pytest.raises(ValueError, match=r"attention: key f64\[2,9,8\] differs from query f64\[2,6,8\]"):
+        attention(q, sg.input("k", (2, 9, 8), dtype="float64"), q, False, 1.0)
+    with pytest.raises(ValueError, match="attention: query must be a float value of >= 2 axes"):
+        attention(sg.input("i", (2, 6), dtype="int64"), q, q, False, 1.0)
+    wide = sg.input("wide", (2, sg.Dim("E")), dtype="float64")
+    with pytest.raises(ValueError, match="attention: the head dimension of query .* must be a fixed size"):
+        attention(wide, wide, wide, False, 1.0)
+
+
+def test_a_second_derivative_through_fused_attention_is_refused_by_name():
+    q = sg.input("q", (2, 6, 8), dtype="float64")
+    (dq,) = sg.grad(NF.scaled_dot_product_attention(q, q, q).sum(), [q])
+    with pytest.raises(NotImplementedError, match="attention_grad"):
+        sg.grad((dq * dq).sum(), [q])
+
+
+def _largest_buffer(loss, wrt) -> int:
+    """Elements of the largest buffer in the C plan of the loss and its gradient."""
+    graph = optimize(sg.Graph([wrt], [loss, *sg.grad(loss, [wrt])]))
+    plan = lower(graph)
+    return max(int(b.numel) for b in plan.workspace)
+
+
+def test_the_plan_holds_no_t_by_t_buffer():
+    B, T, H, E = 2, 256, 4, 16
+    x = sg.input("x", (B, T, H, E))
+    heads = sg.swapaxes(x, 1, 2)
+    fused = NF.scaled_dot_product_attention(heads, heads, heads, is_causal=True)
+    largest = _largest_buffer((fused * fused).sum(), x)
+    assert largest <= 3 * B * H * T * E                  # dq, dk and dv: activations, never T x T
+    mask = sg.constant(np.tril(np.ones((T, T), bool)))
+    composite = NF.scaled_dot_product_attention(heads, heads, heads, attn_mask=mask)
+    assert _largest_buffer((composite * composite).sum(), x) >= B * H * T * T   # what the check would catch
+
+
+def test_the_step_report_names_the_fused_kernels():
+    x = sg.input("x", (2, 16, 2, 8))
+    y = sg.input("y", (2,), dtype="int64")
+    w = sg.param("w", (8, 8), init="normal")
+    heads = sg.swapaxes(x @ w, 1, 2)
+    attended = NF.scaled_dot_product_attention(heads, heads, heads, is_causal=True)
+    loss = sg.cross_entropy(sg.mean(attended, axis=(1, 2)), y)
+    report = sg.train_step(loss, params=[w], optimizer=sg.optim.SGD(lr=0.1), backend="c").report()
+    assert "2 fused attention)" in report
+    assert "fused attention (causal), 4 head(s) of 16 x 8, no T x T buffer" in report
+    assert "fused attention_grad (causal), 4 head(s) of 16 x 8, no T x T buffer" in report
