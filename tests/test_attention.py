@@ -110,6 +110,18 @@ def test_a_second_derivative_through_fused_attention_is_refused_by_name():
         sg.grad((dq * dq).sum(), [q])
 
 
+def test_an_output_twice_gets_attention_in_both_when_t_equals_the_head_dimension():
+    """The kernel's transposed keys (H x E x T) have the output's shape when T == E: they are a
+    temporary of the workspace, never the second copy of the output."""
+    q = sg.input("q", (3, 8, 8), dtype="float64")
+    y = NF.scaled_dot_product_attention(q, q, q)
+    got = sg.function([q], [y, y], backend="c")(X[0, :8, :, :8].transpose(1, 0, 2).copy())
+    qt = torch.tensor(X[0, :8, :, :8].transpose(1, 0, 2).copy())
+    want = torch.nn.functional.scaled_dot_product_attention(qt, qt, qt).numpy()
+    for g in got:
+        np.testing.assert_allclose(g, want, rtol=1e-12, atol=1e-12)
+
+
 def _largest_buffer(loss, wrt) -> int:
     """Elements of the largest buffer in the C plan of the loss and its gradient."""
     graph = optimize(sg.Graph([wrt], [loss, *sg.grad(loss, [wrt])]))

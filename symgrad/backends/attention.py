@@ -82,7 +82,7 @@ def lower_attention(lowerer, node: Value) -> View:
     out = lowerer.alloc(node)
     # k (and for the gradient v) transposed, head by head: the keys along a dot product's vector lanes.
     transposed = (S.numel(shape[:-2]), shape[-1], shape[-2])
-    scratch = tuple(lowerer.alloc(node, transposed, node.dtype) for _ in range(1 if node.op.name == "attention" else 2))
+    scratch = tuple(lowerer.scratch(node, transposed, node.dtype) for _ in range(1 if node.op.name == "attention" else 2))
     lowerer.kernels.append(AttentionKernel(
         lowerer.kernel_name(node), [lowerer.line(node)], node.op.name, operands,
         tuple(lowerer.name(operand) for operand in node.inputs), out, tuple(shape[:-2]), shape[-2], shape[-1],

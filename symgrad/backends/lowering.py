@@ -105,6 +105,11 @@ class _Lowerer:
                 if k not in self.out_claimed:
                     self.out_claimed.add(k)
                     return self.outputs[k]
+        return self.scratch(node, shape, dtype)
+
+    def scratch(self, node: Value, shape, dtype) -> Buffer:
+        """A workspace buffer for a kernel computing `node` (never one of the outputs, whatever its
+        shape: a kernel's own temporaries, such as fused attention's transposed keys)."""
         buf = Buffer(f"ws{len(self.workspace)}", "workspace", len(self.workspace), dtype, _numel(shape),
                      self.name(node))
         self.workspace.append(buf)
