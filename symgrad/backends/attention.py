@@ -6,17 +6,20 @@ puts batch index unravel(h), and its rows are `row` elements apart. That is how 
 hands them over, (B, T, H, E) transposed to (B, H, T, E), so nothing is copied first; an operand
 whose last axis is not contiguous (or a broadcast constant) is copied into a buffer of its own.
 
-The kernels (templates <language>/attention) walk the keys a block at a time for one query row:
+The C kernel (templates/c/attention.c.j2) takes a tile of SG_ROW_TILE query rows against a
+block of SG_KEY_BLOCK keys at a time, reading k (and v) from a scratch copy transposed per head
+(H x E x T, a workspace temporary) so that a row's scores lie along the vector lanes:
 
     forward:   m, l, out_i = running max, sum of exp(s_ij - m) and sum of exp(s_ij - m) v_j
                over the blocks, each rescaled by exp(m_old - m_new) as the max grows; out_i /= l
-    backward:  m and l recomputed so; D_i = g_i . out_i; then for each visible key j
+    backward:  m and l recomputed so (a first sweep over the blocks); D_i = g_i . out_i; then
                p = exp(s_ij - m) / l,  ds = p (g_i . v_j - D_i) scale,
-               dv_j += p g_i,  dq_i += ds k_j,  dk_j += ds q_i
+               dq_i += ds k_j,  dv_j += p g_i,  dk_j += ds q_i
 
 s_ij = scale q_i . k_j, and key j is visible from row i when j <= i if causal. No buffer of T x T
-elements exists: a block of scores (SG_KEY_BLOCK of them) lives on the stack of one thread. The
-backward's threads take whole heads, so no two add into one dk or dv row.
+elements exists: a tile's scores live on the stack of one thread. The backward's threads take
+whole heads, so no two add into one dk or dv row. CUDA (templates/cuda/attention.cu.j2) runs one
+thread per query row and adds into dk and dv atomically.
 """
 
 from __future__ import annotations

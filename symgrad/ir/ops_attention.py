@@ -6,9 +6,9 @@
 q, k and v share one shape (*batch, T, D): the self-attention of a transformer
 block, which is what torch's scaled_dot_product_attention computes for it. The
 T x T matrix of probabilities is never a value of the graph: compiled code
-computes it a block of keys at a time for one query row (flash attention's
-online softmax) and recomputes it in the backward from q and k, so the memory
-plan holds q, k, v and the output only. The backward's row sums
+computes it a tile of query rows against a block of keys at a time (flash
+attention's online softmax) and recomputes it in the backward from q and k, so
+the memory plan holds q, k, v, the output and k (and v) transposed per head. The backward's row sums
 D_i = sum_d g[i, d] * out[i, d] come from the forward's output, as flash
 attention's do; `out` is an input of the gradient for that reason.
 
@@ -31,33 +31,36 @@ from .value import make
 MAX_HEAD = 512  # the largest head dimension (last axis) the fused kernels take
 
 
-def same_shape(a: tuple, b: tuple) -> bool:
-    """Whether two shapes are the same, axis by axis (Dims compared as sizes)."""
-    return len(a) == len(b) and all(S.same_size(x, y) for x, y in zip(a, b))
-
-
-def _check_operands(op: str, named: list) -> None:
-    """Every operand float, of one dtype and one shape (*batch, T, D) with at least two axes."""
+def refusal(op: str, named: list) -> str | None:
+    """Why fused attention cannot take these (name, value) operands, or None when it can: every
+    operand a float value of one dtype and one shape (*batch, T, E), E fixed and at most MAX_HEAD."""
     (first_name, first), *rest = named
     if first.ndim < 2 or not D.is_float(first.dtype):
-        raise ValueError(f"{op}: {first_name} must be a float value of >= 2 axes (*batch, T, D), "
-                         f"got {first.type_str}")
+        return f"{op}: {first_name} must be a float value of >= 2 axes (*batch, T, D), got {first.type_str}"
     if not isinstance(first.shape[-1], int) or not 0 < first.shape[-1] <= MAX_HEAD:
-        raise ValueError(f"{op}: the head dimension of {first_name} {first.type_str} must be a fixed size in "
-                         f"1..{MAX_HEAD} (the kernels hold rows of it on the stack)")
+        return (f"{op}: the head dimension of {first_name} {first.type_str} must be a fixed size in "
+                f"1..{MAX_HEAD} (the kernels hold rows of it on the stack)")
     for name, v in rest:
-        if v.dtype != first.dtype or not same_shape(v.shape, first.shape):
-            raise ValueError(f"{op}: {name} {v.type_str} differs from {first_name} {first.type_str}; fused "
-                             f"attention takes one shape and dtype for all of them")
+        if v.dtype != first.dtype or not S.same_shape(v.shape, first.shape):
+            return (f"{op}: {name} {v.type_str} differs from {first_name} {first.type_str}; fused "
+                    f"attention takes one shape and dtype for all of them")
+    return None
+
+
+def _check_operands(op: str, names: tuple, inputs) -> None:
+    """Raise the refusal, if any, as the op's shape rule."""
+    why = refusal(op, list(zip(names, inputs)))
+    if why:
+        raise ValueError(why)
 
 
 def _attention_infer(inputs, attrs):
-    _check_operands("attention", list(zip(("query", "key", "value"), inputs)))
+    _check_operands("attention", ("query", "key", "value"), inputs)
     return inputs[0].shape, inputs[0].dtype
 
 
 def _attention_grad_infer(inputs, attrs):
-    _check_operands("attention_grad", list(zip(("query", "key", "value", "output", "cotangent"), inputs)))
+    _check_operands("attention_grad", ("query", "key", "value", "output", "cotangent"), inputs)
     return (3, *inputs[0].shape), inputs[0].dtype
 
 

@@ -78,6 +78,11 @@ def same_size(a, b) -> bool:
     return simplify(sympy.sympify(a) - sympy.sympify(b)) == 0
 
 
+def same_shape(a: Sequence, b: Sequence) -> bool:
+    """Whether two shapes are provably equal, axis by axis."""
+    return len(a) == len(b) and all(same_size(x, y) for x, y in zip(a, b))
+
+
 def numel(shape: Sequence) -> "int | sympy.Expr":
     """The number of elements, symbolic when any size is."""
     n = 1

@@ -17,7 +17,7 @@ from ..functional import (cross_entropy, log_softmax, mse_loss, nll_loss, relu, 
                           tanh)
 from ..ir import dtypes as D
 from ..ir import shapes as S
-from ..ir.ops_attention import MAX_HEAD, attention, same_shape
+from ..ir.ops_attention import attention, refusal
 from ..ir.value import Value
 from ..convolution import conv1d, conv2d, pad  # noqa: F401  (torch.nn.functional's names)
 from ..pointwise import gelu  # noqa: F401  (torch.nn.functional.gelu)
@@ -145,15 +145,6 @@ def embedding(input: Value, weight: Value) -> Value:
     return F.take(weight, input, axis=0)
 
 
-def fusable(query: Value, key: Value, value: Value) -> bool:
-    """Whether fused attention computes these operands: one shape, one float dtype, a fixed head
-    dimension of at most MAX_HEAD."""
-    head = query.shape[-1]
-    return (D.is_float(query.dtype) and query.dtype == key.dtype == value.dtype
-            and isinstance(head, int) and 0 < head <= MAX_HEAD
-            and same_shape(query.shape, key.shape) and same_shape(query.shape, value.shape))
-
-
 def scaled_dot_product_attention(query: Value, key: Value, value: Value, attn_mask: Value | None = None,
                                  dropout_p: float = 0.0, is_causal: bool = False, scale: float | None = None,
                                  generator: Generator | None = None) -> Value:
@@ -166,7 +157,8 @@ def scaled_dot_product_attention(query: Value, key: Value, value: Value, attn_ma
     is one fused op (symgrad.ir.ops_attention) that never stores the T x T weights; anything else
     is written here as graph code."""
     from ..indices import arange
-    for name, v in (("query", query), ("key", key), ("value", value)):
+    named = [("query", query), ("key", key), ("value", value)]
+    for name, v in named:
         if not isinstance(v, Value) or v.ndim < 2:
             raise ValueError(f"scaled_dot_product_attention: {name} must be a value of >= 2 axes, "
                              f"got {getattr(v, 'type_str', type(v).__name__)}")
@@ -178,7 +170,7 @@ def scaled_dot_product_attention(query: Value, key: Value, value: Value, attn_ma
         raise ValueError("scaled_dot_product_attention: give attn_mask or is_causal, not both (as torch)")
     head = query.shape[-1]
     factor = scale if scale is not None else 1.0 / sympy.sqrt(head)
-    if attn_mask is None and not dropout_p and fusable(query, key, value):
+    if attn_mask is None and not dropout_p and refusal("attention", named) is None:
         return attention(query, key, value, is_causal, float(factor))
     keys_t = F.transpose(key, tuple(range(key.ndim - 2)) + (key.ndim - 1, key.ndim - 2))
     scores = F.matmul(query, keys_t) * F.constant(float(factor), query.dtype)
