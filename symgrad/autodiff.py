@@ -41,6 +41,23 @@ def _zeros(v: Value) -> Value:
     return F.broadcast_to(F.constant(0, v.dtype), v.shape)
 
 
+def _vjp_through_decomposition(node: Value, g: Value, wants: tuple) -> list:
+    """The cotangents of an op without a VJP rule, from its decomposition (OpDef.decompose):
+    partial derivatives, each input a leaf (an input that is itself computed from another, as
+    attention_grad's `out` from q, k and v, passes its share on through the outer walk), and an
+    input given at several positions receives its cotangent once."""
+    first: dict[int, int] = {}
+    for n, (inp, want) in enumerate(zip(node.inputs, wants)):
+        if want:
+            first.setdefault(id(inp), n)
+    positions = sorted(first.values())
+    grads = _grad(node.op.decompose(node), [node.inputs[n] for n in positions], g, leaves=True)
+    result: list = [None] * len(node.inputs)
+    for n, ct in zip(positions, grads):
+        result[n] = ct
+    return result
+
+
 def grad(y: Value, wrt, grad_output=None):
     """Gradients of `y` with respect to `wrt` (a value or a list of them), as graph values.
 
@@ -68,7 +85,13 @@ def grad(y: Value, wrt, grad_output=None):
             raise ValueError(f"grad: grad_output has shape {S.format_shape(seed.shape)}, "
                              f"y has shape {S.format_shape(y.shape)}")
         seed = F.cast(seed, y.dtype)
+    results = _grad(y, targets, seed)
+    return results[0] if single else results
 
+
+def _grad(y: Value, targets: Sequence[Value], seed: Value, leaves: bool = False) -> list:
+    """The cotangents of `targets` from `seed` at y (checked by `grad`); with `leaves`, the walk
+    stops at the targets: partial derivatives, as if each were an input of its own."""
     nodes = toposort([y])
     wanted = {id(w) for w in targets}
     # Only values downstream of something in `wrt` need a cotangent.
@@ -80,15 +103,18 @@ def grad(y: Value, wrt, grad_output=None):
     cotangents: dict[int, Value] = {id(y): seed}
     for node in reversed(nodes):
         g = cotangents.get(id(node))
-        if g is None or not node.inputs:
+        if g is None or not node.inputs or (leaves and id(node) in wanted):
             continue
         wants = tuple(id(i) in depends and D.is_float(i.dtype) for i in node.inputs)
         if not any(wants):
             continue
-        if node.op.vjp is None:
+        if node.op.vjp is not None:
+            contributions = node.op.vjp(node, g, wants)
+        elif node.op.decompose is not None:
+            contributions = _vjp_through_decomposition(node, g, wants)
+        else:
             raise NotImplementedError(f"grad: op {node.op.name!r} has no VJP rule "
                                       f"(needed to differentiate {node.type_str} = {node.op.name}(...))")
-        contributions = node.op.vjp(node, g, wants)
         if len(contributions) != len(node.inputs):
             raise RuntimeError(f"grad: VJP of {node.op.name!r} returned {len(contributions)} "
                                f"cotangents for {len(node.inputs)} inputs")
@@ -106,4 +132,4 @@ def grad(y: Value, wrt, grad_output=None):
         else:
             g = cotangents.get(id(w))
             results.append(_zeros(w) if g is None else g)
-    return results[0] if single else results
+    return results

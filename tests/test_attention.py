@@ -103,11 +103,31 @@ def test_the_op_refuses_operands_of_another_shape_by_name():
         attention(wide, wide, wide, False, 1.0)
 
 
-def test_a_second_derivative_through_fused_attention_is_refused_by_name():
-    q = sg.input("q", (2, 6, 8), dtype="float64")
-    (dq,) = sg.grad(NF.scaled_dot_product_attention(q, q, q).sum(), [q])
-    with pytest.raises(NotImplementedError, match="attention_grad"):
-        sg.grad((dq * dq).sum(), [q])
+@pytest.mark.parametrize("causal", [False, True])
+def test_second_derivatives_through_fused_attention_match_torch(causal):
+    """attention_grad has no VJP rule: autodiff goes through its decomposition, each input a leaf
+    (its `out` input is itself a function of q, k and v, and self-attention passes one value as
+    all three), and matches torch's double backward."""
+    x = np.ascontiguousarray(X[0, :6, 0, :])
+    w = np.random.default_rng(5).standard_normal((6, 8))
+
+    def first(lib, v):
+        if lib is torch:
+            y = torch.nn.functional.scaled_dot_product_attention(v, v * 2, torch.tanh(v), is_causal=causal)
+            return torch.autograd.grad((y * torch.tensor(w)).sum(), [v], create_graph=True)[0]
+        y = NF.scaled_dot_product_attention(v, v * 2, sg.tanh(v), is_causal=causal)
+        assert y.op.name == "attention"
+        return sg.grad((y * sg.constant(w, "float64")).sum(), [v])[0]
+
+    xt = torch.tensor(x, requires_grad=True)
+    gt = first(torch, xt)
+    (want,) = torch.autograd.grad((gt * gt).sum() + (gt ** 3).sum(), [xt])
+    xs = sg.input("x", x.shape, dtype="float64")
+    gs = first(sg, xs)
+    (second,) = sg.grad((gs * gs).sum() + (gs ** 3).sum(), [xs])
+    for backend in ("numpy", "c"):
+        (got,) = sg.function([xs], [second], backend=backend)(x)
+        np.testing.assert_allclose(got, want.numpy(), rtol=1e-10, atol=1e-10, err_msg=backend)
 
 
 def test_an_output_twice_gets_attention_in_both_when_t_equals_the_head_dimension():

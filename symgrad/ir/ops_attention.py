@@ -14,8 +14,9 @@ attention's do; `out` is an input of the gradient for that reason.
 
 Shapes that differ (cross-attention, another value width), a mask given as a
 tensor and dropout stay composite (symgrad.nn.functional writes them as graph
-code). The gradient has no VJP of its own: a second derivative through fused
-attention is refused by name, as torch's fused kernels refuse it.
+code). The gradient has no VJP rule of its own: a second derivative goes through
+its decomposition into matmuls and a softmax (`OpDef.decompose`), as torch's math
+backend computes one, so only that derivative holds T x T matrices.
 """
 
 from __future__ import annotations
@@ -24,7 +25,8 @@ import numpy as np
 
 from . import dtypes as D
 from . import shapes as S
-from .registry import ATTENTION, OpDef, register
+from .registry import ATTENTION, OpDef, lookup, register
+from .value import functions as _F  # symgrad.functional, for the decomposition written as graph code
 from .value import make
 
 
@@ -98,6 +100,32 @@ def _attention_vjp(node, g, wants):
     return [grads[n] if wants[n] else None for n in range(3)]
 
 
+def _swap(x):
+    """x with its last two axes swapped."""
+    return _F().transpose(x, tuple(range(x.ndim - 2)) + (x.ndim - 1, x.ndim - 2))
+
+
+def _attention_grad_decomposed(node):
+    """attention_grad as graph code of matmuls, a softmax and a stack: what autodiff differentiates
+    for a second derivative (the T x T matrices exist here, as in torch's math backend)."""
+    F = _F()
+    q, k, v, out, g = node.inputs
+    scale = F.constant(node.attrs["scale"], q.dtype)
+    scores = F.matmul(q, _swap(k)) * scale
+    if node.attrs["causal"]:
+        rows = scores.shape[-2:]
+        row, col = (make(lookup("iota"), shape=rows, axis=axis, dtype="int64") for axis in (0, 1))
+        scores = F.where(F.less_equal(col, row), scores, float("-inf"))
+    p = F.softmax(scores, axis=-1)
+    ds = p * (F.matmul(g, _swap(v)) - F.sum(g * out, axis=-1, keepdims=True)) * scale
+    parts = (F.matmul(ds, k), F.matmul(_swap(ds), q), F.matmul(_swap(p), g))
+    stacked = None  # [dq, dk, dv]: each embedded at its index of the new first axis, the three added
+    for n, part in enumerate(parts):
+        placed = F.embed(F.expand_dims(part, 0), node.shape, (n,) + (0,) * part.ndim, (1,) * node.ndim)
+        stacked = placed if stacked is None else stacked + placed
+    return stacked
+
+
 def attention(q, k, v, causal: bool, scale: float):
     """The fused attention node of q, k, v (one shape (*batch, T, D)): out[i] = sum_j p_ij v[j]."""
     return make(ATTENTION_OP, (q, k, v), causal=bool(causal), scale=float(scale))
@@ -111,4 +139,5 @@ def attention_grad(q, k, v, out, g, causal: bool, scale: float):
 ATTENTION_OP = register(OpDef("attention", ATTENTION, _attention_infer, _attention_numpy, _attention_vjp,
                               doc="softmax(q @ k^T * scale, causal mask) @ v, never holding the T x T matrix"))
 ATTENTION_GRAD_OP = register(OpDef("attention_grad", ATTENTION, _attention_grad_infer, _attention_grad_numpy,
-                                   doc="dq, dk, dv of attention (stacked), the probabilities recomputed"))
+                                   doc="dq, dk, dv of attention (stacked), the probabilities recomputed",
+                                   decompose=_attention_grad_decomposed))

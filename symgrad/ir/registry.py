@@ -33,7 +33,12 @@ class OpDef:
     vjp(node, cotangent, wants) -> tuple: one cotangent Value (or None) per
         input, at the shape of the node's output for elementwise inputs (the
         autodiff driver reduces broadcasts); `wants[i]` says whether input i
-        needs one at all. None when the op has no derivative.
+        needs one at all. None when the op has no derivative, or when it has a
+        decomposition to differentiate through instead.
+    decompose(node) -> Value: the node's value as graph code of other ops over
+        node.inputs; autodiff differentiates through it when there is no VJP
+        rule (a fused op's gradient, whose own derivative is rarely asked for:
+        computing it pays the composite's cost, not the fused kernel's).
     """
 
     name: str
@@ -42,6 +47,7 @@ class OpDef:
     numpy: Callable
     vjp: Optional[Callable] = None
     doc: str = ""
+    decompose: Optional[Callable] = None
     # Elementwise ops only: the defining sympy expression over x0..x{arity-1}.
     expr: Any = None
     arity: Optional[int] = None
