@@ -23,6 +23,7 @@ died or raised makes the others raise DistributedError, never hang.
 
 from __future__ import annotations
 
+import os
 import time
 
 import numpy as np
@@ -30,6 +31,9 @@ import numpy as np
 from .call_checks import arrays_by_name, bind_inputs, gradient_buffer_name
 from .training import TrainStep
 from .training import train_step as local_train_step
+from .backends.plan import gradients_final_after
+from .buckets import DEFAULT_CAP_MB, MiB, Gradient, describe, plan_buckets
+from .ir import dtypes as D
 from .ir.ops import check_labels, label_checks
 from .ir import shapes as S
 
@@ -37,6 +41,8 @@ __all__ = ["train_step", "DistributedStep", "DistributedError"]
 
 #: Added to each rank's generator seeds, times the rank: keys that never collide across ranks.
 RANK_SEED_STRIDE = 1 << 32
+#: Seconds a wait polls MPI without sleeping (see DistributedStep._wait).
+SPIN_S = 0.05
 
 
 class DistributedError(RuntimeError):
@@ -54,14 +60,18 @@ def _mpi():
 class DistributedStep:
     """A TrainStep on every rank of `comm`, kept identical by broadcast and gradient averaging."""
 
-    def __init__(self, step: TrainStep, comm=None, timeout: float = 120.0):
+    def __init__(self, step: TrainStep, comm=None, timeout: float = 120.0, bucket_cap_mb: float = DEFAULT_CAP_MB,
+                 overlap: bool = True):
         MPI = _mpi()
         self.step, self.comm, self.timeout = step, comm if comm is not None else MPI.COMM_WORLD, float(timeout)
         self.rank, self.size = self.comm.Get_rank(), self.comm.Get_size()
         self.waited_s = 0.0  # seconds this rank has spent waiting on the others (communication)
+        self.after_call_s = 0.0  # seconds from the backward's return to the averaged gradients (all of it)
         self._params = list(step._param_values)
+        self._shapes = {gradient_buffer_name(p): tuple(p.shape) for p in self._params}
         self._accumulate = step.program_for("accumulate")
         self._label_checks = label_checks(self._accumulate.graph)
+        self._plan_buckets(bucket_cap_mb, overlap)
         self._broadcast_state()
         self._key_generators()
 
@@ -82,15 +92,24 @@ class DistributedStep:
 
     # ---- waiting, bounded ---------------------------------------------------------------
     def _wait(self, request, what: str) -> None:
-        """Complete a non-blocking MPI request, or raise DistributedError after `timeout` seconds."""
+        """Complete a non-blocking MPI request, or raise DistributedError after `timeout` seconds.
+
+        MPI moves a collective forward only inside MPI calls (no progress thread by default), so
+        the wait polls: without sleeping for the first SPIN_S (yielding the core to any other
+        runnable thread), as the other ranks are usually that close, then with growing sleeps. A
+        sleep between polls from the start made each round of a 1 MiB allreduce cost a sleep."""
         start = time.monotonic()
         deadline, pause = start + self.timeout, 1e-5
         while not request.Test():
-            if time.monotonic() > deadline:
+            now = time.monotonic()
+            if now > deadline:
                 raise DistributedError(f"rank {self.rank} of {self.size}: {what} did not complete within "
                                        f"{self.timeout:g} s: another rank failed, died or is stuck")
-            time.sleep(pause)
-            pause = min(pause * 2, 1e-3)
+            if now - start < SPIN_S:
+                os.sched_yield()
+            else:
+                time.sleep(pause)
+                pause = min(pause * 2, 1e-3)
         self.waited_s += time.monotonic() - start
 
     def _agree(self, problem: str | None) -> None:
@@ -118,34 +137,107 @@ class DistributedStep:
         except (TypeError, ValueError) as exc:
             problem = f"{type(exc).__name__}: {exc}"
         self._agree(problem)
-        loss = self.step.accumulate(**batch)
-        self._average_gradients(loss)
+        self._begin_buckets()
+        try:
+            loss = self.step.accumulate(**batch)  # the C program starts buckets as their gradients finish
+        finally:
+            self._in_call = False
+        self._finish_buckets(loss)
         self.step.apply()
         return self._loss
 
-    def _average_gradients(self, loss: float) -> None:
-        """One allreduce per dtype over every gradient buffer (and the loss), then divide by N."""
+    # ---- gradient buckets: planned once, sent as soon as they are final --------------------
+    def _plan_buckets(self, cap_mb: float, overlap: bool) -> None:
+        program = self._accumulate.program
+        slots = {v.name: k for k, v in enumerate(self._accumulate.graph.variables)}
+        plan = getattr(program, "plan", None)
+        hooks = overlap and hasattr(program, "on_gradient_final") and plan is not None
+        final = {slot: position for position, group in gradients_final_after(plan).items() for slot in group} \
+            if hooks else {}
+        grads = []
+        for p in reversed(self._params):  # DDP's order where the program does not say: the last layer first
+            name = gradient_buffer_name(p)
+            position = final.get(slots[name])
+            grads.append(Gradient(name, p.name, np.dtype(D.to_numpy(p.dtype)), int(np.prod(p.shape, dtype=np.int64)),
+                                  position, plan.kernels[position].name if position is not None else None))
+        self.buckets = plan_buckets(grads, int(cap_mb * MiB))
+        self._kernels = len(plan.kernels) if plan is not None else None
+        self._bucket_of = {g.name: b.index for b in self.buckets for g in b.gradients}
+        self._slot_names = {slots[g.name]: g.name for b in self.buckets for g in b.gradients}
+        self.overlapped = hooks and any(b.starts_after is not None for b in self.buckets)
+        self._in_call = False
+        if self.overlapped:
+            program.on_gradient_final(self._gradient_final)
+
+    def _begin_buckets(self) -> None:
+        self._pending = [len(b.gradients) for b in self.buckets]
+        self._requests: list = [None] * len(self.buckets)
+        self._packs: list = [None] * len(self.buckets)
+        self._hook_error: BaseException | None = None
+        self._call_start = time.monotonic()
+        self.started_s = [None] * len(self.buckets)  # seconds into the call at which each bucket went
+        self._in_call = True
+
+    def _gradient_final(self, slot: int) -> None:
+        """The C program's hook: gradient `slot` is final; start its bucket's allreduce once the
+        bucket is complete, and let MPI progress the ones already sent."""
+        if not self._in_call:
+            return  # a call of the accumulate program outside this step's __call__
+        try:
+            b = self._bucket_of.get(self._slot_names.get(slot))
+            if b is not None:
+                self._pending[b] -= 1
+                if self._pending[b] == 0:
+                    self._start(b)
+            for request in self._requests:
+                if request is not None:
+                    request.Test()
+        except BaseException as exc:  # cannot cross the C code: raised after the call
+            self._hook_error = self._hook_error or exc
+
+    def _start(self, b: int) -> None:
+        """Pack bucket b's gradients (a copy: the buffers stay the program's) and start its allreduce.
+        Host storage is read in place (inside the call the step's lock is held: no _read_variable);
+        a backend keeping variables in its own memory (CUDA) copies them out."""
         MPI = _mpi()
-        names = [gradient_buffer_name(p) for p in self._params]
-        grads = [self.step._read_variable(name) for name in names]
-        by_dtype: dict = {}
-        for k, g in enumerate(grads):
-            by_dtype.setdefault(g.dtype, []).append(k)
+        names = [g.name for g in self.buckets[b].gradients]
+        reader = getattr(self._accumulate.program, "read_variable", None)
+        parts = [reader(n) if reader is not None else self.step._storage[n] for n in names]
+        self._packs[b] = np.concatenate([np.ravel(a) for a in parts])
+        self._requests[b] = self.comm.Iallreduce(MPI.IN_PLACE, self._packs[b], op=MPI.SUM)
+        self.started_s[b] = time.monotonic() - self._call_start
+
+    def _finish_buckets(self, loss: float) -> None:
+        """Start the buckets the call did not, sum the loss, wait for every allreduce, and write the
+        averaged gradients back."""
+        MPI = _mpi()
+        if self._hook_error is not None:
+            raise DistributedError(f"rank {self.rank}: starting a gradient allreduce failed: "
+                                   f"{type(self._hook_error).__name__}: {self._hook_error}") from self._hook_error
+        returned = time.monotonic()
+        for b in range(len(self.buckets)):
+            if self._requests[b] is None:
+                self._start(b)
         losses = np.array([loss], np.float64)
-        requests = [self.comm.Iallreduce(MPI.IN_PLACE, losses, op=MPI.SUM)]
-        packed = {}
-        for dtype, members in by_dtype.items():
-            packed[dtype] = np.concatenate([grads[k].ravel() for k in members])
-            requests.append(self.comm.Iallreduce(MPI.IN_PLACE, packed[dtype], op=MPI.SUM))
-        for request in requests:
-            self._wait(request, "the gradient allreduce")
-        for dtype, members in by_dtype.items():
-            flat, offset = packed[dtype] / dtype.type(self.size), 0
-            for k in members:
-                n = grads[k].size
-                self.step._write_variable(names[k], flat[offset:offset + n].reshape(grads[k].shape))
-                offset += n
+        self._wait(self.comm.Iallreduce(MPI.IN_PLACE, losses, op=MPI.SUM), "the loss allreduce")
+        for b, request in enumerate(self._requests):
+            self._wait(request, f"the allreduce of gradient bucket {b}")
+        for bucket, pack in zip(self.buckets, self._packs):
+            flat, offset = pack / bucket.dtype.type(self.size), 0
+            for g in bucket.gradients:
+                self.step._write_variable(g.name, flat[offset:offset + g.numel].reshape(self._shapes[g.name]))
+                offset += g.numel
+        self.after_call_s += time.monotonic() - returned
         self._loss = float(losses[0] / self.size)
+
+    def report(self) -> str:
+        """The report of the program each step runs (accumulate: forward and backward into the gradient
+        buffers), then the buckets: what each holds and after which of its kernels its allreduce starts."""
+        how = ("started by the C program's hooks during the backward" if self.overlapped else
+               "started after the backward returns (this backend reports no final points, or overlap=False)")
+        lines = [f"data-parallel step: rank {self.rank} of {self.size}; gradient allreduces {how}",
+                 *describe(self.buckets, self._kernels, self.size)]
+        return self._accumulate.report() + "\n\n" + "\n".join(lines)
 
     # ---- what a step offers, on this rank --------------------------------------------------
     @property
@@ -174,7 +266,12 @@ class DistributedStep:
 
 
 def train_step(loss, params, optimizer, backend: str = "numpy", comm=None, timeout: float = 120.0,
-               **options) -> DistributedStep:
-    """sg.train_step on every rank of `comm` (default MPI.COMM_WORLD); see the module docstring."""
+               bucket_cap_mb: float = DEFAULT_CAP_MB, overlap: bool = True, **options) -> DistributedStep:
+    """sg.train_step on every rank of `comm` (default MPI.COMM_WORLD); see the module docstring.
+
+    bucket_cap_mb: the most MiB of gradients one allreduce sends (the first bucket at most 1 MiB), as
+    DDP's argument of that name; overlap: start each bucket's allreduce from inside the backward
+    as soon as it is final (C), instead of all after it."""
     _mpi()
-    return DistributedStep(local_train_step(loss, params, optimizer, backend=backend, **options), comm, timeout)
+    return DistributedStep(local_train_step(loss, params, optimizer, backend=backend, **options), comm, timeout,
+                           bucket_cap_mb, overlap)

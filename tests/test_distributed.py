@@ -46,6 +46,24 @@ def test_two_ranks_with_half_batches_equal_one_process_with_the_whole_batch(back
     assert result["worst_loss_rel"] < 1e-12 and result["worst_param_rel"] < 1e-12, result
 
 
+@pytest.mark.parametrize("backend", [b for b in BACKENDS if b != "cuda"])
+def test_gradient_buckets_start_inside_the_backward_on_c_and_the_sums_are_unchanged(backend):
+    """A bucket per gradient (512-byte cap): on C each allreduce starts from the program's hook
+    after the kernel that finishes its gradient; on NumPy all start after the backward. Either way
+    20 Adam steps equal one process's to 1e-12, the parameters identical across ranks."""
+    code, result, output, _ = _run("buckets", backend)
+    assert code == 0, output
+    assert result["worst_loss_rel"] < 1e-12 and result["worst_param_rel"] < 1e-12, result
+    assert result["buckets"] == 4 and all(result["started"]), result
+    assert result["overlapped"] == (backend == "c")
+    assert all(result["during_call"]) if backend == "c" else not any(result["during_call"])
+    report = result["report"]
+    assert "4 gradient bucket(s)" in report
+    lines = [line for line in report.splitlines() if line.startswith("  bucket ")]
+    where = "during the backward" if backend == "c" else "after the call returns"
+    assert len(lines) == 4 and all(where in line for line in lines), report
+
+
 def test_dropout_masks_are_keyed_by_rank_and_parameters_stay_identical():
     code, result, output, _ = _run("dropout", "numpy")
     assert code == 0, output

@@ -13,6 +13,7 @@ import sympy
 
 import symgrad as sg
 from symgrad.ir.elementwise import ARGS, COTANGENT, partial_derivative
+from tests.helpers import MySquare
 
 
 def scalar(name):
@@ -97,19 +98,8 @@ def test_sin_vjp_expression_is_cos():
 
 
 def test_my_square_custom_function():
-    """MySquare (sg.Function with ctx.save_for_backward) at 3: forward 9, backward 2*3 = 6."""
-
-    class MySquare(sg.Function):
-        @staticmethod
-        def forward(ctx, x):
-            ctx.save_for_backward(x)
-            return x * x
-
-        @staticmethod
-        def backward(ctx, grad_output):
-            (x,) = ctx.saved_tensors
-            return 2 * x * grad_output
-
+    """MySquare (sg.Function with ctx.save_for_backward; tests.helpers holds the seeds' class) at 3:
+    forward 9, backward 2*3 = 6."""
     x = scalar("x_sq")
     y = MySquare.apply(x)
     (gx,) = sg.grad(y, [x])

@@ -50,7 +50,8 @@ from .render_program import render
 _refcount = getattr(sys, "getrefcount", None)  # CPython's; elsewhere outputs are always new arrays
 # The program's sg_context, field for field as symgrad_runtime.h declares it (the program is loaded
 # in cffi's ABI mode, which needs the whole layout): Python owns one per program and reads `failed`.
-CDEF_CONTEXT_FIELDS = "int team_warm; double last_call_end; int status; const char* failed;"
+CDEF_CONTEXT_FIELDS = ("int team_warm; double last_call_end; int status; const char* failed; "
+                       "void (*gradient_final)(void* data, int64_t variable); void* gradient_final_data;")
 CDEF = (f"typedef struct {{ {CDEF_CONTEXT_FIELDS} }} sg_context;\n"
         f"{SIGNATURE};\n"
         f"int64_t {WORKSPACE_SIZES}(const int64_t* dims, int64_t* nbytes);\n"
@@ -125,6 +126,20 @@ class CProgram(NativeProgram):
         self._pointer_arrays = tuple(self._ffi.new("void*[]", max(n, 1)) for n in
                                      (len(graph.inputs), len(graph.variables), len(graph.outputs)))
         self._var_cache = None
+
+    def on_gradient_final(self, callback) -> None:
+        """Have each later call run `callback(k)` as soon as variable slot k (a gradient buffer,
+        `graph.variables[k]`) holds its final value, while the rest of the call runs; None: stop.
+
+        The callback runs on the calling thread, between two kernels, holding the program's lock;
+        it must not call the program. An exception inside it cannot cross the C code: cffi prints
+        it and the call goes on, so a caller that must know catches it inside."""
+        if callback is None:
+            self._gradient_final = None
+            self._context.gradient_final = self._ffi.NULL
+            return
+        self._gradient_final = self._ffi.callback("void(void*, int64_t)", lambda _data, slot: callback(int(slot)))
+        self._context.gradient_final = self._gradient_final  # held by self: C keeps only the pointer
 
     def _build(self, flags: list[str] | None) -> cache.BuiltModule:
         return build_program(self.source, flags)

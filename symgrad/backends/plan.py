@@ -282,3 +282,25 @@ def swap_buffers(kernel, new: dict):
         return rebuilt(kernel, out=out, input=view(kernel.input), operands=each(kernel.operands),
                        epilogue=each(kernel.epilogue))
     return rebuilt(kernel, out=out, a=view(kernel.a), b=view(kernel.b), epilogue=each(kernel.epilogue))
+
+
+def gradients_final_after(plan: Plan) -> dict[int, list[int]]:
+    """Kernel position -> the gradient buffers whose last access in the call is that kernel's.
+
+    A gradient buffer is a variable of role "grad" that the program updates (`<param>.grad` of an
+    accumulate program). After its last kernel no other kernel of the call reads or writes it, so a
+    caller may start sending it to other processes (symgrad.distributed's buckets) while the rest
+    of the backward runs. Buffers are given by their variable slot, ascending per kernel."""
+    updated = {t.name for t, _ in plan.graph.updates}
+    wanted = {b.index for b in plan.variables
+              if b.index < len(plan.variable_nodes) and plan.variable_nodes[b.index].attrs.get("role") == "grad"
+              and plan.variable_nodes[b.index].name in updated}
+    last: dict[int, int] = {}
+    for position, kernel in enumerate(plan.kernels):
+        for buffer in (*kernel_reads(kernel), *kernel_writes(kernel)):
+            if buffer is not None and buffer.storage == "variable" and buffer.index in wanted:
+                last[buffer.index] = position
+    after: dict[int, list[int]] = {}
+    for slot in sorted(last):
+        after.setdefault(last[slot], []).append(slot)
+    return after

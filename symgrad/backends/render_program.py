@@ -20,6 +20,7 @@ from .expressions import comment, shape_comment
 from .languages import (C_BAD_LABEL, C_ENTRY, C_SET_THREADS, C_SIGNATURE, C_WORKSPACE_SIZES, CUDA_ALIGN,
                         CUDA_SIGNATURE, PARALLEL_MIN, Language)
 from .lowering import Plan
+from .plan import gradients_final_after
 from .render import Renderer
 from .templates import render as render_template
 
@@ -74,6 +75,9 @@ def _host_program(renderer: Renderer, kernels: list, labels: list) -> str:
     arguments += [f"outputs[{b.index}]: {D.SHORT_NAMES[b.dtype]}{shape_comment(plan.graph.outputs[b.index].shape)}"
                   for b in plan.outputs]
     arguments += [f"workspace + offsets[k]: temporary ws<k> ({len(plan.workspace)} buffers)"]
+    final = gradients_final_after(plan)  # the entry tells its caller when each gradient is final
+    kernels = [dict(k, final=[dict(index=slot, label=comment(plan.variables[slot].label))
+                              for slot in final.get(position, ())]) for position, k in enumerate(kernels)]
     from .. import __version__
     from .runtime import HEADER
     features = renderer.features

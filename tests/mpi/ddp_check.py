@@ -33,13 +33,13 @@ def _model(dropout: bool = False):
     return nn.Sequential(*layers).double()
 
 
-def _step(model, backend, distributed=True, timeout=120.0):
+def _step(model, backend, distributed=True, timeout=120.0, **options):
     x = sg.input("x", (sg.Dim("B"), 6), dtype="float64")
     y = sg.input("y", (sg.Dim("B"),), dtype="int64")
     loss = sg.cross_entropy(model(x), y)
     if distributed:
         return sg.distributed.train_step(loss, model.parameters(), sg.optim.Adam(lr=1e-2), backend=backend,
-                                         timeout=timeout)
+                                         timeout=timeout, **options)
     return sg.train_step(loss, model.parameters(), sg.optim.Adam(lr=1e-2), backend=backend)
 
 
@@ -54,8 +54,8 @@ def _identical_across_ranks(step) -> bool:
     return all(np.array_equal(mine[n], theirs[n]) for n in mine)
 
 
-def equivalence(backend):
-    step = _step(_model(), backend)
+def equivalence(backend, **options):
+    step = _step(_model(), backend, **options)
     single = None
     if RANK == 0:  # the same model, from rank 0's weights, on the whole batch in one process
         model = _model()
@@ -71,7 +71,16 @@ def equivalence(backend):
             for name in single.params:
                 got, ref = step.params[name], single.params[name]
                 worst_param = max(worst_param, float(np.max(np.abs(got - ref) / (np.abs(ref) + 1e-300))))
-    return {"worst_loss_rel": worst_loss, "worst_param_rel": worst_param, "steps": STEPS}
+    started = [s is not None for s in step.started_s]
+    return {"worst_loss_rel": worst_loss, "worst_param_rel": worst_param, "steps": STEPS,
+            "buckets": len(step.buckets), "overlapped": step.overlapped, "started": started,
+            "during_call": [b.starts_after is not None for b in step.buckets], "report": step.report()}
+
+
+def buckets(backend):
+    """Equivalence with a bucket per gradient (a cap of 512 bytes): each bucket's allreduce starts
+    from inside the backward on C, all after it on NumPy; the sums are the same either way."""
+    return equivalence(backend, bucket_cap_mb=512 / 2**20)
 
 
 def dropout(backend):
