@@ -25,6 +25,8 @@ def main() -> None:
     parser.add_argument("--backend", default="numpy", choices=["numpy", "c"])
     parser.add_argument("--epochs", type=int, default=5)
     parser.add_argument("--batch", type=int, default=64, help="global batch, split between the ranks")
+    parser.add_argument("--bucket-mb", type=float, default=0.25,
+                        help="gradient bucket cap in MiB (default %(default)s: two buckets for this MLP)")
     args = parser.parse_args()
     comm = MPI.COMM_WORLD
     rank, size = comm.Get_rank(), comm.Get_size()
@@ -38,7 +40,9 @@ def main() -> None:
     loss = nn.functional.cross_entropy(model(x), y)
     model.eval()
     step = sg.distributed.train_step(loss, model.parameters(), sg.optim.Adam(lr=2e-3), backend=args.backend,
-                                     predict=model(x), comm=comm)
+                                     predict=model(x), comm=comm, bucket_cap_mb=args.bucket_mb)
+    if rank == 0:
+        print(step.bucket_report(), flush=True)
     data = mnist_split()
     rng = np.random.default_rng(0)  # the same shuffle on every rank: each takes its rows of each batch
     share = args.batch // size

@@ -17,8 +17,14 @@ buffers (`accumulate`), averages them over the ranks with one allreduce, and
 applies the optimizer, the same update everywhere: the parameters stay
 identical across ranks, and N ranks with B/N rows each compute what one process
 computes with B rows (BatchNorm aside: like DDP, it uses each rank's own batch
-statistics). Every wait on another rank is bounded by `timeout`: a rank that
+statistics; nn.SyncBatchNorm's all_reduce sums them over the ranks from inside
+the program). Every wait on another rank is bounded by `timeout`: a rank that
 died or raised makes the others raise DistributedError, never hang.
+
+Gradients travel in buckets (symgrad.buckets; `bucket_cap_mb`, as DDP's): on
+C, the program calls back as soon as each gradient buffer is final, and a
+bucket's non-blocking allreduce starts there, while the rest of the backward
+runs; `report()` lists the buckets and the kernel after which each starts.
 """
 
 from __future__ import annotations
@@ -72,6 +78,9 @@ class DistributedStep:
         self._accumulate = step.program_for("accumulate")
         self._label_checks = label_checks(self._accumulate.graph)
         self._plan_buckets(bucket_cap_mb, overlap)
+        collectives = getattr(self._accumulate.program, "on_collective", None)  # CUDA: none (refused when built)
+        if collectives is not None:
+            collectives(self._sum_over_ranks)  # SyncBatchNorm's all_reduce
         self._broadcast_state()
         self._key_generators()
 
@@ -112,6 +121,12 @@ class DistributedStep:
                 pause = min(pause * 2, 1e-3)
         self.waited_s += time.monotonic() - start
 
+    def _sum_over_ranks(self, values: np.ndarray) -> None:
+        """all_reduce's hook inside the program (SyncBatchNorm's sums): `values` summed over the ranks
+        in place, every rank reaching its collectives in the program's one order."""
+        MPI = _mpi()
+        self._wait(self.comm.Iallreduce(MPI.IN_PLACE, values, op=MPI.SUM), "an all_reduce inside the step")
+
     def _agree(self, problem: str | None) -> None:
         """Raise on every rank if any rank has a problem (its own text where it is this rank's)."""
         MPI = _mpi()
@@ -142,8 +157,11 @@ class DistributedStep:
             loss = self.step.accumulate(**batch)  # the C program starts buckets as their gradients finish
         finally:
             self._in_call = False
+        self.backward_s = time.monotonic() - self._call_start  # forward and backward of the last call
         self._finish_buckets(loss)
+        applied = time.monotonic()
         self.step.apply()
+        self.apply_s = time.monotonic() - applied  # the optimizer's update of the last call
         return self._loss
 
     # ---- gradient buckets: planned once, sent as soon as they are final --------------------
@@ -233,11 +251,14 @@ class DistributedStep:
     def report(self) -> str:
         """The report of the program each step runs (accumulate: forward and backward into the gradient
         buffers), then the buckets: what each holds and after which of its kernels its allreduce starts."""
+        return self._accumulate.report() + "\n\n" + self.bucket_report()
+
+    def bucket_report(self) -> str:
+        """The buckets alone: what each holds, its bytes, and where its allreduce starts."""
         how = ("started by the C program's hooks during the backward" if self.overlapped else
                "started after the backward returns (this backend reports no final points, or overlap=False)")
-        lines = [f"data-parallel step: rank {self.rank} of {self.size}; gradient allreduces {how}",
-                 *describe(self.buckets, self._kernels, self.size)]
-        return self._accumulate.report() + "\n\n" + "\n".join(lines)
+        return "\n".join([f"data-parallel step: rank {self.rank} of {self.size}; gradient allreduces {how}",
+                          *describe(self.buckets, self._kernels, self.size)])
 
     # ---- what a step offers, on this rank --------------------------------------------------
     @property

@@ -43,3 +43,19 @@ def test_a_bucket_holds_one_dtype_and_gradients_final_only_after_the_call_go_las
 def test_a_cap_that_is_not_positive_is_refused():
     with pytest.raises(ValueError, match="bucket cap must be positive"):
         plan_buckets([grad("a", 1, 0)], cap_bytes=0)
+
+
+def test_the_cost_model_hides_buckets_behind_the_backward_and_exposes_the_last():
+    """benchmarks.ddp_cost: a ring allreduce moves 2(N-1)/N of the bytes; a bucket final early is
+    hidden by the rest of the backward, the last one is not; without overlap every bucket adds."""
+    from benchmarks.ddp_cost import predicted_step_s, ring_allreduce_s
+    beta, alpha = 1e9, 0.0
+    assert ring_allreduce_s(1e9, 1, beta, alpha) == 0.0
+    assert ring_allreduce_s(1e9, 2, beta, alpha) == pytest.approx(1.0)
+    assert ring_allreduce_s(1e9, 64, beta, alpha) == pytest.approx(2 * 63 / 64)
+    assert ring_allreduce_s(0, 8, beta, 1e-6) == pytest.approx(14e-6)  # 2 (N - 1) latencies
+    measured = {"backward_s": 1.0, "apply_s": 0.1, "buckets": [(0.2, 0.5e9), (1.0, 0.1e9)]}
+    # N = 2: the first bucket's 0.5 s ends at 0.7, inside the backward; the last one's 0.1 s after it.
+    assert predicted_step_s(measured, 2, beta, alpha) == pytest.approx(1.0 + 0.1 + 0.1)
+    assert predicted_step_s(measured, 2, beta, alpha, overlap=False) == pytest.approx(1.0 + 0.6 + 0.1)
+    assert predicted_step_s(measured, 1, beta, alpha) == pytest.approx(1.1)

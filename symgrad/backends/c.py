@@ -17,8 +17,10 @@ calling thread's OpenMP team). Its matmuls call the runtime
 built once per compiler and flags, it links; it builds the file through
 the cache (symgrad.backends.cache). What every native program does alike (layouts per
 Dim binding, memory plan, report, locking, input checks) is symgrad.backends.native's;
-this module keeps the cffi build and call. Python owns all memory: inputs, variables and
-outputs are NumPy arrays passed with `ffi.from_buffer` (no copies);
+this module keeps the cffi build and call, and two hooks through which a data-parallel caller
+(symgrad.distributed) acts during a call: `on_gradient_final` (a gradient buffer is final: send
+it) and `on_collective` (an all_reduce: sum this buffer over the processes). Python owns all
+memory: inputs, variables and outputs are NumPy arrays passed with `ffi.from_buffer` (no copies);
 temporaries live in one workspace array whose layout is computed here from
 the Dim bindings, and checked against the sizes the code itself reports.
 User names never enter C except inside comments, escaped.
@@ -37,6 +39,7 @@ from ..ir import shapes as S
 from ..ir.graph import Graph
 from ..ir.ops import check_labels, label_checks
 from . import cache, runtime
+from .collective import DTYPES as COLLECTIVE_DTYPES
 from .driver import source_of
 from .expressions import comment  # noqa: F401  (re-exported: what C comments may hold)
 from .languages import (C_BAD_LABEL as BAD_LABEL, C_ENTRY as ENTRY, C_OPENMP, C_SET_THREADS as SET_THREADS,
@@ -51,7 +54,8 @@ _refcount = getattr(sys, "getrefcount", None)  # CPython's; elsewhere outputs ar
 # The program's sg_context, field for field as symgrad_runtime.h declares it (the program is loaded
 # in cffi's ABI mode, which needs the whole layout): Python owns one per program and reads `failed`.
 CDEF_CONTEXT_FIELDS = ("int team_warm; double last_call_end; int status; const char* failed; "
-                       "void (*gradient_final)(void* data, int64_t variable); void* gradient_final_data;")
+                       "void (*gradient_final)(void* data, int64_t variable); void* gradient_final_data; "
+                       "int (*collective)(void* data, void* values, int64_t count, int dtype); void* collective_data;")
 CDEF = (f"typedef struct {{ {CDEF_CONTEXT_FIELDS} }} sg_context;\n"
         f"{SIGNATURE};\n"
         f"int64_t {WORKSPACE_SIZES}(const int64_t* dims, int64_t* nbytes);\n"
@@ -141,6 +145,28 @@ class CProgram(NativeProgram):
         self._gradient_final = self._ffi.callback("void(void*, int64_t)", lambda _data, slot: callback(int(slot)))
         self._context.gradient_final = self._gradient_final  # held by self: C keeps only the pointer
 
+    def on_collective(self, hook) -> None:
+        """Have each all_reduce of later calls run `hook(values)` on a flat NumPy view of its buffer,
+        which the hook must sum over the processes in place; None: this process alone. An exception
+        in the hook ends the call (status SG_COLLECTIVE_FAILED) and is raised by it."""
+        if hook is None:
+            self._collective = None
+            self._context.collective = self._ffi.NULL
+            return
+        ffi, dtypes = self._ffi, [np.dtype(name) for name in COLLECTIVE_DTYPES]
+        self._collective_error = None
+
+        def call(_data, values, count, dtype):
+            try:
+                kind = dtypes[dtype]
+                hook(np.frombuffer(ffi.buffer(values, count * kind.itemsize), dtype=kind))
+                return runtime.OK
+            except BaseException as exc:  # cannot cross the C code: raised when the entry returns
+                self._collective_error = exc
+                return runtime.COLLECTIVE_FAILED
+        self._collective = ffi.callback("int(void*, void*, int64_t, int)", call)
+        self._context.collective = self._collective  # held by self: C keeps only the pointer
+
     def _build(self, flags: list[str] | None) -> cache.BuiltModule:
         return build_program(self.source, flags)
 
@@ -228,6 +254,9 @@ class CProgram(NativeProgram):
 
     def _failed(self, status: int, inputs: list, bindings: dict) -> None:
         """Raise what a nonzero status of the entry means."""
+        if status == runtime.COLLECTIVE_FAILED:
+            error, self._collective_error = self._collective_error, None
+            raise error
         if status == runtime.OUT_OF_MEMORY:
             failed = self._ffi.string(self._context.failed).decode()
             raise MemoryError(f"{self.module_name}: kernel {failed} could not allocate the memory it "

@@ -29,10 +29,11 @@ from ..ir import dtypes as D
 from ..ir.elementwise import ARGS
 from ..ir.graph import Graph
 from ..ir.printing import node_line
-from ..ir.registry import ATTENTION, CUSTOM, ELEMENTWISE, GATHER, MATMUL, MOVEMENT, REDUCE, SOURCE
+from ..ir.registry import ATTENTION, COLLECTIVE, CUSTOM, ELEMENTWISE, GATHER, MATMUL, MOVEMENT, REDUCE, SOURCE
 from ..ir.value import Value
 from .decisions import Decisions, decide, graph_namer
 from .attention import lower_attention
+from .collective import lower_collective
 from .gather import lower_gather
 from .fusion import DEFAULT_DIM  # noqa: F401 -- re-exported for the backends
 from .inplace import aliases_output, apply_retargets, retarget_views, write_in_place
@@ -145,6 +146,8 @@ class _Lowerer:
                 self.views[id(node)] = lower_gather(self, node)
             elif kind == ATTENTION:
                 self.views[id(node)] = lower_attention(self, node)
+            elif kind == COLLECTIVE:
+                self.views[id(node)] = lower_collective(self, node)
             else:
                 raise LoweringError(f"no lowering for op {node.op.name!r} of kind {kind!r}")
         return self.outputs_and_updates()

@@ -21,10 +21,16 @@ class NumpyProgram:
         self.optimized = graph  # what runs: the graph itself unless optimize=True
         self.source = str(graph)  # there is no generated code; the graph text stands in
         self.module = None
+        self._collective = None
+
+    def on_collective(self, hook) -> None:
+        """Have all_reduce call `hook(flat_array)` to sum its value over the processes in place
+        (None: this process alone)."""
+        self._collective = hook
 
     def run(self, inputs: list, bindings: dict, variables: dict) -> list:
         """Compute the outputs, then write the updates into `variables` in place."""
-        outputs, updates = evaluate(self.optimized, inputs, variables, bindings)
+        outputs, updates = evaluate(self.optimized, inputs, variables, bindings, self._collective)
         for (target, _), new in zip(self.optimized.updates, updates):
             variables[target.name][...] = new
         return outputs

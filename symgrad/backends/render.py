@@ -24,6 +24,7 @@ from ..ir import shapes as S
 from ..ir.elementwise import ARGS
 from . import runtime
 from .attention import AttentionKernel
+from .collective import DTYPES as COLLECTIVE_DTYPES, CollectiveKernel
 from .gather import GatherKernel
 from .expressions import Exprs, comment, contiguous, convert, lowest
 from .languages import COLUMN_TILE, PARALLEL_MIN, Language
@@ -386,6 +387,17 @@ class Renderer:
                            scratch=[b.name for b in k.scratch],
                            parallel=not _small(sympy.sympify(k.heads) * k.T * k.T * k.E), **exp)
 
+    def collective_kernel(self, k: CollectiveKernel) -> dict:
+        """all_reduce: the buffer handed to the caller's hook, which sums it over the processes
+        (templates/c/collective); the entry point checks the status the hook returns."""
+        if self.lang.memory == "device":
+            raise NotImplementedError(f"all_reduce ({k.name}): the {self.lang.name} backend has no collectives; "
+                                      f"sg.distributed runs them on the c and numpy backends")
+        params, args = self.params([], k.buffer, context=True)
+        ctx = self.kernel(k, "collective", params=params, args=args, buffer=k.buffer.name,
+                          numel=self.ex.size(k.numel), dtype=k.buffer.dtype, dtype_code=COLLECTIVE_DTYPES.index(k.buffer.dtype))
+        return dict(ctx, status=True)
+
     def kernels(self) -> list[dict]:
         """The template context of every kernel of the plan, in schedule order."""
         contexts = []
@@ -402,6 +414,8 @@ class Renderer:
                 contexts.append(self.gather_kernel(k))
             elif isinstance(k, AttentionKernel):
                 contexts.append(self.attention_kernel(k))
+            elif isinstance(k, CollectiveKernel):
+                contexts.append(self.collective_kernel(k))
             else:
                 raise NotImplementedError(f"no {self.lang.name} rendering for kernel {type(k).__name__}")
         return contexts

@@ -36,6 +36,7 @@ from .templates import render, template_dir
 HEADER = "symgrad_runtime.h"    # the name programs include it by
 OK = 0                          # status: done
 OUT_OF_MEMORY = 1               # status: a buffer could not be allocated; nothing more was computed
+COLLECTIVE_FAILED = 2           # status: the caller's collective hook failed (its exception is the caller's)
 GEMM_PARALLEL_MIN = 1 << 18     # multiply-adds: below this a matmul runs on one thread
 NARROW_N = 16                   # matmuls with at most this many output columns use a narrow-N kernel
 NARROW_PARALLEL_MIN = 1 << 22   # multiply-adds: below this a narrow-N matmul runs on one thread: the
@@ -178,7 +179,7 @@ def _context(targets: tuple) -> dict:
     vectors = [dict(GEMM[d], ctype=D.C_TYPES[d], SUFFIX=GEMM[d]["suffix"].upper(),
                     widths=[dict(b, lanes=b["value"] // D.to_numpy(d).itemsize)
                             for b in target_branches(targets, lambda t: t.vector_bytes)]) for d in GEMM]
-    return dict(version=__version__, header=HEADER, ok=OK, out_of_memory=OUT_OF_MEMORY, gemms=gemms,
+    return dict(version=__version__, header=HEADER, ok=OK, out_of_memory=OUT_OF_MEMORY, collective_failed=COLLECTIVE_FAILED, gemms=gemms,
                 vectors=vectors, narrow=[v for d in GEMM for v in _narrow_variants(d, targets)])
 
 

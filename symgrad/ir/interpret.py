@@ -16,10 +16,11 @@ from .graph import Graph
 class Env:
     """What an op's NumPy implementation may read besides its operands."""
 
-    def __init__(self, bindings: dict, inputs: dict, variables: dict):
+    def __init__(self, bindings: dict, inputs: dict, variables: dict, collective=None):
         self.bindings = bindings    # Dim symbol -> int
         self.inputs = inputs        # input node -> array
         self.variables = variables  # variable node -> array
+        self.collective = collective  # all_reduce's hook: sums a flat array over the processes in place
         self._shapes: dict[int, tuple] = {}
 
     def shape(self, node) -> tuple:
@@ -30,13 +31,14 @@ class Env:
         return self._shapes[key]
 
 
-def evaluate(graph: Graph, inputs: list, variables: dict, bindings: dict) -> tuple[list, list]:
+def evaluate(graph: Graph, inputs: list, variables: dict, bindings: dict, collective=None) -> tuple[list, list]:
     """Run `graph`: returns (output arrays, new values of the updated variables).
 
-    `variables` maps a variable's name to its current array; nothing is written.
+    `variables` maps a variable's name to its current array; nothing is written. `collective`:
+    what all_reduce calls to sum a value over the processes (symgrad.ir.ops_collective).
     """
     env = Env(bindings, dict(zip(graph.inputs, inputs)),
-              {v: variables[v.name] for v in graph.variables})
+              {v: variables[v.name] for v in graph.variables}, collective)
     values: dict[int, np.ndarray] = {}
     for node in graph.nodes:
         args = [values[id(i)] for i in node.inputs]

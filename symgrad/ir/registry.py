@@ -20,7 +20,8 @@ MATMUL = "matmul"            # matrix product, batched over leading axes
 GATHER = "gather"            # take, scatter_add, embed: elements at positions of their own
 CUSTOM = "custom"            # a user's op with a hand-written backward
 ATTENTION = "attention"      # fused attention and its gradient: softmax(q k^T) v without the T x T matrix
-KINDS = (SOURCE, ELEMENTWISE, REDUCE, MOVEMENT, MATMUL, GATHER, CUSTOM, ATTENTION)
+COLLECTIVE = "collective"    # all_reduce: a value summed over the processes of a data-parallel step
+KINDS = (SOURCE, ELEMENTWISE, REDUCE, MOVEMENT, MATMUL, GATHER, CUSTOM, ATTENTION, COLLECTIVE)
 
 
 @dataclass(eq=False)

@@ -18,6 +18,7 @@ from ..functional import (cross_entropy, log_softmax, mse_loss, nll_loss, relu, 
 from ..ir import dtypes as D
 from ..ir import shapes as S
 from ..ir.ops_attention import attention, refusal
+from ..ir.ops_collective import all_reduce
 from ..ir.value import Value
 from ..convolution import conv1d, conv2d, pad  # noqa: F401  (torch.nn.functional's names)
 from ..pointwise import gelu  # noqa: F401  (torch.nn.functional.gelu)
@@ -70,13 +71,14 @@ def dropout(x: Value, p: float = 0.5, training: bool = True, generator: Generato
 
 def batch_norm(x: Value, running_mean: Value | None, running_var: Value | None, weight: Value | None = None,
                bias: Value | None = None, training: bool = False, momentum: float = 0.1,
-               eps: float = 1e-5) -> Value:
+               eps: float = 1e-5, sync: bool = False) -> Value:
     """Batch normalisation over axis 1 of [N, C], [N, C, L] or [N, C, H, W] (F.batch_norm).
 
     Training: normalise with the batch's mean and biased variance, and (when
     running statistics are given) update them with `momentum` and the
     unbiased variance, as torch does. Otherwise: normalise with the running
-    statistics.
+    statistics. sync: the batch is every process's rows together (SyncBatchNorm):
+    the sums and the count go through all_reduce, whose VJP sums the gradients too.
     """
     if not isinstance(x, Value) or x.ndim < 2 or not D.is_float(x.dtype):
         raise ValueError(f"batch_norm: expects a float [N, C, ...] input, got {x!r}")
@@ -94,9 +96,15 @@ def batch_norm(x: Value, running_mean: Value | None, running_var: Value | None, 
         if isinstance(count, int) and count < 2:
             raise ValueError(f"batch_norm: training needs more than one value per channel, got input "
                              f"{S.format_shape(x.shape)}")
-        mean = F.mean(x, axis=axes)
-        centred = x - F.reshape(mean, stat_shape)
-        var = F.mean(centred * centred, axis=axes)
+        if sync:  # sums over every process's rows: counts may differ between processes
+            total = all_reduce(F.constant(sympy.sympify(count), x.dtype))
+            mean = all_reduce(F.sum(x, axis=axes)) / total
+            centred = x - F.reshape(mean, stat_shape)
+            var = all_reduce(F.sum(centred * centred, axis=axes)) / total
+        else:
+            mean = F.mean(x, axis=axes)
+            centred = x - F.reshape(mean, stat_shape)
+            var = F.mean(centred * centred, axis=axes)
         y = centred / F.sqrt(F.reshape(var, stat_shape) + eps)
     else:
         if running_mean is None or running_var is None:
@@ -109,7 +117,7 @@ def batch_norm(x: Value, running_mean: Value | None, running_var: Value | None, 
     if training and running_mean is not None and running_var is not None:
         # torch updates with the unbiased variance: var * n / (n - 1), n symbolic when the batch is.
         n = sympy.sympify(count)
-        unbiased = var * F.constant(F.ieee_ratio(n, n - 1), x.dtype)
+        unbiased = var * total / (total - 1) if sync else var * F.constant(F.ieee_ratio(n, n - 1), x.dtype)
         new_mean = (1 - momentum) * running_mean + momentum * F.cast(F.stop_gradient(mean), running_mean.dtype)
         new_var = (1 - momentum) * running_var + momentum * F.cast(F.stop_gradient(unbiased), running_var.dtype)
         y = effects.attach(y, [(running_mean, new_mean), (running_var, new_var)])

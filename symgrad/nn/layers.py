@@ -144,11 +144,11 @@ class BatchNorm1d(Module):
                              f"[N, {self.num_features}, L], got {x.type_str}")
         return self._normalize(x)
 
-    def _normalize(self, x: Value) -> Value:
+    def _normalize(self, x: Value, sync: bool = False) -> Value:
         stats = self.track_running_stats
         training = self.training or not stats
         y = NF.batch_norm(x, self.running_mean if stats else None, self.running_var if stats else None,
-                          self.weight, self.bias, training, self.momentum, self.eps)
+                          self.weight, self.bias, training, self.momentum, self.eps, sync=sync)
         if training and stats:
             y = effects.attach(y, [(self.num_batches_tracked, self.num_batches_tracked + 1)])
         return y
@@ -245,3 +245,40 @@ class BatchNorm2d(BatchNorm1d):
             raise ValueError(f"BatchNorm2d({self.num_features}): expected input [N, {self.num_features}, H, W], "
                              f"got {x.type_str}")
         return self._normalize(x)
+
+
+
+class SyncBatchNorm(BatchNorm1d):
+    """torch.nn.SyncBatchNorm: BatchNorm over the rows of every process of a data-parallel step.
+
+    In training the per-channel sums and the row count are summed over the processes
+    (all_reduce in the graph, symgrad.ir.ops_collective), so every rank normalises with the
+    statistics of the whole global batch and keeps the same running statistics; the backward
+    sums the statistics' gradients over the processes the same way. Under sg.distributed the
+    step's hook does the summing; run alone (sg.train_step, one process) it is BatchNorm of the
+    process's own rows. Input [N, C, ...] with any number of trailing axes. `process_group`:
+    torch's argument, accepted only as None (the step's whole communicator)."""
+
+    def __init__(self, num_features: int, eps: float = 1e-5, momentum: float = 0.1, affine: bool = True,
+                 track_running_stats: bool = True, process_group=None, dtype: str = "float32"):
+        if process_group is not None:
+            raise ValueError("SyncBatchNorm: process_group must be None (the data-parallel step's communicator)")
+        super().__init__(num_features, eps, momentum, affine, track_running_stats, dtype)
+
+    def forward(self, x: Value) -> Value:
+        if x.ndim < 2 or x.shape[1] != self.num_features:
+            raise ValueError(f"SyncBatchNorm({self.num_features}): expected input [N, {self.num_features}, ...], "
+                             f"got {x.type_str}")
+        return self._normalize(x, sync=True)
+
+    @classmethod
+    def convert_sync_batchnorm(cls, module: Module, process_group=None) -> Module:
+        """`module` with every BatchNorm1d/2d replaced by a SyncBatchNorm holding its parameters and
+        buffers (the same variables), as torch's classmethod of that name."""
+        if isinstance(module, BatchNorm1d) and not isinstance(module, cls):
+            sync = cls.__new__(cls)
+            sync.__dict__.update(module.__dict__)
+            return sync
+        for name, child in list(module._modules.items()):
+            module._modules[name] = cls.convert_sync_batchnorm(child, process_group)
+        return module

@@ -21,7 +21,7 @@ from ..ir import shapes as S
 from ..ir.elementwise import ARGS
 from ..ir.graph import Graph
 from ..ir.interpret import Env
-from ..ir.registry import ELEMENTWISE, SOURCE, lookup
+from ..ir.registry import COLLECTIVE, ELEMENTWISE, SOURCE, lookup
 from ..ir.value import Value, make
 from .rewrite import DATA_LEAVES, is_nondeterministic, rebuild, short_rational
 
@@ -93,7 +93,7 @@ def _uniform(value: np.ndarray) -> bool:
 
 def constant_value(node: Value, values: list):
     """The value of `node` over its inputs' constant `values`: an ndarray, a sympy scalar, or None."""
-    if any(v is None for v in values):
+    if any(v is None for v in values) or node.op.kind == COLLECTIVE:  # summed over processes: never constant
         return None
     if any(isinstance(v, sympy.Basic) for v in values):
         return _symbolic(node, values)

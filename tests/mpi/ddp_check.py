@@ -83,6 +83,48 @@ def buckets(backend):
     return equivalence(backend, bucket_cap_mb=512 / 2**20)
 
 
+def _bn_model(sync: bool):
+    sg.manual_seed(RANK + 1)
+    norm = nn.SyncBatchNorm(8) if sync else nn.BatchNorm1d(8)
+    return nn.Sequential(nn.Linear(6, 8, bias=False), norm, nn.ReLU(), nn.Linear(8, 4)).double()  # no bias before a norm
+
+
+def syncbn(backend):
+    """SyncBatchNorm on 2 ranks of 4 rows each against BatchNorm1d in one process on all 8 rows:
+    losses, parameters and running statistics after each of 20 Adam steps; and, with BatchNorm1d
+    on the ranks (per-rank statistics, as DDP), losses that differ."""
+    model = _bn_model(sync=True)
+    step = _step(model, backend, bucket_cap_mb=512 / 2**20)
+    local = _step(_bn_model(sync=False), backend)  # per-rank statistics
+    single = None
+    if RANK == 0:
+        reference = _bn_model(sync=False)
+        reference.load_state_dict(step.step.state_dict())
+        single = _step(reference, backend, distributed=False)
+    worst_loss = worst_param = worst_state = 0.0
+    local_differs = False
+    for xb, yb in DATA:
+        loss = step(**dict(zip("xy", _shard(xb, yb))))
+        local_loss = local(**dict(zip("xy", _shard(xb, yb))))
+        assert _identical_across_ranks(step), "parameters differ across ranks"
+        states = COMM.allgather({n: step.state[n] for n in step.state})
+        assert all(np.array_equal(states[0][n], states[1][n]) for n in states[0]), "running statistics differ"
+        if RANK == 0:
+            want = single(x=xb, y=yb)
+            worst_loss = max(worst_loss, abs(loss - want) / abs(want))
+            local_differs |= abs(local_loss - want) / abs(want) > 1e-6
+            for got, ref in ((step.params, single.params), (step.state, single.state)):
+                for name in ref:
+                    if name.startswith("1.") or got is step.params:
+                        diff = float(np.max(np.abs(got[name] - ref[name]) / (np.abs(ref[name]) + 1e-300)))
+                        if got is step.params:
+                            worst_param = max(worst_param, diff)
+                        else:
+                            worst_state = max(worst_state, diff)
+    return {"worst_loss_rel": worst_loss, "worst_param_rel": worst_param, "worst_state_rel": worst_state,
+            "steps": STEPS, "local_differs": local_differs}
+
+
 def dropout(backend):
     step = _step(_model(dropout=True), backend)
     seeds = COMM.allgather(int(step.state["rng.seed"]))
