@@ -103,3 +103,10 @@ def test_sync_batch_norm_takes_no_process_group_and_checks_its_input():
         nn.SyncBatchNorm(3, process_group=object())
     with pytest.raises(ValueError, match=r"SyncBatchNorm\(3\): expected input \[N, 3, ...\]"):
         nn.SyncBatchNorm(3)(sg.input("x", (4, 5)))
+
+
+def test_the_entry_statuses_are_distinct():
+    """A failed collective must not read as a refused label (the entry's own status) or the GEMM's."""
+    from symgrad.backends import languages, runtime
+    statuses = [runtime.OK, runtime.OUT_OF_MEMORY, runtime.COLLECTIVE_FAILED, languages.C_BAD_LABEL]
+    assert len(set(statuses)) == len(statuses)

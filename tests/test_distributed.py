@@ -47,6 +47,16 @@ def test_two_ranks_with_half_batches_equal_one_process_with_the_whole_batch(back
 
 
 @pytest.mark.parametrize("backend", [b for b in BACKENDS if b != "cuda"])
+def test_two_ranks_equal_one_process_in_float32_to_summation_order(backend):
+    """The same in float32 (two buckets): the sums over ranks and rows differ only in order, so losses
+    agree to a few ulp and parameters to a few ulp of their tensor's largest element after 20 steps."""
+    code, result, output, _ = _run("float32", backend)
+    assert code == 0, output
+    assert result["steps"] == 20 and result["buckets"] == 2
+    assert result["worst_loss_rel"] < 1e-6 and result["worst_param_scaled"] < 1e-6, result
+
+
+@pytest.mark.parametrize("backend", [b for b in BACKENDS if b != "cuda"])
 def test_gradient_buckets_start_inside_the_backward_on_c_and_the_sums_are_unchanged(backend):
     """A bucket per gradient (512-byte cap): on C each allreduce starts from the program's hook
     after the kernel that finishes its gradient; on NumPy all start after the backward. Either way

@@ -124,6 +124,7 @@ class CProgram(NativeProgram):
         self._workspace_bytes = getattr(lib, WORKSPACE_SIZES)
         self._set_threads = getattr(lib, SET_THREADS)
         self._context = self._ffi.new("sg_context*")  # what the program keeps between its calls
+        self._collective_error = None  # what the collective hook raised, for the call to raise
         self._variables = [(v.name, D.to_numpy(v.dtype), tuple(v.shape)) for v in graph.variables]
         # Pointer arrays filled in place at each call; variable pointers cached while the
         # caller keeps passing the same arrays (the usual case: Compiled owns them).
@@ -154,7 +155,6 @@ class CProgram(NativeProgram):
             self._context.collective = self._ffi.NULL
             return
         ffi, dtypes = self._ffi, [np.dtype(name) for name in COLLECTIVE_DTYPES]
-        self._collective_error = None
 
         def call(_data, values, count, dtype):
             try:

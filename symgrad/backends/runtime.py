@@ -36,7 +36,8 @@ from .templates import render, template_dir
 HEADER = "symgrad_runtime.h"    # the name programs include it by
 OK = 0                          # status: done
 OUT_OF_MEMORY = 1               # status: a buffer could not be allocated; nothing more was computed
-COLLECTIVE_FAILED = 2           # status: the caller's collective hook failed (its exception is the caller's)
+COLLECTIVE_FAILED = 3           # status: the caller's collective hook failed (its exception is the caller's);
+                                # 2 is the entry's own refusal of a class label (languages.C_BAD_LABEL)
 GEMM_PARALLEL_MIN = 1 << 18     # multiply-adds: below this a matmul runs on one thread
 NARROW_N = 16                   # matmuls with at most this many output columns use a narrow-N kernel
 NARROW_PARALLEL_MIN = 1 << 22   # multiply-adds: below this a narrow-N matmul runs on one thread: the

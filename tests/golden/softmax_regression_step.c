@@ -34,8 +34,9 @@
  *
  * Entry point: symgrad_run(dims, inputs, variables, outputs, workspace, offsets, context) returns SG_OK (0),
  * 2 (nothing computed, nothing changed) when a class-label input holds a label outside [0, classes),
- * or a runtime status (context->status: SG_OUT_OF_MEMORY) of the kernel it names in context->failed, which
- * ended the call early; context: the program's sg_context, zeroed before its first call;
+ * or a runtime status (context->status: SG_OUT_OF_MEMORY, or SG_COLLECTIVE_FAILED from the caller's collective
+ * hook) of the kernel it names in context->failed, which ended the call early; context: the program's
+ * sg_context, zeroed before its first call (its hooks, gradient_final and collective, set by the caller);
  * symgrad_workspace_bytes(dims, nbytes) says how many workspace temporaries it uses, and their bytes;
  * symgrad_set_num_threads(n) caps the OpenMP threads of the calling thread's later calls.
  *   dims[0] = B
