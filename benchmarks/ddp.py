@@ -42,16 +42,7 @@ def _worker(model_key: str, steps: int, distributed: bool, overlap: bool = True,
         from mpi4py import MPI
         comm = MPI.COMM_WORLD
         rank, size = comm.Get_rank(), comm.Get_size()
-    x = sg.input("x", (model.batch // size, model.widths[0]))
-    y = sg.input("y", (model.batch // size,), dtype="int64")
-    h, params = x, []
-    for k, (W0, b0) in enumerate(model.weights()):
-        W, b = sg.param(f"W{k}", W0.shape, init=W0), sg.param(f"b{k}", b0.shape, init=b0)
-        params += [W, b]
-        h = sg.matmul(h, W) + b
-        if k < len(model.layers) - 1:
-            h = sg.relu(h)
-    loss = sg.cross_entropy(h, y)
+    loss, params = model.symgrad_loss(sg, model.batch // size)
     optimizer = sg.optim.SGD(lr=LR)
     if distributed:
         step = sg.distributed.train_step(loss, params, optimizer, backend="c", comm=comm, overlap=overlap,

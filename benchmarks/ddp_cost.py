@@ -58,17 +58,8 @@ def predicted_step_s(measured: dict, ranks: int, beta: float, alpha: float, over
 def _mlp_step(key: str, sg, bucket_mb: float):
     from .models import LR, select
     model = select(key)[0]
-    x = sg.input("x", (model.batch, model.widths[0]))
-    y = sg.input("y", (model.batch,), dtype="int64")
-    h, params = x, []
-    for k, (W0, b0) in enumerate(model.weights()):
-        W, b = sg.param(f"W{k}", W0.shape, init=W0), sg.param(f"b{k}", b0.shape, init=b0)
-        params += [W, b]
-        h = sg.matmul(h, W) + b
-        if k < len(model.layers) - 1:
-            h = sg.relu(h)
-    step = sg.distributed.train_step(sg.cross_entropy(h, y), params, sg.optim.SGD(lr=LR), backend="c",
-                                     bucket_cap_mb=bucket_mb)
+    loss, params = model.symgrad_loss(sg)
+    step = sg.distributed.train_step(loss, params, sg.optim.SGD(lr=LR), backend="c", bucket_cap_mb=bucket_mb)
     xb, yb = model.data()
     return lambda: step(x=xb, y=yb), step
 

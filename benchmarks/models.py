@@ -71,6 +71,21 @@ class Model:
             out.append((W, b))
         return out
 
+    def symgrad_loss(self, sg, rows: int | None = None):
+        """(loss, params): this MLP in symgrad (`sg`, the package), from these weights, on inputs
+        "x" and "y" of `rows` rows (default the batch): cross-entropy of the last layer's output."""
+        rows = self.batch if rows is None else rows
+        x = sg.input("x", (rows, self.widths[0]))
+        y = sg.input("y", (rows,), dtype="int64")
+        h, params = x, []
+        for k, (W0, b0) in enumerate(self.weights()):
+            W, b = sg.param(f"W{k}", W0.shape, init=W0), sg.param(f"b{k}", b0.shape, init=b0)
+            params += [W, b]
+            h = sg.matmul(h, W) + b
+            if k < len(self.layers) - 1:
+                h = sg.relu(h)
+        return sg.cross_entropy(h, y), params
+
     def data(self) -> tuple[np.ndarray, np.ndarray]:
         """One MNIST-shaped batch: x in [0, 1) float32 of (batch, in), labels int64 of (batch,)."""
         rng = np.random.default_rng(DATA_SEED)

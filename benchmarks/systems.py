@@ -43,18 +43,7 @@ def symgrad_step(model: Model, backend: str, sg=None) -> Runner:
         import symgrad as sg
 
     # Concrete sizes: torch.compile and jax.jit specialize to the shapes they see too.
-    x = sg.input("x", (model.batch, model.widths[0]))
-    y = sg.input("y", (model.batch,), dtype="int64")
-    h, params = x, []
-    weights = model.weights()
-    for k, (W0, b0) in enumerate(weights):
-        W = sg.param(f"W{k}", W0.shape, init=W0)
-        b = sg.param(f"b{k}", b0.shape, init=b0)
-        params += [W, b]
-        h = sg.matmul(h, W) + b
-        if k < len(weights) - 1:
-            h = sg.relu(h)
-    loss = sg.cross_entropy(h, y)
+    loss, params = model.symgrad_loss(sg)
     step = sg.train_step(loss, params=params, optimizer=sg.optim.SGD(lr=LR), backend=backend)
     xb, yb = model.data()
     return Runner(lambda: step(x=xb, y=yb), float, note=f"sg.train_step(backend={backend!r})")

@@ -55,6 +55,13 @@ class DistributedError(RuntimeError):
     """Another rank failed, refused its input, or did not answer within the timeout."""
 
 
+def _check_bucket_cap(bucket_cap_mb) -> None:
+    if isinstance(bucket_cap_mb, bool) or not isinstance(bucket_cap_mb, (int, float)) \
+            or not 0 < bucket_cap_mb < float("inf"):
+        raise ValueError(f"distributed train step: bucket_cap_mb must be a positive number of MiB, "
+                         f"got {bucket_cap_mb!r}")
+
+
 def _mpi():
     try:
         from mpi4py import MPI
@@ -68,6 +75,7 @@ class DistributedStep:
 
     def __init__(self, step: TrainStep, comm=None, timeout: float = 120.0, bucket_cap_mb: float = DEFAULT_CAP_MB,
                  overlap: bool = True):
+        _check_bucket_cap(bucket_cap_mb)
         MPI = _mpi()
         self.step, self.comm, self.timeout = step, comm if comm is not None else MPI.COMM_WORLD, float(timeout)
         self.rank, self.size = self.comm.Get_rank(), self.comm.Get_size()
@@ -178,7 +186,7 @@ class DistributedStep:
             position = final.get(slots[name])
             grads.append(Gradient(name, p.name, np.dtype(D.to_numpy(p.dtype)), int(np.prod(p.shape, dtype=np.int64)),
                                   position, plan.kernels[position].name if position is not None else None))
-        self.buckets = plan_buckets(grads, int(cap_mb * MiB))
+        self.buckets = plan_buckets(grads, max(1, int(cap_mb * MiB)))
         self._kernels = len(plan.kernels) if plan is not None else None
         self._bucket_of = {g.name: b.index for b in self.buckets for g in b.gradients}
         self._slot_names = {slots[g.name]: g.name for b in self.buckets for g in b.gradients}
@@ -293,6 +301,7 @@ def train_step(loss, params, optimizer, backend: str = "numpy", comm=None, timeo
     bucket_cap_mb: the most MiB of gradients one allreduce sends (the first bucket at most 1 MiB), as
     DDP's argument of that name; overlap: start each bucket's allreduce from inside the backward
     as soon as it is final (C), instead of all after it."""
+    _check_bucket_cap(bucket_cap_mb)  # before MPI starts or anything compiles
     _mpi()
     return DistributedStep(local_train_step(loss, params, optimizer, backend=backend, **options), comm, timeout,
                            bucket_cap_mb, overlap)

@@ -59,3 +59,15 @@ def test_the_cost_model_hides_buckets_behind_the_backward_and_exposes_the_last()
     assert predicted_step_s(measured, 2, beta, alpha) == pytest.approx(1.0 + 0.1 + 0.1)
     assert predicted_step_s(measured, 2, beta, alpha, overlap=False) == pytest.approx(1.0 + 0.6 + 0.1)
     assert predicted_step_s(measured, 1, beta, alpha) == pytest.approx(1.1)
+
+
+@pytest.mark.parametrize("cap", [0, -1.0, float("nan"), float("inf"), "25", True])
+def test_a_bucket_cap_that_is_not_a_positive_number_of_mib_is_refused_before_mpi_starts(cap):
+    import sys
+    import symgrad as sg
+    x = sg.input("x", (4, 3))
+    w = sg.param("w_cap", (3, 2), init=np.ones((3, 2), np.float32))
+    started = "mpi4py.MPI" in sys.modules
+    with pytest.raises(ValueError, match="bucket_cap_mb must be a positive number of MiB"):
+        sg.distributed.train_step(sg.sum(x @ w), [w], sg.optim.SGD(lr=0.1), bucket_cap_mb=cap)
+    assert ("mpi4py.MPI" in sys.modules) == started

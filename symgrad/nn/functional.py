@@ -93,7 +93,7 @@ def batch_norm(x: Value, running_mean: Value | None, running_var: Value | None, 
 
     if training:
         count = S.numel([x.shape[a] for a in axes])
-        if isinstance(count, int) and count < 2:
+        if isinstance(count, int) and count < 2 and not sync:  # synced: one row per process may do
             raise ValueError(f"batch_norm: training needs more than one value per channel, got input "
                              f"{S.format_shape(x.shape)}")
         if sync:  # sums over every process's rows: counts may differ between processes
