@@ -41,9 +41,10 @@ from .backends.plan import gradients_final_after
 from .buckets import DEFAULT_CAP_MB, MiB, Gradient, describe, plan_buckets
 from .ir import dtypes as D
 from .ir.ops import check_labels, label_checks
+from .ir.ops_collective import all_reduce  # noqa: F401  (sg.distributed.all_reduce: a value summed over the ranks)
 from .ir import shapes as S
 
-__all__ = ["train_step", "DistributedStep", "DistributedError"]
+__all__ = ["train_step", "DistributedStep", "DistributedError", "all_reduce"]
 
 #: Added to each rank's generator seeds, times the rank: keys that never collide across ranks.
 RANK_SEED_STRIDE = 1 << 32

@@ -13,7 +13,7 @@ import pytest
 
 import symgrad as sg
 from symgrad import nn
-from symgrad.ir.ops_collective import all_reduce
+from symgrad.distributed import all_reduce  # the public name (symgrad.ir.ops_collective's op)
 from tests.conftest import BACKENDS
 
 HOST = [b for b in BACKENDS if b != "cuda"]
