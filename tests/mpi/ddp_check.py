@@ -134,6 +134,22 @@ def syncbn(backend):
             "steps": STEPS, "local_differs": local_differs}
 
 
+def stuck_inside(backend):
+    """Rank 1 gets stuck inside the program, at its first SyncBatchNorm all_reduce; rank 0, waiting
+    there inside the compiled step, raises DistributedError through the C code within the timeout.
+    (A rank that exits outright makes mpiexec end the others at once: test_a_rank_that_dies...)"""
+    import time
+    step = _step(_bn_model(sync=True), backend, timeout=5.0)
+    if RANK == 1:
+        step._accumulate.program.on_collective(lambda values: time.sleep(20))
+    try:
+        step(**dict(zip("xy", _shard(*DATA[0]))))
+    except sg.distributed.DistributedError as exc:
+        print("RESULT " + json.dumps({"message": str(exc)}), flush=True)
+        os._exit(0)  # MPI_Finalize would wait for the dead rank
+    raise AssertionError("the step went on without rank 1")
+
+
 def dropout(backend):
     step = _step(_model(dropout=True), backend)
     seeds = COMM.allgather(int(step.state["rng.seed"]))
