@@ -14,7 +14,7 @@ import sympy
 
 from ..ir import dtypes as D
 from ..ir import shapes as S
-from ..ir.elementwise import ARGS
+from ..ir.elementwise import ARGS, expr_cost
 from ..ir.graph import Graph, ancestors
 from ..ir.registry import ATTENTION, CUSTOM, ELEMENTWISE, MATMUL, MOVEMENT, REDUCE, SOURCE
 from ..ir.value import Value
@@ -61,7 +61,7 @@ def group_cost(node: Value, fused) -> int:
         if id(n) in seen:
             continue
         seen.add(id(n))
-        cost += _expr_cost(n.op.expr)
+        cost += expr_cost(n.op.expr)
         stack.extend(i for i in n.inputs if id(i) in fused)
     return cost
 
@@ -101,7 +101,7 @@ def choose_recompute(graph: Graph, uses: dict, fused: set, fuse_reduce: bool, na
         readers = sorted({u.op.name for u in forward_users if not accepts(u, n, fuse_reduce)})
         if readers:
             why = f"stored anyway: the forward's {', '.join(readers)} reads it from memory"
-        elif n.op.kind == ELEMENTWISE and _expr_cost(n.op.expr) > RECOMPUTE_MAX_COST:
+        elif n.op.kind == ELEMENTWISE and expr_cost(n.op.expr) > RECOMPUTE_MAX_COST:
             why = f"{n.op.name} is costly to recompute (cost {group_cost(n, fused)})"
         elif n.op.kind in (MATMUL, REDUCE, ATTENTION):
             why = f"a {n.op.kind} result: recomputing it would repeat the whole {n.op.kind}"
@@ -214,27 +214,7 @@ def rowwise(node: Value) -> bool:
 # Per-element cost above which a value read by several kernels is stored rather than recomputed;
 # a transcendental function (exp, log, tanh, ...) alone costs more.
 RECOMPUTE_MAX_COST = 3
-FUNCTION_COST = 8
 NONDETERMINISTIC = frozenset({"random_bits"})
-
-
-def _expr_cost(expr) -> int:
-    """Operations per element of an elementwise expression; transcendental functions weigh FUNCTION_COST."""
-    if expr is None:
-        return FUNCTION_COST
-    cost = 0
-    for sub in sympy.preorder_traversal(sympy.sympify(expr)):
-        if isinstance(sub, sympy.Function) and not isinstance(sub, (sympy.Piecewise, sympy.Max, sympy.Min,
-                                                                     sympy.Abs, sympy.sign, sympy.Heaviside)):
-            cost += FUNCTION_COST
-        elif isinstance(sub, sympy.Pow) and not (sub.exp.is_Integer and abs(int(sub.exp)) <= 2):
-            cost += FUNCTION_COST
-        elif isinstance(sub, (sympy.Add, sympy.Mul)):
-            cost += len(sub.args) - 1
-        elif isinstance(sub, (sympy.Pow, sympy.Piecewise, sympy.Max, sympy.Min, sympy.Abs,
-                              sympy.core.relational.Relational)):
-            cost += 1
-    return cost
 
 
 DEFAULT_DIM = 64  # the value a Dim takes where a size must be a number before any call

@@ -448,3 +448,26 @@ def derived_op(label: str, expr: sympy.Expr, arity: int) -> OpDef:
     expression): a memo of a pure function, so that equal derivatives are one op for CSE."""
     return _elementwise_op(label, expr, arity, dtype_rule="float", doc=f"{label}: {expr}",
                            extra={"derived": True})
+
+
+FUNCTION_COST = 8  # operations an exp, tanh or erf counts as
+
+
+def expr_cost(expr) -> int:
+    """Operations per element of an elementwise expression (None: an opaque one); transcendental
+    functions weigh FUNCTION_COST. What fusion and rematerialization weigh recomputing against storing."""
+    if expr is None:
+        return FUNCTION_COST
+    cost = 0
+    for sub in sympy.preorder_traversal(sympy.sympify(expr)):
+        if isinstance(sub, sympy.Function) and not isinstance(sub, (sympy.Piecewise, sympy.Max, sympy.Min,
+                                                                     sympy.Abs, sympy.sign, sympy.Heaviside)):
+            cost += FUNCTION_COST
+        elif isinstance(sub, sympy.Pow) and not (sub.exp.is_Integer and abs(int(sub.exp)) <= 2):
+            cost += FUNCTION_COST
+        elif isinstance(sub, (sympy.Add, sympy.Mul)):
+            cost += len(sub.args) - 1
+        elif isinstance(sub, (sympy.Pow, sympy.Piecewise, sympy.Max, sympy.Min, sympy.Abs,
+                              sympy.core.relational.Relational)):
+            cost += 1
+    return cost

@@ -15,6 +15,7 @@ from .cse import cse
 from .dce import dce
 from .fold import fold
 from .masks import masks
+from .remat import remat
 from .simplify import simplify
 from .verify import verify as verify_graph
 
@@ -25,7 +26,8 @@ Pass = Callable[..., Graph]
 # (1.0 * 1/B, broadcast seeds) into consts the identities can see; simplify
 # rewrites; masks makes relu's backward read the kept activation (so the
 # pre-activation can die early); cse then merges what the rewrites made equal (forward and
-# backward alike); a last dce drops what merging and rewriting left unused.
+# backward alike); a last dce drops what merging and rewriting left unused; remat, after
+# CSE (which would merge them back), gives the backward its own copies of cheap forward values.
 DEFAULT_PIPELINE: tuple[tuple[str, Pass], ...] = (
     ("dce", dce),
     ("fold", fold),
@@ -33,6 +35,7 @@ DEFAULT_PIPELINE: tuple[tuple[str, Pass], ...] = (
     ("masks", masks),
     ("cse", cse),
     ("dce", dce),
+    ("remat", remat),
 )
 
 

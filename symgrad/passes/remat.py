@@ -1,0 +1,93 @@
+"""Recompute for the backward: a cheap forward value the backward reads is computed again there.
+
+A training step's memory peaks where its backward starts: every forward value the backward
+reads is still held. An elementwise value whose inputs the backward holds anyway need not be
+held too. GELU's output is the example: the next matmul reads it in the forward, and the
+backward reads it for that matmul's weight gradient, while GELU's derivative reads its input,
+which is held in any case. Here the backward's readers get a copy of the node over the same
+inputs; the forward's value dies with the forward, and the kernel order (symgrad.backends.
+schedule) runs the copy when its readers need it. torch's activation checkpointing does this by
+hand, per module; here it is decided once, from the graph.
+
+Only values worth it: big ones (at least MIN_ELEMENTS, or sized by a Dim), of a cost per element
+of at most MAX_COST (recomputing one elementwise op costs less than storing and reading it back),
+never a random draw. The pass runs last: CSE would merge the copy back.
+"""
+
+from __future__ import annotations
+
+from ..ir import shapes as S
+from ..ir.elementwise import FUNCTION_COST, expr_cost
+from ..ir.graph import Graph, ancestors
+from ..ir.registry import ELEMENTWISE, MOVEMENT, SOURCE
+from ..ir.value import Value
+from .rewrite import is_nondeterministic, rebuild, with_inputs
+
+MIN_ELEMENTS = 1 << 16  # smaller values: a kernel more costs more than their bytes save
+MAX_COST = 6 * FUNCTION_COST  # operations per element (ir.elementwise.expr_cost): a few functions; GELU (tanh) counts 39
+
+
+def _big(node: Value) -> bool:
+    numel = S.numel(node.shape)
+    return not isinstance(numel, int) or numel >= MIN_ELEMENTS
+
+
+def _views_and_readers(graph: Graph, node: Value) -> tuple[list, list]:
+    """The views of `node` (reshapes, transposes, ... of it, transitively) and the nodes that read
+    it or one of its views as anything but a view: its value's real readers."""
+    views, readers, stack = [], [], [node]
+    while stack:
+        for u in graph.users[id(stack.pop())]:
+            if u.op.kind == MOVEMENT and len(u.inputs) == 1:
+                views.append(u)
+                stack.append(u)
+            else:
+                readers.append(u)
+    return views, readers
+
+
+def recomputable(graph: Graph) -> set:
+    """ids of the forward values the backward gets its own copy of (see the module docstring), and
+    of their views: a backward reader of a view reads the same view of the copy."""
+    forward = ancestors(graph.outputs)
+    users = graph.users
+
+    def held_for_backward(v: Value) -> bool:
+        return v.op.kind == SOURCE or any(id(u) not in forward for u in users[id(v)])
+
+    chosen = set()
+    for n in graph.nodes:
+        if (id(n) not in forward or n.op.kind != ELEMENTWISE or n.op.expr is None or is_nondeterministic(n)
+                or not _big(n) or expr_cost(n.op.expr) > MAX_COST):
+            continue
+        views, readers = _views_and_readers(graph, n)
+        if (any(id(u) in forward for u in readers) and any(id(u) not in forward for u in readers)
+                and all(held_for_backward(i) for i in n.inputs)):
+            chosen.add(id(n))
+            chosen.update(id(v) for v in views if id(v) in forward)
+    return chosen
+
+
+def remat(graph: Graph, counts: dict | None = None) -> Graph:
+    """The graph with each recomputable forward value (and its views) copied for its backward readers."""
+    chosen = recomputable(graph)
+    if not chosen:
+        return graph
+    forward = ancestors(graph.outputs)
+    copies: dict[int, Value] = {}
+
+    def copy(v: Value) -> Value:
+        if id(v) not in copies:
+            inputs = tuple(copy(i) if id(i) in chosen else i for i in v.inputs)  # a view: over the copy
+            copies[id(v)] = Value(v.op, inputs, v.attrs, v.shape, v.dtype)
+        return copies[id(v)]
+
+    def rewrite(node: Value) -> Value:
+        if id(node) in forward:  # forward nodes are never rebuilt: their inputs are forward nodes
+            return node
+        return with_inputs(node, tuple(copy(i) if id(i) in chosen else i for i in node.inputs))
+
+    result = rebuild(graph, rewrite)
+    if counts is not None and copies:
+        counts["recomputed"] = sum(1 for v in copies.values() if v.op.kind != MOVEMENT)
+    return result
