@@ -113,7 +113,25 @@ def choose_recompute(graph: Graph, uses: dict, fused: set, fuse_reduce: bool, na
                     "would do")
         choices.append(dict(value=name(n), op=n.op.name, decision="keep",
                             bytes=_nbytes(n.shape, n.dtype), reason=why))
+    choices += _backward_copies(graph, forward, name)
     return fused, choices
+
+
+def _backward_copies(graph: Graph, forward: set, name) -> list:
+    """The report's records of the backward's own copies of forward values (symgrad.passes.remat):
+    an elementwise node outside the forward computing what a forward node computes."""
+    originals = {(n.op.name, tuple(id(i) for i in n.inputs), repr(n.attrs)): n for n in graph.nodes
+                 if id(n) in forward and n.op.kind == ELEMENTWISE}
+    records = []
+    for n in graph.nodes:
+        if id(n) in forward or n.op.kind != ELEMENTWISE:
+            continue
+        original = originals.get((n.op.name, tuple(id(i) for i in n.inputs), repr(n.attrs)))
+        if original is not None:
+            records.append(dict(value=name(n), op=n.op.name, decision="recompute", bytes=_nbytes(n.shape, n.dtype),
+                                reason=f"computed again for the backward from values it holds anyway; the "
+                                       f"forward's {name(original)} dies with the forward (passes/remat)"))
+    return records
 
 
 def materializes(node: Value, fused, epilogued) -> bool:

@@ -92,3 +92,11 @@ def test_the_numbers_are_the_same(mlp, backend):
     assert runs[0][0] == runs[1][0]
     for name in runs[0][1]:
         np.testing.assert_array_equal(runs[0][1][name], runs[1][1][name])
+
+
+def test_the_report_names_each_copy_for_the_backward(mlp):
+    pytest.importorskip("symgrad.backends.c")
+    from symgrad.backends.c import CProgram
+    program = CProgram(mlp[0])
+    lines = [line for line in program.report().splitlines() if "computed again for the backward" in line]
+    assert len(lines) == 2 and all("gelu_tanh" in line and "dies with the forward" in line for line in lines), lines
