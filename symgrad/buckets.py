@@ -17,6 +17,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from .backends.report import format_bytes
+
 #: DDP's defaults: buckets of 25 MiB, the first of 1 MiB.
 DEFAULT_CAP_MB = 25.0
 FIRST_CAP_MB = 1.0
@@ -97,19 +99,13 @@ def describe(buckets: list[Bucket], kernels: int | None, ranks: int) -> list[str
     """The report's lines: each bucket's gradients, bytes, and where its allreduce starts, and the
     bytes each rank sends and receives per step in a ring allreduce (2 (N - 1) / N of the total)."""
     total = sum(b.nbytes for b in buckets)
-    lines = [f"{len(buckets)} gradient bucket(s), {_size(total)} in all; a ring allreduce moves "
-             f"2(N-1)/N of that per rank and step: {_size(2 * (ranks - 1) / ranks * total)} at N = {ranks}"]
+    lines = [f"{len(buckets)} gradient bucket(s), {format_bytes(total)} in all; a ring allreduce moves "
+             f"2(N-1)/N of that per rank and step: {format_bytes(2 * (ranks - 1) / ranks * total)} at N = {ranks}"]
     for b in buckets:
         where = (f"after kernel {b.kernel} ({b.starts_after + 1} of {kernels}), during the backward"
                  if b.starts_after is not None else "after the call returns")
         names = ", ".join(g.param for g in b.gradients)
-        lines.append(f"  bucket {b.index}: {len(b.gradients)} gradient(s), {_size(b.nbytes)} {b.dtype.name} "
+        lines.append(f"  bucket {b.index}: {len(b.gradients)} gradient(s), {format_bytes(b.nbytes)} {b.dtype.name} "
                      f"[{names}]; allreduce starts {where}")
     return lines
 
-
-def _size(nbytes: float) -> str:
-    for unit, scale in (("MiB", MiB), ("KiB", 1 << 10)):
-        if nbytes >= scale:
-            return f"{nbytes / scale:.1f} {unit}"
-    return f"{nbytes:.0f} B"

@@ -292,9 +292,7 @@ def gradients_final_after(plan: Plan) -> dict[int, list[int]]:
     caller may start sending it to other processes (symgrad.distributed's buckets) while the rest
     of the backward runs. Buffers are given by their variable slot, ascending per kernel."""
     updated = {t.name for t, _ in plan.graph.updates}
-    wanted = {b.index for b in plan.variables
-              if b.index < len(plan.variable_nodes) and plan.variable_nodes[b.index].attrs.get("role") == "grad"
-              and plan.variable_nodes[b.index].name in updated}
+    wanted = {slot for slot, v in enumerate(plan.variable_nodes) if v.attrs.get("role") == "grad" and v.name in updated}
     last: dict[int, int] = {}
     for position, kernel in enumerate(plan.kernels):
         for buffer in (*kernel_reads(kernel), *kernel_writes(kernel)):

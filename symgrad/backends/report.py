@@ -63,7 +63,7 @@ def _purpose_lines(plan, mp) -> list[str]:
     for k in plan.kernels:
         if isinstance(k, GatherKernel) and k.purpose:
             nbytes = int(S.evaluate(k.out.numel, mp.bindings)) * D.to_numpy(k.out.dtype).itemsize
-            lines.append(f"  {k.name}: {k.purpose} -> {k.out.name}, {_mib(nbytes)}")
+            lines.append(f"  {k.name}: {k.purpose} -> {k.out.name}, {format_bytes(nbytes)}")
     return ["", "== gathers by purpose =="] + lines if lines else []
 
 
@@ -119,13 +119,14 @@ def step_memory_lines(graph, plan, mp) -> list[str]:
     """The step-memory part of the report: the total, then each part of it."""
     parts = step_memory(graph, plan, mp)
     total = sum(parts.values())
-    shown = ", ".join(f"{name} {_mib(n)}" for name, n in parts.items() if n)
-    return [f"  step memory {_mib(total)} at its peak: {shown}"]
+    shown = ", ".join(f"{name} {format_bytes(n)}" for name, n in parts.items() if n)
+    return [f"  step memory {format_bytes(total)} at its peak: {shown}"]
 
 
-def _mib(nbytes: int) -> str:
+def format_bytes(nbytes: float) -> str:
+    """Bytes as the reports print them: B below 1 KiB, KiB below 1 MiB, else MiB."""
     if nbytes < 1024:
-        return f"{nbytes} B"
+        return f"{nbytes:.0f} B"
     return f"{nbytes / 2**20:.2f} MiB" if nbytes >= 2**20 else f"{nbytes / 1024:.1f} KiB"
 
 

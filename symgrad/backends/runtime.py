@@ -180,7 +180,8 @@ def _context(targets: tuple) -> dict:
     vectors = [dict(GEMM[d], ctype=D.C_TYPES[d], SUFFIX=GEMM[d]["suffix"].upper(),
                     widths=[dict(b, lanes=b["value"] // D.to_numpy(d).itemsize)
                             for b in target_branches(targets, lambda t: t.vector_bytes)]) for d in GEMM]
-    return dict(version=__version__, header=HEADER, ok=OK, out_of_memory=OUT_OF_MEMORY, collective_failed=COLLECTIVE_FAILED, gemms=gemms,
+    return dict(version=__version__, header=HEADER, ok=OK, out_of_memory=OUT_OF_MEMORY,
+                collective_failed=COLLECTIVE_FAILED, gemms=gemms,
                 vectors=vectors, narrow=[v for d in GEMM for v in _narrow_variants(d, targets)])
 
 

@@ -46,10 +46,11 @@ def _views_and_readers(graph: Graph, node: Value) -> tuple[list, list]:
     return views, readers
 
 
-def recomputable(graph: Graph) -> set:
+def recomputable(graph: Graph, forward: set | None = None) -> set:
     """ids of the forward values the backward gets its own copy of (see the module docstring), and
-    of their views: a backward reader of a view reads the same view of the copy."""
-    forward = ancestors(graph.outputs)
+    of their views: a backward reader of a view reads the same view of the copy. `forward`: the
+    ids of the nodes the outputs depend on, when the caller has them."""
+    forward = ancestors(graph.outputs) if forward is None else forward
     users = graph.users
 
     def held_for_backward(v: Value) -> bool:
@@ -70,10 +71,10 @@ def recomputable(graph: Graph) -> set:
 
 def remat(graph: Graph, counts: dict | None = None) -> Graph:
     """The graph with each recomputable forward value (and its views) copied for its backward readers."""
-    chosen = recomputable(graph)
+    forward = ancestors(graph.outputs)
+    chosen = recomputable(graph, forward)
     if not chosen:
         return graph
-    forward = ancestors(graph.outputs)
     copies: dict[int, Value] = {}
 
     def copy(v: Value) -> Value:
