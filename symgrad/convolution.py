@@ -6,7 +6,10 @@ channels last, so the patches of the whole batch are the rows of one matrix
 (N*H_out*W_out, KH*KW*C), multiplied once by the weight as (KH*KW*C, O); with
 groups, each image's patches (C, KH*KW, H_out*W_out) meet the weight in a
 batched product, groups as a batch axis. The gather's gradient is one
-scatter_add (col2im), so backward is as short as forward.
+scatter_add (col2im), so backward is as short as forward. The C backend
+stores no patch matrix its GEMM reads (the forward product's and the
+weight gradient's): the GEMM gathers each block from the image as it packs
+it (symgrad.backends.patches, implicit GEMM).
 Padding is a primitive too: zeros are `embed` (the input written into a
 larger zero array), reflect and replicate are `take` with a fixed index map.
 """

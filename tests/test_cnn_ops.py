@@ -157,10 +157,11 @@ def test_modules_have_torchs_parameters_and_refuse_bad_arguments():
 
 
 def test_the_report_shows_each_convolutions_im2col_and_its_bytes():
-    """step.report() names the lowering issue 17 asks it to show: the im2col gather of each
-    convolution (channels last and one GEMM without groups, per image and group with them, and
-    per image for a few output channels over short patches), its col2im in the backward, and the
-    bytes of the patch matrix the memory plan holds."""
+    """step.report() names the lowering issue 17 asks it to show: the im2col of each convolution
+    (channels last and one GEMM without groups, per image and group with them, and per image for
+    a few output channels over short patches), its col2im in the backward, and the bytes of each
+    patch matrix: stored by a take, or gathered by the GEMMs as they pack it (implicit GEMM: the
+    forward product and the weight's gradient, which reads it transposed)."""
     x = sg.input("x", (4, 6, 10, 9))
     w, wg = sg.param("w", (24, 6, 3, 3), init="normal"), sg.param("wg", (8, 3, 3, 3), init="normal")
     narrow = sg.param("narrow", (8, 6, 3, 3), init="normal")  # 8 outputs over patches of 54: per image
@@ -171,7 +172,10 @@ def test_the_report_shows_each_convolutions_im2col_and_its_bytes():
     plain = [line for line in lines if "channels last: 360 x 54 patch rows, one GEMM" in line]
     grouped = [line for line in lines if "groups=2: 27 x 16 patches per image and group" in line]
     per_image = [line for line in lines if "groups=1: 54 x 90 patches per image and group" in line]
-    assert len(plain) == 2 and len(grouped) == 2 and len(per_image) == 2, lines   # each im2col and its col2im
+    assert len(plain) == 3 and len(grouped) == 2 and len(per_image) == 2, lines   # each im2col and its col2im
     assert sum("col2im, the gradient of conv2d 3x3 im2col" in line for line in lines) == 3
     patch_bytes = 360 * 54 * 4   # (N*Ho*Wo, KH*KW*C) float32: 4 images of 10x9 positions
-    assert any(line.endswith(f"{patch_bytes / 1024:.1f} KiB") for line in plain if "col2im" not in line), plain
+    implicit = [line for line in plain if "(implicit GEMM)" in line]
+    assert len(implicit) == 2 and sum("gathered transposed from" in line for line in implicit) == 1, plain
+    assert all(line.endswith(f"{patch_bytes / 1024:.1f} KiB never stored") for line in implicit), implicit
+    assert not any("take" in line for line in plain), plain   # no take stores those patches

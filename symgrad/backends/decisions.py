@@ -11,6 +11,7 @@ symgrad.backends.lowering builds the kernels from it.
     fused into their reader: t10 t11
     recomputed by each reader: t4 t6
     epilogues: t13 <- sum t12
+    patches read in place: none
     row groups:
       rows (B,) x 10: max t5, exp t7, sum t8, log t9 | partial sums t12 | reads t3 b
     kernels, in order:
@@ -31,6 +32,7 @@ from ..ir.printing import Namer
 from ..ir.value import Value
 from .fusion import (choose_epilogues, choose_matmul_epilogues, choose_recompute, fused_chains, materializes,
                      use_counts)
+from .patches import patch_takes
 from .rows import RowGroup, choose_row_groups
 from .schedule import graph_order, schedule as schedule_kernels
 
@@ -61,6 +63,7 @@ class Decisions:
     epilogue_of: MappingProxyType  # id(elementwise root) -> the reduction or matmul whose kernel computes it
     row_groups: tuple       # RowGroup: each one row kernel
     order: tuple            # every node, in the order the lowering visits them (kernels run in this order)
+    patches: frozenset = frozenset()  # ids of the takes whose patch matrix matmuls read in place (patches.py)
 
     @cached_property
     def epilogued(self) -> frozenset:
@@ -84,7 +87,7 @@ class Decisions:
     def _key(self) -> tuple:
         return (id(self.graph), tuple(map(id, self.variables)), self.options, self.fused, self.recomputed,
                 self.choices, tuple((root, id(r)) for root, r in self.epilogue_of.items()),
-                tuple(g.ids() for g in self.row_groups), tuple(map(id, self.order)))
+                tuple(g.ids() for g in self.row_groups), tuple(map(id, self.order)), self.patches)
 
     def __eq__(self, other) -> bool:
         return isinstance(other, Decisions) and self._key() == other._key()
@@ -123,6 +126,7 @@ class Decisions:
         epilogues = sorted(self.epilogue_of.items(), key=lambda item: position[item[0]])
         lines.append("epilogues: " + (", ".join(f"{name(by_id[root])} <- {r.op.name} {name(r)}"
                                                  for root, r in epilogues) or "none"))
+        lines.append(f"patches read in place: {names(self.patches)}")
         lines.append("row groups:" + ("" if self.row_groups else " none"))
         lines += [f"  {_group_line(g, name)}" for g in self.row_groups]
         lines.append("kernels, in order:")
@@ -141,14 +145,15 @@ def _group_line(g: RowGroup, name) -> str:
 
 
 def decide(graph: Graph, variables=None, fuse_reduce: bool = True, recompute: bool = True,
-           schedule: bool = True, matmul_epilogues: bool = False) -> Decisions:
+           schedule: bool = True, matmul_epilogues: bool = False, implicit_gemm: bool = False) -> Decisions:
     """The lowering's decisions for `graph` (the options are `lower`'s); reads the graph, changes nothing.
 
     In this order, each step seeing the ones before: elementwise chains fused into their one
     reader; cheap values read by several kernels recomputed in each (`recompute`); reductions'
     epilogues and row groups (`fuse_reduce`; a reduction in a row group keeps no epilogue of its
     own); matmul epilogues (`matmul_epilogues`); the kernel order (`schedule`: few bytes live,
-    else the graph's own order).
+    else the graph's own order); the convolution patches its matmuls gather as they pack them
+    (`implicit_gemm`: symgrad.backends.patches).
     """
     variables = tuple(graph.variables if variables is None else variables)
     name = graph_namer(graph, variables)
@@ -164,6 +169,7 @@ def decide(graph: Graph, variables=None, fuse_reduce: bool = True, recompute: bo
     epilogued = {id(r) for r in epilogue_of.values()}
     order = schedule_kernels(graph, fused, epilogued, groups) if schedule else graph_order(graph, groups)
     options = (("fuse_reduce", fuse_reduce), ("recompute", recompute), ("schedule", schedule),
-               ("matmul_epilogues", matmul_epilogues))
+               ("matmul_epilogues", matmul_epilogues), ("implicit_gemm", implicit_gemm))
     return Decisions(graph, variables, options, frozenset(fused), frozenset(fused) - frozenset(chains),
-                     tuple(choices), MappingProxyType(epilogue_of), tuple(groups), tuple(order))
+                     tuple(choices), MappingProxyType(epilogue_of), tuple(groups), tuple(order),
+                     patch_takes(graph) if implicit_gemm else frozenset())

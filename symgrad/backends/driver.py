@@ -66,7 +66,9 @@ def compile_stages(graph: Graph, language: Language, optimize: bool = True,
         optimized = passes.optimize(graph, report=pass_report) if optimize else graph
     with timed(timings, "lower"):
         # variables: the given graph's, so every variable keeps its slot after the passes.
-        plan = lowering.lower(optimized, variables=graph.variables, matmul_epilogues=matmul_epilogues(language))
+        runtime_gemm = matmul_epilogues(language)  # the runtime's GEMMs: fused epilogues, gathered patches
+        plan = lowering.lower(optimized, variables=graph.variables, matmul_epilogues=runtime_gemm,
+                              implicit_gemm=runtime_gemm)
         arena = ArenaSpec.of(plan)
     with timed(timings, "render"):
         source = render(plan, language, label_inputs(graph))

@@ -24,6 +24,7 @@ from typing import Any
 from ..ir import shapes as S
 from ..ir.elementwise import ARGS
 from ..ir.value import Value
+from .patches import patch_view
 from .plan import LoweringError, Operand, Statement
 from .views import Buffer, View, broadcast_view, buffer_view, is_contiguous, literal_view, slice_view
 
@@ -77,6 +78,8 @@ def lower_gather(lowerer, node: Value) -> View:
     source, indices = node.inputs
     axis = node.attrs["axis"]
     src, idx = contiguous_operand(lowerer, source), contiguous_operand(lowerer, indices)
+    if id(node) in lowerer.decisions.patches:  # no kernel: its matmuls gather the patches themselves
+        return patch_view(node, src, idx)
     k = indices.ndim
     if name == "take":
         P, rows, Q = S.numel(source.shape[:axis]), source.shape[axis], S.numel(source.shape[axis + 1:])

@@ -36,6 +36,7 @@ from .attention import lower_attention
 from .collective import lower_collective
 from .gather import lower_gather
 from .fusion import DEFAULT_DIM  # noqa: F401 -- re-exported for the backends
+from .patches import is_patches, moved
 from .inplace import aliases_output, apply_retargets, retarget_views, write_in_place
 from .plan import (PRODUCT, REDUCED, LoopKernel, LoweringError, MatmulKernel, Operand,  # noqa: F401
                    Plan, ReduceKernel, RowKernel, RowPass, RowReduction, RowStore, Statement, compute_dtype,
@@ -242,6 +243,8 @@ class _Lowerer:
     def movement(self, node: Value) -> View:
         src = self.views[id(node.inputs[0])]
         name = node.op.name
+        if is_patches(src):  # a convolution's patch matrix, read by its matmuls in place (patches.py)
+            return moved(src, node)
         if name == "transpose":
             return transpose_view(src, node.attrs["perm"])
         if name == "expand":
@@ -391,7 +394,7 @@ class _Lowerer:
         views = []
         for v in (a, b):
             view = self.views[id(v)]
-            if view.kind != "buffer":
+            if view.kind != "buffer" and not is_patches(view):
                 buf = self.alloc(v)
                 self.copy(v, view, buf, "materialize a matmul operand")
                 view = buffer_view(buf, v.shape)
@@ -422,7 +425,7 @@ def build_plan(decisions: Decisions) -> Plan:
 
 
 def lower(graph: Graph, variables=None, fuse_reduce: bool = True, recompute: bool = True,
-          schedule: bool = True, matmul_epilogues: bool = False) -> Plan:
+          schedule: bool = True, matmul_epilogues: bool = False, implicit_gemm: bool = False) -> Plan:
     """The kernel plan of `graph`: `build_plan(decide(graph, ...))`.
 
     variables: the variable nodes to give buffers, in order (default the graph's own); pass
@@ -434,6 +437,8 @@ def lower(graph: Graph, variables=None, fuse_reduce: bool = True, recompute: boo
     matmul_epilogues: compute an elementwise chain that reads a matmul's product (bias add,
         activation, relu's backward mask) inside the matmul kernel, as each element is stored; only
         for backends whose matmul renders MatmulKernel.epilogue (C; not CUDA yet).
+    implicit_gemm: a convolution's matmuls gather its patches as they pack them, instead of a
+        take storing them (symgrad.backends.patches); only for the runtime's GEMM (C).
     """
     for node in graph.nodes:
         stray = set()
@@ -453,4 +458,4 @@ def lower(graph: Graph, variables=None, fuse_reduce: bool = True, recompute: boo
     if missing:
         raise ValueError(f"lower: the graph reads variables {missing} that are not in `variables`")
     return build_plan(decide(graph, variables, fuse_reduce=fuse_reduce, recompute=recompute, schedule=schedule,
-                             matmul_epilogues=matmul_epilogues))
+                             matmul_epilogues=matmul_epilogues, implicit_gemm=implicit_gemm))

@@ -17,6 +17,7 @@ from typing import Any
 from ..ir import dtypes as D
 from ..ir.graph import Graph
 from ..ir.value import Value
+from .patches import is_patches
 from .views import Buffer, View
 
 class LoweringError(NotImplementedError):
@@ -242,7 +243,9 @@ def kernel_reads(kernel) -> list:
         if kernel.operands:
             return [o.view.buffer for o in kernel.operands if o.view.buffer is not None] + extra
         return ([kernel.input.buffer] if kernel.input.buffer is not None else []) + extra
-    return [kernel.a.buffer, kernel.b.buffer] + [o.view.buffer for o in kernel.epilogue if o.view.buffer is not None]
+    patches = [kernel.a.literal.indices] if is_patches(kernel.a) else []  # the patch matrix's index map
+    return [kernel.a.buffer, *patches, kernel.b.buffer] + [o.view.buffer for o in kernel.epilogue
+                                                          if o.view.buffer is not None]
 
 
 def kernel_writes(kernel) -> list:

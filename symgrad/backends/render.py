@@ -26,6 +26,7 @@ from . import runtime
 from .attention import AttentionKernel
 from .collective import DTYPES as COLLECTIVE_DTYPES, CollectiveKernel
 from .gather import GatherKernel
+from .patches import is_patches
 from .expressions import Exprs, comment, contiguous, convert, lowest
 from .languages import COLUMN_TILE, PARALLEL_MIN, Language
 from .lowering import PRODUCT, REDUCED, LoopKernel, MatmulKernel, Plan, ReduceKernel, RowKernel, View
@@ -312,7 +313,11 @@ class Renderer:
             raise NotImplementedError(f"no {self.lang.name} matmul with a fused epilogue ({k.name})")
         if k.batch and not runtime_gemm:
             raise NotImplementedError(f"no {self.lang.name} batched matmul yet ({k.name})")
-        params, args = self.params([a.buffer, b.buffer, *epilogue_buffers], k.out, context=runtime_gemm)
+        patches = a.literal if is_patches(a) else None  # a convolution's patches, gathered by the GEMM
+        if patches is not None and (not runtime_gemm or k.batch):
+            raise NotImplementedError(f"no {self.lang.name} matmul gathering its patches ({k.name})")
+        read = [a.buffer, *([patches.indices] if patches else []), b.buffer, *epilogue_buffers]
+        params, args = self.params(read, k.out, context=runtime_gemm)
         # A batched product: one GEMM per batch index n0, n1, ..., each operand's pointer moved by
         # its batch strides (0 where it is broadcast).
         batch = [dict(var=f"n{j}", size=self.ex.size(size)) for j, (size, *_) in enumerate(k.batch)]
@@ -324,14 +329,23 @@ class Renderer:
                           a=self.ex.pointer(a) if not batch else f"{a.buffer.name} + {a_at}",
                           b=self.ex.pointer(b) if not batch else f"{b.buffer.name} + {b_at}",
                           out=k.out.name if not batch else f"{k.out.name} + {out_at}",
-                          sam=self.ex.size(a.strides[0]), sak=self.ex.size(a.strides[1]),
-                          sbk=self.ex.size(b.strides[0]), sbn=self.ex.size(b.strides[1]), epilogue=None)
+                          sam=self.ex.size(a.strides[0]) if not patches else None,
+                          sak=self.ex.size(a.strides[1]) if not patches else None,
+                          sbk=self.ex.size(b.strides[0]), sbn=self.ex.size(b.strides[1]), epilogue=None,
+                          patches=None)
         if not runtime_gemm:
             return ctx
-        gemm, kind = runtime.gemm_function(k.out.dtype, k.N, a.strides[0], a.strides[1])
+        if patches is not None:
+            suffix = runtime.GEMM[k.out.dtype]["suffix"]
+            gemm, kind = f"sg_gemm_patches_{suffix}", "gemm"
+            ctx["patches"] = dict(type=f"sg_patches_{suffix}", idx=patches.indices.name,
+                                  L=patches.L, K2=patches.K2, Q=patches.Q, R=patches.R,
+                                  transposed=int(patches.transposed))
+        else:
+            gemm, kind = runtime.gemm_function(k.out.dtype, k.N, a.strides[0], a.strides[1])
         # The dot kernel needs only A's row stride (its columns are contiguous), the transposed one
         # only A's column stride (its rows are). The kernel leaves the GEMM's status in context->status.
-        a_strides = {"gemm": [ctx["sam"], ctx["sak"]], "dot": [ctx["sam"]], "tn": [ctx["sak"]]}[kind]
+        a_strides = [] if patches else {"gemm": [ctx["sam"], ctx["sak"]], "dot": [ctx["sam"]], "tn": [ctx["sak"]]}[kind]
         if k.epilogue_statements:
             # The GEMM calls it on each block of the product once the block holds its final sums: it
             # reads each element back (the local PRODUCT), computes the fused nodes, stores the root.

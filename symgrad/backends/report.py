@@ -19,6 +19,7 @@ from . import runtime
 from .attention import AttentionKernel
 from .gather import GatherKernel
 from .lowering import LoopKernel, MatmulKernel, ReduceKernel, RowKernel
+from .patches import is_patches
 
 # Compile stages in the order they run, with the words the report uses.
 STAGES = (("graph", "graph build + autodiff"), ("lookup", "program cache lookup"), ("passes", "graph passes"),
@@ -64,6 +65,11 @@ def _purpose_lines(plan, mp) -> list[str]:
         if isinstance(k, GatherKernel) and k.purpose:
             nbytes = int(S.evaluate(k.out.numel, mp.bindings)) * D.to_numpy(k.out.dtype).itemsize
             lines.append(f"  {k.name}: {k.purpose} -> {k.out.name}, {format_bytes(nbytes)}")
+        elif isinstance(k, MatmulKernel) and is_patches(k.a):
+            spec = k.a.literal
+            nbytes = int(S.evaluate(S.numel(k.a.shape), mp.bindings)) * D.to_numpy(k.a.dtype).itemsize
+            lines.append(f"  {k.name}: {spec.purpose}: gathered{' transposed' if spec.transposed else ''} from "
+                         f"{k.a.buffer.name} as the GEMM packs it (implicit GEMM), {format_bytes(nbytes)} never stored")
     return ["", "== gathers by purpose =="] + lines if lines else []
 
 
@@ -109,10 +115,15 @@ def step_memory(graph, plan, mp) -> dict:
     # A batched product's GEMMs may run one per thread at once (their batch indices shared out).
     team = runtime.team_size()
     packing = [runtime.packing_bytes(k.out.dtype, *(S.evaluate(size, mp.bindings) for size in (k.M, k.N, k.K)),
-                                     kind=runtime.gemm_function(k.out.dtype, k.N, *k.a.strides[:2])[1])
+                                     kind=_gemm_kind(k))
                * (team if k.batch else 1) for k in plan.kernels if isinstance(k, MatmulKernel)]
     parts["GEMM packing"] = max(packing, default=0)
     return parts
+
+
+def _gemm_kind(k: MatmulKernel) -> str:
+    """Which of the runtime's GEMMs computes `k` (runtime.gemm_function; patches: the blocked one)."""
+    return "gemm" if is_patches(k.a) else runtime.gemm_function(k.out.dtype, k.N, *k.a.strides[:2])[1]
 
 
 def step_memory_lines(graph, plan, mp) -> list[str]:

@@ -90,7 +90,7 @@ def test_narrow_matmuls_after_a_team_gemm_run_on_the_team():
     assert entry.rindex("k1_") < entry.index("sg_team_end_call(context);")
     assert "context->team_warm = omp_get_wtime() - context->last_call_end < SG_TEAM_AWAKE_S;" in lib
     assert "context->last_call_end = omp_get_wtime();" in lib
-    gemm = lib[lib.index("int sg_gemm_f32("):].split("\n}\n")[0]
+    gemm = lib[lib.index("static int sg_gemm_any_f32("):].split("\n}\n")[0]
     assert "if (parallel) {" in gemm and "context->team_warm = 1;" in gemm
     for kind in ("dot5", "tn10"):
         body = lib[lib.index(f"int sg_gemm_{kind}_f32("):].split("\n}\n")[0]

@@ -1,0 +1,112 @@
+"""Implicit GEMM (symgrad.backends.patches): a convolution's patch matrix gathered by the GEMM as it
+packs it, never stored. Which takes are read that way, the numbers against the NumPy reference on
+every path the packing takes, and the bytes the memory plan no longer holds."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import symgrad as sg
+from symgrad import passes
+from symgrad.backends.decisions import decide
+from symgrad.backends.lowering import lower
+from symgrad.backends.memory import memory_plan
+
+pytest.importorskip("symgrad.backends.c")
+
+# (N, C, H, W, O, kernel, stride, padding, dilation): what each exercises in sg_pack_patches.
+CONVS = [
+    (2, 8, 9, 7, 32, 3, 1, 1, 1),    # channels a whole number of the AVX-512 tile's rows (8): one-run slivers
+    (3, 5, 11, 10, 20, 3, 2, 1, 1),  # 5 channels: slivers across taps, stride 2, 45-element patch rows
+    (2, 4, 12, 12, 24, 3, 1, 2, 2),  # dilation 2
+    (1, 16, 6, 6, 17, 1, 1, 0, 1),   # a 1x1 convolution, 17 outputs (a ragged column sliver)
+    (1, 8, 4, 4, 64, 3, 1, 1, 1),    # 16 patch rows, 72 patch columns: the GEMM splits columns, A packed whole
+    (2, 40, 12, 12, 48, 3, 1, 1, 1), # patch rows of 360 floats: K in two chunks, one boundary inside a tap
+]
+
+
+def _convs(dtype: str, seed: int = 0):
+    """Every CONVS entry on an input of its own, as one loss (each convolution's output squared
+    and weighted, so each gradient differs), with the inputs, weights and their values."""
+    rng = np.random.default_rng(seed)
+    loss, xs, ws, feed, values = None, [], [], {}, {}
+    for k, (N, C, H, W, O, kk, s, p, d) in enumerate(CONVS):
+        x = sg.input(f"x{k}", (N, C, H, W), dtype=dtype)
+        w = sg.input(f"w{k}", (O, C, kk, kk), dtype=dtype)
+        y = sg.conv2d(x, w, stride=s, padding=p, dilation=d)
+        term = sg.sum(y * y * sg.constant(rng.standard_normal(y.shape[1:]).astype(dtype)))
+        loss = term if loss is None else loss + term
+        xs.append(x)
+        ws.append(w)
+        feed[f"x{k}"] = rng.standard_normal((N, C, H, W)).astype(dtype)
+        feed[f"w{k}"] = (rng.standard_normal((O, C, kk, kk)) * 0.2).astype(dtype)
+    return loss, xs, ws, feed
+
+
+@pytest.fixture(scope="module", params=["float64", "float32"])
+def compiled(request):
+    """(dtype, C function, NumPy function, inputs) of the loss and its gradients in every input."""
+    loss, xs, ws, feed = _convs(request.param)
+    inputs = [v for pair in zip(xs, ws) for v in pair]
+    outputs = [loss, *sg.grad(loss, inputs)]
+    return (request.param, sg.function(inputs, outputs, backend="c"),
+            sg.function(inputs, outputs, backend="numpy"), [feed[v.name] for v in inputs])
+
+
+def test_every_convolution_gathers_its_patches_in_the_gemm(compiled):
+    """Each convolution's forward product and its weight's gradient call the patch GEMM, and no
+    take stores the patch matrix."""
+    _, fn, _, _ = compiled
+    calls = fn.source.count("context->status = sg_gemm_patches_")
+    assert calls == 2 * len(CONVS), calls
+    kernels = [line for line in fn.source.splitlines() if line.startswith("static void k")]
+    assert kernels and not any("_take_" in line for line in kernels), kernels
+
+
+def test_the_numbers_are_the_numpy_references(compiled):
+    """Loss and the gradients of every input and weight agree with the NumPy reference (float64
+    to 1e-12, float32 to 2e-5 of each array's largest element): every path of the packing, plain
+    and transposed, one-run and ragged slivers, K chunks that cut a tap, the column-split GEMM."""
+    dtype, fn, reference, feed = compiled
+    got, want = fn(*feed), reference(*feed)
+    tol = 1e-12 if dtype == "float64" else 2e-5
+    for k, (g, r) in enumerate(zip(got, want)):
+        g, r = np.asarray(g, np.float64), np.asarray(r, np.float64)
+        assert np.abs(g - r).max() <= tol * max(np.abs(r).max(), 1.0), k
+
+
+def _patch_takes(graph):
+    return [n for n in graph.nodes if n.op.name == "take" and id(n) in decide(graph, implicit_gemm=True).patches]
+
+
+def test_which_takes_are_read_in_place():
+    """A wide convolution's patches are read in place; not with the option off, not for a few output
+    channels (the narrow kernels read A through strides), and not when anything else reads them."""
+    x = sg.input("x", (2, 6, 8, 8))
+    wide, narrow = sg.input("w", (32, 6, 3, 3)), sg.input("n", (8, 6, 3, 3))
+    loss = sg.sum(sg.conv2d(x, wide, padding=1) ** 2)
+    graph = passes.optimize(sg.Graph([x, wide], [loss, *sg.grad(loss, [x, wide])]))
+    assert len(_patch_takes(graph)) == 1
+    assert not decide(graph).patches
+    loss = sg.sum(sg.conv2d(x, narrow, padding=1) ** 2)
+    assert not _patch_takes(passes.optimize(sg.Graph([x, narrow], [loss, *sg.grad(loss, [narrow])])))
+    pixels = sg.reshape(sg.transpose(x, (0, 2, 3, 1)), (2, 64, 6))
+    taps = sg.take(pixels, sg.constant(np.arange(18).reshape(9, 2)), axis=1)       # (2, 9, 2, 6)
+    product = sg.reshape(taps, (18, 12)) @ sg.input("m", (12, 32))
+    also_summed = sg.Graph([x], [sg.sum(product), sg.sum(taps)])
+    assert not _patch_takes(passes.optimize(also_summed))
+    assert len(_patch_takes(passes.optimize(sg.Graph([x], [sg.sum(product)])))) == 1
+
+
+def test_the_memory_plan_no_longer_holds_the_patches():
+    """A convolution's arena holds its patch matrix when a take stores it, and is smaller than that
+    matrix when the GEMMs gather it (32 images of 16x16 with 32 channels: a 9 MiB matrix of a
+    1 MiB image)."""
+    x, w = sg.input("x", (32, 32, 16, 16)), sg.input("w", (32, 32, 3, 3))
+    loss = sg.sum(sg.relu(sg.conv2d(x, w, padding=1)))
+    graph = passes.optimize(sg.Graph([x, w], [loss, *sg.grad(loss, [w])]))
+    stored, gathered = (memory_plan(lower(graph, matmul_epilogues=True, implicit_gemm=flag)).arena_bytes
+                        for flag in (False, True))
+    patch_bytes = 32 * 16 * 16 * 9 * 32 * 4
+    assert gathered < patch_bytes <= stored, (stored, gathered)
