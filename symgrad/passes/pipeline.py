@@ -11,6 +11,7 @@ import time
 from typing import Callable, Sequence
 
 from ..ir.graph import Graph
+from .col2im import col2im
 from .cse import cse
 from .dce import dce
 from .fold import fold
@@ -25,7 +26,8 @@ Pass = Callable[..., Graph]
 # stop_gradient) that would hide patterns; folding turns constant scaffolding
 # (1.0 * 1/B, broadcast seeds) into consts the identities can see; simplify
 # rewrites; masks makes relu's backward read the kept activation (so the
-# pre-activation can die early); cse then merges what the rewrites made equal (forward and
+# pre-activation can die early); col2im turns a convolution's input gradient from a scatter
+# of the patch gradient into a product gathering the output gradient; cse then merges what the rewrites made equal (forward and
 # backward alike); a last dce drops what merging and rewriting left unused; remat, after
 # CSE (which would merge them back), gives the backward its own copies of cheap forward values.
 DEFAULT_PIPELINE: tuple[tuple[str, Pass], ...] = (
@@ -33,6 +35,7 @@ DEFAULT_PIPELINE: tuple[tuple[str, Pass], ...] = (
     ("fold", fold),
     ("simplify", simplify),
     ("masks", masks),
+    ("col2im", col2im),
     ("cse", cse),
     ("dce", dce),
     ("remat", remat),

@@ -1,0 +1,106 @@
+"""col2im as a gather: a convolution's input gradient computed as the convolution of its output
+gradient, not scattered from a stored patch gradient.
+
+conv2d gathers its patches with a take at a constant index map idx (position l, tap t -> pixel
+idx[l, t]); autodiff writes the take's gradient as one product into the patch gradient
+(N*L, K2*C), nine times the image for a 3x3 kernel, then a scatter_add of it into the pixels
+(col2im). For each tap t the map l -> idx[l, t] is one to one, so pixel r receives, per tap,
+the row of the one position l whose tap t reads it, if any. Gathering the output gradient's rows
+at that inverse map (a zero row where no position's tap reads the pixel) gives the same sums as
+one product over taps and channels together: the transposed convolution written as a
+convolution, as torch computes conv2d's input gradient.
+
+    scatter_add(reshape(dY @ B), idx, size R)  ->  reshape(take(dY with a zero row, inv) @ B', (N, R, C))
+
+with B (O, K2*C) the weight's rows, B' (K2*O, C) the same numbers with the taps as rows, and
+inv[r, t] the position whose tap t reads pixel r (L: the zero row). The new product runs over
+the R pixels where the old one ran over the L positions; the rewrite applies when that costs
+little (R <= 1.5 L: stride 1, the padded image about as large as the output) and the product
+has more than 16 output channels, so that the C backend's GEMM gathers its patch matrix as it
+packs it (symgrad.backends.patches) and neither matrix is stored. The sums differ from the
+scatter's only in their order.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .. import functional as F
+from ..ir.graph import Graph
+from ..ir.registry import MATMUL
+from ..ir.value import Value
+from .rewrite import rebuild
+
+GROWTH = 1.5       # the most the pixels R may outnumber the positions L (the product grows as R / L)
+NARROW = 16        # channels at or below which a product is not the blocked GEMM's (backends.runtime.NARROW_N)
+
+
+def _uses(graph: Graph) -> dict:
+    """id(node) -> its readers: nodes, outputs and update values."""
+    uses = {id(n): len(graph.users[id(n)]) for n in graph.nodes}
+    for v in [*graph.outputs, *(new for _, new in graph.updates)]:
+        uses[id(v)] += 1
+    return uses
+
+
+def inverse_taps(idx: np.ndarray, pixels: int) -> np.ndarray | None:
+    """inv[r, t] = the l with idx[l, t] == r, else L (the zero row), when every tap's map l -> idx[l, t]
+    is one to one into [0, pixels); else None."""
+    L, K2 = idx.shape
+    if idx.min() < 0 or idx.max() >= pixels:
+        return None
+    inv = np.full((pixels, K2), L, dtype=np.int64)
+    inv[idx, np.arange(K2)[None, :]] = np.arange(L)[:, None]
+    if ((inv != L).sum(axis=0) != L).any():  # two positions' tap t on one pixel: not one to one
+        return None
+    return inv
+
+
+def col2im_as_gather(node: Value, uses: dict) -> Value | None:
+    """scatter_add(reshape(dY @ B), idx) -> reshape(take(embed(dY), inv) @ B') (see the module doc)."""
+    if node.op.name != "scatter_add" or node.attrs["axis"] != 1 or node.dtype not in ("float32", "float64"):
+        return None
+    src, idx = node.inputs
+    product = src.inputs[0] if src.op.name == "reshape" else None
+    if (product is None or product.op.kind != MATMUL or product.ndim != 2 or src.ndim != 4
+            or uses.get(id(src)) != 1 or uses.get(id(product)) != 1 or idx.op.name != "const" or idx.ndim != 2):
+        return None
+    P, L, K2, C = src.shape
+    R, value = node.attrs["size"], idx.attrs["value"]
+    dy, weight = product.inputs
+    O = dy.shape[1]
+    if not all(isinstance(s, int) for s in (L, K2, C, R, O)) or not isinstance(value, np.ndarray) \
+            or value.shape != (L, K2) or C <= NARROW or R > GROWTH * L:
+        return None
+    inv = inverse_taps(value.astype(np.int64), R)
+    if inv is None:
+        return None
+    rows = F.embed(F.reshape(dy, (P, L, O)), (P, L + 1, O), (0, 0, 0), (1, 1, 1))   # a zero row at L
+    purpose = (f"col2im as a gather: the output gradient at each of {R} pixels' {K2} taps, "
+               f"{K2 * O} columns, one GEMM")
+    gathered = F.take(rows, F.constant(inv), axis=1, checked=True, purpose=purpose)  # (P, R, K2, O)
+    taps_as_rows = F.reshape(F.transpose(F.reshape(weight, (O, K2, C)), (1, 0, 2)), (K2 * O, C))
+    return F.reshape(F.matmul(F.reshape(gathered, (P * R, K2 * O)), taps_as_rows), node.shape)
+
+
+def col2im(graph: Graph, counts: dict | None = None) -> Graph:
+    """The graph with each convolution's col2im that `col2im_as_gather` applies to rewritten.
+
+    A rewrite rebuilds what reads it, so a chain of convolutions (each one's input gradient the
+    next one's output gradient) is rewritten over a few sweeps, each over fresh use counts."""
+    while True:
+        uses, fired = _uses(graph), 0
+
+        def rewrite(node: Value) -> Value:
+            nonlocal fired
+            new = col2im_as_gather(node, uses)
+            if new is None:
+                return node
+            fired += 1
+            return new
+        rebuilt = rebuild(graph, rewrite)
+        if not fired:
+            return graph
+        if counts is not None:
+            counts["col2im_as_gather"] = counts.get("col2im_as_gather", 0) + fired
+        graph = rebuilt
