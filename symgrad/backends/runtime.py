@@ -54,6 +54,10 @@ NARROW_MOST = {"dot": 6, "tn": 12}
 # multiple of every target's MR) in L2, the KC x NC B panel in L3.
 GEMM = {"float32": dict(suffix="f32", MC=72, KC=256, NC=2048),
         "float64": dict(suffix="f64", MC=72, KC=256, NC=1024)}
+# A tall product (K at least TALL_CHUNKS chunks of KC, C at most TALL_MN elements and TALL_N
+# columns: a convolution's weight gradient) splits K over the threads, each with a private
+# partial product and chunk of B (KC x TALL_N at most: 1 MB of floats).
+TALL_CHUNKS, TALL_MN, TALL_N = 8, 65536, 1024
 
 
 def packing_bytes(dtype: str, m: int, n: int, k: int, kind: str = "gemm", threads: int | None = None) -> int:
@@ -62,13 +66,17 @@ def packing_bytes(dtype: str, m: int, n: int, k: int, kind: str = "gemm", thread
     narrow kernel ("dot", "tn") packs B's few columns (and A's last rows); the blocked GEMM packs
     B's panel over all of K (at most NC columns, in slivers of 16 floats or 8 doubles) and each
     thread's MC x KC block of A, or, when its threads share out columns instead (few row blocks),
-    all of A plus each thread's panel of two slivers. `threads`: the team (default `team_size()`),
-    used only by a product large enough to run on it."""
+    all of A plus each thread's panel of two slivers; a tall product (K split over the threads)
+    allocates per thread a partial product, one chunk of B and one block of A. `threads`: the
+    team (default `team_size()`), used only by a product large enough to run on it."""
     g, size = GEMM[dtype], D.to_numpy(dtype).itemsize
     sliver = 64 // size
     if kind != "gemm":
         return (k * (2 * sliver + n) + 64) * size
     team = (threads or team_size()) if m * n * k >= GEMM_PARALLEL_MIN else 1
+    if k >= TALL_CHUNKS * g["KC"] and m * n <= TALL_MN and n <= TALL_N:  # per thread: a partial product, B's chunk, A's block
+        kc = -(-k // -(-k // g["KC"]))
+        return team * sum(-(-x // 16) * 16 for x in (m * n, kc * -(-n // sliver) * sliver, g["MC"] * kc)) * size
     if team > 1 and -(-m // g["MC"]) < 2 * team and n >= 2 * sliver * team:
         return (-(-m // 8) * 8 * k + team * k * 2 * sliver) * size
     return (k * -(-min(n, g["NC"]) // sliver) * sliver + team * g["MC"] * min(k, g["KC"])) * size
@@ -176,6 +184,7 @@ def _context(targets: tuple) -> dict:
     """What both templates are rendered from: the GEMMs, their narrow variants and vector types."""
     from .. import __version__
     gemms = [dict(GEMM[d], ctype=D.C_TYPES[d], SUFFIX=GEMM[d]["suffix"].upper(), parallel_min=GEMM_PARALLEL_MIN,
+                  tall_chunks=TALL_CHUNKS, tall_mn=TALL_MN, tall_n=TALL_N,
                   tiles=target_branches(targets, lambda t: t.gemm_rows)) for d in GEMM]
     vectors = [dict(GEMM[d], ctype=D.C_TYPES[d], SUFFIX=GEMM[d]["suffix"].upper(),
                     widths=[dict(b, lanes=b["value"] // D.to_numpy(d).itemsize)

@@ -16,7 +16,10 @@ pytest.importorskip("symgrad.backends.c")
 SHAPES = [(1, 1, 1), (5, 3, 1), (7, 9, 5), (13, 17, 6), (64, 784, 10), (33, 19, 12), (9, 40, 13),
           (21, 8, 16), (6, 5, 17), (40, 70, 33),
           (150, 600, 40),   # the tiled GEMM over several row blocks and K chunks (600 = 3 x 200)
-          (100, 300, 200)]  # few row blocks, wide: with 2+ threads, each takes a slice of the columns
+          (100, 300, 200),  # few row blocks, wide: with 2+ threads, each takes a slice of the columns
+          # tall (K of 8+ chunks, a small C): K split over the threads, each with a partial product;
+          # on one thread below the team's size, ragged rows and columns, a short last chunk
+          (5, 2048, 20), (180, 3000, 40), (27, 4100, 64)]
 
 
 #: A build for a CPU without AVX (gcc's generic x86-64 target splits the 32-byte vectors): the

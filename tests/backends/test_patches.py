@@ -23,6 +23,7 @@ CONVS = [
     (1, 16, 6, 6, 17, 1, 1, 0, 1),   # a 1x1 convolution, 17 outputs (a ragged column sliver)
     (1, 8, 4, 4, 64, 3, 1, 1, 1),    # 16 patch rows, 72 patch columns: the GEMM splits columns, A packed whole
     (2, 40, 12, 12, 48, 3, 1, 1, 1), # patch rows of 360 floats: K in two chunks, one boundary inside a tap
+    (2, 20, 32, 32, 24, 3, 1, 1, 1), # 2048 patch rows: the weight's gradient a tall product, K split over threads
 ]
 
 
@@ -56,11 +57,11 @@ def compiled(request):
 
 def test_every_convolution_gathers_its_patches_in_the_gemm(compiled):
     """Each convolution's forward product and its weight's gradient call the patch GEMM (so does
-    the 40-channel one's input gradient, a gather after passes/col2im), and no take stores the
+    the 40- and 20-channel ones' input gradients, gathers after passes/col2im), and no take stores the
     patch matrix."""
     _, fn, _, _ = compiled
     calls = fn.source.count("context->status = sg_gemm_patches_")
-    assert calls == 2 * len(CONVS) + 1, calls   # and the 40-channel input's gradient (passes/col2im)
+    assert calls == 2 * len(CONVS) + 2, calls   # and the 40- and 20-channel inputs' gradients (passes/col2im)
     kernels = [line for line in fn.source.splitlines() if line.startswith("static void k")]
     assert kernels and not any("_take_" in line for line in kernels), kernels
 
