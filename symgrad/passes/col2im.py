@@ -25,10 +25,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from .. import functional as F
+from ..ir import shapes as S
 from ..ir.graph import Graph
-from ..ir.registry import MATMUL
-from ..ir.value import Value
+from ..ir.registry import MATMUL, lookup
+from ..ir.value import Value, make
 from .rewrite import rebuild
 
 GROWTH = 1.5       # the most the pixels R may outnumber the positions L (the product grows as R / L)
@@ -75,12 +75,21 @@ def col2im_as_gather(node: Value, uses: dict) -> Value | None:
     inv = inverse_taps(value.astype(np.int64), R)
     if inv is None:
         return None
-    rows = F.embed(F.reshape(dy, (P, L, O)), (P, L + 1, O), (0, 0, 0), (1, 1, 1))   # a zero row at L
+    rows = make(lookup("embed"), (_reshape(dy, (P, L, O)),), shape=S.as_shape((P, L + 1, O)),
+                starts=(0, 0, 0), steps=(1, 1, 1))                                   # a zero row at L
+    inv.flags.writeable = False
     purpose = (f"col2im as a gather: the output gradient at each of {R} pixels' {K2} taps, "
                f"{K2 * O} columns, one GEMM")
-    gathered = F.take(rows, F.constant(inv), axis=1, checked=True, purpose=purpose)  # (P, R, K2, O)
-    taps_as_rows = F.reshape(F.transpose(F.reshape(weight, (O, K2, C)), (1, 0, 2)), (K2 * O, C))
-    return F.reshape(F.matmul(F.reshape(gathered, (P * R, K2 * O)), taps_as_rows), node.shape)
+    gathered = make(lookup("take"), (rows, make(lookup("const"), value=inv, shape=inv.shape, dtype="int64")),
+                    axis=1, purpose=purpose)                                          # (P, R, K2, O)
+    taps_as_rows = _reshape(make(lookup("transpose"), (_reshape(weight, (O, K2, C)),), perm=(1, 0, 2)), (K2 * O, C))
+    product = make(lookup("matmul"), (_reshape(gathered, (P * R, K2 * O)), taps_as_rows))
+    return _reshape(product, node.shape)
+
+
+def _reshape(x: Value, shape) -> Value:
+    shape = S.as_shape(shape)
+    return x if x.shape == shape else make(lookup("reshape"), (x,), shape=shape)
 
 
 def col2im(graph: Graph, counts: dict | None = None) -> Graph:
