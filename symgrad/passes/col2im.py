@@ -72,6 +72,8 @@ def col2im_as_gather(node: Value, uses: dict) -> Value | None:
     if not all(isinstance(s, int) for s in (L, K2, C, R, O)) or not isinstance(value, np.ndarray) \
             or value.shape != (L, K2) or C <= NARROW or R > GROWTH * L:
         return None
+    if product.shape[1] != K2 * C or not S.same_size(product.shape[0], S.as_size(P * L)):
+        return None  # the product's rows are not the patch rows (another factoring of the same size)
     inv = inverse_taps(value.astype(np.int64), R)
     if inv is None:
         return None

@@ -43,6 +43,18 @@ def test_which_convolutions_are_rewritten():
     assert _fired(_graph(2, 24, 4, 4, 32, 3, 1, 1, 1)) == 0       # 6x6 pixels per 4x4 positions
 
 
+def test_a_product_whose_rows_are_not_patch_rows_is_left_alone():
+    """scatter_add of a (P*L*K2, C) product reshaped to (P, L, K2, C): the same size as a patch
+    gradient, not its layout (rows are patch elements, not patch rows): not rewritten."""
+    from symgrad import functional as F
+    a, b = sg.input("a", (2 * 4 * 3, 5)), sg.input("b", (5, 20))
+    idx = sg.constant(np.arange(4)[:, None] + np.arange(3)[None, :])   # each tap one to one, 6 pixels
+    out = F.scatter_add(sg.reshape(a @ b, (2, 4, 3, 20)), idx, axis=1, size=6)
+    counts: dict = {}
+    col2im(sg.Graph([a, b], [sg.sum(out * out)]), counts=counts)
+    assert counts == {}
+
+
 def test_inverse_taps_needs_each_tap_one_to_one():
     idx = np.array([[0, 1], [1, 2], [2, 3]])
     inv = inverse_taps(idx, 4)
