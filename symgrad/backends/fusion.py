@@ -22,12 +22,7 @@ from ..ir.value import Value
 
 def use_counts(graph: Graph) -> dict:
     """id(node) -> how many times it is read: by other nodes, as an output, as an update's new value."""
-    uses = {id(n): len(graph.users[id(n)]) for n in graph.nodes}
-    for v in graph.outputs:
-        uses[id(v)] += 1
-    for _, new in graph.updates:
-        uses[id(new)] += 1
-    return uses
+    return graph.use_counts()
 
 
 def fused_chains(graph: Graph, uses: dict, fuse_reduce: bool) -> set:

@@ -51,10 +51,10 @@ def patch_takes(graph: Graph) -> frozenset:
     users, outputs = graph.users, {id(v) for v in graph.outputs} | {id(new) for _, new in graph.updates}
     chosen = set()
     for node in graph.nodes:
-        if node.op.name == "take" and id(node) not in outputs and _patch_shape(node) is not None:
-            readers = users[id(node)]
-            if readers and all(_is_patch_matrix(r, node, users, outputs) for r in readers):
-                chosen.add(id(node))
+        shape = _patch_shape(node) if node.op.name == "take" and id(node) not in outputs else None
+        readers = users[id(node)]
+        if shape is not None and readers and all(_is_patch_matrix(r, shape, users, outputs) for r in readers):
+            chosen.add(id(node))
     return frozenset(chosen)
 
 
@@ -74,10 +74,11 @@ def _patch_shape(take: Value):
     return P, R, Q, L, K2
 
 
-def _is_patch_matrix(reshape: Value, take: Value, users: dict, outputs: set) -> bool:
-    """Whether `reshape` makes the (P*L, K2*Q) patch matrix, read only as the left operand of
-    blocked-GEMM matmuls, directly or through one transpose."""
-    P, R, Q, L, K2 = _patch_shape(take)
+def _is_patch_matrix(reshape: Value, shape: tuple, users: dict, outputs: set) -> bool:
+    """Whether `reshape` makes the (P*L, K2*Q) patch matrix of a take of patch `shape`
+    (_patch_shape), read only as the left operand of blocked-GEMM matmuls, directly or through
+    one transpose."""
+    P, R, Q, L, K2 = shape
     if reshape.op.name != "reshape" or id(reshape) in outputs or reshape.ndim != 2 \
             or reshape.shape[1] != K2 * Q or not S.same_size(reshape.shape[0], S.as_size(P * L)):
         return False
@@ -118,3 +119,11 @@ def moved(view: View, node: Value) -> View:
 def is_patches(view: View) -> bool:
     """Whether `view` is a patch matrix read in place."""
     return view.kind == KIND
+
+
+def matmul_gemm(dtype: str, n, a: View) -> tuple[str, str]:
+    """runtime.gemm_function for a matmul of `n` columns reading `a`: the patch GEMM (kind "gemm",
+    the blocked one) when `a` is a patch matrix."""
+    if is_patches(a):
+        return f"sg_gemm_patches_{runtime.GEMM[dtype]['suffix']}", "gemm"
+    return runtime.gemm_function(dtype, n, a.strides[0], a.strides[1])

@@ -26,7 +26,7 @@ from . import runtime
 from .attention import AttentionKernel
 from .collective import DTYPES as COLLECTIVE_DTYPES, CollectiveKernel
 from .gather import GatherKernel
-from .patches import is_patches
+from .patches import is_patches, matmul_gemm
 from .expressions import Exprs, comment, contiguous, convert, lowest
 from .languages import COLUMN_TILE, PARALLEL_MIN, Language
 from .lowering import PRODUCT, REDUCED, LoopKernel, MatmulKernel, Plan, ReduceKernel, RowKernel, View
@@ -335,14 +335,11 @@ class Renderer:
                           patches=None)
         if not runtime_gemm:
             return ctx
+        gemm, kind = matmul_gemm(k.out.dtype, k.N, a)
         if patches is not None:
-            suffix = runtime.GEMM[k.out.dtype]["suffix"]
-            gemm, kind = f"sg_gemm_patches_{suffix}", "gemm"
-            ctx["patches"] = dict(type=f"sg_patches_{suffix}", idx=patches.indices.name,
+            ctx["patches"] = dict(type=f"sg_patches_{runtime.GEMM[k.out.dtype]['suffix']}", idx=patches.indices.name,
                                   L=patches.L, K2=patches.K2, Q=patches.Q, R=patches.R,
                                   transposed=int(patches.transposed))
-        else:
-            gemm, kind = runtime.gemm_function(k.out.dtype, k.N, a.strides[0], a.strides[1])
         # The dot kernel needs only A's row stride (its columns are contiguous), the transposed one
         # only A's column stride (its rows are). The kernel leaves the GEMM's status in context->status.
         a_strides = [] if patches else {"gemm": [ctx["sam"], ctx["sak"]], "dot": [ctx["sam"]], "tn": [ctx["sak"]]}[kind]

@@ -19,7 +19,7 @@ from . import runtime
 from .attention import AttentionKernel
 from .gather import GatherKernel
 from .lowering import LoopKernel, MatmulKernel, ReduceKernel, RowKernel
-from .patches import is_patches
+from .patches import is_patches, matmul_gemm
 
 # Compile stages in the order they run, with the words the report uses.
 STAGES = (("graph", "graph build + autodiff"), ("lookup", "program cache lookup"), ("passes", "graph passes"),
@@ -115,15 +115,10 @@ def step_memory(graph, plan, mp) -> dict:
     # A batched product's GEMMs may run one per thread at once (their batch indices shared out).
     team = runtime.team_size()
     packing = [runtime.packing_bytes(k.out.dtype, *(S.evaluate(size, mp.bindings) for size in (k.M, k.N, k.K)),
-                                     kind=_gemm_kind(k))
+                                     kind=matmul_gemm(k.out.dtype, k.N, k.a)[1])
                * (team if k.batch else 1) for k in plan.kernels if isinstance(k, MatmulKernel)]
     parts["GEMM packing"] = max(packing, default=0)
     return parts
-
-
-def _gemm_kind(k: MatmulKernel) -> str:
-    """Which of the runtime's GEMMs computes `k` (runtime.gemm_function; patches: the blocked one)."""
-    return "gemm" if is_patches(k.a) else runtime.gemm_function(k.out.dtype, k.N, *k.a.strides[:2])[1]
 
 
 def step_memory_lines(graph, plan, mp) -> list[str]:

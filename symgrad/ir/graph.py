@@ -88,6 +88,13 @@ class Graph:
                 users[id(i)].append(n)
         return users
 
+    def use_counts(self) -> dict[int, int]:
+        """id(node) -> how many times it is read: by other nodes, as an output, as an update's new value."""
+        uses = {id(n): len(self.users[id(n)]) for n in self.nodes}
+        for v in [*self.outputs, *(new for _, new in self.updates)]:
+            uses[id(v)] += 1
+        return uses
+
     @cached_property
     def dims(self) -> list:
         """The Dim symbols of the graph, bound from the inputs' shapes at call time."""

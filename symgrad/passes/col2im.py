@@ -35,14 +35,6 @@ GROWTH = 1.5       # the most the pixels R may outnumber the positions L (the pr
 NARROW = 16        # channels at or below which a product is not the blocked GEMM's (backends.runtime.NARROW_N)
 
 
-def _uses(graph: Graph) -> dict:
-    """id(node) -> its readers: nodes, outputs and update values."""
-    uses = {id(n): len(graph.users[id(n)]) for n in graph.nodes}
-    for v in [*graph.outputs, *(new for _, new in graph.updates)]:
-        uses[id(v)] += 1
-    return uses
-
-
 def inverse_taps(idx: np.ndarray, pixels: int) -> np.ndarray | None:
     """inv[r, t] = the l with idx[l, t] == r, else L (the zero row), when every tap's map l -> idx[l, t]
     is one to one into [0, pixels); else None."""
@@ -100,7 +92,7 @@ def col2im(graph: Graph, counts: dict | None = None) -> Graph:
     A rewrite rebuilds what reads it, so a chain of convolutions (each one's input gradient the
     next one's output gradient) is rewritten over a few sweeps, each over fresh use counts."""
     while True:
-        uses, fired = _uses(graph), 0
+        uses, fired = graph.use_counts(), 0
 
         def rewrite(node: Value) -> Value:
             nonlocal fired
