@@ -151,7 +151,7 @@ def conv2d(input, weight, bias=None, stride=1, padding=0, dilation=1, groups: in
         flat = F.reshape(x, (N, C, Hp * Wp))
         patches = F.take(flat, F.constant((taps[:, None] + starts[None, :]).astype(np.int64)), axis=2,
                          checked=True, purpose=f"conv2d {KH}x{KW} im2col, groups={groups}: {Cg * K2} x {L} "
-                                               "patches per image and group, a batched GEMM")  # (N, C, K2, L)
+                                               "patches per image and group")  # (N, C, K2, L)
         cols = F.reshape(patches, (N, groups, Cg * K2, L))
         kernel = F.reshape(w, (groups, O // groups, Cg * K2))
         out = F.reshape(F.matmul(kernel, cols), (N, O, Ho, Wo))                           # (N, g, O/g, L)

@@ -161,7 +161,8 @@ def test_the_report_shows_each_convolutions_im2col_and_its_bytes():
     (channels last and one GEMM without groups, per image and group with them, and per image for
     a few output channels over short patches), its col2im in the backward, and the bytes of each
     patch matrix: stored by a take, or gathered by the GEMMs as they pack it (implicit GEMM: the
-    forward product and the weight's gradient, which reads it transposed)."""
+    forward product and the weight's gradient, which reads it transposed), or, per image along whole
+    output rows, read in place by a direct convolution."""
     x = sg.input("x", (4, 6, 10, 9))
     w, wg = sg.param("w", (24, 6, 3, 3), init="normal"), sg.param("wg", (8, 3, 3, 3), init="normal")
     narrow = sg.param("narrow", (8, 6, 3, 3), init="normal")  # 8 outputs over patches of 54: per image
@@ -172,7 +173,10 @@ def test_the_report_shows_each_convolutions_im2col_and_its_bytes():
     plain = [line for line in lines if "channels last: 360 x 54 patch rows, one GEMM" in line]
     grouped = [line for line in lines if "groups=2: 27 x 16 patches per image and group" in line]
     per_image = [line for line in lines if "groups=1: 54 x 90 patches per image and group" in line]
-    assert len(plain) == 3 and len(grouped) == 2 and len(per_image) == 2, lines   # each im2col and its col2im
+    assert len(plain) == 3 and len(grouped) == 2 and len(per_image) == 3, lines   # each im2col and its col2im
+    direct = [line for line in per_image if "(direct convolution)" in line]   # read by both products in place
+    assert len(direct) == 2 and sum("read transposed from" in line for line in direct) == 1, per_image
+    assert all(line.endswith(f"{54 * 90 * 4 * 4 / 1024:.1f} KiB never stored") for line in direct), direct
     assert sum("col2im, the gradient of conv2d 3x3 im2col" in line for line in lines) == 3
     patch_bytes = 360 * 54 * 4   # (N*Ho*Wo, KH*KW*C) float32: 4 images of 10x9 positions
     implicit = [line for line in plain if "(implicit GEMM)" in line]

@@ -401,12 +401,16 @@ class _Lowerer:
             views.append(view)
         batch = ()
         if node.ndim > 2:  # torch.matmul's batch axes: each operand's view at the broadcast batch shape
+            # (Each image's patch columns, read in place, are not strided: the direct convolution
+            # walks their batch itself, so their batch strides are 0 here.)
             lead = node.shape[:-2]
-            a_view, b_view = (broadcast_view(vw, lead + v.shape[-2:]) for vw, v in zip(views, (a, b)))
+            a_view, b_view = (vw if is_patches(vw) else broadcast_view(vw, lead + v.shape[-2:])
+                              for vw, v in zip(views, (a, b)))
             out_strides = contiguous_strides(node.shape)
-            batch = tuple(zip(lead, a_view.strides[:-2], b_view.strides[:-2], out_strides[:-2]))
-            views = [replace(a_view, shape=a.shape[-2:], strides=a_view.strides[-2:]),
-                     replace(b_view, shape=b.shape[-2:], strides=b_view.strides[-2:])]
+            batch = tuple(zip(lead, *((vw.strides[:-2] or (0,) * len(lead)) for vw in (a_view, b_view)),
+                              out_strides[:-2]))
+            views = [vw if is_patches(vw) else replace(vw, shape=v.shape[-2:], strides=vw.strides[-2:])
+                     for vw, v in zip((a_view, b_view), (a, b))]
         root = node if epilogue_root is None else epilogue_root
         out = self.alloc(root)
         name, lines, epilogue = self.kernel_name(root), [self.line(node)], {}

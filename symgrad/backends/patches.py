@@ -13,6 +13,16 @@ reshape to the (P*L, K2*Q) patch matrix that only matmuls read as their left ope
 or transposed: the weight's gradient), each product wide enough for the blocked GEMM. The
 lowering then gives the take, its reshape and the transpose a `patches` view instead of kernels
 (`patch_view`, `moved`), and the matmul kernel passes the view's `Patches` to the runtime.
+
+A convolution with few output channels over short patches (a first layer's: LeNet's 6 channels of
+5x5 taps on one input channel) or with groups is lowered per image instead: the take along axis 2
+of the (P, C, R) images makes each image's patch columns (C*K2, L), the right operand of a batched
+product with the weight (and, transposed, of the weight's gradient). There the GEMM would tile a
+6-row product, mostly padding; where each tap's pixels run along whole output rows (stride 1
+along the width), the runtime computes the product as a direct convolution instead
+(templates/c/conv_rows.c.j2, sg_conv_rows): each output row is a few vectors of consecutive
+positions, and a tap's vector is a plain load from the image at the tap's offset. `Columns` is
+that view's spec.
 """
 
 from __future__ import annotations
@@ -46,14 +56,39 @@ class Patches:
     transposed: bool = False
 
 
+@dataclass(frozen=True, eq=False)
+class Columns:
+    """The patch columns of each image and group: X[g][c * K2 + k, l] = src[p, g * C/G + c, indices[k, l]]
+    for c < C/G, k < K2, l < L (`src`, the view's buffer, holds P images of C channels of R pixels);
+    the operand is X, or X^T when `transposed`. Along each output row of `W` positions a tap's
+    pixels are consecutive: indices[k, y * W + x] = indices[k, y * W] + x."""
+
+    indices: Buffer   # const int64 (K2, L), every entry in [0, R)
+    L: int
+    K2: int
+    W: int            # output positions per row
+    R: int
+    C: int            # the image's channels
+    groups: int
+    purpose: str = ""
+    transposed: bool = False
+
+
+COLUMN_ROWS = 32  # the most output channels (per group) a direct convolution computes; wider ones tile a GEMM
+
+
 def patch_takes(graph: Graph) -> frozenset:
     """ids of the take nodes whose patch matrix the matmuls read in place (see the module doc)."""
     users, outputs = graph.users, {id(v) for v in graph.outputs} | {id(new) for _, new in graph.updates}
     chosen = set()
     for node in graph.nodes:
-        shape = _patch_shape(node) if node.op.name == "take" and id(node) not in outputs else None
+        if node.op.name != "take" or id(node) in outputs or not users[id(node)]:
+            continue
         readers = users[id(node)]
-        if shape is not None and readers and all(_is_patch_matrix(r, shape, users, outputs) for r in readers):
+        rows, columns = _patch_shape(node), _column_shape(node)
+        if rows is not None and all(_is_patch_matrix(r, rows, users, outputs) for r in readers):
+            chosen.add(id(node))
+        elif columns is not None and all(_is_column_matrix(r, node, columns, users, outputs) for r in readers):
             chosen.add(id(node))
     return frozenset(chosen)
 
@@ -72,6 +107,74 @@ def _patch_shape(take: Value):
             or value.shape != (L, K2) or value.size == 0 or value.min() < 0 or value.max() >= R:
         return None
     return P, R, Q, L, K2
+
+
+def _column_shape(take: Value):
+    """(P, C, R, K2, L, W) of a take that gathers each image's patch columns along whole output rows
+    of W positions, else None."""
+    source, indices = take.inputs
+    if take.attrs["axis"] != 2 or source.ndim != 3 or indices.ndim != 2 or indices.op.name != "const":
+        return None
+    if take.dtype not in ("float32", "float64") or indices.dtype != "int64":
+        return None
+    P, C, R = source.shape
+    K2, L = indices.shape
+    value = indices.attrs["value"]
+    if not all(isinstance(s, int) for s in (C, R, K2, L)) or not isinstance(value, np.ndarray) \
+            or value.shape != (K2, L) or value.size == 0 or value.min() < 0 or value.max() >= R:
+        return None
+    W = row_length(value)
+    return None if W is None else (P, C, R, K2, L, W)
+
+
+def row_length(indices: np.ndarray) -> int | None:
+    """W where every row of `indices` (K2, L) runs in steps of one along output rows of W > 1
+    positions (the longest such W dividing L), else None: a stride-1 convolution's index map."""
+    K2, L = indices.shape
+    steps = np.diff(indices, axis=1) == 1                     # (K2, L - 1)
+    breaks = np.flatnonzero(~steps.all(axis=0))
+    W = int(breaks[0]) + 1 if breaks.size else L
+    if L % W or (W == 1 and L > 1):   # (rows of one position: no run to load as a vector)
+        return None
+    rows = indices.reshape(K2, L // W, W)
+    return W if np.array_equal(rows - rows[:, :, :1], np.broadcast_to(np.arange(W), rows.shape)) else None
+
+
+def _is_column_matrix(reader: Value, take: Value, shape: tuple, users: dict, outputs: set) -> bool:
+    """Whether `reader` of a take of column `shape` (_column_shape) reads the takes's patch columns
+    only as the right operand of batched matmuls of at most COLUMN_ROWS rows, directly (the forward
+    product) or through the transpose of their last two axes (the weight's gradient): the take's
+    value is the (P, C, K2, L) columns of C groups of one channel; a reshape of it, those of G groups
+    of C/G channels (P, G, C/G * K2, L)."""
+    P, C, R, K2, L, W = shape
+    matrix = take
+    if reader.op.name == "reshape":
+        if id(reader) in outputs or reader.ndim != 4:
+            return False
+        p, G, CK, l = reader.shape
+        if not (S.same_size(S.as_size(p), S.as_size(P)) and isinstance(G, int) and G > 0 and C % G == 0
+                and CK == C // G * K2 and l == L):
+            return False
+        matrix, readers = reader, users[id(reader)]
+    else:
+        readers = [reader]
+    for r in readers:
+        if r.op.name == "transpose" and r.attrs["perm"] == (0, 1, 3, 2) and id(r) not in outputs:
+            if not users[id(r)] or not all(_right_operand_only(m, r, matrix.shape[:2]) for m in users[id(r)]):
+                return False
+        elif not _right_operand_only(r, matrix, matrix.shape[:2]):
+            return False
+    return bool(readers)
+
+
+def _right_operand_only(matmul: Value, operand: Value, batch: tuple) -> bool:
+    """A matmul over the (P, G) batch of `operand` reading it as its right operand only, of at most
+    COLUMN_ROWS rows."""
+    if matmul.op.kind != MATMUL or matmul.ndim != 4:
+        return False
+    a, b = matmul.inputs
+    return (b is operand and a is not operand and tuple(matmul.shape[:2]) == tuple(batch)
+            and isinstance(matmul.shape[2], int) and matmul.shape[2] <= COLUMN_ROWS)
 
 
 def _is_patch_matrix(reshape: Value, shape: tuple, users: dict, outputs: set) -> bool:
@@ -100,30 +203,43 @@ def _left_operand_only(matmul: Value, operand: Value) -> bool:
 
 
 def patch_view(take: Value, source: View, indices: View) -> View:
-    """The patches view of `take`'s value (shape (P, L, K2, Q)): `source` its contiguous (P, R, Q)
-    buffer view, `indices` the constant index map's buffer view."""
-    P, R, Q, L, K2 = _patch_shape(take)
-    return View(KIND, tuple(take.shape), take.dtype, (), source.offset, source.buffer,
-                Patches(indices.buffer, L, K2, Q, R, take.attrs.get("purpose", "")))
+    """The patches view of `take`'s value: `source` its contiguous (P, R, Q) or (P, C, R) buffer
+    view, `indices` the constant index map's buffer view. Patch rows (P, L, K2, Q) for a take along
+    axis 1, patch columns (P, C, K2, L) along axis 2."""
+    purpose = take.attrs.get("purpose", "")
+    if take.attrs["axis"] == 1:
+        P, R, Q, L, K2 = _patch_shape(take)
+        spec = Patches(indices.buffer, L, K2, Q, R, purpose)
+    else:
+        P, C, R, K2, L, W = _column_shape(take)
+        spec = Columns(indices.buffer, L, K2, W, R, C, C, purpose)  # C groups of one channel, until a reshape
+    return View(KIND, tuple(take.shape), take.dtype, (), source.offset, source.buffer, spec)
 
 
 def moved(view: View, node: Value) -> View:
-    """A patches view through `node`, the reshape to the patch matrix or its transpose (the only
-    movements patch_takes allows)."""
-    spec: Patches = view.literal
+    """A patches view through `node`, the reshape to the patch matrix (or to each group's patch
+    columns) or its transpose (the only movements patch_takes allows)."""
+    spec = view.literal
     if node.op.name == "transpose":
         spec = replace(spec, transposed=not spec.transposed)
+    elif isinstance(spec, Columns):
+        spec = replace(spec, groups=node.shape[1])
     return replace(view, shape=tuple(node.shape), literal=spec)
 
 
 def is_patches(view: View) -> bool:
-    """Whether `view` is a patch matrix read in place."""
+    """Whether `view` is a patch matrix read in place (patch rows or patch columns)."""
     return view.kind == KIND
+
+
+def is_columns(view: View) -> bool:
+    """Whether `view` is each image's patch columns read in place (a direct convolution's)."""
+    return view.kind == KIND and isinstance(view.literal, Columns)
 
 
 def matmul_gemm(dtype: str, n, a: View) -> tuple[str, str]:
     """runtime.gemm_function for a matmul of `n` columns reading `a`: the patch GEMM (kind "gemm",
     the blocked one) when `a` is a patch matrix."""
-    if is_patches(a):
+    if is_patches(a) and not is_columns(a):
         return f"sg_gemm_patches_{runtime.GEMM[dtype]['suffix']}", "gemm"
     return runtime.gemm_function(dtype, n, a.strides[0], a.strides[1])

@@ -243,7 +243,7 @@ def kernel_reads(kernel) -> list:
         if kernel.operands:
             return [o.view.buffer for o in kernel.operands if o.view.buffer is not None] + extra
         return ([kernel.input.buffer] if kernel.input.buffer is not None else []) + extra
-    patches = [kernel.a.literal.indices] if is_patches(kernel.a) else []  # the patch matrix's index map
+    patches = [v.literal.indices for v in (kernel.a, kernel.b) if is_patches(v)]  # a patch matrix's index map
     return [kernel.a.buffer, *patches, kernel.b.buffer] + [o.view.buffer for o in kernel.epilogue
                                                           if o.view.buffer is not None]
 

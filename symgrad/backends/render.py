@@ -26,7 +26,7 @@ from . import runtime
 from .attention import AttentionKernel
 from .collective import DTYPES as COLLECTIVE_DTYPES, CollectiveKernel
 from .gather import GatherKernel
-from .patches import is_patches, matmul_gemm
+from .patches import is_columns, is_patches, matmul_gemm
 from .expressions import Exprs, comment, contiguous, convert, lowest
 from .languages import COLUMN_TILE, PARALLEL_MIN, Language
 from .lowering import PRODUCT, REDUCED, LoopKernel, MatmulKernel, Plan, ReduceKernel, RowKernel, View
@@ -313,6 +313,8 @@ class Renderer:
             raise NotImplementedError(f"no {self.lang.name} matmul with a fused epilogue ({k.name})")
         if k.batch and not runtime_gemm:
             raise NotImplementedError(f"no {self.lang.name} batched matmul yet ({k.name})")
+        if is_columns(b):
+            return self.direct_convolution(k)
         patches = a.literal if is_patches(a) else None  # a convolution's patches, gathered by the GEMM
         if patches is not None and (not runtime_gemm or k.batch):
             raise NotImplementedError(f"no {self.lang.name} matmul gathering its patches ({k.name})")
@@ -332,7 +334,7 @@ class Renderer:
                           sam=self.ex.size(a.strides[0]) if not patches else None,
                           sak=self.ex.size(a.strides[1]) if not patches else None,
                           sbk=self.ex.size(b.strides[0]), sbn=self.ex.size(b.strides[1]), epilogue=None,
-                          patches=None)
+                          patches=None, columns=None)
         if not runtime_gemm:
             return ctx
         gemm, kind = matmul_gemm(k.out.dtype, k.N, a)
@@ -356,6 +358,24 @@ class Renderer:
         share_min = runtime.GEMM_PARALLEL_MIN if kind == "gemm" else runtime.NARROW_PARALLEL_MIN
         return dict(ctx, gemm=gemm, a_strides=a_strides, status=True, share_min=share_min,
                     parallel_min=runtime.GEMM_PARALLEL_MIN)
+
+    def direct_convolution(self, k: MatmulKernel) -> dict:
+        """A batched matmul over (images, groups) whose right operand is each image's patch columns
+        (patches.Columns): one call of the runtime's direct convolution for the whole batch."""
+        a, b, columns = k.a, k.b, k.b.literal
+        if self.lang.gemm != "runtime" or len(k.batch) != 2 or k.epilogue_statements:
+            raise NotImplementedError(f"no {self.lang.name} direct convolution ({k.name})")
+        params, args = self.params([a.buffer, columns.indices, b.buffer], k.out, context=True)
+        (P, sap, _, _), (G, sag, _, _) = k.batch
+        suffix = runtime.GEMM[k.out.dtype]["suffix"]
+        return self.kernel(k, "matmul", params=params, args=args, ctype=D.C_TYPES[k.out.dtype],
+                           M=self.ex.size(k.M), N=self.ex.size(k.N), K=self.ex.size(k.K), batch=[],
+                           a=self.ex.pointer(a), b=b.buffer.name, out=k.out.name, patches=None, epilogue=None,
+                           columns=dict(type=f"sg_columns_{suffix}", function=f"sg_conv_rows_{suffix}",
+                                        idx=columns.indices.name, L=columns.L, K2=columns.K2, W=columns.W,
+                                        R=columns.R, C=columns.C, transposed=int(columns.transposed),
+                                        P=self.ex.size(P), G=self.ex.size(G),
+                                        a_strides=[self.ex.size(x) for x in (sap, sag, *a.strides)]))
 
     def gather_kernel(self, k: GatherKernel) -> dict:
         """take or scatter_add over (P, I, Q) loops (templates <language>/gather)."""

@@ -19,7 +19,7 @@ from . import runtime
 from .attention import AttentionKernel
 from .gather import GatherKernel
 from .lowering import LoopKernel, MatmulKernel, ReduceKernel, RowKernel
-from .patches import is_patches, matmul_gemm
+from .patches import is_columns, is_patches, matmul_gemm
 
 # Compile stages in the order they run, with the words the report uses.
 STAGES = (("graph", "graph build + autodiff"), ("lookup", "program cache lookup"), ("passes", "graph passes"),
@@ -65,6 +65,12 @@ def _purpose_lines(plan, mp) -> list[str]:
         if isinstance(k, GatherKernel) and k.purpose:
             nbytes = int(S.evaluate(k.out.numel, mp.bindings)) * D.to_numpy(k.out.dtype).itemsize
             lines.append(f"  {k.name}: {k.purpose} -> {k.out.name}, {format_bytes(nbytes)}")
+        elif isinstance(k, MatmulKernel) and is_columns(k.b):
+            spec = k.b.literal
+            nbytes = int(S.evaluate(S.numel(k.b.shape), mp.bindings)) * D.to_numpy(k.b.dtype).itemsize
+            lines.append(f"  {k.name}: {spec.purpose}: read{' transposed' if spec.transposed else ''} from "
+                         f"{k.b.buffer.name} along output rows of {spec.W} (direct convolution), "
+                         f"{format_bytes(nbytes)} never stored")
         elif isinstance(k, MatmulKernel) and is_patches(k.a):
             spec = k.a.literal
             nbytes = int(S.evaluate(S.numel(k.a.shape), mp.bindings)) * D.to_numpy(k.a.dtype).itemsize
@@ -116,7 +122,8 @@ def step_memory(graph, plan, mp) -> dict:
     team = runtime.team_size()
     packing = [runtime.packing_bytes(k.out.dtype, *(S.evaluate(size, mp.bindings) for size in (k.M, k.N, k.K)),
                                      kind=matmul_gemm(k.out.dtype, k.N, k.a)[1])
-               * (team if k.batch else 1) for k in plan.kernels if isinstance(k, MatmulKernel)]
+               * (team if k.batch else 1) for k in plan.kernels
+               if isinstance(k, MatmulKernel) and not is_columns(k.b)]  # (a direct convolution allocates nothing)
     parts["GEMM packing"] = max(packing, default=0)
     return parts
 

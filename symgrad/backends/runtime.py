@@ -39,6 +39,7 @@ OUT_OF_MEMORY = 1               # status: a buffer could not be allocated; nothi
 COLLECTIVE_FAILED = 3           # status: the caller's collective hook failed (its exception is the caller's);
                                 # 2 is the entry's own refusal of a class label (languages.C_BAD_LABEL)
 GEMM_PARALLEL_MIN = 1 << 18     # multiply-adds: below this a matmul runs on one thread
+CONV_ROWS = 6                   # output channels in the direct convolution's register tile (conv_rows.c.j2)
 NARROW_N = 16                   # matmuls with at most this many output columns use a narrow-N kernel
 NARROW_PARALLEL_MIN = 1 << 22   # multiply-adds: below this a narrow-N matmul runs on one thread: the
                                 # team costs ~1 us awake, but 40 us to milliseconds when the last region
@@ -98,13 +99,15 @@ class Target:
     stack (a 5x slowdown on AVX2: issue #13). `condition` is the `#if` test that selects it ("" for
     the portable rest); `vector_bytes` its vector width; `gemm_rows` the rows of the GEMM's register
     tile (MR; it is 2 vectors wide); `tn_vectors` the vectors of rows the narrow transposed kernel
-    keeps per column.
+    keeps per column; `conv_vectors` the vectors (forward) or patch rows (weight gradient) beside
+    CONV_ROWS channels in the direct convolution's tile.
     """
     name: str
     condition: str
     vector_bytes: int
     gemm_rows: int
     tn_vectors: int
+    conv_vectors: int
 
 
 #: Tested in this order; the first whose condition holds is compiled. 16 vector registers (SSE2,
@@ -112,9 +115,9 @@ class Target:
 #: having no FMA); AVX-512VL's 32 hold 8 rows (model B's step 6% faster on Zen 4) and two vectors of
 #: rows in the tn kernel (24 accumulators). AVX-512 keeps 32-byte vectors: Zen 4 splits 64-byte ones.
 TARGETS = (
-    Target("AVX-512VL: 32 vector registers", "defined(__AVX512VL__)", 32, 8, 2),
-    Target("AVX, AVX2: 16 vector registers of 32 bytes", "defined(__AVX__)", 32, 6, 1),
-    Target("SSE2, NEON and the rest: 16-byte vectors", "", 16, 6, 1),
+    Target("AVX-512VL: 32 vector registers", "defined(__AVX512VL__)", 32, 8, 2, 4),
+    Target("AVX, AVX2: 16 vector registers of 32 bytes", "defined(__AVX__)", 32, 6, 1, 2),
+    Target("SSE2, NEON and the rest: 16-byte vectors", "", 16, 6, 1, 2),
 )
 
 
@@ -191,7 +194,10 @@ def _context(targets: tuple) -> dict:
                             for b in target_branches(targets, lambda t: t.vector_bytes)]) for d in GEMM]
     return dict(version=__version__, header=HEADER, ok=OK, out_of_memory=OUT_OF_MEMORY,
                 collective_failed=COLLECTIVE_FAILED, gemms=gemms,
-                vectors=vectors, narrow=[v for d in GEMM for v in _narrow_variants(d, targets)])
+                vectors=vectors, narrow=[v for d in GEMM for v in _narrow_variants(d, targets)],
+                convs=[dict(ctype=D.C_TYPES[d], suffix=GEMM[d]["suffix"], SUFFIX=GEMM[d]["suffix"].upper(),
+                            rows=CONV_ROWS, parallel_min=GEMM_PARALLEL_MIN,
+                            tiles=target_branches(targets, lambda t: t.conv_vectors)) for d in GEMM])
 
 
 def header() -> str:

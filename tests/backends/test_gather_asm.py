@@ -1,5 +1,6 @@
-"""Without timing: a take whose rows are single elements (an im2col of one channel, LeNet's first
-layer) walks its positions in a loop of its own, in gcc's assembly.
+"""Without timing: a take whose rows are single elements (an im2col of one channel, as LeNet's first
+layer had before it became a direct convolution; here of stride 2, whose patches a take still
+stores) walks its positions in a loop of its own, in gcc's assembly.
 
 Its two loops (batch, position) used to be collapsed into one for OpenMP: each element then paid
 two index products (imul) and a wrap test, 21 instructions against 10 now (LeNet's step ~8% slower
@@ -18,18 +19,18 @@ pytest.importorskip("symgrad.backends.c")
 
 @pytest.fixture(scope="module")
 def conv_one_channel():
-    """LeNet's first convolution: 6 outputs over patches of 25, per-image products after a take of
-    one-element rows, large enough that the take runs on the OpenMP team (an outlined loop)."""
-    x = sg.input("x", (64, 1, 28, 28))
+    """LeNet's first convolution at stride 2: 6 outputs over patches of 25, per-image products after
+    a take of one-element rows, large enough that the take runs on the OpenMP team (an outlined loop)."""
+    x = sg.input("x", (64, 1, 56, 56))
     w = sg.param("w", (6, 1, 5, 5), init="normal")
-    return sg.function([x], sg.conv2d(x, w), backend="c"), w
+    return sg.function([x], sg.conv2d(x, w, stride=2), backend="c"), w
 
 
 def test_it_computes_the_convolution(conv_one_channel):
     import torch
     f, w = conv_one_channel
-    x = np.random.default_rng(0).random((64, 1, 28, 28), dtype=np.float32)
-    want = torch.nn.functional.conv2d(torch.from_numpy(x), torch.from_numpy(f._storage[w.name].copy())).numpy()
+    x = np.random.default_rng(0).random((64, 1, 56, 56), dtype=np.float32)
+    want = torch.nn.functional.conv2d(torch.from_numpy(x), torch.from_numpy(f._storage[w.name].copy()), stride=2).numpy()
     np.testing.assert_allclose(f(x), want, rtol=1e-5, atol=1e-5)
 
 

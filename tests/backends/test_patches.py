@@ -79,7 +79,10 @@ def test_the_numbers_are_the_numpy_references(compiled):
 
 
 def _patch_takes(graph):
-    return [n for n in graph.nodes if n.op.name == "take" and id(n) in decide(graph, implicit_gemm=True).patches]
+    """The takes of patch rows (axis 1) read in place; a per-image convolution's patch columns
+    (axis 2) are tests/backends/test_conv_rows.py's."""
+    return [n for n in graph.nodes if n.op.name == "take" and n.attrs["axis"] == 1
+            and id(n) in decide(graph, implicit_gemm=True).patches]
 
 
 def test_which_takes_are_read_in_place():
