@@ -15,6 +15,7 @@ from .col2im import col2im
 from .cse import cse
 from .dce import dce
 from .fold import fold
+from .layout import layout
 from .masks import masks
 from .remat import remat
 from .simplify import simplify
@@ -27,7 +28,9 @@ Pass = Callable[..., Graph]
 # (1.0 * 1/B, broadcast seeds) into consts the identities can see; simplify
 # rewrites; masks makes relu's backward read the kept activation (so the
 # pre-activation can die early); col2im turns a convolution's input gradient from a scatter
-# of the patch gradient into a product gathering the output gradient; cse then merges what the rewrites made equal (forward and
+# of the patch gradient into a product gathering the output gradient; layout sinks transposes
+# below the elementwise work that reads them (a convolution's channels-last output read by
+# BatchNorm and ReLU in that layout; after col2im, which matches the scatter it rewrites); cse then merges what the rewrites made equal (forward and
 # backward alike); a last dce drops what merging and rewriting left unused; remat, after
 # CSE (which would merge them back), gives the backward its own copies of cheap forward values.
 DEFAULT_PIPELINE: tuple[tuple[str, Pass], ...] = (
@@ -36,6 +39,7 @@ DEFAULT_PIPELINE: tuple[tuple[str, Pass], ...] = (
     ("simplify", simplify),
     ("masks", masks),
     ("col2im", col2im),
+    ("layout", layout),
     ("cse", cse),
     ("dce", dce),
     ("remat", remat),
