@@ -11,10 +11,14 @@ round. A shared machine's speed drifts over seconds (other tenants, clock
 changes); measured one after the other, one system could get a fast minute
 and the next a slow one, and their ratio would measure the machine. Taken
 in turns, every system sees the same drift, so the ratio of medians is a
-comparison of the systems. A short pause before each block lets the thread
-pools of the system that ran before it go idle (OpenMP and XLA workers
+comparison of the systems. A pause before each block lets the thread
+pools of the system that ran before it go idle (OpenMP, MKL and XLA workers
 spin for a while after their last task), so no block shares the cores
-with another system's spinning threads. After the pause each system runs
+with another system's spinning threads. 20 ms was too short beside torch
+(2026-11-26, 2 vCPUs): a LeNet step measured 4.8-4.9 ms in blocks that
+followed torch.compile's and 2.1 ms with a 0.5 s pause or alone, and GPT
+small's systems all ran 10-40% slower (symgrad 30.7 against 22.1 ms,
+torch.compile 32.3 against 25.3); 0.3 s leaves them idle. After the pause each system runs
 one untimed step before its block: threads that went to sleep cost a
 wake-up of 1 to 7 ms on the project's 2-vCPU VMs after 20 ms idle (a
 halted vCPU; 2 us after 1 ms), which a training loop that never pauses
@@ -43,7 +47,7 @@ class Plan:
     steps: int | None = None       # fixed steps per block (overrides block_s / min_steps)
     warmup_steps: int = 3          # at least this many warm-up steps...
     warmup_s: float = 0.3          # ...and at least this long, so caches and JITs settle
-    settle_s: float = 0.02         # pause before each block (untimed): other systems' threads go idle;
+    settle_s: float = 0.3          # pause before each block (untimed): other systems' threads go idle;
                                    # then one untimed step wakes this system's own (see the module doc)
 
 
