@@ -141,7 +141,7 @@ def row_length(indices: np.ndarray) -> int | None:
 
 
 def _is_column_matrix(reader: Value, take: Value, shape: tuple, users: dict, outputs: set) -> bool:
-    """Whether `reader` of a take of column `shape` (_column_shape) reads the takes's patch columns
+    """Whether `reader` of a take of column `shape` (_column_shape) reads the take's patch columns
     only as the right operand of batched matmuls of at most COLUMN_ROWS rows, directly (the forward
     product) or through the transpose of their last two axes (the weight's gradient): the take's
     value is the (P, C, K2, L) columns of C groups of one channel; a reshape of it, those of G groups
