@@ -393,6 +393,16 @@ def assert_close(got, want, rtol, atol, what=""):
     np.testing.assert_allclose(got, want, rtol=rtol, atol=atol, err_msg=what)
 
 
+def assert_near_reference(got: list, want: list, dtype: str) -> None:
+    """Each output within 1e-12 (float64) or 2e-5 (float32) of its reference array's largest
+    element (at least 1): a compiled program against the NumPy reference's same graph, whose
+    sums it adds in another order."""
+    tol = 1e-12 if dtype == "float64" else 2e-5
+    for k, (g, r) in enumerate(zip(got, want)):
+        g, r = np.asarray(g, np.float64), np.asarray(r, np.float64)
+        assert np.abs(g - r).max() <= tol * max(np.abs(r).max(), 1.0), f"output {k}"
+
+
 def output_labels(case: Case) -> list[str]:
     """Names of a case's outputs, for error messages: out, grad0.., hvp0.."""
     n = sum(a.differentiable for a in case.args)

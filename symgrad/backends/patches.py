@@ -93,36 +93,38 @@ def patch_takes(graph: Graph) -> frozenset:
     return frozenset(chosen)
 
 
-def _patch_shape(take: Value):
-    """(P, R, Q, L, K2) of a take that gathers patch rows, else None."""
+def _constant_take(take: Value, axis: int):
+    """(source shape, index map) of a float take along `axis` of a 3-D value at a constant 2-D int64
+    index map of known sizes, every entry inside the source's axis; else None."""
     source, indices = take.inputs
-    if take.attrs["axis"] != 1 or source.ndim != 3 or indices.ndim != 2 or indices.op.name != "const":
+    if take.attrs["axis"] != axis or source.ndim != 3 or indices.ndim != 2 or indices.op.name != "const":
         return None
     if take.dtype not in ("float32", "float64") or indices.dtype != "int64":
         return None
-    P, R, Q = source.shape
-    L, K2 = indices.shape
     value = indices.attrs["value"]
-    if not all(isinstance(s, int) for s in (R, Q, L, K2)) or not isinstance(value, np.ndarray) \
-            or value.shape != (L, K2) or value.size == 0 or value.min() < 0 or value.max() >= R:
+    if not all(isinstance(s, int) for s in (*source.shape[1:], *indices.shape)) or not isinstance(value, np.ndarray) \
+            or value.shape != indices.shape or value.size == 0 or value.min() < 0 or value.max() >= source.shape[axis]:
         return None
-    return P, R, Q, L, K2
+    return source.shape, value
+
+
+def _patch_shape(take: Value):
+    """(P, R, Q, L, K2) of a take that gathers patch rows, else None."""
+    found = _constant_take(take, 1)
+    if found is None:
+        return None
+    (P, R, Q), value = found
+    return (P, R, Q, *value.shape)
 
 
 def _column_shape(take: Value):
     """(P, C, R, K2, L, W) of a take that gathers each image's patch columns along whole output rows
     of W positions, else None."""
-    source, indices = take.inputs
-    if take.attrs["axis"] != 2 or source.ndim != 3 or indices.ndim != 2 or indices.op.name != "const":
+    found = _constant_take(take, 2)
+    if found is None:
         return None
-    if take.dtype not in ("float32", "float64") or indices.dtype != "int64":
-        return None
-    P, C, R = source.shape
-    K2, L = indices.shape
-    value = indices.attrs["value"]
-    if not all(isinstance(s, int) for s in (C, R, K2, L)) or not isinstance(value, np.ndarray) \
-            or value.shape != (K2, L) or value.size == 0 or value.min() < 0 or value.max() >= R:
-        return None
+    (P, C, R), value = found
+    K2, L = value.shape
     W = row_length(value)
     return None if W is None else (P, C, R, K2, L, W)
 

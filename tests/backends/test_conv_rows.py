@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 import symgrad as sg
+from helpers import assert_near_reference
 from symgrad import passes
 from symgrad.backends.lowering import lower
 from symgrad.backends.memory import memory_plan
@@ -85,11 +86,7 @@ def test_the_numbers_are_the_numpy_references(compiled):
     each array's largest element) on every path: vectors with an overlapping last one, rows narrower
     than a vector, short blocks of channels and patch rows, groups."""
     dtype, fn, reference, feed = compiled
-    got, want = fn(*feed), reference(*feed)
-    tol = 1e-12 if dtype == "float64" else 2e-5
-    for k, (g, r) in enumerate(zip(got, want)):
-        g, r = np.asarray(g, np.float64), np.asarray(r, np.float64)
-        assert np.abs(g - r).max() <= tol * max(np.abs(r).max(), 1.0), k
+    assert_near_reference(fn(*feed), reference(*feed), dtype)
 
 
 def test_row_length_finds_whole_output_rows():
