@@ -54,9 +54,13 @@ def _transposed(node: Value) -> tuple | None:
 
 
 def _small(operand: Value, node: Value) -> bool:
-    """Whether `operand` has at most 1/SMALL of `node`'s elements (known sizes only)."""
-    n, total = S.numel(operand.shape), S.numel(node.shape)
-    return isinstance(n, int) and isinstance(total, int) and n * SMALL <= total
+    """Whether `operand` (of known size) has at most 1/SMALL of `node`'s elements, counting only the
+    node's known sizes (a Dim batch counts as 1: a lower bound)."""
+    n = S.numel(operand.shape)
+    known = 1
+    for size in node.shape:
+        known *= size if isinstance(size, int) else 1
+    return isinstance(n, int) and n * SMALL <= known
 
 
 def _operands_in(node: Value, perm: tuple):

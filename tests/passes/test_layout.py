@@ -127,6 +127,29 @@ def test_a_convolution_block_keeps_its_activations_channels_last():
             assert np.abs(np.asarray(g) - w).max() <= 1e-12 * max(np.abs(w).max(), 1.0), backend
 
 
+def test_a_dim_batch_sinks_as_a_fixed_one():
+    """The same block over a Dim batch (as the examples build their steps): the BatchNorm's
+    per-channel operands count as small against the known sizes, every transpose of the 24-channel
+    activations cancels (the input's and its gradient's stay), and a call with 3 images matches the
+    unoptimized graph on C."""
+    rng = np.random.default_rng(3)
+    B = sg.Dim("B")
+    x = sg.input("x", (B, 3, 8, 8), dtype="float64")
+    w1, w2 = sg.input("w1", (24, 3, 3, 3), dtype="float64"), sg.input("w2", (20, 24, 3, 3), dtype="float64")
+    gamma, beta = sg.input("g", (24,), dtype="float64"), sg.input("b", (24,), dtype="float64")
+    h = sg.relu(sg.batch_norm(sg.conv2d(x, w1, padding=1), None, None, gamma, beta, training=True))
+    loss = sg.sum(sg.conv2d(h, w2, padding=1) ** 2)
+    inputs = [x, w1, w2, gamma, beta]
+    graph = sg.Graph(inputs, [loss, *sg.grad(loss, inputs)])
+    activations = [t for t in _transposes(passes.optimize(graph)) if t.shape[0] == B and 24 in t.shape]
+    assert not activations, [t.type_str for t in activations]
+    feed = [rng.standard_normal((3, 3, 8, 8)), *(rng.standard_normal(v.shape) for v in inputs[1:])]
+    want = sg.function(inputs, list(graph.outputs), backend="numpy", optimize=False)(*feed)
+    got = sg.function(inputs, list(graph.outputs), backend="c")(*feed)
+    for g, w in zip(got, want):
+        assert np.abs(np.asarray(g) - w).max() <= 1e-12 * max(np.abs(w).max(), 1.0)
+
+
 def test_a_chain_that_ends_in_a_gather_keeps_its_layout():
     """conv (channels-last GEMM) -> bias -> ReLU -> max_pool2d (a take of windows): the take would
     need a contiguous copy of a channels-last value, so nothing sinks (LeNet's second layer);
