@@ -21,6 +21,8 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Any
 
+import sympy
+
 from ..ir import shapes as S
 from ..ir.elementwise import ARGS
 from ..ir.value import Value
@@ -59,6 +61,27 @@ class GatherKernel:
         return replace(self, src=view(self.src), indices=view(self.indices), out=new.get(id(self.out), self.out))
 
 
+def _borders(node: Value) -> list | None:
+    """The (starts, shape) boxes that cover embed's output outside its window of steps 1, disjoint:
+    for each axis d, the rows before and after the window along d, inside the window on the axes
+    before d and whole on those after. None when a box's size is not a known number."""
+    (g,) = node.inputs
+    starts, size = node.attrs["starts"], node.shape
+    boxes = []
+    for d in range(node.ndim):
+        stop = S.as_size(starts[d] + g.shape[d])
+        for lo, hi in ((0, starts[d]), (stop, size[d])):
+            length = S.as_size(sympy.sympify(hi) - lo)
+            if not isinstance(length, int):
+                return None         # (a window along a Dim axis that does not cover it: zero it all)
+            if length == 0:
+                continue
+            box_starts = tuple(starts[:d]) + (lo,) + (0,) * (node.ndim - d - 1)
+            box_shape = tuple(g.shape[:d]) + (length,) + tuple(size[d + 1:])
+            boxes.append((box_starts, box_shape))
+    return boxes
+
+
 def contiguous_operand(lowerer, node: Value) -> View:
     """The view of `node`'s value, copied into a buffer of its own unless it is already contiguous."""
     view = lowerer.views[id(node)]
@@ -94,11 +117,22 @@ def lower_gather(lowerer, node: Value) -> View:
 
 
 def _embed(lowerer, node: Value) -> View:
-    """Zeros of the node's shape, then g stored into its window: two loop kernels on one buffer."""
+    """Zeros around g's window (or, for a strided window, everywhere), then g stored into its
+    window: loop kernels on one buffer."""
     (g,) = node.inputs
     out = lowerer.alloc(node)
-    zero = literal_view(0, node.shape, node.dtype)
-    lowerer.copy(node, zero, out, "zero the array embed writes into")
+    borders = _borders(node) if all(step == 1 for step in node.attrs["steps"]) else None
+    if borders is None:
+        lowerer.copy(node, literal_view(0, node.shape, node.dtype), out, "zero the array embed writes into")
+    for starts, shape in borders or ():
+        # A padded image's border, not the whole array, which the window then overwrites (a
+        # convolution's padding: 4 thin slabs of 34 x 34, not 34 x 34 zeros and the image again).
+        slab = slice_view(buffer_view(out, node.shape), starts, (1,) * node.ndim, shape)
+        statement = Statement("r", node, ARGS[0], ["v0"], [node.dtype], node.dtype, out.dtype,
+                              f"zero embed's border outside its window: {lowerer.line(node)}")
+        lowerer.kernels.append(lowerer._loop(f"k{len(lowerer.kernels)}_copy", [statement.line], shape, out,
+                                             [Operand("v0", literal_view(0, shape, node.dtype), "zero")],
+                                             [statement], "r", out_view=slab))
     window = slice_view(buffer_view(out, node.shape), node.attrs["starts"], node.attrs["steps"], g.shape)
     source = broadcast_view(lowerer.views[id(g)], g.shape)
     statement = Statement("r", node, ARGS[0], ["v0"], [g.dtype], g.dtype, out.dtype, lowerer.line(node))
