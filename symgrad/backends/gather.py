@@ -21,8 +21,6 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Any
 
-import sympy
-
 from ..ir import shapes as S
 from ..ir.elementwise import ARGS
 from ..ir.value import Value
@@ -71,7 +69,7 @@ def _borders(node: Value) -> list | None:
     for d in range(node.ndim):
         stop = S.as_size(starts[d] + g.shape[d])
         for lo, hi in ((0, starts[d]), (stop, size[d])):
-            length = S.as_size(sympy.sympify(hi) - lo)
+            length = S.as_size(hi - lo)
             if not isinstance(length, int):
                 return None         # (a window along a Dim axis that does not cover it: zero it all)
             if length == 0:
@@ -128,11 +126,8 @@ def _embed(lowerer, node: Value) -> View:
         # A padded image's border, not the whole array, which the window then overwrites (a
         # convolution's padding: 4 thin slabs of 34 x 34, not 34 x 34 zeros and the image again).
         slab = slice_view(buffer_view(out, node.shape), starts, (1,) * node.ndim, shape)
-        statement = Statement("r", node, ARGS[0], ["v0"], [node.dtype], node.dtype, out.dtype,
-                              f"zero embed's border outside its window: {lowerer.line(node)}")
-        lowerer.kernels.append(lowerer._loop(f"k{len(lowerer.kernels)}_copy", [statement.line], shape, out,
-                                             [Operand("v0", literal_view(0, shape, node.dtype), "zero")],
-                                             [statement], "r", out_view=slab))
+        lowerer.copy(node, literal_view(0, shape, node.dtype), out, "zero embed's border outside its window",
+                     out_view=slab)
     window = slice_view(buffer_view(out, node.shape), node.attrs["starts"], node.attrs["steps"], g.shape)
     source = broadcast_view(lowerer.views[id(g)], g.shape)
     statement = Statement("r", node, ARGS[0], ["v0"], [g.dtype], g.dtype, out.dtype, lowerer.line(node))

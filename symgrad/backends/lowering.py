@@ -260,14 +260,15 @@ class _Lowerer:
             return view
         raise LoweringError(f"no lowering for movement op {name!r}")
 
-    def copy(self, node: Value, view: View, out: Buffer, why: str) -> None:
-        """A loop kernel storing `view` into `out` (converted to out's dtype)."""
+    def copy(self, node: Value, view: View, out: Buffer, why: str, out_view: View | None = None) -> None:
+        """A loop kernel storing `view` into `out` (converted to out's dtype): the whole buffer, or
+        the window `out_view` of it."""
         shape = view.shape
         operand = Operand("v0", view, why)
         stmt = Statement("r", node, ARGS[0], ["v0"], [view.dtype], view.dtype, out.dtype,
                          f"{why}: {self.line(node) if node.inputs else self.name(node)}")
         self.kernels.append(self._loop(f"k{len(self.kernels)}_copy", [stmt.line], shape, out,
-                                       [operand], [stmt], "r"))
+                                       [operand], [stmt], "r", out_view=out_view))
 
     def _loop(self, name, lines, shape, out, operands, statements, result, out_view=None) -> LoopKernel:
         """A loop over `shape` storing `result` into `out` (through `out_view`: by default the whole
