@@ -35,7 +35,8 @@ from ..ir import shapes as S
 from ..ir.graph import Graph
 from ..ir.registry import MATMUL
 from ..ir.value import Value
-from . import runtime
+from ..passes.patch_grid import Grid, grid
+from . import runtime, winograd
 from .views import Buffer, View
 
 KIND = "patches"  # the View kind of a patch matrix read in place
@@ -54,6 +55,7 @@ class Patches:
     R: int
     purpose: str = ""      # the take's: what the patches are for (a convolution), for the report
     transposed: bool = False
+    grid: Grid | None = None   # a stride-1 convolution's geometry (passes.patch_grid), else None
 
 
 @dataclass(frozen=True, eq=False)
@@ -211,7 +213,7 @@ def patch_view(take: Value, source: View, indices: View) -> View:
     purpose = take.attrs.get("purpose", "")
     if take.attrs["axis"] == 1:
         P, R, Q, L, K2 = _patch_shape(take)
-        spec = Patches(indices.buffer, L, K2, Q, R, purpose)
+        spec = Patches(indices.buffer, L, K2, Q, R, purpose, grid=grid(take.inputs[1].attrs["value"]))
     else:
         P, C, R, K2, L, W = _column_shape(take)
         spec = Columns(indices.buffer, L, K2, W, R, C, C, purpose)  # C groups of one channel, until a reshape
@@ -237,6 +239,14 @@ def is_patches(view: View) -> bool:
 def is_columns(view: View) -> bool:
     """Whether `view` is each image's patch columns read in place (a direct convolution's)."""
     return view.kind == KIND and isinstance(view.literal, Columns)
+
+
+def is_winograd(a: View, n, epilogue) -> bool:
+    """Whether a matmul of `n` columns reading `a`, finishing `epilogue` (its fused statements), is a
+    Winograd convolution (winograd.chosen). One with an epilogue stays the GEMM's, which applies it
+    tile by tile: no convolution's product has one (the transpose back to channels first stands
+    between the product and its elementwise readers)."""
+    return is_patches(a) and not is_columns(a) and not epilogue and winograd.chosen(a.literal, n)
 
 
 def matmul_gemm(dtype: str, n, a: View) -> tuple[str, str]:

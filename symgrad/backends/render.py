@@ -26,7 +26,7 @@ from . import runtime
 from .attention import AttentionKernel
 from .collective import DTYPES as COLLECTIVE_DTYPES, CollectiveKernel
 from .gather import GatherKernel
-from .patches import is_columns, is_patches, matmul_gemm
+from .patches import is_columns, is_patches, is_winograd, matmul_gemm
 from .expressions import Exprs, comment, contiguous, convert, lowest
 from .languages import COLUMN_TILE, PARALLEL_MIN, Language
 from .lowering import PRODUCT, REDUCED, LoopKernel, MatmulKernel, Plan, ReduceKernel, RowKernel, View
@@ -316,9 +316,10 @@ class Renderer:
         if is_columns(b):
             return self.direct_convolution(k)
         patches = a.literal if is_patches(a) else None  # a convolution's patches, gathered by the GEMM
+        winograd = patches is not None and runtime_gemm and not k.batch and is_winograd(a, k.N, k.epilogue_statements)
         if patches is not None and (not runtime_gemm or k.batch):
             raise NotImplementedError(f"no {self.lang.name} matmul gathering its patches ({k.name})")
-        read = [a.buffer, *([patches.indices] if patches else []), b.buffer, *epilogue_buffers]
+        read = [a.buffer, *([patches.indices] if patches and not winograd else []), b.buffer, *epilogue_buffers]
         params, args = self.params(read, k.out, context=runtime_gemm)
         # A batched product: one GEMM per batch index n0, n1, ..., each operand's pointer moved by
         # its batch strides (0 where it is broadcast).
@@ -334,11 +335,16 @@ class Renderer:
                           sam=self.ex.size(a.strides[0]) if not patches else None,
                           sak=self.ex.size(a.strides[1]) if not patches else None,
                           sbk=self.ex.size(b.strides[0]), sbn=self.ex.size(b.strides[1]), epilogue=None,
-                          patches=None, columns=None)
+                          patches=None, columns=None, winograd=None)
         if not runtime_gemm:
             return ctx
         gemm, kind = matmul_gemm(k.out.dtype, k.N, a)
-        if patches is not None:
+        if winograd:
+            grid, suffix = patches.grid, runtime.GEMM[k.out.dtype]['suffix']
+            gemm = f"sg_conv_winograd_{suffix}"
+            ctx["winograd"] = dict(type=f"sg_winograd_{suffix}", R=patches.R, Q=patches.Q, Ho=grid.Ho, Wo=grid.Wo,
+                                   Wp=grid.Wp, origin=grid.origin, tap=list(grid.tap))
+        elif patches is not None:
             ctx["patches"] = dict(type=f"sg_patches_{runtime.GEMM[k.out.dtype]['suffix']}", idx=patches.indices.name,
                                   L=patches.L, K2=patches.K2, Q=patches.Q, R=patches.R,
                                   transposed=int(patches.transposed))

@@ -15,11 +15,11 @@ import numpy as np
 from ..ir import dtypes as D
 from ..ir import shapes as S
 from ..passes import format_report
-from . import runtime
+from . import runtime, winograd
 from .attention import AttentionKernel
 from .gather import GatherKernel
 from .lowering import LoopKernel, MatmulKernel, ReduceKernel, RowKernel
-from .patches import is_columns, is_patches, matmul_gemm
+from .patches import is_columns, is_patches, is_winograd, matmul_gemm
 
 # Compile stages in the order they run, with the words the report uses.
 STAGES = (("graph", "graph build + autodiff"), ("lookup", "program cache lookup"), ("passes", "graph passes"),
@@ -71,6 +71,11 @@ def _purpose_lines(plan, mp) -> list[str]:
             lines.append(f"  {k.name}: {spec.purpose}: read{' transposed' if spec.transposed else ''} from "
                          f"{k.b.buffer.name} along output rows of {spec.W} (direct convolution), "
                          f"{format_bytes(nbytes)} never stored")
+        elif isinstance(k, MatmulKernel) and is_winograd(k.a, k.N, k.epilogue_statements):
+            spec, g = k.a.literal, k.a.literal.grid
+            nbytes = int(S.evaluate(S.numel(k.a.shape), mp.bindings)) * D.to_numpy(k.a.dtype).itemsize
+            lines.append(f"  {k.name}: {spec.purpose}: {g.Ho}x{g.Wo} outputs from {k.a.buffer.name} by Winograd's "
+                         f"F({winograd.M}x{winograd.M}, 3x3), {format_bytes(nbytes)} never stored")
         elif isinstance(k, MatmulKernel) and is_patches(k.a):
             spec = k.a.literal
             nbytes = int(S.evaluate(S.numel(k.a.shape), mp.bindings)) * D.to_numpy(k.a.dtype).itemsize
@@ -120,12 +125,20 @@ def step_memory(graph, plan, mp) -> dict:
     parts["arena"] = mp.arena_bytes
     # A batched product's GEMMs may run one per thread at once (their batch indices shared out).
     team = runtime.team_size()
-    packing = [runtime.packing_bytes(k.out.dtype, *(S.evaluate(size, mp.bindings) for size in (k.M, k.N, k.K)),
-                                     kind=matmul_gemm(k.out.dtype, k.N, k.a)[1])
-               * (team if k.batch else 1) for k in plan.kernels
+    packing = [_workspace(k, mp, team) for k in plan.kernels
                if isinstance(k, MatmulKernel) and not is_columns(k.b)]  # (a direct convolution allocates nothing)
     parts["GEMM packing"] = max(packing, default=0)
     return parts
+
+
+def _workspace(k: MatmulKernel, mp, team: int) -> int:
+    """The most a matmul's runtime call allocates while it runs: a Winograd convolution's
+    transformed weight and blocks, else the GEMM's packed panels."""
+    if is_winograd(k.a, k.N, k.epilogue_statements):
+        return winograd.workspace_bytes(k.a.literal, k.N, D.to_numpy(k.out.dtype).itemsize, team,
+                                        64 // D.to_numpy(k.out.dtype).itemsize)
+    return runtime.packing_bytes(k.out.dtype, *(S.evaluate(size, mp.bindings) for size in (k.M, k.N, k.K)),
+                                 kind=matmul_gemm(k.out.dtype, k.N, k.a)[1]) * (team if k.batch else 1)
 
 
 def step_memory_lines(graph, plan, mp) -> list[str]:

@@ -30,7 +30,7 @@ import numpy as np
 import sympy
 
 from ..ir import dtypes as D
-from . import cache
+from . import cache, winograd
 from .templates import render, template_dir
 
 HEADER = "symgrad_runtime.h"    # the name programs include it by
@@ -197,7 +197,9 @@ def _context(targets: tuple) -> dict:
                 vectors=vectors, narrow=[v for d in GEMM for v in _narrow_variants(d, targets)],
                 convs=[dict(ctype=D.C_TYPES[d], suffix=GEMM[d]["suffix"], SUFFIX=GEMM[d]["suffix"].upper(),
                             rows=CONV_ROWS, parallel_min=GEMM_PARALLEL_MIN,
-                            tiles=target_branches(targets, lambda t: t.conv_vectors)) for d in GEMM])
+                            tiles=target_branches(targets, lambda t: t.conv_vectors)) for d in GEMM],
+                winograds=[dict(ctype=D.C_TYPES[d], suffix=GEMM[d]["suffix"], SUFFIX=GEMM[d]["suffix"].upper(),
+                                parallel_min=GEMM_PARALLEL_MIN, **winograd.transforms(D.C_TYPES[d])) for d in GEMM])
 
 
 def header() -> str:

@@ -29,6 +29,7 @@ from ..ir import shapes as S
 from ..ir.graph import Graph
 from ..ir.registry import MATMUL, lookup
 from ..ir.value import Value, make
+from .patch_grid import grid
 from .rewrite import rebuild
 
 GROWTH = 1.5       # the most the pixels R may outnumber the positions L (the product grows as R / L)
@@ -66,11 +67,15 @@ def col2im_as_gather(node: Value, uses: dict) -> Value | None:
         return None
     if product.shape[1] != K2 * C or not S.same_size(product.shape[0], S.as_size(P * L)):
         return None  # the product's rows are not the patch rows (another factoring of the same size)
-    inv = inverse_taps(value.astype(np.int64), R)
-    if inv is None:
-        return None
-    rows = make(lookup("embed"), (_reshape(dy, (P, L, O)),), shape=S.as_shape((P, L + 1, O)),
-                starts=(0, 0, 0), steps=(1, 1, 1))                                   # a zero row at L
+    padded = _padded_gradient(dy, value, R, (P, L, O))
+    if padded is not None:
+        rows, inv = padded
+    else:
+        inv = inverse_taps(value.astype(np.int64), R)
+        if inv is None:
+            return None
+        rows = make(lookup("embed"), (_reshape(dy, (P, L, O)),), shape=S.as_shape((P, L + 1, O)),
+                    starts=(0, 0, 0), steps=(1, 1, 1))                               # a zero row at L
     inv.flags.writeable = False
     purpose = (f"col2im as a gather: the output gradient at each of {R} pixels' {K2} taps, "
                f"{K2 * O} columns, one GEMM")
@@ -79,6 +84,27 @@ def col2im_as_gather(node: Value, uses: dict) -> Value | None:
     taps_as_rows = _reshape(make(lookup("transpose"), (_reshape(weight, (O, K2, C)),), perm=(1, 0, 2)), (K2 * O, C))
     product = make(lookup("matmul"), (_reshape(gathered, (P * R, K2 * O)), taps_as_rows))
     return _reshape(product, node.shape)
+
+
+def _padded_gradient(dy: Value, idx: np.ndarray, R: int, shape: tuple):
+    """(dY padded, inv) for a k x k stride-1 convolution whose padded image is exactly its taps'
+    extent (patch_grid.Grid with origin 0, rows of Wo + k - 1 pixels, R of them): dY's Ho x Wo
+    grid of positions padded by k - 1 zeros on every side, and the index map reading it, pixel
+    (iy, ix)'s tap (ky, kx) at (iy + k - 1 - ky, ix + k - 1 - kx). The gather is then a stride-1
+    convolution itself (the flipped kernel over the padded gradient), which the C backend may
+    compute by Winograd's algorithm (backends.winograd); else None."""
+    g = grid(idx)
+    if g is None or g.origin != 0 or g.Wp != g.Wo + g.k - 1 or R != (g.Ho + g.k - 1) * g.Wp:
+        return None
+    P, L, O = shape
+    k, Hq, Wq = g.k, g.Ho + 2 * (g.k - 1), g.Wo + 2 * (g.k - 1)
+    padded = make(lookup("embed"), (_reshape(dy, (P, g.Ho, g.Wo, O)),), shape=S.as_shape((P, Hq, Wq, O)),
+                  starts=(0, k - 1, k - 1, 0), steps=(1, 1, 1, 1))
+    iy, ix = np.divmod(np.arange(R), g.Wp)
+    ky, kx = np.divmod(np.arange(k * k), k)
+    inv = np.empty((R, k * k), dtype=np.int64)
+    inv[:, list(g.tap)] = (iy[:, None] + k - 1 - ky[None, :]) * Wq + ix[:, None] + k - 1 - kx[None, :]
+    return _reshape(padded, (P, Hq * Wq, O)), inv
 
 
 def _reshape(x: Value, shape) -> Value:

@@ -16,6 +16,7 @@ from symgrad import passes
 from symgrad.backends.lowering import lower
 from symgrad.backends.memory import memory_plan
 from symgrad.passes.col2im import col2im, inverse_taps
+from symgrad.passes.patch_grid import grid
 from symgrad.passes.pipeline import DEFAULT_PIPELINE
 
 def _graph(N, C, H, W, O, k, stride, padding, dilation, dtype="float64"):
@@ -41,6 +42,25 @@ def test_which_convolutions_are_rewritten():
     assert _fired(_graph(2, 24, 16, 16, 32, 3, 2, 1, 1)) == 0     # stride 2
     assert _fired(_graph(2, 16, 16, 16, 32, 3, 1, 1, 1)) == 0     # 16 input channels
     assert _fired(_graph(2, 24, 4, 4, 32, 3, 1, 1, 1)) == 0       # 6x6 pixels per 4x4 positions
+
+
+def _gathered_map(graph) -> np.ndarray:
+    """The index map of the col2im gather in `graph` after the pipeline up to col2im."""
+    rewritten = col2im(passes.optimize(graph, passes=DEFAULT_PIPELINE[:3]))
+    (take,) = [n for n in rewritten.nodes if n.op.name == "take" and n.attrs.get("purpose", "").startswith("col2im")]
+    return take.inputs[1].attrs["value"]
+
+
+def test_a_stride_1_gradient_is_gathered_from_its_padded_grid():
+    """Stride 1, dilation 1 over the whole padded image: the output gradient padded by k - 1 on
+    each side and read as a convolution with the flipped kernel (patch_grid.grid finds it: one
+    output per pixel of the 18x18 padded image, rows of 20), which backends/winograd computes.
+    With dilation 2 the taps are no such grid: a zero row stands for the taps outside."""
+    g = grid(_gathered_map(_graph(2, 24, 16, 16, 32, 3, 1, 1, 1)))
+    assert (g.k, g.Ho, g.Wo, g.Wp, g.origin) == (3, 18, 18, 20, 0)
+    assert g.tap == tuple(reversed(range(9)))   # the forward's tap (ky, kx) reads (2 - ky, 2 - kx) here
+    dilated = _gathered_map(_graph(2, 24, 24, 24, 32, 3, 1, 2, 2))
+    assert grid(dilated) is None and dilated.max() == 24 * 24   # L: the zero row
 
 
 def test_a_product_whose_rows_are_not_patch_rows_is_left_alone():
@@ -100,7 +120,10 @@ def test_the_c_program_stores_no_patch_gradient(chain):
     fn = sg.function(inputs, list(graph.outputs), backend="c")
     kernels = [line for line in fn.source.splitlines() if line.startswith("static void k")]
     assert not any("scatter_add" in line for line in kernels), kernels
-    assert fn.source.count("context->status = sg_gemm_patches_") == 6   # 2 forward, 2 weight, 2 input gradients
+    # 2 forward products, 2 weight gradients, 2 input gradients: the 3x3 stride-1 ones by Winograd's
+    # algorithm (backends/winograd.py), the weight gradients by the patch GEMM
+    assert fn.source.count("context->status = sg_gemm_patches_") == 2
+    assert fn.source.count("context->status = sg_conv_winograd_") == 4
     without = [entry for entry in DEFAULT_PIPELINE if entry[0] != "col2im"]
     scattered, gathered = (memory_plan(lower(passes.optimize(graph, passes=pipeline), matmul_epilogues=True,
                                              implicit_gemm=True)).arena_bytes
