@@ -77,6 +77,12 @@ class Columns:
 
 
 COLUMN_ROWS = 32  # the most output channels (per group) a direct convolution computes; wider ones tile a GEMM
+# The fewest columns of a patch product the blocked GEMM computes, gathering its patches, where a
+# product of a stored matrix would take a narrow kernel (runtime.NARROW_N): 16 fill the micro-kernel's
+# two-vector sliver of floats. LeNet's second convolution (16 channels), with the packing's runs
+# continued across a kernel row's taps (gemm.c.j2): its step 2.34-2.40 -> 1.94-1.99 ms on AVX2,
+# 2.14-2.19 -> 1.98-2.00 ms on AVX-512 (its patches no longer stored, nor its narrow kernels run).
+PATCH_GEMM_MIN_N = 16
 
 
 def patch_takes(graph: Graph) -> frozenset:
@@ -199,11 +205,14 @@ def _is_patch_matrix(reshape: Value, shape: tuple, users: dict, outputs: set) ->
 
 
 def _left_operand_only(matmul: Value, operand: Value) -> bool:
-    """A 2-D matmul reading `operand` as its left operand only, computed by the blocked GEMM (the
-    narrow kernels read A in place through strides, not gathered)."""
+    """A 2-D matmul reading `operand` as its left operand only, of at least PATCH_GEMM_MIN_N columns
+    or computed by the blocked GEMM anyway (the narrow kernels read A in place through strides, not
+    gathered)."""
     a, b = matmul.inputs
+    n = matmul.shape[1]
     return (matmul.op.kind == MATMUL and matmul.ndim == 2 and a is operand and b is not operand
-            and runtime.gemm_function(matmul.dtype, matmul.shape[1], 1, 1)[1] == "gemm")
+            and ((isinstance(n, int) and n >= PATCH_GEMM_MIN_N)
+                 or runtime.gemm_function(matmul.dtype, n, 1, 1)[1] == "gemm"))
 
 
 def patch_view(take: Value, source: View, indices: View) -> View:

@@ -22,6 +22,8 @@ CONVS = [
     (3, 5, 11, 10, 20, 3, 2, 1, 1),  # 5 channels: slivers across taps, stride 2, 45-element patch rows
     (2, 4, 12, 12, 24, 3, 1, 2, 2),  # dilation 2
     (1, 16, 6, 6, 17, 1, 1, 0, 1),   # a 1x1 convolution, 17 outputs (a ragged column sliver)
+    (2, 6, 14, 14, 16, 5, 1, 0, 1),  # LeNet's second layer: 16 outputs, the fewest the patch GEMM takes;
+                                     # 6 channels, each kernel row's 5 taps one run of 30 in the image
     (1, 8, 4, 4, 64, 3, 1, 1, 1),    # 16 patch rows, 72 patch columns: the GEMM splits columns, A packed whole
     (2, 40, 20, 20, 48, 5, 1, 2, 1), # patch rows of 1000 floats: K in four chunks, boundaries inside taps
     (2, 20, 32, 32, 24, 3, 1, 1, 1), # 2048 patch rows: the weight's gradient a tall product, K split over threads
@@ -48,13 +50,17 @@ def _convs(dtype: str, seed: int = 0):
     return loss, xs, ws, feed
 
 
-@pytest.fixture(scope="module", params=["float64", "float32"])
+@pytest.fixture(scope="module", params=["float64", "float32", "float32-avx2"])
 def compiled(request):
-    """(dtype, C function, NumPy function, inputs) of the loss and its gradients in every input."""
-    loss, xs, ws, feed = _convs(request.param)
+    """(dtype, C function, NumPy function, inputs) of the loss and its gradients in every input;
+    "-avx2" builds the program and its runtime for AVX2 (a register tile of 6 rows, not 8)."""
+    dtype, _, level = request.param.partition("-")
+    loss, xs, ws, feed = _convs(dtype)
     inputs = [v for pair in zip(xs, ws) for v in pair]
     outputs = [loss, *sg.grad(loss, inputs)]
-    return (request.param, sg.function(inputs, outputs, backend="c"),
+    options = {"flags": ["-O3", "-march=x86-64-v3", "-fopenmp", "-std=c11", "-fno-math-errno",
+                         "-fno-trapping-math"]} if level else {}
+    return (dtype, sg.function(inputs, outputs, backend="c", **options),
             sg.function(inputs, outputs, backend="numpy"), [feed[v.name] for v in inputs])
 
 
@@ -87,14 +93,18 @@ def _patch_takes(graph):
 
 
 def test_which_takes_are_read_in_place():
-    """A wide convolution's patches are read in place; not with the option off, not for a few output
-    channels (the narrow kernels read A through strides), and not when anything else reads them."""
+    """A wide convolution's patches are read in place (16 output channels are wide enough); not with
+    the option off, not for a few output channels (the narrow kernels read A through strides), and
+    not when anything else reads them."""
     x = sg.input("x", (2, 6, 8, 8))
     wide, narrow = sg.input("w", (32, 6, 3, 3)), sg.input("n", (8, 6, 3, 3))
     loss = sg.sum(sg.conv2d(x, wide, padding=1) ** 2)
     graph = passes.optimize(sg.Graph([x, wide], [loss, *sg.grad(loss, [x, wide])]))
     assert len(_patch_takes(graph)) == 1
     assert not decide(graph).patches
+    sixteen = sg.input("s", (16, 6, 5, 5))     # a whole sliver of columns: the patch GEMM's
+    loss = sg.sum(sg.conv2d(x, sixteen, padding=2) ** 2)
+    assert len(_patch_takes(passes.optimize(sg.Graph([x, sixteen], [loss, *sg.grad(loss, [sixteen])])))) == 1
     loss = sg.sum(sg.conv2d(x, narrow, padding=1) ** 2)
     assert not _patch_takes(passes.optimize(sg.Graph([x, narrow], [loss, *sg.grad(loss, [narrow])])))
     pixels = sg.reshape(sg.transpose(x, (0, 2, 3, 1)), (2, 64, 6))
