@@ -403,6 +403,36 @@ def assert_near_reference(got: list, want: list, dtype: str) -> None:
         assert np.abs(g - r).max() <= tol * max(np.abs(r).max(), 1.0), f"output {k}"
 
 
+def c_build_options(level: str) -> dict:
+    """sg.function's options building a C program and its runtime for a SIMD level instead of this
+    machine's: "sse2" (x86-64), "avx2" (x86-64-v3), or "" (this machine: no options)."""
+    if not level:
+        return {}
+    march = {"sse2": "x86-64", "avx2": "x86-64-v3"}[level]
+    return {"flags": ["-O3", f"-march={march}", "-fopenmp", "-std=c11", "-fno-math-errno", "-fno-trapping-math"]}
+
+
+def train_beside_torch(step, twin, optimizer, batches, dtype: str, rtol: float) -> None:
+    """Steps a symgrad train step (inputs x, y) and its torch twin (with its `optimizer`, cross
+    entropy) on the same `batches`: each step's losses within `rtol`, the loss lower at the end
+    than at the start, and every parameter and buffer of the twin's state within 100 rtol."""
+    losses = []
+    for xb, yb in batches:
+        xb = xb.astype(dtype)
+        ours = step(x=xb, y=yb)
+        optimizer.zero_grad()
+        loss = TF.cross_entropy(twin(torch.from_numpy(xb)), torch.from_numpy(yb))
+        loss.backward()
+        optimizer.step()
+        losses.append((ours, loss.item()))
+    for k, (ours, theirs) in enumerate(losses):
+        assert abs(ours - theirs) <= rtol * abs(theirs), f"step {k}: {ours} against torch's {theirs}"
+    assert losses[-1][0] < losses[0][0], "the network did not learn"
+    for name, value in twin.state_dict().items():
+        np.testing.assert_allclose(step.state_dict()[name], value.numpy(), rtol=100 * rtol, atol=100 * rtol,
+                                   err_msg=name)
+
+
 def output_labels(case: Case) -> list[str]:
     """Names of a case's outputs, for error messages: out, grad0.., hvp0.."""
     n = sum(a.differentiable for a in case.args)

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 import symgrad as sg
-from helpers import assert_near_reference
+from helpers import assert_near_reference, c_build_options
 from symgrad import passes
 from symgrad.backends.decisions import decide
 from symgrad.backends.lowering import lower
@@ -58,9 +58,7 @@ def compiled(request):
     loss, xs, ws, feed = _convs(dtype)
     inputs = [v for pair in zip(xs, ws) for v in pair]
     outputs = [loss, *sg.grad(loss, inputs)]
-    options = {"flags": ["-O3", "-march=x86-64-v3", "-fopenmp", "-std=c11", "-fno-math-errno",
-                         "-fno-trapping-math"]} if level else {}
-    return (dtype, sg.function(inputs, outputs, backend="c", **options),
+    return (dtype, sg.function(inputs, outputs, backend="c", **c_build_options(level)),
             sg.function(inputs, outputs, backend="numpy"), [feed[v.name] for v in inputs])
 
 

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 import symgrad as sg
-from helpers import assert_near_reference
+from helpers import assert_near_reference, c_build_options
 from symgrad.backends import winograd
 from symgrad.passes.patch_grid import grid
 
@@ -105,10 +105,7 @@ def compiled(request):
     dtype, _, level = request.param.partition("-")
     loss, inputs, feed = _loss(dtype)
     outputs = [loss, *sg.grad(loss, inputs)]
-    march = {"sse2": "x86-64", "avx2": "x86-64-v3"}.get(level)
-    options = {"flags": ["-O3", f"-march={march}", "-fopenmp", "-std=c11", "-fno-math-errno",
-                         "-fno-trapping-math"]} if march else {}
-    return (dtype, sg.function(inputs, outputs, backend="c", **options),
+    return (dtype, sg.function(inputs, outputs, backend="c", **c_build_options(level)),
             sg.function(inputs, outputs, backend="numpy"), feed)
 
 

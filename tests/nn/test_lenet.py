@@ -12,6 +12,7 @@ import pytest
 import torch
 
 import symgrad as sg
+from helpers import train_beside_torch
 from symgrad import nn
 
 STEPS, BATCH, LR = 20, 4, 2e-3
@@ -36,19 +37,4 @@ def test_lenet_trains_as_torch(dtype, rtol, backend):
     x = sg.input("x", (sg.Dim("B"), 1, 28, 28), dtype=dtype)
     y = sg.input("y", (sg.Dim("B"),), dtype="int64")
     step = sg.train_step(sg.cross_entropy(model(x), y), model.parameters(), sg.optim.Adam(lr=LR), backend=backend)
-    optimizer = torch.optim.Adam(twin.parameters(), lr=LR)
-    losses = []
-    for xb, yb in BATCHES:
-        xb = xb.astype(dtype)
-        ours = step(x=xb, y=yb)
-        optimizer.zero_grad()
-        loss = torch.nn.functional.cross_entropy(twin(torch.from_numpy(xb)), torch.from_numpy(yb))
-        loss.backward()
-        optimizer.step()
-        losses.append((ours, loss.item()))
-    for k, (ours, theirs) in enumerate(losses):
-        assert ours == pytest.approx(theirs, rel=rtol), f"step {k}"
-    assert losses[-1][0] < losses[0][0], "the network did not learn"
-    for name, value in twin.state_dict().items():
-        np.testing.assert_allclose(step.state_dict()[name], value.numpy(), rtol=100 * rtol, atol=100 * rtol,
-                                   err_msg=name)
+    train_beside_torch(step, twin, torch.optim.Adam(twin.parameters(), lr=LR), BATCHES, dtype, rtol)

@@ -11,6 +11,7 @@ import pytest
 import torch
 
 import symgrad as sg
+from helpers import train_beside_torch
 from symgrad import nn
 
 STEPS, BATCH, LR, CHANNELS = 20, 8, 0.02, 24
@@ -50,19 +51,4 @@ def test_a_residual_network_trains_as_torch(dtype, rtol, backend):
                          backend=backend)
     if backend == "c":   # the block's convolutions and their input gradients are Winograd's
         assert step.source.count("= sg_conv_winograd_") >= 2
-    optimizer = torch.optim.SGD(twin.parameters(), lr=LR, momentum=0.9)
-    losses = []
-    for xb, yb in BATCHES:
-        xb = xb.astype(dtype)
-        ours = step(x=xb, y=yb)
-        optimizer.zero_grad()
-        loss = torch.nn.functional.cross_entropy(twin(torch.from_numpy(xb)), torch.from_numpy(yb))
-        loss.backward()
-        optimizer.step()
-        losses.append((ours, loss.item()))
-    for k, (ours, theirs) in enumerate(losses):
-        assert ours == pytest.approx(theirs, rel=rtol), f"step {k}"
-    assert losses[-1][0] < losses[0][0], "the network did not learn"
-    for name, value in twin.state_dict().items():
-        np.testing.assert_allclose(step.state_dict()[name], value.numpy(), rtol=100 * rtol, atol=100 * rtol,
-                                   err_msg=name)
+    train_beside_torch(step, twin, torch.optim.SGD(twin.parameters(), lr=LR, momentum=0.9), BATCHES, dtype, rtol)
