@@ -341,9 +341,9 @@ class Renderer:
         gemm, kind = matmul_gemm(k.out.dtype, k.N, a)
         if winograd:
             grid, suffix = patches.grid, runtime.GEMM[k.out.dtype]['suffix']
-            gemm = f"sg_conv_winograd_{suffix}"
+            gemm = f"sg_conv_winograd_{'grad_' if patches.transposed else ''}{suffix}"
             ctx["winograd"] = dict(type=f"sg_winograd_{suffix}", R=patches.R, Q=patches.Q, Ho=grid.Ho, Wo=grid.Wo,
-                                   Wp=grid.Wp, origin=grid.origin, tap=list(grid.tap))
+                                   Wp=grid.Wp, origin=grid.origin, tap=list(grid.tap), transposed=patches.transposed)
         elif patches is not None:
             ctx["patches"] = dict(type=f"sg_patches_{runtime.GEMM[k.out.dtype]['suffix']}", idx=patches.indices.name,
                                   L=patches.L, K2=patches.K2, Q=patches.Q, R=patches.R,

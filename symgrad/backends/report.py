@@ -74,8 +74,10 @@ def _purpose_lines(plan, mp) -> list[str]:
         elif isinstance(k, MatmulKernel) and is_winograd(k.a, k.N, k.epilogue_statements):
             spec, g = k.a.literal, k.a.literal.grid
             nbytes = int(S.evaluate(S.numel(k.a.shape), mp.bindings)) * D.to_numpy(k.a.dtype).itemsize
-            lines.append(f"  {k.name}: {spec.purpose}: {g.Ho}x{g.Wo} outputs from {k.a.buffer.name} by Winograd's "
-                         f"F({winograd.M}x{winograd.M}, 3x3), {format_bytes(nbytes)} never stored")
+            what = f"summed over {g.Ho}x{g.Wo} outputs" if spec.transposed else f"{g.Ho}x{g.Wo} outputs"
+            lines.append(f"  {k.name}: {spec.purpose}: {what} from {k.a.buffer.name} by Winograd's "
+                         f"F({winograd.M}x{winograd.M}, 3x3){' transposed' if spec.transposed else ''}, "
+                         f"{format_bytes(nbytes)} never stored")
         elif isinstance(k, MatmulKernel) and is_patches(k.a):
             spec = k.a.literal
             nbytes = int(S.evaluate(S.numel(k.a.shape), mp.bindings)) * D.to_numpy(k.a.dtype).itemsize

@@ -17,13 +17,17 @@ smaller rounding errors); the transforms are additions and a few multiplications
 In float32 its results differ from a direct convolution's by about 1e-6 of their magnitude, as
 cuDNN's and oneDNN's Winograd convolutions do.
 
+The weight's gradient, X^T dY, is the same bilinear map differentiated: dW = G^T [sum over tiles
+of (A e A^T) . (B^T d B)] G, e a tile of the output gradient: (m + 2)^2 GEMMs Q x tiles by
+tiles x N, summed over the tiles.
+
 `passes.patch_grid.grid(indices)` recognises the patch index map of such a convolution
-(patches.Patches.grid); `chosen(spec, n)` decides a product: a 3x3 grid's patch matrix read
-untransposed (the weight's gradient, X^T dY, is no convolution of this form), with enough
-channels each side for the GEMMs to pay for the transforms. The runtime computes it
-(templates/c/winograd.c.j2, sg_conv_winograd): the weight is transformed once per call, the
-tiles in blocks that stay in cache: a block's input transform, its (m + 2)^2 products on the
-GEMM micro-kernel, then its output transform into C.
+(patches.Patches.grid); `chosen(spec, n)` decides a product: a 3x3 grid's patch matrix, with
+enough channels each side for the GEMMs to pay for the transforms. The runtime computes it
+(templates/c/winograd.c.j2, sg_conv_winograd and sg_conv_winograd_grad): the weight is
+transformed once per call, the tiles in blocks that stay in cache: a block's input transform,
+its (m + 2)^2 products on the GEMM micro-kernel, then its output transform into C (or, for the
+gradient, the products summed into each thread's partials, transformed once at the end).
 
 `transforms(ctype)` gives the template the three 1-D transforms as C expressions, generated
 from the matrices here (zero coefficients left out, so the compiler has nothing to fold).
@@ -61,8 +65,9 @@ MIN_CHANNELS = 16
 
 def chosen(spec, n) -> bool:
     """Whether a matmul of `n` columns reading the patch matrix `spec` (patches.Patches) runs as a
-    Winograd convolution: untransposed, a 3x3 stride-1 grid, at least MIN_CHANNELS channels in and out."""
-    return (spec.grid is not None and spec.grid.k == 3 and not spec.transposed and spec.Q >= MIN_CHANNELS
+    Winograd convolution: a 3x3 stride-1 grid, at least MIN_CHANNELS channels in and out; the
+    patch matrix X (the forward product, the input gradient) or X^T (the weight's gradient)."""
+    return (spec.grid is not None and spec.grid.k == 3 and spec.Q >= MIN_CHANNELS
             and isinstance(n, int) and n >= MIN_CHANNELS)
 
 
@@ -73,8 +78,10 @@ def workspace_bytes(spec, n: int, itemsize: int, threads: int, sliver: int) -> i
     np_ = -(-n // sliver) * sliver
     fit = BLOCK_BYTES // (ALPHA * ALPHA * (spec.Q + np_) * itemsize)
     block = max(8, min(BLOCK_TILES, fit))  # the template's: a multiple of MR (at most 8) within these
-    per_thread = ALPHA * ALPHA * (block * (spec.Q + np_) + 2 * 64 // itemsize)
-    return (ALPHA * ALPHA * spec.Q * np_ + threads * per_thread) * itemsize
+    per_thread = ALPHA * ALPHA * (block * (spec.Q + np_) + 2 * 64 // itemsize) + (spec.Q + 8) * block + 16
+    # the transformed weight, shared; or (the weight's gradient) each thread's partial sums
+    sums = ALPHA * ALPHA * spec.Q * np_
+    return (sums * (threads if spec.transposed else 1) + threads * per_thread) * itemsize
 
 
 BLOCK_BYTES = 320 * 1024   # a block's transformed tiles and products, kept in a core's L2
@@ -101,9 +108,13 @@ def _combination(row, ctype: str) -> str:
 
 def transforms(ctype: str) -> dict:
     """The 1-D transforms as lists of C expressions over x[0..], one per output: `input` (B^T,
-    alpha -> alpha), `kernel` (G, 3 -> alpha), `output` (A^T, alpha -> m); with m and alpha."""
+    alpha -> alpha), `kernel` (G, 3 -> alpha), `output` (A^T, alpha -> m); for the weight's
+    gradient, their transposes `gradient` (A, m -> alpha: the output gradient's tile) and `sums`
+    (G^T, alpha -> 3: the summed products to the kernel's taps); with m and alpha."""
+    A, GT = tuple(zip(*AT)), tuple(zip(*G))
     return dict(m=M, alpha=ALPHA, input=[_combination(r, ctype) for r in BT],
                 kernel=[_combination(r, ctype) for r in G], output=[_combination(r, ctype) for r in AT],
+                gradient=[_combination(r, ctype) for r in A], sums=[_combination(r, ctype) for r in GT],
                 block_tiles=BLOCK_TILES, block_bytes=BLOCK_BYTES)
 
 

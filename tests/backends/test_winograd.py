@@ -1,6 +1,6 @@
 """Winograd convolution (symgrad.backends.winograd, templates/c/winograd.c.j2): a 3x3 stride-1
-convolution's forward product, and its input gradient after passes/col2im, computed by minimal
-filtering instead of the patch GEMM. The transforms against a plain correlation, the geometry read
+convolution's forward product, its weight gradient, and its input gradient after passes/col2im,
+computed by minimal filtering instead of the patch GEMM. The transforms against a plain correlation, the geometry read
 back from index maps (passes/patch_grid), which products take it, the numbers against the NumPy
 reference on every edge of the kernel and every SIMD level, and the report."""
 
@@ -109,14 +109,14 @@ def compiled(request):
             sg.function(inputs, outputs, backend="numpy"), feed)
 
 
-def test_each_convolution_and_input_gradient_is_winograds(compiled):
-    """Every forward product is a Winograd convolution, and so is each input gradient that col2im
-    made a convolution of the padded output gradient (the first and last: the others' padded
-    images are too large beside their outputs, passes/col2im); the weight gradients stay the
-    patch GEMM's."""
+def test_each_convolution_and_its_gradients_are_winograds(compiled):
+    """Every forward product and weight gradient is a Winograd convolution, and so is each input
+    gradient that col2im made a convolution of the padded output gradient (the first and last:
+    the others' padded images are too large beside their outputs, passes/col2im)."""
     _, fn, _, _ = compiled
-    assert fn.source.count("context->status = sg_conv_winograd_") == len(CONVS) + 2
-    assert fn.source.count("context->status = sg_gemm_patches_") == len(CONVS)
+    assert fn.source.count("context->status = sg_conv_winograd_f") == len(CONVS) + 2
+    assert fn.source.count("context->status = sg_conv_winograd_grad_") == len(CONVS)
+    assert "sg_gemm_patches_" not in fn.source
 
 
 def test_the_numbers_are_the_numpy_references(compiled):
@@ -128,11 +128,11 @@ def test_the_numbers_are_the_numpy_references(compiled):
 
 
 def test_the_report_names_the_algorithm():
-    """step.report() lists each Winograd product with its output grid, and its transformed
-    weight and blocks among what a call allocates."""
+    """step.report() lists each Winograd product (the forward's, the weight gradient's) with its
+    output grid."""
     x = sg.input("x", (4, 32, 16, 16))
     conv = sg.nn.Conv2d(32, 32, 3, padding=1)
     step = sg.train_step(sg.sum(sg.relu(conv(x)) ** 2), conv.parameters(), sg.optim.SGD(lr=0.1), backend="c")
-    report = step.report()
-    lines = [line for line in report.splitlines() if "Winograd" in line]
-    assert len(lines) == 1 and "16x16 outputs" in lines[0] and f"F({winograd.M}x{winograd.M}, 3x3)" in lines[0], lines
+    lines = [line for line in step.report().splitlines() if "Winograd" in line]
+    assert len(lines) == 2 and all(f"F({winograd.M}x{winograd.M}, 3x3)" in line for line in lines), lines
+    assert "16x16 outputs" in lines[0] and "summed over 16x16 outputs" in lines[1] and "transposed" in lines[1], lines
