@@ -412,6 +412,14 @@ def c_build_options(level: str) -> dict:
     return {"flags": ["-O3", f"-march={march}", "-fopenmp", "-std=c11", "-fno-math-errno", "-fno-trapping-math"]}
 
 
+def compiled_beside_reference(loss, inputs: list, level: str = "") -> tuple:
+    """(C function, NumPy function) of `loss` and its gradient in every input, the C program and
+    its runtime built for SIMD `level` (c_build_options)."""
+    outputs = [loss, *sg.grad(loss, inputs)]
+    return (sg.function(inputs, outputs, backend="c", **c_build_options(level)),
+            sg.function(inputs, outputs, backend="numpy"))
+
+
 def train_beside_torch(step, twin, optimizer, batches, dtype: str, rtol: float) -> None:
     """Steps a symgrad train step (inputs x, y) and its torch twin (with its `optimizer`, cross
     entropy) on the same `batches`: each step's losses within `rtol`, the loss lower at the end

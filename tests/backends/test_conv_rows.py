@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 import symgrad as sg
-from helpers import assert_near_reference, c_build_options
+from helpers import assert_near_reference, compiled_beside_reference
 from symgrad import passes
 from symgrad.backends.lowering import lower
 from symgrad.backends.memory import memory_plan
@@ -63,9 +63,7 @@ def compiled(request):
     "-sse2" and "-avx2" build the program and its runtime for that level instead of this machine."""
     dtype, _, level = request.param.partition("-")
     loss, inputs, feed = _loss(dtype)
-    outputs = [loss, *sg.grad(loss, inputs)]
-    return (dtype, sg.function(inputs, outputs, backend="c", **c_build_options(level)),
-            sg.function(inputs, outputs, backend="numpy"), feed)
+    return (dtype, *compiled_beside_reference(loss, inputs, level), feed)
 
 
 def test_each_row_wise_convolution_reads_its_images_in_place(compiled):

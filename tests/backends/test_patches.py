@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 import symgrad as sg
-from helpers import assert_near_reference, c_build_options
+from helpers import assert_near_reference, compiled_beside_reference
 from symgrad import passes
 from symgrad.backends.decisions import decide
 from symgrad.backends.lowering import lower
@@ -56,9 +56,7 @@ def compiled(request):
     dtype, _, level = request.param.partition("-")
     loss, xs, ws, feed = _convs(dtype)
     inputs = [v for pair in zip(xs, ws) for v in pair]
-    outputs = [loss, *sg.grad(loss, inputs)]
-    return (dtype, sg.function(inputs, outputs, backend="c", **c_build_options(level)),
-            sg.function(inputs, outputs, backend="numpy"), [feed[v.name] for v in inputs])
+    return (dtype, *compiled_beside_reference(loss, inputs, level), [feed[v.name] for v in inputs])
 
 
 def test_every_convolution_gathers_its_patches_in_the_gemm(compiled):

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 import symgrad as sg
-from helpers import assert_near_reference, c_build_options
+from helpers import assert_near_reference, compiled_beside_reference
 from symgrad.backends import winograd
 from symgrad.passes.patch_grid import grid
 
@@ -104,9 +104,7 @@ def compiled(request):
     "-sse2" and "-avx2" build the program and its runtime for that level instead of this machine."""
     dtype, _, level = request.param.partition("-")
     loss, inputs, feed = _loss(dtype)
-    outputs = [loss, *sg.grad(loss, inputs)]
-    return (dtype, sg.function(inputs, outputs, backend="c", **c_build_options(level)),
-            sg.function(inputs, outputs, backend="numpy"), feed)
+    return (dtype, *compiled_beside_reference(loss, inputs, level), feed)
 
 
 def test_each_convolution_and_its_gradients_are_winograds(compiled):
