@@ -60,6 +60,9 @@ def kernel_counts(plan) -> dict:
 def _purpose_lines(plan, mp) -> list[str]:
     """The gathers a composite op asked for by name (a convolution's im2col and its col2im), with
     the bytes of what each writes, for the memory plan's Dim binding."""
+    def size(view) -> str:  # the bytes of a view's whole value (a patch matrix read in place)
+        return format_bytes(int(S.evaluate(S.numel(view.shape), mp.bindings)) * D.to_numpy(view.dtype).itemsize)
+
     lines = []
     for k in plan.kernels:
         if isinstance(k, GatherKernel) and k.purpose:
@@ -67,22 +70,19 @@ def _purpose_lines(plan, mp) -> list[str]:
             lines.append(f"  {k.name}: {k.purpose} -> {k.out.name}, {format_bytes(nbytes)}")
         elif isinstance(k, MatmulKernel) and is_columns(k.b):
             spec = k.b.literal
-            nbytes = int(S.evaluate(S.numel(k.b.shape), mp.bindings)) * D.to_numpy(k.b.dtype).itemsize
             lines.append(f"  {k.name}: {spec.purpose}: read{' transposed' if spec.transposed else ''} from "
                          f"{k.b.buffer.name} along output rows of {spec.W} (direct convolution), "
-                         f"{format_bytes(nbytes)} never stored")
+                         f"{size(k.b)} never stored")
         elif isinstance(k, MatmulKernel) and is_winograd(k.a, k.N, k.epilogue_statements):
             spec, g = k.a.literal, k.a.literal.grid
-            nbytes = int(S.evaluate(S.numel(k.a.shape), mp.bindings)) * D.to_numpy(k.a.dtype).itemsize
             what = f"summed over {g.Ho}x{g.Wo} outputs" if spec.transposed else f"{g.Ho}x{g.Wo} outputs"
             lines.append(f"  {k.name}: {spec.purpose}: {what} from {k.a.buffer.name} by Winograd's "
                          f"F({winograd.M}x{winograd.M}, 3x3){' transposed' if spec.transposed else ''}, "
-                         f"{format_bytes(nbytes)} never stored")
+                         f"{size(k.a)} never stored")
         elif isinstance(k, MatmulKernel) and is_patches(k.a):
             spec = k.a.literal
-            nbytes = int(S.evaluate(S.numel(k.a.shape), mp.bindings)) * D.to_numpy(k.a.dtype).itemsize
             lines.append(f"  {k.name}: {spec.purpose}: gathered{' transposed' if spec.transposed else ''} from "
-                         f"{k.a.buffer.name} as the GEMM packs it (implicit GEMM), {format_bytes(nbytes)} never stored")
+                         f"{k.a.buffer.name} as the GEMM packs it (implicit GEMM), {size(k.a)} never stored")
     return ["", "== gathers by purpose =="] + lines if lines else []
 
 
@@ -137,8 +137,7 @@ def _workspace(k: MatmulKernel, mp, team: int) -> int:
     """The most a matmul's runtime call allocates while it runs: a Winograd convolution's
     transformed weight and blocks, else the GEMM's packed panels."""
     if is_winograd(k.a, k.N, k.epilogue_statements):
-        return winograd.workspace_bytes(k.a.literal, k.N, D.to_numpy(k.out.dtype).itemsize, team,
-                                        64 // D.to_numpy(k.out.dtype).itemsize)
+        return winograd.workspace_bytes(k.a.literal, k.N, D.to_numpy(k.out.dtype).itemsize, team)
     return runtime.packing_bytes(k.out.dtype, *(S.evaluate(size, mp.bindings) for size in (k.M, k.N, k.K)),
                                  kind=matmul_gemm(k.out.dtype, k.N, k.a)[1]) * (team if k.batch else 1)
 

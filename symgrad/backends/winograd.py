@@ -61,6 +61,8 @@ BT, G, AT = (MATRICES[M][name] for name in ("BT", "G", "AT"))
 # convolution's forward and backward (32 images of 32x32) take 4.7-5.0 ms with it against the patch
 # GEMM's 5.5-5.8 ms (AVX-512; AVX2 5.5-6.8 against 6.1-6.6), 24 channels 8.0-9.3 against 11.3-11.6.
 MIN_CHANNELS = 16
+BLOCK_BYTES = 320 * 1024   # a block's transformed tiles and products, kept in a core's L2
+BLOCK_TILES = 32           # at most this many tiles a block
 
 
 def chosen(spec, n) -> bool:
@@ -71,21 +73,19 @@ def chosen(spec, n) -> bool:
             and isinstance(n, int) and n >= MIN_CHANNELS)
 
 
-def workspace_bytes(spec, n: int, itemsize: int, threads: int, sliver: int) -> int:
-    """At most what sg_conv_winograd allocates while it runs (templates/c/winograd.c.j2): the
-    transformed weight (alpha^2 x Q x N, N rounded up to whole slivers of `sliver` columns) and,
-    per thread, one block's transformed tiles and products, each of the alpha^2 a line apart."""
+def workspace_bytes(spec, n: int, itemsize: int, threads: int) -> int:
+    """At most what sg_conv_winograd(_grad) allocates while it runs (templates/c/winograd.c.j2): the
+    transformed weight (alpha^2 x Q x N, N rounded up to whole slivers of 64 bytes, the widest) or,
+    for the weight's gradient, each thread's partial sums of that size; and per thread one block's
+    transformed tiles and products, each of the alpha^2 a line apart."""
+    sliver = 64 // itemsize
     np_ = -(-n // sliver) * sliver
     fit = BLOCK_BYTES // (ALPHA * ALPHA * (spec.Q + np_) * itemsize)
     block = max(8, min(BLOCK_TILES, fit))  # the template's: a multiple of MR (at most 8) within these
     per_thread = ALPHA * ALPHA * (block * (spec.Q + np_) + 2 * 64 // itemsize) + (spec.Q + 8) * block + 16
-    # the transformed weight, shared; or (the weight's gradient) each thread's partial sums
     sums = ALPHA * ALPHA * spec.Q * np_
     return (sums * (threads if spec.transposed else 1) + threads * per_thread) * itemsize
 
-
-BLOCK_BYTES = 320 * 1024   # a block's transformed tiles and products, kept in a core's L2
-BLOCK_TILES = 32           # at most this many tiles a block
 
 
 def _literal(c: F, ctype: str) -> str:

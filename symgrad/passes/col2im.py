@@ -19,6 +19,12 @@ little (R <= 1.5 L: stride 1, the padded image about as large as the output) and
 has more than 16 output channels, so that the C backend's GEMM gathers its patch matrix as it
 packs it (symgrad.backends.patches) and neither matrix is stored. The sums differ from the
 scatter's only in their order.
+
+Where the convolution has stride 1 and covers its whole padded image (patch_grid.Grid, origin 0),
+the output gradient is padded by k - 1 zeros on every side instead of given one zero row, and
+each pixel's taps read that grid: the gather is then a stride-1 convolution of the padded
+gradient with the flipped kernel, which the C backend may compute by Winograd's algorithm
+(symgrad.backends.winograd).
 """
 
 from __future__ import annotations
