@@ -7,8 +7,11 @@ hands them over, (B, T, H, E) transposed to (B, H, T, E), so nothing is copied f
 whose last axis is not contiguous (or a broadcast constant) is copied into a buffer of its own.
 
 The C kernel (templates/c/attention.c.j2) takes a tile of SG_ROW_TILE query rows against a
-block of SG_KEY_BLOCK keys at a time, reading k (and v) from a scratch copy transposed per head
-(H x E x T, a workspace temporary) so that a row's scores lie along the vector lanes:
+block of SG_KEY_BLOCK keys at a time. Its sums over E and over the keys are small matrix products
+(q k^T, p v; in the backward also g v^T, ds k, p^T g, ds^T q) on register tiles of 8 (AVX-512) or
+4 rows by 2 vectors (templates/c/attention_tile.h.j2), reading k (and v) from a scratch copy
+transposed per head (H x E x T, a workspace temporary) so that a tile's scores lie along the
+vector lanes:
 
     forward:   m, l, out_i = running max, sum of exp(s_ij - m) and sum of exp(s_ij - m) v_j
                over the blocks, each rescaled by exp(m_old - m_new) as the max grows; out_i /= l

@@ -419,7 +419,8 @@ class Renderer:
         if any("sg_expf(" in text for text in exp.values()):
             self.features.add("fast_exp")
         return self.kernel(k, "attention", params=params, args=args, op=k.op, ctype=ctype, unravel=unravel,
-                           operands=operands, H=self.ex.paren(k.heads), T=self.ex.paren(k.T), E=self.ex.paren(k.E),
+                           suffix=runtime.GEMM[k.out.dtype]["suffix"], operands=operands, H=self.ex.paren(k.heads),
+                           T=self.ex.paren(k.T), E=self.ex.paren(k.E),
                            causal=k.causal, scale=self.ex.literal(k.scale, k.out.dtype), out=k.out.name,
                            scratch=[b.name for b in k.scratch],
                            parallel=not _small(sympy.sympify(k.heads) * k.T * k.T * k.E), **exp)

@@ -100,7 +100,8 @@ class Target:
     the portable rest); `vector_bytes` its vector width; `gemm_rows` the rows of the GEMM's register
     tile (MR; it is 2 vectors wide); `tn_vectors` the vectors of rows the narrow transposed kernel
     keeps per column; `conv_vectors` the vectors (forward) or patch rows (weight gradient) beside
-    CONV_ROWS channels in the direct convolution's tile.
+    CONV_ROWS channels in the direct convolution's tile; `attention_rows` the rows of fused
+    attention's register tile (2 vectors wide; a divisor of its 32-row tiles and 64-key blocks).
     """
     name: str
     condition: str
@@ -108,16 +109,18 @@ class Target:
     gemm_rows: int
     tn_vectors: int
     conv_vectors: int
+    attention_rows: int
 
 
 #: Tested in this order; the first whose condition holds is compiled. 16 vector registers (SSE2,
 #: AVX2) hold a 6-row tile: 12 accumulators, 2 B vectors and a broadcast (SSE2: plus the product,
 #: having no FMA); AVX-512VL's 32 hold 8 rows (model B's step 6% faster on Zen 4) and two vectors of
 #: rows in the tn kernel (24 accumulators). AVX-512 keeps 32-byte vectors: Zen 4 splits 64-byte ones.
+#: Fused attention's tile has 8 rows (16 accumulators) on AVX-512VL and 4 (8) on 16 registers.
 TARGETS = (
-    Target("AVX-512VL: 32 vector registers", "defined(__AVX512VL__)", 32, 8, 2, 4),
-    Target("AVX, AVX2: 16 vector registers of 32 bytes", "defined(__AVX__)", 32, 6, 1, 2),
-    Target("SSE2, NEON and the rest: 16-byte vectors", "", 16, 6, 1, 2),
+    Target("AVX-512VL: 32 vector registers", "defined(__AVX512VL__)", 32, 8, 2, 4, 8),
+    Target("AVX, AVX2: 16 vector registers of 32 bytes", "defined(__AVX__)", 32, 6, 1, 2, 4),
+    Target("SSE2, NEON and the rest: 16-byte vectors", "", 16, 6, 1, 2, 4),
 )
 
 
@@ -193,6 +196,7 @@ def _context(targets: tuple) -> dict:
                     widths=[dict(b, lanes=b["value"] // D.to_numpy(d).itemsize)
                             for b in target_branches(targets, lambda t: t.vector_bytes)]) for d in GEMM]
     return dict(version=__version__, header=HEADER, ok=OK, out_of_memory=OUT_OF_MEMORY,
+                attention_rows=target_branches(targets, lambda t: t.attention_rows),
                 collective_failed=COLLECTIVE_FAILED, gemms=gemms,
                 vectors=vectors, narrow=[v for d in GEMM for v in _narrow_variants(d, targets)],
                 convs=[dict(ctype=D.C_TYPES[d], suffix=GEMM[d]["suffix"], SUFFIX=GEMM[d]["suffix"].upper(),

@@ -150,6 +150,6 @@ def test_a_tile_too_big_for_the_registers_is_caught():
     """The check above catches a spilled tile: 8 vectors beside 6 channels on AVX2's 16 registers."""
     from asm_loops import assembly, kernel_loops
     from symgrad.backends.runtime import Target, source as runtime_source
-    source = runtime_source(targets=(Target("too big", "", 32, 6, 1, 8),))
+    source = runtime_source(targets=(Target("too big", "", 32, 6, 1, 8, 4),))
     loops = kernel_loops(assembly(source, "x86-64-v3"), "sg_conv_rows")
     assert loops and all(any("mm" in a for a in loop.stack_accesses) for loop in loops)
