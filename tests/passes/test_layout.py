@@ -164,3 +164,27 @@ def test_a_chain_that_ends_in_a_gather_keeps_its_layout():
     convolved = passes.optimize(sg.Graph([x, w, b, v], [sg.conv2d(h, v)]), passes=before_layout)
     fired = _fired(convolved)
     assert fired.get("sink_through_elementwise", 0) >= 2 and fired.get("transpose_transpose", 0) >= 1, fired
+
+
+def test_a_product_read_only_transposed_is_computed_transposed():
+    """transpose(a @ b) -> b^T @ a^T when nothing else reads the product (a weight gradient handed
+    back transposed, read by the optimizer's update): the numbers kept, no transpose of the product
+    left; not when the product has another reader (it would be computed twice), nor for patches
+    gathered by a take (the GEMM reads them in place only as its first operand)."""
+    rng = np.random.default_rng(3)
+    x, dy, w = (sg.input(name, shape, dtype="float64") for name, shape in (("x", (6, 4)), ("dy", (6, 5)), ("w", (5, 4))))
+    feed = [rng.standard_normal((6, 4)), rng.standard_normal((6, 5)), rng.standard_normal((5, 4))]
+    product = sg.swapaxes(x, 0, 1) @ dy                           # (4, 5): x^T dy
+    step = sg.Graph([x, dy, w], [w - 0.1 * sg.swapaxes(product, 0, 1)])
+    assert _fired(step).get("product_transposed") == 1
+    rewritten = _same_numbers(step, [x, dy, w], feed)
+    products = [n for n in rewritten.nodes if n.op.name == "matmul"]
+    assert len(products) == 1 and products[0].shape == (5, 4)
+    assert not any(n.op.name == "transpose" and n.inputs[0] is products[0] for n in rewritten.nodes)
+
+    twice = sg.Graph([x, dy], [sg.swapaxes(product, 0, 1) * 2, product])
+    assert "product_transposed" not in _fired(twice)
+
+    patches = sg.take(x, sg.constant(np.array([0, 2, 4, 1]), "int64"), axis=0)  # (4, 4) rows gathered
+    gathered = sg.Graph([x], [sg.swapaxes(sg.swapaxes(patches, 0, 1) @ x[:4], 0, 1) * 2])
+    assert "product_transposed" not in _fired(gathered)
