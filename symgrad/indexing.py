@@ -140,7 +140,8 @@ def narrow(x, dim: int, start, length) -> Value:
 
 def cat(values: Sequence, axis: int = 0) -> Value:
     """The values joined along `axis` (torch.cat): a sum of each written into zeros at its offset,
-    so compiled code fuses the parts into one loop and the gradient of each part is a slice."""
+    so the gradient of each part is a slice; compiled code stores each part straight into its
+    window of one buffer (symgrad.backends.concat)."""
     values = [F._value(v, "cat", f"values[{k}]") for k, v in enumerate(values)]
     if not values:
         raise ValueError("cat: expects at least one value")

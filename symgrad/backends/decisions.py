@@ -23,7 +23,7 @@ symgrad.backends.lowering builds the kernels from it.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import cached_property
 from types import MappingProxyType
 
@@ -32,6 +32,7 @@ from ..ir.printing import Namer
 from ..ir.value import Value
 from .fusion import (choose_epilogues, choose_matmul_epilogues, choose_recompute, fused_chains, materializes,
                      use_counts)
+from .concat import parts_in_place
 from .patches import patch_takes
 from .rows import RowGroup, choose_row_groups
 from .schedule import graph_order, schedule as schedule_kernels
@@ -64,6 +65,7 @@ class Decisions:
     row_groups: tuple       # RowGroup: each one row kernel
     order: tuple            # every node, in the order the lowering visits them (kernels run in this order)
     patches: frozenset = frozenset()  # ids of the takes whose patch matrix matmuls read in place (patches.py)
+    parts: MappingProxyType = field(default_factory=lambda: MappingProxyType({}))  # id(embed) -> the sum it stores its part into (concat.py)
 
     @cached_property
     def epilogued(self) -> frozenset:
@@ -80,14 +82,20 @@ class Decisions:
         """id(full sum split into per-row parts) -> the row group storing the parts."""
         return {id(p): g for g in self.row_groups for p in g.partials}
 
+    @cached_property
+    def sums_in_place(self) -> frozenset:
+        """ids of the sums whose parts store themselves into their buffer: no kernel of their own."""
+        return frozenset(id(root) for root in self.parts.values())
+
     def materializes(self, node: Value) -> bool:
         """Whether `node` gets a kernel and a buffer of its own (row group members aside)."""
-        return materializes(node, self.fused, self.epilogued)
+        return materializes(node, self.fused, self.epilogued) and id(node) not in self.sums_in_place
 
     def _key(self) -> tuple:
         return (id(self.graph), tuple(map(id, self.variables)), self.options, self.fused, self.recomputed,
                 self.choices, tuple((root, id(r)) for root, r in self.epilogue_of.items()),
-                tuple(g.ids() for g in self.row_groups), tuple(map(id, self.order)), self.patches)
+                tuple(g.ids() for g in self.row_groups), tuple(map(id, self.order)), self.patches,
+                tuple((part, id(root)) for part, root in self.parts.items()))
 
     def __eq__(self, other) -> bool:
         return isinstance(other, Decisions) and self._key() == other._key()
@@ -127,6 +135,10 @@ class Decisions:
         lines.append("epilogues: " + (", ".join(f"{name(by_id[root])} <- {r.op.name} {name(r)}"
                                                  for root, r in epilogues) or "none"))
         lines.append(f"patches read in place: {names(self.patches)}")
+        sums = [root for root in self.graph.nodes if id(root) in self.sums_in_place]
+        lines.append("sums stored in place: " + (", ".join(
+            f"{name(root)} <- " + " ".join(name(n) for n in self.graph.nodes if self.parts.get(id(n)) is root)
+            for root in sums) or "none"))
         lines.append("row groups:" + ("" if self.row_groups else " none"))
         lines += [f"  {_group_line(g, name)}" for g in self.row_groups]
         lines.append("kernels, in order:")
@@ -167,9 +179,10 @@ def decide(graph: Graph, variables=None, fuse_reduce: bool = True, recompute: bo
     if matmul_epilogues:
         epilogue_of.update(choose_matmul_epilogues(graph, uses, fused, epilogue_of, in_groups))
     epilogued = {id(r) for r in epilogue_of.values()}
+    parts = parts_in_place(graph, uses, fused, epilogued | set(epilogue_of) | in_groups)
     order = schedule_kernels(graph, fused, epilogued, groups) if schedule else graph_order(graph, groups)
     options = (("fuse_reduce", fuse_reduce), ("recompute", recompute), ("schedule", schedule),
                ("matmul_epilogues", matmul_epilogues), ("implicit_gemm", implicit_gemm))
     return Decisions(graph, variables, options, frozenset(fused), frozenset(fused) - frozenset(chains),
                      tuple(choices), MappingProxyType(epilogue_of), tuple(groups), tuple(order),
-                     patch_takes(graph) if implicit_gemm else frozenset())
+                     patch_takes(graph) if implicit_gemm else frozenset(), MappingProxyType(parts))

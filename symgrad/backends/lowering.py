@@ -31,6 +31,7 @@ from ..ir.graph import Graph
 from ..ir.printing import node_line
 from ..ir.registry import ATTENTION, COLLECTIVE, CUSTOM, ELEMENTWISE, GATHER, MATMUL, MOVEMENT, REDUCE, SOURCE
 from ..ir.value import Value
+from .concat import store_part
 from .decisions import Decisions, decide, graph_namer
 from .attention import lower_attention
 from .collective import lower_collective
@@ -135,6 +136,8 @@ class _Lowerer:
                     self.views[id(node)] = self.matmul(finished, epilogue_root=node)
                 elif finished is not None:
                     self.views[id(node)] = self.reduce_with_epilogue(node)
+                elif id(node) in self.decisions.sums_in_place:
+                    pass  # its parts stored themselves into its buffer (concat.store_part)
                 elif id(node) not in self.fused:
                     self.views[id(node)] = self.elementwise(node)
             elif kind == REDUCE:
@@ -143,6 +146,8 @@ class _Lowerer:
             elif kind == MATMUL:
                 if id(node) not in self.epilogued:  # else emitted with its epilogue
                     self.views[id(node)] = self.matmul(node)
+            elif id(node) in self.decisions.parts:
+                store_part(self, node, self.decisions.parts[id(node)])
             elif kind == GATHER:
                 self.views[id(node)] = lower_gather(self, node)
             elif kind == ATTENTION:
