@@ -14,6 +14,7 @@ import torch
 
 import symgrad as sg
 from helpers import c_build_options
+from symgrad.backends.attention import AttentionKernel
 from symgrad.backends.lowering import lower
 from symgrad.passes.pipeline import optimize
 
@@ -93,6 +94,30 @@ def test_register_tiles_match_the_numpy_reference_at_every_simd_level(level, dty
     tolerance = 1e-12 if dtype == "float64" else 2e-5
     for k, (g, w) in enumerate(zip(got, want)):
         np.testing.assert_allclose(g, w, rtol=tolerance, atol=tolerance, err_msg=f"output {k}")
+
+
+@pytest.mark.parametrize("causal", [True, False])
+def test_the_gradient_reads_the_forwards_softmax_or_sweeps_for_it(causal):
+    """Computed beside its forward, the gradient reads the softmax statistics the forward stored
+    (one buffer, written by one kernel and read by the other); given the forward's output as an
+    input instead, it finds them by a sweep of its own. Both match the NumPy reference, T = 70."""
+    from symgrad.ir.ops_attention import attention, attention_grad
+    q, g = sg.input("q", (3, 70, 16), dtype="float64"), sg.input("g", (3, 70, 16), dtype="float64")
+    out = sg.input("out", (3, 70, 16), dtype="float64")
+    y = attention(q, q * 0.5, sg.tanh(q), causal, 0.3)
+    beside = attention_grad(q, q * 0.5, sg.tanh(q), y, g, causal, 0.3)       # its forward in this plan
+    apart = attention_grad(q, q * 0.5, sg.tanh(q), out, g, causal, 0.3)      # `out` handed in
+    inputs, outputs = [q, g, out], [y, beside, apart]
+    c = sg.function(inputs, outputs, backend="c")
+    kernels = {k.name.split("_t")[0].split("_", 1)[1] + (" apart" if k.stats is None else ""): k
+               for k in c.program.plan.kernels if isinstance(k, AttentionKernel)}
+    assert sorted(kernels) == ["attention", "attention_grad", "attention_grad apart"]
+    assert kernels["attention"].stats is kernels["attention_grad"].stats is not None
+    arrays = [RNG.standard_normal((3, 70, 16)) for _ in range(2)]
+    reference = sg.function(inputs, outputs, backend="numpy")
+    arrays.append(reference(*arrays, np.zeros((3, 70, 16)))[0])  # the forward's output, handed in
+    for k, (got, want) in enumerate(zip(c(*arrays), reference(*arrays))):
+        np.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-12, err_msg=f"output {k}")
 
 
 def test_gradient_matches_finite_differences():

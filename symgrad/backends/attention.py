@@ -15,7 +15,8 @@ vector lanes:
 
     forward:   m, l, out_i = running max, sum of exp(s_ij - m) and sum of exp(s_ij - m) v_j
                over the blocks, each rescaled by exp(m_old - m_new) as the max grows; out_i /= l
-    backward:  m and l recomputed so (a first sweep over the blocks); D_i = g_i . out_i; then
+    backward:  m and l as the forward stored them (`stats`), or, where this plan does not compute
+               the forward, recomputed so (a first sweep over the blocks); D_i = g_i . out_i; then
                p = exp(s_ij - m) / l,  ds = p (g_i . v_j - D_i) scale,
                dq_i += ds k_j,  dv_j += p g_i,  dk_j += ds q_i
 
@@ -54,6 +55,7 @@ class AttentionKernel:
     causal: bool
     scale: float
     scratch: tuple = ()   # H x E x T buffers the kernel fills and reads: k (and v) transposed per head
+    stats: Buffer | None = None  # 2 x H x T: each row's largest score m, then 1 / l (see `forward_stats`)
     kind: str = "attention"
 
     @property
@@ -62,15 +64,18 @@ class AttentionKernel:
         return S.numel(self.batch)
 
     def reads(self) -> list:
-        return [view.buffer for view in self.operands]
+        read = [view.buffer for view in self.operands]
+        return read + [self.stats] if self.stats is not None and self.op == "attention_grad" else read
 
     def writes(self) -> list:
-        return [self.out, *self.scratch]
+        written = [self.out, *self.scratch]
+        return written + [self.stats] if self.stats is not None and self.op == "attention" else written
 
     def swap(self, view, new: dict) -> "AttentionKernel":
         """This kernel with the buffers `new` maps swapped in (`view` swaps one view)."""
         return replace(self, operands=tuple(view(v) for v in self.operands), out=new.get(id(self.out), self.out),
-                       scratch=tuple(new.get(id(b), b) for b in self.scratch))
+                       scratch=tuple(new.get(id(b), b) for b in self.scratch),
+                       stats=None if self.stats is None else new.get(id(self.stats), self.stats))
 
 
 def _rows_view(lowerer, node: Value) -> View:
@@ -79,6 +84,29 @@ def _rows_view(lowerer, node: Value) -> View:
     if view.kind == "buffer" and view.shape == node.shape and view.strides[-1] == 1:
         return view
     return contiguous_operand(lowerer, node)
+
+
+def _differentiates(grad: Value, forward: Value) -> bool:
+    """Whether attention_grad node `grad` is the gradient of attention node `forward`: its q, k, v
+    the forward's, its `out` the forward's value, the same mask and scale."""
+    return (grad.op.name == "attention_grad" and forward.op.name == "attention" and grad.inputs[3] is forward
+            and all(a is b for a, b in zip(grad.inputs[:3], forward.inputs)) and grad.attrs == forward.attrs)
+
+
+def forward_stats(lowerer, node: Value) -> Buffer | None:
+    """The buffer of softmax statistics `node`'s kernel shares: an attention whose gradient this
+    plan computes stores each row's m and 1 / l there (2 x H x T elements), and that gradient reads
+    them instead of sweeping every key block once more to find them. None for any other kernel
+    (its gradient then sweeps, as one computed where the forward is not, in another plan, must)."""
+    shared = lowerer.attention_stats
+    if node.op.name == "attention_grad":
+        forward = node.inputs[3]
+        return shared.get(id(forward)) if _differentiates(node, forward) else None
+    if any(_differentiates(user, node) for user in lowerer.graph.users[id(node)]):
+        shape = node.inputs[0].shape
+        shared[id(node)] = lowerer.scratch(node, (2, S.numel(shape[:-2]), shape[-2]), node.dtype)
+        return shared[id(node)]
+    return None
 
 
 def lower_attention(lowerer, node: Value) -> View:
@@ -92,5 +120,5 @@ def lower_attention(lowerer, node: Value) -> View:
     lowerer.kernels.append(AttentionKernel(
         lowerer.kernel_name(node), [lowerer.line(node)], node.op.name, operands,
         tuple(lowerer.name(operand) for operand in node.inputs), out, tuple(shape[:-2]), shape[-2], shape[-1],
-        node.attrs["causal"], node.attrs["scale"], scratch))
+        node.attrs["causal"], node.attrs["scale"], scratch, forward_stats(lowerer, node)))
     return buffer_view(out, node.shape)

@@ -70,6 +70,7 @@ class _Lowerer:
         self.fused, self.epilogue_of, self.epilogued = decisions.fused, decisions.epilogue_of, decisions.epilogued
         self.row_of = decisions.row_of
         self.order = {id(n): k for k, n in enumerate(decisions.order)}
+        self.attention_stats: dict = {}  # id(attention node) -> the softmax statistics its gradient reads
         self.dims = list(graph.dims)
         # Positions by identity: Value.__eq__ builds a graph node, so list.index cannot be used.
         self.input_pos = {id(v): k for k, v in enumerate(graph.inputs)}
