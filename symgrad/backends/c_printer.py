@@ -17,6 +17,7 @@ import numpy as np
 import sympy
 from sympy.codegen.ast import float32, float64, real
 from sympy.printing.c import C99CodePrinter
+from sympy.printing.precedence import precedence
 
 from ..ir import dtypes as D
 
@@ -127,6 +128,20 @@ class KernelPrinter(C99CodePrinter):
         if not self.is_float:
             raise CPrintError(f"cannot print the power {expr} in integer arithmetic")
         return super()._print_Pow(expr)
+
+    def _print_Mul(self, expr):
+        # A product's constant factors as one literal when one of them is irrational: GELU's
+        # sqrt(2/pi) (x + ...) prints as 0.7978846f*(x + ...), not sqrtf(2.0f)*(x + ...)/sqrtf(3.1415927f),
+        # whose division by a constant the compiler must keep (it is not exact), at the cost of
+        # several multiplies. (Rational factors stay: 1.0f/2.0f folds exactly.)
+        constants = [a for a in expr.args if a.is_number]
+        if self.is_float and any(not a.is_Rational for a in constants):
+            value = sympy.Mul(*constants)
+            if value.is_real and value.is_finite:
+                rest = sympy.Mul(*[a for a in expr.args if not a.is_number])
+                literal = self.literal(float(value.evalf(40)))
+                return literal if rest == 1 else f"{literal}*{self.parenthesize(rest, precedence(expr))}"
+        return super()._print_Mul(expr)
 
     def _print_Abs(self, expr):
         if self.is_float:

@@ -7,6 +7,7 @@ batch sizes on that one module (a symbolic Dim is a runtime argument).
 
 from __future__ import annotations
 
+import math
 import re
 
 import numpy as np
@@ -322,6 +323,17 @@ def test_printer_prints_float32_math_and_refuses_the_unknown():
         p.doprint(sympy.Function("mystery")(x))
     with pytest.raises(CPrintError):
         KernelPrinter("int64").doprint(sympy.exp(x))
+
+
+def test_a_products_irrational_constants_print_as_one_literal():
+    """sqrt(2/pi) (x + ...) -- GELU's -- multiplies by one literal, not by sqrtf(2) and then divides
+    by sqrtf(pi) (a division the compiler must keep); a rational factor alone stays a fraction."""
+    x, y = sympy.symbols("x y", real=True)
+    gelu_scale = sympy.sqrt(2 / sympy.pi) * (x + y)
+    assert KernelPrinter("float32").doprint(gelu_scale) == "0.7978846f*(x + y)"
+    assert KernelPrinter("float64").doprint(-x / sympy.sqrt(sympy.pi)) == f"({-1 / math.sqrt(math.pi)!r})*x"
+    assert KernelPrinter("float64").doprint(sympy.pi * sympy.E) == repr(float(sympy.N(sympy.pi * sympy.E, 40)))  # rounded once
+    assert KernelPrinter("float32").doprint(x / 2) == "(1.0f/2.0f)*x"
 
 
 def test_comment_escaping():
