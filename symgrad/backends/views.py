@@ -132,13 +132,50 @@ def reshape_view(view: View, shape) -> View | None:
         return replace(view, shape=shape, strides=(0,) * len(shape))
     if is_contiguous(view):
         return replace(view, shape=shape, strides=contiguous_strides(shape))
-    # Only size-1 axes added or removed: keep the other axes' strides.
     old = [(s, st) for s, st in zip(view.shape, view.strides) if not _is_one(s)]
     new = [s for s in shape if not _is_one(s)]
-    if len(old) == len(new) and all(_same(a, b) for (a, _), b in zip(old, new)):
-        it = iter(st for _, st in old)
-        return replace(view, shape=shape, strides=tuple(0 if _is_one(s) else next(it) for s in shape))
-    return None
+    strides = _regrouped_strides(old, new)
+    if strides is None:
+        return None
+    it = iter(strides)
+    return replace(view, shape=shape, strides=tuple(0 if _is_one(s) else next(it) for s in shape))
+
+
+def _regrouped_strides(old: list, new: list) -> list | None:
+    """The strides of the sizes `new` over the axes `old` ((size, stride) pairs, no size 1) when
+    they are a regrouping of them, as NumPy's no-copy reshape finds it: runs of old axes with equal
+    products of sizes to runs of new ones, each old run one that walks memory as a single axis
+    (stride[a] = stride[a + 1] * size[a + 1]): a slice's last axis split into heads, (B, T, 3C)[..., :C]
+    as (B, T, H, D). None when some run is not one axis in memory (a copy is needed), or when
+    sizes that are not numbers would have to be multiplied to match."""
+    strides: list = []
+    i = j = 0
+    while i < len(old) and j < len(new):
+        if _same(old[i][0], new[j]):
+            strides.append(old[i][1])
+            i, j = i + 1, j + 1
+            continue
+        ni, nj, have, want = i + 1, j + 1, old[i][0], new[j]
+        while have != want:
+            if not (isinstance(have, int) and isinstance(want, int)):
+                return None
+            if want < have:
+                if nj == len(new) or not isinstance(new[nj], int):
+                    return None
+                want, nj = want * new[nj], nj + 1
+            else:
+                if ni == len(old) or not isinstance(old[ni][0], int):
+                    return None
+                have, ni = have * old[ni][0], ni + 1
+        if not all(_same(old[a][1], _mul(old[a + 1][1], old[a + 1][0])) for a in range(i, ni - 1)):
+            return None
+        run, stride = [], old[ni - 1][1]
+        for size in reversed(new[j:nj]):
+            run.append(stride)
+            stride = _mul(stride, size)
+        strides.extend(reversed(run))
+        i, j = ni, nj
+    return strides if i == len(old) and j == len(new) else None
 
 
 def merge_axes(sizes, stride_lists) -> tuple[tuple, list[tuple]]:

@@ -67,3 +67,42 @@ def test_retargets_build_new_kernels_and_leave_the_old_ones():
     # The workspace lost the temporary and is numbered from ws0 again.
     assert temp not in workspace and [b.name for b in workspace] == [f"ws{k}" for k in range(len(workspace))]
     assert [b.index for b in workspace] == list(range(len(workspace)))
+
+
+def test_a_strided_view_reshapes_without_a_copy_where_numpy_does():
+    """reshape_view regroups the axes of a strided view as NumPy's no-copy reshape does (a slice's
+    last axis split into heads), and refuses where the elements are not one axis in memory: on
+    600 random slices and transposes of an array, every view it returns reads what NumPy's reshape
+    holds, and it returns one for every case NumPy reshapes as a view."""
+    import itertools
+    import random
+
+    import numpy as np
+
+    from symgrad.backends.views import View, reshape_view
+    rng = random.Random(5)
+    base = np.arange(4096)
+    found = 0
+    for _ in range(600):
+        full = [rng.choice([1, 2, 3, 4, 6]) for _ in range(rng.randint(1, 4))]
+        arr = base[:int(np.prod(full))].reshape(full)[tuple(slice(0, rng.randint(1, f)) for f in full)]
+        if rng.random() < 0.5:
+            arr = arr.transpose(rng.sample(range(arr.ndim), arr.ndim))
+        view = View("buffer", arr.shape, "int64", tuple(s // 8 for s in arr.strides),
+                    (arr.__array_interface__["data"][0] - base.__array_interface__["data"][0]) // 8)
+        sizes, rest = [], arr.size
+        while rest > 1 and len(sizes) < 4:
+            size = rng.choice([d for d in range(2, rest + 1) if rest % d == 0])
+            sizes, rest = sizes + [size], rest // size
+        sizes.insert(rng.randint(0, len(sizes)), 1)
+        got = reshape_view(view, tuple(sizes))
+        assert (got is not None) == np.shares_memory(arr.reshape(sizes), arr), (arr.shape, arr.strides, sizes)
+        if got is not None:
+            found += 1
+            read = [base[got.offset + sum(i * s for i, s in zip(index, got.strides))]
+                    for index in itertools.product(*map(range, sizes))]
+            np.testing.assert_array_equal(np.reshape(read, sizes), arr.reshape(sizes))
+    assert found > 300
+    # The transformer's case: (B, T, 3C)[..., C:2C] as (B, T, H, D).
+    qkv = View("buffer", (8, 64, 128), "float32", (64 * 384, 384, 1), 128)
+    assert reshape_view(qkv, (8, 64, 4, 32)).strides == (64 * 384, 384, 32, 1)
