@@ -30,9 +30,9 @@ from types import MappingProxyType
 from ..ir.graph import Graph
 from ..ir.printing import Namer
 from ..ir.value import Value
+from .concat import parts_in_place
 from .fusion import (choose_epilogues, choose_matmul_epilogues, choose_recompute, fused_chains, materializes,
                      use_counts)
-from .concat import parts_in_place
 from .patches import patch_takes
 from .rows import RowGroup, choose_row_groups
 from .schedule import graph_order, schedule as schedule_kernels
@@ -65,7 +65,8 @@ class Decisions:
     row_groups: tuple       # RowGroup: each one row kernel
     order: tuple            # every node, in the order the lowering visits them (kernels run in this order)
     patches: frozenset = frozenset()  # ids of the takes whose patch matrix matmuls read in place (patches.py)
-    parts: MappingProxyType = field(default_factory=lambda: MappingProxyType({}))  # id(embed) -> the sum it stores its part into (concat.py)
+    # id(embed) -> the sum whose buffer it stores its part into (concat.py)
+    parts: MappingProxyType = field(default_factory=lambda: MappingProxyType({}))
 
     @cached_property
     def epilogued(self) -> frozenset:

@@ -45,12 +45,14 @@ def test_attention_products_run_on_register_tiles(attention_c, march):
         tile_loops = [loop for loop in loops if loop.function == tile and loop.vector_multiplies > 0]
         assert tile_loops, f"{march}: no vector k loop in {tile}"
         for loop in tile_loops:
-            assert loop.vector_multiplies == 2 * ROWS[march], f"{march}: {tile} multiplies {loop.vector_multiplies} times a step"
+            assert loop.vector_multiplies == 2 * ROWS[march], \
+                f"{march}: {tile} multiplies {loop.vector_multiplies} times a step"
             assert not loop.stack_accesses, f"{march}: {tile} spills: {loop.stack_accesses[:3]}"
             folded = [line for line in loop.lines if re.match(r"\s+vfn?madd\w+\s+[-\w]*\(", line)]
             assert not folded, f"{march}: {tile} reads b from memory in each multiply: {folded[:2]}"
             if march != "x86-64":  # SSE2 has no FMA
-                assert all("vfmadd" in line for line in loop.lines if "mul" in line), f"{march}: {tile} multiplies and adds apart"
+                assert all("vfmadd" in line for line in loop.lines if "mul" in line), \
+                    f"{march}: {tile} multiplies and adds apart"
     bodies = functions(asm)
     names = [k.name for k in attention_c.program.plan.kernels if isinstance(k, AttentionKernel)]
     assert len(names) == 4  # the forward and the gradient, in each dtype
