@@ -90,8 +90,7 @@ def store_part(lowerer, node: Value, root: Value) -> None:
     where no window covers it, at the first part)."""
     if id(root) not in lowerer.views:
         out = lowerer.alloc(root)
-        leaves = [n for n in lowerer.graph.nodes if lowerer.decisions.parts.get(id(n)) is root]
-        if not covers(root, leaves):
+        if not covers(root, lowerer.decisions.parts_of(root)):
             lowerer.copy(root, literal_view(0, root.shape, root.dtype), out,
                          "zero what no part of the sum covers")
         lowerer.views[id(root)] = buffer_view(out, root.shape)

@@ -88,6 +88,10 @@ class Decisions:
         """ids of the sums whose parts store themselves into their buffer: no kernel of their own."""
         return frozenset(id(root) for root in self.parts.values())
 
+    def parts_of(self, root: Value) -> list:
+        """The embeds whose parts sum `root` stores in place, in graph order."""
+        return [n for n in self.graph.nodes if self.parts.get(id(n)) is root]
+
     def materializes(self, node: Value) -> bool:
         """Whether `node` gets a kernel and a buffer of its own (row group members aside)."""
         return materializes(node, self.fused, self.epilogued) and id(node) not in self.sums_in_place
@@ -138,7 +142,7 @@ class Decisions:
         lines.append(f"patches read in place: {names(self.patches)}")
         sums = [root for root in self.graph.nodes if id(root) in self.sums_in_place]
         lines.append("sums stored in place: " + (", ".join(
-            f"{name(root)} <- " + " ".join(name(n) for n in self.graph.nodes if self.parts.get(id(n)) is root)
+            f"{name(root)} <- " + " ".join(name(n) for n in self.parts_of(root))
             for root in sums) or "none"))
         lines.append("row groups:" + ("" if self.row_groups else " none"))
         lines += [f"  {_group_line(g, name)}" for g in self.row_groups]

@@ -137,9 +137,7 @@ class _Lowerer:
                     self.views[id(node)] = self.matmul(finished, epilogue_root=node)
                 elif finished is not None:
                     self.views[id(node)] = self.reduce_with_epilogue(node)
-                elif id(node) in self.decisions.sums_in_place:
-                    pass  # its parts stored themselves into its buffer (concat.store_part)
-                elif id(node) not in self.fused:
+                elif self.decisions.materializes(node):  # not fused, nor a sum its parts store into
                     self.views[id(node)] = self.elementwise(node)
             elif kind == REDUCE:
                 if id(node) not in self.epilogued:  # else emitted with its epilogue

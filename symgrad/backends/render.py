@@ -401,10 +401,7 @@ class Renderer:
         """Fused attention or its gradient over H heads of T rows (templates <language>/attention):
         Python gives each operand's head pointer and row stride, and the softmax's exp expressions."""
         ctype = D.C_TYPES[k.out.dtype]
-        stats = [] if k.stats is None else [k.stats]  # written by the forward, read by the gradient
-        forward = k.op == "attention"
-        params, args = self.params([view.buffer for view in k.operands] + ([] if forward else stats),
-                                   [k.out, *k.scratch] + (stats if forward else []))
+        params, args = self.params(k.reads(), k.writes())  # stats: the forward's output, the gradient's input
         # Head h's batch indices n0, n1, ... (row-major over k.batch), then each operand's head pointer.
         unravel = []
         for j, size in enumerate(k.batch):
@@ -425,7 +422,7 @@ class Renderer:
                            suffix=runtime.GEMM[k.out.dtype]["suffix"], operands=operands, H=self.ex.paren(k.heads),
                            T=self.ex.paren(k.T), E=self.ex.paren(k.E),
                            causal=k.causal, scale=self.ex.literal(k.scale, k.out.dtype), out=k.out.name,
-                           scratch=[b.name for b in k.scratch], stats=stats[0].name if stats else None,
+                           scratch=[b.name for b in k.scratch], stats=None if k.stats is None else k.stats.name,
                            parallel=not _small(sympy.sympify(k.heads) * k.T * k.T * k.E), **exp)
 
     def collective_kernel(self, k: CollectiveKernel) -> dict:
