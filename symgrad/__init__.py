@@ -19,6 +19,10 @@ from .functional import (abs, argmax, broadcast_to, cast, constant, cos, cross_e
                          not_equal, one_hot, relu, reshape, sigmoid, sin, softmax, sqrt, squeeze,
                          stop_gradient, sum, tanh, transpose, where)
 from .pointwise import ceil, clip, erf, floor, gelu, log1p, masked_fill, round, sign, softplus, trunc
+from .functional import acos, arccos, arcsin, arctan, arctan2, asin, atan, atan2
+from .integer import (bitwise_and, bitwise_left_shift, bitwise_not, bitwise_or, bitwise_right_shift, bitwise_xor,
+                      div, floor_divide, fmod, remainder)
+from .integer import div as divide
 from .nn.functional import layer_norm
 from .statistics import logsumexp, prod, std, var
 from .indices import arange, permute, swapaxes, tril, triu
@@ -45,6 +49,8 @@ __all__ = [
     "transpose", "where", "cat", "chunk", "concat", "concatenate", "embedding", "scaled_dot_product_attention", "conv1d", "conv2d", "pad",
     "adaptive_avg_pool2d", "avg_pool2d", "flatten", "interpolate", "max_pool2d", "batch_norm", "narrow", "split", "stack", "take", "erf", "log1p", "softplus", "gelu", "sign", "floor", "ceil", "round",
     "trunc", "clip", "masked_fill", "layer_norm", "var", "std", "logsumexp", "prod", "arange", "tril", "triu", "permute",
-    "swapaxes", "__version__",
+    "swapaxes", "asin", "acos", "atan", "atan2", "arcsin", "arccos", "arctan", "arctan2", "div", "divide",
+    "floor_divide", "remainder", "fmod", "bitwise_and", "bitwise_or", "bitwise_xor", "bitwise_not",
+    "bitwise_left_shift", "bitwise_right_shift", "__version__",
     "nn", "random", "distributed", "gradcheck", "GradcheckError",
 ]

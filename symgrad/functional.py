@@ -22,7 +22,8 @@ from .ir.value import Value, make, provide_functions
 
 __all__ = [
     "add", "sub", "mul", "div", "pow", "neg", "exp", "log", "sin", "cos", "tanh", "sigmoid",
-    "relu", "sqrt", "abs", "maximum", "minimum", "where", "less", "less_equal", "greater",
+    "relu", "sqrt", "abs", "asin", "acos", "atan", "atan2", "arcsin", "arccos", "arctan", "arctan2",
+    "maximum", "minimum", "where", "less", "less_equal", "greater",
     "greater_equal", "equal", "not_equal", "cast", "stop_gradient", "constant", "sum", "mean",
     "max", "argmax", "reshape", "transpose", "broadcast_to", "expand_dims", "squeeze", "matmul",
     "softmax", "log_softmax", "one_hot", "nll_loss", "cross_entropy", "mse_loss", "elementwise",
@@ -135,6 +136,9 @@ less, less_equal, greater = _binary("less"), _binary("less_equal"), _binary("gre
 greater_equal, equal, not_equal = _binary("greater_equal"), _binary("equal"), _binary("not_equal")
 neg, exp, log, sin, cos = (_unary(n) for n in ("neg", "exp", "log", "sin", "cos"))
 tanh, sigmoid, relu, sqrt, abs = (_unary(n) for n in ("tanh", "sigmoid", "relu", "sqrt", "abs"))
+asin, acos, atan = (_unary(n) for n in ("asin", "acos", "atan"))
+atan2 = _binary("atan2")
+arcsin, arccos, arctan, arctan2 = asin, acos, atan, atan2  # torch's and NumPy's other names
 
 
 def where(cond, x, y) -> Value:
@@ -497,3 +501,7 @@ provide_functions(sys.modules[__name__])  # Value's operators and the VJP rules 
 
 # x[...] (Value.__getitem__) dispatches here; symgrad.indexing builds on the primitives above.
 from .indexing import getitem  # noqa: E402
+# a // b, a % b, a & b, ... and their Value methods; symgrad.integer builds on the ops above.
+from .integer import (bitwise_and, bitwise_left_shift, bitwise_not, bitwise_or, bitwise_right_shift,  # noqa: E402
+                      bitwise_xor, floor_divide, fmod, remainder)
+from .integer import div as divide  # noqa: E402  (torch.divide: div with rounding_mode; `div` above is a / b)

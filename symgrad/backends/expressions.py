@@ -16,6 +16,7 @@ import sympy
 from ..ir import dtypes as D
 from ..ir import shapes as S
 from ..ir.elementwise import ARGS
+from ..ir.integer import HELPERS as INTEGER_HELPERS
 from .c_printer import CPrintError, format_literal
 
 
@@ -176,6 +177,8 @@ class Exprs:
             raise CPrintError(f"op {st.node.op.name!r} ({st.node.op.expr}): {exc}") from None
         if "sg_expf(" in text or "sg_tanhf(" in text:
             self.features.add("fast_exp")  # templates/c/expf.h.j2 goes in the prelude
+        if "sg_" in text:  # division and shift helpers (templates/c/integer.h.j2): each one called goes in
+            self.features.update(name for name in INTEGER_HELPERS if name + "(" in text)
         if _is_boolean_expr(expr) and st.dtype != "bool":
             return convert(text, "bool", st.dtype)
         if _is_boolean_expr(expr):

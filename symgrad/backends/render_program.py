@@ -15,6 +15,7 @@ import numpy as np
 import sympy
 
 from ..ir import dtypes as D
+from ..ir.integer import HELPERS as INTEGER_HELPERS
 from .c_printer import format_literal
 from .expressions import comment, shape_comment
 from .languages import (C_BAD_LABEL, C_ENTRY, C_SET_THREADS, C_SIGNATURE, C_WORKSPACE_SIZES, CUDA_ALIGN,
@@ -51,6 +52,11 @@ def _const(b) -> dict:
                 comment=comment(f"constant {b.label}: {list(np.shape(b.value))}"))
 
 
+def integer_helpers(features) -> list[str]:
+    """The division and shift helpers (templates/c/integer.h.j2) the kernels call, in definition order."""
+    return [name for name in INTEGER_HELPERS if name in features]
+
+
 def _header(plan: Plan) -> list[str]:
     return [comment(line) for line in plan.header.splitlines()]
 
@@ -84,6 +90,7 @@ def _host_program(renderer: Renderer, kernels: list, labels: list) -> str:
     return render_template(
         renderer.lang.program, version=__version__, header=_header(plan), entry=C_ENTRY, arguments=arguments,
         parallel_min=PARALLEL_MIN, int_pow="int_pow" in features, random="random" in features,
+        integer_helpers=integer_helpers(features),
         fast_exp="fast_exp" in features, gemm="gemm" in features, attention="attention" in features, bad_label=C_BAD_LABEL, label_checks=checks,
         consts=[_const(c) for c in plan.consts], runtime_header=HEADER, kernels=kernels, signature=C_SIGNATURE,
         dims=[comment(d) for d in plan.dims], pointers=pointers, workspace=workspace,
@@ -122,6 +129,7 @@ def _device_program(renderer: Renderer, kernels: list) -> str:
     return render_template(
         renderer.lang.program, version=__version__, header=_header(plan), arguments=arguments,
         int_pow="int_pow" in features, random="random" in features, argmax="argmax" in features,
+        integer_helpers=integer_helpers(features),
         rows="rows" in features, gemm="gemm" in features, attention="attention" in features, qualifiers=renderer.lang.helper_qualifiers,
         consts=[_const(c) for c in plan.consts], kernels=kernels, variables=variables,
         inputs=[_buffer(renderer, b) for b in plan.inputs], outputs=[_buffer(renderer, b) for b in plan.outputs],

@@ -38,6 +38,14 @@ define("exp", sympy.exp(x0), 1, "float")
 define("log", sympy.log(x0), 1, "float")
 define("sin", sympy.sin(x0), 1, "float")
 define("cos", sympy.cos(x0), 1, "float")
+# NaN outside [-1, 1] and a derivative of +-inf at +-1, as torch (1/sqrt(1 - x**2) from sympy).
+define("asin", sympy.asin(x0), 1, "float", doc="arcsine, in [-pi/2, pi/2]; NaN outside [-1, 1]")
+define("acos", sympy.acos(x0), 1, "float", doc="arccosine, in [0, pi]; NaN outside [-1, 1]")
+define("atan", sympy.atan(x0), 1, "float", doc="arctangent, in (-pi/2, pi/2)")
+# torch's atan2 backward multiplies by 1/(x**2 + y**2) taken as 0 where that sum is 0 (at the
+# origin, or where it underflows): a zero gradient there, not sympy's 0/0.
+define("atan2", sympy.atan2(x0, x1), 2, "float", doc="atan2(y, x): the angle of the point (x, y), in [-pi, pi]",
+       zero_derivative_where={0: sympy.Eq(x0**2 + x1**2, 0), 1: sympy.Eq(x0**2 + x1**2, 0)})
 define("tanh", sympy.tanh(x0), 1, "float")
 define("sigmoid", 1 / (1 + sympy.exp(-x0)), 1, "float", doc="1 / (1 + exp(-x))")
 define("sqrt", sympy.sqrt(x0), 1, "float")
