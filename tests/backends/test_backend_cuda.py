@@ -141,6 +141,8 @@ def all_graphs() -> dict:
     graphs.update({f"passes_{name}": build() for name, build in GRAPHS.items()})
     graphs.update({name: build() for name, build in ROW_GRAPHS.items()})
     graphs.update(training_programs())
+    from test_integer_ops import cuda_graph as integer_ops_graph  # rounded division, bits, shifts, asin..atan2
+    graphs["integer_and_trig_ops"] = integer_ops_graph()
     return graphs
 
 
