@@ -206,6 +206,12 @@ class _Shared:
         ref = self.holder.get(name)
         return ref() if ref is not None else None
 
+    def held_by(self, name: str, program: "CudaProgram") -> bool:
+        """Whether `program` holds the newest value of `name`. Compares the weak reference itself,
+        not what it points to: a program the garbage collector finalises inside a reference cycle
+        finds its weak references already cleared, and must still flush what it holds."""
+        return self.holder.get(name) is program._ref
+
     @classmethod
     def of(cls, storage: dict) -> "_Shared":
         group = getattr(storage, "sharing", None)
@@ -228,6 +234,7 @@ class CudaProgram(NativeProgram):
                  arch: str | None = None, optimize: bool = True):
         self.build_only = bool(build_only)
         self._state = None
+        self._ref = weakref.ref(self)  # what the group records as holder (see _Shared.held_by)
         self._group: _Shared | None = None
         if not self.build_only:
             count, why = device_count()
@@ -338,7 +345,7 @@ class CudaProgram(NativeProgram):
         """This program's device copy of `name` is now the newest value."""
         group = self._group
         group.version[name] = group.version.get(name, 0) + 1
-        group.holder[name] = weakref.ref(self)
+        group.holder[name] = self._ref
         self._have[name] = group.version[name]
 
     def _sync(self) -> None:
@@ -363,7 +370,7 @@ class CudaProgram(NativeProgram):
         if group is None:
             return
         for name in list(group.holder):
-            if group.holding(name) is self:
+            if group.held_by(name, self):
                 if self._state is not None:
                     group.storage[name][...] = self._download(name)
                 del group.holder[name]

@@ -154,6 +154,13 @@ def store(key: str | None, graph: Graph, entry: Entry) -> None:
 
 # ---- the pickle: nodes of the compiled graph, ops and Dims by reference ----------------------
 
+def _graph(state: dict) -> Graph:
+    """A Graph from its attributes (`_Pickler.reducer_override`), its constructor's checks not re-run."""
+    graph = Graph.__new__(Graph)
+    graph.__dict__.update(state)
+    return graph
+
+
 def _value(op, inputs, attrs, shape, dtype, effects) -> Value:
     return Value(op, inputs, attrs, shape, dtype, effects)
 
@@ -181,6 +188,10 @@ class _Pickler(pickle.Pickler):
         # A Value is immutable (its attrs a read-only mapping): rebuilt through its constructor.
         if type(obj) is Value:
             return _value, (obj.op, obj.inputs, dict(obj.attrs), obj.shape, obj.dtype, obj.effects)
+        # A Graph without its cached `users`: keyed by id(node), it names other objects once loaded
+        # (recomputed on first use, as the other cached properties would be).
+        if type(obj) is Graph and "users" in vars(obj):
+            return _graph, ({k: v for k, v in vars(obj).items() if k != "users"},)
         return NotImplemented
 
 

@@ -311,8 +311,6 @@ class Renderer:
         runtime_gemm = self.lang.gemm == "runtime"
         if k.epilogue_statements and not runtime_gemm:
             raise NotImplementedError(f"no {self.lang.name} matmul with a fused epilogue ({k.name})")
-        if k.batch and not runtime_gemm:
-            raise NotImplementedError(f"no {self.lang.name} batched matmul yet ({k.name})")
         if is_columns(b):
             return self.direct_convolution(k)
         patches = a.literal if is_patches(a) else None  # a convolution's patches, gathered by the GEMM

@@ -127,6 +127,18 @@ def attention_ops() -> sg.Graph:
     return sg.Graph(inputs, outs)
 
 
+def batched_matmul_ops() -> sg.Graph:
+    """Batched products (a Dim and a broadcast batch axis) and a convolution, with their gradients:
+    the CUDA GEMM launched once per batch index."""
+    a = sg.input("a", (B, 3, 5, 7))
+    b = sg.input("b", (3, 7, 4))
+    img = sg.input("img", (B, 2, 9, 9))
+    w = sg.input("w", (3, 2, 3, 3))
+    y = sg.matmul(a, b)
+    z = sg.nn.functional.conv2d(img, w, padding=1)
+    return sg.Graph([a, b, img, w], [y, z, *sg.grad((y * y).sum() + (z * z).sum(), [a, b, img, w])])
+
+
 def all_graphs() -> dict:
     """Every graph whose CUDA source must compile, by name."""
     import sys
@@ -137,7 +149,8 @@ def all_graphs() -> dict:
     from test_rowwise import ROW_GRAPHS
     graphs = {"ops_float64": op_suite("float64"), "ops_float32": op_suite("float32"),
               "unary_derivatives": unary_derivatives(), "integer_and_index_ops": integer_and_index_ops(),
-              "gather_ops": gather_ops(), "attention_ops": attention_ops()}
+              "gather_ops": gather_ops(), "attention_ops": attention_ops(),
+              "batched_matmul_ops": batched_matmul_ops()}
     graphs.update({f"passes_{name}": build() for name, build in GRAPHS.items()})
     graphs.update({name: build() for name, build in ROW_GRAPHS.items()})
     graphs.update(training_programs())
@@ -320,6 +333,16 @@ def test_source_structure():
         assert f"{fn}<<<" in text                        # every kernel is launched
     with pytest.raises(TypeError, match="Graph"):
         sg.cuda_source(x)
+
+
+def test_batched_matmul_launches_one_gemm_per_batch_index():
+    """The GEMM of a batched product (a convolution's too) is launched in host loops over the batch
+    indices, each operand's pointer moved by its batch strides; it used to raise NotImplementedError."""
+    text = sg.cuda_source(batched_matmul_ops())
+    assert text.count("A batched product: one launch per batch index") >= 3
+    loops = re.findall(r"for \(int64_t n(\d) = 0; n\d < (\w+); \+\+n\d\) \{", text)
+    assert ("0", "d0") in loops and ("1", "3") in loops
+    assert re.search(r"sg_gemm<float><<<[^;]*\n\s*M, N, K, \w+ \+ n0 \* 105 \+ n1 \* 35, 7, 1, \w+ \+ n1 \* 28,", text)
 
 
 def test_printer_uses_precise_device_functions():
@@ -509,6 +532,24 @@ def test_close_frees_device_memory_and_keeps_the_values(simulated):
     assert simulated[1].destroyed == 1
 
 
+def test_a_step_collected_in_a_cycle_leaves_its_trained_values(simulated):
+    """A step dropped inside a reference cycle is finalised by the garbage collector, which clears
+    the weak references to it first: its device values must still reach the host storage that
+    `state_dict()` reads once the step is gone (tests/nn/test_nn.py failed so on an H100)."""
+    import gc
+    loss, params = softmax_regression()
+    xb, yb = batches(1)[0]
+    step = sg.train_step(loss, params, sg.optim.SGD(lr=0.1), backend="cuda")
+    step(x=xb, y=yb)
+    trained = step.params["W"]
+    assert not np.array_equal(trained, params[0].attrs["init"])
+    step.cycle = step
+    del step
+    gc.collect()
+    assert simulated[0].destroyed == 1
+    np.testing.assert_array_equal(sg.compiled.current_value(params[0]), trained)
+
+
 def test_cuda_failures_become_python_exceptions(simulated):
     loss, params = softmax_regression()
     step = sg.train_step(loss, params, sg.optim.SGD(lr=0.1), backend="cuda")
@@ -611,7 +652,9 @@ def test_mlp_arena_equals_the_c_backends_plan(simulated):
 @needs_gpu
 @pytest.mark.parametrize("size", [64, 1024])
 def test_softmax_regression_training_matches_numpy_on_gpu(size):
-    data = batches(20, size=size)
+    # Two batches in turn: on 20 fresh batches of noise the loss need not fall (it rose at size 64 on
+    # an H100, as it does on NumPy), on two seen ten times it must.
+    data = batches(2, size=size) * 10
     runs = {}
     for backend in ("numpy", "cuda"):
         loss, params = softmax_regression()
@@ -622,7 +665,7 @@ def test_softmax_regression_training_matches_numpy_on_gpu(size):
     np.testing.assert_allclose(lc, ln, rtol=1e-4)
     np.testing.assert_allclose(Wc, Wn, rtol=1e-4, atol=1e-6)
     np.testing.assert_allclose(bc, bn, rtol=1e-4, atol=1e-6)
-    assert lc[-1] < lc[0]
+    assert lc[-2] < lc[0] - 0.3 and lc[-1] < lc[1] - 0.3
 
 
 @pytest.mark.gpu
@@ -643,6 +686,29 @@ def test_kernels_at_awkward_sizes_on_gpu():
     arrays[2][2, 11] = np.nan                                 # NaN wins argmax and propagates through max
     for got, want in zip(f["cuda"](*arrays), f["numpy"](*arrays)):
         np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4, equal_nan=True)
+
+
+@pytest.mark.gpu
+@needs_gpu
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_batched_matmul_and_convolution_match_numpy_on_gpu(dtype):
+    """Batched products with a broadcast operand and a Dim batch, and a convolution, forward and
+    gradients, at sizes the 64 x 64 tiles do not divide."""
+    rng = np.random.default_rng(3)
+    a = sg.input("a", (B, 3, 67, 33), dtype=dtype)
+    b = sg.input("b", (3, 33, 70), dtype=dtype)
+    img = sg.input("img", (B, 2, 11, 9), dtype=dtype)
+    w = sg.input("w", (5, 2, 3, 3), dtype=dtype)
+    y = sg.matmul(a, b)
+    z = sg.nn.functional.conv2d(img, w, padding=1)
+    outs = [y, z, *sg.grad((y * y).sum() + (z * z).sum(), [a, b, img, w])]
+    f = {bk: sg.function([a, b, img, w], outs, backend=bk) for bk in ("numpy", "cuda")}
+    tol = dict(rtol=1e-4, atol=1e-4) if dtype == "float32" else dict(rtol=1e-10, atol=1e-10)
+    for batch in (1, 5):
+        arrays = [rng.standard_normal(shape).astype(dtype) for shape in
+                  ((batch, 3, 67, 33), (3, 33, 70), (batch, 2, 11, 9), (5, 2, 3, 3))]
+        for got, want in zip(f["cuda"](*arrays), f["numpy"](*arrays)):
+            np.testing.assert_allclose(got, want, **tol)
 
 
 @pytest.mark.gpu

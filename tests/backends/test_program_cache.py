@@ -114,6 +114,20 @@ def test_a_hit_reports_what_the_miss_reported(miss_and_hit):
     assert hit.program.memory_plan.offsets == miss.program.memory_plan.offsets
 
 
+def test_a_hit_graph_lowers_again(miss_and_hit):
+    """The optimized graph of a hit answers every question a fresh one does: its cached `users`,
+    keyed by the compiling process's id()s, is not stored (lowering a hit's graph again raised
+    KeyError once a shared cache held the entry: test_rowwise on the GPU machine's warm cache)."""
+    from symgrad.backends.lowering import lower
+    miss, hit = miss_and_hit
+    assert hit.program.from_program_cache
+    optimized = hit.program.optimized
+    assert set(optimized.use_counts()) == {id(n) for n in optimized.nodes}
+    kinds = lambda plan: [type(k).__name__ for k in plan.kernels]  # noqa: E731
+    assert kinds(lower(hit.program.optimized, fuse_reduce=False)) == \
+        kinds(lower(miss.program.optimized, fuse_reduce=False))
+
+
 def test_other_options_or_other_compiler_code_miss(miss_and_hit, monkeypatch):
     assert not _step(optimize=False).program.from_program_cache
     monkeypatch.setattr(program_cache, "code_fingerprint", lambda: "a changed compiler")

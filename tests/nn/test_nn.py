@@ -124,7 +124,10 @@ def test_state_dict_returns_the_trained_values(backend, rng):
     for name in step.params:
         np.testing.assert_array_equal(trained[name], step.params[name], err_msg=name)
     moved = {name for name in step.params if not np.array_equal(trained[name], initial[name])}
-    assert moved == set(step.params) - {"0.bias"}  # BatchNorm takes the mean out: 0.bias gets no gradient
+    assert moved >= set(step.params) - {"0.bias"}
+    # BatchNorm takes the mean out: 0.bias's gradient is zero but for float32 rounding (about 1e-8 on
+    # the CPU, where the step is lost in the bias's rounding; larger on CUDA, whose steps then show).
+    np.testing.assert_allclose(trained["0.bias"], initial["0.bias"], rtol=0, atol=1e-6)
     np.testing.assert_array_equal(trained["1.running_mean"], step.state["1.running_mean"])
     assert int(trained["1.num_batches_tracked"]) == 3
     model.state_dict()["0.bias"][:] = 7  # a copy: the step's value is untouched
