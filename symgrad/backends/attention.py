@@ -77,6 +77,14 @@ class AttentionKernel:
                        scratch=tuple(new.get(id(b), b) for b in self.scratch),
                        stats=None if self.stats is None else new.get(id(self.stats), self.stats))
 
+    report_kind = "attention"  # what `step.report()` counts it as
+
+    def report_line(self) -> str:
+        """What the kernel does, for the report's list of kernels: what it holds instead of the
+        T x T weights (k, and v, transposed per head)."""
+        return (f"fused {self.op}{' (causal)' if self.causal else ''}, {self.heads} head(s) of {self.T} x {self.E}, "
+                f"no T x T buffer; scratch {', '.join(b.name for b in self.scratch)} -> {self.out.name}")
+
 
 def _rows_view(lowerer, node: Value) -> View:
     """The view of `node` if its rows are contiguous in a buffer, else a contiguous copy's."""

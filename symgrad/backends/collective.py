@@ -40,6 +40,12 @@ class CollectiveKernel:
         """This kernel with the buffers `new` maps swapped in."""
         return replace(self, buffer=new.get(id(self.buffer), self.buffer))
 
+    report_kind = "collective"  # what `step.report()` counts it as
+
+    def report_line(self) -> str:
+        """What the kernel does, for the report's list of kernels."""
+        return f"all_reduce of {self.numel} element(s), summed over the processes in place -> {self.buffer.name}"
+
 
 def lower_collective(lowerer, node: Value) -> View:
     """The copy and the kernel computing an all_reduce node; returns the view of its value."""

@@ -58,6 +58,12 @@ class GatherKernel:
         """This kernel with the buffers `new` maps swapped in (`view` swaps one view)."""
         return replace(self, src=view(self.src), indices=view(self.indices), out=new.get(id(self.out), self.out))
 
+    report_kind = "gather"  # what `step.report()` counts it as
+
+    def report_line(self) -> str:
+        """What the kernel does, for the report's list of kernels."""
+        return f"{self.op} of {self.I} index(es) -> {self.out.name}"
+
 
 def _borders(node: Value) -> list | None:
     """The (starts, shape) boxes that cover embed's output outside its window of steps 1, disjoint:

@@ -66,6 +66,15 @@ class LoopKernel:
     numel: Any
     kind: str = "loop"
 
+    @property
+    def report_kind(self) -> str:
+        """What `step.report()` counts it as: a copy (the lowering names those `k<n>_copy`) or a loop."""
+        return "copy" if self.name.endswith("_copy") else "loop"
+
+    def report_line(self) -> str:
+        """What the kernel does, for the report's list of kernels."""
+        return f"loop, {len(self.statements)} op(s) fused, {len(self.operands)} operand(s) -> {self.out.name}"
+
 
 @dataclass(frozen=True, eq=False)
 class ReduceKernel:
@@ -100,6 +109,16 @@ class ReduceKernel:
     epilogue_result: str = ""
     reduced_dtype: str = ""
 
+    @property
+    def report_kind(self) -> str:
+        """What `step.report()` counts it as: a reduction, or one with its prologue fused."""
+        return "fused reduce" if self.operands else "reduce"
+
+    def report_line(self) -> str:
+        """What the kernel does, for the report's list of kernels."""
+        fused = f" with {len(self.statements)} fused op(s)" if self.operands else ""
+        return f"{self.op}{fused} -> {self.out.name}"
+
 
 @dataclass(frozen=True, eq=False)
 class MatmulKernel:
@@ -126,6 +145,17 @@ class MatmulKernel:
     # A batched product: one GEMM per index of the leading axes, (size, a stride, b stride, out
     # stride) each, outer to inner (a stride of 0: that operand is broadcast over the axis).
     batch: tuple = ()
+
+    @property
+    def report_kind(self) -> str:
+        """What `step.report()` counts it as: a matmul, or one with an epilogue fused."""
+        return "fused matmul" if self.epilogue_statements else "matmul"
+
+    def report_line(self) -> str:
+        """What the kernel does, for the report's list of kernels."""
+        fused = f" + {len(self.epilogue_statements)} fused op(s)" if self.epilogue_statements else ""
+        batched = f", batched over {' x '.join(str(size) for size, *_ in self.batch)}" if self.batch else ""
+        return f"matmul{fused}{batched} -> {self.out.name}"
 
 
 @dataclass(frozen=True, eq=False)
@@ -197,6 +227,12 @@ class RowKernel:
         """What the kernel does in words, for the report: "row kernel: max, sum (3 passes), 2 outputs"."""
         ops = [r.op for p in self.passes for r in p.reductions]
         return f"row kernel: {', '.join(ops)} ({len(self.passes)} passes), {len(self.outs)} outputs"
+
+    report_kind = "row"  # what `step.report()` counts it as
+
+    def report_line(self) -> str:
+        """What the kernel does, for the report's list of kernels."""
+        return f"{self.summary()} -> {', '.join(b.name for b in self.outs)}"
 
 
 @dataclass(frozen=True, eq=False)

@@ -16,9 +16,8 @@ from ..ir import dtypes as D
 from ..ir import shapes as S
 from ..passes import format_report
 from . import runtime, winograd
-from .attention import AttentionKernel
 from .gather import GatherKernel
-from .lowering import LoopKernel, MatmulKernel, ReduceKernel, RowKernel
+from .lowering import MatmulKernel
 from .patches import is_columns, is_patches, is_winograd, matmul_gemm
 
 # Compile stages in the order they run, with the words the report uses.
@@ -37,24 +36,28 @@ def timed(timings: dict, stage: str):
         timings[stage] = timings.get(stage, 0.0) + time.perf_counter() - start
 
 
+# The kernel kinds the report's count line always names, in its order, with their words; a kind
+# not listed (a gather, fused attention, a collective, one added later) is named where a plan has it.
+COUNTED = (("loop", "loops"), ("reduce", "reductions"), ("fused reduce", "fused reductions"),
+           ("row", "row kernels"), ("matmul", "matmuls"), ("fused matmul", "fused matmuls"), ("copy", "copies"))
+WORDS = {"gather": "gathers", "attention": "fused attention", "collective": "collectives"}
+
+
 def kernel_counts(plan) -> dict:
-    """How many kernels of each kind the plan runs per call."""
-    counts = {"total": len(plan.kernels), "loop": 0, "copy": 0, "reduce": 0, "fused reduce": 0, "matmul": 0,
-              "row": 0, "fused matmul": 0, "gather": 0, "attention": 0}
+    """How many kernels of each kind (each kernel's `report_kind`) the plan runs per call."""
+    counts = {"total": len(plan.kernels), **{kind: 0 for kind, _ in COUNTED}}
     for k in plan.kernels:
-        if isinstance(k, LoopKernel):
-            counts["copy" if k.name.endswith("_copy") else "loop"] += 1
-        elif isinstance(k, ReduceKernel):
-            counts["fused reduce" if k.operands else "reduce"] += 1
-        elif isinstance(k, MatmulKernel):
-            counts["fused matmul" if k.epilogue_statements else "matmul"] += 1
-        elif isinstance(k, RowKernel):
-            counts["row"] += 1
-        elif isinstance(k, GatherKernel):
-            counts["gather"] += 1
-        elif isinstance(k, AttentionKernel):
-            counts["attention"] += 1
+        counts[k.report_kind] = counts.get(k.report_kind, 0) + 1
     return counts
+
+
+def count_line(counts: dict) -> str:
+    """`kernels: 12 (3 loops, ..., 2 copies, 1 gathers)`: the kinds of COUNTED always, the others when present."""
+    always = [f"{counts[kind]} {words}" for kind, words in COUNTED]
+    rest = sorted((kind for kind, n in counts.items() if n and kind != "total" and kind not in dict(COUNTED)),
+                  key=lambda kind: (list(WORDS).index(kind) if kind in WORDS else len(WORDS), kind))
+    others = [f"{counts[kind]} {WORDS.get(kind, kind)}" for kind in rest]
+    return f"kernels: {counts['total']} ({', '.join(always + others)})"
 
 
 def _purpose_lines(plan, mp) -> list[str]:
@@ -87,22 +90,9 @@ def _purpose_lines(plan, mp) -> list[str]:
 
 
 def _kernel_line(k) -> str:
-    if isinstance(k, RowKernel):
-        return f"  {k.name:<32} {k.summary()} -> {', '.join(b.name for b in k.outs)}"
-    if isinstance(k, LoopKernel):
-        what = f"loop, {len(k.statements)} op(s) fused, {len(k.operands)} operand(s)"
-    elif isinstance(k, ReduceKernel):
-        what = f"{k.op}" + (f" with {len(k.statements)} fused op(s)" if k.operands else "")
-    elif isinstance(k, GatherKernel):
-        what = f"{k.op} of {k.I} index(es)"
-    elif isinstance(k, AttentionKernel):
-        # What the fused kernel holds instead of the T x T weights: k (and v) transposed per head.
-        what = (f"fused {k.op}{' (causal)' if k.causal else ''}, {k.heads} head(s) of {k.T} x {k.E}, "
-                f"no T x T buffer; scratch {', '.join(b.name for b in k.scratch)}")
-    else:
-        what = "matmul" + (f" + {len(k.epilogue_statements)} fused op(s)" if k.epilogue_statements else "") \
-            + (f", batched over {' x '.join(str(size) for size, *_ in k.batch)}" if k.batch else "")
-    return f"  {k.name:<32} {what} -> {k.out.name}"
+    # Each kernel kind words its own line (its `report_line`, beside its type): a kind added later
+    # needs nothing here.
+    return f"  {k.name:<32} {k.report_line()}"
 
 
 # What a variable of each role is, in the step-memory lines.
@@ -172,11 +162,7 @@ def program_report(program, timings: dict | None = None) -> str:
     counts = kernel_counts(plan)
     out.append("")
     out.append("== kernels ==")
-    out.append(f"kernels: {counts['total']} ({counts['loop']} loops, {counts['reduce']} reductions, "
-               f"{counts['fused reduce']} fused reductions, {counts['row']} row kernels, {counts['matmul']} matmuls, "
-               f"{counts['fused matmul']} fused matmuls, {counts['copy']} copies"
-               + (f", {counts['gather']} gathers" if counts["gather"] else "")
-               + (f", {counts['attention']} fused attention" if counts["attention"] else "") + ")")
+    out.append(count_line(counts))
     out.extend(_kernel_line(k) for k in plan.kernels)
     out.extend(_purpose_lines(plan, program.memory_plan))
     out.append("")
