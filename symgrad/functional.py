@@ -123,7 +123,12 @@ def pow(a, b) -> Value:
 
     An integer base to a constant negative integer power is refused, as torch and NumPy
     refuse it (`int32 ** -2`): the result is not an integer. Cast the base to float first.
+    A Python exponent of 0.5 is sqrt, as torch computes it (NaN at -inf and -0.0 at -0.0,
+    where IEEE pow gives inf and +0.0; its gradient 0.5 * rsqrt(x) is NaN at -inf).
     """
+    if isinstance(b, (numbers.Real, np.floating, np.integer)) and not isinstance(b, (bool, np.bool_)) \
+            and b == 0.5 and isinstance(a, Value):
+        return sqrt(_lift(a, b, "pow")[0])
     a, b = _lift(a, b, "pow")
     if not D.is_float(a.dtype) and not D.is_float(b.dtype) and b.op.name == "const" \
             and not isinstance(b.attrs["value"], sympy.Basic) and np.any(np.asarray(b.attrs["value"]) < 0):

@@ -229,6 +229,20 @@ def keeps_special_values(candidate: sympy.Expr, reference: sympy.Expr) -> bool:
     return _compare(candidate, reference, _SPECIAL_PROBES, agree)
 
 
+def keeps_infinities(candidate: sympy.Expr, reference: sympy.Expr) -> bool:
+    """Whether `candidate` is the same infinity wherever `reference` is infinite, at finite
+    operands too (the finite and the special probes).
+
+    A form found by real algebra can lose an overflow (log(exp(x)) -> x is 1000 where the chain
+    gives inf) or a zero's sign (0 - x -> -x, so 1/(0 - x) -> -1/x is -inf at x = +0 where the
+    chain gives inf). A composed chain is held to this, for it must compute what its nodes do;
+    a derivative's rewrite is not (div's -y/x1 is finite where x1**2 overflows, as torch's)."""
+    def agree(got, want, points):
+        infinite = np.isinf(want)
+        return np.array_equal(got[infinite], want[infinite])
+    return all(_compare(candidate, reference, probes, agree) for probes in (_FINITE_PROBES, _SPECIAL_PROBES))
+
+
 def _torch_masks(partial: sympy.Expr) -> sympy.Expr:
     """Heaviside(u, h0) -> 0 where u < 0, h0 where u == 0, else 1: a mask that a NaN passes.
 

@@ -13,7 +13,7 @@ from sympy.codegen.cfunctions import log1p
 
 from . import dtypes as D
 from . import shapes as S
-from .elementwise import ARGS, define
+from .elementwise import ARGS, OUT, apply_expression, define, elementwise_vjp, partial_derivative
 from .registry import CUSTOM, MATMUL, MOVEMENT, REDUCE, SOURCE, OpDef, register
 from .rounding import round_half_even, trunc
 from .value import functions as _F  # symgrad.functional, for VJP rules written as graph code
@@ -29,9 +29,29 @@ define("add", x0 + x1, 2, doc="x + y")
 define("sub", x0 - x1, 2, doc="x - y")
 define("mul", x0 * x1, 2, doc="x * y")
 define("div", x0 / x1, 2, "float", doc="x / y (true division)")
+
+
+def _pow_vjp(node, g, wants):
+    """torch's pow backward. d/dx: where(y == 0, 0, g * y * x**(y - 1)), the derived VJP (g folded
+    into the mask: 0 even where g is inf). d/dy: g * where(x == 0 & y >= 0, 0, x**y * log(x)), the
+    mask on the factor, so 0 * g is NaN where g is infinite or NaN (torch's pow_backward_exponent).
+    A constant exponent is torch's Python-scalar one, whose x**(e - 1) takes torch's fast path:
+    for e = 1.5, 1.5 * sqrt(x) (NaN at x = -inf, where IEEE pow(x, 0.5) gives inf)."""
+    F = _F()
+    x, y = node.inputs
+    grads = elementwise_vjp(node, g, (wants[0], False))
+    if wants[0] and y.op.name == "const" and not isinstance(y.attrs["value"], sympy.Basic) \
+            and np.ndim(y.attrs["value"]) == 0 and float(y.attrs["value"]) == 1.5:
+        grads[0] = F.mul(g, F.mul(F.sqrt(x), 1.5))
+    if wants[1]:
+        factor = apply_expression(partial_derivative(node.op, 1), {OUT: node, x0: x, x1: y}, name="pow_vjp1")
+        grads[1] = F.mul(g, factor)
+    return grads
+
+
 # torch's pow backward: d/dx is 0 where y == 0 (not y * x**(y-1) = 0 * inf at x = 0), d/dy is
-# 0 where x == 0 and y >= 0 (not x**y * log(x) = 0 * -inf): x**y is constant there.
-define("pow", x0 ** x1, 2, doc="x ** y",
+# 0 where x == 0 and y >= 0 (not x**y * log(x) = 0 * -inf): x**y is constant there (_pow_vjp).
+define("pow", x0 ** x1, 2, doc="x ** y", vjp=_pow_vjp,
        zero_derivative_where={0: sympy.Eq(x1, 0), 1: sympy.And(sympy.Eq(x0, 0), x1 >= 0)})
 define("neg", -x0, 1, doc="-x")
 define("exp", sympy.exp(x0), 1, "float")
