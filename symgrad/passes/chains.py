@@ -14,13 +14,14 @@ the chain has none (`stays_finite`), unless the user assumed finite operands.
 from __future__ import annotations
 
 import functools
+import math
 
 import sympy
 
 from ..ir import dtypes as D
 from ..ir import shapes as S
 from ..ir import sympy_memo
-from ..ir.elementwise import ARGS, derived_op, keeps_special_values, numpy_function, stays_finite
+from ..ir.elementwise import ARGS, derived_op, keeps_infinities, keeps_special_values, numpy_function, stays_finite
 from ..ir.graph import Graph
 from ..ir.registry import ELEMENTWISE, lookup
 from ..ir.value import Value, make
@@ -126,7 +127,8 @@ def _cheapest(expr: sympy.Expr, exact: _NodeByNode, assume_finite: bool) -> symp
     node by node, as the graph computes it. sympy's evaluation is
     real algebra, exact for finite operands only (x - (x - x) -> x, exp(log(x)) -> x), so
     every form, `expr` included, must keep `exact`'s NaNs and infinities
-    (`keeps_special_values`) unless the user assumed finite operands, and must overflow
+    (`keeps_special_values`, `keeps_infinities`: log(exp(x)) -> x loses the overflow, 1/(0 - x)
+    -> -1/x the sign of 1/+0) unless the user assumed finite operands, and must overflow
     nowhere `exact` does not (`stays_finite`: sigmoid's backward composes to -y*(y - 1) at
     y = 1/(1 + exp(-x)), finite everywhere; `cancel` gives exp(x)/(exp(x) + 1)**2, nan past
     x = 89 in float32).
@@ -142,7 +144,7 @@ def _cheapest(expr: sympy.Expr, exact: _NodeByNode, assume_finite: bool) -> symp
         return None if known == sympy.S.NaN else known
     candidates = sorted(_candidates(expr), key=_cost)
     best = next((c for c in candidates if stays_finite(c, exact)
-                 and (assume_finite or keeps_special_values(c, exact))), None)
+                 and (assume_finite or keeps_special_values(c, exact) and keeps_infinities(c, exact))), None)
     sympy_memo.store("cheapest", __file__, key, sympy.S.NaN if best is None else best)
     return best
 
@@ -150,12 +152,15 @@ def _cheapest(expr: sympy.Expr, exact: _NodeByNode, assume_finite: bool) -> symp
 def _inline_number(v: Value):
     """A 0-d const inlined into a chain's expression: a number with a short exact form (2, -0.125),
     or an expression of Dims (1/B), so sympy can combine -1/B with 1/B; None for other values
-    (0.1 and friends stay operands, so no rounding changes)."""
+    (0.1 and friends stay operands, so no rounding changes; so does -0.0: sympy's numbers have no
+    signed zero, and x - -0.0 would compose to x, -0.0 at x = -0.0 where the graph gives +0.0)."""
     if not is_scalar_const(v) or not D.is_float(v.dtype):
         return None
     value = v.attrs["value"]
     if isinstance(value, sympy.Basic):
         return value
+    if math.copysign(1.0, float(value)) < 0 and float(value) == 0:
+        return None
     return short_rational(value)
 
 
