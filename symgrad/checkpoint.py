@@ -16,7 +16,9 @@ and a torch model's `safetensors.torch.save_file(model.state_dict(), path)`
 loads into a step, which keeps its own optimizer state.
 
 Loading checks every entry (a variable of the step, the same shape and
-dtype, a hyperparameter in range) before it changes anything.
+dtype, a hyperparameter in range) before it changes anything. A parameter's
+or buffer's value is its model's (symgrad/cells.py): loading sets it for the
+module and everything else built from it too.
 """
 
 from __future__ import annotations
@@ -48,8 +50,8 @@ def state_dict(step, roles=MODEL_ROLES) -> "OrderedDict[str, np.ndarray]":
     """Copies of the step's current values whose role is in `roles`, by name.
 
     The default, parameters and module buffers, is what torch's `model.state_dict()` holds, under
-    the same names: `model.load_state_dict(step.state_dict())` gives a symgrad or torch module the
-    trained values.
+    the same names: `other.load_state_dict(step.state_dict())` gives another symgrad or torch
+    module the trained values (the step's own model has them already: they are its parameters').
     """
     return OrderedDict((name, step._read_variable(name)) for name, v in _variables(step).items()
                        if v.attrs["role"] in roles)

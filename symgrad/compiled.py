@@ -3,19 +3,21 @@
 The call objects are the same for every backend. Each call checks names,
 types, dtypes, shapes, contiguity and Dim consistency in Python before any
 backend code runs, so a refused call changes nothing and never reaches
-native code. Variables (parameters, optimizer state, hyperparameters) live
-in arrays the object owns, and the program updates them in place.
+native code. A parameter's or buffer's value lives in its cell (symgrad/cells.py),
+shared by every object built from it; the object's other variables
+(optimizer state, hyperparameters) live in arrays it owns. The program
+updates both in place.
 """
 
 from __future__ import annotations
 
 import threading
-import weakref
 from typing import Mapping
 
 import numpy as np
 
 from . import backends
+from .cells import cell_of
 from .call_checks import bind_inputs, check_unique_names, collect_inputs, refuse_subclass
 from .ir import dtypes as D
 from .ir import shapes as S
@@ -30,9 +32,19 @@ _SIGNATURES_KEPT = 8  # validated input signatures remembered per compiled objec
 class VariableStorage(dict):
     """name -> host array: the variables of a compiled object, shared by the programs of one
     TrainStep. A backend that keeps copies of its own (cuda) records beside the arrays which
-    program holds the newest value of each (`sharing`): state of this storage, not of a module."""
+    program holds the newest value of each (`sharing`): state of this storage, not of a module.
+    `seen`: for such a backend, the version of each parameter's cell that its copies hold."""
 
     sharing = None
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.seen: dict[str, int] = {}
+
+
+# Whether any compiled object in this process keeps variables in memory of its own (cuda). Until
+# one does, every cell's array is its current value and calls need not track versions.
+_RESIDENT_EXISTS = False
 
 
 class VariableView(Mapping):
@@ -73,32 +85,32 @@ class VariableView(Mapping):
         return "{" + ", ".join(f"{n!r}: array{list(self._owner._storage[n].shape)}" for n in self._names) + "}"
 
 
-# id(variable) -> (weak reference to the variable, weak reference to the step or function built last
-# that updates it, that object's storage): where a variable's trained value lives, for
-# Module.state_dict(). Keyed by id, not by the value (Value.__eq__ builds a graph node); an entry
-# goes when its variable dies. The storage is held so that a value stays readable after its step
-# is collected (a CUDA program copies its device values there when it is freed).
-_HOLDERS: dict[int, tuple[weakref.ref, weakref.ref, dict]] = {}
+def _cells_of(graph: Graph) -> dict:
+    """name -> cell of the graph's parameters and buffers; two variables of one cell are refused."""
+    cells, first = {}, {}
+    for v in graph.variables:
+        cell = cell_of(v)
+        if cell is None:
+            continue
+        other = first.setdefault(id(cell), v)
+        if other is not v:
+            raise ValueError(f"variables {other.name!r} and {v.name!r} are one parameter under two names "
+                             f"(a module renamed it after the graph used it): build the graph again "
+                             f"from the module's leaves")
+        cells[v.name] = cell
+    return cells
 
 
-def hold(compiled: "Compiled") -> None:
-    """Record `compiled` as the holder of the current value of every variable its graph updates."""
-    for target, _ in compiled.graph.updates:
-        key = id(target)
-        _HOLDERS[key] = (weakref.ref(target, lambda _ref, key=key: _HOLDERS.pop(key, None)),
-                         weakref.ref(compiled), compiled._storage)
-
-
-def current_value(variable: Value) -> np.ndarray:
-    """A copy of `variable`'s value now: as the step or function built last that updates it holds
-    it (the trained value), or its initial value when nothing compiled updates it."""
-    entry = _HOLDERS.get(id(variable))
-    if entry is None or entry[0]() is not variable:
-        return np.array(variable.attrs["init"], copy=True)
-    holder = entry[1]()
-    if holder is not None:
-        return holder._read_variable(variable.name)
-    return np.array(entry[2][variable.name], copy=True)
+def _shared_lock(cells) -> threading.RLock:
+    """The lock of the objects built earlier from these cells (a new one if none was): calls of a
+    step and of a function of one model take turns, as the programs of one step do. Reentrant: a
+    call reads, under it, a value that another object sharing it holds. (A graph joining cells
+    of objects that have different locks takes the first; the others keep theirs.)"""
+    lock = next((c.lock for c in cells if c.lock is not None), None) or threading.RLock()
+    for cell in cells:
+        if cell.lock is None:
+            cell.lock = lock
+    return lock
 
 
 class Compiled:
@@ -109,13 +121,30 @@ class Compiled:
         self.graph = graph
         self.backend = backend
         self._variables = {v.name: v for v in graph.variables}
-        self._storage = VariableStorage((v.name, np.array(v.attrs["init"], copy=True)) for v in graph.variables)
+        # name -> cell: the parameters and buffers, whose values the model owns (symgrad/cells.py).
+        # `_used_cells` are this graph's, brought up to date around its calls; `_cells` also
+        # those of the programs sharing this object's storage (a TrainStep's), for reads and writes.
+        self._used_cells = _cells_of(graph)
+        self._cells = dict(self._used_cells)
+        self._updated_cells = [t.name for t, _ in graph.updates if t.name in self._cells]
         self._bound: dict[tuple, dict] = {}  # validated input signature -> Dim bindings
         # Calls, reads and writes of the variables take turns, on every backend: a step reads the
         # parameters and writes them back, and two at once would lose one's update. The programs
-        # of one TrainStep share its storage, and this lock with it.
-        self._lock = threading.Lock()
+        # of one TrainStep share its storage, and this lock with it; so do all objects built
+        # from one model's parameters (their cells carry it).
+        self._lock = _shared_lock(self._cells.values())
         self.program = backends.get(backend).compile(graph, **options)
+        # A backend keeping variables in memory of its own (cuda) works on copies of the cells'
+        # values; the others run on the cells' arrays themselves, so every object built from a
+        # model computes with its current values and trains them in place.
+        self._resident = getattr(self.program, "read_variable", None) is not None
+        if self._resident:
+            global _RESIDENT_EXISTS
+            _RESIDENT_EXISTS = True
+        self._storage = VariableStorage(
+            (v.name, self._cells[v.name].read() if self._resident else self._cells[v.name].array)
+            if v.name in self._cells else (v.name, np.array(v.attrs["init"], copy=True))
+            for v in graph.variables)
         # Labels are values, not signatures: checked on every call, here unless the program does.
         self._label_checks = [] if getattr(self.program, "checks_labels", False) else label_checks(graph)
         self._attach()
@@ -181,6 +210,15 @@ class Compiled:
         return getattr(self.program, name)
 
     def _read_variable(self, name: str) -> np.ndarray:
+        """A copy of the variable's current value (a parameter's from its cell: the model's)."""
+        cell = self._cells.get(name)
+        if cell is not None:
+            with self._lock:
+                return cell.read()
+        return self._read_native(name)
+
+    def _read_native(self, name: str) -> np.ndarray:
+        """A copy of the value as this object's program holds it."""
         reader = getattr(self.program, "read_variable", None)
         with self._lock:
             return reader(name) if reader else self._storage[name].copy()
@@ -197,8 +235,11 @@ class Compiled:
         if node.attrs["role"] == "hyper":
             check_hyperparameter(f"variable {name!r} (a hyperparameter)", converted.item())
         writer = getattr(self.program, "write_variable", None)
+        cell = self._cells.get(name)
         with self._lock:
-            if writer:
+            if cell is not None:  # the model's value: for every object built from it
+                cell.write(converted)
+            elif writer:
                 writer(name, converted)
             else:
                 self._storage[name][...] = converted
@@ -226,7 +267,40 @@ class Compiled:
         # The arrays match a checked signature: a backend that can skip checking them again does.
         program = self.program
         with self._lock:
-            return getattr(program, "run_checked", program.run)(arrays, bindings, self._storage)
+            if not _RESIDENT_EXISTS:  # every cell's array is current, and this call updates it in place
+                return getattr(program, "run_checked", program.run)(arrays, bindings, self._storage)
+            self._before_run()
+            try:
+                return getattr(program, "run_checked", program.run)(arrays, bindings, self._storage)
+            finally:  # a failed call may have written some updates: count them as changes anyway
+                self._after_run()
+
+    def _before_run(self) -> None:
+        """Bring the values this call reads up to date (once a backend keeping copies exists): a
+        copy older than its cell is replaced by the cell's value (cuda); a cell's array is
+        brought up to date from the copy that holds a newer value (numpy, c)."""
+        if self._resident:
+            seen = self._storage.seen
+            for name, cell in self._used_cells.items():
+                if seen.get(name) != cell.version:
+                    cell.flush()
+                    self.program.write_variable(name, cell.array)
+                    seen[name] = cell.version
+        else:
+            for cell in self._used_cells.values():
+                if cell.holder is not None:
+                    cell.flush()
+
+    def _after_run(self) -> None:
+        """Record what the call changed: the copies elsewhere are stale; a program keeping its
+        own copies holds the newest values."""
+        for name in self._updated_cells:
+            cell = self._cells[name]
+            if self._resident:
+                cell.held_by(self, name)
+                self._storage.seen[name] = cell.version
+            else:
+                cell.version += 1
 
 
 class CompiledFunction(Compiled):
@@ -235,7 +309,6 @@ class CompiledFunction(Compiled):
     def __init__(self, graph: Graph, backend: str, single: bool, **options):
         super().__init__(graph, backend, **options)
         self._single = single  # outputs given as one value: return one array
-        hold(self)
 
     def __call__(self, *arrays):
         names = [v.name for v in self.graph.inputs]
@@ -250,10 +323,13 @@ def function(inputs, outputs, backend: str = "numpy", **options) -> CompiledFunc
 
     The call takes NumPy arrays positionally in input order and returns one
     array, or a tuple when `outputs` is a list. Parameters the outputs read
-    keep their initial values. Updates that layers attach to the values the
-    outputs compute run on every call, as they do in a train step: Dropout
-    draws a fresh mask each call (reproducibly from sg.manual_seed), BatchNorm
-    in training mode updates its running statistics.
+    have their current values at each call, whenever the function was built:
+    what a train step of the same model has trained so far, or what
+    `load_state_dict` set (they are the model's, symgrad/cells.py). Updates
+    that layers attach to the values the outputs compute run on every call,
+    as they do in a train step: Dropout draws a fresh mask each call
+    (reproducibly from sg.manual_seed), BatchNorm in training mode updates its
+    running statistics.
     """
     from . import effects
 

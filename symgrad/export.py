@@ -45,6 +45,7 @@ from .backends import runtime
 from .backends.c_printer import printer
 from .backends.templates import render
 from .backends.toolchain import default_flags
+from .cells import current_value
 from .checkpoint import FORMAT
 from .ir import dtypes as D
 from .ir.graph import Graph
@@ -276,7 +277,7 @@ def _variables(step, programs: list[_Program]) -> list[dict]:
             if v.name in seen:
                 continue
             seen[v.name] = len(out)
-            value = np.ascontiguousarray(step._read_variable(v.name) if v.name in step._storage else v.attrs["init"],
+            value = np.ascontiguousarray(step._read_variable(v.name) if v.name in step._storage else current_value(v),
                                          dtype=D.to_numpy(v.dtype))
             if v.dtype not in SAFETENSORS_DTYPES:
                 raise ValueError(f"export: variable {v.name!r} is {v.dtype}; a checkpoint holds "

@@ -19,6 +19,7 @@ import numpy as np
 from .autodiff import grad, unbroadcast
 from .ir.interpret import Env
 from .call_checks import bind_inputs
+from .cells import current_value
 from .compiled import function
 from .functional import constant
 from .ir import dtypes as D
@@ -183,7 +184,7 @@ def _localise(outputs, graph_inputs, arrays, checked, bindings, eps, atol, rtol)
     nodes = toposort(outputs)
     for n in nodes:
         if n.op.name == "variable":
-            variables[n] = np.asarray(n.attrs["init"])
+            variables[n] = current_value(n)  # what the compiled functions read: a parameter's value now
     context = (bindings, dict(zip(graph_inputs, arrays)), variables)
     values = _evaluate(outputs, context)
     # Only values downstream of a checked input carry a gradient.

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from .cells import SHARED_ROLES, Cell
 from .ir import dtypes as D
 from .ir import shapes as S
 from .ir.registry import lookup
@@ -55,14 +56,27 @@ ROLES = {
 }
 
 
-def variable(name: str, value: np.ndarray, role: str) -> Value:
-    """Persistent storage with an initial value, of one of the ROLES."""
+def variable(name: str, value: np.ndarray, role: str, cell: Cell | None = None) -> Value:
+    """Persistent storage with an initial value, of one of the ROLES.
+
+    A parameter or buffer (cells.SHARED_ROLES) carries a Cell, the one owner of its current
+    value (symgrad/cells.py): a new one holding `value`, or `cell` (the same parameter under
+    another name, as a module renames its leaves).
+    """
     if role not in ROLES:
         raise ValueError(f"variable {name!r}: unknown role {role!r}; expected one of {list(ROLES)}")
     value = np.array(value, copy=True)
     value.flags.writeable = False
+    attrs = {}
+    if role in SHARED_ROLES:
+        if cell is not None and (cell.array.shape != value.shape or cell.array.dtype != value.dtype):
+            raise ValueError(f"variable {name!r}: its cell holds {cell.array.dtype}{list(cell.array.shape)}, "
+                             f"not {value.dtype}{list(value.shape)}")
+        attrs["cell"] = cell if cell is not None else Cell(value)
+    elif cell is not None:
+        raise ValueError(f"variable {name!r}: a {role} variable has no cell")
     return make(lookup("variable"), name=_check_name(name, role), shape=value.shape,
-                dtype=D.canonical(value.dtype), role=role, init=value, serial=next(_serial))
+                dtype=D.canonical(value.dtype), role=role, init=value, serial=next(_serial), **attrs)
 
 
 def param(name: str, shape, init="zeros", dtype: str = "float32") -> Value:

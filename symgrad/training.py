@@ -10,7 +10,7 @@ from typing import Mapping
 import numpy as np
 
 from .call_checks import arrays_by_name, check_no_gradient_buffer_names, collect_inputs, gradient_buffer_name, leaf_kind
-from .compiled import Compiled, VariableView, hold
+from .compiled import Compiled, VariableView
 from .ir import dtypes as D
 from .ir.graph import Graph
 from .ir.value import Value
@@ -52,7 +52,6 @@ class TrainStep(Compiled):
         self._input_names = [v.name for v in graph.inputs]
         self._programs: dict[str, Compiled] = {}
         self._buffers = None
-        hold(self)  # its programs share its storage: the step holds what they train too
 
     def __call__(self, **batch) -> float:
         names = self._input_names
@@ -133,6 +132,8 @@ class TrainStep(Compiled):
                 elif mine.shape != array.shape or mine.dtype != array.dtype:
                     raise ValueError(f"{kind}: variable {name!r} is {array.dtype}{list(array.shape)} there, "
                                      f"{mine.dtype}{list(mine.shape)} in the step")
+            for name, cell in sub._cells.items():
+                self._cells.setdefault(name, cell)  # step.state / step.load reach a predict-only param's cell
             sub._storage = self._storage  # one storage: the programs see each other's updates
             sub._lock = self._lock  # ...and one lock: a step and an apply() take turns too
             sub._attach()
@@ -168,8 +169,10 @@ class TrainStep(Compiled):
 
     # ---- checkpoints: symgrad/checkpoint.py ----
     def state_dict(self) -> "OrderedDict[str, np.ndarray]":
-        """Current parameters and module buffers by dotted name, as torch's `model.state_dict()`:
-        `model.load_state_dict(step.state_dict())` gives the module the trained values."""
+        """Current parameters and module buffers by dotted name, as torch's `model.state_dict()`
+        (one key per parameter: the step knows a tied parameter by its first name). They are the
+        model's own values already; `other.load_state_dict(step.state_dict())` gives them to
+        another symgrad or torch module."""
         from . import checkpoint
         return checkpoint.state_dict(self)
 

@@ -38,7 +38,8 @@ def _torch_model():
 
 
 class Steps:
-    """Two steps of one graph (one trained on, one to load into) per (optimizer, backend)."""
+    """Two steps of two equal models (one trained on, one to load into) per (optimizer, backend):
+    two steps of one model would train the same parameters (the model's)."""
 
     def __init__(self):
         self.built = {}
@@ -46,12 +47,12 @@ class Steps:
     def pair(self, optimizer: str, backend: str):
         key = (optimizer, backend)
         if key not in self.built:
+            def make(model):
+                x, y = sg.input("x", (sg.Dim("B"), 5)), sg.input("y", (sg.Dim("B"),), dtype="int64")
+                return sg.train_step(sg.cross_entropy(model(x), y), model.parameters(), OPTIMIZERS[optimizer](),
+                                     backend=backend)
             model = _model()
-            x, y = sg.input("x", (sg.Dim("B"), 5)), sg.input("y", (sg.Dim("B"),), dtype="int64")
-            loss = sg.cross_entropy(model(x), y)
-            make = lambda: sg.train_step(loss, model.parameters(), OPTIMIZERS[optimizer](),  # noqa: E731
-                                         backend=backend)
-            self.built[key] = (model, make(), make())
+            self.built[key] = (model, make(model), make(_model()))
         return self.built[key]
 
 
@@ -99,10 +100,10 @@ def test_checkpoint_holds_every_kind_of_state_with_its_role(steps, tmp_path):
 
 
 def test_state_dict_is_the_models_and_loads_into_symgrad_and_torch_modules(steps):
-    model, _, step = steps.pair("sgd_momentum", "numpy")  # the step built last: the module reads it
+    model, step, _ = steps.pair("sgd_momentum", "numpy")  # the model's step: the module reads what it trains
     _train(step, BATCHES[:2])
     state = step.state_dict()
-    assert list(state) == list(model.state_dict())  # parameters and buffers, no optimizer state
+    assert sorted(state) == sorted(model.state_dict())  # parameters and buffers, no optimizer state
     for name, value in model.state_dict().items():  # the trained values
         np.testing.assert_array_equal(value, state[name])
     twin = _torch_model()

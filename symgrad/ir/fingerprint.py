@@ -24,8 +24,8 @@ import sympy
 
 from .graph import Graph
 
-#: Attributes that never change the emitted code.
-IGNORED_ATTRS = frozenset({"init", "serial"})
+#: Attributes that never change the emitted code (a parameter's cell holds its current value: data too).
+IGNORED_ATTRS = frozenset({"init", "serial", "cell"})
 
 
 class _Unhashable(Exception):

@@ -14,7 +14,7 @@ from .elementwise import ARGS
 from .value import Value
 
 # Attributes that are part of the node's type and would only repeat it.
-_HIDDEN_ATTRS = {"name", "shape", "dtype", "init", "role", "function", "serial"}
+_HIDDEN_ATTRS = {"name", "shape", "dtype", "init", "role", "function", "serial", "cell"}
 
 
 def _format_attr(v) -> str:

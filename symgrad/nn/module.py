@@ -7,7 +7,19 @@ torch. Leaf names must be unique within a graph and are the keys of
 `step.params` / `step.state`, so every leaf is named by its dotted path from
 the outermost module: `Sequential(Linear(4, 3))` has a parameter `0.weight`.
 Attaching a module to a parent renames its leaves (they are remade with the
-new name); build the module tree before calling it.
+new name, the same parameter); build the module tree before calling it.
+
+A parameter assigned to a second attribute is shared, as torch's weight
+tying (`self.transformer.wte.weight = self.lm_head.weight`): both attributes
+hold the same leaf, named by the path at which `named_parameters()` first
+finds it, and a train step trains the one matrix with the sum of both uses'
+gradients. `named_parameters()` lists it once, `state_dict()` under every
+key, as torch's do.
+
+A parameter's value is owned by its cell (symgrad/cells.py), not by what is
+compiled from it: the module, every train step, `predict` and every
+`sg.function` built from the model see its current value, training updates
+it and `load_state_dict` sets it for all of them.
 
 `train()` / `eval()` choose which graph the layers build on their next call
 (batch statistics and dropout, or running statistics and identity), so a
@@ -19,24 +31,30 @@ training loss and an inference output come from two calls:
 
 from __future__ import annotations
 
+import weakref
 from collections import OrderedDict
 from typing import Iterator, Mapping
 
 import numpy as np
 
+from ..cells import current_value
 from ..ir import dtypes as D
 from ..ir.value import Value
 from ..sources import variable
 
 _LEAF_ROLES = {"param": "_parameters", "state": "_buffers"}
+_LEAF_TABLES = tuple(_LEAF_ROLES.values())
 
 
-def _remade(leaf: Value, name: str, value: np.ndarray | None = None) -> Value:
-    """`leaf` under a new name (or with a new value): a new variable of the same role."""
-    if value is None and leaf.name == name:
+def _renamed(leaf: Value, name: str) -> Value:
+    """`leaf` under `name`: a new variable of the same parameter (its cell, its value)."""
+    if leaf.name == name:
         return leaf
-    init = leaf.attrs["init"] if value is None else value
-    return variable(name, init, role=leaf.attrs["role"])
+    return variable(name, leaf.attrs["init"], role=leaf.attrs["role"], cell=leaf.attrs["cell"])
+
+
+def _joined(path: str, key: str) -> str:
+    return f"{path}.{key}" if path else key
 
 
 class Module:
@@ -46,7 +64,7 @@ class Module:
         object.__setattr__(self, "_parameters", OrderedDict())
         object.__setattr__(self, "_buffers", OrderedDict())
         object.__setattr__(self, "_modules", OrderedDict())
-        object.__setattr__(self, "_prefix", "")
+        object.__setattr__(self, "_parent", None)  # weak reference to the module it was last attached to
         object.__setattr__(self, "training", True)
 
     # ---- registration --------------------------------------------------
@@ -59,12 +77,15 @@ class Module:
             self.__dict__.pop(name, None)  # a plain attribute of that name would shadow the registered one
         if isinstance(value, Module):
             self._modules[name] = value
-            value._set_prefix(f"{self._prefix}{name}.")
+            object.__setattr__(value, "_parent", weakref.ref(self))
+            self._root()._name_leaves()
         elif isinstance(value, Value) and value.op.name == "variable":
             role = value.attrs["role"]
             if role not in _LEAF_ROLES:
                 raise TypeError(f"{type(self).__name__}.{name}: a {role} variable cannot belong to a module")
-            self.__dict__[_LEAF_ROLES[role]][name] = _remade(value, self._prefix + name)
+            # The leaf itself, not a copy: a parameter already registered elsewhere is shared (tied).
+            self.__dict__[_LEAF_ROLES[role]][name] = value
+            self._root()._name_leaves()
         elif isinstance(value, Value):
             raise TypeError(f"{type(self).__name__}.{name}: only sg.param values and buffers can be module "
                             f"attributes, got a computed {value!r}")
@@ -83,6 +104,7 @@ class Module:
         for table in ("_parameters", "_buffers", "_modules"):
             if name in self.__dict__[table]:
                 del self.__dict__[table][name]
+                self._root()._name_leaves()  # a leaf tied there may have lost its first name
                 return
         object.__delattr__(self, name)
 
@@ -104,27 +126,46 @@ class Module:
             raise TypeError(f"add_module: expected a Module, got {type(module).__name__}")
         setattr(self, name, module)
 
-    def _set_prefix(self, prefix: str) -> None:
-        object.__setattr__(self, "_prefix", prefix)
-        for table in ("_parameters", "_buffers"):
-            entries = self.__dict__[table]
-            for key, leaf in list(entries.items()):
-                entries[key] = _remade(leaf, prefix + key)
-        for key, child in self._modules.items():
-            child._set_prefix(f"{prefix}{key}.")
+    def _root(self) -> "Module":
+        """The outermost module holding this one (following the modules each was last attached
+        to, while they still hold it); this one if none does."""
+        module, seen = self, {id(self)}
+        while module._parent is not None:
+            parent = module._parent()
+            if parent is None or id(parent) in seen or not any(m is module for m in parent._modules.values()):
+                break
+            seen.add(id(parent))
+            module = parent
+        return module
+
+    def _name_leaves(self) -> None:
+        """Name every leaf of this module's tree by the dotted path at which traversal first finds
+        it (torch's named_parameters() order), remaking those whose name changes. A parameter
+        found again (tied), or an older variable of it, gets that same leaf: one variable per
+        parameter, whatever attribute the graph reads it through."""
+        first: dict[int, Value] = {}  # id(cell) -> the leaf under its first name
+        for path, module in self.named_modules():
+            for table in _LEAF_TABLES:
+                entries = module.__dict__[table]
+                for key, leaf in list(entries.items()):
+                    cell = id(leaf.attrs["cell"])
+                    if cell not in first:
+                        first[cell] = _renamed(leaf, _joined(path, key))
+                    entries[key] = first[cell]
 
     # ---- traversal -------------------------------------------------------
-    def named_modules(self, prefix: str = "") -> Iterator[tuple[str, "Module"]]:
-        """This module and every submodule, with dotted names ('' for this one)."""
+    def named_modules(self, prefix: str = "", remove_duplicate: bool = True) -> Iterator[tuple[str, "Module"]]:
+        """This module and every submodule, with dotted names ('' for this one), depth first in
+        registration order; a module held twice is listed once unless `remove_duplicate=False`."""
         seen: set[int] = set()
         stack = [(prefix, self)]
         while stack:
             name, module = stack.pop(0)
-            if id(module) in seen:
+            if remove_duplicate and id(module) in seen:
                 continue
             seen.add(id(module))
             yield name, module
-            stack[0:0] = [(f"{name}.{k}" if name else k, m) for k, m in module._modules.items()]
+            stack[0:0] = [(_joined(name, k), m) for k, m in module._modules.items()]
 
     def children(self) -> list["Module"]:
         """The direct submodules."""
@@ -134,25 +175,37 @@ class Module:
         """This module and all submodules."""
         return [m for _, m in self.named_modules()]
 
-    def _named_leaves(self, table: str) -> Iterator[tuple[str, Value]]:
+    def _named_leaves(self, table: str, remove_duplicate: bool = True) -> Iterator[tuple[str, Value]]:
         seen: set[int] = set()
-        for path, module in self.named_modules():
+        for path, module in self.named_modules(remove_duplicate=remove_duplicate):
             for key, leaf in module.__dict__[table].items():
-                if id(leaf) not in seen:
-                    seen.add(id(leaf))
-                    yield (f"{path}.{key}" if path else key), leaf
+                cell = id(leaf.attrs["cell"])
+                if not remove_duplicate or cell not in seen:
+                    seen.add(cell)
+                    yield _joined(path, key), leaf
 
-    def named_parameters(self) -> Iterator[tuple[str, Value]]:
-        """(dotted name, parameter) pairs, as torch's named_parameters()."""
-        return self._named_leaves("_parameters")
+    def named_parameters(self, remove_duplicate: bool = True) -> Iterator[tuple[str, Value]]:
+        """(dotted name, parameter) pairs, as torch's named_parameters(): a parameter held by
+        two attributes (tied) once, under the name found first, unless `remove_duplicate=False`."""
+        return self._named_leaves("_parameters", remove_duplicate)
 
     def parameters(self) -> list[Value]:
-        """The trainable parameters, in registration order (pass to sg.train_step)."""
+        """The trainable parameters, in registration order, each once (pass to sg.train_step)."""
         return [p for _, p in self.named_parameters()]
 
-    def named_buffers(self) -> Iterator[tuple[str, Value]]:
+    def named_buffers(self, remove_duplicate: bool = True) -> Iterator[tuple[str, Value]]:
         """(dotted name, buffer) pairs: running statistics and other layer state."""
-        return self._named_leaves("_buffers")
+        return self._named_leaves("_buffers", remove_duplicate)
+
+    def _state_leaves(self) -> "OrderedDict[str, Value]":
+        """torch's state_dict keys and their leaves: module by module, depth first, each module's
+        parameters then its buffers, every key of a tied parameter and of a module held twice."""
+        out: OrderedDict = OrderedDict()
+        for path, module in self.named_modules(remove_duplicate=False):
+            for table in _LEAF_TABLES:
+                for key, leaf in module.__dict__[table].items():
+                    out[_joined(path, key)] = leaf
+        return out
 
     def buffers(self) -> list[Value]:
         """The state variables the layers update themselves."""
@@ -160,56 +213,62 @@ class Module:
 
     # ---- values ------------------------------------------------------------
     def state_dict(self) -> "OrderedDict[str, np.ndarray]":
-        """Current values of parameters and buffers by dotted name (torch's keys and layouts), as copies.
+        """Current values of parameters and buffers by dotted name, as copies, with torch's keys,
+        order and layouts (a tied parameter under each of its names).
 
-        A leaf that a train step (or a function whose layers update it, such
-        as BatchNorm's running statistics) has updated reads its value from
-        the one built last that updates it: after training, the trained
-        values. Before that, the initial values.
+        The values are the parameters' own (symgrad/cells.py): what every train step built from
+        the model has trained so far, or what `load_state_dict` set; the initial values before.
         """
-        from ..compiled import current_value  # compiled imports the backends; nn must not at import
-        out: OrderedDict = OrderedDict()
-        for name, leaf in [*self.named_parameters(), *self.named_buffers()]:
-            out[name] = current_value(leaf)
-        return out
+        return OrderedDict((name, current_value(leaf)) for name, leaf in self._state_leaves().items())
 
     def load_state_dict(self, state: Mapping, strict: bool = True) -> "Module":
-        """Replace initial values by dotted name (e.g. from a torch state_dict converted to NumPy).
+        """Set the current values of parameters and buffers by dotted name (NumPy arrays, or torch
+        tensors: a torch state_dict loads as it is).
 
-        Leaves are remade with the new values, so load before building the
-        graph. Shapes must match; values are cast to each leaf's dtype.
+        The values are set for everything built from the model, before or after: every train
+        step, its predict program and every sg.function see them at their next call. Shapes must
+        match; values are cast to each leaf's dtype. strict: the keys must be exactly those of
+        state_dict() (a tied parameter's every name, as torch asks); a key of a tied parameter
+        set twice takes the value that comes last, as torch's. Refused (KeyError, ValueError)
+        before anything changes.
         """
         state = {k: np.asarray(v.detach().cpu().numpy() if hasattr(v, "detach") else v) for k, v in state.items()}
-        known = dict([*self.named_parameters(), *self.named_buffers()])
+        known = self._state_leaves()
         missing = [k for k in known if k not in state]
         unexpected = [k for k in state if k not in known]
         if strict and (missing or unexpected):
             raise KeyError(f"load_state_dict: missing {missing}, unexpected {unexpected}")
-        for path, module in self.named_modules():
-            for table in ("_parameters", "_buffers"):
-                entries = module.__dict__[table]
-                for key, leaf in list(entries.items()):
-                    full = f"{path}.{key}" if path else key
-                    if full not in state:
-                        continue
-                    value = state[full]
-                    if value.shape != tuple(leaf.shape):
-                        raise ValueError(f"load_state_dict: {full!r} has shape {list(value.shape)}, "
-                                         f"expected {list(leaf.shape)}")
-                    entries[key] = _remade(leaf, leaf.name, value.astype(D.to_numpy(leaf.dtype)))
+        values = []
+        for name, leaf in known.items():
+            if name not in state:
+                continue
+            value = state[name]
+            if value.shape != tuple(leaf.shape):
+                raise ValueError(f"load_state_dict: {name!r} has shape {list(value.shape)}, "
+                                 f"expected {list(leaf.shape)}")
+            values.append((leaf, value.astype(D.to_numpy(leaf.dtype))))
+        for leaf, value in values:
+            leaf.attrs["cell"].write(value)
         return self
 
     def to(self, dtype) -> "Module":
-        """Remake every float parameter and buffer in `dtype` (e.g. "float64"); returns self."""
+        """Remake every float parameter and buffer in `dtype` (e.g. "float64") from its current
+        value; returns self. They are new parameters: steps and functions built before keep
+        training and reading the old ones (compiled code has one dtype)."""
         dtype = D.canonical(dtype)
         if not D.is_float(dtype):
             raise TypeError(f"Module.to: expected a float dtype, got {dtype}")
+        remade: dict[int, Value] = {}  # id(old cell) -> new leaf: a tied parameter stays tied
         for _, module in self.named_modules():
-            for table in ("_parameters", "_buffers"):
+            for table in _LEAF_TABLES:
                 entries = module.__dict__[table]
                 for key, leaf in list(entries.items()):
                     if D.is_float(leaf.dtype) and leaf.dtype != dtype:
-                        entries[key] = _remade(leaf, leaf.name, np.asarray(leaf.attrs["init"]).astype(dtype))
+                        cell = id(leaf.attrs["cell"])
+                        if cell not in remade:
+                            remade[cell] = variable(leaf.name, current_value(leaf).astype(dtype),
+                                                    role=leaf.attrs["role"])
+                        entries[key] = remade[cell]
         return self
 
     def double(self) -> "Module":

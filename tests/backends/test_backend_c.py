@@ -248,8 +248,10 @@ def _mlp(dtype: str):
 
 @pytest.mark.parametrize("dtype", ["float32", "float64"])
 def test_train_step_sgd_matches_numpy(dtype):
-    loss, params = _mlp(dtype)
-    steps = [sg.train_step(loss, params, sg.optim.SGD(lr=0.3, momentum=0.9), backend=b) for b in ("c", "numpy")]
+    # One model per backend: two steps of one model would train the same parameters (the model's).
+    built = {b: _mlp(dtype) for b in ("c", "numpy")}
+    steps = [sg.train_step(*built[b], sg.optim.SGD(lr=0.3, momentum=0.9), backend=b) for b in ("c", "numpy")]
+    params = built["c"][1]
     rng = np.random.default_rng(3)
     for batch in (16, 16, 5, 16):  # the last partial batch on the same module
         xb = rng.standard_normal((batch, 6)).astype(dtype)
@@ -284,9 +286,9 @@ def test_updates_read_before_writing():
 def test_hostile_names_stay_in_comments():
     name = 'a"b{c}*/ system("rm -rf /")'
     x = sg.input('x*/ #include <evil>\n', (2, 3))
-    w = sg.param(name, (3, 2), init=np.arange(6.0).reshape(3, 2))
+    w, w_ref = (sg.param(name, (3, 2), init=np.arange(6.0).reshape(3, 2)) for _ in range(2))  # one each to train
     step = sg.train_step(sg.sum((x @ w) ** 2), [w], sg.optim.SGD(lr=0.01), backend="c")
-    ref = sg.train_step(sg.sum((x @ w) ** 2), [w], sg.optim.SGD(lr=0.01), backend="numpy")
+    ref = sg.train_step(sg.sum((x @ w_ref) ** 2), [w_ref], sg.optim.SGD(lr=0.01), backend="numpy")
     xb = np.arange(6.0, dtype=np.float32).reshape(2, 3) / 6
     assert step(**{x.name: xb}) == pytest.approx(ref(**{x.name: xb}), rel=1e-6)
     np.testing.assert_allclose(step.params[name], ref.params[name], rtol=1e-6)

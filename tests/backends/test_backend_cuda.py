@@ -626,8 +626,8 @@ def test_each_run_gets_the_memory_plan_of_its_dim_binding(simulated):
 
 
 def test_mlp_arena_equals_the_c_backends_plan(simulated):
-    loss, params = mlp_loss()
-    steps = {backend: sg.train_step(loss, params, sg.optim.SGD(lr=0.1), backend=backend) for backend in ("c", "cuda")}
+    # One model per backend (equal: mlp_loss seeds): two steps of one model would train the same parameters.
+    steps = {backend: sg.train_step(*mlp_loss(), sg.optim.SGD(lr=0.1), backend=backend) for backend in ("c", "cuda")}
     rng = np.random.default_rng(1)
     xb, yb = rng.standard_normal((128, 784)).astype(np.float32), rng.integers(0, 10, 128)
     losses = {backend: step(x=xb, y=yb) for backend, step in steps.items()}

@@ -101,7 +101,7 @@ def test_state_dict_round_trip_and_errors():
                            "1.num_batches_tracked"]
     state["0.bias"] = np.array([1.0, 2.0, 3.0])
     model.load_state_dict(state)
-    assert model[0].bias.attrs["init"].tolist() == [1.0, 2.0, 3.0]
+    assert model.state_dict()["0.bias"].tolist() == [1.0, 2.0, 3.0]  # the current value; init is the first
     assert model[0].bias.name == "0.bias" and model[0].bias.dtype == "float32"
     with pytest.raises(ValueError, match="0.weight"):
         model.load_state_dict({**state, "0.weight": np.zeros((2, 2))})
@@ -136,7 +136,7 @@ def test_state_dict_returns_the_trained_values(backend, rng):
     gc.collect()
     for name, value in model.state_dict().items():
         np.testing.assert_array_equal(value, trained[name], err_msg=name)
-    model.load_state_dict(initial)  # new leaves: nothing has trained them yet
+    model.load_state_dict(initial)  # sets the parameters' values: the model's, not a step's copy
     for name, value in model.state_dict().items():
         np.testing.assert_array_equal(value, initial[name], err_msg=name)
 
