@@ -59,6 +59,9 @@ def setup(bench: Bench, seed: int = 0):
 def symgrad_runner(backend: str):
     def build(bench: Bench, net, state, names, x, y) -> Runner:
         import symgrad as sg
+        # A network of its own: the steps of one network train the same parameters (the network's),
+        # and every system must start from the same initial state.
+        net = bench.network(sg.nn).load_state_dict(state)
         xs = sg.input("x", x.shape)
         ys = sg.input("y", y.shape, dtype="int64")
         step = sg.train_step(sg.cross_entropy(net(xs), ys), net.parameters(), sg.optim.SGD(lr=LR), backend=backend)

@@ -70,6 +70,9 @@ def setup(bench: Bench, seed: int = 0):
 def symgrad_runner(backend: str):
     def build(bench: Bench, model, state, x, y) -> Runner:
         gpt = load_example()
+        # A model of its own: the steps of one model train the same parameters (the model's), and
+        # every system must start from the same initial state.
+        model = gpt.GPT(bench.config()).load_state_dict(state)
         step = gpt.build_step(model, bench.batch, bench.context, lr=LR, weight_decay=0.0, backend=backend,
                               betas=BETAS, clip=None)
         return Runner(lambda: step(idx=x, targets=y), float, note=f"sg.train_step(backend={backend!r})")
