@@ -166,8 +166,9 @@ def _poison(arrays) -> None:
 def _over_poison(compiled, arrays: list) -> tuple:
     """The outputs of a call that writes into NaN: the C program writes a call's outputs into the
     arrays of the call before when nobody kept them (symgrad.backends.c), so the first call's are
-    filled with NaN and dropped; an element no kernel writes stays NaN (fresh memory would be
-    zero, and hide a border left unzeroed). Returns (outputs, how many arrays were written again)."""
+    filled with NaN and dropped; an element no kernel writes stays NaN, whatever memory the
+    allocator hands out (fresh pages are zeroed, and would hide a border left unzeroed whenever an
+    array lands on them). Returns (outputs, how many arrays were written again)."""
     first = compiled(*arrays)
     before = [id(array) for array in first]
     _poison(first)
