@@ -30,6 +30,7 @@ import pytest
 import torch
 
 import symgrad as sg
+from symgrad.backends.decisions import decide
 
 pytest.importorskip("symgrad.backends.c")
 torch.set_num_threads(1)  # a 2-core machine shared by parallel runs: torch's thread pool only contends
@@ -46,11 +47,13 @@ E = Ellipsis
 class Case:
     """Windows of input `name`: y = the sum of x[key] over `keys` (one key: one window). `full`: all
     of KINDS, in both dtypes; else the forward slice and the gradient of its sum, in float64 (each
-    output is a few C kernels, and a C build's time grows with its kernels)."""
+    output is a few C kernels, and a C build's time grows with its kernels). `in_place`: disjoint
+    windows, whose gradient is a sum of embeds stored in place (backends/concat.py)."""
 
     name: str
     keys: tuple
     full: bool = False
+    in_place: bool = False
 
     @property
     def label(self) -> str:
@@ -89,13 +92,15 @@ CASES = [
           (slice(2, -2), slice(1, 9)), full=(0, 1, 2, 6)),
     *_one("b_cols", (slice(1, 3), slice(None)), (slice(2, None), slice(1, None)), (slice(None), slice(None, -1)),
           (slice(1, 4), slice(-3, None)), (slice(5, 6), slice(0, 1)), full=(0, 1, 3)),
-    # Two windows of one input: a sum of embeds (stored in place when the windows are disjoint).
-    Case("m2", ((slice(0, 3), slice(None)), (slice(3, 9), slice(None))), True),  # disjoint, covering
-    Case("m2", ((slice(None), slice(None, 4)), (slice(None), slice(6, None))), True),  # disjoint, a gap
-    Case("m2", ((slice(1, 3), slice(2, 10)), (slice(5, 9), slice(0, 3)))),      # disjoint, apart on both axes
+    # Two windows of one input: a sum of embeds, stored in place when the windows are disjoint. (Each
+    # window of a sum stored in place appears in no other case: CSE would share its embed, read twice
+    # it is lowered on its own, and the sum would not be stored in place.)
+    Case("m2", ((slice(0, 3), slice(None)), (slice(3, 9), slice(None))), True, True),  # covering
+    Case("m2", ((slice(None), slice(None, 4)), (slice(None), slice(6, None))), True, True),  # a gap between
+    Case("m2", ((slice(1, 3), slice(3, 10)), (slice(5, 9), slice(0, 2))), False, True),  # apart on both axes
     Case("m2", ((slice(0, 5), slice(None)), (slice(3, 9), slice(None)))),       # overlapping
     Case("m2", ((slice(1, 3), slice(None)), (slice(1, 3), slice(None)))),       # the same window twice
-    Case("b_rows", ((slice(None, 2), slice(None)), (slice(2, None), slice(None))), True),  # covering a Dim axis
+    Case("b_rows", ((slice(None, 2), slice(None)), (slice(2, None), slice(None))), True, True),  # covering a Dim
 ]
 
 
@@ -232,10 +237,16 @@ def test_c_and_the_reference_match_torch_autograd(results):
 
 def test_the_constant_gradients_reach_the_lowering(results):
     """The gradients of the sums are computed by the program's kernels, not folded into stored
-    constants (passes/fold.py), but on the [5, 6] input of the issue, which is small enough to fold."""
+    constants (passes/fold.py), but on the [5, 6] input of the issue, which is small enough to fold;
+    those of disjoint windows are sums stored in place, the others not."""
     dtype, compiled, _, _, _ = results
-    outputs = iter(compiled.optimized_graph.outputs)
+    optimized = compiled.optimized_graph
+    in_place = decide(optimized).sums_in_place
+    outputs = iter(optimized.outputs)
     for case in cases(dtype):
         by_kind = {kind: next(outputs) for kind in case.kinds(dtype)}
         if case.name != "s2":
             assert by_kind["sum"].op.name != "const", case.label
+        # (The sum's gradient over windows covering the input is all ones, folded to a broadcast 1.)
+        summed = by_kind["weighted" if case.full else "sum"]
+        assert (id(summed) in in_place) == case.in_place, case.label
