@@ -62,8 +62,14 @@ def max_pool2d(input, kernel_size, stride=None, padding=0, dilation=1, ceil_mode
     count = stacked.shape[-1]
     if count == 1:
         return F.squeeze(stacked, -1)
-    first = F.argmax(F.where(F.not_equal(stacked, stacked), F.constant(float("inf"), x.dtype), stacked), axis=-1)
-    chosen = F.equal(F.expand_dims(first, -1), F.reshape(_offsets(count), (1, 1, 1, 1, count)))
+    # torch's scan keeps the first maximum and lets every NaN replace it: the last NaN wins, inf too.
+    offsets = F.reshape(_offsets(count), (1, 1, 1, 1, count))
+    nan = F.not_equal(stacked, stacked)
+    nan_at = F.where(nan, offsets, F.constant(-1, "int64"))
+    last_nan = F.argmax(nan_at, axis=-1)
+    first_max = F.argmax(F.where(nan, F.constant(float("-inf"), x.dtype), stacked), axis=-1)
+    first = F.where(F.greater(F.max(nan_at, axis=-1), F.constant(-1, "int64")), last_nan, first_max)
+    chosen = F.equal(F.expand_dims(first, -1), offsets)
     return F.sum(F.where(chosen, stacked, F.constant(0, x.dtype)), axis=-1)
 
 

@@ -98,6 +98,23 @@ def test_max_pool_ties_send_the_gradient_to_the_first_element_as_torch():
     assert got.sum() == TIES.size / 4      # one element per window, never split
 
 
+def test_max_pool_lets_a_nan_win_over_inf_as_torch(backend):
+    """torch's scan keeps the first maximum and lets every NaN replace it: a window holding inf
+    before a NaN is NaN (symgrad gave inf; the fuzzer found it), its gradient goes to the last NaN."""
+    inf, nan = np.inf, np.nan
+    a = np.array([[[[inf, nan, 1.0, 2.0, nan, 0.0], [0.0, nan, nan, -inf, inf, -inf],
+                    [-inf, -inf, 3.0, 3.0, 1.0, inf], [nan, inf, 5.0, 5.0, inf, 1.0]]]])
+    cot = np.arange(1.0, 7.0).reshape(1, 1, 2, 3)
+    t = torch.tensor(a, requires_grad=True)
+    want = TF.max_pool2d(t, 2)
+    (want_grad,) = torch.autograd.grad(want, [t], torch.tensor(cot))
+    x, c = sg.input("x", a.shape, dtype="float64"), sg.input("c", cot.shape, dtype="float64")
+    y = sg.max_pool2d(x, 2)
+    got, got_grad = sg.function([x, c], [y, *sg.grad(sg.sum(y * c), [x])], backend=backend)(a, cot)
+    np.testing.assert_array_equal(got, want.detach().numpy())
+    np.testing.assert_array_equal(got_grad, want_grad.numpy())
+
+
 def test_batch_norm_2d_trains_and_updates_statistics_as_torch():
     x = sg.input("x", X.shape, dtype="float64")
     sg.manual_seed(0)

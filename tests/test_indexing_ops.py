@@ -220,3 +220,24 @@ def test_batched_products_shared_over_the_team_match_numpy():
     assert "if(share)" in c_step.source
     for got, want in zip(c_step(a_data, b_data), sg.function([a, b], outputs, backend="numpy")(a_data, b_data)):
         np.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-12)
+
+
+def test_scatter_add_of_rows_without_elements_matches_torch(backend):
+    """Rows of no elements (a source [2, 0] along axis 0, [0, 3] along axis 1): zeros of the
+    output's shape, as torch's index_add. The NumPy reference raised (its reshape to (-1, 0) cannot
+    infer the -1; the fuzzer found it)."""
+    from symgrad import functional as F
+    cases = [((2, 0), 0, [1, 1], 3), ((0, 3), 1, [0, 2, 2], 4), ((0,), 0, [], 2)]
+    values, outputs, wants = [], [], []
+    for k, (shape, axis, indices, size) in enumerate(cases):
+        x = sg.input(f"x{k}", shape, dtype="float64")
+        values.append(x)
+        outputs.append(F.scatter_add(x, sg.constant(np.array(indices, dtype=np.int64)), axis, size))
+        out_shape = list(shape)
+        out_shape[axis] = size
+        wants.append(torch.zeros(out_shape, dtype=torch.float64).index_add(
+            axis, torch.tensor(indices, dtype=torch.int64), torch.zeros(shape, dtype=torch.float64)).numpy())
+    got = sg.function(values, outputs, backend=backend)(*(np.zeros(shape) for shape, *_ in cases))
+    for g, w in zip(got, wants):
+        assert g.shape == w.shape
+        np.testing.assert_array_equal(g, w)

@@ -165,7 +165,8 @@ def _scatter_add_numpy(args, node, env):
     # np.add.at along `axis`: move it first, add rows at the flattened indices, move it back.
     moved = np.moveaxis(out, axis, 0)
     rows = np.moveaxis(src, tuple(range(axis, axis + indices.ndim)), tuple(range(indices.ndim)))
-    np.add.at(moved, indices.reshape(-1), rows.reshape((-1,) + moved.shape[1:]))
+    # (the row count spelled out: -1 cannot be inferred when a row has no elements)
+    np.add.at(moved, indices.reshape(-1), rows.reshape((indices.size,) + moved.shape[1:]))
     return out
 
 
