@@ -15,6 +15,7 @@ import numpy as np
 import sympy
 
 from . import functional as F
+from .ir import dtypes as D
 from .ir import shapes as S
 from .ir.ops_indexing import slice_length
 from .ir.value import Value
@@ -145,10 +146,13 @@ def cat(values: Sequence, axis: int = 0) -> Value:
     values = [F._value(v, "cat", f"values[{k}]") for k, v in enumerate(values)]
     if not values:
         raise ValueError("cat: expects at least one value")
+    # torch.cat promotes its tensors' dtypes, as an elementwise op over them would (int64 and float64: float64)
+    dtype = D.promote(*(v.dtype for v in values))
+    values = [v if v.dtype == dtype else F.cast(v, dtype) for v in values]
     first = values[0]
     axis = S.normalize_axes(axis, first.ndim, "cat")[0]
     for k, v in enumerate(values):
-        if v.ndim != first.ndim or v.dtype != first.dtype or any(
+        if v.ndim != first.ndim or any(
                 a != axis and not S.same_size(s, t) for a, (s, t) in enumerate(zip(v.shape, first.shape))):
             raise ValueError(f"cat: values[{k}] is {v.dtype} {S.format_shape(v.shape)}, values[0] is "
                              f"{first.dtype} {S.format_shape(first.shape)}: all must agree except on axis {axis}")

@@ -241,3 +241,21 @@ def test_scatter_add_of_rows_without_elements_matches_torch(backend):
     for g, w in zip(got, wants):
         assert g.shape == w.shape
         np.testing.assert_array_equal(g, w)
+
+
+def test_cat_promotes_mixed_dtypes_as_torch(backend):
+    """torch.cat promotes its tensors' dtypes (int64 with float64: float64; bool with int32: int32);
+    symgrad refused any mix (the fuzzer found it). Values, dtypes and the float part's gradient."""
+    i, f, b = np.array([[1, -2, 3]]), np.array([[0.5], [1.5]]).T, np.array([[True, False]])
+    ti, tf, tb = torch.tensor(i), torch.tensor(f, requires_grad=True), torch.tensor(b)
+    xi, xf, xb = sg.input("i", i.shape, dtype="int64"), sg.input("f", f.shape, dtype="float64"), \
+        sg.input("b", b.shape, dtype="bool")
+    ints = sg.input("j", i.shape, dtype="int32")
+    want = [torch.cat([ti, tf, tb], 1), torch.cat([tb, torch.tensor(i, dtype=torch.int32)], 1)]
+    (want_grad,) = torch.autograd.grad((want[0] * torch.arange(7.0)).sum(), [tf])
+    got = sg.cat([xi, xf, xb], 1)
+    outputs = [got, sg.cat([xb, ints], 1), *sg.grad(sg.sum(got * sg.constant(np.arange(7.0))), [xf])]
+    results = sg.function([xi, xf, xb, ints], outputs, backend=backend)(i, f, b, i.astype(np.int32))
+    for r, w in zip(results, [*want, want_grad]):
+        assert r.dtype == w.detach().numpy().dtype
+        np.testing.assert_array_equal(r, w.detach().numpy())
