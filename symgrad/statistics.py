@@ -17,21 +17,56 @@ __all__ = ["var", "std", "logsumexp", "prod"]
 
 def var(x, axis=None, correction: int = 1, keepdims: bool = False) -> Value:
     """The variance over `axis` (None: all), divided by N - correction (torch.var; correction=1,
-    the unbiased estimate, is torch's default). N - correction <= 0 gives inf or NaN, as in torch."""
+    the unbiased estimate, is torch's default).
+
+    N - correction <= 0 (fixed sizes, or a Dim bound at run time) gives torch's values: the
+    divisor is clamped at 0, so inf, or NaN where the squares sum to 0. The gradient there is
+    torch's too: with axis=None, g * (NaN where x == mean, else inf); with an axis, 2 g (x - mean)
+    divided by the clamped divisor: +-inf, NaN where x == mean. (Where N < correction torch's
+    gradient with an axis divides by the negative N - correction, a finite gradient of an
+    infinite value; symgrad divides by the 0 its value divides by, torch's gradient at
+    correction = N.)
+    """
     x = F._value(x, "var")
     axes = S.normalize_axes(axis, x.ndim, "var")
-    count = S.numel([x.shape[a] for a in axes])
-    divisor = count - correction
-    if isinstance(divisor, sympy.Basic) and divisor.is_number:
-        divisor = sympy.Max(divisor, 0)  # torch clamps the degrees of freedom at 0
-    centred = x - F.mean(x, axis=axes, keepdims=True)
-    squares = F.sum(centred * centred, axis=axes, keepdims=keepdims)
-    return squares * F.constant(F.ieee_ratio(1, divisor), squares.dtype)
+    dof = S.numel([x.shape[a] for a in axes]) - correction
+    if isinstance(dof, sympy.Basic) and not dof.is_number:
+        # Known at run time only: the clamp and the choice below are computed there (B - 1 >= 0
+        # for a Dim B, so sympy drops the Max of the default correction itself).
+        divisor = sympy.Max(dof, 0)
+        degenerate = F.less_equal(F.constant(divisor, x.dtype), 0)
+    else:
+        divisor = max(dof, 0)  # torch clamps the degrees of freedom at 0
+        degenerate = divisor == 0
+    mean = F.mean(x, axis=axes, keepdims=True)
+    # Where the divisor is 0 the mean's path would add the gradient's mean, inf - inf = NaN in
+    # every element; torch's backward leaves it out (it is 0: the centred values sum to 0).
+    centred = x - _choose(degenerate, F.stop_gradient(mean), mean)
+    squares = centred * centred
+    if axis is None:
+        # torch's dim=None backward at a divisor of 0 is g * inf whatever the sign of x - mean:
+        # squares whose value is centred**2 and whose derivative is 2 |centred|.
+        slope = F.stop_gradient(2 * F.abs(centred))
+        unsigned = F.stop_gradient(squares) + (centred - F.stop_gradient(centred)) * slope
+        squares = _choose(degenerate, unsigned, squares)
+    total = F.sum(squares, axis=axes, keepdims=keepdims)
+    return total * F.constant(F.ieee_ratio(1, divisor), total.dtype)
+
+
+def _choose(condition, if_true: Value, if_false: Value) -> Value:
+    """if_true where `condition` holds: decided here for a Python bool, at run time for a graph
+    value (a condition on a Dim)."""
+    if isinstance(condition, Value):
+        return F.where(condition, if_true, if_false)
+    return if_true if condition else if_false
 
 
 def std(x, axis=None, correction: int = 1, keepdims: bool = False) -> Value:
-    """sqrt(var(x, axis, correction)), as torch.std."""
-    return F.sqrt(var(x, axis=axis, correction=correction, keepdims=keepdims))
+    """sqrt(var(x, axis, correction)), as torch.std; its gradient is 0 where it is 0 (torch's
+    std_backward masks sqrt's infinite derivative there: equal elements, one of them)."""
+    variance = var(x, axis=axis, correction=correction, keepdims=keepdims)
+    # where() passes nothing to the branch not taken, so sqrt's inf at 0 never reaches var.
+    return F.sqrt(F.where(F.equal(variance, 0), F.stop_gradient(variance), variance))
 
 
 def logsumexp(x, axis=None, keepdims: bool = False) -> Value:
