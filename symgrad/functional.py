@@ -2,8 +2,9 @@
 
 Each builds nodes of registered ops (symgrad.ir.ops); composites such as
 softmax and cross_entropy are written here as graph code, so their
-derivatives follow from their parts. Python scalars on either side of an
-operator become constants of the other operand's dtype.
+derivatives follow from their parts. Operand dtypes combine as torch's do
+(`dtypes.result_type`); a Python scalar on either side of an operator becomes a
+0-d constant of the dtype torch gives the pair.
 """
 
 from __future__ import annotations
@@ -54,35 +55,27 @@ def constant(value, dtype: str | None = None) -> Value:
 
 
 def _lift(a, b, op: str):
-    """Both operands as Values; a Python scalar takes the other side's dtype."""
+    """Both operands as Values. A Python scalar becomes a 0-d constant of the dtype torch gives
+    the pair (`D.result_type`): beside the other operand the op's own rule then keeps it, since a
+    0-d value only counts where it raises the category (`int_tensor * 0.5` is float32)."""
     if isinstance(a, Value) and isinstance(b, Value):
         return a, b
     if isinstance(a, Value):
-        b_value = _lift_one(b, a, op)
-        return _weak_partner(a, b, b_value), b_value
+        return a, _lift_one(b, a, op)
     if isinstance(b, Value):
-        a_value = _lift_one(a, b, op)
-        return a_value, _weak_partner(b, a, a_value)
+        return _lift_one(a, b, op), b
     raise TypeError(f"{op}: at least one operand must be a graph value")
-
-
-def _weak_partner(partner: Value, scalar, lifted: Value) -> Value:
-    """An integer/bool tensor beside a Python float becomes that float's dtype (float32).
-
-    Python scalars are weakly typed, as in torch: `int_tensor * 0.5` is
-    float32, where NumPy's promotion of int64 with float32 would give float64.
-    """
-    if (isinstance(scalar, (numbers.Number, np.generic)) and not isinstance(scalar, np.ndarray)
-            and D.is_float(lifted.dtype) and not D.is_float(partner.dtype)):
-        return cast(partner, lifted.dtype)
-    return partner
 
 
 def _lift_one(x, partner: Value, op: str) -> Value:
     if isinstance(x, (numbers.Number, np.generic)) and not isinstance(x, np.ndarray):
-        return constant(x, D.scalar_dtype(x, partner.dtype))
-    if isinstance(x, (np.ndarray, sympy.Basic)):
-        return constant(x, partner.dtype if isinstance(x, sympy.Basic) or x.dtype.kind == "f" else None)
+        return constant(x, D.result_type(partner, x))
+    if isinstance(x, sympy.Basic):  # an expression of Dims: a Python int where it is whole (B, B - 1)
+        return constant(x, D.result_type(partner, 1 if x.is_integer else 0.5))
+    if isinstance(x, np.ndarray):
+        # An array is a tensor of its own dtype, but a float array (NumPy's float64 by default)
+        # takes a float partner's precision, and the default float beside anything else.
+        return constant(x, (partner.dtype if D.is_float(partner.dtype) else None) if x.dtype.kind == "f" else None)
     raise TypeError(f"{op}: unsupported operand of type {type(x).__name__}")
 
 
@@ -115,17 +108,43 @@ def _unary(name):
     return fn
 
 
-add, sub, mul, div = (_binary(n) for n in ("add", "sub", "mul", "div"))
+add, mul, div = (_binary(n) for n in ("add", "mul", "div"))
+
+
+def _operand_text(x) -> str:
+    """An operand as an error message names it: `bool [3]` for a value, the scalar itself."""
+    return f"{x.dtype} {S.format_shape(x.shape)}" if isinstance(x, Value) else repr(x)
+
+
+def _is_bool(x) -> bool:
+    """Whether x is a bool operand: a bool value or array, or a Python bool."""
+    return isinstance(x, (bool, np.bool_)) or (isinstance(x, (Value, np.ndarray)) and x.dtype == "bool")
+
+
+def sub(a, b) -> Value:
+    """Elementwise a - b, with NumPy broadcasting. A bool operand (a tensor or a Python bool) is
+    refused, as torch refuses it: a difference of masks is `^`, an inverted mask `~`."""
+    if _is_bool(a) or _is_bool(b):
+        raise TypeError(f"sub: {_operand_text(a)} - {_operand_text(b)}: subtraction with a bool operand "
+                        "is not supported, as in torch; use ^ (sg.bitwise_xor) or ~ (sg.bitwise_not) for masks, "
+                        "or cast to a number dtype first")
+    a, b = _lift(a, b, "sub")
+    return apply_elementwise("sub", (a, b))
 
 
 def pow(a, b) -> Value:
-    """Elementwise a ** b, with NumPy broadcasting.
+    """Elementwise a ** b, with NumPy broadcasting, in torch's result dtype.
 
-    An integer base to a constant negative integer power is refused, as torch and NumPy
-    refuse it (`int32 ** -2`): the result is not an integer. Cast the base to float first.
-    A Python exponent of 0.5 is sqrt, as torch computes it (NaN at -inf and -0.0 at -0.0,
-    where IEEE pow gives inf and +0.0; its gradient 0.5 * rsqrt(x) is NaN at -inf).
+    An integer (or bool) base to a constant negative integer power is refused, as torch and
+    NumPy refuse it (`int32 ** -2`): the result is not an integer. Cast the base to float first.
+    A graph value of integer exponents computes integer powers as torch does (a negative one
+    gives 1, -1 or 0). bool ** bool is refused as in torch (a Python bool exponent is the 0 or 1
+    it stands for). A Python exponent of 0.5 is sqrt, as torch computes it (NaN at -inf and
+    -0.0 at -0.0, where IEEE pow gives inf and +0.0; its gradient 0.5 * rsqrt(x) is NaN at -inf).
     """
+    if _is_bool(a) and _is_bool(b) and isinstance(b, (Value, np.ndarray)):
+        raise TypeError(f"pow: {_operand_text(a)} ** {_operand_text(b)}: pow is not defined for bool ** bool, "
+                        "as in torch; cast to an integer dtype first")
     if isinstance(b, (numbers.Real, np.floating, np.integer)) and not isinstance(b, (bool, np.bool_)) \
             and b == 0.5 and isinstance(a, Value):
         return sqrt(_lift(a, b, "pow")[0])
@@ -133,13 +152,21 @@ def pow(a, b) -> Value:
     if not D.is_float(a.dtype) and not D.is_float(b.dtype) and b.op.name == "const" \
             and not isinstance(b.attrs["value"], sympy.Basic) and np.any(np.asarray(b.attrs["value"]) < 0):
         raise ValueError(f"pow: integers to negative integer powers are not allowed: "
-                         f"{a.dtype} {S.format_shape(a.shape)} ** {np.asarray(b.attrs['value']).tolist()}; "
+                         f"{_operand_text(a)} ** {np.asarray(b.attrs['value']).tolist()}; "
                          f"cast the base to a float dtype first")
     return apply_elementwise("pow", (a, b))
 maximum, minimum = _binary("maximum"), _binary("minimum")
 less, less_equal, greater = _binary("less"), _binary("less_equal"), _binary("greater")
 greater_equal, equal, not_equal = _binary("greater_equal"), _binary("equal"), _binary("not_equal")
-neg, exp, log, sin, cos = (_unary(n) for n in ("neg", "exp", "log", "sin", "cos"))
+exp, log, sin, cos = (_unary(n) for n in ("exp", "log", "sin", "cos"))
+
+
+def neg(x) -> Value:
+    """Elementwise -x. A bool x is refused, as torch refuses it: an inverted mask is `~x`."""
+    if _is_bool(x):
+        raise TypeError(f"neg: -{_operand_text(x)}: negation of a bool is not supported, as in torch; "
+                        "use ~ (sg.bitwise_not) to invert a mask, or cast to a number dtype first")
+    return apply_elementwise("neg", (_value(x, "neg"),))
 tanh, sigmoid, relu, sqrt, abs = (_unary(n) for n in ("tanh", "sigmoid", "relu", "sqrt", "abs"))
 asin, acos, atan = (_unary(n) for n in ("asin", "acos", "atan"))
 atan2 = _binary("atan2")

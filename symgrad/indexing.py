@@ -147,7 +147,7 @@ def cat(values: Sequence, axis: int = 0) -> Value:
     if not values:
         raise ValueError("cat: expects at least one value")
     # torch.cat promotes its tensors' dtypes, as an elementwise op over them would (int64 and float64: float64)
-    dtype = D.promote(*(v.dtype for v in values))
+    dtype = D.result_type(*values)
     values = [v if v.dtype == dtype else F.cast(v, dtype) for v in values]
     first = values[0]
     axis = S.normalize_axes(axis, first.ndim, "cat")[0]

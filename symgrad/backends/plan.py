@@ -14,7 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from ..ir import dtypes as D
+from ..ir.elementwise import compute_dtype as elementwise_compute_dtype
 from ..ir.graph import Graph
 from ..ir.value import Value
 from .patches import is_patches
@@ -258,9 +258,7 @@ def compute_dtype(node: Value) -> str:
     and for casts (a cast computes in the input's dtype and converts the result)."""
     if node.op.name == "cast":
         return node.inputs[0].dtype
-    if node.dtype == "bool":
-        return D.promote(*(i.dtype for i in node.inputs)) if node.inputs else "bool"
-    return node.dtype
+    return elementwise_compute_dtype(node)  # the NumPy reference's rule: torch's result type
 
 
 # ---- what kernels read and write, and buffers swapped ----------------------------

@@ -44,20 +44,56 @@ def is_float(dtype: str) -> bool:
     return dtype in FLOAT_DTYPES
 
 
-def promote(*dtypes: str) -> str:
-    """The dtype of an elementwise result over tensors of `dtypes` (NumPy's rules)."""
-    return canonical(np.result_type(*(to_numpy(d) for d in dtypes)))
+# torch's categories of dtype, lowest first. Across categories the higher one decides a result's
+# kind; within one the wider dtype wins.
+CATEGORIES = {"bool": 0, "int32": 1, "int64": 1, "float32": 2, "float64": 2}
+_WIDTHS = {"bool": 1, "int32": 4, "int64": 8, "float32": 4, "float64": 8}
 
 
-def scalar_dtype(value, partner: str) -> str:
-    """The dtype a Python scalar takes beside a tensor of dtype `partner`.
+def promote_types(a: str, b: str) -> str:
+    """torch.promote_types: the dtype that holds both kinds, `a`'s or `b`'s.
 
-    Python scalars are weakly typed, as in PyTorch and JAX: `x * 2.0` keeps
-    x's float32, and a float scalar beside an integer tensor gives float32.
+    The higher category wins, and within one the wider dtype: int32 with float32 is float32 and
+    int64 with float32 is float32 too, where NumPy widens both to float64.
     """
-    if isinstance(value, (bool, np.bool_)):
-        return partner
-    if isinstance(value, (int, np.integer)):
-        # bool beside an int is arithmetic, not logic: `mask + 1` counts (int64, as torch).
-        return "int64" if partner == "bool" else partner
-    return partner if is_float(partner) else DEFAULT_FLOAT
+    if CATEGORIES[a] != CATEGORIES[b]:
+        return a if CATEGORIES[a] > CATEGORIES[b] else b
+    return a if _WIDTHS[a] >= _WIDTHS[b] else b
+
+
+def _priority_and_dtype(operand) -> tuple[int, str]:
+    """(0, dtype) for a tensor with dimensions, (1, dtype) for a 0-d one, (2, dtype) for a Python
+    scalar: bool, int64 for an int, the default float for a float (as torch types them)."""
+    if isinstance(operand, (bool, np.bool_)):
+        return 2, "bool"
+    if isinstance(operand, (int, np.integer)):
+        return 2, "int64"
+    if isinstance(operand, (float, np.floating)):
+        return 2, DEFAULT_FLOAT
+    if hasattr(operand, "dtype") and hasattr(operand, "shape"):
+        return (1 if len(operand.shape) == 0 else 0), canonical(operand.dtype)
+    raise TypeError(f"result_type: cannot type {type(operand).__name__} {operand!r}")
+
+
+def result_type(*operands) -> str:
+    """The dtype of an elementwise result over `operands`, by torch's rules (torch.result_type).
+
+    An operand is a graph value (anything with .dtype and .shape, its shape () making it 0-d) or
+    a Python scalar. Operands fall in three classes, each promoted within itself: tensors with
+    dimensions, 0-d tensors, Python scalars. The tensors with dimensions decide the result; a
+    lower class takes part only when its category (bool < integer < float) is higher than the
+    classes above it, and then gives its own dtype. So an int32 tensor with a float32 tensor is
+    float32; beside an int32 tensor a 0-d int64 changes nothing, a 0-d float64 gives float64 and
+    a Python float the default float32; beside a float32 tensor no 0-d value or scalar matters.
+    """
+    if not operands:
+        raise TypeError("result_type: needs at least one operand")
+    classes: list = [None, None, None]
+    for operand in operands:
+        priority, dtype = _priority_and_dtype(operand)
+        classes[priority] = dtype if classes[priority] is None else promote_types(classes[priority], dtype)
+    result = None
+    for dtype in reversed(classes):  # scalars, then 0-d, then tensors: each overrides a category no higher
+        if dtype is not None and (result is None or CATEGORIES[dtype] >= CATEGORIES[result]):
+            result = dtype
+    return result

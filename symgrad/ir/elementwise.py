@@ -30,8 +30,8 @@ ARGS = sympy.symbols("x0:8", real=True)
 OUT = sympy.Symbol("y", real=True)
 COTANGENT = sympy.Symbol("g", real=True)
 
-# Output dtype rules: "promote" (NumPy result type), "float" (promote, then at
-# least float32: exp of an int is a float, as in torch), "bool" (comparisons).
+# Output dtype rules: "promote" (torch's result type, dtypes.result_type), "float" (promote, then
+# at least float32: exp of an int, int / int are floats, as in torch), "bool" (comparisons).
 # "select" (where): promote over every operand but the first, the condition.
 DTYPE_RULES = ("promote", "float", "bool", "select")
 
@@ -44,7 +44,7 @@ def _infer(name: str, arity: int, dtype_rule: str):
         if dtype_rule == "bool":
             return shape, "bool"
         operands = inputs[1:] if dtype_rule == "select" else inputs
-        dtype = D.promote(*(v.dtype for v in operands))
+        dtype = D.result_type(*operands)
         if dtype_rule == "float" and not D.is_float(dtype):
             dtype = D.DEFAULT_FLOAT
         return shape, dtype
@@ -80,6 +80,13 @@ def numpy_function(symbols, expr: sympy.Expr) -> Callable:
     return sympy.lambdify(symbols, expr, modules=[_NUMPY_EXTRAS, _NUMPY_NAMES, np])
 
 
+def compute_dtype(node) -> str:
+    """The dtype an elementwise node's arithmetic runs in, its operands cast to it first (torch's
+    common dtype): the node's own, or for a bool result over other dtypes (a comparison) the
+    operands' result type. The C and CUDA code cast alike (backends/plan.py)."""
+    return D.result_type(*node.inputs) if node.dtype == "bool" and node.inputs else node.dtype
+
+
 def _numpy_impl(expr: sympy.Expr, arity: int) -> Callable:
     fn = None  # lambdified on first use: defining an op (every import, every derived VJP) stays cheap
 
@@ -87,6 +94,10 @@ def _numpy_impl(expr: sympy.Expr, arity: int) -> Callable:
         nonlocal fn
         if fn is None:
             fn = numpy_function(ARGS[:arity], expr)
+        # In the common dtype, as torch and the compiled code compute: int32 + float32 rounds
+        # once in float32, where NumPy would add in float64 and round twice.
+        common = D.to_numpy(compute_dtype(node))
+        args = [a if a.dtype == common else a.astype(common) for a in map(np.asarray, args)]
         # Broadcast first: sympy prints Max/Min/Piecewise with helpers that
         # want operands of one shape.
         args = np.broadcast_arrays(*args) if len(args) > 1 else args

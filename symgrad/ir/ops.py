@@ -51,8 +51,32 @@ def _pow_vjp(node, g, wants):
 
 # torch's pow backward: d/dx is 0 where y == 0 (not y * x**(y-1) = 0 * inf at x = 0), d/dy is
 # 0 where x == 0 and y >= 0 (not x**y * log(x) = 0 * -inf): x**y is constant there (_pow_vjp).
-define("pow", x0 ** x1, 2, doc="x ** y", vjp=_pow_vjp,
-       zero_derivative_where={0: sympy.Eq(x1, 0), 1: sympy.And(sympy.Eq(x0, 0), x1 >= 0)})
+_POW = define("pow", x0 ** x1, 2, doc="x ** y", vjp=_pow_vjp,
+              zero_derivative_where={0: sympy.Eq(x1, 0), 1: sympy.And(sympy.Eq(x0, 0), x1 >= 0)})
+
+
+def integer_power(base: np.ndarray, exponent: np.ndarray) -> np.ndarray:
+    """base ** exponent of integers as torch and the C helper sg_ipow compute it, in int64
+    (wrapping on overflow): a negative exponent gives 1/base truncated, so 1, -1 or 0 (NumPy raises)."""
+    base, exponent = np.broadcast_arrays(np.asarray(base, np.int64), np.asarray(exponent, np.int64))
+    result, square, bits = np.ones(base.shape, np.int64), base.copy(), np.maximum(exponent, 0)
+    with np.errstate(over="ignore"):
+        while bits.any():  # square and multiply, one bit of the exponent a round
+            result = np.where(bits & 1, result * square, result)
+            square, bits = square * square, bits >> 1
+    reciprocal = np.where(base == 1, 1, np.where(base == -1, np.where(exponent & 1, -1, 1), 0))
+    return np.where(exponent < 0, reciprocal, result)
+
+
+def _pow_numpy(float_pow):
+    def run(args, node, env):
+        if D.is_float(node.dtype):
+            return float_pow(args, node, env)
+        return np.broadcast_to(integer_power(*args).astype(D.to_numpy(node.dtype)), env.shape(node))
+    return run
+
+
+_POW.numpy = _pow_numpy(_POW.numpy)
 define("neg", -x0, 1, doc="-x")
 define("exp", sympy.exp(x0), 1, "float")
 define("log", sympy.log(x0), 1, "float")

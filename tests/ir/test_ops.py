@@ -70,7 +70,8 @@ OPS = {
     "not_equal": (lambda v: v["i"] != v["i"] * 0, lambda n: n["i"] != 0),
     "int_add": (lambda v: v["i"] + 3, lambda n: n["i"] + 3),
     "int_mul": (lambda v: v["i"] * v["i"], lambda n: n["i"] * n["i"]),
-    "int_plus_float": (lambda v: v["i"] + v["a"], lambda n: n["i"] + n["a"].astype(np.float64)),
+    # torch's promotion: int64 with float32 is float32 (NumPy's would be float64)
+    "int_plus_float": (lambda v: v["i"] + v["a"], lambda n: n["i"].astype(np.float32) + n["a"]),
     "int_times_float_scalar": (lambda v: v["i"] * 0.5, lambda n: (n["i"] * 0.5).astype(np.float32)),
     "int_div": (lambda v: v["i"] / 2, lambda n: (n["i"] / 2).astype(np.float32)),  # torch: int / int is float32
     "exp_of_int": (lambda v: sg.exp(v["i"]), lambda n: np.exp(n["i"]).astype(np.float32)),
