@@ -241,9 +241,11 @@ def _refuse_outside_float(method):
 
 
 # C99CodePrinter prints its known math functions (exp, log, tanh, ...) through one shared
-# method installed as _print_<name>; in integer arithmetic each of them is refused.
+# method installed as _print_<name>; in integer arithmetic each of them is refused, but for those
+# KernelPrinter prints itself in every dtype (Abs: |x| of an integer as a comparison, not fabs).
 for _attr in dir(C99CodePrinter):
-    if _attr.startswith("_print_") and getattr(C99CodePrinter, _attr) is C99CodePrinter._print_math_func:
+    if _attr.startswith("_print_") and _attr not in KernelPrinter.__dict__ \
+            and getattr(C99CodePrinter, _attr) is C99CodePrinter._print_math_func:
         setattr(KernelPrinter, _attr, _refuse_outside_float(C99CodePrinter._print_math_func))
 
 

@@ -327,6 +327,20 @@ def test_printer_prints_float32_math_and_refuses_the_unknown():
         KernelPrinter("int64").doprint(sympy.exp(x))
 
 
+def test_abs_of_integers_compiles_and_matches_torch():
+    """|x| of int64 and int32 on C, as torch.abs. The printer's own integer Abs (a comparison) was
+    shadowed by the refusal installed for C99's math functions (fabs): C refused to compile it (the
+    fuzzer found it)."""
+    import torch
+    assert KernelPrinter("int64").doprint(sympy.Abs(sympy.Symbol("x", real=True))) == "((x) < 0 ? -(x) : (x))"
+    a, b = np.array([-3, 0, 5, -(2 ** 40)]), np.array([-7, 0, 7, 1], dtype=np.int32)
+    x, y = sg.input("x", a.shape, dtype="int64"), sg.input("y", b.shape, dtype="int32")
+    got = sg.function([x, y], [sg.abs(x), sg.abs(y) * 2], backend="c")(a, b)
+    for g, w in zip(got, [torch.abs(torch.tensor(a)), torch.abs(torch.tensor(b)) * 2]):
+        assert g.dtype == w.numpy().dtype
+        np.testing.assert_array_equal(g, w.numpy())
+
+
 def test_a_products_irrational_constants_print_as_one_literal():
     """sqrt(2/pi) (x + ...) -- GELU's -- multiplies by one literal, not by sqrtf(2) and then divides
     by sqrtf(pi) (a division the compiler must keep); a rational factor alone stays a fraction."""
