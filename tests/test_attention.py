@@ -220,3 +220,31 @@ def test_the_step_report_names_the_fused_kernels():
     assert "2 fused attention)" in report
     assert "fused attention (causal), 4 head(s) of 16 x 8, no T x T buffer" in report
     assert "fused attention_grad (causal), 4 head(s) of 16 x 8, no T x T buffer" in report
+
+
+def test_rows_with_every_key_masked_get_zero_weights_as_torch(backend):
+    """torch's math attention takes a safe softmax: a query whose keys are all masked (a boolean
+    mask's row of False, a float mask's row of -inf) attends to nothing, output and gradients 0;
+    symgrad gave NaN (the fuzzer found it). Against torch's math backend in float64."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    rng = np.random.default_rng(5)
+    q, k, v, cot = (rng.standard_normal(s) for s in ((2, 3, 2), (2, 4, 2), (2, 4, 3), (2, 3, 3)))
+    keep = np.array([[True, True, False, False], [False, False, False, False], [True, False, True, False]])
+    added = np.where(keep, 0.0, -np.inf)
+    added[2] = [-np.inf, 0.5, -np.inf, -1.0]
+    Q, K, V, C = (sg.input(n, a.shape, dtype="float64") for n, a in zip("qkvc", (q, k, v, cot)))
+    B, A = sg.input("keep", keep.shape, dtype="bool"), sg.input("added", added.shape, dtype="float64")
+    outputs = []
+    for mask in (B, A):
+        y = sg.scaled_dot_product_attention(Q, K, V, attn_mask=mask)
+        outputs += [y, *sg.grad(sg.sum(y * C), [Q, K, V])]
+    got = sg.function([Q, K, V, C, B, A], outputs, backend=backend)(q, k, v, cot, keep, added)
+    want = []
+    for mask in (torch.tensor(keep), torch.tensor(added)):
+        tq, tk, tv = (torch.tensor(a, requires_grad=True) for a in (q, k, v))
+        with sdpa_kernel([SDPBackend.MATH]):
+            y = torch.nn.functional.scaled_dot_product_attention(tq, tk, tv, attn_mask=mask)
+        want += [y.detach(), *torch.autograd.grad(y, [tq, tk, tv], torch.tensor(cot))]
+    for g, w in zip(got, want):
+        np.testing.assert_allclose(g, w.numpy(), rtol=1e-12, atol=1e-14)
+    assert not np.any(got[0][:, 1])   # the query that sees no key

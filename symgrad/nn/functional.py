@@ -188,7 +188,10 @@ def scaled_dot_product_attention(query: Value, key: Value, value: Value, attn_ma
         scores = F.where(visible, scores, float("-inf"))
     elif attn_mask is not None:
         scores = F.where(attn_mask, scores, float("-inf")) if attn_mask.dtype == "bool" else scores + attn_mask
-    weights = F.softmax(scores, axis=-1)
+    # torch's safe softmax: a row whose scores are all -inf (every key masked) gets weights 0, not
+    # 0/0; its softmax is taken of zeros instead, so that no NaN reaches the gradient either.
+    hidden = F.equal(F.max(scores, axis=-1, keepdims=True), F.constant(float("-inf"), scores.dtype))
+    weights = F.where(hidden, 0.0, F.softmax(F.where(hidden, 0.0, scores), axis=-1))
     if dropout_p:
         weights = dropout(weights, dropout_p, True, generator)
     return F.matmul(weights, value)
