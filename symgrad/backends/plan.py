@@ -293,6 +293,8 @@ def swap_buffers(kernel, new: dict):
     """`kernel` reading and writing `new[id(b)]` wherever it used a buffer b that `new` maps; parts
     that use no mapped buffer stay the same objects (cheap), and so does a kernel using none."""
     def view(v: View) -> View:
+        if is_patches(v) and id(v.literal.indices) in new:  # a patch matrix's index map is read too
+            v = replace(v, literal=replace(v.literal, indices=new[id(v.literal.indices)]))
         return replace(v, buffer=new[id(v.buffer)]) if v.buffer is not None and id(v.buffer) in new else v
 
     def each(items: list) -> list:  # Operand or RowStore: both read through `.view`

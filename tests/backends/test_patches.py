@@ -120,3 +120,24 @@ def test_the_memory_plan_no_longer_holds_the_patches():
                         for flag in (False, True))
     patch_bytes = 32 * 16 * 16 * 9 * 32 * 4
     assert gathered < patch_bytes <= stored, (stored, gathered)
+
+
+def test_a_patch_index_map_follows_its_buffer_through_memory_planning():
+    """A convolution's patch GEMM reads its index map through the patches view; memory planning
+    swaps buffers for arena slots, and the map's buffer inside the view was not swapped: the
+    kernel read (and C declared) the slot of another buffer, here the product's own output
+    ("conflicting types for ws3"; in other arrangements a segfault). The fuzzer found it with a
+    1-pixel conv1d beside an avg_pool2d. Checked: C compiles and matches the NumPy reference."""
+    rng = np.random.default_rng(3)
+    image = sg.input("image", (3, 3, 3, 4), dtype="float64")
+    pooled = sg.avg_pool2d(image, kernel_size=(2, 3), count_include_pad=False)
+    x, w = sg.input("x", (1, 4, 1), dtype="float64"), sg.input("w", (1, 4, 1), dtype="float64")
+    y = sg.log1p(sg.squeeze(sg.conv1d(x, w, dilation=2, padding="valid"), 1))
+    cot = sg.input("cot", y.shape, dtype="float64")
+    inputs = [image, x, w, cot]
+    outputs = [pooled, *sg.grad(sg.sum(pooled), [image]), y, *sg.grad(sg.sum(y * cot), [x, w])]
+    arrays = [rng.standard_normal(v.shape) for v in inputs]
+    got = sg.function(inputs, outputs, backend="c")(*arrays)
+    want = sg.function(inputs, outputs, backend="numpy")(*arrays)
+    for g, r in zip(got, want):
+        np.testing.assert_allclose(g, r, rtol=1e-12, atol=1e-12)
