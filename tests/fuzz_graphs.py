@@ -409,13 +409,13 @@ class _Drawer:
         keeps (symgrad/statistics.py says why; open in issue 32's closing note) are not drawn:
         - a correction past the count with an axis: torch's gradient there divides by the negative
           N - correction (finite: [0.9, -0.9] for var([0.3, 1.2], 0, correction=3)), symgrad's by 0;
-        - infinite inputs: torch's gradient 2 g (x - mean) / (N - correction) leaves out the mean's
+        - non-finite inputs: torch's gradient 2 g (x - mean) / (N - correction) leaves out the mean's
           path (0 in exact arithmetic), symgrad differentiates it: inf - inf, NaN where torch's is
-          +-inf (of a value that is NaN); likewise under an infinite cotangent. So var and std take
-          values without specials, as the graph's last step (its cotangent is finite)."""
-        if self.specials:
-            return self.reduce(x, shape)
-        x = self.as_float(x)
+          +-inf (of a value that is NaN); likewise under an infinite cotangent. So var and std are
+          the graph's last step (its cotangent is finite), of a new input with finite values (an
+          earlier value may hold a NaN: a pow of a negative base)."""
+        x = self.new_input(shape if 0 not in shape and self.chance(0.5) else self.random_shape(), finite=True)
+        shape = self.shapes[x]
         axis = None if not shape or self.chance(0.3) else int(self.rng.integers(len(shape)))
         count = int(np.prod(shape if axis is None else (shape[axis],), dtype=int))
         correction = self.choice((0, 1, 1, 2))
@@ -808,7 +808,7 @@ def nudge_pattern(graph: FuzzGraph, pattern: int) -> Callable:
     result depend on the order of a formula's operations at overflow: torch's gradient of y/y in
     y forms (y / y) / y = 1/4.5e-309 = inf before multiplying by g, symgrad's g * (y/y) / y does
     not (exactly 0, the true value); neither run is wrong by more than float arithmetic allows."""
-    rng = np.random.default_rng(pattern)
+    rng = np.random.default_rng(abs(pattern))
 
     def nudge(k, step, args, value):
         if pattern == LIFT_SUBNORMALS:
