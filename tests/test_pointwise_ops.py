@@ -182,3 +182,21 @@ def test_a_user_op_with_a_hard_inverse_gets_its_derivative_at_once():
     values = np.array([-2.0, -0.5, 0.0, 0.5, 2.0])
     _, want = _torch(lambda t: torch.nn.functional.gelu(t, approximate="tanh"), values)
     np.testing.assert_allclose(sg.function([x], g)(values), want / 0.75, rtol=1e-12)
+
+
+def test_gelu_slope_keeps_its_sign_far_below_zero(backend):
+    """gelu'(x) = Phi(x) + x phi(x) is a tiny negative number for x << 0 (torch: x phi(x), its Phi
+    being 0 there); sympy's form x phi(x) + erf(x/sqrt 2)/2 + 1/2 summed it to 0 below x = -8.7,
+    so an infinite cotangent gave NaN where torch gives -inf (the fuzzer found it). The slope is
+    now Phi(-|x|) by erfc: accurate, and torch's wherever torch's own Phi is exact."""
+    import math
+    xs = np.array([-9.0, -12.5, -28.0, -37.0, -8.0, -3.0, 0.5, 4.0])
+    cot = np.array([INF, -INF, INF, 1.0, 1.0, 1.0, 1.0, 1.0])
+    t = torch.tensor(xs, requires_grad=True)
+    (want,) = torch.autograd.grad(torch.nn.functional.gelu(t), [t], torch.tensor(cot))
+    x, c = sg.input("x", xs.shape, dtype="float64"), sg.input("c", xs.shape, dtype="float64")
+    (got,) = sg.function([x, c], sg.grad(sg.sum(sg.gelu(x) * c), [x]), backend=backend)(xs, cot)
+    np.testing.assert_array_equal(got[:3], want.numpy()[:3])    # -inf, inf, -inf: not NaN
+    exact = [math.erfc(abs(v) / math.sqrt(2)) / 2 * (1 if v < 0 else -1) + (v >= 0)
+             + v * math.exp(-v * v / 2) / math.sqrt(2 * math.pi) for v in xs]
+    np.testing.assert_allclose(got[3:], exact[3:], rtol=1e-13)   # x = -37: 4e-297, sign and all

@@ -101,7 +101,20 @@ define("log1p", log1p(x0), 1, "float", doc="log(1 + x), exact for tiny x")
 # evaluated below the threshold, where it cannot overflow.
 define("softplus", sympy.Piecewise((x0, x0 * x1 > x2), (log1p(sympy.exp(x0 * x1)) / x1, True)), 3, "float",
        doc="softplus(x, beta, threshold): log(1 + exp(beta*x))/beta; x past the threshold")
-define("gelu", x0 / 2 * (1 + sympy.erf(x0 / sympy.sqrt(2))), 1, "float", doc="x * Phi(x), Phi the normal CDF")
+
+
+def _gelu_vjp(node, g, wants):
+    """g * (Phi(x) + x * phi(x)), with Phi(x) as erfc(-x / sqrt 2) / 2. sympy's derivative of the
+    erf form, x*phi(x) + erf(x/sqrt 2)/2 + 1/2, cancels to 0 below x = -8.7 where the true value
+    (and torch's, whose Phi is exactly 0 there) is x*phi(x), -2e-170 at x = -28: an infinite
+    cotangent then gave NaN against torch's -inf (the fuzzer found it). erfc(|x|/sqrt 2)/2 has no cancellation."""
+    tail = sympy.erfc(sympy.Abs(x0) / sympy.sqrt(2)) / 2   # Phi(-|x|), by erfc of |x| (sympy turns erfc(-u) into 2 - erfc(u))
+    slope = sympy.Piecewise((tail, x0 < 0), (1 - tail, True)) + x0 * sympy.exp(-x0**2 / 2) / sympy.sqrt(2 * sympy.pi)
+    return [_F().mul(g, apply_expression(slope, {x0: node.inputs[0]}, name="gelu_vjp0")) if wants[0] else None]
+
+
+define("gelu", x0 / 2 * (1 + sympy.erf(x0 / sympy.sqrt(2))), 1, "float", doc="x * Phi(x), Phi the normal CDF",
+       vjp=_gelu_vjp)
 define("gelu_tanh", x0 / 2 * (1 + sympy.tanh(sympy.sqrt(2 / sympy.pi) * (x0 + sympy.Rational(44715, 10**6) * x0**3))),
        1, "float", doc="GELU's tanh approximation, as torch's gelu(approximate='tanh')")
 
