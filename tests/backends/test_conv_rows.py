@@ -153,3 +153,23 @@ def test_a_tile_too_big_for_the_registers_is_caught():
     source = runtime_source(targets=(Target("too big", "", 32, 6, 1, 8, 4),))
     loops = kernel_loops(assembly(source, "x86-64-v3"), "sg_conv_rows")
     assert loops and all(any("mm" in a for a in loop.stack_accesses) for loop in loops)
+
+
+def test_the_weight_gradient_keeps_an_infinite_pixel_infinite():
+    """The weight gradient's last vector of a row overlaps the one before; its overlap's lanes were
+    zeroed by a multiply, 0 * inf = NaN where an infinite pixel lies in the overlap: dW was NaN
+    where torch and the NumPy reference give +-inf (the fuzzer found it). Rows of 7 and 9 positions
+    (one overlap at every vector width), float64 and float32."""
+    import torch
+    rng = np.random.default_rng(4)
+    for dtype, length in (("float64", 7), ("float64", 9), ("float32", 9), ("float32", 13)):
+        x = rng.standard_normal((2, 3, length)).astype(dtype)
+        x[0, 1, length - 3], x[1, 0, length - 2] = np.inf, -np.inf
+        w, g = rng.standard_normal((2, 3, 3)).astype(dtype), rng.standard_normal((2, 2, length - 2)).astype(dtype)
+        X, W, G = (sg.input(n, a.shape, dtype=dtype) for n, a in zip("xwg", (x, w, g)))
+        (got,) = sg.function([X, W, G], sg.grad(sg.sum(sg.conv1d(X, W) * G), [W]), backend="c")(x, w, g)
+        tx, tw = torch.tensor(x), torch.tensor(w, requires_grad=True)
+        (want,) = torch.autograd.grad(torch.nn.functional.conv1d(tx, tw), [tw], torch.tensor(g))
+        np.testing.assert_array_equal(np.isnan(got), np.isnan(want.numpy()), err_msg=f"{dtype} {length}")
+        np.testing.assert_allclose(got, want.numpy(), rtol=1e-4 if dtype == "float32" else 1e-12,
+                                   err_msg=f"{dtype} {length}")
