@@ -301,11 +301,16 @@ def drop_kept_axes(node: Value) -> Value | None:
 
 
 def sum_of_scaled(node: Value) -> Value | None:
-    """sum(c * x) -> c * sum(x) for a 0-d constant c (linearity; one multiply per result)."""
+    """sum(c * x) -> c * sum(x) for a 0-d constant c (linearity; one multiply per result). Not for
+    an infinite or NaN c: a sum of nothing is 0, c * 0 is NaN (a mean over an empty axis is a sum
+    times 1/0; the fuzzer found sum(mean(x, 1)) of a [0, 0] x NaN on C)."""
     if node.op.name == "sum" and node.inputs[0].op.name == "mul":
         a, b = node.inputs[0].inputs
         if is_scalar_const(b):
             a, b = b, a
+        c = scalar_constant(a) if is_scalar_const(a) else None
+        if c is not None and not isinstance(c, sympy.Basic) and not math.isfinite(float(c)):
+            return None
         # Same dtype throughout: otherwise the sum would run in a narrower type than before.
         if is_scalar_const(a) and b.shape == node.inputs[0].shape and a.dtype == b.dtype == node.dtype:
             return same_type(node, _op("mul", a, _op("sum", b, **node.attrs)))

@@ -438,6 +438,17 @@ def test_simplify_keeps_signed_zeros_and_overflow():
         np.testing.assert_array_equal(got, want, err_msg=f"output {k}")
 
 
+def test_sum_of_a_mean_over_an_empty_axis_stays_zero():
+    """sum(mean(x, 1)) of a [0, 0] x is a sum of nothing, 0; sum_of_scaled turned sum(x * 1/0) into
+    1/0 * sum(x) = inf * 0 = NaN (C; the fuzzer found it). A non-finite scale is left in the sum."""
+    x = sg.input("x", (0, 0), dtype="float64")
+    graph = Graph([x], [sg.sum(sg.mean(x, axis=1))])
+    out = simplify(graph)
+    arrays = [np.zeros((0, 0))]
+    assert final_state(out, arrays, {}, [])[0] == 0.0 == final_state(graph, arrays, {}, [])[0]
+    assert sg.function([x], graph.outputs, backend="c")(*arrays)[0] == 0.0
+
+
 STRUCTURAL = {
     # rule: (build over x[3,4], v[4], s[] -> output, check on the optimized graph)
     "transpose_compose": (lambda x, v, s: sg.transpose(sg.transpose(sg.reshape(x, (3, 2, 2)), (1, 2, 0)), (1, 0, 2)),
