@@ -58,16 +58,25 @@ def max_pool2d(input, kernel_size, stride=None, padding=0, dilation=1, ceil_mode
     if return_indices:
         raise NotImplementedError("max_pool2d: return_indices is not supported")
     x = F._value(input, "max_pool2d")
-    stacked, _ = _windows(x, kernel_size, stride, padding, dilation, ceil_mode, float("-inf"), "max_pool2d")
+    stacked, (kh, kw, sh, sw, ph, pw, H, W, Ho, Wo) = _windows(x, kernel_size, stride, padding, dilation,
+                                                               ceil_mode, float("-inf"), "max_pool2d")
     count = stacked.shape[-1]
     if count == 1:
         return F.squeeze(stacked, -1)
     # torch's scan keeps the first maximum and lets every NaN replace it: the last NaN wins, inf too.
+    # It scans the window's elements inside the input only: where they are all -inf, the first of
+    # them is the maximum (and gets the gradient), not the -inf padding before it.
     offsets = F.reshape(_offsets(count), (1, 1, 1, 1, count))
     nan = F.not_equal(stacked, stacked)
     nan_at = F.where(nan, offsets, F.constant(-1, "int64"))
     last_nan = F.argmax(nan_at, axis=-1)
-    first_max = F.argmax(F.where(nan, F.constant(float("-inf"), x.dtype), stacked), axis=-1)
+    key = F.where(nan, F.constant(float("-inf"), x.dtype), stacked)
+    (dh, dw) = _pair(dilation, "dilation", "max_pool2d")
+    rows = np.arange(Ho)[:, None, None, None] * sh + np.arange(kh)[None, None, :, None] * dh - ph
+    cols = np.arange(Wo)[None, :, None, None] * sw + np.arange(kw)[None, None, None, :] * dw - pw
+    inside = F.constant(((rows >= 0) & (rows < H) & (cols >= 0) & (cols < W)).reshape(1, 1, Ho, Wo, count))
+    tops = F.where(inside, F.equal(key, F.max(key, axis=-1, keepdims=True)), F.constant(False, "bool"))
+    first_max = F.argmax(F.where(tops, F.constant(1, "int64"), F.constant(0, "int64")), axis=-1)
     first = F.where(F.greater(F.max(nan_at, axis=-1), F.constant(-1, "int64")), last_nan, first_max)
     chosen = F.equal(F.expand_dims(first, -1), offsets)
     return F.sum(F.where(chosen, stacked, F.constant(0, x.dtype)), axis=-1)

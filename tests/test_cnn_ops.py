@@ -200,3 +200,23 @@ def test_the_report_shows_each_convolutions_im2col_and_its_bytes():
     assert len(implicit) == 2 and sum("gathered transposed from" in line for line in implicit) == 1, plain
     assert all(line.endswith(f"{patch_bytes / 1024:.1f} KiB never stored") for line in implicit), implicit
     assert not any("take" in line for line in plain), plain   # no take stores those patches
+
+
+def test_max_pool_of_minus_inf_beside_padding_sends_the_gradient_into_the_input(backend):
+    """torch scans a window's elements inside the input only: where they are all -inf, the first
+    of them is the maximum and gets the gradient. symgrad's windows hold the -inf padding too, and
+    took the padding (the gradient was lost; the fuzzer found it). Padding, dilation, ceil mode."""
+    rng = np.random.default_rng(2)
+    a = rng.standard_normal((1, 2, 4, 5))
+    a[0, 0, 0, :2], a[0, 1, :2, :2], a[0, 0, 3, 4] = -np.inf, -np.inf, -np.inf
+    for kw in (dict(kernel_size=2, padding=1), dict(kernel_size=(2, 3), stride=2, padding=1, ceil_mode=True),
+               dict(kernel_size=3, stride=1, padding=1, dilation=2)):
+        t = torch.tensor(a, requires_grad=True)
+        want = TF.max_pool2d(t, **kw)
+        cot = rng.standard_normal(tuple(want.shape))
+        (want_grad,) = torch.autograd.grad(want, [t], torch.tensor(cot))
+        x, c = sg.input("x", a.shape, dtype="float64"), sg.input("c", cot.shape, dtype="float64")
+        y = sg.max_pool2d(x, **kw)
+        got, got_grad = sg.function([x, c], [y, *sg.grad(sg.sum(y * c), [x])], backend=backend)(a, cot)
+        np.testing.assert_array_equal(got, want.detach().numpy(), err_msg=str(kw))
+        np.testing.assert_array_equal(got_grad, want_grad.numpy(), err_msg=str(kw))
