@@ -782,9 +782,9 @@ def rounding_error(step: Step, args: list, value: torch.Tensor) -> torch.Tensor 
         x = args[0].detach()
         if kind == "gelu":   # x * (1 + erf(x / sqrt 2)) / 2: the sum cancels for x < 0 (0 below x = -8.4)
             return eps * (v.abs() + x.abs())
-        if kind == "softmax":
+        if kind == "softmax":   # and a 0 may be a subnormal flushed (exp(x - max - log(sum)) or exp(x - max) / sum)
             shifted = x - torch.amax(torch.where(x.isnan(), -math.inf, x), dim=step.kw["axis"], keepdim=True)
-            return eps * v.abs() * (1 + shifted.abs())
+            return torch.where(v == 0, TINY[v.dtype], eps * v.abs() * (1 + shifted.abs()))
         if kind == "log_softmax":
             return eps * (v.abs() + torch.amax(x.abs(), dim=step.kw["axis"], keepdim=True))
         if kind in ("var", "std"):
@@ -801,6 +801,28 @@ def rounding_error(step: Step, args: list, value: torch.Tensor) -> torch.Tensor 
 
 
 LIFT_SUBNORMALS = -1   # the nudge pattern that lifts subnormal values to the smallest normal one
+
+
+class _FromOutput(torch.autograd.Function):
+    """softmax's or log_softmax's moved output y, with torch's backward computed from y itself: the
+    ops' own backward reads the output they saved, which the move does not reach (a weight 0, the
+    flushed 1.2e-324 of exp(-745)/4, times an infinite g - sum(g y) is NaN; at 5e-324 it is inf)."""
+
+    @staticmethod
+    def forward(ctx, x, y, kind, axis, up):
+        ctx.save_for_backward(y)
+        ctx.kind, ctx.axis, ctx.up = kind, axis, up
+        return y.clone()
+
+    @staticmethod
+    def backward(ctx, g):
+        (y,) = ctx.saved_tensors
+        if ctx.kind == "softmax":
+            return y * (g - (g * y).sum(ctx.axis, keepdim=True)), None, None, None, None
+        p = torch.exp(y)   # log_softmax's weights: moved up, one that underflowed is the smallest subnormal
+        if ctx.up:
+            p = torch.where((p == 0) & (y > -math.inf), TINY[p.dtype], p)
+        return g - p * g.sum(ctx.axis, keepdim=True), None, None, None, None
 
 
 def nudge_pattern(graph: FuzzGraph, pattern: int) -> Callable:
@@ -831,5 +853,7 @@ def nudge_pattern(graph: FuzzGraph, pattern: int) -> Callable:
         else:
             sign = torch.from_numpy(rng.choice([-1.0, 1.0], size=tuple(value.shape))).to(value.dtype)
         move = torch.where(torch.isfinite(value.detach()) & torch.isfinite(error), sign * error, 0.0)
+        if step.op in ("softmax", "log_softmax") and value.requires_grad:
+            return _FromOutput.apply(args[0], (value + move).detach(), step.op, step.kw["axis"], pattern == 0)
         return value + move.to(value.dtype)
     return nudge

@@ -26,7 +26,8 @@ other, and pow(-1.39, that) is finite or NaN; log_softmax of a dominant element 
 exp flushes exp(-745) to 0 where libm gives 5e-324, and a product with inf is NaN or inf. A
 well-conditioned element (all runs agree) is held to the plain tolerance.
 
-SYMGRAD_FUZZ_EXAMPLES sets the number of graphs (2,000 by default, a CI run of about 100 s).
+SYMGRAD_FUZZ_EXAMPLES sets the number of graphs (2,000 by default, a CI run of about 100 s; on
+several cores, `-n 2 --dist loadgroup` keeps each batch's tests on one pytest-xdist worker).
 SYMGRAD_FUZZ_SEED sets the seed; unset, every run draws one, prints it, and names it in any
 failure, with the command that replays the failing batch:
     SYMGRAD_FUZZ_EXAMPLES=50000 SYMGRAD_FUZZ_SEED=12345 python -m pytest -q tests/test_fuzz.py
@@ -303,7 +304,10 @@ def _announce_seed(request):
                                 f"({'drawn for this run' if SEED_DRAWN else 'SYMGRAD_FUZZ_SEED'}); replay: {REPLAY}")
 
 
-@pytest.fixture(scope="module", params=range(BATCHES), ids=lambda i: f"batch{i}")
+# One xdist group per batch: with `-n 2 --dist loadgroup` a batch's tests share one worker, which
+# builds it once (a 50,000-graph run on 2 cores: 200 batches, about 2,500 s).
+@pytest.fixture(scope="module", params=[pytest.param(i, marks=pytest.mark.xdist_group(f"batch{i}"))
+                                        for i in range(BATCHES)], ids=lambda i: f"batch{i}")
 def batch(request) -> Batch:
     with warnings.catch_warnings(), np.errstate(all="ignore"):
         warnings.simplefilter("ignore")
