@@ -120,6 +120,16 @@ def _torch_var(x, axis, correction, keepdims, root=False):
     return fn(x, dim=axis, correction=correction, keepdim=keepdims)
 
 
+def _sizes(sections):
+    return list(sections) if isinstance(sections, tuple) else sections
+
+
+def _joined(parts, pieces, cat):
+    """The split's pieces at `pieces`, joined again (two pieces not next to each other: a gradient
+    that is a sum of embeds into windows with a gap between them)."""
+    return parts[pieces[0]] if len(pieces) == 1 else cat([parts[i] for i in pieces])
+
+
 def _sg_index(x, key):
     return x[key]
 
@@ -222,10 +232,10 @@ INDEXING: dict[str, Op] = {
                                                                      axis, size),
                       _torch_scatter_add, "sum"),
     "concat": Op(lambda *xs, axis: sg.concat(list(xs), axis=axis), lambda *xs, axis: torch.cat(xs, dim=axis), "exact"),
-    "split": Op(lambda x, sections, axis, piece: sg.split(x, list(sections) if isinstance(sections, tuple) else sections,
-                                                          dim=axis)[piece],
-                lambda x, sections, axis, piece: torch.split(x, list(sections) if isinstance(sections, tuple)
-                                                             else sections, dim=axis)[piece], "exact"),
+    "split": Op(lambda x, sections, axis, pieces: _joined(sg.split(x, _sizes(sections), dim=axis), pieces,
+                                                           lambda parts: sg.concat(parts, axis=axis)),
+                lambda x, sections, axis, pieces: _joined(torch.split(x, _sizes(sections), dim=axis), pieces,
+                                                          lambda parts: torch.cat(parts, dim=axis)), "exact"),
     "pad": Op(lambda x, padding, mode, value: sg.pad(x, padding, mode=mode, value=value),
               lambda x, padding, mode, value: torch.nn.functional.pad(x, padding, mode=mode,
                                                                       value=value if mode == "constant" else None),
@@ -494,7 +504,9 @@ class _Drawer:
                 cuts = sorted(int(c) for c in self.rng.integers(0, n + 1, size=self.choice((1, 2))))
                 sections = tuple(b - a for a, b in zip([0] + cuts, cuts + [n]))
                 count = len(sections)
-            return self.add("split", (x,), sections=sections, axis=axis, piece=int(self.rng.integers(count)))
+            pieces = sorted(int(i) for i in self.rng.choice(count, size=min(count, self.choice((1, 2, 2))),
+                                                          replace=False))
+            return self.add("split", (x,), sections=sections, axis=axis, pieces=tuple(pieces))
         # pad: (left, right) pairs for the last 1 to 3 axes; reflect needs pads below each size
         axes = int(self.rng.integers(1, min(len(shape), 3) + 1))
         mode = self.choice(("constant", "constant", "reflect", "replicate"))
