@@ -743,7 +743,8 @@ def draw_values(graph: FuzzGraph, rng: np.random.Generator) -> list[np.ndarray]:
 
 def build(graph: FuzzGraph, builders: int, inputs: list, nudge: Callable | None = None) -> object:
     """The graph's last value, built from `inputs` (one per input step) with side `builders`
-    (0: symgrad, 1: torch). `nudge(k, step, args, value)`, torch only, replaces each computed value."""
+    (0: symgrad, 1: torch). `nudge(k, step, args, value)`, torch only, replaces each computed value,
+    and `nudge.use(arg)` each argument of a step (to move the gradient each use contributes)."""
     values = []
     given = iter(inputs)
     for k, step in enumerate(graph.steps):
@@ -751,6 +752,8 @@ def build(graph: FuzzGraph, builders: int, inputs: list, nudge: Callable | None 
             values.append(next(given))
             continue
         args = [values[a] for a in step.args]
+        if nudge:
+            args = [nudge.use(a) for a in args]
         fn = OPS[step.op].torch if builders else OPS[step.op].sg
         value = fn(*args, **step.kw)
         values.append(nudge(k, step, args, value) if nudge else value)
@@ -837,6 +840,25 @@ class _FromOutput(torch.autograd.Function):
         return g - p * g.sum(ctx.axis, keepdim=True), None, None, None, None
 
 
+class _MovedGradient(torch.autograd.Function):
+    """The identity, whose backward moves the gradient it passes by one rounding error (`sign` of
+    its ulp). Put on each use of a value, it moves each contribution to that value's gradient before
+    autograd sums them: a gradient that cancels to 0 in exact arithmetic (x - concat(x, x) summed
+    over the broadcast) is then the rounding noise it is in any order of summation, not torch's one
+    order's noise; times an infinite weight, that noise's sign picks +inf, -inf or NaN."""
+
+    @staticmethod
+    def forward(ctx, x, sign):
+        ctx.sign = sign
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, g):
+        ulp = torch.nextafter(g.abs(), torch.tensor(math.inf, dtype=g.dtype)) - g.abs()
+        sign = ctx.sign(tuple(g.shape)).to(g.dtype)
+        return g + torch.where(torch.isfinite(g) & (g != 0), sign * ulp, 0.0), None
+
+
 def nudge_pattern(graph: FuzzGraph, pattern: int) -> Callable:
     """A `nudge` for `build`: each computed float value moved by its rounding error, all up
     (pattern 0), all down (1), or each element either way at random (2 and on, seeded by the
@@ -868,4 +890,16 @@ def nudge_pattern(graph: FuzzGraph, pattern: int) -> Callable:
         if step.op in ("softmax", "log_softmax") and value.requires_grad:
             return _FromOutput.apply(args[0], (value + move).detach(), step.op, step.kw["axis"], pattern == 0)
         return value + move.to(value.dtype)
+
+    def sign(shape):
+        if pattern < 2:
+            return torch.full(shape, 1.0 - 2 * pattern, dtype=torch.float64)
+        return torch.from_numpy(rng.choice([-1.0, 1.0], size=shape))
+
+    def use(arg):
+        if pattern == LIFT_SUBNORMALS or not (torch.is_tensor(arg) and arg.requires_grad):
+            return arg
+        return _MovedGradient.apply(arg, sign)
+
+    nudge.use = use
     return nudge
