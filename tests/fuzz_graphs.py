@@ -605,13 +605,15 @@ class _Drawer:
         or not, now and then a boolean mask (an input of bool dtype) or a scale.
 
         Differences from torch at non-finite inputs, open in issue 32's closing note, are not
-        drawn: q and k are finite, and v too where keys are masked (causal or a mask). torch adds
+        drawn: q, k and v are finite inputs. torch adds
         -inf to the masked scores, so a NaN score there (0 * inf, or a NaN) makes its row NaN, and
         its backward multiplies the masked weights (0) by g v^T (0 * inf: NaN), where symgrad leaves
         masked positions out; so masked attention is the graph's last step (a finite cotangent).
         A row of scores that are all -inf (infinite q or k) gets weights 0 in
         torch's safe softmax, NaN in symgrad's fused op, and a NaN gradient in torch where v is
-        infinite (0 * inf again), 0 in symgrad's general path."""
+        infinite (0 * inf again), 0 in symgrad's general path. And the fused op's backward takes
+        rowsum(dP * P) as rowsum(dO * O) (FlashAttention's identity): equal in real arithmetic, not
+        where v is infinite (inf where torch's is inf - inf = NaN)."""
         lead = self.choice(((), (2,), (1, 2), (2, 3)))
         length, source, width = self.choice((1, 2, 3, 5)), self.choice((1, 2, 4)), self.choice((1, 2, 3, 4))
         same = self.chance(0.5)
@@ -623,7 +625,7 @@ class _Drawer:
         q = self.as_float(x) if tuple(shape) == q_shape and not self.specials and self.chance(0.7) \
             else self.new_input(q_shape, finite=True)
         k = self.new_input((*lead, source, width), finite=True)
-        v = self.new_input((*lead, source, width if same else self.choice((1, 2, 3))), finite=masked) \
+        v = self.new_input((*lead, source, width if same else self.choice((1, 2, 3))), finite=True) \
             if self.chance(0.7) else k
         if not same and self.chance(0.3):
             attrs["scale"] = self.choice((0.5, 2.0))
