@@ -17,6 +17,7 @@ A backend subclass supplies `_build`, `_native_layout` and `_run`.
 from __future__ import annotations
 
 import threading
+from abc import ABC, abstractmethod
 
 from ..call_checks import check_arrays
 from ..ir import dtypes as D
@@ -29,7 +30,7 @@ from .memory import ArenaSpec, MemoryPlan, latest_or_assumed, memory_plan
 from .report import program_report
 
 
-class NativeProgram:
+class NativeProgram(ABC):
     """A graph compiled to a native module: `run` computes outputs and applies the updates."""
 
     backend = ""
@@ -64,6 +65,7 @@ class NativeProgram:
         # Calls are serialized: they share the workspace and whatever else a layout holds.
         self._lock = threading.Lock()
 
+    @abstractmethod
     def _build(self, **options) -> BuiltModule:
         """The backend's compiler run on `self.source`, through the build cache."""
         raise NotImplementedError
@@ -93,6 +95,7 @@ class NativeProgram:
             layout = self._layouts[key] = (outs, inputs, *self._native_layout(key, planned))
         return layout
 
+    @abstractmethod
     def _native_layout(self, key: tuple, planned: MemoryPlan) -> tuple:
         """What the backend keeps per Dim binding besides the shapes (native arrays, a workspace)."""
         raise NotImplementedError
@@ -154,5 +157,7 @@ class NativeProgram:
     def _check_inputs(self, inputs: list, shapes: list) -> None:
         check_arrays("input", self._input_nodes, inputs, shapes)
 
+    @abstractmethod
     def _run(self, inputs: list, bindings: dict, variables: dict, check_inputs: bool) -> list:
+        """The backend's call of its entry point: outputs computed, updates applied."""
         raise NotImplementedError

@@ -30,7 +30,29 @@ from ..settings import cache_dir
 _LOCK = threading.Lock()
 # What srepr text names: sympy's namespace, and the classes srepr prints that it does not export
 # (a Piecewise's pairs: without them every Piecewise entry failed to read back and was derived again).
-_NAMES = {**vars(sympy), "ExprCondPair": sympy.functions.elementary.piecewise.ExprCondPair}
+_SYMPY_NAMES = {**vars(sympy), "ExprCondPair": sympy.functions.elementary.piecewise.ExprCondPair}
+
+
+def _names() -> dict:
+    """What srepr text names: sympy's namespace, then symgrad's own sympy Functions (trunc,
+    floor_divide, bitwise_and, random_bits, ...), which win where a name is sympy's too (sympy's
+    `trunc` is a polynomial's). Collected at the first read, when `import symgrad` has defined them
+    all; without them every entry naming one failed to read back and was derived again."""
+    global _names_found
+    if _names_found is not None:
+        return _names_found
+    names = dict(_SYMPY_NAMES)
+    pending = list(sympy.Function.__subclasses__())
+    while pending:
+        cls = pending.pop()
+        pending.extend(cls.__subclasses__())
+        if cls.__module__.startswith("symgrad."):
+            names[cls.__name__] = cls
+    _names_found = names
+    return names
+
+
+_names_found: dict | None = None
 _FILES: dict[tuple, dict] = {}  # (kind, path) -> entries of this process, loaded on first use
 
 
@@ -75,7 +97,7 @@ def lookup(kind: str, source: str, key: str):
         # Rebuild the tree exactly as stored: evaluating would re-canonicalise it
         # (a Rational times an Add distributes), undoing the form that was chosen.
         with sympy.evaluate(False):
-            value = eval(text, {"__builtins__": {}}, _NAMES)  # noqa: S307 - srepr text we wrote
+            value = eval(text, {"__builtins__": {}}, _names())  # noqa: S307 - srepr text we wrote
     except Exception:  # noqa: BLE001 - a corrupt entry is computed again
         return None
     return value if isinstance(value, sympy.Basic) else None
