@@ -23,7 +23,30 @@ import numpy as np
 
 import symgrad as sg
 from symgrad.data import mnist_split
-from symgrad.demo import images, lenet, shifted
+from symgrad.demo import images, shifted
+
+nn, F = sg.nn, sg.nn.functional
+
+
+class LeNet5(nn.Module):
+    """LeNet-5 with ReLU and max pooling on 1x28x28 images, written as a torch.nn.Module would be
+    (symgrad.demo.lenet() is the same network as an nn.Sequential)."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv1 = nn.Conv2d(1, 6, 5, padding=2)    # (B, 1, 28, 28) -> (B, 6, 28, 28)
+        self.conv2 = nn.Conv2d(6, 16, 5)              # (B, 6, 14, 14) -> (B, 16, 10, 10)
+        self.fc1 = nn.Linear(16 * 5 * 5, 120)
+        self.fc2 = nn.Linear(120, 84)
+        self.fc3 = nn.Linear(84, 10)
+
+    def forward(self, x):
+        x = F.max_pool2d(F.relu(self.conv1(x)), 2)   # (B, 6, 14, 14)
+        x = F.max_pool2d(F.relu(self.conv2(x)), 2)   # (B, 16, 5, 5)
+        x = sg.flatten(x, 1)                          # (B, 400)
+        x = F.relu(self.fc1(x))
+        x = F.relu(self.fc2(x))
+        return self.fc3(x)                            # logits, (B, 10)
 
 
 def main(argv=None) -> float:
@@ -37,7 +60,7 @@ def main(argv=None) -> float:
 
     data = images(mnist_split())          # (n, 1, 28, 28) float32, standardised
     sg.manual_seed(args.seed)
-    model = lenet()
+    model = LeNet5()
     B = sg.Dim("B")
     x, y = sg.input("x", (B, 1, 28, 28)), sg.input("y", (B,), dtype="int64")
     logits = model(x)
