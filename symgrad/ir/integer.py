@@ -161,10 +161,20 @@ def _refuse(printer, expr, what: str):
 
 
 class _Division(_Function):
-    """A two-operand division or remainder: an integer helper, or float code of its own."""
+    """A two-operand division or remainder: an integer helper, or float code of its own.
+
+    A quotient's derivative is 0 almost everywhere (a step function); a remainder a - b * q(a, b)
+    has derivative 1 in a and -q(a, b) in b, `quotient` naming its q."""
 
     nargs = 2
     int_helper = ""
+    float_code = ""      # C for float operands: {f} the float suffix ("f" or ""), {a} and {b} the operands
+    quotient = None      # a remainder's quotient function; None for a quotient
+
+    def fdiff(self, argindex=1):
+        if self.quotient is None:
+            return sympy.S.Zero
+        return sympy.S.One if argindex == 1 else -self.quotient(*self.args)
 
     def _ccode(self, printer):
         a, b = _args(printer, self)
@@ -172,66 +182,41 @@ class _Division(_Function):
             return f"{self.int_helper}({a}, {b})"
         if printer.dtype == "bool":
             _refuse(printer, self, "bool operands have no division (as torch)")
-        return self._float_code(printer, a, b)
-
-    def _float_code(self, printer, a: str, b: str) -> str:
-        raise NotImplementedError
-
-
-def _float_suffix(printer) -> str:
-    return "f" if printer.dtype == "float32" else ""
+        return self.float_code.format(f="f" if printer.dtype == "float32" else "", a=a, b=b)
 
 
 class floor_divide(_Division):  # noqa: N801  (the name printed in graphs and reports)
     """The quotient rounded toward -inf, as torch.floor_divide and Python's //."""
 
     int_helper = "sg_div_floor_i64"
+    float_code = "sg_div_floor{f}({a}, {b})"
     reference = staticmethod(floor_divide_reference)
-
-    def fdiff(self, argindex=1):
-        return sympy.S.Zero
-
-    def _float_code(self, printer, a, b):
-        return f"sg_div_floor{_float_suffix(printer)}({a}, {b})"
 
 
 class trunc_divide(_Division):  # noqa: N801
     """The quotient rounded toward zero, as torch.div(rounding_mode="trunc") and C's integer `/`."""
 
     int_helper = "sg_div_trunc_i64"
+    float_code = "trunc{f}(({a}) / ({b}))"
     reference = staticmethod(trunc_divide_reference)
-
-    def fdiff(self, argindex=1):
-        return sympy.S.Zero
-
-    def _float_code(self, printer, a, b):
-        return f"trunc{_float_suffix(printer)}(({a}) / ({b}))"
 
 
 class remainder(_Division):  # noqa: N801
     """a - b * floor_divide(a, b), the divisor's sign, as torch.remainder and Python's %."""
 
     int_helper = "sg_remainder_i64"
+    float_code = "sg_remainder{f}({a}, {b})"
+    quotient = floor_divide
     reference = staticmethod(remainder_reference)
-
-    def fdiff(self, argindex=1):
-        return sympy.S.One if argindex == 1 else -floor_divide(*self.args)
-
-    def _float_code(self, printer, a, b):
-        return f"sg_remainder{_float_suffix(printer)}({a}, {b})"
 
 
 class fmod(_Division):  # noqa: N801
     """a - b * trunc_divide(a, b), the dividend's sign, as torch.fmod and C's fmod."""
 
     int_helper = "sg_fmod_i64"
+    float_code = "fmod{f}({a}, {b})"
+    quotient = trunc_divide
     reference = staticmethod(fmod_reference)
-
-    def fdiff(self, argindex=1):
-        return sympy.S.One if argindex == 1 else -trunc_divide(*self.args)
-
-    def _float_code(self, printer, a, b):
-        return f"fmod{_float_suffix(printer)}({a}, {b})"
 
 
 class _Bitwise(_Function):
