@@ -1,6 +1,6 @@
 """Data-parallel training on MPI: the MNIST MLP on every rank, each on its share of each batch.
 
-    mpiexec -n 2 python examples/ddp_mnist.py [--backend c] [--epochs 5]
+    mpiexec -n 2 python examples/ddp_mnist.py [--backend numpy] [--epochs 5]
 
 Every rank builds the same model and step (sg.distributed.train_step); the
 parameters come from rank 0, each global batch of 64 rows is split between the
@@ -21,12 +21,14 @@ from symgrad.data import mnist_split
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--backend", default="numpy", choices=["numpy", "c"])
-    parser.add_argument("--epochs", type=int, default=5)
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0],
+                                     formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    parser.add_argument("--backend", default="c", choices=["numpy", "c"],
+                        help="compile the step to C (OpenMP), or run the numpy reference")
+    parser.add_argument("--epochs", type=int, default=5, help="passes over the training digits")
     parser.add_argument("--batch", type=int, default=64, help="global batch, split between the ranks")
     parser.add_argument("--bucket-mb", type=float, default=0.25,
-                        help="gradient bucket cap in MiB (default %(default)s: two buckets for this MLP)")
+                        help="gradient bucket cap in MiB (two buckets for this MLP)")
     args = parser.parse_args()
     comm = MPI.COMM_WORLD
     rank, size = comm.Get_rank(), comm.Get_size()

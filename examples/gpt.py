@@ -132,7 +132,7 @@ def learning_rate(step: int, peak: float, warmup: int, total: int, floor_ratio: 
 
 
 def build_step(model: GPT, batch, context, lr: float = 1e-3, weight_decay: float = 0.1,
-               backend: str = "numpy", dtype: str = "float32", betas=(0.9, 0.95), clip: float | None = 1.0):
+               backend: str | None = None, dtype: str = "float32", betas=(0.9, 0.95), clip: float | None = 1.0):
     """The compiled training step (AdamW, gradients clipped at norm `clip`) and, as its predict
     program, the logits of the last position for sampling. `batch` and `context` may be sg.Dims."""
     idx = sg.input("idx", (batch, context), dtype="int64")
@@ -180,20 +180,23 @@ def sample(step, prompt: bytes, length: int, block_size: int, rng: np.random.Gen
 
 
 def main(argv=None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--text", type=Path, help="a text file (default: the Python standard library's sources)")
-    parser.add_argument("--backend", default="numpy", choices=["numpy", "c"])
-    parser.add_argument("--steps", type=int, default=200)
-    parser.add_argument("--batch", type=int, default=8)
-    parser.add_argument("--context", type=int, default=64)
-    parser.add_argument("--layers", type=int, default=4)
-    parser.add_argument("--heads", type=int, default=4)
-    parser.add_argument("--channels", type=int, default=128)
-    parser.add_argument("--lr", type=float, default=1e-3)
-    parser.add_argument("--warmup", type=int, default=20)
-    parser.add_argument("--eval-every", type=int, default=50)
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0],
+                                     formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    parser.add_argument("--text", type=Path,
+                        help="a text file to train on; None: the Python standard library's sources")
+    parser.add_argument("--backend", default="c", choices=["numpy", "c"],
+                        help="compile the step to C (OpenMP), or run the numpy reference")
+    parser.add_argument("--steps", type=int, default=200, help="training steps")
+    parser.add_argument("--batch", type=int, default=8, help="windows of text per step")
+    parser.add_argument("--context", type=int, default=64, help="bytes per window (the block size)")
+    parser.add_argument("--layers", type=int, default=4, help="transformer blocks")
+    parser.add_argument("--heads", type=int, default=4, help="attention heads per block")
+    parser.add_argument("--channels", type=int, default=128, help="embedding width (n_embd)")
+    parser.add_argument("--lr", type=float, default=1e-3, help="peak learning rate")
+    parser.add_argument("--warmup", type=int, default=20, help="steps of linear warmup")
+    parser.add_argument("--eval-every", type=int, default=50, help="steps between loss reports")
     parser.add_argument("--sample", type=int, default=200, help="bytes to sample at the end")
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--seed", type=int, default=0, help="seed of the weights and the batches")
     args = parser.parse_args(argv)
 
     text = args.text.read_bytes() if args.text else standard_library_text()

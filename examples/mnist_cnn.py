@@ -50,12 +50,14 @@ class LeNet5(nn.Module):
 
 
 def main(argv=None) -> float:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--backend", default="c", choices=["numpy", "c"])
-    parser.add_argument("--epochs", type=int, default=10)
-    parser.add_argument("--batch", type=int, default=16)
-    parser.add_argument("--lr", type=float, default=2e-3)
-    parser.add_argument("--seed", type=int, default=0)
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0],
+                                     formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    parser.add_argument("--backend", default="c", choices=["numpy", "c"],
+                        help="compile the step to C (OpenMP), or run the numpy reference")
+    parser.add_argument("--epochs", type=int, default=10, help="passes over the 4000 training digits")
+    parser.add_argument("--batch", type=int, default=16, help="images per step")
+    parser.add_argument("--lr", type=float, default=2e-3, help="Adam's peak learning rate")
+    parser.add_argument("--seed", type=int, default=0, help="seed of the weights, shifts and batches")
     args = parser.parse_args(argv)
 
     data = images(mnist_split())          # (n, 1, 28, 28) float32, standardised

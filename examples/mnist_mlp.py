@@ -1,7 +1,7 @@
 """Train an MLP with BatchNorm and Dropout on the 5000-digit MNIST subset, as a PyTorch user would.
 
-    python examples/mnist_mlp.py                 # numpy backend, 15 epochs
-    python examples/mnist_mlp.py --backend c --torch
+    python examples/mnist_mlp.py                 # C backend, 15 epochs
+    python examples/mnist_mlp.py --torch         # and PyTorch eager beside it
 
 Model: Sequential(Linear(784, 256), BatchNorm1d(256), ReLU, Dropout(0.2),
 Linear(256, 10)), Adam(lr=3e-3) with a per-epoch cosine learning-rate
@@ -115,12 +115,14 @@ def train_torch(args, data, initial: dict) -> dict:
 
 
 def main(argv=None) -> dict:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--backend", default="numpy", choices=["numpy", "c", "cuda"])
-    parser.add_argument("--epochs", type=int, default=15)
-    parser.add_argument("--batch", type=int, default=64)
-    parser.add_argument("--lr", type=float, default=3e-3)
-    parser.add_argument("--seed", type=int, default=0)
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0],
+                                     formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    parser.add_argument("--backend", default="c", choices=["numpy", "c", "cuda"],
+                        help="compile the step to C (OpenMP) or CUDA, or run the numpy reference")
+    parser.add_argument("--epochs", type=int, default=15, help="passes over the 4000 training digits")
+    parser.add_argument("--batch", type=int, default=64, help="rows per step")
+    parser.add_argument("--lr", type=float, default=3e-3, help="Adam's peak learning rate")
+    parser.add_argument("--seed", type=int, default=0, help="seed of the weights, dropout and batches")
     parser.add_argument("--torch", action="store_true", help="also train with PyTorch eager and compare")
     args = parser.parse_args(argv)
     data = mnist_split()

@@ -1,12 +1,14 @@
 """What a call and a graph are checked for before anything runs, in one place for every backend.
 
-An input array is checked against its graph input (type, dtype, shape, contiguity,
+An input array is checked against its graph input (type, dtype, shape, then contiguity,
 Dim consistency) and a graph's leaf names against each other, in Python, so a refused
-call changes nothing and never reaches native code.
+call changes nothing and never reaches native code. A torch CPU tensor is read as the NumPy
+array that shares its memory (`host_array`); torch itself is never imported here.
 """
 
 from __future__ import annotations
 
+import sys
 from typing import Iterable
 
 import numpy as np
@@ -22,10 +24,11 @@ def bind_inputs(inputs: Iterable[Value], arrays: Iterable) -> dict:
     """Check each array against its input's dtype and shape; return the Dim bindings.
 
     Raises TypeError (not an array, wrong dtype) or ValueError (rank, size,
-    inconsistent Dim, not C-contiguous), naming the input and both shapes.
+    inconsistent Dim, not C-contiguous), naming the input and both shapes. Every shape is
+    checked before any contiguity: a wrong shape is the first thing to fix.
     """
     bindings: dict = {}
-    pending = []
+    pending, strided = [], []
     for node, array in zip(inputs, arrays):
         expected = f"{S.format_shape(node.shape)} ({node.dtype})"
         if not isinstance(array, np.ndarray):
@@ -39,8 +42,7 @@ def bind_inputs(inputs: Iterable[Value], arrays: Iterable) -> dict:
         if array.ndim != node.ndim:
             raise ValueError(f"input {node.name!r}: expected shape {expected}, got {got}")
         if not array.flags.c_contiguous:
-            raise ValueError(f"input {node.name!r}: array of shape {list(array.shape)} is not C-contiguous; "
-                             f"pass np.ascontiguousarray(...)")
+            strided.append((node, array))
         for axis, (size, actual) in enumerate(zip(node.shape, array.shape)):
             if isinstance(size, int):
                 if size != actual:
@@ -60,7 +62,45 @@ def bind_inputs(inputs: Iterable[Value], arrays: Iterable) -> dict:
         if value != actual:
             raise ValueError(f"input {node.name!r}: expected shape {expected}, got {got} "
                              f"(axis {axis} is {size} = {value})")
+    for node, array in strided:
+        raise ValueError(f"input {node.name!r}: array of shape {list(array.shape)} is not C-contiguous; "
+                         f"pass np.ascontiguousarray(...)")
     return bindings
+
+
+def host_array(what: str, value):
+    """`value` as the compiled code reads it: a torch CPU tensor becomes the NumPy array sharing
+    its memory (a C-contiguous copy where it is strided, as `.contiguous()` makes); anything else
+    is returned as it is, for `bind_inputs` to check. A tensor on another device (cuda, mps,
+    meta) is refused, naming `.cpu()`. torch stays optional: a tensor's type lives in torch's
+    modules, so torch is loaded whenever one is passed, and is looked up, not imported."""
+    if not type(value).__module__.startswith("torch"):
+        return value
+    torch = sys.modules.get("torch")
+    if torch is None or not isinstance(value, torch.Tensor):
+        return value
+    if value.device.type != "cpu":
+        raise TypeError(f"{what}: a torch tensor on device {str(value.device)!r}; compiled code reads host "
+                        f"memory: pass tensor.cpu() (a copy in CPU memory), or a NumPy array")
+    if value.layout != torch.strided:
+        raise TypeError(f"{what}: a torch tensor of layout {value.layout}; pass a dense one (tensor.to_dense())")
+    tensor = value.detach().resolve_conj().resolve_neg()
+    if not tensor.is_contiguous():
+        tensor = tensor.contiguous()
+    try:
+        return tensor.numpy()
+    except (TypeError, RuntimeError) as exc:  # a dtype NumPy lacks (bfloat16), a tensor subclass
+        raise TypeError(f"{what}: torch tensor of dtype {value.dtype} has no NumPy array ({exc}); convert it "
+                        f"with tensor.to(<the input's dtype>)") from None
+
+
+def refuse_positional(graph: Graph, what: str, call: str, count: int) -> None:
+    """Raise the TypeError of a call (`what`, spelled `call`) that takes its arrays by name and was
+    given `count` by position: the names it takes, and the call written with them."""
+    names = [v.name for v in graph.inputs]
+    spelled = ", ".join(f"{n}=..." for n in names)
+    raise TypeError(f"{what} takes its inputs by name {names}: {call}({spelled}); "
+                    f"got {count} positional argument{'s' if count != 1 else ''}")
 
 
 def refuse_subclass(what: str, array) -> None:

@@ -18,7 +18,7 @@ import numpy as np
 
 from . import backends
 from .cells import cell_of
-from .call_checks import bind_inputs, check_unique_names, collect_inputs, refuse_subclass
+from .call_checks import arrays_by_name, bind_inputs, check_unique_names, collect_inputs, host_array, refuse_subclass
 from .ir import dtypes as D
 from .ir import shapes as S
 from .ir.graph import Graph
@@ -248,16 +248,15 @@ class Compiled:
         # bind_inputs depends only on each array's type, shape, dtype and contiguity: a call
         # repeating a validated signature reuses its bindings (one dict hit instead of the
         # checks). Only validated signatures enter the cache, so a bad array still raises.
-        try:
-            key = tuple([(a.shape, a.dtype, a.flags.c_contiguous) for a in arrays
-                         if type(a) is np.ndarray])
-        except AttributeError:
-            key = None
+        key = tuple([(a.shape, a.dtype, a.flags.c_contiguous) for a in arrays if type(a) is np.ndarray])
+        if len(key) != len(arrays):  # not all plain arrays: a torch CPU tensor becomes one (host_array)
+            arrays = [host_array(f"input {node.name!r}", a) for node, a in zip(self.graph.inputs, arrays)]
+            key = tuple([(a.shape, a.dtype, a.flags.c_contiguous) for a in arrays if type(a) is np.ndarray])
         cache = self._bound
-        bindings = cache.get(key) if key is not None and len(key) == len(arrays) else None
+        bindings = cache.get(key) if len(key) == len(arrays) else None
         if bindings is None:
             bindings = bind_inputs(self.graph.inputs, arrays)
-            if key is not None and len(key) == len(arrays) and len(arrays) == len(self.graph.inputs):
+            if len(key) == len(arrays) and len(arrays) == len(self.graph.inputs):
                 if len(cache) >= _SIGNATURES_KEPT:
                     cache.pop(next(iter(cache)))
                 cache[key] = bindings
@@ -310,23 +309,29 @@ class CompiledFunction(Compiled):
         super().__init__(graph, backend, **options)
         self._single = single  # outputs given as one value: return one array
 
-    def __call__(self, *arrays):
+    def __call__(self, *arrays, **named):
         names = [v.name for v in self.graph.inputs]
-        if len(arrays) != len(names):
-            raise TypeError(f"expected {len(names)} positional input(s) {names}, got {len(arrays)}")
+        if named:
+            if arrays:
+                raise TypeError(f"function takes its inputs {names} by position or by name, not both")
+            arrays = arrays_by_name(self.graph, named, "function")
+        elif len(arrays) != len(names):
+            raise TypeError(f"function takes {len(names)} input(s) {names} by position, got {len(arrays)}")
         outputs = self._run(list(arrays))
         return outputs[0] if self._single else tuple(outputs)
 
 
-def function(inputs, outputs, backend: str = "numpy", **options) -> CompiledFunction:
+def function(inputs, outputs, backend: str | None = None, **options) -> CompiledFunction:
     """Compile a graph from `inputs` (a list of sg.input values) to `outputs`.
 
-    The call takes NumPy arrays positionally in input order and returns one
-    array, or a tuple when `outputs` is a list. Parameters the outputs read
-    have their current values at each call, whenever the function was built:
-    what a train step of the same model has trained so far, or what
-    `load_state_dict` set (they are the model's, symgrad/cells.py). Updates
-    that layers attach to the values the outputs compute run on every call,
+    The call takes NumPy arrays (or torch CPU tensors, read in place where
+    contiguous) positionally in input order, or by input name, and returns one
+    array, or a tuple when `outputs` is a list. `backend`: by default "c" where
+    a C compiler is found, else "numpy" with a warning (backends.resolve).
+    Parameters the outputs read have their current values at each call,
+    whenever the function was built: what a train step of the same model has
+    trained so far, or what `load_state_dict` set (they are the model's,
+    symgrad/cells.py). Updates that layers attach to the values the outputs compute run on every call,
     as they do in a train step: Dropout draws a fresh mask each call
     (reproducibly from sg.manual_seed), BatchNorm in training mode updates its
     running statistics.
@@ -343,4 +348,5 @@ def function(inputs, outputs, backend: str = "numpy", **options) -> CompiledFunc
     missing = [v.name for v in collect_inputs(outs) if id(v) not in given]
     if missing:
         raise ValueError(f"function: outputs depend on inputs {missing} that are not in the inputs list")
-    return CompiledFunction(Graph(inputs, outs, effects.collect(outs)), backend, single, **options)
+    return CompiledFunction(Graph(inputs, outs, effects.collect(outs)), backends.resolve(backend), single,
+                            **options)

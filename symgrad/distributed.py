@@ -295,7 +295,7 @@ class DistributedStep:
         self._wait(self.comm.Ibarrier(), "the checkpoint barrier")
 
 
-def train_step(loss, params, optimizer, backend: str = "numpy", comm=None, timeout: float = 120.0,
+def train_step(loss, params, optimizer, backend: str | None = None, comm=None, timeout: float = 120.0,
                bucket_cap_mb: float = DEFAULT_CAP_MB, overlap: bool = True, **options) -> DistributedStep:
     """sg.train_step on every rank of `comm` (default MPI.COMM_WORLD); see the module docstring.
 

@@ -9,7 +9,9 @@ from typing import Mapping
 
 import numpy as np
 
-from .call_checks import arrays_by_name, check_no_gradient_buffer_names, collect_inputs, gradient_buffer_name, leaf_kind
+from . import backends
+from .call_checks import (arrays_by_name, check_no_gradient_buffer_names, collect_inputs, gradient_buffer_name,
+                          leaf_kind, refuse_positional)
 from .compiled import Compiled, VariableView
 from .ir import dtypes as D
 from .ir.graph import Graph
@@ -53,7 +55,9 @@ class TrainStep(Compiled):
         self._programs: dict[str, Compiled] = {}
         self._buffers = None
 
-    def __call__(self, **batch) -> float:
+    def __call__(self, *positional, **batch) -> float:
+        if positional:
+            refuse_positional(self.graph, "a train step", "step", len(positional))
         names = self._input_names
         if len(batch) == len(names):
             try:  # the usual call: exactly the input names (no missing, so no extra either)
@@ -140,13 +144,15 @@ class TrainStep(Compiled):
             self._programs[kind] = sub
         return self._programs[kind]
 
-    def accumulate(self, **batch) -> float:
+    def accumulate(self, *positional, **batch) -> float:
         """Add this batch's gradients into the `<param>.grad` buffers; returns the loss.
 
         The parameters do not change until `apply()`. Gradients sum over
         calls, as repeated `loss.backward()` calls do in PyTorch.
         """
         program = self.program_for("accumulate")
+        if positional:
+            refuse_positional(program.graph, "accumulate", "step.accumulate", len(positional))
         (loss,) = program._run(arrays_by_name(program.graph, batch, "accumulate"))
         return float(loss)
 
@@ -154,7 +160,7 @@ class TrainStep(Compiled):
         """Update the parameters from the accumulated gradients, then zero the buffers."""
         self.program_for("apply")._run([])
 
-    def predict(self, **inputs):
+    def predict(self, *positional, **inputs):
         """The `predict=` value(s) on these inputs: forward only, nothing trained.
 
         Returns one array, or a tuple when `predict=` was a list. Build the
@@ -164,6 +170,8 @@ class TrainStep(Compiled):
         masks, running statistics), as under torch.no_grad() in train mode.
         """
         program = self.program_for("predict")
+        if positional:
+            refuse_positional(program.graph, "predict", "step.predict", len(positional))
         outputs = program._run(arrays_by_name(program.graph, inputs, "predict"))
         return outputs[0] if isinstance(self._predict, Value) else tuple(outputs)
 
@@ -239,12 +247,12 @@ def param_groups(params) -> tuple[list[Value], list[dict]]:
     return flat, options
 
 
-def train_step(loss: Value, params, optimizer, backend: str = "numpy", predict=None,
+def train_step(loss: Value, params, optimizer, backend: str | None = None, predict=None,
                clip_grad_norm: float | None = None, **options) -> TrainStep:
     """Compile forward, backward and the optimizer's update into one call.
 
-    `step(**batch)` runs it on arrays given by input name and returns the
-    loss; `step.params[name]` reads the current values. Updates that layers
+    `step(**batch)` runs it on arrays (NumPy, or torch CPU tensors) given by input name and
+    returns the loss; `step.params[name]` reads the current values. Updates that layers
     attach to values the loss computes (BatchNorm running statistics,
     dropout's random-stream counter) are performed by the step too.
     `predict=` names the value (or list of values) that `step.predict(**inputs)`
@@ -284,7 +292,7 @@ def train_step(loss: Value, params, optimizer, backend: str = "numpy", predict=N
     graph = Graph(collect_inputs([loss]), [loss], updates)
     graph.nodes  # noqa: B018 -- the topological sort belongs to graph building in the report's timings
     built = time.perf_counter() - start
-    step = TrainStep(graph, backend, params, update_rule=update_rule, grads=grads, predict=predict,
-                     effects_pairs=layer_updates, **options)
+    step = TrainStep(graph, backends.resolve(backend), params, update_rule=update_rule, grads=grads,
+                     predict=predict, effects_pairs=layer_updates, **options)
     step.timings = {"graph": built}  # autodiff + optimizer graph, for report()
     return step

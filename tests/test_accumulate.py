@@ -125,7 +125,7 @@ def test_call_errors_name_the_inputs():
         step.predict(x=np.zeros((2, SIZES[0])), y=np.zeros(2, np.int64))
     bare = sg.train_step(nn.functional.mse_loss(model(sg.input("z", (2, SIZES[0]), "float64")),
                                                 np.zeros((2, SIZES[2]))), model.parameters(),
-                         sg.optim.SGD(lr=0.1))
+                         sg.optim.SGD(lr=0.1), backend="numpy")
     with pytest.raises(RuntimeError, match="predict="):
         bare.predict(z=np.zeros((2, SIZES[0])))
 
@@ -134,7 +134,7 @@ def test_accumulate_performs_the_layers_own_updates():
     """As in torch, every training-mode forward updates BatchNorm statistics and advances dropout."""
     model = nn.Sequential(nn.Linear(3, 4), nn.BatchNorm1d(4), nn.Dropout(0.5))
     x = sg.input("x", (8, 3))
-    step = sg.train_step(sg.sum(model(x)), model.parameters(), sg.optim.SGD(lr=0.1))
+    step = sg.train_step(sg.sum(model(x)), model.parameters(), sg.optim.SGD(lr=0.1), backend="numpy")
     xb = np.random.default_rng(0).standard_normal((8, 3)).astype(np.float32)
     counter = int(step.state["rng.counter"])
     step.accumulate(x=xb)

@@ -312,7 +312,7 @@ def test_symgrad_export_command(tmp_path):
 def test_export_refuses_what_the_c_api_cannot_take(tmp_path):
     x = sg.input("x", (sg.Dim("B"), sg.Dim("T")))
     w = sg.param("w", (), init="ones")
-    step = sg.train_step(sg.sum(x * w), [w], sg.optim.SGD(lr=0.1))
+    step = sg.train_step(sg.sum(x * w), [w], sg.optim.SGD(lr=0.1), backend="numpy")
     with pytest.raises(ValueError, match="Dims"):
         step.export(tmp_path)
     with pytest.raises(ValueError, match="C identifier"):
@@ -329,7 +329,8 @@ def test_cuda_export_builds_with_nvcc(tmp_path):
     model = nn.Sequential(nn.Linear(5, 6), nn.BatchNorm1d(6), nn.ReLU(), nn.Dropout(0.3), nn.Linear(6, 3))
     x, y = sg.input("x", (sg.Dim("B"), 5)), sg.input("y", (sg.Dim("B"),), dtype="int64")
     logits = model(x)
-    step = sg.train_step(sg.cross_entropy(logits, y), model.parameters(), sg.optim.Adam(lr=1e-2), predict=logits)
+    step = sg.train_step(sg.cross_entropy(logits, y), model.parameters(), sg.optim.Adam(lr=1e-2), predict=logits,
+                         backend="numpy")
     written = step.export(tmp_path, name="mlp", backend="cuda")
     assert written["step"].suffix == ".cu" and "mlp_step_run" in written["step"].read_text()
     arch = "-arch=sm_80" if cuda.probe_device_count()[0] == 0 else ""  # one architecture: half the build

@@ -75,6 +75,6 @@ def test_report_names_kernels_and_choices_as_the_printed_graph(step):
 
 def test_numpy_runs_the_graph_as_built():
     x = sg.input("x", (3,))
-    f = sg.function([x], sg.exp(x) * 2.0)
+    f = sg.function([x], sg.exp(x) * 2.0, backend="numpy")
     assert f.optimized_graph is f.graph
     np.testing.assert_allclose(f(np.zeros(3, np.float32)), 2.0)

@@ -181,7 +181,7 @@ def test_a_user_op_with_a_hard_inverse_gets_its_derivative_at_once():
     assert str(partial_derivative(op.name, 0)) == str(sympy.diff(op.expr, sympy.Symbol("x0", real=True)))
     values = np.array([-2.0, -0.5, 0.0, 0.5, 2.0])
     _, want = _torch(lambda t: torch.nn.functional.gelu(t, approximate="tanh"), values)
-    np.testing.assert_allclose(sg.function([x], g)(values), want / 0.75, rtol=1e-12)
+    np.testing.assert_allclose(sg.function([x], g, backend="numpy")(values), want / 0.75, rtol=1e-12)
 
 
 def test_gelu_slope_keeps_its_sign_far_below_zero(backend):

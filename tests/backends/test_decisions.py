@@ -19,7 +19,7 @@ def _softmax_regression():
     B = sg.Dim("B")
     x, y = sg.input("x", (B, 784)), sg.input("y", (B,), dtype="int64")
     W, b = sg.param("W", (784, 10)), sg.param("b", (10,))
-    step = sg.train_step(sg.cross_entropy(x @ W + b, y), [W, b], sg.optim.SGD(lr=0.1))
+    step = sg.train_step(sg.cross_entropy(x @ W + b, y), [W, b], sg.optim.SGD(lr=0.1), backend="numpy")
     return passes.optimize(step.graph), step.graph.variables
 
 
@@ -28,7 +28,7 @@ def _mlp():
     sg.manual_seed(0)
     x, y = sg.input("x", (32, 20)), sg.input("y", (32,), dtype="int64")
     model = sg.nn.Sequential(sg.nn.Linear(20, 16), sg.nn.ReLU(), sg.nn.Linear(16, 5))
-    step = sg.train_step(sg.cross_entropy(model(x), y), model.parameters(), sg.optim.SGD(lr=0.1))
+    step = sg.train_step(sg.cross_entropy(model(x), y), model.parameters(), sg.optim.SGD(lr=0.1), backend="numpy")
     return passes.optimize(step.graph), step.graph.variables
 
 

@@ -20,7 +20,7 @@ def _small_graph():
 def test_text_form_golden():
     """The forward graph reads as a program: one let-binding per node, with shapes."""
     x, W, b, loss = _small_graph()
-    f = sg.function([x], [loss])
+    f = sg.function([x], [loss], backend="numpy")
     assert str(f.graph) == """\
 graph(x: f32[B,4]) vars(W: f32[4,3], b: f32[3]) {
   t0: f32[B,3] = matmul(x, W)

@@ -31,7 +31,7 @@ def test_names_are_dotted_paths_and_name_the_graph_leaves():
     assert model[0].head.bias is None
     assert model[2].weight.shape == (5, 2)  # torch's (out, in) layout
     x = sg.input("x", (sg.Dim("B"), 3))
-    step = sg.train_step(sg.sum(model(x)), model.parameters(), sg.optim.SGD(lr=0.1))
+    step = sg.train_step(sg.sum(model(x)), model.parameters(), sg.optim.SGD(lr=0.1), backend="numpy")
     assert list(step.params) == names
 
 
@@ -70,7 +70,7 @@ def test_forward_matches_torch_after_loading_its_state_dict(rng):
     model.load_state_dict(reference.state_dict())
     x = sg.input("x", (sg.Dim("B"), 6), "float64")
     xb = rng.standard_normal((7, 6))
-    out = sg.function([x], model(x))(xb)
+    out = sg.function([x], model(x), backend="numpy")(xb)
     np.testing.assert_allclose(out, reference(torch.from_numpy(xb)).detach().numpy(), atol=1e-12)
 
 
@@ -78,7 +78,7 @@ def test_linear_accepts_leading_axes(rng):
     layer = nn.Linear(3, 2, dtype="float64")
     x = sg.input("x", (2, 4, 3), "float64")
     xb = rng.standard_normal((2, 4, 3))
-    out = sg.function([x], layer(x))(xb)
+    out = sg.function([x], layer(x), backend="numpy")(xb)
     w, b = layer.weight.attrs["init"], layer.bias.attrs["init"]
     np.testing.assert_allclose(out, xb @ w.T + b, atol=1e-12)
     with pytest.raises(ValueError, match="in_features = 3"):
