@@ -33,6 +33,13 @@ def manual_seed(seed: int) -> None:
     graph_random.manual_seed(seed)
 
 
+def host_generator() -> np.random.Generator:
+    """The NumPy generator that sg.manual_seed seeds, behind every parameter's initial value
+    (sg.param's init="normal" / "uniform", nn layers' defaults, sg.nn.init). Read it afresh each
+    time: manual_seed replaces it."""
+    return _rng
+
+
 def _check_name(name, what: str) -> str:
     if not isinstance(name, str) or not name:
         raise TypeError(f"{what}: name must be a non-empty string, got {name!r}")

@@ -3,13 +3,12 @@ Conv1d, Conv2d, MaxPool2d, AvgPool2d, AdaptiveAvgPool2d."""
 
 from __future__ import annotations
 
-import math
 import numbers
 
 from .. import convolution, pooling
 from ..ir.value import Value
 from ..sources import param
-from .layers import _initial
+from .layers import _default_weight_and_bias, _initial
 from .module import Module
 
 
@@ -34,11 +33,10 @@ class _ConvNd(Module):
             raise ValueError(f"{name}: kernel_size must be a positive int or {self.dims} of them, got {kernel_size!r}")
         self.in_channels, self.out_channels, self.kernel_size = in_channels, out_channels, kernel
         self.stride, self.padding, self.dilation, self.groups = stride, padding, dilation, groups
-        fan_in = in_channels // groups * math.prod(kernel)
-        bound = 1.0 / math.sqrt(fan_in)
         shape = (out_channels, in_channels // groups, *kernel)
-        self.weight = param("weight", shape, init=_initial(init, shape, bound, dtype), dtype=dtype)
-        self.bias = param("bias", (out_channels,), init=_initial(init, (out_channels,), bound, dtype),
+        weight_init, bias_init = _default_weight_and_bias(shape)
+        self.weight = param("weight", shape, init=_initial(init, shape, dtype, weight_init), dtype=dtype)
+        self.bias = param("bias", (out_channels,), init=_initial(init, (out_channels,), dtype, bias_init),
                           dtype=dtype) if bias else None
 
     def extra_repr(self) -> str:

@@ -8,31 +8,39 @@ import numpy as np
 from .. import effects
 from .. import functional as F
 from .. import pointwise
-from .. import sources
 from ..ir import shapes as S
 from ..ir import dtypes as D
 from ..ir.value import Value
 from ..random import Generator
 from ..sources import param
 from . import functional as NF
+from . import init as init_fns
 from .module import Module
 
 
-def _uniform(shape: tuple, bound: float, dtype: str) -> np.ndarray:
-    # The generator sg.manual_seed seeds, so model initialisation is reproducible.
-    return sources._rng.uniform(-bound, bound, size=shape).astype(D.to_numpy(dtype))
-
-
-def _initial(init, shape: tuple, bound: float, dtype: str):
-    """torch's default U(-bound, bound), or the user's `init` (a name sg.param knows, or a callable)."""
+def _initial(init, shape: tuple, dtype: str, default):
+    """A layer parameter's initial value: torch's default, `default(array)` filling a fresh array
+    with an sg.nn.init function (as torch's reset_parameters), or the user's `init` (a name
+    sg.param knows, or a callable taking the shape)."""
     if init is None:
-        return _uniform(shape, bound, dtype)
+        value = np.empty(shape, D.to_numpy(dtype))
+        default(value)  # draws from the generator sg.manual_seed seeds: reproducible
+        return value
     if callable(init):
         value = np.asarray(init(shape))
         if value.shape != shape:
             raise ValueError(f"init returned shape {list(value.shape)}, expected {list(shape)}")
         return value
     return init
+
+
+def _default_weight_and_bias(weight_shape: tuple):
+    """torch's Linear / Conv default: kaiming_uniform_(a=sqrt(5)) for the weight, which is
+    U(-1/sqrt(fan_in), 1/sqrt(fan_in)), and U of that bound for the bias."""
+    fan_in, _ = init_fns._calculate_fan_in_and_fan_out(weight_shape)
+    bound = 1.0 / math.sqrt(fan_in)
+    return (lambda w: init_fns.kaiming_uniform_(w, a=math.sqrt(5)),
+            lambda b: init_fns.uniform_(b, -bound, bound))
 
 
 class Linear(Module):
@@ -51,11 +59,11 @@ class Linear(Module):
             if not isinstance(n, int) or n < 1:
                 raise ValueError(f"Linear: {name} must be a positive int, got {n!r}")
         self.in_features, self.out_features = in_features, out_features
-        bound = 1.0 / math.sqrt(in_features)
         shape = (out_features, in_features)
-        self.weight = param("weight", shape, init=_initial(init, shape, bound, dtype), dtype=dtype)
+        weight_init, bias_init = _default_weight_and_bias(shape)
+        self.weight = param("weight", shape, init=_initial(init, shape, dtype, weight_init), dtype=dtype)
         if bias:
-            self.bias = param("bias", (out_features,), init=_initial(init, (out_features,), bound, dtype),
+            self.bias = param("bias", (out_features,), init=_initial(init, (out_features,), dtype, bias_init),
                               dtype=dtype)
         else:
             self.bias = None
@@ -226,9 +234,7 @@ class Embedding(Module):
                 raise ValueError(f"Embedding: {name} must be a positive int, got {n!r}")
         self.num_embeddings, self.embedding_dim = num_embeddings, embedding_dim
         shape = (num_embeddings, embedding_dim)
-        if init is None:
-            init = sources._rng.standard_normal(shape).astype(D.to_numpy(dtype))
-        self.weight = param("weight", shape, init=_initial(init, shape, 1.0, dtype), dtype=dtype)
+        self.weight = param("weight", shape, init=_initial(init, shape, dtype, init_fns.normal_), dtype=dtype)
 
     def forward(self, indices) -> Value:
         return NF.embedding(indices, self.weight)

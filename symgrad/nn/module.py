@@ -167,6 +167,17 @@ class Module:
             yield name, module
             stack[0:0] = [(_joined(name, k), m) for k, m in module._modules.items()]
 
+    def apply(self, fn) -> "Module":
+        """Call `fn(module)` on every submodule, depth first (children before their parent), then on
+        this module; returns self, as torch's apply. The habit of `model.apply(init_weights)` with
+        sg.nn.init's functions inside: they set the parameters' values for everything built from them."""
+        if not callable(fn):
+            raise TypeError(f"apply: expected a function of a module, got {type(fn).__name__}")
+        for child in self.children():
+            child.apply(fn)
+        fn(self)
+        return self
+
     def children(self) -> list["Module"]:
         """The direct submodules."""
         return list(self._modules.values())
