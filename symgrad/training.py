@@ -206,13 +206,29 @@ class TrainStep(Compiled):
 
     @property
     def lr(self) -> float:
-        """The learning rate, changeable between steps without recompiling."""
+        """The learning rate, changeable between steps without recompiling (with parameter groups,
+        the first group's; each group's is `step.param_groups[k]["lr"]`)."""
         return float(self._read_variable("lr"))
 
     @lr.setter
     def lr(self, value: float) -> None:
-        """Refused (ValueError) unless a finite non-negative number, as the optimizer's lr= is."""
-        self._write_variable("lr", value)
+        """Set every parameter group's learning rate. Refused (ValueError) unless a finite
+        non-negative number, as the optimizer's lr= is."""
+        from .optim.optimizer import check_hyperparameter
+        from .optim.param_groups import is_lr_variable
+        check_hyperparameter("step.lr", value)
+        for name in [n for n in self._variables if is_lr_variable(n)] or ["lr"]:
+            self._write_variable(name, value)
+
+    @property
+    def param_groups(self) -> list:
+        """torch's parameter groups of this step: dicts with "params", "lr" and the optimizer's
+        options; "lr" is this step's runtime value (read and set without recompiling), the other
+        options are compiled in. A scheduler constructed on the step drives these."""
+        groups = getattr(self, "_param_groups", None)
+        if groups is None:
+            raise AttributeError("param_groups: this step was not built by sg.train_step")
+        return groups
 
 
 def param_groups(params) -> tuple[list[Value], list[dict]]:
@@ -247,7 +263,7 @@ def param_groups(params) -> tuple[list[Value], list[dict]]:
     return flat, options
 
 
-def train_step(loss: Value, params, optimizer, backend: str | None = None, predict=None,
+def train_step(loss: Value, params=None, optimizer=None, backend: str | None = None, predict=None,
                clip_grad_norm: float | None = None, **options) -> TrainStep:
     """Compile forward, backward and the optimizer's update into one call.
 
@@ -260,7 +276,9 @@ def train_step(loss: Value, params, optimizer, backend: str | None = None, predi
     for `accumulate` / `apply`.
 
     params: sg.param values, or torch's parameter groups (dicts with "params" and the
-    optimizer options that differ for them, such as {"weight_decay": 0.0}).
+    optimizer options that differ for them, such as {"weight_decay": 0.0}); left out when the
+    optimizer was constructed with them, as torch's: `sg.train_step(loss, optimizer=
+    sg.optim.AdamW(model.parameters(), lr=1e-3))`. Each group's lr is a runtime value.
     clip_grad_norm: the max_norm of torch.nn.utils.clip_grad_norm_, applied to the gradients
     inside the step (and to the buffers in apply()); a runtime hyperparameter,
     `step.state["clip_grad_norm"]`.
@@ -271,7 +289,16 @@ def train_step(loss: Value, params, optimizer, backend: str | None = None, predi
 
     if not isinstance(loss, Value) or loss.shape != () or not D.is_float(loss.dtype):
         raise ValueError(f"train_step: loss must be a float scalar value, got {loss!r}")
-    params, group_options = param_groups(params)
+    from .optim import param_groups as groups_of
+    from .optim.optimizer import Optimizer
+    if optimizer is None and isinstance(params, Optimizer):
+        params, optimizer = None, params  # train_step(loss, opt): the optimizer holds the parameters
+    if not isinstance(optimizer, Optimizer):
+        raise TypeError(f"train_step: optimizer must be an sg.optim optimizer, such as "
+                        f"sg.optim.SGD(model.parameters(), lr=0.1); got {type(optimizer).__name__}")
+    groups = optimizer.groups_for_step(params)  # torch's parameter groups, each with its runtime lr
+    params = [p for group in groups for p in dict.__getitem__(group, "params")]
+    group_options = [group for group in groups for _ in dict.__getitem__(group, "params")]
     if predict is not None:
         outs = [predict] if isinstance(predict, Value) else list(predict)
         for k, v in enumerate(outs):
@@ -295,4 +322,6 @@ def train_step(loss: Value, params, optimizer, backend: str | None = None, predi
     step = TrainStep(graph, backends.resolve(backend), params, update_rule=update_rule, grads=grads,
                      predict=predict, effects_pairs=layer_updates, **options)
     step.timings = {"graph": built}  # autodiff + optimizer graph, for report()
+    step.optimizer = optimizer
+    step._param_groups = groups_of.bind(step, groups)  # group["lr"] is the step's runtime lr from now on
     return step

@@ -8,7 +8,8 @@ from .optimizer import Optimizer
 
 
 class Adam(Optimizer):
-    """torch.optim.Adam(lr, betas, eps, weight_decay), as graph code.
+    """torch.optim.Adam(params, lr=1e-3, betas, eps, weight_decay), as graph code (`params` as
+    torch's, or left out and given to sg.train_step; see Optimizer).
 
         t = t + 1                                   (per parameter: `<p>.step`)
         g = grad + weight_decay * p
@@ -21,15 +22,16 @@ class Adam(Optimizer):
     hyperparameter (`step.lr = ...`).
     """
 
-    def __init__(self, lr: float = 1e-3, betas: tuple = (0.9, 0.999), eps: float = 1e-8,
+    def __init__(self, params=None, lr: float | None = None, betas: tuple = (0.9, 0.999), eps: float = 1e-8,
                  weight_decay: float = 0.0):
-        super().__init__(lr)
+        super().__init__(params, lr, default_lr=1e-3)
         beta1, beta2 = betas
         if not 0.0 <= beta1 < 1.0 or not 0.0 <= beta2 < 1.0:
             raise ValueError(f"Adam: betas must be in [0, 1), got {betas}")
         if eps < 0 or weight_decay < 0:
             raise ValueError(f"Adam: eps and weight_decay must be non-negative, got {eps}, {weight_decay}")
         self.betas, self.eps, self.weight_decay = (float(beta1), float(beta2)), float(eps), float(weight_decay)
+        self._init_groups()
 
     def l2_gradient(self, param: Value, grad: Value) -> Value:
         """The gradient with Adam's L2 weight decay added (AdamW decays the parameter instead)."""

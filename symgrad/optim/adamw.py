@@ -8,7 +8,7 @@ from .adam import Adam
 
 
 class AdamW(Adam):
-    """torch.optim.AdamW(lr, betas, eps, weight_decay=0.01), as graph code.
+    """torch.optim.AdamW(params, lr=1e-3, betas, eps, weight_decay=0.01), as graph code.
 
         p = p * (1 - lr * weight_decay)            (decoupled: not added to the gradient)
         then Adam's update of p, without L2 decay
@@ -17,9 +17,9 @@ class AdamW(Adam):
     as torch computes it in Python floats, then applied in the parameter's dtype.
     """
 
-    def __init__(self, lr: float = 1e-3, betas: tuple = (0.9, 0.999), eps: float = 1e-8,
+    def __init__(self, params=None, lr: float | None = None, betas: tuple = (0.9, 0.999), eps: float = 1e-8,
                  weight_decay: float = 1e-2):
-        super().__init__(lr, betas, eps, weight_decay)
+        super().__init__(params, lr, betas, eps, weight_decay)
 
     def decayed(self, param: Value, lr: Value) -> Value:
         """The parameter after the decoupled decay, which Adam's step then moves."""

@@ -8,7 +8,10 @@ from .optimizer import Optimizer
 
 
 class SGD(Optimizer):
-    """torch.optim.SGD(lr, momentum, dampening, weight_decay, nesterov), as graph code.
+    """torch.optim.SGD(params, lr=1e-3, momentum, dampening, weight_decay, nesterov), as graph code.
+
+    `params` as torch's (parameters, or parameter-group dicts), or left out and given to
+    sg.train_step instead (`SGD(lr=0.1)`); see Optimizer.
 
         g = grad + weight_decay * p
         buf = g on the first step, else momentum * buf + (1 - dampening) * g
@@ -16,15 +19,16 @@ class SGD(Optimizer):
         p = p - lr * g
     """
 
-    def __init__(self, lr: float, momentum: float = 0.0, dampening: float = 0.0,
+    def __init__(self, params=None, lr: float | None = None, momentum: float = 0.0, dampening: float = 0.0,
                  weight_decay: float = 0.0, nesterov: bool = False):
-        super().__init__(lr)
+        super().__init__(params, lr, default_lr=1e-3)  # torch's default lr
         if momentum < 0 or weight_decay < 0:
             raise ValueError(f"SGD: momentum and weight_decay must be non-negative, got {momentum}, {weight_decay}")
         if nesterov and (momentum <= 0 or dampening != 0):
             raise ValueError("SGD: nesterov needs momentum > 0 and dampening = 0 (as in torch)")
         self.momentum, self.dampening = momentum, dampening
         self.weight_decay, self.nesterov = weight_decay, nesterov
+        self._init_groups()
 
     def update(self, param: Value, grad: Value) -> Value:
         g = grad
