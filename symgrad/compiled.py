@@ -189,14 +189,20 @@ class Compiled:
         """The imported generated module (None for the numpy backend)."""
         return self.program.module
 
-    def report(self) -> str:
-        """A readable multi-line compilation report: nodes before and after each pass, kernels,
-        save/recompute choices, arena bytes beside the naive total and the lower bound, and the
-        compile time by stage (the program's own report, with the graph-build time added)."""
+    def report(self) -> "backends.report.Report":
+        """The compilation report (symgrad.backends.report.Report): `print(step.report())` shows
+        a summary that fits a screen (step memory at its peak and the largest buffers, compile
+        time by stage, the passes' effect in nodes, the ten largest kernels), then the sections,
+        each printable alone: `report.passes` (nodes before and after each pass), `.kernels`,
+        `.decisions` (save or recompute), `.memory` (the arena beside the naive total and the
+        lower bound) and `.compile_time` (by stage, the graph-build time added)."""
+        from .backends.report import Report, Section
+
         reporter = getattr(self.program, "report", None)
         if reporter is None:
-            return (f"backend {self.backend!r} compiles no kernels: {len(self.graph.nodes)} nodes, "
-                    f"run node by node (no passes, no memory plan)")
+            return Report(Section("summary", "summary", (
+                f"backend {self.backend!r} compiles no kernels: {len(self.graph.nodes)} nodes, "
+                f"run node by node (no passes, no memory plan)",)))
         timings = self.__dict__.get("timings") or {}  # not __getattr__: that reads the program's
         try:
             return reporter(timings=timings)

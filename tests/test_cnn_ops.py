@@ -186,7 +186,7 @@ def test_the_report_shows_each_convolutions_im2col_and_its_bytes():
     loss = (sg.sum(sg.conv2d(x, w, padding=1) ** 2) + sg.sum(sg.conv2d(x, wg, groups=2, stride=2) ** 2)
             + sg.sum(sg.conv2d(x, narrow, padding=1) ** 2))
     report = sg.function([x], [loss, *sg.grad(loss, [x, w, wg, narrow])], backend="c").report()
-    lines = report.split("== gathers by purpose ==")[1].split("\n\n")[0].strip().splitlines()
+    lines = str(report.kernels).split("== gathers by purpose ==")[1].split("\n\n")[0].strip().splitlines()
     plain = [line for line in lines if "channels last: 360 x 54 patch rows, one GEMM" in line]
     grouped = [line for line in lines if "groups=2: 27 x 16 patches per image and group" in line]
     per_image = [line for line in lines if "groups=1: 54 x 90 patches per image and group" in line]

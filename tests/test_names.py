@@ -64,7 +64,7 @@ def _ops_by_name(step) -> dict:
 
 
 def test_report_names_kernels_and_choices_as_the_printed_graph(step):
-    ops, printed, report = _ops_by_name(step), _graph_lines(step), step.report()
+    ops, printed, report = _ops_by_name(step), _graph_lines(step), str(step.report())
     named = KERNEL.findall(report) + [(op, name) for name, op in CHOICE.findall(report)]
     assert named
     for op, name in named:

@@ -27,7 +27,7 @@ from . import driver, program_cache
 from .cache import BuiltModule
 from .languages import Language
 from .memory import ArenaSpec, MemoryPlan, latest_or_assumed, memory_plan
-from .report import program_report
+from .report import Report, program_report
 
 
 class NativeProgram(ABC):
@@ -132,9 +132,10 @@ class NativeProgram(ABC):
         recently, else assumed before any call."""
         return latest_or_assumed(self.arena, self.dims, self.memory_plans, self.align)
 
-    def report(self, timings: dict | None = None) -> str:
-        """Passes, kernels, save/recompute choices, the memory plan and compile time by stage
-        (`timings`: earlier stages measured by the caller, such as graph building)."""
+    def report(self, timings: dict | None = None) -> Report:
+        """The compilation report (symgrad.backends.report.Report): a summary, then passes,
+        kernels, save/recompute choices, the memory plan and compile time by stage (`timings`:
+        earlier stages measured by the caller, such as graph building)."""
         return program_report(self, timings)
 
     # ---- calls ----------------------------------------------------------------------------

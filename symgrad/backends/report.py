@@ -3,12 +3,20 @@
 Backend-neutral: it reads what a program built from the kernel plan keeps
 (`pass_report`, `optimized`, `plan`, `memory_plan`, `timings`) and formats
 it; nothing here changes a program.
+
+A `Report` is plain data: a summary that fits a screen (step memory at its peak and the largest
+buffers, compile time by stage, the passes' effect in nodes, the ten largest kernels), then the
+sections (`report.passes`, `report.kernels`, `report.decisions`, `report.memory`,
+`report.compile_time`), each printable alone; `str(report)` is the summary followed by every
+section. The numbers behind the tables (`kernel_rows`, `buffer_rows`, `step_memory`,
+`compile_times`) are kept beside the text for tools that draw them (`symgrad inspect --html`).
 """
 
 from __future__ import annotations
 
 import time
 from contextlib import contextmanager
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -16,8 +24,10 @@ from ..ir import dtypes as D
 from ..ir import shapes as S
 from ..passes import format_report
 from . import runtime, winograd
+from .attention import AttentionKernel
 from .gather import GatherKernel
 from .lowering import MatmulKernel
+from .plan import LoopKernel, ReduceKernel, RowKernel, kernel_reads, kernel_writes
 from .patches import is_columns, is_patches, is_winograd, matmul_gemm
 
 # Compile stages in the order they run, with the words the report uses.
@@ -147,53 +157,268 @@ def format_bytes(nbytes: float) -> str:
     return f"{nbytes / 2**20:.2f} MiB" if nbytes >= 2**20 else f"{nbytes / 1024:.1f} KiB"
 
 
-def program_report(program, timings: dict | None = None) -> str:
-    """A readable multi-line report of `program` (a CProgram or CudaProgram)."""
-    plan = program.plan
-    out = []
-    passes = getattr(program, "pass_report", None) or {}
-    before, after = len(program.graph.nodes), len(program.optimized.nodes)
-    out.append("== passes ==")
-    out.append(f"nodes: {before} before, {after} after")
-    if passes.get("passes"):
-        out.append(format_report(passes))
+def _bytes_of(buffer, bindings: dict) -> int:
+    """The bytes of a whole buffer at the Dim values of `bindings`."""
+    return int(S.evaluate(buffer.numel, bindings)) * D.to_numpy(buffer.dtype).itemsize
+
+
+def kernel_work(k, bindings: dict) -> tuple[int, int]:
+    """(FLOPs, bytes) of one call of kernel `k`, estimated from the plan at the Dim values of
+    `bindings`: the bytes of every buffer it reads or writes, each counted once and whole; the
+    FLOPs from the kernel's own `flops()` where its kind counts them, else as these kinds do:
+    2*M*N*K per product, attention's products over the visible (row, key) pairs, one per fused
+    op per element of a loop, reduction or row pass. A kind with neither counts 0 FLOPs; one
+    with a `work(bindings)` method gives both numbers itself."""
+    own = getattr(k, "work", None)
+    if own is not None:
+        return own(bindings)
+    seen = {id(b): b for b in [*kernel_reads(k), *kernel_writes(k)] if b is not None and b.numel is not None}
+    nbytes = sum(_bytes_of(b, bindings) for b in seen.values())
+
+    def n(size) -> int:
+        return int(size) if isinstance(size, (int, float)) else int(S.evaluate(size, bindings))
+
+    counted = getattr(k, "flops", None)  # a kind that counts its own arithmetic
+    if counted is not None:
+        flops = n(counted())
+    elif isinstance(k, MatmulKernel):
+        batch = int(np.prod([n(size) for size, *_ in k.batch], dtype=np.int64)) if k.batch else 1
+        flops = batch * n(k.M) * n(k.N) * (2 * n(k.K) + len(k.epilogue_statements))
+    elif isinstance(k, AttentionKernel):  # as FlashAttention counts: the visible (row, key) pairs
+        pairs = n(k.T) * (n(k.T) + 1) // 2 if k.causal else n(k.T) ** 2
+        flops = (4 if k.op == "attention" else 10) * n(k.heads) * n(k.E) * pairs
+    elif isinstance(k, LoopKernel):
+        flops = n(k.numel) * len(k.statements)
+    elif isinstance(k, ReduceKernel):
+        kept = int(np.prod([n(size) for size, _ in k.kept], dtype=np.int64))
+        flops = n(k.numel) * (1 + len(k.statements)) + len(k.epilogue_statements) * kept
+    elif isinstance(k, RowKernel):
+        rows = int(np.prod([n(size) for size in k.rows], dtype=np.int64))
+        flops = sum((len(p.statements) + len(p.reductions)) * n(k.numel) + len(p.after) * rows for p in k.passes)
     else:
-        out.append("(passes off: compiled with optimize=False)")
-    counts = kernel_counts(plan)
-    out.append("")
-    out.append("== kernels ==")
-    out.append(count_line(counts))
-    out.extend(_kernel_line(k) for k in plan.kernels)
-    out.extend(_purpose_lines(plan, program.memory_plan))
-    out.append("")
-    out.append("== save / recompute ==")
-    if not plan.choices:
-        out.append("(no forward value is read by a later kernel)")
-    for c in plan.choices:
-        out.append(f"  {c['decision']:<9} {c['value']} = {c['op']} ({c['bytes']} bytes): {c['reason']}")
-    mp = program.memory_plan
-    out.append("")
-    out.append("== memory plan ==")
+        flops = 0
+    return flops, nbytes
+
+
+@dataclass(frozen=True)
+class Section:
+    """One part of a report: `print(report.kernels)` prints its title and its lines."""
+
+    name: str     # the attribute that gives it: report.<name>
+    title: str
+    lines: tuple
+
+    def __str__(self) -> str:
+        return "\n".join([f"== {self.title} ==", *self.lines])
+
+    def __contains__(self, text: str) -> bool:
+        return text in str(self)
+
+
+SUMMARY_KERNELS = 10  # kernels named in the summary, the largest first
+SUMMARY_BUFFERS = 5   # buffers named in the summary, the largest first
+
+
+@dataclass
+class Report:
+    """What `step.report()` returns: `print(report)` shows the summary, then each section.
+
+    `report.summary` alone fits a screen; `report.passes`, `.kernels`, `.decisions` (save or
+    recompute), `.memory` and `.compile_time` are the sections (`report.sections` by name), each
+    printable. The numbers behind the tables: `kernel_rows` (per kernel in run order: name,
+    kind, FLOPs, bytes, what it does), `buffer_rows` (per arena temporary: name, the value it
+    holds, bytes, arena offset, first and last kernel it is live in), `step_memory` (bytes by
+    part), `compile_times` (seconds by stage), `nodes` (before and after the passes).
+    """
+
+    summary: Section
+    sections: dict = field(default_factory=dict)
+    kernel_rows: list = field(default_factory=list)
+    buffer_rows: list = field(default_factory=list)
+    step_memory: dict = field(default_factory=dict)
+    compile_times: dict = field(default_factory=dict)
+    nodes: tuple = ()
+    arena_bytes: int = 0
+
+    def __getattr__(self, name: str) -> Section:
+        sections = self.__dict__.get("sections") or {}
+        if name in sections:
+            return sections[name]
+        raise AttributeError(f"the report has no section {name!r}; it has {', '.join(sections) or 'none'}")
+
+    def __str__(self) -> str:
+        return "\n\n".join(str(part) for part in [self.summary, *self.sections.values()])
+
+    def __repr__(self) -> str:  # at a prompt: the summary, which fits a screen
+        return str(self.summary)
+
+    def __contains__(self, text: str) -> bool:
+        return text in str(self)
+
+    # Joined to text (a data-parallel step adds its buckets), a report is text.
+    def __add__(self, other: str) -> str:
+        return str(self) + other
+
+    def __radd__(self, other: str) -> str:
+        return other + str(self)
+
+
+def _kernel_rows(plan, mp) -> list[dict]:
+    rows = []
+    for index, k in enumerate(plan.kernels):
+        flops, nbytes = kernel_work(k, mp.bindings)
+        rows.append({"index": index, "name": k.name, "kind": k.report_kind, "flops": flops, "bytes": nbytes,
+                     "does": k.report_line()})
+    return rows
+
+
+def _buffer_rows(plan, mp) -> list[dict]:
+    return [{"name": b.name, "value": b.label, "bytes": size, "offset": offset, "first": first, "last": last}
+            for b, size, offset, (first, last) in zip(plan.workspace, mp.sizes, mp.offsets, mp.live)]
+
+
+def _largest_buffers(plan, mp) -> list[tuple[int, str]]:
+    """(bytes, line) of the largest buffers a call holds: temporaries, variables, inputs, outputs."""
+    out = []
+    for b, size, (first, last) in zip(plan.workspace, mp.sizes, mp.live):
+        out.append((size, f"{b.name:<7} {format_bytes(size):>10}  {b.label}: a temporary, live from kernel "
+                          f"{first} to {last}"))
+    roles = [node.attrs.get("role") for node in plan.variable_nodes] or [None] * len(plan.variables)
+    for b, role in zip(plan.variables, roles):
+        size = _bytes_of(b, mp.bindings)
+        what = ROLE_NAMES.get(role, "variables").rstrip("s").replace("parameter", "a parameter")
+        out.append((size, f"{b.name:<7} {format_bytes(size):>10}  {b.label}: {what}"))
+    for kind, buffers in (("an input", plan.inputs), ("an output", plan.outputs)):
+        for b in buffers:
+            size = _bytes_of(b, mp.bindings)
+            out.append((size, f"{b.name:<7} {format_bytes(size):>10}  {b.label}: {kind}"))
+    return sorted(out, key=lambda item: -item[0])
+
+
+def _compile_words(program, stage: str, words: str) -> str:
+    cached = getattr(program, "from_cache", None)
+    if stage == "build" and cached is not None:
+        return "cache load (no compiler ran)" if cached else "C compiler (a cache miss)"
+    if stage == "lookup" and getattr(program, "from_program_cache", False):
+        return "program cache hit: passes, lowering and render skipped"
+    return words
+
+
+def _format_seconds(seconds: float) -> str:
+    return f"{seconds:.2f} s" if seconds >= 1 else f"{seconds * 1e3:.0f} ms"
+
+
+SUMMARY_WIDTH = 100  # the summary's lines wrap at this many columns
+
+
+def _wrapped(head: str, items: list[str], indent: str = "  ") -> list[str]:
+    """`head` then the items, comma-separated, packed into lines of at most SUMMARY_WIDTH columns."""
+    lines, line = [], head
+    for k, item in enumerate(items):
+        piece = item + ("," if k < len(items) - 1 else "")
+        if line.strip() and len(line) + len(piece) > SUMMARY_WIDTH and line not in (head, indent):
+            lines.append(line.rstrip())
+            line = indent
+        line += piece + " "
+    return lines + [line.rstrip()]
+
+
+def _summary(program, plan, mp, parts: dict, times: dict, rows: list) -> Section:
+    before, after = len(program.graph.nodes), len(program.optimized.nodes)
     binding = ", ".join(f"{d}={v}" for d, v in mp.bindings.items()) or "no Dims"
     if getattr(mp, "assumed", False):
         binding += ", assumed: not called yet"
-    out.append(f"{mp.summary()} [{binding}]")
-    out.append(f"  arena {mp.arena_bytes} B, naive {mp.naive_bytes} B (every value its own buffer), "
-               f"temporaries unshared {mp.unshared_bytes} B, lower bound {mp.lower_bound_bytes} B")
-    out.extend(step_memory_lines(program.graph, plan, mp))
+    lines = [f"{program.backend or 'native'} program: {before} nodes built, {after} after the passes, "
+             f"{len(plan.kernels)} kernels [{binding}]"]
+    shown = [f"{name} {format_bytes(n)}" for name, n in parts.items() if n]
+    lines.extend(_wrapped(f"step memory {format_bytes(sum(parts.values()))} at its peak: ", shown))
+    bound = f"{mp.arena_bytes / mp.lower_bound_bytes:.2f}x" if mp.lower_bound_bytes else "1.00x"
+    lines.append(f"  the arena of temporaries is {bound} the most bytes live at once "
+                 f"({format_bytes(mp.lower_bound_bytes)}); the largest buffers:")
+    lines.extend(f"    {line}" for _, line in _largest_buffers(plan, mp)[:SUMMARY_BUFFERS])
+    if times:
+        cached = getattr(program, "from_cache", None)
+        how = {"build": "" if cached is None else " (a cache load)" if cached else " (the C compiler)",
+               "lookup": " (a program cache hit)" if getattr(program, "from_program_cache", False) else ""}
+        staged = sorted(times.items(), key=lambda item: -item[1])
+        lines.extend(_wrapped(f"compile {_format_seconds(sum(times.values()))}: ",
+                              [f"{stage} {_format_seconds(seconds)}{how.get(stage, '')}" for stage, seconds in staged]))
+    entries = (getattr(program, "pass_report", None) or {}).get("passes") or []
+    if entries:
+        effect: dict[str, int] = {}
+        for e in entries:
+            effect[e["pass"]] = effect.get(e["pass"], 0) + e["nodes_after"] - e["nodes_before"]
+        moved = sorted(((name, d) for name, d in effect.items() if d), key=lambda item: item[1])
+        lines.extend(_wrapped(f"passes: {before} -> {after} nodes: ", [f"{name} {d:+d}" for name, d in moved]
+                              or ["none changed the count"]))
+    else:
+        lines.append("passes: off (compiled with optimize=False)")
+    largest = sorted(rows, key=lambda r: (-r["flops"], -r["bytes"], r["index"]))[:SUMMARY_KERNELS]
+    total_flops = sum(r["flops"] for r in rows)
+    counts = kernel_counts(plan)
+    kinds = [f"{counts[kind]} {words}" for kind, words in [*COUNTED, *WORDS.items()] if counts.get(kind)]
+    kinds += [f"{n} {kind}" for kind, n in counts.items() if n and kind not in ("total", *dict(COUNTED), *WORDS)]
+    lines.extend(_wrapped(f"{counts['total']} kernels: ", kinds))
+    lines.append(f"  {format_count(total_flops)}FLOP, {format_bytes(sum(r['bytes'] for r in rows))} read or written a call "
+                 f"(estimated from the plan); the {len(largest)} largest:")
+    lines.append(f"    {'kernel':<32} {'kind':<15} {'FLOPs':>9} {'share':>6} {'bytes':>11}")
+    lines.extend(f"    {r['name']:<32} {r['kind']:<15} {format_count(r['flops']):>9} "
+                 f"{r['flops'] / (total_flops or 1):>6.1%} {format_bytes(r['bytes']):>11}" for r in largest)
+    lines.extend(_wrapped("sections, each printable alone and all of them below: ",
+                          [f"report.{name}" for name in SECTION_TITLES]))
+    return Section("summary", "summary", tuple(lines))
+
+
+# The sections of a report, in the order `str(report)` prints them, with their titles.
+SECTION_TITLES = {"passes": "passes", "kernels": "kernels", "decisions": "save / recompute",
+                  "memory": "memory plan", "compile_time": "compile time"}
+
+
+def format_count(n: float) -> str:
+    """A count as the summary prints it: 516, 20.5 k, 8.39 M, 1.20 G."""
+    for scale, unit in ((1e9, "G"), (1e6, "M"), (1e3, "k")):
+        if n >= scale:
+            v = n / scale
+            return f"{v:.2f} {unit}" if v < 10 else f"{v:.1f} {unit}" if v < 100 else f"{v:.0f} {unit}"
+    return f"{n:.0f} "
+
+
+def program_report(program, timings: dict | None = None) -> Report:
+    """The report of `program` (a CProgram or CudaProgram); `timings`: the stages measured by
+    the caller before the program was compiled (graph building)."""
+    plan, mp = program.plan, program.memory_plan
+    body: dict[str, list[str]] = {name: [] for name in SECTION_TITLES}
+    passes = getattr(program, "pass_report", None) or {}
+    before, after = len(program.graph.nodes), len(program.optimized.nodes)
+    body["passes"].append(f"nodes: {before} before, {after} after")
+    body["passes"].append(format_report(passes) if passes.get("passes")
+                          else "(passes off: compiled with optimize=False)")
+    counts = kernel_counts(plan)
+    body["kernels"].append(count_line(counts))
+    body["kernels"].extend(_kernel_line(k) for k in plan.kernels)
+    body["kernels"].extend(_purpose_lines(plan, mp))
+    if not plan.choices:
+        body["decisions"].append("(no forward value is read by a later kernel)")
+    for c in plan.choices:
+        body["decisions"].append(f"  {c['decision']:<9} {c['value']} = {c['op']} ({c['bytes']} bytes): {c['reason']}")
+    binding = ", ".join(f"{d}={v}" for d, v in mp.bindings.items()) or "no Dims"
+    if getattr(mp, "assumed", False):
+        binding += ", assumed: not called yet"
+    body["memory"].append(f"{mp.summary()} [{binding}]")
+    body["memory"].append(f"  arena {mp.arena_bytes} B, naive {mp.naive_bytes} B (every value its own buffer), "
+                          f"temporaries unshared {mp.unshared_bytes} B, lower bound {mp.lower_bound_bytes} B")
+    parts = step_memory(program.graph, plan, mp)
+    body["memory"].extend(step_memory_lines(program.graph, plan, mp))
     shown = ", ".join(plan.in_place[:IN_PLACE_SHOWN]) or "none"
     more = len(plan.in_place) - IN_PLACE_SHOWN
-    out.append(f"  in-place updates: {shown}" + (f" and {more} more" if more > 0 else ""))
+    body["memory"].append(f"  in-place updates: {shown}" + (f" and {more} more" if more > 0 else ""))
     times = {**(timings or {}), **program.timings}
-    out.append("")
-    out.append("== compile time ==")
-    cached = getattr(program, "from_cache", None)
     for stage, words in STAGES:
         if stage in times:
-            if stage == "build" and cached is not None:
-                words = "cache load (no compiler ran)" if cached else "C compiler (a cache miss)"
-            if stage == "lookup" and getattr(program, "from_program_cache", False):
-                words = "program cache hit: passes, lowering and render skipped"
-            out.append(f"  {stage:<7} {times[stage] * 1e3:>9.1f} ms  {words}")
-    out.append(f"  {'total':<7} {sum(times.values()) * 1e3:>9.1f} ms")
-    return "\n".join(out)
+            body["compile_time"].append(f"  {stage:<7} {times[stage] * 1e3:>9.1f} ms  "
+                                        f"{_compile_words(program, stage, words)}")
+    body["compile_time"].append(f"  {'total':<7} {sum(times.values()) * 1e3:>9.1f} ms")
+    rows = _kernel_rows(plan, mp)
+    sections = {name: Section(name, title, tuple(body[name])) for name, title in SECTION_TITLES.items()}
+    return Report(_summary(program, plan, mp, parts, times, rows), sections, rows, _buffer_rows(plan, mp), parts,
+                  times, (before, after), mp.arena_bytes)

@@ -77,12 +77,35 @@ def node_line(node: Value, name) -> str:
     return f"{name(node)}: {node.type_str} = {head}({', '.join(name(i) for i in node.inputs)})"
 
 
+HEADER_WIDTH = 100  # a graph's header longer than this wraps, one line per group of declarations
+
+
+def _header(graph, name) -> list[str]:
+    """`graph(x: f32[B,4]) vars(W: f32[4,3], b: f32[3]) {` on one line where it fits in
+    HEADER_WIDTH columns; else wrapped, the inputs and then the variables packed into indented
+    lines of at most that width (a 2-layer GPT's 70 variables made a 3,942-character line)."""
+    ins = [f"{name(v)}: {v.type_str}" for v in graph.inputs]
+    variables = [f"{name(v)}: {v.type_str}" for v in graph.variables]
+    line = f"graph({', '.join(ins)})" + (f" vars({', '.join(variables)})" if variables else "") + " {"
+    if len(line) <= HEADER_WIDTH:
+        return [line]
+
+    def packed(opening: str, items: list[str], closing: str) -> list[str]:
+        out, current = [], opening
+        for k, item in enumerate(items):
+            piece = item + (", " if k < len(items) - 1 else "")
+            if len(current) + len(piece.rstrip()) > HEADER_WIDTH and current.strip() != opening.strip():
+                out.append(current.rstrip())
+                current = " " * len(opening)
+            current += piece
+        return out + [current.rstrip() + closing]
+    return packed("graph(", ins, ")" if variables else ") {") + (packed("  vars(", variables, ") {") if variables else [])
+
+
 def graph_text(graph) -> str:
     """The whole graph as let-bindings with shapes."""
     name = Namer()
-    ins = ", ".join(f"{name(v)}: {v.type_str}" for v in graph.inputs)
-    variables = [v for v in graph.variables]
-    lines = [f"graph({ins})" + (f" vars({', '.join(f'{name(v)}: {v.type_str}' for v in variables)})" if variables else "") + " {"]
+    lines = _header(graph, name)
     for node in graph.nodes:
         if node.op.name in ("input", "variable") or _is_inline(node):
             continue

@@ -131,6 +131,6 @@ def test_the_report_names_the_algorithm():
     x = sg.input("x", (4, 32, 16, 16))
     conv = sg.nn.Conv2d(32, 32, 3, padding=1)
     step = sg.train_step(sg.sum(sg.relu(conv(x)) ** 2), conv.parameters(), sg.optim.SGD(lr=0.1), backend="c")
-    lines = [line for line in step.report().splitlines() if "Winograd" in line]
+    lines = [line for line in str(step.report().kernels).splitlines() if "Winograd" in line]
     assert len(lines) == 2 and all(f"F({winograd.M}x{winograd.M}, 3x3)" in line for line in lines), lines
     assert "16x16 outputs" in lines[0] and "summed over 16x16 outputs" in lines[1] and "transposed" in lines[1], lines

@@ -100,5 +100,5 @@ def test_the_report_names_each_copy_for_the_backward(mlp):
     pytest.importorskip("symgrad.backends.c")
     from symgrad.backends.c import CProgram
     program = CProgram(mlp[0])
-    lines = [line for line in program.report().splitlines() if "computed again for the backward" in line]
+    lines = [line for line in str(program.report().decisions).splitlines() if "computed again for the backward" in line]
     assert len(lines) == 2 and all("gelu_tanh" in line and "dies with the forward" in line for line in lines), lines
