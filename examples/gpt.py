@@ -9,7 +9,8 @@ causal self-attention and a GELU MLP, a final LayerNorm, and the output layer
 tied to the token embedding. The vocabulary is the 256 byte values. Training
 is AdamW (weight decay on matrices only) with linear warmup, cosine decay and
 gradient clipping at norm 1, all inside one compiled step per batch; the
-learning rate is a runtime value of the step (`step.lr`). Every
+learning rate is a runtime value of the step (`step.lr`), which a torch
+scheduler (sg.optim.lr_scheduler.LambdaLR) sets after each step. Every
 `--eval-every` steps it prints the train and validation loss; at the end it
 samples text from the trained model with the step's compiled forward program.
 """
@@ -40,12 +41,6 @@ class GPTConfig:
     n_head: int = 4
     n_embd: int = 128
     gelu: str = "none"        # "tanh": GPT-2's (and llm.c's) approximation
-
-
-def _normal(std: float):
-    """nanoGPT's initialisation, drawn from the generator sg.manual_seed seeds."""
-    from symgrad import sources
-    return lambda shape: sources._rng.normal(0.0, std, size=shape)
 
 
 class CausalSelfAttention(nn.Module):
@@ -95,18 +90,24 @@ class GPT(nn.Module):
     def __init__(self, config: GPTConfig, dtype: str = "float32"):
         super().__init__()
         self.config = config
-        self.wte = nn.Embedding(config.vocab_size, config.n_embd, init=_normal(0.02), dtype=dtype)
-        self.wpe = nn.Embedding(config.block_size, config.n_embd, init=_normal(0.02), dtype=dtype)
+        self.wte = nn.Embedding(config.vocab_size, config.n_embd, dtype=dtype)
+        self.wpe = nn.Embedding(config.block_size, config.n_embd, dtype=dtype)
         self.h = nn.ModuleList([Block(config, dtype) for _ in range(config.n_layer)])
         self.ln_f = nn.LayerNorm(config.n_embd, dtype=dtype)
-        # nanoGPT's init: N(0, 0.02) matrices, zero biases, residual projections scaled down by depth.
-        init = {}
+        # nanoGPT's init: N(0, 0.02) matrices and embeddings, zero biases, residual projections
+        # scaled down by depth (drawn from the generator sg.manual_seed seeds).
+        self.apply(self._init_weights)
         for name, p in self.named_parameters():
-            layer, kind = name.split(".")[-2:]
-            if layer in ("c_attn", "c_fc", "c_proj"):
-                std = 0.02 / math.sqrt(2 * config.n_layer) if layer == "c_proj" else 0.02
-                init[name] = _normal(std)(p.shape) if kind == "weight" else np.zeros(p.shape)
-        self.load_state_dict(init, strict=False)
+            if name.endswith("c_proj.weight"):
+                nn.init.normal_(p, mean=0.0, std=0.02 / math.sqrt(2 * config.n_layer))
+
+    def _init_weights(self, module):
+        if isinstance(module, nn.Linear):
+            nn.init.normal_(module.weight, mean=0.0, std=0.02)
+            if module.bias is not None:
+                nn.init.zeros_(module.bias)
+        elif isinstance(module, nn.Embedding):
+            nn.init.normal_(module.weight, mean=0.0, std=0.02)
 
     def forward(self, idx):
         B, T = idx.shape
@@ -140,9 +141,8 @@ def build_step(model: GPT, batch, context, lr: float = 1e-3, weight_decay: float
     logits = model(idx)
     V = model.config.vocab_size
     loss = sg.cross_entropy(sg.reshape(logits, (-1, V)), sg.reshape(targets, (-1,)))
-    return sg.train_step(loss, parameter_groups(model, weight_decay),
-                         sg.optim.AdamW(lr=lr, betas=betas, eps=1e-8), backend=backend,
-                         clip_grad_norm=clip, predict=logits[:, -1])
+    optimizer = sg.optim.AdamW(parameter_groups(model, weight_decay), lr=lr, betas=betas, eps=1e-8)
+    return sg.train_step(loss, optimizer=optimizer, backend=backend, clip_grad_norm=clip, predict=logits[:, -1])
 
 
 def standard_library_text(limit: int = 4_000_000) -> bytes:
@@ -211,10 +211,11 @@ def main(argv=None) -> None:
     model = GPT(config)
     print(f"{sum(p.size for p in model.state_dict().values()) / 1e6:.2f}M parameters", file=sys.stderr)
     step = build_step(model, sg.Dim("B"), sg.Dim("T"), lr=args.lr, backend=args.backend)
+    # step.lr is a runtime value of the compiled step: the scheduler sets it without recompiling.
+    scheduler = sg.optim.lr_scheduler.LambdaLR(step, lambda k: learning_rate(k, 1.0, args.warmup, args.steps))
     rng = np.random.default_rng(args.seed)
     train_batches, val_batches = batches(train, args.batch, args.context, rng), batches(val, args.batch, args.context, rng)
     for k in range(args.steps):
-        step.lr = learning_rate(k, args.lr, args.warmup, args.steps)
         x, y = next(train_batches)
         loss = step(idx=x, targets=y)
         if k % args.eval_every == 0 or k == args.steps - 1:
@@ -223,6 +224,7 @@ def main(argv=None) -> None:
             vx, vy = next(val_batches)
             val_loss = evaluate(step, vx, vy, config.block_size)
             print(f"step {k:5d}  train loss {loss:.4f}  val loss {val_loss:.4f}  lr {step.lr:.2e}")
+        scheduler.step()
     prompt = val[:32].tobytes()
     print(prompt.decode("utf-8", "replace") + "|" +
           sample(step, prompt, args.sample, config.block_size, rng).decode("utf-8", "replace"))
