@@ -295,9 +295,10 @@ class DistributedStep:
         self._wait(self.comm.Ibarrier(), "the checkpoint barrier")
 
 
-def train_step(loss, params, optimizer, backend: str | None = None, comm=None, timeout: float = 120.0,
+def train_step(loss, params=None, optimizer=None, backend: str | None = None, comm=None, timeout: float = 120.0,
                bucket_cap_mb: float = DEFAULT_CAP_MB, overlap: bool = True, **options) -> DistributedStep:
     """sg.train_step on every rank of `comm` (default MPI.COMM_WORLD); see the module docstring.
+    `params` / `optimizer` as sg.train_step's (an optimizer constructed as torch's holds them).
 
     bucket_cap_mb: the most MiB of gradients one allreduce sends (the first bucket at most 1 MiB), as
     DDP's argument of that name; overlap: start each bucket's allreduce from inside the backward
