@@ -209,6 +209,38 @@ class Compiled:
         except TypeError:  # a program whose report takes no timings
             return reporter()
 
+    def profile(self, *positional, steps: int = 20, trace=None, shown: int = 20, **named):
+        """Where a call's time goes: `steps` calls on these inputs (by name, or by position in
+        input order), timed per kernel by the generated code itself (a build of the same program
+        with a clock read around each kernel call, symgrad.backends.profile; C only).
+
+        Returns a Profile: `print()` it for the table (the `shown` slowest kernels grouped by
+        graph region, the rest in one line; per kernel its calls, ms per step, share of the step,
+        FLOPs and bytes per call, GFLOP/s or GB/s against the machine's measured peaks); its
+        `rows` hold the same as data. `trace="trace.json"`: also write the calls in Chrome's trace
+        event format (Perfetto, chrome://tracing). The variables are put back as they were: the
+        profiled calls do not train the model or advance its random streams."""
+        from .backends.profile import profile_program
+        from .call_checks import arrays_by_name
+        if positional and named:
+            raise TypeError("profile takes the inputs by name or by position, not both")
+        arrays = list(positional) if positional else arrays_by_name(self.graph, named, "profile")
+        if len(arrays) != len(self.graph.inputs):
+            raise TypeError(f"profile takes {len(self.graph.inputs)} input(s) "
+                            f"{[v.name for v in self.graph.inputs]}, got {len(arrays)}")
+        # Dim values for the kernels' FLOP and byte counts (each array's shape; a torch tensor's too)
+        bindings = bind_inputs(self.graph.inputs, [a if isinstance(a, np.ndarray) else np.asarray(a) for a in arrays])
+        with self._lock:
+            saved = {name: self._read_variable(name) for name in self._variables}
+            try:
+                result = profile_program(self.program, lambda: self._run(arrays), bindings, steps=steps, trace=trace,
+                                         name=type(self).__name__)
+            finally:
+                for name, value in saved.items():
+                    self._write_variable(name, value)
+        result.shown = shown
+        return result
+
     def __getattr__(self, name):
         # module_name, source_path, report(), ...: whatever the program offers.
         if name.startswith("_") or name in ("program", "graph"):

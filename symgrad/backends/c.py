@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import os
 import sys
+from contextlib import contextmanager
 
 import numpy as np
 
@@ -75,11 +76,12 @@ def c_source(graph: Graph) -> str:
     return source_of(graph, C_OPENMP)
 
 
-def build_program(source: str, flags: list[str] | None = None) -> cache.BuiltModule:
+def build_program(source: str, flags: list[str] | None = None, cdef: str = CDEF) -> cache.BuiltModule:
     """What a C program includes and links: its `source` built (cached) with the runtime's header on
     its include path, linked to the runtime library built with the same `flags` (once per compiler
-    and flags; default `cache.default_flags()`)."""
-    return cache.build(source, CDEF, flags=flags, kind="program", headers={runtime.HEADER: runtime.header()},
+    and flags; default `cache.default_flags()`). `cdef`: its declarations (a profiling build has
+    two more, symgrad.backends.profile)."""
+    return cache.build(source, cdef, flags=flags, kind="program", headers={runtime.HEADER: runtime.header()},
                        link=runtime.build(flags))
 
 
@@ -119,6 +121,7 @@ class CProgram(NativeProgram):
 
     def __init__(self, graph: Graph, flags: list[str] | None = None, optimize: bool = True):
         super().__init__(graph, C_OPENMP, optimize, flags=flags)
+        self.flags = flags  # as given (None: the default); a profiling build of the program uses them too
         lib = self.module.lib
         self._entry = getattr(lib, ENTRY)
         self._workspace_bytes = getattr(lib, WORKSPACE_SIZES)
@@ -169,6 +172,17 @@ class CProgram(NativeProgram):
 
     def _build(self, flags: list[str] | None) -> cache.BuiltModule:
         return build_program(self.source, flags)
+
+    @contextmanager
+    def running(self, entry):
+        """Calls inside the `with` run `entry` instead of this program's own: the entry of another
+        build of the same plan (the profiling build, symgrad.backends.profile), which takes the same
+        arguments and workspace. The caller holds the lock that serializes the calls."""
+        own, self._entry = self._entry, entry
+        try:
+            yield
+        finally:
+            self._entry = own
 
     def _native_layout(self, key: tuple, planned: MemoryPlan) -> tuple:
         """The dims array, the workspace (array, pointer) and its offsets, and each output's last

@@ -64,6 +64,10 @@ class GatherKernel:
         """What the kernel does, for the report's list of kernels."""
         return f"{self.op} of {self.I} index(es) -> {self.out.name}"
 
+    def flops(self):
+        """Arithmetic per call: none for take (it moves elements), one add per element for scatter_add."""
+        return self.P * self.I * self.Q if self.op == "scatter_add" else 0
+
 
 def _borders(node: Value) -> list | None:
     """The (starts, shape) boxes that cover embed's output outside its window of steps 1, disjoint:

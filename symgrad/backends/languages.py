@@ -104,6 +104,10 @@ C_WORKSPACE_SIZES = "symgrad_workspace_bytes"
 C_SET_THREADS = "symgrad_set_num_threads"
 C_SIGNATURE = (f"int {C_ENTRY}(const int64_t* dims, void** inputs, void** variables, void** outputs, "
                f"char* workspace, const int64_t* offsets, sg_context* context)")
+# The profiling build's (render(..., profile=True)): lend the array its calls record each kernel's
+# (kernel, start, end) into, and count the records made since.
+C_PROFILE_EVENTS = "symgrad_profile_events"
+C_PROFILE_COUNT = "symgrad_profile_count"
 C_BAD_LABEL = 2      # the entry's status when a class-label input holds a label outside [0, classes)
 PARALLEL_MIN = 1 << 15   # elements: below this a C loop runs on one thread
 COLUMN_TILE = 256        # accumulators per column tile of a column sum (a few KB on the stack)

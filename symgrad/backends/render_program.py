@@ -18,8 +18,8 @@ from ..ir import dtypes as D
 from ..ir.integer import HELPERS as INTEGER_HELPERS
 from .c_printer import format_literal
 from .expressions import comment, shape_comment
-from .languages import (C_BAD_LABEL, C_ENTRY, C_SET_THREADS, C_SIGNATURE, C_WORKSPACE_SIZES, CUDA_ALIGN,
-                        CUDA_SIGNATURE, PARALLEL_MIN, Language)
+from .languages import (C_BAD_LABEL, C_ENTRY, C_PROFILE_COUNT, C_PROFILE_EVENTS, C_SET_THREADS, C_SIGNATURE,
+                        C_WORKSPACE_SIZES, CUDA_ALIGN, CUDA_SIGNATURE, PARALLEL_MIN, Language)
 from .lowering import Plan
 from .plan import gradients_final_after
 from .render import Renderer
@@ -28,14 +28,18 @@ from .templates import render as render_template
 CONST_ROW = 8  # literals per line of a constant table
 
 
-def render(plan: Plan, language: Language, labels: list = ()) -> str:
+def render(plan: Plan, language: Language, labels: list = (), profile: bool = False) -> str:
     """The source of `plan` in `language`; `labels`: (input position, number of classes) of the
-    class-label inputs the C entry checks before it computes anything."""
+    class-label inputs the C entry checks before it computes anything. `profile`: the profiling
+    build (templates/c/profile.h.j2, C only), whose entry times each kernel call; without it the
+    source has no trace of profiling."""
     renderer = Renderer(plan, language)
     kernels = renderer.kernels()
     if language.memory == "device":
+        if profile:
+            raise ValueError(f"a profiling build is C's only; {language.name} programs have none")
         return _device_program(renderer, kernels)
-    return _host_program(renderer, kernels, labels)
+    return _host_program(renderer, kernels, labels, profile)
 
 
 def _buffer(renderer: Renderer, b, **more) -> dict:
@@ -61,7 +65,7 @@ def _header(plan: Plan) -> list[str]:
     return [comment(line) for line in plan.header.splitlines()]
 
 
-def _host_program(renderer: Renderer, kernels: list, labels: list) -> str:
+def _host_program(renderer: Renderer, kernels: list, labels: list, profile: bool = False) -> str:
     """A library over host pointers (C): the entry casts each slot to its buffer, checks the labels."""
     plan, ex = renderer.plan, renderer.ex
     pointers = [_buffer(renderer, b, storage=storage, const=storage == "inputs")
@@ -95,7 +99,8 @@ def _host_program(renderer: Renderer, kernels: list, labels: list) -> str:
         consts=[_const(c) for c in plan.consts], runtime_header=HEADER, kernels=kernels, signature=C_SIGNATURE,
         dims=[comment(d) for d in plan.dims], pointers=pointers, workspace=workspace,
         workspace_dims=sorted(ex.dims_used(b.numel for b in plan.workspace)),
-        workspace_sizes=C_WORKSPACE_SIZES, set_threads=C_SET_THREADS, qualifiers=renderer.lang.helper_qualifiers)
+        workspace_sizes=C_WORKSPACE_SIZES, set_threads=C_SET_THREADS, qualifiers=renderer.lang.helper_qualifiers,
+        profile=profile, profile_events=C_PROFILE_EVENTS, profile_count=C_PROFILE_COUNT, kernel_count=len(kernels))
 
 
 def _device_program(renderer: Renderer, kernels: list) -> str:
