@@ -17,6 +17,7 @@ import sympy
 from .ir import dtypes as D
 from .ir import shapes as S
 from .ir.graph import Graph, same_named_leaves, toposort
+from .ir.ops import range_words
 from .ir.value import Value
 
 
@@ -66,6 +67,78 @@ def bind_inputs(inputs: Iterable[Value], arrays: Iterable) -> dict:
         raise ValueError(f"input {node.name!r}: array of shape {list(array.shape)} is not C-contiguous; "
                          f"pass np.ascontiguousarray(...)")
     return bindings
+
+
+# Ops whose integer result holds their first input's values, moved or retyped.
+_SAME_VALUES = ("reshape", "transpose", "expand", "cast", "class_labels")
+
+
+def _value_range(v: Value):
+    """(lowest, highest) value of an integer value the graph computes, as expressions of its Dims,
+    where they are exact: an arange (iota) moved, shifted and scaled by constants; else None."""
+    op = v.op.name
+    if op == "iota":
+        return sympy.Integer(0), sympy.sympify(v.shape[v.attrs["axis"]]) - 1
+    if op in _SAME_VALUES and v.inputs:
+        return _value_range(v.inputs[0])
+    if op in ("add", "sub", "mul") and len(v.inputs) == 2:
+        a, b = v.inputs
+        if op != "sub" and a.op.name == "const":
+            a, b = b, a
+        if b.op.name != "const" or b.shape != () or isinstance(b.attrs["value"], (float, bool)):
+            return None
+        inner, c = _value_range(a), sympy.sympify(b.attrs["value"])
+        if inner is None:
+            return None
+        low, high = inner
+        if op == "add":
+            return low + c, high + c
+        if op == "sub":
+            return low - c, high - c
+        if c.is_nonnegative:
+            return low * c, high * c
+        if c.is_negative:
+            return high * c, low * c
+    return None
+
+
+def computed_label_ranges(graph: Graph) -> list:
+    """(class_labels node, lowest, highest) for each label check on indices the graph computes
+    with a known range, such as a position embedding's arange(T): compiled code does not check
+    those, so a call checks the range against its Dims (`check_label_ranges`) before it runs."""
+    inputs = {id(v) for v in graph.inputs}
+    found = []
+    for node in graph.nodes:
+        if node.op.name != "class_labels":
+            continue
+        source = node.inputs[0]
+        while source.op.name in ("reshape", "transpose", "expand"):
+            source = source.inputs[0]
+        if id(source) in inputs:
+            continue  # an input's labels: checked value by value (symgrad.ir.ops.check_labels)
+        bounds = _value_range(node.inputs[0])
+        if bounds is not None:
+            found.append((node, *bounds))
+    return found
+
+
+def check_label_ranges(ranges: list, bindings: dict) -> None:
+    """Raise ValueError for computed indices that reach outside [0, num_classes) at these Dims:
+    the caller, the value reached, the Dims that make it, and what the range is (an embedding's
+    rows, a table's entries, classes)."""
+    for node, low_expr, high_expr in ranges:
+        low, high = S.evaluate(low_expr, bindings), S.evaluate(high_expr, bindings)
+        size = S.evaluate(node.attrs["num_classes"], bindings)
+        if high < low or (low >= 0 and high < size):
+            continue  # empty, or inside
+        reached = high if high >= size else low
+        symbols = sympy.sympify(low_expr).free_symbols | sympy.sympify(high_expr).free_symbols
+        given = ", ".join(f"{d} = {bindings[d]}" for d in sorted(symbols, key=str) if d in bindings)
+        where = f" with {given}" if given else ""
+        hint = (" (a sequence longer than the embedding's table?)"
+                if node.attrs["caller"] == "embedding" else "")
+        raise ValueError(f"{node.attrs['caller']}: {node.attrs['arg']} (computed in the graph) reaches "
+                         f"{reached}{where}, outside [0, {size}){range_words(node, size)}{hint}")
 
 
 def host_array(what: str, value):

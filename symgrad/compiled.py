@@ -18,7 +18,8 @@ import numpy as np
 
 from . import backends
 from .cells import cell_of
-from .call_checks import arrays_by_name, bind_inputs, check_unique_names, collect_inputs, host_array, refuse_subclass
+from .call_checks import (arrays_by_name, bind_inputs, check_label_ranges, check_unique_names, collect_inputs,
+                          computed_label_ranges, host_array, refuse_subclass)
 from .ir import dtypes as D
 from .ir import shapes as S
 from .ir.graph import Graph
@@ -147,6 +148,9 @@ class Compiled:
             for v in graph.variables)
         # Labels are values, not signatures: checked on every call, here unless the program does.
         self._label_checks = [] if getattr(self.program, "checks_labels", False) else label_checks(graph)
+        # Indices the graph computes (a position embedding's arange(T)) have a range in Dims, checked
+        # in Python on every new signature: compiled code does not check them.
+        self._label_ranges = computed_label_ranges(graph)
         self._attach()
 
     def _attach(self) -> None:
@@ -294,6 +298,8 @@ class Compiled:
         bindings = cache.get(key) if len(key) == len(arrays) else None
         if bindings is None:
             bindings = bind_inputs(self.graph.inputs, arrays)
+            if self._label_ranges:
+                check_label_ranges(self._label_ranges, bindings)
             if len(key) == len(arrays) and len(arrays) == len(self.graph.inputs):
                 if len(cache) >= _SIGNATURES_KEPT:
                     cache.pop(next(iter(cache)))
@@ -354,7 +360,8 @@ class CompiledFunction(Compiled):
                 raise TypeError(f"function takes its inputs {names} by position or by name, not both")
             arrays = arrays_by_name(self.graph, named, "function")
         elif len(arrays) != len(names):
-            raise TypeError(f"function takes {len(names)} input(s) {names} by position, got {len(arrays)}")
+            raise TypeError(f"function takes {len(names)} positional input(s) {names} (or them by name), "
+                            f"got {len(arrays)}")
         outputs = self._run(list(arrays))
         return outputs[0] if self._single else tuple(outputs)
 

@@ -334,3 +334,79 @@ def test_state_names_are_checked_and_gradient_buffers_writable(backend):
     step.apply()
     np.testing.assert_allclose(step.params["W"], [1 - 0.5 * 4, 1 + 0.5 * 2])
     np.testing.assert_array_equal(step.state["W.grad"], [0, 0])
+
+
+# ---- issue 35: what a call's errors say first, and name ----
+
+def test_every_shape_is_checked_before_contiguity(backend):
+    """A strided array of the wrong shape is told its shape first; a strided y does not hide x's
+    wrong shape."""
+    f, step = _compiled(backend)
+    strided_y = np.zeros(10, np.int64)[::2]
+    for x, y in [(np.ones((3, 5), np.float32).T, GOOD_Y), (np.ones((5, 3), np.float32), strided_y)]:
+        for call in (lambda: f(x, y), lambda: step(x=x, y=y)):
+            with pytest.raises(ValueError, match=r"input 'x': expected shape \[B,4\]") as err:
+                call()
+            assert "contiguous" not in str(err.value)
+    with pytest.raises(ValueError, match="input 'y'.*not C-contiguous"):
+        f(GOOD_X, strided_y)
+
+
+def test_a_positional_call_lists_the_input_names(backend):
+    f, step = _compiled(backend)
+    with pytest.raises(TypeError, match=r"takes its inputs by name \['x', 'y'\]: step\(x=\.\.\., y=\.\.\.\); "
+                                        r"got 2 positional arguments"):
+        step(GOOD_X, GOOD_Y)
+    with pytest.raises(TypeError, match=r"2 positional input\(s\) \['x', 'y'\]"):
+        f(GOOD_X)
+    np.testing.assert_array_equal(f(x=GOOD_X, y=GOOD_Y)[0], f(GOOD_X, GOOD_Y)[0])  # by name too
+
+
+class _Positions(sg.nn.Module):
+    """Token and position embeddings, as nanoGPT's: wte(idx) + wpe(arange(T))."""
+
+    def __init__(self):
+        super().__init__()
+        self.wte = sg.nn.Embedding(16, 4)
+        self.wpe = sg.nn.Embedding(8, 4)
+
+    def forward(self, idx):
+        return self.wte(idx) + self.wpe(sg.arange(idx.shape[1]))
+
+
+@functools.lru_cache(maxsize=None)
+def _positions(backend):
+    model = _Positions()
+    idx = sg.input("idx", (sg.Dim("B"), sg.Dim("T")), dtype="int64")
+    return sg.function([idx], model(idx), backend=backend)
+
+
+def test_a_context_longer_than_the_position_table_names_the_embedding(backend):
+    f = _positions(backend)
+    assert f(np.zeros((2, 8), np.int64)).shape == (2, 8, 4)  # the whole table: fine
+    with pytest.raises(ValueError) as err:
+        f(np.zeros((2, 9), np.int64))
+    message = str(err.value)
+    for word in ("embedding", "'wpe.weight' has 8 rows", "reaches 8", "T = 9", "longer than"):
+        assert word in message, message
+    assert "classes" not in message
+
+
+def test_ids_outside_a_token_table_name_it_and_class_labels_say_classes(backend):
+    with pytest.raises(ValueError) as err:
+        _positions(backend)(np.array([[1, 16]], np.int64))
+    message = str(err.value)
+    assert "embedding: input (input 'idx') holds 16 at index [0, 1]" in message, message
+    assert "'wte.weight' has 16 rows" in message and "classes" not in message
+    f, _ = _compiled(backend)
+    with pytest.raises(ValueError, match=r"cross_entropy: target \(input 'y'\) holds 3 .* for 3 classes"):
+        f(GOOD_X, np.array([0, 1, 3, 0, 0], np.int64))
+
+
+def test_a_torch_tensor_on_another_device_names_cpu(backend):
+    torch = pytest.importorskip("torch")
+    f, step = _compiled(backend)
+    meta = torch.empty((5, 4), device="meta")
+    for call in (lambda: f(meta, GOOD_Y), lambda: step(x=meta, y=GOOD_Y)):
+        with pytest.raises(TypeError, match=r"input 'x': a torch tensor on device 'meta'.*\.cpu\(\)"):
+            call()

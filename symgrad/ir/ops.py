@@ -199,7 +199,20 @@ def check_labels(labels: np.ndarray, num_classes: int, node, source: str) -> Non
     bad = int(np.flatnonzero((flat < 0) | (flat >= num_classes))[0])
     where = np.unravel_index(bad, labels.shape)
     raise ValueError(f"{node.attrs['caller']}: {node.attrs['arg']} ({source}) holds {int(flat[bad])} at "
-                     f"index {list(map(int, where))}, outside [0, {num_classes}) for {num_classes} classes")
+                     f"index {list(map(int, where))}, outside [0, {num_classes}){range_words(node, num_classes)}")
+
+
+# Callers whose integer labels pick entries of a table (an embedding's rows), not classes.
+LOOKUPS = ("take", "embedding")
+
+
+def range_words(node, num_classes) -> str:
+    """What [0, num_classes) is to a class_labels node's caller, for its errors: classes for class
+    labels; for a lookup, the rows of the table it names (`table`, an embedding's weight)."""
+    if node.attrs["caller"] not in LOOKUPS:
+        return f" for {num_classes} classes"
+    table = node.attrs.get("table")
+    return f": {table!r} has {num_classes} rows" if table else f": the table's axis has {num_classes} entries"
 
 
 # Ops that move labels without changing them: labels reached through these are an input's own.

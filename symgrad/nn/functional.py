@@ -19,7 +19,7 @@ from ..ir import dtypes as D
 from ..ir import shapes as S
 from ..ir.ops_attention import attention, refusal
 from ..ir.ops_collective import all_reduce
-from ..ir.value import Value
+from ..ir.value import Value, make
 from ..convolution import conv1d, conv2d, pad  # noqa: F401  (torch.nn.functional's names)
 from ..pointwise import gelu  # noqa: F401  (torch.nn.functional.gelu)
 from ..pooling import adaptive_avg_pool2d, avg_pool2d, interpolate, max_pool2d  # noqa: F401
@@ -150,7 +150,11 @@ def embedding(input: Value, weight: Value) -> Value:
     if not isinstance(weight, Value) or weight.ndim != 2:
         raise ValueError(f"embedding: weight must be a [num_embeddings, embedding_dim] value, got "
                          f"{getattr(weight, 'type_str', type(weight).__name__)}")
-    return F.take(weight, input, axis=0)
+    # The indices' check names the table: an error says whose rows ran out (a context longer than
+    # a position embedding's table), not "classes".
+    checked = F.class_labels(input, weight.shape[0], op="embedding", arg="input")
+    checked = make(checked.op, checked.inputs, **{**checked.attrs, "table": weight.name})
+    return F.take(weight, checked, axis=0, checked=True)
 
 
 def scaled_dot_product_attention(query: Value, key: Value, value: Value, attn_mask: Value | None = None,
