@@ -34,7 +34,8 @@ import time
 
 import numpy as np
 
-from .call_checks import arrays_by_name, bind_inputs, gradient_buffer_name
+from .call_checks import (arrays_by_name, bind_inputs, check_label_ranges, computed_label_ranges,
+                          gradient_buffer_name, host_array)
 from .training import TrainStep
 from .training import train_step as local_train_step
 from .backends.plan import gradients_final_after
@@ -86,6 +87,7 @@ class DistributedStep:
         self._shapes = {gradient_buffer_name(p): tuple(p.shape) for p in self._params}
         self._accumulate = step.program_for("accumulate")
         self._label_checks = label_checks(self._accumulate.graph)
+        self._label_ranges = computed_label_ranges(self._accumulate.graph)
         self._plan_buckets(bucket_cap_mb, overlap)
         collectives = getattr(self._accumulate.program, "on_collective", None)  # CUDA: none (refused when built)
         if collectives is not None:
@@ -153,8 +155,10 @@ class DistributedStep:
         graph = self._accumulate.graph
         problem = None
         try:
-            arrays = arrays_by_name(graph, batch, "distributed train step")
+            arrays = [host_array(f"input {node.name!r}", a)  # a torch CPU tensor: its memory, as a step reads it
+                      for node, a in zip(graph.inputs, arrays_by_name(graph, batch, "distributed train step"))]
             bindings = bind_inputs(graph.inputs, arrays)
+            check_label_ranges(self._label_ranges, bindings)
             for position, node in self._label_checks:
                 check_labels(arrays[position], S.evaluate(node.attrs["num_classes"], bindings), node,
                              f"input {graph.inputs[position].name!r}")
