@@ -157,7 +157,9 @@ def host_array(what: str, value):
                         f"memory: pass tensor.cpu() (a copy in CPU memory), or a NumPy array")
     if value.layout != torch.strided:
         raise TypeError(f"{what}: a torch tensor of layout {value.layout}; pass a dense one (tensor.to_dense())")
-    tensor = value.detach().resolve_conj().resolve_neg()
+    tensor = value.detach() if value.requires_grad else value
+    if tensor.is_conj() or tensor.is_neg():  # lazy conjugate or negative views: their values, resolved
+        tensor = tensor.resolve_conj().resolve_neg()
     if not tensor.is_contiguous():
         tensor = tensor.contiguous()
     try:
