@@ -166,6 +166,7 @@ class LambdaLR(LRScheduler):
         return state
 
     def load_state_dict(self, state_dict: dict) -> None:
+        """Take back a `state_dict()`: callable objects get their saved __dict__ back."""
         state = dict(state_dict)
         lambdas = state.pop("lr_lambdas")
         self.__dict__.update(state)
@@ -365,6 +366,7 @@ class SequentialLR(LRScheduler):
         return state
 
     def load_state_dict(self, state_dict: dict) -> None:
+        """Take back a `state_dict()`, each inner scheduler's included."""
         state = dict(state_dict)
         inner = state.pop("_schedulers")
         self.__dict__.update(state)

@@ -58,6 +58,8 @@ class Optimizer:
         """Build `param_groups` from the constructor's params (a subclass calls this once its
         hyperparameters are set): each group's options over `defaults`, each checked as the
         constructor checks it."""
+        if not hasattr(self, "_params"):
+            return  # built already
         params, self._owns_params = self._params, self._params is not None
         del self._params
         if params is not None:
@@ -69,6 +71,7 @@ class Optimizer:
     def groups_for_step(self, params) -> list[ParamGroup]:
         """The parameter groups a train step trains: this optimizer's own (constructed as torch's),
         or those of train_step's `params`, which then become this optimizer's `param_groups`."""
+        self._init_groups()  # a subclass that did not call it
         if params is None:
             if not self._owns_params:
                 raise TypeError(f"train_step: no parameters to train; pass params=..., or construct the "

@@ -120,6 +120,7 @@ class ParamGroup(dict):
         return super().__getitem__(key)
 
     def get(self, key, default=None):
+        """dict.get, with "lr" the step's runtime value."""
         return self[key] if key in self else default
 
     def __setitem__(self, key, value) -> None:
@@ -136,18 +137,22 @@ class ParamGroup(dict):
         super().__setitem__(key, value)
 
     def setdefault(self, key, default=None):
+        """dict.setdefault, through the checks of setting an item."""
         if key not in self:
             self[key] = default
         return self[key]
 
     def update(self, *args, **kwargs) -> None:
+        """dict.update, item by item through the checks of setting one."""
         for key, value in dict(*args, **kwargs).items():
             self[key] = value
 
     def items(self):
+        """(key, value) pairs, with "lr" the step's runtime value."""
         return [(key, self[key]) for key in self]
 
     def values(self):
+        """The values, with "lr" the step's runtime value."""
         return [self[key] for key in self]
 
     def __repr__(self) -> str:
