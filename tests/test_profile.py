@@ -69,10 +69,15 @@ def test_rows_name_every_kernel_once_per_step(mlp, profiled):
 
 def test_kernel_time_lies_within_the_wall_time(profiled):
     result, *_ = profiled
-    assert result.kernel_seconds <= result.wall
     assert result.kernel_seconds <= result.entry_seconds <= result.wall
-    assert result.ratio >= 0.5, str(result)
     assert sum(r.share for r in result.rows) == pytest.approx(result.ratio)
+    assert len(result.step_walls) == len(result.step_kernel_seconds) == STEPS
+    assert sum(result.step_kernel_seconds) / STEPS == pytest.approx(result.kernel_seconds)
+    ratios = [k / w for k, w in zip(result.step_kernel_seconds, result.step_walls)]
+    assert all(r <= 1 for r in ratios)
+    # At least half of a call is in its kernels (the rest: the entry point and the Python call);
+    # the median step's, so that a call descheduled in Python on a busy machine does not decide.
+    assert sorted(ratios)[STEPS // 2] >= 0.5, str(result)
 
 
 def test_flops_and_bytes_are_the_kernels_own(mlp, profiled):

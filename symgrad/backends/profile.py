@@ -76,11 +76,13 @@ class Profile:
     """What `step.profile()` measured. `str()` is the table; `rows` the kernels (slowest first),
     `regions` the regions (slowest first), as data; `wall` the step's seconds per call (from the
     Python call to its return), `kernel_seconds` the kernels' sum, `entry_seconds` the compiled
-    entry point's own (kernels and what it does between them)."""
+    entry point's own (kernels and what it does between them), all per step on average;
+    `step_walls` and `step_kernel_seconds` the same two for each call."""
 
     def __init__(self, name: str, steps: int, rows: list, wall: float, entry_seconds: float,
-                 peaks: Peaks, trace: Path | None = None):
+                 peaks: Peaks, trace: Path | None = None, step_walls: tuple = (), step_kernel_seconds: tuple = ()):
         self.name, self.steps, self.peaks, self.trace = name, steps, peaks, trace
+        self.step_walls, self.step_kernel_seconds = tuple(step_walls), tuple(step_kernel_seconds)
         self.shown = SHOWN  # kernels str() lists
         self.rows: list[KernelRow] = sorted(rows, key=lambda r: -r.seconds)
         self.wall, self.entry_seconds = wall, entry_seconds
@@ -224,6 +226,9 @@ def profile_program(program, run, bindings: dict, steps: int = 20, trace=None, n
     index = events[:, 0].astype(np.int64)
     durations = events[:, 2] - events[:, 1]
     calls = np.bincount(index, minlength=kernels + 1)
+    ends = index == kernels  # the whole call's record closes each step
+    step_of = np.cumsum(ends) - ends
+    per_step = np.bincount(step_of[~ends], weights=durations[~ends], minlength=steps)[:steps]
     seconds = np.bincount(index, weights=durations, minlength=kernels + 1) / steps
     wall = sum(walls) / steps
     regions = kernel_regions(plan)
@@ -246,7 +251,8 @@ def profile_program(program, run, bindings: dict, steps: int = 20, trace=None, n
     if trace is not None:
         path = Path(trace)
         write_trace(path, events, plan, regions, name or program.module_name)
-    return Profile(name or program.module_name, steps, rows, wall, float(seconds[kernels]), the_peaks, path)
+    return Profile(name or program.module_name, steps, rows, wall, float(seconds[kernels]), the_peaks, path,
+                   walls, [float(s) for s in per_step])
 
 
 def trace_events(events: np.ndarray, plan, regions: list, name: str) -> dict:
