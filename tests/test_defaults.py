@@ -87,6 +87,18 @@ def test_without_a_compiler_the_default_falls_back_to_numpy_with_one_warning(no_
     assert f(xb).shape == (2, 4) and np.isfinite(step(x=xb, y=np.zeros(2, np.int64)))
 
 
+def test_a_compiler_that_cannot_build_a_library_is_no_compiler(monkeypatch, tmp_path):
+    """A compiler that answers --version but cannot build (no OpenMP, no linker) falls back too."""
+    fake = tmp_path / "fake-cc"
+    fake.write_text('#!/bin/sh\nif [ "$1" = "--version" ]; then echo "fake-cc 1.0"; exit 0; fi\n'
+                    'echo "fake-cc: cannot find -lgomp" >&2; exit 1\n')
+    fake.chmod(0o755)
+    monkeypatch.setenv("CC", str(fake))
+    monkeypatch.setattr(backends, "_WARNED", False)
+    with pytest.warns(backends.BackendFallbackWarning, match=r"cannot build a shared library .*cannot find -lgomp"):
+        assert backends.resolve(None, stacklevel=2) == "numpy"
+
+
 def test_a_named_backend_is_not_replaced(no_compiler):
     x, _, _, logits = _tiny()
     with warnings.catch_warnings():

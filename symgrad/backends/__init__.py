@@ -38,14 +38,16 @@ _WARNED = False  # whether this process was told, once, that the default fell ba
 
 def resolve(name: str | None, stacklevel: int = 3) -> str:
     """The backend to compile with: `name`, or by default "c" where a working C compiler is found
-    (its `--version` runs; asked once per process), else "numpy" with a one-line
+    (its `--version` runs and it builds an empty library with its flags, OpenMP included; asked
+    once per process), else "numpy" with a one-line
     BackendFallbackWarning, once per process. `stacklevel` points the warning at the user's call."""
     if name is not None:
         return name
-    from .toolchain import CompilerNotFound
+    from .toolchain import CompilerNotFound, probe
     try:
         from .cache import compiler_identity
         compiler_identity()
+        probe()
         return "c"
     except CompilerNotFound as exc:
         global _WARNED

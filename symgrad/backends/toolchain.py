@@ -20,6 +20,7 @@ import shutil
 import subprocess
 import sys
 import sysconfig
+import tempfile
 from pathlib import Path
 
 # The C compiler's flags unless $SYMGRAD_CFLAGS says otherwise (see default_flags).
@@ -78,6 +79,38 @@ def nvcc_command() -> list[str]:
     if configured:
         return shlex.split(configured)
     return [shutil.which("nvcc") or "/usr/local/cuda/bin/nvcc"]
+
+
+# (compiler command, flags) -> None where an empty library built, else the error: asked once a process.
+_PROBED: dict[tuple, Exception | None] = {}
+
+
+def probe() -> None:
+    """Build an empty shared library with the C compiler and its flags, once per process and
+    compiler: what the default backend asks before it chooses C (a compiler that answers
+    --version may still lack OpenMP or a linker). Raises CompilerNotFound saying why it cannot."""
+    command, flags = compiler_command(), default_flags()
+    key = (tuple(command), tuple(flags))
+    if key not in _PROBED:
+        _PROBED[key] = _probe(command, flags)
+    if _PROBED[key] is not None:
+        raise _PROBED[key]
+
+
+def _probe(command: list[str], flags: list[str]) -> CompilerNotFound | None:
+    with tempfile.TemporaryDirectory(prefix="symgrad-probe-") as tmp:
+        source, library = Path(tmp) / "probe.c", Path(tmp) / "probe.so"
+        source.write_text("int symgrad_probe(void) { return 0; }\n")
+        run = [*command, *flags, "-fPIC", "-shared", str(source), "-o", str(library), *openmp_link(flags)]
+        try:
+            done = subprocess.run(run, capture_output=True, text=True, cwd=tmp, timeout=120)
+        except (OSError, subprocess.SubprocessError) as exc:
+            return compiler_not_found(command, f"could not be run ({exc})")
+        if done.returncode != 0 or not library.is_file():
+            first = tail(done.stderr or done.stdout, lines=1) or f"exit status {done.returncode}"
+            return CompilerNotFound(f"No working C compiler: {shlex.join(command)!r} cannot build a shared "
+                                    f"library with {shlex.join(flags)} ({first})")
+    return None
 
 
 def compile_shared(tmp: Path, paths, flags: list[str], *, source: Path | None = None, include_dirs=(),
