@@ -9,10 +9,11 @@ around it in the graph:
   `x @ W.T + b` of `fc1` is in `fc1`; the optimizer's update of `fc1.weight`, too);
 - any other value looks both ways, to the modules of the nearest variable-reading values it is
   computed from (`up`) and of those computed from it or updating a variable with it (`down`),
-  and takes the dotted prefix both share (the attention between `attn.c_attn` and
-  `attn.c_proj` is in `attn`); when they share none, the way down (a layer norm's mean is its
-  layer's, and a weight's gradient is its weight's: both read no parameter but feed one), else
-  the way up.
+  each with its distance in the graph. One that directly feeds one module's variable-reading
+  values is in that module (a weight's gradient, read by the weight's update); else one between
+  two parts of a layer is in the deepest module a part up and a part down share (the attention
+  between `attn.c_attn` and `attn.c_proj` is in `attn`); else it is in the nearer side's module,
+  down on a tie (a layer norm's mean is in its layer, whose weight reads it three values on).
 
 A variable's module is its parameter's name without the last part (`fc1.weight` -> `fc1`); a
 parameter of no module (`W`) is its own region; hyperparameters (the learning rate) belong to
