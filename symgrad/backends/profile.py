@@ -14,7 +14,8 @@ kernel whose FLOPs per byte reach the machine's balance, GB/s of the memory band
 others. FLOPs and bytes are the report's (symgrad.backends.report.kernel_work: 2 M N K per
 product, one per fused op per element, the bytes of each buffer the kernel reads or writes, once
 and whole): an estimate from the plan, so a kernel whose buffers stay in cache can show more than
-the memory peak, and one reading a slice of a buffer more bytes than it moves. Kernels are grouped by the graph region they came from (symgrad.backends.regions).
+the memory peak, and one reading a slice of a buffer more bytes than it moves. Kernels are
+grouped by the graph region they came from (symgrad.backends.regions).
 
 `trace=` writes the calls in Chrome's trace event format (Perfetto, chrome://tracing): one row
 per thread that issued kernel calls (the calling thread: the kernels' OpenMP teams work inside
@@ -35,7 +36,7 @@ import numpy as np
 from .driver import label_inputs
 from .languages import C_ENTRY, C_OPENMP, C_PROFILE_COUNT, C_PROFILE_EVENTS, C_SIGNATURE
 from .peaks import Peaks, peaks
-from .regions import TOP, kernel_regions
+from .regions import kernel_regions
 from .report import kernel_work
 from .render_program import render
 
@@ -285,5 +286,5 @@ def write_trace(path: Path, events: np.ndarray, plan, regions: list, name: str) 
     path.write_text(json.dumps(trace_events(events, plan, regions, name)))
 
 
-__all__ = ["KernelRow", "Profile", "ProfiledBuild", "RegionRow", "TOP", "kernel_costs", "profile_program",
+__all__ = ["KernelRow", "Profile", "ProfiledBuild", "RegionRow", "kernel_costs", "profile_program",
            "trace_events", "write_trace"]
