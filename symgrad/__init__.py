@@ -25,6 +25,9 @@ from .integer import (bitwise_and, bitwise_left_shift, bitwise_not, bitwise_or, 
 from .integer import div as divide
 from .nn.functional import layer_norm
 from .statistics import logsumexp, prod, std, var
+from .functional import amax, amin, argmin, min, unsqueeze
+from .factories import eye, full, full_like, ones, ones_like, zeros, zeros_like
+from .pointwise import clip as clamp  # torch.clamp
 from .indices import arange, permute, swapaxes, tril, triu
 from .indexing import cat, chunk, concat, concatenate, embedding, narrow, split, stack, take
 from .nn.functional import scaled_dot_product_attention
@@ -53,4 +56,6 @@ __all__ = [
     "floor_divide", "remainder", "fmod", "bitwise_and", "bitwise_or", "bitwise_xor", "bitwise_not",
     "bitwise_left_shift", "bitwise_right_shift", "__version__",
     "nn", "random", "distributed", "gradcheck", "GradcheckError",
+    "min", "amax", "amin", "argmin", "unsqueeze", "clamp",
+    "zeros", "ones", "full", "zeros_like", "ones_like", "full_like", "eye",
 ]

@@ -227,7 +227,8 @@ def _program_context(number: int, p: _Program, name: str, dim, variables: list[d
     outputs = [dict(ctype=D.C_TYPES[v.dtype], numel=size(sympy.Mul(*v.shape)), shape=_shape_text(v.shape),
                     scalar=v.shape == ()) for v in p.graph.outputs]
     labels = [dict(position=at, c_name=inputs[at]["c_name"], ctype=inputs[at]["ctype"],
-                   numel=size(sympy.Mul(*p.graph.inputs[at].shape)), classes=size(node.attrs["num_classes"]))
+                   numel=size(sympy.Mul(*p.graph.inputs[at].shape)), classes=size(node.attrs["num_classes"]),
+                   ignore=node.attrs.get("ignore_index"))
               for at, node in label_checks(p.graph)]
     slots = [index[v.name] for v in p.graph.variables]
     renames = ([(old, f"{prefix}_{new}") for old, new in CUDA_RENAMES] if cuda else

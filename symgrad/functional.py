@@ -1,8 +1,11 @@
 """The functions a user calls on graph values: sg.exp, sg.sum, sg.softmax, ...
 
 Each builds nodes of registered ops (symgrad.ir.ops); composites such as
-softmax and cross_entropy are written here as graph code, so their
-derivatives follow from their parts. Operand dtypes combine as torch's do
+softmax are written here as graph code, so their derivatives follow from their
+parts (the losses, in symgrad.losses, likewise). Names and meanings are torch's
+where torch has them: `dim=` / `keepdim=` beside NumPy's `axis=` / `keepdims=`
+(symgrad.spellings), torch.max / torch.min with a dim giving (values, indices),
+transpose(x, d0, d1) exchanging two axes. Operand dtypes combine as torch's do
 (`dtypes.result_type`); a Python scalar on either side of an operator becomes a
 0-d constant of the dtype torch gives the pair.
 """
@@ -11,8 +14,10 @@ from __future__ import annotations
 
 import numbers
 import sys
+from collections import namedtuple
 from typing import Callable, Sequence
 
+import builtins
 import numpy as np
 import sympy
 
@@ -20,13 +25,17 @@ from .ir import dtypes as D
 from .ir import shapes as S
 from .ir.registry import lookup
 from .ir.value import Value, make, provide_functions
+from .spellings import one_of, torch_dims
+
+builtins_max = builtins.max  # this module's max is torch.max
 
 __all__ = [
     "add", "sub", "mul", "div", "pow", "neg", "exp", "log", "sin", "cos", "tanh", "sigmoid",
     "relu", "sqrt", "abs", "asin", "acos", "atan", "atan2", "arcsin", "arccos", "arctan", "arctan2",
     "maximum", "minimum", "where", "less", "less_equal", "greater",
     "greater_equal", "equal", "not_equal", "cast", "stop_gradient", "constant", "sum", "mean",
-    "max", "argmax", "reshape", "transpose", "broadcast_to", "expand_dims", "squeeze", "matmul",
+    "max", "min", "amax", "amin", "argmax", "argmin", "reshape", "transpose", "broadcast_to", "expand_dims",
+    "unsqueeze", "squeeze", "expand", "to", "matmul",
     "softmax", "log_softmax", "one_hot", "nll_loss", "cross_entropy", "mse_loss", "elementwise",
     "apply_elementwise",
 ]
@@ -185,10 +194,40 @@ def where(cond, x, y) -> Value:
 
 
 def cast(x, dtype) -> Value:
-    """x converted to `dtype`; gradients are cast back."""
+    """x converted to `dtype` (a name, a NumPy or a torch dtype); gradients are cast back."""
     x = _value(x, "cast")
-    dtype = D.canonical(dtype)
+    dtype = _dtype_name(dtype)
     return x if x.dtype == dtype else make(lookup("cast"), (x,), dtype=dtype)
+
+
+def to(x, *args, dtype=None, device=None, copy: bool = False, non_blocking: bool = False) -> Value:
+    """torch's x.to(...): x converted to a dtype (a name, a NumPy or torch dtype, or the dtype of
+    a graph value given in its place). A device ("cpu", "cuda", a torch.device) changes nothing:
+    the backend a graph is compiled for decides where it runs."""
+    x = _value(x, "to")
+    for arg in args:
+        if isinstance(arg, Value):
+            dtype = arg.dtype if dtype is None else dtype
+        elif _is_device(arg):
+            continue
+        elif dtype is None:
+            dtype = arg
+        else:
+            raise TypeError(f"to: got two dtypes, {dtype!r} and {arg!r}")
+    return x if dtype is None else cast(x, _dtype_name(dtype))
+
+
+def _is_device(arg) -> bool:
+    if isinstance(arg, str):
+        return arg.split(":")[0] in ("cpu", "cuda", "mps", "meta")
+    return type(arg).__name__ == "device"
+
+
+def _dtype_name(dtype) -> str:
+    """An IR dtype name from a name, a NumPy dtype or a torch dtype (torch.float64 -> float64)."""
+    if type(dtype).__name__ == "dtype" and str(dtype).startswith("torch."):
+        dtype = str(dtype)[len("torch."):]
+    return D.canonical(dtype)
 
 
 def stop_gradient(x) -> Value:
@@ -204,13 +243,16 @@ def _reduce(name, x, axis, keepdims):
     return make(lookup(name), (x,), axes=axes, keepdims=bool(keepdims))
 
 
+@torch_dims
 def sum(x, axis=None, keepdims=False) -> Value:
-    """Sum over `axis` (None: all), as numpy.sum."""
+    """Sum over `axis` (None: all), as numpy.sum and torch.sum (`dim=`, `keepdim=`)."""
     return _reduce("sum", x, axis, keepdims)
 
 
+@torch_dims
 def mean(x, axis=None, keepdims=False) -> Value:
-    """Mean over `axis`; with symbolic sizes the divisor is an expression such as 1/B."""
+    """Mean over `axis` (torch.mean: `dim=`, `keepdim=`); with symbolic sizes the divisor is an
+    expression such as 1/B."""
     x = _value(x, "mean")
     axes = S.normalize_axes(axis, x.ndim, "mean")
     count = S.numel([x.shape[a] for a in axes])
@@ -234,13 +276,74 @@ def ieee_ratio(numerator, denominator):
     return numerator / denominator
 
 
-def max(x, axis=None, keepdims=False) -> Value:
-    """Maximum over `axis`; its gradient is shared evenly among ties (torch.amax)."""
+@torch_dims
+def amax(x, axis=None, keepdims=False) -> Value:
+    """Maximum over `axis` (None: all; torch.amax): its gradient is shared evenly among ties."""
     return _reduce("max", x, axis, keepdims)
 
 
+def _flip_order(x: Value) -> Value:
+    """x under an order-reversing map, so that a max of it is a min of x: -x for floats (NaN
+    stays NaN), ~x = -x - 1 for integers (no overflow at the most negative one), not for bools."""
+    return neg(x) if D.is_float(x.dtype) else bitwise_not(x)
+
+
+@torch_dims
+def amin(x, axis=None, keepdims=False) -> Value:
+    """Minimum over `axis` (None: all; torch.amin): its gradient is shared evenly among ties."""
+    return _flip_order(amax(_flip_order(_value(x, "amin")), axis=axis, keepdims=keepdims))
+
+
+# What torch.max(x, dim) and torch.min(x, dim) return: the extremes and where they are.
+MaxResult = namedtuple("max", ["values", "indices"])
+MinResult = namedtuple("min", ["values", "indices"])
+
+
+def _extreme(op: str, x, dim, keepdim, axis, keepdims, other):
+    """torch.max / torch.min in all three forms (see max)."""
+    x = _value(x, op)
+    if isinstance(dim, (Value, np.ndarray)) or other is not None:
+        if other is not None and dim is not None:
+            raise TypeError(f"{op}: got both dim and other")
+        return (maximum if op == "max" else minimum)(x, dim if other is None else other)
+    one_of(op, "dim", dim, "axis", axis)
+    if axis is not None or dim is None:
+        keep = one_of(op, "keepdim", keepdim, "keepdims", keepdims)
+        return (amax if op == "max" else amin)(x, axis=axis, keepdims=bool(keep))
+    if not isinstance(dim, int) or isinstance(dim, bool):
+        raise TypeError(f"{op}: dim must be an int, got {dim!r} (amax/amin reduce over several axes)")
+    keep = bool(one_of(op, "keepdim", keepdim, "keepdims", keepdims))
+    dim = S.normalize_axes(dim, x.ndim, op)[0]
+    indices = (argmax if op == "max" else argmin)(x, axis=dim, keepdims=True)
+    # The value at each index, as a sum of one selected entry: the gradient goes to that entry
+    # alone, as torch's max(dim) sends it to its index (amax shares it among ties).
+    at = equal(make(lookup("iota"), shape=x.shape, axis=dim, dtype=indices.dtype), indices)
+    zero = constant(False if x.dtype == "bool" else 0, x.dtype)
+    values = sum(where(at, x, zero), axis=dim, keepdims=True)
+    values = values if values.dtype == x.dtype else cast(values, x.dtype)  # a bool's sum is an integer
+    if not keep:
+        values, indices = squeeze(values, axis=dim), squeeze(indices, axis=dim)
+    return (MaxResult if op == "max" else MinResult)(values, indices)
+
+
+def max(x, dim=None, keepdim=None, *, axis=None, keepdims=None, other=None):
+    """torch.max's three forms. `max(x)`: the largest element. `max(x, dim)` (an int, torch's
+    spelling, positional or `dim=`): a namedtuple (values, indices) of the maxima along `dim`
+    and their first positions, the gradient going to those positions. `max(x, other)` (a graph
+    value): the elementwise maximum. NumPy's `axis=` (ints or tuples) / `keepdims=` give the
+    maxima alone (amax), as numpy.max."""
+    return _extreme("max", x, dim, keepdim, axis, keepdims, other)
+
+
+def min(x, dim=None, keepdim=None, *, axis=None, keepdims=None, other=None):
+    """torch.min's three forms, as `max`: the smallest element; (values, indices) along an int
+    `dim`; the elementwise minimum with a graph value; NumPy's `axis=` gives the minima alone."""
+    return _extreme("min", x, dim, keepdim, axis, keepdims, other)
+
+
+@torch_dims
 def argmax(x, axis=None, keepdims=False) -> Value:
-    """Index of the first maximum along one axis (None: of the flattened array)."""
+    """Index of the first maximum along one axis (None: of the flattened array), as torch.argmax."""
     x = _value(x, "argmax")
     if axis is None:
         x, axis = reshape(x, (S.numel(x.shape),)), 0
@@ -249,6 +352,12 @@ def argmax(x, axis=None, keepdims=False) -> Value:
     if not isinstance(axis, int):
         raise TypeError(f"argmax: axis must be an int, got {axis!r}")
     return _reduce("argmax", x, axis, keepdims)
+
+
+@torch_dims
+def argmin(x, axis=None, keepdims=False) -> Value:
+    """Index of the first minimum along one axis (None: of the flattened array), as torch.argmin."""
+    return argmax(_flip_order(_value(x, "argmin")), axis=axis, keepdims=keepdims)
 
 
 # ---- movement ----------------------------------------------------------------
@@ -272,9 +381,19 @@ def reshape(x, shape) -> Value:
     return make(lookup("reshape"), (x,), shape=shape)
 
 
-def transpose(x, axes=None) -> Value:
-    """x with its axes permuted (default: reversed), as numpy.transpose."""
+def transpose(x, *dims, axes=None) -> Value:
+    """torch.transpose(x, dim0, dim1): x with two axes exchanged. Otherwise numpy.transpose:
+    `transpose(x)` reverses the axes, `transpose(x, perm)` or `axes=perm` permutes them (as does
+    `transpose(x, *perm)` with other than two axes)."""
     x = _value(x, "transpose")
+    if dims and axes is not None:
+        raise TypeError(f"transpose: got both axes= and dims {dims}; give one")
+    if len(dims) == 2 and all(isinstance(d, int) and not isinstance(d, bool) for d in dims):
+        return _swap(x, dims[0], dims[1])
+    if len(dims) == 1 and isinstance(dims[0], (tuple, list)):
+        dims = tuple(dims[0])  # one sequence: a permutation, whatever its length
+    if dims:
+        axes = dims
     if axes is not None:
         for a in axes:
             # Check before wrapping: a % ndim would turn axis 5 of a 2-D value into axis 1.
@@ -282,9 +401,26 @@ def transpose(x, axes=None) -> Value:
                 raise ValueError(f"transpose: axes {tuple(axes)} are not a permutation of the {x.ndim} axes "
                                  f"of {S.format_shape(x.shape)}")
     perm = tuple(reversed(range(x.ndim))) if axes is None else tuple(a % x.ndim for a in axes)
+    if sorted(perm) != list(range(x.ndim)):
+        raise ValueError(f"transpose: axes {tuple(axes)} are not a permutation of the {x.ndim} axes "
+                         f"of {S.format_shape(x.shape)}")
     if perm == tuple(range(x.ndim)):
         return x
     return make(lookup("transpose"), (x,), perm=perm)
+
+
+def _swap(x: Value, dim0: int, dim1: int) -> Value:
+    """x with axes dim0 and dim1 exchanged (torch.transpose; a 0-d or 1-d x stays as it is, as
+    torch accepts dims 0 and -1 there)."""
+    rank = builtins_max(x.ndim, 1)
+    for d in (dim0, dim1):
+        if not -rank <= d < rank:
+            raise ValueError(f"transpose: dim {d} is out of range for {x.type_str} (dims {-rank}..{rank - 1})")
+    order = list(range(x.ndim))
+    if x.ndim >= 2:
+        a, b = dim0 % x.ndim, dim1 % x.ndim
+        order[a], order[b] = order[b], order[a]
+    return transpose(x, axes=tuple(order))
 
 
 def broadcast_to(x, shape) -> Value:
@@ -296,8 +432,31 @@ def broadcast_to(x, shape) -> Value:
     return make(lookup("expand"), (x,), shape=shape)
 
 
+def expand(x, *sizes) -> Value:
+    """torch's x.expand(*sizes): x broadcast to `sizes` (varargs or one tuple), where -1 keeps an
+    axis's size and new axes go in front; only axes of size 1 grow (torch refuses the rest)."""
+    x = _value(x, "expand")
+    if len(sizes) == 1 and isinstance(sizes[0], (tuple, list)):
+        sizes = tuple(sizes[0])
+    if len(sizes) < x.ndim:
+        raise ValueError(f"expand: {list(sizes)} has fewer axes than {x.type_str}")
+    lead = len(sizes) - x.ndim
+    shape = []
+    for k, size in enumerate(sizes):
+        old = x.shape[k - lead] if k >= lead else None
+        if isinstance(size, int) and size == -1:
+            if old is None:
+                raise ValueError(f"expand: -1 is not allowed for the new leading axis {k} of {list(sizes)}")
+            size = old
+        elif old is not None and not S.same_size(old, size) and old != 1:
+            raise ValueError(f"expand: axis {k} of {x.type_str} has size {old}, which cannot grow to {size} "
+                             f"(only size-1 axes expand), target {list(sizes)}")
+        shape.append(size)
+    return broadcast_to(x, tuple(shape))
+
+
 def expand_dims(x, axis: int) -> Value:
-    """x with a new axis of size 1 at `axis`."""
+    """x with a new axis of size 1 at `axis` (numpy.expand_dims, torch.unsqueeze)."""
     x = _value(x, "expand_dims")
     if not isinstance(axis, int) or isinstance(axis, bool) or not -x.ndim - 1 <= axis <= x.ndim:
         raise ValueError(f"expand_dims: axis {axis!r} is out of range for {S.format_shape(x.shape)} "
@@ -306,14 +465,23 @@ def expand_dims(x, axis: int) -> Value:
     return reshape(x, x.shape[:axis] + (1,) + x.shape[axis:])
 
 
+def unsqueeze(x, dim: int) -> Value:
+    """x with a new axis of size 1 at `dim` (torch.unsqueeze; -1 appends it)."""
+    return expand_dims(x, dim)
+
+
+@torch_dims
 def squeeze(x, axis=None) -> Value:
-    """x without axes of size 1 (all of them, or the given ones)."""
+    """x without axes of size 1: all of them, or those of `axis` / `dim` (an int or a tuple).
+    As torch.squeeze, a given axis whose size is not 1 is kept (numpy.squeeze refuses it)."""
     x = _value(x, "squeeze")
-    axes = S.normalize_axes(axis, x.ndim, "squeeze") if axis is not None else \
-        tuple(a for a, s in enumerate(x.shape) if s == 1)
-    for a in axes:
-        if x.shape[a] != 1:
-            raise ValueError(f"squeeze: axis {a} of {S.format_shape(x.shape)} has size {x.shape[a]}, not 1")
+    for a in (() if axis is None else (axis,) if isinstance(axis, int) else axis):
+        if isinstance(a, int) and not -builtins_max(x.ndim, 1) <= a < builtins_max(x.ndim, 1):
+            raise ValueError(f"squeeze: dim {a} is out of range for {x.type_str}")
+    if x.ndim == 0:
+        return x  # torch squeezes a 0-d tensor along dim 0 or -1 to itself
+    axes = S.normalize_axes(axis, x.ndim, "squeeze") if axis is not None else ()
+    axes = tuple(a for a in (axes if axis is not None else range(x.ndim)) if x.shape[a] == 1)
     return reshape(x, tuple(s for a, s in enumerate(x.shape) if a not in axes))
 
 
@@ -397,22 +565,26 @@ def _shift_by_max(x: Value, axis: int, op: str) -> Value:
     return x - stop_gradient(max(x, axis=axis, keepdims=True))
 
 
+@torch_dims
 def log_softmax(x, axis: int = -1) -> Value:
-    """log(softmax(x)) computed stably: x - max - log(sum(exp(x - max)))."""
+    """log(softmax(x)) along `axis` / `dim`, computed stably: x - max - log(sum(exp(x - max)))."""
     x = _value(x, "log_softmax")
     shifted = _shift_by_max(x, axis, "log_softmax")
     return shifted - log(sum(exp(shifted), axis=axis, keepdims=True))
 
 
+@torch_dims
 def softmax(x, axis: int = -1) -> Value:
-    """exp(x) / sum(exp(x)) along `axis`, computed stably."""
+    """exp(x) / sum(exp(x)) along `axis` / `dim` (torch.softmax), computed stably."""
     x = _value(x, "softmax")
     e = exp(_shift_by_max(x, axis, "softmax"))
     return e / sum(e, axis=axis, keepdims=True)
 
 
-def class_labels(labels, num_classes, op: str = "class_labels", arg: str = "labels") -> Value:
-    """`labels` (integers), checked on every call to lie in [0, num_classes), as torch checks them.
+def class_labels(labels, num_classes, op: str = "class_labels", arg: str = "labels",
+                 ignore_index: int | None = None) -> Value:
+    """`labels` (integers), checked on every call to lie in [0, num_classes) or to equal
+    `ignore_index` (when given), as torch checks them.
 
     An input's labels are checked in Python before the program runs (symgrad.compiled);
     labels the graph computes are checked by the NumPy reference as it runs. `op` and `arg`
@@ -421,7 +593,8 @@ def class_labels(labels, num_classes, op: str = "class_labels", arg: str = "labe
     labels = _value(labels, op, arg)
     if D.is_float(labels.dtype) or labels.dtype == "bool":
         raise TypeError(f"{op}: {arg} must be integers, got {labels.dtype} {S.format_shape(labels.shape)}")
-    return make(lookup("class_labels"), (labels,), num_classes=num_classes, caller=op, arg=arg)
+    ignored = {} if ignore_index is None else {"ignore_index": int(ignore_index)}
+    return make(lookup("class_labels"), (labels,), num_classes=num_classes, caller=op, arg=arg, **ignored)
 
 
 def _class_mask(labels: Value, num_classes) -> Value:
@@ -435,54 +608,6 @@ def one_hot(labels, num_classes: int, dtype: str = D.DEFAULT_FLOAT) -> Value:
     """labels (integers in [0, num_classes)) as one-hot rows of length `num_classes`."""
     labels = class_labels(labels, num_classes, "one_hot", "labels")
     return cast(_class_mask(labels, num_classes), dtype)
-
-
-def _reduce_loss(per_element: Value, reduction: str, op: str) -> Value:
-    if reduction == "mean":
-        return mean(per_element)
-    if reduction == "sum":
-        return sum(per_element)
-    if reduction == "none":
-        return per_element
-    raise ValueError(f"{op}: reduction must be 'mean', 'sum' or 'none', got {reduction!r}")
-
-
-def nll_loss(log_probs, target, reduction: str = "mean") -> Value:
-    """Negative log-likelihood of integer `target` under rows of log-probabilities (F.nll_loss)."""
-    log_probs, target = _rows_and_targets(log_probs, target, "nll_loss", "log_probs")
-    return _nll_loss(log_probs, target, reduction, "nll_loss")
-
-
-def _rows_and_targets(scores, target, op: str, arg: str) -> tuple[Value, Value]:
-    """`scores` [N, C] and `target` [N] as graph values, checked as torch's losses check them."""
-    scores, target = _value(scores, op, arg), _value(target, op, "target")
-    if scores.ndim != 2 or target.ndim != 1 or not S.same_size(scores.shape[0], target.shape[0]):
-        raise ValueError(f"{op}: expects {arg} [N,C] and target [N], got "
-                         f"{S.format_shape(scores.shape)} and {S.format_shape(target.shape)}")
-    return scores, target
-
-
-def _nll_loss(log_probs: Value, target: Value, reduction: str, op: str) -> Value:
-    target = class_labels(target, log_probs.shape[1], op, "target")
-    # Each row's target entry selected, not one_hot * log_probs: a masked class (log-probability
-    # -inf) would give 0 * -inf = nan in the sum, where torch's gather gives the target's value.
-    picked = sum(where(_class_mask(target, log_probs.shape[1]), log_probs, 0), axis=1)
-    return _reduce_loss(-picked, reduction, op)
-
-
-def cross_entropy(logits, target, reduction: str = "mean") -> Value:
-    """Softmax cross-entropy of integer `target` (F.cross_entropy): mean over the batch by default."""
-    logits, target = _rows_and_targets(logits, target, "cross_entropy", "logits")
-    return _nll_loss(log_softmax(logits, axis=1), target, reduction, "cross_entropy")
-
-
-def mse_loss(input, target, reduction: str = "mean") -> Value:
-    """Mean squared error (F.mse_loss)."""
-    input, target = _lift(input, target, "mse_loss")
-    if input.shape != target.shape:
-        S.broadcast_shapes(input.shape, target.shape, op="mse_loss")
-    diff = input - target
-    return _reduce_loss(diff * diff, reduction, "mse_loss")
 
 
 # ---- user-defined elementwise ops ----------------------------------------------
@@ -537,3 +662,11 @@ from .indexing import getitem  # noqa: E402
 from .integer import (bitwise_and, bitwise_left_shift, bitwise_not, bitwise_or, bitwise_right_shift,  # noqa: E402
                       bitwise_xor, floor_divide, fmod, remainder)
 from .integer import div as divide  # noqa: E402  (torch.divide: div with rounding_mode; `div` above is a / b)
+# The losses, written on the functions above (symgrad.losses).
+from .losses import cross_entropy, mse_loss, nll_loss  # noqa: E402
+# What Value's torch-named methods forward to (symgrad.ir.value), from the modules built on this one.
+from .indexing import chunk, narrow, split  # noqa: E402
+from .indices import permute, swapaxes, tril, triu  # noqa: E402
+from .pointwise import ceil, clip, erf, floor, log1p, masked_fill, round, sign, trunc  # noqa: E402
+from .pooling import flatten  # noqa: E402
+from .statistics import logsumexp, prod, std, var  # noqa: E402

@@ -19,6 +19,7 @@ from .ir import dtypes as D
 from .ir import shapes as S
 from .ir.ops_indexing import slice_length
 from .ir.value import Value
+from .spellings import torch_dims
 
 __all__ = ["getitem", "narrow", "cat", "concat", "concatenate", "stack", "split", "chunk", "take", "embedding"]
 
@@ -139,6 +140,7 @@ def narrow(x, dim: int, start, length) -> Value:
     return F.make_slice(x, starts, stops, [1] * x.ndim)
 
 
+@torch_dims
 def cat(values: Sequence, axis: int = 0) -> Value:
     """The values joined along `axis` (torch.cat): a sum of each written into zeros at its offset,
     so the gradient of each part is a slice; compiled code stores each part straight into its
@@ -174,6 +176,7 @@ def cat(values: Sequence, axis: int = 0) -> Value:
 concat = concatenate = cat
 
 
+@torch_dims
 def stack(values: Sequence, axis: int = 0) -> Value:
     """The values joined along a new axis (torch.stack)."""
     values = [F._value(v, "stack", f"values[{k}]") for k, v in enumerate(values)]

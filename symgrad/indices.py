@@ -25,18 +25,28 @@ def _is_integer(value) -> bool:
     return isinstance(value, (numbers.Integral, S.Dim)) or (isinstance(value, sympy.Basic) and value.is_integer)
 
 
-def arange(start, stop=None, step=1, dtype: str | None = None) -> Value:
-    """start, start + step, ... below stop (torch.arange): int64 when start, stop and step are
-    integers, else float32. The length may be a Dim expression (`sg.arange(T)` for a symbolic T)."""
+def arange(start=None, stop=None, step=1, dtype=None, *, end=None, device=None, requires_grad: bool = False) -> Value:
+    """start, start + step, ... below stop (torch.arange; torch's `end=` is `stop`): int64 when
+    start, stop and step are integers, else float32, unless `dtype` (a name, a NumPy or a torch
+    dtype). The length may be a Dim expression (`sg.arange(T)` for a symbolic T). `device=` and
+    `requires_grad=` change nothing (the backend decides where a graph runs)."""
+    if end is not None:
+        if stop is not None:
+            raise TypeError("arange: got both stop and end= (NumPy's and torch's names of one argument)")
+        stop = end
+    if start is None and stop is None:
+        raise TypeError("arange: give an end")
     if stop is None:
         start, stop = 0, start
+    elif start is None:
+        start = 0
     if step == 0:
         raise ValueError("arange: step must not be zero")
     span = sympy.sympify(stop) - start
     if span.is_number and span * step < 0:
         raise ValueError(f"arange: stop {stop} is not reached from start {start} by step {step} (as torch refuses)")
     integral = all(_is_integer(v) for v in (start, stop, step))
-    dtype = D.canonical(dtype or ("int64" if integral else D.DEFAULT_FLOAT))
+    dtype = F._dtype_name(dtype or ("int64" if integral else D.DEFAULT_FLOAT))
     if integral:
         length = sympy.sympify((sympy.sympify(stop) - start + step - (1 if step > 0 else -1)) // step)
         if length.is_number:

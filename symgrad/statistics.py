@@ -11,13 +11,16 @@ from . import functional as F
 from . import indexing
 from .ir import shapes as S
 from .ir.value import Value
+from .spellings import torch_dims
 
 __all__ = ["var", "std", "logsumexp", "prod"]
 
 
-def var(x, axis=None, correction: int = 1, keepdims: bool = False) -> Value:
-    """The variance over `axis` (None: all), divided by N - correction (torch.var; correction=1,
-    the unbiased estimate, is torch's default).
+@torch_dims
+def var(x, axis=None, correction: int = 1, keepdims: bool = False, *, unbiased: bool | None = None) -> Value:
+    """The variance over `axis` / `dim` (None: all), divided by N - correction (torch.var;
+    correction=1, the unbiased estimate, is torch's default; torch's older `unbiased=False` is
+    correction=0, and a bool in correction's place means what `unbiased` does).
 
     N - correction <= 0 (fixed sizes, or a Dim bound at run time) gives torch's values: the
     divisor is clamped at 0, so inf, or NaN where the squares sum to 0. The gradient there is
@@ -28,6 +31,7 @@ def var(x, axis=None, correction: int = 1, keepdims: bool = False) -> Value:
     correction = N.)
     """
     x = F._value(x, "var")
+    correction = _correction("var", correction, unbiased)
     axes = S.normalize_axes(axis, x.ndim, "var")
     dof = S.numel([x.shape[a] for a in axes]) - correction
     if isinstance(dof, sympy.Basic) and not dof.is_number:
@@ -53,6 +57,15 @@ def var(x, axis=None, correction: int = 1, keepdims: bool = False) -> Value:
     return total * F.constant(F.ieee_ratio(1, divisor), total.dtype)
 
 
+def _correction(op: str, correction, unbiased) -> int:
+    """torch's `correction=`, or its older `unbiased=` (True: 1, False: 0); not both."""
+    if unbiased is not None:
+        if correction != 1:
+            raise TypeError(f"{op}: got both unbiased= and correction=; give one")
+        return int(bool(unbiased))
+    return correction
+
+
 def _choose(condition, if_true: Value, if_false: Value) -> Value:
     """if_true where `condition` holds: decided here for a Python bool, at run time for a graph
     value (a condition on a Dim)."""
@@ -61,14 +74,17 @@ def _choose(condition, if_true: Value, if_false: Value) -> Value:
     return if_true if condition else if_false
 
 
-def std(x, axis=None, correction: int = 1, keepdims: bool = False) -> Value:
-    """sqrt(var(x, axis, correction)), as torch.std; its gradient is 0 where it is 0 (torch's
-    std_backward masks sqrt's infinite derivative there: equal elements, one of them)."""
-    variance = var(x, axis=axis, correction=correction, keepdims=keepdims)
+@torch_dims
+def std(x, axis=None, correction: int = 1, keepdims: bool = False, *, unbiased: bool | None = None) -> Value:
+    """sqrt(var(x, axis, correction)), as torch.std (`dim=`, `keepdim=`, `unbiased=` as var);
+    its gradient is 0 where it is 0 (torch's std_backward masks sqrt's infinite derivative
+    there: equal elements, one of them)."""
+    variance = var(x, axis=axis, correction=_correction("std", correction, unbiased), keepdims=keepdims)
     # where() passes nothing to the branch not taken, so sqrt's inf at 0 never reaches var.
     return F.sqrt(F.where(F.equal(variance, 0), F.stop_gradient(variance), variance))
 
 
+@torch_dims
 def logsumexp(x, axis=None, keepdims: bool = False) -> Value:
     """log(sum(exp(x))) over `axis`, computed stably (torch.logsumexp): shifted by the max,
     which is taken as 0 where it is infinite, so a row of -inf gives -inf and one +inf gives inf."""
@@ -82,6 +98,7 @@ def logsumexp(x, axis=None, keepdims: bool = False) -> Value:
     return total if keepdims else F.squeeze(total, axis=axes)
 
 
+@torch_dims
 def prod(x, axis=None, keepdims: bool = False) -> Value:
     """The product over `axis` (None: all), as torch.prod; the product of nothing is 1.
 

@@ -39,7 +39,7 @@ def test_matmul_shape_mismatch_names_op_and_shapes():
     (lambda: sg.transpose(sg.input("a", (3, 4)), (0, 0)), ["transpose", "[3,4]"]),
     (lambda: sg.sum(sg.input("a", (3, 4)), axis=2), ["sum", "axis 2", "rank 2"]),
     (lambda: sg.max(sg.input("a", (3, 4)), axis=(0, 0)), ["max", "repeated"]),
-    (lambda: sg.squeeze(sg.input("a", (3, 4)), 0), ["squeeze", "[3,4]"]),
+    (lambda: sg.squeeze(sg.input("a", (3, 4)), 2), ["squeeze", "[3,4]"]),  # (a kept axis of size 3 is torch's meaning)
     (lambda: sg.transpose(sg.input("a", (3, 4)), (0, 5)), ["transpose", "[3,4]"]),
     (lambda: sg.input("a", (3, 4)).transpose(1, 2), ["transpose", "[3,4]"]),
     (lambda: sg.expand_dims(sg.input("a", (3, 4)), 5), ["expand_dims", "axis 5", "[3,4]"]),

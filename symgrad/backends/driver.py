@@ -45,10 +45,11 @@ class Compilation:
 
 
 def label_inputs(graph: Graph) -> list:
-    """(input position, number of classes) of each class-label input of `graph` (before the
-    passes, which drop the class_labels nodes that mark them): what a host program's entry
-    checks before it computes anything."""
-    return [(position, node.attrs["num_classes"]) for position, node in label_checks(graph)]
+    """(input position, number of classes, ignored label or None) of each class-label input of
+    `graph` (before the passes, which drop the class_labels nodes that mark them): what a host
+    program's entry checks before it computes anything."""
+    return [(position, node.attrs["num_classes"], node.attrs.get("ignore_index"))
+            for position, node in label_checks(graph)]
 
 
 def matmul_epilogues(language: Language) -> bool:

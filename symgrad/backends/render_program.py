@@ -73,10 +73,11 @@ def _host_program(renderer: Renderer, kernels: list, labels: list, profile: bool
                 for b in group]
     workspace = [dict(_buffer(renderer, b), numel=ex.paren(b.numel)) for b in plan.workspace]
     checks = []
-    for position, classes in labels:
+    for position, classes, ignore in labels:
         buf = next(b for b in plan.inputs if b.index == position)
         checks.append(dict(labels=buf.name, numel=ex.size(sympy.Mul(*plan.graph.inputs[position].shape)),
-                           classes=ex.size(classes), comment=comment(buf.label)))
+                           classes=ex.size(classes), comment=comment(buf.label),
+                           ignore=None if ignore is None else int(ignore)))
     arguments = [f"dims[{k}] = {comment(d)}" for k, d in enumerate(plan.dims)]
     arguments += [f"inputs[{b.index}] = {comment(b.label)}: {D.SHORT_NAMES[b.dtype]}"
                   f"{shape_comment(plan.graph.inputs[b.index].shape)}" for b in plan.inputs]

@@ -187,7 +187,8 @@ _UNSIGNED = {np.dtype(np.int32): np.dtype(np.uint32), np.dtype(np.int64): np.dty
 
 
 def check_labels(labels: np.ndarray, num_classes: int, node, source: str) -> None:
-    """Raise ValueError unless every entry of `labels` lies in [0, num_classes) (torch's check).
+    """Raise ValueError unless every entry of `labels` lies in [0, num_classes) or is the node's
+    `ignore_index` (torch's check).
 
     `node` is the class_labels node (it names the op and argument); `source` says where the
     labels came from ("input 'y'"). One reduction over an unsigned view: a negative label
@@ -196,10 +197,17 @@ def check_labels(labels: np.ndarray, num_classes: int, node, source: str) -> Non
     if labels.size == 0 or labels.view(_UNSIGNED[labels.dtype]).max() < num_classes:
         return
     flat = labels.reshape(-1)
-    bad = int(np.flatnonzero((flat < 0) | (flat >= num_classes))[0])
+    outside = (flat < 0) | (flat >= num_classes)
+    ignore = node.attrs.get("ignore_index")
+    if ignore is not None:
+        outside &= flat != ignore
+        if not outside.any():
+            return
+    bad = int(np.flatnonzero(outside)[0])
     where = np.unravel_index(bad, labels.shape)
     raise ValueError(f"{node.attrs['caller']}: {node.attrs['arg']} ({source}) holds {int(flat[bad])} at "
-                     f"index {list(map(int, where))}, outside [0, {num_classes}){range_words(node, num_classes)}")
+                     f"index {list(map(int, where))}, outside [0, {num_classes}){range_words(node, num_classes)}"
+                     + (f" (and not the ignore_index {ignore})" if ignore is not None else ""))
 
 
 # Callers whose integer labels pick entries of a table (an embedding's rows), not classes.

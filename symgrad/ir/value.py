@@ -115,20 +115,136 @@ class Value:
     def __ne__(self, other): return _F().not_equal(self, other)  # type: ignore[override]
 
     # ---- methods, as on a torch.Tensor / numpy array -------------------
+    # Each forwards to the function of the same name (symgrad.functional and the modules it
+    # re-exports), which holds torch's meaning and the checks; reductions take `dim=` /
+    # `keepdim=` as well as `axis=` / `keepdims=`.
     @property
     def T(self) -> "Value":
+        """The axes reversed (torch's and NumPy's .T)."""
         return _F().transpose(self)
 
-    def sum(self, axis=None, keepdims=False): return _F().sum(self, axis=axis, keepdims=keepdims)
-    def mean(self, axis=None, keepdims=False): return _F().mean(self, axis=axis, keepdims=keepdims)
-    def max(self, axis=None, keepdims=False): return _F().max(self, axis=axis, keepdims=keepdims)
-    def reshape(self, *shape): return _F().reshape(self, shape[0] if len(shape) == 1 and isinstance(shape[0], (tuple, list)) else shape)
-    def transpose(self, *axes):
-        # x.transpose(1, 0) and x.transpose((1, 0)), as on a numpy array.
-        if len(axes) == 1 and isinstance(axes[0], (tuple, list)):
-            axes = tuple(axes[0])
-        return _F().transpose(self, axes or None)
+    @property
+    def mT(self) -> "Value":
+        """The last two axes exchanged (torch's .mT: a batch of transposed matrices)."""
+        if self.ndim < 2:
+            raise ValueError(f"mT: needs at least 2 axes, got {self.type_str}")
+        return _F().transpose(self, -2, -1)
+
+    def size(self, dim=None):
+        """The shape (a tuple of ints and Dims), or the size of axis `dim`, as torch's size()."""
+        if dim is None:
+            return self.shape
+        if not isinstance(dim, int) or isinstance(dim, bool) or not -self.ndim <= dim < self.ndim:
+            raise IndexError(f"size: dim {dim!r} is out of range for {self.type_str}")
+        return self.shape[dim]
+
+    def dim(self) -> int:
+        """The number of axes (torch's dim(); .ndim)."""
+        return self.ndim
+
+    def numel(self):
+        """The number of elements: an int, or a sympy expression of Dims."""
+        return S.numel(self.shape)
+
+    def sum(self, *args, **kwargs): return _F().sum(self, *args, **kwargs)
+    def mean(self, *args, **kwargs): return _F().mean(self, *args, **kwargs)
+    def max(self, *args, **kwargs): return _F().max(self, *args, **kwargs)
+    def min(self, *args, **kwargs): return _F().min(self, *args, **kwargs)
+    def amax(self, *args, **kwargs): return _F().amax(self, *args, **kwargs)
+    def amin(self, *args, **kwargs): return _F().amin(self, *args, **kwargs)
+    def argmax(self, *args, **kwargs): return _F().argmax(self, *args, **kwargs)
+    def argmin(self, *args, **kwargs): return _F().argmin(self, *args, **kwargs)
+    def var(self, *args, **kwargs): return _F().var(self, *args, **kwargs)
+    def std(self, *args, **kwargs): return _F().std(self, *args, **kwargs)
+    def prod(self, *args, **kwargs): return _F().prod(self, *args, **kwargs)
+    def logsumexp(self, *args, **kwargs): return _F().logsumexp(self, *args, **kwargs)
+    def softmax(self, *args, **kwargs): return _F().softmax(self, *args, **kwargs)
+    def log_softmax(self, *args, **kwargs): return _F().log_softmax(self, *args, **kwargs)
+
+    def reshape(self, *shape): return _F().reshape(self, _sizes(shape))
+    def view(self, *shape):
+        """x with a new shape (torch's view: reshape; graph values have no storage to share)."""
+        if len(shape) == 1 and isinstance(shape[0], str):
+            raise TypeError(f"view: reinterpreting {self.type_str} as dtype {shape[0]!r} is not supported; "
+                            f"use .to(dtype) to convert")
+        return _F().reshape(self, _sizes(shape))
+    def view_as(self, other): return _F().reshape(self, other.shape)
+    def reshape_as(self, other): return _F().reshape(self, other.shape)
+    def transpose(self, *dims):
+        """torch's x.transpose(d0, d1) exchanges two axes; a permutation (a tuple, or as many
+        axes as x has, other than two) keeps numpy's meaning; no argument reverses the axes."""
+        return _F().transpose(self, *dims)
+    def permute(self, *dims): return _F().permute(self, _sizes(dims))
+    def swapaxes(self, axis0, axis1): return _F().swapaxes(self, axis0, axis1)
+    swapdims = swapaxes
+    def t(self): return _F().transpose(self, 0, -1) if self.ndim == 2 else _F().transpose(self)
+    def contiguous(self, *args, **kwargs):
+        """x itself: the compiler decides every layout (torch's contiguous() copies)."""
+        return self
+    def clone(self, *args, **kwargs):
+        """x itself: graph values are immutable, so a copy is the same value."""
+        return self
+    def detach(self): return _F().stop_gradient(self)
+    def unsqueeze(self, dim): return _F().unsqueeze(self, dim)
+    def squeeze(self, *args, **kwargs): return _F().squeeze(self, *args, **kwargs)
+    def flatten(self, start_dim=0, end_dim=-1): return _F().flatten(self, start_dim, end_dim)
+    def expand(self, *sizes): return _F().expand(self, _sizes(sizes))
+    def expand_as(self, other): return _F().expand(self, other.shape)
+    def split(self, split_size_or_sections, dim=0): return _F().split(self, split_size_or_sections, dim)
+    def chunk(self, chunks, dim=0): return _F().chunk(self, chunks, dim)
+    def narrow(self, dim, start, length): return _F().narrow(self, dim, start, length)
+    def masked_fill(self, mask, value): return _F().masked_fill(self, mask, value)
+    def where(self, condition, other): return _F().where(condition, self, other)
+    def tril(self, diagonal=0): return _F().tril(self, diagonal)
+    def triu(self, diagonal=0): return _F().triu(self, diagonal)
+    def matmul(self, other): return _F().matmul(self, other)
+    mm = bmm = matmul
+
+    # dtype conversions, as torch's
     def astype(self, dtype): return _F().cast(self, dtype)
+    def to(self, *args, **kwargs): return _F().to(self, *args, **kwargs)
+    def type_as(self, other): return _F().cast(self, other.dtype)
+    def float(self): return _F().cast(self, "float32")
+    def double(self): return _F().cast(self, "float64")
+    def long(self): return _F().cast(self, "int64")
+    def int(self): return _F().cast(self, "int32")
+    def bool(self): return _F().cast(self, "bool")
+
+    # elementwise, as torch's methods
+    def exp(self): return _F().exp(self)
+    def log(self): return _F().log(self)
+    def log1p(self): return _F().log1p(self)
+    def sqrt(self): return _F().sqrt(self)
+    def rsqrt(self): return 1 / _F().sqrt(self)
+    def square(self): return self * self
+    def reciprocal(self): return 1 / self
+    def abs(self): return _F().abs(self)
+    def neg(self): return _F().neg(self)
+    def sin(self): return _F().sin(self)
+    def cos(self): return _F().cos(self)
+    def tanh(self): return _F().tanh(self)
+    def sigmoid(self): return _F().sigmoid(self)
+    def relu(self): return _F().relu(self)
+    def erf(self): return _F().erf(self)
+    def sign(self): return _F().sign(self)
+    def floor(self): return _F().floor(self)
+    def ceil(self): return _F().ceil(self)
+    def round(self): return _F().round(self)
+    def trunc(self): return _F().trunc(self)
+    def pow(self, exponent): return _F().pow(self, exponent)
+    def clamp(self, min=None, max=None): return _F().clip(self, min, max)
+    clip = clamp
+    def maximum(self, other): return _F().maximum(self, other)
+    def minimum(self, other): return _F().minimum(self, other)
+    def add(self, other, alpha=1): return _F().add(self, other if alpha == 1 else other * alpha)
+    def sub(self, other, alpha=1): return _F().sub(self, other if alpha == 1 else other * alpha)
+    def mul(self, other): return _F().mul(self, other)
+    def eq(self, other): return _F().equal(self, other)
+    def ne(self, other): return _F().not_equal(self, other)
+    def lt(self, other): return _F().less(self, other)
+    def le(self, other): return _F().less_equal(self, other)
+    def gt(self, other): return _F().greater(self, other)
+    def ge(self, other): return _F().greater_equal(self, other)
     def asin(self): return _F().asin(self)
     def acos(self): return _F().acos(self)
     def atan(self): return _F().atan(self)
@@ -167,6 +283,13 @@ def functions():
 
 
 _F = functions
+
+
+def _sizes(args: tuple) -> tuple:
+    """torch's size arguments: `f(2, 3)` or `f((2, 3))` (a tuple, list or a shape)."""
+    if len(args) == 1 and isinstance(args[0], (tuple, list)):
+        return tuple(args[0])
+    return tuple(args)
 
 
 def make(op: OpDef, inputs=(), **attrs: Any) -> Value:

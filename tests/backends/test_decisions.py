@@ -48,9 +48,10 @@ def test_softmax_cross_entropy_decisions():
     name = graph_namer(graph, variables)
     text = str(d)
     # One row group: the row max, exp, row sum, log and the backward's row sum and softmax gradient,
-    # the mean loss's full sum split into per-row parts.
+    # the mean loss's full sum split into per-row parts. (The backward's per-element scale, -1 over
+    # the count of targets not ignored, where selected, is a member too.)
     (g,) = d.row_groups
-    assert [m.op.name for m in g.members][:5] == ["max", "exp", "sum", "log", "sum"]
+    assert [m.op.name for m in g.members if m.op.name != "where_vjp1"][:5] == ["max", "exp", "sum", "log", "sum"]
     (full_sum,) = g.partials
     assert full_sum.op.name == "sum" and full_sum.shape == ()
     assert f"rows (B,) x 10: max {name(g.members[0])}, exp" in text
@@ -62,13 +63,15 @@ def test_softmax_cross_entropy_decisions():
     (bias_add,) = [n for n in _nodes(graph, "add") if n.inputs[0].op.name == "matmul"]
     assert id(bias_add) in d.recomputed and id(bias_add) in d.fused
     assert "recomputed by each reader: " in text and name(bias_add) in text.split("recomputed by each reader: ")[1]
-    # Kernels in order: the forward matmul, the row kernel, the loss, then the updates.
+    # Kernels in order: the count of targets not ignored (ignore_index; the mean divides by it),
+    # the forward matmul, the row kernel, the loss, then the updates.
     kernels = d.kernels()
+    assert kernels.pop(0).startswith("sum ")
     assert kernels[0] == f"matmul {name(_nodes(graph, 'matmul')[0])}"
     assert kernels[1] == "rows " + " ".join(name(m) for m in g.members)
     assert kernels[2] == f"sum {name(full_sum)} -> {name(loss)}"
     assert sum(line.startswith("matmul") for line in kernels) == 2
-    assert "\nkernels, in order:\n  " + "\n  ".join(kernels) in text
+    assert "\nkernels, in order:\n  " + "\n  ".join(d.kernels()) in text
 
 
 def test_mlp_decisions():
@@ -84,7 +87,7 @@ def test_mlp_decisions():
     assert d.epilogue_of[id(relu)] is first_matmul
     assert d.epilogue_of[id(mask)].op.name == "matmul"
     assert f"{name(relu)} <- matmul {name(first_matmul)}" in str(d)
-    assert d.kernels()[0] == f"matmul {name(first_matmul)} -> {name(relu)}"
+    assert d.kernels()[1] == f"matmul {name(first_matmul)} -> {name(relu)}"  # after the count of kept targets
     assert len(d.row_groups) == 1
     # Without matmul epilogues, only the loss's epilogue stays.
     plain = decide(graph, variables)

@@ -93,10 +93,11 @@ def regression_step():
 
 
 def test_softmax_regression_step_has_one_row_kernel(regression_step):
-    """Softmax + cross-entropy forward and backward in one row kernel: 7 kernels, down from 12."""
+    """Softmax + cross-entropy forward and backward in one row kernel: 8 kernels, down from 13. The
+    first counts the targets that are not ignore_index (torch's mean divides by that count)."""
     step, ref = regression_step
     plan = step.program.plan
-    assert kinds(plan) == ["MatmulKernel", "RowKernel", "ReduceKernel", "ReduceKernel", "LoopKernel",
+    assert kinds(plan) == ["ReduceKernel", "MatmulKernel", "RowKernel", "ReduceKernel", "ReduceKernel", "LoopKernel",
                            "MatmulKernel", "LoopKernel"]
     (row,) = [k for k in plan.kernels if isinstance(k, RowKernel)]
     assert [[r.op for r in p.reductions] for p in row.passes] == [["max", "sum"], ["sum"], ["sum"]]
@@ -105,14 +106,14 @@ def test_softmax_regression_step_has_one_row_kernel(regression_step):
     stored = {st.label for p in row.passes for st in [*p.stores, *p.row_stores]}
     grad = plan.kernels[-2].b.buffer  # x^T @ dz reads dz
     assert grad in row.outs and any(st.view.buffer.dtype == "float64" for st in row.passes[-1].row_stores)
-    assert len(stored) == 3
+    assert len(stored) == 4  # (the 4th: the loss gradient's per-element scale, -1/count where selected)
     # the cross-row sum of the per-row parts finishes the mean loss into the output
-    cross = plan.kernels[2]
+    cross = plan.kernels[3]
     assert cross.input.buffer in row.outs and cross.out is plan.outputs[0] and cross.epilogue_statements
-    assert "row kernel: max, sum, sum, sum (3 passes), 3 outputs" in step.report()
+    assert "row kernel: max, sum, sum, sum (3 passes), 4 outputs" in step.report()
     assert "1 row kernels" in step.report()
     unfused = lower(step.program.optimized, fuse_reduce=False)
-    assert not any(isinstance(k, RowKernel) for k in unfused.kernels) and len(unfused.kernels) > 7
+    assert not any(isinstance(k, RowKernel) for k in unfused.kernels) and len(unfused.kernels) > 8
     for _ in range(3):
         x = RNG.standard_normal((37, 784)).astype("f4")
         y = RNG.integers(0, 10, 37)
@@ -263,7 +264,7 @@ def test_a_lone_reduction_keeps_its_reduce_kernel():
 
 def test_cuda_row_kernel_is_one_block_per_row():
     src = sg.cuda_source(softmax_regression_graph())
-    body = src.split("row kernel: max, sum, sum, sum (3 passes), 3 outputs")[1].split("\n}\n")[0]
+    body = src.split("row kernel: max, sum, sum, sum (3 passes), 4 outputs")[1].split("\n}\n")[0]
     assert "for (int64_t o = blockIdx.x; o < n_rows; o += gridDim.x)" in body
     assert "for (int64_t c = threadIdx.x; c < 10; c += blockDim.x)" in body
     assert "sg_block_max<float>((a0_nan ? NAN : a0), s_float)" in body and "sg_block_sum<double>" in body

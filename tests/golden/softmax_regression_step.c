@@ -15,21 +15,27 @@
  *   t10: f32[B,10] = sub(t6, t9)
  *   t11: f32[B,10] = where(t2, t10, 0)
  *   t12: f32[] = sum[axes=(0,1), keepdims=False](t11)
- *   t13: f32[] = mul(t12, -1/B)
- *   t14: f32[] = cast(lr)
- *   t15: f32[784,B] = transpose[perm=(1,0)](x)
- *   t16: f32[B,10] = Piecewise(((-1/B), Ne(t2, 0)), (0, True))
- *   t17: f32[B,1] = sum[axes=(1,), keepdims=True](t16)
- *   t18: f32[B,10] = t16 - t17*t7/t8
- *   t19: f32[784,10] = matmul(t15, t18)
- *   t20: f32[784,10] = mul(t14, t19)
- *   t21: f32[784,10] = sub(W, t20)
- *   t22: f32[10] = sum[axes=(0,), keepdims=False](t18)
- *   t23: f32[10] = mul(t14, t22)
- *   t24: f32[10] = sub(b, t23)
- *   return (t13,)
- *   update W <- t21
- *   update b <- t24
+ *   t13: f32[] = neg(t12)
+ *   t14: bool[B] = not_equal(y, -100)
+ *   t15: f32[B] = cast(t14)
+ *   t16: f32[] = sum[axes=(0,), keepdims=False](t15)
+ *   t17: f32[] = div(t13, t16)
+ *   t18: f32[] = cast(lr)
+ *   t19: f32[784,B] = transpose[perm=(1,0)](x)
+ *   t20: f32[] = (1.0)/t16
+ *   t21: f32[] = neg(t20)
+ *   t22: f32[B,10] = Piecewise((t21, Ne(t2, 0)), (0, True))
+ *   t23: f32[B,1] = sum[axes=(1,), keepdims=True](t22)
+ *   t24: f32[B,10] = t22 - t23*t7/t8
+ *   t25: f32[784,10] = matmul(t19, t24)
+ *   t26: f32[784,10] = mul(t18, t25)
+ *   t27: f32[784,10] = sub(W, t26)
+ *   t28: f32[10] = sum[axes=(0,), keepdims=False](t24)
+ *   t29: f32[10] = mul(t18, t28)
+ *   t30: f32[10] = sub(b, t29)
+ *   return (t17,)
+ *   update W <- t27
+ *   update b <- t30
  * }
  *
  * Entry point: symgrad_run(dims, inputs, variables, outputs, workspace, offsets, context) returns SG_OK (0),
@@ -46,7 +52,7 @@
  *   variables[1] = b: f32[10]
  *   variables[2] = lr: f64[]
  *   outputs[0]: f32[]
- *   workspace + offsets[k]: temporary ws<k> (6 buffers)
+ *   workspace + offsets[k]: temporary ws<k> (8 buffers)
  */
 #include <stdint.h>
 #include <stdlib.h>
@@ -120,8 +126,25 @@ static inline float sg_tanhf(float x)
     return __builtin_copysignf(a < 0.55f ? near : far, x);
 }
 
+/* t14: bool[B] = not_equal(y, -100) */
+/* t15: f32[B] = cast(t14) */
+/* t16: f32[] = sum[axes=(0,), keepdims=False](t15) */
+static void k0_sum_t16(int64_t d0, const int64_t* restrict in1, float* restrict ws0)
+{
+    double acc = 0;
+    #pragma omp simd reduction(+:acc)
+    for (int64_t r0 = 0; r0 < d0; ++r0) {
+        const int64_t v0 = in1[r0];  /* y */
+        const int64_t v1 = (-100);  /* -100 */
+        const uint8_t t14 = (uint8_t)((v0 != v1));  /* t14: bool[B] = not_equal(y, -100) */
+        const float t15 = ((t14) ? 1.0f : 0.0f);  /* t15: f32[B] = cast(t14) */
+        acc += (double)t15;
+    }
+    ws0[0] = (float)(acc);
+}
+
 /* t3: f32[B,10] = matmul(x, W) */
-static void k0_matmul_t3(int64_t d0, const float* restrict in0, const float* restrict var0, float* restrict ws0, sg_context* context)
+static void k1_matmul_t3(int64_t d0, const float* restrict in0, const float* restrict var0, float* restrict ws1, sg_context* context)
 {
     /* a[d0 x 784] read with strides (784, 1), b[784 x 10] with (10, 1):
        a transposed operand is only a change of strides. */
@@ -129,45 +152,51 @@ static void k0_matmul_t3(int64_t d0, const float* restrict in0, const float* res
     context->status = sg_gemm_dot5_f32(d0, 10, 784,
         in0, 784,
         var0, 10, 1,
-        ws0, context, NULL);
+        ws1, context, NULL);
 }
 
-/* row kernel: max, sum, sum, sum (3 passes), 3 outputs */
+/* row kernel: max, sum, sum, sum (3 passes), 4 outputs */
 /* t4: f32[B,10] = add(t3, b) */
+/* t20: f32[] = (1.0)/t16 */
+/* t21: f32[] = neg(t20) */
 /* t2: bool[B,10] = equal(t0, t1) */
-/* t16: f32[B,10] = Piecewise(((-1/B), Ne(t2, 0)), (0, True)) */
+/* t22: f32[B,10] = Piecewise((t21, Ne(t2, 0)), (0, True)) */
 /* t5: f32[B,1] = max[axes=(1,), keepdims=True](t4) */
-/* t17: f32[B,1] = sum[axes=(1,), keepdims=True](t16) */
+/* t23: f32[B,1] = sum[axes=(1,), keepdims=True](t22) */
 /* t6: f32[B,10] = sub(t4, t5) */
 /* t7: f32[B,10] = exp(t6) */
 /* t8: f32[B,1] = sum[axes=(1,), keepdims=True](t7) */
 /* t9: f32[B,1] = log(t8) */
-/* t18: f32[B,10] = t16 - t17*t7/t8 */
 /* t10: f32[B,10] = sub(t6, t9) */
 /* t11: f32[B,10] = where(t2, t10, 0) */
+/* t24: f32[B,10] = t22 - t23*t7/t8 */
 /* t12: f32[] = sum[axes=(0,1), keepdims=False](t11) (this row's part) */
-static void k1_rows_t5(int64_t d0, const int64_t* restrict in1, const float* restrict ws0, const float* restrict var1, float* restrict ws1, float* restrict ws2, double* restrict ws3)
+static void k2_rows_t5(int64_t d0, const float* restrict ws0, const int64_t* restrict in1, const float* restrict ws1, const float* restrict var1, float* restrict ws2, float* restrict ws3, float* restrict ws5, double* restrict ws4)
 {
     #pragma omp parallel for if((10*d0) >= SG_PARALLEL_MIN)
     for (int64_t o0 = 0; o0 < d0; ++o0) {
-        const float u0 = ((float)(-1.0f/d0));  /* -1/B */
-        const int64_t u1 = in1[o0];  /* t0 */
-        const float u2 = 0.0f;  /* 0 */
-        /* pass 1 of 3 over the row: max p0, sum p1 */
+        const float u0 = 1.0f;  /* 1.0 */
+        const float u1 = ws0[0];  /* t16 */
+        const int64_t u2 = in1[o0];  /* t0 */
+        const float u3 = 0.0f;  /* 0 */
+        /* pass 1 of 3 over the row: max p0, sum p1, store t22 */
         float a0 = -INFINITY;
         int a0_nan = 0;
         double a1 = 0;
         #pragma omp simd reduction(+:a1) reduction(max:a0) reduction(|:a0_nan)
         for (int64_t c = 0; c < 10; ++c) {
-            const float v0 = ws0[o0 * 10 + c];  /* t3 */
+            const float v0 = ws1[o0 * 10 + c];  /* t3 */
             const float v1 = var1[c];  /* b */
             const int64_t v2 = c;  /* t1 */
             const float t4 = v0 + v1;  /* t4: f32[B,10] = add(t3, b) */
-            const uint8_t t2 = (uint8_t)((u1 == v2));  /* t2: bool[B,10] = equal(t0, t1) */
-            const float t16 = (((((float)t2) != 0.0f)) ? (u0) : (0.0f));  /* t16: f32[B,10] = Piecewise(((-1/B), Ne(t2, 0)), (0, True)) */
+            const float t20 = u0/u1;  /* t20: f32[] = (1.0)/t16 */
+            const float t21 = -t20;  /* t21: f32[] = neg(t20) */
+            const uint8_t t2 = (uint8_t)((u2 == v2));  /* t2: bool[B,10] = equal(t0, t1) */
+            const float t22 = (((((float)t2) != 0.0f)) ? (t21) : (0.0f));  /* t22: f32[B,10] = Piecewise((t21, Ne(t2, 0)), (0, True)) */
             a0 = t4 > a0 ? t4 : a0;  /* t5: f32[B,1] = max[axes=(1,), keepdims=True](t4) */
             a0_nan |= t4 != t4;  /* NaN propagates, as in NumPy */
-            a1 += (double)t16;  /* t17: f32[B,1] = sum[axes=(1,), keepdims=True](t16) */
+            a1 += (double)t22;  /* t23: f32[B,1] = sum[axes=(1,), keepdims=True](t22) */
+            ws2[o0 * 10 + c] = t22;  /* t22 */
         }
         const float p0 = (a0_nan ? NAN : a0);
         const float p1 = (float)(a1);
@@ -175,56 +204,58 @@ static void k1_rows_t5(int64_t d0, const int64_t* restrict in1, const float* res
         double a2 = 0;
         #pragma omp simd reduction(+:a2)
         for (int64_t c = 0; c < 10; ++c) {
-            const float v0 = ws0[o0 * 10 + c];  /* t3 */
+            const float v0 = ws1[o0 * 10 + c];  /* t3 */
             const float v1 = var1[c];  /* b */
             const float t4 = v0 + v1;  /* t4: f32[B,10] = add(t3, b) */
             const float t6 = t4 - p0;  /* t6: f32[B,10] = sub(t4, t5) */
             const float t7 = sg_expf(t6);  /* t7: f32[B,10] = exp(t6) */
             a2 += (double)t7;  /* t8: f32[B,1] = sum[axes=(1,), keepdims=True](t7) */
-            ws1[o0 * 10 + c] = t7;  /* t7 */
+            ws3[o0 * 10 + c] = t7;  /* t7 */
         }
         const float p2 = (float)(a2);
         const float t9 = logf(p2);  /* t9: f32[B,1] = log(t8) */
-        /* pass 3 of 3 over the row: sum p3, store t18 */
+        /* pass 3 of 3 over the row: sum p3, store t24 */
         double a3 = 0;
         #pragma omp simd reduction(+:a3)
         for (int64_t c = 0; c < 10; ++c) {
             const int64_t v0 = c;  /* t1 */
-            const float v1 = ws1[o0 * 10 + c];  /* t7 */
-            const float v2 = ws0[o0 * 10 + c];  /* t3 */
-            const float v3 = var1[c];  /* b */
-            const uint8_t t2 = (uint8_t)((u1 == v0));  /* t2: bool[B,10] = equal(t0, t1) */
-            const float t16 = (((((float)t2) != 0.0f)) ? (u0) : (0.0f));  /* t16: f32[B,10] = Piecewise(((-1/B), Ne(t2, 0)), (0, True)) */
-            const float t18 = t16 - p1*v1/p2;  /* t18: f32[B,10] = t16 - t17*t7/t8 */
-            const float t4 = v2 + v3;  /* t4: f32[B,10] = add(t3, b) */
+            const float v1 = ws1[o0 * 10 + c];  /* t3 */
+            const float v2 = var1[c];  /* b */
+            const float v3 = ws2[o0 * 10 + c];  /* t22 */
+            const float v4 = ws3[o0 * 10 + c];  /* t7 */
+            const uint8_t t2 = (uint8_t)((u2 == v0));  /* t2: bool[B,10] = equal(t0, t1) */
+            const float t4 = v1 + v2;  /* t4: f32[B,10] = add(t3, b) */
             const float t6 = t4 - p0;  /* t6: f32[B,10] = sub(t4, t5) */
             const float t10 = t6 - t9;  /* t10: f32[B,10] = sub(t6, t9) */
-            const float t11 = (((((float)t2) != 0.0f)) ? (t10) : (u2));  /* t11: f32[B,10] = where(t2, t10, 0) */
+            const float t11 = (((((float)t2) != 0.0f)) ? (t10) : (u3));  /* t11: f32[B,10] = where(t2, t10, 0) */
+            const float t24 = v3 - p1*v4/p2;  /* t24: f32[B,10] = t22 - t23*t7/t8 */
             a3 += (double)t11;  /* t12: f32[] = sum[axes=(0,1), keepdims=False](t11) (this row's part) */
-            ws2[o0 * 10 + c] = t18;  /* t18 */
+            ws5[o0 * 10 + c] = t24;  /* t24 */
         }
         const double p3 = a3;
-        ws3[o0] = p3;  /* t12, per row */
+        ws4[o0] = p3;  /* t12, per row */
     }
 }
 
 /* t12: f32[] = sum[axes=(0,1), keepdims=False](t11) (the sum of the per-row parts) */
-/* t13: f32[] = mul(t12, -1/B) */
-static void k2_mul_t13(int64_t d0, const double* restrict ws3, float* restrict out0)
+/* t13: f32[] = neg(t12) */
+/* t17: f32[] = div(t13, t16) */
+static void k3_div_t17(int64_t d0, const double* restrict ws4, const float* restrict ws0, float* restrict out0)
 {
     double acc = 0;
     #pragma omp simd reduction(+:acc)
     for (int64_t r0 = 0; r0 < d0; ++r0) {
-        acc += (double)ws3[r0];
+        acc += (double)ws4[r0];
     }
     const float red = (float)(acc);
-    const float ev0 = ((float)(-1.0f/d0));  /* -1/B */
-    const float t13 = red*ev0;  /* t13: f32[] = mul(t12, -1/B) */
-    out0[0] = t13;
+    const float ev0 = ws0[0];  /* t16 */
+    const float t13 = -red;  /* t13: f32[] = neg(t12) */
+    const float t17 = t13/ev0;  /* t17: f32[] = div(t13, t16) */
+    out0[0] = t17;
 }
 
-/* t22: f32[10] = sum[axes=(0,), keepdims=False](t18) */
-static void k3_sum_t22(int64_t d0, const float* restrict ws2, float* restrict ws4)
+/* t28: f32[10] = sum[axes=(0,), keepdims=False](t24) */
+static void k4_sum_t28(int64_t d0, const float* restrict ws5, float* restrict ws6)
 {
     /* The kept axis is contiguous: add whole rows into a tile of accumulators (vectorizes),
        256 columns at a time, instead of walking each column down the rows. */
@@ -235,56 +266,56 @@ static void k3_sum_t22(int64_t d0, const float* restrict ws2, float* restrict ws
         for (int64_t j = 0; j < jn; ++j)
             acc[j] = 0;
         for (int64_t r0 = 0; r0 < d0; ++r0) {
-            const float* restrict row = ws2 + r0 * 10;
+            const float* restrict row = ws5 + r0 * 10;
             for (int64_t j = 0; j < jn; ++j)
                 acc[j] += (double)row[j0 + j];
         }
         for (int64_t j = 0; j < jn; ++j)
-            ws4[j0 + j] = (float)(acc[j]);
+            ws6[j0 + j] = (float)(acc[j]);
     }
 }
 
-/* t14: f32[] = cast(lr) */
-/* t23: f32[10] = mul(t14, t22) */
-/* t24: f32[10] = sub(b, t23) */
-static void k4_sub_t24(int64_t d0, const double* restrict var2, const float* restrict ws4, float* restrict var1)
+/* t18: f32[] = cast(lr) */
+/* t29: f32[10] = mul(t18, t28) */
+/* t30: f32[10] = sub(b, t29) */
+static void k5_sub_t30(int64_t d0, const double* restrict var2, const float* restrict ws6, float* restrict var1)
 {
     for (int64_t i0 = 0; i0 < 10; ++i0) {
         const double v0 = var2[0];  /* lr */
-        const float v1 = ws4[i0];  /* t22 */
+        const float v1 = ws6[i0];  /* t28 */
         const float v2 = var1[i0];  /* b */
-        const float t14 = (float)(v0);  /* t14: f32[] = cast(lr) */
-        const float t23 = t14*v1;  /* t23: f32[10] = mul(t14, t22) */
-        const float t24 = v2 - t23;  /* t24: f32[10] = sub(b, t23) */
-        var1[i0] = t24;
+        const float t18 = (float)(v0);  /* t18: f32[] = cast(lr) */
+        const float t29 = t18*v1;  /* t29: f32[10] = mul(t18, t28) */
+        const float t30 = v2 - t29;  /* t30: f32[10] = sub(b, t29) */
+        var1[i0] = t30;
     }
 }
 
-/* t19: f32[784,10] = matmul(t15, t18) */
-static void k5_matmul_t19(int64_t d0, const float* restrict in0, const float* restrict ws2, float* restrict ws5, sg_context* context)
+/* t25: f32[784,10] = matmul(t19, t24) */
+static void k6_matmul_t25(int64_t d0, const float* restrict in0, const float* restrict ws5, float* restrict ws7, sg_context* context)
 {
     /* a[784 x d0] read with strides (1, 784), b[d0 x 10] with (10, 1):
        a transposed operand is only a change of strides. */
     /* context->status: the GEMM's (SG_OUT_OF_MEMORY: it stored nothing), for the entry point to check */
     context->status = sg_gemm_tn10_f32(784, 10, d0,
         in0, 784,
-        ws2, 10, 1,
-        ws5, context, NULL);
+        ws5, 10, 1,
+        ws7, context, NULL);
 }
 
-/* t14: f32[] = cast(lr) */
-/* t20: f32[784,10] = mul(t14, t19) */
-/* t21: f32[784,10] = sub(W, t20) */
-static void k6_sub_t21(int64_t d0, const double* restrict var2, const float* restrict ws5, float* restrict var0)
+/* t18: f32[] = cast(lr) */
+/* t26: f32[784,10] = mul(t18, t25) */
+/* t27: f32[784,10] = sub(W, t26) */
+static void k7_sub_t27(int64_t d0, const double* restrict var2, const float* restrict ws7, float* restrict var0)
 {
     for (int64_t i0 = 0; i0 < 7840; ++i0) {
         const double v0 = var2[0];  /* lr */
-        const float v1 = ws5[i0];  /* t19 */
+        const float v1 = ws7[i0];  /* t25 */
         const float v2 = var0[i0];  /* W */
-        const float t14 = (float)(v0);  /* t14: f32[] = cast(lr) */
-        const float t20 = t14*v1;  /* t20: f32[784,10] = mul(t14, t19) */
-        const float t21 = v2 - t20;  /* t21: f32[784,10] = sub(W, t20) */
-        var0[i0] = t21;
+        const float t18 = (float)(v0);  /* t18: f32[] = cast(lr) */
+        const float t26 = t18*v1;  /* t26: f32[784,10] = mul(t18, t25) */
+        const float t27 = v2 - t26;  /* t27: f32[784,10] = sub(W, t26) */
+        var0[i0] = t27;
     }
 }
 
@@ -294,15 +325,17 @@ int64_t symgrad_workspace_bytes(const int64_t* dims, int64_t* nbytes)
 {
     if (nbytes) {
         const int64_t d0 = dims[0];
-        nbytes[0] = (10*d0) * (int64_t)sizeof(float);  /* ws0: t3 */
-        nbytes[1] = (10*d0) * (int64_t)sizeof(float);  /* ws1: t7 */
-        nbytes[2] = (10*d0) * (int64_t)sizeof(float);  /* ws2: t18 */
-        nbytes[3] = d0 * (int64_t)sizeof(double);  /* ws3: t12 */
-        nbytes[4] = 10 * (int64_t)sizeof(float);  /* ws4: t22 */
-        nbytes[5] = 7840 * (int64_t)sizeof(float);  /* ws5: t19 */
+        nbytes[0] = 1 * (int64_t)sizeof(float);  /* ws0: t16 */
+        nbytes[1] = (10*d0) * (int64_t)sizeof(float);  /* ws1: t3 */
+        nbytes[2] = (10*d0) * (int64_t)sizeof(float);  /* ws2: t22 */
+        nbytes[3] = (10*d0) * (int64_t)sizeof(float);  /* ws3: t7 */
+        nbytes[4] = d0 * (int64_t)sizeof(double);  /* ws4: t12 */
+        nbytes[5] = (10*d0) * (int64_t)sizeof(float);  /* ws5: t24 */
+        nbytes[6] = 10 * (int64_t)sizeof(float);  /* ws6: t28 */
+        nbytes[7] = 7840 * (int64_t)sizeof(float);  /* ws7: t25 */
     }
     (void)dims;
-    return 6;
+    return 8;
 }
 
 /* Caps the OpenMP team of the calling thread's later parallel regions at `threads` (1: each
@@ -325,36 +358,39 @@ int symgrad_run(const int64_t* dims, void** inputs, void** variables, void** out
     float* var1 = (float*)variables[1];  /* b */
     double* var2 = (double*)variables[2];  /* lr */
     float* out0 = (float*)outputs[0];  /* output 0 */
-    float* ws0 = (float*)(workspace + offsets[0]);  /* t3 */
-    float* ws1 = (float*)(workspace + offsets[1]);  /* t7 */
-    float* ws2 = (float*)(workspace + offsets[2]);  /* t18 */
-    double* ws3 = (double*)(workspace + offsets[3]);  /* t12 */
-    float* ws4 = (float*)(workspace + offsets[4]);  /* t22 */
-    float* ws5 = (float*)(workspace + offsets[5]);  /* t19 */
+    float* ws0 = (float*)(workspace + offsets[0]);  /* t16 */
+    float* ws1 = (float*)(workspace + offsets[1]);  /* t3 */
+    float* ws2 = (float*)(workspace + offsets[2]);  /* t22 */
+    float* ws3 = (float*)(workspace + offsets[3]);  /* t7 */
+    double* ws4 = (double*)(workspace + offsets[4]);  /* t12 */
+    float* ws5 = (float*)(workspace + offsets[5]);  /* t24 */
+    float* ws6 = (float*)(workspace + offsets[6]);  /* t28 */
+    float* ws7 = (float*)(workspace + offsets[7]);  /* t25 */
     (void)dims; (void)inputs; (void)variables; (void)outputs; (void)workspace; (void)offsets;
     context->status = SG_OK;
     context->failed = NULL;
-    /* y: class labels, refused outside [0, 10) before anything changes */
+    /* y: class labels, refused outside [0, 10) (but for the ignored -100) before anything changes */
     for (int64_t i = 0; i < d0; ++i)
-        if ((uint64_t)(int64_t)in1[i] >= (uint64_t)(10))
+        if ((uint64_t)(int64_t)in1[i] >= (uint64_t)(10) && (int64_t)in1[i] != (int64_t)(-100LL))
             return 2;
     sg_team_begin_call(context);
 
-    k0_matmul_t3(d0, in0, var0, ws0, context);
+    k0_sum_t16(d0, in1, ws0);
+    k1_matmul_t3(d0, in0, var0, ws1, context);
     if (context->status != SG_OK) {
-        context->failed = "k0_matmul_t3";
+        context->failed = "k1_matmul_t3";
         return context->status;
     }
-    k1_rows_t5(d0, in1, ws0, var1, ws1, ws2, ws3);
-    k2_mul_t13(d0, ws3, out0);
-    k3_sum_t22(d0, ws2, ws4);
-    k4_sub_t24(d0, var2, ws4, var1);
-    k5_matmul_t19(d0, in0, ws2, ws5, context);
+    k2_rows_t5(d0, ws0, in1, ws1, var1, ws2, ws3, ws5, ws4);
+    k3_div_t17(d0, ws4, ws0, out0);
+    k4_sum_t28(d0, ws5, ws6);
+    k5_sub_t30(d0, var2, ws6, var1);
+    k6_matmul_t25(d0, in0, ws5, ws7, context);
     if (context->status != SG_OK) {
-        context->failed = "k5_matmul_t19";
+        context->failed = "k6_matmul_t25";
         return context->status;
     }
-    k6_sub_t21(d0, var2, ws5, var0);
+    k7_sub_t27(d0, var2, ws7, var0);
     sg_team_end_call(context);
     return SG_OK;
 }
