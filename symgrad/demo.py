@@ -7,7 +7,8 @@ max pooling, three linear layers, ReLU) with Adam, its learning rate decayed
 along a cosine, on standardised images shifted by up to 2 pixels at random
 each time they are drawn: 97.5% and more of the test digits within 10 epochs.
 `train()` is what `symgrad demo` runs; it is importable so tests and
-benchmarks run the very same loop.
+benchmarks run the very same loop. (`--model gpt`, a small GPT on the standard
+library's source, is symgrad.demo_gpt: another corpus, another loop.)
 """
 
 from __future__ import annotations

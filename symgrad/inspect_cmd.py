@@ -12,7 +12,10 @@ the parameters to train, and optionally the optimizer:
 the default optimizer is SGD(lr=0.1)). `run_inspect` prints the forward
 graph, the forward + backward graph and the autograd-style backward chain,
 and writes into `out_dir`: graph.dot (the whole training step), graph.svg
-when Graphviz's `dot` is installed, and step.c, the generated C.
+when Graphviz's `dot` is installed, and step.c, the generated C. With `html=`, it
+also writes one self-contained page (symgrad.inspect_html): the graph, the memory plan
+as a timeline, the kernel table and, with `profile_steps=`, the profile of that many
+calls on generated inputs (`step.profile()`).
 """
 
 from __future__ import annotations
@@ -22,6 +25,8 @@ import shutil
 import subprocess
 import sys
 from pathlib import Path
+
+import numpy as np
 
 from . import optim
 from .autodiff import grad
@@ -61,15 +66,43 @@ def load_build(path: str | Path, with_predict: bool = False) -> tuple:
     return loss, params, optimizer or optim.SGD(lr=0.1)
 
 
+DEFAULT_DIM = 16  # the size a Dim takes in the profile's generated inputs unless `dims` gives one
+
+
+def example_inputs(graph, dims: dict | None = None, seed: int = 0) -> dict:
+    """Arrays for the graph's inputs by name, for a profile: floats drawn from N(0, 1), integers
+    zero (a valid class label and a valid index, whatever the model); each Dim `dims[name]`,
+    else DEFAULT_DIM."""
+    from .ir import dtypes as D
+    from .ir import shapes as S
+
+    rng = np.random.default_rng(seed)
+    values: dict = {}
+    for v in graph.inputs:
+        for size in v.shape:
+            for symbol in getattr(size, "free_symbols", ()):
+                values.setdefault(symbol, int((dims or {}).get(str(symbol), DEFAULT_DIM)))
+    arrays = {}
+    for v in graph.inputs:
+        shape, dtype = S.evaluate_shape(v.shape, values), D.to_numpy(v.dtype)
+        arrays[v.name] = (rng.standard_normal(shape).astype(dtype) if np.issubdtype(dtype, np.floating)
+                          else np.zeros(shape, dtype))
+    return arrays
+
+
 def run_inspect(path: str | Path, out_dir: str | Path, backend: str = "c", file=None,
-                report: bool = False) -> dict:
+                report: bool = False, html: str | Path | None = None, profile_steps: int = 0,
+                dims: dict | None = None) -> dict:
     """Print the graphs of the model in `path`, write graph.dot / graph.svg / step.c to `out_dir`.
 
-    report: also print the compiled step's report (`step.report()`: passes, kernels,
-    save/recompute choices, memory plan, compile time by stage).
+    report: also print the compiled step's report (`step.report()`: a summary, then passes,
+    kernels, save/recompute choices, memory plan, compile time by stage).
+    html: also write that page (symgrad.inspect_html): the graph, the memory plan as a
+    timeline, the kernel table; with `profile_steps` > 0, the profile of that many calls
+    (`step.profile()`) on generated inputs (`example_inputs`, each Dim `dims[name]`).
 
-    Returns {"dot": path, "svg": path or None, "source": path or None}. The
-    generated source is skipped, with a note, when `backend` cannot build.
+    Returns {"dot": path, "svg": path or None, "source": path or None, "html": path or None}.
+    The generated source is skipped, with a note, when `backend` cannot build.
     """
     out = file or sys.stdout
     loss, params, optimizer = load_build(path)
@@ -91,7 +124,7 @@ def run_inspect(path: str | Path, out_dir: str | Path, backend: str = "c", file=
     section("backward chain (as print_graph)", backward_chain(loss))
 
     step_graph = Graph(inputs, [loss], merge(optimizer.updates(params, grads, options), collect([loss])))
-    written: dict = {"dot": out_dir / "graph.dot", "svg": None, "source": None}
+    written: dict = {"dot": out_dir / "graph.dot", "svg": None, "source": None, "html": None}
     written["dot"].write_text(step_graph.to_dot() + "\n")
     dot = shutil.which("dot")
     if dot:
@@ -101,14 +134,33 @@ def run_inspect(path: str | Path, out_dir: str | Path, backend: str = "c", file=
     try:
         step = train_step(loss, groups, optimizer, backend=backend)
     except NotImplementedError as exc:
+        if html is not None:
+            raise
         print(f"(no generated source: {exc})", file=out)
     else:
         source = out_dir / ("step.c" if backend == "c" else f"step.{backend}.txt")
         source.write_text(step.source)
         written["source"] = source
         if report:
-            section("compilation report", step.report())
+            section("compilation report", str(step.report()))
+        if html is not None:
+            written["html"] = _write_page(html, Path(path).name, step, written, profile_steps, dims)
     for kind, where in written.items():
         if where is not None:
             print(f"wrote {kind}: {where}", file=out)
     return written
+
+
+def _write_page(html, title: str, step, written: dict, profile_steps: int, dims: dict | None) -> Path:
+    """The page of `symgrad inspect --html`: the step's report, its graph (the SVG written
+    beside it, else the DOT text) and, with `profile_steps`, its profile."""
+    from .inspect_html import write_html
+
+    profile = None
+    if profile_steps:
+        profiler = getattr(step, "profile", None)
+        if profiler is None:  # a symgrad without step.profile(): the page has no profile section
+            raise NotImplementedError("--profile: this symgrad's train steps have no profile() method")
+        profile = profiler(steps=profile_steps, **example_inputs(step.graph, dims))
+    svg = written["svg"].read_text() if written["svg"] else None
+    return write_html(html, f"symgrad inspect {title}", step.report(), written["dot"].read_text(), svg, profile)
