@@ -129,6 +129,30 @@ def test_a_scheduler_on_a_step_sets_its_runtime_lrs():
     assert step.lr == 0.1 * 0.25 * 0.5
 
 
+def test_a_scheduler_made_before_the_step_drives_it():
+    """torch's order: optimizer, scheduler, then the loop; the step compiled in between starts from
+    the scheduler's first lr and follows it."""
+    sg.manual_seed(0)
+    model = nn.Linear(3, 2, dtype="float64")
+    x, y = sg.input("x", (4, 3), "float64"), sg.input("y", (4,), "int64")
+    opt = sg.optim.Adam(model.parameters(), lr=0.1)
+    scheduler = S.LinearLR(opt, start_factor=0.25, total_iters=3)
+    step = sg.train_step(sg.cross_entropy(model(x), y), optimizer=opt, backend="numpy")
+    assert step.lr == 0.025
+    rates = []
+    for _ in range(4):
+        scheduler.step()
+        rates.append(step.lr)
+    theirs = _theirs((0.1,), torch.optim.Adam)
+    reference = T.LinearLR(theirs, start_factor=0.25, total_iters=3)
+    expected = []
+    for _ in range(4):
+        theirs.step()
+        reference.step()
+        expected.append(theirs.param_groups[0]["lr"])
+    assert rates == expected
+
+
 def test_bad_schedulers_are_refused():
     with pytest.raises(ValueError, match="cycle_momentum=True .* Pass cycle_momentum=False"):
         S.OneCycleLR(_ours(), max_lr=0.1, total_steps=10)
