@@ -66,17 +66,18 @@ def main(argv=None) -> float:
     B = sg.Dim("B")
     x, y = sg.input("x", (B, 1, 28, 28)), sg.input("y", (B,), dtype="int64")
     logits = model(x)
-    step = sg.train_step(sg.cross_entropy(logits, y), model.parameters(), sg.optim.Adam(lr=args.lr),
-                         backend=args.backend, predict=logits)
+    optimizer = sg.optim.Adam(model.parameters(), lr=args.lr)
+    step = sg.train_step(sg.cross_entropy(logits, y), optimizer=optimizer, backend=args.backend, predict=logits)
     rng = np.random.default_rng(args.seed)
-    total, done, accuracy = args.epochs * math.ceil(len(data.y_train) / args.batch), 0, 0.0
+    total, accuracy = args.epochs * math.ceil(len(data.y_train) / args.batch), 0.0
+    # Cosine decay over every step: the step's lr is a runtime value, set without recompiling.
+    scheduler = sg.optim.lr_scheduler.CosineAnnealingLR(step, T_max=total)
     for epoch in range(args.epochs):
         order, losses, start = rng.permutation(len(data.y_train)), [], time.perf_counter()
         for k in range(0, len(order), args.batch):
             rows = order[k:k + args.batch]
-            step.lr = args.lr * 0.5 * (1 + math.cos(math.pi * done / total))   # runtime-settable, no recompile
             losses.append(step(x=shifted(data.x_train[rows], rng), y=data.y_train[rows]))
-            done += 1
+            scheduler.step()
         accuracy = float((step.predict(x=data.x_test).argmax(axis=1) == data.y_test).mean())
         print(f"epoch {epoch + 1:2d}: train loss {np.mean(losses):.4f}  test accuracy {accuracy:.4f}  "
               f"({(time.perf_counter() - start) / len(losses) * 1e3:.1f} ms/step)")
