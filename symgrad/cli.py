@@ -172,14 +172,35 @@ def _add_inspect(subparsers) -> None:
     inspect.add_argument("--html", metavar="PAGE", default=None,
                          help="also write one self-contained HTML page: the graph, the memory plan as a "
                               "timeline, the kernel table")
+    inspect.add_argument("--profile", metavar="STEPS", type=int, default=0,
+                         help="with --html: profile STEPS calls of the step (step.profile()) on generated "
+                              "inputs (floats N(0, 1), integers 0) and add the profile to the page")
+    inspect.add_argument("--dim", metavar="NAME=SIZE", action="append", default=[],
+                         help="the size of a Dim in the profiled inputs (default 16 each); repeatable")
     inspect.set_defaults(run=_run_inspect)
+
+
+def _dims(given: list[str]) -> dict:
+    """`--dim B=32 --dim T=64` as {"B": 32, "T": 64}."""
+    dims = {}
+    for item in given:
+        name, _, size = item.partition("=")
+        if not name or not size.isdigit() or int(size) < 1:
+            raise ValueError(f"--dim takes NAME=SIZE with a positive size, got {item!r}")
+        dims[name] = int(size)
+    return dims
 
 
 def _run_inspect(args) -> int:
     from .inspect_cmd import run_inspect
 
     try:
-        run_inspect(args.file, args.out, backend=args.backend, report=args.report, html=args.html)
+        if args.profile and not args.html:
+            raise ValueError("--profile adds the profile to the --html page: give --html PAGE too")
+        if args.profile < 0:
+            raise ValueError(f"--profile takes a number of steps, got {args.profile}")
+        run_inspect(args.file, args.out, backend=args.backend, report=args.report, html=args.html,
+                    profile_steps=args.profile, dims=_dims(args.dim))
     except (FileNotFoundError, TypeError) + USER_ERRORS as exc:
         print(f"symgrad inspect: error: {exc}", file=sys.stderr)
         return 1

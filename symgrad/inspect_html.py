@@ -50,7 +50,8 @@ def memory_timeline_svg(report: Report) -> str:
     height = PLOT_HEIGHT + MARGIN_BOTTOM + 10
     parts = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{MARGIN_LEFT + PLOT_WIDTH + 10}" height="{height}" '
              f'class="timeline" font-family="sans-serif" font-size="11">',
-             f'<rect x="{MARGIN_LEFT}" y="0" width="{PLOT_WIDTH}" height="{PLOT_HEIGHT}" fill="#fafafa" stroke="#999"/>']
+             f'<rect x="{MARGIN_LEFT}" y="0" width="{PLOT_WIDTH}" height="{PLOT_HEIGHT}" fill="#fafafa" '
+             f'stroke="#999"/>']
     for k, b in enumerate(buffers):
         x = MARGIN_LEFT + b["first"] * sx
         w = max((b["last"] - b["first"] + 1) * sx, 1.0)
@@ -64,7 +65,8 @@ def memory_timeline_svg(report: Report) -> str:
     for k in range(5):  # axis ticks: bytes up, kernels across
         value = arena * k / 4
         y = PLOT_HEIGHT - value * sy
-        parts.append(f'<text x="{MARGIN_LEFT - 4}" y="{y + 4:.1f}" text-anchor="end">{escape(format_bytes(value))}</text>')
+        parts.append(f'<text x="{MARGIN_LEFT - 4}" y="{y + 4:.1f}" text-anchor="end">'
+                     f'{escape(format_bytes(value))}</text>')
         kernel = round((kernels - 1) * k / 4)
         x = MARGIN_LEFT + (kernel + 0.5) * sx
         parts.append(f'<text x="{x:.1f}" y="{PLOT_HEIGHT + 15}" text-anchor="middle">k{kernel}</text>')

@@ -137,6 +137,10 @@ def test_the_command_and_its_options(model_file, tmp_path, capsys):
     page = tmp_path / "cli.html"
     assert main(["inspect", str(model_file), "--out", str(tmp_path / "o"), "--html", str(page)]) == 0
     assert page.is_file() and f"wrote html: {page}" in capsys.readouterr().out
+    assert main(["inspect", str(model_file), "--out", str(tmp_path / "o"), "--profile", "3"]) == 1
+    assert "give --html PAGE too" in capsys.readouterr().err
+    assert main(["inspect", str(model_file), "--html", str(page), "--dim", "B"]) == 1
+    assert "NAME=SIZE" in capsys.readouterr().err
 
 
 def test_profiled_inputs_are_valid_for_any_model(model_file):
@@ -152,10 +156,12 @@ def test_profiled_inputs_are_valid_for_any_model(model_file):
     assert example_inputs(step.graph)["x"].shape[0] == 16
 
 
-@pytest.mark.skipif(not hasattr(__import__("symgrad").compiled.Compiled, "profile"),
-                    reason="step.profile() is not in this symgrad")
-def test_the_page_holds_the_profile_when_asked(model_file, tmp_path):
-    written = run_inspect(model_file, tmp_path / "out", backend="c", file=io.StringIO(),
-                          html=tmp_path / "p.html", profile_steps=3, dims={"B": 8})
-    text = written["html"].read_text()
-    assert 'id="profile"' in text and "profile of" in text and _parse(text).links == []
+def test_the_page_holds_the_profile_when_asked(model_file, tmp_path, capsys):
+    page = tmp_path / "p.html"
+    assert main(["inspect", str(model_file), "--out", str(tmp_path / "out"), "--html", str(page),
+                 "--profile", "3", "--dim", "B=8"]) == 0
+    text = page.read_text()
+    parsed = _parse(text)
+    assert 'id="profile"' in text and "profile of" in text and parsed.links == []
+    profiled = {row[0] for row in parsed.tables["profile"] if row}  # its first column: the kernel names
+    assert profiled == {row[1] for row in parsed.tables["kernels"] if row}

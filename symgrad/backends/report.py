@@ -359,7 +359,8 @@ def _summary(program, plan, mp, parts: dict, times: dict, rows: list) -> Section
     kinds = [f"{counts[kind]} {words}" for kind, words in [*COUNTED, *WORDS.items()] if counts.get(kind)]
     kinds += [f"{n} {kind}" for kind, n in counts.items() if n and kind not in ("total", *dict(COUNTED), *WORDS)]
     lines.extend(_wrapped(f"{counts['total']} kernels: ", kinds))
-    lines.append(f"  {format_count(total_flops)}FLOP, {format_bytes(sum(r['bytes'] for r in rows))} read or written a call "
+    moved = format_bytes(sum(r["bytes"] for r in rows))
+    lines.append(f"  {format_count(total_flops)}FLOP, {moved} read or written a call "
                  f"(estimated from the plan); the {len(largest)} largest:")
     lines.append(f"    {'kernel':<32} {'kind':<15} {'FLOPs':>9} {'share':>6} {'bytes':>11}")
     lines.extend(f"    {r['name']:<32} {r['kind']:<15} {format_count(r['flops']):>9} "
