@@ -2,17 +2,28 @@
 
 The export writes, into one directory:
 
-    <name>.h            the C API: create / free a training state, load / save a safetensors
-                        checkpoint, set hyperparameters, one training step, predict
+    <name>.h            the C API: create / free a state, load / save a safetensors checkpoint,
+                        set hyperparameters, the programs (one training step, the loss without an
+                        update, predict), and the names, dtypes and shapes of the variables and of
+                        each program's inputs and outputs, as tables and as query functions
     <name>.c            that API: it owns the variables (parameters, optimizer state, generator
                         state, step counters), sizes and plans the workspace from the batch size,
-                        reads and writes safetensors in plain C
-    <name>_step.c       the step's program, the very source the C backend compiles (entry points
-    <name>_predict.c    renamed with #defines), and the predict program's
-    symgrad_runtime.h/.c  the runtime the programs call (GEMMs), compiled into the library
-    train_main.c        a training program: a dataset file in, epochs of shuffled batches, the
-                        loss printed, checkpoints written
-    Makefile            `make` builds lib<name>.a and train_main with the flags the step used
+                        reads and writes safetensors in plain C. Code only: the values are in
+    <name>.safetensors  the step's variables when exported (the library's own checkpoint layout;
+                        <name>_load reads it, train_main loads it by default)
+    <name>_step.c       the programs, the very source the C backend compiles (entry points renamed
+    <name>_loss.c       with #defines), each of the kinds asked for by `programs=`
+    <name>_predict.c
+    <name>_runtime.c    the runtime the programs call (symgrad_runtime.h/.c, its GEMMs), its symbols
+                        renamed <name>_sg_*: every global symbol of the library starts with <name>_,
+                        so two exported models link into one program
+    train_main.c        a training program (with a "step" program): a dataset file in, epochs of
+                        shuffled batches, a warmup + cosine learning-rate schedule, the train and
+                        validation loss printed, checkpoints written
+    Makefile            `make` builds lib<name>.a (and train_main) with the flags the step used
+
+`programs=("predict",)` exports an inference-only library: no optimizer state, no train_main; it
+loads a training checkpoint, ignoring the entries it does not hold.
 
 With backend="cuda" the programs are the CUDA backend's `.cu` files (nvcc; no runtime files), each
 keeping its variables on the GPU; `<name>.c` moves a variable between the host and a program's
@@ -26,14 +37,17 @@ Nothing needs Python, cffi or symgrad to build or run. The dataset layout that t
     arrays x (dtype code, per_row)      DTYPE_CODES[dtype], elements per row
     the arrays, in input order          each rows x per_row elements, C order, little-endian
 
-`shuffle_order(rows, seed, epoch)` is train_main's per-epoch shuffle, so Python can reproduce its
-batches. Templates: templates/export/*.j2; this module computes names, tables and expressions.
+`shuffle_order(rows, seed, epoch)` is train_main's per-epoch shuffle and `learning_rate` its
+schedule, so Python can reproduce its run. Templates: templates/export/*.j2; this module computes
+names, tables and expressions.
 """
 
 from __future__ import annotations
 
 import json
+import math
 import re
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -66,9 +80,25 @@ STATUSES = (("OK", "success"), ("OUT_OF_MEMORY", "out of memory"),
 CUDA_RENAMES = (("sg_cuda_run", "run"), ("sg_cuda_create", "device_create"), ("sg_cuda_destroy", "device_destroy"),
                 ("sg_cuda_write_variable", "write_variable"), ("sg_cuda_read_variable", "read_variable"),
                 ("sg_cuda_device_count", "device_count"))
+# The programs an export may hold: the training step, the step's loss without an update (train_main's
+# validation loss), and predict (the predict= value(s); without predict=, the loss).
+PROGRAMS = ("step", "loss", "predict")
+# Variables whose exported value stays in the C source: scalars that configure a step rather than
+# hold what it learnt (the learning rate, the generator's seed), so that a state created without a
+# checkpoint, or loaded from a torch model's file (no optimizer state), still has them.
+LITERAL_ROLES = ("hyper", "rng", "optimizer")
+# What each program computes, as its header comment says.
+_DOCS = {"step": "One training step (forward, backward, the optimizer's update)",
+         "loss": "The step's loss, forward only, nothing updated (dropout and batch statistics as in\n"
+                 "   training): train_main's validation loss",
+         "predict": "Predict: the step's predict= value(s), forward only",
+         "predict-loss": "Predict: the step had no predict=, so its forward outputs (the loss), nothing updated"}
 BATCH = sympy.Symbol("batch", integer=True, positive=True)
 WORDS_PER_LINE = 8
 _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
+# The learning rates a step reads: the first parameter group's "lr", the others' "param_groups.<k>.lr".
+_LEARNING_RATE = re.compile(r"(lr|param_groups\.\d+\.lr)\Z")
+_RUNTIME_SYMBOL = re.compile(r"^[A-Za-z_][\w \t*]*?\b(sg_\w+)\s*\(", re.M)
 _MIX = 0x9E3779B97F4A7C15  # splitmix64's increment: the shuffle's generator (train_main.c's too)
 _MASK = (1 << 64) - 1
 
@@ -83,59 +113,80 @@ class _Program:
     graph: Graph
 
 
-def export(step, out_dir, name: str = "model", backend: str = "c") -> dict:
+def export(step, out_dir, name: str | None = None, backend: str = "c", programs=None) -> dict:
     """Write `step` as a C library and training program into `out_dir` (see the module doc).
 
-    backend: "c" (the programs as C with OpenMP), or "cuda": the same API, the programs as
-    `.cu` files (the CUDA backend's source, built by nvcc; variables live on the GPU and move to
-    the host only to be saved or read). The exported state starts from the step's current values
-    (its parameters, optimizer state, generator, learning rate). Returns {file kind: path}.
-    Refuses (ValueError) a name that is no C identifier and a step whose inputs are not batches:
-    one Dim (or none) leading every input.
+    name: the library's name and the prefix of every global symbol (a C identifier); default:
+    the stem of the Python file that calls export (else "model"). backend: "c" (the programs as
+    C with OpenMP), or "cuda": the same API, the programs as `.cu` files (the CUDA backend's
+    source, built by nvcc; variables live on the GPU and move to the host only to be saved or
+    read). programs: which of "step", "loss", "predict" the library holds (default all three);
+    ("predict",) is an inference-only library. The exported state (`<name>.safetensors`) is the
+    step's current values (its parameters, optimizer state, generator, learning rate). Returns
+    {file kind: path}. Refuses (ValueError) a name that is no C identifier, an unknown program,
+    and a step whose inputs are not batches: one Dim (or none) leading every input.
     """
+    if name is None:
+        name = _default_name()
     if not isinstance(name, str) or not _NAME.match(name):
         raise ValueError(f"export: name must be a C identifier, got {name!r}")
     if backend not in ("c", "cuda"):
         raise ValueError(f"export: backend must be 'c' or 'cuda', got {backend!r}")
+    kinds = _kinds(programs)
     cuda = backend == "cuda"
-    programs = _programs(step, cuda)
-    dim = _batch_dim(programs)
-    variables = _variables(step, programs)
+    exported = _programs(step, cuda, kinds)
+    dim = _batch_dim(exported)
+    variables = _variables(step, exported)
     # The flags the step's C programs were built with: the same compiler and flags, the same numbers.
     flags = list((step._options.get("flags") if step.backend == "c" else None) or default_flags())
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    contexts = [_program_context(k, p, name, dim, variables, cuda) for k, p in enumerate(programs)]
+    renamed = [] if cuda else [(s, f"{name}_{s}") for s in runtime_symbols()]
+    contexts = [_program_context(k, p, name, dim, variables, cuda) for k, p in enumerate(exported)]
+    by_kind = {c["kind"]: c for c in contexts}
+    for c in contexts:
+        c["doc"] = _DOCS[c["kind"] if c["kind"] != "predict" or step._predict is not None else "predict-loss"]
+    checkpoint = _checkpoint_header(variables)
     context = dict(lib=name, LIB=name.upper(), version=_version(), statuses=_statuses(name), variables=variables,
-                   programs=contexts, checkpoint=_checkpoint_header(variables),
-                   hyper=[v for v in variables if v["role"] == "hyper"],
+                   programs=contexts, by_kind=by_kind, checkpoint=checkpoint,
+                   hyper=[v for v in variables if v["role"] == "hyper"], trains="step" in by_kind,
+                   learning_rates=[v for v in variables if v["role"] == "hyper" and _LEARNING_RATE.match(v["name"])],
                    fixed_batch=None if dim is None or isinstance(dim, sympy.Symbol) else int(dim),
                    dtype_codes=DTYPE_CODES, magic=MAGIC.decode(), runtime_header=runtime.HEADER,
-                   has_predict=step._predict is not None, cuda=cuda, align=_cuda().ALIGN if cuda else c_backend.ALIGN, flags=" ".join(flags),
-                   nvcc_flags=" ".join(_nvcc_flags()) if cuda else "")
+                   has_predict=step._predict is not None, cuda=cuda, align=_cuda().ALIGN if cuda else c_backend.ALIGN,
+                   flags=" ".join(flags), nvcc_flags=" ".join(_nvcc_flags()) if cuda else "",
+                   weights=f"{name}.safetensors")
     files = {
         "header": (f"{name}.h", render("export/library.h.j2", **context)),
         "library": (f"{name}.c", render("export/library.c.j2", **context)),
-        "train_main": ("train_main.c", render("export/train_main.c.j2", **context)),
         "makefile": ("Makefile", render("export/Makefile.j2", **context)),
     }
+    if "step" in by_kind:
+        files["train_main"] = ("train_main.c", render("export/train_main.c.j2", **context))
     if not cuda:
         files["runtime_header"] = (runtime.HEADER, runtime.header())
-        files["runtime"] = ("symgrad_runtime.c", runtime.source())
-    for p, ctx in zip(programs, contexts):
-        renames = "".join(f"#define {old} {new}\n" for old, new in ctx["renames"])
+        files["runtime_source"] = ("symgrad_runtime.c", runtime.source())
+        files["runtime"] = (f"{name}_runtime.c", f"/* {name}'s copy of symgrad's runtime: its symbols renamed "
+                            f"{name}_sg_*, so that two exported libraries link into one program. */\n"
+                            f"{_defines(renamed)}\n"
+                            f'#include "symgrad_runtime.c"\n')
+    for p, ctx in zip(exported, contexts):
         language = "CUDA" if cuda else "C"
+        source = _in_namespace(p.source, f"{ctx['prefix']}_program") if cuda else p.source
         files[p.kind] = (f"{ctx['prefix']}.{'cu' if cuda else 'c'}", f"/* {name}'s {p.kind} program: symgrad's "
-                         f"generated {language}, its entry points renamed. */\n{renames}\n{p.source}")
+                         f"generated {language}, its entry points (and the runtime's) renamed. */\n"
+                         f"{_defines(ctx['renames'] + renamed)}\n{source}")
     written = {}
     for kind, (filename, text) in files.items():
         path = out / filename
         path.write_text(text)
         written[kind] = path
+    written["weights"] = out / context["weights"]
+    _write_weights(written["weights"], variables, checkpoint)
     return written
 
 
-def export_file(path, out_dir, name: str | None = None, backend: str = "c") -> dict:
+def export_file(path, out_dir, name: str | None = None, backend: str = "c", programs=None) -> dict:
     """`symgrad export FILE`: compile the step of FILE's build() (as `symgrad inspect` reads it;
     a dict may add "predict") on the C backend and export it for `backend`; `name` defaults to
     the file's."""
@@ -144,30 +195,104 @@ def export_file(path, out_dir, name: str | None = None, backend: str = "c") -> d
 
     path = Path(path)
     loss, params, optimizer, predict = load_build(path, with_predict=True)
-    if name is None:
-        name = re.sub(r"\W", "_", path.stem, flags=re.ASCII)
-        name = name if _NAME.match(name) else f"model_{name}"
     step = train_step(loss, params, optimizer, backend="c", predict=predict)
-    return export(step, out_dir, name=name, backend=backend)
+    return export(step, out_dir, name=_name_of(path) if name is None else name, backend=backend, programs=programs)
+
+
+def runtime_symbols() -> list[str]:
+    """The runtime's global functions (declared in symgrad_runtime.h), which the export renames."""
+    return sorted(set(_RUNTIME_SYMBOL.findall(runtime.header())))
+
+
+def learning_rate(step: int, peak: float, warmup: int, total: int, schedule: str = "cosine",
+                  floor_ratio: float = 0.1) -> float:
+    """train_main's learning rate at `step` (from 0): linear warmup to `peak` over `warmup` steps,
+    then `peak` ("constant"), or a cosine decay to floor_ratio * peak at `total` ("cosine"):
+    examples/gpt.py's schedule, computed as train_main computes it (in double)."""
+    if step < warmup:
+        return peak * (step + 1) / warmup
+    if schedule == "constant":
+        return peak
+    progress = min(1.0, (step - warmup) / max(1, total - warmup))
+    return peak * (floor_ratio + (1 - floor_ratio) * 0.5 * (1 + math.cos(math.pi * progress)))
+
+
+def _name_of(path: Path) -> str:
+    """A C identifier from a file's name: its stem, non-identifier characters as `_`."""
+    name = re.sub(r"\W", "_", path.stem, flags=re.ASCII)
+    return name if _NAME.match(name) else f"model_{name}"
+
+
+def _default_name() -> str:
+    """The stem of the first Python file outside symgrad on the call stack (the user's script,
+    the model's module), else "model" (an interactive session)."""
+    package = Path(__file__).resolve().parent
+    frame = sys._getframe(1)
+    while frame is not None:
+        file = frame.f_code.co_filename
+        if file and not file.startswith("<"):
+            path = Path(file).resolve()
+            if package not in path.parents and path.suffix == ".py":
+                return _name_of(path)
+        frame = frame.f_back
+    return "model"
+
+
+def _kinds(programs) -> list[str]:
+    """The program kinds asked for, in PROGRAMS order; refuses an unknown one or none."""
+    if programs is None:
+        return list(PROGRAMS)
+    asked = [programs] if isinstance(programs, str) else list(programs)
+    unknown = [k for k in asked if k not in PROGRAMS]
+    if unknown or not asked:
+        raise ValueError(f"export: programs must be some of {PROGRAMS}, got {programs!r}")
+    return [k for k in PROGRAMS if k in asked]
+
+
+def _in_namespace(source: str, namespace: str) -> str:
+    """A CUDA program's code after its #includes inside a C++ namespace: its kernels are global
+    symbols with names of their own (k0_sum_t43), which another program of the same model, or of
+    another model, may have too. Its extern "C" API keeps its (renamed) C names."""
+    includes = list(re.finditer(r"^#include .*$", source, re.M))
+    at = includes[-1].end() + 1 if includes else 0
+    return f"{source[:at]}namespace {namespace} {{\n{source[at:]}\n}}  // namespace {namespace}\n"
+
+
+def _defines(renames) -> str:
+    return "".join(f"#define {old} {new}\n" for old, new in renames)
 
 
 # ---- the programs -------------------------------------------------------------------------
 
-def _c_program(compiled, graph: Graph, kind: str) -> _Program:
+def _graph_of(step, kind: str) -> Graph:
+    """The graph of one program: the step's; its loss without updates; the predict= value's (the
+    loss where there is none)."""
+    if kind == "step":
+        return step.graph
+    if kind == "predict" and step._predict is not None:
+        return step._build("predict")
+    return Graph(step.graph.inputs, step.graph.outputs)
+
+
+def _c_program(step, kind: str) -> _Program:
     """The program as the C backend compiles it: the step's own when it runs on C (the same source
-    byte for byte, so the library computes what the step computes), else compiled for C now."""
-    program = compiled.program if compiled is not None and compiled.backend == "c" else c_backend.compile(graph)
-    return _Program(kind, program.source, list(program.dims), program.arena, program.graph)
+    byte for byte, so the library computes what the step computes), else rendered for C now (the
+    backend's stages without its build: no compiler runs here)."""
+    from .backends import driver
+    compiled = step if kind == "step" else step._programs.get(kind)
+    if compiled is not None and compiled.backend == "c":
+        program = compiled.program
+        return _Program(kind, program.source, list(program.dims), program.arena, program.graph)
+    graph = _graph_of(step, kind)
+    entry = driver.prepare(graph, c_backend.C_OPENMP).entry
+    return _Program(kind, entry.source, list(entry.dims), entry.arena, graph)
 
 
-def _programs(step, cuda: bool) -> list[_Program]:
-    """The step's program and the predict program: the predict= value's, else the step's forward
-    outputs (the loss) without updates."""
-    predict = step._build("predict") if step._predict is not None else Graph(step.graph.inputs, step.graph.outputs)
+def _programs(step, cuda: bool, kinds) -> list[_Program]:
+    """The programs of `kinds`, in that order."""
     if cuda:
-        return [_cuda_program(step.graph, "step"), _cuda_program(predict, "predict")]
-    compiled_predict = step.program_for("predict") if step._predict is not None and step.backend == "c" else None
-    return [_c_program(step, step.graph, "step"), _c_program(compiled_predict, predict, "predict")]
+        return [_cuda_program(_graph_of(step, kind), kind) for kind in kinds]
+    return [_c_program(step, kind) for kind in kinds]
 
 
 def _cuda():
@@ -220,12 +345,21 @@ def _program_context(number: int, p: _Program, name: str, dim, variables: list[d
     workspace sizes printed as C expressions of `batch`, and the temporaries' lifetimes."""
     prefix = f"{name}_{p.kind}"
     size = _size_printer(dim)
+
+    def shape_text(shape) -> str:  # the batch Dim as the API's `batch`
+        if dim is None or not isinstance(dim, sympy.Symbol):
+            return _shape_text(shape)
+        return _shape_text([sympy.sympify(d).xreplace({dim: BATCH}) for d in shape])
     index = {v["name"]: v["index"] for v in variables}
     inputs = [dict(name=v.name, c_name=_c_string(v.name), ctype=D.C_TYPES[v.dtype], dtype=v.dtype,
-                   per_row=int(np.prod(v.shape[1:], dtype=np.int64)), shape=_shape_text(v.shape),
-                   ident=_ident(v.name, k, name)) for k, v in enumerate(p.graph.inputs)]
-    outputs = [dict(ctype=D.C_TYPES[v.dtype], numel=size(sympy.Mul(*v.shape)), shape=_shape_text(v.shape),
-                    scalar=v.shape == ()) for v in p.graph.outputs]
+                   code=DTYPE_CODES.get(v.dtype, 0), per_row=int(np.prod(v.shape[1:], dtype=np.int64)),
+                   shape=shape_text(v.shape), sizes=[size(d) for d in v.shape], ident=_ident(v.name, k, name))
+              for k, v in enumerate(p.graph.inputs)]
+    names = _output_names(p, [i["ident"] for i in inputs])
+    outputs = [dict(name=n, c_name=_c_string(n), ident=n, ctype=D.C_TYPES[v.dtype], dtype=v.dtype,
+                    code=DTYPE_CODES.get(v.dtype, 0), numel=size(sympy.Mul(*v.shape)), shape=shape_text(v.shape),
+                    sizes=[size(d) for d in v.shape], scalar=v.shape == ())
+               for n, v in zip(names, p.graph.outputs)]
     labels = [dict(position=at, c_name=inputs[at]["c_name"], ctype=inputs[at]["ctype"],
                    numel=size(sympy.Mul(*p.graph.inputs[at].shape)), classes=size(node.attrs["num_classes"]),
                    ignore=node.attrs.get("ignore_index"))
@@ -239,6 +373,26 @@ def _program_context(number: int, p: _Program, name: str, dim, variables: list[d
                 updated=sorted({index[t.name] for t, _ in p.graph.updates}), entry=f"{prefix}_run",
                 dims=len(p.dims), inputs=inputs, outputs=outputs, slots=slots, labels=labels,
                 sizes=[size(n) for n in p.arena.nbytes], live=[list(r) for r in p.arena.live])
+
+
+def _output_names(p: _Program, taken: list[str]) -> list[str]:
+    """C names of a program's outputs: the loss of the step and of the loss program is `loss`; a
+    predict output its value's name where that is a safe identifier, else `output` (`output<k>`
+    when there are several); made unique against the inputs' parameter names."""
+    outputs = p.graph.outputs
+    names = []
+    for k, v in enumerate(outputs):
+        if p.kind != "predict" and k == 0:
+            base = "loss"
+        elif v.name and _NAME.match(v.name) and v.name not in _RESERVED and not v.name.startswith(("sg", "out")):
+            base = v.name
+        else:
+            base = "output" if len(outputs) == 1 else f"output{k}"
+        name = base
+        while name in taken or name in names:
+            name += "_out"
+        names.append(name)
+    return names
 
 
 def _size_printer(dim):
@@ -258,7 +412,7 @@ def _size_printer(dim):
 _RESERVED = set("""auto break case char const continue default do double else enum extern float for goto if
 inline int long register restrict return short signed sizeof static struct switch typedef union unsigned void
 volatile while _Bool _Complex _Imaginary bool true false NULL s w state batch dims inputs outputs variables
-status k i labels classes raw bytes main""".split())
+status k i labels classes raw bytes main shape index""".split())
 
 
 def _ident(name: str, k: int, lib: str) -> str:
@@ -271,7 +425,8 @@ def _ident(name: str, k: int, lib: str) -> str:
 # ---- the variables and the checkpoint -----------------------------------------------------
 
 def _variables(step, programs: list[_Program]) -> list[dict]:
-    """Every variable the programs use (the step's first), with its current value as C words."""
+    """Every variable the programs use (the step's first) with its current value: as C words too
+    for a scalar of LITERAL_ROLES (the rest is in the weights file only)."""
     seen, out = {}, []
     for p in programs:
         for v in p.graph.variables:
@@ -286,7 +441,8 @@ def _variables(step, programs: list[_Program]) -> list[dict]:
             out.append(dict(index=len(out), name=v.name, c_name=_c_string(v.name), dtype=v.dtype,
                             code=DTYPE_CODES[v.dtype], ctype=D.C_TYPES[v.dtype], role=v.attrs["role"],
                             shape=[int(s) for s in v.shape], numel=int(value.size), nbytes=int(value.nbytes),
-                            itemsize=value.itemsize, init=_words(value), shape_text=_shape_text(v.shape)))
+                            itemsize=value.itemsize, value=value, shape_text=_shape_text(v.shape),
+                            init=_words(value) if v.attrs["role"] in LITERAL_ROLES and value.size == 1 else None))
     return out
 
 
@@ -314,8 +470,19 @@ def _checkpoint_header(variables: list[dict]) -> dict:
         offset += v["nbytes"]
     text = json.dumps(header, separators=(",", ":"), ensure_ascii=False).encode()
     text += b" " * (-len(text) % 8)  # the data starts 8-byte aligned, as safetensors writes it
-    return dict(text=_c_bytes(text), length=len(text), data_bytes=offset,
+    return dict(text=_c_bytes(text), raw=text, length=len(text), data_bytes=offset,
                 dtypes=[dict(code=c, name=SAFETENSORS_DTYPES[d]) for d, c in DTYPE_CODES.items()])
+
+
+def _write_weights(path: Path, variables: list[dict], checkpoint: dict) -> None:
+    """The variables' values as the library's save writes them: the header's length, the header,
+    each variable's bytes in order (little-endian)."""
+    with open(path, "wb") as f:
+        f.write(np.uint64(checkpoint["length"]).astype("<u8").tobytes())
+        f.write(checkpoint["raw"])
+        for v in variables:
+            value = v["value"]
+            f.write(value.astype(value.dtype.newbyteorder("<"), copy=False).tobytes())
 
 
 # ---- C text -------------------------------------------------------------------------------

@@ -196,13 +196,15 @@ class TrainStep(Compiled):
         from . import checkpoint
         checkpoint.load(self, path)
 
-    def export(self, out_dir, name: str = "model", backend: str = "c") -> dict:
+    def export(self, out_dir, name: str | None = None, backend: str = "c", programs=None) -> dict:
         """Write this step as a standalone C training library and program into `out_dir`:
-        `<name>.c`, `<name>.h`, the programs' sources, the runtime, `train_main.c` and a `Makefile`
-        (symgrad/export.py); backend="cuda" writes the programs as `.cu`, behind the same API.
-        Returns {file kind: path}."""
+        `<name>.c` (code only), `<name>.h`, `<name>.safetensors` (the current values), the
+        programs' sources, the runtime, `train_main.c` and a `Makefile` (symgrad/export.py).
+        `name` (default: the calling file's stem) prefixes every C symbol; backend="cuda" writes
+        the programs as `.cu`, behind the same API; programs=("predict",) exports an
+        inference-only library. Returns {file kind: path}."""
         from . import export
-        return export.export(self, out_dir, name=name, backend=backend)
+        return export.export(self, out_dir, name=name, backend=backend, programs=programs)
 
     @property
     def lr(self) -> float:
