@@ -720,3 +720,25 @@ def test_train_main_under_sanitizers_refuses_bad_files_cleanly(sanitized):
     assert "val loss" in done.stdout
     done = _run_sanitized(d, "data.bin", "--epochs", "x")
     assert done.returncode == 2 and "--epochs takes an integer" in done.stderr
+
+
+def test_each_parameter_groups_learning_rate_follows_the_schedule(exported, tmp_path):
+    """Two parameter groups with their own learning rates: train_main schedules each from its own
+    peak, as setting each group's lr in Python does (bit for bit); set_learning_rate sets both."""
+    x, y = sg.input("x", (sg.Dim("B"), 5)), sg.input("y", (sg.Dim("B"),), dtype="int64")
+    W, b = sg.param("W", (5, 3), init="normal"), sg.param("b", (3,), init="zeros")
+    optimizer = sg.optim.SGD([{"params": [W]}, {"params": [b], "lr": 0.05}], lr=0.1, momentum=0.9)
+    step = sg.train_step(sg.cross_entropy(x @ W + b, y), optimizer=optimizer, backend="c")
+    groups = Exported(step, tmp_path, "softmax", None, programs=("step",), runtime_from=exported("softmax").dir)
+    assert '"param_groups.1.lr"' in (tmp_path / "softmax.c").read_text()
+    done = groups.train_main("--epochs", 1, "--batch-size", BATCH, "--log-steps", "--schedule", "cosine",
+                             "--warmup", 2)
+    assert done.returncode == 0, done.stderr
+    c_losses = [float(line.split()[-1]) for line in done.stdout.splitlines() if line.startswith("step ")]
+    step.load(groups.init)
+    order, total, python = export.shuffle_order(ROWS, 0, 0), -(-ROWS // BATCH), []
+    for k, start in enumerate(range(0, ROWS, BATCH)):
+        for group, peak in zip(step.param_groups, (0.1, 0.05)):
+            group["lr"] = export.learning_rate(k, peak, 2, total, "cosine")
+        python.append(step(x=X[order[start:start + BATCH]], y=Y[order[start:start + BATCH]]))
+    assert c_losses == python
