@@ -90,7 +90,8 @@ def test_compiled_c_checks_its_labels_in_the_entry_not_in_python(compiled):
     step, nll = compiled("classifier", "c", _classifier_step)
     assert step._label_checks == [] and nll._label_checks == []
     entry = step.source[step.source.rindex("int symgrad_run("):]
-    check = "if ((uint64_t)(int64_t)in1[i] >= (uint64_t)(4))"
+    # (the ignore_index, -100 by default as torch's, is the one label outside [0, 4) let through)
+    check = "if ((uint64_t)(int64_t)in1[i] >= (uint64_t)(4) && (int64_t)in1[i] != (int64_t)(-100LL))"
     assert check in entry and entry.index(check) < entry.index("k0_")
     with pytest.raises(ValueError, match=r"cross_entropy: target \(input 'y'\) holds -1 at index \[2\]"):
         step(x=np.ones((3, 3), np.float32), y=np.array([0, 1, -1]))
