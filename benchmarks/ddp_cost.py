@@ -66,15 +66,13 @@ def _mlp_step(key: str, sg, bucket_mb: float):
 
 def _gpt_step(key: str, sg, bucket_mb: float):
     from .gpt import BETAS, CONFIGS, LR, setup
-    from .gpt_models import load_example
     bench = CONFIGS[key]
     model, _, xb, yb = setup(bench)
-    gpt = load_example()
     idx = sg.input("idx", (bench.batch, bench.context), dtype="int64")
     targets = sg.input("targets", (bench.batch, bench.context), dtype="int64")
     V = model.config.vocab_size
     loss = sg.cross_entropy(sg.reshape(model(idx), (-1, V)), sg.reshape(targets, (-1,)))
-    step = sg.distributed.train_step(loss, gpt.parameter_groups(model, 0.0), sg.optim.AdamW(lr=LR, betas=BETAS),
+    step = sg.distributed.train_step(loss, optimizer=model.configure_optimizers(0.0, LR, BETAS),
                                      backend="c", bucket_cap_mb=bucket_mb)
     return lambda: step(idx=xb, targets=yb), step
 

@@ -28,7 +28,7 @@ from pathlib import Path
 import numpy as np
 
 from . import THREADS, side_by_side, timing
-from .gpt_models import jax_loss, load_example, torch_gpt, write_llmc_checkpoint
+from .gpt_models import jax_loss, load_example, parameters, torch_gpt, write_llmc_checkpoint
 from .systems import Runner, Unavailable
 
 LR, BETAS, EPS = 1e-4, (0.9, 0.999), 1e-8
@@ -126,8 +126,9 @@ def jax_runner(bench: Bench, model, state, x, y) -> Runner:
         return params, m, v, loss
 
     jitted = jax.jit(adamw, donate_argnums=(0, 1, 2))
-    zeros = {k: jnp.zeros_like(jnp.asarray(v)) for k, v in state.items()}
-    box = {"p": {k: jnp.asarray(v) for k, v in state.items()}, "m": zeros,
+    params = parameters(state)   # the tied matrix once
+    zeros = {k: jnp.zeros_like(jnp.asarray(v)) for k, v in params.items()}
+    box = {"p": {k: jnp.asarray(v) for k, v in params.items()}, "m": zeros,
            "v": {k: jnp.zeros_like(a) for k, a in zeros.items()}, "t": 0}
     xj, yj = jnp.asarray(x.astype(np.int32)), jnp.asarray(y.astype(np.int32))
 

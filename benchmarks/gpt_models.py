@@ -1,8 +1,9 @@
 """examples/gpt.py's GPT written again in torch, in JAX, and as llm.c's checkpoint, from the same weights.
 
-Every twin takes symgrad's state_dict (torch's parameter names and layouts:
-h.{l}.attn.c_attn.weight is (3C, C), ...), so each system starts from the
-same numbers and their first losses agree.
+Every twin takes symgrad's state_dict (nanoGPT's parameter names and layouts:
+transformer.h.{l}.attn.c_attn.weight is (3C, C), ...; the tied output matrix under both
+transformer.wte.weight and lm_head.weight), so each system starts from the same numbers and
+their first losses agree.
 """
 
 from __future__ import annotations
@@ -38,37 +39,45 @@ def torch_gpt(config, state: dict, dtype: str = "float32"):
         def __init__(self, c):
             super().__init__()
             self.c = c
-            self.wte, self.wpe = T.Embedding(c.vocab_size, c.n_embd), T.Embedding(c.block_size, c.n_embd)
-            self.h = T.ModuleList()
+            blocks = T.ModuleList()
             for _ in range(c.n_layer):
-                block = T.Module()
-                block.ln_1, block.ln_2 = T.LayerNorm(c.n_embd), T.LayerNorm(c.n_embd)
-                block.attn = T.Module()
+                block = T.Module()   # nanoGPT's Block: its modules in its order (state_dict keeps it)
+                block.ln_1, block.attn = T.LayerNorm(c.n_embd), T.Module()
                 block.attn.c_attn, block.attn.c_proj = T.Linear(c.n_embd, 3 * c.n_embd), T.Linear(c.n_embd, c.n_embd)
-                block.mlp = T.Module()
+                block.ln_2, block.mlp = T.LayerNorm(c.n_embd), T.Module()
                 block.mlp.c_fc, block.mlp.c_proj = T.Linear(c.n_embd, 4 * c.n_embd), T.Linear(4 * c.n_embd, c.n_embd)
-                self.h.append(block)
-            self.ln_f = T.LayerNorm(c.n_embd)
+                blocks.append(block)
+            self.transformer = T.ModuleDict(dict(wte=T.Embedding(c.vocab_size, c.n_embd),
+                                                 wpe=T.Embedding(c.block_size, c.n_embd),
+                                                 h=blocks, ln_f=T.LayerNorm(c.n_embd)))
+            self.lm_head = T.Linear(c.n_embd, c.vocab_size, bias=False)
+            self.transformer.wte.weight = self.lm_head.weight
 
         def forward(self, idx):
             B, Tn = idx.shape
-            C, nh = self.c.n_embd, self.c.n_head
-            x = self.wte(idx) + self.wpe(torch.arange(Tn))
-            for b in self.h:
+            C, nh, t = self.c.n_embd, self.c.n_head, self.transformer
+            x = t.wte(idx) + t.wpe(torch.arange(Tn))
+            for b in t.h:
                 q, k, v = b.attn.c_attn(b.ln_1(x)).split(C, dim=2)
-                q, k, v = (t.view(B, Tn, nh, C // nh).transpose(1, 2) for t in (q, k, v))
+                q, k, v = (u.view(B, Tn, nh, C // nh).transpose(1, 2) for u in (q, k, v))
                 y = TF.scaled_dot_product_attention(q, k, v, is_causal=True)
                 x = x + b.attn.c_proj(y.transpose(1, 2).contiguous().view(B, Tn, C))
                 x = x + b.mlp.c_proj(TF.gelu(b.mlp.c_fc(b.ln_2(x)), approximate=self.c.gelu))
-            return TF.linear(self.ln_f(x), self.wte.weight)
+            return self.lm_head(t.ln_f(x))
 
     model = TorchGPT(config).to(getattr(torch, dtype))
     model.load_state_dict({k: torch.from_numpy(np.ascontiguousarray(v)) for k, v in state.items()})
     return model
 
 
+def parameters(state: dict) -> dict:
+    """`state` without the tied matrix's second key (lm_head.weight is transformer.wte.weight): the
+    parameters a functional twin trains, each once."""
+    return {k: v for k, v in state.items() if k != "lm_head.weight"}
+
+
 def jax_loss(config):
-    """The model's mean cross-entropy as a JAX function of (params dict by symgrad's names, idx, targets)."""
+    """The model's mean cross-entropy as a JAX function of (`parameters(state)`, idx, targets)."""
     import jax
     import jax.numpy as jnp
 
@@ -83,10 +92,10 @@ def jax_loss(config):
     def loss(p, idx, targets):
         B, T = idx.shape
         C, nh = config.n_embd, config.n_head
-        x = p["wte.weight"][idx] + p["wpe.weight"][:T]
+        x = p["transformer.wte.weight"][idx] + p["transformer.wpe.weight"][:T]
         causal = jnp.tril(jnp.ones((T, T), bool))
         for layer in range(config.n_layer):
-            pre = f"h.{layer}."
+            pre = f"transformer.h.{layer}."
             h = layer_norm(x, p[pre + "ln_1.weight"], p[pre + "ln_1.bias"])
             q, k, v = jnp.split(linear(h, p, pre + "attn.c_attn"), 3, axis=2)
             q, k, v = (t.reshape(B, T, nh, C // nh).transpose(0, 2, 1, 3) for t in (q, k, v))
@@ -96,7 +105,7 @@ def jax_loss(config):
             h = layer_norm(x, p[pre + "ln_2.weight"], p[pre + "ln_2.bias"])
             h = jax.nn.gelu(linear(h, p, pre + "mlp.c_fc"), approximate=config.gelu == "tanh")
             x = x + linear(h, p, pre + "mlp.c_proj")
-        logits = layer_norm(x, p["ln_f.weight"], p["ln_f.bias"]) @ p["wte.weight"].T
+        logits = layer_norm(x, p["transformer.ln_f.weight"], p["transformer.ln_f.bias"]) @ p["transformer.wte.weight"].T
         logp = jax.nn.log_softmax(logits, axis=-1)
         return -jnp.mean(jnp.take_along_axis(logp, targets[..., None], axis=-1))
 
@@ -115,15 +124,16 @@ def write_llmc_checkpoint(path: Path, config, state: dict) -> None:
     header = np.zeros(256, np.int32)
     header[:8] = [LLMC_MAGIC, LLMC_VERSION, T, V, L, config.n_head, C, Vp]
     wte = np.zeros((Vp, C), np.float32)
-    wte[:V] = state["wte.weight"]
+    wte[:V] = state["transformer.wte.weight"]
 
     def stacked(name):
-        return np.stack([state[f"h.{layer}.{name}"] for layer in range(L)])
-    tensors = [wte, state["wpe.weight"], stacked("ln_1.weight"), stacked("ln_1.bias"),
+        return np.stack([state[f"transformer.h.{layer}.{name}"] for layer in range(L)])
+    tensors = [wte, state["transformer.wpe.weight"], stacked("ln_1.weight"), stacked("ln_1.bias"),
                stacked("attn.c_attn.weight"), stacked("attn.c_attn.bias"),
                stacked("attn.c_proj.weight"), stacked("attn.c_proj.bias"),
                stacked("ln_2.weight"), stacked("ln_2.bias"), stacked("mlp.c_fc.weight"), stacked("mlp.c_fc.bias"),
-               stacked("mlp.c_proj.weight"), stacked("mlp.c_proj.bias"), state["ln_f.weight"], state["ln_f.bias"]]
+               stacked("mlp.c_proj.weight"), stacked("mlp.c_proj.bias"), state["transformer.ln_f.weight"],
+               state["transformer.ln_f.bias"]]
     with open(path, "wb") as f:
         f.write(header.tobytes())
         for t in tensors:

@@ -28,7 +28,7 @@ import numpy as np
 
 import symgrad as sg
 from symgrad import nn
-from symgrad.nn import functional as NF
+from symgrad.nn import functional as F
 
 
 @dataclass(frozen=True)
@@ -44,20 +44,24 @@ class GPTConfig:
 
 
 class CausalSelfAttention(nn.Module):
-    """Multi-head self-attention where position t sees positions <= t."""
+    """Multi-head self-attention where position t sees positions <= t (nanoGPT's, line for line)."""
 
     def __init__(self, config: GPTConfig, dtype: str):
         super().__init__()
-        self.n_head, self.n_embd = config.n_head, config.n_embd
+        assert config.n_embd % config.n_head == 0
         self.c_attn = nn.Linear(config.n_embd, 3 * config.n_embd, dtype=dtype)
         self.c_proj = nn.Linear(config.n_embd, config.n_embd, dtype=dtype)
+        self.n_head, self.n_embd = config.n_head, config.n_embd
 
     def forward(self, x):
-        B, T, C = x.shape
-        q, k, v = sg.split(self.c_attn(x), self.n_embd, 2)
-        heads = [sg.swapaxes(sg.reshape(t, (B, T, self.n_head, C // self.n_head)), 1, 2) for t in (q, k, v)]
-        y = NF.scaled_dot_product_attention(*heads, is_causal=True)       # (B, nh, T, hs)
-        return self.c_proj(sg.reshape(sg.swapaxes(y, 1, 2), (B, T, C)))
+        B, T, C = x.size()
+        q, k, v = self.c_attn(x).split(self.n_embd, dim=2)
+        k = k.view(B, T, self.n_head, C // self.n_head).transpose(1, 2)    # (B, nh, T, hs)
+        q = q.view(B, T, self.n_head, C // self.n_head).transpose(1, 2)
+        v = v.view(B, T, self.n_head, C // self.n_head).transpose(1, 2)
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)       # one fused kernel
+        y = y.transpose(1, 2).contiguous().view(B, T, C)
+        return self.c_proj(y)
 
 
 class MLP(nn.Module):
@@ -90,15 +94,21 @@ class GPT(nn.Module):
     def __init__(self, config: GPTConfig, dtype: str = "float32"):
         super().__init__()
         self.config = config
-        self.wte = nn.Embedding(config.vocab_size, config.n_embd, dtype=dtype)
-        self.wpe = nn.Embedding(config.block_size, config.n_embd, dtype=dtype)
-        self.h = nn.ModuleList([Block(config, dtype) for _ in range(config.n_layer)])
-        self.ln_f = nn.LayerNorm(config.n_embd, dtype=dtype)
+        self.transformer = nn.ModuleDict(dict(
+            wte=nn.Embedding(config.vocab_size, config.n_embd, dtype=dtype),
+            wpe=nn.Embedding(config.block_size, config.n_embd, dtype=dtype),
+            h=nn.ModuleList([Block(config, dtype) for _ in range(config.n_layer)]),
+            ln_f=nn.LayerNorm(config.n_embd, dtype=dtype),
+        ))
+        self.lm_head = nn.Linear(config.n_embd, config.vocab_size, bias=False, dtype=dtype)
+        # Weight tying, as nanoGPT writes it: one matrix, trained once, listed once by
+        # named_parameters() (as transformer.wte.weight) and under both keys by state_dict().
+        self.transformer.wte.weight = self.lm_head.weight
         # nanoGPT's init: N(0, 0.02) matrices and embeddings, zero biases, residual projections
         # scaled down by depth (drawn from the generator sg.manual_seed seeds).
         self.apply(self._init_weights)
-        for name, p in self.named_parameters():
-            if name.endswith("c_proj.weight"):
+        for pn, p in self.named_parameters():
+            if pn.endswith("c_proj.weight"):
                 nn.init.normal_(p, mean=0.0, std=0.02 / math.sqrt(2 * config.n_layer))
 
     def _init_weights(self, module):
@@ -110,18 +120,19 @@ class GPT(nn.Module):
             nn.init.normal_(module.weight, mean=0.0, std=0.02)
 
     def forward(self, idx):
-        B, T = idx.shape
-        x = self.wte(idx) + self.wpe(sg.arange(T))
-        for block in self.h:
+        B, T = idx.size()
+        pos = sg.arange(0, T, dtype="int64")
+        x = self.transformer.wte(idx) + self.transformer.wpe(pos)
+        for block in self.transformer.h:
             x = block(x)
-        return NF.linear(self.ln_f(x), self.wte.weight)   # the output layer is the token embedding
+        return self.lm_head(self.transformer.ln_f(x))
 
-
-def parameter_groups(model: GPT, weight_decay: float) -> list[dict]:
-    """nanoGPT's split: matrices (2-D and up) decay, biases and LayerNorm weights do not."""
-    named = list(model.named_parameters())
-    return [{"params": [p for _, p in named if p.ndim >= 2], "weight_decay": weight_decay},
-            {"params": [p for _, p in named if p.ndim < 2], "weight_decay": 0.0}]
+    def configure_optimizers(self, weight_decay: float, learning_rate: float, betas) -> sg.optim.AdamW:
+        """nanoGPT's AdamW: matrices (2-D and up) decay, biases and LayerNorm weights do not."""
+        params = [p for _, p in self.named_parameters()]
+        groups = [{"params": [p for p in params if p.dim() >= 2], "weight_decay": weight_decay},
+                  {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0}]
+        return sg.optim.AdamW(groups, lr=learning_rate, betas=betas, eps=1e-8)
 
 
 def learning_rate(step: int, peak: float, warmup: int, total: int, floor_ratio: float = 0.1) -> float:
@@ -140,8 +151,8 @@ def build_step(model: GPT, batch, context, lr: float = 1e-3, weight_decay: float
     targets = sg.input("targets", (batch, context), dtype="int64")
     logits = model(idx)
     V = model.config.vocab_size
-    loss = sg.cross_entropy(sg.reshape(logits, (-1, V)), sg.reshape(targets, (-1,)))
-    optimizer = sg.optim.AdamW(parameter_groups(model, weight_decay), lr=lr, betas=betas, eps=1e-8)
+    loss = F.cross_entropy(logits.view(-1, V), targets.view(-1))
+    optimizer = model.configure_optimizers(weight_decay, lr, betas)
     return sg.train_step(loss, optimizer=optimizer, backend=backend, clip_grad_norm=clip, predict=logits[:, -1])
 
 
@@ -209,7 +220,7 @@ def main(argv=None) -> None:
     sg.manual_seed(args.seed)
     config = GPTConfig(block_size=args.context, n_layer=args.layers, n_head=args.heads, n_embd=args.channels)
     model = GPT(config)
-    print(f"{sum(p.size for p in model.state_dict().values()) / 1e6:.2f}M parameters", file=sys.stderr)
+    print(f"{sum(p.numel() for p in model.parameters()) / 1e6:.2f}M parameters", file=sys.stderr)
     step = build_step(model, sg.Dim("B"), sg.Dim("T"), lr=args.lr, backend=args.backend)
     # step.lr is a runtime value of the compiled step: the scheduler sets it without recompiling.
     scheduler = sg.optim.lr_scheduler.LambdaLR(step, lambda k: learning_rate(k, 1.0, args.warmup, args.steps))

@@ -36,6 +36,6 @@ def test_llmc_checkpoint_has_train_gpt2s_layout(tmp_path):
     sizes = [V * C, T * C, L * C, L * C, L * 3 * C * C, L * 3 * C, L * C * C, L * C, L * C, L * C,
              L * 4 * C * C, L * 4 * C, L * C * 4 * C, L * C, C, C]
     assert floats.size == sum(sizes)
-    np.testing.assert_array_equal(floats[:V * C].reshape(V, C), state["wte.weight"])
+    np.testing.assert_array_equal(floats[:V * C].reshape(V, C), state["transformer.wte.weight"])
     qkv_at = sum(sizes[:4])
-    np.testing.assert_array_equal(floats[qkv_at:qkv_at + sizes[4]].reshape(3 * C, C), state["h.0.attn.c_attn.weight"])
+    np.testing.assert_array_equal(floats[qkv_at:qkv_at + sizes[4]].reshape(3 * C, C), state["transformer.h.0.attn.c_attn.weight"])

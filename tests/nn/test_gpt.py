@@ -52,16 +52,19 @@ def _train(dtype: str, backend: str):
         torch.nn.utils.clip_grad_norm_(twin.parameters(), 1.0)
         optimizer.step()
         losses.append((ours, loss.item()))
-    return step, twin, losses
+    return model, step, twin, losses
 
 
 @pytest.mark.parametrize("dtype, rtol", [("float64", 1e-10), ("float32", 1e-4)])
 def test_gpt_trains_as_nanogpt_in_torch(dtype, rtol, backend):
-    step, twin, losses = _train(dtype, backend)
+    model, step, twin, losses = _train(dtype, backend)
     assert losses[-1][0] < losses[0][0] - 0.3, "the model did not learn"
     for k, (ours, theirs) in enumerate(losses):
         assert ours == pytest.approx(theirs, rel=rtol), f"step {k}"
-    state = step.state_dict()
+    # The trained values, as the module holds them (one owner: the step updated the model's
+    # parameters); the tied matrix under both of torch's keys, transformer.wte.weight and lm_head.weight.
+    state = model.state_dict()
+    assert list(state) == list(twin.state_dict())
     for name, value in twin.state_dict().items():
         np.testing.assert_allclose(state[name], value.numpy(), rtol=100 * rtol, atol=100 * rtol, err_msg=name)
 
