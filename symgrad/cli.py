@@ -125,10 +125,11 @@ def _run_gpt_demo(args) -> int:
         return 1
     text = len(corpus.train) + len(corpus.val)
     print(f"symgrad {__version__} demo: a GPT ({config.layers} layers, {config.heads} heads, {config.channels} "
-          f"channels, context {config.context}) on {text:,} characters of the standard library's own source "
-          f"({', '.join(corpus.sources)}), {len(corpus.chars)} distinct; {len(corpus.val):,} held out for "
-          f"validation; backend {config.backend}, batch {config.batch_size}, {config.steps} steps, "
-          f"AdamW lr {config.lr} (warmup, cosine), seed {config.seed}", flush=True)
+          f"channels, context {config.context}) learns Python from Python's own source\n"
+          f"text: {text:,} characters ({len(corpus.chars)} distinct) of {', '.join(corpus.sources)} from the "
+          f"standard library; the last {len(corpus.val):,} held out for validation\n"
+          f"training: backend {config.backend}, batch {config.batch_size} windows, {config.steps} steps, "
+          f"AdamW lr {config.lr} (warmup, cosine decay), seed {config.seed}", flush=True)
 
     def report(step: int, train_loss: float, val_loss: float, lr: float) -> None:
         line = f"step {step:5d}/{config.steps}  train loss {train_loss:.4f}  val loss {val_loss:.4f}  lr {lr:.2e}"
@@ -160,7 +161,9 @@ def _add_inspect(subparsers) -> None:
         "inspect", help="print a model's graphs and write its DOT graph and generated C",
         description="Run FILE, a Python script defining build() -> (loss, params[, optimizer]); print "
                     "the forward graph, the forward + backward graph and the backward chain; write "
-                    "graph.dot (graph.svg when Graphviz is installed) and the generated source to --out.")
+                    "graph.dot (graph.svg when Graphviz is installed) and the generated source to --out; "
+                    "with --html, one self-contained page of the graph, the memory plan and the kernels "
+                    "(and with --profile, where a step's time goes).")
     inspect.add_argument("file", help="Python file defining build()")
     inspect.add_argument("--out", default="symgrad-inspect",
                          help="directory for graph.dot, graph.svg and step.c (default %(default)s)")
