@@ -272,9 +272,9 @@ def test_learning_rate_is_checked_as_the_optimizer_checks_it(backend, value):
     with pytest.raises(ValueError, match=r"SGD: lr must be a finite non-negative number"):
         sg.optim.SGD(lr=value)
     lr = step.lr
-    with pytest.raises(ValueError, match=r"'lr'.*finite non-negative number, got"):
+    with pytest.raises(ValueError, match=r"step\.lr must be a finite non-negative number, got"):
         step.lr = value
-    with pytest.raises(ValueError, match=r"'lr'.*finite non-negative number"):
+    with pytest.raises(ValueError, match=r"'lr'.*must be a finite non-negative number"):
         step.state["lr"] = value
     assert step.lr == lr
     step.lr = 0.0  # zero is a learning rate (a frozen model), and a later good value is taken
