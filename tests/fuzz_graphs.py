@@ -823,23 +823,34 @@ LIFT_SUBNORMALS = -1   # the nudge pattern that lifts subnormal values to the sm
 class _FromOutput(torch.autograd.Function):
     """softmax's or log_softmax's moved output y, with torch's backward computed from y itself: the
     ops' own backward reads the output they saved, which the move does not reach (a weight 0, the
-    flushed 1.2e-324 of exp(-745)/4, times an infinite g - sum(g y) is NaN; at 5e-324 it is inf)."""
+    flushed 1.2e-324 of exp(-745)/4, times an infinite g - sum(g y) is NaN; at 5e-324 it is inf).
+
+    The backward's result is moved by its own rounding error too (`sign` of eps times the terms
+    that cancel): g - p sum(g) cancels to a small number where p is nearly 1 and g is huge (the
+    gradient of log(log_softmax(x)) at a dominant x), and another order of the same formula (p as
+    exp(x - max) / sum, the product before the division) rounds it a few ulps of g apart."""
 
     @staticmethod
-    def forward(ctx, x, y, kind, axis, up):
+    def forward(ctx, x, y, kind, axis, up, sign):
         ctx.save_for_backward(y)
-        ctx.kind, ctx.axis, ctx.up = kind, axis, up
+        ctx.kind, ctx.axis, ctx.up, ctx.sign = kind, axis, up, sign
         return y.clone()
 
     @staticmethod
     def backward(ctx, g):
         (y,) = ctx.saved_tensors
+        eps = torch.finfo(g.dtype).eps
         if ctx.kind == "softmax":
-            return y * (g - (g * y).sum(ctx.axis, keepdim=True)), None, None, None, None
-        p = torch.exp(y)   # log_softmax's weights: moved up, one that underflowed is the smallest subnormal
-        if ctx.up:
-            p = torch.where((p == 0) & (y > -math.inf), TINY[p.dtype], p)
-        return g - p * g.sum(ctx.axis, keepdim=True), None, None, None, None
+            total = (g * y).sum(ctx.axis, keepdim=True)
+            grad, error = y * (g - total), eps * y.abs() * (g.abs() + total.abs())
+        else:
+            p = torch.exp(y)   # log_softmax's weights: moved up, one that underflowed is the smallest subnormal
+            if ctx.up:
+                p = torch.where((p == 0) & (y > -math.inf), TINY[p.dtype], p)
+            total = g.sum(ctx.axis, keepdim=True)
+            grad, error = g - p * total, eps * (g.abs() + (p * total).abs())
+        move = torch.where(torch.isfinite(grad) & torch.isfinite(error), ctx.sign(tuple(grad.shape)).to(g.dtype) * error, 0.0)
+        return grad + move, None, None, None, None, None
 
 
 class _MovedGradient(torch.autograd.Function):
@@ -890,10 +901,11 @@ def nudge_pattern(graph: FuzzGraph, pattern: int) -> Callable:
             sign = torch.from_numpy(rng.choice([-1.0, 1.0], size=tuple(value.shape))).to(value.dtype)
         move = torch.where(torch.isfinite(value.detach()) & torch.isfinite(error), sign * error, 0.0)
         if step.op in ("softmax", "log_softmax") and value.requires_grad:
-            return _FromOutput.apply(args[0], (value + move).detach(), step.op, step.kw["axis"], pattern == 0)
+            return _FromOutput.apply(args[0], (value + move).detach(), step.op, step.kw["axis"], pattern == 0, signs)
         return value + move.to(value.dtype)
 
-    def sign(shape):
+    def signs(shape):
+        """One rounding's direction per element: all up, all down, or random (the pattern's)."""
         if pattern < 2:
             return torch.full(shape, 1.0 - 2 * pattern, dtype=torch.float64)
         return torch.from_numpy(rng.choice([-1.0, 1.0], size=shape))
@@ -901,7 +913,7 @@ def nudge_pattern(graph: FuzzGraph, pattern: int) -> Callable:
     def use(arg):
         if pattern == LIFT_SUBNORMALS or not (torch.is_tensor(arg) and arg.requires_grad):
             return arg
-        return _MovedGradient.apply(arg, sign)
+        return _MovedGradient.apply(arg, signs)
 
     nudge.use = use
     return nudge
