@@ -13,8 +13,10 @@ with torch (the same dtype; NaN where torch gives NaN, the same infinity where i
 close elsewhere), and C must agree with the NumPy reference tightly.
 
 Ill-conditioned results. Where a result differs, torch is run again with each computed value
-moved by one rounding error of its op (fuzz_graphs.nudge_pattern: all up, all down, four random
-mixes), and once with subnormal values lifted to the smallest normal one (a subnormal divisor
+moved by one rounding error of its op, each gradient contribution to a value moved by one ulp
+before autograd sums them, and softmax's backward moved by its own rounding
+(fuzz_graphs.nudge_pattern: all up, all down, four random mixes), and once with subnormal values
+lifted to the smallest normal one (a subnormal divisor
 makes a result depend on the order of a formula's operations at overflow: torch's gradient of
 y / y is inf at y = 4.5e-309, the true 0 in symgrad). Two correct implementations differ by such
 roundings, so an element is accepted where
@@ -24,7 +26,9 @@ can move it that far). Examples: tanh(-19.05) is -1 in one libm and -0.999999999
 other, and pow(-1.39, that) is finite or NaN; log_softmax of a dominant element is -1e-16 or
 -2e-16 (a rounding of log(1 + 1e-16)) and a division by it differs by 2x; torch's vectorised
 exp flushes exp(-745) to 0 where libm gives 5e-324, and a product with inf is NaN or inf. A
-well-conditioned element (all runs agree) is held to the plain tolerance.
+well-conditioned element (all runs agree) is held to the plain tolerance. Where the runs give both
++inf and -inf, the element is an infinity times a value whose sign rounding decides (x - concat(x,
+x) summed over a broadcast, times an infinite conv weight): NaN is accepted there too.
 
 SYMGRAD_FUZZ_EXAMPLES sets the number of graphs (2,000 by default, a CI run of about 100 s; on
 several cores, `-n 2 --dist loadgroup` keeps each batch's tests on one pytest-xdist worker).
