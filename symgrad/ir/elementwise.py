@@ -18,6 +18,7 @@ from typing import Callable, Sequence
 
 import numpy as np
 import sympy
+from sympy.logic.boolalg import BooleanFunction
 
 from . import sympy_memo
 from . import dtypes as D
@@ -270,8 +271,35 @@ def _torch_masks(partial: sympy.Expr) -> sympy.Expr:
         terms = sympy.Add.make_args(u)
         a = sympy.Add(*(t for t in terms if not t.could_extract_minus_sign()))
         b = -sympy.Add(*(t for t in terms if t.could_extract_minus_sign()))
-        return sympy.Piecewise((0, sympy.Lt(a, b)), (h0, sympy.Eq(a, b)), (1, True))
+        # The tie excludes a NaN in words sympy keeps: once a fused chain makes both operands
+        # one value (maximum(v, minimum(v, v))), Eq(v, v) is True and Lt(v, v) False, and
+        # without `not is_nan(v)` a NaN would split its cotangent instead of passing it whole.
+        return sympy.Piecewise((0, sympy.Lt(a, b)), (h0, sympy.And(sympy.Eq(a, b), sympy.Not(is_nan(a)))),
+                               (1, True))
     return partial.replace(sympy.Heaviside, mask)
+
+
+class is_nan(BooleanFunction):  # noqa: N801  (the name printed in graphs and reports)
+    """x != x: whether x is NaN. sympy's own Ne(x, x) is False for any symbol (its numbers are
+    real), so a NaN test must be a function of its own, which C prints as x != x."""
+
+    nargs = 1
+
+    @classmethod
+    def eval(cls, x):
+        if x.is_number:
+            return sympy.true if x is sympy.nan else sympy.false
+        return None
+
+    def _ccode(self, printer):
+        x = printer._print(self.args[0])
+        return f"(({x}) != ({x}))"
+
+    _cxxcode = _ccode
+    _cudacode = _ccode
+
+    def _numpycode(self, printer):
+        return f"numpy.isnan({printer._print(self.args[0])})"
 
 
 def _in_terms_of_output(expr: sympy.Expr, partial: sympy.Expr) -> sympy.Expr | None:

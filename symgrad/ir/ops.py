@@ -154,7 +154,8 @@ define("clip", sympy.Piecewise((x2, sympy.Or(x0 > x2, sympy.And(x0 < x1, x1 > x2
 define("relu", sympy.Piecewise((0, x0 <= 0), (x0, True)), 1, doc="max(x, 0); NaN stays NaN")
 # Max/Min differentiate to Heaviside(x - y), which is 1/2 at ties: torch splits
 # the gradient of maximum/minimum evenly between equal operands too. A NaN operand
-# gives NaN (NumPy, torch), and its cotangent passes to both operands (elementwise._torch_masks).
+# gives NaN (NumPy, torch), and its cotangent passes to both operands (elementwise._torch_masks),
+# also where a fused chain makes both operands one value (is_nan: sympy reads v == v as True).
 define("maximum", sympy.Max(x0, x1), 2)
 define("minimum", sympy.Min(x0, x1), 2)
 define("where", sympy.Piecewise((x1, sympy.Ne(x0, 0)), (x2, True)), 3, "select",

@@ -35,14 +35,15 @@ _SYMPY_NAMES = {**vars(sympy), "ExprCondPair": sympy.functions.elementary.piecew
 
 def _names() -> dict:
     """What srepr text names: sympy's namespace, then symgrad's own sympy Functions (trunc,
-    floor_divide, bitwise_and, random_bits, ...), which win where a name is sympy's too (sympy's
+    floor_divide, bitwise_and, random_bits, is_nan, ...), which win where a name is sympy's too (sympy's
     `trunc` is a polynomial's). Collected at the first read, when `import symgrad` has defined them
     all; without them every entry naming one failed to read back and was derived again."""
     global _names_found
     if _names_found is not None:
         return _names_found
     names = dict(_SYMPY_NAMES)
-    pending = list(sympy.Function.__subclasses__())
+    from sympy.logic.boolalg import BooleanFunction
+    pending = [*sympy.Function.__subclasses__(), *BooleanFunction.__subclasses__()]
     while pending:
         cls = pending.pop()
         pending.extend(cls.__subclasses__())
