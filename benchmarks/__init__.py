@@ -1,6 +1,6 @@
 """Side-by-side training-step benchmarks: symgrad against PyTorch, torch.compile and JAX.
 
-`python -m benchmarks.bench_step` is the one command (see the README). The
+`python -m benchmarks.bench_step` is the one command (see docs/performance.md). The
 package pins every library to the same thread count here, at import, because
 NumPy's BLAS, PyTorch and OpenMP read their thread settings once, when they
 load; `python -m benchmarks.<module>` imports this file before any of them.
