@@ -183,4 +183,8 @@ class Exprs:
             return convert(text, "bool", st.dtype)
         if _is_boolean_expr(expr):
             return f"(uint8_t)({text})"
+        if st.compute_dtype == "bool":
+            # Arithmetic on truth values (torch's bool add is an or, mul an and): C computes it on
+            # uint8, where True + True is 2; the result is True, 1, as the NumPy reference's bool.
+            return convert(convert(text, "int64", "bool"), "bool", st.dtype)
         return convert(text, st.compute_dtype, st.dtype)
