@@ -26,6 +26,13 @@ def available_backends() -> list[str]:
 
 BACKENDS = available_backends()
 
+# Under pytest-xdist each worker keeps its own cache below a SYMGRAD_CACHE_DIR given from outside
+# (CI's): tests that clear or count the cache's entries (tests/backends/test_program_cache.py) must
+# see their own worker's, not the other's. Set at import, before any test module compiles.
+if os.environ.get("PYTEST_XDIST_WORKER") and os.environ.get("SYMGRAD_CACHE_DIR"):
+    os.environ["SYMGRAD_CACHE_DIR"] = os.path.join(os.environ["SYMGRAD_CACHE_DIR"],
+                                                   os.environ["PYTEST_XDIST_WORKER"])
+
 
 @pytest.fixture(params=BACKENDS)
 def backend(request) -> str:
