@@ -183,8 +183,9 @@ class Exprs:
             return convert(text, "bool", st.dtype)
         if _is_boolean_expr(expr):
             return f"(uint8_t)({text})"
-        if st.compute_dtype == "bool":
-            # Arithmetic on truth values (torch's bool add is an or, mul an and): C computes it on
-            # uint8, where True + True is 2; the result is True, 1, as the NumPy reference's bool.
+        if st.compute_dtype == "bool" and expr.has(sympy.Add):
+            # A sum of truth values (torch's bool add is an or): C computes it on uint8, where
+            # True + True is 2; the result is True, 1, as the NumPy reference's bool. (Products,
+            # selects and copies of truth values stay 0 or 1.)
             return convert(convert(text, "int64", "bool"), "bool", st.dtype)
         return convert(text, st.compute_dtype, st.dtype)
