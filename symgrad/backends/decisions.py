@@ -180,7 +180,9 @@ def decide(graph: Graph, variables=None, fuse_reduce: bool = True, recompute: bo
     epilogue_of = choose_epilogues(graph, uses, fused) if fuse_reduce else {}
     groups = choose_row_groups(graph, fused, epilogue_of) if fuse_reduce else ()
     in_groups = {id(n) for g in groups for n in [*g.members, *g.aliases]}
-    epilogue_of = {root: r for root, r in epilogue_of.items() if id(r) not in in_groups}
+    # A reduction in a group, or one whose epilogue root a group computes, is no epilogue: the
+    # group's kernel computes the root, so a reduction outside it is a kernel of its own before it.
+    epilogue_of = {root: r for root, r in epilogue_of.items() if id(r) not in in_groups and root not in in_groups}
     if matmul_epilogues:
         epilogue_of.update(choose_matmul_epilogues(graph, uses, fused, epilogue_of, in_groups))
     epilogued = {id(r) for r in epilogue_of.values()}
