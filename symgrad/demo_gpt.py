@@ -16,7 +16,6 @@ Written as user code, against the public API only: a reader can copy any part of
 from __future__ import annotations
 
 import math
-import sys
 import sysconfig
 import time
 from dataclasses import dataclass, field
@@ -26,6 +25,7 @@ from typing import Callable, Optional
 import numpy as np
 
 import symgrad as sg
+from symgrad.demo import _progress_bar
 
 # The corpus: pure-Python modules every CPython ships, in this order; about 0.5 MB of text.
 STDLIB_MODULES = ("textwrap", "string", "fnmatch", "shlex", "bisect", "heapq", "functools", "glob",
@@ -234,25 +234,6 @@ class GPTDemoResult:
         return float(np.median(self.step_ns)) / 1e6
 
 
-def _bar(total: int, enabled: bool):
-    """A tqdm bar over the steps (on stderr), or a stand-in with the same methods."""
-    if enabled:
-        from tqdm import tqdm  # imported here: only the command needs it
-
-        return tqdm(total=total, unit="step", file=sys.stderr, leave=False, dynamic_ncols=True)
-
-    class _Silent:
-        def update(self, n=1):
-            pass
-
-        def set_postfix_str(self, s):
-            pass
-
-        def close(self):
-            pass
-    return _Silent()
-
-
 def train(config: GPTDemoConfig = GPTDemoConfig(), corpus: Optional[Corpus] = None,
           on_eval: Optional[Callable[[int, float, float, float], None]] = None,
           progress: bool = False) -> GPTDemoResult:
@@ -271,7 +252,7 @@ def train(config: GPTDemoConfig = GPTDemoConfig(), corpus: Optional[Corpus] = No
     result.source_path = str(source_path) if source_path else None
     rng = np.random.default_rng(config.seed)
     eval_rng = np.random.default_rng(config.seed + 1)   # the same validation windows whatever the steps
-    bar = _bar(config.steps, progress)
+    bar = _progress_bar(config.steps, progress)
     since = 0
     try:
         for k in range(config.steps):

@@ -158,9 +158,6 @@ def _write_page(html, title: str, step, written: dict, profile_steps: int, dims:
 
     profile = None
     if profile_steps:
-        profiler = getattr(step, "profile", None)
-        if profiler is None:  # a symgrad without step.profile(): the page has no profile section
-            raise NotImplementedError("--profile: this symgrad's train steps have no profile() method")
-        profile = profiler(steps=profile_steps, **example_inputs(step.graph, dims))
+        profile = step.profile(steps=profile_steps, **example_inputs(step.graph, dims))
     svg = written["svg"].read_text() if written["svg"] else None
     return write_html(html, f"symgrad inspect {title}", step.report(), written["dot"].read_text(), svg, profile)
