@@ -41,6 +41,13 @@ def _zeros(v: Value) -> Value:
     return F.broadcast_to(F.constant(0, v.dtype), v.shape)
 
 
+def _holds_nothing(v: Value) -> bool:
+    """Whether v has no elements (a fixed axis of size 0): nothing after it depends on its inputs,
+    so no cotangent passes through it. Chaining its (empty) cotangent back instead would multiply a
+    zero by each op's local derivative on the way, and 0 * inf is NaN where the gradient is 0."""
+    return any(isinstance(s, int) and s == 0 for s in v.shape)
+
+
 def _vjp_through_decomposition(node: Value, g: Value, wants: tuple) -> list:
     """The cotangents of an op without a VJP rule, from its decomposition (OpDef.decompose):
     partial derivatives, each input a leaf (an input that is itself computed from another, as
@@ -103,7 +110,7 @@ def _grad(y: Value, targets: Sequence[Value], seed: Value, leaves: bool = False)
     cotangents: dict[int, Value] = {id(y): seed}
     for node in reversed(nodes):
         g = cotangents.get(id(node))
-        if g is None or not node.inputs or (leaves and id(node) in wanted):
+        if g is None or not node.inputs or (leaves and id(node) in wanted) or _holds_nothing(node):
             continue
         wants = tuple(id(i) in depends and D.is_float(i.dtype) for i in node.inputs)
         if not any(wants):

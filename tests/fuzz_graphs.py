@@ -758,6 +758,12 @@ def build(graph: FuzzGraph, builders: int, inputs: list, nudge: Callable | None 
             args = [nudge.use(a) for a in args]
         fn = OPS[step.op].torch if builders else OPS[step.op].sg
         value = fn(*args, **step.kw)
+        if builders and isinstance(value, torch.Tensor) and value.numel() == 0:
+            # An empty tensor holds no value, so nothing after it depends on what came before it:
+            # the gradient through it is exactly 0. torch still chains a zero cotangent back through
+            # the ops before it, and 0 times an infinite local derivative is NaN (pow(v, take(sum(
+            # v / pow(v, w)), ())) at v = 0); symgrad's is 0, the true one.
+            value = value.detach()
         values.append(nudge(k, step, args, value) if nudge else value)
     return values[-1]
 

@@ -28,7 +28,9 @@ other, and pow(-1.39, that) is finite or NaN; log_softmax of a dominant element 
 exp flushes exp(-745) to 0 where libm gives 5e-324, and a product with inf is NaN or inf. A
 well-conditioned element (all runs agree) is held to the plain tolerance. Where the runs give both
 +inf and -inf, the element is an infinity times a value whose sign rounding decides (x - concat(x,
-x) summed over a broadcast, times an infinite conv weight): NaN is accepted there too.
+x) summed over a broadcast, times an infinite conv weight): NaN is accepted there too. torch's side
+detaches every empty value (fuzz_graphs.build): nothing depends on it, and symgrad's gradient
+through it is exactly 0, where torch's would be 0 times each local derivative, NaN at an infinite one.
 
 SYMGRAD_FUZZ_EXAMPLES sets the number of graphs (2,000 by default, a CI run of about 100 s; on
 several cores, `-n 2 --dist loadgroup` keeps each batch's tests on one pytest-xdist worker).
