@@ -39,7 +39,7 @@ def bind_inputs(inputs: Iterable[Value], arrays: Iterable) -> dict:
         got = f"{list(array.shape)} ({array.dtype})"
         if array.dtype != D.to_numpy(node.dtype):
             raise TypeError(f"input {node.name!r}: expected dtype {node.dtype}, got {array.dtype} "
-                            f"(shape {expected} expected, {got} given); convert with .astype(np.{node.dtype})")
+                            f"(shape {expected} expected, {got} given); convert with .astype({'ml_dtypes' if node.dtype == 'bfloat16' else 'np'}.{node.dtype})")
         if array.ndim != node.ndim:
             raise ValueError(f"input {node.name!r}: expected shape {expected}, got {got}")
         if not array.flags.c_contiguous:

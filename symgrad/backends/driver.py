@@ -22,7 +22,7 @@ from typing import Callable
 from .. import passes
 from ..ir.graph import Graph
 from ..ir.ops import label_checks
-from . import lowering, program_cache
+from . import half, lowering, program_cache
 from .cache import BuiltModule
 from .languages import Language
 from .memory import ArenaSpec
@@ -62,9 +62,11 @@ def compile_stages(graph: Graph, language: Language, optimize: bool = True,
                    timings: dict | None = None) -> program_cache.Entry:
     """The passes, the lowering and the render of `graph` for `language`, timed into `timings`."""
     timings = {} if timings is None else timings
+    half.refuse_half_leaves(graph, language.name)
     with timed(timings, "passes"):
         pass_report: dict = {}
         optimized = passes.optimize(graph, report=pass_report) if optimize else graph
+        optimized = half.legalize(optimized)  # 16-bit floats: kernels compute in float32 (backends/half.py)
     with timed(timings, "lower"):
         # variables: the given graph's, so every variable keeps its slot after the passes.
         runtime_gemm = matmul_epilogues(language)  # the runtime's GEMMs: fused epilogues, gathered patches

@@ -54,6 +54,14 @@ def convert(text: str, src: str, dst: str) -> str:
     """C for converting a value of dtype `src` to `dst` (NumPy's astype semantics)."""
     if src == dst:
         return text
+    if D.is_half(dst):
+        # A 16-bit float is a float holding a value of the narrower type: converting to one rounds
+        # to nearest even (the runtime header's sg_round_bf16 / sg_round_f16), as torch does.
+        return f"{HALF_ROUND[dst]}({convert(text, src, 'float32')})"
+    if D.is_half(src):
+        src = "float32"
+        if dst == "float32":
+            return text
     if dst == "bool":
         return f"(uint8_t)(({text}) != 0)"
     if src == "bool" and D.is_float(dst):
@@ -65,9 +73,13 @@ def convert(text: str, src: str, dst: str) -> str:
     return f"({D.C_TYPES[dst]})({text})"
 
 
+# The C function that rounds a float to each 16-bit float's values (templates/c/runtime.h.j2).
+HALF_ROUND = {"bfloat16": "sg_round_bf16", "float16": "sg_round_f16"}
+
+
 def lowest(dtype: str) -> str:
     """The identity of a max: the lowest value of `dtype` as a C constant."""
-    return {"float32": "-INFINITY", "float64": "-INFINITY", "int32": "INT32_MIN", "int64": "INT64_MIN",
+    return {"float32": "-INFINITY", "float64": "-INFINITY", "bfloat16": "-INFINITY", "float16": "-INFINITY", "int32": "INT32_MIN", "int64": "INT64_MIN",
             "bool": "0"}[dtype]
 
 
@@ -137,11 +149,14 @@ class Exprs:
             if not value.free_symbols:
                 value = float(value) if D.is_float(dtype) else int(value)
             else:
-                text = self.printer(dtype if D.is_float(dtype) else "int64").doprint(value.xreplace(self.dim_syms))
-                return f"(({D.C_TYPES[dtype]})({text}))"
+                text = self.printer(D.compute_type(dtype) if D.is_float(dtype) else "int64").doprint(
+                    value.xreplace(self.dim_syms))
+                return convert(f"(({D.C_TYPES[dtype]})({text}))", D.compute_type(dtype), dtype)
         if isinstance(value, (bool, np.bool_)) and dtype != "bool":
             value = int(value)
-        return format_literal(value, dtype)
+        if D.is_half(dtype):  # a float local: the value rounded to the 16-bit type, then printed exactly
+            value = float(np.asarray(value).astype(D.to_numpy(dtype)))
+        return format_literal(value, D.compute_type(dtype))
 
     def load(self, view, loop_vars: list[str]) -> str:
         """The value of `view` at the loop indices `loop_vars`: a literal, an index, or a buffer element."""

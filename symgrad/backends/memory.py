@@ -93,8 +93,8 @@ class ArenaSpec:
     @classmethod
     def of(cls, plan: Plan) -> "ArenaSpec":
         """The spec of a kernel plan."""
-        nbytes = tuple(_as_int(b.numel * D.to_numpy(b.dtype).itemsize) for b in plan.workspace)
-        values = sum((S.numel(n.shape) * D.to_numpy(n.dtype).itemsize for n in plan.graph.nodes
+        nbytes = tuple(_as_int(b.numel * D.native_itemsize(b.dtype)) for b in plan.workspace)
+        values = sum((S.numel(n.shape) * D.native_itemsize(n.dtype) for n in plan.graph.nodes
                       if n.op.kind not in (SOURCE, MOVEMENT)), sympy.S.Zero)
         return cls(nbytes, tuple(liveness(plan)), len(plan.kernels), _as_int(values))
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from ..ir import dtypes as D
 from ..ir.elementwise import compute_dtype as elementwise_compute_dtype
 from ..ir.graph import Graph
 from ..ir.value import Value
@@ -257,7 +258,7 @@ def compute_dtype(node: Value) -> str:
     """The dtype a node's arithmetic runs in: its own, or its operands' common one for comparisons
     and for casts (a cast computes in the input's dtype and converts the result)."""
     if node.op.name == "cast":
-        return node.inputs[0].dtype
+        return D.compute_type(node.inputs[0].dtype)  # a 16-bit float is a float32 in a kernel
     return elementwise_compute_dtype(node)  # the NumPy reference's rule: torch's result type
 
 

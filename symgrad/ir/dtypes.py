@@ -1,22 +1,38 @@
-"""The five element types of the IR and how they combine.
+"""The seven element types of the IR and how they combine.
 
 A dtype is a plain string ("float32", ...) everywhere in the IR; this module
 owns the table that maps it to NumPy, to C, and to its short printed name.
+
+The two 16-bit floats (bfloat16, float16) are storage types, as in torch: arithmetic on them
+runs in float32 (their compute type) and each result is rounded to nearest even on the way
+back. NumPy holds them through `ml_dtypes` (the package JAX uses).
 """
 
 from __future__ import annotations
 
+import ml_dtypes
 import numpy as np
 
-FLOAT_DTYPES = ("float32", "float64")
+HALF_DTYPES = ("bfloat16", "float16")
+FLOAT_DTYPES = ("float32", "float64") + HALF_DTYPES
 INT_DTYPES = ("int32", "int64")
 DTYPES = FLOAT_DTYPES + INT_DTYPES + ("bool",)
 
 # Printed in the text form of a graph, like a jaxpr: f32[B,10].
-SHORT_NAMES = {"float32": "f32", "float64": "f64", "int32": "i32", "int64": "i64", "bool": "bool"}
+SHORT_NAMES = {"float32": "f32", "float64": "f64", "bfloat16": "bf16", "float16": "f16",
+               "int32": "i32", "int64": "i64", "bool": "bool"}
 
-# The C type of each dtype; CUDA uses the same spelling.
-C_TYPES = {"float32": "float", "float64": "double", "int32": "int32_t", "int64": "int64_t", "bool": "uint8_t"}
+# The C type of each dtype's values in kernels; CUDA uses the same spelling. A 16-bit float is a
+# float there that holds a value of the narrower type exactly: every conversion to it rounds
+# (backends/expressions.convert), and the C backend computes other ops on it in float32
+# (backends/half.py).
+C_TYPES = {"float32": "float", "float64": "double", "bfloat16": "float", "float16": "float",
+           "int32": "int32_t", "int64": "int64_t", "bool": "uint8_t"}
+
+# The NumPy dtype of each IR dtype; ml_dtypes supplies bfloat16.
+_NUMPY = {"float32": np.dtype(np.float32), "float64": np.dtype(np.float64),
+          "bfloat16": np.dtype(ml_dtypes.bfloat16), "float16": np.dtype(np.float16),
+          "int32": np.dtype(np.int32), "int64": np.dtype(np.int64), "bool": np.dtype(np.bool_)}
 
 DEFAULT_FLOAT = "float32"
 
@@ -25,6 +41,8 @@ def canonical(dtype) -> str:
     """Return the IR name of `dtype`, given a name, a NumPy dtype or a NumPy type."""
     if isinstance(dtype, str) and dtype in DTYPES:
         return dtype
+    if str(dtype) in ("torch.bfloat16", "torch.float16"):  # torch's dtype objects, without importing torch
+        return str(dtype)[len("torch."):]
     try:
         name = np.dtype(dtype).name
     except TypeError as exc:
@@ -35,30 +53,50 @@ def canonical(dtype) -> str:
 
 
 def to_numpy(dtype: str) -> np.dtype:
-    """The NumPy dtype of an IR dtype."""
-    return np.dtype("bool" if dtype == "bool" else dtype)
+    """The NumPy dtype of an IR dtype (bfloat16: ml_dtypes.bfloat16)."""
+    return _NUMPY[dtype]
+
+
+def native_itemsize(dtype: str) -> int:
+    """The bytes of one element in a compiled kernel's buffers: a 16-bit float is held in a
+    float (C_TYPES), so 4; every other dtype its NumPy size."""
+    return 4 if dtype in HALF_DTYPES else _NUMPY[dtype].itemsize
 
 
 def is_float(dtype: str) -> bool:
-    """True for float32 and float64: the dtypes that carry gradients."""
+    """True for the floating dtypes (float32, float64, bfloat16, float16): those that carry gradients."""
     return dtype in FLOAT_DTYPES
+
+
+def is_half(dtype: str) -> bool:
+    """True for the 16-bit floats, which store values but compute in float32."""
+    return dtype in HALF_DTYPES
+
+
+def compute_type(dtype: str) -> str:
+    """The dtype arithmetic on `dtype` runs in: float32 for a 16-bit float (torch's opmath type),
+    the dtype itself otherwise."""
+    return "float32" if dtype in HALF_DTYPES else dtype
 
 
 # torch's categories of dtype, lowest first. Across categories the higher one decides a result's
 # kind; within one the wider dtype wins.
-CATEGORIES = {"bool": 0, "int32": 1, "int64": 1, "float32": 2, "float64": 2}
-_WIDTHS = {"bool": 1, "int32": 4, "int64": 8, "float32": 4, "float64": 8}
+CATEGORIES = {"bool": 0, "int32": 1, "int64": 1, "float32": 2, "float64": 2, "bfloat16": 2, "float16": 2}
+WIDTHS = {"bool": 1, "int32": 4, "int64": 8, "float32": 4, "float64": 8, "bfloat16": 2, "float16": 2}
 
 
 def promote_types(a: str, b: str) -> str:
     """torch.promote_types: the dtype that holds both kinds, `a`'s or `b`'s.
 
     The higher category wins, and within one the wider dtype: int32 with float32 is float32 and
-    int64 with float32 is float32 too, where NumPy widens both to float64.
+    int64 with float32 is float32 too, where NumPy widens both to float64. bfloat16 with float16
+    is float32 (neither holds the other: one has the range, the other the precision).
     """
     if CATEGORIES[a] != CATEGORIES[b]:
         return a if CATEGORIES[a] > CATEGORIES[b] else b
-    return a if _WIDTHS[a] >= _WIDTHS[b] else b
+    if a != b and {a, b} == set(HALF_DTYPES):
+        return "float32"
+    return a if WIDTHS[a] >= WIDTHS[b] else b
 
 
 def _priority_and_dtype(operand) -> tuple[int, str]:

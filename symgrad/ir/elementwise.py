@@ -84,8 +84,9 @@ def numpy_function(symbols, expr: sympy.Expr) -> Callable:
 def compute_dtype(node) -> str:
     """The dtype an elementwise node's arithmetic runs in, its operands cast to it first (torch's
     common dtype): the node's own, or for a bool result over other dtypes (a comparison) the
-    operands' result type. The C and CUDA code cast alike (backends/plan.py)."""
-    return D.result_type(*node.inputs) if node.dtype == "bool" and node.inputs else node.dtype
+    operands' result type. A 16-bit float computes in float32 and rounds its result once
+    (torch's opmath type). The C and CUDA code cast alike (backends/plan.py)."""
+    return D.compute_type(D.result_type(*node.inputs) if node.dtype == "bool" and node.inputs else node.dtype)
 
 
 def _numpy_impl(expr: sympy.Expr, arity: int) -> Callable:

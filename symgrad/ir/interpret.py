@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import numpy as np
 
+from . import dtypes as D
 from . import shapes as S
 from .graph import Graph
+from .registry import ELEMENTWISE
 
 
 class Env:
@@ -42,7 +44,21 @@ def evaluate(graph: Graph, inputs: list, variables: dict, bindings: dict, collec
     values: dict[int, np.ndarray] = {}
     for node in graph.nodes:
         args = [values[id(i)] for i in node.inputs]
-        values[id(node)] = node.op.numpy(args, node, env)
+        values[id(node)] = run_node(node, args, env)
     outputs = [np.array(values[id(v)]) for v in graph.outputs]
     updates = [np.array(values[id(new)]) for _, new in graph.updates]
     return outputs, updates
+
+
+def run_node(node, args: list, env: Env) -> np.ndarray:
+    """One node's value from its operands' (`args`).
+
+    An op other than an elementwise one that reads or makes a 16-bit float runs in float32 and
+    rounds its result once, as torch's CPU kernels do: a bfloat16 matmul or sum accumulates in
+    float32 (ml_dtypes' own matmul would return float32, its sum would round every partial sum).
+    Elementwise ops compute in float32 themselves (elementwise.compute_dtype).
+    """
+    if node.op.kind != ELEMENTWISE and (D.is_half(node.dtype) or any(D.is_half(i.dtype) for i in node.inputs)):
+        wide = [np.asarray(a).astype(np.float32) if D.is_half(i.dtype) else a for a, i in zip(args, node.inputs)]
+        return np.asarray(node.op.numpy(wide, node, env)).astype(D.to_numpy(node.dtype), copy=False)
+    return node.op.numpy(args, node, env)

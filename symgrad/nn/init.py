@@ -75,7 +75,7 @@ def _set(tensor, values):
 
 def _random_target(tensor, what: str) -> tuple:
     shape, dtype = _shape_and_dtype(tensor, what)
-    if not np.issubdtype(dtype, np.floating):
+    if not D.is_float(D.canonical(dtype)):  # np.floating misses ml_dtypes' bfloat16
         raise TypeError(f"nn.init.{what}: random values need a float tensor, got {dtype}")
     return shape, dtype
 
