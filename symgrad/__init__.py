@@ -34,6 +34,7 @@ from .nn.functional import scaled_dot_product_attention
 from .convolution import conv1d, conv2d, pad
 from .pooling import adaptive_avg_pool2d, avg_pool2d, flatten, interpolate, max_pool2d
 from .nn.functional import batch_norm
+from .ir.autocast import autocast
 from .ir.graph import Graph
 from .ir.printing import backward_chain, print_graph
 from .ir.shapes import Dim
@@ -41,6 +42,10 @@ from .ir.value import Value
 from .sources import input, manual_seed, param
 
 __version__ = "0.1.0"
+
+# The 16-bit float dtypes by torch's names (a dtype is its name in symgrad: sg.bfloat16 == "bfloat16").
+bfloat16 = "bfloat16"
+float16 = "float16"
 
 __all__ = [
     "Dim", "Graph", "Value", "Function", "Context", "input", "param", "manual_seed", "grad",
@@ -58,4 +63,5 @@ __all__ = [
     "nn", "random", "distributed", "gradcheck", "GradcheckError",
     "min", "amax", "amin", "argmin", "unsqueeze", "clamp",
     "zeros", "ones", "full", "zeros_like", "ones_like", "full_like", "eye",
+    "autocast", "bfloat16", "float16",
 ]

@@ -13,6 +13,7 @@ from __future__ import annotations
 from typing import Sequence
 
 from . import functional as F
+from .ir import autocast
 from .ir import dtypes as D
 from .ir import shapes as S
 from .ir.graph import toposort
@@ -92,7 +93,8 @@ def grad(y: Value, wrt, grad_output=None):
             raise ValueError(f"grad: grad_output has shape {S.format_shape(seed.shape)}, "
                              f"y has shape {S.format_shape(y.shape)}")
         seed = F.cast(seed, y.dtype)
-    results = _grad(y, targets, seed)
+    with autocast.disabled():  # a backward follows its forward's dtypes, as torch's autograd
+        results = _grad(y, targets, seed)
     return results[0] if single else results
 
 

@@ -266,7 +266,7 @@ def param_groups(params) -> tuple[list[Value], list[dict]]:
 
 
 def train_step(loss: Value, params=None, optimizer=None, backend: str | None = None, predict=None,
-               clip_grad_norm: float | None = None, **options) -> TrainStep:
+               clip_grad_norm: float | None = None, autocast: str | None = None, **options) -> TrainStep:
     """Compile forward, backward and the optimizer's update into one call.
 
     `step(**batch)` runs it on arrays (NumPy, or torch CPU tensors) given by input name and
@@ -284,6 +284,10 @@ def train_step(loss: Value, params=None, optimizer=None, backend: str | None = N
     clip_grad_norm: the max_norm of torch.nn.utils.clip_grad_norm_, applied to the gradients
     inside the step (and to the buffers in apply()); a runtime hyperparameter,
     `step.state["clip_grad_norm"]`.
+    autocast: "bfloat16" or "float16": the loss's graph rebuilt under torch's CPU autocast
+    policy (symgrad.ir.autocast; as if built inside `sg.autocast(autocast)`): matmuls and
+    attention on 16-bit operands with float32 accumulation, reductions and the update in float32,
+    parameters float32 master weights cast once per step.
     """
     from . import effects
     from .autodiff import grad
@@ -291,6 +295,9 @@ def train_step(loss: Value, params=None, optimizer=None, backend: str | None = N
 
     if not isinstance(loss, Value) or loss.shape != () or not D.is_float(loss.dtype):
         raise ValueError(f"train_step: loss must be a float scalar value, got {loss!r}")
+    if autocast is not None:
+        from .ir.autocast import autocast_graph
+        loss = autocast_graph([loss], autocast)[0]
     from .optim import param_groups as groups_of
     from .optim.optimizer import Optimizer
     if optimizer is None and isinstance(params, Optimizer):

@@ -23,7 +23,7 @@ import numpy as np
 from ..ir import dtypes as D
 from ..ir import shapes as S
 from ..passes import format_report
-from . import runtime, winograd
+from . import half, runtime, winograd
 from .attention import AttentionKernel
 from .gather import GatherKernel
 from .lowering import MatmulKernel
@@ -330,6 +330,7 @@ def _summary(program, plan, mp, parts: dict, times: dict, rows: list) -> Section
         binding += ", assumed: not called yet"
     lines = [f"{program.backend or 'native'} program: {before} nodes built, {after} after the passes, "
              f"{len(plan.kernels)} kernels [{binding}]"]
+    lines.extend(half.report_lines(program.graph, mp.bindings))  # casts and bytes of 16-bit floats, if any
     shown = [f"{name} {format_bytes(n)}" for name, n in parts.items() if n]
     lines.extend(_wrapped(f"step memory {format_bytes(sum(parts.values()))} at its peak: ", shown))
     bound = f"{mp.arena_bytes / mp.lower_bound_bytes:.2f}x" if mp.lower_bound_bytes else "1.00x"

@@ -10,6 +10,7 @@ from __future__ import annotations
 from types import MappingProxyType
 from typing import Any
 
+from . import autocast
 from . import shapes as S
 from .dtypes import SHORT_NAMES
 from .registry import OpDef
@@ -293,6 +294,10 @@ def _sizes(args: tuple) -> tuple:
 
 
 def make(op: OpDef, inputs=(), **attrs: Any) -> Value:
-    """Build a node of `op`, running its shape rule first."""
+    """Build a node of `op`, running its shape rule first (under `sg.autocast`, over its inputs as
+    the mixed-precision policy casts them: symgrad.ir.autocast)."""
+    mixed = autocast.active()
+    if mixed is not None:
+        inputs = autocast.policy_inputs(op, tuple(inputs), mixed)
     shape, dtype = op.infer(tuple(inputs), attrs)
     return Value(op, inputs, attrs, shape, dtype)
