@@ -40,6 +40,7 @@ from .ir.printing import backward_chain, print_graph
 from .ir.shapes import Dim
 from .ir.value import Value
 from .sources import input, manual_seed, param
+from .torch_import import from_torch  # torch itself is imported only when a model is
 
 __version__ = "0.1.0"
 
@@ -62,6 +63,6 @@ __all__ = [
     "bitwise_left_shift", "bitwise_right_shift", "__version__",
     "nn", "random", "distributed", "gradcheck", "GradcheckError",
     "min", "amax", "amin", "argmin", "unsqueeze", "clamp",
-    "zeros", "ones", "full", "zeros_like", "ones_like", "full_like", "eye",
+    "zeros", "ones", "full", "zeros_like", "ones_like", "full_like", "eye", "from_torch",
     "autocast", "bfloat16", "float16",
 ]
