@@ -175,8 +175,12 @@ def _cast_vjp(node, g, wants):
     return [_F().cast(g, x.dtype)]
 
 
-register(OpDef("cast", "elementwise", _cast_infer,
-               lambda args, node, env: args[0].astype(D.to_numpy(node.dtype)),
+def _cast_numpy(args, node, env):
+    with np.errstate(over="ignore", invalid="ignore"):  # too large for a 16-bit float: inf, as in torch
+        return args[0].astype(D.to_numpy(node.dtype))
+
+
+register(OpDef("cast", "elementwise", _cast_infer, _cast_numpy,
                _cast_vjp, doc="convert to attrs['dtype']", expr=x0, arity=1))
 register(OpDef("stop_gradient", "elementwise", lambda inputs, attrs: (inputs[0].shape, inputs[0].dtype),
                lambda args, node, env: args[0], lambda node, g, wants: [None],

@@ -1,0 +1,241 @@
+"""Mixed precision (issue 39): the 16-bit float dtypes, their conversions in C against torch's,
+and sg.autocast's policy against torch.autocast("cpu", dtype=torch.bfloat16).
+
+Compiled programs are module-scoped: one C function holds every conversion and 16-bit graph,
+one C train step the autocast training run.
+"""
+
+from __future__ import annotations
+
+import ml_dtypes
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as TF
+
+import symgrad as sg
+from symgrad.ir import dtypes as D
+
+BF16 = ml_dtypes.bfloat16
+# bfloat16 keeps 8 significant bits: a result rounded once is within 2^-8 of its value relative
+# to it; a chain of a few rounded ops (and torch's own) within a few of those.
+BF16_RTOL = 2.0 ** -8
+
+
+def _close(ours, theirs, scale_ops: int = 4) -> None:
+    ours, theirs = np.asarray(ours, np.float64), np.asarray(theirs, np.float64)
+    scale = max(1.0, float(np.abs(theirs).max()))
+    assert ours.shape == theirs.shape
+    np.testing.assert_allclose(ours, theirs, rtol=0, atol=scale_ops * BF16_RTOL * scale)
+
+
+# ---- dtypes ------------------------------------------------------------------------------
+
+ALL = ("bool", "int32", "int64", "bfloat16", "float16", "float32", "float64")
+
+
+def test_promote_types_as_torch():
+    for a in ALL:
+        for b in ALL:
+            want = str(torch.promote_types(getattr(torch, a), getattr(torch, b))).removeprefix("torch.")
+            assert D.promote_types(a, b) == want, (a, b)
+
+
+def test_names_and_numpy_types():
+    assert D.canonical(np.dtype(BF16)) == "bfloat16" and D.canonical(torch.bfloat16) == "bfloat16"
+    assert D.to_numpy("bfloat16") == np.dtype(BF16) and D.to_numpy("float16") == np.float16
+    x = sg.input("x", (2, 3), dtype=sg.bfloat16)
+    assert repr(sg.exp(x)) == "<Value exp: bf16[2,3]>"
+    with pytest.raises(ValueError, match="autocast: dtype must be one of bfloat16, float16, got 'float32'"):
+        sg.autocast("float32")
+
+
+# ---- conversions and 16-bit graphs: C against the reference and torch ----------------------
+
+def _conversion_values() -> np.ndarray:
+    """float32 values where rounding is decided: ties (to even, both ways), the top of each
+    range (float32 max rounds to bfloat16 inf; 65520 to float16 inf), float16 subnormals and
+    their ties, infinities and NaN, then ordinary values at several scales."""
+    e = np.float32
+    special = [1 + 2.0 ** -8, 1 + 3 * 2.0 ** -8, -(1 + 2.0 ** -8), 1 + 2.0 ** -8 + 2.0 ** -20, 2.0 ** -8,
+               3.4028235e38, 3.3961776e38, 65504.0, 65519.0, 65520.0, -65520.0, 2.0 ** -25, 3 * 2.0 ** -25,
+               2.0 ** -24, 1e-30, -0.0, np.inf, -np.inf, np.nan, 1 + 2.0 ** -11, 1 + 3 * 2.0 ** -11, 2049.0]
+    rng = np.random.default_rng(39)
+    ordinary = rng.standard_normal(42) * np.repeat([1e-6, 1e-2, 1.0, 1e3, 1e5, 1e30], 7)
+    return np.concatenate([np.array(special, e), ordinary.astype(e)])
+
+
+@pytest.fixture(scope="module")
+def half_program():
+    """One C function and its NumPy twin: conversions, and a bfloat16/float16 graph (matmul,
+    sum, an elementwise chain, a softmax) with float32 inputs and outputs."""
+    n = len(_conversion_values())
+    v = sg.input("v", (n,))
+    x, w = sg.input("x", (6, 8)), sg.input("w", (8, 5))
+    xb, wb = x.astype("bfloat16"), w.astype("bfloat16")
+    y = sg.exp(xb) @ wb
+    outputs = [v.astype("bfloat16").astype("float32"), v.astype("float16").astype("float32"),
+               y.astype("float32"), sg.sum(y, dim=1).astype("float32"),
+               (xb * 1.1 + 0.3).astype("float16").astype("float32"),
+               sg.softmax(y, dim=-1).astype("float32")]
+    c = sg.function([v, x, w], outputs, backend="c")
+    reference = sg.function([v, x, w], outputs, backend="numpy")
+    rng = np.random.default_rng(0)
+    arrays = (_conversion_values(), rng.standard_normal((6, 8)).astype(np.float32),
+              rng.standard_normal((8, 5)).astype(np.float32))
+    return c(*arrays), reference(*arrays), arrays
+
+
+def test_conversions_round_to_nearest_even_as_torch(half_program):
+    c, reference, (values, _, _) = half_program
+    t = torch.from_numpy(values)
+    for k, dtype in enumerate((torch.bfloat16, torch.float16)):
+        want = t.to(dtype).float().numpy()
+        for got in (c[k], reference[k]):
+            assert np.array_equal(got, want, equal_nan=True), (dtype, values[got != want], got[got != want])
+
+
+def test_half_graph_c_matches_reference(half_program):
+    c, reference, _ = half_program
+    for k in (2, 3, 4):  # each op rounds once: the same bits whatever the kernel's order of sums
+        np.testing.assert_array_equal(c[k], reference[k])
+    assert c[5].dtype == np.float32
+    np.testing.assert_allclose(c[5], reference[5], rtol=1e-6, atol=1e-7)  # softmax: float32 sums, reordered
+
+
+def test_c_refuses_half_leaves():
+    x = sg.input("x16", (3,), dtype="bfloat16")
+    with pytest.raises(TypeError, match=r"C backend: input 'x16' is bfloat16 \[3\]"):
+        sg.function([x], [x.astype("float32") * 2], backend="c")
+
+
+# ---- autocast against torch.autocast ---------------------------------------------------------
+
+def _ops():
+    """(name, build(sg values) -> sg value, run(torch tensors) -> tensor, input shapes, the
+    dtype symgrad gives where torch's differs): each under its autocast."""
+    return [
+        ("linear", lambda x, w, b: sg.nn.functional.linear(x, w, b), lambda x, w, b: TF.linear(x, w, b),
+         [(4, 16), (8, 16), (8,)], "float32"),  # torch casts the bias too; here it adds in float32
+        ("matmul_batched", lambda a, b: a @ b, lambda a, b: a @ b, [(2, 3, 16, 8), (3, 8, 5)], None),
+        ("gelu_of_matmul", lambda x, w: sg.gelu(x @ w), lambda x, w: TF.gelu(x @ w), [(4, 16), (16, 8)], None),
+        ("attention", lambda q, k, v: sg.scaled_dot_product_attention(q, k, v, is_causal=True),
+         lambda q, k, v: TF.scaled_dot_product_attention(q, k, v, is_causal=True),
+         [(2, 2, 9, 8), (2, 2, 9, 8), (2, 2, 9, 8)], None),
+        ("conv2d", lambda x, w: sg.conv2d(x, w, padding=1), lambda x, w: TF.conv2d(x, w, padding=1),
+         [(2, 3, 6, 6), (4, 3, 3, 3)], None),
+        ("softmax_of_matmul", lambda x, w: sg.softmax(x @ w, dim=-1), lambda x, w: TF.softmax(x @ w, -1),
+         [(4, 16), (16, 8)], "float32"),  # torch rounds its float32 result to bfloat16
+        ("layer_norm_of_matmul", lambda x, w: sg.layer_norm(x @ w, (8,)), lambda x, w: TF.layer_norm(x @ w, (8,)),
+         [(4, 16), (16, 8)], "float32"),
+        ("cross_entropy", lambda x, w: sg.cross_entropy(x @ w, sg.constant(np.arange(4) % 3)),
+         lambda x, w: TF.cross_entropy(x @ w, torch.arange(4) % 3), [(4, 16), (16, 8)], None),
+        ("mse_loss", lambda x, w: sg.mse_loss(x @ w, sg.constant(np.ones((4, 8), np.float32))),
+         lambda x, w: TF.mse_loss(x @ w, torch.ones(4, 8)), [(4, 16), (16, 8)], None),
+    ]
+
+
+@pytest.mark.parametrize("name,build,run,shapes,dtype", _ops(), ids=[op[0] for op in _ops()])
+def test_autocast_op_against_torch(name, build, run, shapes, dtype):
+    rng = np.random.default_rng(len(name))
+    arrays = [rng.standard_normal(s).astype(np.float32) for s in shapes]
+    values = [sg.input(f"a{k}", s) for k, s in enumerate(shapes)]
+    with sg.autocast("bfloat16"):
+        out = build(*values)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        want = run(*map(torch.from_numpy, arrays))
+    assert out.dtype == (dtype or str(want.dtype).removeprefix("torch."))
+    dots = [n for n in sg.Graph(values, [out]).nodes if n.op.name in ("matmul", "attention")]
+    assert dots and all(i.dtype == "bfloat16" for n in dots for i in n.inputs), name  # the policy applied
+    (got,) = sg.function(values, [out], backend="numpy")(*arrays)
+    _close(got.astype(np.float32), want.float().numpy())
+    plain = run(*map(torch.from_numpy, arrays)).numpy()
+    if name in ("matmul_batched", "gelu_of_matmul"):  # rounded as torch's: not the float32 result
+        assert not np.allclose(got.astype(np.float32), plain, rtol=1e-5, atol=1e-6)
+
+
+def test_autocast_context_and_train_step_rewrite_agree():
+    x, W = sg.input("x", (4, 16)), sg.input("W", (16, 8))
+    plain = sg.sum(sg.softmax(sg.gelu(x @ W), dim=-1) * 3)
+    with sg.autocast("bfloat16"):
+        inside = sg.sum(sg.softmax(sg.gelu(x @ W), dim=-1) * 3)
+    (rewritten,) = sg.ir.autocast.autocast_graph([plain], "bfloat16")
+    assert str(sg.Graph([x, W], [rewritten])) == str(sg.Graph([x, W], [inside]))
+    assert "bf16" not in str(sg.Graph([x, W], [plain]))
+    with sg.autocast("bfloat16"), sg.autocast(enabled=False):
+        assert (x @ W).dtype == "float32"
+
+
+# ---- a training step under autocast, C against torch ------------------------------------------
+
+STEPS = 3
+
+
+@pytest.fixture(scope="module")
+def trained():
+    """An MLP (Linear, LayerNorm, GELU, Linear, cross-entropy) trained STEPS SGD steps by a C step
+    compiled with train_step(autocast="bfloat16") and by torch under torch.autocast, from the
+    same weights and batches."""
+    rng = np.random.default_rng(3)
+    w1, w2 = (rng.standard_normal(s).astype(np.float32) * 0.3 for s in ((32, 16), (5, 32)))
+    batches = [(rng.standard_normal((8, 16)).astype(np.float32), rng.integers(0, 5, 8))] * STEPS  # one batch: the loss falls
+    x, y = sg.input("x", (8, 16)), sg.input("y", (8,), dtype="int64")
+    W1, W2 = sg.param("W1", (32, 16), init=w1), sg.param("W2", (5, 32), init=w2)
+    loss = sg.cross_entropy(sg.nn.functional.linear(sg.gelu(sg.layer_norm(
+        sg.nn.functional.linear(x, W1), (32,))), W2), y)
+    step = sg.train_step(loss, params=[W1, W2], optimizer=sg.optim.SGD(lr=0.5), backend="c",
+                         autocast="bfloat16")
+    ours = [step(x=xb, y=yb) for xb, yb in batches]
+    t1, t2 = (torch.tensor(w, requires_grad=True) for w in (w1, w2))
+    opt = torch.optim.SGD([t1, t2], lr=0.5)
+    theirs = []
+    for xb, yb in batches:
+        opt.zero_grad()
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            tl = TF.cross_entropy(TF.linear(TF.gelu(TF.layer_norm(TF.linear(torch.from_numpy(xb), t1), (32,))), t2),
+                                  torch.from_numpy(yb))
+        tl.backward()
+        opt.step()
+        theirs.append(tl.item())
+    return step, ours, theirs, (t1.detach().numpy(), t2.detach().numpy())
+
+
+def test_train_step_autocast_against_torch(trained):
+    step, ours, theirs, (t1, t2) = trained
+    np.testing.assert_allclose(ours, theirs, rtol=4 * BF16_RTOL)
+    assert ours[-1] < ours[0]
+    for name, want in (("W1", t1), ("W2", t2)):
+        assert step.params[name].dtype == np.float32  # master weights
+        _close(step.params[name], want, scale_ops=8)
+
+
+def test_train_step_autocast_casts_each_parameter_once(trained):
+    step = trained[0]
+    def leaf(v):  # through the copies a linear layer makes (W.T)
+        return leaf(v.inputs[0]) if v.op.name in ("transpose", "reshape", "expand") else v
+
+    casts = [leaf(n.inputs[0]) for n in step.optimized.nodes if n.op.name == "cast" and n.dtype == "bfloat16"]
+    assert sorted(v.name for v in casts if v.op.name == "variable") == ["W1", "W2"]
+    summary = str(step.report().summary)
+    assert "mixed precision: " in summary and " to bfloat16 casts" in summary
+
+
+# ---- checkpoints -------------------------------------------------------------------------------
+
+def test_checkpoint_keeps_bfloat16(tmp_path):
+    from safetensors.torch import load_file
+
+    x = sg.input("x", (4, 3), dtype="bfloat16")
+    W = sg.param("Wb", (3, 2), init=np.arange(6, dtype=np.float32).reshape(3, 2) / 7, dtype="bfloat16")
+    step = sg.train_step(sg.sum((x @ W).astype("float32")), params=[W], optimizer=sg.optim.SGD(lr=0.1),
+                         backend="numpy")
+    step(x=np.ones((4, 3), BF16))
+    saved = step.params["Wb"]
+    assert saved.dtype == BF16
+    step.save(tmp_path / "ck.safetensors")
+    loaded = load_file(tmp_path / "ck.safetensors")["Wb"]
+    assert loaded.dtype == torch.bfloat16
+    np.testing.assert_array_equal(loaded.float().numpy(), saved.astype(np.float32))
+    step(x=np.ones((4, 3), BF16))
+    step.load(tmp_path / "ck.safetensors")
+    np.testing.assert_array_equal(step.params["Wb"], saved)
