@@ -40,6 +40,12 @@ def _named_inputs(module, example_inputs, dynamic_shapes):
         raise TypeError(f"sg.from_torch: {type(module).__name__}.forward takes *args or **kwargs; the import "
                         f"matches arguments by name, so give the forward named parameters")
     named = dict(bound.arguments)
+    tensors = [v for v in named.values() if hasattr(v, "data_ptr")]
+    if len({id(t) for t in tensors}) != len(tensors):
+        # torch.export traces one tensor given twice as one input: the graph would read one
+        # argument for both.
+        raise ValueError("sg.from_torch: example_inputs give one tensor for two arguments; give each its own "
+                         "(a .clone())")
     if dynamic_shapes is None or isinstance(dynamic_shapes, dict):
         return named, dynamic_shapes
     dynamic_shapes = tuple(dynamic_shapes)

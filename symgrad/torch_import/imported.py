@@ -15,7 +15,9 @@ from __future__ import annotations
 
 import inspect
 import weakref
+from collections import OrderedDict
 
+from ..cells import current_value
 from ..ir import dtypes as D
 from ..ir.value import Value
 from ..nn.module import Module
@@ -195,6 +197,21 @@ class ImportedModule(Module):
                 bound_sizes[s] = v
         if D.canonical(value.dtype) != D.canonical(dtype):
             raise TypeError(f"{self.torch_type}.forward: input {k} is {value.dtype}, the example was {dtype}")
+
+    def state_dict(self):
+        """torch's state_dict of the current values: torch tensors under torch's keys, so that
+        `torch_model.load_state_dict(imported.state_dict())` puts the trained weights back (a tied
+        weight's names share one tensor, as torch's). symgrad's own checkpoints (step.save) need
+        no torch; this model came from torch, so torch is there."""
+        import torch
+        tensors: dict = {}
+        out = OrderedDict()
+        for name, leaf in self._state_leaves().items():
+            key = id(leaf.attrs["cell"])
+            if key not in tensors:
+                tensors[key] = torch.from_numpy(current_value(leaf))
+            out[name] = tensors[key]
+        return out
 
     def extra_repr(self) -> str:
         return f"imported from torch {self.torch_type}"
