@@ -301,6 +301,8 @@ TABLE = {
     "aten.mse_loss.default": _mse_loss,
     "aten.gelu.default": lambda x, approximate="none": pointwise.gelu(x, approximate),
     "aten.dropout.default": lambda x, p, train: NF.dropout(x, p, train),
+    # (output, mask): the mask is only read by torch's backward, which symgrad derives itself
+    "aten.native_dropout.default": lambda x, p, train: (NF.dropout(x, p, bool(train)), None),
     "aten.embedding.default": _embedding,
     "aten.adaptive_avg_pool2d.default": lambda x, output_size: pooling.adaptive_avg_pool2d(x, tuple(output_size)),
     "aten.max_pool2d.default": _max_pool2d,

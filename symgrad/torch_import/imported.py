@@ -22,7 +22,7 @@ from ..ir import dtypes as D
 from ..ir.value import Value
 from ..nn.module import Module
 from ..sources import param, variable
-from .exporting import Exported, UnsupportedTorchOp, export_forward
+from .exporting import Exported, UnsupportedTorchOp, check_supported, export_forward
 from .interpret import build
 
 #: id(torch tensor) -> (weak reference to it, weak reference to the ImportedModule, torch name).
@@ -144,7 +144,10 @@ class ImportedModule(Module):
         mode = bool(self.training)
         if mode not in self._programs:
             inputs, dynamic_shapes = self._example
-            self._programs[mode] = export_forward(self._torch_module, inputs, dynamic_shapes, mode)
+            exported = export_forward(self._torch_module, inputs, dynamic_shapes, mode)
+            check_supported(exported)
+            check_builds(self, exported)
+            self._programs[mode] = exported
         return self._programs[mode]
 
     def forward(self, *args, **kwargs):

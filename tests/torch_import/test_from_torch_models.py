@@ -1,0 +1,149 @@
+"""sg.from_torch on an MLP with BatchNorm1d and Dropout and on a model returning a dict, beside
+torch for 10 steps; the refusals: an ATen op symgrad lacks, an optimizer option it lacks, a call
+unlike the example."""
+
+from __future__ import annotations
+
+import copy
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as TF
+
+import symgrad as sg
+from conftest import BACKENDS
+from torch_models import MLPClassifier, Orthogonalize, TwoHeads
+
+STEPS, BATCH = 10, 8
+
+
+def _train_torch(model, optimizer, batches, loss_of):
+    losses = []
+    for batch in batches:
+        loss = loss_of(model, *batch)
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        losses.append(loss.item())
+    return losses
+
+
+def _train_symgrad(imported, initial, loss, optimizer, batches, names, predict=None, eval_input=None):
+    out = {}
+    for backend in BACKENDS[:2]:
+        imported.load_state_dict(initial)
+        step = sg.train_step(loss, optimizer=optimizer, backend=backend, predict=predict)
+        losses = [step(**{n: b.numpy() for n, b in zip(names, batch)}) for batch in batches]
+        out[backend] = dict(losses=losses, state=imported.state_dict(),
+                            eval=step.predict(x=eval_input) if predict is not None else None)
+    return out
+
+
+@pytest.fixture(scope="module")
+def mlp():
+    """MLPClassifier (BatchNorm1d, Dropout at p=0 so the masks agree) with Adam and weight decay."""
+    torch.manual_seed(0)
+    model = MLPClassifier()
+    untrained = copy.deepcopy(model)
+    optimizer = torch.optim.Adam(model.parameters(), lr=1e-2, weight_decay=1e-3)
+    g = torch.Generator().manual_seed(2)
+    batches = [(torch.randn(BATCH, 12, generator=g), torch.randint(0, 5, (BATCH,), generator=g))
+               for _ in range(STEPS)]
+    imported = sg.from_torch(model, (batches[0][0],), dynamic_shapes=({0: torch.export.Dim("B")},))
+    sg_optimizer, initial = sg.optim.from_torch(optimizer), imported.state_dict()
+    B = sg.Dim("B")
+    x, y = sg.input("x", (B, 12)), sg.input("y", (B,), dtype="int64")
+    loss = sg.cross_entropy(imported(x), y)
+    imported.eval()
+    logits = imported(x)
+    imported.train()
+    torch_losses = _train_torch(model, optimizer, batches, lambda m, xb, yb: TF.cross_entropy(m(xb), yb))
+    model.eval()
+    with torch.no_grad():
+        torch_eval = model(batches[0][0]).numpy()
+    trained = _train_symgrad(imported, initial, loss, sg_optimizer, batches, ("x", "y"), logits,
+                             batches[0][0].numpy())
+    return dict(model=model, untrained=untrained, torch_losses=torch_losses, torch_eval=torch_eval,
+                trained=trained, imported=imported)
+
+
+@pytest.mark.parametrize("backend", BACKENDS[:2])
+def test_mlp_ten_steps_beside_torch(mlp, backend):
+    trained = mlp["trained"][backend]
+    np.testing.assert_allclose(trained["losses"], mlp["torch_losses"], rtol=1e-4)
+    torch_state = mlp["model"].state_dict()
+    for name in ("net.1.running_mean", "net.1.running_var"):
+        np.testing.assert_allclose(trained["state"][name].numpy(), torch_state[name].numpy(), rtol=1e-4, atol=1e-6)
+    np.testing.assert_allclose(trained["eval"], mlp["torch_eval"], rtol=1e-4, atol=1e-5)
+
+
+def test_dropout_masks_are_symgrads_and_eval_is_torchs():
+    """With p > 0 the training masks come from symgrad's generator (not torch's); the evaluation
+    forward, where dropout is the identity, is torch's own."""
+    torch.manual_seed(1)
+    model = MLPClassifier(p=0.4).eval()
+    xb = torch.randn(6, 12)
+    imported = sg.from_torch(model, (xb,))  # exported in eval mode: the torch model's own mode
+    assert not imported.training
+    x = sg.input("x", (6, 12))
+    got = sg.function([x], [imported(x)], backend="numpy")(xb.numpy())[0]
+    with torch.no_grad():
+        np.testing.assert_allclose(got, model(xb).numpy(), rtol=1e-5, atol=1e-6)
+    imported.train()
+    train_out = sg.function([x], [imported(x)], backend="numpy")(xb.numpy())[0]
+    assert train_out.shape == (6, 5) and np.all(np.isfinite(train_out))
+
+
+@pytest.fixture(scope="module")
+def two_heads():
+    torch.manual_seed(3)
+    model = TwoHeads()
+    optimizer = torch.optim.SGD([{"params": model.trunk.parameters(), "lr": 0.02},
+                                 {"params": list(model.classify.parameters()) + list(model.regress.parameters())}],
+                                lr=0.05, momentum=0.5)
+    g = torch.Generator().manual_seed(4)
+    batches = [(torch.randn(BATCH, 10, generator=g), torch.randint(0, 4, (BATCH,), generator=g),
+                torch.randn(BATCH, generator=g)) for _ in range(STEPS)]
+    B = torch.export.Dim("B")
+    imported = sg.from_torch(model, batches[0], dynamic_shapes={"x": {0: B}, "labels": {0: B}, "target": {0: B}})
+    sg_optimizer, initial = sg.optim.from_torch(optimizer), imported.state_dict()
+    Bs = sg.Dim("B")
+    out = imported(sg.input("x", (Bs, 10)), sg.input("labels", (Bs,), dtype="int64"), sg.input("target", (Bs,)))
+    torch_losses = _train_torch(model, optimizer, batches, lambda m, *b: m(*b)["loss"])
+    trained = _train_symgrad(imported, initial, out["loss"], sg_optimizer, batches, ("x", "labels", "target"))
+    return dict(out=out, torch_losses=torch_losses, trained=trained)
+
+
+def test_a_dict_comes_back_as_a_dict(two_heads):
+    out = two_heads["out"]
+    assert isinstance(out, dict) and list(out) == ["logits", "value", "loss"]
+    assert out["logits"].shape[1] == 4 and out["loss"].shape == ()
+
+
+@pytest.mark.parametrize("backend", BACKENDS[:2])
+def test_dict_model_ten_steps_beside_torch(two_heads, backend):
+    np.testing.assert_allclose(two_heads["trained"][backend]["losses"], two_heads["torch_losses"], rtol=1e-4)
+
+
+def test_an_op_symgrad_lacks_is_refused_with_its_module_and_line():
+    with pytest.raises(sg.torch_import.UnsupportedTorchOp,
+                       match=r"aten\.linalg_qr in Orthogonalize\.forward \(torch_models\.py:\d+\)"):
+        sg.from_torch(Orthogonalize(), (torch.randn(3, 4),))
+
+
+def test_optimizer_options_symgrad_lacks_are_refused(mlp):
+    params = list(mlp["untrained"].parameters())  # never imported
+    with pytest.raises(ValueError, match="belongs to no model imported"):
+        sg.optim.from_torch(torch.optim.SGD(params, lr=0.1))
+    with pytest.raises(ValueError, match="amsgrad=True"):
+        sg.optim.from_torch(torch.optim.Adam(mlp["model"].parameters(), amsgrad=True))
+    with pytest.raises(TypeError, match="expected torch.optim.SGD, Adam or AdamW, got RMSprop"):
+        sg.optim.from_torch(torch.optim.RMSprop(mlp["model"].parameters()))
+
+
+def test_a_call_unlike_the_example_is_refused(mlp):
+    with pytest.raises(ValueError, match=r"exported for \[s\w*, 12\]"):
+        mlp["imported"](sg.input("x", (4, 13)))
+    with pytest.raises(TypeError, match="input 0 is int64, the example was float32"):
+        mlp["imported"](sg.input("x", (4, 12), dtype="int64"))
