@@ -151,6 +151,8 @@ class Exprs:
             else:
                 text = self.printer(D.compute_type(dtype) if D.is_float(dtype) else "int64").doprint(
                     value.xreplace(self.dim_syms))
+                if D.is_half(dtype):
+                    self.features.add(HALF_ROUND[dtype])
                 return convert(f"(({D.C_TYPES[dtype]})({text}))", D.compute_type(dtype), dtype)
         if isinstance(value, (bool, np.bool_)) and dtype != "bool":
             value = int(value)
@@ -194,6 +196,8 @@ class Exprs:
             self.features.add("fast_exp")  # templates/c/expf.h.j2 goes in the prelude
         if "sg_" in text:  # division and shift helpers (templates/c/integer.h.j2): each one called goes in
             self.features.update(name for name in INTEGER_HELPERS if name + "(" in text)
+        if D.is_half(st.dtype):  # the rounding helper goes in the prelude (templates/c/integer.h.j2)
+            self.features.add(HALF_ROUND[st.dtype])
         if _is_boolean_expr(expr) and st.dtype != "bool":
             return convert(text, "bool", st.dtype)
         if _is_boolean_expr(expr):

@@ -38,7 +38,10 @@ import sympy
 # The C/CUDA helpers the printed expressions may call, in the order templates/c/integer.h.j2
 # defines them; a program defines only those its kernels call (symgrad/backends/expressions.py).
 HELPERS = ("sg_div_floor_i64", "sg_div_trunc_i64", "sg_remainder_i64", "sg_fmod_i64",
-           "sg_shl_i64", "sg_shr_i64", "sg_div_floorf", "sg_div_floor", "sg_remainderf", "sg_remainder")
+           "sg_shl_i64", "sg_shr_i64", "sg_div_floorf", "sg_div_floor", "sg_remainderf", "sg_remainder",
+           # Not integer arithmetic: the 16-bit floats' rounding (symgrad/backends/expressions.convert),
+           # a helper called by name as these are, so it shares their template and its inclusion.
+           "sg_round_bf16", "sg_round_f16")
 
 INT_BITS = 64  # the helpers' width (see the module docstring)
 
