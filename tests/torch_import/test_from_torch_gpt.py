@@ -82,6 +82,14 @@ def test_names_and_tying_are_torchs(gpt):
         np.testing.assert_array_equal(gpt["initial"][name].numpy(), value.numpy(), err_msg=name)
 
 
+def test_attention_is_symgrads_fused_op(gpt):
+    """torch's scaled_dot_product_attention arrives whole and becomes symgrad's one fused op, as
+    in a hand-written model, not the bmm / softmax pieces core ATen would split it into."""
+    from symgrad.ir.graph import toposort
+    ops = {node.op.name for node in toposort([gpt["loss"]])}
+    assert "attention" in ops and "softmax" not in ops
+
+
 def test_optimizer_groups_are_torchs(gpt):
     groups = gpt["sg_optimizer"].param_groups
     assert [g["weight_decay"] for g in groups] == [0.1, 0.0]
