@@ -94,6 +94,23 @@ def torch_runner(compiled: bool):
     return build
 
 
+def imported_runner(bench: Bench, net, state, names, x, y) -> Runner:
+    """The torch twin imported with sg.from_torch and its torch SGD with sg.optim.from_torch,
+    compiled to C: the torch user's front door to the step symgrad-c times."""
+    import symgrad as sg
+    try:
+        import torch
+    except ImportError as exc:
+        raise Unavailable(f"torch is not installed ({exc})") from None
+    twin = bench.network(torch.nn)
+    twin.load_state_dict({k: torch.from_numpy(np.asarray(v)) for k, v in state.items()})
+    imported = sg.from_torch(twin, (torch.from_numpy(x),))
+    xs, ys = sg.input("x", x.shape), sg.input("y", y.shape, dtype="int64")
+    optimizer = sg.optim.from_torch(torch.optim.SGD(twin.parameters(), lr=LR))
+    step = sg.train_step(sg.cross_entropy(imported(xs), ys), optimizer=optimizer, backend="c")
+    return Runner(lambda: step(x=x, y=y), float, note="sg.from_torch(torch twin), sg.optim.from_torch(SGD), C")
+
+
 def jax_runner(bench: Bench, net, state, names, x, y) -> Runner:
     try:
         import jax
@@ -121,7 +138,7 @@ def jax_runner(bench: Bench, net, state, names, x, y) -> Runner:
                   note=f"jax {jax.__version__} jit(value_and_grad + SGD), parameters donated")
 
 
-SYSTEMS = {"symgrad-c": symgrad_runner("c"), "symgrad-numpy": symgrad_runner("numpy"),
+SYSTEMS = {"symgrad-c": symgrad_runner("c"), "imported": imported_runner, "symgrad-numpy": symgrad_runner("numpy"),
            "torch-eager": torch_runner(False), "torch-compile": torch_runner(True), "jax-jit": jax_runner}
 
 

@@ -97,6 +97,24 @@ def _torch_step(bench, state, compiled: bool):
     return torch.compile(step) if compiled else step
 
 
+def imported_runner(bench: Bench, model, state, x, y) -> Runner:
+    """The torch twin (gpt_models.torch_gpt) imported with sg.from_torch and its torch AdamW with
+    sg.optim.from_torch, compiled to C: the torch user's front door to the step symgrad-c times."""
+    import symgrad as sg
+    try:
+        import torch
+    except ImportError as exc:
+        raise Unavailable(f"torch is not installed ({exc})") from None
+    twin = torch_gpt(bench.config(), state)
+    imported = sg.from_torch(twin, (torch.from_numpy(x),))
+    idx, targets = sg.input("idx", x.shape, dtype="int64"), sg.input("targets", y.shape, dtype="int64")
+    loss = sg.cross_entropy(imported(idx).reshape((-1, bench.vocab)), targets.reshape((-1,)))
+    optimizer = sg.optim.from_torch(torch.optim.AdamW(twin.parameters(), lr=LR, betas=BETAS, eps=EPS,
+                                                      weight_decay=0.0))
+    step = sg.train_step(loss, optimizer=optimizer, backend="c")
+    return Runner(lambda: step(idx=x, targets=y), float, note="sg.from_torch(torch twin), sg.optim.from_torch(AdamW), C")
+
+
 def torch_runner(compiled: bool):
     def build(bench: Bench, model, state, x, y) -> Runner:
         import torch
@@ -217,7 +235,7 @@ def render_memory(rows) -> str:
 
 def systems(llmc_dir: Path | None, workdir: Path) -> dict:
     """Column order of the table: name -> builder(bench, model, state, x, y)."""
-    return {"symgrad-c": symgrad_runner("c"), "symgrad-numpy": symgrad_runner("numpy"),
+    return {"symgrad-c": symgrad_runner("c"), "imported": imported_runner, "symgrad-numpy": symgrad_runner("numpy"),
             "torch-eager": torch_runner(False), "torch-compile": torch_runner(True), "jax-jit": jax_runner,
             "llm.c": llmc_runner(llmc_dir, workdir)}
 
@@ -225,7 +243,7 @@ def systems(llmc_dir: Path | None, workdir: Path) -> dict:
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--configs", default="small,nanogpt", help=f"comma list of {', '.join(CONFIGS)}")
-    parser.add_argument("--systems", default="symgrad-c,symgrad-numpy,torch-eager,torch-compile,jax-jit,llm.c")
+    parser.add_argument("--systems", default="symgrad-c,imported,symgrad-numpy,torch-eager,torch-compile,jax-jit,llm.c")
     parser.add_argument("--llmc", type=Path, help="a clone of karpathy/llm.c: its train_gpt2.c joins as system llm.c")
     parser.add_argument("--quick", action="store_true", help="5 blocks of 2 steps: a look, not a result")
     parser.add_argument("--blocks", type=int, default=11)
