@@ -24,11 +24,14 @@ import numpy as np
 
 from ..ir import dtypes as D
 from ..ir.graph import Graph
-from ..ir.registry import ELEMENTWISE, MOVEMENT, lookup
+from ..ir.registry import ATTENTION, ELEMENTWISE, MATMUL, MOVEMENT, lookup
 from ..ir.value import Value, make
 
 # Ops that only move values: a 16-bit value passes through them unchanged.
 _COPIES = frozenset({"take"})
+# Kinds whose kernels read a 16-bit operand in place, as a float: the GEMMs and fused attention
+# (the float32 path; backends/half.py's docstring).
+_READS_HALF = frozenset({MATMUL, ATTENTION})
 
 
 def _touches_half(node: Value) -> bool:
@@ -44,6 +47,11 @@ def _in_float32(node: Value) -> Value:
     if node.op.name == "const":
         value = np.asarray(node.attrs["value"]).astype(np.float32)
         wide = make(node.op, (), **{**node.attrs, "value": value, "dtype": "float32"})
+    elif node.op.kind in _READS_HALF:
+        # The kernel reads the 16-bit operands as the floats they are held in (no copy); its
+        # float32 result is what the shape rule gives over float32 operands.
+        shape, dtype = node.op.infer(tuple(_cast(i, D.compute_type(i.dtype)) for i in node.inputs), node.attrs)
+        wide = Value(node.op, node.inputs, node.attrs, shape, dtype)
     else:
         wide = make(node.op, tuple(_cast(i, D.compute_type(i.dtype)) for i in node.inputs), **node.attrs)
     if wide.shape != node.shape or wide.dtype not in (node.dtype, D.compute_type(node.dtype)):
