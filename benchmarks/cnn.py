@@ -1,5 +1,8 @@
 """CNN training steps side by side: symgrad, torch eager (oneDNN convolutions), torch.compile and JAX.
 
+System `imported` is the torch twin of the network brought in with sg.from_torch (and its torch
+SGD with sg.optim.from_torch), compiled to C: the torch user's path to symgrad-c's step.
+
     python -m benchmarks.cnn                      # LeNet-5 at batch 64, the residual network at batch 32
     python -m benchmarks.cnn --configs lenet --quick
 

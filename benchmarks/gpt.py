@@ -1,5 +1,8 @@
 """GPT training steps side by side: symgrad, torch eager, torch.compile, JAX and llm.c.
 
+System `imported` is the torch twin of the model brought in with sg.from_torch (and its torch
+AdamW with sg.optim.from_torch), compiled to C: the torch user's path to symgrad-c's step.
+
     python -m benchmarks.gpt                         # both configs, every system available here
     python -m benchmarks.gpt --configs small --llmc ~/llm.c --quick
     python -m benchmarks.gpt --configs small --systems symgrad-c --memory   # + step memory vs torch
