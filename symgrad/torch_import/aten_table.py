@@ -166,7 +166,7 @@ def _embedding(weight, ids, padding_idx=-1, scale_grad_by_freq=False, sparse=Fal
     if padding_idx not in (-1, None) or scale_grad_by_freq or sparse:
         raise ValueError(f"embedding: padding_idx={padding_idx}, scale_grad_by_freq={scale_grad_by_freq}, "
                          f"sparse={sparse} are not supported (only torch's defaults)")
-    return indexing.embedding(weight, ids)
+    return NF.embedding(ids, weight)
 
 
 def _conv(fn):
