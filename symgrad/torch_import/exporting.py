@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import operator
 import os
+import warnings
 from dataclasses import dataclass, field
 
 from .aten_table import KEEP_WHOLE, TABLE
@@ -120,8 +121,11 @@ def export_forward(module, inputs: dict, dynamic_shapes, training: bool) -> Expo
     was_training = module.training
     module.train(training)
     try:
-        program = torch.export.export(module, (), inputs, dynamic_shapes=dynamic_shapes, strict=False)
-        program = program.run_decompositions(_decomposition_table())
+        with warnings.catch_warnings():
+            # torch 2.13's own export code trips its pytree deprecation (LeafSpec); not the user's to act on.
+            warnings.filterwarnings("ignore", message=".*LeafSpec.*", category=FutureWarning)
+            program = torch.export.export(module, (), inputs, dynamic_shapes=dynamic_shapes, strict=False)
+            program = program.run_decompositions(_decomposition_table())
     finally:
         module.train(was_training)
     signature = program.graph_signature
