@@ -62,8 +62,8 @@ def test_rows_name_every_kernel_once_per_step(mlp, profiled):
     assert all(r.calls == STEPS for r in result.rows)
     assert all(r.seconds >= 0 and 0 <= r.share <= 1 for r in result.rows)
     assert [r.seconds for r in result.rows] == sorted((r.seconds for r in result.rows), reverse=True)
-    for name in names:  # the names step.source calls
-        assert f"{name}(" in step.source
+    for name in names:  # the names step.source calls (a function of its own, or another's, commented)
+        assert f"{name}(" in step.source or f"  /* {name} */" in step.source
     assert result[names[0]].name == names[0]
 
 

@@ -34,6 +34,7 @@ from contextlib import contextmanager
 
 import numpy as np
 
+from .. import settings
 from ..call_checks import check_array
 from ..ir import dtypes as D
 from ..ir import shapes as S
@@ -76,13 +77,22 @@ def c_source(graph: Graph) -> str:
     return source_of(graph, C_OPENMP)
 
 
-def build_program(source: str, flags: list[str] | None = None, cdef: str = CDEF) -> cache.BuiltModule:
+def build_program(source: str, flags: list[str] | None = None, cdef: str = CDEF, announce: str | None = None,
+                  ) -> cache.BuiltModule:
     """What a C program includes and links: its `source` built (cached) with the runtime's header on
     its include path, linked to the runtime library built with the same `flags` (once per compiler
     and flags; default `cache.default_flags()`). `cdef`: its declarations (a profiling build has
-    two more, symgrad.backends.profile)."""
+    two more, symgrad.backends.profile); `announce`: what is compiling, said on stderr if the
+    compiler runs longer than a second (None: nothing is said)."""
     return cache.build(source, cdef, flags=flags, kind="program", headers={runtime.HEADER: runtime.header()},
-                       link=runtime.build(flags))
+                       link=runtime.build(flags), announce=announce)
+
+
+def describe(plan: Plan, source: str, name: str = "a C program") -> str:
+    """`name`: N kernels in M functions, what a long build announces (build_progress)."""
+    # A kernel function's definition: its first line (its prototypes end with a semicolon)
+    functions = sum(line.startswith("SG_KERNEL void ") and line.endswith(")") for line in source.splitlines())
+    return f"{name}: {len(plan.kernels)} kernels in {functions} functions"
 
 
 # ---- the program ------------------------------------------------------------------------
@@ -119,9 +129,11 @@ class CProgram(NativeProgram):
     align = ALIGN
     checks_labels = True  # the entry refuses class labels outside [0, classes) itself (BAD_LABEL)
 
-    def __init__(self, graph: Graph, flags: list[str] | None = None, optimize: bool = True):
-        super().__init__(graph, C_OPENMP, optimize, flags=flags)
+    def __init__(self, graph: Graph, flags: list[str] | None = None, optimize: bool = True,
+                 quiet: bool | None = None):
+        super().__init__(graph, C_OPENMP, optimize, flags=flags, quiet=quiet)
         self.flags = flags  # as given (None: the default); a profiling build of the program uses them too
+        self.quiet = quiet
         lib = self.module.lib
         self._entry = getattr(lib, ENTRY)
         self._workspace_bytes = getattr(lib, WORKSPACE_SIZES)
@@ -170,8 +182,9 @@ class CProgram(NativeProgram):
         self._collective = ffi.callback("int(void*, void*, int64_t, int)", call)
         self._context.collective = self._collective  # held by self: C keeps only the pointer
 
-    def _build(self, flags: list[str] | None) -> cache.BuiltModule:
-        return build_program(self.source, flags)
+    def _build(self, flags: list[str] | None, quiet: bool | None = None) -> cache.BuiltModule:
+        announce = None if settings.quiet(quiet) else describe(self.plan, self.source)
+        return build_program(self.source, flags, announce=announce)
 
     @contextmanager
     def running(self, entry):
@@ -283,12 +296,14 @@ class CProgram(NativeProgram):
         raise RuntimeError(f"the compiled program failed with status {status}")
 
 
-def compile(graph: Graph, flags: list[str] | None = None, optimize: bool = True, **options) -> CProgram:
+def compile(graph: Graph, flags: list[str] | None = None, optimize: bool = True, quiet: bool | None = None,
+            **options) -> CProgram:
     """Compile `graph` to C and build it (cached): the backend protocol's entry point.
 
     flags: compiler flags instead of the default (`-O3 -march=native -fopenmp`, or SYMGRAD_CFLAGS).
     optimize: run the graph passes (symgrad.passes.optimize) first; False compiles the graph as given.
+    quiet: say nothing on stderr during a long build (default: `$SYMGRAD_QUIET`, symgrad.settings.quiet).
     """
     if options:
-        raise TypeError(f"backend 'c' takes only flags= and optimize=, got {sorted(options)}")
-    return CProgram(graph, flags=flags, optimize=optimize)
+        raise TypeError(f"backend 'c' takes only flags=, optimize= and quiet=, got {sorted(options)}")
+    return CProgram(graph, flags=flags, optimize=optimize, quiet=quiet)

@@ -11,6 +11,7 @@ where code should be (sympy's default).
 from __future__ import annotations
 
 import math
+import re
 import threading
 
 import numpy as np
@@ -20,6 +21,9 @@ from sympy.printing.c import C99CodePrinter
 from sympy.printing.precedence import precedence
 
 from ..ir import dtypes as D
+
+
+_MARKER = re.compile("\x00([0-9]+)\x00")   # a named symbol's place in a printed expression (print_named)
 
 
 class CPrintError(ValueError):
@@ -39,6 +43,7 @@ class KernelPrinter(C99CodePrinter):
 
     def __init__(self, dtype: str = "float64"):
         self.dtype = dtype
+        self._printed: dict = {}   # (expression, named symbols) -> its text with markers (print_named)
         self.is_float = D.is_float(dtype)
         aliases = {real: float32 if dtype == "float32" else float64}
         super().__init__({"type_aliases": aliases, "strict": True})
@@ -49,12 +54,20 @@ class KernelPrinter(C99CodePrinter):
 
         Renaming while printing, not substituting first: a substitution
         re-evaluates the expression (Ne(v, v) would become False, wrong for NaN).
+        An expression is printed once per printer with a marker for each named symbol, which
+        each call then replaces by its names: every layer's nodes are the same expressions over
+        other locals, and sympy's printing costs a fraction of a millisecond per node.
         """
-        self._names = names
-        try:
-            return self.doprint(expr)
-        finally:
-            self._names = {}
+        symbols = tuple(names)
+        text = self._printed.get((expr, symbols))
+        if text is None:
+            self._names = {symbol: f"\x00{k}\x00" for k, symbol in enumerate(symbols)}
+            try:
+                text = self._printed[(expr, symbols)] = self.doprint(expr)
+            finally:
+                self._names = {}
+        texts = [names[symbol] for symbol in symbols]
+        return _MARKER.sub(lambda m: texts[int(m.group(1))], text) if texts else text
 
     def _print_Symbol(self, expr):
         names = getattr(self, "_names", None)

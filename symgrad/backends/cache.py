@@ -93,6 +93,7 @@ from types import ModuleType
 
 from ..settings import cache_dir
 from . import ffi, toolchain
+from .build_progress import BuildProgress
 from .cache_files import atomic_write, file_lock, file_sha256, now_utc, read_json  # noqa: F401  (callers use cache.*)
 # The toolchain's names the cache's callers (backends, tests, benchmarks) know it by.
 from .toolchain import (DEFAULT_FLAGS, NVCC_FAT_BINARY, BuildError, CompilerNotFound, c_string_literal,  # noqa: F401
@@ -155,12 +156,17 @@ def _identity(command: list[str], not_found) -> str:
 
 
 def build(source: str, cdef: str, *, flags: list[str] | None = None, kind: str = "c",
-          headers: dict[str, str] | None = None, link: BuiltModule | None = None) -> BuiltModule:
+          headers: dict[str, str] | None = None, link: BuiltModule | None = None,
+          announce: str | None = None) -> BuiltModule:
     """Compile `source` (declarations `cdef`) into a cached extension module, or load it from the cache.
 
     `flags` default to `default_flags()` (nvcc's for kind "cuda"). `headers` (file name -> text):
-    files the source includes; `link`: a kind="runtime" library it calls. Raises `CompilerNotFound`
-    when a build is needed and no compiler runs, `BuildError` when the compiler rejects the source.
+    files the source includes; `link`: a kind="runtime" library it calls. `announce`: what is
+    compiling, said on stderr when a compiler runs longer than a second (symgrad.backends.
+    build_progress); None: nothing is said. A kind="program" source that defines SG_PARTS is
+    compiled as that many translation units side by side (toolchain.compile_shared). Raises
+    `CompilerNotFound` when a build is needed and no compiler runs, `BuildError` when the
+    compiler rejects the source.
     """
     if kind not in _KINDS:
         raise ValueError(f"build: unknown kind {kind!r}; expected one of {', '.join(_KINDS)}")
@@ -170,14 +176,16 @@ def build(source: str, cdef: str, *, flags: list[str] | None = None, kind: str =
         flags = default_flags() if kind != "cuda" else default_nvcc_flags() + list(NVCC_FAT_BINARY)
     flags = [str(flag) for flag in flags]
     with _LOCK:
-        return _build(source, cdef, flags, kind, _Inputs(dict(headers or {}), link))
+        return _build(source, cdef, flags, kind, _Inputs(dict(headers or {}), link, announce))
 
 
 @dataclass(frozen=True)
 class _Inputs:
-    """What a build reads besides its source: the headers it includes, the library it links."""
+    """What a build reads besides its source: the headers it includes, the library it links (and,
+    keying nothing, what to announce while it compiles)."""
     headers: dict
     link: BuiltModule | None
+    announce: str | None = None
 
     def key_parts(self) -> dict:
         return {"headers": self.headers, "link": self.link.module_name if self.link else None}
@@ -371,8 +379,12 @@ def _compile_entry(paths: _Paths, key: str, prekey: str, source: str, cdef: str,
                 built = _compile(tmp, paths, source, cdef, flags, include=include, link=inputs.link)
             elif kind in ("runtime", "program"):
                 link = inputs.link if kind == "program" else None
-                built = toolchain.compile_shared(tmp, paths, flags, include_dirs=[include] if include else [],
-                                                 link_args=[str(link.library_path), "-Wl,-rpath,$ORIGIN"] if link else [])
+                units = toolchain.translation_units(source) if kind == "program" else 1
+                progress = None if inputs.announce is None else \
+                    BuildProgress(inputs.announce, units=units, jobs=toolchain.jobs(units))
+                built = toolchain.compile_shared(
+                    tmp, paths, flags, include_dirs=[include] if include else [], units=units, progress=progress,
+                    link_args=[str(link.library_path), "-Wl,-rpath,$ORIGIN"] if link else [])
             else:
                 built = toolchain.compile_nvcc(tmp, paths, flags)
         except BuildError as failed:

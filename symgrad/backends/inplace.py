@@ -50,6 +50,18 @@ def write_in_place(kernels: list, views: dict, finals: list, variable_buffer: di
     counts: dict[int, int] = {}
     for _, new, _ in finals:
         counts[id(new)] = counts.get(id(new), 0) + 1
+    # Who writes each buffer first, who reads it last, which updates read it: asked per update, so
+    # found once (the kernels do not change in this sweep; a model has an update per parameter).
+    producer_of: dict[int, int] = {}
+    last_reader: dict[int, int] = {}
+    for i, k in enumerate(kernels):
+        for b in kernel_writes(k):
+            producer_of.setdefault(id(b), i)
+        for b in kernel_reads(k):
+            last_reader[id(b)] = i
+    update_views: dict[int, list] = {}
+    for _, _, view in finals:
+        update_views.setdefault(id(view.buffer), []).append(view)
     retargets: dict[int, tuple] = {}
     direct: set[int] = set()
     for target, new, view in finals:
@@ -59,14 +71,14 @@ def write_in_place(kernels: list, views: dict, finals: list, variable_buffer: di
                 or view is not views.get(id(new)) or not is_contiguous(view) \
                 or not (isinstance(view.offset, int) and view.offset == 0):
             continue
-        if any(other is not view and other.buffer is buf for _, _, other in finals):
+        if any(other is not view for other in update_views[id(buf)]):
             continue  # another update reads this temporary too
-        producer = next((i for i, k in enumerate(kernels) if any(b is buf for b in kernel_writes(k))), None)
+        producer = producer_of.get(id(buf))
         if producer is None or not isinstance(kernels[producer], LoopKernel):
             continue
         kernel = kernels[producer]
-        if any(any(b is var for b in kernel_reads(k)) for k in kernels[producer + 1:]):
-            continue
+        if last_reader.get(id(var), -1) > producer:
+            continue  # a later kernel reads the variable's old value
         aligned = all(o.view.buffer is not var or (
             all(_same(a, b) for a, b in zip(o.view.strides, kernel.out_view.strides))
             and isinstance(o.view.offset, int) and o.view.offset == 0) for o in kernel.operands)

@@ -18,6 +18,7 @@ from ..ir import dtypes as D
 from ..ir.integer import HELPERS as INTEGER_HELPERS
 from .c_printer import format_literal
 from .expressions import comment, shape_comment
+from .kernel_functions import partition, shared
 from .languages import (C_BAD_LABEL, C_ENTRY, C_PROFILE_COUNT, C_PROFILE_EVENTS, C_SET_THREADS, C_SIGNATURE,
                         C_WORKSPACE_SIZES, CUDA_ALIGN, CUDA_SIGNATURE, PARALLEL_MIN, Language)
 from .lowering import Plan
@@ -26,6 +27,11 @@ from .render import Renderer
 from .templates import render as render_template
 
 CONST_ROW = 8  # literals per line of a constant table
+# A program is compiled as several translation units side by side once its kernel functions have
+# UNIT_LINES lines per unit (below that, the compiler's start and the shared preamble, parsed by
+# every unit, cost more than they save), at most MAX_UNITS.
+UNIT_LINES = 1000
+MAX_UNITS = 8
 
 
 def render(plan: Plan, language: Language, labels: list = (), profile: bool = False) -> str:
@@ -89,6 +95,7 @@ def _host_program(renderer: Renderer, kernels: list, labels: list, profile: bool
     final = gradients_final_after(plan)  # the entry tells its caller when each gradient is final
     kernels = [dict(k, final=[dict(index=slot, label=comment(plan.variables[slot].label))
                               for slot in final.get(position, ())]) for position, k in enumerate(kernels)]
+    functions, units = _functions(kernels)
     from .. import __version__
     from .runtime import HEADER
     features = renderer.features
@@ -101,7 +108,51 @@ def _host_program(renderer: Renderer, kernels: list, labels: list, profile: bool
         dims=[comment(d) for d in plan.dims], pointers=pointers, workspace=workspace,
         workspace_dims=sorted(ex.dims_used(b.numel for b in plan.workspace)),
         workspace_sizes=C_WORKSPACE_SIZES, set_threads=C_SET_THREADS, qualifiers=renderer.lang.helper_qualifiers,
-        profile=profile, profile_events=C_PROFILE_EVENTS, profile_count=C_PROFILE_COUNT, kernel_count=len(kernels))
+        profile=profile, profile_events=C_PROFILE_EVENTS, profile_count=C_PROFILE_COUNT, kernel_count=len(kernels),
+        functions=functions, units=units)
+
+
+def translation_units(lines: int) -> int:
+    """How many translation units a program whose kernel functions have `lines` lines is built
+    as: one below UNIT_LINES, else a power of two (whatever the machine's cores, 2, 4, 8, ...,
+    the units then share them out evenly), at most MAX_UNITS."""
+    units = 1
+    while units < MAX_UNITS and lines >= UNIT_LINES * units:
+        units *= 2
+    return units
+
+
+def _functions(kernels: list) -> tuple[list[dict], int]:
+    """The program's kernel functions (kernel_functions.shared: one per distinct kernel, commented
+    with the other kernels that call it) and the number of translation units they are compiled
+    in; sets each kernel's `call`, the function it calls."""
+    texts = [render_template(k["template"], k=k).strip("\n") for k in kernels]
+    calls = shared(texts, [k["name"] for k in kernels], [[p["name"] for p in k["params"]] for k in kernels])
+    others: dict[int, list[str]] = {}
+    for position, (k, call) in enumerate(zip(kernels, calls)):
+        k["call"] = kernels[call]["name"]
+        if call != position:
+            others.setdefault(call, []).append(k["name"])
+    functions = [dict(text=text, kernel=k, uses=_also_called_for(others.get(position, [])))
+                 for position, (k, text, call) in enumerate(zip(kernels, texts, calls)) if call == position]
+    sizes = [f["text"].count("\n") + 1 for f in functions]
+    units = translation_units(sum(sizes))
+    for f, unit in zip(functions, partition(sizes, units, fixed=len(kernels))):
+        f["unit"] = unit
+    return functions, units
+
+
+def _also_called_for(names: list[str], width: int = 96) -> list[str]:
+    """The comment lines over a function other kernels call too: which ones."""
+    if not names:
+        return []
+    lines, line = [], f"Also called for {len(names)} more kernel(s), the same code on their buffers:"
+    for name in names:
+        if len(line) + len(name) + 2 > width:
+            lines.append(line)
+            line = "   "
+        line += f" {name},"
+    return lines + [line.rstrip(",")]
 
 
 def _device_program(renderer: Renderer, kernels: list) -> str:

@@ -54,13 +54,20 @@ def schedule(graph: Graph, fused, epilogued, groups) -> list:
     deps = {id(n): {id(i) for i in n.inputs} for n in nodes}
     for member, leaves in row_deps(groups).items():  # a row group runs as one kernel
         deps[member] |= leaves
+    # The kernels reading each variable, in graph order.
+    variable_readers: dict[int, list] = {}
+    for n in nodes:
+        if mat[id(n)]:
+            for b in reads[id(n)]:
+                variable_readers.setdefault(b, []).append(n)
     for target, new in graph.updates:
         if not mat.get(id(new)) or new.op.kind != ELEMENTWISE:
             continue
-        before_new = ancestors([new])
-        for n in nodes:
-            if n is not new and mat[id(n)] and id(target) in reads[id(n)] and id(n) not in before_new \
-                    and id(new) not in ancestors([n]):
+        for n in variable_readers.get(id(target), ()):
+            # A reader before `new` in the graph's (topological) order cannot depend on it, and one
+            # that is already among its ancestors gains nothing from the edge but loses nothing
+            # either; a later one may depend on it, and then must not wait for it (a cycle).
+            if n is not new and (index[id(n)] < index[id(new)] or id(new) not in ancestors([n])):
                 deps[id(new)].add(id(n))
     dims = {d: DEFAULT_DIM for d in graph.dims}
     size = {id(n): _concrete_bytes(n, dims) for n in nodes if mat[id(n)]}

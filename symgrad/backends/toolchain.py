@@ -15,6 +15,7 @@ place so that messages name it), `.library`, `.log` (where the cache keeps a fai
 from __future__ import annotations
 
 import os
+import re
 import shlex
 import shutil
 import subprocess
@@ -35,6 +36,10 @@ DEFAULT_FLAGS = ("-O3", "-march=native", "-fopenmp", "-std=c11", "-fno-math-errn
 DEFAULT_NVCC_FLAGS = ("-O3", "-std=c++17", "-shared", "-Xcompiler", "-fPIC")
 # With no device to ask for its architecture: a fat binary for Ampere and Hopper.
 NVCC_FAT_BINARY = ("-gencode", "arch=compute_80,code=sm_80", "-gencode", "arch=compute_90,code=sm_90")
+
+
+_PARTS = re.compile(r"^#define SG_PARTS ([0-9]+)$", re.M)
+POLL = 0.05   # seconds between looks at the compilers running side by side
 
 
 class CompilerNotFound(RuntimeError):
@@ -113,21 +118,97 @@ def _probe(command: list[str], flags: list[str]) -> CompilerNotFound | None:
     return None
 
 
+def translation_units(source: str) -> int:
+    """How many translation units a program's source is built as: its `#define SG_PARTS <n>`
+    (symgrad.backends.render_program), else 1."""
+    found = _PARTS.search(source)
+    return int(found.group(1)) if found else 1
+
+
+def jobs(units: int) -> int:
+    """How many compilers run side by side for `units` translation units: one per core this
+    process may use, at most one per unit."""
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        cores = os.cpu_count() or 1
+    return max(1, min(units, cores))
+
+
 def compile_shared(tmp: Path, paths, flags: list[str], *, source: Path | None = None, include_dirs=(),
-                   link_args=(), python: bool = False) -> Path:
+                   link_args=(), python: bool = False, units: int = 1, progress=None) -> Path:
     """Compile a C file (default: the kept source) in `tmp` with the C compiler and `flags`, and link
     it into the shared library `paths.library.name` there, its soname that name; returns the
     library. `python`: a Python extension module (cffi's wrapper around the kept source), compiled
-    as setuptools would, with Python's headers and compile flags."""
-    out, objects = tmp / paths.library.name, tmp / (paths.name + ".o")
+    as setuptools would, with Python's headers and compile flags. `units` > 1: the file is
+    compiled that many times side by side (`jobs(units)` at a time), with -DSG_PART=0, 1, ...,
+    each keeping its own part (translation_units), and the objects linked together; `progress`
+    (a BuildProgress) hears of each."""
+    out = tmp / paths.library.name
     cc = compiler_command()
-    _run(paths, [*cc, *(_python_flags() if python else []), *flags, "-fPIC", *(f"-I{d}" for d in include_dirs),
-                 "-c", str(source or paths.source), "-o", str(objects)], tmp)
+    compile_flags = [*cc, *(_python_flags() if python else []), *flags, "-fPIC", *(f"-I{d}" for d in include_dirs)]
+    if units == 1:
+        objects = [tmp / (paths.name + ".o")]
+        commands = [[*compile_flags, "-c", str(source or paths.source), "-o", str(objects[0])]]
+    else:
+        objects = [tmp / f"{paths.name}.{unit}.o" for unit in range(units)]
+        commands = [[*compile_flags, f"-DSG_PART={unit}", "-c", str(source or paths.source), "-o", str(obj)]
+                    for unit, obj in enumerate(objects)]
+    _run_all(paths, commands, tmp, progress)
     _run(paths, [*cc, "-shared", *flags, *(shlex.split(os.environ.get("LDFLAGS", "")) if python else []),
-                 f"-Wl,-soname,{out.name}", str(objects), "-o", str(out), "-lm", *openmp_link(flags), *link_args], tmp)
+                 f"-Wl,-soname,{out.name}", *map(str, objects), "-o", str(out), "-lm", *openmp_link(flags),
+                 *link_args], tmp)
     if not out.is_file():
         raise build_failed(paths, "", RuntimeError(f"the compiler wrote no {out.name}"))
     return out
+
+
+def _run_all(paths, commands: list[list[str]], cwd: Path, progress=None) -> None:
+    """Run the compiler `commands`, `jobs(len(commands))` at a time, polled from this thread (no
+    thread pool: each thread's malloc arena would stay reserved in the process); a failure is
+    `build_failed`'s error, raised once the others have stopped. `progress` (a BuildProgress)
+    ticks while they run and hears of each that ends."""
+    if len(commands) == 1 and progress is None:
+        return _run(paths, commands[0], cwd)
+    waiting, running, failed = list(commands), [], None
+    try:
+        while waiting or running:
+            while waiting and len(running) < jobs(len(commands)) and failed is None:
+                command = waiting.pop(0)
+                log = tempfile.TemporaryFile(mode="w+", dir=cwd)
+                try:
+                    running.append((subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, cwd=cwd,
+                                                     text=True), command, log))
+                except OSError as exc:
+                    log.close()
+                    raise compiler_not_found(command[:1], f"could not be run ({exc})") from None
+            if failed is not None:
+                waiting.clear()
+            try:
+                running[0][0].wait(timeout=POLL)
+            except subprocess.TimeoutExpired:
+                pass
+            for entry in [e for e in running if e[0].poll() is not None]:
+                process, command, log = entry
+                running.remove(entry)
+                if process.returncode != 0 and failed is None:
+                    log.seek(0)
+                    failed = build_failed(paths, f"$ {shlex.join(command)}\n{log.read()}",
+                                          RuntimeError(f"the compiler exited with {process.returncode}"))
+                log.close()
+                if progress is not None and process.returncode == 0:
+                    progress.unit_done()
+            if progress is not None:
+                progress.tick()
+    finally:
+        for process, _, log in running:   # only after an error here: stop the others
+            process.kill()
+            process.wait()
+            log.close()
+        if progress is not None:
+            progress.end()
+    if failed is not None:
+        raise failed
 
 
 def _run(paths, command: list[str], cwd: Path) -> None:

@@ -50,7 +50,9 @@ def _chainable(v: Value) -> bool:
             and v.op.arity == len(v.inputs) and D.is_float(v.dtype) and not is_nondeterministic(v))
 
 
+@functools.lru_cache(maxsize=None)
 def _cost(expr) -> int:
+    """sympy's operation count of `expr` (asked of every op of every chain: kept per expression)."""
     return int(sympy.count_ops(expr))
 
 
@@ -196,13 +198,12 @@ class _Chain:
         a tree: an inner node has one user, so no node is composed twice.
         """
         stack = [(root, False)]
-        composed: list = []  # (evaluated, exact) of the walk's finished nodes, the latest last
+        composed: list = []  # the trees of the walk's finished nodes, the latest last
         while stack:
             v, inputs_done = stack.pop()
             if v is not root and not inner(v):
                 number = _inline_number(v)
-                leaf = number if number is not None else self.leaf(v)
-                composed.append((leaf, leaf))
+                composed.append(number if number is not None else self.leaf(v))
             elif not inputs_done:
                 self.members += 1
                 self.cost += _cost(v.op.expr)
@@ -212,12 +213,22 @@ class _Chain:
                 stack.extend((i, False) for i in reversed(v.inputs))
             else:
                 first = len(composed) - len(v.inputs)
-                args = composed[first:]
+                args = tuple(composed[first:])
                 del composed[first:]
-                evaluated = v.op.expr.xreplace(dict(zip(ARGS, (a for a, _ in args))))
-                composed.append((evaluated, (v.op, tuple(tree for _, tree in args))))
-        expr, tree = composed[0]
-        return expr, _NodeByNode(tree)
+                composed.append((v.op, args))
+        return _composed(composed[0])
+
+
+@functools.lru_cache(maxsize=None)
+def _composed(tree) -> tuple:
+    """A chain's tree (a leaf, or (op, operand trees)) composed by sympy's evaluating constructors,
+    and node by node. Kept per tree: every layer's chains and every parameter's update are the
+    same trees over l0, l1, ..., and composing one costs sympy a millisecond."""
+    def compose(t):
+        if isinstance(t, sympy.Basic):
+            return t
+        return t[0].expr.xreplace(dict(zip(ARGS, map(compose, t[1]))))
+    return compose(tree), _NodeByNode(tree)
 
 
 def _extract_dims(expr: sympy.Expr, chain: "_Chain") -> sympy.Expr:

@@ -63,6 +63,8 @@
 #endif
 #include "symgrad_runtime.h"  /* the runtime this program links: the GEMMs, sg_context, status codes */
 
+#define SG_KERNEL static  /* a kernel function: the file's own */
+
 /* Loops with fewer elements than this run on one thread: a parallel region costs microseconds. */
 #define SG_PARALLEL_MIN 32768
 
@@ -129,7 +131,7 @@ static inline float sg_tanhf(float x)
 /* t14: bool[B] = not_equal(y, -100) */
 /* t15: f32[B] = cast(t14) */
 /* t16: f32[] = sum[axes=(0,), keepdims=False](t15) */
-static void k0_sum_t16(int64_t d0, const int64_t* restrict in1, float* restrict ws0)
+SG_KERNEL void k0_sum_t16(int64_t d0, const int64_t* restrict in1, float* restrict ws0)
 {
     double acc = 0;
     #pragma omp simd reduction(+:acc)
@@ -144,7 +146,7 @@ static void k0_sum_t16(int64_t d0, const int64_t* restrict in1, float* restrict 
 }
 
 /* t3: f32[B,10] = matmul(x, W) */
-static void k1_matmul_t3(int64_t d0, const float* restrict in0, const float* restrict var0, float* restrict ws1, sg_context* context)
+SG_KERNEL void k1_matmul_t3(int64_t d0, const float* restrict in0, const float* restrict var0, float* restrict ws1, sg_context* context)
 {
     /* a[d0 x 784] read with strides (784, 1), b[784 x 10] with (10, 1):
        a transposed operand is only a change of strides. */
@@ -171,7 +173,7 @@ static void k1_matmul_t3(int64_t d0, const float* restrict in0, const float* res
 /* t11: f32[B,10] = where(t2, t10, 0) */
 /* t24: f32[B,10] = t22 - t23*t7/t8 */
 /* t12: f32[] = sum[axes=(0,1), keepdims=False](t11) (this row's part) */
-static void k2_rows_t5(int64_t d0, const float* restrict ws0, const int64_t* restrict in1, const float* restrict ws1, const float* restrict var1, float* restrict ws2, float* restrict ws3, float* restrict ws5, double* restrict ws4)
+SG_KERNEL void k2_rows_t5(int64_t d0, const float* restrict ws0, const int64_t* restrict in1, const float* restrict ws1, const float* restrict var1, float* restrict ws2, float* restrict ws3, float* restrict ws5, double* restrict ws4)
 {
     #pragma omp parallel for if((10*d0) >= SG_PARALLEL_MIN)
     for (int64_t o0 = 0; o0 < d0; ++o0) {
@@ -240,7 +242,7 @@ static void k2_rows_t5(int64_t d0, const float* restrict ws0, const int64_t* res
 /* t12: f32[] = sum[axes=(0,1), keepdims=False](t11) (the sum of the per-row parts) */
 /* t13: f32[] = neg(t12) */
 /* t17: f32[] = div(t13, t16) */
-static void k3_div_t17(int64_t d0, const double* restrict ws4, const float* restrict ws0, float* restrict out0)
+SG_KERNEL void k3_div_t17(int64_t d0, const double* restrict ws4, const float* restrict ws0, float* restrict out0)
 {
     double acc = 0;
     #pragma omp simd reduction(+:acc)
@@ -255,7 +257,7 @@ static void k3_div_t17(int64_t d0, const double* restrict ws4, const float* rest
 }
 
 /* t28: f32[10] = sum[axes=(0,), keepdims=False](t24) */
-static void k4_sum_t28(int64_t d0, const float* restrict ws5, float* restrict ws6)
+SG_KERNEL void k4_sum_t28(int64_t d0, const float* restrict ws5, float* restrict ws6)
 {
     /* The kept axis is contiguous: add whole rows into a tile of accumulators (vectorizes),
        256 columns at a time, instead of walking each column down the rows. */
@@ -278,7 +280,7 @@ static void k4_sum_t28(int64_t d0, const float* restrict ws5, float* restrict ws
 /* t18: f32[] = cast(lr) */
 /* t29: f32[10] = mul(t18, t28) */
 /* t30: f32[10] = sub(b, t29) */
-static void k5_sub_t30(int64_t d0, const double* restrict var2, const float* restrict ws6, float* restrict var1)
+SG_KERNEL void k5_sub_t30(int64_t d0, const double* restrict var2, const float* restrict ws6, float* restrict var1)
 {
     for (int64_t i0 = 0; i0 < 10; ++i0) {
         const double v0 = var2[0];  /* lr */
@@ -292,7 +294,7 @@ static void k5_sub_t30(int64_t d0, const double* restrict var2, const float* res
 }
 
 /* t25: f32[784,10] = matmul(t19, t24) */
-static void k6_matmul_t25(int64_t d0, const float* restrict in0, const float* restrict ws5, float* restrict ws7, sg_context* context)
+SG_KERNEL void k6_matmul_t25(int64_t d0, const float* restrict in0, const float* restrict ws5, float* restrict ws7, sg_context* context)
 {
     /* a[784 x d0] read with strides (1, 784), b[d0 x 10] with (10, 1):
        a transposed operand is only a change of strides. */
@@ -306,7 +308,7 @@ static void k6_matmul_t25(int64_t d0, const float* restrict in0, const float* re
 /* t18: f32[] = cast(lr) */
 /* t26: f32[784,10] = mul(t18, t25) */
 /* t27: f32[784,10] = sub(W, t26) */
-static void k7_sub_t27(int64_t d0, const double* restrict var2, const float* restrict ws7, float* restrict var0)
+SG_KERNEL void k7_sub_t27(int64_t d0, const double* restrict var2, const float* restrict ws7, float* restrict var0)
 {
     for (int64_t i0 = 0; i0 < 7840; ++i0) {
         const double v0 = var2[0];  /* lr */
@@ -349,6 +351,11 @@ void symgrad_set_num_threads(int threads)
     (void)threads;
 }
 
+/* The entry point only calls the kernels in order: compiled without optimization (GCC; clang has
+   no such attribute), it builds in a third of the time, and no kernel runs any slower. */
+#if defined(__GNUC__) && !defined(__clang__)
+__attribute__((optimize("O0")))
+#endif
 int symgrad_run(const int64_t* dims, void** inputs, void** variables, void** outputs, char* workspace, const int64_t* offsets, sg_context* context)
 {
     const int64_t d0 = dims[0];  /* Dim B */
