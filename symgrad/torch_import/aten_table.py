@@ -15,8 +15,6 @@ reach this table whole instead of as the mm / softmax / gather pieces torch woul
 
 from __future__ import annotations
 
-import sympy
-
 from .. import convolution, factories, indexing, indices, losses, pointwise, pooling, statistics
 from .. import functional as F
 from ..integer import div as _div
@@ -90,10 +88,18 @@ def _divide(a, b, rounding_mode=None):
 
 
 def _softmax(fn):
-    def entry(x, dim, half_to_float=False, *, dtype=None):
-        if isinstance(half_to_float, bool) and half_to_float:
-            raise ValueError("_softmax: half_to_float=True (a float16 input computed in float32) is not supported")
-        return fn(_float_of(x, dtype if not isinstance(half_to_float, bool) else None), axis=dim)
+    """_softmax / _log_softmax (x, dim, half_to_float)."""
+    def entry(x, dim, half_to_float=False):
+        if half_to_float:
+            raise ValueError(f"{fn.__name__}: half_to_float=True (a float16 input computed in float32) is not supported")
+        return fn(x, axis=dim)
+    return entry
+
+
+def _softmax_int(fn):
+    """softmax.int / log_softmax.int (x, dim, dtype=None): kept whole, with torch's dtype argument."""
+    def entry(x, dim, dtype=None):
+        return fn(_float_of(x, dtype), axis=dim)
     return entry
 
 
@@ -142,6 +148,11 @@ def _batch_norm_training(x, weight, bias, running_mean, running_var, training, m
     new_mean = news.get(id(running_mean), running_mean)
     new_var = news.get(id(running_var), running_var)
     return y, None, None, new_mean, new_var
+
+
+def _batch_norm_no_stats(x, weight, bias, training, momentum, eps):
+    """_native_batch_norm_legit.no_stats: BatchNorm with track_running_stats=False (batch statistics)."""
+    return NF.batch_norm(x, None, None, weight, bias, True, momentum, eps), None, None
 
 
 def _batch_norm_eval(x, weight, bias, running_mean, running_var, momentum, eps):
@@ -285,10 +296,6 @@ def _nothing(*args, **kwargs):
     return None
 
 
-def _compare(op):
-    return lambda a, b: op(a, b)
-
-
 TABLE = {
     # ---- layers symgrad has as one op (kept whole through the decomposition: KEEP_WHOLE)
     "aten.linear.default": lambda x, w, b=None: NF.linear(x, w, b),
@@ -309,6 +316,7 @@ TABLE = {
     "aten.avg_pool2d.default": _avg_pool2d,
     "aten._native_batch_norm_legit_functional.default": _batch_norm_training,
     "aten._native_batch_norm_legit_no_training.default": _batch_norm_eval,
+    "aten._native_batch_norm_legit.no_stats": _batch_norm_no_stats,
     # ---- matrix products
     "aten.mm.default": F.matmul,
     "aten.bmm.default": F.matmul,
@@ -387,8 +395,8 @@ TABLE = {
         x, axis=tuple(_dims(dim, x.ndim)), keepdims=keepdim),
     "aten._softmax.default": _softmax(F.softmax),
     "aten._log_softmax.default": _softmax(F.log_softmax),
-    "aten.softmax.int": _softmax(F.softmax),
-    "aten.log_softmax.int": _softmax(F.log_softmax),
+    "aten.softmax.int": _softmax_int(F.softmax),
+    "aten.log_softmax.int": _softmax_int(F.log_softmax),
     # ---- shapes and movement (no data moves in symgrad's IR until the backend decides)
     "aten.view.default": F.reshape,
     "aten._unsafe_view.default": F.reshape,
@@ -437,8 +445,3 @@ TABLE = {
     "aten.sym_constrain_range_for_size.default": _nothing,
     "aten._assert_tensor_metadata.default": _nothing,
 }
-
-
-def is_size(value) -> bool:
-    """Whether `value` is a size (an int or a sympy expression of Dims) rather than a graph value."""
-    return isinstance(value, (int, sympy.Basic)) and not isinstance(value, bool)

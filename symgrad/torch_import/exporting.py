@@ -56,14 +56,22 @@ def op_name(target) -> str:
     return str(target)
 
 
+def display_name(target) -> str:
+    """An op as a message names it: the overload's name without ".default" ("aten.linalg_qr")."""
+    name = op_name(target)
+    return name[:-len(".default")] if name.endswith(".default") else name
+
+
 def location(node) -> str:
-    """Where a node came from: `Module.forward (file.py:12)`, from its module stack and stack trace."""
+    """Where a node came from: `Module.forward (file.py:12)` from its module stack and the innermost
+    frame of its stack trace, plus `at <path>` for a submodule (`at transformer.wte`)."""
     stack = node.meta.get("nn_module_stack") or {}
-    owner = "forward"
+    owner, path = "forward", ""
     if stack:
-        _, type_name = list(stack.values())[-1]
+        path, type_name = list(stack.values())[-1]
         type_name = type_name if isinstance(type_name, str) else getattr(type_name, "__name__", str(type_name))
         owner = f"{type_name.rsplit('.', 1)[-1]}.forward"
+    where = f" at {path}" if path else ""
     trace = (node.meta.get("stack_trace") or "").strip().splitlines()
     frames = [line.strip() for line in trace if line.strip().startswith("File ")]
     if frames:
@@ -71,8 +79,8 @@ def location(node) -> str:
         parts = frames[-1].split('"')
         file = os.path.basename(parts[1]) if len(parts) > 2 else "?"
         line = frames[-1].split("line ")[-1].split(",")[0]
-        return f"{owner} ({file}:{line})"
-    return owner
+        return f"{owner} ({file}:{line}){where}"
+    return owner + where
 
 
 def check_supported(exported: Exported) -> None:
@@ -84,8 +92,8 @@ def check_supported(exported: Exported) -> None:
             continue
         name = op_name(node.target)
         if name not in TABLE:
-            raise UnsupportedTorchOp(f"sg.from_torch: {name.rsplit('.', 1)[0] if name.endswith('.default') else name} "
-                                     f"in {location(node)} has no symgrad counterpart; nothing was imported")
+            raise UnsupportedTorchOp(f"sg.from_torch: {display_name(node.target)} in {location(node)} has no "
+                                     f"symgrad counterpart; nothing was imported")
 
 
 def python_operators() -> dict:

@@ -12,18 +12,17 @@ from __future__ import annotations
 from .. import effects
 from .. import functional as F
 from ..ir.value import Value
-from .aten_table import TABLE, dtype_name
-from .exporting import Exported, UnsupportedTorchOp, location, op_name, python_operators
+from .aten_table import TABLE
+from .exporting import Exported, UnsupportedTorchOp, display_name, location, op_name, python_operators
 
 
 def _mapped(arg, env: dict):
-    """An FX argument with its nodes replaced by their values (lists and tuples element-wise)."""
+    """An FX argument with its nodes replaced by their values (lists and tuples element-wise);
+    anything else (numbers, torch dtypes, which the table reads with dtype_name) as it is."""
     if hasattr(arg, "op") and hasattr(arg, "name") and hasattr(arg, "meta"):  # an fx.Node
         return env[arg.name]
     if isinstance(arg, (list, tuple)):
         return type(arg)(_mapped(a, env) for a in arg)
-    if "torch.dtype" in str(type(arg)):
-        return arg  # the table reads dtypes with dtype_name
     return arg
 
 
@@ -46,12 +45,12 @@ def build(exported: Exported, leaf, inputs: list) -> list:
             args, kwargs = _mapped(node.args, env), {k: _mapped(v, env) for k, v in node.kwargs.items()}
             fn = operators.get(node.target) or TABLE.get(op_name(node.target))
             if fn is None:
-                raise UnsupportedTorchOp(f"sg.from_torch: {op_name(node.target)} in {location(node)} has no "
+                raise UnsupportedTorchOp(f"sg.from_torch: {display_name(node.target)} in {location(node)} has no "
                                          f"symgrad counterpart")
             try:
                 env[node.name] = fn(*args, **kwargs)
             except (TypeError, ValueError, NotImplementedError, KeyError, IndexError) as error:
-                raise UnsupportedTorchOp(f"sg.from_torch: {op_name(node.target)} in {location(node)}: "
+                raise UnsupportedTorchOp(f"sg.from_torch: {display_name(node.target)} in {location(node)}: "
                                          f"{error}") from error
         elif node.op == "output":
             results = list(_mapped(node.args[0], env))
@@ -69,4 +68,4 @@ def build(exported: Exported, leaf, inputs: list) -> list:
     return outputs
 
 
-__all__ = ["build", "dtype_name"]
+__all__ = ["build"]

@@ -137,6 +137,22 @@ def test_an_op_symgrad_lacks_is_refused_with_its_module_and_line():
         sg.from_torch(Orthogonalize(), (torch.randn(3, 4),))
 
 
+def test_an_argument_symgrad_lacks_is_refused_while_importing():
+    """An op symgrad has, with an argument it does not implement: refused at import, naming the op,
+    the module's class, its source line and where it sits in the model."""
+    class Tagger(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.tok = torch.nn.Embedding(7, 3, padding_idx=0)
+
+        def forward(self, ids):
+            return self.tok(ids)
+
+    with pytest.raises(sg.torch_import.UnsupportedTorchOp,
+                       match=r"aten\.embedding in Embedding\.forward \(sparse\.py:\d+\) at tok: .*padding_idx=0"):
+        sg.from_torch(Tagger(), (torch.tensor([1, 2]),))
+
+
 def test_optimizer_options_symgrad_lacks_are_refused(mlp):
     params = list(mlp["untrained"].parameters())  # never imported
     with pytest.raises(ValueError, match="belongs to no model imported"):
