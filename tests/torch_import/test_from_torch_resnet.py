@@ -48,9 +48,12 @@ def resnet():
     out = {}
     for backend in BACKENDS[:2]:
         imported.load_state_dict(initial)
-        step = sg.train_step(loss, optimizer=sg_optimizer, backend=backend, predict=eval_logits)
+        # The eval forward on numpy, the oracle: on C it would be one more build of plain symgrad ops.
+        predict = eval_logits if backend == "numpy" else None
+        step = sg.train_step(loss, optimizer=sg_optimizer, backend=backend, predict=predict)
         losses = [step(x=xb.numpy(), y=yb.numpy()) for xb, yb in batches]
-        out[backend] = dict(losses=losses, state=imported.state_dict(), eval=step.predict(x=batches[0][0].numpy()))
+        out[backend] = dict(losses=losses, state=imported.state_dict(),
+                            eval=step.predict(x=batches[0][0].numpy()) if predict is not None else None)
     return dict(model=model, untrained=untrained, imported=imported, torch_losses=torch_losses,
                 torch_eval=torch_eval, trained=out)
 
@@ -74,9 +77,9 @@ def test_ten_steps_beside_torch(resnet, backend):
             assert value.item() == torch_state[name].item() == STEPS
 
 
-@pytest.mark.parametrize("backend", BACKENDS[:2])
-def test_eval_outputs_are_torchs(resnet, backend):
-    np.testing.assert_allclose(resnet["trained"][backend]["eval"], resnet["torch_eval"], rtol=1e-4, atol=1e-5)
+def test_eval_outputs_are_torchs(resnet):
+    """The eval forward (running statistics, exported on first use) after 10 steps, as torch's."""
+    np.testing.assert_allclose(resnet["trained"]["numpy"]["eval"], resnet["torch_eval"], rtol=1e-4, atol=1e-5)
 
 
 def test_trained_weights_go_back_into_torch(resnet):
