@@ -15,6 +15,9 @@ reach this table whole instead of as the mm / softmax / gather pieces torch woul
 
 from __future__ import annotations
 
+import numpy as np
+import sympy
+
 from .. import convolution, factories, indexing, indices, losses, pointwise, pooling, statistics
 from .. import functional as F
 from ..integer import div as _div
@@ -119,13 +122,22 @@ def _select(x, dim, index):
     return x[tuple(key)]
 
 
+def _wrapped(idx: Value, size) -> Value:
+    """Index values with torch's negative indices counted from the end (x[:, [-1]]): folded when
+    the indices are a constant, a select otherwise."""
+    if idx.op.name == "const" and not isinstance(size, sympy.Basic):
+        values = np.asarray(idx.attrs["value"])
+        return F.constant(np.where(values < 0, values + size, values), dtype=idx.dtype) if (values < 0).any() else idx
+    return F.where(idx < 0, idx + F.constant(size, dtype=idx.dtype), idx)
+
+
 def _index(x, index_list):
     """x[idx] along the one axis that has an index tensor (ATen's advanced indexing)."""
     given = [(axis, idx) for axis, idx in enumerate(index_list) if idx is not None]
     if len(given) != 1:
         raise ValueError(f"index: indexing {x.type_str} with {len(given)} index tensors; only one is supported")
     axis, idx = given[0]
-    return F.take(x, idx, axis=axis)
+    return F.take(x, _wrapped(idx, x.shape[axis]), axis=axis)
 
 
 def _layer_norm(x, normalized_shape, weight=None, bias=None, eps=1e-5, cudnn_enable=True):
@@ -417,7 +429,7 @@ TABLE = {
     "aten.slice.Tensor": _slice,
     "aten.select.int": _select,
     "aten.index.Tensor": _index,
-    "aten.index_select.default": lambda x, dim, idx: F.take(x, idx, axis=dim),
+    "aten.index_select.default": lambda x, dim, idx: F.take(x, _wrapped(idx, x.shape[dim]), axis=dim),
     "aten.split_with_sizes.default": lambda x, sizes, dim=0: indexing.split(x, list(sizes), dim),
     "aten.split.Tensor": lambda x, size, dim=0: indexing.split(x, size, dim),
     "aten.chunk.default": lambda x, chunks, dim=0: indexing.chunk(x, chunks, dim),

@@ -129,3 +129,18 @@ def test_one_graph_takes_any_batch(gpt, trained):
         np.testing.assert_allclose(forward(x.numpy(), y.numpy())[0], loss.item(), rtol=1e-5)
     (x, y), = _batches(gpt["config"], 1, batch=5, seed=5)
     assert np.isfinite(trained[BACKENDS[:2][-1]]["step"](idx=x.numpy(), targets=y.numpy()))
+
+
+def test_generation_forward_without_targets(gpt):
+    """nanoGPT's other path: no targets, logits of the last position only (x[:, [-1], :], a
+    negative index) and loss None, from an import traced that way, in eval mode."""
+    model = copy.deepcopy(gpt["untrained"]).eval()
+    idx = _batches(gpt["config"], 1, batch=2, seed=9)[0][0]
+    imported = sg.from_torch(model, (idx,))
+    x = sg.input("idx", (2, T), dtype="int64")
+    logits, loss = imported(x)
+    assert loss is None and logits.shape == (2, 1, gpt["config"].vocab_size)
+    with torch.no_grad():
+        expected = model(idx)[0].numpy()
+    np.testing.assert_allclose(sg.function([x], [logits], backend="numpy")(idx.numpy())[0], expected,
+                               rtol=1e-5, atol=1e-6)
