@@ -79,9 +79,10 @@ def _mirror(target: Module, torch_module, made: dict, leaves: dict) -> None:
 
 
 def _match(template, given, flat: dict, where: str) -> None:
-    """Walk the export's input structure beside the caller's, filling flat[position] = value."""
+    """Walk the export's input structure beside the caller's, filling flat[position] = (value,
+    the argument's name as messages give it)."""
     if isinstance(template, int) and not isinstance(template, bool):
-        flat[template] = given
+        flat[template] = (given, where.split(": ", 1)[-1])
     elif isinstance(template, (tuple, list)):
         if not isinstance(given, (tuple, list)) or len(given) != len(template):
             raise TypeError(f"{where}: expected a sequence of {len(template)} like the example, got {given!r}")
@@ -169,37 +170,37 @@ class ImportedModule(Module):
         if extra:
             raise TypeError(f"{self.torch_type}.forward: {extra} were not in the example inputs the model was "
                             f"imported with; import it with them to trace that call")
-        inputs = [flat[k] for k in range(len(flat))]
+        inputs = [flat[k][0] for k in range(len(flat))]
         bound_sizes: dict = {}
         for k, (value, meta) in enumerate(zip(inputs, exported.input_meta)):
-            self._check_input(k, value, meta, bound_sizes)
+            self._check_input(flat[k][1], value, meta, bound_sizes)
         outputs = build(exported, self.get_leaf, inputs)
         return _rebuild(exported.outputs_template, outputs)
 
-    def _check_input(self, k: int, value, meta, bound_sizes: dict) -> None:
+    def _check_input(self, k: str, value, meta, bound_sizes: dict) -> None:
         """Refuse an input unlike the example: a fixed size that differs, a dtype that differs, or
         two sizes that torch's dynamic_shapes made one symbol given differently."""
         if not isinstance(meta, tuple):
             if value != meta:
-                raise TypeError(f"{self.torch_type}.forward: input {k} is {value!r}; the export specialised it "
+                raise TypeError(f"{self.torch_type}.forward: {k} is {value!r}; the export specialised it "
                                 f"to {meta!r}")
             return
         shape, dtype = meta
         if not isinstance(value, Value):
-            raise TypeError(f"{self.torch_type}.forward: input {k} must be a graph value (sg.input), "
+            raise TypeError(f"{self.torch_type}.forward: {k} must be a graph value (sg.input), "
                             f"got {type(value).__name__}")
         want = "[" + ", ".join(str(s) for s in shape) + "]"
         if value.ndim != len(shape) or any(isinstance(s, int) and s != v for s, v in zip(shape, value.shape)):
-            raise ValueError(f"{self.torch_type}.forward: input {k} is {value.type_str}; the model was exported for "
+            raise ValueError(f"{self.torch_type}.forward: {k} is {value.type_str}; the model was exported for "
                              f"{want} (the named sizes are those made dynamic through dynamic_shapes)")
         for s, v in zip(shape, value.shape):
             if isinstance(s, str):
                 if s in bound_sizes and bound_sizes[s] != v:
-                    raise ValueError(f"{self.torch_type}.forward: input {k} is {value.type_str}, but the export's "
-                                     f"size {s} was {bound_sizes[s]} in an earlier input ({want})")
+                    raise ValueError(f"{self.torch_type}.forward: {k} is {value.type_str}, but the export's "
+                                     f"size {s} was {bound_sizes[s]} in an earlier argument ({want})")
                 bound_sizes[s] = v
         if D.canonical(value.dtype) != D.canonical(dtype):
-            raise TypeError(f"{self.torch_type}.forward: input {k} is {value.dtype}, the example was {dtype}")
+            raise TypeError(f"{self.torch_type}.forward: {k} is {value.dtype}, the example was {dtype}")
 
     def state_dict(self):
         """torch's state_dict of the current values: torch tensors under torch's keys, so that
