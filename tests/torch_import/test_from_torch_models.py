@@ -194,3 +194,17 @@ def test_float64_model_trains_as_torchs_to_1e_10():
     ours = [step(x=x.numpy(), labels=l.numpy(), target=t.numpy()) for x, l, t in batches]
     theirs = _train_torch(model, optimizer, batches, lambda m, *b: m(*b)["loss"])
     np.testing.assert_allclose(ours, theirs, rtol=1e-10)
+
+
+def test_torch_is_imported_only_when_a_model_is():
+    """`import symgrad` needs no torch: the import modules reach torch inside functions only, so
+    steps, exported C and checkpoints built from an imported model run without it."""
+    import ast
+    from pathlib import Path
+    root = Path(sg.__file__).parent
+    for path in [*sorted((root / "torch_import").glob("*.py")), root / "optim" / "from_torch.py"]:
+        tree = ast.parse(path.read_text())
+        for node in tree.body:  # module level only
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else \
+                [node.module or ""] if isinstance(node, ast.ImportFrom) else []
+            assert not any(n == "torch" or n.startswith("torch.") for n in names), f"{path.name}: {names}"
