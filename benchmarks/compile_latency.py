@@ -42,10 +42,52 @@ _MARK = "LATENCY-JSON "
 # The worker: one measurement, in its own process ----------------------------------------------
 
 
+# The real models (issue 34): the GPT configs of benchmarks.gpt (and the small one 12 layers deep:
+# depth should cost calls, not compile time) and the residual network of benchmarks.cnn, each
+# timed from building the model to the end of its first step.
+GPT_MODELS = {"gpt-small": ("small", None), "gpt-small-12": ("small", 12), "gpt-nanogpt": ("nanogpt", None)}
+CNN_MODELS = {"cnn-resnet": "resnet", "cnn-lenet": "lenet"}
+
+
+def _real_model(system: str, backend: str, model_key: str) -> dict:
+    """One first-step measurement of a GPT or CNN config (symgrad, torch = torch.compile, or jax)."""
+    import dataclasses
+
+    if model_key in GPT_MODELS:
+        from . import gpt as bench_module
+        config, layers = GPT_MODELS[model_key]
+        bench = bench_module.CONFIGS[config]
+        bench = dataclasses.replace(bench, layers=layers) if layers else bench
+    else:
+        from . import cnn as bench_module
+        bench = bench_module.CONFIGS[CNN_MODELS[model_key]]
+    t0 = time.perf_counter()
+    if system == "symgrad":
+        import symgrad  # noqa: F401
+        build = bench_module.symgrad_runner(backend)
+    elif system == "torch":
+        import torch  # noqa: F401
+        build = bench_module.torch_runner(compiled=True)
+    else:
+        import jax  # noqa: F401
+        build = bench_module.jax_runner
+    t1 = time.perf_counter()
+    made = bench_module.setup(bench)   # the model, its initial state and a batch: part of the time
+    runner = build(bench, *made)
+    t2 = time.perf_counter()
+    loss = runner.to_float(runner.step())
+    t3 = time.perf_counter()
+    return {"status": "ok", "import_s": t1 - t0, "compile_s": t2 - t1, "first_step_s": t3 - t1, "loss": loss}
+
+
 def _worker(system: str, backend: str, model_key: str) -> dict:
     from .models import MODELS, SMOKE
     from . import systems
 
+    if system != "runtime" and (model_key in GPT_MODELS or model_key in CNN_MODELS):
+        return _real_model(system, backend, model_key)
+    if system == "jax":
+        return {"status": "unavailable", "reason": "jax is timed on the GPT and CNN models only"}
     model = {**MODELS, **SMOKE}[model_key]
     t0 = time.perf_counter()
     if system == "runtime":
@@ -90,6 +132,8 @@ def run_once(system: str, cache_dir: str, backend: str = "c", model: str = MODEL
         [str(REPO), *filter(None, [os.environ.get("PYTHONPATH")])]))
     if system in ("symgrad", "runtime"):
         env["SYMGRAD_CACHE_DIR"] = cache_dir
+    elif system == "jax":
+        env["JAX_COMPILATION_CACHE_DIR"] = cache_dir   # jax's persistent cache, if it is enabled
     else:
         # Both of torch's on-disk caches (FX graphs, AOT autograd) live in this directory.
         env.update(TORCHINDUCTOR_CACHE_DIR=cache_dir, TORCHINDUCTOR_FX_GRAPH_CACHE="1",
@@ -171,6 +215,8 @@ def render(result: dict) -> str:
         f"| {cell('symgrad', 'warm_compile_s')} |",
         f"| torch.compile, first call | {cell('torch', 'cold_s')} | {cell('torch', 'warm_s')} |",
     ]
+    if "jax" in result:
+        lines.append(f"| jax.jit, first call | {cell('jax', 'cold_s')} | {cell('jax', 'warm_s')} |")
     cold = f"{result['cold_ratio']:.3f}" if "cold_ratio" in result else "n/a"
     warm = f"{result['symgrad']['warm_s'] * 1e3:.1f} ms" \
         if result.get("symgrad", {}).get("warm_s") is not None else "n/a"
@@ -188,10 +234,11 @@ def render(result: dict) -> str:
 def main(argv=None) -> int:
     """CLI: the full latency measurement, or (--worker) one measurement in this process."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--worker", choices=["symgrad", "torch", "runtime"], help=argparse.SUPPRESS)
+    parser.add_argument("--worker", choices=["symgrad", "torch", "jax", "runtime"], help=argparse.SUPPRESS)
     parser.add_argument("--backend", default="c", help="symgrad backend to time (default c)")
-    parser.add_argument("--model", default=MODEL, help=f"model key (default {MODEL})")
-    parser.add_argument("--systems", default="symgrad,torch", help="comma list of symgrad, torch")
+    parser.add_argument("--model", default=MODEL, help=f"model key (default {MODEL}; also "
+                                                       f"{', '.join([*GPT_MODELS, *CNN_MODELS])})")
+    parser.add_argument("--systems", default="symgrad,torch", help="comma list of symgrad, torch, jax")
     parser.add_argument("--repeats", type=int, default=1, help="cold/warm pairs per system (median)")
     args = parser.parse_args(argv)
     if args.worker:

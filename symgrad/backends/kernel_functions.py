@@ -2,6 +2,7 @@
 
     shared(texts, names, params) -> list[int]     per kernel: the kernel whose function it calls
     partition(sizes, parts) -> list[int]          per function: its translation unit
+    calls(source, names) -> dict[str, list[str]]  a program's functions and the kernels calling each
 
 Depth should cost calls, not code. The kernels of every transformer layer, every residual block
 and every same-shaped parameter's optimizer update differ only in the buffers they read and
@@ -69,3 +70,19 @@ def partition(sizes: list[int], parts: int, fixed: int = 0) -> list[int]:
         unit_of[position] = unit
         heapq.heappush(load, (lines + sizes[position], unit))
     return unit_of
+
+
+# An entry point's call of another kernel's function: `    k4_add_t7(d0, var3);  /* k9_add_t12 */`
+# (templates/c/program.c.j2).
+_CALL_OF_ANOTHER = re.compile(r"^    (k[0-9]+_\w+)\(.*\);  /\* (k[0-9]+_\w+) \*/$", re.M)
+
+
+def calls(source: str, names: list[str]) -> dict[str, list[str]]:
+    """The kernels of a program (`names`, in run order) grouped by the function each calls, read
+    from the entry point of its `source`: function name -> the kernels calling it, the function's
+    own kernel first. A source with no shared functions (CUDA's) gives each kernel its own."""
+    function_of = {kernel: function for function, kernel in _CALL_OF_ANOTHER.findall(source)}
+    grouped: dict[str, list[str]] = {}
+    for name in names:
+        grouped.setdefault(function_of.get(name, name), []).append(name)
+    return grouped

@@ -26,6 +26,7 @@ from ..passes import format_report
 from . import half, runtime, winograd
 from .attention import AttentionKernel
 from .gather import GatherKernel
+from .kernel_functions import calls
 from .lowering import MatmulKernel
 from .plan import LoopKernel, ReduceKernel, RowKernel, kernel_reads, kernel_writes
 from .patches import is_columns, is_patches, is_winograd, matmul_gemm
@@ -359,7 +360,7 @@ def _summary(program, plan, mp, parts: dict, times: dict, rows: list) -> Section
     counts = kernel_counts(plan)
     kinds = [f"{counts[kind]} {words}" for kind, words in [*COUNTED, *WORDS.items()] if counts.get(kind)]
     kinds += [f"{n} {kind}" for kind, n in counts.items() if n and kind not in ("total", *dict(COUNTED), *WORDS)]
-    lines.extend(_wrapped(f"{counts['total']} kernels: ", kinds))
+    lines.extend(_wrapped(f"{counts['total']} kernels in {len(_functions(program, plan))} functions: ", kinds))
     moved = format_bytes(sum(r["bytes"] for r in rows))
     lines.append(f"  {format_count(total_flops)}FLOP, {moved} read or written a call "
                  f"(estimated from the plan); the {len(largest)} largest:")
@@ -374,6 +375,22 @@ def _summary(program, plan, mp, parts: dict, times: dict, rows: list) -> Section
 # The sections of a report, in the order `str(report)` prints them, with their titles.
 SECTION_TITLES = {"passes": "passes", "kernels": "kernels", "decisions": "save / recompute",
                   "memory": "memory plan", "compile_time": "compile time"}
+
+
+def _functions(program, plan) -> dict[str, list[str]]:
+    """The program's C functions, each with the kernels calling it (kernel_functions.calls)."""
+    return calls(getattr(program, "source", "") or "", [k.name for k in plan.kernels])
+
+
+def _function_lines(program, plan) -> list[str]:
+    """Each distinct kernel (a C function) with its call count, the most called first."""
+    functions = _functions(program, plan)
+    shared = sorted(((name, users) for name, users in functions.items() if len(users) > 1),
+                    key=lambda item: -len(item[1]))
+    lines = [f"{len(functions)} distinct kernels (C functions), {len(shared)} of them called for several kernels:"]
+    lines.extend(f"  {name:<32} x{len(users):<4} for {', '.join(users[1:4])}{', ...' if len(users) > 4 else ''}"
+                 for name, users in shared)
+    return lines
 
 
 def format_count(n: float) -> str:
@@ -397,6 +414,7 @@ def program_report(program, timings: dict | None = None) -> Report:
                           else "(passes off: compiled with optimize=False)")
     counts = kernel_counts(plan)
     body["kernels"].append(count_line(counts))
+    body["kernels"].extend(_function_lines(program, plan))
     body["kernels"].extend(_kernel_line(k) for k in plan.kernels)
     body["kernels"].extend(_purpose_lines(plan, mp))
     if not plan.choices:
