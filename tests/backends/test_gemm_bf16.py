@@ -1,10 +1,17 @@
 """The runtime's bfloat16 GEMM (templates/c/gemm_bf16.c.j2), checked where its speed is decided:
 the k loop gcc writes for an AVX512_BF16 target is vdpbf16ps on a register tile that never touches
 the stack, and a target without it keeps the float32 path. Read in the assembly, not run: this
-machine need not have AVX512_BF16."""
+machine need not have AVX512_BF16. Its packing, tiles and edges are run on any machine with the
+intrinsics replaced by scalar C that follows Intel's definition of vdpbf16ps."""
 
 from __future__ import annotations
 
+import ctypes
+import shutil
+import subprocess
+
+import ml_dtypes
+import numpy as np
 import pytest
 
 from asm_loops import assembly, innermost_loops
@@ -45,3 +52,60 @@ def test_without_avx512_bf16_the_float32_gemm_computes_it(runtime_source, march)
     assert "vdpbf16ps" not in asm
     body = asm.split("sg_gemm_bf16:", 1)[1].split(".size\tsg_gemm_bf16", 1)[0]
     assert "sg_gemm_f32" in body
+
+
+# The intrinsics the AVX512_BF16 path calls, as GCC vectors and scalar loops: an immintrin.h found
+# first on the include path. vdpbf16ps per lane, as Intel's pseudo-code: the odd pair's product
+# added to the sum, then the even pair's, each in float32.
+_EMULATED_INTRINSICS = r"""
+#include <stdint.h>
+#include <string.h>
+typedef float __m512 __attribute__((vector_size(64)));
+typedef short __m512bh __attribute__((vector_size(64)));
+typedef long long __m512i __attribute__((vector_size(64)));
+static inline __m512 _mm512_setzero_ps(void) { __m512 z = {0}; return z; }
+static inline __m512i _mm512_loadu_si512(const void* p) { __m512i v; memcpy(&v, p, 64); return v; }
+static inline __m512i _mm512_set1_epi32(int x)
+{ int32_t l[16]; for (int i = 0; i < 16; i++) l[i] = x; __m512i v; memcpy(&v, l, 64); return v; }
+static inline void _mm512_storeu_ps(void* p, __m512 v) { memcpy(p, &v, 64); }
+static inline float emulated_bf16(uint16_t h) { uint32_t u = (uint32_t)h << 16; float f; memcpy(&f, &u, 4); return f; }
+static inline __m512 _mm512_dpbf16_ps(__m512 acc, __m512bh a, __m512bh b)
+{
+    uint16_t x[32], y[32]; float s[16];
+    memcpy(x, &a, 64); memcpy(y, &b, 64); memcpy(s, &acc, 64);
+    for (int i = 0; i < 16; i++) {
+        s[i] += emulated_bf16(x[2 * i + 1]) * emulated_bf16(y[2 * i + 1]);
+        s[i] += emulated_bf16(x[2 * i]) * emulated_bf16(y[2 * i]);
+    }
+    __m512 out; memcpy(&out, s, 64); return out;
+}
+"""
+
+
+def test_bf16_path_computes_the_product_with_emulated_intrinsics(runtime_source, tmp_path):
+    """The AVX512_BF16 path built with scalar stand-ins for its intrinsics and run: edges of the
+    8 x 32 tile in M and N, an odd K (its last pair padded), K = 0, A read transposed. Each result
+    is within float32's rounding of the exact sum of the bfloat16 products."""
+    from symgrad.backends import runtime
+    gcc = shutil.which("gcc")
+    if gcc is None:
+        pytest.skip("needs gcc")
+    (tmp_path / "immintrin.h").write_text(_EMULATED_INTRINSICS)
+    (tmp_path / runtime.HEADER).write_text(runtime.header())
+    (tmp_path / "bf16.c").write_text("#define __AVX512F__ 1\n#define __AVX512BF16__ 1\n" + runtime_source)
+    subprocess.run([gcc, "-O1", "-fopenmp", "-fPIC", "-shared", "-Wno-psabi", f"-I{tmp_path}", "-o",
+                    str(tmp_path / "bf16.so"), str(tmp_path / "bf16.c")], check=True, capture_output=True, timeout=120)
+    gemm = ctypes.CDLL(str(tmp_path / "bf16.so")).sg_gemm_bf16
+    i64, ptr = ctypes.c_int64, ctypes.c_void_p
+    gemm.argtypes, gemm.restype = [i64, i64, i64, ptr, i64, i64, ptr, i64, i64, ptr, ptr, ptr], ctypes.c_int
+    rng = np.random.default_rng(39)
+    for m, n, k, transposed in ((13, 45, 37, False), (8, 32, 2, False), (1, 1, 1, False), (17, 70, 64, True),
+                                (5, 3, 0, False)):
+        a, b = (rng.standard_normal(s).astype(ml_dtypes.bfloat16).astype(np.float32) for s in ((m, k), (k, n)))
+        stored = np.ascontiguousarray(a.T) if transposed else a
+        sam, sak = (1, m) if transposed else (k, 1)
+        c = np.full((m, n), np.nan, np.float32)
+        assert gemm(m, n, k, stored.ctypes.data, sam, sak, b.ctypes.data, n, 1, c.ctypes.data, None, None) == 0
+        exact = a.astype(np.float64) @ b.astype(np.float64)
+        bound = k * 2.0 ** -23 * (np.abs(a).astype(np.float64) @ np.abs(b).astype(np.float64)) + 1e-30
+        assert np.all(np.abs(c - exact) <= bound), (m, n, k, transposed)
