@@ -13,7 +13,7 @@ import torch.nn.functional as TF
 
 import symgrad as sg
 from conftest import BACKENDS
-from torch_models import MLPClassifier, Orthogonalize, TwoHeads
+from torch_models import ManyOps, MLPClassifier, Orthogonalize, TwoHeads
 
 STEPS, BATCH = 10, 8
 
@@ -208,3 +208,20 @@ def test_torch_is_imported_only_when_a_model_is():
             names = [a.name for a in node.names] if isinstance(node, ast.Import) else \
                 [node.module or ""] if isinstance(node, ast.ImportFrom) else []
             assert not any(n == "torch" or n.startswith("torch.") for n in names), f"{path.name}: {names}"
+
+
+def test_many_table_entries_forward_and_gradient_as_torchs():
+    """One forward through many table entries: its value and its gradients as torch's (numpy)."""
+    torch.manual_seed(7)
+    model = ManyOps()
+    img, v = torch.randn(3, 2, 8, 8), torch.randn(3, 5)
+    imported = sg.from_torch(model, (img, v))
+    x1, x2 = sg.input("img", (3, 2, 8, 8)), sg.input("v", (3, 5))
+    out = imported(x1, x2)
+    grads = sg.grad(sg.sum(out * out), [imported.conv.weight, imported.lin.weight])
+    got = sg.function([x1, x2], [out, *grads], backend="numpy")(img.numpy(), v.numpy())
+    expected = model(img, v)
+    (expected * expected).sum().backward()
+    np.testing.assert_allclose(got[0], expected.detach().numpy(), rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(got[1], model.conv.weight.grad.numpy(), rtol=1e-4, atol=1e-6)
+    np.testing.assert_allclose(got[2], model.lin.weight.grad.numpy(), rtol=1e-4, atol=1e-6)

@@ -274,3 +274,24 @@ class Orthogonalize(nn.Module):
     def forward(self, x):
         q, r = torch.linalg.qr(self.proj(x))
         return q
+
+
+class ManyOps(nn.Module):
+    """Not a published model: one forward through many of the table's entries (pools, padding,
+    slicing with steps, chunk / cat / stack, reductions, where, full_like, clamp, rsqrt, var)."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv2d(2, 4, 3, padding=1)
+        self.lin = nn.Linear(16, 6)
+
+    def forward(self, img, v):
+        h = F.max_pool2d(F.silu(self.conv(img)), 2)
+        h = h + F.avg_pool2d(F.leaky_relu(self.conv(img), 0.1), 2)
+        h = F.pad(h, (1, 0, 0, 1))[:, :, 1:, :-1]
+        a, b = h.flatten(1).chunk(2, dim=1)
+        z = torch.cat([a * b.sigmoid(), torch.stack([a, b], 0).amax(0)], dim=1)[:, ::4]
+        z = self.lin(z.clamp(-2, 2))
+        z = z * torch.rsqrt(z.var(dim=1, keepdim=True) + 1e-3) + z.pow(2).mean() - z[:, 0:1]
+        w = torch.where(v > 0, v.exp(), torch.full_like(v, 0.5)).transpose(0, 1)
+        return F.softmax(z, dim=-1) + w.t().sum(1, keepdim=True) * z.abs().log1p().max(dim=1).values.unsqueeze(1)
