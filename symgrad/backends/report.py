@@ -360,7 +360,7 @@ def _summary(program, plan, mp, parts: dict, times: dict, rows: list) -> Section
     counts = kernel_counts(plan)
     kinds = [f"{counts[kind]} {words}" for kind, words in [*COUNTED, *WORDS.items()] if counts.get(kind)]
     kinds += [f"{n} {kind}" for kind, n in counts.items() if n and kind not in ("total", *dict(COUNTED), *WORDS)]
-    lines.extend(_wrapped(f"{counts['total']} kernels in {len(_functions(program, plan))} functions: ", kinds))
+    lines.extend(_wrapped(f"{len(_functions(program, plan))} C functions for {counts['total']} kernels: ", kinds))
     moved = format_bytes(sum(r["bytes"] for r in rows))
     lines.append(f"  {format_count(total_flops)}FLOP, {moved} read or written a call "
                  f"(estimated from the plan); the {len(largest)} largest:")
