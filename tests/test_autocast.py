@@ -92,11 +92,11 @@ def half_program():
     rng = np.random.default_rng(0)
     arrays = (_conversion_values(), *(rng.standard_normal(s).astype(np.float32)
                                       for s in ((6, 8), (8, 5), (2, 3, 8, 8), (4, 3, 3, 3), (2, 2, 9, 8))))
-    return c(*arrays), reference(*arrays), arrays
+    return c(*arrays), reference(*arrays), arrays, c.source
 
 
 def test_conversions_round_to_nearest_even_as_torch(half_program):
-    c, reference, (values, *_) = half_program
+    c, reference, (values, *_), _ = half_program
     t = torch.from_numpy(values)
     for k, dtype in enumerate((torch.bfloat16, torch.float16)):
         want = t.to(dtype).float().numpy()
@@ -105,7 +105,8 @@ def test_conversions_round_to_nearest_even_as_torch(half_program):
 
 
 def test_half_graph_c_matches_reference(half_program):
-    c, reference, _ = half_program
+    c, reference, _, source = half_program
+    assert "sg_gemm_bf16(" in source  # the bfloat16 GEMM (vdpbf16ps with AVX512_BF16)
     for k in (2, 3, 4, 6, 7):  # each op rounds once to 8 bits: the same bits whatever the order of sums
         np.testing.assert_array_equal(c[k], reference[k])
     for k in (8, 9, 10, 11):  # float32 sums of them (a rounding boundary may be crossed): bfloat16's tolerance

@@ -260,7 +260,12 @@ def is_winograd(a: View, n, epilogue) -> bool:
 
 def matmul_gemm(dtype: str, n, a: View) -> tuple[str, str]:
     """runtime.gemm_function for a matmul of `n` columns reading `a`: the patch GEMM (kind "gemm",
-    the blocked one) when `a` is a patch matrix."""
+    the blocked one) when `a` is a patch matrix, sg_gemm_bf16 for bfloat16 operands."""
     if is_patches(a) and not is_columns(a):
         return f"sg_gemm_patches_{runtime.GEMM[dtype]['suffix']}", "gemm"
-    return runtime.gemm_function(dtype, n, a.strides[0], a.strides[1])
+    name, kind = runtime.gemm_function(dtype, n, a.strides[0], a.strides[1])
+    if a.dtype == "bfloat16" and kind == "gemm":
+        # bfloat16 operands (held in floats, backends/half.py): the runtime's bfloat16 GEMM, vdpbf16ps
+        # where it is built for AVX512_BF16, the float32 GEMM elsewhere. A narrow product keeps its kernel.
+        return "sg_gemm_bf16", "gemm"
+    return name, kind
