@@ -295,3 +295,9 @@ class ManyOps(nn.Module):
         z = z * torch.rsqrt(z.var(dim=1, keepdim=True) + 1e-3) + z.pow(2).mean() - z[:, 0:1]
         w = torch.where(v > 0, v.exp(), torch.full_like(v, 0.5)).transpose(0, 1)
         return F.softmax(z, dim=-1) + w.t().sum(1, keepdim=True) * z.abs().log1p().max(dim=1).values.unsqueeze(1)
+
+
+def small_cnn(nn):
+    """A small CNN written once against an nn library (torch.nn or symgrad.nn): the same names."""
+    return nn.Sequential(nn.Conv2d(1, 4, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2), nn.Conv2d(4, 8, 3),
+                         nn.ReLU(), nn.Flatten(), nn.Linear(8 * 2 * 2, 10))
