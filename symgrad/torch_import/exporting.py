@@ -119,6 +119,27 @@ def _decomposition_table():
     return table
 
 
+def _name_dynamic_sizes(input_meta: list, positions: dict, dynamic_shapes) -> None:
+    """Give the symbolic sizes of the top-level tensor inputs the names of the user's
+    torch.export.Dim ("B", not torch's "s77"), so messages about a call speak the user's words."""
+    renamed = {}
+    for name, spec in (dynamic_shapes or {}).items():
+        position = positions.get(name)
+        if not isinstance(position, int) or not isinstance(input_meta[position], tuple):
+            continue
+        shape = input_meta[position][0]
+        axes = spec.items() if isinstance(spec, dict) else enumerate(spec or ())
+        for axis, dim in axes:
+            label = getattr(dim, "__name__", None)
+            if label and isinstance(shape[axis], str) and label.isidentifier():
+                renamed.setdefault(shape[axis], label)
+    if len(set(renamed.values())) != len(renamed):
+        return  # two torch symbols under one name: keep torch's, which stay distinct
+    for k, meta in enumerate(input_meta):
+        if isinstance(meta, tuple):
+            input_meta[k] = (tuple(renamed.get(s, s) if isinstance(s, str) else s for s in meta[0]), meta[1])
+
+
 def export_forward(module, inputs: dict, dynamic_shapes, training: bool) -> Exported:
     """torch.export of `module` in training or evaluation mode, called with `inputs` (argument
     name -> example), as core ATen with the KEEP_WHOLE ops left whole. The module's own mode is
@@ -177,6 +198,7 @@ def export_forward(module, inputs: dict, dynamic_shapes, training: bool) -> Expo
             else:
                 input_meta.append(val)
     args_template, kwargs_template = _template(program.call_spec.in_spec, user_count)
+    _name_dynamic_sizes(input_meta, dict(kwargs_template), dynamic_shapes)
     return Exported(graph=program.graph, placeholders=placeholders, constants=constants, mutations=mutations,
                     user_outputs=user_outputs, inputs_template=dict(kwargs_template),
                     outputs_template=_template(program.call_spec.out_spec, len(user_outputs)),

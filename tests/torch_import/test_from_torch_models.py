@@ -164,7 +164,7 @@ def test_optimizer_options_symgrad_lacks_are_refused(mlp):
 
 
 def test_a_call_unlike_the_example_is_refused(mlp):
-    with pytest.raises(ValueError, match=r"argument .x. is f32\[4,13\]; the model was exported for \[s\w*, 12\]"):
+    with pytest.raises(ValueError, match=r"argument .x. is f32\[4,13\]; the model was exported for \[B, 12\]"):
         mlp["imported"](sg.input("x", (4, 13)))
     with pytest.raises(TypeError, match="argument .x. is int64, the example was float32"):
         mlp["imported"](sg.input("x", (4, 12), dtype="int64"))
