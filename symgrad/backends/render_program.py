@@ -32,6 +32,7 @@ CONST_ROW = 8  # literals per line of a constant table
 # every unit, cost more than they save), at most MAX_UNITS.
 UNIT_LINES = 1000
 MAX_UNITS = 8
+HEADER_LINES = 80  # a graph printed in more lines than this is summarized in the source's header
 
 
 def render(plan: Plan, language: Language, labels: list = (), profile: bool = False) -> str:
@@ -68,7 +69,16 @@ def integer_helpers(features) -> list[str]:
 
 
 def _header(plan: Plan) -> list[str]:
-    return [comment(line) for line in plan.header.splitlines()]
+    """The graph the program computes, at the top of its source: whole when it is short; for a
+    model (thousands of nodes, which would make the header most of the file and grow it with
+    every layer) its inputs and a count, the nodes being commented at the kernels computing them."""
+    lines = plan.header.splitlines()
+    if len(lines) > HEADER_LINES:
+        graph = plan.graph
+        lines = [f"graph({', '.join(f'{v.name}: {v.type_str}' for v in graph.inputs)})",
+                 f"  {len(graph.variables)} variables (the entry's variables[k] below) and {len(graph.nodes)} nodes:",
+                 "  print(step.optimized_graph) shows them; each kernel is commented with the nodes it computes"]
+    return [comment(line) for line in lines]
 
 
 def _host_program(renderer: Renderer, kernels: list, labels: list, profile: bool = False) -> str:
