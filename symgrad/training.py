@@ -333,4 +333,9 @@ def train_step(loss: Value, params=None, optimizer=None, backend: str | None = N
     step.timings = {"graph": built}  # autodiff + optimizer graph, for report()
     step.optimizer = optimizer
     step._param_groups = groups_of.bind(step, groups)  # group["lr"] is the step's runtime lr from now on
+    if predict is not None:
+        # Built now, with the step, not inside the first step.predict() call (an evaluation loop's
+        # first batch would pay for a compile). accumulate / apply, for gradient accumulation
+        # only, are built when first called.
+        step.program_for("predict")
     return step
