@@ -21,8 +21,9 @@ from .ir.value import Value
 class TrainStep(Compiled):
     """`sg.train_step(...)`: forward, backward and update in one call; returns the loss.
 
-    Besides the fused step, three programs are compiled on first use by the
-    same backend, sharing this step's variable storage:
+    Besides the fused step, three programs are compiled by the same backend, sharing this
+    step's variable storage (predict with the step, when `predict=` is given; accumulate and
+    apply on first use):
 
     - `accumulate(**batch)` adds the batch's gradients into buffers
       `<param>.grad` (and performs the layers' own updates, such as
@@ -117,7 +118,8 @@ class TrainStep(Compiled):
                                  f"{ours.name!r} in the step are different variables of one name; rename one")
 
     def program_for(self, kind: str) -> Compiled:
-        """The compiled "accumulate", "apply" or "predict" program (compiled on first use).
+        """The compiled "accumulate", "apply" or "predict" program (compiled on first use; sg.train_step
+        asks for "predict" as it builds the step).
 
         Its `source`, and `workspace_bytes` where the backend reports one,
         describe that program alone.
