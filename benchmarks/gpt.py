@@ -70,19 +70,20 @@ def setup(bench: Bench, seed: int = 0):
     return model, model.state_dict(), x, y
 
 
-def symgrad_runner(backend: str):
+def symgrad_runner(backend: str, autocast: str | None = None):
     def build(bench: Bench, model, state, x, y) -> Runner:
         gpt = load_example()
         # A model of its own: the steps of one model train the same parameters (the model's), and
         # every system must start from the same initial state.
         model = gpt.GPT(bench.config()).load_state_dict(state)
         step = gpt.build_step(model, bench.batch, bench.context, lr=LR, weight_decay=0.0, backend=backend,
-                              betas=BETAS, clip=None)
-        return Runner(lambda: step(idx=x, targets=y), float, note=f"sg.train_step(backend={backend!r})")
+                              betas=BETAS, clip=None, autocast=autocast)
+        extra = f", autocast={autocast!r}" if autocast else ""
+        return Runner(lambda: step(idx=x, targets=y), float, note=f"sg.train_step(backend={backend!r}{extra})")
     return build
 
 
-def _torch_step(bench, state, compiled: bool):
+def _torch_step(bench, state, compiled: bool, autocast: str | None = None):
     try:
         import torch
     except ImportError as exc:
@@ -93,7 +94,8 @@ def _torch_step(bench, state, compiled: bool):
 
     def step(x, y):
         optimizer.zero_grad(set_to_none=True)
-        loss = torch.nn.functional.cross_entropy(model(x).view(-1, bench.vocab), y.view(-1))
+        with torch.autocast("cpu", dtype=getattr(torch, autocast or "float32"), enabled=autocast is not None):
+            loss = torch.nn.functional.cross_entropy(model(x).view(-1, bench.vocab), y.view(-1))
         loss.backward()
         optimizer.step()
         return loss
@@ -118,14 +120,15 @@ def imported_runner(bench: Bench, model, state, x, y) -> Runner:
     return Runner(lambda: step(idx=x, targets=y), float, note="sg.from_torch(torch twin), sg.optim.from_torch(AdamW), C")
 
 
-def torch_runner(compiled: bool):
+def torch_runner(compiled: bool, autocast: str | None = None):
     def build(bench: Bench, model, state, x, y) -> Runner:
         import torch
-        step = _torch_step(bench, state, compiled)
+        step = _torch_step(bench, state, compiled, autocast)
         xt, yt = torch.from_numpy(x), torch.from_numpy(y)
+        under = f", forward under torch.autocast('cpu', {autocast})" if autocast else ""
         return Runner(lambda: step(xt, yt), lambda loss: loss.item(),
-                      note="torch.compile of zero_grad + forward + backward + AdamW" if compiled
-                      else "PyTorch eager: zero_grad, forward, backward, AdamW")
+                      note=("torch.compile of zero_grad + forward + backward + AdamW" if compiled
+                            else "PyTorch eager: zero_grad, forward, backward, AdamW") + under)
     return build
 
 
@@ -236,11 +239,27 @@ def render_memory(rows) -> str:
     return "\n".join(out)
 
 
-def systems(llmc_dir: Path | None, workdir: Path) -> dict:
-    """Column order of the table: name -> builder(bench, model, state, x, y)."""
-    return {"symgrad-c": symgrad_runner("c"), "imported": imported_runner, "symgrad-numpy": symgrad_runner("numpy"),
-            "torch-eager": torch_runner(False), "torch-compile": torch_runner(True), "jax-jit": jax_runner,
-            "llm.c": llmc_runner(llmc_dir, workdir)}
+def systems(llmc_dir: Path | None, workdir: Path, autocast: str | None = None) -> dict:
+    """Column order of the table: name -> builder(bench, model, state, x, y). With `autocast`
+    ("bfloat16"), each of symgrad-c, torch-eager and torch-compile has a twin under it beside it
+    (named with AUTOCAST_SUFFIX[autocast])."""
+    plain = {"symgrad-c": symgrad_runner("c"), "imported": imported_runner, "symgrad-numpy": symgrad_runner("numpy"),
+             "torch-eager": torch_runner(False), "torch-compile": torch_runner(True), "jax-jit": jax_runner,
+             "llm.c": llmc_runner(llmc_dir, workdir)}
+    if autocast is None:
+        return plain
+    twins = {"symgrad-c": symgrad_runner("c", autocast), "torch-eager": torch_runner(False, autocast),
+             "torch-compile": torch_runner(True, autocast)}
+    out = {}
+    for name, builder in plain.items():
+        out[name] = builder
+        if name in twins:
+            out[name + AUTOCAST_SUFFIX[autocast]] = twins[name]
+    return out
+
+
+# The column name of a system's twin under --autocast.
+AUTOCAST_SUFFIX = {"bfloat16": "-bf16", "float16": "-f16"}
 
 
 def main(argv=None) -> int:
@@ -253,6 +272,9 @@ def main(argv=None) -> int:
     parser.add_argument("--json", type=Path, help="where to write the results")
     parser.add_argument("--memory", action="store_true",
                         help="also compare symgrad's planned step memory with torch's peak RSS growth")
+    parser.add_argument("--autocast", choices=sorted(AUTOCAST_SUFFIX),
+                        help="beside symgrad-c, torch-eager and torch-compile, each one's step under autocast in "
+                             "this dtype (sg.train_step(autocast=), torch.autocast('cpu'))")
     parser.add_argument("--rss-worker", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.rss_worker:
@@ -260,10 +282,13 @@ def main(argv=None) -> int:
         return 0
     benches = [CONFIGS[c] for c in args.configs.split(",")]
     names = args.systems.split(",")
+    if args.autocast:  # each twin beside its system
+        names = [n for name in names for n in (name, name + AUTOCAST_SUFFIX[args.autocast])
+                 if n == name or name in ("symgrad-c", "torch-eager", "torch-compile")]
     plan = timing.Plan(blocks=5, steps=2, warmup_steps=1, warmup_s=0.0) if args.quick else \
         timing.Plan(blocks=args.blocks, block_s=0.5, min_steps=1, warmup_steps=2, warmup_s=1.0)
     with tempfile.TemporaryDirectory(prefix="symgrad-gpt-bench-") as work:
-        builders = systems(args.llmc, Path(work))
+        builders = systems(args.llmc, Path(work), args.autocast)
         print(f"GPT step benchmark: {len(benches)} config(s), {THREADS} threads", file=sys.stderr)
         rows = side_by_side.run(benches, names, builders, setup, plan, log=lambda s: print(s, file=sys.stderr))
     print(side_by_side.render(rows, names, ANCHORS, "llm.c"))

@@ -144,16 +144,20 @@ def learning_rate(step: int, peak: float, warmup: int, total: int, floor_ratio: 
 
 
 def build_step(model: GPT, batch, context, lr: float = 1e-3, weight_decay: float = 0.1,
-               backend: str | None = None, dtype: str = "float32", betas=(0.9, 0.95), clip: float | None = 1.0):
+               backend: str | None = None, dtype: str = "float32", betas=(0.9, 0.95), clip: float | None = 1.0,
+               autocast: str | None = None):
     """The compiled training step (AdamW, gradients clipped at norm `clip`) and, as its predict
-    program, the logits of the last position for sampling. `batch` and `context` may be sg.Dims."""
+    program, the logits of the last position for sampling. `batch` and `context` may be sg.Dims.
+    `autocast` ("bfloat16"): the step's forward under torch's CPU autocast policy (matmuls and
+    attention in bfloat16, float32 master weights); the predict program stays float32."""
     idx = sg.input("idx", (batch, context), dtype="int64")
     targets = sg.input("targets", (batch, context), dtype="int64")
     logits = model(idx)
     V = model.config.vocab_size
     loss = F.cross_entropy(logits.view(-1, V), targets.view(-1))
     optimizer = model.configure_optimizers(weight_decay, lr, betas)
-    return sg.train_step(loss, optimizer=optimizer, backend=backend, clip_grad_norm=clip, predict=logits[:, -1])
+    return sg.train_step(loss, optimizer=optimizer, backend=backend, clip_grad_norm=clip, predict=logits[:, -1],
+                         autocast=autocast)
 
 
 def standard_library_text(limit: int = 4_000_000) -> bytes:
@@ -208,6 +212,8 @@ def main(argv=None) -> None:
     parser.add_argument("--eval-every", type=int, default=50, help="steps between loss reports")
     parser.add_argument("--sample", type=int, default=200, help="bytes to sample at the end")
     parser.add_argument("--seed", type=int, default=0, help="seed of the weights and the batches")
+    parser.add_argument("--autocast", choices=["bfloat16", "float16"],
+                        help="train under torch's CPU autocast policy in this dtype (sg.train_step(autocast=))")
     args = parser.parse_args(argv)
 
     text = args.text.read_bytes() if args.text else standard_library_text()
@@ -221,7 +227,7 @@ def main(argv=None) -> None:
     config = GPTConfig(block_size=args.context, n_layer=args.layers, n_head=args.heads, n_embd=args.channels)
     model = GPT(config)
     print(f"{sum(p.numel() for p in model.parameters()) / 1e6:.2f}M parameters", file=sys.stderr)
-    step = build_step(model, sg.Dim("B"), sg.Dim("T"), lr=args.lr, backend=args.backend)
+    step = build_step(model, sg.Dim("B"), sg.Dim("T"), lr=args.lr, backend=args.backend, autocast=args.autocast)
     # step.lr is a runtime value of the compiled step: the scheduler sets it without recompiling.
     scheduler = sg.optim.lr_scheduler.LambdaLR(step, lambda k: learning_rate(k, 1.0, args.warmup, args.steps))
     rng = np.random.default_rng(args.seed)
