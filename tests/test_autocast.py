@@ -178,6 +178,22 @@ def test_autocast_context_and_train_step_rewrite_agree():
         assert (x @ W).dtype == "float32"
 
 
+def test_train_step_autocast_keeps_layer_updates():
+    """BatchNorm's running statistics (updates attached to its output) are computed from the
+    autocast forward: updated, near the float32 step's, not equal to them."""
+    means = {}
+    for mixed in (None, "bfloat16"):
+        sg.manual_seed(0)
+        model = sg.nn.Sequential(sg.nn.Linear(6, 4), sg.nn.BatchNorm1d(4))
+        x = sg.input("x", (8, 6))
+        step = sg.train_step(sg.sum(model(x) ** 2), optimizer=sg.optim.SGD(model.parameters(), lr=0.01),
+                             backend="numpy", autocast=mixed)
+        step(x=np.random.default_rng(0).standard_normal((8, 6)).astype(np.float32))
+        means[mixed] = step.state_dict()["1.running_mean"]
+    assert np.all(means["bfloat16"] != 0) and not np.array_equal(means["bfloat16"], means[None])
+    _close(means["bfloat16"], means[None], scale_ops=1)
+
+
 # ---- a training step under autocast, C against torch ------------------------------------------
 
 STEPS = 3
