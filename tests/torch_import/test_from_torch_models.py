@@ -78,7 +78,11 @@ def test_mlp_ten_steps_beside_torch(mlp, backend):
     np.testing.assert_allclose(trained["losses"], mlp["torch_losses"], rtol=1e-4)
     torch_state = mlp["model"].state_dict()
     for name in ("net.1.running_mean", "net.1.running_var"):
-        np.testing.assert_allclose(trained["state"][name].numpy(), torch_state[name].numpy(), rtol=1e-4, atol=1e-6)
+        # On the scale of the whole array: a running mean near 0 (0.012 beside 0.11) is the difference
+        # of float32 sums, whose last bits follow the summation order (torch's thread count), not a
+        # relative tolerance of its own.
+        want = torch_state[name].numpy()
+        np.testing.assert_allclose(trained["state"][name].numpy(), want, rtol=1e-4, atol=1e-4 * np.abs(want).max())
     if trained["eval"] is not None:
         np.testing.assert_allclose(trained["eval"], mlp["torch_eval"], rtol=1e-4, atol=1e-5)
 
