@@ -88,7 +88,7 @@ def _worker(system: str, backend: str, model_key: str) -> dict:
         return _real_model(system, backend, model_key)
     if system == "jax":
         return {"status": "unavailable", "reason": "jax is timed on the GPT and CNN models only"}
-    model = {**MODELS, **SMOKE}[model_key]
+    model = None if system == "runtime" else {**MODELS, **SMOKE}[model_key]
     t0 = time.perf_counter()
     if system == "runtime":
         # The C runtime (GEMMs, once per compiler and flags): built into the cache before a cold
