@@ -228,7 +228,13 @@ def _composed(tree) -> tuple:
         if isinstance(t, sympy.Basic):
             return t
         return t[0].expr.xreplace(dict(zip(ARGS, map(compose, t[1]))))
-    return compose(tree), _NodeByNode(tree)
+    try:
+        return compose(tree), _NodeByNode(tree)
+    except (TypeError, ValueError):
+        # sympy's evaluating constructors met a value they refuse: log of an inlined negative bound
+        # of a clip is complex, and a Piecewise cannot compare it (clip(log(clip(x, -2, 2)))).
+        # Such a chain is left as its nodes.
+        return None, None
 
 
 def _extract_dims(expr: sympy.Expr, chain: "_Chain") -> sympy.Expr:
@@ -275,7 +281,7 @@ def simplify_chains(graph: Graph, assume_finite: bool = False, counts: dict | No
         if not _chainable(node) or inner(node):
             continue
         chain = _Chain(node, inner)
-        if chain.members < 2 or chain.cost > MAX_CHAIN_OPS:
+        if chain.members < 2 or chain.cost > MAX_CHAIN_OPS or chain.expr is None:
             continue
         if chain.expr.has(*_NOT_REAL):
             continue  # x / 0.0 inlined: sympy's zoo has no float meaning (and no C spelling)
