@@ -14,7 +14,6 @@ the chain has none (`stays_finite`), unless the user assumed finite operands.
 from __future__ import annotations
 
 import functools
-import math
 
 import sympy
 
@@ -154,14 +153,15 @@ def _cheapest(expr: sympy.Expr, exact: _NodeByNode, assume_finite: bool) -> symp
 def _inline_number(v: Value):
     """A 0-d const inlined into a chain's expression: a number with a short exact form (2, -0.125),
     or an expression of Dims (1/B), so sympy can combine -1/B with 1/B; None for other values
-    (0.1 and friends stay operands, so no rounding changes; so does -0.0: sympy's numbers have no
-    signed zero, and x - -0.0 would compose to x, -0.0 at x = -0.0 where the graph gives +0.0)."""
+    (0.1 and friends stay operands, so no rounding changes; so do 0.0 and -0.0: sympy's numbers
+    have no signed zero, and -x + 0.0 composes to -x, -0.0 at x = 0 where the graph gives +0.0, and
+    x - -0.0 to x; the probes of keeps_special_values cannot see it, -0.0 == 0.0)."""
     if not is_scalar_const(v) or not D.is_float(v.dtype):
         return None
     value = v.attrs["value"]
     if isinstance(value, sympy.Basic):
         return value
-    if math.copysign(1.0, float(value)) < 0 and float(value) == 0:
+    if float(value) == 0:
         return None
     return short_rational(value)
 

@@ -17,3 +17,21 @@ def test_a_chain_sympy_cannot_compose_compiles_as_its_nodes(backend):
     got = sg.function([x], out, backend=backend)(values)
     want = torch.clamp(torch.log(torch.clamp(torch.from_numpy(values).double(), -2.0, 1.5)), -2.0, 1.5)
     np.testing.assert_array_equal(got, want.numpy())
+
+
+@pytest.mark.parametrize("backend", ["numpy", "c"])
+def test_adding_zero_keeps_the_sign_of_zero(backend):
+    """-s + 0.0 is +0.0 at s = 0 (IEEE), where a composed -s is -0.0; a division by it then had the
+    other infinity (found by the fuzzer: seed 112720261 batch 39). The sum over an empty axis is 0;
+    the value feeds two kernels (the output and the gradient), so the chain ends at the add."""
+    x, y = sg.input("x", (3, 0), dtype="float64"), sg.input("y", (3,), dtype="float64")
+    denominator = -sg.sum(x, axis=1) + 0.0
+    out = y / denominator
+    (grad,) = sg.grad(sg.sum(out), [y])
+    xs, ys = np.zeros((3, 0)), np.array([-1.5, -0.5, 2.0])
+    got = sg.function([x, y], [out, grad], backend=backend)(xs, ys)
+    yt = torch.tensor(ys, requires_grad=True)
+    want = yt / (-torch.from_numpy(xs).sum(1) + 0.0)
+    (want_grad,) = torch.autograd.grad(want.sum(), [yt])
+    np.testing.assert_array_equal(got[0], want.detach().numpy())
+    np.testing.assert_array_equal(got[1], want_grad.numpy())
