@@ -59,15 +59,20 @@ def setup(bench: Bench, seed: int = 0):
     return net, net.state_dict(), [name for name, _ in net.named_parameters()], x, y
 
 
+def symgrad_step(bench: Bench, state, x, y, backend: str):
+    """symgrad's train step of `bench` from `state`, for batches shaped as x and y (its inputs)."""
+    import symgrad as sg
+    # A network of its own: the steps of one network train the same parameters (the network's),
+    # and every system must start from the same initial state.
+    net = bench.network(sg.nn).load_state_dict(state)
+    xs = sg.input("x", x.shape)
+    ys = sg.input("y", y.shape, dtype="int64")
+    return sg.train_step(sg.cross_entropy(net(xs), ys), net.parameters(), sg.optim.SGD(lr=LR), backend=backend)
+
+
 def symgrad_runner(backend: str):
     def build(bench: Bench, net, state, names, x, y) -> Runner:
-        import symgrad as sg
-        # A network of its own: the steps of one network train the same parameters (the network's),
-        # and every system must start from the same initial state.
-        net = bench.network(sg.nn).load_state_dict(state)
-        xs = sg.input("x", x.shape)
-        ys = sg.input("y", y.shape, dtype="int64")
-        step = sg.train_step(sg.cross_entropy(net(xs), ys), net.parameters(), sg.optim.SGD(lr=LR), backend=backend)
+        step = symgrad_step(bench, state, x, y, backend)
         return Runner(lambda: step(x=x, y=y), float, note=f"sg.train_step(backend={backend!r})")
     return build
 

@@ -70,14 +70,19 @@ def setup(bench: Bench, seed: int = 0):
     return model, model.state_dict(), x, y
 
 
+def symgrad_step(bench: Bench, state, backend: str, autocast: str | None = None):
+    """symgrad's train step of `bench` from `state` (its inputs: idx, targets)."""
+    gpt = load_example()
+    # A model of its own: the steps of one model train the same parameters (the model's), and
+    # every system must start from the same initial state.
+    model = gpt.GPT(bench.config()).load_state_dict(state)
+    return gpt.build_step(model, bench.batch, bench.context, lr=LR, weight_decay=0.0, backend=backend,
+                          betas=BETAS, clip=None, autocast=autocast)
+
+
 def symgrad_runner(backend: str, autocast: str | None = None):
     def build(bench: Bench, model, state, x, y) -> Runner:
-        gpt = load_example()
-        # A model of its own: the steps of one model train the same parameters (the model's), and
-        # every system must start from the same initial state.
-        model = gpt.GPT(bench.config()).load_state_dict(state)
-        step = gpt.build_step(model, bench.batch, bench.context, lr=LR, weight_decay=0.0, backend=backend,
-                              betas=BETAS, clip=None, autocast=autocast)
+        step = symgrad_step(bench, state, backend, autocast)
         extra = f", autocast={autocast!r}" if autocast else ""
         return Runner(lambda: step(idx=x, targets=y), float, note=f"sg.train_step(backend={backend!r}{extra})")
     return build

@@ -27,20 +27,21 @@ from . import THREADS
 LEVELS = ("-O2", "-O3")
 
 
+def _with_march(flags: list[str], march: str | None) -> list[str]:
+    return [f"-march={march}" if march and f.startswith("-march=") else f for f in flags]
+
+
 @contextmanager
 def _program_flags(level: str, march: str | None):
     """Compile programs with `level` (and `-march`), the runtime library with its defaults."""
     import os
 
     from symgrad.backends import cache, runtime
-    flags = [level if f.startswith("-O") else f for f in cache.default_flags()]
-    if march:
-        flags = [f"-march={march}" if f.startswith("-march=") else f for f in flags]
-    build = runtime.build
-    runtime.build = lambda _flags=None: build(None if not march else
-                                              [f"-march={march}" if f.startswith("-march=") else f
-                                               for f in cache.default_flags()])
-    os.environ["SYMGRAD_CFLAGS"] = " ".join(flags)
+    build, defaults = runtime.build, _with_march(cache.default_flags(), march)
+    # Asked while SYMGRAD_CFLAGS below holds the program's flags: the runtime's are fixed first.
+    runtime.build = lambda _flags=None: build(defaults)
+    os.environ["SYMGRAD_CFLAGS"] = " ".join(_with_march([level if f.startswith("-O") else f
+                                                         for f in cache.default_flags()], march))
     try:
         yield
     finally:
@@ -51,23 +52,14 @@ def _program_flags(level: str, march: str | None):
 def _step(model: str):
     """A fresh train step of `model` (gpt-small, gpt-nanogpt, cnn-resnet, cnn-lenet), as the
     benchmarks.gpt / benchmarks.cnn runners build it, and its inputs by name."""
-    import symgrad as sg
-
     from . import cnn, gpt
     if model.startswith("gpt-"):
         bench = gpt.CONFIGS[model[4:]]
-        net, state, x, y = gpt.setup(bench)
-        example = gpt.load_example()
-        net = example.GPT(bench.config()).load_state_dict(state)
-        step = example.build_step(net, bench.batch, bench.context, lr=gpt.LR, weight_decay=0.0, backend="c",
-                                  betas=gpt.BETAS, clip=None)
-        return step, {"idx": x, "targets": y}
+        _, state, x, y = gpt.setup(bench)
+        return gpt.symgrad_step(bench, state, "c"), {"idx": x, "targets": y}
     bench = cnn.CONFIGS[model[4:]]
-    net, state, _, x, y = cnn.setup(bench)
-    net = bench.network(sg.nn).load_state_dict(state)
-    xs, ys = sg.input("x", x.shape), sg.input("y", y.shape, dtype="int64")
-    step = sg.train_step(sg.cross_entropy(net(xs), ys), net.parameters(), sg.optim.SGD(lr=cnn.LR), backend="c")
-    return step, {"x": x, "y": y}
+    _, state, _, x, y = cnn.setup(bench)
+    return cnn.symgrad_step(bench, state, x, y, "c"), {"x": x, "y": y}
 
 
 def _kinds(profile) -> dict:
@@ -82,7 +74,6 @@ def measure(model: str, rounds: int, steps_per_profile: int, march: str | None) 
     """Build times, and per round the profile of each level's step, alternating."""
     import os
 
-    import symgrad as sg  # noqa: F401
     os.environ.setdefault("OMP_NUM_THREADS", str(THREADS))
     steps, built = {}, {}
     for level in LEVELS:

@@ -44,6 +44,7 @@ from . import cache, runtime
 from .collective import DTYPES as COLLECTIVE_DTYPES
 from .driver import source_of
 from .expressions import comment  # noqa: F401  (re-exported: what C comments may hold)
+from .kernel_functions import calls
 from .languages import (C_BAD_LABEL as BAD_LABEL, C_ENTRY as ENTRY, C_OPENMP, C_SET_THREADS as SET_THREADS,
                         C_SIGNATURE as SIGNATURE, C_WORKSPACE_SIZES as WORKSPACE_SIZES, COLUMN_TILE,  # noqa: F401
                         PARALLEL_MIN)  # noqa: F401
@@ -90,9 +91,8 @@ def build_program(source: str, flags: list[str] | None = None, cdef: str = CDEF,
 
 def describe(plan: Plan, source: str, name: str = "a C program") -> str:
     """`name`: N kernels in M functions, what a long build announces (build_progress)."""
-    # A kernel function's definition: its first line (its prototypes end with a semicolon)
-    functions = sum(line.startswith("SG_KERNEL void ") and line.endswith(")") for line in source.splitlines())
-    return f"{name}: {len(plan.kernels)} kernels in {functions} functions"
+    functions = calls(source, [k.name for k in plan.kernels])
+    return f"{name}: {len(plan.kernels)} kernels in {len(functions)} functions"
 
 
 # ---- the program ------------------------------------------------------------------------

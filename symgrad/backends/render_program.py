@@ -122,7 +122,7 @@ def _host_program(renderer: Renderer, kernels: list, labels: list, profile: bool
         functions=functions, units=units)
 
 
-def translation_units(lines: int) -> int:
+def unit_count(lines: int) -> int:
     """How many translation units a program whose kernel functions have `lines` lines is built
     as: one below UNIT_LINES, else a power of two (whatever the machine's cores, 2, 4, 8, ...,
     the units then share them out evenly), at most MAX_UNITS."""
@@ -146,7 +146,7 @@ def _functions(kernels: list) -> tuple[list[dict], int]:
     functions = [dict(text=text, kernel=k, uses=_also_called_for(others.get(position, [])))
                  for position, (k, text, call) in enumerate(zip(kernels, texts, calls)) if call == position]
     sizes = [f["text"].count("\n") + 1 for f in functions]
-    units = translation_units(sum(sizes))
+    units = unit_count(sum(sizes))
     for f, unit in zip(functions, partition(sizes, units, fixed=len(kernels))):
         f["unit"] = unit
     return functions, units

@@ -99,9 +99,9 @@ def test_partition_balances_the_units():
     units = kernel_functions.partition(sizes, 2)
     loads = [sum(s for s, u in zip(sizes, units) if u == unit) for unit in range(2)]
     assert sorted(loads) == [800, 800]
-    assert render_program.translation_units(10) == 1
-    assert render_program.translation_units(render_program.UNIT_LINES * 3) == 4
-    assert render_program.translation_units(10 ** 9) == render_program.MAX_UNITS
+    assert render_program.unit_count(10) == 1
+    assert render_program.unit_count(render_program.UNIT_LINES * 3) == 4
+    assert render_program.unit_count(10 ** 9) == render_program.MAX_UNITS
 
 
 @pytest.fixture(scope="module")
