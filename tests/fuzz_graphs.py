@@ -923,3 +923,86 @@ def nudge_pattern(graph: FuzzGraph, pattern: int) -> Callable:
 
     nudge.use = use
     return nudge
+
+
+# --------------------------------------------------------------------------
+# Leaving float64's range (the torch side, for results no rounding explains)
+
+
+class _WatchGradient(torch.autograd.Function):
+    """The identity, whose backward hands the gradient it passes to `seen` (the contribution of
+    one use of a value to that value's gradient)."""
+
+    @staticmethod
+    def forward(ctx, x, seen):
+        ctx.seen = seen
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, g):
+        ctx.seen(g)
+        return g, None
+
+
+def leaves_range(graph: FuzzGraph, inputs: list) -> bool:
+    """Whether torch's float64 forward or backward of `graph` leaves the range of the type: a step
+    whose result, or whose gradient contribution to an operand, is infinite or NaN at an element
+    where the step's float operands are finite and nonzero and (for the contribution) the gradient
+    it receives is finite. Such an element overflowed: its exact value is finite, and a result that
+    depends on it may be finite too, formed by another formula that stays in range (symgrad's
+    composed derivative of v / (v * v) at v = 1e-146 is -1 / v^2, finite; torch's division backward
+    forms v / (v * v)^2 = 1e438 first). Zero and infinite operands are poles, not overflow (1 / 0,
+    the derivative of sqrt at 0). Steps whose operands do not broadcast to the element (matmul,
+    reductions) are not looked at."""
+    events = []
+    pending: list = []      # the watched uses of the step being built, until `nudge` names the step
+    received: dict = {}     # step -> the gradient its result received
+
+    def in_range(args, shape):
+        """Elementwise over `shape`: every float operand finite and nonzero (None: no broadcast)."""
+        ok = torch.ones(shape, dtype=torch.bool)
+        for a in args:
+            if torch.is_tensor(a) and a.is_floating_point():
+                try:
+                    a = torch.broadcast_to(a.detach(), shape)
+                except RuntimeError:
+                    return None
+                ok &= torch.isfinite(a) & (a != 0)
+        return ok
+
+    def nudge(k, step, args, value):
+        if not (torch.is_tensor(value) and value.is_floating_point()):
+            pending.clear()
+            return value
+        ok = in_range(args, value.shape)
+        if ok is not None and (ok & ~torch.isfinite(value.detach())).any():
+            events.append(("forward", k))
+        for seen in pending:
+            seen.step, seen.args = k, args
+        pending.clear()
+        if value.requires_grad:
+            value.register_hook(lambda g, k=k: received.__setitem__(k, g))
+        return value
+
+    def use(arg):
+        if not (torch.is_tensor(arg) and arg.requires_grad):
+            return arg
+
+        def seen(g):
+            given = received.get(getattr(seen, "step", None))
+            if given is None or not torch.isfinite(given).all():
+                return
+            ok = in_range(seen.args, g.shape)
+            if ok is not None and (ok & ~torch.isfinite(g)).any():
+                events.append(("backward", seen.step))
+        pending.append(seen)
+        return _WatchGradient.apply(arg, seen)
+
+    nudge.use = use
+    xs = [torch.tensor(a, requires_grad=a.dtype == np.float64) for a in inputs[:len(graph.input_steps)]]
+    out = build(graph, 1, xs, nudge)
+    if out.requires_grad:
+        cot = torch.from_numpy(inputs[-1]) if graph.cotangent == "random" else torch.ones_like(out)
+        floats = [x for x in xs if x.requires_grad]
+        torch.autograd.grad((out * cot).sum(), floats, allow_unused=True)
+    return bool(events)

@@ -1,0 +1,53 @@
+"""The differential fuzzer's comparison rules (tests/test_fuzz.py), each on a case it exists for.
+
+The fuzzer accepts a symgrad value that differs from torch's only where torch's own float64 result
+is not determined by its inputs; these tests pin each rule to the case that needs it and to a case
+it must still reject, so a rule that stops accepting or starts accepting everything fails here."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from tests.fuzz_graphs import FuzzGraph, Step, leaves_range
+from tests.test_fuzz import _mismatch
+
+
+def _graph(*steps, cotangent="sum") -> FuzzGraph:
+    return FuzzGraph(steps=tuple(steps), specials=False, cotangent=cotangent)
+
+
+def _input(shape):
+    return Step("input", (), (("shape", shape),))
+
+
+def test_quotient_whose_backward_overflows_leaves_range():
+    """v / (v * v) at v = 1e-146: torch's division backward forms v / (v * v)^2 = 1e438."""
+    graph = _graph(_input((2,)), Step("mul", (0, 0)), Step("div", (0, 1)))
+    assert leaves_range(graph, [np.array([1e-146, 1.0])])
+    assert not leaves_range(graph, [np.array([0.5, 2.0])])
+
+
+def test_overflowing_result_leaves_range_and_a_pole_does_not():
+    """pow(x, y) = 1e314 overflows from finite operands; 1 / 0 is a pole (an operand is 0)."""
+    power = _graph(_input((1,)), _input((1,)), Step("pow", (0, 1)))
+    assert leaves_range(power, [np.array([3.6e7]), np.array([41.6])])
+    assert not leaves_range(power, [np.array([3.0]), np.array([2.0])])
+    pole = _graph(_input((1,)), _input((1,)), Step("div", (0, 1)))
+    assert not leaves_range(pole, [np.array([1.0]), np.array([0.0])])
+
+
+def test_finite_value_where_torch_overflowed_needs_the_range_event():
+    """A finite value where every torch run is inf is accepted only when torch left the range."""
+    got, want = np.array([2.85e150]), np.array([np.inf])
+    assert _mismatch(got, want, 1e-7, others=[want, want]) is not None
+    assert _mismatch(got, want, 1e-7, others=[want, want], range_left=True) is None
+    # a run that stays finite decides the element: the range event excuses nothing then
+    assert _mismatch(got, want, 1e-7, others=[want, np.array([1.0])], range_left=True) is not None
+
+
+def test_any_value_where_one_rounding_flips_the_infinity():
+    """Runs at +inf and -inf (sigmoid(x) / softplus(x) at x = -745, 5e-324 / 5e-324): any value;
+    runs at +inf only: a finite value is still wrong."""
+    got, want = np.array([1.0]), np.array([np.inf])
+    assert _mismatch(got, want, 1e-7, others=[want, -want]) is None
+    assert _mismatch(got, want, 1e-7, others=[want, want]) is not None
