@@ -115,18 +115,37 @@ def _mlp(directory: Path) -> Exported:
     return Exported(step, directory, "mlp", torch_model)
 
 
+def _imported(directory: Path, runtime_from: Path) -> Exported:
+    """A torch MLP with BatchNorm brought in by sg.from_torch and trained by its torch Adam: the
+    exported library trains it with no Python, and its checkpoint loads back into the torch model.
+    Exported under the name "mlp", so it reuses that export's runtime object (the longest compile)."""
+    torch.manual_seed(5)
+    torch_model = torch.nn.Sequential(torch.nn.Linear(5, 6), torch.nn.BatchNorm1d(6), torch.nn.ReLU(),
+                                      torch.nn.Linear(6, 3))
+    optimizer = torch.optim.Adam(torch_model.parameters(), lr=1e-2)
+    imported = sg.from_torch(torch_model, (torch.randn(BATCH, 5),), dynamic_shapes=({0: torch.export.Dim("B")},))
+    x, y = sg.input("x", (sg.Dim("B"), 5)), sg.input("y", (sg.Dim("B"),), dtype="int64")
+    loss = sg.cross_entropy(imported(x), y)
+    imported.eval()
+    logits = imported(x)
+    imported.train()
+    step = sg.train_step(loss, optimizer=sg.optim.from_torch(optimizer), backend="c", predict=logits)
+    return Exported(step, directory, "mlp", torch_model, runtime_from=runtime_from)
+
+
 @pytest.fixture(scope="module")
 def exported(tmp_path_factory):
     made = {}
 
     def get(kind: str) -> Exported:
         if kind not in made:
-            made[kind] = {"softmax": _softmax, "mlp": _mlp}[kind](tmp_path_factory.mktemp(kind))
+            build = {"softmax": _softmax, "mlp": _mlp, "imported": lambda d: _imported(d, get("mlp").dir)}[kind]
+            made[kind] = build(tmp_path_factory.mktemp(kind))
         return made[kind]
     return get
 
 
-@pytest.mark.parametrize("kind", ["softmax", "mlp"])
+@pytest.mark.parametrize("kind", ["softmax", "mlp", "imported"])
 def test_train_main_equals_the_python_step_bit_for_bit(exported, kind):
     e = exported(kind)
     checkpoint = e.dir / "trained.safetensors"

@@ -22,7 +22,8 @@ y / y is inf at y = 4.5e-309, the true 0 in symgrad). Two correct implementation
 roundings, so an element is accepted where
 symgrad's value is one of those runs' values (the same NaN or infinity, or close), or where torch's
 own runs spread: a finite value within twice the spread of the finite runs (each side's roundings
-can move it that far). Examples: tanh(-19.05) is -1 in one libm and -0.9999999999999999 in the
+can move it that far), or between two of the runs' finite values (the exact value lies between them;
+torch's own value may be NaN, softplus(x) / (2 softplus(x)) at x = -745 with its exp flushed to 0). Examples: tanh(-19.05) is -1 in one libm and -0.9999999999999999 in the
 other, and pow(-1.39, that) is finite or NaN; log_softmax of a dominant element is -1e-16 or
 -2e-16 (a rounding of log(1 + 1e-16)) and a division by it differs by 2x; torch's vectorised
 exp flushes exp(-745) to 0 where libm gives 5e-324, and a product with inf is NaN or inf. A
@@ -253,8 +254,8 @@ def _mismatch(got: np.ndarray, want: np.ndarray, rtol: float, others=(), spread=
               range_left: bool = False) -> str | None:
     """Why `got` does not match `want`, or None. Integers and booleans must be equal; floats agree
     (`_agrees`) with want or one of `others` (torch's runs with moved roundings), or lie within
-    twice `spread` of want where that is finite, or (`range_left`) are finite where every run is
-    not. The absolute tolerance, rtol on the scale of the
+    twice `spread` of want where that is finite, or lie between two runs, or (`range_left`) are
+    finite where every run is not. The absolute tolerance, rtol on the scale of the
     array's largest magnitude (at least 1), allows the rounding that a sum cancelling to ~0 keeps."""
     if got.shape != want.shape:
         return f"shape {got.shape} != {want.shape}"
@@ -277,6 +278,15 @@ def _mismatch(got: np.ndarray, want: np.ndarray, rtol: float, others=(), spread=
             # inf, and moved by one rounding 0 / 0 or -inf). Any value is as right as torch's there.
             both = np.any([o == np.inf for o in others], axis=0) & np.any([o == -np.inf for o in others], axis=0)
             ok |= both
+            # A value between two of the runs' finite values is as right as either: each is one
+            # rounding away from the exact result, which lies between them (softplus(x) / (2
+            # softplus(x)) at x = -745 is 5e-324 / 1e-323 = 0.5; one ulp of the sum moves it to
+            # 1/3 or 1, and torch's flushed exp to 0 / 0; pow(w, 0.5) lies between pow(w, 1/3) and w).
+            with np.errstate(invalid="ignore"), warnings.catch_warnings():
+                warnings.simplefilter("ignore", RuntimeWarning)   # an element no run has finite
+                finite_runs = np.array([np.where(np.isfinite(o), o, np.nan) for o in others])
+                lowest, highest = np.nanmin(finite_runs, axis=0), np.nanmax(finite_runs, axis=0)
+                ok |= np.isfinite(got) & (lowest < highest) & (lowest <= got) & (got <= highest)
             if range_left:
                 # torch left float64's range on the way (fuzz_graphs.leaves_range) and every run of
                 # it is infinite or NaN here: the exact value may be finite, formed by a formula that

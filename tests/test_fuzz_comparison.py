@@ -51,3 +51,13 @@ def test_any_value_where_one_rounding_flips_the_infinity():
     got, want = np.array([1.0]), np.array([np.inf])
     assert _mismatch(got, want, 1e-7, others=[want, -want]) is None
     assert _mismatch(got, want, 1e-7, others=[want, want]) is not None
+
+
+def test_a_value_between_two_runs_is_accepted_and_one_outside_is_not():
+    """pow(w, softplus(x) / (2 softplus(x))) at x = -745: torch NaN (its exp flushed to 0, 0 / 0),
+    its runs pow(w, 1) and pow(w, 1/3) (one ulp of the sum each way); the exact pow(w, 0.5) lies
+    between them, a value beyond them does not."""
+    w = 0.142
+    want, runs = np.array([np.nan]), [np.array([w]), np.array([w ** (1 / 3)]), np.array([np.nan])]
+    assert _mismatch(np.array([w ** 0.5]), want, 1e-7, others=runs) is None
+    assert _mismatch(np.array([0.9]), want, 1e-7, others=runs) is not None
