@@ -46,9 +46,18 @@ def _pools(lib, x, ties):
             pad(x, (2, 1, 3, 0), mode="replicate")]
 
 
+def _sliced_convs(lib, x, w, x1, w1, column):
+    """Convolutions of slices: images that start inside their buffer, read where they lie (C read
+    the first images of the buffer for a direct convolution: its pointer had no offset)."""
+    conv2d, conv1d = (TF.conv2d, TF.conv1d) if lib == "torch" else (sg.conv2d, sg.conv1d)
+    return [conv2d(x[1:, :, 2:, :], w, None, padding=1), conv1d(x1[:, 1:, 3:], w1[:, 1:], None),
+            conv1d(column[None, 5:-1, 0:1], w1[:1, :, :1], None, stride=3, dilation=2)]
+
+
 weight_arr, bias_arr = RNG.standard_normal(4), RNG.standard_normal(4)
 CASES = {
     "convolutions": (_convs, (X, W, WG, WD, B, X1, W1)),
+    "sliced convolutions": (_sliced_convs, (RNG.standard_normal((3, 4, 9, 6)), W, X1, W1, RNG.standard_normal((9, 1)))),
     "pooling": (_pools, (X, TIES)),
 }
 

@@ -374,7 +374,8 @@ class Renderer:
         suffix = runtime.GEMM[k.out.dtype]["suffix"]
         return self.kernel(k, "matmul", params=params, args=args, ctype=D.C_TYPES[k.out.dtype],
                            M=self.ex.size(k.M), N=self.ex.size(k.N), K=self.ex.size(k.K), batch=[],
-                           a=self.ex.pointer(a), b=b.buffer.name, out=k.out.name, patches=None, epilogue=None,
+                           # the images start at the view's offset (a slice of a larger buffer)
+                           a=self.ex.pointer(a), b=self.ex.pointer(b), out=k.out.name, patches=None, epilogue=None,
                            columns=dict(type=f"sg_columns_{suffix}", function=f"sg_conv_rows_{suffix}",
                                         idx=columns.indices.name, L=columns.L, K2=columns.K2, W=columns.W,
                                         R=columns.R, C=columns.C, transposed=int(columns.transposed),
