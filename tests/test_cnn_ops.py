@@ -229,3 +229,21 @@ def test_max_pool_of_minus_inf_beside_padding_sends_the_gradient_into_the_input(
         got, got_grad = sg.function([x, c], [y, *sg.grad(sg.sum(y * c), [x])], backend=backend)(a, cot)
         np.testing.assert_array_equal(got, want.detach().numpy(), err_msg=str(kw))
         np.testing.assert_array_equal(got_grad, want_grad.numpy(), err_msg=str(kw))
+
+
+def test_direct_convolution_weight_gradient_with_infinite_gradients_as_torch(backend):
+    """The weight gradient of a direct convolution (sg_conv_rows, transposed) with infinite
+    gradients at positions its last vector covers twice: those lanes are zeroed in both factors
+    (an infinite gradient times a zeroed pixel was NaN on C, where torch has the infinity)."""
+    x0 = RNG.standard_normal((1, 6, 11))
+    w0 = RNG.standard_normal((3, 2, 2))
+    g0 = RNG.standard_normal((1, 3, 11))
+    g0[0, :, 5], g0[0, :, 7] = np.inf, -np.inf   # inside the overlap for 4 and for 8 lanes
+    x, w, g = (sg.input(n, a.shape, dtype="float64") for n, a in (("x", x0), ("w", w0), ("g", g0)))
+    out = sg.conv1d(x, w, groups=3, padding="same")
+    step = sg.function([x, w, g], sg.grad(sg.sum(out * g), [w]), backend=backend)
+    if backend == "c":
+        assert "sg_conv_rows" in step.source   # the path under test
+    wt = torch.tensor(w0, requires_grad=True)
+    (want,) = torch.autograd.grad(TF.conv1d(torch.tensor(x0), wt, groups=3, padding="same"), wt, torch.tensor(g0))
+    np.testing.assert_allclose(step(x0, w0, g0)[0], want.numpy(), rtol=1e-12)
