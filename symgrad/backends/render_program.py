@@ -21,8 +21,8 @@ from .expressions import comment, shape_comment
 from .kernel_functions import partition, shared
 from .languages import (C_BAD_LABEL, C_ENTRY, C_PROFILE_COUNT, C_PROFILE_EVENTS, C_SET_THREADS, C_SIGNATURE,
                         C_WORKSPACE_SIZES, CUDA_ALIGN, CUDA_SIGNATURE, PARALLEL_MIN, Language)
-from .lowering import Plan
-from .plan import gradients_final_after
+from .kinds import kind_of
+from .plan import Plan, gradients_final_after
 from .render import Renderer
 from .templates import render as render_template
 
@@ -41,7 +41,7 @@ def render(plan: Plan, language: Language, labels: list = (), profile: bool = Fa
     build (templates/c/profile.h.j2, C only), whose entry times each kernel call; without it the
     source has no trace of profiling."""
     renderer = Renderer(plan, language)
-    kernels = renderer.kernels()
+    kernels = [kind_of(k).render(renderer, k) for k in plan.kernels]  # in schedule order, each by its kind
     if language.memory == "device":
         if profile:
             raise ValueError(f"a profiling build is C's only; {language.name} programs have none")
