@@ -41,12 +41,18 @@ def render(plan: Plan, language: Language, labels: list = (), profile: bool = Fa
     build (templates/c/profile.h.j2, C only), whose entry times each kernel call; without it the
     source has no trace of profiling."""
     renderer = Renderer(plan, language)
-    kernels = [kind_of(k).render(renderer, k) for k in plan.kernels]  # in schedule order, each by its kind
+    kernels = kernel_contexts(renderer)
     if language.memory == "device":
         if profile:
             raise ValueError(f"a profiling build is C's only; {language.name} programs have none")
         return _device_program(renderer, kernels)
     return _host_program(renderer, kernels, labels, profile)
+
+
+def kernel_contexts(renderer: Renderer) -> list[dict]:
+    """The template context of every kernel of the renderer's plan, in schedule order, each made by
+    its kind's render (symgrad.backends.kinds.KINDS)."""
+    return [kind_of(k).render(renderer, k) for k in renderer.plan.kernels]
 
 
 def _buffer(renderer: Renderer, b, **more) -> dict:

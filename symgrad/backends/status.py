@@ -6,9 +6,10 @@ wrappers that read a status all take them from here.
 
 from __future__ import annotations
 
-from enum import IntEnum
+from enum import IntEnum, unique
 
 
+@unique
 class Status(IntEnum):
     """What a call of a program or of the runtime returns."""
 

@@ -222,6 +222,9 @@ def lower(ctx, node: Value, epilogue_root: Value | None = None) -> View:
 def render(r: Renderer, k: MatmulKernel) -> dict:
     """A matmul as its implementation: a runtime GEMM (with its fused epilogue), a convolution's
     runtime call, or the program's tiled GEMM kernel ("template gemm")."""
+    if k.impl not in r.lang.matmuls:  # (decide chose among the language's own)
+        raise ValueError(f"{k.name}: a matmul decided for another language ({k.impl}); {r.lang.name} builds "
+                         f"{', '.join(r.lang.matmuls)}")
     a, b = k.a, k.b
     r.features.add("gemm")
     epilogue_buffers = list(dict.fromkeys(op.view.buffer for op in k.epilogue if op.view.buffer is not None))
