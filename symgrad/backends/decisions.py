@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 from functools import cached_property
 from types import MappingProxyType
 
+from ..ir import shapes as S
 from ..ir.graph import Graph
 from ..ir.printing import Namer
 from ..ir.value import Value
@@ -182,9 +183,13 @@ def _group_line(g: RowGroup, name) -> str:
     return text
 
 
-def refuse(graph: Graph, language: Language) -> None:
+def refuse(graph: Graph, language: Language, variables=()) -> None:
     """Raise the language's refusal (languages.Refusal: the op, the node and the language) for the
-    first node of `graph` whose kernel kind says the language cannot build it."""
+    first node of `graph` whose kernel kind says the language cannot build it, or the first of
+    `variables` of a symbolic size where the language allocates variables up front."""
+    for v in variables if language.sized_variables else ():
+        if not all(isinstance(S.as_size(size), int) for size in v.shape):
+            raise language.refusal(v, f"variable {v.name!r}: a symbolic size cannot be allocated up front")
     for node in graph.nodes:
         kind = BY_OP.get(node.op.kind)
         why = kind.refuse(node, language) if kind is not None and kind.refuse is not None else None
@@ -208,7 +213,8 @@ def decide(graph: Graph, variables=None, fuse_reduce: bool = True, recompute: bo
     symgrad.backends.patches); each matmul's implementation (symgrad.backends.kinds.matmul); the
     attention statistics a gradient reads from its forward's kernel.
     """
-    refuse(graph, language)
+    variables = tuple(graph.variables if variables is None else variables)
+    refuse(graph, language, variables)
     matmul_epilogues = matmul_epilogues and language.epilogues
     implicit_gemm = implicit_gemm and {"patch gemm", "direct rows"} <= set(language.matmuls)
     variables = tuple(graph.variables if variables is None else variables)

@@ -40,7 +40,8 @@ is a new row here (and its templates), not a new renderer class.
   convolutions, or the tiled kernel of templates/cuda/gemm.cu.j2);
   `matmul_dtypes`; `epilogues` (elementwise work fused into a product, run inside
   the runtime's GEMM); `reductions`; `collectives` (all_reduce through the
-  caller's hook).
+  caller's hook); `sized_variables` (every variable's size known when the program
+  is made: the device program allocates them up front).
 - `declare_used_only`: the entry point declares typed pointers only for the
   buffers some launch passes (nvcc warns about unused locals).
 - `helper_qualifiers`: the storage class of the helpers kernels call (sg_random_bits).
@@ -80,6 +81,7 @@ class Language:
     epilogues: bool            # matmuls compute fused elementwise epilogues
     reductions: tuple
     collectives: bool
+    sized_variables: bool      # variables must have sizes known at compile time
     declare_used_only: bool
     helper_qualifiers: str
 
@@ -105,7 +107,7 @@ C_OPENMP = Language(
     max_fold="flag", column_sums=True,
     matmuls=("gemm", "narrow", "bf16 gemm", "patch gemm", "winograd", "direct rows"),
     matmul_dtypes=("float32", "float64"), epilogues=True, reductions=("sum", "max", "argmax"), collectives=True,
-    declare_used_only=False, helper_qualifiers="static inline",
+    sized_variables=False, declare_used_only=False, helper_qualifiers="static inline",
 )
 
 CUDA = Language(
@@ -114,7 +116,8 @@ CUDA = Language(
     index="flat", combine="block", reduced_at=("s_acc[0]", "s_best[0]"),
     row_combine="sg_block_{op}<{ctype}>({value}, s_{ctype})", max_fold="select", column_sums=False,
     matmuls=("template gemm",), matmul_dtypes=("float32", "float64"), epilogues=False,
-    reductions=("sum", "max", "argmax"), collectives=False, declare_used_only=True, helper_qualifiers="static __host__ __device__ __forceinline__",
+    reductions=("sum", "max", "argmax"), collectives=False, sized_variables=True, declare_used_only=True,
+    helper_qualifiers="static __host__ __device__ __forceinline__",
 )
 
 # The C program's entry points, shared by its template and the cffi declarations that load it.

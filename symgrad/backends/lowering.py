@@ -7,7 +7,7 @@ the nodes in that order: a view per value (symgrad.backends.views: movement
 ops only change the strides a reader uses), a loop kernel per fused
 elementwise group (one statement per node), a reduction kernel (with its
 prologue and epilogue), a matmul kernel (with its epilogue), a row kernel
-per row group (symgrad.backends.row_kernels). Outputs and updates are copied
+per row group (symgrad.backends.kinds.row). Outputs and updates are copied
 into their buffers last, unless the memory sweeps of symgrad.backends.inplace
 let the kernels write them directly; symgrad.backends.memory then plans the
 workspace arena.

@@ -182,10 +182,7 @@ def _device_program(renderer: Renderer, kernels: list) -> str:
                                             (plan.consts, "consts", True), (plan.outputs, "outputs", False))
                 for b in group if b.name in used or not renderer.lang.declare_used_only]
     variables = []
-    for b in plan.variables:
-        if not isinstance(b.numel, (int, np.integer)):
-            raise NotImplementedError(f"variable {b.label!r}: a symbolic size ({b.numel}) cannot be "
-                                      f"allocated up front")
+    for b in plan.variables:  # (of known sizes: decide refuses others where the language holds variables)
         variables.append(dict(name=b.name, index=b.index, label=comment(b.label),
                               bytes=int(b.numel) * D.to_numpy(b.dtype).itemsize))
     arguments = [f"dims[{k}] = {comment(d)}" for k, d in enumerate(plan.dims)]

@@ -134,3 +134,14 @@ def test_a_kind_the_count_line_does_not_list_is_still_counted():
     """A kernel kind the report has no words for (one added later) is counted under its own name."""
     counts = {"total": 3, **{kind: 0 for kind, _ in R.COUNTED}, "copy": 1, "collective": 1, "novel": 1}
     assert R.count_line(counts).endswith("0 fused matmuls, 1 collectives, 1 novel)")
+
+
+def test_the_step_prints_its_decisions_with_each_matmul_implementation(step):
+    """Which implementation computes each product is decide's, shown by `print(step.decisions)`;
+    the kernels carry the same (render and the report only read it)."""
+    text = step.decisions
+    impls = {k.impl for k in step.program.plan.kernels if k.kind == "matmul"}
+    assert {"patch gemm", "winograd", "direct rows", "gemm"} <= impls
+    assert "matmuls: " in text and all(impl in text for impl in impls)
+    assert "attention statistics stored for their gradient: " in text and "none" not in text.split(
+        "attention statistics stored for their gradient: ")[1].splitlines()[0]
