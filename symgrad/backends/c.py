@@ -41,10 +41,10 @@ from ..ir import shapes as S
 from ..ir.graph import Graph
 from ..ir.ops import check_labels, label_checks
 from . import cache, runtime
-from .kinds.collective import DTYPES as COLLECTIVE_DTYPES
 from .driver import source_of
 from .expressions import comment  # noqa: F401  (re-exported: what C comments may hold)
 from .kernel_functions import calls
+from .kinds.collective import DTYPES as COLLECTIVE_DTYPES
 from .languages import (C_BAD_LABEL as BAD_LABEL, C_ENTRY as ENTRY, C_OPENMP, C_SET_THREADS as SET_THREADS,
                         C_SIGNATURE as SIGNATURE, C_WORKSPACE_SIZES as WORKSPACE_SIZES, COLUMN_TILE,  # noqa: F401
                         PARALLEL_MIN)  # noqa: F401

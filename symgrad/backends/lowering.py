@@ -1,21 +1,23 @@
-"""Lowering: a graph becomes a kernel plan, the same for every compiled backend.
+"""Lowering: a decided graph becomes a kernel plan, through the public `LoweringContext`.
 
 `lower(graph)` takes the decisions of symgrad.backends.decisions (what is
 fused, which groups finish a reduction or a matmul in its kernel, the row
-groups, the kernel order) and builds the plan's kernels from them, walking
-the nodes in that order: a view per value (symgrad.backends.views: movement
-ops only change the strides a reader uses), a loop kernel per fused
-elementwise group (one statement per node), a reduction kernel (with its
-prologue and epilogue), a matmul kernel (with its epilogue), a row kernel
-per row group (symgrad.backends.kinds.row). Outputs and updates are copied
+groups, the kernel order, each matmul's implementation) and builds the plan's
+kernels from them, walking the nodes in that order: a view per value
+(symgrad.backends.views: movement ops only change the strides a reader uses),
+and for every other node its kernel kind's lowering (symgrad.backends.kinds,
+dispatched by op kind): a loop kernel per fused elementwise group, a reduction
+or a matmul kernel (with the epilogue decide gave it), a row kernel per row
+group, a gather, fused attention, a collective. Outputs and updates are copied
 into their buffers last, unless the memory sweeps of symgrad.backends.inplace
 let the kernels write them directly; symgrad.backends.memory then plans the
 workspace arena.
 
 Updates are functional: kernels write new variable values into
 temporaries, and copies into the variables run after every other kernel.
-The plan types (symgrad.backends.plan) and the view algebra are re-exported
-here for the modules that import them from the lowering.
+The plan types (symgrad.backends.plan), the kernel types of the kinds and the
+view algebra are re-exported here for the modules that import them from the
+lowering.
 """
 
 from __future__ import annotations

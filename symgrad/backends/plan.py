@@ -2,9 +2,10 @@
 
 Frozen plain data. A `Plan` lists the buffers (inputs, variables, outputs,
 one workspace of temporaries, constant arrays) and the kernels in the order
-they run; each kernel reads values through `View`s (symgrad.backends.views)
-and computes elementwise statements, one per graph node, each carrying the
-IR line it computes. Lists inside are never changed once a kernel is built:
+they run (each of a kind of symgrad.backends.kinds, which say what they read,
+write and swap); a kernel reads values through `View`s (symgrad.backends.views)
+and computes elementwise statements (`Statement`), one per graph node, each
+carrying the IR line it computes. Lists inside are never changed once a kernel is built:
 a later sweep (symgrad.backends.inplace) makes new kernels with
 `dataclasses.replace` instead.
 """
