@@ -143,3 +143,19 @@ def test_each_matmul_implementation_is_decided_and_printed():
     narrow = decide(passes.optimize(_matmul()))
     assert sorted(narrow.matmuls.values()) == ["gemm", "narrow"]
     assert sorted(decide(passes.optimize(_matmul()), language=CUDA).matmuls.values()) == ["template gemm"] * 2
+
+
+def test_a_narrow_product_gets_the_layout_its_decision_needs():
+    """Decide chose the narrow kernel; an A whose rows and columns are both strided is copied by
+    the lowering (not computed by another GEMM than the one decided)."""
+    import numpy as np
+    x, w = sg.input("x", (8, 12)), sg.param("w", (6, 4))
+    a = x[::2, ::2]                                   # (4, 6), strides (24, 2)
+    graph = Graph([x], [a @ w])
+    plan = _c_plan(graph)
+    (product,) = [k for k in plan.kernels if k.kind == "matmul"]
+    assert product.impl == "narrow" and product.variant == "dot" and plan.kernels[0].report_kind == "copy"
+    xv = np.random.default_rng(0).standard_normal((8, 12)).astype(np.float32)
+    got = sg.function([x], [a @ w], backend="c")(xv)[0]
+    want = sg.function([x], [a @ w], backend="numpy")(xv)[0]
+    np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-6)

@@ -188,7 +188,9 @@ def lower(ctx, node: Value, epilogue_root: Value | None = None) -> View:
     views = []
     for v in (a, b):
         view = ctx.views[id(v)]
-        narrow_misfit = impl == "narrow" and v is a and not (_unit(view.strides[-1]) or _unit(view.strides[-2]))
+        # A narrow kernel reads A's rows or its columns contiguously: A laid out neither way is copied.
+        narrow_misfit = (impl == "narrow" and v is a and view.kind == "buffer"
+                         and not (_unit(view.strides[-1]) or _unit(view.strides[-2])))
         if (view.kind != "buffer" and not is_patches(view)) or narrow_misfit:
             buf = ctx.alloc(v)
             ctx.copy(v, view, buf, "materialize a matmul operand")
