@@ -189,6 +189,13 @@ class Compiled:
         return self.program.optimized
 
     @property
+    def decisions(self) -> str:
+        """What decide chose for the compiled program, printed: fusion, epilogues, row groups, each
+        matmul's implementation, the kernel order ("" for numpy, which plans nothing)."""
+        plan = getattr(self.program, "plan", None)
+        return plan.decisions if plan is not None else ""
+
+    @property
     def module(self):
         """The imported generated module (None for the numpy backend)."""
         return self.program.module

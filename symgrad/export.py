@@ -312,7 +312,7 @@ def _cuda_program(graph: Graph, kind: str) -> _Program:
     from . import passes
     from .backends.lowering import lower
     from .backends.memory import ArenaSpec
-    plan = lower(passes.optimize(graph), variables=graph.variables)
+    plan = lower(passes.optimize(graph), variables=graph.variables, language=_cuda().CUDA)  # decided for CUDA
     return _Program(kind, _cuda().render_source(plan), list(plan.dims), ArenaSpec.of(plan), graph)
 
 

@@ -1,4 +1,4 @@
-"""Fused attention (symgrad.ir.ops_attention, symgrad.backends.attention): one op and its gradient.
+"""Fused attention (symgrad.ir.ops_attention, symgrad.backends.kinds.attention): one op and its gradient.
 
 Self-attention through `scaled_dot_product_attention` is one `attention` node whose VJP is one
 `attention_grad` node; both match torch in float64 on every backend, with T past a key block and
@@ -14,7 +14,7 @@ import torch
 
 import symgrad as sg
 from helpers import c_build_options
-from symgrad.backends.attention import AttentionKernel
+from symgrad.backends.kinds.attention import AttentionKernel
 from symgrad.backends.lowering import lower
 from symgrad.passes.pipeline import optimize
 

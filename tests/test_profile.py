@@ -17,7 +17,7 @@ from symgrad.backends import peaks as peaks_module
 from symgrad.backends import regions
 from symgrad.backends.driver import label_inputs
 from symgrad.backends.languages import C_OPENMP
-from symgrad.backends.plan import LoopKernel, MatmulKernel
+from symgrad.backends.lowering import LoopKernel, MatmulKernel
 from symgrad.backends.profile import Profile, kernel_costs, profile_program
 from symgrad.backends.render_program import render
 from symgrad.ir import shapes as S

@@ -1,7 +1,7 @@
 """Slices and their gradients on C against the NumPy reference and torch autograd (issue 32, defect 1).
 
 A slice's gradient is `embed`: the cotangent written into a window of zeros. Its C lowering
-(symgrad.backends.gather._embed) zeroes only the border outside the window, box by box, before it
+(symgrad.backends.kinds.gather._embed) zeroes only the border outside the window, box by box, before it
 stores the window; a sum of embeds into disjoint windows (symgrad.backends.concat) stores each part
 into one buffer and zeroes only what no window covers. A box left out, or a window stored past its
 end, leaves values outside the slice: the issue saw ones in rows 3 and 4 of the gradient of

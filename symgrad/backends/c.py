@@ -41,10 +41,10 @@ from ..ir import shapes as S
 from ..ir.graph import Graph
 from ..ir.ops import check_labels, label_checks
 from . import cache, runtime
-from .collective import DTYPES as COLLECTIVE_DTYPES
 from .driver import source_of
 from .expressions import comment  # noqa: F401  (re-exported: what C comments may hold)
 from .kernel_functions import calls
+from .kinds.collective import DTYPES as COLLECTIVE_DTYPES
 from .languages import (C_BAD_LABEL as BAD_LABEL, C_ENTRY as ENTRY, C_OPENMP, C_SET_THREADS as SET_THREADS,
                         C_SIGNATURE as SIGNATURE, C_WORKSPACE_SIZES as WORKSPACE_SIZES, COLUMN_TILE,  # noqa: F401
                         PARALLEL_MIN)  # noqa: F401
@@ -52,6 +52,7 @@ from .lowering import Plan
 from .memory import MemoryPlan
 from .native import NativeProgram
 from .render_program import render
+from .status import Status
 
 _refcount = getattr(sys, "getrefcount", None)  # CPython's; elsewhere outputs are always new arrays
 # The program's sg_context, field for field as symgrad_runtime.h declares it (the program is loaded
@@ -175,10 +176,10 @@ class CProgram(NativeProgram):
             try:
                 kind = dtypes[dtype]
                 hook(np.frombuffer(ffi.buffer(values, count * kind.itemsize), dtype=kind))
-                return runtime.OK
+                return int(Status.OK)
             except BaseException as exc:  # cannot cross the C code: raised when the entry returns
                 self._collective_error = exc
-                return runtime.COLLECTIVE_FAILED
+                return int(Status.COLLECTIVE_FAILED)
         self._collective = ffi.callback("int(void*, void*, int64_t, int)", call)
         self._context.collective = self._collective  # held by self: C keeps only the pointer
 
@@ -281,10 +282,10 @@ class CProgram(NativeProgram):
 
     def _failed(self, status: int, inputs: list, bindings: dict) -> None:
         """Raise what a nonzero status of the entry means."""
-        if status == runtime.COLLECTIVE_FAILED:
+        if status == Status.COLLECTIVE_FAILED:
             error, self._collective_error = self._collective_error, None
             raise error
-        if status == runtime.OUT_OF_MEMORY:
+        if status == Status.OUT_OF_MEMORY:
             failed = self._ffi.string(self._context.failed).decode()
             raise MemoryError(f"{self.module_name}: kernel {failed} could not allocate the memory it "
                               f"needs; the call stopped there (outputs and variable updates of the "

@@ -85,20 +85,20 @@ def parts_in_place(graph, uses: dict, fused, elsewhere) -> dict:
     return parts
 
 
-def store_part(lowerer, node: Value, root: Value) -> None:
+def store_part(ctx, node: Value, root: Value) -> None:
     """Embed `node`'s part stored into its window of `root`'s buffer (the buffer made, and zeroed
     where no window covers it, at the first part)."""
-    if id(root) not in lowerer.views:
-        out = lowerer.alloc(root)
-        if not covers(root, lowerer.decisions.parts_of(root)):
-            lowerer.copy(root, literal_view(0, root.shape, root.dtype), out,
+    if id(root) not in ctx.views:
+        out = ctx.alloc(root)
+        if not covers(root, ctx.decisions.parts_of(root)):
+            ctx.copy(root, literal_view(0, root.shape, root.dtype), out,
                          "zero what no part of the sum covers")
-        lowerer.views[id(root)] = buffer_view(out, root.shape)
-    out = lowerer.views[id(root)].buffer
+        ctx.views[id(root)] = buffer_view(out, root.shape)
+    out = ctx.views[id(root)].buffer
     (g,) = node.inputs
     window = slice_view(buffer_view(out, root.shape), node.attrs["starts"], node.attrs["steps"], g.shape)
     statement = Statement("r", node, ARGS[0], ["v0"], [g.dtype], g.dtype, out.dtype,
-                          f"{lowerer.line(node)}, stored in place into {lowerer.name(root)}")
-    lowerer.kernels.append(lowerer._loop(lowerer.kernel_name(node), [statement.line], g.shape, out,
-                                         [Operand("v0", broadcast_view(lowerer.views[id(g)], g.shape),
-                                                  lowerer.name(g))], [statement], "r", out_view=window))
+                          f"{ctx.line(node)}, stored in place into {ctx.name(root)}")
+    ctx.emit(ctx.loop(ctx.kernel_name(node), [statement.line], g.shape, out,
+                              [Operand("v0", broadcast_view(ctx.views[id(g)], g.shape), ctx.name(g))],
+                              [statement], "r", out_view=window))

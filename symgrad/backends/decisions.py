@@ -12,6 +12,8 @@ symgrad.backends.lowering builds the kernels from it.
     recomputed by each reader: t4 t6
     epilogues: t13 <- sum t12
     patches read in place: none
+    matmuls: t3 gemm
+    attention statistics stored for their gradient: none
     row groups:
       rows (B,) x 10: max t5, exp t7, sum t8, log t9 | partial sums t12 | reads t3 b
     kernels, in order:
@@ -27,10 +29,15 @@ from dataclasses import dataclass, field
 from functools import cached_property
 from types import MappingProxyType
 
+from ..ir import shapes as S
 from ..ir.graph import Graph
 from ..ir.printing import Namer
 from ..ir.value import Value
 from .concat import parts_in_place
+from .kinds import BY_OP
+from .kinds import matmul as matmul_kind
+from .kinds.attention import shared_stats
+from .languages import C_OPENMP, Language
 from .fusion import (choose_epilogues, choose_matmul_epilogues, choose_recompute, fused_chains, materializes,
                      use_counts)
 from .patches import patch_takes
@@ -67,6 +74,15 @@ class Decisions:
     patches: frozenset = frozenset()  # ids of the takes whose patch matrix matmuls read in place (patches.py)
     # id(embed) -> the sum whose buffer it stores its part into (concat.py)
     parts: MappingProxyType = field(default_factory=lambda: MappingProxyType({}))
+    # id(matmul) -> its implementation (symgrad.backends.kinds.matmul.IMPLEMENTATIONS)
+    matmuls: MappingProxyType = field(default_factory=lambda: MappingProxyType({}))
+    # id(attention_grad) -> the attention whose softmax statistics it reads (kinds/attention.py)
+    attention_stats: MappingProxyType = field(default_factory=lambda: MappingProxyType({}))
+
+    @cached_property
+    def stats_stored(self) -> frozenset:
+        """ids of the attention nodes whose kernel stores its softmax statistics for a gradient."""
+        return frozenset(id(forward) for forward in self.attention_stats.values())
 
     @cached_property
     def epilogued(self) -> frozenset:
@@ -100,7 +116,8 @@ class Decisions:
         return (id(self.graph), tuple(map(id, self.variables)), self.options, self.fused, self.recomputed,
                 self.choices, tuple((root, id(r)) for root, r in self.epilogue_of.items()),
                 tuple(g.ids() for g in self.row_groups), tuple(map(id, self.order)), self.patches,
-                tuple((part, id(root)) for part, root in self.parts.items()))
+                tuple((part, id(root)) for part, root in self.parts.items()), tuple(self.matmuls.items()),
+                tuple((grad, id(forward)) for grad, forward in self.attention_stats.items()))
 
     def __eq__(self, other) -> bool:
         return isinstance(other, Decisions) and self._key() == other._key()
@@ -140,6 +157,11 @@ class Decisions:
         lines.append("epilogues: " + (", ".join(f"{name(by_id[root])} <- {r.op.name} {name(r)}"
                                                  for root, r in epilogues) or "none"))
         lines.append(f"patches read in place: {names(self.patches)}")
+        matmuls = sorted(self.matmuls.items(), key=lambda item: position[item[0]])
+        lines.append("matmuls: " + (", ".join(f"{name(by_id[node])} {impl}" for node, impl in matmuls) or "none"))
+        stats = sorted(self.attention_stats.items(), key=lambda item: position[item[0]])
+        lines.append("attention statistics stored for their gradient: " + (", ".join(
+            f"{name(forward)} -> {name(by_id[grad])}" for grad, forward in stats) or "none"))
         sums = [root for root in self.graph.nodes if id(root) in self.sums_in_place]
         lines.append("sums stored in place: " + (", ".join(
             f"{name(root)} <- " + " ".join(name(n) for n in self.parts_of(root))
@@ -161,17 +183,40 @@ def _group_line(g: RowGroup, name) -> str:
     return text
 
 
+def refuse(graph: Graph, language: Language, variables=()) -> None:
+    """Raise the language's refusal (languages.Refusal: the op, the node and the language) for the
+    first node of `graph` whose kernel kind says the language cannot build it, or the first of
+    `variables` of a symbolic size where the language allocates variables up front."""
+    for v in variables if language.sized_variables else ():
+        if not all(isinstance(S.as_size(size), int) for size in v.shape):
+            raise language.refusal(v, f"variable {v.name!r}: a symbolic size cannot be allocated up front")
+    for node in graph.nodes:
+        kind = BY_OP.get(node.op.kind)
+        why = kind.refuse(node, language) if kind is not None and kind.refuse is not None else None
+        if why is not None:
+            raise language.refusal(node, why)
+
+
 def decide(graph: Graph, variables=None, fuse_reduce: bool = True, recompute: bool = True,
-           schedule: bool = True, matmul_epilogues: bool = False, implicit_gemm: bool = False) -> Decisions:
-    """The lowering's decisions for `graph` (the options are `lower`'s); reads the graph, changes nothing.
+           schedule: bool = True, matmul_epilogues: bool = False, implicit_gemm: bool = False,
+           language: Language = C_OPENMP) -> Decisions:
+    """The lowering's decisions for `graph` (the options are `lower`'s), for `language` (what it can
+    build: languages.Language; a node it cannot raises its Refusal here); reads the graph, changes
+    nothing.
 
     In this order, each step seeing the ones before: elementwise chains fused into their one
     reader; cheap values read by several kernels recomputed in each (`recompute`); reductions'
     epilogues and row groups (`fuse_reduce`; a reduction in a row group keeps no epilogue of its
-    own); matmul epilogues (`matmul_epilogues`); the kernel order (`schedule`: few bytes live,
-    else the graph's own order); the convolution patches its matmuls gather as they pack them
-    (`implicit_gemm`: symgrad.backends.patches).
+    own); matmul epilogues (`matmul_epilogues`, where the language's matmuls compute them); the
+    kernel order (`schedule`: few bytes live, else the graph's own order); the convolution patches
+    its matmuls gather as they pack them (`implicit_gemm`, where the language builds those:
+    symgrad.backends.patches); each matmul's implementation (symgrad.backends.kinds.matmul); the
+    attention statistics a gradient reads from its forward's kernel.
     """
+    variables = tuple(graph.variables if variables is None else variables)
+    refuse(graph, language, variables)
+    matmul_epilogues = matmul_epilogues and language.epilogues
+    implicit_gemm = implicit_gemm and {"patch gemm", "direct rows"} <= set(language.matmuls)
     variables = tuple(graph.variables if variables is None else variables)
     name = graph_namer(graph, variables)
     uses = use_counts(graph)
@@ -189,7 +234,9 @@ def decide(graph: Graph, variables=None, fuse_reduce: bool = True, recompute: bo
     parts = parts_in_place(graph, uses, fused, epilogued | set(epilogue_of) | in_groups)
     order = schedule_kernels(graph, fused, epilogued, groups) if schedule else graph_order(graph, groups)
     options = (("fuse_reduce", fuse_reduce), ("recompute", recompute), ("schedule", schedule),
-               ("matmul_epilogues", matmul_epilogues), ("implicit_gemm", implicit_gemm))
+               ("matmul_epilogues", matmul_epilogues), ("implicit_gemm", implicit_gemm), ("language", language.name))
+    patches = patch_takes(graph) if implicit_gemm else frozenset()
+    matmuls = matmul_kind.choose(graph, language, patches, epilogued)
     return Decisions(graph, variables, options, frozenset(fused), frozenset(fused) - frozenset(chains),
-                     tuple(choices), MappingProxyType(epilogue_of), tuple(groups), tuple(order),
-                     patch_takes(graph) if implicit_gemm else frozenset(), MappingProxyType(parts))
+                     tuple(choices), MappingProxyType(epilogue_of), tuple(groups), tuple(order), patches,
+                     MappingProxyType(parts), MappingProxyType(matmuls), MappingProxyType(shared_stats(graph)))

@@ -52,12 +52,6 @@ def label_inputs(graph: Graph) -> list:
             for position, node in label_checks(graph)]
 
 
-def matmul_epilogues(language: Language) -> bool:
-    """Whether the language's matmuls compute fused epilogues: the runtime's GEMMs do, the CUDA
-    template GEMM does not yet (languages.Language.gemm)."""
-    return language.gemm == "runtime"
-
-
 def compile_stages(graph: Graph, language: Language, optimize: bool = True,
                    timings: dict | None = None) -> program_cache.Entry:
     """The passes, the lowering and the render of `graph` for `language`, timed into `timings`."""
@@ -68,10 +62,10 @@ def compile_stages(graph: Graph, language: Language, optimize: bool = True,
         optimized = passes.optimize(graph, report=pass_report) if optimize else graph
         optimized = half.legalize(optimized)  # 16-bit floats: kernels compute in float32 (backends/half.py)
     with timed(timings, "lower"):
-        # variables: the given graph's, so every variable keeps its slot after the passes.
-        runtime_gemm = matmul_epilogues(language)  # the runtime's GEMMs: fused epilogues, gathered patches
-        plan = lowering.lower(optimized, variables=graph.variables, matmul_epilogues=runtime_gemm,
-                              implicit_gemm=runtime_gemm)
+        # variables: the given graph's, so every variable keeps its slot after the passes; fused
+        # epilogues and gathered patches where the language builds them (its capabilities, read by decide).
+        plan = lowering.lower(optimized, variables=graph.variables, matmul_epilogues=True, implicit_gemm=True,
+                              language=language)
         arena = ArenaSpec.of(plan)
     with timed(timings, "render"):
         source = render(plan, language, label_inputs(graph))

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from .plan import LoopKernel, kernel_reads, kernel_writes, swap_buffers
+from .plan import kernel_reads, kernel_writes, swap_buffers
 from .views import Buffer, View, _same, is_contiguous
 
 
@@ -74,7 +74,7 @@ def write_in_place(kernels: list, views: dict, finals: list, variable_buffer: di
         if any(other is not view for other in update_views[id(buf)]):
             continue  # another update reads this temporary too
         producer = producer_of.get(id(buf))
-        if producer is None or not isinstance(kernels[producer], LoopKernel):
+        if producer is None or kernels[producer].kind != "loop":  # (a loop kernel writes its out_view)
             continue
         kernel = kernels[producer]
         if last_reader.get(id(var), -1) > producer:

@@ -33,9 +33,15 @@ is a new row here (and its templates), not a new renderer class.
   part before the block combines.
 - `column_sums`: a sum over leading axes into a contiguous axis gets a tiled
   kernel of its own (rows added into a tile of accumulators: vectorizes on a CPU).
-- `gemm`: "runtime" (the precompiled runtime's GEMMs, symgrad.backends.runtime,
-  chosen per shape; matmul epilogues run inside them) or "template" (the tiled
-  kernel in templates/cuda/gemm.cu.j2, no epilogues).
+- What it can build, consulted by decide (symgrad.backends.decisions), which
+  refuses a graph naming the op and the language rather than planning what
+  render could not emit: `matmuls`, the products' implementations
+  (symgrad.backends.kinds.matmul: the precompiled runtime's GEMMs and
+  convolutions, or the tiled kernel of templates/cuda/gemm.cu.j2);
+  `matmul_dtypes`; `epilogues` (elementwise work fused into a product, run inside
+  the runtime's GEMM); `reductions`; `collectives` (all_reduce through the
+  caller's hook); `sized_variables` (every variable's size known when the program
+  is made: the device program allocates them up front).
 - `declare_used_only`: the entry point declares typed pointers only for the
   buffers some launch passes (nvcc warns about unused locals).
 - `helper_qualifiers`: the storage class of the helpers kernels call (sg_random_bits).
@@ -47,6 +53,11 @@ from dataclasses import dataclass
 from typing import Callable
 
 from . import c_printer, cuda_printer
+from .status import Status
+
+
+class Refusal(NotImplementedError):
+    """A graph holding an op the language cannot build, refused by decide, before any planning."""
 
 
 @dataclass(frozen=True)
@@ -65,9 +76,19 @@ class Language:
     row_combine: str           # format of the combined row reduction: {op}, {ctype}, {value}
     max_fold: str              # "flag" | "select"
     column_sums: bool
-    gemm: str                  # "runtime" | "template"
+    matmuls: tuple             # the matmul implementations it builds (kinds.matmul.IMPLEMENTATIONS)
+    matmul_dtypes: tuple
+    epilogues: bool            # matmuls compute fused elementwise epilogues
+    reductions: tuple
+    collectives: bool
+    sized_variables: bool      # variables must have sizes known at compile time
     declare_used_only: bool
     helper_qualifiers: str
+
+    def refusal(self, node, why: str) -> "Refusal":
+        """The error decide raises for a node this language cannot build: it names the op, the node
+        and the language."""
+        return Refusal(f"{node.op.name} {node.type_str}: {why} (language {self.name})")
 
     @property
     def program(self) -> str:
@@ -84,7 +105,9 @@ C_OPENMP = Language(
     printer=c_printer.printer, restrict="restrict",
     index="nested", combine="simd", reduced_at=("acc", "best"), row_combine="{value}",
     max_fold="flag", column_sums=True,
-    gemm="runtime", declare_used_only=False, helper_qualifiers="static inline",
+    matmuls=("gemm", "narrow", "bf16 gemm", "patch gemm", "winograd", "direct rows"),
+    matmul_dtypes=("float32", "float64"), epilogues=True, reductions=("sum", "max", "argmax"), collectives=True,
+    sized_variables=False, declare_used_only=False, helper_qualifiers="static inline",
 )
 
 CUDA = Language(
@@ -92,7 +115,9 @@ CUDA = Language(
     printer=cuda_printer.printer, restrict="__restrict__",
     index="flat", combine="block", reduced_at=("s_acc[0]", "s_best[0]"),
     row_combine="sg_block_{op}<{ctype}>({value}, s_{ctype})", max_fold="select", column_sums=False,
-    gemm="template", declare_used_only=True, helper_qualifiers="static __host__ __device__ __forceinline__",
+    matmuls=("template gemm",), matmul_dtypes=("float32", "float64"), epilogues=False,
+    reductions=("sum", "max", "argmax"), collectives=False, sized_variables=True, declare_used_only=True,
+    helper_qualifiers="static __host__ __device__ __forceinline__",
 )
 
 # The C program's entry points, shared by its template and the cffi declarations that load it.
@@ -108,7 +133,7 @@ C_SIGNATURE = (f"int {C_ENTRY}(const int64_t* dims, void** inputs, void** variab
 # (kernel, start, end) into, and count the records made since.
 C_PROFILE_EVENTS = "symgrad_profile_events"
 C_PROFILE_COUNT = "symgrad_profile_count"
-C_BAD_LABEL = 2      # the entry's status when a class-label input holds a label outside [0, classes)
+C_BAD_LABEL = Status.BAD_LABEL  # the entry's status when a class-label input holds a label outside [0, classes)
 PARALLEL_MIN = 1 << 15   # elements: below this a C loop runs on one thread
 COLUMN_TILE = 256        # accumulators per column tile of a column sum (a few KB on the stack)
 

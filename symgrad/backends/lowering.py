@@ -1,21 +1,23 @@
-"""Lowering: a graph becomes a kernel plan, the same for every compiled backend.
+"""Lowering: a decided graph becomes a kernel plan, through the public `LoweringContext`.
 
 `lower(graph)` takes the decisions of symgrad.backends.decisions (what is
 fused, which groups finish a reduction or a matmul in its kernel, the row
-groups, the kernel order) and builds the plan's kernels from them, walking
-the nodes in that order: a view per value (symgrad.backends.views: movement
-ops only change the strides a reader uses), a loop kernel per fused
-elementwise group (one statement per node), a reduction kernel (with its
-prologue and epilogue), a matmul kernel (with its epilogue), a row kernel
-per row group (symgrad.backends.row_kernels). Outputs and updates are copied
+groups, the kernel order, each matmul's implementation) and builds the plan's
+kernels from them, walking the nodes in that order: a view per value
+(symgrad.backends.views: movement ops only change the strides a reader uses),
+and for every other node its kernel kind's lowering (symgrad.backends.kinds,
+dispatched by op kind): a loop kernel per fused elementwise group, a reduction
+or a matmul kernel (with the epilogue decide gave it), a row kernel per row
+group, a gather, fused attention, a collective. Outputs and updates are copied
 into their buffers last, unless the memory sweeps of symgrad.backends.inplace
 let the kernels write them directly; symgrad.backends.memory then plans the
 workspace arena.
 
 Updates are functional: kernels write new variable values into
 temporaries, and copies into the variables run after every other kernel.
-The plan types (symgrad.backends.plan) and the view algebra are re-exported
-here for the modules that import them from the lowering.
+The plan types (symgrad.backends.plan), the kernel types of the kinds and the
+view algebra are re-exported here for the modules that import them from the
+lowering.
 """
 
 from __future__ import annotations
@@ -29,20 +31,24 @@ from ..ir import dtypes as D
 from ..ir.elementwise import ARGS
 from ..ir.graph import Graph
 from ..ir.printing import node_line
-from ..ir.registry import ATTENTION, COLLECTIVE, CUSTOM, ELEMENTWISE, GATHER, MATMUL, MOVEMENT, REDUCE, SOURCE
+from ..ir.registry import CUSTOM, ELEMENTWISE, MATMUL, MOVEMENT, SOURCE
 from ..ir.value import Value
 from .concat import store_part
 from .decisions import Decisions, decide, graph_namer
-from .attention import lower_attention
-from .collective import lower_collective
-from .gather import lower_gather
 from .fusion import DEFAULT_DIM  # noqa: F401 -- re-exported for the backends
-from .patches import is_patches, moved
+from .languages import C_OPENMP, Language
 from .inplace import aliases_output, apply_retargets, retarget_views, write_in_place
-from .plan import (PRODUCT, REDUCED, LoopKernel, LoweringError, MatmulKernel, Operand,  # noqa: F401
-                   Plan, ReduceKernel, RowKernel, RowPass, RowReduction, RowStore, Statement, compute_dtype,
+from .kinds import BY_OP, matmul, reduce, row
+from .kinds.attention import AttentionKernel  # noqa: F401 -- the kernel types, re-exported
+from .kinds.collective import CollectiveKernel  # noqa: F401
+from .kinds.gather import GatherKernel  # noqa: F401
+from .kinds.loop import LoopKernel
+from .kinds.matmul import MatmulKernel  # noqa: F401
+from .kinds.reduce import ReduceKernel  # noqa: F401
+from .kinds.row import RowKernel, RowPass, RowReduction, RowStore  # noqa: F401
+from .patches import is_patches, moved
+from .plan import (PRODUCT, REDUCED, LoweringError, Operand, Plan, Statement, compute_dtype,  # noqa: F401
                    kernel_reads, kernel_writes)
-from .row_kernels import lower_row_group
 from .views import (Buffer, View, broadcast_view, buffer_view, collapse, contiguous_strides,  # noqa: F401
                     is_contiguous, literal_view, merge_loop_axes, merge_strided_axes, reshape_view, slice_view,
                     transpose_view, _numel)
@@ -57,9 +63,15 @@ def _c_ident(text: str) -> str:
     return out or "_"
 
 
-class _Lowerer:
+class LoweringContext:
     """One lowering of a decided graph: walks the nodes in the decided order, records a view per value
-    and appends kernels (this object's state lives for one `build_plan` call)."""
+    and appends kernels (this object's state lives for one `build_plan` call).
+
+    The kernel kinds (symgrad.backends.kinds) lower their nodes through its public part: the
+    `decisions`, `views` (id(node) -> View of its value), `name` / `line` / `kernel_name`,
+    `alloc` / `scratch` (buffers), `copy`, `loop` (a LoopKernel), `fused_body` (a fused group's
+    operands and statements), `emit` (append a kernel), `movement`, and `kept` / `row_partials`
+    (buffers and views one kernel leaves for a later one, as the decisions pair them)."""
 
     def __init__(self, decisions: Decisions):
         self.decisions = decisions
@@ -70,7 +82,7 @@ class _Lowerer:
         self.fused, self.epilogue_of, self.epilogued = decisions.fused, decisions.epilogue_of, decisions.epilogued
         self.row_of = decisions.row_of
         self.order = {id(n): k for k, n in enumerate(decisions.order)}
-        self.attention_stats: dict = {}  # id(attention node) -> the softmax statistics its gradient reads
+        self.kept: dict = {}  # (id(node), role) -> a buffer its kernel leaves for a later one (attention's stats)
         self.dims = list(graph.dims)
         # Positions by identity: Value.__eq__ builds a graph node, so list.index cannot be used.
         self.input_pos = {id(v): k for k, v in enumerate(graph.inputs)}
@@ -121,38 +133,27 @@ class _Lowerer:
 
     def lower(self) -> Plan:
         """The plan: every decided kernel, then copies into the outputs and the variables."""
-        for node in self.decisions.order:
+        decisions = self.decisions
+        for node in decisions.order:
             kind = node.op.kind
             if id(node) in self.row_of:
-                self.row_group(self.row_of[id(node)])
+                row.lower_group(self, self.row_of[id(node)])
             elif kind == SOURCE:
                 self.views[id(node)] = self.source(node)
             elif kind == MOVEMENT:
                 self.views[id(node)] = self.movement(node)
             elif kind == CUSTOM:
                 self.views[id(node)] = self.views[id(node.inputs[0])]
-            elif kind == ELEMENTWISE:
-                finished = self.epilogue_of.get(id(node))
-                if finished is not None and finished.op.kind == MATMUL:
-                    self.views[id(node)] = self.matmul(finished, epilogue_root=node)
-                elif finished is not None:
-                    self.views[id(node)] = self.reduce_with_epilogue(node)
-                elif self.decisions.materializes(node):  # not fused, nor a sum its parts store into
-                    self.views[id(node)] = self.elementwise(node)
-            elif kind == REDUCE:
-                if id(node) not in self.epilogued:  # else emitted with its epilogue
-                    self.views[id(node)] = self.reduce(node)
-            elif kind == MATMUL:
-                if id(node) not in self.epilogued:  # else emitted with its epilogue
-                    self.views[id(node)] = self.matmul(node)
-            elif id(node) in self.decisions.parts:
-                store_part(self, node, self.decisions.parts[id(node)])
-            elif kind == GATHER:
-                self.views[id(node)] = lower_gather(self, node)
-            elif kind == ATTENTION:
-                self.views[id(node)] = lower_attention(self, node)
-            elif kind == COLLECTIVE:
-                self.views[id(node)] = lower_collective(self, node)
+            elif id(node) in decisions.parts:
+                store_part(self, node, decisions.parts[id(node)])
+            elif kind == ELEMENTWISE and id(node) in self.epilogue_of:
+                finished = self.epilogue_of[id(node)]
+                self.views[id(node)] = (matmul.lower(self, finished, epilogue_root=node) if finished.op.kind == MATMUL
+                                        else reduce.lower_with_epilogue(self, node))
+            elif id(node) in self.epilogued or (kind == ELEMENTWISE and not decisions.materializes(node)):
+                continue  # emitted with its epilogue; or fused, or a sum its parts store into
+            elif kind in BY_OP:
+                self.views[id(node)] = BY_OP[kind].lower(self, node)
             else:
                 raise LoweringError(f"no lowering for op {node.op.name!r} of kind {kind!r}")
         return self.outputs_and_updates()
@@ -194,29 +195,7 @@ class _Lowerer:
         header = str(self.graph)
         return Plan(self.graph, self.dims, self.inputs, self.variables, self.outputs, self.workspace,
                     self.consts, self.kernels, header, self.variable_nodes, list(self.decisions.choices),
-                    [self.name(t) for t, _, _ in finals if id(t) in direct])
-
-    def row_group(self, g) -> None:
-        """Emit the kernel of row group `g`, once: at its first member in the schedule (the schedule
-        makes every member wait for all that the group reads)."""
-        if id(g) in self.rows_done:
-            return
-        self.rows_done.add(id(g))
-        done = lower_row_group(g, self.decisions, self.views, self.alloc, self.name, self.order, len(self.kernels))
-        self.views.update(done.stored)
-        self.row_partials.update(done.partials)
-        for a in g.aliases:  # reshapes and expands of stored members read by other kernels
-            if id(a.inputs[0]) in self.views:
-                self.views[id(a)] = self.movement(a)
-        self.kernels.append(done.kernel)
-
-    def cross_row_sum(self, node: Value, epilogue=None) -> View:
-        """The sum over rows of a split full sum's per-row parts (stored by its row kernel)."""
-        part = self.row_partials[id(node)]
-        rows = part.shape
-        reduced = merge_strided_axes([(s, st) for s, st in zip(rows, part.strides)])
-        return self._emit_reduce(node, [f"{self.line(node)} (the sum of the per-row parts)"], "sum", part, [],
-                                 reduced, part.dtype, epilogue)
+                    [self.name(t) for t, _, _ in finals if id(t) in direct], str(self.decisions))
 
     def source(self, node: Value) -> View:
         name = node.op.name
@@ -271,10 +250,14 @@ class _Lowerer:
         operand = Operand("v0", view, why)
         stmt = Statement("r", node, ARGS[0], ["v0"], [view.dtype], view.dtype, out.dtype,
                          f"{why}: {self.line(node) if node.inputs else self.name(node)}")
-        self.kernels.append(self._loop(f"k{len(self.kernels)}_copy", [stmt.line], shape, out,
-                                       [operand], [stmt], "r", out_view=out_view))
+        self.emit(self.loop(f"k{len(self.kernels)}_copy", [stmt.line], shape, out, [operand], [stmt], "r",
+                            out_view=out_view))
 
-    def _loop(self, name, lines, shape, out, operands, statements, result, out_view=None) -> LoopKernel:
+    def emit(self, kernel) -> None:
+        """Append `kernel` to the plan's kernels (they run in the order emitted)."""
+        self.kernels.append(kernel)
+
+    def loop(self, name, lines, shape, out, operands, statements, result, out_view=None) -> LoopKernel:
         """A loop over `shape` storing `result` into `out` (through `out_view`: by default the whole
         buffer, contiguously; embed passes a window of it)."""
         out_view = buffer_view(out, shape) if out_view is None else out_view
@@ -285,16 +268,7 @@ class _Lowerer:
         return LoopKernel(name, lines, loop_shape, out, out_view, operands, statements, result,
                           _numel(shape))
 
-    def elementwise(self, root: Value) -> View:
-        # The fused group: root and, recursively, its fused inputs, in graph order.
-        operands, statements, result = self._fused_body(root, root.shape)
-        out = self.alloc(root)
-        kernel = self._loop(self.kernel_name(root), [s.line for s in statements], root.shape, out,
-                            operands, statements, result)
-        self.kernels.append(kernel)
-        return buffer_view(out, root.shape)
-
-    def _fused_body(self, root: Value, shape, preset: dict | None = None,
+    def fused_body(self, root: Value, shape, preset: dict | None = None,
                     operand_prefix: str = "v") -> tuple[list, list, str]:
         """The operands (read at `shape`) and statements computing `root` with every node fused into it
         (`preset`: id(node) -> a local name the kernel already holds, such as a reduced value;
@@ -325,116 +299,15 @@ class _Lowerer:
             local[id(n)] = name
         return operands, statements, local[id(root)]
 
-    def reduce_with_epilogue(self, root: Value) -> View:
-        """The reduction feeding `root`, with `root`'s fused group computed as it stores each value."""
-        r = self.epilogue_of[id(root)]
-        # The epilogue's locals are named apart from a fused prologue's: where no reduced loop is left
-        # (a 0-d input, reduced axes of size 1) both are declared in the same C scope.
-        operands, statements, result = self._fused_body(root, root.shape, {id(r): REDUCED}, "ev")
-        if not all(o.view.kind == "literal" or (o.view.kind == "buffer" and is_contiguous(o.view)
-                                                 and isinstance(o.view.offset, int) and o.view.offset == 0)
-                   for o in operands):  # a strided operand: no epilogue after all
-            self.views[id(r)] = self.reduce(r)
-            return self.elementwise(root)
-        return self.reduce(r, epilogue=(root, operands, statements, result))
-
-    def reduce(self, node: Value, epilogue=None) -> View:
-        (x,) = node.inputs
-        if id(node) in self.row_partials:
-            return self.cross_row_sum(node, epilogue)
-        if id(x) in self.fused:
-            return self.fused_reduce(node, epilogue)
-        src = self.views[id(x)]
-        axes = node.attrs["axes"]
-        kept = [(s, st) for a, (s, st) in enumerate(zip(src.shape, src.strides)) if a not in axes]
-        reduced = [(s, st) for a, (s, st) in enumerate(zip(src.shape, src.strides)) if a in axes]
-        kept, reduced = merge_strided_axes(kept), merge_strided_axes(reduced)
-        op = node.op.name
-        acc = node.dtype
-        if op == "sum" and node.dtype == "float32":
-            acc = "float64"  # float32 sums accumulate in double: NumPy's pairwise sum is that accurate
-        elif op == "argmax":
-            acc = x.dtype
-        return self._emit_reduce(node, [self.line(node)], op, src, kept, reduced, acc, epilogue)
-
-    def _emit_reduce(self, node, lines, op, src, kept, reduced, acc, epilogue, **prologue) -> View:
-        """Append the ReduceKernel of `node` (with its epilogue, if any); the view of what it stores."""
-        (x,) = node.inputs
-        root = node if epilogue is None else epilogue[0]
-        out = self.alloc(root)
-        if epilogue is not None:
-            _, operands, statements, result = epilogue
-            lines = lines + [st.line for st in statements]
-            prologue.update(epilogue=operands, epilogue_statements=statements, epilogue_result=result,
-                            reduced_dtype=node.dtype)
-        self.kernels.append(ReduceKernel(self.kernel_name(root), lines, op, src, kept, reduced, out, acc,
-                                         _numel(x.shape), **prologue))
-        return buffer_view(out, root.shape)
-
-    def fused_reduce(self, node: Value, epilogue=None) -> View:
-        """A row-wise reduction whose elementwise input is computed inside the reduction loop."""
-        (x,) = node.inputs
-        axes = node.attrs["axes"]
-        operands, statements, result = self._fused_body(x, x.shape)
-        order = [a for a in range(x.ndim) if a not in axes] + list(axes)
-        per_axis = [(x.shape[a], tuple(o.view.strides[a] for o in operands)) for a in order]
-        kept = merge_loop_axes(per_axis[:x.ndim - len(axes)])
-        reduced = merge_loop_axes(per_axis[x.ndim - len(axes):])
-        loop_shape = tuple(s for s, _ in [*kept, *reduced])
-        operands = [replace(o, view=replace(o.view, shape=loop_shape,
-                                            strides=tuple(st[k] for _, st in [*kept, *reduced])))
-                    for k, o in enumerate(operands)]
-        op = node.op.name
-        acc = "float64" if op == "sum" and node.dtype == "float32" else (x.dtype if op == "argmax" else node.dtype)
-        placeholder = View("fused", tuple(x.shape), x.dtype, ())
-        lines = [st.line for st in statements] + [self.line(node)]
-        return self._emit_reduce(node, lines, op, placeholder, [(s, 0) for s, _ in kept],
-                                 [(s, 0) for s, _ in reduced], acc, epilogue, operands=operands,
-                                 statements=statements, result=result)
-
-    def matmul(self, node: Value, epilogue_root: Value | None = None) -> View:
-        """The MatmulKernel of `node`; with `epilogue_root`, the kernel also computes the elementwise
-        chain from the product up to that root as it stores each element, and stores the root."""
-        a, b = node.inputs
-        views = []
-        for v in (a, b):
-            view = self.views[id(v)]
-            if view.kind != "buffer" and not is_patches(view):
-                buf = self.alloc(v)
-                self.copy(v, view, buf, "materialize a matmul operand")
-                view = buffer_view(buf, v.shape)
-            views.append(view)
-        batch = ()
-        if node.ndim > 2:  # torch.matmul's batch axes: each operand's view at the broadcast batch shape
-            # (Each image's patch columns, read in place, are not strided: the direct convolution
-            # walks their batch itself, so their batch strides are 0 here.)
-            lead = node.shape[:-2]
-            a_view, b_view = (vw if is_patches(vw) else broadcast_view(vw, lead + v.shape[-2:])
-                              for vw, v in zip(views, (a, b)))
-            out_strides = contiguous_strides(node.shape)
-            batch = tuple(zip(lead, *((vw.strides[:-2] or (0,) * len(lead)) for vw in (a_view, b_view)),
-                              out_strides[:-2]))
-            views = [vw if is_patches(vw) else replace(vw, shape=v.shape[-2:], strides=vw.strides[-2:])
-                     for vw, v in zip((a_view, b_view), (a, b))]
-        root = node if epilogue_root is None else epilogue_root
-        out = self.alloc(root)
-        name, lines, epilogue = self.kernel_name(root), [self.line(node)], {}
-        if epilogue_root is not None:
-            operands, statements, result = self._fused_body(root, root.shape, {id(node): PRODUCT})
-            lines += [st.line for st in statements]
-            epilogue = dict(epilogue=operands, epilogue_statements=statements, epilogue_result=result)
-        self.kernels.append(MatmulKernel(name, lines, views[0], views[1], out, node.shape[-2], node.shape[-1],
-                                         a.shape[-1], batch=batch, **epilogue))
-        return buffer_view(out, root.shape)
-
 
 def build_plan(decisions: Decisions) -> Plan:
     """The kernel plan that `decisions` describe (symgrad.backends.decisions.decide)."""
-    return _Lowerer(decisions).lower()
+    return LoweringContext(decisions).lower()
 
 
 def lower(graph: Graph, variables=None, fuse_reduce: bool = True, recompute: bool = True,
-          schedule: bool = True, matmul_epilogues: bool = False, implicit_gemm: bool = False) -> Plan:
+          schedule: bool = True, matmul_epilogues: bool = False, implicit_gemm: bool = False,
+          language: Language = C_OPENMP) -> Plan:
     """The kernel plan of `graph`: `build_plan(decide(graph, ...))`.
 
     variables: the variable nodes to give buffers, in order (default the graph's own); pass
@@ -448,6 +321,8 @@ def lower(graph: Graph, variables=None, fuse_reduce: bool = True, recompute: boo
         for backends whose matmul renders MatmulKernel.epilogue (C; not CUDA yet).
     implicit_gemm: a convolution's matmuls gather its patches as they pack them, instead of a
         take storing them (symgrad.backends.patches); only for the runtime's GEMM (C).
+    language: the language the plan is for (languages.Language): what it can build decides each
+        matmul's implementation, and a node it cannot build is refused before any kernel is made.
     """
     for node in graph.nodes:
         stray = set()
@@ -467,4 +342,4 @@ def lower(graph: Graph, variables=None, fuse_reduce: bool = True, recompute: boo
     if missing:
         raise ValueError(f"lower: the graph reads variables {missing} that are not in `variables`")
     return build_plan(decide(graph, variables, fuse_reduce=fuse_reduce, recompute=recompute, schedule=schedule,
-                             matmul_epilogues=matmul_epilogues, implicit_gemm=implicit_gemm))
+                             matmul_epilogues=matmul_epilogues, implicit_gemm=implicit_gemm, language=language))

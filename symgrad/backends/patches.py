@@ -36,7 +36,7 @@ from ..ir.graph import Graph
 from ..ir.registry import MATMUL
 from ..ir.value import Value
 from ..passes.patch_grid import Grid, grid
-from . import runtime, winograd
+from . import runtime
 from .views import Buffer, View
 
 KIND = "patches"  # the View kind of a patch matrix read in place
@@ -215,18 +215,31 @@ def _left_operand_only(matmul: Value, operand: Value) -> bool:
                  or runtime.gemm_function(matmul.dtype, n, 1, 1)[1] == "gemm"))
 
 
+def _spec(take: Value, indices: Buffer | None):
+    """The Patches (a take along axis 1) or Columns (along axis 2) of a patch take."""
+    purpose = take.attrs.get("purpose", "")
+    if take.attrs["axis"] == 1:
+        P, R, Q, L, K2 = _patch_shape(take)
+        return Patches(indices, L, K2, Q, R, purpose, grid=grid(take.inputs[1].attrs["value"]))
+    P, C, R, K2, L, W = _column_shape(take)
+    return Columns(indices, L, K2, W, R, C, C, purpose)  # C groups of one channel, until a reshape
+
+
 def patch_view(take: Value, source: View, indices: View) -> View:
     """The patches view of `take`'s value: `source` its contiguous (P, R, Q) or (P, C, R) buffer
     view, `indices` the constant index map's buffer view. Patch rows (P, L, K2, Q) for a take along
     axis 1, patch columns (P, C, K2, L) along axis 2."""
-    purpose = take.attrs.get("purpose", "")
-    if take.attrs["axis"] == 1:
-        P, R, Q, L, K2 = _patch_shape(take)
-        spec = Patches(indices.buffer, L, K2, Q, R, purpose, grid=grid(take.inputs[1].attrs["value"]))
-    else:
-        P, C, R, K2, L, W = _column_shape(take)
-        spec = Columns(indices.buffer, L, K2, W, R, C, C, purpose)  # C groups of one channel, until a reshape
-    return View(KIND, tuple(take.shape), take.dtype, (), source.offset, source.buffer, spec)
+    return View(KIND, tuple(take.shape), take.dtype, (), source.offset, source.buffer, _spec(take, indices.buffer))
+
+
+def patch_spec(operand: Value, patches: frozenset):
+    """The Patches or Columns of the patch matrix a matmul's `operand` reads in place (a take of
+    `patches`, through the reshape and transpose patch_takes allows), without its index buffer;
+    None for any other operand."""
+    node = operand
+    while node.op.name in ("reshape", "transpose") and id(node) not in patches:
+        node = node.inputs[0]
+    return _spec(node, None) if id(node) in patches else None
 
 
 def moved(view: View, node: Value) -> View:
@@ -248,24 +261,3 @@ def is_patches(view: View) -> bool:
 def is_columns(view: View) -> bool:
     """Whether `view` is each image's patch columns read in place (a direct convolution's)."""
     return view.kind == KIND and isinstance(view.literal, Columns)
-
-
-def is_winograd(a: View, n, epilogue) -> bool:
-    """Whether a matmul of `n` columns reading `a`, finishing `epilogue` (its fused statements), is a
-    Winograd convolution (winograd.chosen). One with an epilogue stays the GEMM's, which applies it
-    tile by tile: no convolution's product has one (the transpose back to channels first stands
-    between the product and its elementwise readers)."""
-    return is_patches(a) and not is_columns(a) and not epilogue and winograd.chosen(a.literal, n)
-
-
-def matmul_gemm(dtype: str, n, a: View) -> tuple[str, str]:
-    """runtime.gemm_function for a matmul of `n` columns reading `a`: the patch GEMM (kind "gemm",
-    the blocked one) when `a` is a patch matrix, sg_gemm_bf16 for bfloat16 operands."""
-    if is_patches(a) and not is_columns(a):
-        return f"sg_gemm_patches_{runtime.GEMM[dtype]['suffix']}", "gemm"
-    name, kind = runtime.gemm_function(dtype, n, a.strides[0], a.strides[1])
-    if a.dtype == "bfloat16" and kind == "gemm":
-        # bfloat16 operands (held in floats, backends/half.py): the runtime's bfloat16 GEMM, vdpbf16ps
-        # where it is built for AVX512_BF16, the float32 GEMM elsewhere. A narrow product keeps its kernel.
-        return "sg_gemm_bf16", "gemm"
-    return name, kind

@@ -245,7 +245,7 @@ def profile_program(program, run, bindings: dict, steps: int = 20, trace=None, n
             bound, of_peak = "compute", gflops / the_peaks.gflops
         else:
             bound, of_peak = "memory", gbs / the_peaks.gbs
-        rows.append(KernelRow(kernel.name, region, getattr(kernel, "report_kind", kernel.kind), int(calls[k]),
+        rows.append(KernelRow(kernel.name, region, kernel.report_kind, int(calls[k]),
                               float(seconds[k]), float(seconds[k] / wall) if wall else 0.0, flops, nbytes,
                               gflops, gbs, bound, of_peak))
     path = None
@@ -277,7 +277,7 @@ def trace_events(events: np.ndarray, plan, regions: list, name: str) -> dict:
         else:
             out.append({"name": kernels[k].name, "cat": "kernel", "ph": "X", "ts": ts, "dur": dur, "pid": pid,
                         "tid": tid, "args": {"region": regions[k] or "(top)", "step": step,
-                                             "kind": getattr(kernels[k], "report_kind", kernels[k].kind)}})
+                                             "kind": kernels[k].report_kind}})
     return {"traceEvents": out, "displayTimeUnit": "ms"}
 
 

@@ -21,8 +21,8 @@ from .expressions import comment, shape_comment
 from .kernel_functions import partition, shared
 from .languages import (C_BAD_LABEL, C_ENTRY, C_PROFILE_COUNT, C_PROFILE_EVENTS, C_SET_THREADS, C_SIGNATURE,
                         C_WORKSPACE_SIZES, CUDA_ALIGN, CUDA_SIGNATURE, PARALLEL_MIN, Language)
-from .lowering import Plan
-from .plan import gradients_final_after
+from .kinds import kind_of
+from .plan import Plan, gradients_final_after
 from .render import Renderer
 from .templates import render as render_template
 
@@ -41,12 +41,18 @@ def render(plan: Plan, language: Language, labels: list = (), profile: bool = Fa
     build (templates/c/profile.h.j2, C only), whose entry times each kernel call; without it the
     source has no trace of profiling."""
     renderer = Renderer(plan, language)
-    kernels = renderer.kernels()
+    kernels = kernel_contexts(renderer)
     if language.memory == "device":
         if profile:
             raise ValueError(f"a profiling build is C's only; {language.name} programs have none")
         return _device_program(renderer, kernels)
     return _host_program(renderer, kernels, labels, profile)
+
+
+def kernel_contexts(renderer: Renderer) -> list[dict]:
+    """The template context of every kernel of the renderer's plan, in schedule order, each made by
+    its kind's render (symgrad.backends.kinds.KINDS)."""
+    return [kind_of(k).render(renderer, k) for k in renderer.plan.kernels]
 
 
 def _buffer(renderer: Renderer, b, **more) -> dict:
@@ -176,10 +182,7 @@ def _device_program(renderer: Renderer, kernels: list) -> str:
                                             (plan.consts, "consts", True), (plan.outputs, "outputs", False))
                 for b in group if b.name in used or not renderer.lang.declare_used_only]
     variables = []
-    for b in plan.variables:
-        if not isinstance(b.numel, (int, np.integer)):
-            raise NotImplementedError(f"variable {b.label!r}: a symbolic size ({b.numel}) cannot be "
-                                      f"allocated up front")
+    for b in plan.variables:  # (of known sizes: decide refuses others where the language holds variables)
         variables.append(dict(name=b.name, index=b.index, label=comment(b.label),
                               bytes=int(b.numel) * D.to_numpy(b.dtype).itemsize))
     arguments = [f"dims[{k}] = {comment(d)}" for k, d in enumerate(plan.dims)]

@@ -23,13 +23,10 @@ import numpy as np
 from ..ir import dtypes as D
 from ..ir import shapes as S
 from ..passes import format_report
-from . import half, runtime, winograd
-from .attention import AttentionKernel
-from .gather import GatherKernel
+from . import half, runtime
 from .kernel_functions import calls
-from .lowering import MatmulKernel
-from .plan import LoopKernel, ReduceKernel, RowKernel, kernel_reads, kernel_writes
-from .patches import is_columns, is_patches, is_winograd, matmul_gemm
+from .kinds import KINDS
+from .plan import kernel_reads, kernel_writes
 
 # Compile stages in the order they run, with the words the report uses.
 STAGES = (("graph", "graph build + autodiff"), ("lookup", "program cache lookup"), ("passes", "graph passes"),
@@ -47,11 +44,10 @@ def timed(timings: dict, stage: str):
         timings[stage] = timings.get(stage, 0.0) + time.perf_counter() - start
 
 
-# The kernel kinds the report's count line always names, in its order, with their words; a kind
-# not listed (a gather, fused attention, a collective, one added later) is named where a plan has it.
-COUNTED = (("loop", "loops"), ("reduce", "reductions"), ("fused reduce", "fused reductions"),
-           ("row", "row kernels"), ("matmul", "matmuls"), ("fused matmul", "fused matmuls"), ("copy", "copies"))
-WORDS = {"gather": "gathers", "attention": "fused attention", "collective": "collectives"}
+# The report kinds the count line always names, in its order, with their words (each kernel kind's,
+# symgrad.backends.kinds); the others (a gather, fused attention, a collective) where a plan has them.
+COUNTED = tuple(pair for kind in KINDS.values() if kind.always for pair in kind.words)
+WORDS = {report_kind: words for kind in KINDS.values() if not kind.always for report_kind, words in kind.words}
 
 
 def kernel_counts(plan) -> dict:
@@ -72,31 +68,18 @@ def count_line(counts: dict) -> str:
 
 
 def _purpose_lines(plan, mp) -> list[str]:
-    """The gathers a composite op asked for by name (a convolution's im2col and its col2im), with
-    the bytes of what each writes, for the memory plan's Dim binding."""
+    """The gathers a composite op asked for by name (a convolution's im2col and its col2im, or the
+    patches its products read in place), with the bytes of what each writes or never stores, for
+    the memory plan's Dim binding: each kernel whose kind words a `purpose_line`."""
     def size(view) -> str:  # the bytes of a view's whole value (a patch matrix read in place)
         return format_bytes(int(S.evaluate(S.numel(view.shape), mp.bindings)) * D.to_numpy(view.dtype).itemsize)
 
     lines = []
     for k in plan.kernels:
-        if isinstance(k, GatherKernel) and k.purpose:
-            nbytes = int(S.evaluate(k.out.numel, mp.bindings)) * D.to_numpy(k.out.dtype).itemsize
-            lines.append(f"  {k.name}: {k.purpose} -> {k.out.name}, {format_bytes(nbytes)}")
-        elif isinstance(k, MatmulKernel) and is_columns(k.b):
-            spec = k.b.literal
-            lines.append(f"  {k.name}: {spec.purpose}: read{' transposed' if spec.transposed else ''} from "
-                         f"{k.b.buffer.name} along output rows of {spec.W} (direct convolution), "
-                         f"{size(k.b)} never stored")
-        elif isinstance(k, MatmulKernel) and is_winograd(k.a, k.N, k.epilogue_statements):
-            spec, g = k.a.literal, k.a.literal.grid
-            what = f"summed over {g.Ho}x{g.Wo} outputs" if spec.transposed else f"{g.Ho}x{g.Wo} outputs"
-            lines.append(f"  {k.name}: {spec.purpose}: {what} from {k.a.buffer.name} by Winograd's "
-                         f"F({winograd.M}x{winograd.M}, 3x3){' transposed' if spec.transposed else ''}, "
-                         f"{size(k.a)} never stored")
-        elif isinstance(k, MatmulKernel) and is_patches(k.a):
-            spec = k.a.literal
-            lines.append(f"  {k.name}: {spec.purpose}: gathered{' transposed' if spec.transposed else ''} from "
-                         f"{k.a.buffer.name} as the GEMM packs it (implicit GEMM), {size(k.a)} never stored")
+        purpose = KINDS[k.kind].purpose
+        line = None if purpose is None else purpose(k, size)
+        if line is not None:
+            lines.append(f"  {k.name}: {line}")
     return ["", "== gathers by purpose =="] + lines if lines else []
 
 
@@ -128,19 +111,9 @@ def step_memory(graph, plan, mp) -> dict:
     parts["arena"] = mp.arena_bytes
     # A batched product's GEMMs may run one per thread at once (their batch indices shared out).
     team = runtime.team_size()
-    packing = [_workspace(k, mp, team) for k in plan.kernels
-               if isinstance(k, MatmulKernel) and not is_columns(k.b)]  # (a direct convolution allocates nothing)
+    packing = [KINDS[k.kind].workspace(k, mp.bindings, team) for k in plan.kernels if KINDS[k.kind].workspace]
     parts["GEMM packing"] = max(packing, default=0)
     return parts
-
-
-def _workspace(k: MatmulKernel, mp, team: int) -> int:
-    """The most a matmul's runtime call allocates while it runs: a Winograd convolution's
-    transformed weight and blocks, else the GEMM's packed panels."""
-    if is_winograd(k.a, k.N, k.epilogue_statements):
-        return winograd.workspace_bytes(k.a.literal, k.N, D.to_numpy(k.out.dtype).itemsize, team)
-    return runtime.packing_bytes(k.out.dtype, *(S.evaluate(size, mp.bindings) for size in (k.M, k.N, k.K)),
-                                 kind=matmul_gemm(k.out.dtype, k.N, k.a)[1]) * (team if k.batch else 1)
 
 
 def step_memory_lines(graph, plan, mp) -> list[str]:
@@ -166,39 +139,14 @@ def _bytes_of(buffer, bindings: dict) -> int:
 def kernel_work(k, bindings: dict) -> tuple[int, int]:
     """(FLOPs, bytes) of one call of kernel `k`, estimated from the plan at the Dim values of
     `bindings`: the bytes of every buffer it reads or writes, each counted once and whole; the
-    FLOPs from the kernel's own `flops()` where its kind counts them, else as these kinds do:
-    2*M*N*K per product, attention's products over the visible (row, key) pairs, one per fused
-    op per element of a loop, reduction or row pass. A kind with neither counts 0 FLOPs; one
-    with a `work(bindings)` method gives both numbers itself."""
-    own = getattr(k, "work", None)
-    if own is not None:
-        return own(bindings)
+    FLOPs as its kind counts them (its `flops`: 2*M*N*K per product, attention's products over
+    the visible (row, key) pairs, one per fused op per element of a loop, reduction or row pass)."""
     seen = {id(b): b for b in [*kernel_reads(k), *kernel_writes(k)] if b is not None and b.numel is not None}
     nbytes = sum(_bytes_of(b, bindings) for b in seen.values())
 
     def n(size) -> int:
         return int(size) if isinstance(size, (int, float)) else int(S.evaluate(size, bindings))
-
-    counted = getattr(k, "flops", None)  # a kind that counts its own arithmetic
-    if counted is not None:
-        flops = n(counted())
-    elif isinstance(k, MatmulKernel):
-        batch = int(np.prod([n(size) for size, *_ in k.batch], dtype=np.int64)) if k.batch else 1
-        flops = batch * n(k.M) * n(k.N) * (2 * n(k.K) + len(k.epilogue_statements))
-    elif isinstance(k, AttentionKernel):  # as FlashAttention counts: the visible (row, key) pairs
-        pairs = n(k.T) * (n(k.T) + 1) // 2 if k.causal else n(k.T) ** 2
-        flops = (4 if k.op == "attention" else 10) * n(k.heads) * n(k.E) * pairs
-    elif isinstance(k, LoopKernel):
-        flops = n(k.numel) * len(k.statements)
-    elif isinstance(k, ReduceKernel):
-        kept = int(np.prod([n(size) for size, _ in k.kept], dtype=np.int64))
-        flops = n(k.numel) * (1 + len(k.statements)) + len(k.epilogue_statements) * kept
-    elif isinstance(k, RowKernel):
-        rows = int(np.prod([n(size) for size in k.rows], dtype=np.int64))
-        flops = sum((len(p.statements) + len(p.reductions)) * n(k.numel) + len(p.after) * rows for p in k.passes)
-    else:
-        flops = 0
-    return flops, nbytes
+    return n(k.flops(n)), nbytes
 
 
 @dataclass(frozen=True)

@@ -11,7 +11,7 @@ the group (the mean loss) is split into per-row partial sums stored by the
 row kernel plus a tiny cross-row sum.
 
 Pure functions of the graph and the fusion decisions; symgrad.backends.decisions
-puts them together and symgrad.backends.row_kernels carries them out.
+puts them together and symgrad.backends.kinds.row carries them out.
 """
 
 from __future__ import annotations

@@ -31,13 +31,10 @@ import sympy
 
 from ..ir import dtypes as D
 from . import cache, winograd
+from .status import Status
 from .templates import render, template_dir
 
 HEADER = "symgrad_runtime.h"    # the name programs include it by
-OK = 0                          # status: done
-OUT_OF_MEMORY = 1               # status: a buffer could not be allocated; nothing more was computed
-COLLECTIVE_FAILED = 3           # status: the caller's collective hook failed (its exception is the caller's);
-                                # 2 is the entry's own refusal of a class label (languages.C_BAD_LABEL)
 GEMM_PARALLEL_MIN = 1 << 18     # multiply-adds: below this a matmul runs on one thread
 CONV_ROWS = 6                   # output channels in the direct convolution's register tile (conv_rows.c.j2)
 NARROW_N = 16                   # matmuls with at most this many output columns use a narrow-N kernel
@@ -195,9 +192,9 @@ def _context(targets: tuple) -> dict:
     vectors = [dict(GEMM[d], ctype=D.C_TYPES[d], SUFFIX=GEMM[d]["suffix"].upper(),
                     widths=[dict(b, lanes=b["value"] // D.to_numpy(d).itemsize)
                             for b in target_branches(targets, lambda t: t.vector_bytes)]) for d in GEMM]
-    return dict(version=__version__, header=HEADER, ok=OK, out_of_memory=OUT_OF_MEMORY,
+    return dict(version=__version__, header=HEADER, ok=int(Status.OK), out_of_memory=int(Status.OUT_OF_MEMORY),
                 attention_rows=target_branches(targets, lambda t: t.attention_rows),
-                collective_failed=COLLECTIVE_FAILED, gemms=gemms,
+                collective_failed=int(Status.COLLECTIVE_FAILED), gemms=gemms,
                 vectors=vectors, narrow=[v for d in GEMM for v in _narrow_variants(d, targets)],
                 convs=[dict(ctype=D.C_TYPES[d], suffix=GEMM[d]["suffix"], SUFFIX=GEMM[d]["suffix"].upper(),
                             rows=CONV_ROWS, parallel_min=GEMM_PARALLEL_MIN,

@@ -16,7 +16,7 @@ import re
 import pytest
 
 import symgrad as sg
-from symgrad.backends.attention import AttentionKernel
+from symgrad.backends.kinds.attention import AttentionKernel
 
 ROWS = {"x86-64": 4, "x86-64-v3": 4, "x86-64-v4": 8}  # runtime.TARGETS' attention_rows
 

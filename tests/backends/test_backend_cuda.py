@@ -594,7 +594,7 @@ def test_source_takes_the_workspace_layout_from_the_caller():
     x, y = sg.input("x", (B, 784)), sg.input("y", (B,), dtype="int64")
     W = sg.param("W", (784, 10), init="zeros")
     loss = sg.cross_entropy(sg.tanh(x @ W), y)
-    plan = lower(sg.passes.optimize(Graph([x, y], [loss, *sg.grad(loss, [W])])))
+    plan = lower(sg.passes.optimize(Graph([x, y], [loss, *sg.grad(loss, [W])])), language=cuda.CUDA)
     text = cuda.render_source(plan)
     assert plan.workspace and cuda.SIGNATURE in text and "#define SG_ALIGN 256" in text
     # Every temporary is the arena's base plus the offset the caller passed for it: no layout of its own.

@@ -98,7 +98,7 @@ def test_c_and_cuda_go_through_the_one_driver(monkeypatch):
     assert stages == [C_OPENMP, C_OPENMP, CUDA, CUDA]
     assert issubclass(cbackend.CProgram, NativeProgram) and issubclass(cuda.CudaProgram, NativeProgram)
     # The matmul epilogue is a property of the language's GEMM, decided in one place.
-    assert driver.matmul_epilogues(C_OPENMP) and not driver.matmul_epilogues(CUDA)
+    assert C_OPENMP.epilogues and not CUDA.epilogues
 
 
 @pytest.mark.skipif(NVCC is None, reason="needs nvcc")

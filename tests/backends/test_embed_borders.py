@@ -1,4 +1,4 @@
-"""embed's lowering (symgrad.backends.gather._embed): a window of steps 1 (padding, a convolution's
+"""embed's lowering (symgrad.backends.kinds.gather._embed): a window of steps 1 (padding, a convolution's
 zero row) has only its border zeroed before the window is stored, box by box; a strided window (the
 gradient of a strided slice) zeroes the whole array first. Same numbers as NumPy either way."""
 
@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 import symgrad as sg
-from symgrad.backends.gather import _borders
+from symgrad.backends.kinds.gather import _borders
 
 pytest.importorskip("symgrad.backends.c")
 

@@ -20,7 +20,7 @@ from symgrad.backends import cuda
 from symgrad.backends.languages import C_OPENMP, CUDA, Language
 from symgrad.backends.lowering import lower
 from symgrad.backends.render import Accumulator, Fold, Let, Renderer, Store
-from symgrad.backends.render_program import render
+from symgrad.backends.render_program import kernel_contexts, render
 from symgrad.backends.templates import environment
 from symgrad.ir.graph import Graph
 
@@ -102,8 +102,8 @@ def test_statements_print_from_data():
     assert _macro("simd", []) == "simd"
 
 
-def _plan(graph):
-    return lower(passes.optimize(graph), variables=graph.variables)
+def _plan(graph, language=C_OPENMP):
+    return lower(passes.optimize(graph), variables=graph.variables, language=language)
 
 
 def _softmax_graph():
@@ -114,13 +114,13 @@ def _softmax_graph():
 
 
 def test_one_renderer_two_languages():
-    plan = _plan(_softmax_graph())
-    c_text, cu_text = render(plan, C_OPENMP), render(plan, CUDA)
-    assert c_text == cbackend.render_source(plan) and cu_text == cuda.render_source(plan)
+    plan, cu_plan = _plan(_softmax_graph()), _plan(_softmax_graph(), CUDA)  # (each product as its language builds it)
+    c_text, cu_text = render(plan, C_OPENMP), render(cu_plan, CUDA)
+    assert c_text == cbackend.render_source(plan) and cu_text == cuda.render_source(cu_plan)
     assert "#pragma omp" in c_text and "__global__" not in c_text and " restrict " in c_text
     assert "__global__" in cu_text and "#pragma omp" not in cu_text and "__restrict__" in cu_text
     # the same statement of the same node in both languages
-    kernels = Renderer(plan, C_OPENMP).kernels()
+    kernels = kernel_contexts(Renderer(plan, C_OPENMP))
     lets = [s for k in kernels for s in k.get("body", []) if isinstance(s, Let)]
     assert lets and all(f"const {s.ctype} {s.name} = {s.value};" in cu_text for s in lets)
 
@@ -135,7 +135,7 @@ def test_a_language_is_a_row_of_data():
 
 
 def test_flat_loops_split_only_the_indices_a_view_reads():
-    plan = _plan(_softmax_graph())
+    plan = _plan(_softmax_graph(), CUDA)
     renderer = Renderer(plan, CUDA)
     assert renderer.split([3, 4, 5], "i", {1}) == [
         dict(var="i2", size="5", step="div"), dict(var="i1", size="4", step="last_mod")]
@@ -146,10 +146,16 @@ def test_flat_loops_split_only_the_indices_a_view_reads():
     assert Renderer(plan, C_OPENMP).split([3, 4], "i", {0}) == []  # C loops nest instead
 
 
-def test_cuda_matmul_refuses_an_epilogue_it_cannot_run():
+def test_cuda_matmul_gets_no_epilogue_it_cannot_run():
+    """Decide consults the language: CUDA's template GEMM fuses no epilogue, so its plan has none
+    (the relu is a loop); a plan decided for C is no CUDA plan (its product is the runtime's)."""
     x = sg.input("x", (4, 3))
     W = sg.param("W", (3, 2))
     graph = Graph([x], [sg.relu(x @ W)])
-    plan = lower(passes.optimize(graph), variables=graph.variables, matmul_epilogues=True)
-    with pytest.raises(NotImplementedError, match="fused epilogue"):
-        render(plan, CUDA)
+    plan = lower(passes.optimize(graph), variables=graph.variables, matmul_epilogues=True, language=CUDA)
+    (product,) = [k for k in plan.kernels if k.kind == "matmul"]
+    assert product.impl == "template gemm" and not product.epilogue_statements
+    assert "__global__" in render(plan, CUDA)
+    c_plan = lower(passes.optimize(graph), variables=graph.variables, matmul_epilogues=True)
+    with pytest.raises(ValueError, match="decided for another language"):
+        render(c_plan, CUDA)

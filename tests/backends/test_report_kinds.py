@@ -24,17 +24,21 @@ import pytest
 
 import symgrad as sg
 import symgrad.backends
+import symgrad.backends.kinds
 from symgrad.backends import report as R
+from symgrad.backends.kinds import KINDS
+from symgrad.backends.plan import Swap
 
 pytest.importorskip("symgrad.backends.c")
 
 
 def kernel_types() -> set[type]:
-    """Every kernel type defined in symgrad.backends: a dataclass with a name, the IR lines it
-    computes and a kind (what the plans hold and the renderer dispatches on)."""
+    """Every kernel type defined in symgrad.backends and its kinds: a dataclass with a name, the IR
+    lines it computes and a kind (what the plans hold and the renderer dispatches on)."""
     found = set()
-    for info in pkgutil.iter_modules(symgrad.backends.__path__):
-        module = importlib.import_module(f"symgrad.backends.{info.name}")
+    packages = [("symgrad.backends", symgrad.backends), ("symgrad.backends.kinds", symgrad.backends.kinds)]
+    for package, info in [(name, info) for name, p in packages for info in pkgutil.iter_modules(p.__path__)]:
+        module = importlib.import_module(f"{package}.{info.name}")
         for _, cls in inspect.getmembers(module, inspect.isclass):
             if cls.__module__ != module.__name__ or not dataclasses.is_dataclass(cls):
                 continue
@@ -99,15 +103,45 @@ def test_the_report_words_every_kernel_of_a_step_holding_every_kind(step):
         assert words in text, words
 
 
-def test_every_kernel_type_words_its_report_line():
-    """Each kernel type defined in symgrad.backends has a report line and a count kind of its own
-    (a type added without them fails here before any step reaches the report)."""
-    for cls in kernel_types():
-        assert callable(getattr(cls, "report_line", None)), cls.__name__
-        assert hasattr(cls, "report_kind"), cls.__name__
+PROTOCOL = ("reads", "writes", "swap", "flops", "report_line")
+
+
+def test_every_kernel_type_is_a_kind_of_the_table_and_answers_the_protocol():
+    """Each kernel type defined in symgrad.backends is one row of the kinds table (its render,
+    the op kinds it lowers, its words in the report) and answers the kernel protocol: reads,
+    writes, swap, flops, report_line and report_kind (a type added without them fails here
+    before any step reaches the report)."""
+    assert {kind.kernel for kind in KINDS.values()} == kernel_types()
+    for name, kind in KINDS.items():
+        cls = kind.kernel
+        assert next(f.default for f in dataclasses.fields(cls) if f.name == "kind") == name, cls.__name__
+        for method in PROTOCOL:
+            assert callable(getattr(cls, method, None)), (cls.__name__, method)
+        assert hasattr(cls, "report_kind") and kind.words and callable(kind.render), cls.__name__
+
+
+def test_every_kernel_of_the_step_answers_the_protocol(step):
+    """reads/writes give buffers, swap with nothing mapped gives the kernel itself, flops counts."""
+    for k in step.program.plan.kernels:
+        assert all(b is not None for b in [*k.reads(), *k.writes()]), k.name
+        same = k.swap(Swap({}))
+        assert type(same) is type(k) and [*map(id, same.reads())] == [*map(id, k.reads())], k.name
+        assert k.flops(lambda size: int(sg.ir.shapes.evaluate(size, {})) if not isinstance(size, int) else size) >= 0
+        assert k.report_kind in dict(R.COUNTED) or k.report_kind in R.WORDS, k.name
 
 
 def test_a_kind_the_count_line_does_not_list_is_still_counted():
     """A kernel kind the report has no words for (one added later) is counted under its own name."""
     counts = {"total": 3, **{kind: 0 for kind, _ in R.COUNTED}, "copy": 1, "collective": 1, "novel": 1}
-    assert R.count_line(counts).endswith("1 copies, 1 collectives, 1 novel)")
+    assert R.count_line(counts).endswith("0 fused matmuls, 1 collectives, 1 novel)")
+
+
+def test_the_step_prints_its_decisions_with_each_matmul_implementation(step):
+    """Which implementation computes each product is decide's, shown by `print(step.decisions)`;
+    the kernels carry the same (render and the report only read it)."""
+    text = step.decisions
+    impls = {k.impl for k in step.program.plan.kernels if k.kind == "matmul"}
+    assert {"patch gemm", "winograd", "direct rows", "gemm"} <= impls
+    assert "matmuls: " in text and all(impl in text for impl in impls)
+    assert "attention statistics stored for their gradient: " in text and "none" not in text.split(
+        "attention statistics stored for their gradient: ")[1].splitlines()[0]

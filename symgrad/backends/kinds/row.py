@@ -1,26 +1,136 @@
-"""Row kernels: the RowKernel of one row group (symgrad.backends.rows decides the groups).
+"""The row kind: `RowKernel`, the row reductions and maps of one row group in one kernel
+(symgrad.backends.rows decides the groups).
 
 Per row, the group's passes over the row's elements: each loads its operands,
 computes its maps (one statement per node), folds its reductions and stores
 what other kernels read; after each pass, per-row maps (log(sum)) run on the
 finished reductions. Values that are the same all along a row are loaded once
 per row. `lower_row_group` builds one group's kernel from the views of what
-it reads and hands back the views of what it stores.
+it reads and hands back the views of what it stores; `lower_group` is the lowering
+context's entry, `render` the kernel's template context (templates <language>/row).
 """
 
 from __future__ import annotations
 
 from collections import ChainMap
 from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING, Any
 
-from ..ir.printing import node_line
-from ..ir.registry import REDUCE
-from ..ir.value import Value
-from .decisions import Decisions
-from .fusion import leaves as leaves_of
-from .plan import LoweringError, Operand, RowKernel, RowPass, RowReduction, RowStore, Statement, compute_dtype
-from .rows import RowGroup
-from .views import View, _numel, broadcast_view, buffer_view, merge_loop_axes, reshape_view
+import numpy as np
+
+from ...ir import dtypes as D
+from ...ir.printing import node_line
+from ...ir.registry import REDUCE
+from ...ir.value import Value
+from ..expressions import comment, convert, lowest
+from ..fusion import leaves as leaves_of
+from ..plan import LoweringError, Operand, Statement, Swap, compute_dtype
+from ..render import Accumulator, Fold, Let, Renderer, Store, used_axes
+from ..views import Buffer, View, _numel, broadcast_view, buffer_view, merge_loop_axes, reshape_view
+
+if TYPE_CHECKING:  # (decide imports the kinds: the lowering hands this module its decisions)
+    from ..decisions import Decisions
+    from ..rows import RowGroup
+
+WORDS = (("row", "row kernels"),)  # the report's count line
+
+
+@dataclass(frozen=True, eq=False)
+class RowReduction:
+    """One accumulator of a row pass: `op` (sum, max) of the element local `value` into `acc`
+    (of `acc_dtype`), finished per row as the local `name` of `dtype`."""
+
+    name: str
+    acc: str
+    op: str
+    value: str
+    acc_dtype: str
+    dtype: str
+    line: str
+
+
+@dataclass(frozen=True, eq=False)
+class RowStore:
+    """`view`'s buffer receives the local `value` at the view's index (at the kernel's loop shape)."""
+
+    value: str
+    view: View
+    label: str
+
+
+@dataclass(frozen=True, eq=False)
+class RowPass:
+    """One loop over a row's elements, then what follows it once per row.
+
+    Per element: load `operands`, run `statements`, fold each of `reductions`,
+    write `stores`. Then per row: finish the reductions into their locals, run
+    `after` (per-row maps, such as log(sum)), write `row_stores`.
+    """
+
+    operands: list
+    statements: list
+    reductions: list
+    stores: list
+    after: list
+    row_stores: list
+
+
+@dataclass(frozen=True, eq=False)
+class RowKernel:
+    """Row reductions and maps over the same rows in one kernel: for every row (the `rows` loop
+    axes, outer to inner), `operands` are loaded once, then `passes` run in order over the row's
+    `size` elements, each reading the per-row values of the passes before it (softmax: max, then
+    sum(exp(z - m)), then the outputs). Every view is at the loop shape [*rows, size]."""
+
+    name: str
+    lines: list[str]
+    rows: list            # loop sizes of the row axes (merged where every view allows)
+    size: Any             # elements per row
+    operands: list        # Operand, read once per row (stride 0 along the row)
+    passes: list          # RowPass
+    numel: Any            # elements per (rows, size) array
+    kind: str = "row"
+
+    @property
+    def outs(self) -> list:
+        """The buffers the kernel writes, each once."""
+        seen: dict[int, Buffer] = {}
+        for p in self.passes:
+            for st in [*p.stores, *p.row_stores]:
+                seen.setdefault(id(st.view.buffer), st.view.buffer)
+        return list(seen.values())
+
+    def summary(self) -> str:
+        """What the kernel does in words, for the report: "row kernel: max, sum (3 passes), 2 outputs"."""
+        ops = [r.op for p in self.passes for r in p.reductions]
+        return f"row kernel: {', '.join(ops)} ({len(self.passes)} passes), {len(self.outs)} outputs"
+
+    report_kind = "row"  # what `step.report()` counts it as
+
+    def reads(self) -> list:
+        operands = [*self.operands, *(o for p in self.passes for o in p.operands)]
+        return [o.view.buffer for o in operands if o.view.buffer is not None]
+
+    def writes(self) -> list:
+        return self.outs
+
+    def swap(self, s: Swap) -> "RowKernel":
+        """This kernel with the buffers `s` maps swapped in."""
+        passes = [s.rebuilt(p, operands=s.each(p.operands), stores=s.each(p.stores), row_stores=s.each(p.row_stores))
+                  for p in self.passes]
+        if all(a is b for a, b in zip(passes, self.passes)):
+            passes = self.passes
+        return s.rebuilt(self, operands=s.each(self.operands), passes=passes)
+
+    def flops(self, n) -> int:
+        """Arithmetic per call (`n` evaluates a size): each pass's ops and folds per element, its
+        per-row maps per row."""
+        rows = int(np.prod([n(size) for size in self.rows], dtype=np.int64))
+        return sum((len(p.statements) + len(p.reductions)) * n(self.numel) + len(p.after) * rows for p in self.passes)
+
+    def report_line(self) -> str:
+        """What the kernel does, for the report's list of kernels."""
+        return f"{self.summary()} -> {', '.join(b.name for b in self.outs)}"
 
 
 @dataclass(frozen=True, eq=False)
@@ -283,3 +393,61 @@ class _RowKernelBuilder:
         label = label if label.startswith("t") and label[1:].isdigit() else f"n{self.order[id(first)]}"
         return RowKernel(f"k{self.kernel_index}_rows_{label}", lines, [size for size, _ in merged], g.size,
                          row_ops, passes, _numel((*g.rows, g.size)))
+
+
+def lower_group(ctx, g) -> None:
+    """Emit the kernel of row group `g`, once: at its first member in the schedule (the schedule
+    makes every member wait for all that the group reads)."""
+    if id(g) in ctx.rows_done:
+        return
+    ctx.rows_done.add(id(g))
+    done = lower_row_group(g, ctx.decisions, ctx.views, ctx.alloc, ctx.name, ctx.order, len(ctx.kernels))
+    ctx.views.update(done.stored)
+    ctx.row_partials.update(done.partials)
+    for a in g.aliases:  # reshapes and expands of stored members read by other kernels
+        if id(a.inputs[0]) in ctx.views:
+            ctx.views[id(a)] = ctx.movement(a)
+    ctx.emit(done.kernel)
+
+
+def render(r: Renderer, k: RowKernel) -> dict:
+    """A row kernel: per row, the per-row loads, then each pass's loop over the row's elements
+    (its folds and stores) and what follows it (the reduced values, per-row maps and stores)."""
+    outer = r.loops(k.rows, "o", numel=k.numel)
+    loop_vars = [l["var"] for l in outer] + ["c"]
+    passes, shared, views = [], [], [op.view for op in k.operands]
+    for n, p in enumerate(k.passes):
+        accumulators, finish = [], []
+        for red in p.reductions:
+            acc_t = D.C_TYPES[red.acc_dtype]
+            nan_flag = f"{red.acc}_nan" if red.op == "max" and D.is_float(red.acc_dtype) else ""
+            accumulators.append(Accumulator(red.op, red.acc, acc_t, red.value, lowest=lowest(red.acc_dtype),
+                                            nan_flag=nan_flag, note=comment(red.line)))
+            value = f"({nan_flag} ? NAN : {red.acc})" if nan_flag else red.acc  # this thread's part
+            shared += [acc_t] if acc_t not in shared else []  # a block's scratch, by type
+            value = r.lang.row_combine.format(op=red.op, ctype=acc_t, value=value)
+            finish.append(Let(D.C_TYPES[red.dtype], red.name, convert(value, red.acc_dtype, red.dtype)))
+        stores = [_store(r, st, loop_vars) for st in p.stores]
+        what = [f"{red.op} {red.name}" for red in p.reductions] + [f"store {st.label}" for st in p.stores]
+        passes.append(dict(title=f"pass {n + 1} of {len(k.passes)} over the row: {', '.join(what)}",
+                           accumulators=accumulators, simd=r.lang.combine == "simd",
+                           body=[*r.element(p.operands, p.statements, loop_vars),
+                                 *(Fold(a) for a in accumulators), *stores],
+                           finish=finish + r.nodes(p.after),
+                           row_stores=[_store(r, st, loop_vars) for st in p.row_stores]))
+        views += [op.view for op in p.operands] + [st.view for st in [*p.stores, *p.row_stores]]
+    r.features.add("rows")
+    reads = [o.view.buffer for o in [*k.operands, *(o for p in k.passes for o in p.operands)]
+             if o.view.buffer is not None]
+    params, args = r.params(reads, k.outs)
+    return dict(r.kernel(k, "row", params=params, args=args, outer=outer, passes=passes, shared=shared,
+                            row=r.element(k.operands, [], loop_vars), size=r.ex.size(k.size),
+                            indent="    " * (len(outer) + 1), numel=r.ex.paren(k.numel),
+                            n_rows=r.ex.numel(k.rows), split=r.split(k.rows, "o", used_axes(views, len(k.rows)))),
+                comments=[comment(k.summary())] + [comment(line) for line in k.lines])
+
+
+def _store(r: Renderer, st, loop_vars: list[str]) -> Store:
+    """A row kernel's store (its view is at the kernel's loop shape)."""
+    return Store(st.view.buffer.name, r.ex.index(st.view.offset, loop_vars, st.view.strides), st.value,
+                 comment(st.label))

@@ -1,5 +1,5 @@
-"""Lowering of the ops that read or write at positions of their own (kind gather): take,
-scatter_add and embed.
+"""The gather kind: `GatherKernel`, the ops that read or write at positions of their own (take,
+scatter_add and embed), with their lowering and render (templates <language>/gather).
 
 take(table, idx, axis) and scatter_add(src, idx, axis, size) become one `GatherKernel` each,
 over three loops: P (the axes before `axis`), I (the indices) and Q (the axes after it):
@@ -21,12 +21,18 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Any
 
-from ..ir import shapes as S
-from ..ir.elementwise import ARGS
-from ..ir.value import Value
-from .patches import patch_view
-from .plan import LoweringError, Operand, Statement
-from .views import Buffer, View, broadcast_view, buffer_view, is_contiguous, literal_view, slice_view
+import sympy
+
+from ...ir import dtypes as D
+from ...ir import shapes as S
+from ...ir.elementwise import ARGS
+from ...ir.value import Value
+from ..patches import patch_view
+from ..plan import LoweringError, Operand, Statement, Swap
+from ..render import Renderer, small
+from ..views import Buffer, View, broadcast_view, buffer_view, is_contiguous, literal_view, slice_view
+
+WORDS = (("gather", "gathers"),)  # the report's count line
 
 
 @dataclass(frozen=True, eq=False)
@@ -54,9 +60,9 @@ class GatherKernel:
     def writes(self) -> list:
         return [self.out]
 
-    def swap(self, view, new: dict) -> "GatherKernel":
-        """This kernel with the buffers `new` maps swapped in (`view` swaps one view)."""
-        return replace(self, src=view(self.src), indices=view(self.indices), out=new.get(id(self.out), self.out))
+    def swap(self, s: Swap) -> "GatherKernel":
+        """This kernel with the buffers `s` maps swapped in."""
+        return replace(self, src=s.view(self.src), indices=s.view(self.indices), out=s.buffer(self.out))
 
     report_kind = "gather"  # what `step.report()` counts it as
 
@@ -64,9 +70,16 @@ class GatherKernel:
         """What the kernel does, for the report's list of kernels."""
         return f"{self.op} of {self.I} index(es) -> {self.out.name}"
 
-    def flops(self):
-        """Arithmetic per call: none for take (it moves elements), one add per element for scatter_add."""
-        return self.P * self.I * self.Q if self.op == "scatter_add" else 0
+    def flops(self, n) -> int:
+        """Arithmetic per call (`n` evaluates a size): none for take (it moves elements), one add
+        per element for scatter_add."""
+        return n(self.P * self.I * self.Q) if self.op == "scatter_add" else 0
+
+    def purpose_line(self, size) -> str | None:
+        """What a composite op asked this gather for (a convolution's im2col) and the bytes it
+        stores (`size(view)`: a view's), for the report's gathers by purpose; None without one."""
+        stored = buffer_view(self.out, (self.out.numel,))
+        return f"{self.purpose} -> {self.out.name}, {size(stored)}" if self.purpose else None
 
 
 def _borders(node: Value) -> list | None:
@@ -90,26 +103,26 @@ def _borders(node: Value) -> list | None:
     return boxes
 
 
-def contiguous_operand(lowerer, node: Value) -> View:
+def contiguous_operand(ctx, node: Value) -> View:
     """The view of `node`'s value, copied into a buffer of its own unless it is already contiguous."""
-    view = lowerer.views[id(node)]
+    view = ctx.views[id(node)]
     if view.kind == "buffer" and is_contiguous(view):
         return view
-    buf = lowerer.alloc(node)
-    lowerer.copy(node, broadcast_view(view, node.shape) if view.shape != node.shape else view, buf,
+    buf = ctx.alloc(node)
+    ctx.copy(node, broadcast_view(view, node.shape) if view.shape != node.shape else view, buf,
                  f"make {node.op.name}'s operand contiguous")
     return buffer_view(buf, node.shape)
 
 
-def lower_gather(lowerer, node: Value) -> View:
+def lower(ctx, node: Value) -> View:
     """The kernels computing a gather-kind node; returns the view of its value."""
     name = node.op.name
     if name == "embed":
-        return _embed(lowerer, node)
+        return _embed(ctx, node)
     source, indices = node.inputs
     axis = node.attrs["axis"]
-    src, idx = contiguous_operand(lowerer, source), contiguous_operand(lowerer, indices)
-    if id(node) in lowerer.decisions.patches:  # no kernel: its matmuls gather the patches themselves
+    src, idx = contiguous_operand(ctx, source), contiguous_operand(ctx, indices)
+    if id(node) in ctx.decisions.patches:  # no kernel: its matmuls gather the patches themselves
         return patch_view(node, src, idx)
     k = indices.ndim
     if name == "take":
@@ -118,30 +131,46 @@ def lower_gather(lowerer, node: Value) -> View:
         P, rows, Q = S.numel(source.shape[:axis]), node.shape[axis], S.numel(source.shape[axis + k:])
     else:
         raise LoweringError(f"no lowering for gather op {name!r}")
-    out = lowerer.alloc(node)
-    lowerer.kernels.append(GatherKernel(lowerer.kernel_name(node), [lowerer.line(node)], name, src, idx, out,
+    out = ctx.alloc(node)
+    ctx.emit(GatherKernel(ctx.kernel_name(node), [ctx.line(node)], name, src, idx, out,
                                         P, S.numel(indices.shape), Q, rows, node.attrs.get("purpose", "")))
     return buffer_view(out, node.shape)
 
 
-def _embed(lowerer, node: Value) -> View:
+def _embed(ctx, node: Value) -> View:
     """Zeros around g's window (or, for a strided window, everywhere), then g stored into its
     window: loop kernels on one buffer."""
     (g,) = node.inputs
-    out = lowerer.alloc(node)
+    out = ctx.alloc(node)
     borders = _borders(node) if all(step == 1 for step in node.attrs["steps"]) else None
     if borders is None:
-        lowerer.copy(node, literal_view(0, node.shape, node.dtype), out, "zero the array embed writes into")
+        ctx.copy(node, literal_view(0, node.shape, node.dtype), out, "zero the array embed writes into")
     for starts, shape in borders or ():
         # A padded image's border, not the whole array, which the window then overwrites (a
         # convolution's padding: 4 thin slabs of 34 x 34, not 34 x 34 zeros and the image again).
         slab = slice_view(buffer_view(out, node.shape), starts, (1,) * node.ndim, shape)
-        lowerer.copy(node, literal_view(0, shape, node.dtype), out, "zero embed's border outside its window",
+        ctx.copy(node, literal_view(0, shape, node.dtype), out, "zero embed's border outside its window",
                      out_view=slab)
     window = slice_view(buffer_view(out, node.shape), node.attrs["starts"], node.attrs["steps"], g.shape)
-    source = broadcast_view(lowerer.views[id(g)], g.shape)
-    statement = Statement("r", node, ARGS[0], ["v0"], [g.dtype], g.dtype, out.dtype, lowerer.line(node))
-    kernel = lowerer._loop(lowerer.kernel_name(node), [lowerer.line(node)], g.shape, out,
-                           [Operand("v0", source, lowerer.name(g))], [statement], "r", out_view=window)
-    lowerer.kernels.append(kernel)
+    source = broadcast_view(ctx.views[id(g)], g.shape)
+    statement = Statement("r", node, ARGS[0], ["v0"], [g.dtype], g.dtype, out.dtype, ctx.line(node))
+    kernel = ctx.loop(ctx.kernel_name(node), [ctx.line(node)], g.shape, out,
+                           [Operand("v0", source, ctx.name(g))], [statement], "r", out_view=window)
+    ctx.emit(kernel)
     return buffer_view(out, node.shape)
+
+
+def render(r: Renderer, k: GatherKernel) -> dict:
+    """take or scatter_add over (P, I, Q) loops (templates <language>/gather)."""
+    params, args = r.params([k.src.buffer, k.indices.buffer], k.out)
+    sizes = {name: r.ex.paren(getattr(k, name)) for name in ("P", "I", "Q", "rows")}
+    threads = f"{sizes['P']} * {sizes['I']} * {sizes['Q']}" if k.op == "take" else f"{sizes['P']} * {sizes['Q']}"
+    return r.kernel(k, "gather", params=params, args=args, op=k.op, ctype=D.C_TYPES[k.out.dtype],
+                       itype=D.C_TYPES[k.indices.dtype], src=r.ex.pointer(k.src),
+                       idx=r.ex.pointer(k.indices), out=k.out.name, threads=threads,
+                       parallel=not small(_numel(k)), **sizes)
+
+
+def _numel(k: GatherKernel):
+    """Elements a gather kernel moves: P * I * Q."""
+    return sympy.sympify(k.P) * sympy.sympify(k.I) * sympy.sympify(k.Q)

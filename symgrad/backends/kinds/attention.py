@@ -1,0 +1,182 @@
+"""The attention kind: fused attention and its gradient, one `AttentionKernel` per node, with its
+lowering and render (templates <language>/attention).
+
+attention(q, k, v) and attention_grad(q, k, v, out, g) read their operands as H heads of T rows
+of E contiguous elements (E = the head dimension): head h of an operand starts where the view
+puts batch index unravel(h), and its rows are `row` elements apart. That is how a transformer
+hands them over, (B, T, H, E) transposed to (B, H, T, E), so nothing is copied first; an operand
+whose last axis is not contiguous (or a broadcast constant) is copied into a buffer of its own.
+
+The C kernel (templates/c/attention.c.j2) takes a tile of SG_ROW_TILE query rows against a
+block of SG_KEY_BLOCK keys at a time. Its sums over E and over the keys are small matrix products
+(q k^T, p v; in the backward also g v^T, ds k, p^T g, ds^T q) on register tiles of 8 (AVX-512) or
+4 rows by 2 vectors (templates/c/attention_tile.h.j2), reading k (and v) from a scratch copy
+transposed per head (H x E x T, a workspace temporary) so that a tile's scores lie along the
+vector lanes:
+
+    forward:   m, l, out_i = running max, sum of exp(s_ij - m) and sum of exp(s_ij - m) v_j
+               over the blocks, each rescaled by exp(m_old - m_new) as the max grows; out_i /= l
+    backward:  m and l as the forward stored them (`stats`), or, where this plan does not compute
+               the forward, recomputed so (a first sweep over the blocks); D_i = g_i . out_i; then
+               p = exp(s_ij - m) / l,  ds = p (g_i . v_j - D_i) scale,
+               dq_i += ds k_j,  dv_j += p g_i,  dk_j += ds q_i
+
+s_ij = scale q_i . k_j, and key j is visible from row i when j <= i if causal. No buffer of T x T
+elements exists: a tile's scores live on the stack of one thread. The backward's threads take
+whole heads, so no two add into one dk or dv row. CUDA (templates/cuda/attention.cu.j2) runs one
+thread per query row and adds into dk and dv atomically.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import Any
+
+import sympy
+
+from ...ir import dtypes as D
+from ...ir import shapes as S
+from ...ir.elementwise import ARGS
+from ...ir.value import Value
+from .. import runtime
+from ..plan import Swap
+from ..render import Renderer, small
+from ..views import Buffer, View, buffer_view
+from .gather import contiguous_operand
+
+WORDS = (("attention", "fused attention"),)  # the report's count line
+
+
+@dataclass(frozen=True, eq=False)
+class AttentionKernel:
+    """attention (`op` "attention": out = softmax(q k^T scale) v) or its gradient ("attention_grad":
+    out = [dq, dk, dv], each H x T x E). `operands`: q, k, v (and out, g for the gradient), views
+    of `batch + (T, E)` with contiguous rows; `out` is contiguous."""
+
+    name: str
+    lines: list[str]
+    op: str
+    operands: tuple       # View per operand, in the op's input order
+    labels: tuple         # the graph value each operand holds, for comments
+    out: Buffer
+    batch: tuple          # the sizes of the batch axes (their product: the heads H)
+    T: Any
+    E: Any
+    causal: bool
+    scale: float
+    scratch: tuple = ()   # H x E x T buffers the kernel fills and reads: k (and v) transposed per head
+    stats: Buffer | None = None  # 2 x H x T: each row's largest score m, then 1 / l (see `forward_stats`)
+    kind: str = "attention"
+
+    @property
+    def heads(self):
+        """H: the number of heads, the product of the batch sizes."""
+        return S.numel(self.batch)
+
+    def reads(self) -> list:
+        read = [view.buffer for view in self.operands]
+        return read + [self.stats] if self.stats is not None and self.op == "attention_grad" else read
+
+    def writes(self) -> list:
+        written = [self.out, *self.scratch]
+        return written + [self.stats] if self.stats is not None and self.op == "attention" else written
+
+    def swap(self, s: Swap) -> "AttentionKernel":
+        """This kernel with the buffers `s` maps swapped in."""
+        return replace(self, operands=tuple(s.view(v) for v in self.operands), out=s.buffer(self.out),
+                       scratch=tuple(s.buffer(b) for b in self.scratch), stats=s.buffer(self.stats))
+
+    def flops(self, n) -> int:
+        """Arithmetic per call (`n` evaluates a size), as FlashAttention counts: the products over
+        the visible (row, key) pairs."""
+        pairs = n(self.T) * (n(self.T) + 1) // 2 if self.causal else n(self.T) ** 2
+        return (4 if self.op == "attention" else 10) * n(self.heads) * n(self.E) * pairs
+
+    report_kind = "attention"  # what `step.report()` counts it as
+
+    def report_line(self) -> str:
+        """What the kernel does, for the report's list of kernels: what it holds instead of the
+        T x T weights (k, and v, transposed per head)."""
+        return (f"fused {self.op}{' (causal)' if self.causal else ''}, {self.heads} head(s) of {self.T} x {self.E}, "
+                f"no T x T buffer; scratch {', '.join(b.name for b in self.scratch)} -> {self.out.name}")
+
+
+def _rows_view(ctx, node: Value) -> View:
+    """The view of `node` if its rows are contiguous in a buffer, else a contiguous copy's."""
+    view = ctx.views[id(node)]
+    if view.kind == "buffer" and view.shape == node.shape and view.strides[-1] == 1:
+        return view
+    return contiguous_operand(ctx, node)
+
+
+def _differentiates(grad: Value, forward: Value) -> bool:
+    """Whether attention_grad node `grad` is the gradient of attention node `forward`: its q, k, v
+    the forward's, its `out` the forward's value, the same mask and scale."""
+    return (grad.op.name == "attention_grad" and forward.op.name == "attention" and grad.inputs[3] is forward
+            and all(a is b for a, b in zip(grad.inputs[:3], forward.inputs)) and grad.attrs == forward.attrs)
+
+
+def shared_stats(graph) -> dict:
+    """id(attention_grad node) -> the attention node whose stored softmax statistics it reads: an
+    attention whose gradient the same graph computes stores each row's m and 1 / l (2 x H x T
+    elements), and that gradient reads them instead of sweeping every key block once more to find
+    them (decide records it; a gradient computed where its forward is not, in another plan, sweeps)."""
+    return {id(node): node.inputs[3] for node in graph.nodes
+            if node.op.name == "attention_grad" and _differentiates(node, node.inputs[3])}
+
+
+def _stats(ctx, node: Value) -> Buffer | None:
+    """The statistics buffer `node`'s kernel shares with its gradient's (as decide paired them):
+    made at the forward, read at the gradient; None for any other kernel."""
+    if node.op.name == "attention_grad":
+        forward = ctx.decisions.attention_stats.get(id(node))
+        return None if forward is None else ctx.kept[(id(forward), "stats")]
+    if id(node) not in ctx.decisions.stats_stored:
+        return None
+    shape = node.inputs[0].shape
+    ctx.kept[(id(node), "stats")] = ctx.scratch(node, (2, S.numel(shape[:-2]), shape[-2]), node.dtype)
+    return ctx.kept[(id(node), "stats")]
+
+
+def lower(ctx, node: Value) -> View:
+    """The kernel computing an attention-kind node; returns the view of its value."""
+    operands = tuple(_rows_view(ctx, operand) for operand in node.inputs)
+    shape = node.inputs[0].shape
+    out = ctx.alloc(node)
+    # k (and for the gradient v) transposed, head by head: the keys along a dot product's vector lanes.
+    transposed = (S.numel(shape[:-2]), shape[-1], shape[-2])
+    scratch = tuple(ctx.scratch(node, transposed, node.dtype) for _ in range(1 if node.op.name == "attention" else 2))
+    ctx.emit(AttentionKernel(
+        ctx.kernel_name(node), [ctx.line(node)], node.op.name, operands,
+        tuple(ctx.name(operand) for operand in node.inputs), out, tuple(shape[:-2]), shape[-2], shape[-1],
+        node.attrs["causal"], node.attrs["scale"], scratch, _stats(ctx, node)))
+    return buffer_view(out, node.shape)
+
+
+def render(r: Renderer, k: AttentionKernel) -> dict:
+    """Fused attention or its gradient over H heads of T rows (templates <language>/attention):
+    Python gives each operand's head pointer and row stride, and the softmax's exp expressions."""
+    ctype = D.C_TYPES[k.out.dtype]
+    params, args = r.params(k.reads(), k.writes())  # stats: the forward's output, the gradient's input
+    # Head h's batch indices n0, n1, ... (row-major over k.batch), then each operand's head pointer.
+    unravel = []
+    for j, size in enumerate(k.batch):
+        inner = r.ex.paren(S.numel(k.batch[j + 1:]))
+        value = "h" if inner == "1" else f"h / {inner}"
+        unravel.append(dict(var=f"n{j}", value=value if j == 0 else f"{value} % {r.ex.paren(size)}"))
+    names = [u["var"] for u in unravel]
+    operands = [dict(role=role, label=label, row=r.ex.paren(view.strides[-2]),
+                     at=f"{view.buffer.name} + {r.ex.index(view.offset, names, view.strides[:-2])}")
+                for role, label, view in zip(("q", "k", "v", "o", "g"), k.labels, k.operands)]
+    printer = r.lang.printer(k.out.dtype)
+    exp = {name: printer.print_named(sympy.exp(ARGS[0] - ARGS[1]), {ARGS[0]: a, ARGS[1]: b})
+           for name, (a, b) in dict(rescale=("before", "top"), p=("s[jj]", "top")).items()}
+    r.features.add("attention")
+    if any("sg_expf(" in text for text in exp.values()):
+        r.features.add("fast_exp")
+    return r.kernel(k, "attention", params=params, args=args, op=k.op, ctype=ctype, unravel=unravel,
+                       suffix=runtime.GEMM[k.out.dtype]["suffix"], operands=operands, H=r.ex.paren(k.heads),
+                       T=r.ex.paren(k.T), E=r.ex.paren(k.E),
+                       causal=k.causal, scale=r.ex.literal(k.scale, k.out.dtype), out=k.out.name,
+                       scratch=[b.name for b in k.scratch], stats=None if k.stats is None else k.stats.name,
+                       parallel=not small(sympy.sympify(k.heads) * k.T * k.T * k.E), **exp)
