@@ -193,6 +193,13 @@ class Compiled:
         """The imported generated module (None for the numpy backend)."""
         return self.program.module
 
+    @property
+    def module_name(self) -> str | None:
+        """The generated module's name, `_symgrad_<hash>`: with the cache directory
+        (`library_path.parent`) on sys.path, `import` it by that name in any process, symgrad or
+        not (docs/guide.md, "Importing a compiled program without symgrad"); None for numpy."""
+        return getattr(self.program, "module_name", None)
+
     def report(self) -> "backends.report.Report":
         """The compilation report (symgrad.backends.report.Report): `print(step.report())` shows
         a summary that fits a screen (step memory at its peak and the largest buffers, compile

@@ -29,7 +29,7 @@ from .gather import GatherKernel
 from .patches import is_columns, is_patches, is_winograd, matmul_gemm
 from .expressions import Exprs, comment, contiguous, convert, lowest
 from .languages import COLUMN_TILE, PARALLEL_MIN, Language
-from .lowering import PRODUCT, REDUCED, LoopKernel, MatmulKernel, Plan, ReduceKernel, RowKernel, View
+from .plan import PRODUCT, REDUCED, LoopKernel, MatmulKernel, Plan, ReduceKernel, RowKernel, View
 
 
 # ---- statements: what a kernel body is made of, printed by templates/statements.j2 -----

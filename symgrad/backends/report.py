@@ -27,8 +27,7 @@ from . import half, runtime, winograd
 from .attention import AttentionKernel
 from .gather import GatherKernel
 from .kernel_functions import calls
-from .lowering import MatmulKernel
-from .plan import LoopKernel, ReduceKernel, RowKernel, kernel_reads, kernel_writes
+from .plan import LoopKernel, MatmulKernel, ReduceKernel, RowKernel, kernel_reads, kernel_writes
 from .patches import is_columns, is_patches, is_winograd, matmul_gemm
 
 # Compile stages in the order they run, with the words the report uses.
