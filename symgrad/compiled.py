@@ -28,6 +28,11 @@ from .ir.value import Value
 from .optim.optimizer import check_hyperparameter
 
 _SIGNATURES_KEPT = 8  # validated input signatures remembered per compiled object
+# The program's attributes a compiled object shows as its own: where the build put its files, what
+# the caches gave, what the passes, the lowering and the memory plan made (symgrad.backends.native).
+PROGRAM_ATTRIBUTES = frozenset({
+    "source_path", "library_path", "from_cache", "from_program_cache", "pass_report", "plan", "optimized",
+    "dims", "arena", "memory_plan", "memory_plans", "timings", "flags", "quiet"})
 
 
 class VariableStorage(dict):
@@ -253,10 +258,11 @@ class Compiled:
         return result
 
     def __getattr__(self, name):
-        # module_name, source_path, report(), ...: whatever the program offers.
-        if name.startswith("_") or name in ("program", "graph"):
-            raise AttributeError(name)
-        return getattr(self.program, name)
+        # What was built, as the program holds it (PROGRAM_ATTRIBUTES); the rest of the program,
+        # its calls and hooks included, is `program`'s own.
+        if name in PROGRAM_ATTRIBUTES:
+            return getattr(self.program, name)
+        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
 
     def _read_variable(self, name: str) -> np.ndarray:
         """A copy of the variable's current value (a parameter's from its cell: the model's)."""

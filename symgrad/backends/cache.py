@@ -382,7 +382,10 @@ def _verified(paths: _Paths, key: str, source: str, python: str | None = None) -
         # The binary is fine; only the kept copy of the source was lost or edited: restore it.
         atomic_write(paths.source, source.encode())
     if python is not None and file_sha256(paths.module) != hashlib.sha256(python.encode()).hexdigest():
-        atomic_write(paths.module, python.encode())  # lost, edited, or written by another symgrad
+        try:  # lost, edited, or written by another symgrad's helpers
+            atomic_write(paths.module, python.encode())
+        except OSError:  # a read-only cache: the library loads all the same, symgrad needs no module
+            pass
     return paths.library
 
 

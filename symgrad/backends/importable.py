@@ -34,9 +34,9 @@ def text(name: str, cdef: str, source_file: str, helpers: str = "") -> str:
     return f'''"""{name}: a program compiled by symgrad, importable without symgrad (needs cffi).
 
 Written by symgrad beside its library {library_file(name)}
-and its source {source_file}; do not edit.
-`lib`: the library's functions (cffi ABI mode); `ffi`: the FFI declaring them (`CDEF`);
-`source`: the text that was compiled, byte for byte; `LIBRARY`: the library's path.
+and its source {source_file}. Do not edit it: symgrad writes it again.
+`lib`: the library's functions (cffi ABI mode), `ffi`: the FFI declaring them (`CDEF`),
+`source`: the text that was compiled, byte for byte, `LIBRARY`: the library's path.
 """
 
 import os as _os
@@ -78,7 +78,7 @@ def run(dims, inputs, variables=(), outputs=()):
     """Call the program's entry point on NumPy arrays; returns `outputs`.
 
         int {entry}(const int64_t* dims, void** inputs, void** variables, void** outputs,
-                    char* workspace, const int64_t* offsets, sg_context* context);
+                    char* workspace, const int64_t* offsets, sg_context* context)
 
     The orders are those of the comment at the top of `source`:
     `graph(<inputs>) vars(<variables>) {{ ... return (<outputs>) }}`.

@@ -8,14 +8,17 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import textwrap
 
 import numpy as np
+import pytest
 
 import symgrad as sg
-from symgrad.backends import importable
+from symgrad.backends import cache, importable
+
 
 def run_clean(code: str, cwd) -> str:
     """`code` in an isolated interpreter (-I: no PYTHONPATH, no user site, no script directory)
@@ -109,3 +112,48 @@ def test_the_module_text_opens_the_library_beside_it_not_one_named_as_the_module
     assert importable.library_file("_symgrad_abc") == "lib_symgrad_abc.so"
     assert "'lib_symgrad_abc.so'" in text and "import symgrad" not in text and "from symgrad" not in text
     compile(text + importable.c_helpers("symgrad_run", "symgrad_workspace_bytes", 64), "<module>", "exec")
+
+
+@pytest.mark.nvcc
+@pytest.mark.skipif(shutil.which(cache.nvcc_command()[0]) is None, reason="needs nvcc, the CUDA compiler")
+def test_a_cuda_program_imports_by_name_with_lib_ffi_and_source(tmp_path):
+    """A CUDA program's module (built only: no GPU needed) loads its library beside it and answers;
+    it has no `run` (its entry takes a device state)."""
+    x, y, params, logits, _ = _model("float32")
+    step = sg.train_step(sg.cross_entropy(logits, y), params=params, optimizer=sg.optim.SGD(lr=0.1),
+                         backend="cuda", build_only=True)
+    code = textwrap.dedent(f"""\
+        import json, sys
+        sys.path.insert(0, {str(step.library_path.parent)!r})
+        import {step.module_name} as m
+        count, err = m.ffi.new("int*"), m.ffi.new("char[]", 256)
+        status = m.lib.sg_cuda_device_count(count, err, 256)
+        print(json.dumps({{"symgrad": "symgrad" in sys.modules, "status": status, "has_run": hasattr(m, "run"),
+                          "source": m.source == open({str(step.source_path)!r}).read()}}))
+        """)
+    report = json.loads(run_clean(code, tmp_path).strip().splitlines()[-1])
+    assert report == {"symgrad": False, "status": 0, "has_run": False, "source": True}
+    assert step.library_path.name == f"lib{step.module_name}.so" and step.source_path.suffix == ".cu"
+
+
+def test_the_cache_writes_the_module_with_the_library_and_restores_it(tmp_path, monkeypatch):
+    """Any plain library the cache builds (kind "program") gets its module, with the `helpers` it is
+    given; a module lost or edited is written again when the entry is next loaded."""
+    monkeypatch.setenv("SYMGRAD_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setattr(cache, "_LOADED", {})
+    source, cdef = "int add(int a, int b) { return a + b; }\n", "int add(int a, int b);"
+    built = cache.build(source, cdef, kind="program", helpers="\n\ndef twice(a):\n    return lib.add(a, a)\n")
+    module = built.cache_dir / f"{built.module_name}.py"
+    assert built.library_path == built.cache_dir / f"lib{built.module_name}.so" and module.is_file()
+    written = module.read_text()
+    module.write_text("raise ImportError('edited')\n")
+    monkeypatch.setattr(cache, "_LOADED", {})
+    assert cache.build(source, cdef, kind="program").module.lib.add(2, 3) == 5
+    assert module.read_text() != written  # written again, as this build asks: without the helpers
+    module.unlink()
+    monkeypatch.setattr(cache, "_LOADED", {})
+    cache.build(source, cdef, kind="program", helpers="\n\ndef twice(a):\n    return lib.add(a, a)\n")
+    assert module.read_text() == written
+    code = (f"import sys\nsys.path.insert(0, {str(built.cache_dir)!r})\nimport {built.module_name} as m\n"
+            f"print(m.lib.add(40, 2), m.twice(21), m.source == {source!r}, 'symgrad' in sys.modules)")
+    assert run_clean(code, tmp_path).split() == ["42", "42", "True", "False"]
