@@ -9,10 +9,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from functools import cached_property
-from typing import Iterable, Sequence
+from typing import Sequence
 
 from . import shapes as S
-from .order import toposort  # noqa: F401  (re-exported: the graph's order, as callers know it)
+from .order import toposort  # the graph's order (callers import it from here too)
 from .value import Value
 
 

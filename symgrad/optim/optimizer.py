@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import inspect
-import math
 import numbers
 from collections.abc import Mapping
 
