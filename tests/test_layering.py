@@ -93,8 +93,6 @@ KNOWN = {
         "sg.optim.from_torch(opt) asks sg.from_torch's import for the parameters of the torch optimizer's tensors",
     ("symgrad.backends.patches", "symgrad.backends.runtime"):
         "decide reads the runtime's GEMM table (gemm_function, NARROW_N), which lives beside the runtime's build",
-    ("symgrad.backends.plan", "symgrad.backends.patches"):
-        "the plan's kernels ask whether a view is a patch view (is_patches), which decide defines",
     ("symgrad.backends.render", "symgrad.backends.patches"):
         "render asks decide's helpers which GEMM a matmul took (matmul_gemm) instead of reading it from the plan",
     ("symgrad.backends.render", "symgrad.backends.runtime"):

@@ -18,8 +18,7 @@ from ..ir import dtypes as D
 from ..ir.elementwise import compute_dtype as elementwise_compute_dtype
 from ..ir.graph import Graph
 from ..ir.value import Value
-from .patches import is_patches
-from .views import Buffer, View
+from .views import Buffer, View, is_patches
 
 class LoweringError(NotImplementedError):
     """A node the lowering has no rule for."""
