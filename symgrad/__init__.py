@@ -5,6 +5,7 @@ compile forward, backward and update into one native call.
 """
 
 from . import ir  # noqa: F401  (registers the ops before anything builds nodes)
+from . import operators  # noqa: F401  (the functions Value's operators and the VJP rules build with)
 from . import optim
 from . import distributed, nn, random  # noqa: F401  (sg.nn, sg.random: layers and the counter-based generator)
 from .autodiff import grad
@@ -13,11 +14,12 @@ from .training import train_step
 from .backends.cuda import cuda_source  # the .cu text of a graph; needs no GPU
 from .gradcheck import GradcheckError, gradcheck
 from .custom import Context, Function
-from .functional import (abs, argmax, broadcast_to, cast, constant, cos, cross_entropy, elementwise,
+from .functional import (abs, argmax, broadcast_to, cast, constant, cos, elementwise,
                          equal, exp, expand_dims, greater, greater_equal, less, less_equal, log,
-                         log_softmax, matmul, max, maximum, mean, minimum, mse_loss, nll_loss,
+                         log_softmax, matmul, max, maximum, mean, minimum,
                          not_equal, one_hot, relu, reshape, sigmoid, sin, softmax, sqrt, squeeze,
                          stop_gradient, sum, tanh, transpose, where)
+from .losses import cross_entropy, mse_loss, nll_loss
 from .pointwise import ceil, clip, erf, floor, gelu, log1p, masked_fill, round, sign, softplus, trunc
 from .functional import acos, arccos, arcsin, arctan, arctan2, asin, atan, atan2
 from .integer import (bitwise_and, bitwise_left_shift, bitwise_not, bitwise_or, bitwise_right_shift, bitwise_xor,
@@ -39,10 +41,11 @@ from .ir.graph import Graph
 from .ir.printing import backward_chain, print_graph
 from .ir.shapes import Dim
 from .ir.value import Value
-from .sources import input, manual_seed, param
+from .seeding import manual_seed
+from .sources import input, param
 from .torch_import import from_torch  # torch itself is imported only when a model is
 
-__version__ = "0.1.0"
+from .version import __version__  # a leaf module: the stages read it there, not from this API
 
 # The 16-bit float dtypes by torch's names (a dtype is its name in symgrad: sg.bfloat16 == "bfloat16").
 bfloat16 = "bfloat16"

@@ -8,8 +8,9 @@ from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 
-from . import __version__
+from .version import __version__
 from .backends import BACKENDS
 
 # Errors a user can cause or fix from the shell (no C compiler, backend not
@@ -225,9 +226,21 @@ def _add_export(subparsers) -> None:
     export.set_defaults(run=_run_export)
 
 
-def _run_export(args) -> int:
-    from .export import export_file
+def export_file(path, out_dir, name: str | None = None, backend: str = "c", programs=None) -> dict:
+    """`symgrad export FILE`: compile the step of FILE's build() (as `symgrad inspect` reads it;
+    a dict may add "predict") on the C backend and export it for `backend`; `name` defaults to
+    the file's."""
+    from .export import export, name_of
+    from .inspect_cmd import load_build
+    from .training import train_step
 
+    path = Path(path)
+    loss, params, optimizer, predict = load_build(path, with_predict=True)
+    step = train_step(loss, params, optimizer, backend="c", predict=predict)
+    return export(step, out_dir, name=name_of(path) if name is None else name, backend=backend, programs=programs)
+
+
+def _run_export(args) -> int:
     try:
         written = export_file(args.file, args.out, name=args.name, backend=args.backend)
     except (FileNotFoundError, TypeError) + USER_ERRORS as exc:

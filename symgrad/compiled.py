@@ -28,6 +28,11 @@ from .ir.value import Value
 from .optim.optimizer import check_hyperparameter
 
 _SIGNATURES_KEPT = 8  # validated input signatures remembered per compiled object
+# The program's attributes a compiled object shows as its own: where the build put its files, what
+# the caches gave, what the passes, the lowering and the memory plan made (symgrad.backends.native).
+PROGRAM_ATTRIBUTES = frozenset({
+    "source_path", "library_path", "from_cache", "from_program_cache", "pass_report", "plan", "optimized",
+    "dims", "arena", "memory_plan", "memory_plans", "timings", "flags", "quiet"})
 
 
 class VariableStorage(dict):
@@ -200,6 +205,13 @@ class Compiled:
         """The imported generated module (None for the numpy backend)."""
         return self.program.module
 
+    @property
+    def module_name(self) -> str | None:
+        """The generated module's name, `_symgrad_<hash>`: with the cache directory
+        (`library_path.parent`) on sys.path, `import` it by that name in any process, symgrad or
+        not (docs/guide.md, "Importing a compiled program without symgrad"); None for numpy."""
+        return getattr(self.program, "module_name", None)
+
     def report(self) -> "backends.report.Report":
         """The compilation report (symgrad.backends.report.Report): `print(step.report())` shows
         a summary that fits a screen (step memory at its peak and the largest buffers, compile
@@ -253,10 +265,11 @@ class Compiled:
         return result
 
     def __getattr__(self, name):
-        # module_name, source_path, report(), ...: whatever the program offers.
-        if name.startswith("_") or name in ("program", "graph"):
-            raise AttributeError(name)
-        return getattr(self.program, name)
+        # What was built, as the program holds it (PROGRAM_ATTRIBUTES); the rest of the program,
+        # its calls and hooks included, is `program`'s own.
+        if name in PROGRAM_ATTRIBUTES:
+            return getattr(self.program, name)
+        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
 
     def _read_variable(self, name: str) -> np.ndarray:
         """A copy of the variable's current value (a parameter's from its cell: the model's)."""

@@ -186,19 +186,6 @@ def export(step, out_dir, name: str | None = None, backend: str = "c", programs=
     return written
 
 
-def export_file(path, out_dir, name: str | None = None, backend: str = "c", programs=None) -> dict:
-    """`symgrad export FILE`: compile the step of FILE's build() (as `symgrad inspect` reads it;
-    a dict may add "predict") on the C backend and export it for `backend`; `name` defaults to
-    the file's."""
-    from .inspect_cmd import load_build
-    from .training import train_step
-
-    path = Path(path)
-    loss, params, optimizer, predict = load_build(path, with_predict=True)
-    step = train_step(loss, params, optimizer, backend="c", predict=predict)
-    return export(step, out_dir, name=_name_of(path) if name is None else name, backend=backend, programs=programs)
-
-
 def runtime_symbols() -> list[str]:
     """The runtime's global functions (declared in symgrad_runtime.h), which the export renames."""
     return sorted(set(_RUNTIME_SYMBOL.findall(runtime.header())))
@@ -217,7 +204,7 @@ def learning_rate(step: int, peak: float, warmup: int, total: int, schedule: str
     return peak * (floor_ratio + (1 - floor_ratio) * 0.5 * (1 + math.cos(math.pi * progress)))
 
 
-def _name_of(path: Path) -> str:
+def name_of(path: Path) -> str:
     """A C identifier from a file's name: its stem, non-identifier characters as `_`."""
     name = re.sub(r"\W", "_", path.stem, flags=re.ASCII)
     return name if _NAME.match(name) else f"model_{name}"
@@ -233,7 +220,7 @@ def _default_name() -> str:
         if file and not file.startswith("<"):
             path = Path(file).resolve()
             if package not in path.parents and path.suffix == ".py":
-                return _name_of(path)
+                return name_of(path)
         frame = frame.f_back
     return "model"
 
@@ -308,12 +295,12 @@ def _nvcc_flags() -> list[str]:
 
 
 def _cuda_program(graph: Graph, kind: str) -> _Program:
-    """The program as the CUDA backend renders it (no GPU or nvcc needed to render)."""
-    from . import passes
-    from .backends.lowering import lower
-    from .backends.memory import ArenaSpec
-    plan = lower(passes.optimize(graph), variables=graph.variables, language=_cuda().CUDA)  # decided for CUDA
-    return _Program(kind, _cuda().render_source(plan), list(plan.dims), ArenaSpec.of(plan), graph)
+    """The program as the CUDA backend renders it, through the same driver (no GPU or nvcc needed
+    to render)."""
+    from .backends import driver
+    from .backends.languages import CUDA
+    entry = driver.prepare(graph, CUDA).entry
+    return _Program(kind, entry.source, list(entry.dims), entry.arena, graph)
 
 
 def _batch_dim(programs: list[_Program]):
@@ -511,7 +498,7 @@ def _statuses(name: str) -> list[dict]:
 
 
 def _version() -> str:
-    from . import __version__
+    from .version import __version__
     return __version__
 
 

@@ -13,7 +13,6 @@ transpose(x, d0, d1) exchanging two axes. Operand dtypes combine as torch's do
 from __future__ import annotations
 
 import numbers
-import sys
 from collections import namedtuple
 from typing import Callable, Sequence
 
@@ -24,7 +23,7 @@ import sympy
 from .ir import dtypes as D
 from .ir import shapes as S
 from .ir.registry import lookup
-from .ir.value import Value, make, provide_functions
+from .ir.value import Value, functions, make
 from .spellings import one_of, torch_dims
 
 builtins_max = builtins.max  # this module's max is torch.max
@@ -36,7 +35,7 @@ __all__ = [
     "greater_equal", "equal", "not_equal", "cast", "stop_gradient", "constant", "sum", "mean",
     "max", "min", "amax", "amin", "argmax", "argmin", "reshape", "transpose", "broadcast_to", "expand_dims",
     "unsqueeze", "squeeze", "expand", "to", "matmul",
-    "softmax", "log_softmax", "one_hot", "nll_loss", "cross_entropy", "mse_loss", "elementwise",
+    "softmax", "log_softmax", "one_hot", "elementwise",
     "apply_elementwise",
 ]
 
@@ -285,7 +284,7 @@ def amax(x, axis=None, keepdims=False) -> Value:
 def _flip_order(x: Value) -> Value:
     """x under an order-reversing map, so that a max of it is a min of x: -x for floats (NaN
     stays NaN), ~x = -x - 1 for integers (no overflow at the most negative one), not for bools."""
-    return neg(x) if D.is_float(x.dtype) else bitwise_not(x)
+    return neg(x) if D.is_float(x.dtype) else functions().bitwise_not(x)  # symgrad.integer's
 
 
 @torch_dims
@@ -651,22 +650,3 @@ def elementwise(name: str, fn, args: Sequence[sympy.Symbol] | None = None) -> Ca
     apply.op = op
     apply.__doc__ = f"Elementwise {name}(x) = {expr}."
     return apply
-
-
-provide_functions(sys.modules[__name__])  # Value's operators and the VJP rules build with these
-
-
-# x[...] (Value.__getitem__) dispatches here; symgrad.indexing builds on the primitives above.
-from .indexing import getitem  # noqa: E402
-# a // b, a % b, a & b, ... and their Value methods; symgrad.integer builds on the ops above.
-from .integer import (bitwise_and, bitwise_left_shift, bitwise_not, bitwise_or, bitwise_right_shift,  # noqa: E402
-                      bitwise_xor, floor_divide, fmod, remainder)
-from .integer import div as divide  # noqa: E402  (torch.divide: div with rounding_mode; `div` above is a / b)
-# The losses, written on the functions above (symgrad.losses).
-from .losses import cross_entropy, mse_loss, nll_loss  # noqa: E402
-# What Value's torch-named methods forward to (symgrad.ir.value), from the modules built on this one.
-from .indexing import chunk, narrow, split  # noqa: E402
-from .indices import permute, swapaxes, tril, triu  # noqa: E402
-from .pointwise import ceil, clip, erf, floor, log1p, masked_fill, round, sign, trunc  # noqa: E402
-from .pooling import flatten  # noqa: E402
-from .statistics import logsumexp, prod, std, var  # noqa: E402

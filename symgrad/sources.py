@@ -19,18 +19,11 @@ _rng = np.random.default_rng(0)
 _serial = itertools.count()
 
 
-def manual_seed(seed: int) -> None:
-    """Seed every generator symgrad draws from, as torch.manual_seed does.
-
-    That is the one behind init="normal" / "uniform" (and nn layers'
-    initialisation), and the default dropout generator of layers built
-    afterwards (symgrad.random).
-    """
+def seed_host_generator(seed: int) -> None:
+    """Replace the NumPy generator behind parameters' initial values by one seeded with `seed`
+    (sg.manual_seed seeds it and symgrad.random's default generator: symgrad.seeding)."""
     global _rng
-    from . import random as graph_random
-
     _rng = np.random.default_rng(seed)
-    graph_random.manual_seed(seed)
 
 
 def host_generator() -> np.random.Generator:

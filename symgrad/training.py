@@ -298,7 +298,7 @@ def train_step(loss: Value, params=None, optimizer=None, backend: str | None = N
     if not isinstance(loss, Value) or loss.shape != () or not D.is_float(loss.dtype):
         raise ValueError(f"train_step: loss must be a float scalar value, got {loss!r}")
     if autocast is not None:
-        from .ir.autocast import autocast_graph
+        from .ir.autocast_graph import autocast_graph
         loss = autocast_graph([loss], autocast)[0]
     from .optim import param_groups as groups_of
     from .optim.optimizer import Optimizer

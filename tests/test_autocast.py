@@ -15,6 +15,7 @@ import torch.nn.functional as TF
 
 import symgrad as sg
 from symgrad.ir import dtypes as D
+from symgrad.ir.autocast_graph import autocast_graph
 
 BF16 = ml_dtypes.bfloat16
 # bfloat16 keeps 8 significant bits: a result rounded once is within 2^-8 of its value relative
@@ -171,7 +172,7 @@ def test_autocast_context_and_train_step_rewrite_agree():
     plain = sg.sum(sg.softmax(sg.gelu(x @ W), dim=-1) * 3)
     with sg.autocast("bfloat16"):
         inside = sg.sum(sg.softmax(sg.gelu(x @ W), dim=-1) * 3)
-    (rewritten,) = sg.ir.autocast.autocast_graph([plain], "bfloat16")
+    (rewritten,) = autocast_graph([plain], "bfloat16")
     assert str(sg.Graph([x, W], [rewritten])) == str(sg.Graph([x, W], [inside]))
     assert "bf16" not in str(sg.Graph([x, W], [plain]))
     with sg.autocast("bfloat16"), sg.autocast(enabled=False):

@@ -40,7 +40,7 @@ from ..ir import dtypes as D
 from ..ir import shapes as S
 from ..ir.graph import Graph
 from ..ir.ops import check_labels, label_checks
-from . import cache, runtime
+from . import cache, importable, runtime
 from .driver import source_of
 from .expressions import comment  # noqa: F401  (re-exported: what C comments may hold)
 from .kernel_functions import calls
@@ -48,7 +48,7 @@ from .kinds.collective import DTYPES as COLLECTIVE_DTYPES
 from .languages import (C_BAD_LABEL as BAD_LABEL, C_ENTRY as ENTRY, C_OPENMP, C_SET_THREADS as SET_THREADS,
                         C_SIGNATURE as SIGNATURE, C_WORKSPACE_SIZES as WORKSPACE_SIZES, COLUMN_TILE,  # noqa: F401
                         PARALLEL_MIN)  # noqa: F401
-from .lowering import Plan
+from .plan import Plan
 from .memory import MemoryPlan
 from .native import NativeProgram
 from .render_program import render
@@ -65,6 +65,7 @@ CDEF = (f"typedef struct {{ {CDEF_CONTEXT_FIELDS} }} sg_context;\n"
         f"int64_t {WORKSPACE_SIZES}(const int64_t* dims, int64_t* nbytes);\n"
         f"void {SET_THREADS}(int threads);")
 ALIGN = 64                      # bytes: every workspace buffer starts on a cache line
+HELPERS = importable.c_helpers(ENTRY, WORKSPACE_SIZES, ALIGN)  # the importable module's NumPy call
 
 
 def render_source(plan: Plan, labels: list = ()) -> str:
@@ -85,9 +86,11 @@ def build_program(source: str, flags: list[str] | None = None, cdef: str = CDEF,
     its include path, linked to the runtime library built with the same `flags` (once per compiler
     and flags; default `cache.default_flags()`). `cdef`: its declarations (a profiling build has
     two more, symgrad.backends.profile); `announce`: what is compiling, said on stderr if the
-    compiler runs longer than a second (None: nothing is said)."""
+    compiler runs longer than a second (None: nothing is said). Its importable module
+    (`import <module_name>` with the cache directory on sys.path) adds `run` and `workspace_sizes`
+    (symgrad.backends.importable.c_helpers)."""
     return cache.build(source, cdef, flags=flags, kind="program", headers={runtime.HEADER: runtime.header()},
-                       link=runtime.build(flags), announce=announce)
+                       link=runtime.build(flags), announce=announce, helpers=HELPERS)
 
 
 def describe(plan: Plan, source: str, name: str = "a C program") -> str:

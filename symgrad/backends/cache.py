@@ -11,6 +11,8 @@ earlier from the same inputs. Layout of the cache directory
 (`SYMGRAD_CACHE_DIR`, default `~/.cache/symgrad`):
 
     _symgrad_<hash><EXT_SUFFIX>    the extension module (e.g. .cpython-311-x86_64-linux-gnu.so)
+    lib_symgrad_<hash>.so          a program's plain shared library (kinds "program" and "cuda")
+    _symgrad_<hash>.py             beside it: the module that loads it (symgrad/backends/importable.py)
     _symgrad_<hash>.c              byte for byte the `source` that was compiled
     _symgrad_<hash>.json           metadata: the full key, sha256 of the .so and of the .c
     _symgrad_<hash>.log            the compiler's output, only after a failed build
@@ -21,7 +23,9 @@ earlier from the same inputs. Layout of the cache directory
     runtime/<hash>.json            the runtime's rendered source (symgrad/backends/runtime.py)
 
 The binaries sit directly in the cache directory, so with it on `sys.path`
-`import _symgrad_<hash>` works in any process without symgrad. The kept .c is
+`import _symgrad_<hash>` works in any process without symgrad: an extension module is
+imported itself, a plain library through its `.py` (`lib`, `ffi`, `source`, and what the
+backend adds through `helpers=`: the C program's `run` on NumPy arrays). The kept .c is
 what the compiler's messages and the debug info point at (a `#line` directive
 ahead of the source inside cffi's wrapper), so errors name its real lines.
 
@@ -43,14 +47,15 @@ still on disk; an entry deleted since (the cache directory cleared) is rebuilt.
 
 kind="cuda" (symgrad/backends/cuda.py) uses the same keys, locks, checks and index, with
 nvcc instead of cffi's build: `_symgrad_<hash>.cu` is compiled by `nvcc <flags> -o
-_symgrad_<hash>.so` (flags: DEFAULT_NVCC_FLAGS or `$SYMGRAD_NVCCFLAGS`, plus the
+lib_symgrad_<hash>.so` (flags: DEFAULT_NVCC_FLAGS or `$SYMGRAD_NVCCFLAGS`, plus the
 architecture the caller chose), the compiler identity is nvcc's path and `--version`
 (`$NVCC` is honoured), and the library, which has no Python C-API, is loaded with
 cffi's ABI mode (`ffi.dlopen` with the cdef): `BuiltModule.module` has `.ffi` and `.lib`.
 
 kind="program" (symgrad/backends/c.py's programs) builds a plain shared library with the C compiler
-and flags, `_symgrad_<hash>.so`, without cffi's wrapper or Python's headers (half the compile
-of a model's step), and loads it with cffi's ABI mode as kind "cuda" does; with `link=`, it
+and flags, `lib_symgrad_<hash>.so`, without cffi's wrapper or Python's headers (half the compile
+of a model's step), and loads it with cffi's ABI mode as kind "cuda" does (both write the
+importable `_symgrad_<hash>.py` beside the library); with `link=`, it
 links the runtime library as an extension module does.
 
 kind="runtime" (symgrad/backends/runtime.py) builds a plain shared library the same way
@@ -91,8 +96,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
 
+from .. import version
 from ..settings import cache_dir
 from . import ffi, toolchain
+from . import importable as importable_module
 from .build_progress import BuildProgress
 from .cache_files import atomic_write, file_lock, file_sha256, now_utc, read_json  # noqa: F401  (callers use cache.*)
 # The toolchain's names the cache's callers (backends, tests, benchmarks) know it by.
@@ -100,7 +107,8 @@ from .toolchain import (DEFAULT_FLAGS, NVCC_FAT_BINARY, BuildError, CompilerNotF
                         compiler_command, default_flags, default_nvcc_flags, nvcc_command)
 
 # Bumped whenever the layout or the metadata changes, so old entries are never misread.
-FORMAT = 1
+# 2: a program's library is lib_symgrad_<hash>.so, beside its importable _symgrad_<hash>.py.
+FORMAT = 2
 _HASH_CHARS = 32
 _KINDS = ("c", "program", "cuda", "runtime")
 _ENV_FLAG_VARS = ("CFLAGS", "CPPFLAGS", "LDFLAGS", "LDSHARED")
@@ -157,14 +165,16 @@ def _identity(command: list[str], not_found) -> str:
 
 def build(source: str, cdef: str, *, flags: list[str] | None = None, kind: str = "c",
           headers: dict[str, str] | None = None, link: BuiltModule | None = None,
-          announce: str | None = None) -> BuiltModule:
+          announce: str | None = None, helpers: str = "") -> BuiltModule:
     """Compile `source` (declarations `cdef`) into a cached extension module, or load it from the cache.
 
     `flags` default to `default_flags()` (nvcc's for kind "cuda"). `headers` (file name -> text):
     files the source includes; `link`: a kind="runtime" library it calls. `announce`: what is
     compiling, said on stderr when a compiler runs longer than a second (symgrad.backends.
     build_progress); None: nothing is said. A kind="program" source that defines SG_PARTS is
-    compiled as that many translation units side by side (toolchain.compile_shared). Raises
+    compiled as that many translation units side by side (toolchain.compile_shared). `helpers`:
+    Python text the importable module of a kind "program" or "cuda" entry adds (symgrad.backends.
+    importable; derived from the entry, so not part of its key: rewritten when it differs). Raises
     `CompilerNotFound` when a build is needed and no compiler runs, `BuildError` when the
     compiler rejects the source.
     """
@@ -176,16 +186,17 @@ def build(source: str, cdef: str, *, flags: list[str] | None = None, kind: str =
         flags = default_flags() if kind != "cuda" else default_nvcc_flags() + list(NVCC_FAT_BINARY)
     flags = [str(flag) for flag in flags]
     with _LOCK:
-        return _build(source, cdef, flags, kind, _Inputs(dict(headers or {}), link, announce))
+        return _build(source, cdef, flags, kind, _Inputs(dict(headers or {}), link, announce, helpers))
 
 
 @dataclass(frozen=True)
 class _Inputs:
     """What a build reads besides its source: the headers it includes, the library it links (and,
-    keying nothing, what to announce while it compiles)."""
+    keying nothing, what to announce while it compiles and the helpers its importable module adds)."""
     headers: dict
     link: BuiltModule | None
     announce: str | None = None
+    helpers: str = ""
 
     def key_parts(self) -> dict:
         return {"headers": self.headers, "link": self.link.module_name if self.link else None}
@@ -209,7 +220,7 @@ def _build(source: str, cdef: str, flags: list[str], kind: str, inputs: _Inputs)
     try:
         key = _key(prekey, flags, kind)
     except CompilerNotFound:
-        built = _load_without_compiler(directory, prekey, source, kind, cdef)
+        built = _load_without_compiler(directory, prekey, source, kind, cdef, inputs.helpers)
         if built is None:
             raise
         return built
@@ -222,11 +233,12 @@ def _build(source: str, cdef: str, flags: list[str], kind: str, inputs: _Inputs)
         return loaded
     # Not loaded yet, or loaded but its files were deleted since (the cache directory cleared
     # under a running process): verify, or rebuild, the entry on disk.
-    so_path = _verified(paths, key, source)
+    python = paths.module_text(cdef, inputs.helpers)
+    so_path = _verified(paths, key, source, python)
     if so_path is None:
         with file_lock(paths.lock):
             # Another process may have built it while we waited for the lock.
-            so_path = _verified(paths, key, source)
+            so_path = _verified(paths, key, source, python)
             if so_path is None:
                 _remove_entry(paths)
                 so_path = _compile_entry(paths, key, prekey, source, cdef, flags, kind, inputs)
@@ -265,7 +277,7 @@ def clear_cache() -> int:
         return 0
     count = len(list(directory.glob("_symgrad_*.json")))
     for path in directory.iterdir():
-        if path.name.startswith(("_symgrad_", ".tmp-")) or path.name in ("index", "locks", "sympy", "templates",
+        if path.name.startswith(("_symgrad_", "lib_symgrad_", ".tmp-")) or path.name in ("index", "locks", "sympy", "templates",
                                                                           "programs", "include", "runtime", ffi.DIRECTORY):
             shutil.rmtree(path) if path.is_dir() else path.unlink(missing_ok=True)
     _LOADED.clear()
@@ -278,14 +290,12 @@ def clear_cache() -> int:
 
 def _prekey(source: str, cdef: str, flags: list[str], kind: str, inputs: _Inputs | None = None) -> str:
     """Hash of everything except the compiler: names the fallback when no compiler is present."""
-    import symgrad
-
     inputs = inputs or _Inputs({}, None)
     # The source by its digest: written into the JSON whole, a runtime's 350 KB would cost 1.4 ms.
     return sha256_json({"format": FORMAT, "kind": kind, "source": hashlib.sha256(source.encode()).hexdigest(),
                         "cdef": cdef, "flags": flags,
                          "cffi": _cffi_version(), "abi": sysconfig.get_config_var("EXT_SUFFIX"),
-                         "symgrad": symgrad.__version__, **inputs.key_parts()})
+                         "symgrad": version.__version__, **inputs.key_parts()})
 
 
 def _key(prekey: str, flags: list[str], kind: str = "c") -> str:
@@ -336,12 +346,22 @@ class _Paths:
     def __init__(self, directory: Path, name: str, kind: str = "c"):
         self.directory = directory
         self.name = name
-        # A CUDA or runtime entry is a plain shared library, not a Python extension.
-        self.library = directory / (name + (sysconfig.get_config_var("EXT_SUFFIX") if kind == "c" else ".so"))
+        # A program or runtime entry is a plain shared library, not a Python extension. A program's
+        # is imported through the Python module beside it, which its own name would shadow.
+        importable = kind in ("program", "cuda")
+        self.library = directory / (importable_module.library_file(name) if importable else
+                                    name + (sysconfig.get_config_var("EXT_SUFFIX") if kind == "c" else ".so"))
+        self.module = directory / (name + ".py") if importable else None
         self.source = directory / (name + (".cu" if kind == "cuda" else ".c"))
         self.meta = directory / (name + ".json")
         self.log = directory / (name + ".log")  # only after a failed build
         self.lock = directory / "locks" / (name + ".lock")
+
+    def module_text(self, cdef: str, helpers: str = "") -> str | None:
+        """The text of the importable module that loads the library (None: the entry has none)."""
+        if self.module is None:
+            return None
+        return importable_module.text(self.name, cdef, self.source.name, helpers)
 
 
 def _on_disk(paths: _Paths) -> bool:
@@ -350,8 +370,9 @@ def _on_disk(paths: _Paths) -> bool:
     return paths.meta.is_file() and paths.library.is_file()
 
 
-def _verified(paths: _Paths, key: str, source: str) -> Path | None:
-    """The entry's .so if its metadata and checksum hold, else None (missing or damaged)."""
+def _verified(paths: _Paths, key: str, source: str, python: str | None = None) -> Path | None:
+    """The entry's .so if its metadata and checksum hold, else None (missing or damaged). The
+    kept source and the importable module (`python`, its text) are restored when they differ."""
     meta = read_json(paths.meta)
     if not meta or meta.get("format") != FORMAT or meta.get("key") != key:
         return None
@@ -360,6 +381,11 @@ def _verified(paths: _Paths, key: str, source: str) -> Path | None:
     if file_sha256(paths.source) != hashlib.sha256(source.encode()).hexdigest():
         # The binary is fine; only the kept copy of the source was lost or edited: restore it.
         atomic_write(paths.source, source.encode())
+    if python is not None and file_sha256(paths.module) != hashlib.sha256(python.encode()).hexdigest():
+        try:  # lost, edited, or written by another symgrad's helpers
+            atomic_write(paths.module, python.encode())
+        except OSError:  # a read-only cache: the library loads all the same, symgrad needs no module
+            pass
     return paths.library
 
 
@@ -397,6 +423,9 @@ def _compile_entry(paths: _Paths, key: str, prekey: str, source: str, cdef: str,
                 "cffi": _cffi_version(), "created": now_utc()}
         meta_tmp = tmp / "meta.json"
         meta_tmp.write_text(json.dumps(meta, indent=1, sort_keys=True))
+        python = paths.module_text(cdef, inputs.helpers)
+        if python is not None:
+            atomic_write(paths.module, python.encode())
         # Metadata last: an entry exists only once its checksum is in place.
         os.replace(built, paths.library)
         os.replace(meta_tmp, paths.meta)
@@ -428,8 +457,9 @@ def _compile(tmp: Path, paths: _Paths, source: str, cdef: str, flags: list[str],
 
 def _remove_entry(paths: _Paths) -> None:
     """Delete a damaged entry, metadata first so that concurrent readers see it as absent."""
-    for path in (paths.meta, paths.library, paths.source):
-        path.unlink(missing_ok=True)
+    for path in (paths.meta, paths.library, paths.source, paths.module):
+        if path is not None:
+            path.unlink(missing_ok=True)
 
 
 class DlopenModule:
@@ -478,7 +508,7 @@ def _record_index(directory: Path, prekey: str, name: str, key: str) -> None:
 
 
 def _load_without_compiler(directory: Path, prekey: str, source: str, kind: str = "c",
-                           cdef: str = "") -> BuiltModule | None:
+                           cdef: str = "", helpers: str = "") -> BuiltModule | None:
     """The module the same source/cdef/flags built last, if it is intact; None otherwise."""
     record = read_json(directory / "index" / (prekey + ".json"))
     if not record or not isinstance(record.get("key"), str):
@@ -489,7 +519,7 @@ def _load_without_compiler(directory: Path, prekey: str, source: str, kind: str 
     paths = _Paths(directory, name, kind)
     if memo in _LOADED and _on_disk(paths):
         return _LOADED[memo]
-    so_path = _verified(paths, key, source)
+    so_path = _verified(paths, key, source, paths.module_text(cdef, helpers))
     if so_path is None or (read_json(paths.meta) or {}).get("prekey") != prekey:
         return None
     built = BuiltModule(_open(name, so_path, kind, cdef), name, paths.source, so_path, directory)

@@ -45,7 +45,7 @@ from ..ir.graph import Graph
 from . import cache
 from .driver import source_of
 from .languages import CUDA, CUDA_ALIGN as ALIGN, CUDA_ENTRY as ENTRY, CUDA_SIGNATURE as SIGNATURE  # noqa: F401
-from .lowering import Plan
+from .plan import Plan
 from .memory import MemoryPlan
 from .native import NativeProgram
 from .render_program import render

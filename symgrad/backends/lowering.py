@@ -46,7 +46,8 @@ from .kinds.loop import LoopKernel
 from .kinds.matmul import MatmulKernel  # noqa: F401
 from .kinds.reduce import ReduceKernel  # noqa: F401
 from .kinds.row import RowKernel, RowPass, RowReduction, RowStore  # noqa: F401
-from .patches import is_patches, moved
+from .patches import moved
+from .views import is_patches
 from .plan import (PRODUCT, REDUCED, LoweringError, Operand, Plan, Statement, compute_dtype,  # noqa: F401
                    kernel_reads, kernel_writes)
 from .views import (Buffer, View, broadcast_view, buffer_view, collapse, contiguous_strides,  # noqa: F401

@@ -37,9 +37,8 @@ from ..ir.registry import MATMUL
 from ..ir.value import Value
 from ..passes.patch_grid import Grid, grid
 from . import runtime
+from .views import PATCHES as KIND  # the View kind of a patch matrix read in place
 from .views import Buffer, View
-
-KIND = "patches"  # the View kind of a patch matrix read in place
 
 
 @dataclass(frozen=True, eq=False)
@@ -251,11 +250,6 @@ def moved(view: View, node: Value) -> View:
     elif isinstance(spec, Columns):
         spec = replace(spec, groups=node.shape[1])
     return replace(view, shape=tuple(node.shape), literal=spec)
-
-
-def is_patches(view: View) -> bool:
-    """Whether `view` is a patch matrix read in place (patch rows or patch columns)."""
-    return view.kind == KIND
 
 
 def is_columns(view: View) -> bool:

@@ -112,7 +112,7 @@ def _host_program(renderer: Renderer, kernels: list, labels: list, profile: bool
     kernels = [dict(k, final=[dict(index=slot, label=comment(plan.variables[slot].label))
                               for slot in final.get(position, ())]) for position, k in enumerate(kernels)]
     functions, units = _functions(kernels)
-    from .. import __version__
+    from ..version import __version__
     from .runtime import HEADER
     features = renderer.features
     return render_template(
@@ -194,7 +194,7 @@ def _device_program(renderer: Renderer, kernels: list) -> str:
                   f"{D.SHORT_NAMES[b.dtype]}{shape_comment(plan.variable_nodes[b.index].shape)}" for b in plan.variables]
     arguments += [f"offsets[k]: byte offset of temporary ws<k> in the workspace ({len(plan.workspace)} buffers, "
                   f"multiples of {CUDA_ALIGN}); arena_bytes: the workspace's size"]
-    from .. import __version__
+    from ..version import __version__
     features = renderer.features
     return render_template(
         renderer.lang.program, version=__version__, header=_header(plan), arguments=arguments,

@@ -185,7 +185,7 @@ def _narrow_variants(dtype: str, targets: tuple) -> list[dict]:
 
 def _context(targets: tuple) -> dict:
     """What both templates are rendered from: the GEMMs, their narrow variants and vector types."""
-    from .. import __version__
+    from ..version import __version__
     gemms = [dict(GEMM[d], ctype=D.C_TYPES[d], SUFFIX=GEMM[d]["suffix"].upper(), parallel_min=GEMM_PARALLEL_MIN,
                   tall_chunks=TALL_CHUNKS, tall_mn=TALL_MN, tall_n=TALL_N,
                   tiles=target_branches(targets, lambda t: t.gemm_rows)) for d in GEMM]

@@ -46,7 +46,7 @@ def bytecode_dir() -> Path:
     """Where compiled templates are kept: templates/__pycache__ beside them, as .pyc files beside
     a package's modules (they belong to the installed symgrad, not to any model, and outlive a
     cleared build cache), or the build cache's templates/ when the install is read-only."""
-    from .cache import cache_dir
+    from ..settings import cache_dir
     here = template_dir() / "__pycache__"
     writable = os.access(here, os.W_OK) if here.is_dir() else os.access(template_dir(), os.W_OK)
     return here if writable else cache_dir() / "templates"

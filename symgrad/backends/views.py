@@ -51,6 +51,16 @@ class View:
     literal: Any = None
 
 
+# The kind of a patch matrix read in place (symgrad.backends.patches makes such views): named here,
+# below the plan's kernels, which read its index map too.
+PATCHES = "patches"
+
+
+def is_patches(view: View) -> bool:
+    """Whether `view` is a patch matrix read in place (patch rows or patch columns)."""
+    return view.kind == PATCHES
+
+
 def contiguous_strides(shape) -> tuple:
     """Row-major strides, in elements."""
     strides, step = [], 1

@@ -3,7 +3,7 @@
     with sg.autocast("bfloat16"):        # every node made inside follows the policy
         loss = model(x, y)
     autocast_graph(outputs, "bfloat16")  # the same policy applied to a graph already built
-                                         # (sg.train_step(..., autocast="bfloat16"))
+                                         # (sg.train_step(..., autocast="bfloat16"); symgrad.ir.autocast_graph)
 
 The policy, per op kind (a graph holds primitives: a softmax, a LayerNorm or a loss is sums,
 maxima and elementwise ops, so they are governed through their reductions):
@@ -39,7 +39,7 @@ FLOAT32 = frozenset({"sum", "max"})
 _ACTIVE: contextvars.ContextVar = contextvars.ContextVar("symgrad_autocast", default=None)
 
 
-def _check_dtype(dtype) -> str:
+def check_dtype(dtype) -> str:
     name = D.canonical(dtype) if dtype is not None else None
     if name not in D.HALF_DTYPES:
         raise ValueError(f"autocast: dtype must be one of {', '.join(D.HALF_DTYPES)}, got {dtype!r}")
@@ -52,7 +52,7 @@ class autocast:
     decorator too, as torch.autocast."""
 
     def __init__(self, dtype="bfloat16", enabled: bool = True):
-        self.dtype = _check_dtype(dtype) if enabled else None
+        self.dtype = check_dtype(dtype) if enabled else None
         self._tokens: list = []
 
     def __enter__(self):
@@ -78,68 +78,14 @@ def active() -> str | None:
     return _ACTIVE.get()
 
 
-def policy_inputs(op, inputs: tuple, dtype: str) -> tuple:
-    """`inputs` of a node of `op` as the policy for `dtype` has them: cast where it says so."""
-    from .registry import lookup
-    from .value import Value
-
-    if op.name in LOWER_PRECISION:
-        target = lambda d: dtype if d == "float32" or (D.is_half(d) and d != dtype) else d  # float64 is left
-    elif op.name in FLOAT32:
-        target = lambda d: "float32" if D.is_half(d) else d
-    else:
-        return inputs
-    cast = lookup("cast")
-    out = []
-    for x in inputs:
-        want = target(x.dtype)
-        if want == x.dtype:
-            out.append(x)
-        else:  # built directly: make() would apply the policy again
-            shape, d = cast.infer((x,), {"dtype": want})
-            out.append(Value(cast, (x,), {"dtype": want}, shape, d))
-    return tuple(out)
-
-
-def autocast_graph(outputs, dtype="bfloat16") -> list:
-    """`outputs` (graph values) rebuilt under the policy for `dtype`: every node whose inputs
-    the policy casts, or whose inputs changed, is made again over its new inputs (type
-    promotion decides the rest). Values built under `sg.autocast` come back unchanged."""
-    from .value import Value
-
-    dtype = _check_dtype(dtype)
-    mapping: dict[int, Value] = {}
-    for node in _with_effects_first(list(outputs)):
-        inputs = tuple(mapping[id(i)] for i in node.inputs)
-        cast_inputs = policy_inputs(node.op, inputs, dtype)
-        # A layer's updates (BatchNorm's running statistics) follow the rebuilt forward too.
-        effects = tuple((target, mapping[id(new)]) for target, new in node.effects)
-        if all(a is b for a, b in zip(cast_inputs, node.inputs)) and \
-                all(a[1] is b[1] for a, b in zip(effects, node.effects)):
-            mapping[id(node)] = node
-        else:
-            shape, d = node.op.infer(cast_inputs, node.attrs)
-            mapping[id(node)] = Value(node.op, cast_inputs, node.attrs, shape, d, effects)
-    return [mapping[id(v)] for v in outputs]
-
-
-def _with_effects_first(roots: list) -> list:
-    """The nodes `roots` compute, each after its inputs and after the new values of the updates
-    attached to it (symgrad.effects), which a rebuilt node must carry rebuilt."""
-    order, done, stack = [], set(), [(r, False) for r in reversed(roots)]
-    while stack:
-        node, expanded = stack.pop()
-        if id(node) in done:
-            continue
-        if expanded:
-            done.add(id(node))
-            order.append(node)
-            continue
-        stack.append((node, True))
-        for dep in (*node.inputs, *(new for _, new in node.effects)):
-            if id(dep) not in done:
-                stack.append((dep, False))
-    return order
+def target_dtype(op_name: str, operand: str, dtype: str) -> str:
+    """The dtype the policy for `dtype` gives an operand of dtype `operand` of an `op_name` node
+    (`operand` itself where it casts nothing; symgrad.ir.value.policy_inputs makes the casts)."""
+    if op_name in LOWER_PRECISION:
+        return dtype if operand == "float32" or (D.is_half(operand) and operand != dtype) else operand  # float64 stays
+    if op_name in FLOAT32:
+        return "float32" if D.is_half(operand) else operand
+    return operand
 
 
 class disabled:

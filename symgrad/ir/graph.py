@@ -9,34 +9,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from functools import cached_property
-from typing import Iterable, Sequence
+from typing import Sequence
 
 from . import shapes as S
+from .order import toposort  # the graph's order (callers import it from here too)
 from .value import Value
-
-
-def toposort(roots: Iterable[Value]) -> list[Value]:
-    """All nodes reachable from `roots`, each after its inputs (iterative DFS)."""
-    order: list[Value] = []
-    done: set[int] = set()
-    for root in roots:
-        if id(root) in done:
-            continue
-        stack = [(root, iter(root.inputs))]
-        on_stack = {id(root)}
-        while stack:
-            node, children = stack[-1]
-            for child in children:
-                if id(child) not in done and id(child) not in on_stack:
-                    stack.append((child, iter(child.inputs)))
-                    on_stack.add(id(child))
-                    break
-            else:
-                stack.pop()
-                on_stack.discard(id(node))
-                done.add(id(node))
-                order.append(node)
-    return order
 
 
 @dataclass(frozen=True, eq=False)

@@ -139,7 +139,7 @@ def backward_chain(root: Value) -> str:
     Lines deeper than MAX_INDENT levels start with their depth: `[70] MulBackward`.
     """
     from .dtypes import is_float
-    from .graph import toposort
+    from .order import toposort
 
     # Whether each node depends on a float input or variable, in one sweep (inputs first).
     reaches_leaf: dict[int, bool] = {}

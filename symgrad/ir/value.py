@@ -13,7 +13,7 @@ from typing import Any
 from . import autocast
 from . import shapes as S
 from .dtypes import SHORT_NAMES
-from .registry import OpDef
+from .registry import OpDef, lookup
 
 
 class Value:
@@ -263,23 +263,24 @@ class Value:
     def bitwise_right_shift(self, other): return _F().bitwise_right_shift(self, other)
 
 
-# The graph-building functions (symgrad.functional) that the operators above and the ops' VJP
-# rules call. They are written above the IR, against it, so the IR cannot import them: the
-# functional module hands itself down when it is imported (`provide_functions`), as JAX binds
+# The graph-building functions (symgrad.functional and the API modules on it, gathered by
+# symgrad.operators) that the operators above and the ops' VJP rules call. They are written above
+# the IR, against it, so the IR cannot import them: symgrad.operators hands itself down when it is
+# imported (`provide_functions`), as JAX binds
 # its Tracer's operators from jax.numpy. Set once, at import; never changed after.
 _FUNCTIONS: list = []
 
 
 def provide_functions(module) -> None:
-    """Called by symgrad.functional as it is imported: the module the IR builds graph code with."""
+    """Called by symgrad.operators as it is imported: the module the IR builds graph code with."""
     if not _FUNCTIONS:
         _FUNCTIONS.append(module)
 
 
 def functions():
-    """symgrad.functional, as handed down by `provide_functions`."""
+    """symgrad.operators, as handed down by `provide_functions`."""
     if not _FUNCTIONS:
-        raise RuntimeError("graph operators need symgrad.functional: import symgrad before building graphs")
+        raise RuntimeError("graph operators need symgrad.operators: import symgrad before building graphs")
     return _FUNCTIONS[0]
 
 
@@ -293,11 +294,26 @@ def _sizes(args: tuple) -> tuple:
     return tuple(args)
 
 
+def policy_inputs(op: OpDef, inputs: tuple, dtype: str) -> tuple:
+    """`inputs` of a node of `op` as the autocast policy for `dtype` has them (symgrad.ir.autocast):
+    cast where it says so."""
+    out = []
+    for x in inputs:
+        want = autocast.target_dtype(op.name, x.dtype, dtype)
+        if want == x.dtype:
+            out.append(x)
+        else:  # built directly: make() would apply the policy again
+            cast = lookup("cast")
+            shape, d = cast.infer((x,), {"dtype": want})
+            out.append(Value(cast, (x,), {"dtype": want}, shape, d))
+    return tuple(out)
+
+
 def make(op: OpDef, inputs=(), **attrs: Any) -> Value:
     """Build a node of `op`, running its shape rule first (under `sg.autocast`, over its inputs as
     the mixed-precision policy casts them: symgrad.ir.autocast)."""
     mixed = autocast.active()
     if mixed is not None:
-        inputs = autocast.policy_inputs(op, tuple(inputs), mixed)
+        inputs = policy_inputs(op, tuple(inputs), mixed)
     shape, dtype = op.infer(tuple(inputs), attrs)
     return Value(op, inputs, attrs, shape, dtype)

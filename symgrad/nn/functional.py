@@ -13,8 +13,8 @@ import sympy
 
 from .. import effects
 from .. import functional as F
-from ..functional import (cross_entropy, log_softmax, mse_loss, nll_loss, relu, sigmoid, softmax,  # noqa: F401
-                          tanh)
+from ..functional import log_softmax, relu, sigmoid, softmax, tanh  # noqa: F401
+from ..losses import cross_entropy, mse_loss, nll_loss  # noqa: F401
 from ..ir import dtypes as D
 from ..ir import shapes as S
 from ..ir.ops_attention import attention, refusal

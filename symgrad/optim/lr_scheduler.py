@@ -37,10 +37,15 @@ __all__ = ["LRScheduler", "LambdaLR", "StepLR", "MultiStepLR", "ConstantLR", "Li
 
 
 def _param_groups(target, what: str) -> list:
-    """The parameter groups a scheduler drives: a train step's, or an optimizer's."""
-    from ..training import TrainStep
+    """The parameter groups a scheduler drives: a train step's (its groups are bound to it, symgrad/
+    optim/param_groups.py: known by their type, so this module needs nothing above sg.optim), or an
+    optimizer's."""
     from .optimizer import Optimizer
-    groups = getattr(target, "param_groups", None) if isinstance(target, (TrainStep, Optimizer)) else None
+    from .param_groups import ParamGroup
+    groups = getattr(target, "param_groups", None)
+    if not isinstance(target, Optimizer) and not (isinstance(groups, list) and
+                                                  all(isinstance(g, ParamGroup) for g in groups)):
+        groups = None
     if not groups:
         raise TypeError(f"{what}: expected a train step (sg.train_step) or an sg.optim optimizer holding "
                         f"parameters (sg.optim.AdamW(model.parameters(), lr=...)); got "

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import inspect
-import math
 import numbers
 from collections.abc import Mapping
 
@@ -12,16 +11,8 @@ import numpy as np
 from .. import functional as F
 from ..ir.value import Value
 from ..sources import variable
-from .param_groups import SCHEDULER_KEYS, ParamGroup, make_groups
+from .param_groups import SCHEDULER_KEYS, ParamGroup, check_hyperparameter, make_groups  # noqa: F401  (callers know it here)
 from .param_groups import parse as parse_groups
-
-
-def check_hyperparameter(what: str, value) -> None:
-    """Refuse a hyperparameter that is not a finite non-negative number (ValueError naming `what`):
-    a negative learning rate climbs the loss, a NaN or infinite one destroys every parameter."""
-    number = float(value)
-    if not (math.isfinite(number) and number >= 0):
-        raise ValueError(f"{what} must be a finite non-negative number, got {value!r}")
 
 
 class Optimizer:

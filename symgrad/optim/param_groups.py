@@ -14,6 +14,7 @@ The other options are compiled into the step; changing one afterwards is refused
 
 from __future__ import annotations
 
+import math
 import weakref
 from collections.abc import Mapping
 
@@ -22,6 +23,14 @@ from ..ir.value import Value
 
 #: Keys torch's schedulers keep in a group beside the optimizer's options (not compiled).
 SCHEDULER_KEYS = ("initial_lr", "max_lr", "min_lr", "base_momentum", "max_momentum")
+
+
+def check_hyperparameter(what: str, value) -> None:
+    """Refuse a hyperparameter that is not a finite non-negative number (ValueError naming `what`):
+    a negative learning rate climbs the loss, a NaN or infinite one destroys every parameter."""
+    number = float(value)
+    if not (math.isfinite(number) and number >= 0):
+        raise ValueError(f"{what} must be a finite non-negative number, got {value!r}")
 
 
 def lr_variable_name(index: int) -> str:
@@ -126,7 +135,6 @@ class ParamGroup(dict):
     def __setitem__(self, key, value) -> None:
         steps = self._live()
         if key == "lr":
-            from .optimizer import check_hyperparameter
             check_hyperparameter(f"param_groups[{self.index}]['lr']", value)
             for step in steps:
                 step._write_variable(self.lr_name, value)

@@ -324,7 +324,7 @@ def test_key_covers_every_input(monkeypatch):
     variants.append(key())
     identity["cc"] = "gcc 12"
     with monkeypatch.context() as m:
-        m.setattr(symgrad, "__version__", "99.0")
+        m.setattr(symgrad.version, "__version__", "99.0")
         variants.append(key())
     with monkeypatch.context() as m:
         m.setattr(cache, "_cffi_version", lambda: "0.0")

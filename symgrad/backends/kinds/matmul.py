@@ -31,7 +31,8 @@ from ...ir.registry import MATMUL
 from ...ir.value import Value
 from .. import runtime, winograd
 from ..expressions import comment, contiguous
-from ..patches import is_patches, patch_spec
+from ..patches import patch_spec
+from ..views import is_patches
 from ..plan import PRODUCT, Swap
 from ..render import Let, Renderer, Store
 from ..views import Buffer, View, broadcast_view, buffer_view, contiguous_strides

@@ -1,0 +1,32 @@
+"""The order of a graph's nodes: each after its inputs. Below symgrad.ir.graph, which orders its
+nodes so, and symgrad.ir.printing, which prints a Graph and walks bare values."""
+
+from __future__ import annotations
+
+from typing import Iterable
+
+from .value import Value
+
+
+def toposort(roots: Iterable[Value]) -> list[Value]:
+    """All nodes reachable from `roots`, each after its inputs (iterative DFS)."""
+    order: list[Value] = []
+    done: set[int] = set()
+    for root in roots:
+        if id(root) in done:
+            continue
+        stack = [(root, iter(root.inputs))]
+        on_stack = {id(root)}
+        while stack:
+            node, children = stack[-1]
+            for child in children:
+                if id(child) not in done and id(child) not in on_stack:
+                    stack.append((child, iter(child.inputs)))
+                    on_stack.add(id(child))
+                    break
+            else:
+                stack.pop()
+                on_stack.discard(id(node))
+                done.add(id(node))
+                order.append(node)
+    return order
