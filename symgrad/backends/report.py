@@ -23,13 +23,13 @@ import numpy as np
 from ..ir import dtypes as D
 from ..ir import shapes as S
 from ..passes import format_report
-from . import half, runtime, winograd
+from . import half, winograd
 from .attention import AttentionKernel
 from .gather import GatherKernel
 from .kernel_functions import calls
 from .lowering import MatmulKernel
 from .plan import LoopKernel, ReduceKernel, RowKernel, kernel_reads, kernel_writes
-from .patches import is_columns, is_patches, is_winograd, matmul_gemm
+from .patches import is_columns, is_patches, is_winograd
 
 # Compile stages in the order they run, with the words the report uses.
 STAGES = (("graph", "graph build + autodiff"), ("lookup", "program cache lookup"), ("passes", "graph passes"),
@@ -114,8 +114,9 @@ ROLE_NAMES = {"param": "parameters", "grad": "gradient buffers", "optimizer": "o
 def step_memory(graph, plan, mp) -> dict:
     """Bytes a call of the program holds at its peak, by what they are, for the memory plan's Dim
     binding: the variables by role (parameters, optimizer state, ...), the inputs and the
-    outputs a call returns, the arena of temporaries, and the most that the runtime's GEMM
-    allocates while one product runs (its packed panels, freed after it). Known before any call."""
+    outputs a call returns, the arena of temporaries, and the runtime's scratch region after it
+    (its GEMMs' packed panels, a Winograd convolution's transformed tiles: as the compiled code
+    counts them, mp.scratch_bytes). A call allocates nothing more. Known before any call."""
     def nbytes(value) -> int:
         return int(np.prod(S.evaluate_shape(value.shape, mp.bindings), dtype=np.int64)) * D.to_numpy(value.dtype).itemsize
 
@@ -126,21 +127,8 @@ def step_memory(graph, plan, mp) -> dict:
     parts["inputs"] = sum(nbytes(v) for v in graph.inputs)
     parts["outputs"] = sum(nbytes(v) for v in graph.outputs)
     parts["arena"] = mp.arena_bytes
-    # A batched product's GEMMs may run one per thread at once (their batch indices shared out).
-    team = runtime.team_size()
-    packing = [_workspace(k, mp, team) for k in plan.kernels
-               if isinstance(k, MatmulKernel) and not is_columns(k.b)]  # (a direct convolution allocates nothing)
-    parts["GEMM packing"] = max(packing, default=0)
+    parts["runtime scratch"] = mp.scratch_bytes
     return parts
-
-
-def _workspace(k: MatmulKernel, mp, team: int) -> int:
-    """The most a matmul's runtime call allocates while it runs: a Winograd convolution's
-    transformed weight and blocks, else the GEMM's packed panels."""
-    if is_winograd(k.a, k.N, k.epilogue_statements):
-        return winograd.workspace_bytes(k.a.literal, k.N, D.to_numpy(k.out.dtype).itemsize, team)
-    return runtime.packing_bytes(k.out.dtype, *(S.evaluate(size, mp.bindings) for size in (k.M, k.N, k.K)),
-                                 kind=matmul_gemm(k.out.dtype, k.N, k.a)[1]) * (team if k.batch else 1)
 
 
 def step_memory_lines(graph, plan, mp) -> list[str]:
