@@ -322,6 +322,9 @@ class CProgram(NativeProgram):
             raise error
         if status == runtime.OUT_OF_MEMORY:
             failed = self._ffi.string(self._context.failed).decode()
+            if failed == SCRATCH_BYTES:
+                raise MemoryError(f"{self.module_name}: the runtime's scratch region is smaller than this "
+                                  f"thread's OpenMP team needs; nothing was computed")
             raise MemoryError(f"{self.module_name}: kernel {failed} could not allocate the memory it "
                               f"needs; the call stopped there (outputs and variable updates of the "
                               f"kernels before it may be written)")
