@@ -213,10 +213,11 @@ def _residual(nn, channels: int = 24):
                          nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(channels, 10))
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture
 def cnn():
     """A residual CNN's train step (float32) whose 3x3 convolutions of 24 channels and their
-    gradients are Winograd's, with its NumPy twin and a batch."""
+    gradients are Winograd's, with its NumPy twin and a batch; made afresh for each test (the
+    build and the program caches keep the compile)."""
     steps = []
     for backend in ("c", "numpy"):
         sg.manual_seed(0)
