@@ -6,9 +6,9 @@ Checked against the code that uses the memory: every function is run over a grid
 path of the GEMM: blocked, column groups, tall, several panels; the narrow kernels; Winograd's
 forward and weight gradient) and teams, on a region of exactly the bytes it reports followed by a
 guard of known bytes, which must come back untouched, with the product right. Then whole programs
-(a small GPT, a residual CNN whose 3x3 convolutions are Winograd's): no allocation in the source
-of a step or in the libraries' imports, the region the report counts is the one the program is
-given, and resident memory does not grow over 20 steps.
+(benchmarks.gpt's small GPT; benchmarks.cnn's residual network, its 3x3 convolutions Winograd's):
+no allocator called in a step's source or imported by the libraries, the region the report counts
+is the one the program is given, and resident memory does not grow over 20 steps.
 """
 
 from __future__ import annotations
@@ -72,6 +72,7 @@ def _guarded(nbytes: int):
 def _run(lib, function: str, m: int, n: int, k: int, call) -> None:
     """`call(scratch address)` on each team of TEAMS with a region of exactly the bytes
     `function`_scratch_bytes reports for it; the guard after the region must be untouched."""
+    own = omp_threads()
     try:
         for team in TEAMS:
             set_omp_threads(team)
@@ -80,7 +81,7 @@ def _run(lib, function: str, m: int, n: int, k: int, call) -> None:
             call(address)
             assert (region[nbytes:] == FILL).all(), (function, m, n, k, team, nbytes)
     finally:
-        set_omp_threads(runtime.team_size())
+        set_omp_threads(own)
 
 
 GEMMS = [  # (M, N, K, A transposed, B transposed): what each exercises
@@ -195,38 +196,21 @@ def gpt():
     return gpt.symgrad_step(bench, state, "c"), dict(idx=x, targets=y)
 
 
-def _residual(nn, channels: int = 24):
-    """tests/nn/test_residual_training.py's network: 3x3 convolutions of `channels`, BatchNorm2d and
-    ReLU, a residual block, global average pooling."""
-    class Block(nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.conv1 = nn.Conv2d(channels, channels, 3, padding=1, bias=False)
-            self.bn1 = nn.BatchNorm2d(channels)
-            self.conv2 = nn.Conv2d(channels, channels, 3, padding=1)
-            self.bn2 = nn.BatchNorm2d(channels)
-
-        def forward(self, x):
-            return sg.relu(self.bn2(self.conv2(sg.relu(self.bn1(self.conv1(x))))) + x)
-
-    return nn.Sequential(nn.Conv2d(3, channels, 3, padding=1), nn.BatchNorm2d(channels), nn.ReLU(), Block(),
-                         nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(channels, 10))
-
-
 @pytest.fixture
 def cnn():
-    """A residual CNN's train step (float32) whose 3x3 convolutions of 24 channels and their
-    gradients are Winograd's, with its NumPy twin and a batch; made afresh for each test (the
-    build and the program caches keep the compile)."""
+    """benchmarks.cnn's residual network (16 channels, 4 images of 12x12: its 3x3 convolutions and
+    their gradients are Winograd's) as a train step, with its NumPy twin and a batch; made afresh
+    for each test (the build and the program caches keep the compile)."""
+    from benchmarks.cnn_models import resnet
     steps = []
     for backend in ("c", "numpy"):
         sg.manual_seed(0)
-        model = _residual(sg.nn)
-        x, y = sg.input("x", (8, 3, 12, 12)), sg.input("y", (8,), dtype="int64")
+        model = resnet(sg.nn, channels=16)
+        x, y = sg.input("x", (4, 3, 12, 12)), sg.input("y", (4,), dtype="int64")
         steps.append(sg.train_step(sg.cross_entropy(model(x), y), model.parameters(),
                                    sg.optim.SGD(lr=0.02, momentum=0.9), backend=backend))
     rng = np.random.default_rng(5)
-    return (*steps, dict(x=rng.standard_normal((8, 3, 12, 12)).astype(np.float32), y=rng.integers(0, 10, 8)))
+    return (*steps, dict(x=rng.standard_normal((4, 3, 12, 12)).astype(np.float32), y=rng.integers(0, 10, 4)))
 
 
 CALL = re.compile(r"\b(%s)\s*\(" % "|".join(ALLOCATORS))
@@ -316,6 +300,7 @@ def test_a_larger_team_than_the_region_was_sized_for_gets_a_larger_region():
     fn = sg.function([x, w], [x @ w], backend="c")
     rng = np.random.default_rng(1)
     a, b = rng.standard_normal((300, 200)).astype(np.float32), rng.standard_normal((200, 300)).astype(np.float32)
+    own = omp_threads()
     try:
         set_omp_threads(1)
         np.testing.assert_allclose(fn(a, b)[0], a @ b, rtol=1e-4, atol=1e-3)
@@ -324,4 +309,4 @@ def test_a_larger_team_than_the_region_was_sized_for_gets_a_larger_region():
         np.testing.assert_allclose(fn(a, b)[0], a @ b, rtol=1e-4, atol=1e-3)
         assert fn.program.memory_plan.scratch_bytes == runtime.scratch_bytes("sg_gemm_f32", 300, 300, 200, 3) > alone
     finally:
-        set_omp_threads(runtime.team_size())
+        set_omp_threads(own)
