@@ -43,3 +43,16 @@ def test_each_part_is_what_the_step_holds(adam_step):
         for k in program.plan.kernels if isinstance(k, MatmulKernel)) > 0
     line = next(line for line in str(adam_step.report().memory).splitlines() if "step memory" in line)
     assert f"{sum(parts.values()) / 1024:.1f} KiB" in line and "runtime scratch" in line
+
+
+def test_the_scratch_region_is_the_runtimes_count_for_every_batch(adam_step):
+    """For a grid of batch sizes (one thread's products and the team's, narrow and blocked), the
+    region the program asks for (symgrad_scratch_bytes, which Python sizes the workspace with) is
+    the most any of its matmuls' runtime functions reports."""
+    program = adam_step.program
+    for batch in (1, 7, 64, 1000, 5000):
+        want = max(runtime.scratch_bytes(matmul_gemm(k.out.dtype, k.N, k.a)[0],
+                                         *(S.evaluate(n, {sg.Dim("B"): batch}) for n in (k.M, k.N, k.K)),
+                                         threads=omp_threads())
+                   for k in program.plan.kernels if isinstance(k, MatmulKernel))
+        assert program._scratch_bytes((batch,)) == want > 0, batch
