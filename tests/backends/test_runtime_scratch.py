@@ -27,6 +27,7 @@ from helpers import omp_threads, set_omp_threads
 from symgrad.backends import runtime
 from symgrad.backends.lowering import MatmulKernel
 from symgrad.backends.patches import is_columns, is_winograd, matmul_gemm
+from symgrad.backends.report import format_bytes
 from symgrad.ir import shapes as S
 
 pytest.importorskip("symgrad.backends.c")
@@ -258,7 +259,8 @@ def test_a_step_allocates_nothing_and_its_memory_is_the_reported(request, model)
     scratch is the region the program is given (after the arena, in the same array), no less than
     each matmul's runtime function asks for; and over 20 steps after the first the process's
     resident memory stays where it was."""
-    step, inputs = request.getfixturevalue(model)[::2] if model == "cnn" else request.getfixturevalue(model)
+    built = request.getfixturevalue(model)
+    step, inputs = (built[0], built[2]) if model == "cnn" else built  # (the CNN's NumPy twin unused)
     program = step.program
     assert not CALL.findall(step.source)
     if shutil.which("nm"):
@@ -266,7 +268,7 @@ def test_a_step_allocates_nothing_and_its_memory_is_the_reported(request, model)
     step(**inputs)
     planned = program.memory_plan
     parts = step.report().memory
-    assert f"runtime scratch {_format(planned.scratch_bytes)}" in str(parts)
+    assert f"runtime scratch {format_bytes(planned.scratch_bytes)}" in str(parts)
     assert planned.scratch_bytes >= _expected_scratch(program) > 0
     if not any(isinstance(k, MatmulKernel) and k.batch for k in program.plan.kernels):
         assert planned.scratch_bytes == _expected_scratch(program)
@@ -278,11 +280,6 @@ def test_a_step_allocates_nothing_and_its_memory_is_the_reported(request, model)
     for _ in range(20):
         step(**inputs)
     assert _resident_bytes() - before <= 256 * 1024
-
-
-def _format(nbytes: int) -> str:
-    from symgrad.backends.report import format_bytes
-    return format_bytes(nbytes)
 
 
 def test_the_cnn_step_is_its_numpy_twins(cnn):
