@@ -307,3 +307,27 @@ def test_a_larger_team_than_the_region_was_sized_for_gets_a_larger_region():
         assert fn.program.memory_plan.scratch_bytes == runtime.scratch_bytes("sg_gemm_f32", 300, 300, 200, 3) > alone
     finally:
         set_omp_threads(own)
+
+
+@pytest.mark.parametrize("batch, m, n, k, share", [(64, 16, 40, 16, True), (2, 300, 200, 300, False)],
+                         ids=["shared out", "one at a time"])
+def test_a_batched_product_gives_each_thread_its_slice(batch, m, n, k, share):
+    """A batched product whose GEMMs are shared out over the team (each too small for it) gives
+    each thread a slice of the region, one product's scratch in whole lines: the region is the
+    team's slices; one whose GEMMs each run on the team takes one GEMM's. Right on teams 1 to 3."""
+    a, b = sg.input("a", (batch, m, k)), sg.input("b", (batch, k, n))
+    fn = sg.function([a, b], [a @ b], backend="c")
+    (kernel,) = [kn for kn in fn.program.plan.kernels if isinstance(kn, MatmulKernel)]
+    assert kernel.batch and ("share" in fn.source)
+    rng = np.random.default_rng(2)
+    x, y = rng.standard_normal(a.shape).astype(np.float32), rng.standard_normal(b.shape).astype(np.float32)
+    own = omp_threads()
+    try:
+        for team in TEAMS:
+            set_omp_threads(team)
+            np.testing.assert_allclose(fn(x, y)[0], x @ y, rtol=1e-4, atol=1e-4 * k)
+            one = runtime.scratch_bytes("sg_gemm_f32", m, n, k, threads=1)
+            want = team * (-(-one // 64) * 64) if share else runtime.scratch_bytes("sg_gemm_f32", m, n, k, threads=team)
+            assert fn.program._scratch_bytes(()) == fn.program.memory_plan.scratch_bytes == want, team
+    finally:
+        set_omp_threads(own)
