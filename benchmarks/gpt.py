@@ -213,7 +213,7 @@ def _status_kib(field: str) -> int:
 
 def memory_rows(benches) -> list[dict]:
     """Per config: symgrad-C's step memory as step.report() plans it before any call (variables,
-    inputs, outputs, arena, GEMM packing), and torch eager's measured peak RSS growth (Linux)."""
+    inputs, outputs, arena, runtime scratch), and torch eager's measured peak RSS growth (Linux)."""
     import subprocess
     from symgrad.backends.report import step_memory
     rows = []

@@ -354,7 +354,7 @@ def _program_context(number: int, p: _Program, name: str, dim, variables: list[d
     slots = [index[v.name] for v in p.graph.variables]
     renames = ([(old, f"{prefix}_{new}") for old, new in CUDA_RENAMES] if cuda else
                [(c_backend.ENTRY, f"{prefix}_run"), (c_backend.WORKSPACE_SIZES, f"{prefix}_temporaries"),
-                (c_backend.SET_THREADS, f"{prefix}_set_num_threads")])
+                (c_backend.SCRATCH_BYTES, f"{prefix}_scratch"), (c_backend.SET_THREADS, f"{prefix}_set_num_threads")])
     return dict(index=number, kind=p.kind, prefix=prefix, renames=renames,
                 slot_of=[slots.index(v["index"]) if v["index"] in slots else -1 for v in variables],
                 updated=sorted({index[t.name] for t, _ in p.graph.updates}), entry=f"{prefix}_run",

@@ -459,3 +459,29 @@ class MySquare(sg.Function):
     def backward(ctx, grad_output):
         (x,) = ctx.saved_tensors
         return 2 * x * grad_output
+
+
+def omp_threads() -> int:
+    """omp_get_max_threads() of the calling thread, from the OpenMP runtime the programs use (gcc's
+    libgomp): the team a program's runtime scratch is sized for."""
+    import ctypes
+    return int(ctypes.CDLL("libgomp.so.1").omp_get_max_threads())
+
+
+def set_omp_threads(n: int) -> None:
+    """omp_set_num_threads(n) for the calling thread's later parallel regions (and scratch counts)."""
+    import ctypes
+    ctypes.CDLL("libgomp.so.1").omp_set_num_threads(int(n))
+
+
+def omp_threads() -> int:
+    """omp_get_max_threads() of the calling thread, from the OpenMP runtime the programs use (gcc's
+    libgomp): the team a program's runtime scratch is sized for."""
+    import ctypes
+    return int(ctypes.CDLL("libgomp.so.1").omp_get_max_threads())
+
+
+def set_omp_threads(n: int) -> None:
+    """omp_set_num_threads(n) for the calling thread's later parallel regions (and scratch counts)."""
+    import ctypes
+    ctypes.CDLL("libgomp.so.1").omp_set_num_threads(int(n))

@@ -10,9 +10,10 @@ one entry point,
                     void** outputs, char* workspace, const int64_t* offsets,
                     sg_context* context);
 
-beside two small ones: `symgrad_workspace_bytes` (how many temporaries, and
-the bytes each needs for given dims) and `symgrad_set_num_threads` (caps the
-calling thread's OpenMP team). Its matmuls call the runtime
+beside three small ones: `symgrad_workspace_bytes` (how many temporaries, and
+the bytes each needs for given dims), `symgrad_scratch_bytes` (the runtime's scratch
+region for given dims: the runtime's own count of what its calls use) and
+`symgrad_set_num_threads` (caps the calling thread's OpenMP team). Its matmuls call the runtime
 (symgrad.backends.runtime), whose header it includes and whose library,
 built once per compiler and flags, it links; it builds the file through
 the cache (symgrad.backends.cache). What every native program does alike (layouts per
@@ -22,7 +23,10 @@ this module keeps the cffi build and call, and two hooks through which a data-pa
 it) and `on_collective` (an all_reduce: sum this buffer over the processes). Python owns all
 memory: inputs, variables and outputs are NumPy arrays passed with `ffi.from_buffer` (no copies);
 temporaries live in one workspace array whose layout is computed here from
-the Dim bindings, and checked against the sizes the code itself reports.
+the Dim bindings, and checked against the sizes the code itself reports; the
+runtime's scratch region (its GEMMs' packed panels, a Winograd convolution's
+transformed tiles) follows them in the same array, sized by the code itself, so a
+call allocates nothing.
 User names never enter C except inside comments, escaped.
 """
 
@@ -45,7 +49,8 @@ from .driver import source_of
 from .expressions import comment  # noqa: F401  (re-exported: what C comments may hold)
 from .kernel_functions import calls
 from .kinds.collective import DTYPES as COLLECTIVE_DTYPES
-from .languages import (C_BAD_LABEL as BAD_LABEL, C_ENTRY as ENTRY, C_OPENMP, C_SET_THREADS as SET_THREADS,
+from .languages import (C_BAD_LABEL as BAD_LABEL, C_ENTRY as ENTRY, C_OPENMP, C_SCRATCH_BYTES as SCRATCH_BYTES,
+                        C_SET_THREADS as SET_THREADS,
                         C_SIGNATURE as SIGNATURE, C_WORKSPACE_SIZES as WORKSPACE_SIZES, COLUMN_TILE,  # noqa: F401
                         PARALLEL_MIN)  # noqa: F401
 from .plan import Plan
@@ -59,10 +64,12 @@ _refcount = getattr(sys, "getrefcount", None)  # CPython's; elsewhere outputs ar
 # in cffi's ABI mode, which needs the whole layout): Python owns one per program and reads `failed`.
 CDEF_CONTEXT_FIELDS = ("int team_warm; double last_call_end; int status; const char* failed; "
                        "void (*gradient_final)(void* data, int64_t variable); void* gradient_final_data; "
-                       "int (*collective)(void* data, void* values, int64_t count, int dtype); void* collective_data;")
+                       "int (*collective)(void* data, void* values, int64_t count, int dtype); void* collective_data; "
+                       "void* scratch; int64_t scratch_bytes;")
 CDEF = (f"typedef struct {{ {CDEF_CONTEXT_FIELDS} }} sg_context;\n"
         f"{SIGNATURE};\n"
         f"int64_t {WORKSPACE_SIZES}(const int64_t* dims, int64_t* nbytes);\n"
+        f"int64_t {SCRATCH_BYTES}(const int64_t* dims);\n"
         f"void {SET_THREADS}(int threads);")
 ALIGN = 64                      # bytes: every workspace buffer starts on a cache line
 HELPERS = importable.c_helpers(ENTRY, WORKSPACE_SIZES, ALIGN)  # the importable module's NumPy call
@@ -141,6 +148,7 @@ class CProgram(NativeProgram):
         lib = self.module.lib
         self._entry = getattr(lib, ENTRY)
         self._workspace_bytes = getattr(lib, WORKSPACE_SIZES)
+        self._scratch_bytes_of = getattr(lib, SCRATCH_BYTES)
         self._set_threads = getattr(lib, SET_THREADS)
         self._context = self._ffi.new("sg_context*")  # what the program keeps between its calls
         self._collective_error = None  # what the collective hook raised, for the call to raise
@@ -202,14 +210,23 @@ class CProgram(NativeProgram):
             self._entry = own
 
     def _native_layout(self, key: tuple, planned: MemoryPlan) -> tuple:
-        """The dims array, the workspace (array, pointer) and its offsets, and each output's last
-        array (see `_outputs`), once there is one."""
+        """The dims array, the workspace (array, pointer) and its offsets, each output's last
+        array (see `_outputs`), once there is one, and the runtime's scratch region (pointer,
+        bytes): the workspace's last `planned.scratch_bytes`, from a multiple of ALIGN on."""
         ffi = self._ffi
-        raw = np.zeros(planned.arena_bytes + 2 * ALIGN, dtype=np.uint8)
+        start = -(-planned.arena_bytes // ALIGN) * ALIGN
+        raw = np.zeros(start + planned.scratch_bytes + 2 * ALIGN, dtype=np.uint8)
         shift = (-raw.ctypes.data) % ALIGN
-        workspace = raw[shift:shift + planned.arena_bytes + ALIGN]
-        return (ffi.new("int64_t[]", list(key) or [0]), workspace, ffi.from_buffer(workspace),
-                ffi.new("int64_t[]", planned.offsets or [0]), [None] * len(self.graph.outputs))
+        workspace = raw[shift:shift + start + planned.scratch_bytes + ALIGN]
+        pointer = ffi.from_buffer(workspace)
+        return (ffi.new("int64_t[]", list(key) or [0]), workspace, pointer,
+                ffi.new("int64_t[]", planned.offsets or [0]), [None] * len(self.graph.outputs),
+                (pointer + start, planned.scratch_bytes))
+
+    def _scratch_bytes(self, key: tuple) -> int:
+        """The runtime's scratch region for these Dim values, as the compiled code counts it
+        (symgrad_scratch_bytes) for the calling thread's OpenMP team."""
+        return int(self._scratch_bytes_of(self._ffi.new("int64_t[]", list(key) or [0])))
 
     def _workspace_sizes(self, key: tuple) -> list:
         """The bytes of each temporary, as the compiled code computes them (symgrad_workspace_bytes)."""
@@ -265,7 +282,7 @@ class CProgram(NativeProgram):
         layout = self._layouts.get(key)
         if layout is None:
             layout = self._layout(key, bindings)
-        outs, in_shapes, dims_ptr, _, ws_ptr, offsets, held = layout
+        outs, in_shapes, dims_ptr, _, ws_ptr, offsets, held, (scratch, scratch_bytes) = layout
         if check_inputs:
             self._check_inputs(inputs, in_shapes)
         from_buffer = self._ffi.from_buffer
@@ -278,10 +295,29 @@ class CProgram(NativeProgram):
         results = self._outputs(outs, held, out_ptrs)
         if _ForkedChild.forked:
             self._set_threads(1)  # this thread's OpenMP setting: set on each call, whichever thread calls
-        status = self._entry(dims_ptr, in_ptrs, var_ptrs, out_ptrs, ws_ptr, offsets, self._context)
+        context = self._context
+        context.scratch, context.scratch_bytes = scratch, scratch_bytes
+        status = self._entry(dims_ptr, in_ptrs, var_ptrs, out_ptrs, ws_ptr, offsets, context)
         if status != 0:
+            if self._scratch_short(status, key):  # this thread's team outgrew the region: planned again
+                return self._run(inputs, bindings, variables, check_inputs)
             self._failed(status, inputs, bindings)
         return results
+
+    def _scratch_short(self, status: int, key: tuple) -> bool:
+        """Whether the entry refused a call (nothing computed) because the runtime's scratch region
+        is smaller than this thread's team needs (a team larger than the one it was sized for);
+        then the layout is dropped, to be made again at the size the code now asks for."""
+        context = self._context
+        if status != Status.OUT_OF_MEMORY or context.failed == self._ffi.NULL:
+            return False
+        if self._ffi.string(context.failed).decode() != SCRATCH_BYTES:
+            return False
+        if self._scratch_bytes(key) <= context.scratch_bytes:
+            return False
+        self._layouts.pop(key, None)
+        self.memory_plans.pop(key, None)
+        return True
 
     def _failed(self, status: int, inputs: list, bindings: dict) -> None:
         """Raise what a nonzero status of the entry means."""
@@ -290,6 +326,9 @@ class CProgram(NativeProgram):
             raise error
         if status == Status.OUT_OF_MEMORY:
             failed = self._ffi.string(self._context.failed).decode()
+            if failed == SCRATCH_BYTES:
+                raise MemoryError(f"{self.module_name}: the runtime's scratch region is smaller than this "
+                                  f"thread's OpenMP team needs; nothing was computed")
             raise MemoryError(f"{self.module_name}: kernel {failed} could not allocate the memory it "
                               f"needs; the call stopped there (outputs and variable updates of the "
                               f"kernels before it may be written)")

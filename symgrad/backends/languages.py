@@ -125,6 +125,9 @@ C_ENTRY = "symgrad_run"
 # What the workspace must hold: the number of temporaries, and (given nbytes) the bytes each needs
 # for these dims: the kernels' own sizes, against which a caller checks its arena.
 C_WORKSPACE_SIZES = "symgrad_workspace_bytes"
+# The bytes of the runtime's scratch region (sg_context.scratch) for these dims on the calling
+# thread's team: what the runtime's own <function>_scratch_bytes say of each call it makes.
+C_SCRATCH_BYTES = "symgrad_scratch_bytes"
 # Caps the OpenMP team of the calling thread's later parallel regions.
 C_SET_THREADS = "symgrad_set_num_threads"
 C_SIGNATURE = (f"int {C_ENTRY}(const int64_t* dims, void** inputs, void** variables, void** outputs, "

@@ -45,6 +45,8 @@ class MemoryPlan:
     live: list[tuple]       # (first kernel, last kernel) of each workspace buffer
     bindings: dict          # the Dim values it was planned for
     assumed: bool = False   # bindings assumed before any call (a program with Dims not yet run)
+    scratch_bytes: int = 0  # the runtime's scratch region after the arena's temporaries (as the
+                            # compiled code counts it: symgrad_scratch_bytes), 0 where it has none
 
     def summary(self) -> str:
         """One line: planned arena beside the naive total, the unshared temporaries and the lower bound."""

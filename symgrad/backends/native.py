@@ -105,19 +105,27 @@ class NativeProgram(ABC):
         None where the code does not report them."""
         return None
 
-    def _planned_arena(self, key: tuple, bindings: dict) -> MemoryPlan:
-        """The arena plan for one Dim binding, its sizes checked against the compiled code's own.
+    def _scratch_bytes(self, key: tuple) -> int:
+        """The bytes of the runtime's scratch region as the compiled code counts them for these Dim
+        values (after the arena's temporaries); 0 where the code has none."""
+        return 0
 
-        They differ only when the arena came from a damaged or forged program-cache entry: then
-        it is planned again from the kernel plan (which describes this very source) and the
+    def _planned_arena(self, key: tuple, bindings: dict) -> MemoryPlan:
+        """The arena plan for one Dim binding, its sizes checked against the compiled code's own,
+        with the runtime's scratch region the compiled code asks for (`_scratch_bytes`).
+
+        The sizes differ only when the arena came from a damaged or forged program-cache entry:
+        then it is planned again from the kernel plan (which describes this very source) and the
         entry is rewritten. A call never gets a workspace too small.
         """
         planned = memory_plan(self.arena, bindings, align=self.align)
+        planned.scratch_bytes = self._scratch_bytes(key)
         needed = self._workspace_sizes(key)
         if needed is None or planned.sizes == needed:
             return planned
         self.arena = ArenaSpec.of(self.plan)
         planned = memory_plan(self.arena, bindings, align=self.align)
+        planned.scratch_bytes = self._scratch_bytes(key)
         if planned.sizes != needed:
             raise RuntimeError(f"{self.module_name}: the memory plan sizes the workspace temporaries at "
                                f"{planned.sizes} bytes, the compiled code at {needed}")
@@ -130,7 +138,10 @@ class NativeProgram(ABC):
     def memory_plan(self) -> MemoryPlan:
         """The arena plan (see `latest_or_assumed`): of the Dim binding first called with most
         recently, else assumed before any call."""
-        return latest_or_assumed(self.arena, self.dims, self.memory_plans, self.align)
+        planned = latest_or_assumed(self.arena, self.dims, self.memory_plans, self.align)
+        if not self.memory_plans:  # the compiled code's scratch for the assumed Dims
+            planned.scratch_bytes = self._scratch_bytes(self._binding_key(planned.bindings))
+        return planned
 
     def report(self, timings: dict | None = None) -> Report:
         """The compilation report (symgrad.backends.report.Report): a summary, then passes,

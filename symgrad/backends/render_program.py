@@ -19,8 +19,8 @@ from ..ir.integer import HELPERS as INTEGER_HELPERS
 from .c_printer import format_literal
 from .expressions import comment, shape_comment
 from .kernel_functions import partition, shared
-from .languages import (C_BAD_LABEL, C_ENTRY, C_PROFILE_COUNT, C_PROFILE_EVENTS, C_SET_THREADS, C_SIGNATURE,
-                        C_WORKSPACE_SIZES, CUDA_ALIGN, CUDA_SIGNATURE, PARALLEL_MIN, Language)
+from .languages import (C_BAD_LABEL, C_ENTRY, C_PROFILE_COUNT, C_PROFILE_EVENTS, C_SCRATCH_BYTES, C_SET_THREADS,
+                        C_SIGNATURE, C_WORKSPACE_SIZES, CUDA_ALIGN, CUDA_SIGNATURE, PARALLEL_MIN, Language)
 from .kinds import kind_of
 from .plan import Plan, gradients_final_after
 from .render import Renderer
@@ -124,6 +124,7 @@ def _host_program(renderer: Renderer, kernels: list, labels: list, profile: bool
         dims=[comment(d) for d in plan.dims], pointers=pointers, workspace=workspace,
         workspace_dims=sorted(ex.dims_used(b.numel for b in plan.workspace)),
         workspace_sizes=C_WORKSPACE_SIZES, set_threads=C_SET_THREADS, qualifiers=renderer.lang.helper_qualifiers,
+        scratch_sizes=C_SCRATCH_BYTES, scratch=[k for k in kernels if k.get("gemm")],  # the runtime calls' scratch
         profile=profile, profile_events=C_PROFILE_EVENTS, profile_count=C_PROFILE_COUNT, kernel_count=len(kernels),
         functions=functions, units=units)
 

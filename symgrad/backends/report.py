@@ -23,7 +23,7 @@ import numpy as np
 from ..ir import dtypes as D
 from ..ir import shapes as S
 from ..passes import format_report
-from . import half, runtime
+from . import half
 from .kernel_functions import calls
 from .kinds import KINDS
 from .plan import kernel_reads, kernel_writes
@@ -97,8 +97,9 @@ ROLE_NAMES = {"param": "parameters", "grad": "gradient buffers", "optimizer": "o
 def step_memory(graph, plan, mp) -> dict:
     """Bytes a call of the program holds at its peak, by what they are, for the memory plan's Dim
     binding: the variables by role (parameters, optimizer state, ...), the inputs and the
-    outputs a call returns, the arena of temporaries, and the most that the runtime's GEMM
-    allocates while one product runs (its packed panels, freed after it). Known before any call."""
+    outputs a call returns, the arena of temporaries, and the runtime's scratch region after it
+    (its GEMMs' packed panels, a Winograd convolution's transformed tiles: as the compiled code
+    counts them, mp.scratch_bytes). A call allocates nothing more. Known before any call."""
     def nbytes(value) -> int:
         return int(np.prod(S.evaluate_shape(value.shape, mp.bindings), dtype=np.int64)) * D.to_numpy(value.dtype).itemsize
 
@@ -109,10 +110,7 @@ def step_memory(graph, plan, mp) -> dict:
     parts["inputs"] = sum(nbytes(v) for v in graph.inputs)
     parts["outputs"] = sum(nbytes(v) for v in graph.outputs)
     parts["arena"] = mp.arena_bytes
-    # A batched product's GEMMs may run one per thread at once (their batch indices shared out).
-    team = runtime.team_size()
-    packing = [KINDS[k.kind].workspace(k, mp.bindings, team) for k in plan.kernels if KINDS[k.kind].workspace]
-    parts["GEMM packing"] = max(packing, default=0)
+    parts["runtime scratch"] = mp.scratch_bytes
     return parts
 
 

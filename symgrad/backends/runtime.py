@@ -6,6 +6,7 @@ into the build cache, and linked by every C program.
     source(targets) -> str       templates/c/runtime.c.j2: every GEMM variant a program may call
     build(flags) -> BuiltModule  the shared library, cached (symgrad.backends.cache, kind "runtime")
     gemm_function(dtype, N, sam, sak) -> (name, kind)   which of them computes one matmul
+    scratch_bytes(function, m, n, k, threads)           the scratch one call of it takes (asked of C)
 
 A program's source includes the header and calls the runtime by name; the cache builds the
 program with the header's directory on its include path and links it to the library (see
@@ -13,8 +14,11 @@ symgrad.backends.cache). The GEMM is a few thousand lines of C once its register
 unrolled: compiling it once, not once per model, is most of a cold compile saved.
 
 Everything the runtime knows about a call lives in the caller's `sg_context` (the team's
-clock) and its arguments: the library keeps no state of its own. Its functions return a status
-(SG_OK, or SG_OUT_OF_MEMORY when a packing buffer cannot be allocated) instead of aborting.
+clock) and its arguments: the library keeps no state of its own, and allocates nothing. A
+function that needs buffers while it runs (packed panels, transformed tiles) takes them from a
+`scratch` region of its caller's, and says how many bytes that must be beside its code:
+`<function>_scratch_bytes(M, N, K, threads)`. A program sizes its region with them
+(symgrad_scratch_bytes), Python asks them through `scratch_bytes`: one count of those bytes.
 """
 
 from __future__ import annotations
@@ -58,26 +62,23 @@ GEMM = {"float32": dict(suffix="f32", MC=72, KC=256, NC=2048),
 TALL_CHUNKS, TALL_MN, TALL_N = 8, 65536, 1024
 
 
-def packing_bytes(dtype: str, m: int, n: int, k: int, kind: str = "gemm", threads: int | None = None) -> int:
-    """At most how many bytes the runtime's GEMM allocates while one m x n x k product runs (all
-    freed when it returns), after templates/c/gemm*.c.j2. `kind` as `gemm_function` picks it: a
-    narrow kernel ("dot", "tn") packs B's few columns (and A's last rows); the blocked GEMM packs
-    B's panel over all of K (at most NC columns, in slivers of 16 floats or 8 doubles) and each
-    thread's MC x KC block of A, or, when its threads share out columns instead (few row blocks),
-    all of A plus each thread's panel of two slivers; a tall product (K split over the threads)
-    allocates per thread a partial product, one chunk of B and one block of A. `threads`: the
-    team (default `team_size()`), used only by a product large enough to run on it."""
-    g, size = GEMM[dtype], D.to_numpy(dtype).itemsize
-    sliver = 64 // size
-    if kind != "gemm":
-        return (k * (2 * sliver + n) + 64) * size
-    team = (threads or team_size()) if m * n * k >= GEMM_PARALLEL_MIN else 1
-    if k >= TALL_CHUNKS * g["KC"] and m * n <= TALL_MN and n <= TALL_N:  # per thread: a partial product, B's chunk, A's block
-        kc = -(-k // -(-k // g["KC"]))
-        return team * sum(-(-x // 16) * 16 for x in (m * n, kc * -(-n // sliver) * sliver, g["MC"] * kc)) * size
-    if team > 1 and -(-m // g["MC"]) < 2 * team and n >= 2 * sliver * team:
-        return (-(-m // 8) * 8 * k + team * k * 2 * sliver) * size
-    return (k * -(-min(n, g["NC"]) // sliver) * sliver + team * g["MC"] * min(k, g["KC"])) * size
+def scratch_bytes(function: str, m: int, n: int, k: int, threads: int | None = None,
+                  flags: list[str] | None = None) -> int:
+    """The bytes of scratch the runtime function `function` (as `gemm_function` names it, or
+    "sg_conv_winograd[_grad]_f32", ...) takes for an m x n x k product on a team of `threads`
+    (default `team_size()`): asked of the runtime library built with `flags` (its
+    `<function>_scratch_bytes`, beside the code that uses the memory), not counted again here."""
+    import ctypes
+    count = getattr(_library(tuple(flags) if flags is not None else None), f"{function}_scratch_bytes")
+    count.argtypes, count.restype = [ctypes.c_int64] * 4, ctypes.c_int64
+    return int(count(m, n, k, threads or team_size()))
+
+
+@lru_cache(maxsize=None)
+def _library(flags: tuple | None):
+    """The runtime library built with `flags` (None: the programs' default), opened with ctypes."""
+    import ctypes
+    return ctypes.CDLL(str(build(list(flags) if flags is not None else None).library_path))
 
 
 def team_size() -> int:

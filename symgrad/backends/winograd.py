@@ -73,21 +73,6 @@ def chosen(spec, n) -> bool:
             and isinstance(n, int) and n >= MIN_CHANNELS)
 
 
-def workspace_bytes(spec, n: int, itemsize: int, threads: int) -> int:
-    """At most what sg_conv_winograd(_grad) allocates while it runs (templates/c/winograd.c.j2): the
-    transformed weight (alpha^2 x Q x N, N rounded up to whole slivers of 64 bytes, the widest) or,
-    for the weight's gradient, each thread's partial sums of that size; and per thread one block's
-    transformed tiles and products, each of the alpha^2 a line apart."""
-    sliver = 64 // itemsize
-    np_ = -(-n // sliver) * sliver
-    fit = BLOCK_BYTES // (ALPHA * ALPHA * (spec.Q + np_) * itemsize)
-    block = max(8, min(BLOCK_TILES, fit))  # the template's: a multiple of MR (at most 8) within these
-    per_thread = ALPHA * ALPHA * (block * (spec.Q + np_) + 2 * 64 // itemsize) + (spec.Q + 8) * block + 16
-    sums = ALPHA * ALPHA * spec.Q * np_
-    return (sums * (threads if spec.transposed else 1) + threads * per_thread) * itemsize
-
-
-
 def _literal(c: F, ctype: str) -> str:
     if c.denominator == 1:
         return f"{c.numerator}.0f" if ctype == "float" else f"{c.numerator}.0"

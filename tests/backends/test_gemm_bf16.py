@@ -24,7 +24,7 @@ def runtime_source() -> str:
     source = runtime.source()
     preamble = source.split("void sg_team_begin_call", 1)[0]
     start = source.index("/*\n * sg_gemm_bf16:")
-    end = source.index("#endif", source.index("return sg_gemm_f32(M, N, K, A, sam, sak, B, sbk, sbn, C, context, ep);"))
+    end = source.index("#endif", source.index("return sg_gemm_f32(M, N, K, A, sam, sak, B, sbk, sbn, C, context, ep, scratch);"))
     return preamble + source[start:end + len("#endif")] + "\n"
 
 
@@ -95,9 +95,11 @@ def test_bf16_path_computes_the_product_with_emulated_intrinsics(runtime_source,
     (tmp_path / "bf16.c").write_text("#define __AVX512F__ 1\n#define __AVX512BF16__ 1\n" + runtime_source)
     subprocess.run([gcc, "-O1", "-fopenmp", "-fPIC", "-shared", "-Wno-psabi", f"-I{tmp_path}", "-o",
                     str(tmp_path / "bf16.so"), str(tmp_path / "bf16.c")], check=True, capture_output=True, timeout=120)
-    gemm = ctypes.CDLL(str(tmp_path / "bf16.so")).sg_gemm_bf16
+    library = ctypes.CDLL(str(tmp_path / "bf16.so"))
+    gemm, scratch_bytes = library.sg_gemm_bf16, library.sg_gemm_bf16_scratch_bytes
     i64, ptr = ctypes.c_int64, ctypes.c_void_p
-    gemm.argtypes, gemm.restype = [i64, i64, i64, ptr, i64, i64, ptr, i64, i64, ptr, ptr, ptr], ctypes.c_int
+    gemm.argtypes, gemm.restype = [i64, i64, i64, ptr, i64, i64, ptr, i64, i64, ptr, ptr, ptr, ptr], ctypes.c_int
+    scratch_bytes.argtypes, scratch_bytes.restype = [i64] * 4, i64
     rng = np.random.default_rng(39)
     for m, n, k, transposed in ((13, 45, 37, False), (8, 32, 2, False), (1, 1, 1, False), (17, 70, 64, True),
                                 (5, 3, 0, False)):
@@ -105,7 +107,10 @@ def test_bf16_path_computes_the_product_with_emulated_intrinsics(runtime_source,
         stored = np.ascontiguousarray(a.T) if transposed else a
         sam, sak = (1, m) if transposed else (k, 1)
         c = np.full((m, n), np.nan, np.float32)
-        assert gemm(m, n, k, stored.ctypes.data, sam, sak, b.ctypes.data, n, 1, c.ctypes.data, None, None) == 0
+        threads = runtime.team_size()  # the team's: $OMP_NUM_THREADS, else at least the CPUs it may use
+        scratch = np.zeros(scratch_bytes(m, n, k, threads) + 64, np.uint8)
+        at = scratch.ctypes.data + (-scratch.ctypes.data) % 64
+        assert gemm(m, n, k, stored.ctypes.data, sam, sak, b.ctypes.data, n, 1, c.ctypes.data, None, None, at) == 0
         exact = a.astype(np.float64) @ b.astype(np.float64)
         bound = k * 2.0 ** -23 * (np.abs(a).astype(np.float64) @ np.abs(b).astype(np.float64)) + 1e-30
         assert np.all(np.abs(c - exact) <= bound), (m, n, k, transposed)

@@ -101,7 +101,7 @@ def test_every_matmul_path_is_called_with_its_epilogue(suite):
     for gemm in (f"sg_gemm_{suffix}(", f"sg_gemm_dot5_{suffix}(", f"sg_gemm_tn10_{suffix}("):
         calls = [c for c in src.split(gemm)[1:] if "&epilogue" in c.split(";")[0]]
         assert calls, gemm
-    assert src.count("&epilogue);") == 7
+    assert src.count("&epilogue, context->scratch);") == 7
     # each epilogue function computes its nodes with the loop kernels' sympy printing, one commented
     # line per node, between reading the product back and storing the root
     exprs = Renderer(fn.program.plan, C_OPENMP).ex

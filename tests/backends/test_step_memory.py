@@ -1,6 +1,6 @@
 """The step memory `step.report()` gives before any call: each part counted from what the step
 holds (its parameters' and optimizer state's arrays, the inputs and outputs of a call, the
-arena the memory plan sizes), and the GEMM's packing bounded by what the runtime allocates."""
+arena the memory plan sizes, and the runtime's scratch region after it, as the runtime counts it)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,11 @@ import pytest
 
 import symgrad as sg
 from symgrad.backends import runtime
+from symgrad.backends.lowering import MatmulKernel
+from symgrad.backends.patches import matmul_gemm
 from symgrad.backends.report import step_memory
+from symgrad.ir import shapes as S
+from helpers import omp_threads
 
 pytest.importorskip("symgrad.backends.c")
 
@@ -23,8 +27,7 @@ def adam_step():
     return sg.train_step(loss, params=[W1, b1, W2, b2], optimizer=sg.optim.Adam(lr=1e-3), backend="c")
 
 
-def test_each_part_is_what_the_step_holds(adam_step, monkeypatch):
-    monkeypatch.setenv("OMP_NUM_THREADS", "2")
+def test_each_part_is_what_the_step_holds(adam_step):
     program = adam_step.program
     parts = step_memory(program.graph, program.plan, program.memory_plan)
     param_bytes = sum(v.nbytes for v in adam_step.params.values())
@@ -33,20 +36,23 @@ def test_each_part_is_what_the_step_holds(adam_step, monkeypatch):
     batch = program.memory_plan.bindings[sg.Dim("B")]
     assert parts["inputs"] == batch * (20 * 4 + 8)
     assert parts["arena"] == program.memory_plan.arena_bytes > 0
-    assert 0 < parts["GEMM packing"] <= max(runtime.packing_bytes("float32", batch, 300, 20, threads=2),
-                                            runtime.packing_bytes("float32", 20, 300, batch, threads=2),
-                                            runtime.packing_bytes("float32", batch, 20, 300, threads=2))
+    # The runtime's scratch: the most one of the step's matmuls takes, as the runtime counts it.
+    assert parts["runtime scratch"] == program.memory_plan.scratch_bytes == max(
+        runtime.scratch_bytes(matmul_gemm(k.out.dtype, k.N, k.a)[0], *(S.evaluate(n, {sg.Dim("B"): batch})
+                                                                       for n in (k.M, k.N, k.K)), threads=omp_threads())
+        for k in program.plan.kernels if isinstance(k, MatmulKernel)) > 0
     line = next(line for line in str(adam_step.report().memory).splitlines() if "step memory" in line)
-    assert f"{sum(parts.values()) / 1024:.1f} KiB" in line and "optimizer state" in line
+    assert f"{sum(parts.values()) / 1024:.1f} KiB" in line and "runtime scratch" in line
 
 
-def test_the_blocked_gemm_bound_covers_its_buffers():
-    """packing_bytes against gemm.c.j2's allocations, worked by hand for one product per path."""
-    # Rows path, one thread (below the parallel threshold): B's panel, K x 16 rounded columns, and
-    # one MC x KC block of A.
-    assert runtime.packing_bytes("float32", 20, 30, 40) == (40 * 32 + 72 * 40) * 4
-    # Columns path (one row block, many columns, 2 threads): all of A, 8-row rounded, and per
-    # thread K x 32.
-    assert runtime.packing_bytes("float32", 64, 4096, 512, threads=2) == (64 * 512 + 2 * 512 * 32) * 4
-    # A narrow product packs its few columns.
-    assert runtime.packing_bytes("float32", 64, 10, 784, kind="dot") == (784 * (32 + 10) + 64) * 4
+def test_the_scratch_region_is_the_runtimes_count_for_every_batch(adam_step):
+    """For a grid of batch sizes (one thread's products and the team's, narrow and blocked), the
+    region the program asks for (symgrad_scratch_bytes, which Python sizes the workspace with) is
+    the most any of its matmuls' runtime functions reports."""
+    program = adam_step.program
+    for batch in (1, 7, 64, 1000, 5000):
+        want = max(runtime.scratch_bytes(matmul_gemm(k.out.dtype, k.N, k.a)[0],
+                                         *(S.evaluate(n, {sg.Dim("B"): batch}) for n in (k.M, k.N, k.K)),
+                                         threads=omp_threads())
+                   for k in program.plan.kernels if isinstance(k, MatmulKernel))
+        assert program._scratch_bytes((batch,)) == want > 0, batch

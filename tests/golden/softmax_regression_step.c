@@ -40,10 +40,14 @@
  *
  * Entry point: symgrad_run(dims, inputs, variables, outputs, workspace, offsets, context) returns SG_OK (0),
  * 2 (nothing computed, nothing changed) when a class-label input holds a label outside [0, classes),
- * or a runtime status (context->status: SG_OUT_OF_MEMORY, or SG_COLLECTIVE_FAILED from the caller's collective
- * hook) of the kernel it names in context->failed, which ended the call early; context: the program's
- * sg_context, zeroed before its first call (its hooks, gradient_final and collective, set by the caller);
+ * SG_OUT_OF_MEMORY (nothing computed; context->failed "symgrad_scratch_bytes") when context->scratch_bytes is less
+ * than symgrad_scratch_bytes(dims) for the calling thread's team, or a runtime status (context->status:
+ * SG_COLLECTIVE_FAILED from the caller's collective hook) of the kernel it names in context->failed, which ended
+ * the call early; context: the program's sg_context, zeroed before its first call (its hooks, gradient_final and
+ * collective, and its scratch region, set by the caller);
  * symgrad_workspace_bytes(dims, nbytes) says how many workspace temporaries it uses, and their bytes;
+ * symgrad_scratch_bytes(dims) the bytes of the runtime's scratch region (context->scratch, 64-byte aligned): the
+ * GEMMs' packed panels, Winograd's transformed tiles, as the runtime's own <function>_scratch_bytes count them;
  * symgrad_set_num_threads(n) caps the OpenMP threads of the calling thread's later calls.
  *   dims[0] = B
  *   inputs[0] = x: f32[B,784]
@@ -150,11 +154,12 @@ SG_KERNEL void k1_matmul_t3(int64_t d0, const float* restrict in0, const float* 
 {
     /* a[d0 x 784] read with strides (784, 1), b[784 x 10] with (10, 1):
        a transposed operand is only a change of strides. */
-    /* context->status: the GEMM's (SG_OUT_OF_MEMORY: it stored nothing), for the entry point to check */
+    /* Its buffers in the runtime's scratch region (context->scratch, sized by symgrad_scratch_bytes);
+       context->status: the GEMM's, for the entry point to check */
     context->status = sg_gemm_dot5_f32(d0, 10, 784,
         in0, 784,
         var0, 10, 1,
-        ws1, context, NULL);
+        ws1, context, NULL, context->scratch);
 }
 
 /* row kernel: max, sum, sum, sum (3 passes), 4 outputs */
@@ -298,11 +303,12 @@ SG_KERNEL void k6_matmul_t25(int64_t d0, const float* restrict in0, const float*
 {
     /* a[784 x d0] read with strides (1, 784), b[d0 x 10] with (10, 1):
        a transposed operand is only a change of strides. */
-    /* context->status: the GEMM's (SG_OUT_OF_MEMORY: it stored nothing), for the entry point to check */
+    /* Its buffers in the runtime's scratch region (context->scratch, sized by symgrad_scratch_bytes);
+       context->status: the GEMM's, for the entry point to check */
     context->status = sg_gemm_tn10_f32(784, 10, d0,
         in0, 784,
         ws5, 10, 1,
-        ws7, context, NULL);
+        ws7, context, NULL, context->scratch);
 }
 
 /* t18: f32[] = cast(lr) */
@@ -338,6 +344,32 @@ int64_t symgrad_workspace_bytes(const int64_t* dims, int64_t* nbytes)
     }
     (void)dims;
     return 8;
+}
+
+/* The bytes of the runtime's scratch region (context->scratch) a call needs for these dims, on the
+   calling thread's team: the most that one runtime call of the entry takes (they run one after
+   another), each counted by the runtime function itself (<function>_scratch_bytes). */
+int64_t symgrad_scratch_bytes(const int64_t* dims)
+{
+    const int64_t d0 = dims[0];
+    (void)d0;
+#ifdef _OPENMP
+    const int64_t threads = omp_get_max_threads();
+#else
+    const int64_t threads = 1;
+#endif
+    int64_t most = 0;
+    {  /* k1_matmul_t3 */
+        const int64_t bytes = sg_gemm_dot5_f32_scratch_bytes(d0, 10, 784, threads);
+        most = bytes > most ? bytes : most;
+    }
+    {  /* k6_matmul_t25 */
+        const int64_t bytes = sg_gemm_tn10_f32_scratch_bytes(784, 10, d0, threads);
+        most = bytes > most ? bytes : most;
+    }
+    (void)dims;
+    (void)threads;
+    return most;
 }
 
 /* Caps the OpenMP team of the calling thread's later parallel regions at `threads` (1: each
@@ -376,6 +408,10 @@ int symgrad_run(const int64_t* dims, void** inputs, void** variables, void** out
     (void)dims; (void)inputs; (void)variables; (void)outputs; (void)workspace; (void)offsets;
     context->status = SG_OK;
     context->failed = NULL;
+    if (context->scratch_bytes < symgrad_scratch_bytes(dims)) {  /* the caller's scratch region is too small for this team */
+        context->failed = "symgrad_scratch_bytes";
+        return SG_OUT_OF_MEMORY;
+    }
     /* y: class labels, refused outside [0, 10) (but for the ignored -100) before anything changes */
     for (int64_t i = 0; i < d0; ++i)
         if ((uint64_t)(int64_t)in1[i] >= (uint64_t)(10) && (int64_t)in1[i] != (int64_t)(-100LL))

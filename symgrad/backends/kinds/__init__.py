@@ -39,7 +39,6 @@ class Kind:
     always: bool = False      # the count line names its report kinds even where a plan has none
     refuse: Callable | None = None     # (node, language) -> why the language cannot build it, or None
     purpose: Callable | None = None    # (kernel, size of a view) -> its line of the gathers by purpose, or None
-    workspace: Callable | None = None  # (kernel, Dim bindings, team) -> bytes its runtime call allocates
 
 
 KINDS = {kind.name: kind for kind in (
@@ -48,7 +47,7 @@ KINDS = {kind.name: kind for kind in (
          refuse=reduce.refuse),
     Kind("row", row.RowKernel, row.render, None, (), row.WORDS, always=True),
     Kind("matmul", matmul.MatmulKernel, matmul.render, matmul.lower, (MATMUL,), matmul.WORDS, always=True,
-         refuse=matmul.refuse, purpose=matmul.MatmulKernel.purpose_line, workspace=matmul.MatmulKernel.workspace),
+         refuse=matmul.refuse, purpose=matmul.MatmulKernel.purpose_line),
     Kind("gather", gather.GatherKernel, gather.render, gather.lower, (GATHER,), gather.WORDS,
          purpose=gather.GatherKernel.purpose_line),
     Kind("attention", attention.AttentionKernel, attention.render, attention.lower, (ATTENTION,),

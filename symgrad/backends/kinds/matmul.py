@@ -121,16 +121,6 @@ class MatmulKernel:
                     f"as the GEMM packs it (implicit GEMM), {size(self.a)} never stored")
         return None
 
-    def workspace(self, bindings: dict, team: int) -> int:
-        """The most the runtime call allocates while it runs: a Winograd convolution's transformed
-        weight and blocks, else the GEMM's packed panels (a direct convolution allocates nothing;
-        a batched product's GEMMs may run one per thread at once)."""
-        if self.impl == "direct rows" or self.impl not in RUNTIME:
-            return 0
-        if self.impl == "winograd":
-            return winograd.workspace_bytes(self.a.literal, self.N, D.to_numpy(self.out.dtype).itemsize, team)
-        return runtime.packing_bytes(self.out.dtype, *(S.evaluate(size, bindings) for size in (self.M, self.N, self.K)),
-                                     kind=self.variant) * (team if self.batch else 1)
 
 
 def choose(graph, language, patches: frozenset, epilogued) -> dict:
