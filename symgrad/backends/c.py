@@ -72,7 +72,7 @@ CDEF = (f"typedef struct {{ {CDEF_CONTEXT_FIELDS} }} sg_context;\n"
         f"int64_t {SCRATCH_BYTES}(const int64_t* dims);\n"
         f"void {SET_THREADS}(int threads);")
 ALIGN = 64                      # bytes: every workspace buffer starts on a cache line
-HELPERS = importable.c_helpers(ENTRY, WORKSPACE_SIZES, ALIGN)  # the importable module's NumPy call
+HELPERS = importable.c_helpers(ENTRY, WORKSPACE_SIZES, SCRATCH_BYTES, ALIGN)  # the importable module's NumPy call
 
 
 def render_source(plan: Plan, labels: list = ()) -> str:

@@ -56,11 +56,11 @@ with open(SOURCE_PATH, encoding="utf-8", newline="") as _file:
 {helpers}'''
 
 
-def c_helpers(entry: str, workspace_sizes: str, align: int) -> str:
+def c_helpers(entry: str, workspace_sizes: str, scratch_bytes: str, align: int) -> str:
     """Python text of the C program's NumPy call: `run(dims, inputs, variables, outputs)` and
-    `workspace_sizes(dims)`, for the entry point `entry` and its sizes function `workspace_sizes`
-    (symgrad.backends.languages' C_ENTRY and C_WORKSPACE_SIZES); `align`: where each temporary
-    starts, in bytes."""
+    `workspace_sizes(dims)`, for the entry point `entry`, its sizes function `workspace_sizes` and
+    its runtime scratch function `scratch_bytes` (symgrad.backends.languages' C_ENTRY,
+    C_WORKSPACE_SIZES and C_SCRATCH_BYTES); `align`: where each temporary starts, in bytes."""
     return f'''
 
 ALIGN = {align}  # bytes: where each workspace temporary starts
@@ -101,9 +101,11 @@ def run(dims, inputs, variables=(), outputs=()):
     for size in workspace_sizes(dims):
         offsets.append(total)
         total += -(-size // ALIGN) * ALIGN
-    raw = np.zeros(total + 2 * ALIGN, dtype=np.uint8)
+    # the runtime's scratch (GEMM panels, Winograd blocks) for the calling thread's OpenMP team, last
+    scratch = int(lib.{scratch_bytes}(ffi.new("int64_t[]", dims or [0])))
+    raw = np.zeros(total + scratch + 2 * ALIGN, dtype=np.uint8)
     shift = (-raw.ctypes.data) % ALIGN
-    workspace = raw[shift:shift + total + ALIGN]
+    workspace = raw[shift:shift + total + scratch + ALIGN]
     keep = []
 
     def pointers(arrays, what, writeable):
@@ -116,6 +118,7 @@ def run(dims, inputs, variables=(), outputs=()):
         return table
 
     context = ffi.new("sg_context*")
+    context.scratch, context.scratch_bytes = ffi.from_buffer(workspace) + total, scratch
     status = lib.{entry}(ffi.new("int64_t[]", dims or [0]), pointers(inputs, "input", False),
                          pointers(variables, "variable", True), pointers(outputs, "output", True),
                          ffi.from_buffer(workspace), ffi.new("int64_t[]", offsets or [0]), context)

@@ -111,7 +111,7 @@ def test_the_module_text_opens_the_library_beside_it_not_one_named_as_the_module
     text = importable.text("_symgrad_abc", "int f(void);", "_symgrad_abc.c")
     assert importable.library_file("_symgrad_abc") == "lib_symgrad_abc.so"
     assert "'lib_symgrad_abc.so'" in text and "import symgrad" not in text and "from symgrad" not in text
-    compile(text + importable.c_helpers("symgrad_run", "symgrad_workspace_bytes", 64), "<module>", "exec")
+    compile(text + importable.c_helpers("symgrad_run", "symgrad_workspace_bytes", "symgrad_scratch_bytes", 64), "<module>", "exec")
 
 
 @pytest.mark.nvcc

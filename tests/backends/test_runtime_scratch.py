@@ -25,8 +25,8 @@ import pytest
 import symgrad as sg
 from helpers import omp_threads, set_omp_threads
 from symgrad.backends import runtime
-from symgrad.backends.lowering import MatmulKernel
-from symgrad.backends.patches import is_columns, is_winograd, matmul_gemm
+from symgrad.backends.kinds.matmul import MatmulKernel
+from symgrad.backends.status import Status
 from symgrad.backends.report import format_bytes
 from symgrad.ir import shapes as S
 
@@ -111,7 +111,7 @@ def test_the_gemm_stays_within_the_scratch_it_reports(lib, dtype, m, n, k, ta, t
     def call(scratch):
         c = np.full((m, n), np.nan, dtype)
         assert gemm(m, n, k, a_stored.ctypes.data, sam, sak, b_stored.ctypes.data, sbk, sbn, c.ctypes.data,
-                    ctypes.byref(context), None, scratch) == runtime.OK
+                    ctypes.byref(context), None, scratch) == Status.OK
         np.testing.assert_allclose(c, want, rtol=1e-4, atol=1e-3 * max(k, 1) ** 0.5)
     _run(lib, name, m, n, k, call)
 
@@ -133,7 +133,7 @@ def test_the_narrow_kernels_stay_within_the_scratch_they_report(lib, kind, m, n,
     def call(scratch):
         c = np.full((m, n), np.nan, np.float32)
         assert gemm(m, n, k, stored.ctypes.data, stride, b.ctypes.data, n, 1, c.ctypes.data,
-                    ctypes.byref(context), None, scratch) == runtime.OK
+                    ctypes.byref(context), None, scratch) == Status.OK
         np.testing.assert_allclose(c, want, rtol=1e-4, atol=1e-3 * k ** 0.5)
     _run(lib, name, m, n, k, call)
 
@@ -149,7 +149,7 @@ def test_the_bfloat16_gemm_stays_within_the_scratch_it_reports(lib):
     def call(scratch):
         c = np.full((m, n), np.nan, np.float32)
         assert gemm(m, n, k, a.ctypes.data, k, 1, b.ctypes.data, n, 1, c.ctypes.data, ctypes.byref(context),
-                    None, scratch) == runtime.OK
+                    None, scratch) == Status.OK
         np.testing.assert_allclose(c, a.astype(np.float64) @ b, rtol=1e-2, atol=1e-2)
     _run(lib, "sg_gemm_bf16", m, n, k, call)
 
@@ -181,7 +181,7 @@ def test_winograd_stays_within_the_scratch_it_reports(lib, dtype, P, Q, Ho, Wo, 
     def call(scratch):
         c = np.full((m, N), np.nan, dtype)
         assert conv(m, N, k, ctypes.byref(spec), b.ctypes.data, N, 1, c.ctypes.data, ctypes.byref(context),
-                    scratch) == runtime.OK
+                    scratch) == Status.OK
         np.testing.assert_allclose(c, want, rtol=1e-3, atol=1e-3 * np.abs(want).max())
     _run(lib, name, m, N, k, call)
 
@@ -239,11 +239,9 @@ def _expected_scratch(program) -> int:
     bindings = program.memory_plan.bindings
     most = 0
     for k in program.plan.kernels:
-        if not isinstance(k, MatmulKernel) or is_columns(k.b) or k.batch:
+        if not isinstance(k, MatmulKernel) or k.impl == "direct rows" or k.batch:
             continue
-        name = matmul_gemm(k.out.dtype, k.N, k.a)[0]
-        if is_winograd(k.a, k.N, k.epilogue_statements):
-            name = f"sg_conv_winograd_{'grad_' if k.a.literal.transposed else ''}{runtime.GEMM[k.out.dtype]['suffix']}"
+        name = k.function   # the runtime function decide chose (Decisions.matmuls)
         sizes = [int(S.evaluate(n, bindings)) for n in (k.M, k.N, k.K)]
         most = max(most, runtime.scratch_bytes(name, *sizes, threads=omp_threads()))
     return most

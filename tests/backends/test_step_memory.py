@@ -9,8 +9,7 @@ import pytest
 
 import symgrad as sg
 from symgrad.backends import runtime
-from symgrad.backends.lowering import MatmulKernel
-from symgrad.backends.patches import matmul_gemm
+from symgrad.backends.kinds.matmul import MatmulKernel
 from symgrad.backends.report import step_memory
 from symgrad.ir import shapes as S
 from helpers import omp_threads
@@ -38,7 +37,7 @@ def test_each_part_is_what_the_step_holds(adam_step):
     assert parts["arena"] == program.memory_plan.arena_bytes > 0
     # The runtime's scratch: the most one of the step's matmuls takes, as the runtime counts it.
     assert parts["runtime scratch"] == program.memory_plan.scratch_bytes == max(
-        runtime.scratch_bytes(matmul_gemm(k.out.dtype, k.N, k.a)[0], *(S.evaluate(n, {sg.Dim("B"): batch})
+        runtime.scratch_bytes(k.function, *(S.evaluate(n, {sg.Dim("B"): batch})
                                                                        for n in (k.M, k.N, k.K)), threads=omp_threads())
         for k in program.plan.kernels if isinstance(k, MatmulKernel)) > 0
     line = next(line for line in str(adam_step.report().memory).splitlines() if "step memory" in line)
@@ -51,7 +50,7 @@ def test_the_scratch_region_is_the_runtimes_count_for_every_batch(adam_step):
     the most any of its matmuls' runtime functions reports."""
     program = adam_step.program
     for batch in (1, 7, 64, 1000, 5000):
-        want = max(runtime.scratch_bytes(matmul_gemm(k.out.dtype, k.N, k.a)[0],
+        want = max(runtime.scratch_bytes(k.function,
                                          *(S.evaluate(n, {sg.Dim("B"): batch}) for n in (k.M, k.N, k.K)),
                                          threads=omp_threads())
                    for k in program.plan.kernels if isinstance(k, MatmulKernel))
