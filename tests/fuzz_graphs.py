@@ -859,23 +859,28 @@ class _FromOutput(torch.autograd.Function):
         return grad + move, None, None, None, None, None
 
 
-class _MovedGradient(torch.autograd.Function):
-    """The identity, whose backward moves the gradient it passes by one rounding error (`sign` of
-    its ulp). Put on each use of a value, it moves each contribution to that value's gradient before
-    autograd sums them: a gradient that cancels to 0 in exact arithmetic (x - concat(x, x) summed
-    over the broadcast) is then the rounding noise it is in any order of summation, not torch's one
-    order's noise; times an infinite weight, that noise's sign picks +inf, -inf or NaN."""
+class _OnGradient(torch.autograd.Function):
+    """The identity, whose backward passes `on(g)` for the gradient g it receives. Put on one use
+    of a value, it sees (or moves) that use's contribution to the value's gradient, before autograd
+    sums the contributions."""
 
     @staticmethod
-    def forward(ctx, x, sign):
-        ctx.sign = sign
+    def forward(ctx, x, on):
+        ctx.on = on
         return x.view_as(x)
 
     @staticmethod
     def backward(ctx, g):
-        ulp = torch.nextafter(g.abs(), torch.tensor(math.inf, dtype=g.dtype)) - g.abs()
-        sign = ctx.sign(tuple(g.shape)).to(g.dtype)
-        return g + torch.where(torch.isfinite(g) & (g != 0), sign * ulp, 0.0), None
+        return ctx.on(g), None
+
+
+def _moved_by_one_rounding(g: torch.Tensor, sign: Callable) -> torch.Tensor:
+    """g moved by one rounding error (`sign` of its ulp). Moving each contribution to a value's
+    gradient so, a gradient that cancels to 0 in exact arithmetic (x - concat(x, x) summed over the
+    broadcast) is the rounding noise it is in any order of summation, not torch's one order's
+    noise; times an infinite weight, that noise's sign picks +inf, -inf or NaN."""
+    ulp = torch.nextafter(g.abs(), torch.tensor(math.inf, dtype=g.dtype)) - g.abs()
+    return g + torch.where(torch.isfinite(g) & (g != 0), sign(tuple(g.shape)).to(g.dtype) * ulp, 0.0)
 
 
 def nudge_pattern(graph: FuzzGraph, pattern: int) -> Callable:
@@ -919,7 +924,7 @@ def nudge_pattern(graph: FuzzGraph, pattern: int) -> Callable:
     def use(arg):
         if pattern == LIFT_SUBNORMALS or not (torch.is_tensor(arg) and arg.requires_grad):
             return arg
-        return _MovedGradient.apply(arg, signs)
+        return _OnGradient.apply(arg, lambda g: _moved_by_one_rounding(g, signs))
 
     nudge.use = use
     return nudge
@@ -927,21 +932,6 @@ def nudge_pattern(graph: FuzzGraph, pattern: int) -> Callable:
 
 # --------------------------------------------------------------------------
 # Leaving float64's range (the torch side, for results no rounding explains)
-
-
-class _WatchGradient(torch.autograd.Function):
-    """The identity, whose backward hands the gradient it passes to `seen` (the contribution of
-    one use of a value to that value's gradient)."""
-
-    @staticmethod
-    def forward(ctx, x, seen):
-        ctx.seen = seen
-        return x.view_as(x)
-
-    @staticmethod
-    def backward(ctx, g):
-        ctx.seen(g)
-        return g, None
 
 
 def leaves_range(graph: FuzzGraph, inputs: list) -> bool:
@@ -990,13 +980,13 @@ def leaves_range(graph: FuzzGraph, inputs: list) -> bool:
 
         def seen(g):
             given = received.get(getattr(seen, "step", None))
-            if given is None or not torch.isfinite(given).all():
-                return
-            ok = in_range(seen.args, g.shape)
-            if ok is not None and (ok & ~torch.isfinite(g)).any():
-                events.append(("backward", seen.step))
+            if given is not None and torch.isfinite(given).all():
+                ok = in_range(seen.args, g.shape)
+                if ok is not None and (ok & ~torch.isfinite(g)).any():
+                    events.append(("backward", seen.step))
+            return g
         pending.append(seen)
-        return _WatchGradient.apply(arg, seen)
+        return _OnGradient.apply(arg, seen)
 
     nudge.use = use
     xs = [torch.tensor(a, requires_grad=a.dtype == np.float64) for a in inputs[:len(graph.input_steps)]]
