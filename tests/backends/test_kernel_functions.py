@@ -162,6 +162,7 @@ def test_a_long_build_says_what_it_compiles():
 def test_a_compile_is_announced_unless_quiet(capfd, monkeypatch):
     from symgrad.backends import build_progress
     monkeypatch.setattr(build_progress, "DELAY", 0.0)
+    monkeypatch.delenv("SYMGRAD_QUIET", raising=False)  # a run that silences builds would hide the line
     x = sg.input("x", (3, 11), dtype="float64")
     sg.function([x], [sg.sin(x) * 1.25], backend="c", quiet=True)
     assert "symgrad: compiling" not in capfd.readouterr().err
