@@ -57,6 +57,7 @@ import sympy
 from .backends import c as c_backend
 from .backends import runtime
 from .backends.c_printer import printer
+from .backends.status import MEANINGS, Status
 from .backends.templates import render
 from .backends.toolchain import default_flags
 from .cells import current_value
@@ -69,13 +70,6 @@ MAGIC = b"SGDATA01"
 # The dtype codes of the dataset file (also the exported library's, for its variables).
 DTYPE_CODES = {"float32": 1, "float64": 2, "int32": 3, "int64": 4, "bool": 5}
 SAFETENSORS_DTYPES = {"float32": "F32", "float64": "F64", "int32": "I32", "int64": "I64", "bool": "BOOL"}
-# The library's status codes: the runtime's and the program's first, as the entry returns them.
-STATUSES = (("OK", "success"), ("OUT_OF_MEMORY", "out of memory"),
-            ("BAD_LABEL", "a class label outside [0, classes)"), ("BAD_SIZE", "a bad batch size"),
-            ("BAD_ARGUMENT", "a NULL or bad argument"), ("IO_ERROR", "a file could not be read or written"),
-            ("BAD_CHECKPOINT", "a checkpoint that does not match the model"),
-            ("NO_SUCH_VARIABLE", "no variable (or hyperparameter) of that name"),
-            ("DEVICE_ERROR", "a CUDA call failed"))
 # The CUDA program's host API, renamed per program (<name>_<kind>_...) so that two link together.
 CUDA_RENAMES = (("sg_cuda_run", "run"), ("sg_cuda_create", "device_create"), ("sg_cuda_destroy", "device_destroy"),
                 ("sg_cuda_write_variable", "write_variable"), ("sg_cuda_read_variable", "read_variable"),
@@ -494,7 +488,9 @@ def _shape_text(shape) -> str:
 
 
 def _statuses(name: str) -> list[dict]:
-    return [dict(name=f"{name.upper()}_{s}", value=k, text=t) for k, (s, t) in enumerate(STATUSES)]
+    """The library's status codes (<NAME>_OK ...): symgrad's one Status enum, so that a status the
+    entry returns reads the same through the library."""
+    return [dict(name=f"{name.upper()}_{s.name}", value=int(s), text=MEANINGS[s]) for s in Status]
 
 
 def _version() -> str:

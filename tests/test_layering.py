@@ -23,7 +23,8 @@ PACKAGE = Path(__file__).resolve().parent.parent / "symgrad"
 # Layers, in the order of the flow; each module is in the layer of its longest matching prefix.
 LAYERS = {
     # leaves: settings, the version, torch's spelling of dims; they import nothing of symgrad
-    "leaf": ("symgrad.settings", "symgrad.version", "symgrad.spellings", "symgrad.backends.status"),
+    "leaf": ("symgrad.settings", "symgrad.version", "symgrad.spellings", "symgrad.backends.status",
+             "symgrad.narrow"),
     "ir": ("symgrad.ir",),
     "passes": ("symgrad.passes",),
     # the graph API: the functions on graph values, gradients, modules, optimizers
