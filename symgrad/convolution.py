@@ -23,7 +23,7 @@ import numpy as np
 from . import functional as F
 from .ir import shapes as S
 from .ir.value import Value
-from .narrow import NARROW_N
+from .narrow_limit import NARROW_N
 
 __all__ = ["conv1d", "conv2d", "pad", "output_size"]
 

@@ -24,7 +24,7 @@ PACKAGE = Path(__file__).resolve().parent.parent / "symgrad"
 LAYERS = {
     # leaves: settings, the version, torch's spelling of dims; they import nothing of symgrad
     "leaf": ("symgrad.settings", "symgrad.version", "symgrad.spellings", "symgrad.backends.status",
-             "symgrad.narrow"),
+             "symgrad.narrow_limit"),
     "ir": ("symgrad.ir",),
     "passes": ("symgrad.passes",),
     # the graph API: the functions on graph values, gradients, modules, optimizers

@@ -35,7 +35,7 @@ import sympy
 
 from ..ir import dtypes as D
 from . import cache, winograd
-from ..narrow import NARROW_N  # matmuls with at most this many output columns use a narrow-N kernel
+from ..narrow_limit import NARROW_N  # matmuls with at most this many output columns use a narrow-N kernel
 from .status import Status
 from .templates import render, template_dir
 

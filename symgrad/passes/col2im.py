@@ -35,7 +35,7 @@ from ..ir import shapes as S
 from ..ir.graph import Graph
 from ..ir.registry import MATMUL, lookup
 from ..ir.value import Value, make
-from ..narrow import NARROW_N  # channels at or below which a product is not the blocked GEMM's
+from ..narrow_limit import NARROW_N  # channels at or below which a product is not the blocked GEMM's
 from .patch_grid import grid
 from .rewrite import rebuild
 

@@ -1,4 +1,4 @@
-"""The narrow-product limit has one home (symgrad.narrow): the API, the col2im pass and the runtime read it."""
+"""The narrow-product limit has one home (symgrad.narrow_limit): the API, the col2im pass and the runtime read it."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import importlib
 import re
 from pathlib import Path
 
-from symgrad import narrow
+from symgrad import narrow_limit as narrow  # (sg.narrow is torch's narrow)
 from symgrad.backends import runtime
 from symgrad.passes import col2im
 
@@ -19,4 +19,4 @@ def test_the_limit_is_defined_once_and_read_by_all_three():
     assert col2im.NARROW_N is narrow.NARROW_N
     copies = [str(p.relative_to(PACKAGE)) for p in PACKAGE.rglob("*.py")
               if re.search(r"^NARROW(_N|_CHANNELS)?\s*=\s*\d", p.read_text(), re.M)]
-    assert copies == ["narrow.py"], f"a copy of the narrow limit: {copies}"
+    assert copies == ["narrow_limit.py"], f"a copy of the narrow limit: {copies}"
