@@ -31,6 +31,7 @@ LAYERS = {
     "api": ("symgrad.autodiff", "symgrad.functional", "symgrad.operators", "symgrad.indexing", "symgrad.indices",
             "symgrad.integer", "symgrad.losses", "symgrad.pointwise", "symgrad.pooling", "symgrad.statistics",
             "symgrad.convolution", "symgrad.factories", "symgrad.random", "symgrad.sources", "symgrad.seeding",
+            "symgrad.lifting", "symgrad.movement",
             "symgrad.cells", "symgrad.effects", "symgrad.custom", "symgrad.nn", "symgrad.optim"),
     # backends, by stage: the plan's types; decide; lower (one module per kernel kind); render; build
     "plan": ("symgrad.backends.plan", "symgrad.backends.views"),
