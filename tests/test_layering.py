@@ -61,6 +61,7 @@ LAYERS = {
     "step": ("symgrad.compiled", "symgrad.training", "symgrad.checkpoint", "symgrad.gradcheck"),
     # the applications: users of everything below; the root package re-exports the public API
     "tools": ("symgrad.cli", "symgrad.demo", "symgrad.demo_gpt", "symgrad.data", "symgrad.export",
+              "symgrad.export_training",
               "symgrad.inspect_cmd", "symgrad.inspect_html", "symgrad.distributed", "symgrad.buckets",
               "symgrad.torch_import"),
     "public": ("symgrad",),
@@ -92,6 +93,7 @@ TOOL_IMPORTS = {
     "symgrad.demo_gpt": {"symgrad.demo"},
     "symgrad.inspect_cmd": {"symgrad.inspect_html"},
     "symgrad.distributed": {"symgrad.buckets"},
+    "symgrad.export": {"symgrad.export_training"},
 }
 # (importer, imported): what still runs against the flow (issue 33), and why. Remove an entry with its import.
 KNOWN = {
