@@ -49,7 +49,8 @@ LAYERS = {
     "stages": ("symgrad.backends.decisions", "symgrad.backends.lowering", "symgrad.backends.memory",
                "symgrad.backends.concat", "symgrad.backends.inplace", "symgrad.backends.render_program",
                "symgrad.backends.regions"),
-    "build": ("symgrad.backends.cache", "symgrad.backends.cache_files", "symgrad.backends.toolchain",
+    "build": ("symgrad.backends.cache", "symgrad.backends.cache_files", "symgrad.backends.cache_keys",
+              "symgrad.backends.toolchain",
               "symgrad.backends.ffi", "symgrad.backends.build_progress", "symgrad.backends.importable"),
     # the runtime (GEMM, exp, Philox): rendered from its templates and built once per compiler and flags
     "runtime": ("symgrad.backends.runtime",),
