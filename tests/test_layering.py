@@ -103,7 +103,7 @@ KNOWN = {
     ("symgrad.optim.from_torch", "symgrad.torch_import"):
         "sg.optim.from_torch(opt) asks sg.from_torch's import for the parameters of the torch optimizer's tensors",
     ("symgrad.backends.patches", "symgrad.backends.runtime"):
-        "decide reads the runtime's GEMM table (gemm_function, NARROW_N), which lives beside the runtime's build",
+        "decide reads the runtime's GEMM table (gemm_function), which lives beside the runtime's build",
 }
 
 
