@@ -23,10 +23,10 @@ import numpy as np
 from . import functional as F
 from .ir import shapes as S
 from .ir.value import Value
+from .narrow_limit import NARROW_N
 
 __all__ = ["conv1d", "conv2d", "pad", "output_size"]
 
-NARROW_CHANNELS = 16  # output channels a matmul's narrow kernels take as dot products (runtime.NARROW_N)
 SHORT_PATCH = 64      # patch lengths (C*KH*KW) below which those dot products are mostly overhead
 
 
@@ -129,7 +129,7 @@ def conv2d(input, weight, bias=None, stride=1, padding=0, dilation=1, groups: in
     K2, L = KH * KW, Ho * Wo
     taps = (np.arange(KH)[:, None] * dh * Wp + np.arange(KW)[None, :] * dw).reshape(K2)
     starts = (np.arange(Ho)[:, None] * sh * Wp + np.arange(Wo)[None, :] * sw).reshape(L)
-    if groups == 1 and not (O <= NARROW_CHANNELS and C * K2 < SHORT_PATCH):
+    if groups == 1 and not (O <= NARROW_N and C * K2 < SHORT_PATCH):
         # Channels last: the image as (N, Hp*Wp, C) pixel rows, gathered into (N, L, K2, C), which
         # is (N*L, K2*C) patch rows: ONE product for the whole batch, (N*L, K2*C) @ (K2*C, O), and
         # the backward's two are single products too (the weight's gradient over all N*L

@@ -29,23 +29,15 @@ With backend="cuda" the programs are the CUDA backend's `.cu` files (nvcc; no ru
 keeping its variables on the GPU; `<name>.c` moves a variable between the host and a program's
 device copy only when another copy is newer (to save, to read, after a load).
 
-Nothing needs Python, cffi or symgrad to build or run. The dataset layout that train_main reads
-(`write_dataset` writes it) is, all integers int64 little-endian:
-
-    "SGDATA01"                          8 bytes of magic
-    rows, arrays                        the row count, the number of arrays (the step's inputs)
-    arrays x (dtype code, per_row)      DTYPE_CODES[dtype], elements per row
-    the arrays, in input order          each rows x per_row elements, C order, little-endian
-
-`shuffle_order(rows, seed, epoch)` is train_main's per-epoch shuffle and `learning_rate` its
-schedule, so Python can reproduce its run. Templates: templates/export/*.j2; this module computes
+Nothing needs Python, cffi or symgrad to build or run. What train_main does beside the library (its
+dataset file, its shuffle, its learning-rate schedule) symgrad.export_training does in Python, so
+Python can write its data and reproduce its run. Templates: templates/export/*.j2; this module computes
 names, tables and expressions.
 """
 
 from __future__ import annotations
 
 import json
-import math
 import re
 import sys
 from dataclasses import dataclass
@@ -57,25 +49,17 @@ import sympy
 from .backends import c as c_backend
 from .backends import runtime
 from .backends.c_printer import printer
+from .backends.status import MEANINGS, Status
 from .backends.templates import render
 from .backends.toolchain import default_flags
 from .cells import current_value
 from .checkpoint import FORMAT
+from .export_training import DTYPE_CODES, MAGIC, learning_rate, shuffle_order, write_dataset  # noqa: F401
 from .ir import dtypes as D
 from .ir.graph import Graph
 from .ir.ops import label_checks
 
-MAGIC = b"SGDATA01"
-# The dtype codes of the dataset file (also the exported library's, for its variables).
-DTYPE_CODES = {"float32": 1, "float64": 2, "int32": 3, "int64": 4, "bool": 5}
 SAFETENSORS_DTYPES = {"float32": "F32", "float64": "F64", "int32": "I32", "int64": "I64", "bool": "BOOL"}
-# The library's status codes: the runtime's and the program's first, as the entry returns them.
-STATUSES = (("OK", "success"), ("OUT_OF_MEMORY", "out of memory"),
-            ("BAD_LABEL", "a class label outside [0, classes)"), ("BAD_SIZE", "a bad batch size"),
-            ("BAD_ARGUMENT", "a NULL or bad argument"), ("IO_ERROR", "a file could not be read or written"),
-            ("BAD_CHECKPOINT", "a checkpoint that does not match the model"),
-            ("NO_SUCH_VARIABLE", "no variable (or hyperparameter) of that name"),
-            ("DEVICE_ERROR", "a CUDA call failed"))
 # The CUDA program's host API, renamed per program (<name>_<kind>_...) so that two link together.
 CUDA_RENAMES = (("sg_cuda_run", "run"), ("sg_cuda_create", "device_create"), ("sg_cuda_destroy", "device_destroy"),
                 ("sg_cuda_write_variable", "write_variable"), ("sg_cuda_read_variable", "read_variable"),
@@ -99,8 +83,6 @@ _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
 # The learning rates a step reads: the first parameter group's "lr", the others' "param_groups.<k>.lr".
 _LEARNING_RATE = re.compile(r"(lr|param_groups\.\d+\.lr)\Z")
 _RUNTIME_SYMBOL = re.compile(r"^[A-Za-z_][\w \t*]*?\b(sg_\w+)\s*\(", re.M)
-_MIX = 0x9E3779B97F4A7C15  # splitmix64's increment: the shuffle's generator (train_main.c's too)
-_MASK = (1 << 64) - 1
 
 
 @dataclass
@@ -189,19 +171,6 @@ def export(step, out_dir, name: str | None = None, backend: str = "c", programs=
 def runtime_symbols() -> list[str]:
     """The runtime's global functions (declared in symgrad_runtime.h), which the export renames."""
     return sorted(set(_RUNTIME_SYMBOL.findall(runtime.header())))
-
-
-def learning_rate(step: int, peak: float, warmup: int, total: int, schedule: str = "cosine",
-                  floor_ratio: float = 0.1) -> float:
-    """train_main's learning rate at `step` (from 0): linear warmup to `peak` over `warmup` steps,
-    then `peak` ("constant"), or a cosine decay to floor_ratio * peak at `total` ("cosine"):
-    examples/gpt.py's schedule, computed as train_main computes it (in double)."""
-    if step < warmup:
-        return peak * (step + 1) / warmup
-    if schedule == "constant":
-        return peak
-    progress = min(1.0, (step - warmup) / max(1, total - warmup))
-    return peak * (floor_ratio + (1 - floor_ratio) * 0.5 * (1 + math.cos(math.pi * progress)))
 
 
 def name_of(path: Path) -> str:
@@ -494,47 +463,11 @@ def _shape_text(shape) -> str:
 
 
 def _statuses(name: str) -> list[dict]:
-    return [dict(name=f"{name.upper()}_{s}", value=k, text=t) for k, (s, t) in enumerate(STATUSES)]
+    """The library's status codes (<NAME>_OK ...): symgrad's one Status enum, so that a status the
+    entry returns reads the same through the library."""
+    return [dict(name=f"{name.upper()}_{s.name}", value=int(s), text=MEANINGS[s]) for s in Status]
 
 
 def _version() -> str:
     from .version import __version__
     return __version__
-
-
-# ---- datasets ------------------------------------------------------------------------------
-
-def write_dataset(path, arrays) -> None:
-    """Write arrays (the step's inputs, in input order; one row per example) as train_main reads them."""
-    arrays = [np.ascontiguousarray(a) for a in arrays]
-    if not arrays or any(a.ndim == 0 for a in arrays):
-        raise ValueError("write_dataset: give one or more arrays of at least one axis (rows first)")
-    rows = arrays[0].shape[0]
-    header = [rows, len(arrays)]
-    for k, a in enumerate(arrays):
-        dtype = a.dtype.name
-        if a.shape[0] != rows or dtype not in DTYPE_CODES:
-            raise ValueError(f"write_dataset: array {k} is {dtype}{list(a.shape)}; expected {rows} rows of "
-                             f"one of {sorted(DTYPE_CODES)}")
-        header += [DTYPE_CODES[dtype], int(np.prod(a.shape[1:], dtype=np.int64))]
-    with open(path, "wb") as f:
-        f.write(MAGIC + np.asarray(header, dtype="<i8").tobytes())
-        for a in arrays:
-            f.write(a.astype(a.dtype.newbyteorder("<"), copy=False).tobytes())
-
-
-def shuffle_order(rows: int, seed: int, epoch: int) -> np.ndarray:
-    """The row order of epoch `epoch` as train_main shuffles it: Fisher-Yates driven by splitmix64
-    seeded with seed + (epoch + 1) * 0x9E3779B97F4A7C15 (mod 2**64)."""
-    state = (seed + (epoch + 1) * _MIX) & _MASK
-    order = list(range(rows))
-    for i in range(rows - 1, 0, -1):
-        state = (state + _MIX) & _MASK
-        z = state
-        z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & _MASK
-        z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & _MASK
-        z ^= z >> 31
-        j = z % (i + 1)
-        order[i], order[j] = order[j], order[i]
-    return np.asarray(order, dtype=np.int64)
-

@@ -24,6 +24,8 @@ from .ir import dtypes as D
 from .ir import shapes as S
 from .ir.registry import lookup
 from .ir.value import Value, functions, make
+from .lifting import _is_bool, _lift, _lift_one, _operand_text, _value, apply_elementwise, constant  # noqa: F401
+from .movement import broadcast_to, expand, expand_dims, reshape, squeeze, transpose, unsqueeze  # noqa: F401
 from .spellings import one_of, torch_dims
 
 builtins_max = builtins.max  # this module's max is torch.max
@@ -38,65 +40,6 @@ __all__ = [
     "softmax", "log_softmax", "one_hot", "elementwise",
     "apply_elementwise",
 ]
-
-
-# ---- lifting Python values into the graph -------------------------------
-
-def constant(value, dtype: str | None = None) -> Value:
-    """A constant node: a Python number, a NumPy array or a sympy expression of Dims."""
-    if isinstance(value, Value):
-        return value
-    if isinstance(value, sympy.Basic):
-        return make(lookup("const"), value=value, shape=(), dtype=dtype or D.DEFAULT_FLOAT)
-    if isinstance(value, np.ndarray):
-        dt = D.canonical(dtype or (D.DEFAULT_FLOAT if value.dtype.kind == "f" else value.dtype))
-        array = np.array(value, dtype=D.to_numpy(dt))
-        array.flags.writeable = False
-        return make(lookup("const"), value=array, shape=array.shape, dtype=dt)
-    if isinstance(value, (numbers.Number, np.generic)):
-        if dtype is None:
-            dtype = ("bool" if isinstance(value, (bool, np.bool_)) else
-                     "int64" if isinstance(value, (int, np.integer)) else D.DEFAULT_FLOAT)
-        return make(lookup("const"), value=value.item() if isinstance(value, np.generic) else value,
-                    shape=(), dtype=D.canonical(dtype))
-    raise TypeError(f"cannot use {type(value).__name__} {value!r} as a graph value")
-
-
-def _lift(a, b, op: str):
-    """Both operands as Values. A Python scalar becomes a 0-d constant of the dtype torch gives
-    the pair (`D.result_type`): beside the other operand the op's own rule then keeps it, since a
-    0-d value only counts where it raises the category (`int_tensor * 0.5` is float32)."""
-    if isinstance(a, Value) and isinstance(b, Value):
-        return a, b
-    if isinstance(a, Value):
-        return a, _lift_one(b, a, op)
-    if isinstance(b, Value):
-        return _lift_one(a, b, op), b
-    raise TypeError(f"{op}: at least one operand must be a graph value")
-
-
-def _lift_one(x, partner: Value, op: str) -> Value:
-    if isinstance(x, (numbers.Number, np.generic)) and not isinstance(x, np.ndarray):
-        return constant(x, D.result_type(partner, x))
-    if isinstance(x, sympy.Basic):  # an expression of Dims: a Python int where it is whole (B, B - 1)
-        return constant(x, D.result_type(partner, 1 if x.is_integer else 0.5))
-    if isinstance(x, np.ndarray):
-        # An array is a tensor of its own dtype, but a float array (NumPy's float64 by default)
-        # takes a float partner's precision, and the default float beside anything else.
-        return constant(x, (partner.dtype if D.is_float(partner.dtype) else None) if x.dtype.kind == "f" else None)
-    raise TypeError(f"{op}: unsupported operand of type {type(x).__name__}")
-
-
-def _value(x, op: str, arg: str = "x") -> Value:
-    if not isinstance(x, Value):
-        raise TypeError(f"{op}: argument {arg} must be a graph value, got {type(x).__name__}")
-    return x
-
-
-def apply_elementwise(op, operands: Sequence[Value]) -> Value:
-    """A node of elementwise `op` (an OpDef or a registered name) over `operands`."""
-    op = lookup(op) if isinstance(op, str) else op
-    return make(op, tuple(operands))
 
 
 def _binary(name):
@@ -117,16 +60,6 @@ def _unary(name):
 
 
 add, mul, div = (_binary(n) for n in ("add", "mul", "div"))
-
-
-def _operand_text(x) -> str:
-    """An operand as an error message names it: `bool [3]` for a value, the scalar itself."""
-    return f"{x.dtype} {S.format_shape(x.shape)}" if isinstance(x, Value) else repr(x)
-
-
-def _is_bool(x) -> bool:
-    """Whether x is a bool operand: a bool value or array, or a Python bool."""
-    return isinstance(x, (bool, np.bool_)) or (isinstance(x, (Value, np.ndarray)) and x.dtype == "bool")
 
 
 def sub(a, b) -> Value:
@@ -357,131 +290,6 @@ def argmax(x, axis=None, keepdims=False) -> Value:
 def argmin(x, axis=None, keepdims=False) -> Value:
     """Index of the first minimum along one axis (None: of the flattened array), as torch.argmin."""
     return argmax(_flip_order(_value(x, "argmin")), axis=axis, keepdims=keepdims)
-
-
-# ---- movement ----------------------------------------------------------------
-
-def reshape(x, shape) -> Value:
-    """x with a new shape of as many elements; one size may be -1."""
-    x = _value(x, "reshape")
-    shape = (shape,) if isinstance(shape, (int, sympy.Basic)) else tuple(shape)
-    wildcards = [i for i, s in enumerate(shape) if isinstance(s, int) and s == -1]
-    if len(wildcards) > 1:
-        raise ValueError(f"reshape: only one size may be -1, got {shape}")
-    if wildcards:
-        known = S.numel([s for i, s in enumerate(shape) if i != wildcards[0]])
-        rest = S.simplify(sympy.sympify(S.numel(x.shape)) / sympy.sympify(known))
-        if rest.is_Rational and not rest.is_Integer:
-            raise ValueError(f"reshape: cannot reshape {S.format_shape(x.shape)} to {shape}")
-        shape = tuple(rest if i == wildcards[0] else s for i, s in enumerate(shape))
-    shape = S.as_shape(shape)
-    if shape == x.shape:
-        return x
-    return make(lookup("reshape"), (x,), shape=shape)
-
-
-def transpose(x, *dims, axes=None) -> Value:
-    """torch.transpose(x, dim0, dim1): x with two axes exchanged. Otherwise numpy.transpose:
-    `transpose(x)` reverses the axes, `transpose(x, perm)` or `axes=perm` permutes them (as does
-    `transpose(x, *perm)` with other than two axes)."""
-    x = _value(x, "transpose")
-    if dims and axes is not None:
-        raise TypeError(f"transpose: got both axes= and dims {dims}; give one")
-    if len(dims) == 2 and all(isinstance(d, int) and not isinstance(d, bool) for d in dims):
-        return _swap(x, dims[0], dims[1])
-    if len(dims) == 1 and isinstance(dims[0], (tuple, list)):
-        dims = tuple(dims[0])  # one sequence: a permutation, whatever its length
-    if dims:
-        axes = dims
-    if axes is not None:
-        for a in axes:
-            # Check before wrapping: a % ndim would turn axis 5 of a 2-D value into axis 1.
-            if not isinstance(a, int) or isinstance(a, bool) or not -x.ndim <= a < x.ndim:
-                raise ValueError(f"transpose: axes {tuple(axes)} are not a permutation of the {x.ndim} axes "
-                                 f"of {S.format_shape(x.shape)}")
-    perm = tuple(reversed(range(x.ndim))) if axes is None else tuple(a % x.ndim for a in axes)
-    if sorted(perm) != list(range(x.ndim)):
-        raise ValueError(f"transpose: axes {tuple(axes)} are not a permutation of the {x.ndim} axes "
-                         f"of {S.format_shape(x.shape)}")
-    if perm == tuple(range(x.ndim)):
-        return x
-    return make(lookup("transpose"), (x,), perm=perm)
-
-
-def _swap(x: Value, dim0: int, dim1: int) -> Value:
-    """x with axes dim0 and dim1 exchanged (torch.transpose; a 0-d or 1-d x stays as it is, as
-    torch accepts dims 0 and -1 there)."""
-    rank = builtins_max(x.ndim, 1)
-    for d in (dim0, dim1):
-        if not -rank <= d < rank:
-            raise ValueError(f"transpose: dim {d} is out of range for {x.type_str} (dims {-rank}..{rank - 1})")
-    order = list(range(x.ndim))
-    if x.ndim >= 2:
-        a, b = dim0 % x.ndim, dim1 % x.ndim
-        order[a], order[b] = order[b], order[a]
-    return transpose(x, axes=tuple(order))
-
-
-def broadcast_to(x, shape) -> Value:
-    """x broadcast to `shape` (NumPy rules), without copying in compiled code."""
-    x = _value(x, "broadcast_to")
-    shape = S.as_shape(shape)
-    if shape == x.shape:
-        return x
-    return make(lookup("expand"), (x,), shape=shape)
-
-
-def expand(x, *sizes) -> Value:
-    """torch's x.expand(*sizes): x broadcast to `sizes` (varargs or one tuple), where -1 keeps an
-    axis's size and new axes go in front; only axes of size 1 grow (torch refuses the rest)."""
-    x = _value(x, "expand")
-    if len(sizes) == 1 and isinstance(sizes[0], (tuple, list)):
-        sizes = tuple(sizes[0])
-    if len(sizes) < x.ndim:
-        raise ValueError(f"expand: {list(sizes)} has fewer axes than {x.type_str}")
-    lead = len(sizes) - x.ndim
-    shape = []
-    for k, size in enumerate(sizes):
-        old = x.shape[k - lead] if k >= lead else None
-        if isinstance(size, int) and size == -1:
-            if old is None:
-                raise ValueError(f"expand: -1 is not allowed for the new leading axis {k} of {list(sizes)}")
-            size = old
-        elif old is not None and not S.same_size(old, size) and old != 1:
-            raise ValueError(f"expand: axis {k} of {x.type_str} has size {old}, which cannot grow to {size} "
-                             f"(only size-1 axes expand), target {list(sizes)}")
-        shape.append(size)
-    return broadcast_to(x, tuple(shape))
-
-
-def expand_dims(x, axis: int) -> Value:
-    """x with a new axis of size 1 at `axis` (numpy.expand_dims, torch.unsqueeze)."""
-    x = _value(x, "expand_dims")
-    if not isinstance(axis, int) or isinstance(axis, bool) or not -x.ndim - 1 <= axis <= x.ndim:
-        raise ValueError(f"expand_dims: axis {axis!r} is out of range for {S.format_shape(x.shape)} "
-                         f"(a new axis goes at -{x.ndim + 1}..{x.ndim})")
-    axis = axis % (x.ndim + 1)
-    return reshape(x, x.shape[:axis] + (1,) + x.shape[axis:])
-
-
-def unsqueeze(x, dim: int) -> Value:
-    """x with a new axis of size 1 at `dim` (torch.unsqueeze; -1 appends it)."""
-    return expand_dims(x, dim)
-
-
-@torch_dims
-def squeeze(x, axis=None) -> Value:
-    """x without axes of size 1: all of them, or those of `axis` / `dim` (an int or a tuple).
-    As torch.squeeze, a given axis whose size is not 1 is kept (numpy.squeeze refuses it)."""
-    x = _value(x, "squeeze")
-    for a in (() if axis is None else (axis,) if isinstance(axis, int) else axis):
-        if isinstance(a, int) and not -builtins_max(x.ndim, 1) <= a < builtins_max(x.ndim, 1):
-            raise ValueError(f"squeeze: dim {a} is out of range for {x.type_str}")
-    if x.ndim == 0:
-        return x  # torch squeezes a 0-d tensor along dim 0 or -1 to itself
-    axes = S.normalize_axes(axis, x.ndim, "squeeze") if axis is not None else ()
-    axes = tuple(a for a in (axes if axis is not None else range(x.ndim)) if x.shape[a] == 1)
-    return reshape(x, tuple(s for a, s in enumerate(x.shape) if a not in axes))
 
 
 # ---- matmul ------------------------------------------------------------------

@@ -110,7 +110,7 @@ def test_a_named_backend_is_not_replaced(no_compiler):
 
 
 def test_resolve_keeps_a_given_name_and_asks_no_compiler(monkeypatch):
-    monkeypatch.setattr("symgrad.backends.cache.compiler_identity", lambda: pytest.fail("asked"))
+    monkeypatch.setattr("symgrad.backends.cache_keys.compiler_identity", lambda: pytest.fail("asked"))
     assert backends.resolve("numpy") == "numpy" and backends.resolve("cuda") == "cuda"
 
 

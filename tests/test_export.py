@@ -24,6 +24,7 @@ import torch
 import symgrad as sg
 from symgrad import export, nn
 from symgrad.backends.memory import memory_plan
+from symgrad.backends.status import Status
 from symgrad.backends.toolchain import default_flags
 
 pytestmark = pytest.mark.skipif(shutil.which("make") is None or shutil.which("cc") is None,
@@ -325,13 +326,14 @@ def test_bad_input_gives_a_status_and_a_message_not_a_crash(exported):
     assert got["label"] == "label 2 step: input y holds label 3 at index 1, outside [0, 3)"
     assert got["negative"].startswith("negative 2 ") and "label -1 at index 1" in got["negative"]
     assert "unchanged 1 loss -1" in done.stdout  # a refused step writes nothing
-    assert got["size"].startswith("size 3 ") and "batch size 0" in got["size"]
-    assert got["null"].startswith("null 4 ") and "input x is NULL" in got["null"]
-    assert got["lr"].startswith("lr 4 ") and "finite non-negative" in got["lr"]
-    assert got["hyper"].startswith("hyper 7 ")
-    assert got["other"].startswith("other 6 ") and "nothing loaded" in got["other"] and "'W'" in got["other"]
-    assert got["missing"].startswith("missing 5 ")
-    assert got["garbage"].startswith("garbage 6 ")
+    assert got["size"].startswith(f"size {Status.BAD_SIZE:d} ") and "batch size 0" in got["size"]
+    assert got["null"].startswith(f"null {Status.BAD_ARGUMENT:d} ") and "input x is NULL" in got["null"]
+    assert got["lr"].startswith(f"lr {Status.BAD_ARGUMENT:d} ") and "finite non-negative" in got["lr"]
+    assert got["hyper"].startswith(f"hyper {Status.NO_SUCH_VARIABLE:d} ")
+    assert got["other"].startswith(f"other {Status.BAD_CHECKPOINT:d} ") and "nothing loaded" in got["other"]
+    assert "'W'" in got["other"]
+    assert got["missing"].startswith(f"missing {Status.IO_ERROR:d} ")
+    assert got["garbage"].startswith(f"garbage {Status.BAD_CHECKPOINT:d} ")
     assert done.stdout.splitlines()[-2:] == ["good 0 ", "changed 1"]
     bad = e.dir / "bad.bin"
     export.write_dataset(bad, [X[:4], np.array([0, 1, 7, 2])])
@@ -522,6 +524,15 @@ int main(void)
     return 0;
 }
 """
+
+
+def test_the_header_codes_are_symgrads_one_status_enum(exported):
+    """The library's <NAME>_* codes are Status's, one code per meaning: the entry's statuses pass
+    through the library unchanged (BAD_SIZE once shared 3 with the runtime's COLLECTIVE_FAILED)."""
+    header = (exported("mlp").dir / "mlp.h").read_text()
+    codes = {name: int(value) for name, value in re.findall(r"^ +MLP_([A-Z_]+) = (\d+),  /\*", header, re.M)}
+    assert codes == {s.name: int(s) for s in Status}
+    assert len(set(codes.values())) == len(codes)
 
 
 def test_the_header_and_the_query_api_give_names_dtypes_and_shapes(exported):

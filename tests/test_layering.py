@@ -23,13 +23,15 @@ PACKAGE = Path(__file__).resolve().parent.parent / "symgrad"
 # Layers, in the order of the flow; each module is in the layer of its longest matching prefix.
 LAYERS = {
     # leaves: settings, the version, torch's spelling of dims; they import nothing of symgrad
-    "leaf": ("symgrad.settings", "symgrad.version", "symgrad.spellings", "symgrad.backends.status"),
+    "leaf": ("symgrad.settings", "symgrad.version", "symgrad.spellings", "symgrad.backends.status",
+             "symgrad.narrow_limit"),
     "ir": ("symgrad.ir",),
     "passes": ("symgrad.passes",),
     # the graph API: the functions on graph values, gradients, modules, optimizers
     "api": ("symgrad.autodiff", "symgrad.functional", "symgrad.operators", "symgrad.indexing", "symgrad.indices",
             "symgrad.integer", "symgrad.losses", "symgrad.pointwise", "symgrad.pooling", "symgrad.statistics",
             "symgrad.convolution", "symgrad.factories", "symgrad.random", "symgrad.sources", "symgrad.seeding",
+            "symgrad.lifting", "symgrad.movement",
             "symgrad.cells", "symgrad.effects", "symgrad.custom", "symgrad.nn", "symgrad.optim"),
     # backends, by stage: the plan's types; decide; lower (one module per kernel kind); render; build
     "plan": ("symgrad.backends.plan", "symgrad.backends.views"),
@@ -47,7 +49,8 @@ LAYERS = {
     "stages": ("symgrad.backends.decisions", "symgrad.backends.lowering", "symgrad.backends.memory",
                "symgrad.backends.concat", "symgrad.backends.inplace", "symgrad.backends.render_program",
                "symgrad.backends.regions"),
-    "build": ("symgrad.backends.cache", "symgrad.backends.cache_files", "symgrad.backends.toolchain",
+    "build": ("symgrad.backends.cache", "symgrad.backends.cache_files", "symgrad.backends.cache_keys",
+              "symgrad.backends.toolchain",
               "symgrad.backends.ffi", "symgrad.backends.build_progress", "symgrad.backends.importable"),
     # the runtime (GEMM, exp, Philox): rendered from its templates and built once per compiler and flags
     "runtime": ("symgrad.backends.runtime",),
@@ -59,6 +62,7 @@ LAYERS = {
     "step": ("symgrad.compiled", "symgrad.training", "symgrad.checkpoint", "symgrad.gradcheck"),
     # the applications: users of everything below; the root package re-exports the public API
     "tools": ("symgrad.cli", "symgrad.demo", "symgrad.demo_gpt", "symgrad.data", "symgrad.export",
+              "symgrad.export_training",
               "symgrad.inspect_cmd", "symgrad.inspect_html", "symgrad.distributed", "symgrad.buckets",
               "symgrad.torch_import"),
     "public": ("symgrad",),
@@ -90,6 +94,7 @@ TOOL_IMPORTS = {
     "symgrad.demo_gpt": {"symgrad.demo"},
     "symgrad.inspect_cmd": {"symgrad.inspect_html"},
     "symgrad.distributed": {"symgrad.buckets"},
+    "symgrad.export": {"symgrad.export_training"},
 }
 # (importer, imported): what still runs against the flow (issue 33), and why. Remove an entry with its import.
 KNOWN = {
@@ -98,7 +103,7 @@ KNOWN = {
     ("symgrad.optim.from_torch", "symgrad.torch_import"):
         "sg.optim.from_torch(opt) asks sg.from_torch's import for the parameters of the torch optimizer's tensors",
     ("symgrad.backends.patches", "symgrad.backends.runtime"):
-        "decide reads the runtime's GEMM table (gemm_function, NARROW_N), which lives beside the runtime's build",
+        "decide reads the runtime's GEMM table (gemm_function), which lives beside the runtime's build",
 }
 
 

@@ -45,7 +45,7 @@ def resolve(name: str | None, stacklevel: int = 3) -> str:
         return name
     from .toolchain import CompilerNotFound, probe
     try:
-        from .cache import compiler_identity
+        from .cache_keys import compiler_identity
         compiler_identity()
         probe()
         return "c"

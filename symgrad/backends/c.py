@@ -150,6 +150,7 @@ class CProgram(NativeProgram):
         self._workspace_bytes = getattr(lib, WORKSPACE_SIZES)
         self._scratch_bytes_of = getattr(lib, SCRATCH_BYTES)
         self._set_threads = getattr(lib, SET_THREADS)
+        self._settle_arena()  # the build's last step: a cached arena checked against the code's sizes
         self._context = self._ffi.new("sg_context*")  # what the program keeps between its calls
         self._collective_error = None  # what the collective hook raised, for the call to raise
         self._variables = [(v.name, D.to_numpy(v.dtype), tuple(v.shape)) for v in graph.variables]

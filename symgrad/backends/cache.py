@@ -29,13 +29,9 @@ backend adds through `helpers=`: the C program's `run` on NumPy arrays). The kep
 what the compiler's messages and the debug info point at (a `#line` directive
 ahead of the source inside cffi's wrapper), so errors name its real lines.
 
-The key is the sha256 of the source, the cdef, the flags, the compiler's
-identity (its resolved path and `--version` output, asked once per process;
-`CC` is honoured), the CFLAGS/CPPFLAGS/LDFLAGS/LDSHARED environment setuptools uses,
-the cffi version, the extension ABI suffix and the symgrad version; with
-`-march=native` also the CPU model and feature flags, since such a binary is
-only valid on CPUs like the one that built it. Its first 32 hex digits name the
-module.
+The key (symgrad.backends.cache_keys) is the sha256 of everything the binary depends on: the
+source, the cdef, the flags, the compiler's identity, the build environment, the cffi, ABI and
+symgrad versions, and for `-march=native` the host CPU. Its first 32 hex digits name the module.
 
 Writes are atomic: the module is built in a temporary directory inside the
 cache directory and moved into place with `os.replace`, the .so first and the
@@ -79,15 +75,11 @@ compiler. Only when there is nothing to load does it raise `CompilerNotFound`.
 
 from __future__ import annotations
 
-import functools
 import hashlib
 import importlib.util
 import json
 import os
-import platform
-import shlex
 import shutil
-import subprocess
 import sys
 import sysconfig
 import tempfile
@@ -96,22 +88,19 @@ from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
 
-from .. import version
 from ..settings import cache_dir
 from . import ffi, toolchain
 from . import importable as importable_module
 from .build_progress import BuildProgress
+from .cache_keys import (FORMAT, _cffi_version, _key, _prekey, asked_identity, compiler_identity,  # noqa: F401
+                         nvcc_identity, sha256_json)
 from .cache_files import atomic_write, file_lock, file_sha256, now_utc, read_json  # noqa: F401  (callers use cache.*)
 # The toolchain's names the cache's callers (backends, tests, benchmarks) know it by.
 from .toolchain import (DEFAULT_FLAGS, NVCC_FAT_BINARY, BuildError, CompilerNotFound, c_string_literal,  # noqa: F401
                         compiler_command, default_flags, default_nvcc_flags, nvcc_command)
 
-# Bumped whenever the layout or the metadata changes, so old entries are never misread.
-# 2: a program's library is lib_symgrad_<hash>.so, beside its importable _symgrad_<hash>.py.
-FORMAT = 2
 _HASH_CHARS = 32
 _KINDS = ("c", "program", "cuda", "runtime")
-_ENV_FLAG_VARS = ("CFLAGS", "CPPFLAGS", "LDFLAGS", "LDSHARED")
 
 
 @dataclass(frozen=True)
@@ -127,40 +116,8 @@ class BuiltModule:
 
 # (cache dir, key) -> BuiltModule: the same key returns the same module object in one process.
 _LOADED: dict[tuple[str, str], BuiltModule] = {}
-# compiler command -> identity string; asking `cc --version` once per process is enough.
-_COMPILER_IDS: dict[str, str] = {}
 # Threads of one process take turns in `build`: one key must map to one module object.
 _LOCK = threading.RLock()
-
-
-def compiler_identity() -> str:
-    """Resolved path and `--version` output of the C compiler; raises `CompilerNotFound`."""
-    return _identity(compiler_command(), toolchain.compiler_not_found)
-
-
-def nvcc_identity() -> str:
-    """Resolved path and `--version` output of nvcc (kind="cuda"); raises `CompilerNotFound`."""
-    return _identity(nvcc_command(), toolchain.nvcc_not_found)
-
-
-def _identity(command: list[str], not_found) -> str:
-    cache_key = shlex.join(command)
-    if cache_key in _COMPILER_IDS:
-        return _COMPILER_IDS[cache_key]
-    resolved = shutil.which(command[0]) if command else None
-    if resolved is None:
-        raise not_found(command, "was not found")
-    try:
-        done = subprocess.run([resolved, *command[1:], "--version"], capture_output=True, text=True,
-                              timeout=60)
-    except (OSError, subprocess.SubprocessError) as exc:
-        raise not_found(command, f"could not be run ({exc})") from None
-    if done.returncode != 0:
-        raise not_found(command, f"failed to run: `--version` exited with {done.returncode}:\n"
-                                 f"{toolchain.tail(done.stderr or done.stdout)}")
-    identity = f"{resolved}\n{done.stdout.strip()}"
-    _COMPILER_IDS[cache_key] = identity
-    return identity
 
 
 def build(source: str, cdef: str, *, flags: list[str] | None = None, kind: str = "c",
@@ -285,58 +242,6 @@ def clear_cache() -> int:
 
 
 # ---------------------------------------------------------------------------------------------
-# keys
-
-
-def _prekey(source: str, cdef: str, flags: list[str], kind: str, inputs: _Inputs | None = None) -> str:
-    """Hash of everything except the compiler: names the fallback when no compiler is present."""
-    inputs = inputs or _Inputs({}, None)
-    # The source by its digest: written into the JSON whole, a runtime's 350 KB would cost 1.4 ms.
-    return sha256_json({"format": FORMAT, "kind": kind, "source": hashlib.sha256(source.encode()).hexdigest(),
-                        "cdef": cdef, "flags": flags,
-                         "cffi": _cffi_version(), "abi": sysconfig.get_config_var("EXT_SUFFIX"),
-                         "symgrad": version.__version__, **inputs.key_parts()})
-
-
-def _key(prekey: str, flags: list[str], kind: str = "c") -> str:
-    """The full cache key: the prekey plus compiler identity (`cc` or `nvcc --version`), build
-    environment and, for -march=native, the host CPU."""
-    parts = {"prekey": prekey, "compiler": nvcc_identity() if kind == "cuda" else compiler_identity(),
-             "env": {name: os.environ.get(name) for name in _ENV_FLAG_VARS}}
-    if any(flag.startswith(("-march=native", "-mcpu=native", "-mtune=native")) for flag in flags):
-        parts["cpu"] = _host_cpu()
-    return sha256_json(parts)
-
-
-@functools.lru_cache(maxsize=None)
-def _host_cpu() -> str:
-    """CPU model and feature flags (what -march=native specialises for)."""
-    try:
-        lines = Path("/proc/cpuinfo").read_text().splitlines()
-    except OSError:
-        return platform.machine() + " " + platform.processor()
-    wanted = ("model name", "flags", "Features", "CPU part")
-    seen = {}
-    for line in lines:
-        field, _, value = line.partition(":")
-        field = field.strip()
-        if field in wanted and field not in seen:
-            seen[field] = value.strip()
-    return platform.machine() + json.dumps(seen, sort_keys=True)
-
-
-def sha256_json(parts: dict) -> str:
-    """The sha256 of `parts` as canonical JSON (sorted keys): a cache key, or an entry's checksum."""
-    return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()
-
-
-def _cffi_version() -> str:
-    import cffi
-
-    return cffi.__version__
-
-
-# ---------------------------------------------------------------------------------------------
 # entries
 
 
@@ -419,7 +324,7 @@ def _compile_entry(paths: _Paths, key: str, prekey: str, source: str, cdef: str,
         meta = {"format": FORMAT, "kind": kind, "module_name": paths.name, "key": key, "prekey": prekey,
                 "library": paths.library.name, "library_sha256": file_sha256(built),
                 "source_sha256": hashlib.sha256(source.encode()).hexdigest(), "flags": flags,
-                "compiler": _COMPILER_IDS.get(shlex.join(nvcc_command() if kind == "cuda" else compiler_command()), ""),
+                "compiler": asked_identity(kind),
                 "cffi": _cffi_version(), "created": now_utc()}
         meta_tmp = tmp / "meta.json"
         meta_tmp.write_text(json.dumps(meta, indent=1, sort_keys=True))

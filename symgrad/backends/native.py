@@ -11,7 +11,8 @@ built module. It owns what every backend does the same way around a call:
 - the lock that serializes calls, and the checks of the arrays a caller hands to `run`
   (symgrad.call_checks; `run_checked` is for a caller that has checked them itself).
 
-A backend subclass supplies `_build`, `_native_layout` and `_run`.
+A backend subclass supplies `_build`, `_native_layout` and `_run`, and calls `_settle_arena` once
+it can ask its module for sizes (the build's last step).
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from ..ir import shapes as S
 from ..ir.graph import Graph
 from . import driver, program_cache
 from .cache import BuiltModule
+from .fusion import DEFAULT_DIM
 from .languages import Language
 from .memory import ArenaSpec, MemoryPlan, latest_or_assumed, memory_plan
 from .report import Report, program_report
@@ -110,13 +112,31 @@ class NativeProgram(ABC):
         values (after the arena's temporaries); 0 where the code has none."""
         return 0
 
+    def _settle_arena(self) -> None:
+        """At the build, after the backend has loaded its module: the arena of a program-cache
+        hit checked against the compiled code's own sizes (every Dim at DEFAULT_DIM).
+
+        They differ only when the arena came from a damaged or forged entry: then it is planned
+        again from the kernel plan (which describes this very source) and the entry is rewritten,
+        here, so that a call only runs and never writes the cache (issue 33).
+        """
+        if not self.from_program_cache:
+            return
+        key = tuple(DEFAULT_DIM for _ in self.dims)
+        needed = self._workspace_sizes(key)
+        if needed is None or memory_plan(self.arena, dict(zip(self.dims, key)), align=self.align).sizes == needed:
+            return
+        self.arena = ArenaSpec.of(self.plan)
+        program_cache.store(self._program_key, self.graph, program_cache.Entry(
+            self.source, self.dims, self.arena, self.optimized, self.pass_report, self.plan))
+
     def _planned_arena(self, key: tuple, bindings: dict) -> MemoryPlan:
         """The arena plan for one Dim binding, its sizes checked against the compiled code's own,
         with the runtime's scratch region the compiled code asks for (`_scratch_bytes`).
 
-        The sizes differ only when the arena came from a damaged or forged program-cache entry:
-        then it is planned again from the kernel plan (which describes this very source) and the
-        entry is rewritten. A call never gets a workspace too small.
+        The build checked the arena at one binding (`_settle_arena`); should a forged arena agree
+        there and not here, it is planned again from the kernel plan for this program (the cache
+        is not written during a call). A call never gets a workspace too small.
         """
         planned = memory_plan(self.arena, bindings, align=self.align)
         planned.scratch_bytes = self._scratch_bytes(key)
@@ -129,9 +149,6 @@ class NativeProgram(ABC):
         if planned.sizes != needed:
             raise RuntimeError(f"{self.module_name}: the memory plan sizes the workspace temporaries at "
                                f"{planned.sizes} bytes, the compiled code at {needed}")
-        if self.from_program_cache:
-            program_cache.store(self._program_key, self.graph, program_cache.Entry(
-                self.source, self.dims, self.arena, self.optimized, self.pass_report, self.plan))
         return planned
 
     @property

@@ -35,13 +35,13 @@ import sympy
 
 from ..ir import dtypes as D
 from . import cache, winograd
+from ..narrow_limit import NARROW_N  # matmuls with at most this many output columns use a narrow-N kernel
 from .status import Status
 from .templates import render, template_dir
 
 HEADER = "symgrad_runtime.h"    # the name programs include it by
 GEMM_PARALLEL_MIN = 1 << 18     # multiply-adds: below this a matmul runs on one thread
 CONV_ROWS = 6                   # output channels in the direct convolution's register tile (conv_rows.c.j2)
-NARROW_N = 16                   # matmuls with at most this many output columns use a narrow-N kernel
 NARROW_PARALLEL_MIN = 1 << 22   # multiply-adds: below this a narrow-N matmul runs on one thread: the
                                 # team costs ~1 us awake, but 40 us to milliseconds when the last region
                                 # was long enough ago that it fell asleep (measured on 2-vCPU VMs)

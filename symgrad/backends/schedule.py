@@ -32,9 +32,21 @@ def schedule(graph: Graph, fused, epilogued, groups) -> list:
     nodes = graph.nodes
     index = {id(n): k for k, n in enumerate(nodes)}
     mat = {id(n): materializes(n, fused, epilogued) for n in nodes}
-    # id(kernel node) -> ids of the buffers (materialized nodes, variables) its kernel reads, through
-    # the views and fused nodes it computes itself. Only kernels: the running sets of every node
-    # of a long fused chain would cost time quadratic in its length.
+    reads = _kernel_reads(nodes, mat)
+    deps = _dependencies(graph, index, mat, reads, groups)
+    dims = {d: DEFAULT_DIM for d in graph.dims}
+    size = {id(n): _concrete_bytes(n, dims) for n in nodes if mat[id(n)]}
+    pinned = {id(v) for v in graph.outputs} | {id(new) for _, new in graph.updates}
+    order = _list_schedule(nodes, index, mat, reads, deps, size, pinned)
+    if len(order) != len(nodes):  # a dependency cycle would be a bug here: keep the graph's order
+        return list(nodes)
+    return order
+
+
+def _kernel_reads(nodes: list, mat: dict) -> dict[int, set]:
+    """id(kernel node) -> ids of the buffers (materialized nodes, variables) its kernel reads, through
+    the views and fused nodes it computes itself. Only kernels: the running sets of every node of a
+    long fused chain would cost time quadratic in its length."""
     reads: dict[int, set] = {}
     for n in nodes:
         if not mat[id(n)]:
@@ -51,6 +63,13 @@ def schedule(graph: Graph, fused, epilogued, groups) -> list:
             else:
                 stack.extend(i.inputs)
         reads[id(n)] = got
+    return reads
+
+
+def _dependencies(graph: Graph, index: dict, mat: dict, reads: dict, groups) -> dict[int, set]:
+    """id(node) -> ids of the nodes it waits for: its inputs; for a row group's member, all that its
+    group reads; for a kernel computing a variable's new value, every other kernel reading it."""
+    nodes = graph.nodes
     deps = {id(n): {id(i) for i in n.inputs} for n in nodes}
     for member, leaves in row_deps(groups).items():  # a row group runs as one kernel
         deps[member] |= leaves
@@ -69,9 +88,13 @@ def schedule(graph: Graph, fused, epilogued, groups) -> list:
             # either; a later one may depend on it, and then must not wait for it (a cycle).
             if n is not new and (index[id(n)] < index[id(new)] or id(new) not in ancestors([n])):
                 deps[id(new)].add(id(n))
-    dims = {d: DEFAULT_DIM for d in graph.dims}
-    size = {id(n): _concrete_bytes(n, dims) for n in nodes if mat[id(n)]}
-    pinned = {id(v) for v in graph.outputs} | {id(new) for _, new in graph.updates}
+    return deps
+
+
+def _list_schedule(nodes: list, index: dict, mat: dict, reads: dict, deps: dict, size: dict, pinned: set) -> list:
+    """The greedy list schedule: ready views first, in graph order; else the ready kernel whose run
+    frees the most bytes net of what it allocates (`size`; `pinned` buffers are never freed). Shorter
+    than `nodes` only if `deps` has a cycle."""
     readers: dict[int, int] = {}
     for n in nodes:
         if mat[id(n)]:
@@ -114,8 +137,6 @@ def schedule(graph: Graph, fused, epilogued, groups) -> list:
             waiting[id(u)] -= 1
             if waiting[id(u)] == 0:
                 make_ready(u)
-    if len(order) != len(nodes):  # a dependency cycle would be a bug here: keep the graph's order
-        return list(nodes)
     return order
 
 
@@ -128,6 +149,7 @@ def row_deps(groups) -> dict:
         for m in g.members:
             deps[id(m)] = leaves  # shared: the callers copy before they add to it
     return deps
+
 
 def graph_order(graph: Graph, groups) -> list:
     """The graph's own order, except that each group's members wait for all the group reads (the

@@ -20,8 +20,10 @@ import sympy
 from ..ir import dtypes as D
 from ..ir import shapes as S
 from ..ir import sympy_memo
-from ..ir.elementwise import ARGS, derived_op, keeps_infinities, keeps_special_values, numpy_function, stays_finite
+from ..ir.elementwise import ARGS, derived_op
+from ..ir.form_checks import keeps_infinities, keeps_special_values, stays_finite
 from ..ir.graph import Graph
+from ..ir.numpy_expr import numpy_function
 from ..ir.registry import ELEMENTWISE, lookup
 from ..ir.value import Value, make
 from .rewrite import const_like, is_nondeterministic, same_type, short_rational

@@ -35,11 +35,11 @@ from ..ir import shapes as S
 from ..ir.graph import Graph
 from ..ir.registry import MATMUL, lookup
 from ..ir.value import Value, make
+from ..narrow_limit import NARROW_N  # channels at or below which a product is not the blocked GEMM's
 from .patch_grid import grid
 from .rewrite import rebuild
 
 GROWTH = 1.5       # the most the pixels R may outnumber the positions L (the product grows as R / L)
-NARROW = 16        # channels at or below which a product is not the blocked GEMM's (backends.runtime.NARROW_N)
 
 
 def inverse_taps(idx: np.ndarray, pixels: int) -> np.ndarray | None:
@@ -69,7 +69,7 @@ def col2im_as_gather(node: Value, uses: dict) -> Value | None:
     dy, weight = product.inputs
     O = dy.shape[1]
     if not all(isinstance(s, int) for s in (L, K2, C, R, O)) or not isinstance(value, np.ndarray) \
-            or value.shape != (L, K2) or C <= NARROW or R > GROWTH * L:
+            or value.shape != (L, K2) or C <= NARROW_N or R > GROWTH * L:
         return None
     if product.shape[1] != K2 * C or not S.same_size(product.shape[0], S.as_size(P * L)):
         return None  # the product's rows are not the patch rows (another factoring of the same size)

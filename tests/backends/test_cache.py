@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from symgrad.backends import cache
+from symgrad.backends import cache, cache_keys
 
 SOURCE = textwrap.dedent("""\
     #ifndef SYMGRAD_TEST_BIAS
@@ -39,7 +39,7 @@ def fresh(monkeypatch, tmp_path):
     monkeypatch.delenv("SYMGRAD_CFLAGS", raising=False)
     monkeypatch.delenv("CC", raising=False)
     monkeypatch.setattr(cache, "_LOADED", {})
-    monkeypatch.setattr(cache, "_COMPILER_IDS", {})
+    monkeypatch.setattr(cache_keys, "_COMPILER_IDS", {})
     return directory
 
 
@@ -310,7 +310,7 @@ def test_key_covers_every_input(monkeypatch):
     import symgrad
 
     identity = {"cc": "gcc 12"}
-    monkeypatch.setattr(cache, "compiler_identity", lambda: identity["cc"])
+    monkeypatch.setattr(cache_keys, "compiler_identity", lambda: identity["cc"])
     monkeypatch.delenv("CFLAGS", raising=False)
 
     def key(source=SOURCE, cdef=CDEF, flags=("-O2",)):
@@ -327,7 +327,7 @@ def test_key_covers_every_input(monkeypatch):
         m.setattr(symgrad.version, "__version__", "99.0")
         variants.append(key())
     with monkeypatch.context() as m:
-        m.setattr(cache, "_cffi_version", lambda: "0.0")
+        m.setattr(cache_keys, "_cffi_version", lambda: "0.0")
         variants.append(key())
     with monkeypatch.context() as m:
         m.setenv("CFLAGS", "-DX")  # setuptools adds it to the command line

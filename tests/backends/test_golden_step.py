@@ -7,15 +7,13 @@ intended, regenerate them: SYMGRAD_UPDATE_GOLDEN=1 python -m pytest tests/backen
 
 from __future__ import annotations
 
-import os
 import re
-from pathlib import Path
 
 import pytest
 
 import symgrad as sg
 
-GOLDEN = Path(__file__).resolve().parents[1] / "golden"
+from golden_files import check_golden
 
 
 @pytest.fixture(scope="module")
@@ -33,20 +31,12 @@ def _stable_report(report) -> str:
     return re.sub(r"(-> +\d+) +\d+\.\d+", r"\1  <ms>", text) + "\n"
 
 
-def _check(name: str, text: str) -> None:
-    path = GOLDEN / name
-    if os.environ.get("SYMGRAD_UPDATE_GOLDEN") == "1":
-        path.write_text(text)
-    assert path.exists(), f"{path} is missing; create it with SYMGRAD_UPDATE_GOLDEN=1"
-    assert text == path.read_text(), f"{name} changed; if intended, rerun with SYMGRAD_UPDATE_GOLDEN=1 and review the diff"
-
-
 def test_generated_source_is_the_golden_one(step):
-    _check("softmax_regression_step.c", step.source)
+    check_golden("softmax_regression_step.c", step.source)
 
 
 def test_report_is_the_golden_one(step, monkeypatch):
     monkeypatch.setenv("OMP_NUM_THREADS", "2")  # the GEMM's packing buffers are per thread
     report = _stable_report(step.report())
     assert "<ms>" in report and "== memory plan ==" in report
-    _check("softmax_regression_report.txt", report)
+    check_golden("softmax_regression_report.txt", report)

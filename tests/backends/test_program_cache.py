@@ -244,3 +244,31 @@ def test_shrunk_arena_sizes_never_undersize_the_workspace_in_a_new_process(forge
     np.testing.assert_allclose(child["W"], reference.params["W"], rtol=1e-4, atol=1e-6)
     # Either way the entry now holds the true sizes again.
     assert all(size != 1 for size in json.loads(_entry_path().read_text())["arena"]["nbytes"])
+
+
+def _cache_files() -> dict:
+    """Every file of the cache directory: path -> (size, mtime in ns, contents)."""
+    root = cache.cache_dir()
+    return {str(p.relative_to(root)): (p.stat().st_size, p.stat().st_mtime_ns, p.read_bytes())
+            for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+def test_a_forged_arena_is_rewritten_at_the_build_and_a_call_writes_nothing():
+    """The build checks a hit's arena against the compiled code and rewrites a forged entry; calls,
+    of any batch size, leave the cache directory as the build left it (issue 33: a call only runs)."""
+    import json
+
+    _clear_programs()
+    _step(B=sg.Dim("B"))
+
+    def shrink(entry):
+        entry["arena"]["nbytes"] = [1 for _ in entry["arena"]["nbytes"]]
+
+    _damage(shrink, forge=True)
+    step = _step(B=sg.Dim("B"))
+    assert step.program.from_program_cache
+    assert all(size != 1 for size in json.loads(_entry_path().read_text())["arena"]["nbytes"])
+    before = _cache_files()
+    for n in (16, 300, 16):
+        step(x=_batch(n)[0], y=_batch(n)[1])
+    assert _cache_files() == before
