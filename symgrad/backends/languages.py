@@ -38,7 +38,8 @@ is a new row here (and its templates), not a new renderer class.
   render could not emit: `matmuls`, the products' implementations
   (symgrad.backends.kinds.matmul: the precompiled runtime's GEMMs and
   convolutions, or the tiled kernel of templates/cuda/gemm.cu.j2);
-  `matmul_dtypes`; `epilogues` (elementwise work fused into a product, run inside
+  `matmul_dtypes`; `matmul_batch_axes` (the most batch axes of one product, None: any; CUDA's
+  kernel walks its products' axes from a fixed-size record); `epilogues` (elementwise work fused into a product, run inside
   the runtime's GEMM); `reductions`; `collectives` (all_reduce through the
   caller's hook); `sized_variables` (every variable's size known when the program
   is made: the device program allocates them up front).
@@ -84,6 +85,7 @@ class Language:
     column_sums: bool
     matmuls: tuple             # the matmul implementations it builds (kinds.matmul.IMPLEMENTATIONS)
     matmul_dtypes: tuple
+    matmul_batch_axes: int | None  # the most batch axes of one product (None: any)
     epilogues: bool            # matmuls compute fused elementwise epilogues
     reductions: tuple
     collectives: bool
@@ -113,7 +115,7 @@ C_OPENMP = Language(
     index="nested", combine="simd", reduced_at=("acc", "best"), row_combine="{value}",
     max_fold="flag", column_sums=True,
     matmuls=("gemm", "narrow", "bf16 gemm", "patch gemm", "winograd", "direct rows"),
-    matmul_dtypes=("float32", "float64"), epilogues=True, reductions=("sum", "max", "argmax"), collectives=True,
+    matmul_dtypes=("float32", "float64"), matmul_batch_axes=None, epilogues=True, reductions=("sum", "max", "argmax"), collectives=True,
     sized_variables=False, attention="key blocks", declare_used_only=False, helper_qualifiers="static inline",
 )
 
@@ -122,7 +124,7 @@ CUDA = Language(
     printer=cuda_printer.printer, restrict="__restrict__",
     index="flat", combine="block", reduced_at=("s_acc[0]", "s_best[0]"),
     row_combine="sg_block_{op}<{ctype}>({value}, s_{ctype})", max_fold="select", column_sums=False,
-    matmuls=("template gemm",), matmul_dtypes=("float32", "float64"), epilogues=False,
+    matmuls=("template gemm",), matmul_dtypes=("float32", "float64"), matmul_batch_axes=4, epilogues=False,
     reductions=("sum", "max", "argmax"), collectives=False, sized_variables=True, attention="rows",
     declare_used_only=True,
     helper_qualifiers="static __host__ __device__ __forceinline__",
