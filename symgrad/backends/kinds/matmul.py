@@ -11,7 +11,8 @@ decisions and the language's capabilities (languages.Language.matmuls), and deci
     patch gemm    a convolution's patch matrix gathered as the GEMM packs it (implicit GEMM)
     winograd      a 3x3 stride-1 convolution's patch product by Winograd's F(4x4, 3x3)
     direct rows   each image's patch columns: the runtime's direct convolution (sg_conv_rows)
-    template gemm the program's own tiled GEMM kernel (templates/cuda/gemm.cu.j2; no epilogue)
+    template gemm the program's own tiled GEMM kernel (templates/cuda/gemm.cu.j2; no epilogue), a
+                  batched product in one launch; a convolution's over the patches its take gathered
 
 The lowering (`lower`) builds the kernel with that implementation and its runtime function;
 render (`render`) and the report only read them.
