@@ -5,9 +5,10 @@ blocks walking the products; a convolution (grouped, or of one input channel as 
 decided a template GEMM over gathered patches, batched over images and groups; fused attention's
 gradient adds without atomics (a thread per key row sums its dk and dv) and reads the buffers its
 plan gives it: the softmax statistics its forward stored, and its scratch of per-row statistics.
-On a GPU (skipped without one), against the NumPy reference: N-D matmul and its gradients (more
-products than a launch has blocks along z), grouped and one-channel convolutions forward and
-backward, and the attention gradient run twice giving the same bits.
+On a GPU (skipped without one), against the NumPy reference: N-D matmul and its gradients (a Dim
+batch, broadcast operands, more products than a launch has blocks along z), convolutions plain,
+grouped and of one channel forward and backward, and the attention gradient run again giving the
+same bits.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from symgrad.backends.languages import C_OPENMP, CUDA
 from symgrad.backends.lowering import AttentionKernel, lower
 from symgrad.ir.graph import Graph
 from symgrad.ir.ops_attention import attention, attention_grad
-from test_backend_cuda import batched_matmul_ops, needs_gpu
+from test_backend_cuda import B, batched_matmul_ops, needs_gpu
 
 RNG = np.random.default_rng(33)
 
@@ -118,6 +119,29 @@ def test_nd_matmul_and_gradients_match_numpy_on_gpu(dtype):
     outputs = [y, z, *sg.grad((y * y).sum() + (z * z).sum(), inputs)]
     arrays = [RNG.standard_normal(tuple(v.shape)).astype(dtype) for v in inputs]
     _compare(inputs, outputs, arrays, tol)
+
+
+@pytest.mark.gpu
+@needs_gpu
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_batched_matmul_and_convolution_match_numpy_on_gpu(dtype):
+    """Batched products with a broadcast operand and a Dim batch, and a convolution, forward and
+    gradients, at sizes the 64 x 64 tiles do not divide."""
+    rng = np.random.default_rng(3)
+    a = sg.input("a", (B, 3, 67, 33), dtype=dtype)
+    b = sg.input("b", (3, 33, 70), dtype=dtype)
+    img = sg.input("img", (B, 2, 11, 9), dtype=dtype)
+    w = sg.input("w", (5, 2, 3, 3), dtype=dtype)
+    y = sg.matmul(a, b)
+    z = sg.nn.functional.conv2d(img, w, padding=1)
+    outs = [y, z, *sg.grad((y * y).sum() + (z * z).sum(), [a, b, img, w])]
+    f = {bk: sg.function([a, b, img, w], outs, backend=bk) for bk in ("numpy", "cuda")}
+    tol = dict(rtol=1e-4, atol=1e-4) if dtype == "float32" else dict(rtol=1e-10, atol=1e-10)
+    for batch in (1, 5):
+        arrays = [rng.standard_normal(shape).astype(dtype) for shape in
+                  ((batch, 3, 67, 33), (3, 33, 70), (batch, 2, 11, 9), (5, 2, 3, 3))]
+        for got, want in zip(f["cuda"](*arrays), f["numpy"](*arrays)):
+            np.testing.assert_allclose(got, want, **tol)
 
 
 @pytest.mark.gpu
