@@ -24,6 +24,7 @@ from symgrad.backends.languages import C_OPENMP, CUDA
 from symgrad.backends.lowering import AttentionKernel, lower
 from symgrad.ir.graph import Graph
 from symgrad.ir.ops_attention import attention, attention_grad
+import cuda_on_cpu
 from test_backend_cuda import B, batched_matmul_ops, needs_gpu
 
 RNG = np.random.default_rng(33)
@@ -89,10 +90,43 @@ def test_attention_gradient_uses_the_plans_buffers_and_no_atomics(causal):
     stats = forward.stats.name
     assert f"{stats}[h * T + i] = m;" in text and f"{stats}[(H + h) * T + i] = inverse;" in text
     assert f"const float m = {stats}[h * T + i];  /* stored by the forward */" in text
-    assert f"for (int64_t i = {'j' if causal else '0'}; i < T; ++i) {{" in text
+    assert f"for (int64_t i = {'first' if causal else '0'}; i < T; ++i) {{" in text
+    assert ("if (i < j) {" in text) == causal                 # a key row sums only the rows that see it
     # C's kernel keeps its own walk: k and v transposed per head (3 x 16 x 70 each).
     c_kernels = _attention_kernels(lower(passes.optimize(Graph(inputs, outputs))))
     assert [b.numel for b in c_kernels["attention_grad"].scratch] == [3 * 16 * 70] * 2
+
+
+@pytest.mark.skipif(cuda_on_cpu.CXX is None, reason="needs a host C++ compiler")
+def test_batched_gemm_matches_numpy_run_on_the_cpu(tmp_path):
+    """The CUDA GEMM, built for the CPU (a block's threads as host threads, cuda_on_cpu.py): 2 x 3
+    products of 70 x 33 by 33 x 67 (no tile divides them), A read transposed, B broadcast over the
+    outer axis, 4 blocks along z walking the 6 products."""
+    M, N, K = 70, 67, 33
+    a = RNG.standard_normal((2, 3, K, M)).astype(np.float32)       # each product's A stored transposed
+    b = RNG.standard_normal((3, K, N)).astype(np.float32)
+    batch = [(2, 3 * K * M, 0, 3 * M * N), (3, K * M, K * N, M * N)]
+    got = cuda_on_cpu.gemm(M, N, K, a.ravel(), (1, M), b.ravel(), (N, 1), batch, 4, tmp_path)
+    want = np.swapaxes(a, -1, -2).astype(np.float64) @ b
+    np.testing.assert_allclose(got.reshape(2, 3, M, N), want, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.skipif(cuda_on_cpu.CXX is None, reason="needs a host C++ compiler")
+@pytest.mark.parametrize("causal", [True, False])
+def test_attention_kernels_match_numpy_run_lane_by_lane_on_the_cpu(causal, tmp_path):
+    """The CUDA attention kernels, built for the CPU and run one lane after another (cuda_on_cpu.py):
+    the forward, its gradient beside it (reading the stored statistics) and one apart (sweeping for
+    them) match NumPy, T = 70 (a Dim) past two key blocks, a warp of lanes starting its key rows together."""
+    T = sg.Dim("T")
+    q, k, v, g, out = (sg.input(name, (3, T, 16)) for name in ("q", "k", "v", "g", "out"))
+    y = attention(q, k, v, causal, 0.3)
+    outputs = [y, attention_grad(q, k, v, y, g, causal, 0.3), attention_grad(q, k, v, out, g, causal, 0.3)]
+    graph = Graph([q, k, v, g, out], outputs)
+    plan = lower(graph, language=CUDA)                        # three attention kernels, nothing else
+    arrays = [RNG.standard_normal((3, 70, 16)).astype(np.float32) for _ in range(5)]
+    got = cuda_on_cpu.run(plan, arrays, {T: 70}, tmp_path)
+    for n, (have, want) in enumerate(zip(got, sg.function([q, k, v, g, out], outputs, backend="numpy")(*arrays))):
+        np.testing.assert_allclose(have.reshape(want.shape), want, rtol=1e-4, atol=1e-5, err_msg=f"output {n}")
 
 
 # ---- on a GPU, against the NumPy reference ------------------------------------------------------
