@@ -1,146 +1,188 @@
-"""Run a CUDA plan's kernels on the CPU, one thread after another: a check of what they compute
-where no GPU is (tests/backends/test_cuda_kernels.py).
+"""Run generated CUDA programs on the CPU: what their kernels compute, checked where no GPU is
+(tests/backends/test_cuda_kernels.py).
 
-Only kernels whose threads never meet can run so: no shared memory, no barrier, each thread's
-grid-stride loop independent of the others' (loop kernels and fused attention; not the reductions,
-row kernels or the GEMM). Their `__global__` functions are cut out of the rendered .cu and built
-by the host C++ compiler with the CUDA words defined away; a launch becomes one call per thread of
-a single block of `LANES` threads (threadIdx.x 0, 1, ...), each walking its grid-stride loop, so a
-kernel that reads a lane's number sees it as on a GPU. Launches run in the plan's order; fused
-attention's gradient runs its key rows' pass (`<name>_keys`) after its query rows'.
+A program's .cu is built by the host C++ compiler against a stand-in for the CUDA runtime and its
+language words (RUNTIME, written as the `cuda_runtime.h` it includes): device memory is host
+memory, a copy is memcpy, and a launch `kernel<<<grid, block>>>(args)` (rewritten by `host_source`
+into `sg_launch(grid, block, ...)`) runs the grid's blocks one after another, each block's threads
+as fibers on one host thread, each running to its next `__syncthreads()` and handing over to the
+next (a kernel with no barrier: its threads one after another), its `__shared__` arrays the
+kernel's statics (one block at a time). A thread reads its own threadIdx, so warp lanes are what a GPU's
+are. Grid-stride kernels get at most MAX_BLOCKS blocks (their loops cover the rest; the GEMM's
+grid, which tiles its output, is kept whole): quicker, and the same sums per element.
+
+`use(monkeypatch, directory)` makes `backend="cuda"` build this way.
 """
 
 from __future__ import annotations
 
-import ctypes
 import re
 import shutil
 import subprocess
 from pathlib import Path
 
-import numpy as np
-
-from symgrad.backends import cuda
-from symgrad.ir import dtypes as D
-from symgrad.ir import shapes as S
-
-CXX = shutil.which("g++") or shutil.which("c++")
-LANES = 32  # one warp: lanes 0..31
-SHIM = """#include <math.h>
-#include <stdint.h>
-#define __global__ extern "C"
-#define __launch_bounds__(n)
-struct sg_dim { unsigned x, y, z; };
-extern "C" { sg_dim blockIdx, threadIdx, blockDim, gridDim; }
-#define SG_THREADS 256
-#define SG_KEY_BLOCK 32
-"""
-RUNS_ON_CPU = ("loop", "attention")  # the kinds whose threads never meet
-
-
-def _signatures(source: str) -> tuple[str, dict]:
-    """The `__global__` functions of `source` (each to its closing brace at a line's start), and
-    each one's parameter names in order."""
-    kernels = re.findall(r"^__global__ void .*?^}\n", source, flags=re.S | re.M)
-    params = {}
-    for text in kernels:
-        name, listed = re.match(r"__global__ void __launch_bounds__\(\w+\) (\w+)\(([^)]*)\)", text).groups()
-        params[name] = [part.split()[-1] for part in listed.split(",")]
-    return "\n".join(kernels), params
-
-
-def run(plan, arrays: list, bindings: dict, directory: Path) -> list:
-    """The outputs of `plan` (lowered for CUDA) on `arrays` (its inputs) at Dim values `bindings`."""
-    assert all(k.kind in RUNS_ON_CPU for k in plan.kernels), [k.kind for k in plan.kernels]
-    text, params = _signatures(cuda.render_source(plan))
-    (directory / "kernels.cpp").write_text(SHIM + text)
-    subprocess.run([CXX, "-O1", "-shared", "-fPIC", "-o", str(directory / "kernels.so"),
-                    str(directory / "kernels.cpp")], check=True, capture_output=True, text=True)
-    lib = ctypes.CDLL(str(directory / "kernels.so"))
-    buffers = {b.name: np.ascontiguousarray(a, D.to_numpy(b.dtype)) for b, a in zip(plan.inputs, arrays)}
-    for b in [*plan.outputs, *plan.workspace]:  # NaN: an element a kernel should write and did not shows
-        buffers[b.name] = np.full(int(S.evaluate(b.numel, bindings)), np.nan, D.to_numpy(b.dtype))
-    dims = {f"d{k}": bindings[d] for k, d in enumerate(plan.dims)}
-    for field, value in (("blockIdx", 0), ("blockDim", LANES), ("gridDim", 1)):
-        ctypes.c_uint.in_dll(lib, field).value = value  # (.x: the struct's first field)
-    lane = ctypes.c_uint.in_dll(lib, "threadIdx")
-    for kernel in plan.kernels:
-        passes = [kernel.name] + ([f"{kernel.name}_keys"] if getattr(kernel, "op", "") == "attention_grad" else [])
-        for name in passes:
-            args = [ctypes.c_int64(dims[p]) if p in dims else buffers[p].ctypes.data_as(ctypes.c_void_p)
-                    for p in params[name]]
-            for k in range(LANES):
-                lane.value = k
-                getattr(lib, name)(*args)
-    return [buffers[b.name] for b in plan.outputs]
-
-
-# ---- the tiled GEMM: a block's threads do meet (shared memory, barriers) -------------------------
-
-GEMM_SHIM = """#include <barrier>
-#include <thread>
+CXX = shutil.which("g++")
+MAX_BLOCKS = 4
+RUNTIME = """/* A host stand-in for the CUDA runtime (tests/backends/cuda_on_cpu.py); its state is each library's own. */
+#pragma once
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+#include <functional>
 #include <vector>
-#include <stdint.h>
+#include <ucontext.h>
 #define __global__
+#define __device__
+#define __host__
+#define __forceinline__ inline
 #define __launch_bounds__(n)
-#define __shared__ static  /* one block at a time: the kernel's statics are its block's shared memory */
-struct sg_dim { unsigned x, y, z; };
-static sg_dim blockIdx, blockDim, gridDim;
-static thread_local sg_dim threadIdx;
-static std::barrier<>* sg_block_barrier;
-static void __syncthreads() { sg_block_barrier->arrive_and_wait(); }
-"""
-GEMM_RUN = """
-extern "C" void sg_run_gemm(int64_t M, int64_t N, int64_t K, const float* A, int64_t sam, int64_t sak,
-                            const float* B, int64_t sbk, int64_t sbn, float* C, int axes, int64_t count,
-                            const int64_t* steps, unsigned grid_z)
+#define __shared__ static  /* one block at a time: a kernel's statics are its block's shared memory */
+struct dim3 {
+    unsigned x, y, z;
+    dim3(unsigned x_ = 1, unsigned y_ = 1, unsigned z_ = 1) : x(x_), y(y_), z(z_) {}
+};
+struct sg_index { unsigned x, y, z; };
+static sg_index blockIdx, threadIdx, blockDim, gridDim;
+/* A block's threads as fibers on the calling thread: each runs until its next barrier, then hands
+   over to the next one still running, round the block, so it resumes once all have arrived. */
+struct sg_fiber { ucontext_t context; sg_index thread; bool done; };
+static std::vector<sg_fiber> sg_fibers;
+static std::vector<char> sg_stacks;
+static unsigned sg_current;
+static ucontext_t sg_main;
+static std::function<void()> sg_body;
+enum { SG_STACK = 1 << 18 };
+static void sg_hand_over(bool finished)
 {
-    sg_batch batch = {axes, count, {0}, {0}, {0}, {0}};
-    for (int d = 0; d < axes; ++d) {
-        batch.size[d] = steps[4 * d];
-        batch.a[d] = steps[4 * d + 1];
-        batch.b[d] = steps[4 * d + 2];
-        batch.c[d] = steps[4 * d + 3];
+    const unsigned from = sg_current, n = (unsigned)sg_fibers.size();
+    sg_fibers[from].done = finished;
+    for (unsigned step = 1; step <= n; ++step) {
+        const unsigned to = (from + step) %% n;
+        if (!sg_fibers[to].done) {
+            sg_current = to;
+            threadIdx = sg_fibers[to].thread;
+            if (to != from)
+                swapcontext(&sg_fibers[from].context, &sg_fibers[to].context);
+            return;
+        }
     }
-    gridDim = {(unsigned)((N + SG_TILE - 1) / SG_TILE), (unsigned)((M + SG_TILE - 1) / SG_TILE), grid_z};
-    blockDim = {SG_GEMM_THREADS, 1, 1};
-    std::barrier<> barrier(SG_GEMM_THREADS);
-    sg_block_barrier = &barrier;
-    for (unsigned z = 0; z < gridDim.z; ++z)
-        for (unsigned y = 0; y < gridDim.y; ++y)
-            for (unsigned x = 0; x < gridDim.x; ++x) {
+    setcontext(&sg_main);  /* every thread of the block is done */
+}
+static void __syncthreads() { sg_hand_over(false); }
+static void sg_fiber_main() { sg_body(); sg_hand_over(true); }
+/* Every block of the grid, one after another: its threads run `body` as fibers meeting at its
+   barriers (`team`), else one after another. */
+template <typename F> void sg_launch(dim3 grid, dim3 block, bool strided, bool team, F body)
+{
+    if (strided && grid.x > %(max_blocks)d)
+        grid.x = %(max_blocks)d;
+    blockDim = {block.x, block.y, block.z};
+    gridDim = {grid.x, grid.y, grid.z};
+    const unsigned threads = block.x * block.y * block.z;
+    sg_body = body;
+    sg_fibers.assign(threads, sg_fiber{});
+    sg_stacks.resize((size_t)threads * SG_STACK);
+    for (unsigned z = 0; z < grid.z; ++z)
+        for (unsigned y = 0; y < grid.y; ++y)
+            for (unsigned x = 0; x < grid.x; ++x) {
                 blockIdx = {x, y, z};
-                std::vector<std::thread> threads;
-                for (unsigned t = 0; t < SG_GEMM_THREADS; ++t)
-                    threads.emplace_back([=] {
-                        threadIdx = {t, 0, 0};
-                        sg_gemm<float>(M, N, K, A, sam, sak, B, sbk, sbn, C, batch);
-                    });
-                for (auto& thread : threads)
-                    thread.join();
+                for (unsigned t = 0; t < threads; ++t) {
+                    sg_fiber& f = sg_fibers[t];
+                    f.thread = {t %% block.x, t / block.x %% block.y, t / (block.x * block.y)};
+                    f.done = false;
+                    if (!team) {
+                        threadIdx = f.thread;
+                        body();
+                        continue;
+                    }
+                    getcontext(&f.context);
+                    f.context.uc_stack.ss_sp = &sg_stacks[(size_t)t * SG_STACK];
+                    f.context.uc_stack.ss_size = SG_STACK;
+                    f.context.uc_link = &sg_main;
+                    makecontext(&f.context, sg_fiber_main, 0);
+                }
+                if (team) {
+                    sg_current = 0;
+                    threadIdx = sg_fibers[0].thread;
+                    swapcontext(&sg_main, &sg_fibers[0].context);
+                }
             }
 }
-"""
+enum cudaError_t { cudaSuccess = 0, cudaErrorMemoryAllocation = 2, cudaErrorInsufficientDriver = 35,
+                   cudaErrorNoDevice = 100 };
+enum cudaMemcpyKind { cudaMemcpyHostToDevice = 1, cudaMemcpyDeviceToHost = 2 };
+inline cudaError_t cudaMalloc(void** p, size_t n)
+{
+    *p = std::aligned_alloc(256, (n + 255) / 256 * 256 + 256);
+    return *p ? cudaSuccess : cudaErrorMemoryAllocation;
+}
+template <typename T> cudaError_t cudaMalloc(T** p, size_t n) { return cudaMalloc((void**)p, n); }
+inline cudaError_t cudaFree(void* p) { std::free(p); return cudaSuccess; }
+inline cudaError_t cudaMemcpy(void* to, const void* from, size_t n, cudaMemcpyKind) { std::memcpy(to, from, n); return cudaSuccess; }
+inline cudaError_t cudaMemset(void* p, int value, size_t n) { std::memset(p, value, n); return cudaSuccess; }
+inline cudaError_t cudaGetLastError() { return cudaSuccess; }
+inline cudaError_t cudaDeviceSynchronize() { return cudaSuccess; }
+inline cudaError_t cudaGetDeviceCount(int* count) { *count = 1; return cudaSuccess; }
+inline const char* cudaGetErrorString(cudaError_t) { return "an error of the CPU stand-in"; }
+inline const char* cudaGetErrorName(cudaError_t) { return "cudaErrorOnCpu"; }
+""" % {"max_blocks": MAX_BLOCKS}
+LAUNCH = re.compile(r"([A-Za-z_]\w*(?:<[\w ]+>)?)<<<(.*?)>>>\(", re.S)
 
 
-def gemm(M: int, N: int, K: int, a: np.ndarray, a_strides: tuple, b: np.ndarray, b_strides: tuple,
-         batch: list, grid_z: int, directory: Path) -> np.ndarray:
-    """templates/cuda/gemm.cu.j2's sg_gemm<float> on the CPU, each block's threads as host threads
-    meeting at its barriers: the products of `a` and `b` (flat float32, read at (row, column)
-    strides `a_strides`, `b_strides`) for every index of `batch` ((size, a step, b step, out step)
-    per axis, outer to inner), launched with `grid_z` blocks along z; returns the flat output."""
-    from symgrad.backends import templates
-    source = GEMM_SHIM + templates.render("cuda/gemm.cu.j2", batch_axes=len(batch) or 1) + GEMM_RUN
-    (directory / "gemm.cpp").write_text(source)
-    subprocess.run([CXX, "-std=c++20", "-O1", "-shared", "-fPIC", "-pthread", "-o", str(directory / "gemm.so"),
-                    str(directory / "gemm.cpp")], check=True, capture_output=True, text=True)
-    lib = ctypes.CDLL(str(directory / "gemm.so"))
-    count = int(np.prod([size for size, *_ in batch], dtype=np.int64))
-    out = np.full(count * M * N, np.nan, np.float32)
-    steps = np.array([step for axis in batch for step in axis] or [0], np.int64)
-    pointer = [np.ascontiguousarray(x).ctypes.data_as(ctypes.c_void_p) for x in (a, b, out, steps)]
-    i64 = ctypes.c_int64
-    lib.sg_run_gemm(i64(M), i64(N), i64(K), pointer[0], i64(a_strides[0]), i64(a_strides[1]), pointer[1],
-                    i64(b_strides[0]), i64(b_strides[1]), pointer[2], ctypes.c_int(len(batch)), i64(count),
-                    pointer[3], ctypes.c_uint(grid_z))
-    return out
+def _teams(source: str) -> set:
+    """The kernels of `source` whose threads meet (a barrier, or a block-wide helper that holds one)."""
+    kernels = re.findall(r"^(?:template <typename T>\n)?__global__ void (?:__launch_bounds__\(\w+\)\s*)?(\w+)\((.*?)^}\n",
+                         source, flags=re.S | re.M)
+    return {name for name, body in kernels if "__syncthreads" in body or "sg_block_" in body}
+
+
+def host_source(source: str) -> str:
+    """`source` with each launch `f<<<grid, block>>>(args)` as `sg_launch(grid, block, strided, team,
+    [&] { f(args); })` (strided: a grid-stride kernel, every one but the GEMM; team: its threads meet)."""
+    teams = _teams(source)
+    out, at = [], 0
+    for match in LAUNCH.finditer(source):
+        if match.start() < at:
+            continue
+        depth, end = 1, match.end()
+        while depth:  # the argument list's closing parenthesis
+            depth += {"(": 1, ")": -1}.get(source[end], 0)
+            end += 1
+        name, config = match.group(1), match.group(2)
+        strided = "false" if name.startswith("sg_gemm") else "true"
+        team = "true" if name.split("<")[0] in teams else "false"
+        out += [source[at:match.start()],
+                f"sg_launch({config}, {strided}, {team}, [&] {{ {name}({source[match.end():end - 1]}); }})"]
+        at = end
+    return "".join(out) + source[at:]
+
+
+def build(source: str, directory: Path) -> Path:
+    """The shared library of CUDA program `source`, built for the CPU in `directory`."""
+    (directory / "cuda_runtime.h").write_text(RUNTIME)
+    (directory / "program.cpp").write_text(host_source(source))
+    library = directory / "program.so"
+    done = subprocess.run([CXX, "-std=c++20", "-O0", "-shared", "-fPIC", "-fno-gnu-unique", "-w", "-I", str(directory),
+                           "-o", str(library), str(directory / "program.cpp")], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-4000:]
+    return library
+
+
+def use(monkeypatch, directory: Path) -> None:
+    """Make `backend="cuda"` build with g++ into `directory` and run on the CPU: the program, its call
+    checks, its workspace plan and its host API are the real ones; only compiler and device differ."""
+    import cffi
+    from symgrad.backends import cache, cuda
+    count = iter(range(1 << 30))
+
+    def built(program, flags, arch):
+        where = directory / f"program{next(count)}"
+        where.mkdir()
+        ffi = cffi.FFI()
+        ffi.cdef(cuda.CDEF)
+        module = type("Module", (), {})()
+        module.ffi, module.lib = ffi, ffi.dlopen(str(build(program.source, where)))
+        return cache.BuiltModule(module, "on_cpu", where / "program.cpp", where / "program.so", where)
+
+    monkeypatch.setattr(cuda, "device_count", lambda: (1, ""))
+    monkeypatch.setattr(cuda.CudaProgram, "_build", built)

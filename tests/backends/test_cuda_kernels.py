@@ -1,14 +1,17 @@
 """CUDA's batched GEMM, convolutions and deterministic attention gradient (issue 33).
 
-Without a GPU, from the source and the plan: a batched product is one launch of the GEMM, its
-blocks walking the products; a convolution (grouped, or of one input channel as LeNet's first) is
-decided a template GEMM over gathered patches, batched over images and groups; fused attention's
-gradient adds without atomics (a thread per key row sums its dk and dv) and reads the buffers its
-plan gives it: the softmax statistics its forward stored, and its scratch of per-row statistics.
-On a GPU (skipped without one), against the NumPy reference: N-D matmul and its gradients (a Dim
-batch, broadcast operands, more products than a launch has blocks along z), convolutions plain,
-grouped and of one channel forward and backward, and the attention gradient run again giving the
-same bits.
+From the source and the plan: a batched product is one launch of the GEMM, its blocks walking the
+products; a convolution (grouped, or of one input channel as LeNet's first) is decided a template
+GEMM over gathered patches, batched over images and groups; fused attention's gradient adds
+without atomics (a thread per key row sums its dk and dv) and reads the buffers its plan gives it:
+the softmax statistics its forward stored, and its scratch of per-row statistics.
+
+What the kernels compute, against the NumPy reference, on a GPU (skipped without one) and on the
+CPU stand-in of tests/backends/cuda_on_cpu.py (the same source built by g++, a block's threads as
+fibers meeting at its barriers): N-D matmul and its gradients (a Dim batch, broadcast operands; on a GPU also more
+products than a launch has blocks along z), convolutions plain, grouped and of one channel forward
+and backward, the attention gradient beside its forward and apart from it, giving the same bits
+every run, and the LeNet train step.
 """
 
 from __future__ import annotations
@@ -22,18 +25,19 @@ import symgrad as sg
 from symgrad import passes
 from symgrad.backends.languages import C_OPENMP, CUDA
 from symgrad.backends.lowering import AttentionKernel, lower
+from symgrad.ir import shapes as S
 from symgrad.ir.graph import Graph
 from symgrad.ir.ops_attention import attention, attention_grad
 import cuda_on_cpu
-from test_backend_cuda import B, batched_matmul_ops, needs_gpu
+from test_backend_cuda import HAS_GPU, B, batched_matmul_ops
 
 RNG = np.random.default_rng(33)
 
 
-def _attention_pair(dtype: str, causal: bool, T: int = 70):
+def _attention_pair(dtype: str, causal: bool, T: int = 70, suffix: str = ""):
     """(inputs, outputs): attention over 3 heads of T x 16, its gradient beside it (reading the
     forward's statistics) and one apart (the forward's output handed in: it sweeps for them)."""
-    q, g, out = (sg.input(name, (3, T, 16), dtype=dtype) for name in ("q", "g", "out"))
+    q, g, out = (sg.input(name + suffix, (3, T, 16), dtype=dtype) for name in ("q", "g", "out"))
     y = attention(q, q * 0.5, sg.tanh(q), causal, 0.3)
     beside = attention_grad(q, q * 0.5, sg.tanh(q), y, g, causal, 0.3)
     apart = attention_grad(q, q * 0.5, sg.tanh(q), out, g, causal, 0.3)
@@ -97,109 +101,93 @@ def test_attention_gradient_uses_the_plans_buffers_and_no_atomics(causal):
     assert [b.numel for b in c_kernels["attention_grad"].scratch] == [3 * 16 * 70] * 2
 
 
-@pytest.mark.skipif(cuda_on_cpu.CXX is None, reason="needs a host C++ compiler")
-def test_batched_gemm_matches_numpy_run_on_the_cpu(tmp_path):
-    """The CUDA GEMM, built for the CPU (a block's threads as host threads, cuda_on_cpu.py): 2 x 3
-    products of 70 x 33 by 33 x 67 (no tile divides them), A read transposed, B broadcast over the
-    outer axis, 4 blocks along z walking the 6 products."""
-    M, N, K = 70, 67, 33
-    a = RNG.standard_normal((2, 3, K, M)).astype(np.float32)       # each product's A stored transposed
-    b = RNG.standard_normal((3, K, N)).astype(np.float32)
-    batch = [(2, 3 * K * M, 0, 3 * M * N), (3, K * M, K * N, M * N)]
-    got = cuda_on_cpu.gemm(M, N, K, a.ravel(), (1, M), b.ravel(), (N, 1), batch, 4, tmp_path)
-    want = np.swapaxes(a, -1, -2).astype(np.float64) @ b
-    np.testing.assert_allclose(got.reshape(2, 3, M, N), want, rtol=1e-4, atol=1e-4)
+# ---- what the kernels compute: on a GPU, or on the CPU stand-in -------------------------------
+
+@pytest.fixture(params=[pytest.param("gpu", marks=pytest.mark.gpu), "cpu"])
+def device(request, monkeypatch, tmp_path):
+    """Where backend="cuda" runs: the GPU (skipped without one), or the CPU (cuda_on_cpu.py: skipped
+    without g++, and on a machine with a GPU, which runs the same tests for real)."""
+    if request.param == "gpu" and not HAS_GPU:
+        pytest.skip("needs an NVIDIA GPU")
+    if request.param == "cpu":
+        if cuda_on_cpu.CXX is None or HAS_GPU:
+            pytest.skip("needs g++, and no GPU (which runs these tests itself)")
+        cuda_on_cpu.use(monkeypatch, tmp_path)
+    return request.param
 
 
-@pytest.mark.skipif(cuda_on_cpu.CXX is None, reason="needs a host C++ compiler")
-@pytest.mark.parametrize("causal", [True, False])
-def test_attention_kernels_match_numpy_run_lane_by_lane_on_the_cpu(causal, tmp_path):
-    """The CUDA attention kernels, built for the CPU and run one lane after another (cuda_on_cpu.py):
-    the forward, its gradient beside it (reading the stored statistics) and one apart (sweeping for
-    them) match NumPy, T = 70 (a Dim) past two key blocks, a warp of lanes starting its key rows together."""
-    T = sg.Dim("T")
-    q, k, v, g, out = (sg.input(name, (3, T, 16)) for name in ("q", "k", "v", "g", "out"))
-    y = attention(q, k, v, causal, 0.3)
-    outputs = [y, attention_grad(q, k, v, y, g, causal, 0.3), attention_grad(q, k, v, out, g, causal, 0.3)]
-    graph = Graph([q, k, v, g, out], outputs)
-    plan = lower(graph, language=CUDA)                        # three attention kernels, nothing else
-    arrays = [RNG.standard_normal((3, 70, 16)).astype(np.float32) for _ in range(5)]
-    got = cuda_on_cpu.run(plan, arrays, {T: 70}, tmp_path)
-    for n, (have, want) in enumerate(zip(got, sg.function([q, k, v, g, out], outputs, backend="numpy")(*arrays))):
-        np.testing.assert_allclose(have.reshape(want.shape), want, rtol=1e-4, atol=1e-5, err_msg=f"output {n}")
-
-
-# ---- on a GPU, against the NumPy reference ------------------------------------------------------
-
-def _compare(inputs, outputs, arrays, tol) -> list:
-    """The CUDA results of `outputs`, checked against NumPy's."""
-    got = sg.function(inputs, outputs, backend="cuda")(*arrays)
-    for k, (g, w) in enumerate(zip(got, sg.function(inputs, outputs, backend="numpy")(*arrays))):
-        np.testing.assert_allclose(g, w, err_msg=f"output {k}", **tol)
+def _compare(f, reference, arrays, tol) -> list:
+    """The results of compiled function `f`, checked against those of `reference` (NumPy's), `tol`'s
+    atol scaled by each output's largest magnitude (sums of thousands cancel to small numbers in
+    another order)."""
+    got = f(*arrays)
+    for k, (g, w) in enumerate(zip(got, reference(*arrays))):
+        scale = max(1.0, float(np.abs(w).max(initial=0)))
+        np.testing.assert_allclose(g, w, rtol=tol["rtol"], atol=tol["atol"] * scale, err_msg=f"output {k}")
     return got
 
 
-@pytest.mark.gpu
-@needs_gpu
-@pytest.mark.parametrize("dtype", ["float32", "float64"])
-def test_nd_matmul_and_gradients_match_numpy_on_gpu(dtype):
+def _functions(inputs, outputs) -> tuple:
+    """`outputs` of `inputs` compiled for CUDA, and NumPy's."""
+    return tuple(sg.function(inputs, outputs, backend=backend) for backend in ("cuda", "numpy"))
+
+
+@pytest.mark.parametrize("dtype", ["float32", pytest.param("float64", marks=pytest.mark.gpu)])
+def test_nd_matmul_and_gradients_match_numpy(device, dtype):
+    if dtype == "float64" and device == "cpu":
+        pytest.skip("float64 runs on a GPU (on the CPU the float32 program shows the same kernels)")
     tol = dict(rtol=1e-4, atol=1e-4) if dtype == "float32" else dict(rtol=1e-10, atol=1e-10)
-    a, b, c = sg.input("a", (2, 3, 67, 33), dtype=dtype), sg.input("b", (3, 33, 70), dtype=dtype), \
-        sg.input("c", (2, 1, 70, 5), dtype=dtype)
-    y = sg.matmul(sg.matmul(a, b), c)                         # b broadcast over the first axis, c over the second
-    many, other = sg.input("many", (70000, 2, 3), dtype=dtype), sg.input("other", (70000, 3, 2), dtype=dtype)
-    z = sg.matmul(many, other)                                # more products than blocks along z
-    inputs = [a, b, c, many, other]
-    outputs = [y, z, *sg.grad((y * y).sum() + (z * z).sum(), inputs)]
-    arrays = [RNG.standard_normal(tuple(v.shape)).astype(dtype) for v in inputs]
-    _compare(inputs, outputs, arrays, tol)
+    a, b, c = sg.input("a", (B, 3, 67, 33), dtype=dtype), sg.input("b", (3, 33, 70), dtype=dtype), \
+        sg.input("c", (B, 1, 70, 5), dtype=dtype)
+    y = sg.matmul(sg.matmul(a, b), c)                         # b broadcast over B, c over the second axis
+    f, reference = _functions([a, b, c], [y, *sg.grad((y * y).sum(), [a, b, c])])
+    for batch in (1, 5) if device == "gpu" else (2,):
+        shapes = ((batch, 3, 67, 33), (3, 33, 70), (batch, 1, 70, 5))
+        _compare(f, reference, [RNG.standard_normal(shape).astype(dtype) for shape in shapes], tol)
 
 
 @pytest.mark.gpu
-@needs_gpu
-@pytest.mark.parametrize("dtype", ["float32", "float64"])
-def test_batched_matmul_and_convolution_match_numpy_on_gpu(dtype):
-    """Batched products with a broadcast operand and a Dim batch, and a convolution, forward and
-    gradients, at sizes the 64 x 64 tiles do not divide."""
-    rng = np.random.default_rng(3)
-    a = sg.input("a", (B, 3, 67, 33), dtype=dtype)
-    b = sg.input("b", (3, 33, 70), dtype=dtype)
-    img = sg.input("img", (B, 2, 11, 9), dtype=dtype)
-    w = sg.input("w", (5, 2, 3, 3), dtype=dtype)
-    y = sg.matmul(a, b)
-    z = sg.nn.functional.conv2d(img, w, padding=1)
-    outs = [y, z, *sg.grad((y * y).sum() + (z * z).sum(), [a, b, img, w])]
-    f = {bk: sg.function([a, b, img, w], outs, backend=bk) for bk in ("numpy", "cuda")}
-    tol = dict(rtol=1e-4, atol=1e-4) if dtype == "float32" else dict(rtol=1e-10, atol=1e-10)
-    for batch in (1, 5):
-        arrays = [rng.standard_normal(shape).astype(dtype) for shape in
-                  ((batch, 3, 67, 33), (3, 33, 70), (batch, 2, 11, 9), (5, 2, 3, 3))]
-        for got, want in zip(f["cuda"](*arrays), f["numpy"](*arrays)):
-            np.testing.assert_allclose(got, want, **tol)
+@pytest.mark.skipif(not HAS_GPU, reason="needs an NVIDIA GPU")
+def test_more_products_than_blocks_along_z_on_gpu():
+    many, other = sg.input("many", (70000, 2, 3)), sg.input("other", (70000, 3, 2))
+    z = sg.matmul(many, other)
+    arrays = [RNG.standard_normal((70000, 2, 3)).astype(np.float32), RNG.standard_normal((70000, 3, 2)).astype(np.float32)]
+    _compare(*_functions([many, other], [z, *sg.grad((z * z).sum(), [many, other])]), arrays, dict(rtol=1e-4, atol=1e-4))
 
 
-@pytest.mark.gpu
-@needs_gpu
-def test_grouped_and_one_channel_convolutions_match_numpy_on_gpu():
-    img, wg, w1 = sg.input("img", (3, 4, 11, 9)), sg.input("wg", (6, 2, 3, 3)), sg.input("w1", (5, 1, 5, 5))
-    zg = sg.nn.functional.conv2d(img, wg, padding=1, groups=2)
-    z1 = sg.nn.functional.conv2d(img[:, :1], w1, padding=2)
-    inputs = [img, wg, w1]
-    outputs = [zg, z1, *sg.grad((zg * zg).sum() + (z1 * z1).sum(), inputs)]
-    arrays = [RNG.standard_normal(tuple(v.shape)).astype(np.float32) for v in inputs]
-    _compare(inputs, outputs, arrays, dict(rtol=1e-4, atol=1e-4))
+def test_convolutions_match_numpy(device):
+    """Plain, grouped and one-channel convolutions (batched_matmul_ops), forward and gradients, at
+    sizes the 64 x 64 tiles do not divide; and the products beside them."""
+    graph = batched_matmul_ops()
+    arrays = [RNG.standard_normal(tuple(S.evaluate(s, {B: 2}) for s in v.shape)).astype(np.float32)
+              for v in graph.inputs]
+    _compare(*_functions(graph.inputs, graph.outputs), arrays, dict(rtol=1e-4, atol=1e-4))
 
 
-@pytest.mark.gpu
-@needs_gpu
-@pytest.mark.parametrize("causal", [True, False])
-def test_attention_gradient_is_the_same_every_run_on_gpu(causal):
-    inputs, outputs = _attention_pair("float32", causal)
-    arrays = [RNG.standard_normal((3, 70, 16)).astype(np.float32) for _ in range(2)]
-    reference = sg.function(inputs, outputs, backend="numpy")
-    arrays.append(reference(*arrays, np.zeros((3, 70, 16), np.float32))[0])   # the forward's output, handed in
-    first = _compare(inputs, outputs, arrays, dict(rtol=1e-4, atol=1e-4))
-    f = sg.function(inputs, outputs, backend="cuda")
-    for _ in range(3):
+def test_attention_gradient_matches_numpy_and_is_the_same_every_run(device):
+    """Causal and not: the forward, its gradient beside it and one apart; run again, the same bits."""
+    pairs = [_attention_pair("float32", causal, suffix=f"_{causal}") for causal in (True, False)]
+    inputs, outputs = [v for ins, _ in pairs for v in ins], [v for _, outs in pairs for v in outs]
+    f, reference = _functions(inputs, outputs)
+    arrays = [RNG.standard_normal((3, 70, 16)).astype(np.float32) for _ in inputs]
+    forwards = reference(*arrays)
+    for k in range(len(pairs)):  # each pair's `out`: its forward's output, handed in
+        arrays[3 * k + 2] = forwards[3 * k]
+    first = _compare(f, reference, arrays, dict(rtol=1e-4, atol=1e-4))
+    for _ in range(2 if device == "gpu" else 1):
         for k, (again, once) in enumerate(zip(f(*arrays), first)):
             np.testing.assert_array_equal(again, once, err_msg=f"output {k}")
+
+
+def test_lenet_step_matches_numpy(device):
+    """benchmarks.cnn's LeNet, an SGD step at batch 2 (two on a GPU): the losses and the trained weights."""
+    from dataclasses import replace
+    from benchmarks import cnn
+    bench = replace(cnn.CONFIGS["lenet"], batch=2)
+    _, state, names, x, y = cnn.setup(bench)
+    steps = {backend: cnn.symgrad_step(bench, state, x, y, backend) for backend in ("numpy", "cuda")}
+    for _ in range(2 if device == "gpu" else 1):
+        losses = {backend: step(x=x, y=y) for backend, step in steps.items()}
+        assert losses["cuda"] == pytest.approx(losses["numpy"], rel=1e-4)
+    for name in names:
+        np.testing.assert_allclose(steps["cuda"].params[name], steps["numpy"].params[name], rtol=1e-4, atol=1e-5)
