@@ -7,8 +7,8 @@ memory, a copy is memcpy, and a launch `kernel<<<grid, block>>>(args)` (rewritte
 into `sg_launch(grid, block, ...)`) runs the grid's blocks one after another, each block's threads
 as fibers on one host thread, each running to its next `__syncthreads()` and handing over to the
 next (a kernel with no barrier: its threads one after another), its `__shared__` arrays the
-kernel's statics (one block at a time). A thread reads its own threadIdx, so warp lanes are what a GPU's
-are. Grid-stride kernels get at most MAX_BLOCKS blocks (their loops cover the rest; the GEMM's
+kernel's statics (one block at a time). A thread reads its own threadIdx, so warp lanes are
+what a GPU's are. Grid-stride kernels get at most MAX_BLOCKS blocks (their loops cover the rest; the GEMM's
 grid, which tiles its output, is kept whole): quicker, and the same sums per element.
 
 `use(monkeypatch, directory)` makes `backend="cuda"` build this way.
@@ -22,10 +22,11 @@ import subprocess
 from pathlib import Path
 
 CXX = shutil.which("g++")
-MAX_BLOCKS = 4
+MAX_BLOCKS = 4  # of a grid-stride kernel: still several blocks, each striding
 RUNTIME = """/* A host stand-in for the CUDA runtime (tests/backends/cuda_on_cpu.py); its state is each library's own. */
 #pragma once
 #include <cstdint>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <functional>
@@ -47,7 +48,9 @@ static sg_index blockIdx, threadIdx, blockDim, gridDim;
    over to the next one still running, round the block, so it resumes once all have arrived. */
 struct sg_fiber { ucontext_t context; sg_index thread; bool done; };
 static std::vector<sg_fiber> sg_fibers;
-static std::vector<char> sg_stacks;
+static char* sg_stacks;  /* SG_STACK bytes per fiber, untouched until used */
+static unsigned sg_stacks_for;
+static bool sg_in_team;
 static unsigned sg_current;
 static ucontext_t sg_main;
 static std::function<void()> sg_body;
@@ -68,7 +71,14 @@ static void sg_hand_over(bool finished)
     }
     setcontext(&sg_main);  /* every thread of the block is done */
 }
-static void __syncthreads() { sg_hand_over(false); }
+static void __syncthreads()
+{
+    if (!sg_in_team) {  /* a barrier in a kernel cuda_on_cpu.py's _teams did not see one in */
+        fprintf(stderr, "cuda_on_cpu: __syncthreads() in a kernel run thread after thread\\n");
+        abort();
+    }
+    sg_hand_over(false);
+}
 static void sg_fiber_main() { sg_body(); sg_hand_over(true); }
 /* Every block of the grid, one after another: its threads run `body` as fibers meeting at its
    barriers (`team`), else one after another. */
@@ -81,7 +91,12 @@ template <typename F> void sg_launch(dim3 grid, dim3 block, bool strided, bool t
     const unsigned threads = block.x * block.y * block.z;
     sg_body = body;
     sg_fibers.assign(threads, sg_fiber{});
-    sg_stacks.resize((size_t)threads * SG_STACK);
+    sg_in_team = team;
+    if (team && threads > sg_stacks_for) {
+        std::free(sg_stacks);
+        sg_stacks = (char*)std::malloc((size_t)threads * SG_STACK);
+        sg_stacks_for = threads;
+    }
     for (unsigned z = 0; z < grid.z; ++z)
         for (unsigned y = 0; y < grid.y; ++y)
             for (unsigned x = 0; x < grid.x; ++x) {
@@ -96,7 +111,7 @@ template <typename F> void sg_launch(dim3 grid, dim3 block, bool strided, bool t
                         continue;
                     }
                     getcontext(&f.context);
-                    f.context.uc_stack.ss_sp = &sg_stacks[(size_t)t * SG_STACK];
+                    f.context.uc_stack.ss_sp = sg_stacks + (size_t)t * SG_STACK;
                     f.context.uc_stack.ss_size = SG_STACK;
                     f.context.uc_link = &sg_main;
                     makecontext(&f.context, sg_fiber_main, 0);
@@ -118,8 +133,16 @@ inline cudaError_t cudaMalloc(void** p, size_t n)
 }
 template <typename T> cudaError_t cudaMalloc(T** p, size_t n) { return cudaMalloc((void**)p, n); }
 inline cudaError_t cudaFree(void* p) { std::free(p); return cudaSuccess; }
-inline cudaError_t cudaMemcpy(void* to, const void* from, size_t n, cudaMemcpyKind) { std::memcpy(to, from, n); return cudaSuccess; }
-inline cudaError_t cudaMemset(void* p, int value, size_t n) { std::memset(p, value, n); return cudaSuccess; }
+inline cudaError_t cudaMemcpy(void* to, const void* from, size_t n, cudaMemcpyKind)
+{
+    std::memcpy(to, from, n);
+    return cudaSuccess;
+}
+inline cudaError_t cudaMemset(void* p, int value, size_t n)
+{
+    std::memset(p, value, n);
+    return cudaSuccess;
+}
 inline cudaError_t cudaGetLastError() { return cudaSuccess; }
 inline cudaError_t cudaDeviceSynchronize() { return cudaSuccess; }
 inline cudaError_t cudaGetDeviceCount(int* count) { *count = 1; return cudaSuccess; }
@@ -162,7 +185,7 @@ def build(source: str, directory: Path) -> Path:
     (directory / "cuda_runtime.h").write_text(RUNTIME)
     (directory / "program.cpp").write_text(host_source(source))
     library = directory / "program.so"
-    done = subprocess.run([CXX, "-std=c++20", "-O0", "-shared", "-fPIC", "-fno-gnu-unique", "-w", "-I", str(directory),
+    done = subprocess.run([CXX, "-std=c++17", "-O0", "-shared", "-fPIC", "-fno-gnu-unique", "-w", "-I", str(directory),
                            "-o", str(library), str(directory / "program.cpp")], capture_output=True, text=True)
     assert done.returncode == 0, done.stderr[-4000:]
     return library
