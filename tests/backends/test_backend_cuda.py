@@ -4,8 +4,9 @@ Three layers, each running wherever it can:
 
 - nvcc, no GPU (CI): the .cu of every graph of the op/gradient suite (all cases
   of tests/helpers.py, float64 and float32), of the representative graphs of
-  test_passes.py and of training steps (SGD, momentum, Adam, BatchNorm,
-  dropout, accumulate/apply/predict) renders and compiles. nvcc is slow, so all
+  test_passes.py, of training steps (SGD, momentum, Adam, BatchNorm, dropout,
+  accumulate/apply/predict) and of the benchmarks' GPT, LeNet and
+  residual-network steps renders and compiles. nvcc is slow, so all
   graphs go through two nvcc processes running side by side: each graph's .cu
   is #included, unchanged, into one of two translation units inside its own
   namespace, with its extern "C" names renamed by macros. One more build goes
@@ -15,7 +16,8 @@ Three layers, each running wherever it can:
   surfaced as CudaError, the workspace layout from the static memory plan)
   against a simulated device that runs the NumPy reference.
 - a GPU: the seed softmax regression training, awkward kernel sizes and device
-  errors here; the op/gradient suite runs on backend="cuda" through the
+  errors here (batched products, convolutions, attention and the benchmarks'
+  steps: test_cuda_kernels.py, which runs them on a CPU stand-in too); the op/gradient suite runs on backend="cuda" through the
   `backend` fixture (tests/conftest.py adds "cuda" when a GPU is present).
 """
 

@@ -11,7 +11,7 @@ CPU stand-in of tests/backends/cuda_on_cpu.py (the same source built by g++, a b
 fibers meeting at its barriers): N-D matmul and its gradients (a Dim batch, broadcast operands; on a GPU also more
 products than a launch has blocks along z), convolutions plain, grouped and of one channel forward
 and backward, the attention gradient beside its forward and apart from it, giving the same bits
-every run, and the LeNet train step.
+every run, and the LeNet and GPT train steps.
 """
 
 from __future__ import annotations
