@@ -39,8 +39,8 @@ is a new row here (and its templates), not a new renderer class.
   (symgrad.backends.kinds.matmul: the precompiled runtime's GEMMs and
   convolutions, or the tiled kernel of templates/cuda/gemm.cu.j2);
   `matmul_dtypes`; `matmul_batch_axes` (the most batch axes of one product, None: any; CUDA's
-  kernel walks its products' axes from a fixed-size record); `epilogues` (elementwise work fused into a product, run inside
-  the runtime's GEMM); `reductions`; `collectives` (all_reduce through the
+  GEMM walks its products' axes from a fixed-size record); `epilogues` (elementwise work fused
+  into a product, run inside the runtime's GEMM); `reductions`; `collectives` (all_reduce through the
   caller's hook); `sized_variables` (every variable's size known when the program
   is made: the device program allocates them up front).
 - `attention`: how a fused attention kernel walks its rows, which fixes the scratch the plan
@@ -115,8 +115,9 @@ C_OPENMP = Language(
     index="nested", combine="simd", reduced_at=("acc", "best"), row_combine="{value}",
     max_fold="flag", column_sums=True,
     matmuls=("gemm", "narrow", "bf16 gemm", "patch gemm", "winograd", "direct rows"),
-    matmul_dtypes=("float32", "float64"), matmul_batch_axes=None, epilogues=True, reductions=("sum", "max", "argmax"), collectives=True,
-    sized_variables=False, attention="key blocks", declare_used_only=False, helper_qualifiers="static inline",
+    matmul_dtypes=("float32", "float64"), matmul_batch_axes=None, epilogues=True,
+    reductions=("sum", "max", "argmax"), collectives=True, sized_variables=False, attention="key blocks",
+    declare_used_only=False, helper_qualifiers="static inline",
 )
 
 CUDA = Language(
@@ -126,8 +127,7 @@ CUDA = Language(
     row_combine="sg_block_{op}<{ctype}>({value}, s_{ctype})", max_fold="select", column_sums=False,
     matmuls=("template gemm",), matmul_dtypes=("float32", "float64"), matmul_batch_axes=4, epilogues=False,
     reductions=("sum", "max", "argmax"), collectives=False, sized_variables=True, attention="rows",
-    declare_used_only=True,
-    helper_qualifiers="static __host__ __device__ __forceinline__",
+    declare_used_only=True, helper_qualifiers="static __host__ __device__ __forceinline__",
 )
 
 # The C program's entry points, shared by its template and the cffi declarations that load it.

@@ -23,7 +23,7 @@ from pathlib import Path
 
 CXX = shutil.which("g++")
 MAX_BLOCKS = 4  # of a grid-stride kernel: still several blocks, each striding
-RUNTIME = """/* A host stand-in for the CUDA runtime (tests/backends/cuda_on_cpu.py); its state is each library's own. */
+RUNTIME = """/* A host stand-in for the CUDA runtime (tests/backends/cuda_on_cpu.py): each library's own state. */
 #pragma once
 #include <cstdint>
 #include <cstdio>
@@ -154,8 +154,8 @@ LAUNCH = re.compile(r"([A-Za-z_]\w*(?:<[\w ]+>)?)<<<(.*?)>>>\(", re.S)
 
 def _teams(source: str) -> set:
     """The kernels of `source` whose threads meet (a barrier, or a block-wide helper that holds one)."""
-    kernels = re.findall(r"^(?:template <typename T>\n)?__global__ void (?:__launch_bounds__\(\w+\)\s*)?(\w+)\((.*?)^}\n",
-                         source, flags=re.S | re.M)
+    kernels = re.findall(r"^(?:template <typename T>\n)?__global__ void (?:__launch_bounds__\(\w+\)\s*)?"
+                         r"(\w+)\((.*?)^}\n", source, flags=re.S | re.M)
     return {name for name, body in kernels if "__syncthreads" in body or "sg_block_" in body}
 
 

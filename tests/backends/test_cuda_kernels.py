@@ -151,8 +151,9 @@ def test_nd_matmul_and_gradients_match_numpy(device, dtype):
 def test_more_products_than_blocks_along_z_on_gpu():
     many, other = sg.input("many", (70000, 2, 3)), sg.input("other", (70000, 3, 2))
     z = sg.matmul(many, other)
-    arrays = [RNG.standard_normal((70000, 2, 3)).astype(np.float32), RNG.standard_normal((70000, 3, 2)).astype(np.float32)]
-    _compare(*_functions([many, other], [z, *sg.grad((z * z).sum(), [many, other])]), arrays, dict(rtol=1e-4, atol=1e-4))
+    arrays = [RNG.standard_normal(shape).astype(np.float32) for shape in ((70000, 2, 3), (70000, 3, 2))]
+    f, reference = _functions([many, other], [z, *sg.grad((z * z).sum(), [many, other])])
+    _compare(f, reference, arrays, dict(rtol=1e-4, atol=1e-4))
 
 
 def test_convolutions_match_numpy(device):
