@@ -78,6 +78,9 @@ class Decisions:
     matmuls: MappingProxyType = field(default_factory=lambda: MappingProxyType({}))
     # id(attention_grad) -> the attention whose softmax statistics it reads (kinds/attention.py)
     attention_stats: MappingProxyType = field(default_factory=lambda: MappingProxyType({}))
+    # The language decided for (its name is among `options`): what the kinds' lowerings read of it,
+    # such as the fused attention's walk and scratch (languages.Language.attention).
+    language: Language = C_OPENMP
 
     @cached_property
     def stats_stored(self) -> frozenset:
@@ -239,4 +242,5 @@ def decide(graph: Graph, variables=None, fuse_reduce: bool = True, recompute: bo
     matmuls = matmul_kind.choose(graph, language, patches, epilogued)
     return Decisions(graph, variables, options, frozenset(fused), frozenset(fused) - frozenset(chains),
                      tuple(choices), MappingProxyType(epilogue_of), tuple(groups), tuple(order), patches,
-                     MappingProxyType(parts), MappingProxyType(matmuls), MappingProxyType(shared_stats(graph)))
+                     MappingProxyType(parts), MappingProxyType(matmuls), MappingProxyType(shared_stats(graph)),
+                     language)

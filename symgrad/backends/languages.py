@@ -38,10 +38,17 @@ is a new row here (and its templates), not a new renderer class.
   render could not emit: `matmuls`, the products' implementations
   (symgrad.backends.kinds.matmul: the precompiled runtime's GEMMs and
   convolutions, or the tiled kernel of templates/cuda/gemm.cu.j2);
-  `matmul_dtypes`; `epilogues` (elementwise work fused into a product, run inside
-  the runtime's GEMM); `reductions`; `collectives` (all_reduce through the
+  `matmul_dtypes`; `matmul_batch_axes` (the most batch axes of one product, None: any; CUDA's
+  GEMM walks its products' axes from a fixed-size record); `epilogues` (elementwise work fused
+  into a product, run inside the runtime's GEMM); `reductions`; `collectives` (all_reduce through the
   caller's hook); `sized_variables` (every variable's size known when the program
   is made: the device program allocates them up front).
+- `attention`: how a fused attention kernel walks its rows, which fixes the scratch the plan
+  gives it (symgrad.backends.kinds.attention). "key blocks": a thread takes tiles of query rows
+  against blocks of keys, k (and v) transposed per head in scratch, and the gradient's threads
+  take whole heads (C). "rows": a thread per query row for the forward and dq, then a thread per
+  key row summing its dk and dv over the query rows in order, reading each row's softmax (m, 1 / l)
+  and D = g . out from a scratch of per-row statistics: no atomics, the same sums every run (CUDA).
 - `declare_used_only`: the entry point declares typed pointers only for the
   buffers some launch passes (nvcc warns about unused locals).
 - `helper_qualifiers`: the storage class of the helpers kernels call (sg_random_bits).
@@ -78,10 +85,12 @@ class Language:
     column_sums: bool
     matmuls: tuple             # the matmul implementations it builds (kinds.matmul.IMPLEMENTATIONS)
     matmul_dtypes: tuple
+    matmul_batch_axes: int | None  # the most batch axes of one product (None: any)
     epilogues: bool            # matmuls compute fused elementwise epilogues
     reductions: tuple
     collectives: bool
     sized_variables: bool      # variables must have sizes known at compile time
+    attention: str             # "key blocks" | "rows": the fused attention's walk (and its scratch)
     declare_used_only: bool
     helper_qualifiers: str
 
@@ -106,8 +115,9 @@ C_OPENMP = Language(
     index="nested", combine="simd", reduced_at=("acc", "best"), row_combine="{value}",
     max_fold="flag", column_sums=True,
     matmuls=("gemm", "narrow", "bf16 gemm", "patch gemm", "winograd", "direct rows"),
-    matmul_dtypes=("float32", "float64"), epilogues=True, reductions=("sum", "max", "argmax"), collectives=True,
-    sized_variables=False, declare_used_only=False, helper_qualifiers="static inline",
+    matmul_dtypes=("float32", "float64"), matmul_batch_axes=None, epilogues=True,
+    reductions=("sum", "max", "argmax"), collectives=True, sized_variables=False, attention="key blocks",
+    declare_used_only=False, helper_qualifiers="static inline",
 )
 
 CUDA = Language(
@@ -115,9 +125,9 @@ CUDA = Language(
     printer=cuda_printer.printer, restrict="__restrict__",
     index="flat", combine="block", reduced_at=("s_acc[0]", "s_best[0]"),
     row_combine="sg_block_{op}<{ctype}>({value}, s_{ctype})", max_fold="select", column_sums=False,
-    matmuls=("template gemm",), matmul_dtypes=("float32", "float64"), epilogues=False,
-    reductions=("sum", "max", "argmax"), collectives=False, sized_variables=True, declare_used_only=True,
-    helper_qualifiers="static __host__ __device__ __forceinline__",
+    matmuls=("template gemm",), matmul_dtypes=("float32", "float64"), matmul_batch_axes=4, epilogues=False,
+    reductions=("sum", "max", "argmax"), collectives=False, sized_variables=True, attention="rows",
+    declare_used_only=True, helper_qualifiers="static __host__ __device__ __forceinline__",
 )
 
 # The C program's entry points, shared by its template and the cffi declarations that load it.

@@ -69,13 +69,14 @@ class LoweringContext:
     and appends kernels (this object's state lives for one `build_plan` call).
 
     The kernel kinds (symgrad.backends.kinds) lower their nodes through its public part: the
-    `decisions`, `views` (id(node) -> View of its value), `name` / `line` / `kernel_name`,
+    `decisions` (and their `language`), `views` (id(node) -> View of its value), `name` / `line` / `kernel_name`,
     `alloc` / `scratch` (buffers), `copy`, `loop` (a LoopKernel), `fused_body` (a fused group's
     operands and statements), `emit` (append a kernel), `movement`, and `kept` / `row_partials`
     (buffers and views one kernel leaves for a later one, as the decisions pair them)."""
 
     def __init__(self, decisions: Decisions):
         self.decisions = decisions
+        self.language = decisions.language
         self.graph = graph = decisions.graph
         self.variable_nodes = list(decisions.variables)
         self.name = graph_namer(graph, self.variable_nodes)

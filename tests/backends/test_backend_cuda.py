@@ -4,8 +4,9 @@ Three layers, each running wherever it can:
 
 - nvcc, no GPU (CI): the .cu of every graph of the op/gradient suite (all cases
   of tests/helpers.py, float64 and float32), of the representative graphs of
-  test_passes.py and of training steps (SGD, momentum, Adam, BatchNorm,
-  dropout, accumulate/apply/predict) renders and compiles. nvcc is slow, so all
+  test_passes.py, of training steps (SGD, momentum, Adam, BatchNorm, dropout,
+  accumulate/apply/predict) and of the benchmarks' GPT, LeNet and
+  residual-network steps renders and compiles. nvcc is slow, so all
   graphs go through two nvcc processes running side by side: each graph's .cu
   is #included, unchanged, into one of two translation units inside its own
   namespace, with its extern "C" names renamed by macros. One more build goes
@@ -15,7 +16,8 @@ Three layers, each running wherever it can:
   surfaced as CudaError, the workspace layout from the static memory plan)
   against a simulated device that runs the NumPy reference.
 - a GPU: the seed softmax regression training, awkward kernel sizes and device
-  errors here; the op/gradient suite runs on backend="cuda" through the
+  errors here (batched products, convolutions, attention and the benchmarks'
+  steps: test_cuda_kernels.py, which runs them on a CPU stand-in too); the op/gradient suite runs on backend="cuda" through the
   `backend` fixture (tests/conftest.py adds "cuda" when a GPU is present).
 """
 
@@ -115,7 +117,9 @@ def gather_ops() -> sg.Graph:
 
 def attention_ops() -> sg.Graph:
     """Fused attention and its gradient, causal and not, in float32 and float64 (T a Dim, heads
-    read through the transpose a transformer hands over)."""
+    read through the transpose a transformer hands over); and a gradient whose forward is not in
+    the plan (its output handed in: the softmax found by a sweep)."""
+    from symgrad.ir.ops_attention import attention_grad
     outs, inputs = [], []
     for dtype in ("float32", "float64"):
         x = sg.input(f"x_{dtype}", (2, B, 3, 8), dtype=dtype)  # (batch, T, heads, head dim)
@@ -124,19 +128,43 @@ def attention_ops() -> sg.Graph:
             y = sg.nn.functional.scaled_dot_product_attention(heads, heads * 2, heads * heads, is_causal=causal)
             outs += [y, *sg.grad((y * y).sum(), [x])]
         inputs.append(x)
-    return sg.Graph(inputs, outs)
+    q, out, g = (sg.input(name, (3, B, 8)) for name in ("q", "out", "g"))
+    outs.append(attention_grad(q, q * 2, q * q, out, g, True, 0.3))
+    return sg.Graph(inputs + [q, out, g], outs)
 
 
 def batched_matmul_ops() -> sg.Graph:
-    """Batched products (a Dim and a broadcast batch axis) and a convolution, with their gradients:
-    the CUDA GEMM launched once per batch index."""
+    """Batched products (a Dim and a broadcast batch axis) and convolutions (plain, grouped, and of
+    one input channel as LeNet's first), with their gradients: each product one launch of the CUDA
+    GEMM walking its batch."""
     a = sg.input("a", (B, 3, 5, 7))
     b = sg.input("b", (3, 7, 4))
     img = sg.input("img", (B, 2, 9, 9))
     w = sg.input("w", (3, 2, 3, 3))
+    wg = sg.input("wg", (4, 1, 3, 3))   # groups=2: each output channel sees one input channel
+    w1 = sg.input("w1", (3, 1, 5, 5))   # one input channel
     y = sg.matmul(a, b)
     z = sg.nn.functional.conv2d(img, w, padding=1)
-    return sg.Graph([a, b, img, w], [y, z, *sg.grad((y * y).sum() + (z * z).sum(), [a, b, img, w])])
+    zg = sg.nn.functional.conv2d(img, wg, padding=1, groups=2)
+    z1 = sg.nn.functional.conv2d(img[:, :1], w1, padding=2)
+    loss = (y * y).sum() + (z * z).sum() + (zg * zg).sum() + (z1 * z1).sum()
+    return sg.Graph([a, b, img, w, wg, w1], [y, z, zg, z1, *sg.grad(loss, [a, b, img, w, wg, w1])])
+
+
+def benchmark_steps() -> dict:
+    """The benchmarks' train steps: benchmarks.gpt's small config cut to one block (the same layers
+    at the same sizes: attention, batched and narrow products, AdamW), benchmarks.cnn's LeNet (its
+    first convolution of one input channel) and residual network (BatchNorm2d), at batch 2."""
+    from dataclasses import replace
+    from benchmarks import cnn, gpt
+    bench = replace(gpt.CONFIGS["small"], layers=1)
+    _, state, _, _ = gpt.setup(bench)
+    steps = {"gpt_step": gpt.symgrad_step(bench, state, "numpy").graph}
+    for name in ("lenet", "resnet"):
+        bench = replace(cnn.CONFIGS[name], batch=2)
+        _, state, _, x, y = cnn.setup(bench)
+        steps[f"{name}_step"] = cnn.symgrad_step(bench, state, x, y, "numpy").graph
+    return steps
 
 
 def all_graphs() -> dict:
@@ -154,6 +182,7 @@ def all_graphs() -> dict:
     graphs.update({f"passes_{name}": build() for name, build in GRAPHS.items()})
     graphs.update({name: build() for name, build in ROW_GRAPHS.items()})
     graphs.update(training_programs())
+    graphs.update(benchmark_steps())
     from test_integer_ops import cuda_graph as integer_ops_graph  # rounded division, bits, shifts, asin..atan2
     graphs["integer_and_trig_ops"] = integer_ops_graph()
     return graphs
@@ -333,16 +362,6 @@ def test_source_structure():
         assert f"{fn}<<<" in text                        # every kernel is launched
     with pytest.raises(TypeError, match="Graph"):
         sg.cuda_source(x)
-
-
-def test_batched_matmul_launches_one_gemm_per_batch_index():
-    """The GEMM of a batched product (a convolution's too) is launched in host loops over the batch
-    indices, each operand's pointer moved by its batch strides; it used to raise NotImplementedError."""
-    text = sg.cuda_source(batched_matmul_ops())
-    assert text.count("A batched product: one launch per batch index") >= 3
-    loops = re.findall(r"for \(int64_t n(\d) = 0; n\d < (\w+); \+\+n\d\) \{", text)
-    assert ("0", "d0") in loops and ("1", "3") in loops
-    assert re.search(r"sg_gemm<float><<<[^;]*\n\s*M, N, K, \w+ \+ n0 \* 105 \+ n1 \* 35, 7, 1, \w+ \+ n1 \* 28,", text)
 
 
 def test_printer_uses_precise_device_functions():
@@ -686,29 +705,6 @@ def test_kernels_at_awkward_sizes_on_gpu():
     arrays[2][2, 11] = np.nan                                 # NaN wins argmax and propagates through max
     for got, want in zip(f["cuda"](*arrays), f["numpy"](*arrays)):
         np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4, equal_nan=True)
-
-
-@pytest.mark.gpu
-@needs_gpu
-@pytest.mark.parametrize("dtype", ["float32", "float64"])
-def test_batched_matmul_and_convolution_match_numpy_on_gpu(dtype):
-    """Batched products with a broadcast operand and a Dim batch, and a convolution, forward and
-    gradients, at sizes the 64 x 64 tiles do not divide."""
-    rng = np.random.default_rng(3)
-    a = sg.input("a", (B, 3, 67, 33), dtype=dtype)
-    b = sg.input("b", (3, 33, 70), dtype=dtype)
-    img = sg.input("img", (B, 2, 11, 9), dtype=dtype)
-    w = sg.input("w", (5, 2, 3, 3), dtype=dtype)
-    y = sg.matmul(a, b)
-    z = sg.nn.functional.conv2d(img, w, padding=1)
-    outs = [y, z, *sg.grad((y * y).sum() + (z * z).sum(), [a, b, img, w])]
-    f = {bk: sg.function([a, b, img, w], outs, backend=bk) for bk in ("numpy", "cuda")}
-    tol = dict(rtol=1e-4, atol=1e-4) if dtype == "float32" else dict(rtol=1e-10, atol=1e-10)
-    for batch in (1, 5):
-        arrays = [rng.standard_normal(shape).astype(dtype) for shape in
-                  ((batch, 3, 67, 33), (3, 33, 70), (batch, 2, 11, 9), (5, 2, 3, 3))]
-        for got, want in zip(f["cuda"](*arrays), f["numpy"](*arrays)):
-            np.testing.assert_allclose(got, want, **tol)
 
 
 @pytest.mark.gpu

@@ -1,10 +1,12 @@
 """Every kernel kind in every language: the source renders, or decide refuses naming the op and
 the language (issue 33: capabilities are data, consulted once, in decide).
 
-Each graph below holds one kind (and its variants: a narrow product, a convolution); for C and
-CUDA its decisions are made with the language's row, and then either the whole source renders
-(CUDA: rendered only, no device here) or `decide` raised the language's Refusal before any kernel
-was planned. Nothing may fail later, in the lowering or the render.
+Each graph below holds one kind (and its variants: a narrow product, batched products with a
+broadcast operand, convolutions grouped and of one input channel); for C and CUDA its decisions
+are made with the language's row, and then either the whole source renders (CUDA: rendered only,
+no device here) or `decide` raised the language's Refusal before any kernel was planned. Nothing
+may fail later, in the lowering or the render, and only the pairs in REFUSED may be refused: a
+kind that regresses to a refusal fails here.
 """
 
 from __future__ import annotations
@@ -54,6 +56,21 @@ def _convolution():
     return Graph([x], [loss, *sg.grad(loss, params)])
 
 
+def _batched_matmul():
+    a, b = sg.input("a", (2, 3, 5, 7)), sg.param("b", (3, 7, 4))
+    c = sg.input("c", (2, 1, 4, 6))
+    y = sg.matmul(sg.matmul(a, b), c)               # torch.matmul's batch axes, one of them broadcast
+    return Graph([a, c], [y, *sg.grad(sg.sum(y * y), [a, b, c])])
+
+
+def _grouped_convolution():
+    x = sg.input("x", (2, 4, 8, 8))
+    grouped = sg.nn.Conv2d(4, 8, 3, padding=1, groups=2)
+    first = sg.nn.Conv2d(1, 6, 5, padding=2)         # LeNet's first: one input channel
+    loss = sg.sum(grouped(x) ** 2) + sg.sum(first(x[:, :1]) ** 2)
+    return Graph([x], [loss, *sg.grad(loss, [x, *grouped.parameters(), *first.parameters()])])
+
+
 def _gather():
     ids = sg.input("ids", (2, 3), dtype="int64")
     table = sg.param("table", (10, 4))
@@ -73,7 +90,10 @@ def _collective():
 
 
 GRAPHS = {"loop": _loop, "reduce": _reduce, "row": _row, "matmul": _matmul, "convolution": _convolution,
+          "batched matmul": _batched_matmul, "grouped convolution": _grouped_convolution,
           "gather": _gather, "attention": _attention, "collective": _collective}
+# The (graph, language) pairs decide refuses; every other pair renders.
+REFUSED = {("collective", "CUDA")}
 
 
 def test_the_graphs_cover_every_kind():
@@ -98,11 +118,13 @@ def test_each_kind_renders_or_is_refused_at_decide(name, language):
     try:
         decisions = decide(optimized, graph.variables, matmul_epilogues=True, implicit_gemm=True, language=language)
     except Refusal as refusal:
+        assert (name, language.name) in REFUSED, f"{language.name} refuses the {name} graph: {refusal}"
         text = str(refusal)
         assert f"language {language.name}" in text and any(n.op.name in text for n in optimized.nodes), text
         with pytest.raises(Refusal):  # the compile refuses the same way, at the same stage
             source_of(graph, language)
         return
+    assert (name, language.name) not in REFUSED, f"{language.name} decided the {name} graph it should refuse"
     source = source_of(graph, language)  # renders: no refusal after planning
     assert source and decisions.matmuls.keys() <= {id(n) for n in optimized.nodes}
     assert set(decisions.matmuls.values()) <= set(language.matmuls)
@@ -127,6 +149,15 @@ def test_capabilities_are_the_language_rows_data():
         decide(graph, language=no_sums)
     no_narrow = dataclasses.replace(C_OPENMP, matmuls=("gemm",))
     assert set(decide(graph, language=no_narrow).matmuls.values()) == {"gemm"}
+    # CUDA's GEMM walks at most CUDA.matmul_batch_axes batch axes of a product in one launch.
+    batch = (2,) * (CUDA.matmul_batch_axes + 1)
+    deep, v = sg.input("deep", batch + (3, 4)), sg.input("v", batch + (4, 2))
+    wide = Graph([deep, v], [deep @ v])
+    assert decide(wide, language=C_OPENMP)
+    with pytest.raises(Refusal, match=rf"matmul f32\[.*\]: no CUDA matmul over more than "
+                                      rf"{CUDA.matmul_batch_axes} batch axes \(language CUDA\)"):
+        decide(wide, language=CUDA)
+    assert decide(Graph([deep, v], [deep[0] @ v[0]]), language=CUDA)
 
 
 def test_each_matmul_implementation_is_decided_and_printed():

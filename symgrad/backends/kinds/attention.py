@@ -23,8 +23,14 @@ vector lanes:
 
 s_ij = scale q_i . k_j, and key j is visible from row i when j <= i if causal. No buffer of T x T
 elements exists: a tile's scores live on the stack of one thread. The backward's threads take
-whole heads, so no two add into one dk or dv row. CUDA (templates/cuda/attention.cu.j2) runs one
-thread per query row and adds into dk and dv atomically.
+whole heads, so no two add into one dk or dv row.
+
+CUDA (templates/cuda/attention.cu.j2) walks rows (languages.Language.attention "rows"): the forward
+runs a thread per query row (storing m and 1 / l into `stats` where decide paired it with its
+gradient); the gradient runs two kernels, a thread per query row (m and 1 / l read from `stats`, or
+found by a sweep and kept in the scratch; D_i = g_i . out_i kept in the scratch; dq_i summed over
+the keys in order), then a thread per key row summing dk_j and dv_j over the query rows in order.
+Every sum has one owner and a fixed order: no atomics, the same bits every run.
 """
 
 from __future__ import annotations
@@ -64,7 +70,7 @@ class AttentionKernel:
     E: Any
     causal: bool
     scale: float
-    scratch: tuple = ()   # H x E x T buffers the kernel fills and reads: k (and v) transposed per head
+    scratch: tuple = ()   # buffers the kernel fills and reads, as its language walks (`_scratch`)
     stats: Buffer | None = None  # 2 x H x T: each row's largest score m, then 1 / l (see `forward_stats`)
     kind: str = "attention"
 
@@ -96,9 +102,10 @@ class AttentionKernel:
 
     def report_line(self) -> str:
         """What the kernel does, for the report's list of kernels: what it holds instead of the
-        T x T weights (k, and v, transposed per head)."""
+        T x T weights (its scratch, as its language walks the rows: `_scratch`)."""
+        scratch = f"; scratch {', '.join(b.name for b in self.scratch)}" if self.scratch else ""
         return (f"fused {self.op}{' (causal)' if self.causal else ''}, {self.heads} head(s) of {self.T} x {self.E}, "
-                f"no T x T buffer; scratch {', '.join(b.name for b in self.scratch)} -> {self.out.name}")
+                f"no T x T buffer{scratch} -> {self.out.name}")
 
 
 def _rows_view(ctx, node: Value) -> View:
@@ -138,14 +145,28 @@ def _stats(ctx, node: Value) -> Buffer | None:
     return ctx.kept[(id(node), "stats")]
 
 
+def _scratch(ctx, node: Value) -> tuple:
+    """The buffers `node`'s kernel fills and reads besides its output, as its language walks the rows
+    (languages.Language.attention). "key blocks": k (and for the gradient v) transposed per head, H x E
+    x T each: the keys along a dot product's vector lanes. "rows": nothing for the forward; for the
+    gradient, each query row's D = g . out (H x T), after its m and 1 / l (2 x H x T) where no forward
+    stored them: what the key rows' threads read of every query row."""
+    shape = node.inputs[0].shape
+    heads, gradient = S.numel(shape[:-2]), node.op.name == "attention_grad"
+    if ctx.language.attention == "rows":
+        if not gradient:
+            return ()
+        rows = 1 if id(node) in ctx.decisions.attention_stats else 3
+        return (ctx.scratch(node, (rows, heads, shape[-2]), node.dtype),)
+    return tuple(ctx.scratch(node, (heads, shape[-1], shape[-2]), node.dtype) for _ in range(2 if gradient else 1))
+
+
 def lower(ctx, node: Value) -> View:
     """The kernel computing an attention-kind node; returns the view of its value."""
     operands = tuple(_rows_view(ctx, operand) for operand in node.inputs)
     shape = node.inputs[0].shape
     out = ctx.alloc(node)
-    # k (and for the gradient v) transposed, head by head: the keys along a dot product's vector lanes.
-    transposed = (S.numel(shape[:-2]), shape[-1], shape[-2])
-    scratch = tuple(ctx.scratch(node, transposed, node.dtype) for _ in range(1 if node.op.name == "attention" else 2))
+    scratch = _scratch(ctx, node)
     ctx.emit(AttentionKernel(
         ctx.kernel_name(node), [ctx.line(node)], node.op.name, operands,
         tuple(ctx.name(operand) for operand in node.inputs), out, tuple(shape[:-2]), shape[-2], shape[-1],
@@ -169,8 +190,9 @@ def render(r: Renderer, k: AttentionKernel) -> dict:
                      at=f"{view.buffer.name} + {r.ex.index(view.offset, names, view.strides[:-2])}")
                 for role, label, view in zip(("q", "k", "v", "o", "g"), k.labels, k.operands)]
     printer = r.lang.printer(k.out.dtype)
+    # exp(s - m): the rescale of a row's sums as its max grows, a block's p, and a key row's p of query row i
     exp = {name: printer.print_named(sympy.exp(ARGS[0] - ARGS[1]), {ARGS[0]: a, ARGS[1]: b})
-           for name, (a, b) in dict(rescale=("before", "top"), p=("s[jj]", "top")).items()}
+           for name, (a, b) in dict(rescale=("before", "top"), p=("s[jj]", "top"), p_key=("s", "mi")).items()}
     r.features.add("attention")
     if any("sg_expf(" in text for text in exp.values()):
         r.features.add("fast_exp")

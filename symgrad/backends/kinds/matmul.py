@@ -11,7 +11,8 @@ decisions and the language's capabilities (languages.Language.matmuls), and deci
     patch gemm    a convolution's patch matrix gathered as the GEMM packs it (implicit GEMM)
     winograd      a 3x3 stride-1 convolution's patch product by Winograd's F(4x4, 3x3)
     direct rows   each image's patch columns: the runtime's direct convolution (sg_conv_rows)
-    template gemm the program's own tiled GEMM kernel (templates/cuda/gemm.cu.j2; no epilogue)
+    template gemm the program's own tiled GEMM kernel (templates/cuda/gemm.cu.j2; no epilogue), a
+                  batched product in one launch; a convolution's over the patches its take gathered
 
 The lowering (`lower`) builds the kernel with that implementation and its runtime function;
 render (`render`) and the report only read them.
@@ -153,6 +154,9 @@ def refuse(node: Value, language) -> str | None:
     """Why `language` cannot build the product `node`, or None."""
     if node.dtype not in language.matmul_dtypes:
         return f"no {language.name} matmul for dtype {node.dtype}"
+    most = language.matmul_batch_axes
+    if most is not None and node.ndim - 2 > most:
+        return f"no {language.name} matmul over more than {most} batch axes"
     return None
 
 
@@ -229,8 +233,10 @@ def render(r: Renderer, k: MatmulKernel) -> dict:
     read = [a.buffer, *([patches.indices] if patches and not winograd else []), b.buffer, *epilogue_buffers]
     params, args = r.params(read, k.out, context=runtime_gemm)
     # A batched product: one GEMM per batch index n0, n1, ..., each operand's pointer moved by
-    # its batch strides (0 where it is broadcast).
-    batch = [dict(var=f"n{j}", size=r.ex.size(size)) for j, (size, *_) in enumerate(k.batch)]
+    # its batch strides (0 where it is broadcast): the C loops over them, CUDA's kernel walks them
+    # from the first elements (`a_base`, `b_base`) by the strides.
+    batch = [dict(var=f"n{j}", size=r.ex.size(size), a=r.ex.size(sa), b=r.ex.size(sb), out=r.ex.size(so))
+             for j, (size, sa, sb, so) in enumerate(k.batch)]
     names = [loop["var"] for loop in batch]
     a_at, b_at, out_at = (r.ex.index(offset, names, [step[j] for step in k.batch])
                           for offset, j in ((a.offset, 1), (b.offset, 2), (0, 3)))
@@ -239,6 +245,8 @@ def render(r: Renderer, k: MatmulKernel) -> dict:
                       a=r.ex.pointer(a) if not batch else f"{a.buffer.name} + {a_at}",
                       b=r.ex.pointer(b) if not batch else f"{b.buffer.name} + {b_at}",
                       out=k.out.name if not batch else f"{k.out.name} + {out_at}",
+                      a_base=r.ex.pointer(a) if not patches else None, b_base=r.ex.pointer(b), out_base=k.out.name,
+                      batch_count=r.ex.size(sympy.Mul(*(size for size, *_ in k.batch))),
                       sam=r.ex.size(a.strides[0]) if not patches else None,
                       sak=r.ex.size(a.strides[1]) if not patches else None,
                       sbk=r.ex.size(b.strides[0]), sbn=r.ex.size(b.strides[1]), epilogue=None,
