@@ -183,7 +183,7 @@ def parse_args(argv=None):
 
 def march_flags(march: str) -> list[str]:
     """symgrad's default C flags with `-march=<march>` in place of theirs."""
-    from symgrad.backends.cache import DEFAULT_FLAGS
+    from symgrad.backends.build.cache import DEFAULT_FLAGS
     return [f"-march={march}" if flag.startswith("-march=") else flag for flag in DEFAULT_FLAGS]
 
 

@@ -93,7 +93,7 @@ def _worker(system: str, backend: str, model_key: str) -> dict:
     if system == "runtime":
         # The C runtime (GEMMs, once per compiler and flags): built into the cache before a cold
         # model compile, which it is not part of, and timed on its own.
-        from symgrad.backends import runtime
+        from symgrad.backends.build import runtime
         t1 = time.perf_counter()
         runtime.build()
         return {"status": "ok", "import_s": t1 - t0, "compile_s": time.perf_counter() - t1,

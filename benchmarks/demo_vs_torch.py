@@ -23,8 +23,8 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from symgrad import data as mnist
-from symgrad import demo
+from symgrad.tools import data as mnist
+from symgrad.tools import demo
 
 
 def train_torch(split: mnist.Split, epochs: int, batch_size: int, lr: float, seed: int) -> dict:

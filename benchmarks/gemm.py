@@ -96,7 +96,7 @@ PEAK_CDEF = "int lanes(void); float fma_loop(int64_t iterations);"
 
 def fma_peak(flags: list[str] | None = None) -> float:
     """GFLOP/s of vector multiply-adds on all threads of this process (best of 5 runs)."""
-    from symgrad.backends import cache
+    from symgrad.backends.build import cache
     lib = cache.build(PEAK_SOURCE, PEAK_CDEF, flags=flags).module.lib
     threads = int(os.environ["OMP_NUM_THREADS"])  # set from THREADS by the package, before OpenMP loaded
     iterations = 1 << 23  # ~0.1 s
@@ -144,7 +144,7 @@ def worker(products: list[Product], plan: Plan) -> dict:
     import numpy as np
     import torch
     torch.set_num_threads(THREADS)
-    from symgrad.backends.cache import default_flags
+    from symgrad.backends.build.cache import default_flags
     rng = np.random.default_rng(0)
     out = {"threads": THREADS, "flags": default_flags(), "peak_gflops": fma_peak(), "products": []}
     for p in products:

@@ -36,7 +36,7 @@ def _program_flags(level: str, march: str | None):
     """Compile programs with `level` (and `-march`), the runtime library with its defaults."""
     import os
 
-    from symgrad.backends import cache, runtime
+    from symgrad.backends.build import cache, runtime
     build, defaults = runtime.build, _with_march(cache.default_flags(), march)
     # Asked while SYMGRAD_CFLAGS below holds the program's flags: the runtime's are fixed first.
     runtime.build = lambda _flags=None: build(defaults)
@@ -79,7 +79,7 @@ def measure(model: str, rounds: int, steps_per_profile: int, march: str | None) 
     for level in LEVELS:
         with tempfile.TemporaryDirectory(prefix="opt-levels-") as directory, _program_flags(level, march):
             os.environ["SYMGRAD_CACHE_DIR"] = directory
-            from symgrad.backends import runtime
+            from symgrad.backends.build import runtime
             runtime.build(None)     # not part of the timed build
             start = time.perf_counter()
             steps[level] = _step(model)

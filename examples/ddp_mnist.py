@@ -17,7 +17,7 @@ from mpi4py import MPI
 
 import symgrad as sg
 from symgrad import nn
-from symgrad.data import mnist_split
+from symgrad.tools.data import mnist_split
 
 
 def main() -> None:

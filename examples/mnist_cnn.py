@@ -22,15 +22,15 @@ import time
 import numpy as np
 
 import symgrad as sg
-from symgrad.data import mnist_split
-from symgrad.demo import images, shifted
+from symgrad.tools.data import mnist_split
+from symgrad.tools.demo import images, shifted
 
 nn, F = sg.nn, sg.nn.functional
 
 
 class LeNet5(nn.Module):
     """LeNet-5 with ReLU and max pooling on 1x28x28 images, written as a torch.nn.Module would be
-    (symgrad.demo.lenet() is the same network as an nn.Sequential)."""
+    (symgrad.tools.demo.lenet() is the same network as an nn.Sequential)."""
 
     def __init__(self):
         super().__init__()

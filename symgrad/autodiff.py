@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Sequence
 
-from . import functional as F
+from .api import functional as F
 from .ir import autocast
 from .ir import dtypes as D
 from .ir import shapes as S

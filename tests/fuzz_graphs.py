@@ -40,7 +40,7 @@ import numpy as np
 import torch
 
 import symgrad as sg
-from symgrad import functional as sgf
+from symgrad.api import functional as sgf
 
 # Axis sizes: mostly small odd and even ones, 1 for broadcasting, 0 (an empty axis) now and then.
 SIZES = (1, 1, 2, 3, 3, 4, 5, 7, 0)
@@ -416,7 +416,7 @@ class _Drawer:
     def statistics(self, x: int, shape) -> int:
         """var or std along an axis or all, with a correction of 0, 1 or 2, or one at least the count
         (N - correction <= 0: inf or NaN as torch gives). Two differences from torch that symgrad
-        keeps (symgrad/statistics.py says why; open in issue 32's closing note) are not drawn:
+        keeps (symgrad/api/statistics.py says why; open in issue 32's closing note) are not drawn:
         - a correction past the count with an axis: torch's gradient there divides by the negative
           N - correction (finite: [0.9, -0.9] for var([0.3, 1.2], 0, correction=3)), symgrad's by 0;
         - non-finite inputs: torch's gradient 2 g (x - mean) / (N - correction) leaves out the mean's

@@ -15,7 +15,7 @@ import torch
 import symgrad as sg
 from helpers import c_build_options
 from symgrad.backends.kinds.attention import AttentionKernel
-from symgrad.backends.lowering import lower
+from symgrad.backends.lower.lowering import lower
 from symgrad.passes.pipeline import optimize
 
 NF = sg.nn.functional

@@ -80,7 +80,7 @@ def half_program():
                (xb * 1.1 + 0.3).astype("float16").astype("float32"),
                sg.softmax(y, dim=-1).astype("float32")]
     # A convolution and causal attention under autocast, with their gradients: the kernels read
-    # bfloat16 operands held in floats (backends/half.py).
+    # bfloat16 operands held in floats (backends/decide/half.py).
     image, kernel, q = sg.input("image", (2, 3, 8, 8)), sg.input("kernel", (4, 3, 3, 3)), sg.input("q", (2, 2, 9, 8))
     with sg.autocast("bfloat16"):
         conv = sg.conv2d(image, kernel, padding=1)

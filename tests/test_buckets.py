@@ -1,11 +1,11 @@
-"""Gradient buckets (symgrad.buckets.plan_buckets): order, caps, dtypes, where each starts."""
+"""Gradient buckets (symgrad.tools.buckets.plan_buckets): order, caps, dtypes, where each starts."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from symgrad.buckets import MiB, Gradient, describe, plan_buckets
+from symgrad.tools.buckets import MiB, Gradient, describe, plan_buckets
 
 F32, F64 = np.dtype(np.float32), np.dtype(np.float64)
 

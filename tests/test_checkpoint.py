@@ -1,4 +1,4 @@
-"""Checkpoints (symgrad/checkpoint.py): save, load, resume bit for bit, and torch interchange.
+"""Checkpoints (symgrad/step/checkpoint.py): save, load, resume bit for bit, and torch interchange.
 
 One model with every kind of state (parameters, BatchNorm buffers, optimizer
 state, Dropout's generator, the learning rate) is trained with SGD+momentum

@@ -13,7 +13,7 @@ import pytest
 
 import symgrad as sg
 from symgrad import nn
-from symgrad.distributed import all_reduce  # the public name (symgrad.ir.ops_collective's op)
+from symgrad.tools.distributed import all_reduce  # the public name (symgrad.ir.ops_collective's op)
 from tests.conftest import BACKENDS
 
 HOST = [b for b in BACKENDS if b != "cuda"]
@@ -107,7 +107,7 @@ def test_sync_batch_norm_takes_no_process_group_and_checks_its_input():
 
 def test_the_entry_statuses_are_distinct():
     """A failed collective must not read as a refused label (the entry's own status) or the GEMM's."""
-    from symgrad.backends import languages
+    from symgrad.backends.render import languages
     from symgrad.backends.status import Status  # one enum: @unique refuses two names of one code
     statuses = [Status.OK, Status.OUT_OF_MEMORY, Status.COLLECTIVE_FAILED, languages.C_BAD_LABEL]
     assert len(set(statuses)) == len(statuses) and languages.C_BAD_LABEL is Status.BAD_LABEL

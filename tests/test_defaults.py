@@ -14,8 +14,8 @@ import pytest
 
 import symgrad as sg
 from symgrad import backends
-from symgrad.backends.cache import compiler_identity
-from symgrad.backends.toolchain import CompilerNotFound
+from symgrad.backends.build.cache import compiler_identity
+from symgrad.backends.build.toolchain import CompilerNotFound
 
 EXAMPLES = sorted((Path(__file__).resolve().parent.parent / "examples").glob("*.py"))
 
@@ -110,7 +110,7 @@ def test_a_named_backend_is_not_replaced(no_compiler):
 
 
 def test_resolve_keeps_a_given_name_and_asks_no_compiler(monkeypatch):
-    monkeypatch.setattr("symgrad.backends.cache_keys.compiler_identity", lambda: pytest.fail("asked"))
+    monkeypatch.setattr("symgrad.backends.build.cache_keys.compiler_identity", lambda: pytest.fail("asked"))
     assert backends.resolve("numpy") == "numpy" and backends.resolve("cuda") == "cuda"
 
 

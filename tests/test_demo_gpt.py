@@ -9,8 +9,8 @@ import re
 import numpy as np
 import pytest
 
-from symgrad import demo_gpt
-from symgrad.cli import main
+from symgrad.tools import demo_gpt
+from symgrad.tools.cli import main
 
 # One tiny model for every test here: its step compiles once (the caches serve the rest).
 TINY = dict(layers=1, heads=2, channels=16, context=16, batch_size=4, eval_every=10, eval_batches=2,

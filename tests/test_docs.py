@@ -2,7 +2,7 @@
 every link in README.md and docs/*.md leads to a file (and heading) inside the repository.
 
 Public names are those in `symgrad.__all__`, and in the `__all__` of every module listed there
-that has one (`symgrad.nn`, `symgrad.optim`, `symgrad.nn.functional`, `symgrad.distributed`, and
+that has one (`symgrad.nn`, `symgrad.optim`, `symgrad.nn.functional`, `symgrad.tools.distributed`, and
 whatever joins them, such as `symgrad.nn.init` or `symgrad.optim.lr_scheduler`).
 
 docs/api.md has one section per module, headed by the module's name in backticks

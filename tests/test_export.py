@@ -1,4 +1,4 @@
-"""step.export / `symgrad export` (symgrad/export.py): the exported C library and train_main, built
+"""step.export / `symgrad export` (symgrad/tools/export.py): the exported C library and train_main, built
 with make, against the Python C-backend step bit for bit; its checkpoints against Python and torch;
 its weights file, symbol prefix, query API, inference-only export, learning-rate schedule and
 validation loss; and a build with AddressSanitizer and UndefinedBehaviorSanitizer on bad files.
@@ -22,10 +22,11 @@ import safetensors.torch
 import torch
 
 import symgrad as sg
-from symgrad import export, nn
-from symgrad.backends.memory import memory_plan
+from symgrad.tools import export
+from symgrad import nn
+from symgrad.backends.lower.memory import memory_plan
 from symgrad.backends.status import Status
-from symgrad.backends.toolchain import default_flags
+from symgrad.backends.build.toolchain import default_flags
 
 pytestmark = pytest.mark.skipif(shutil.which("make") is None or shutil.which("cc") is None,
                                 reason="needs make and a C compiler")
@@ -346,7 +347,7 @@ def test_bad_input_gives_a_status_and_a_message_not_a_crash(exported):
 
 
 def test_symgrad_export_command(tmp_path):
-    from symgrad.cli import main
+    from symgrad.tools.cli import main
 
     example = Path(__file__).resolve().parent.parent / "examples" / "inspect_softmax.py"
     assert main(["export", str(example), "--out", str(tmp_path)]) == 0

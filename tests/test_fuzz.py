@@ -59,7 +59,7 @@ import pytest
 import torch
 
 import symgrad as sg
-from symgrad.backends.cache import default_flags
+from symgrad.backends.build.cache import default_flags
 from tests.conftest import BACKENDS
 from tests.fuzz_graphs import (FLOAT, LIFT_SUBNORMALS, FuzzGraph, build, draw_graphs, draw_values, input_specs,
                                leaves_range, nudge_pattern)

@@ -35,7 +35,7 @@ bad_sin_op = define("gc_bad_sin", sympy.sin(ARGS[0]), 1, "float",
 
 
 def bad_sin(x):
-    return sg.functional.apply_elementwise(bad_sin_op, [x])
+    return sg.api.functional.apply_elementwise(bad_sin_op, [x])
 
 
 def test_gradcheck_passes_on_correct_ops(backend, rng):

@@ -226,7 +226,7 @@ def test_scatter_add_of_rows_without_elements_matches_torch(backend):
     """Rows of no elements (a source [2, 0] along axis 0, [0, 3] along axis 1): zeros of the
     output's shape, as torch's index_add. The NumPy reference raised (its reshape to (-1, 0) cannot
     infer the -1; the fuzzer found it)."""
-    from symgrad import functional as F
+    from symgrad.api import functional as F
     cases = [((2, 0), 0, [1, 1], 3), ((0, 3), 1, [0, 2, 2], 4), ((0,), 0, [], 2)]
     values, outputs, wants = [], [], []
     for k, (shape, axis, indices, size) in enumerate(cases):

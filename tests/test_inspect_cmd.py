@@ -1,10 +1,10 @@
-"""symgrad/inspect_cmd.py: the `symgrad inspect` convention (a file with build())."""
+"""symgrad/tools/inspect.py: the `symgrad inspect` convention (a file with build())."""
 
 import io
 
 import pytest
 
-from symgrad.inspect_cmd import run_inspect
+from symgrad.tools.inspect import run_inspect
 
 MODEL = '''
 import symgrad as sg
@@ -43,7 +43,7 @@ def test_inspect_explains_a_bad_file(tmp_path):
 def test_cli_inspect_runs_the_example(tmp_path, capsys):
     from pathlib import Path
 
-    from symgrad.cli import main
+    from symgrad.tools.cli import main
 
     example = Path(__file__).resolve().parent.parent / "examples" / "inspect_softmax.py"
     assert main(["inspect", str(example), "--out", str(tmp_path), "--backend", "numpy"]) == 0

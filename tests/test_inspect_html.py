@@ -10,8 +10,8 @@ from html.parser import HTMLParser
 
 import pytest
 
-from symgrad.cli import main
-from symgrad.inspect_cmd import example_inputs, run_inspect
+from symgrad.tools.cli import main
+from symgrad.tools.inspect import example_inputs, run_inspect
 
 MODEL = '''
 import symgrad as sg

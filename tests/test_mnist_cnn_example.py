@@ -1,5 +1,5 @@
 """examples/mnist_cnn.py spells LeNet-5 out as a Module; it must stay the network the demo trains
-(symgrad.demo.lenet(), `symgrad demo --model cnn`), so the README's figures hold for both."""
+(symgrad.tools.demo.lenet(), `symgrad demo --model cnn`), so the README's figures hold for both."""
 
 import importlib.util
 from pathlib import Path
@@ -7,7 +7,7 @@ from pathlib import Path
 import numpy as np
 
 import symgrad as sg
-from symgrad import demo
+from symgrad.tools import demo
 
 EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "mnist_cnn.py"
 

@@ -1,4 +1,4 @@
-"""One owner of a parameter's value (DESIGN.md; symgrad/cells.py).
+"""One owner of a parameter's value (DESIGN.md; symgrad/api/cells.py).
 
 The module, every train step, its predict program and every sg.function built from the model
 see a parameter's current value, whenever each was built; training updates it for all of them,
@@ -247,7 +247,8 @@ def simulated(monkeypatch):
     """backend="cuda" on tests/backends/test_backend_cuda.py's simulated device (no GPU needed)."""
     import cffi
 
-    from symgrad.backends import cache, cuda
+    from symgrad.backends.build import cache
+    from symgrad.backends import cuda
     spec = importlib.util.spec_from_file_location(
         "_simulated_cuda", Path(__file__).parent / "backends" / "test_backend_cuda.py")
     module = importlib.util.module_from_spec(spec)

@@ -14,12 +14,12 @@ import pytest
 
 import symgrad as sg
 from symgrad.backends import peaks as peaks_module
-from symgrad.backends import regions
+from symgrad.backends.lower import regions
 from symgrad.backends.driver import label_inputs
-from symgrad.backends.languages import C_OPENMP
-from symgrad.backends.lowering import LoopKernel, MatmulKernel
+from symgrad.backends.render.languages import C_OPENMP
+from symgrad.backends.lower.lowering import LoopKernel, MatmulKernel
 from symgrad.backends.profile import Profile, kernel_costs, profile_program
-from symgrad.backends.render_program import render
+from symgrad.backends.render.program import render
 from symgrad.ir import shapes as S
 
 pytestmark = pytest.mark.skipif("c" not in __import__("tests.conftest", fromlist=["BACKENDS"]).BACKENDS,

@@ -14,7 +14,7 @@ import torch
 import symgrad as sg
 from symgrad import passes
 from symgrad.backends.c import ENTRY, render_source
-from symgrad.backends.lowering import RowKernel, lower
+from symgrad.backends.lower.lowering import RowKernel, lower
 from symgrad.ir.fingerprint import fingerprint
 from symgrad.ir.graph import Graph
 

@@ -2,7 +2,7 @@
 
 A slice's gradient is `embed`: the cotangent written into a window of zeros. Its C lowering
 (symgrad.backends.kinds.gather._embed) zeroes only the border outside the window, box by box, before it
-stores the window; a sum of embeds into disjoint windows (symgrad.backends.concat) stores each part
+stores the window; a sum of embeds into disjoint windows (symgrad.backends.lower.concat) stores each part
 into one buffer and zeroes only what no window covers. A box left out, or a window stored past its
 end, leaves values outside the slice: the issue saw ones in rows 3 and 4 of the gradient of
 `sum(x[1:3, :])` on a [5, 6] input.
@@ -30,7 +30,7 @@ import pytest
 import torch
 
 import symgrad as sg
-from symgrad.backends.decisions import decide
+from symgrad.backends.decide.decisions import decide
 
 pytest.importorskip("symgrad.backends.c")
 torch.set_num_threads(1)  # a 2-core machine shared by parallel runs: torch's thread pool only contends
@@ -48,7 +48,7 @@ class Case:
     """Windows of input `name`: y = the sum of x[key] over `keys` (one key: one window). `full`: all
     of KINDS, in both dtypes; else the forward slice and the gradient of its sum, in float64 (each
     output is a few C kernels, and a C build's time grows with its kernels). `in_place`: disjoint
-    windows, whose gradient is a sum of embeds stored in place (backends/concat.py)."""
+    windows, whose gradient is a sum of embeds stored in place (backends/lower/concat.py)."""
 
     name: str
     keys: tuple

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 import symgrad as sg
-from symgrad.call_checks import host_array
+from symgrad.step.call_checks import host_array
 
 BACKENDS = ["numpy", "c"]
 W0 = (np.arange(12, dtype=np.float32).reshape(3, 4) - 6) / 10

@@ -43,9 +43,9 @@ def resolve(name: str | None, stacklevel: int = 3) -> str:
     BackendFallbackWarning, once per process. `stacklevel` points the warning at the user's call."""
     if name is not None:
         return name
-    from .toolchain import CompilerNotFound, probe
+    from .build.toolchain import CompilerNotFound, probe
     try:
-        from .cache_keys import compiler_identity
+        from .build.cache_keys import compiler_identity
         compiler_identity()
         probe()
         return "c"

@@ -1,9 +1,9 @@
-"""The C/OpenMP backend: a kernel plan rendered through templates/c/, built as a plain shared
+"""The C/OpenMP backend: a kernel plan rendered through the .c templates, built as a plain shared
 library and called through cffi's ABI mode.
 
 `compile(graph)` goes through the compile driver (symgrad.backends.driver: passes,
-lowering, render, program cache), which renders one C11 file (symgrad.backends.render
-with the C/OpenMP row of symgrad.backends.languages) with one function per kernel and
+lowering, render, program cache), which renders one C11 file (symgrad.backends.render.renderer
+with the C/OpenMP row of symgrad.backends.render.languages) with one function per kernel and
 one entry point,
 
     int symgrad_run(const int64_t* dims, void** inputs, void** variables,
@@ -14,12 +14,12 @@ beside three small ones: `symgrad_workspace_bytes` (how many temporaries, and
 the bytes each needs for given dims), `symgrad_scratch_bytes` (the runtime's scratch
 region for given dims: the runtime's own count of what its calls use) and
 `symgrad_set_num_threads` (caps the calling thread's OpenMP team). Its matmuls call the runtime
-(symgrad.backends.runtime), whose header it includes and whose library,
+(symgrad.backends.build.runtime), whose header it includes and whose library,
 built once per compiler and flags, it links; it builds the file through
-the cache (symgrad.backends.cache). What every native program does alike (layouts per
+the cache (symgrad.backends.build.cache). What every native program does alike (layouts per
 Dim binding, memory plan, report, locking, input checks) is symgrad.backends.native's;
 this module keeps the cffi build and call, and two hooks through which a data-parallel caller
-(symgrad.distributed) acts during a call: `on_gradient_final` (a gradient buffer is final: send
+(symgrad.tools.distributed) acts during a call: `on_gradient_final` (a gradient buffer is final: send
 it) and `on_collective` (an all_reduce: sum this buffer over the processes). Python owns all
 memory: inputs, variables and outputs are NumPy arrays passed with `ffi.from_buffer` (no copies);
 temporaries live in one workspace array whose layout is computed here from
@@ -39,24 +39,23 @@ from contextlib import contextmanager
 import numpy as np
 
 from .. import settings
-from ..call_checks import check_array
+from ..step.call_checks import check_array
 from ..ir import dtypes as D
 from ..ir import shapes as S
 from ..ir.graph import Graph
 from ..ir.ops import check_labels, label_checks
-from . import cache, importable, runtime
+from .build import cache, importable, runtime
 from .driver import source_of
-from .expressions import comment  # noqa: F401  (re-exported: what C comments may hold)
-from .kernel_functions import calls
+from .render.expressions import comment  # noqa: F401  (re-exported: what C comments may hold)
+from .render.kernel_functions import calls
 from .kinds.collective import DTYPES as COLLECTIVE_DTYPES
-from .languages import (C_BAD_LABEL as BAD_LABEL, C_ENTRY as ENTRY, C_OPENMP, C_SCRATCH_BYTES as SCRATCH_BYTES,
-                        C_SET_THREADS as SET_THREADS,
-                        C_SIGNATURE as SIGNATURE, C_WORKSPACE_SIZES as WORKSPACE_SIZES, COLUMN_TILE,  # noqa: F401
-                        PARALLEL_MIN)  # noqa: F401
+from .render.languages import (C_BAD_LABEL as BAD_LABEL, C_ENTRY as ENTRY, C_OPENMP,
+    C_SCRATCH_BYTES as SCRATCH_BYTES, C_SET_THREADS as SET_THREADS, C_SIGNATURE as SIGNATURE,
+    C_WORKSPACE_SIZES as WORKSPACE_SIZES, COLUMN_TILE, PARALLEL_MIN)  # noqa: F401
 from .plan import Plan
-from .memory import MemoryPlan
+from .lower.memory import MemoryPlan
 from .native import NativeProgram
-from .render_program import render
+from .render.program import render
 from .status import Status
 
 _refcount = getattr(sys, "getrefcount", None)  # CPython's; elsewhere outputs are always new arrays
@@ -83,7 +82,7 @@ def render_source(plan: Plan, labels: list = ()) -> str:
 
 def c_source(graph: Graph) -> str:
     """The C source that `backend="c"` compiles for `graph`; no compiler runs. Its matmuls call the
-    runtime (symgrad.backends.runtime.source() holds their code)."""
+    runtime (symgrad.backends.build.runtime.source() holds their code)."""
     return source_of(graph, C_OPENMP)
 
 
@@ -95,7 +94,7 @@ def build_program(source: str, flags: list[str] | None = None, cdef: str = CDEF,
     two more, symgrad.backends.profile); `announce`: what is compiling, said on stderr if the
     compiler runs longer than a second (None: nothing is said). Its importable module
     (`import <module_name>` with the cache directory on sys.path) adds `run` and `workspace_sizes`
-    (symgrad.backends.importable.c_helpers)."""
+    (symgrad.backends.build.importable.c_helpers)."""
     return cache.build(source, cdef, flags=flags, kind="program", headers={runtime.HEADER: runtime.header()},
                        link=runtime.build(flags), announce=announce, helpers=HELPERS)
 

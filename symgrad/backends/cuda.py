@@ -1,11 +1,11 @@
-"""The CUDA backend: the C backend's kernel plan rendered through templates/cuda/, built by nvcc.
+"""The CUDA backend: the C backend's kernel plan rendered through the .cu templates, built by nvcc.
 
 `compile(graph)` goes through the compile driver C uses (symgrad.backends.driver:
 passes, lowering, render, program cache; the program base is symgrad.backends.native),
-which renders one CUDA C++ file (the renderer C uses, symgrad.backends.render,
-with the CUDA row of symgrad.backends.languages: one `__global__` function per
+which renders one CUDA C++ file (the renderer C uses, symgrad.backends.render.renderer,
+with the CUDA row of symgrad.backends.render.languages: one `__global__` function per
 kernel, an `extern "C"` host API), builds it with nvcc through the cache
-(symgrad.backends.cache, kind="cuda") and loads it with cffi's ABI mode.
+(symgrad.backends.build.cache, kind="cuda") and loads it with cffi's ABI mode.
 
 Memory: variables (parameters, optimizer state), constants, inputs, outputs
 and the workspace (gradients and other temporaries) live in device memory
@@ -13,7 +13,7 @@ held by the program's state until `close()`. A run copies in only the
 inputs and copies out only the outputs; updates stay on the device, so
 `read_variable` (what `step.params[name]` calls) copies to the host. The
 workspace is one arena laid out per Dim binding by the static memory plan
-(symgrad.backends.memory, as for C, with 256-byte alignment): the entry
+(symgrad.backends.lower.memory, as for C, with 256-byte alignment): the entry
 point takes each temporary's offset and the arena's size from the caller.
 
 Programs compiled from the same `Compiled` object share its variable
@@ -39,16 +39,16 @@ import weakref
 
 import numpy as np
 
-from ..call_checks import check_array
+from ..step.call_checks import check_array
 from ..ir import dtypes as D
 from ..ir.graph import Graph
-from . import cache
+from .build import cache
 from .driver import source_of
-from .languages import CUDA, CUDA_ALIGN as ALIGN, CUDA_ENTRY as ENTRY, CUDA_SIGNATURE as SIGNATURE  # noqa: F401
+from .render.languages import CUDA, CUDA_ALIGN as ALIGN, CUDA_ENTRY as ENTRY, CUDA_SIGNATURE as SIGNATURE  # noqa: F401
 from .plan import Plan
-from .memory import MemoryPlan
+from .lower.memory import MemoryPlan
 from .native import NativeProgram
-from .render_program import render
+from .render.program import render
 
 CDEF = """
 int sg_cuda_device_count(int* count, char* err, size_t errlen);
@@ -70,7 +70,7 @@ class CudaError(RuntimeError):
         self.code = code
 
 
-# ---- rendering: the one C-style renderer (symgrad.backends.render) with the CUDA row --------
+# ---- rendering: the one C-style renderer (symgrad.backends.render.renderer) with the CUDA row --------
 
 def render_source(plan: Plan) -> str:
     """The CUDA source of a kernel plan."""
@@ -189,7 +189,7 @@ class _Shared:
 
     Versions count updates; version 0 with no holder means the host array in the
     storage dict is current. Kept on the storage itself (`Compiled`'s, a
-    symgrad.compiled.VariableStorage, carries it as `.sharing`): the programs of one
+    symgrad.step.compiled.VariableStorage, carries it as `.sharing`): the programs of one
     TrainStep share it, and nothing outlives them in a table of this module. A plain
     dict cannot carry it; then each program attached to it keeps its own.
     """

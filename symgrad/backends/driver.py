@@ -2,10 +2,10 @@
 
     compile_program(graph, language, build, optimize=True) -> Compilation
 
-optimize (symgrad.passes) -> decide and lower (symgrad.backends.lowering.lower) -> render
-(symgrad.backends.render_program, with the language's row of symgrad.backends.languages)
+optimize (symgrad.passes) -> decide and lower (symgrad.backends.lower.lowering.lower) -> render
+(symgrad.backends.render.program, with the language's row of symgrad.backends.render.languages)
 -> build (the backend's `build(source)`: cffi for C, nvcc for CUDA, both through the build
-cache). The program cache (symgrad.backends.program_cache) is consulted first and keeps
+cache). The program cache (symgrad.backends.build.program_cache) is consulted first and keeps
 what a compile made (source, optimized graph, pass report, plan, arena), so a hit skips the
 three Python stages and a program made from it has everything a fresh one has.
 
@@ -22,11 +22,13 @@ from typing import Callable
 from .. import passes
 from ..ir.graph import Graph
 from ..ir.ops import label_checks
-from . import half, lowering, program_cache
-from .cache import BuiltModule
-from .languages import Language
-from .memory import ArenaSpec
-from .render_program import render
+from .decide import half
+from .lower import lowering
+from .build import program_cache
+from .build.cache import BuiltModule
+from .render.languages import Language
+from .lower.memory import ArenaSpec
+from .render.program import render
 from .report import timed
 
 
@@ -60,7 +62,7 @@ def compile_stages(graph: Graph, language: Language, optimize: bool = True,
     with timed(timings, "passes"):
         pass_report: dict = {}
         optimized = passes.optimize(graph, report=pass_report) if optimize else graph
-        optimized = half.legalize(optimized)  # 16-bit floats: kernels compute in float32 (backends/half.py)
+        optimized = half.legalize(optimized)  # 16-bit floats: kernels compute in float32 (backends/decide/half.py)
     with timed(timings, "lower"):
         # variables: the given graph's, so every variable keeps its slot after the passes; fused
         # epilogues and gathered patches where the language builds them (its capabilities, read by decide).

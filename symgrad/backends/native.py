@@ -9,7 +9,7 @@ built module. It owns what every backend does the same way around a call:
 - the memory plan, checked against the sizes the compiled code reports where it reports
   them (`_workspace_sizes`), and `report()`;
 - the lock that serializes calls, and the checks of the arrays a caller hands to `run`
-  (symgrad.call_checks; `run_checked` is for a caller that has checked them itself).
+  (symgrad.step.call_checks; `run_checked` is for a caller that has checked them itself).
 
 A backend subclass supplies `_build`, `_native_layout` and `_run`, and calls `_settle_arena` once
 it can ask its module for sizes (the build's last step).
@@ -20,15 +20,16 @@ from __future__ import annotations
 import threading
 from abc import ABC, abstractmethod
 
-from ..call_checks import check_arrays
+from ..step.call_checks import check_arrays
 from ..ir import dtypes as D
 from ..ir import shapes as S
 from ..ir.graph import Graph
-from . import driver, program_cache
-from .cache import BuiltModule
-from .fusion import DEFAULT_DIM
-from .languages import Language
-from .memory import ArenaSpec, MemoryPlan, latest_or_assumed, memory_plan
+from . import driver
+from .build import program_cache
+from .build.cache import BuiltModule
+from .decide.fusion import DEFAULT_DIM
+from .render.languages import Language
+from .lower.memory import ArenaSpec, MemoryPlan, latest_or_assumed, memory_plan
 from .report import Report, program_report
 
 
@@ -178,7 +179,7 @@ class NativeProgram(ABC):
 
     def run_checked(self, inputs: list, bindings: dict, variables: dict) -> list:
         """`run` for a caller that has already checked the inputs against the graph's inputs
-        (symgrad.call_checks.bind_inputs) and serializes its calls itself: symgrad.compiled
+        (symgrad.step.call_checks.bind_inputs) and serializes its calls itself: symgrad.step.compiled
         checks each input signature once and holds its storage's lock, and a small step should
         not pay for the same checks and a second lock."""
         return self._run(inputs, bindings, variables, check_inputs=False)

@@ -10,7 +10,7 @@ machine by a small C program, kept in the cache directory.
   `STREAM_BYTES` each, ten times the L3 of most machines; 12 bytes moved per element (two read,
   one written), counted as the profile counts a kernel's bytes (what it reads plus what it writes).
 
-Each is the best of `REPEATS` runs. Both (templates/c/peaks.c.j2) are built with the flags programs are built with
+Each is the best of `REPEATS` runs. Both (templates/runtime/peaks.c.j2) are built with the flags programs are built with
 (`cache.default_flags()`) and run on the team a program's calls get (OMP_NUM_THREADS, else every
 core), so a kernel's share of the peak compares like with like. The result is kept as
 `<cache>/peaks/<key>.json`, the key a hash of what the figures depend on: the CPU model, the
@@ -26,8 +26,8 @@ import platform
 import time
 from dataclasses import asdict, dataclass
 
-from . import cache
-from .templates import render
+from .build import cache
+from .render.templates import render
 
 REPEATS = 5
 FMA_ITERATIONS = 1 << 22        # per chain per run: ~50 ms on one core of a 3 GHz AVX2 machine
@@ -80,8 +80,8 @@ def _cores() -> int:
 
 
 def _build() -> cache.BuiltModule:
-    """The microbenchmarks (templates/c/peaks.c.j2), built with the programs' flags (cached)."""
-    return cache.build(render("c/peaks.c.j2"), CDEF)
+    """The microbenchmarks (templates/runtime/peaks.c.j2), built with the programs' flags (cached)."""
+    return cache.build(render("runtime/peaks.c.j2"), CDEF)
 
 
 def _key(lib) -> dict:

@@ -6,7 +6,7 @@ they run (each of a kind of symgrad.backends.kinds, which say what they read,
 write and swap); a kernel reads values through `View`s (symgrad.backends.views)
 and computes elementwise statements (`Statement`), one per graph node, each
 carrying the IR line it computes. Lists inside are never changed once a kernel is built:
-a later sweep (symgrad.backends.inplace) makes new kernels with
+a later sweep (symgrad.backends.lower.inplace) makes new kernels with
 `dataclasses.replace` instead.
 """
 
@@ -68,7 +68,7 @@ class Plan:
     variable_nodes: list = field(default_factory=list)  # the variable node of each variables[k]
     choices: list = field(default_factory=list)         # save / recompute decisions, for the report
     in_place: list = field(default_factory=list)        # variables whose new value is written in place
-    decisions: str = ""  # what decide chose for this plan, printed (symgrad.backends.decisions.Decisions)
+    decisions: str = ""  # what decide chose for this plan, printed (symgrad.backends.decide.decisions.Decisions)
 
 
 def compute_dtype(node: Value) -> str:
@@ -137,7 +137,7 @@ def gradients_final_after(plan: Plan) -> dict[int, list[int]]:
 
     A gradient buffer is a variable of role "grad" that the program updates (`<param>.grad` of an
     accumulate program). After its last kernel no other kernel of the call reads or writes it, so a
-    caller may start sending it to other processes (symgrad.distributed's buckets) while the rest
+    caller may start sending it to other processes (symgrad.tools.distributed's buckets) while the rest
     of the backward runs. Buffers are given by their variable slot, ascending per kernel."""
     updated = {t.name for t, _ in plan.graph.updates}
     wanted = {slot for slot, v in enumerate(plan.variable_nodes) if v.attrs.get("role") == "grad" and v.name in updated}

@@ -1,7 +1,7 @@
 """Where a compiled step's time goes: `step.profile(steps=20, **inputs)`.
 
 The timing comes from the generated code itself. The program's plan is rendered once more with
-the profiling option (symgrad.backends.render_program, templates/c/profile.h.j2): the same
+the profiling option (symgrad.backends.render.program, templates/program/profile.h.j2): the same
 kernels, the same entry point, the same workspace, with the clock read around each kernel call
 and (kernel, start, end) recorded into an array Python lends it. That build (cached as any
 other) runs `steps` calls of the step on the given inputs in place of the normal one; the
@@ -15,7 +15,7 @@ others. FLOPs and bytes are the report's (symgrad.backends.report.kernel_work: 2
 product, one per fused op per element, the bytes of each buffer the kernel reads or writes, once
 and whole): an estimate from the plan, so a kernel whose buffers stay in cache can show more than
 the memory peak, and one reading a slice of a buffer more bytes than it moves. Kernels are
-grouped by the graph region they came from (symgrad.backends.regions).
+grouped by the graph region they came from (symgrad.backends.lower.regions).
 
 `trace=` writes the calls in Chrome's trace event format (Perfetto, chrome://tracing): one row
 per thread that issued kernel calls (the calling thread: the kernels' OpenMP teams work inside
@@ -34,11 +34,11 @@ from pathlib import Path
 import numpy as np
 
 from .driver import label_inputs
-from .languages import C_ENTRY, C_OPENMP, C_PROFILE_COUNT, C_PROFILE_EVENTS, C_SIGNATURE
+from .render.languages import C_ENTRY, C_OPENMP, C_PROFILE_COUNT, C_PROFILE_EVENTS, C_SIGNATURE
 from .peaks import Peaks, peaks
-from .regions import kernel_regions
+from .lower.regions import kernel_regions
 from .report import kernel_work
-from .render_program import render
+from .render.program import render
 
 SHOWN = 20  # kernels the table lists; the rest are one line
 

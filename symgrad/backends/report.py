@@ -23,8 +23,8 @@ import numpy as np
 from ..ir import dtypes as D
 from ..ir import shapes as S
 from ..passes import format_report
-from . import half
-from .kernel_functions import calls
+from .decide import half
+from .render.kernel_functions import calls
 from .kinds import KINDS
 from .plan import kernel_reads, kernel_writes
 

@@ -51,7 +51,7 @@ class View:
     literal: Any = None
 
 
-# The kind of a patch matrix read in place (symgrad.backends.patches makes such views): named here,
+# The kind of a patch matrix read in place (symgrad.backends.decide.patches makes such views): named here,
 # below the plan's kernels, which read its index map too.
 PATCHES = "patches"
 

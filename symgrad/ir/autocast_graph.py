@@ -30,7 +30,7 @@ def autocast_graph(outputs, dtype="bfloat16") -> list:
 
 def _with_effects_first(roots: list) -> list:
     """The nodes `roots` compute, each after its inputs and after the new values of the updates
-    attached to it (symgrad.effects), which a rebuilt node must carry rebuilt."""
+    attached to it (symgrad.api.effects), which a rebuilt node must carry rebuilt."""
     order, done, stack = [], set(), [(r, False) for r in reversed(roots)]
     while stack:
         node, expanded = stack.pop()

@@ -25,7 +25,7 @@ SHORT_NAMES = {"float32": "f32", "float64": "f64", "bfloat16": "bf16", "float16"
 # The C type of each dtype's values in kernels; CUDA uses the same spelling. A 16-bit float is a
 # float there that holds a value of the narrower type exactly: every conversion to it rounds
 # (backends/expressions.convert), and the C backend computes other ops on it in float32
-# (backends/half.py).
+# (backends/decide/half.py).
 C_TYPES = {"float32": "float", "float64": "double", "bfloat16": "float", "float16": "float",
            "int32": "int32_t", "int64": "int64_t", "bool": "uint8_t"}
 

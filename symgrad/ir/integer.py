@@ -7,7 +7,7 @@ unevaluated in expressions, with:
 
 - a NumPy reference (`_imp_`, which lambdify calls) that spells out torch's formula, so the
   reference interpreter is the specification the C and CUDA helpers are checked against;
-- its C/CUDA text (`_ccode`): a helper of templates/c/integer.h.j2 (`sg_div_floor_i64`, ...) or
+- its C/CUDA text (`_ccode`): a helper of templates/program/integer.h.j2 (`sg_div_floor_i64`, ...) or
   plain C where C already means the same (`fmodf`, `&`);
 - its partial derivatives (`fdiff`) as torch's autograd defines them: the quotients are steps
   (derivative 0); remainder(a, b) = a - b * floor_divide(a, b) and fmod(a, b) = a - b *
@@ -35,8 +35,8 @@ from __future__ import annotations
 import numpy as np
 import sympy
 
-# The C/CUDA helpers the printed expressions may call, in the order templates/c/integer.h.j2
-# defines them; a program defines only those its kernels call (symgrad/backends/expressions.py).
+# The C/CUDA helpers the printed expressions may call, in the order templates/program/integer.h.j2
+# defines them; a program defines only those its kernels call (symgrad/backends/render/expressions.py).
 HELPERS = ("sg_div_floor_i64", "sg_div_trunc_i64", "sg_remainder_i64", "sg_fmod_i64",
            "sg_shl_i64", "sg_shr_i64", "sg_div_floorf", "sg_div_floor", "sg_remainderf", "sg_remainder",
            # Not integer arithmetic: the 16-bit floats' rounding (symgrad/backends/expressions.convert),

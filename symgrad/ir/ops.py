@@ -2,7 +2,7 @@
 
 Elementwise ops are one sympy expression each (their VJPs are derived);
 the structural ops (sources, reductions, movement, matmul, custom) carry a
-VJP written as graph code against `symgrad.functional`.
+VJP written as graph code against `symgrad.api.functional`.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from . import shapes as S
 from .elementwise import ARGS, OUT, apply_expression, define, elementwise_vjp, partial_derivative
 from .registry import CUSTOM, MATMUL, MOVEMENT, REDUCE, SOURCE, OpDef, register
 from .rounding import round_half_even, trunc
-from .value import functions as _F  # symgrad.functional, for VJP rules written as graph code
+from .value import functions as _F  # symgrad.api.functional, for VJP rules written as graph code
 
 x0, x1, x2 = ARGS[:3]
 
@@ -259,7 +259,7 @@ def _class_labels_numpy(args, node, env):
 
 
 # Labels that must lie in [0, num_classes): an identity that carries the check. Calls check
-# input labels in Python before running (symgrad.compiled); the NumPy reference checks computed
+# input labels in Python before running (symgrad.step.compiled); the NumPy reference checks computed
 # ones here. The passes drop the node (passes/dce.py), so compiled code never sees it.
 register(OpDef("class_labels", "elementwise", lambda inputs, attrs: (inputs[0].shape, inputs[0].dtype),
                _class_labels_numpy, lambda node, g, wants: [None],

@@ -26,7 +26,7 @@ import numpy as np
 from . import dtypes as D
 from . import shapes as S
 from .registry import ATTENTION, OpDef, lookup, register
-from .value import functions as _F  # symgrad.functional, for the decomposition written as graph code
+from .value import functions as _F  # symgrad.api.functional, for the decomposition written as graph code
 from .value import make
 
 

@@ -12,7 +12,7 @@ the other's VJP, as in JAX (slice / pad, gather / scatter-add):
                                      added at `indices` (np.add.at): repeated indices sum
 
 Concatenation is a sum of embeds, and splitting a list of slices; both are
-written in symgrad.indexing on top of these four. Indices that `take` reads are
+written in symgrad.api.indexing on top of these four. Indices that `take` reads are
 checked against the table's size before the op runs (by the `class_labels`
 check the functional layer puts in front of them), so a bad index is a Python
 error naming the op, never a read outside the table.
@@ -26,7 +26,7 @@ import sympy
 from . import dtypes as D
 from . import shapes as S
 from .registry import GATHER, MOVEMENT, OpDef, register
-from .value import functions as _F  # symgrad.functional, for VJP rules written as graph code
+from .value import functions as _F  # symgrad.api.functional, for VJP rules written as graph code
 
 
 def slice_length(start, stop, step: int):

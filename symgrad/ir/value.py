@@ -34,7 +34,7 @@ class Value:
         object.__setattr__(self, "shape", tuple(shape))
         object.__setattr__(self, "dtype", dtype)
         # (variable, new value) pairs that computing this value also performs: BatchNorm's running
-        # statistics, a random stream's counter (symgrad.effects). Not part of what it computes.
+        # statistics, a random stream's counter (symgrad.api.effects). Not part of what it computes.
         object.__setattr__(self, "effects", tuple(effects))
 
     def __setattr__(self, name, value):
@@ -77,7 +77,7 @@ class Value:
             raise TypeError(f"iteration over a value of shape {self.type_str}: needs a fixed first axis")
         return (self[k] for k in range(self.shape[0]))
 
-    # ---- operators: thin forwards to symgrad.functional ---------------
+    # ---- operators: thin forwards to symgrad.api.functional ---------------
     def __add__(self, other): return _F().add(self, other)
     def __radd__(self, other): return _F().add(other, self)
     def __sub__(self, other): return _F().sub(self, other)
@@ -116,7 +116,7 @@ class Value:
     def __ne__(self, other): return _F().not_equal(self, other)  # type: ignore[override]
 
     # ---- methods, as on a torch.Tensor / numpy array -------------------
-    # Each forwards to the function of the same name (symgrad.functional and the modules it
+    # Each forwards to the function of the same name (symgrad.api.functional and the modules it
     # re-exports), which holds torch's meaning and the checks; reductions take `dim=` /
     # `keepdim=` as well as `axis=` / `keepdims=`.
     @property
@@ -263,24 +263,24 @@ class Value:
     def bitwise_right_shift(self, other): return _F().bitwise_right_shift(self, other)
 
 
-# The graph-building functions (symgrad.functional and the API modules on it, gathered by
-# symgrad.operators) that the operators above and the ops' VJP rules call. They are written above
-# the IR, against it, so the IR cannot import them: symgrad.operators hands itself down when it is
+# The graph-building functions (symgrad.api.functional and the API modules on it, gathered by
+# symgrad.api.operators) that the operators above and the ops' VJP rules call. They are written above
+# the IR, against it, so the IR cannot import them: symgrad.api.operators hands itself down when it is
 # imported (`provide_functions`), as JAX binds
 # its Tracer's operators from jax.numpy. Set once, at import; never changed after.
 _FUNCTIONS: list = []
 
 
 def provide_functions(module) -> None:
-    """Called by symgrad.operators as it is imported: the module the IR builds graph code with."""
+    """Called by symgrad.api.operators as it is imported: the module the IR builds graph code with."""
     if not _FUNCTIONS:
         _FUNCTIONS.append(module)
 
 
 def functions():
-    """symgrad.operators, as handed down by `provide_functions`."""
+    """symgrad.api.operators, as handed down by `provide_functions`."""
     if not _FUNCTIONS:
-        raise RuntimeError("graph operators need symgrad.operators: import symgrad before building graphs")
+        raise RuntimeError("graph operators need symgrad.api.operators: import symgrad before building graphs")
     return _FUNCTIONS[0]
 
 

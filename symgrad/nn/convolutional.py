@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import numbers
 
-from .. import convolution, pooling
+from ..api import convolution, pooling
 from ..ir.value import Value
-from ..sources import param
+from ..api.sources import param
 from .layers import _default_weight_and_bias, _initial
 from .module import Module
 

@@ -3,7 +3,7 @@
 Losses and activations are the core functions re-exported; `linear`,
 `dropout` and `batch_norm` are written here as graph code. `batch_norm` in
 training mode attaches its running-statistics updates to its output, and
-`dropout` its random-stream advance (symgrad.effects), so a training step
+`dropout` its random-stream advance (symgrad.api.effects), so a training step
 that computes them performs them.
 """
 
@@ -11,19 +11,19 @@ from __future__ import annotations
 
 import sympy
 
-from .. import effects
-from .. import functional as F
-from ..functional import log_softmax, relu, sigmoid, softmax, tanh  # noqa: F401
-from ..losses import cross_entropy, mse_loss, nll_loss  # noqa: F401
+from ..api import effects
+from ..api import functional as F
+from ..api.functional import log_softmax, relu, sigmoid, softmax, tanh  # noqa: F401
+from ..api.losses import cross_entropy, mse_loss, nll_loss  # noqa: F401
 from ..ir import dtypes as D
 from ..ir import shapes as S
 from ..ir.ops_attention import attention, refusal
 from ..ir.ops_collective import all_reduce
 from ..ir.value import Value, make
-from ..convolution import conv1d, conv2d, pad  # noqa: F401  (torch.nn.functional's names)
-from ..pointwise import gelu  # noqa: F401  (torch.nn.functional.gelu)
-from ..pooling import adaptive_avg_pool2d, avg_pool2d, interpolate, max_pool2d  # noqa: F401
-from ..random import Generator, default_generator
+from ..api.convolution import conv1d, conv2d, pad  # noqa: F401  (torch.nn.functional's names)
+from ..api.pointwise import gelu  # noqa: F401  (torch.nn.functional.gelu)
+from ..api.pooling import adaptive_avg_pool2d, avg_pool2d, interpolate, max_pool2d  # noqa: F401
+from ..api.random import Generator, default_generator
 
 __all__ = ["conv1d", "conv2d", "pad", "max_pool2d", "avg_pool2d", "adaptive_avg_pool2d", "interpolate", "linear", "dropout", "batch_norm", "layer_norm", "embedding", "scaled_dot_product_attention", "gelu", "cross_entropy", "nll_loss", "mse_loss", "relu", "tanh",
            "sigmoid", "softmax", "log_softmax"]
@@ -53,7 +53,7 @@ def linear(x: Value, weight: Value, bias: Value | None = None) -> Value:
 def dropout(x: Value, p: float = 0.5, training: bool = True, generator: Generator | None = None) -> Value:
     """Zero each element with probability p and scale the rest by 1/(1-p) (F.dropout).
 
-    The mask comes from a counter-based generator (symgrad.random): the same
+    The mask comes from a counter-based generator (symgrad.api.random): the same
     on every backend for one seed, fresh at every step. Identity when not
     training.
     """
@@ -168,7 +168,7 @@ def scaled_dot_product_attention(query: Value, key: Value, value: Value, attn_ma
     Self-attention (query, key and value of one shape and float dtype, no attn_mask, no dropout)
     is one fused op (symgrad.ir.ops_attention) that never stores the T x T weights; anything else
     is written here as graph code."""
-    from ..indices import arange
+    from ..api.indices import arange
     named = [("query", query), ("key", key), ("value", value)]
     for name, v in named:
         if not isinstance(v, Value) or v.ndim < 2:

@@ -1,7 +1,7 @@
 """`sg.nn.init`: torch.nn.init's functions, setting a parameter's value in place.
 
 Each function takes an `sg.param` (or a module's buffer) and sets its current
-value through its cell (symgrad/cells.py), the one owner of that value: the
+value through its cell (symgrad/api/cells.py), the one owner of that value: the
 module, every train step, its predict program and every `sg.function` built
 from the model see the new value at their next call, whenever they were
 built. A NumPy array is filled in place instead (the layers build their
@@ -33,8 +33,8 @@ import warnings
 
 import numpy as np
 
-from .. import sources
-from ..cells import cell_of
+from ..api import sources
+from ..api.cells import cell_of
 from ..ir import dtypes as D
 from ..ir.value import Value
 

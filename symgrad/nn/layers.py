@@ -5,14 +5,14 @@ from __future__ import annotations
 import math
 import numpy as np
 
-from .. import effects
-from .. import functional as F
-from .. import pointwise
+from ..api import effects
+from ..api import functional as F
+from ..api import pointwise
 from ..ir import shapes as S
 from ..ir import dtypes as D
 from ..ir.value import Value
-from ..random import Generator
-from ..sources import param
+from ..api.random import Generator
+from ..api.sources import param
 from . import functional as NF
 from . import init as init_fns
 from .module import Module

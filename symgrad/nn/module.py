@@ -16,7 +16,7 @@ finds it, and a train step trains the one matrix with the sum of both uses'
 gradients. `named_parameters()` lists it once, `state_dict()` under every
 key, as torch's do.
 
-A parameter's value is owned by its cell (symgrad/cells.py), not by what is
+A parameter's value is owned by its cell (symgrad/api/cells.py), not by what is
 compiled from it: the module, every train step, `predict` and every
 `sg.function` built from the model see its current value, training updates
 it and `load_state_dict` sets it for all of them.
@@ -37,10 +37,10 @@ from typing import Iterator, Mapping
 
 import numpy as np
 
-from ..cells import current_value
+from ..api.cells import current_value
 from ..ir import dtypes as D
 from ..ir.value import Value
-from ..sources import variable
+from ..api.sources import variable
 
 _LEAF_ROLES = {"param": "_parameters", "state": "_buffers"}
 _LEAF_TABLES = tuple(_LEAF_ROLES.values())
@@ -227,7 +227,7 @@ class Module:
         """Current values of parameters and buffers by dotted name, as copies, with torch's keys,
         order and layouts (a tied parameter under each of its names).
 
-        The values are the parameters' own (symgrad/cells.py): what every train step built from
+        The values are the parameters' own (symgrad/api/cells.py): what every train step built from
         the model has trained so far, or what `load_state_dict` set; the initial values before.
         """
         return OrderedDict((name, current_value(leaf)) for name, leaf in self._state_leaves().items())

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from .. import functional as F
+from ..api import functional as F
 from ..ir.value import Value
 from .adam import Adam
 

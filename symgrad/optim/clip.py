@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from .. import functional as F
+from ..api import functional as F
 from ..ir.value import Value
-from ..sources import variable
+from ..api.sources import variable
 from .optimizer import check_hyperparameter
 
 #: The name of the runtime variable holding max_norm (`step.state[MAX_NORM] = 0.5` changes it).

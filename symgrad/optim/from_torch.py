@@ -1,7 +1,7 @@
 """`sg.optim.from_torch(torch_optimizer)`: a torch optimizer's symgrad twin, for an imported model.
 
 The parameters are the symgrad parameters that `sg.from_torch` made of the optimizer's torch
-tensors (symgrad/torch_import/imported.py records them), grouped as the torch optimizer groups
+tensors (symgrad/tools/torch_import/imported.py records them), grouped as the torch optimizer groups
 them, each group with its own options; the update rule is the one of the same name (SGD with
 momentum / dampening / nesterov / weight decay, Adam, AdamW). Options symgrad does not implement
 (amsgrad, maximize, ...) are refused by name rather than ignored: the training would differ.
@@ -67,7 +67,7 @@ def from_torch(torch_optimizer) -> Optimizer:
     implement, a parameter that no sg.from_torch import holds, an optimizer that has already
     stepped (its state would be lost).
     """
-    from ..torch_import import parameter_for
+    from ..tools.torch_import import parameter_for
     kind = type(torch_optimizer).__name__
     if kind not in _RULES or not hasattr(torch_optimizer, "param_groups"):
         raise TypeError(f"sg.optim.from_torch: expected torch.optim.SGD, Adam or AdamW, got {kind}")

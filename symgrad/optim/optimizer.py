@@ -8,9 +8,9 @@ from collections.abc import Mapping
 
 import numpy as np
 
-from .. import functional as F
+from ..api import functional as F
 from ..ir.value import Value
-from ..sources import variable
+from ..api.sources import variable
 from .param_groups import SCHEDULER_KEYS, ParamGroup, check_hyperparameter, make_groups  # noqa: F401  (callers know it here)
 from .param_groups import parse as parse_groups
 

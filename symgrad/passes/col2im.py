@@ -17,14 +17,14 @@ inv[r, t] the position whose tap t reads pixel r (L: the zero row). The new prod
 the R pixels where the old one ran over the L positions; the rewrite applies when that costs
 little (R <= 1.5 L: stride 1, the padded image about as large as the output) and the product
 has more than 16 output channels, so that the C backend's GEMM gathers its patch matrix as it
-packs it (symgrad.backends.patches) and neither matrix is stored. The sums differ from the
+packs it (symgrad.backends.decide.patches) and neither matrix is stored. The sums differ from the
 scatter's only in their order.
 
 Where the convolution has stride 1 and covers its whole padded image (patch_grid.Grid, origin 0),
 the output gradient is padded by k - 1 zeros on every side instead of given one zero row, and
 each pixel's taps read that grid: the gather is then a stride-1 convolution of the padded
 gradient with the flipped kernel, which the C backend may compute by Winograd's algorithm
-(symgrad.backends.winograd).
+(symgrad.backends.decide.winograd).
 """
 
 from __future__ import annotations

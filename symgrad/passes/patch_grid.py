@@ -1,6 +1,6 @@
 """The geometry of a stride-1 convolution's patch index map, read back from the map alone.
 
-conv2d (symgrad.convolution) gathers its patches at a constant index map idx (position l, tap
+conv2d (symgrad.api.convolution) gathers its patches at a constant index map idx (position l, tap
 t -> pixel idx[l, t] of the padded image, rows of Wp pixels). For a k x k kernel at stride 1 and
 dilation 1, output (y, x) reads tap (ky, kx) at pixel origin + (y + ky) * Wp + x + kx: a grid of
 output rows over a grid of pixel rows. The col2im pass (its input gradient as a convolution of

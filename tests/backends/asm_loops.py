@@ -160,8 +160,8 @@ def kernel_loops(asm: str, prefix: str) -> list[Loop]:
 def assembly(source: str, march: str) -> str:
     """gcc's assembly of a C source (a runtime or a program: the runtime's header beside it) with
     symgrad's default flags, for `march`; skips the test without gcc."""
-    from symgrad.backends import runtime
-    from symgrad.backends.cache import DEFAULT_FLAGS
+    from symgrad.backends.build import runtime
+    from symgrad.backends.build.cache import DEFAULT_FLAGS
     gcc = shutil.which("gcc")
     if gcc is None:
         pytest.skip("needs gcc: the check reads gcc's assembly")

@@ -195,7 +195,8 @@ def use(monkeypatch, directory: Path) -> None:
     """Make `backend="cuda"` build with g++ into `directory` and run on the CPU: the program, its call
     checks, its workspace plan and its host API are the real ones; only compiler and device differ."""
     import cffi
-    from symgrad.backends import cache, cuda
+    from symgrad.backends.build import cache
+    from symgrad.backends import cuda
     count = iter(range(1 << 30))
 
     def built(program, flags, arch):

@@ -1,7 +1,7 @@
 """The fused attention kernels' products, read in gcc's assembly for each x86-64 level (no timing).
 
 A tile's five products run on a register tile of SG_ATTENTION_ROWS x 2 vectors
-(templates/c/attention_tile.h): its k loop must hold every accumulator and both vectors of b in
+(templates/attention/attention_tile.h.j2): its k loop must hold every accumulator and both vectors of b in
 registers (no stack access; no multiply reading memory, which would load b once per row), run on
 whole vectors, and on the levels with FMA (v3: AVX2, v4: AVX-512) as fused multiply-adds, which
 -std=c11 turns off and the template opts back in to. The kernels must call it, and their

@@ -16,8 +16,8 @@ import sympy
 
 import symgrad as sg
 from symgrad.backends import c as cbackend
-from symgrad.backends.c_printer import CPrintError, KernelPrinter
-from symgrad.backends.lowering import LoopKernel, MatmulKernel, lower
+from symgrad.backends.render.c_printer import CPrintError, KernelPrinter
+from symgrad.backends.lower.lowering import LoopKernel, MatmulKernel, lower
 from symgrad.backends.numpy_backend import evaluate
 from symgrad.ir.graph import Graph
 

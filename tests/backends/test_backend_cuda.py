@@ -1,4 +1,4 @@
-"""The CUDA backend (symgrad/backends/cuda.py, templates/cuda/).
+"""The CUDA backend (symgrad/backends/cuda.py, the .cu.j2 templates).
 
 Three layers, each running wherever it can:
 
@@ -36,11 +36,12 @@ import pytest
 
 import symgrad as sg
 from symgrad import nn
-from symgrad.backends import cache, cuda
-from symgrad.backends.c_printer import CPrintError
-from symgrad.backends.cuda_printer import printer as cuda_printer
-from symgrad.backends.lowering import lower
-from symgrad.backends.memory import liveness, memory_plan
+from symgrad.backends.build import cache
+from symgrad.backends import cuda
+from symgrad.backends.render.c_printer import CPrintError
+from symgrad.backends.render.cuda_printer import printer as cuda_printer
+from symgrad.backends.lower.lowering import lower
+from symgrad.backends.lower.memory import liveness, memory_plan
 from symgrad.ir import dtypes as D
 from symgrad.ir import shapes as S
 from symgrad.ir.graph import Graph
@@ -366,7 +367,7 @@ def test_source_structure():
 
 def test_printer_uses_precise_device_functions():
     import sympy
-    from symgrad.backends.cuda_printer import device_function_ok
+    from symgrad.backends.render.cuda_printer import device_function_ok
     v = sympy.Symbol("v0", real=True)
     assert cuda_printer("float32").doprint(sympy.exp(v) + sympy.log(v)) == "expf(v0) + logf(v0)"
     # Comparisons, not fmax (which drops a NaN), as the C printer: NaN propagates as in torch.

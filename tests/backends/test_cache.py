@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from symgrad.backends import cache, cache_keys
+from symgrad.backends.build import cache, cache_keys
 
 SOURCE = textwrap.dedent("""\
     #ifndef SYMGRAD_TEST_BIAS
@@ -97,7 +97,7 @@ def run_python(code: str, env: dict[str, str | None], timeout: float = 120) -> s
 
 BUILD_AND_REPORT = textwrap.dedent("""\
     import json, sys
-    from symgrad.backends import cache
+    from symgrad.backends.build import cache
     source, cdef = json.loads(sys.argv[1]) if len(sys.argv) > 1 else (SOURCE, CDEF)
     built = cache.build(source, cdef)
     print(json.dumps({"name": built.module_name, "sum": built.module.lib.add(2, 3),
@@ -235,7 +235,7 @@ def test_two_processes_building_the_same_source_at_once_both_succeed(fresh, tmp_
     go = tmp_path / "go"
     code = textwrap.dedent(f"""\
         import json, os, sys, time
-        from symgrad.backends import cache
+        from symgrad.backends.build import cache
         compiles = []
         real = cache._compile
         cache._compile = lambda *a, **k: (compiles.append(1), real(*a, **k))[1]

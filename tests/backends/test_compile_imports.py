@@ -13,7 +13,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from symgrad.backends import c, ffi
+from symgrad.backends import c
+from symgrad.backends.build import ffi
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -1,4 +1,4 @@
-"""Sums of embeds into disjoint windows stored in place (symgrad.backends.concat).
+"""Sums of embeds into disjoint windows stored in place (symgrad.backends.lower.concat).
 
 A concatenation (sg.cat) and a split's gradient are sums of embedded parts: each part is stored
 straight into its window of the sum's buffer, nothing else is zeroed when the windows cover it,
@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 import symgrad as sg
-from symgrad.backends.lowering import LoopKernel
+from symgrad.backends.lower.lowering import LoopKernel
 
 RNG = np.random.default_rng(21)
 

@@ -1,4 +1,4 @@
-"""The direct convolution (symgrad.backends.patches.Columns, templates/c/conv_rows.c.j2): a
+"""The direct convolution (symgrad.backends.decide.patches.Columns, templates/matmul/conv_rows.c.j2): a
 convolution lowered per image (few output channels over short patches, or groups) whose taps run
 along whole output rows reads each image's patch columns where they lie, in its forward product and
 its weight's gradient. Which takes are read that way, the numbers against the NumPy reference on
@@ -12,9 +12,9 @@ import pytest
 import symgrad as sg
 from helpers import assert_near_reference, compiled_beside_reference
 from symgrad import passes
-from symgrad.backends.lowering import lower
-from symgrad.backends.memory import memory_plan
-from symgrad.backends.patches import COLUMN_ROWS, patch_takes, row_length
+from symgrad.backends.lower.lowering import lower
+from symgrad.backends.lower.memory import memory_plan
+from symgrad.backends.decide.patches import COLUMN_ROWS, patch_takes, row_length
 
 pytest.importorskip("symgrad.backends.c")
 
@@ -138,7 +138,7 @@ def test_the_tiles_keep_their_vectors_in_registers(march):
     vectors fits its registers. (A few pointers may be reloaded there on AVX-512, where the 24-vector
     tile leaves too few general registers: a load beside 24 multiply-adds.)"""
     from asm_loops import assembly, kernel_loops
-    from symgrad.backends import runtime
+    from symgrad.backends.build import runtime
     loops = kernel_loops(assembly(runtime.source(), march), "sg_conv_rows")
     # each dtype's forward (two inner loops) and weight gradient (one: its row's last, masked vector
     # is peeled off it; with the masks inside, the loop was not found here at all)
@@ -152,7 +152,7 @@ def test_the_tiles_keep_their_vectors_in_registers(march):
 def test_a_tile_too_big_for_the_registers_is_caught():
     """The check above catches a spilled tile: 8 vectors beside 6 channels on AVX2's 16 registers."""
     from asm_loops import assembly, kernel_loops
-    from symgrad.backends.runtime import Target, source as runtime_source
+    from symgrad.backends.build.runtime import Target, source as runtime_source
     source = runtime_source(targets=(Target("too big", "", 32, 6, 1, 8, 4),))
     loops = kernel_loops(assembly(source, "x86-64-v3"), "sg_conv_rows")
     assert loops and all(any("mm" in a for a in loop.stack_accesses) for loop in loops)

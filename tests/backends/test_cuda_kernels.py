@@ -23,8 +23,8 @@ import pytest
 
 import symgrad as sg
 from symgrad import passes
-from symgrad.backends.languages import C_OPENMP, CUDA
-from symgrad.backends.lowering import AttentionKernel, lower
+from symgrad.backends.render.languages import C_OPENMP, CUDA
+from symgrad.backends.lower.lowering import AttentionKernel, lower
 from symgrad.ir import shapes as S
 from symgrad.ir.graph import Graph
 from symgrad.ir.ops_attention import attention, attention_grad

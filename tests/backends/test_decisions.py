@@ -10,8 +10,8 @@ import pytest
 
 import symgrad as sg
 from symgrad import passes
-from symgrad.backends.decisions import Decisions, decide, graph_namer
-from symgrad.backends.lowering import lower
+from symgrad.backends.decide.decisions import Decisions, decide, graph_namer
+from symgrad.backends.lower.lowering import lower
 
 
 def _softmax_regression():

@@ -9,11 +9,13 @@ import pytest
 import symgrad as sg
 from symgrad import passes
 from symgrad.backends import c as cbackend
-from symgrad.backends import cache, cuda, driver, lowering
-from symgrad.backends.languages import C_OPENMP, CUDA
+from symgrad.backends.build import cache
+from symgrad.backends import cuda, driver
+from symgrad.backends.lower import lowering
+from symgrad.backends.render.languages import C_OPENMP, CUDA
 from symgrad.backends.native import NativeProgram
 from symgrad.backends.numpy_backend import evaluate
-from symgrad.compiled import VariableStorage
+from symgrad.step.compiled import VariableStorage
 from symgrad.ir import dtypes as D
 from symgrad.ir.graph import Graph
 

@@ -1,4 +1,4 @@
-"""The C backend's own float32 exp and tanh (sg_expf, sg_tanhf, templates/c/expf.h.j2) against
+"""The C backend's own float32 exp and tanh (sg_expf, sg_tanhf, templates/program/expf.h.j2) against
 the exact values.
 
 libm's expf and tanhf keep a loop scalar; sg_expf and sg_tanhf are arithmetic the compiler

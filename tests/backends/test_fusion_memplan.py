@@ -11,9 +11,9 @@ import pytest
 
 import symgrad as sg
 from symgrad.backends import c as cbackend
-from symgrad.backends.lowering import LoopKernel, MatmulKernel, ReduceKernel, RowKernel, lower
-from symgrad.backends.memory import liveness, memory_plan
-from symgrad.inspect_cmd import run_inspect
+from symgrad.backends.lower.lowering import LoopKernel, MatmulKernel, ReduceKernel, RowKernel, lower
+from symgrad.backends.lower.memory import liveness, memory_plan
+from symgrad.tools.inspect import run_inspect
 
 RNG = np.random.default_rng(7)
 
@@ -242,9 +242,9 @@ def test_variables_survive_passes_that_drop_them():
     """dce drops the identity update v <- v and the unused variable: its slot and value stay."""
     x = sg.input("x", (3,))
     w = sg.param("w", (3,), init="ones")
-    kept = sg.sources.variable("kept", np.arange(3, dtype="f4"), role="state")
+    kept = sg.api.sources.variable("kept", np.arange(3, dtype="f4"), role="state")
     graph = sg.Graph([x], [sg.sum(x * w)], [(kept, kept), (w, w + x)])
-    compiled = sg.compiled.Compiled(graph, "c")
+    compiled = sg.step.compiled.Compiled(graph, "c")
     assert [v.name for v in compiled.program.optimized.variables] == ["w"]
     compiled._run([np.ones(3, "f4")])
     np.testing.assert_array_equal(compiled._read_variable("kept"), np.arange(3))
@@ -262,7 +262,7 @@ def test_inspect_report(tmp_path):
     run_inspect(path, tmp_path / "out", backend="c", file=out, report=True)
     text = out.getvalue()
     assert "== compilation report ==" in text and "== memory plan ==" in text and "arena" in text
-    from symgrad.cli import main
+    from symgrad.tools.cli import main
     assert main(["inspect", str(path), "--out", str(tmp_path / "cli"), "--report"]) == 0
 
 

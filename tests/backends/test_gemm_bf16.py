@@ -1,4 +1,4 @@
-"""The runtime's bfloat16 GEMM (templates/c/gemm_bf16.c.j2), checked where its speed is decided:
+"""The runtime's bfloat16 GEMM (templates/matmul/gemm_bf16.c.j2), checked where its speed is decided:
 the k loop gcc writes for an AVX512_BF16 target is vdpbf16ps on a register tile that never touches
 the stack, and a target without it keeps the float32 path. Read in the assembly, not run: this
 machine need not have AVX512_BF16. Its packing, tiles and edges are run on any machine with the
@@ -20,7 +20,7 @@ from asm_loops import assembly, innermost_loops
 @pytest.fixture(scope="module")
 def runtime_source() -> str:
     """The runtime's preamble and its bfloat16 GEMM alone (gcc on the whole runtime takes 15 s)."""
-    from symgrad.backends import runtime
+    from symgrad.backends.build import runtime
     source = runtime.source()
     preamble = source.split("void sg_team_begin_call", 1)[0]
     start = source.index("/*\n * sg_gemm_bf16:")
@@ -86,7 +86,7 @@ def test_bf16_path_computes_the_product_with_emulated_intrinsics(runtime_source,
     """The AVX512_BF16 path built with scalar stand-ins for its intrinsics and run: edges of the
     8 x 32 tile in M and N, an odd K (its last pair padded), K = 0, A read transposed. Each result
     is within float32's rounding of the exact sum of the bfloat16 products."""
-    from symgrad.backends import runtime
+    from symgrad.backends.build import runtime
     gcc = shutil.which("gcc")
     if gcc is None:
         pytest.skip("needs gcc")

@@ -84,7 +84,7 @@ def test_narrow_matmuls_after_a_team_gemm_run_on_the_team():
     g = sg.input("g", (128, 10))
     h = sg.relu(x @ w)
     fn = sg.function([x, w, v, g], [h @ v, sg.transpose(h) @ g], backend="c")
-    from symgrad.backends import runtime
+    from symgrad.backends.build import runtime
     src, lib = fn.source, runtime.source()
     entry = src[src.rindex("int symgrad_run("):]
     # Each call starts warm only if the previous one ended moments ago (a training loop), and
@@ -157,7 +157,7 @@ def _kernel_loops(asm: str) -> list:
 def every_kernel_source() -> str:
     """C source holding every GEMM variant (tiled, dot and tn of every block width, in-place A), both
     dtypes: the runtime's, which every program calls."""
-    from symgrad.backends import runtime
+    from symgrad.backends.build import runtime
     return runtime.source()
 
 
@@ -178,7 +178,7 @@ def test_register_tiles_never_touch_the_stack_in_their_k_loop(every_kernel_sourc
 
 def test_a_tile_too_big_for_the_registers_is_caught():
     """The check above catches a spill: a 12-row tile (24 accumulators) on AVX2's 16 registers."""
-    from symgrad.backends.runtime import Target, source as runtime_source
+    from symgrad.backends.build.runtime import Target, source as runtime_source
     source = runtime_source(targets=(Target("too big", "", 32, 12, 1, 2, 4),))
     assert "enum { SG_F32_MR = 12 };" in source
     loops = [loop for loop in _kernel_loops(_assembly(source, "x86-64-v3")) if loop.function.startswith("sg_micro")]

@@ -27,7 +27,7 @@ import symgrad as sg
 from benchmarks.gpt_models import load_example
 from symgrad import nn
 from symgrad.backends.driver import compile_stages
-from symgrad.backends.languages import C_OPENMP, CUDA
+from symgrad.backends.render.languages import C_OPENMP, CUDA
 
 from golden_files import check_golden
 

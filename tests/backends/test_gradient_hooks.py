@@ -1,6 +1,6 @@
 """The C program tells its caller when each gradient buffer is final (sg_context.gradient_final).
 
-symgrad.distributed starts a bucket's allreduce from that hook, while the rest
+symgrad.tools.distributed starts a bucket's allreduce from that hook, while the rest
 of the backward runs: a gradient announced too early would be sent before its
 last kernel wrote it. One accumulate program serves every test here.
 """

@@ -1,4 +1,4 @@
-"""A compiled program imports by name in a process without symgrad (symgrad/backends/importable.py).
+"""A compiled program imports by name in a process without symgrad (symgrad/backends/build/importable.py).
 
 `import _symgrad_<hash>` with the cache directory on sys.path gives `lib`, `ffi`, `source`, and
 `run`, which calls the C program with NumPy arrays and computes what the step computes.
@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 import symgrad as sg
-from symgrad.backends import cache, importable
+from symgrad.backends.build import cache, importable
 
 
 def run_clean(code: str, cwd) -> str:

@@ -13,7 +13,7 @@ import re
 import numpy as np
 
 import symgrad as sg
-from symgrad.backends.lowering import LoopKernel, lower
+from symgrad.backends.lower.lowering import LoopKernel, lower
 
 
 def copies(plan) -> list:
@@ -42,7 +42,7 @@ def test_an_update_shared_or_taken_from_a_variable_keeps_its_copy():
     assert plan.in_place == []
     assert [k.lines[0].split(":")[0] for k in copies(plan)] == [
         "save the new value of variable w", "update u <- t3", "update v <- t3", "update w <- v"]
-    step = sg.compiled.Compiled(graph, "c")
+    step = sg.step.compiled.Compiled(graph, "c")
     step._run([np.arange(4, dtype="f4")])
     np.testing.assert_array_equal(step._read_variable("u"), 2.0 + np.arange(4))
     np.testing.assert_array_equal(step._read_variable("v"), 2.0 + np.arange(4))

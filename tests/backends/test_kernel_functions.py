@@ -1,5 +1,5 @@
 """Depth costs calls, not code: kernels that differ only in their buffers share one C function,
-and a large program is compiled as translation units side by side (symgrad.backends.kernel_functions,
+and a large program is compiled as translation units side by side (symgrad.backends.render.kernel_functions,
 render_program, toolchain).
 
 A model of N identical layers is built here at two depths: its C holds the same functions whatever
@@ -18,8 +18,9 @@ import numpy as np
 import pytest
 
 import symgrad as sg
-from symgrad.backends import kernel_functions, render_program, runtime, toolchain
-from symgrad.backends.build_progress import BuildProgress
+from symgrad.backends.render import kernel_functions, program as render_program
+from symgrad.backends.build import runtime, toolchain
+from symgrad.backends.build.progress import BuildProgress
 
 WIDTH, BATCH = 24, 6
 
@@ -160,7 +161,7 @@ def test_a_long_build_says_what_it_compiles():
 
 
 def test_a_compile_is_announced_unless_quiet(capfd, monkeypatch):
-    from symgrad.backends import build_progress
+    from symgrad.backends.build import progress as build_progress
     monkeypatch.setattr(build_progress, "DELAY", 0.0)
     monkeypatch.delenv("SYMGRAD_QUIET", raising=False)  # a run that silences builds would hide the line
     x = sg.input("x", (3, 11), dtype="float64")

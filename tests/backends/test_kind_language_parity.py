@@ -17,12 +17,12 @@ import pytest
 
 import symgrad as sg
 from symgrad import passes
-from symgrad.backends import half
-from symgrad.backends.decisions import decide
+from symgrad.backends.decide import half
+from symgrad.backends.decide.decisions import decide
 from symgrad.backends.driver import source_of
 from symgrad.backends.kinds import KINDS
-from symgrad.backends.languages import C_OPENMP, CUDA, Refusal
-from symgrad.distributed import all_reduce
+from symgrad.backends.render.languages import C_OPENMP, CUDA, Refusal
+from symgrad.tools.distributed import all_reduce
 from symgrad.ir.graph import Graph
 
 
@@ -106,7 +106,7 @@ def test_the_graphs_cover_every_kind():
 
 
 def _c_plan(graph):
-    from symgrad.backends.lowering import lower
+    from symgrad.backends.lower.lowering import lower
     return lower(passes.optimize(graph), variables=graph.variables, matmul_epilogues=True, implicit_gemm=True)
 
 

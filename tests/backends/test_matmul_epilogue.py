@@ -12,9 +12,9 @@ import pytest
 
 import symgrad as sg
 from symgrad.backends import c as cbackend
-from symgrad.backends.lowering import PRODUCT, LoopKernel, MatmulKernel, contiguous_strides, lower
-from symgrad.backends.languages import C_OPENMP
-from symgrad.backends.render import Renderer
+from symgrad.backends.lower.lowering import PRODUCT, LoopKernel, MatmulKernel, contiguous_strides, lower
+from symgrad.backends.render.languages import C_OPENMP
+from symgrad.backends.render.renderer import Renderer
 from symgrad.ir.graph import Graph
 
 pytest.importorskip("symgrad.backends.c")

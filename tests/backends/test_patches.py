@@ -1,4 +1,4 @@
-"""Implicit GEMM (symgrad.backends.patches): a convolution's patch matrix gathered by the GEMM as it
+"""Implicit GEMM (symgrad.backends.decide.patches): a convolution's patch matrix gathered by the GEMM as it
 packs it, never stored. Which takes are read that way, the numbers against the NumPy reference on
 every path the packing takes, and the bytes the memory plan no longer holds."""
 
@@ -10,9 +10,9 @@ import pytest
 import symgrad as sg
 from helpers import assert_near_reference, compiled_beside_reference
 from symgrad import passes
-from symgrad.backends.decisions import decide
-from symgrad.backends.lowering import lower
-from symgrad.backends.memory import memory_plan
+from symgrad.backends.decide.decisions import decide
+from symgrad.backends.lower.lowering import lower
+from symgrad.backends.lower.memory import memory_plan
 
 pytest.importorskip("symgrad.backends.c")
 

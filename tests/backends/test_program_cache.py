@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 import symgrad as sg
-from symgrad.backends import cache, program_cache
+from symgrad.backends.build import cache, program_cache
 from symgrad.backends.numpy_backend import evaluate
 from symgrad.ir.fingerprint import fingerprint
 from symgrad.ir.graph import Graph
@@ -119,7 +119,7 @@ def test_a_hit_graph_lowers_again(miss_and_hit):
     """The optimized graph of a hit answers every question a fresh one does: its cached `users`,
     keyed by the compiling process's id()s, is not stored (lowering a hit's graph again raised
     KeyError once a shared cache held the entry: test_rowwise on the GPU machine's warm cache)."""
-    from symgrad.backends.lowering import lower
+    from symgrad.backends.lower.lowering import lower
     miss, hit = miss_and_hit
     assert hit.program.from_program_cache
     optimized = hit.program.optimized

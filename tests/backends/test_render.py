@@ -1,6 +1,6 @@
-"""The one C-style renderer (symgrad.backends.render): languages as data, statements in templates.
+"""The one C-style renderer (symgrad.backends.render.renderer): languages as data, statements in templates.
 
-A language is a row of symgrad.backends.languages; a statement is data printed by
+A language is a row of symgrad.backends.render.languages; a statement is data printed by
 templates/statements.j2; no Python module of the back end writes C statements as strings.
 """
 
@@ -17,11 +17,11 @@ import symgrad as sg
 from symgrad import passes
 from symgrad.backends import c as cbackend
 from symgrad.backends import cuda
-from symgrad.backends.languages import C_OPENMP, CUDA, Language
-from symgrad.backends.lowering import lower
-from symgrad.backends.render import Accumulator, Fold, Let, Renderer, Store
-from symgrad.backends.render_program import kernel_contexts, render
-from symgrad.backends.templates import environment
+from symgrad.backends.render.languages import C_OPENMP, CUDA, Language
+from symgrad.backends.lower.lowering import lower
+from symgrad.backends.render.renderer import Accumulator, Fold, Let, Renderer, Store
+from symgrad.backends.render.program import kernel_contexts, render
+from symgrad.backends.render.templates import environment
 from symgrad.ir.graph import Graph
 
 BACKENDS = Path(sg.__file__).resolve().parent / "backends"

@@ -10,8 +10,8 @@ import torch
 
 import symgrad as sg
 from symgrad.backends import cuda
-from symgrad.backends.lowering import LoopKernel, ReduceKernel, RowKernel, lower
-from symgrad.backends.memory import liveness
+from symgrad.backends.lower.lowering import LoopKernel, ReduceKernel, RowKernel, lower
+from symgrad.backends.lower.memory import liveness
 from symgrad.ir.graph import Graph
 
 RNG = np.random.default_rng(11)

@@ -1,4 +1,4 @@
-"""The C runtime (symgrad/backends/runtime.py): the GEMMs compiled once per compiler and flags
+"""The C runtime (symgrad/backends/build/runtime.py): the GEMMs compiled once per compiler and flags
 into the build cache and linked by every program, which keeps no state of its own and returns
 status codes; it allocates nothing while it runs (its buffers are the caller's scratch region)."""
 
@@ -15,7 +15,8 @@ import numpy as np
 import pytest
 
 import symgrad as sg
-from symgrad.backends import c, cache, runtime, toolchain
+from symgrad.backends import c
+from symgrad.backends.build import cache, runtime, toolchain
 
 pytest.importorskip("symgrad.backends.c")
 

@@ -24,7 +24,7 @@ import pytest
 
 import symgrad as sg
 from helpers import omp_threads, set_omp_threads
-from symgrad.backends import runtime
+from symgrad.backends.build import runtime
 from symgrad.backends.kinds.matmul import MatmulKernel
 from symgrad.backends.status import Status
 from symgrad.backends.report import format_bytes

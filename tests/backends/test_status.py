@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import re
 
-from symgrad import export
-from symgrad.backends import languages, runtime
+from symgrad.tools import export
+from symgrad.backends.render import languages
+from symgrad.backends.build import runtime
 from symgrad.backends.status import MEANINGS, Status
 
 

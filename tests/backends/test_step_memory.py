@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 import symgrad as sg
-from symgrad.backends import runtime
+from symgrad.backends.build import runtime
 from symgrad.backends.kinds.matmul import MatmulKernel
 from symgrad.backends.report import step_memory
 from symgrad.ir import shapes as S

@@ -6,8 +6,8 @@ from __future__ import annotations
 import sympy
 
 import symgrad as sg
-from symgrad.backends.inplace import apply_retargets
-from symgrad.backends.lowering import lower
+from symgrad.backends.lower.inplace import apply_retargets
+from symgrad.backends.lower.lowering import lower
 from symgrad.backends.plan import kernel_reads, kernel_writes
 from symgrad.backends.views import (Buffer, collapse, contiguous_strides, merge_axes, merge_loop_axes,
                                     merge_strided_axes)

@@ -1,4 +1,4 @@
-"""Winograd convolution (symgrad.backends.winograd, templates/c/winograd.c.j2): a 3x3 stride-1
+"""Winograd convolution (symgrad.backends.decide.winograd, templates/matmul/winograd.c.j2): a 3x3 stride-1
 convolution's forward product, its weight gradient, and its input gradient after passes/col2im,
 computed by minimal filtering instead of the patch GEMM. The transforms against a plain correlation, the geometry read
 back from index maps (passes/patch_grid), which products take it, the numbers against the NumPy
@@ -11,7 +11,7 @@ import pytest
 
 import symgrad as sg
 from helpers import assert_near_reference, compiled_beside_reference
-from symgrad.backends import winograd
+from symgrad.backends.decide import winograd
 from symgrad.passes.patch_grid import grid
 
 pytest.importorskip("symgrad.backends.c")
@@ -34,7 +34,7 @@ def test_the_transforms_compute_a_correlation(m):
 
 
 def _index_map(H, W, k, stride=1, padding=1, dilation=1, origin=(0, 0), Wp=None):
-    """conv2d's patch index map (symgrad.convolution) of an H x W image padded by `padding`; the
+    """conv2d's patch index map (symgrad.api.convolution) of an H x W image padded by `padding`; the
     padded rows `Wp` pixels apart (default: exactly the padded width), the image at `origin`."""
     Hp, Wpad = H + 2 * padding, W + 2 * padding
     Wp = Wp or Wpad

@@ -86,7 +86,7 @@
  *   variable 63 (device) = transformer.ln_f.bias.step: f64[]
  *   variable 64 (device) = transformer.ln_f.bias.exp_avg: f32[32]
  *   variable 65 (device) = transformer.ln_f.bias.exp_avg_sq: f32[32]
- *   offsets[k]: byte offset of temporary ws<k> in the workspace (82 buffers, multiples of 256); arena_bytes: the workspace's size
+ *   offsets[k]: byte offset of temporary ws<k> in the workspace (80 buffers, multiples of 256); arena_bytes: the workspace's size
  */
 #include <cuda_runtime.h>
 #include <stdint.h>
@@ -171,7 +171,8 @@ static cudaError_t sg_reserve(void** ptr, size_t* capacity, size_t bytes)
 
 /*
  * sg_gemm<T>: C[M x N] (contiguous) = A[M x K] @ B[K x N], A and B read through (row, column)
- * strides, so a transposed operand costs no copy.
+ * strides, so a transposed operand costs no copy; batched: one such product per index of the
+ * batch axes, all in one launch (blockIdx.z walks the products).
  * Tiled in shared memory with register blocking: a block of SG_GEMM_THREADS = 16 x 16 threads computes
  * one SG_TILE x SG_TILE (64 x 64) tile of C, each thread a 4 x 4 register tile (rows ty + 16 i,
  * columns tx + 16 j, so a warp's stores are coalesced). K advances SG_BK at a time through
@@ -181,63 +182,87 @@ static cudaError_t sg_reserve(void** ptr, size_t* capacity, size_t bytes)
 #define SG_TILE 64
 #define SG_BK 16
 #define SG_GEMM_THREADS 256
+#define SG_BATCH_AXES 4
+
+/* A product's batch axes, outer to inner (at most SG_BATCH_AXES: decide refuses more): how many
+   products, and per axis its size and how far each operand's first element moves along it (0: the
+   operand is broadcast over the axis). A plain product has no axes and is one product. */
+typedef struct {
+    int axes;
+    int64_t count;
+    int64_t size[SG_BATCH_AXES], a[SG_BATCH_AXES], b[SG_BATCH_AXES], c[SG_BATCH_AXES];
+} sg_batch;
 
 template <typename T>
 __global__ void __launch_bounds__(SG_GEMM_THREADS)
-sg_gemm(int64_t M, int64_t N, int64_t K, const T* __restrict__ A, int64_t sam, int64_t sak,
-        const T* __restrict__ B, int64_t sbk, int64_t sbn, T* __restrict__ C)
+sg_gemm(int64_t M, int64_t N, int64_t K, const T* __restrict__ A0, int64_t sam, int64_t sak,
+        const T* __restrict__ B0, int64_t sbk, int64_t sbn, T* __restrict__ C0, const sg_batch batch)
 {
     __shared__ T As[SG_BK][SG_TILE + 1];  /* +1: the m-fastest stores hit distinct banks */
     __shared__ T Bs[SG_BK][SG_TILE];
     const int tx = threadIdx.x % 16, ty = threadIdx.x / 16;
     const int64_t row0 = (int64_t)blockIdx.y * SG_TILE, col0 = (int64_t)blockIdx.x * SG_TILE;
-    T acc[4][4];
-#pragma unroll
-    for (int i = 0; i < 4; ++i)
-#pragma unroll
-        for (int j = 0; j < 4; ++j)
-            acc[i][j] = T(0);
-    for (int64_t k0 = 0; k0 < K; k0 += SG_BK) {
-        for (int e = threadIdx.x; e < SG_TILE * SG_BK; e += SG_GEMM_THREADS) {
-            /* k fastest when A's rows are contiguous (sak == 1), else m fastest (a transposed A). */
-            const int m = sak == 1 ? e / SG_BK : e % SG_TILE;
-            const int k = sak == 1 ? e % SG_BK : e / SG_TILE;
-            const int64_t gm = row0 + m, gk = k0 + k;
-            As[k][m] = (gm < M && gk < K) ? A[gm * sam + gk * sak] : T(0);
+    /* The whole block takes the same product z at a time (its __syncthreads stay uniform). */
+    for (int64_t z = blockIdx.z; z < batch.count; z += gridDim.z) {
+        const T* A = A0;
+        const T* B = B0;
+        T* C = C0;
+        int64_t rest = z;
+        for (int d = batch.axes - 1; d >= 0; --d) {  /* z unravelled over the axes, the last fastest */
+            const int64_t n = rest % batch.size[d];
+            rest /= batch.size[d];
+            A += n * batch.a[d];
+            B += n * batch.b[d];
+            C += n * batch.c[d];
         }
-        for (int e = threadIdx.x; e < SG_TILE * SG_BK; e += SG_GEMM_THREADS) {
-            /* n fastest when B's rows are contiguous (sbn == 1), else k fastest (a transposed B). */
-            const int n = sbn == 1 ? e % SG_TILE : e / SG_BK;
-            const int k = sbn == 1 ? e / SG_TILE : e % SG_BK;
-            const int64_t gk = k0 + k, gn = col0 + n;
-            Bs[k][n] = (gk < K && gn < N) ? B[gk * sbk + gn * sbn] : T(0);
-        }
-        __syncthreads();
+        T acc[4][4];
 #pragma unroll
-        for (int k = 0; k < SG_BK; ++k) {
-            T a[4], b[4];
-#pragma unroll
-            for (int i = 0; i < 4; ++i)
-                a[i] = As[k][ty + 16 * i];
+        for (int i = 0; i < 4; ++i)
 #pragma unroll
             for (int j = 0; j < 4; ++j)
-                b[j] = Bs[k][tx + 16 * j];
+                acc[i][j] = T(0);
+        for (int64_t k0 = 0; k0 < K; k0 += SG_BK) {
+            for (int e = threadIdx.x; e < SG_TILE * SG_BK; e += SG_GEMM_THREADS) {
+                /* k fastest when A's rows are contiguous (sak == 1), else m fastest (a transposed A). */
+                const int m = sak == 1 ? e / SG_BK : e % SG_TILE;
+                const int k = sak == 1 ? e % SG_BK : e / SG_TILE;
+                const int64_t gm = row0 + m, gk = k0 + k;
+                As[k][m] = (gm < M && gk < K) ? A[gm * sam + gk * sak] : T(0);
+            }
+            for (int e = threadIdx.x; e < SG_TILE * SG_BK; e += SG_GEMM_THREADS) {
+                /* n fastest when B's rows are contiguous (sbn == 1), else k fastest (a transposed B). */
+                const int n = sbn == 1 ? e % SG_TILE : e / SG_BK;
+                const int k = sbn == 1 ? e / SG_TILE : e % SG_BK;
+                const int64_t gk = k0 + k, gn = col0 + n;
+                Bs[k][n] = (gk < K && gn < N) ? B[gk * sbk + gn * sbn] : T(0);
+            }
+            __syncthreads();
 #pragma unroll
-            for (int i = 0; i < 4; ++i)
+            for (int k = 0; k < SG_BK; ++k) {
+                T a[4], b[4];
+#pragma unroll
+                for (int i = 0; i < 4; ++i)
+                    a[i] = As[k][ty + 16 * i];
 #pragma unroll
                 for (int j = 0; j < 4; ++j)
-                    acc[i][j] += a[i] * b[j];
+                    b[j] = Bs[k][tx + 16 * j];
+#pragma unroll
+                for (int i = 0; i < 4; ++i)
+#pragma unroll
+                    for (int j = 0; j < 4; ++j)
+                        acc[i][j] += a[i] * b[j];
+            }
+            __syncthreads();
         }
-        __syncthreads();
-    }
 #pragma unroll
-    for (int i = 0; i < 4; ++i) {
-        const int64_t r = row0 + ty + 16 * i;
+        for (int i = 0; i < 4; ++i) {
+            const int64_t r = row0 + ty + 16 * i;
 #pragma unroll
-        for (int j = 0; j < 4; ++j) {
-            const int64_t c = col0 + tx + 16 * j;
-            if (r < M && c < N)
-                C[r * N + c] = acc[i][j];
+            for (int j = 0; j < 4; ++j) {
+                const int64_t c = col0 + tx + 16 * j;
+                if (r < M && c < N)
+                    C[r * N + c] = acc[i][j];
+            }
         }
     }
 }
@@ -724,9 +749,10 @@ __global__ void __launch_bounds__(SG_THREADS) k25_add_t21(int64_t d0, const floa
 }
 
 /* t32: f32[B,2,8,16] = attention[causal=True, scale=0.25](t25, t28, t31) */
-__global__ void __launch_bounds__(SG_THREADS) k26_attention_t32(int64_t d0, const float* __restrict__ ws9, float* __restrict__ ws10, float* __restrict__ ws11, float* __restrict__ ws12)
+__global__ void __launch_bounds__(SG_THREADS) k26_attention_t32(int64_t d0, const float* __restrict__ ws9, float* __restrict__ ws10, float* __restrict__ ws11)
 {
-    /* attention over H heads of T rows of E elements, causal: row i sees keys j <= i */
+    /* attention over H heads of T rows of E elements, causal: row i sees keys j <= i:
+       a thread per query row */
     const int64_t H = (2*d0), T = 8, E = 16;
     const float scale = 0.25f;
     for (int64_t flat = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; flat < H * T;
@@ -740,15 +766,15 @@ __global__ void __launch_bounds__(SG_THREADS) k26_attention_t32(int64_t d0, cons
         const int64_t k_row = 96;
         const float* vh = ws9 + n0 * 768 + n1 * 16 + 64;  /* t31, head h */
         const int64_t v_row = 96;
-        const float* qi = qh + i * q_row;
+const float* qi = qh + i * q_row;
         const int64_t visible = i + 1;
         float s[SG_KEY_BLOCK];
-        /* m: the largest score so far; l: the sum of exp(s - m) so far */
-        float m = -INFINITY, l = 0;
         float* oi = ws10 + (h * T + i) * E;
         for (int64_t e = 0; e < E; ++e) {
             oi[e] = 0;
         }
+        /* m: the largest score so far; l: the sum of exp(s - m) so far */
+        float m = -INFINITY, l = 0;
         for (int64_t j0 = 0; j0 < visible; j0 += SG_KEY_BLOCK) {
             const int64_t n = visible - j0 < SG_KEY_BLOCK ? visible - j0 : SG_KEY_BLOCK;
             const float before = m;
@@ -778,14 +804,17 @@ const float rescale = expf(before - top);
             m = top;
         }
         const float inverse = 1 / l;
-        for (int64_t e = 0; e < E; ++e) {
+for (int64_t e = 0; e < E; ++e) {
             oi[e] *= inverse;
         }
+        /* for the gradient: the row's softmax, m and 1 / l */
+        ws11[h * T + i] = m;
+        ws11[(H + h) * T + i] = inverse;
     }
 }
 
 /* make contiguous for a reshape: t33: f32[B,8,2,16] = transpose[perm=(0,2,1,3)](t32) */
-__global__ void __launch_bounds__(SG_THREADS) k27_copy(int64_t d0, const float* __restrict__ ws10, float* __restrict__ ws13)
+__global__ void __launch_bounds__(SG_THREADS) k27_copy(int64_t d0, const float* __restrict__ ws10, float* __restrict__ ws12)
 {
     const int64_t n = (256*d0);
     for (int64_t flat = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; flat < n;
@@ -797,7 +826,7 @@ __global__ void __launch_bounds__(SG_THREADS) k27_copy(int64_t d0, const float* 
         const int64_t i0 = rest;
         const float v0 = ws10[i0 * 256 + i1 * 16 + i2 * 128 + i3];  /* make contiguous for a reshape */
         const float r = v0;  /* make contiguous for a reshape: t33: f32[B,8,2,16] = transpose[perm=(0,2,1,3)](t32) */
-        ws13[i0 * 256 + i1 * 32 + i2 * 16 + i3] = r;
+        ws12[i0 * 256 + i1 * 32 + i2 * 16 + i3] = r;
     }
 }
 
@@ -806,7 +835,7 @@ __global__ void __launch_bounds__(SG_THREADS) k27_copy(int64_t d0, const float* 
    a transposed operand is only a change of strides. Launched as sg_gemm<float> in the entry point. */
 
 /* t37: f32[8*B,32] = add(t36, transformer.h.0.attn.c_proj.bias) */
-__global__ void __launch_bounds__(SG_THREADS) k29_add_t37(int64_t d0, const float* __restrict__ ws14, const float* __restrict__ var7, float* __restrict__ ws15)
+__global__ void __launch_bounds__(SG_THREADS) k29_add_t37(int64_t d0, const float* __restrict__ ws13, const float* __restrict__ var7, float* __restrict__ ws14)
 {
     const int64_t n = (256*d0);
     for (int64_t flat = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; flat < n;
@@ -814,10 +843,10 @@ __global__ void __launch_bounds__(SG_THREADS) k29_add_t37(int64_t d0, const floa
         int64_t rest = flat;
         const int64_t i1 = rest % 32; rest /= 32;
         const int64_t i0 = rest;
-        const float v0 = ws14[i0 * 32 + i1];  /* t36 */
+        const float v0 = ws13[i0 * 32 + i1];  /* t36 */
         const float v1 = var7[i1];  /* transformer.h.0.attn.c_proj.bias */
         const float t37 = v0 + v1;  /* t37: f32[8*B,32] = add(t36, transformer.h.0.attn.c_proj.bias) */
-        ws15[i0 * 32 + i1] = t37;
+        ws14[i0 * 32 + i1] = t37;
     }
 }
 
@@ -826,7 +855,7 @@ __global__ void __launch_bounds__(SG_THREADS) k29_add_t37(int64_t d0, const floa
 /* t40: f32[B,8,1] = sum[axes=(2,), keepdims=True](t39) */
 /* t41: f32[B,8,1] = mul(t40, 1/32) */
 /* Deterministic block reduction (sum): per-thread strided fold, then a shared-memory tree; no atomics. */
-__global__ void __launch_bounds__(SG_THREADS) k30_mul_t41(int64_t d0, const float* __restrict__ ws0, const float* __restrict__ ws2, const float* __restrict__ ws15, float* __restrict__ ws16)
+__global__ void __launch_bounds__(SG_THREADS) k30_mul_t41(int64_t d0, const float* __restrict__ ws0, const float* __restrict__ ws2, const float* __restrict__ ws14, float* __restrict__ ws15)
 {
     __shared__ double s_acc[SG_THREADS];
     const int64_t n_out = (8*d0);
@@ -841,7 +870,7 @@ __global__ void __launch_bounds__(SG_THREADS) k30_mul_t41(int64_t d0, const floa
             const int64_t r0 = rrest;
             const float v0 = ws0[o0 * 256 + o1 * 32 + r0];  /* t3 */
             const float v1 = ws2[o1 * 32 + r0];  /* t5 */
-            const float v2 = ws15[o0 * 256 + o1 * 32 + r0];  /* t38 */
+            const float v2 = ws14[o0 * 256 + o1 * 32 + r0];  /* t38 */
             const float t6 = v0 + v1;  /* t6: f32[B,8,32] = add(t3, t5) */
             const float t39 = t6 + v2;  /* t39: f32[B,8,32] = add(t6, t38) */
             acc += (double)t39;
@@ -858,7 +887,7 @@ __global__ void __launch_bounds__(SG_THREADS) k30_mul_t41(int64_t d0, const floa
             const float red = (float)(s_acc[0]);
             const float ev0 = 0.03125f;  /* 1/32 */
             const float t41 = red*ev0;  /* t41: f32[B,8,1] = mul(t40, 1/32) */
-            ws16[o] = t41;
+            ws15[o] = t41;
         }
         __syncthreads();  /* s_acc is reused by the next output */
     }
@@ -867,7 +896,7 @@ __global__ void __launch_bounds__(SG_THREADS) k30_mul_t41(int64_t d0, const floa
 /* t6: f32[B,8,32] = add(t3, t5) */
 /* t39: f32[B,8,32] = add(t6, t38) */
 /* t42: f32[B,8,32] = sub(t39, t41) */
-__global__ void __launch_bounds__(SG_THREADS) k31_sub_t42(int64_t d0, const float* __restrict__ ws0, const float* __restrict__ ws2, const float* __restrict__ ws15, const float* __restrict__ ws16, float* __restrict__ ws17)
+__global__ void __launch_bounds__(SG_THREADS) k31_sub_t42(int64_t d0, const float* __restrict__ ws0, const float* __restrict__ ws2, const float* __restrict__ ws14, const float* __restrict__ ws15, float* __restrict__ ws16)
 {
     const int64_t n = (256*d0);
     for (int64_t flat = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; flat < n;
@@ -878,12 +907,12 @@ __global__ void __launch_bounds__(SG_THREADS) k31_sub_t42(int64_t d0, const floa
         const int64_t i0 = rest;
         const float v0 = ws0[i0 * 256 + i1 * 32 + i2];  /* t3 */
         const float v1 = ws2[i1 * 32 + i2];  /* t5 */
-        const float v2 = ws15[i0 * 256 + i1 * 32 + i2];  /* t38 */
-        const float v3 = ws16[i0 * 8 + i1];  /* t41 */
+        const float v2 = ws14[i0 * 256 + i1 * 32 + i2];  /* t38 */
+        const float v3 = ws15[i0 * 8 + i1];  /* t41 */
         const float t6 = v0 + v1;  /* t6: f32[B,8,32] = add(t3, t5) */
         const float t39 = t6 + v2;  /* t39: f32[B,8,32] = add(t6, t38) */
         const float t42 = t39 - v3;  /* t42: f32[B,8,32] = sub(t39, t41) */
-        ws17[i0 * 256 + i1 * 32 + i2] = t42;
+        ws16[i0 * 256 + i1 * 32 + i2] = t42;
     }
 }
 
@@ -893,7 +922,7 @@ __global__ void __launch_bounds__(SG_THREADS) k31_sub_t42(int64_t d0, const floa
 /* t46: f32[B,8,1] = add(t45, 1e-05) */
 /* t47: f32[B,8,1] = sqrt(t46) */
 /* Deterministic block reduction (sum): per-thread strided fold, then a shared-memory tree; no atomics. */
-__global__ void __launch_bounds__(SG_THREADS) k32_sqrt_t47(int64_t d0, const float* __restrict__ ws17, float* __restrict__ ws18)
+__global__ void __launch_bounds__(SG_THREADS) k32_sqrt_t47(int64_t d0, const float* __restrict__ ws16, float* __restrict__ ws17)
 {
     __shared__ double s_acc[SG_THREADS];
     const int64_t n_out = (8*d0);
@@ -905,7 +934,7 @@ __global__ void __launch_bounds__(SG_THREADS) k32_sqrt_t47(int64_t d0, const flo
         for (int64_t r = threadIdx.x; r < n_red; r += blockDim.x) {
             int64_t rrest = r;
             const int64_t r0 = rrest;
-            const float v0 = ws17[o0 * 32 + r0];  /* t42 */
+            const float v0 = ws16[o0 * 32 + r0];  /* t42 */
             const float t43 = v0*v0;  /* t43: f32[B,8,32] = mul(t42, t42) */
             acc += (double)t43;
         }
@@ -924,7 +953,7 @@ __global__ void __launch_bounds__(SG_THREADS) k32_sqrt_t47(int64_t d0, const flo
             const float t45 = red*ev0;  /* t45: f32[B,8,1] = mul(t44, 1/32) */
             const float t46 = t45 + ev1;  /* t46: f32[B,8,1] = add(t45, 1e-05) */
             const float t47 = sqrtf(t46);  /* t47: f32[B,8,1] = sqrt(t46) */
-            ws18[o] = t47;
+            ws17[o] = t47;
         }
         __syncthreads();  /* s_acc is reused by the next output */
     }
@@ -933,7 +962,7 @@ __global__ void __launch_bounds__(SG_THREADS) k32_sqrt_t47(int64_t d0, const flo
 /* t48: f32[B,8,32] = div(t42, t47) */
 /* t49: f32[B,8,32] = mul(t48, transformer.h.0.ln_2.weight) */
 /* t50: f32[B,8,32] = add(t49, transformer.h.0.ln_2.bias) */
-__global__ void __launch_bounds__(SG_THREADS) k33_add_t50(int64_t d0, const float* __restrict__ ws17, const float* __restrict__ ws18, const float* __restrict__ var8, const float* __restrict__ var9, float* __restrict__ ws19)
+__global__ void __launch_bounds__(SG_THREADS) k33_add_t50(int64_t d0, const float* __restrict__ ws16, const float* __restrict__ ws17, const float* __restrict__ var8, const float* __restrict__ var9, float* __restrict__ ws18)
 {
     const int64_t n = (256*d0);
     for (int64_t flat = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; flat < n;
@@ -941,14 +970,14 @@ __global__ void __launch_bounds__(SG_THREADS) k33_add_t50(int64_t d0, const floa
         int64_t rest = flat;
         const int64_t i1 = rest % 32; rest /= 32;
         const int64_t i0 = rest;
-        const float v0 = ws17[i0 * 32 + i1];  /* t42 */
-        const float v1 = ws18[i0];  /* t47 */
+        const float v0 = ws16[i0 * 32 + i1];  /* t42 */
+        const float v1 = ws17[i0];  /* t47 */
         const float v2 = var8[i1];  /* transformer.h.0.ln_2.weight */
         const float v3 = var9[i1];  /* transformer.h.0.ln_2.bias */
         const float t48 = v0/v1;  /* t48: f32[B,8,32] = div(t42, t47) */
         const float t49 = t48*v2;  /* t49: f32[B,8,32] = mul(t48, transformer.h.0.ln_2.weight) */
         const float t50 = t49 + v3;  /* t50: f32[B,8,32] = add(t49, transformer.h.0.ln_2.bias) */
-        ws19[i0 * 32 + i1] = t50;
+        ws18[i0 * 32 + i1] = t50;
     }
 }
 
@@ -957,7 +986,7 @@ __global__ void __launch_bounds__(SG_THREADS) k33_add_t50(int64_t d0, const floa
    a transposed operand is only a change of strides. Launched as sg_gemm<float> in the entry point. */
 
 /* t54: f32[8*B,128] = add(t53, transformer.h.0.mlp.c_fc.bias) */
-__global__ void __launch_bounds__(SG_THREADS) k35_add_t54(int64_t d0, const float* __restrict__ ws20, const float* __restrict__ var11, float* __restrict__ ws21)
+__global__ void __launch_bounds__(SG_THREADS) k35_add_t54(int64_t d0, const float* __restrict__ ws19, const float* __restrict__ var11, float* __restrict__ ws20)
 {
     const int64_t n = (1024*d0);
     for (int64_t flat = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; flat < n;
@@ -965,24 +994,24 @@ __global__ void __launch_bounds__(SG_THREADS) k35_add_t54(int64_t d0, const floa
         int64_t rest = flat;
         const int64_t i1 = rest % 128; rest /= 128;
         const int64_t i0 = rest;
-        const float v0 = ws20[i0 * 128 + i1];  /* t53 */
+        const float v0 = ws19[i0 * 128 + i1];  /* t53 */
         const float v1 = var11[i1];  /* transformer.h.0.mlp.c_fc.bias */
         const float t54 = v0 + v1;  /* t54: f32[8*B,128] = add(t53, transformer.h.0.mlp.c_fc.bias) */
-        ws21[i0 * 128 + i1] = t54;
+        ws20[i0 * 128 + i1] = t54;
     }
 }
 
 /* t56: f32[B,8,128] = gelu(t55) */
-__global__ void __launch_bounds__(SG_THREADS) k36_gelu_t56(int64_t d0, const float* __restrict__ ws21, float* __restrict__ ws22)
+__global__ void __launch_bounds__(SG_THREADS) k36_gelu_t56(int64_t d0, const float* __restrict__ ws20, float* __restrict__ ws21)
 {
     const int64_t n = (1024*d0);
     for (int64_t flat = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; flat < n;
          flat += (int64_t)gridDim.x * blockDim.x) {
         int64_t rest = flat;
         const int64_t i0 = rest;
-        const float v0 = ws21[i0];  /* t55 */
+        const float v0 = ws20[i0];  /* t55 */
         const float t56 = (1.0f/2.0f)*v0*(erff(0.70710677f*v0) + 1.0f);  /* t56: f32[B,8,128] = gelu(t55) */
-        ws22[i0] = t56;
+        ws21[i0] = t56;
     }
 }
 
@@ -991,7 +1020,7 @@ __global__ void __launch_bounds__(SG_THREADS) k36_gelu_t56(int64_t d0, const flo
    a transposed operand is only a change of strides. Launched as sg_gemm<float> in the entry point. */
 
 /* t60: f32[8*B,32] = add(t59, transformer.h.0.mlp.c_proj.bias) */
-__global__ void __launch_bounds__(SG_THREADS) k38_add_t60(int64_t d0, const float* __restrict__ ws23, const float* __restrict__ var13, float* __restrict__ ws24)
+__global__ void __launch_bounds__(SG_THREADS) k38_add_t60(int64_t d0, const float* __restrict__ ws22, const float* __restrict__ var13, float* __restrict__ ws23)
 {
     const int64_t n = (256*d0);
     for (int64_t flat = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; flat < n;
@@ -999,10 +1028,10 @@ __global__ void __launch_bounds__(SG_THREADS) k38_add_t60(int64_t d0, const floa
         int64_t rest = flat;
         const int64_t i1 = rest % 32; rest /= 32;
         const int64_t i0 = rest;
-        const float v0 = ws23[i0 * 32 + i1];  /* t59 */
+        const float v0 = ws22[i0 * 32 + i1];  /* t59 */
         const float v1 = var13[i1];  /* transformer.h.0.mlp.c_proj.bias */
         const float t60 = v0 + v1;  /* t60: f32[8*B,32] = add(t59, transformer.h.0.mlp.c_proj.bias) */
-        ws24[i0 * 32 + i1] = t60;
+        ws23[i0 * 32 + i1] = t60;
     }
 }
 
@@ -1012,7 +1041,7 @@ __global__ void __launch_bounds__(SG_THREADS) k38_add_t60(int64_t d0, const floa
 /* t63: f32[B,8,1] = sum[axes=(2,), keepdims=True](t62) */
 /* t64: f32[B,8,1] = mul(t63, 1/32) */
 /* Deterministic block reduction (sum): per-thread strided fold, then a shared-memory tree; no atomics. */
-__global__ void __launch_bounds__(SG_THREADS) k39_mul_t64(int64_t d0, const float* __restrict__ ws0, const float* __restrict__ ws2, const float* __restrict__ ws15, const float* __restrict__ ws24, float* __restrict__ ws25)
+__global__ void __launch_bounds__(SG_THREADS) k39_mul_t64(int64_t d0, const float* __restrict__ ws0, const float* __restrict__ ws2, const float* __restrict__ ws14, const float* __restrict__ ws23, float* __restrict__ ws24)
 {
     __shared__ double s_acc[SG_THREADS];
     const int64_t n_out = (8*d0);
@@ -1027,8 +1056,8 @@ __global__ void __launch_bounds__(SG_THREADS) k39_mul_t64(int64_t d0, const floa
             const int64_t r0 = rrest;
             const float v0 = ws0[o0 * 256 + o1 * 32 + r0];  /* t3 */
             const float v1 = ws2[o1 * 32 + r0];  /* t5 */
-            const float v2 = ws15[o0 * 256 + o1 * 32 + r0];  /* t38 */
-            const float v3 = ws24[o0 * 256 + o1 * 32 + r0];  /* t61 */
+            const float v2 = ws14[o0 * 256 + o1 * 32 + r0];  /* t38 */
+            const float v3 = ws23[o0 * 256 + o1 * 32 + r0];  /* t61 */
             const float t6 = v0 + v1;  /* t6: f32[B,8,32] = add(t3, t5) */
             const float t39 = t6 + v2;  /* t39: f32[B,8,32] = add(t6, t38) */
             const float t62 = t39 + v3;  /* t62: f32[B,8,32] = add(t39, t61) */
@@ -1046,7 +1075,7 @@ __global__ void __launch_bounds__(SG_THREADS) k39_mul_t64(int64_t d0, const floa
             const float red = (float)(s_acc[0]);
             const float ev0 = 0.03125f;  /* 1/32 */
             const float t64 = red*ev0;  /* t64: f32[B,8,1] = mul(t63, 1/32) */
-            ws25[o] = t64;
+            ws24[o] = t64;
         }
         __syncthreads();  /* s_acc is reused by the next output */
     }
@@ -1056,7 +1085,7 @@ __global__ void __launch_bounds__(SG_THREADS) k39_mul_t64(int64_t d0, const floa
 /* t39: f32[B,8,32] = add(t6, t38) */
 /* t62: f32[B,8,32] = add(t39, t61) */
 /* t65: f32[B,8,32] = sub(t62, t64) */
-__global__ void __launch_bounds__(SG_THREADS) k40_sub_t65(int64_t d0, const float* __restrict__ ws0, const float* __restrict__ ws2, const float* __restrict__ ws15, const float* __restrict__ ws24, const float* __restrict__ ws25, float* __restrict__ ws26)
+__global__ void __launch_bounds__(SG_THREADS) k40_sub_t65(int64_t d0, const float* __restrict__ ws0, const float* __restrict__ ws2, const float* __restrict__ ws14, const float* __restrict__ ws23, const float* __restrict__ ws24, float* __restrict__ ws25)
 {
     const int64_t n = (256*d0);
     for (int64_t flat = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; flat < n;
@@ -1067,14 +1096,14 @@ __global__ void __launch_bounds__(SG_THREADS) k40_sub_t65(int64_t d0, const floa
         const int64_t i0 = rest;
         const float v0 = ws0[i0 * 256 + i1 * 32 + i2];  /* t3 */
         const float v1 = ws2[i1 * 32 + i2];  /* t5 */
-        const float v2 = ws15[i0 * 256 + i1 * 32 + i2];  /* t38 */
-        const float v3 = ws24[i0 * 256 + i1 * 32 + i2];  /* t61 */
-        const float v4 = ws25[i0 * 8 + i1];  /* t64 */
+        const float v2 = ws14[i0 * 256 + i1 * 32 + i2];  /* t38 */
+        const float v3 = ws23[i0 * 256 + i1 * 32 + i2];  /* t61 */
+        const float v4 = ws24[i0 * 8 + i1];  /* t64 */
         const float t6 = v0 + v1;  /* t6: f32[B,8,32] = add(t3, t5) */
         const float t39 = t6 + v2;  /* t39: f32[B,8,32] = add(t6, t38) */
         const float t62 = t39 + v3;  /* t62: f32[B,8,32] = add(t39, t61) */
         const float t65 = t62 - v4;  /* t65: f32[B,8,32] = sub(t62, t64) */
-        ws26[i0 * 256 + i1 * 32 + i2] = t65;
+        ws25[i0 * 256 + i1 * 32 + i2] = t65;
     }
 }
 
@@ -1084,7 +1113,7 @@ __global__ void __launch_bounds__(SG_THREADS) k40_sub_t65(int64_t d0, const floa
 /* t69: f32[B,8,1] = add(t68, 1e-05) */
 /* t70: f32[B,8,1] = sqrt(t69) */
 /* Deterministic block reduction (sum): per-thread strided fold, then a shared-memory tree; no atomics. */
-__global__ void __launch_bounds__(SG_THREADS) k41_sqrt_t70(int64_t d0, const float* __restrict__ ws26, float* __restrict__ ws27)
+__global__ void __launch_bounds__(SG_THREADS) k41_sqrt_t70(int64_t d0, const float* __restrict__ ws25, float* __restrict__ ws26)
 {
     __shared__ double s_acc[SG_THREADS];
     const int64_t n_out = (8*d0);
@@ -1096,7 +1125,7 @@ __global__ void __launch_bounds__(SG_THREADS) k41_sqrt_t70(int64_t d0, const flo
         for (int64_t r = threadIdx.x; r < n_red; r += blockDim.x) {
             int64_t rrest = r;
             const int64_t r0 = rrest;
-            const float v0 = ws26[o0 * 32 + r0];  /* t65 */
+            const float v0 = ws25[o0 * 32 + r0];  /* t65 */
             const float t66 = v0*v0;  /* t66: f32[B,8,32] = mul(t65, t65) */
             acc += (double)t66;
         }
@@ -1115,7 +1144,7 @@ __global__ void __launch_bounds__(SG_THREADS) k41_sqrt_t70(int64_t d0, const flo
             const float t68 = red*ev0;  /* t68: f32[B,8,1] = mul(t67, 1/32) */
             const float t69 = t68 + ev1;  /* t69: f32[B,8,1] = add(t68, 1e-05) */
             const float t70 = sqrtf(t69);  /* t70: f32[B,8,1] = sqrt(t69) */
-            ws27[o] = t70;
+            ws26[o] = t70;
         }
         __syncthreads();  /* s_acc is reused by the next output */
     }
@@ -1124,7 +1153,7 @@ __global__ void __launch_bounds__(SG_THREADS) k41_sqrt_t70(int64_t d0, const flo
 /* t71: f32[B,8,32] = div(t65, t70) */
 /* t72: f32[B,8,32] = mul(t71, transformer.ln_f.weight) */
 /* t73: f32[B,8,32] = add(t72, transformer.ln_f.bias) */
-__global__ void __launch_bounds__(SG_THREADS) k42_add_t73(int64_t d0, const float* __restrict__ ws26, const float* __restrict__ ws27, const float* __restrict__ var14, const float* __restrict__ var15, float* __restrict__ ws28)
+__global__ void __launch_bounds__(SG_THREADS) k42_add_t73(int64_t d0, const float* __restrict__ ws25, const float* __restrict__ ws26, const float* __restrict__ var14, const float* __restrict__ var15, float* __restrict__ ws27)
 {
     const int64_t n = (256*d0);
     for (int64_t flat = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; flat < n;
@@ -1132,14 +1161,14 @@ __global__ void __launch_bounds__(SG_THREADS) k42_add_t73(int64_t d0, const floa
         int64_t rest = flat;
         const int64_t i1 = rest % 32; rest /= 32;
         const int64_t i0 = rest;
-        const float v0 = ws26[i0 * 32 + i1];  /* t65 */
-        const float v1 = ws27[i0];  /* t70 */
+        const float v0 = ws25[i0 * 32 + i1];  /* t65 */
+        const float v1 = ws26[i0];  /* t70 */
         const float v2 = var14[i1];  /* transformer.ln_f.weight */
         const float v3 = var15[i1];  /* transformer.ln_f.bias */
         const float t71 = v0/v1;  /* t71: f32[B,8,32] = div(t65, t70) */
         const float t72 = t71*v2;  /* t72: f32[B,8,32] = mul(t71, transformer.ln_f.weight) */
         const float t73 = t72 + v3;  /* t73: f32[B,8,32] = add(t72, transformer.ln_f.bias) */
-        ws28[i0 * 32 + i1] = t73;
+        ws27[i0 * 32 + i1] = t73;
     }
 }
 
@@ -1162,7 +1191,7 @@ __global__ void __launch_bounds__(SG_THREADS) k42_add_t73(int64_t d0, const floa
 /* t83: f32[8*B,64] = where(t2, t82, 0) */
 /* t104: f32[8*B,64] = t102 - t103*t79/t80 */
 /* t84: f32[] = sum[axes=(0,1), keepdims=False](t83) (this row's part) */
-__global__ void __launch_bounds__(SG_THREADS) k44_rows_t77(int64_t d0, const float* __restrict__ ws3, const int64_t* __restrict__ in1, const float* __restrict__ ws29, float* __restrict__ ws30, float* __restrict__ ws31, float* __restrict__ ws33, double* __restrict__ ws32)
+__global__ void __launch_bounds__(SG_THREADS) k44_rows_t77(int64_t d0, const float* __restrict__ ws3, const int64_t* __restrict__ in1, const float* __restrict__ ws28, float* __restrict__ ws29, float* __restrict__ ws30, float* __restrict__ ws32, double* __restrict__ ws31)
 {
     __shared__ float s_float[SG_THREADS];
     __shared__ double s_double[SG_THREADS];
@@ -1179,7 +1208,7 @@ __global__ void __launch_bounds__(SG_THREADS) k44_rows_t77(int64_t d0, const flo
         int a0_nan = 0;
         double a1 = 0;
         for (int64_t c = threadIdx.x; c < 64; c += blockDim.x) {
-            const float v0 = ws29[o0 * 64 + c];  /* t76 */
+            const float v0 = ws28[o0 * 64 + c];  /* t76 */
             const int64_t v1 = c;  /* t1 */
             const float t100 = u0/u1;  /* t100: f32[] = (1.0)/t89 */
             const float t101 = -t100;  /* t101: f32[] = neg(t100) */
@@ -1188,18 +1217,18 @@ __global__ void __launch_bounds__(SG_THREADS) k44_rows_t77(int64_t d0, const flo
             a0 = v0 > a0 ? v0 : a0;  /* t77: f32[8*B,1] = max[axes=(1,), keepdims=True](t76) */
             a0_nan |= v0 != v0;  /* NaN propagates, as in NumPy */
             a1 += (double)t102;  /* t103: f32[8*B,1] = sum[axes=(1,), keepdims=True](t102) */
-            ws30[o0 * 64 + c] = t102;  /* t102 */
+            ws29[o0 * 64 + c] = t102;  /* t102 */
         }
         const float p0 = sg_block_max<float>((a0_nan ? NAN : a0), s_float);
         const float p1 = (float)(sg_block_sum<double>(a1, s_double));
         /* pass 2 of 3 over the row: sum p2, store t79 */
         double a2 = 0;
         for (int64_t c = threadIdx.x; c < 64; c += blockDim.x) {
-            const float v0 = ws29[o0 * 64 + c];  /* t76 */
+            const float v0 = ws28[o0 * 64 + c];  /* t76 */
             const float t78 = v0 - p0;  /* t78: f32[8*B,64] = sub(t76, t77) */
             const float t79 = expf(t78);  /* t79: f32[8*B,64] = exp(t78) */
             a2 += (double)t79;  /* t80: f32[8*B,1] = sum[axes=(1,), keepdims=True](t79) */
-            ws31[o0 * 64 + c] = t79;  /* t79 */
+            ws30[o0 * 64 + c] = t79;  /* t79 */
         }
         const float p2 = (float)(sg_block_sum<double>(a2, s_double));
         const float t81 = logf(p2);  /* t81: f32[8*B,1] = log(t80) */
@@ -1207,19 +1236,19 @@ __global__ void __launch_bounds__(SG_THREADS) k44_rows_t77(int64_t d0, const flo
         double a3 = 0;
         for (int64_t c = threadIdx.x; c < 64; c += blockDim.x) {
             const int64_t v0 = c;  /* t1 */
-            const float v1 = ws29[o0 * 64 + c];  /* t76 */
-            const float v2 = ws30[o0 * 64 + c];  /* t102 */
-            const float v3 = ws31[o0 * 64 + c];  /* t79 */
+            const float v1 = ws28[o0 * 64 + c];  /* t76 */
+            const float v2 = ws29[o0 * 64 + c];  /* t102 */
+            const float v3 = ws30[o0 * 64 + c];  /* t79 */
             const uint8_t t2 = (uint8_t)((u2 == v0));  /* t2: bool[8*B,64] = equal(t0, t1) */
             const float t78 = v1 - p0;  /* t78: f32[8*B,64] = sub(t76, t77) */
             const float t82 = t78 - t81;  /* t82: f32[8*B,64] = sub(t78, t81) */
             const float t83 = (((((float)t2) != 0.0f)) ? (t82) : (u3));  /* t83: f32[8*B,64] = where(t2, t82, 0) */
             const float t104 = v2 - p1*v3/p2;  /* t104: f32[8*B,64] = t102 - t103*t79/t80 */
             a3 += (double)t83;  /* t84: f32[] = sum[axes=(0,1), keepdims=False](t83) (this row's part) */
-            ws33[o0 * 64 + c] = t104;  /* t104 */
+            ws32[o0 * 64 + c] = t104;  /* t104 */
         }
         const double p3 = sg_block_sum<double>(a3, s_double);
-        if (threadIdx.x == 0) ws32[o0] = p3;  /* t84, per row */
+        if (threadIdx.x == 0) ws31[o0] = p3;  /* t84, per row */
     }
 }
 
@@ -1227,7 +1256,7 @@ __global__ void __launch_bounds__(SG_THREADS) k44_rows_t77(int64_t d0, const flo
 /* t85: f32[] = neg(t84) */
 /* t90: f32[] = div(t85, t89) */
 /* Deterministic block reduction (sum): per-thread strided fold, then a shared-memory tree; no atomics. */
-__global__ void __launch_bounds__(SG_THREADS) k45_div_t90(int64_t d0, const double* __restrict__ ws32, const float* __restrict__ ws3, float* __restrict__ out0)
+__global__ void __launch_bounds__(SG_THREADS) k45_div_t90(int64_t d0, const double* __restrict__ ws31, const float* __restrict__ ws3, float* __restrict__ out0)
 {
     __shared__ double s_acc[SG_THREADS];
     const int64_t n_out = 1;
@@ -1237,7 +1266,7 @@ __global__ void __launch_bounds__(SG_THREADS) k45_div_t90(int64_t d0, const doub
         for (int64_t r = threadIdx.x; r < n_red; r += blockDim.x) {
             int64_t rrest = r;
             const int64_t r0 = rrest;
-            acc += (double)ws32[r0];
+            acc += (double)ws31[r0];
         }
         s_acc[threadIdx.x] = acc;
         __syncthreads();
@@ -1268,7 +1297,7 @@ __global__ void __launch_bounds__(SG_THREADS) k45_div_t90(int64_t d0, const doub
 
 /* t529: f32[32] = sum[axes=(0,1), keepdims=False](t108) */
 /* Deterministic block reduction (sum): per-thread strided fold, then a shared-memory tree; no atomics. */
-__global__ void __launch_bounds__(SG_THREADS) k48_sum_t529(int64_t d0, const float* __restrict__ ws35, float* __restrict__ ws36)
+__global__ void __launch_bounds__(SG_THREADS) k48_sum_t529(int64_t d0, const float* __restrict__ ws34, float* __restrict__ ws35)
 {
     __shared__ double s_acc[SG_THREADS];
     const int64_t n_out = 32;
@@ -1280,7 +1309,7 @@ __global__ void __launch_bounds__(SG_THREADS) k48_sum_t529(int64_t d0, const flo
         for (int64_t r = threadIdx.x; r < n_red; r += blockDim.x) {
             int64_t rrest = r;
             const int64_t r0 = rrest;
-            acc += (double)ws35[o0 + r0 * 32];
+            acc += (double)ws34[o0 + r0 * 32];
         }
         s_acc[threadIdx.x] = acc;
         __syncthreads();
@@ -1291,7 +1320,7 @@ __global__ void __launch_bounds__(SG_THREADS) k48_sum_t529(int64_t d0, const flo
             __syncthreads();
         }
         if (threadIdx.x == 0) {
-            ws36[o] = (float)(s_acc[0]);
+            ws35[o] = (float)(s_acc[0]);
         }
         __syncthreads();  /* s_acc is reused by the next output */
     }
@@ -1300,14 +1329,14 @@ __global__ void __launch_bounds__(SG_THREADS) k48_sum_t529(int64_t d0, const flo
 /* t530: f32[32] = sub(t529, transformer.ln_f.bias.exp_avg) */
 /* t531: f32[32] = mul(0.09999999999999998, t530) */
 /* t532: f32[32] = add(transformer.ln_f.bias.exp_avg, t531) */
-__global__ void __launch_bounds__(SG_THREADS) k49_add_t532(int64_t d0, const float* __restrict__ ws36, float* __restrict__ var64)
+__global__ void __launch_bounds__(SG_THREADS) k49_add_t532(int64_t d0, const float* __restrict__ ws35, float* __restrict__ var64)
 {
     const int64_t n = 32;
     for (int64_t flat = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; flat < n;
          flat += (int64_t)gridDim.x * blockDim.x) {
         int64_t rest = flat;
         const int64_t i0 = rest;
-        const float v0 = ws36[i0];  /* t529 */
+        const float v0 = ws35[i0];  /* t529 */
         const float v1 = var64[i0];  /* transformer.ln_f.bias.exp_avg */
         const float v2 = 0.1f;  /* 0.09999999999999998 */
         const float t530 = v0 - v1;  /* t530: f32[32] = sub(t529, transformer.ln_f.bias.exp_avg) */
@@ -1321,7 +1350,7 @@ __global__ void __launch_bounds__(SG_THREADS) k49_add_t532(int64_t d0, const flo
 /* t535: f32[32] = mul(t529, t529) */
 /* t536: f32[32] = mul(0.050000000000000044, t535) */
 /* t537: f32[32] = add(t534, t536) */
-__global__ void __launch_bounds__(SG_THREADS) k50_add_t537(int64_t d0, float* __restrict__ var65, const float* __restrict__ ws36)
+__global__ void __launch_bounds__(SG_THREADS) k50_add_t537(int64_t d0, float* __restrict__ var65, const float* __restrict__ ws35)
 {
     const int64_t n = 32;
     for (int64_t flat = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; flat < n;
@@ -1330,7 +1359,7 @@ __global__ void __launch_bounds__(SG_THREADS) k50_add_t537(int64_t d0, float* __
         const int64_t i0 = rest;
         const float v0 = 0.95f;  /* 0.95 */
         const float v1 = var65[i0];  /* transformer.ln_f.bias.exp_avg_sq */
-        const float v2 = ws36[i0];  /* t529 */
+        const float v2 = ws35[i0];  /* t529 */
         const float v3 = 0.05f;  /* 0.050000000000000044 */
         const float t534 = v0*v1;  /* t534: f32[32] = mul(0.95, transformer.ln_f.bias.exp_avg_sq) */
         const float t535 = v2*v2;  /* t535: f32[32] = mul(t529, t529) */
@@ -1393,7 +1422,7 @@ __global__ void __launch_bounds__(SG_THREADS) k51_sub_t546(int64_t d0, const dou
 /* t111: f32[B,8,32] = -t109*t110/t70 */
 /* t112: f32[B,8,1] = sum[axes=(2,), keepdims=True](t111) */
 /* Deterministic block reduction (sum): per-thread strided fold, then a shared-memory tree; no atomics. */
-__global__ void __launch_bounds__(SG_THREADS) k52_sum_t112(int64_t d0, const float* __restrict__ ws26, const float* __restrict__ ws27, const float* __restrict__ ws35, const float* __restrict__ var14, float* __restrict__ ws37)
+__global__ void __launch_bounds__(SG_THREADS) k52_sum_t112(int64_t d0, const float* __restrict__ ws25, const float* __restrict__ ws26, const float* __restrict__ ws34, const float* __restrict__ var14, float* __restrict__ ws36)
 {
     __shared__ double s_acc[SG_THREADS];
     const int64_t n_out = (8*d0);
@@ -1405,9 +1434,9 @@ __global__ void __launch_bounds__(SG_THREADS) k52_sum_t112(int64_t d0, const flo
         for (int64_t r = threadIdx.x; r < n_red; r += blockDim.x) {
             int64_t rrest = r;
             const int64_t r0 = rrest;
-            const float v0 = ws26[o0 * 32 + r0];  /* t65 */
-            const float v1 = ws27[o0];  /* t70 */
-            const float v2 = ws35[o0 * 32 + r0];  /* t108 */
+            const float v0 = ws25[o0 * 32 + r0];  /* t65 */
+            const float v1 = ws26[o0];  /* t70 */
+            const float v2 = ws34[o0 * 32 + r0];  /* t108 */
             const float v3 = var14[r0];  /* transformer.ln_f.weight */
             const float t110 = v0/v1;  /* t110: f32[B,8,32] = div(t65, t70) */
             const float t109 = v2*v3;  /* t109: f32[B,8,32] = mul(t108, transformer.ln_f.weight) */
@@ -1423,7 +1452,7 @@ __global__ void __launch_bounds__(SG_THREADS) k52_sum_t112(int64_t d0, const flo
             __syncthreads();
         }
         if (threadIdx.x == 0) {
-            ws37[o] = (float)(s_acc[0]);
+            ws36[o] = (float)(s_acc[0]);
         }
         __syncthreads();  /* s_acc is reused by the next output */
     }
@@ -1431,7 +1460,7 @@ __global__ void __launch_bounds__(SG_THREADS) k52_sum_t112(int64_t d0, const flo
 
 /* t109: f32[B,8,32] = mul(t108, transformer.ln_f.weight) */
 /* t113: f32[B,8,32] = t109/t70 + t112*t65/(32*t70) */
-__global__ void __launch_bounds__(SG_THREADS) k53_simplified_t113(int64_t d0, const float* __restrict__ ws35, const float* __restrict__ var14, const float* __restrict__ ws27, const float* __restrict__ ws37, const float* __restrict__ ws26, float* __restrict__ ws38)
+__global__ void __launch_bounds__(SG_THREADS) k53_simplified_t113(int64_t d0, const float* __restrict__ ws34, const float* __restrict__ var14, const float* __restrict__ ws26, const float* __restrict__ ws36, const float* __restrict__ ws25, float* __restrict__ ws37)
 {
     const int64_t n = (256*d0);
     for (int64_t flat = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; flat < n;
@@ -1439,20 +1468,20 @@ __global__ void __launch_bounds__(SG_THREADS) k53_simplified_t113(int64_t d0, co
         int64_t rest = flat;
         const int64_t i1 = rest % 32; rest /= 32;
         const int64_t i0 = rest;
-        const float v0 = ws35[i0 * 32 + i1];  /* t108 */
+        const float v0 = ws34[i0 * 32 + i1];  /* t108 */
         const float v1 = var14[i1];  /* transformer.ln_f.weight */
-        const float v2 = ws27[i0];  /* t70 */
-        const float v3 = ws37[i0];  /* t112 */
-        const float v4 = ws26[i0 * 32 + i1];  /* t65 */
+        const float v2 = ws26[i0];  /* t70 */
+        const float v3 = ws36[i0];  /* t112 */
+        const float v4 = ws25[i0 * 32 + i1];  /* t65 */
         const float t109 = v0*v1;  /* t109: f32[B,8,32] = mul(t108, transformer.ln_f.weight) */
         const float t113 = t109/v2 + (1.0f/32.0f)*v3*v4/v2;  /* t113: f32[B,8,32] = t109/t70 + t112*t65/(32*t70) */
-        ws38[i0 * 32 + i1] = t113;
+        ws37[i0 * 32 + i1] = t113;
     }
 }
 
 /* t110: f32[B,8,32] = div(t65, t70) */
 /* t505: f32[B,8,32] = mul(t108, t110) */
-__global__ void __launch_bounds__(SG_THREADS) k54_mul_t505(int64_t d0, const float* __restrict__ ws26, const float* __restrict__ ws27, const float* __restrict__ ws35, float* __restrict__ ws39)
+__global__ void __launch_bounds__(SG_THREADS) k54_mul_t505(int64_t d0, const float* __restrict__ ws25, const float* __restrict__ ws26, const float* __restrict__ ws34, float* __restrict__ ws38)
 {
     const int64_t n = (256*d0);
     for (int64_t flat = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; flat < n;
@@ -1460,18 +1489,18 @@ __global__ void __launch_bounds__(SG_THREADS) k54_mul_t505(int64_t d0, const flo
         int64_t rest = flat;
         const int64_t i1 = rest % 32; rest /= 32;
         const int64_t i0 = rest;
-        const float v0 = ws26[i0 * 32 + i1];  /* t65 */
-        const float v1 = ws27[i0];  /* t70 */
-        const float v2 = ws35[i0 * 32 + i1];  /* t108 */
+        const float v0 = ws25[i0 * 32 + i1];  /* t65 */
+        const float v1 = ws26[i0];  /* t70 */
+        const float v2 = ws34[i0 * 32 + i1];  /* t108 */
         const float t110 = v0/v1;  /* t110: f32[B,8,32] = div(t65, t70) */
         const float t505 = v2*t110;  /* t505: f32[B,8,32] = mul(t108, t110) */
-        ws39[i0 * 32 + i1] = t505;
+        ws38[i0 * 32 + i1] = t505;
     }
 }
 
 /* t506: f32[32] = sum[axes=(0,1), keepdims=False](t505) */
 /* Deterministic block reduction (sum): per-thread strided fold, then a shared-memory tree; no atomics. */
-__global__ void __launch_bounds__(SG_THREADS) k55_sum_t506(int64_t d0, const float* __restrict__ ws39, float* __restrict__ ws40)
+__global__ void __launch_bounds__(SG_THREADS) k55_sum_t506(int64_t d0, const float* __restrict__ ws38, float* __restrict__ ws39)
 {
     __shared__ double s_acc[SG_THREADS];
     const int64_t n_out = 32;
@@ -1483,7 +1512,7 @@ __global__ void __launch_bounds__(SG_THREADS) k55_sum_t506(int64_t d0, const flo
         for (int64_t r = threadIdx.x; r < n_red; r += blockDim.x) {
             int64_t rrest = r;
             const int64_t r0 = rrest;
-            acc += (double)ws39[o0 + r0 * 32];
+            acc += (double)ws38[o0 + r0 * 32];
         }
         s_acc[threadIdx.x] = acc;
         __syncthreads();
@@ -1494,7 +1523,7 @@ __global__ void __launch_bounds__(SG_THREADS) k55_sum_t506(int64_t d0, const flo
             __syncthreads();
         }
         if (threadIdx.x == 0) {
-            ws40[o] = (float)(s_acc[0]);
+            ws39[o] = (float)(s_acc[0]);
         }
         __syncthreads();  /* s_acc is reused by the next output */
     }
@@ -1503,14 +1532,14 @@ __global__ void __launch_bounds__(SG_THREADS) k55_sum_t506(int64_t d0, const flo
 /* t507: f32[32] = sub(t506, transformer.ln_f.weight.exp_avg) */
 /* t508: f32[32] = mul(0.09999999999999998, t507) */
 /* t509: f32[32] = add(transformer.ln_f.weight.exp_avg, t508) */
-__global__ void __launch_bounds__(SG_THREADS) k56_add_t509(int64_t d0, const float* __restrict__ ws40, float* __restrict__ var61)
+__global__ void __launch_bounds__(SG_THREADS) k56_add_t509(int64_t d0, const float* __restrict__ ws39, float* __restrict__ var61)
 {
     const int64_t n = 32;
     for (int64_t flat = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; flat < n;
          flat += (int64_t)gridDim.x * blockDim.x) {
         int64_t rest = flat;
         const int64_t i0 = rest;
-        const float v0 = ws40[i0];  /* t506 */
+        const float v0 = ws39[i0];  /* t506 */
         const float v1 = var61[i0];  /* transformer.ln_f.weight.exp_avg */
         const float v2 = 0.1f;  /* 0.09999999999999998 */
         const float t507 = v0 - v1;  /* t507: f32[32] = sub(t506, transformer.ln_f.weight.exp_avg) */
@@ -1524,7 +1553,7 @@ __global__ void __launch_bounds__(SG_THREADS) k56_add_t509(int64_t d0, const flo
 /* t512: f32[32] = mul(t506, t506) */
 /* t513: f32[32] = mul(0.050000000000000044, t512) */
 /* t514: f32[32] = add(t511, t513) */
-__global__ void __launch_bounds__(SG_THREADS) k57_add_t514(int64_t d0, float* __restrict__ var62, const float* __restrict__ ws40)
+__global__ void __launch_bounds__(SG_THREADS) k57_add_t514(int64_t d0, float* __restrict__ var62, const float* __restrict__ ws39)
 {
     const int64_t n = 32;
     for (int64_t flat = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; flat < n;
@@ -1533,7 +1562,7 @@ __global__ void __launch_bounds__(SG_THREADS) k57_add_t514(int64_t d0, float* __
         const int64_t i0 = rest;
         const float v0 = 0.95f;  /* 0.95 */
         const float v1 = var62[i0];  /* transformer.ln_f.weight.exp_avg_sq */
-        const float v2 = ws40[i0];  /* t506 */
+        const float v2 = ws39[i0];  /* t506 */
         const float v3 = 0.05f;  /* 0.050000000000000044 */
         const float t511 = v0*v1;  /* t511: f32[32] = mul(0.95, transformer.ln_f.weight.exp_avg_sq) */
         const float t512 = v2*v2;  /* t512: f32[32] = mul(t506, t506) */
@@ -1594,7 +1623,7 @@ __global__ void __launch_bounds__(SG_THREADS) k58_sub_t523(int64_t d0, const dou
 /* t114: f32[B,8,1] = sum[axes=(2,), keepdims=True](t113) */
 /* t115: f32[B,8,1] = mul(t114, -0.03125) */
 /* Deterministic block reduction (sum): per-thread strided fold, then a shared-memory tree; no atomics. */
-__global__ void __launch_bounds__(SG_THREADS) k59_mul_t115(int64_t d0, const float* __restrict__ ws38, float* __restrict__ ws41)
+__global__ void __launch_bounds__(SG_THREADS) k59_mul_t115(int64_t d0, const float* __restrict__ ws37, float* __restrict__ ws40)
 {
     __shared__ double s_acc[SG_THREADS];
     const int64_t n_out = (8*d0);
@@ -1606,7 +1635,7 @@ __global__ void __launch_bounds__(SG_THREADS) k59_mul_t115(int64_t d0, const flo
         for (int64_t r = threadIdx.x; r < n_red; r += blockDim.x) {
             int64_t rrest = r;
             const int64_t r0 = rrest;
-            acc += (double)ws38[o0 * 32 + r0];
+            acc += (double)ws37[o0 * 32 + r0];
         }
         s_acc[threadIdx.x] = acc;
         __syncthreads();
@@ -1620,14 +1649,14 @@ __global__ void __launch_bounds__(SG_THREADS) k59_mul_t115(int64_t d0, const flo
             const float red = (float)(s_acc[0]);
             const float ev0 = (-0.03125f);  /* -0.03125 */
             const float t115 = red*ev0;  /* t115: f32[B,8,1] = mul(t114, -0.03125) */
-            ws41[o] = t115;
+            ws40[o] = t115;
         }
         __syncthreads();  /* s_acc is reused by the next output */
     }
 }
 
 /* t116: f32[B,8,32] = add(t113, t115) */
-__global__ void __launch_bounds__(SG_THREADS) k60_add_t116(int64_t d0, const float* __restrict__ ws38, const float* __restrict__ ws41, float* __restrict__ ws42)
+__global__ void __launch_bounds__(SG_THREADS) k60_add_t116(int64_t d0, const float* __restrict__ ws37, const float* __restrict__ ws40, float* __restrict__ ws41)
 {
     const int64_t n = (256*d0);
     for (int64_t flat = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; flat < n;
@@ -1635,16 +1664,16 @@ __global__ void __launch_bounds__(SG_THREADS) k60_add_t116(int64_t d0, const flo
         int64_t rest = flat;
         const int64_t i1 = rest % 32; rest /= 32;
         const int64_t i0 = rest;
-        const float v0 = ws38[i0 * 32 + i1];  /* t113 */
-        const float v1 = ws41[i0];  /* t115 */
+        const float v0 = ws37[i0 * 32 + i1];  /* t113 */
+        const float v1 = ws40[i0];  /* t115 */
         const float t116 = v0 + v1;  /* t116: f32[B,8,32] = add(t113, t115) */
-        ws42[i0 * 32 + i1] = t116;
+        ws41[i0 * 32 + i1] = t116;
     }
 }
 
 /* t482: f32[32] = sum[axes=(0,), keepdims=False](t117) */
 /* Deterministic block reduction (sum): per-thread strided fold, then a shared-memory tree; no atomics. */
-__global__ void __launch_bounds__(SG_THREADS) k61_sum_t482(int64_t d0, const float* __restrict__ ws42, float* __restrict__ ws43)
+__global__ void __launch_bounds__(SG_THREADS) k61_sum_t482(int64_t d0, const float* __restrict__ ws41, float* __restrict__ ws42)
 {
     __shared__ double s_acc[SG_THREADS];
     const int64_t n_out = 32;
@@ -1656,7 +1685,7 @@ __global__ void __launch_bounds__(SG_THREADS) k61_sum_t482(int64_t d0, const flo
         for (int64_t r = threadIdx.x; r < n_red; r += blockDim.x) {
             int64_t rrest = r;
             const int64_t r0 = rrest;
-            acc += (double)ws42[o0 + r0 * 32];
+            acc += (double)ws41[o0 + r0 * 32];
         }
         s_acc[threadIdx.x] = acc;
         __syncthreads();
@@ -1667,7 +1696,7 @@ __global__ void __launch_bounds__(SG_THREADS) k61_sum_t482(int64_t d0, const flo
             __syncthreads();
         }
         if (threadIdx.x == 0) {
-            ws43[o] = (float)(s_acc[0]);
+            ws42[o] = (float)(s_acc[0]);
         }
         __syncthreads();  /* s_acc is reused by the next output */
     }
@@ -1676,14 +1705,14 @@ __global__ void __launch_bounds__(SG_THREADS) k61_sum_t482(int64_t d0, const flo
 /* t483: f32[32] = sub(t482, transformer.h.0.mlp.c_proj.bias.exp_avg) */
 /* t484: f32[32] = mul(0.09999999999999998, t483) */
 /* t485: f32[32] = add(transformer.h.0.mlp.c_proj.bias.exp_avg, t484) */
-__global__ void __launch_bounds__(SG_THREADS) k62_add_t485(int64_t d0, const float* __restrict__ ws43, float* __restrict__ var58)
+__global__ void __launch_bounds__(SG_THREADS) k62_add_t485(int64_t d0, const float* __restrict__ ws42, float* __restrict__ var58)
 {
     const int64_t n = 32;
     for (int64_t flat = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; flat < n;
          flat += (int64_t)gridDim.x * blockDim.x) {
         int64_t rest = flat;
         const int64_t i0 = rest;
-        const float v0 = ws43[i0];  /* t482 */
+        const float v0 = ws42[i0];  /* t482 */
         const float v1 = var58[i0];  /* transformer.h.0.mlp.c_proj.bias.exp_avg */
         const float v2 = 0.1f;  /* 0.09999999999999998 */
         const float t483 = v0 - v1;  /* t483: f32[32] = sub(t482, transformer.h.0.mlp.c_proj.bias.exp_avg) */
@@ -1697,7 +1726,7 @@ __global__ void __launch_bounds__(SG_THREADS) k62_add_t485(int64_t d0, const flo
 /* t488: f32[32] = mul(t482, t482) */
 /* t489: f32[32] = mul(0.050000000000000044, t488) */
 /* t490: f32[32] = add(t487, t489) */
-__global__ void __launch_bounds__(SG_THREADS) k63_add_t490(int64_t d0, float* __restrict__ var59, const float* __restrict__ ws43)
+__global__ void __launch_bounds__(SG_THREADS) k63_add_t490(int64_t d0, float* __restrict__ var59, const float* __restrict__ ws42)
 {
     const int64_t n = 32;
     for (int64_t flat = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; flat < n;
@@ -1706,7 +1735,7 @@ __global__ void __launch_bounds__(SG_THREADS) k63_add_t490(int64_t d0, float* __
         const int64_t i0 = rest;
         const float v0 = 0.95f;  /* 0.95 */
         const float v1 = var59[i0];  /* transformer.h.0.mlp.c_proj.bias.exp_avg_sq */
-        const float v2 = ws43[i0];  /* t482 */
+        const float v2 = ws42[i0];  /* t482 */
         const float v3 = 0.05f;  /* 0.050000000000000044 */
         const float t487 = v0*v1;  /* t487: f32[32] = mul(0.95, transformer.h.0.mlp.c_proj.bias.exp_avg_sq) */
         const float t488 = v2*v2;  /* t488: f32[32] = mul(t482, t482) */
@@ -1770,18 +1799,18 @@ __global__ void __launch_bounds__(SG_THREADS) k64_sub_t499(int64_t d0, const dou
 
 /* t120: f32[B,8,128] = sqrt(2)*t55*exp(-t55**2/2)/(2*sqrt(pi)) + Piecewise((erfc(sqrt(2)*Abs(t55)/2)/2, t55 < 0), (1 - erfc(sqrt(2)*Abs(t55)/2)/2, True)) */
 /* t121: f32[B,8,128] = mul(t119, t120) */
-__global__ void __launch_bounds__(SG_THREADS) k66_mul_t121(int64_t d0, const float* __restrict__ ws21, const float* __restrict__ ws44, float* __restrict__ ws45)
+__global__ void __launch_bounds__(SG_THREADS) k66_mul_t121(int64_t d0, const float* __restrict__ ws20, const float* __restrict__ ws43, float* __restrict__ ws44)
 {
     const int64_t n = (1024*d0);
     for (int64_t flat = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; flat < n;
          flat += (int64_t)gridDim.x * blockDim.x) {
         int64_t rest = flat;
         const int64_t i0 = rest;
-        const float v0 = ws21[i0];  /* t55 */
-        const float v1 = ws44[i0];  /* t119 */
+        const float v0 = ws20[i0];  /* t55 */
+        const float v1 = ws43[i0];  /* t119 */
         const float t120 = 0.3989423f*(v0*expf(-1.0f/2.0f*((v0)*(v0)))) + (((v0 < 0.0f)) ? ((1.0f/2.0f)*erfcf(0.70710677f*fabsf(v0))) : (1.0f - 1.0f/2.0f*erfcf(0.70710677f*fabsf(v0))));  /* t120: f32[B,8,128] = sqrt(2)*t55*exp(-t55**2/2)/(2*sqrt(pi)) + Piecewise((erfc(sqrt(2)*Abs(t55)/2)/2, t55 < 0), (1 - erfc(sqrt(2)*Abs(t55)/2)/2, True)) */
         const float t121 = v1*t120;  /* t121: f32[B,8,128] = mul(t119, t120) */
-        ws45[i0] = t121;
+        ws44[i0] = t121;
     }
 }
 
@@ -1790,16 +1819,16 @@ __global__ void __launch_bounds__(SG_THREADS) k66_mul_t121(int64_t d0, const flo
    a transposed operand is only a change of strides. Launched as sg_gemm<float> in the entry point. */
 
 /* t294: f32[B,8,128] = gelu(t55) */
-__global__ void __launch_bounds__(SG_THREADS) k68_gelu_t294(int64_t d0, const float* __restrict__ ws21, float* __restrict__ ws47)
+__global__ void __launch_bounds__(SG_THREADS) k68_gelu_t294(int64_t d0, const float* __restrict__ ws20, float* __restrict__ ws46)
 {
     const int64_t n = (1024*d0);
     for (int64_t flat = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; flat < n;
          flat += (int64_t)gridDim.x * blockDim.x) {
         int64_t rest = flat;
         const int64_t i0 = rest;
-        const float v0 = ws21[i0];  /* t55 */
+        const float v0 = ws20[i0];  /* t55 */
         const float t294 = (1.0f/2.0f)*v0*(erff(0.70710677f*v0) + 1.0f);  /* t294: f32[B,8,128] = gelu(t55) */
-        ws47[i0] = t294;
+        ws46[i0] = t294;
     }
 }
 
@@ -1809,7 +1838,7 @@ __global__ void __launch_bounds__(SG_THREADS) k68_gelu_t294(int64_t d0, const fl
 
 /* t459: f32[128] = sum[axes=(0,), keepdims=False](t122) */
 /* Deterministic block reduction (sum): per-thread strided fold, then a shared-memory tree; no atomics. */
-__global__ void __launch_bounds__(SG_THREADS) k70_sum_t459(int64_t d0, const float* __restrict__ ws45, float* __restrict__ ws49)
+__global__ void __launch_bounds__(SG_THREADS) k70_sum_t459(int64_t d0, const float* __restrict__ ws44, float* __restrict__ ws48)
 {
     __shared__ double s_acc[SG_THREADS];
     const int64_t n_out = 128;
@@ -1821,7 +1850,7 @@ __global__ void __launch_bounds__(SG_THREADS) k70_sum_t459(int64_t d0, const flo
         for (int64_t r = threadIdx.x; r < n_red; r += blockDim.x) {
             int64_t rrest = r;
             const int64_t r0 = rrest;
-            acc += (double)ws45[o0 + r0 * 128];
+            acc += (double)ws44[o0 + r0 * 128];
         }
         s_acc[threadIdx.x] = acc;
         __syncthreads();
@@ -1832,7 +1861,7 @@ __global__ void __launch_bounds__(SG_THREADS) k70_sum_t459(int64_t d0, const flo
             __syncthreads();
         }
         if (threadIdx.x == 0) {
-            ws49[o] = (float)(s_acc[0]);
+            ws48[o] = (float)(s_acc[0]);
         }
         __syncthreads();  /* s_acc is reused by the next output */
     }
@@ -1844,7 +1873,7 @@ __global__ void __launch_bounds__(SG_THREADS) k70_sum_t459(int64_t d0, const flo
 
 /* t436: f32[32] = sum[axes=(0,1), keepdims=False](t124) */
 /* Deterministic block reduction (sum): per-thread strided fold, then a shared-memory tree; no atomics. */
-__global__ void __launch_bounds__(SG_THREADS) k72_sum_t436(int64_t d0, const float* __restrict__ ws50, float* __restrict__ ws51)
+__global__ void __launch_bounds__(SG_THREADS) k72_sum_t436(int64_t d0, const float* __restrict__ ws49, float* __restrict__ ws50)
 {
     __shared__ double s_acc[SG_THREADS];
     const int64_t n_out = 32;
@@ -1856,7 +1885,7 @@ __global__ void __launch_bounds__(SG_THREADS) k72_sum_t436(int64_t d0, const flo
         for (int64_t r = threadIdx.x; r < n_red; r += blockDim.x) {
             int64_t rrest = r;
             const int64_t r0 = rrest;
-            acc += (double)ws50[o0 + r0 * 32];
+            acc += (double)ws49[o0 + r0 * 32];
         }
         s_acc[threadIdx.x] = acc;
         __syncthreads();
@@ -1867,7 +1896,7 @@ __global__ void __launch_bounds__(SG_THREADS) k72_sum_t436(int64_t d0, const flo
             __syncthreads();
         }
         if (threadIdx.x == 0) {
-            ws51[o] = (float)(s_acc[0]);
+            ws50[o] = (float)(s_acc[0]);
         }
         __syncthreads();  /* s_acc is reused by the next output */
     }
@@ -1876,14 +1905,14 @@ __global__ void __launch_bounds__(SG_THREADS) k72_sum_t436(int64_t d0, const flo
 /* t437: f32[32] = sub(t436, transformer.h.0.ln_2.bias.exp_avg) */
 /* t438: f32[32] = mul(0.09999999999999998, t437) */
 /* t439: f32[32] = add(transformer.h.0.ln_2.bias.exp_avg, t438) */
-__global__ void __launch_bounds__(SG_THREADS) k73_add_t439(int64_t d0, const float* __restrict__ ws51, float* __restrict__ var52)
+__global__ void __launch_bounds__(SG_THREADS) k73_add_t439(int64_t d0, const float* __restrict__ ws50, float* __restrict__ var52)
 {
     const int64_t n = 32;
     for (int64_t flat = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; flat < n;
          flat += (int64_t)gridDim.x * blockDim.x) {
         int64_t rest = flat;
         const int64_t i0 = rest;
-        const float v0 = ws51[i0];  /* t436 */
+        const float v0 = ws50[i0];  /* t436 */
         const float v1 = var52[i0];  /* transformer.h.0.ln_2.bias.exp_avg */
         const float v2 = 0.1f;  /* 0.09999999999999998 */
         const float t437 = v0 - v1;  /* t437: f32[32] = sub(t436, transformer.h.0.ln_2.bias.exp_avg) */
@@ -1897,7 +1926,7 @@ __global__ void __launch_bounds__(SG_THREADS) k73_add_t439(int64_t d0, const flo
 /* t442: f32[32] = mul(t436, t436) */
 /* t443: f32[32] = mul(0.050000000000000044, t442) */
 /* t444: f32[32] = add(t441, t443) */
-__global__ void __launch_bounds__(SG_THREADS) k74_add_t444(int64_t d0, float* __restrict__ var53, const float* __restrict__ ws51)
+__global__ void __launch_bounds__(SG_THREADS) k74_add_t444(int64_t d0, float* __restrict__ var53, const float* __restrict__ ws50)
 {
     const int64_t n = 32;
     for (int64_t flat = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; flat < n;
@@ -1906,7 +1935,7 @@ __global__ void __launch_bounds__(SG_THREADS) k74_add_t444(int64_t d0, float* __
         const int64_t i0 = rest;
         const float v0 = 0.95f;  /* 0.95 */
         const float v1 = var53[i0];  /* transformer.h.0.ln_2.bias.exp_avg_sq */
-        const float v2 = ws51[i0];  /* t436 */
+        const float v2 = ws50[i0];  /* t436 */
         const float v3 = 0.05f;  /* 0.050000000000000044 */
         const float t441 = v0*v1;  /* t441: f32[32] = mul(0.95, transformer.h.0.ln_2.bias.exp_avg_sq) */
         const float t442 = v2*v2;  /* t442: f32[32] = mul(t436, t436) */
@@ -1967,14 +1996,14 @@ __global__ void __launch_bounds__(SG_THREADS) k75_sub_t453(int64_t d0, const dou
 /* t460: f32[128] = sub(t459, transformer.h.0.mlp.c_fc.bias.exp_avg) */
 /* t461: f32[128] = mul(0.09999999999999998, t460) */
 /* t462: f32[128] = add(transformer.h.0.mlp.c_fc.bias.exp_avg, t461) */
-__global__ void __launch_bounds__(SG_THREADS) k76_add_t462(int64_t d0, const float* __restrict__ ws49, float* __restrict__ var55)
+__global__ void __launch_bounds__(SG_THREADS) k76_add_t462(int64_t d0, const float* __restrict__ ws48, float* __restrict__ var55)
 {
     const int64_t n = 128;
     for (int64_t flat = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; flat < n;
          flat += (int64_t)gridDim.x * blockDim.x) {
         int64_t rest = flat;
         const int64_t i0 = rest;
-        const float v0 = ws49[i0];  /* t459 */
+        const float v0 = ws48[i0];  /* t459 */
         const float v1 = var55[i0];  /* transformer.h.0.mlp.c_fc.bias.exp_avg */
         const float v2 = 0.1f;  /* 0.09999999999999998 */
         const float t460 = v0 - v1;  /* t460: f32[128] = sub(t459, transformer.h.0.mlp.c_fc.bias.exp_avg) */
@@ -1988,7 +2017,7 @@ __global__ void __launch_bounds__(SG_THREADS) k76_add_t462(int64_t d0, const flo
 /* t465: f32[128] = mul(t459, t459) */
 /* t466: f32[128] = mul(0.050000000000000044, t465) */
 /* t467: f32[128] = add(t464, t466) */
-__global__ void __launch_bounds__(SG_THREADS) k77_add_t467(int64_t d0, float* __restrict__ var56, const float* __restrict__ ws49)
+__global__ void __launch_bounds__(SG_THREADS) k77_add_t467(int64_t d0, float* __restrict__ var56, const float* __restrict__ ws48)
 {
     const int64_t n = 128;
     for (int64_t flat = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; flat < n;
@@ -1997,7 +2026,7 @@ __global__ void __launch_bounds__(SG_THREADS) k77_add_t467(int64_t d0, float* __
         const int64_t i0 = rest;
         const float v0 = 0.95f;  /* 0.95 */
         const float v1 = var56[i0];  /* transformer.h.0.mlp.c_fc.bias.exp_avg_sq */
-        const float v2 = ws49[i0];  /* t459 */
+        const float v2 = ws48[i0];  /* t459 */
         const float v3 = 0.05f;  /* 0.050000000000000044 */
         const float t464 = v0*v1;  /* t464: f32[128] = mul(0.95, transformer.h.0.mlp.c_fc.bias.exp_avg_sq) */
         const float t465 = v2*v2;  /* t465: f32[128] = mul(t459, t459) */
@@ -2060,7 +2089,7 @@ __global__ void __launch_bounds__(SG_THREADS) k78_sub_t476(int64_t d0, const dou
 /* t127: f32[B,8,32] = -t125*t126/t47 */
 /* t128: f32[B,8,1] = sum[axes=(2,), keepdims=True](t127) */
 /* Deterministic block reduction (sum): per-thread strided fold, then a shared-memory tree; no atomics. */
-__global__ void __launch_bounds__(SG_THREADS) k79_sum_t128(int64_t d0, const float* __restrict__ ws17, const float* __restrict__ ws18, const float* __restrict__ ws50, const float* __restrict__ var8, float* __restrict__ ws52)
+__global__ void __launch_bounds__(SG_THREADS) k79_sum_t128(int64_t d0, const float* __restrict__ ws16, const float* __restrict__ ws17, const float* __restrict__ ws49, const float* __restrict__ var8, float* __restrict__ ws51)
 {
     __shared__ double s_acc[SG_THREADS];
     const int64_t n_out = (8*d0);
@@ -2072,9 +2101,9 @@ __global__ void __launch_bounds__(SG_THREADS) k79_sum_t128(int64_t d0, const flo
         for (int64_t r = threadIdx.x; r < n_red; r += blockDim.x) {
             int64_t rrest = r;
             const int64_t r0 = rrest;
-            const float v0 = ws17[o0 * 32 + r0];  /* t42 */
-            const float v1 = ws18[o0];  /* t47 */
-            const float v2 = ws50[o0 * 32 + r0];  /* t124 */
+            const float v0 = ws16[o0 * 32 + r0];  /* t42 */
+            const float v1 = ws17[o0];  /* t47 */
+            const float v2 = ws49[o0 * 32 + r0];  /* t124 */
             const float v3 = var8[r0];  /* transformer.h.0.ln_2.weight */
             const float t126 = v0/v1;  /* t126: f32[B,8,32] = div(t42, t47) */
             const float t125 = v2*v3;  /* t125: f32[B,8,32] = mul(t124, transformer.h.0.ln_2.weight) */
@@ -2090,7 +2119,7 @@ __global__ void __launch_bounds__(SG_THREADS) k79_sum_t128(int64_t d0, const flo
             __syncthreads();
         }
         if (threadIdx.x == 0) {
-            ws52[o] = (float)(s_acc[0]);
+            ws51[o] = (float)(s_acc[0]);
         }
         __syncthreads();  /* s_acc is reused by the next output */
     }
@@ -2099,14 +2128,14 @@ __global__ void __launch_bounds__(SG_THREADS) k79_sum_t128(int64_t d0, const flo
 /* t270: f32[128,32] = sub(t269, transformer.h.0.mlp.c_fc.weight.exp_avg) */
 /* t271: f32[128,32] = mul(0.09999999999999998, t270) */
 /* t272: f32[128,32] = add(transformer.h.0.mlp.c_fc.weight.exp_avg, t271) */
-__global__ void __launch_bounds__(SG_THREADS) k80_add_t272(int64_t d0, const float* __restrict__ ws46, float* __restrict__ var30)
+__global__ void __launch_bounds__(SG_THREADS) k80_add_t272(int64_t d0, const float* __restrict__ ws45, float* __restrict__ var30)
 {
     const int64_t n = 4096;
     for (int64_t flat = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; flat < n;
          flat += (int64_t)gridDim.x * blockDim.x) {
         int64_t rest = flat;
         const int64_t i0 = rest;
-        const float v0 = ws46[i0];  /* t269 */
+        const float v0 = ws45[i0];  /* t269 */
         const float v1 = var30[i0];  /* transformer.h.0.mlp.c_fc.weight.exp_avg */
         const float v2 = 0.1f;  /* 0.09999999999999998 */
         const float t270 = v0 - v1;  /* t270: f32[128,32] = sub(t269, transformer.h.0.mlp.c_fc.weight.exp_avg) */
@@ -2120,7 +2149,7 @@ __global__ void __launch_bounds__(SG_THREADS) k80_add_t272(int64_t d0, const flo
 /* t275: f32[128,32] = mul(t269, t269) */
 /* t276: f32[128,32] = mul(0.050000000000000044, t275) */
 /* t277: f32[128,32] = add(t274, t276) */
-__global__ void __launch_bounds__(SG_THREADS) k81_add_t277(int64_t d0, float* __restrict__ var31, const float* __restrict__ ws46)
+__global__ void __launch_bounds__(SG_THREADS) k81_add_t277(int64_t d0, float* __restrict__ var31, const float* __restrict__ ws45)
 {
     const int64_t n = 4096;
     for (int64_t flat = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; flat < n;
@@ -2129,7 +2158,7 @@ __global__ void __launch_bounds__(SG_THREADS) k81_add_t277(int64_t d0, float* __
         const int64_t i0 = rest;
         const float v0 = 0.95f;  /* 0.95 */
         const float v1 = var31[i0];  /* transformer.h.0.mlp.c_fc.weight.exp_avg_sq */
-        const float v2 = ws46[i0];  /* t269 */
+        const float v2 = ws45[i0];  /* t269 */
         const float v3 = 0.05f;  /* 0.050000000000000044 */
         const float t274 = v0*v1;  /* t274: f32[128,32] = mul(0.95, transformer.h.0.mlp.c_fc.weight.exp_avg_sq) */
         const float t275 = v2*v2;  /* t275: f32[128,32] = mul(t269, t269) */
@@ -2199,14 +2228,14 @@ __global__ void __launch_bounds__(SG_THREADS) k82_sub_t286(int64_t d0, const dou
 /* t297: f32[32,128] = sub(t296, transformer.h.0.mlp.c_proj.weight.exp_avg) */
 /* t298: f32[32,128] = mul(0.09999999999999998, t297) */
 /* t299: f32[32,128] = add(transformer.h.0.mlp.c_proj.weight.exp_avg, t298) */
-__global__ void __launch_bounds__(SG_THREADS) k83_add_t299(int64_t d0, const float* __restrict__ ws48, float* __restrict__ var33)
+__global__ void __launch_bounds__(SG_THREADS) k83_add_t299(int64_t d0, const float* __restrict__ ws47, float* __restrict__ var33)
 {
     const int64_t n = 4096;
     for (int64_t flat = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; flat < n;
          flat += (int64_t)gridDim.x * blockDim.x) {
         int64_t rest = flat;
         const int64_t i0 = rest;
-        const float v0 = ws48[i0];  /* t296 */
+        const float v0 = ws47[i0];  /* t296 */
         const float v1 = var33[i0];  /* transformer.h.0.mlp.c_proj.weight.exp_avg */
         const float v2 = 0.1f;  /* 0.09999999999999998 */
         const float t297 = v0 - v1;  /* t297: f32[32,128] = sub(t296, transformer.h.0.mlp.c_proj.weight.exp_avg) */
@@ -2220,7 +2249,7 @@ __global__ void __launch_bounds__(SG_THREADS) k83_add_t299(int64_t d0, const flo
 /* t302: f32[32,128] = mul(t296, t296) */
 /* t303: f32[32,128] = mul(0.050000000000000044, t302) */
 /* t304: f32[32,128] = add(t301, t303) */
-__global__ void __launch_bounds__(SG_THREADS) k84_add_t304(int64_t d0, float* __restrict__ var34, const float* __restrict__ ws48)
+__global__ void __launch_bounds__(SG_THREADS) k84_add_t304(int64_t d0, float* __restrict__ var34, const float* __restrict__ ws47)
 {
     const int64_t n = 4096;
     for (int64_t flat = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; flat < n;
@@ -2229,7 +2258,7 @@ __global__ void __launch_bounds__(SG_THREADS) k84_add_t304(int64_t d0, float* __
         const int64_t i0 = rest;
         const float v0 = 0.95f;  /* 0.95 */
         const float v1 = var34[i0];  /* transformer.h.0.mlp.c_proj.weight.exp_avg_sq */
-        const float v2 = ws48[i0];  /* t296 */
+        const float v2 = ws47[i0];  /* t296 */
         const float v3 = 0.05f;  /* 0.050000000000000044 */
         const float t301 = v0*v1;  /* t301: f32[32,128] = mul(0.95, transformer.h.0.mlp.c_proj.weight.exp_avg_sq) */
         const float t302 = v2*v2;  /* t302: f32[32,128] = mul(t296, t296) */
@@ -2298,7 +2327,7 @@ __global__ void __launch_bounds__(SG_THREADS) k85_sub_t313(int64_t d0, const dou
 
 /* t125: f32[B,8,32] = mul(t124, transformer.h.0.ln_2.weight) */
 /* t129: f32[B,8,32] = t125/t47 + t128*t42/(32*t47) */
-__global__ void __launch_bounds__(SG_THREADS) k86_simplified_t129(int64_t d0, const float* __restrict__ ws50, const float* __restrict__ var8, const float* __restrict__ ws18, const float* __restrict__ ws52, const float* __restrict__ ws17, float* __restrict__ ws53)
+__global__ void __launch_bounds__(SG_THREADS) k86_simplified_t129(int64_t d0, const float* __restrict__ ws49, const float* __restrict__ var8, const float* __restrict__ ws17, const float* __restrict__ ws51, const float* __restrict__ ws16, float* __restrict__ ws52)
 {
     const int64_t n = (256*d0);
     for (int64_t flat = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; flat < n;
@@ -2306,20 +2335,20 @@ __global__ void __launch_bounds__(SG_THREADS) k86_simplified_t129(int64_t d0, co
         int64_t rest = flat;
         const int64_t i1 = rest % 32; rest /= 32;
         const int64_t i0 = rest;
-        const float v0 = ws50[i0 * 32 + i1];  /* t124 */
+        const float v0 = ws49[i0 * 32 + i1];  /* t124 */
         const float v1 = var8[i1];  /* transformer.h.0.ln_2.weight */
-        const float v2 = ws18[i0];  /* t47 */
-        const float v3 = ws52[i0];  /* t128 */
-        const float v4 = ws17[i0 * 32 + i1];  /* t42 */
+        const float v2 = ws17[i0];  /* t47 */
+        const float v3 = ws51[i0];  /* t128 */
+        const float v4 = ws16[i0 * 32 + i1];  /* t42 */
         const float t125 = v0*v1;  /* t125: f32[B,8,32] = mul(t124, transformer.h.0.ln_2.weight) */
         const float t129 = t125/v2 + (1.0f/32.0f)*v3*v4/v2;  /* t129: f32[B,8,32] = t125/t47 + t128*t42/(32*t47) */
-        ws53[i0 * 32 + i1] = t129;
+        ws52[i0 * 32 + i1] = t129;
     }
 }
 
 /* t126: f32[B,8,32] = div(t42, t47) */
 /* t412: f32[B,8,32] = mul(t124, t126) */
-__global__ void __launch_bounds__(SG_THREADS) k87_mul_t412(int64_t d0, const float* __restrict__ ws17, const float* __restrict__ ws18, const float* __restrict__ ws50, float* __restrict__ ws54)
+__global__ void __launch_bounds__(SG_THREADS) k87_mul_t412(int64_t d0, const float* __restrict__ ws16, const float* __restrict__ ws17, const float* __restrict__ ws49, float* __restrict__ ws53)
 {
     const int64_t n = (256*d0);
     for (int64_t flat = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; flat < n;
@@ -2327,18 +2356,18 @@ __global__ void __launch_bounds__(SG_THREADS) k87_mul_t412(int64_t d0, const flo
         int64_t rest = flat;
         const int64_t i1 = rest % 32; rest /= 32;
         const int64_t i0 = rest;
-        const float v0 = ws17[i0 * 32 + i1];  /* t42 */
-        const float v1 = ws18[i0];  /* t47 */
-        const float v2 = ws50[i0 * 32 + i1];  /* t124 */
+        const float v0 = ws16[i0 * 32 + i1];  /* t42 */
+        const float v1 = ws17[i0];  /* t47 */
+        const float v2 = ws49[i0 * 32 + i1];  /* t124 */
         const float t126 = v0/v1;  /* t126: f32[B,8,32] = div(t42, t47) */
         const float t412 = v2*t126;  /* t412: f32[B,8,32] = mul(t124, t126) */
-        ws54[i0 * 32 + i1] = t412;
+        ws53[i0 * 32 + i1] = t412;
     }
 }
 
 /* t413: f32[32] = sum[axes=(0,1), keepdims=False](t412) */
 /* Deterministic block reduction (sum): per-thread strided fold, then a shared-memory tree; no atomics. */
-__global__ void __launch_bounds__(SG_THREADS) k88_sum_t413(int64_t d0, const float* __restrict__ ws54, float* __restrict__ ws55)
+__global__ void __launch_bounds__(SG_THREADS) k88_sum_t413(int64_t d0, const float* __restrict__ ws53, float* __restrict__ ws54)
 {
     __shared__ double s_acc[SG_THREADS];
     const int64_t n_out = 32;
@@ -2350,7 +2379,7 @@ __global__ void __launch_bounds__(SG_THREADS) k88_sum_t413(int64_t d0, const flo
         for (int64_t r = threadIdx.x; r < n_red; r += blockDim.x) {
             int64_t rrest = r;
             const int64_t r0 = rrest;
-            acc += (double)ws54[o0 + r0 * 32];
+            acc += (double)ws53[o0 + r0 * 32];
         }
         s_acc[threadIdx.x] = acc;
         __syncthreads();
@@ -2361,7 +2390,7 @@ __global__ void __launch_bounds__(SG_THREADS) k88_sum_t413(int64_t d0, const flo
             __syncthreads();
         }
         if (threadIdx.x == 0) {
-            ws55[o] = (float)(s_acc[0]);
+            ws54[o] = (float)(s_acc[0]);
         }
         __syncthreads();  /* s_acc is reused by the next output */
     }
@@ -2370,14 +2399,14 @@ __global__ void __launch_bounds__(SG_THREADS) k88_sum_t413(int64_t d0, const flo
 /* t414: f32[32] = sub(t413, transformer.h.0.ln_2.weight.exp_avg) */
 /* t415: f32[32] = mul(0.09999999999999998, t414) */
 /* t416: f32[32] = add(transformer.h.0.ln_2.weight.exp_avg, t415) */
-__global__ void __launch_bounds__(SG_THREADS) k89_add_t416(int64_t d0, const float* __restrict__ ws55, float* __restrict__ var49)
+__global__ void __launch_bounds__(SG_THREADS) k89_add_t416(int64_t d0, const float* __restrict__ ws54, float* __restrict__ var49)
 {
     const int64_t n = 32;
     for (int64_t flat = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; flat < n;
          flat += (int64_t)gridDim.x * blockDim.x) {
         int64_t rest = flat;
         const int64_t i0 = rest;
-        const float v0 = ws55[i0];  /* t413 */
+        const float v0 = ws54[i0];  /* t413 */
         const float v1 = var49[i0];  /* transformer.h.0.ln_2.weight.exp_avg */
         const float v2 = 0.1f;  /* 0.09999999999999998 */
         const float t414 = v0 - v1;  /* t414: f32[32] = sub(t413, transformer.h.0.ln_2.weight.exp_avg) */
@@ -2391,7 +2420,7 @@ __global__ void __launch_bounds__(SG_THREADS) k89_add_t416(int64_t d0, const flo
 /* t419: f32[32] = mul(t413, t413) */
 /* t420: f32[32] = mul(0.050000000000000044, t419) */
 /* t421: f32[32] = add(t418, t420) */
-__global__ void __launch_bounds__(SG_THREADS) k90_add_t421(int64_t d0, float* __restrict__ var50, const float* __restrict__ ws55)
+__global__ void __launch_bounds__(SG_THREADS) k90_add_t421(int64_t d0, float* __restrict__ var50, const float* __restrict__ ws54)
 {
     const int64_t n = 32;
     for (int64_t flat = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; flat < n;
@@ -2400,7 +2429,7 @@ __global__ void __launch_bounds__(SG_THREADS) k90_add_t421(int64_t d0, float* __
         const int64_t i0 = rest;
         const float v0 = 0.95f;  /* 0.95 */
         const float v1 = var50[i0];  /* transformer.h.0.ln_2.weight.exp_avg_sq */
-        const float v2 = ws55[i0];  /* t413 */
+        const float v2 = ws54[i0];  /* t413 */
         const float v3 = 0.05f;  /* 0.050000000000000044 */
         const float t418 = v0*v1;  /* t418: f32[32] = mul(0.95, transformer.h.0.ln_2.weight.exp_avg_sq) */
         const float t419 = v2*v2;  /* t419: f32[32] = mul(t413, t413) */
@@ -2461,7 +2490,7 @@ __global__ void __launch_bounds__(SG_THREADS) k91_sub_t430(int64_t d0, const dou
 /* t131: f32[B,8,1] = sum[axes=(2,), keepdims=True](t129) */
 /* t132: f32[B,8,1] = mul(t131, -0.03125) */
 /* Deterministic block reduction (sum): per-thread strided fold, then a shared-memory tree; no atomics. */
-__global__ void __launch_bounds__(SG_THREADS) k92_mul_t132(int64_t d0, const float* __restrict__ ws53, float* __restrict__ ws56)
+__global__ void __launch_bounds__(SG_THREADS) k92_mul_t132(int64_t d0, const float* __restrict__ ws52, float* __restrict__ ws55)
 {
     __shared__ double s_acc[SG_THREADS];
     const int64_t n_out = (8*d0);
@@ -2473,7 +2502,7 @@ __global__ void __launch_bounds__(SG_THREADS) k92_mul_t132(int64_t d0, const flo
         for (int64_t r = threadIdx.x; r < n_red; r += blockDim.x) {
             int64_t rrest = r;
             const int64_t r0 = rrest;
-            acc += (double)ws53[o0 * 32 + r0];
+            acc += (double)ws52[o0 * 32 + r0];
         }
         s_acc[threadIdx.x] = acc;
         __syncthreads();
@@ -2487,7 +2516,7 @@ __global__ void __launch_bounds__(SG_THREADS) k92_mul_t132(int64_t d0, const flo
             const float red = (float)(s_acc[0]);
             const float ev0 = (-0.03125f);  /* -0.03125 */
             const float t132 = red*ev0;  /* t132: f32[B,8,1] = mul(t131, -0.03125) */
-            ws56[o] = t132;
+            ws55[o] = t132;
         }
         __syncthreads();  /* s_acc is reused by the next output */
     }
@@ -2495,7 +2524,7 @@ __global__ void __launch_bounds__(SG_THREADS) k92_mul_t132(int64_t d0, const flo
 
 /* t130: f32[B,8,32] = add(t116, t129) */
 /* t133: f32[B,8,32] = add(t130, t132) */
-__global__ void __launch_bounds__(SG_THREADS) k93_add_t133(int64_t d0, const float* __restrict__ ws42, const float* __restrict__ ws53, const float* __restrict__ ws56, float* __restrict__ ws57)
+__global__ void __launch_bounds__(SG_THREADS) k93_add_t133(int64_t d0, const float* __restrict__ ws41, const float* __restrict__ ws52, const float* __restrict__ ws55, float* __restrict__ ws56)
 {
     const int64_t n = (256*d0);
     for (int64_t flat = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; flat < n;
@@ -2503,18 +2532,18 @@ __global__ void __launch_bounds__(SG_THREADS) k93_add_t133(int64_t d0, const flo
         int64_t rest = flat;
         const int64_t i1 = rest % 32; rest /= 32;
         const int64_t i0 = rest;
-        const float v0 = ws42[i0 * 32 + i1];  /* t116 */
-        const float v1 = ws53[i0 * 32 + i1];  /* t129 */
-        const float v2 = ws56[i0];  /* t132 */
+        const float v0 = ws41[i0 * 32 + i1];  /* t116 */
+        const float v1 = ws52[i0 * 32 + i1];  /* t129 */
+        const float v2 = ws55[i0];  /* t132 */
         const float t130 = v0 + v1;  /* t130: f32[B,8,32] = add(t116, t129) */
         const float t133 = t130 + v2;  /* t133: f32[B,8,32] = add(t130, t132) */
-        ws57[i0 * 32 + i1] = t133;
+        ws56[i0 * 32 + i1] = t133;
     }
 }
 
 /* t389: f32[32] = sum[axes=(0,), keepdims=False](t134) */
 /* Deterministic block reduction (sum): per-thread strided fold, then a shared-memory tree; no atomics. */
-__global__ void __launch_bounds__(SG_THREADS) k94_sum_t389(int64_t d0, const float* __restrict__ ws57, float* __restrict__ ws58)
+__global__ void __launch_bounds__(SG_THREADS) k94_sum_t389(int64_t d0, const float* __restrict__ ws56, float* __restrict__ ws57)
 {
     __shared__ double s_acc[SG_THREADS];
     const int64_t n_out = 32;
@@ -2526,7 +2555,7 @@ __global__ void __launch_bounds__(SG_THREADS) k94_sum_t389(int64_t d0, const flo
         for (int64_t r = threadIdx.x; r < n_red; r += blockDim.x) {
             int64_t rrest = r;
             const int64_t r0 = rrest;
-            acc += (double)ws57[o0 + r0 * 32];
+            acc += (double)ws56[o0 + r0 * 32];
         }
         s_acc[threadIdx.x] = acc;
         __syncthreads();
@@ -2537,7 +2566,7 @@ __global__ void __launch_bounds__(SG_THREADS) k94_sum_t389(int64_t d0, const flo
             __syncthreads();
         }
         if (threadIdx.x == 0) {
-            ws58[o] = (float)(s_acc[0]);
+            ws57[o] = (float)(s_acc[0]);
         }
         __syncthreads();  /* s_acc is reused by the next output */
     }
@@ -2546,14 +2575,14 @@ __global__ void __launch_bounds__(SG_THREADS) k94_sum_t389(int64_t d0, const flo
 /* t390: f32[32] = sub(t389, transformer.h.0.attn.c_proj.bias.exp_avg) */
 /* t391: f32[32] = mul(0.09999999999999998, t390) */
 /* t392: f32[32] = add(transformer.h.0.attn.c_proj.bias.exp_avg, t391) */
-__global__ void __launch_bounds__(SG_THREADS) k95_add_t392(int64_t d0, const float* __restrict__ ws58, float* __restrict__ var46)
+__global__ void __launch_bounds__(SG_THREADS) k95_add_t392(int64_t d0, const float* __restrict__ ws57, float* __restrict__ var46)
 {
     const int64_t n = 32;
     for (int64_t flat = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; flat < n;
          flat += (int64_t)gridDim.x * blockDim.x) {
         int64_t rest = flat;
         const int64_t i0 = rest;
-        const float v0 = ws58[i0];  /* t389 */
+        const float v0 = ws57[i0];  /* t389 */
         const float v1 = var46[i0];  /* transformer.h.0.attn.c_proj.bias.exp_avg */
         const float v2 = 0.1f;  /* 0.09999999999999998 */
         const float t390 = v0 - v1;  /* t390: f32[32] = sub(t389, transformer.h.0.attn.c_proj.bias.exp_avg) */
@@ -2567,7 +2596,7 @@ __global__ void __launch_bounds__(SG_THREADS) k95_add_t392(int64_t d0, const flo
 /* t395: f32[32] = mul(t389, t389) */
 /* t396: f32[32] = mul(0.050000000000000044, t395) */
 /* t397: f32[32] = add(t394, t396) */
-__global__ void __launch_bounds__(SG_THREADS) k96_add_t397(int64_t d0, float* __restrict__ var47, const float* __restrict__ ws58)
+__global__ void __launch_bounds__(SG_THREADS) k96_add_t397(int64_t d0, float* __restrict__ var47, const float* __restrict__ ws57)
 {
     const int64_t n = 32;
     for (int64_t flat = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; flat < n;
@@ -2576,7 +2605,7 @@ __global__ void __launch_bounds__(SG_THREADS) k96_add_t397(int64_t d0, float* __
         const int64_t i0 = rest;
         const float v0 = 0.95f;  /* 0.95 */
         const float v1 = var47[i0];  /* transformer.h.0.attn.c_proj.bias.exp_avg_sq */
-        const float v2 = ws58[i0];  /* t389 */
+        const float v2 = ws57[i0];  /* t389 */
         const float v3 = 0.05f;  /* 0.050000000000000044 */
         const float t394 = v0*v1;  /* t394: f32[32] = mul(0.95, transformer.h.0.attn.c_proj.bias.exp_avg_sq) */
         const float t395 = v2*v2;  /* t395: f32[32] = mul(t389, t389) */
@@ -2641,14 +2670,14 @@ __global__ void __launch_bounds__(SG_THREADS) k97_sub_t406(int64_t d0, const dou
 /* t245: f32[32,32] = sub(t244, transformer.h.0.attn.c_proj.weight.exp_avg) */
 /* t246: f32[32,32] = mul(0.09999999999999998, t245) */
 /* t247: f32[32,32] = add(transformer.h.0.attn.c_proj.weight.exp_avg, t246) */
-__global__ void __launch_bounds__(SG_THREADS) k99_add_t247(int64_t d0, const float* __restrict__ ws59, float* __restrict__ var27)
+__global__ void __launch_bounds__(SG_THREADS) k99_add_t247(int64_t d0, const float* __restrict__ ws58, float* __restrict__ var27)
 {
     const int64_t n = 1024;
     for (int64_t flat = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; flat < n;
          flat += (int64_t)gridDim.x * blockDim.x) {
         int64_t rest = flat;
         const int64_t i0 = rest;
-        const float v0 = ws59[i0];  /* t244 */
+        const float v0 = ws58[i0];  /* t244 */
         const float v1 = var27[i0];  /* transformer.h.0.attn.c_proj.weight.exp_avg */
         const float v2 = 0.1f;  /* 0.09999999999999998 */
         const float t245 = v0 - v1;  /* t245: f32[32,32] = sub(t244, transformer.h.0.attn.c_proj.weight.exp_avg) */
@@ -2662,7 +2691,7 @@ __global__ void __launch_bounds__(SG_THREADS) k99_add_t247(int64_t d0, const flo
 /* t250: f32[32,32] = mul(t244, t244) */
 /* t251: f32[32,32] = mul(0.050000000000000044, t250) */
 /* t252: f32[32,32] = add(t249, t251) */
-__global__ void __launch_bounds__(SG_THREADS) k100_add_t252(int64_t d0, float* __restrict__ var28, const float* __restrict__ ws59)
+__global__ void __launch_bounds__(SG_THREADS) k100_add_t252(int64_t d0, float* __restrict__ var28, const float* __restrict__ ws58)
 {
     const int64_t n = 1024;
     for (int64_t flat = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; flat < n;
@@ -2671,7 +2700,7 @@ __global__ void __launch_bounds__(SG_THREADS) k100_add_t252(int64_t d0, float* _
         const int64_t i0 = rest;
         const float v0 = 0.95f;  /* 0.95 */
         const float v1 = var28[i0];  /* transformer.h.0.attn.c_proj.weight.exp_avg_sq */
-        const float v2 = ws59[i0];  /* t244 */
+        const float v2 = ws58[i0];  /* t244 */
         const float v3 = 0.05f;  /* 0.050000000000000044 */
         const float t249 = v0*v1;  /* t249: f32[32,32] = mul(0.95, transformer.h.0.attn.c_proj.weight.exp_avg_sq) */
         const float t250 = v2*v2;  /* t250: f32[32,32] = mul(t244, t244) */
@@ -2686,9 +2715,11 @@ __global__ void __launch_bounds__(SG_THREADS) k100_add_t252(int64_t d0, float* _
    a transposed operand is only a change of strides. Launched as sg_gemm<float> in the entry point. */
 
 /* t138: f32[3,B,2,8,16] = attention_grad[causal=True, scale=0.25](t25, t28, t31, t32, t137) */
-__global__ void __launch_bounds__(SG_THREADS) k102_attention_grad_t138(int64_t d0, const float* __restrict__ ws9, const float* __restrict__ ws10, const float* __restrict__ ws60, const float* __restrict__ ws12, float* __restrict__ ws61, float* __restrict__ ws62, float* __restrict__ ws63)
+__global__ void __launch_bounds__(SG_THREADS) k102_attention_grad_t138(int64_t d0, const float* __restrict__ ws9, const float* __restrict__ ws10, const float* __restrict__ ws59, const float* __restrict__ ws11, float* __restrict__ ws60, float* __restrict__ ws61)
 {
-    /* attention_grad over H heads of T rows of E elements, causal: row i sees keys j <= i */
+    /* attention_grad over H heads of T rows of E elements, causal: row i sees keys j <= i,
+       first pass, a thread per query row: its softmax (m, 1 / l) as the forward stored it,
+       D_i = g_i . out_i kept for the key rows, and dq_i = sum_j ds_ij k_j over the keys in order */
     const int64_t H = (2*d0), T = 8, E = 16;
     const float scale = 0.25f;
     for (int64_t flat = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; flat < H * T;
@@ -2704,47 +2735,28 @@ __global__ void __launch_bounds__(SG_THREADS) k102_attention_grad_t138(int64_t d
         const int64_t v_row = 96;
         const float* oh = ws10 + n0 * 256 + n1 * 128;  /* t32, head h */
         const int64_t o_row = 16;
-        const float* gh = ws60 + n0 * 256 + n1 * 16;  /* t137, head h */
+        const float* gh = ws59 + n0 * 256 + n1 * 16;  /* t137, head h */
         const int64_t g_row = 32;
-        const float* qi = qh + i * q_row;
-        const int64_t visible = i + 1;
-        float s[SG_KEY_BLOCK];
-        /* m: the largest score so far; l: the sum of exp(s - m) so far */
-        float m = -INFINITY, l = 0;
-        for (int64_t j0 = 0; j0 < visible; j0 += SG_KEY_BLOCK) {
-            const int64_t n = visible - j0 < SG_KEY_BLOCK ? visible - j0 : SG_KEY_BLOCK;
-            const float before = m;
-            float top = m;
-            for (int64_t jj = 0; jj < n; ++jj) {
-                const float* kj = kh + (j0 + jj) * k_row;
-                float dot = 0;
-                for (int64_t e = 0; e < E; ++e) {
-                    dot += qi[e] * kj[e];
-                }
-                s[jj] = dot * scale;
-                top = s[jj] > top ? s[jj] : top;
-            }
-const float rescale = expf(before - top);
-            l *= rescale;
-            for (int64_t jj = 0; jj < n; ++jj) {
-                l += expf(s[jj] - top);
-            }
-            m = top;
-        }
-        const float inverse = 1 / l;
+const float* qi = qh + i * q_row;
         const float* oi = oh + i * o_row;
         const float* gi = gh + i * g_row;
-        float* dqi = ws61 + (h * T + i) * E;
-        float* dk = ws61 + (H + h) * T * E;
-        float* dv = ws61 + (2 * H + h) * T * E;
+        const int64_t visible = i + 1;
+        float s[SG_KEY_BLOCK];
+        const float m = ws11[h * T + i];  /* stored by the forward */
+        const float inverse = ws11[(H + h) * T + i];
         /* D_i = g_i . out_i, which is sum_j p_ij (g_i . v_j) */
         float row = 0;
         for (int64_t e = 0; e < E; ++e) {
             row += gi[e] * oi[e];
         }
+        ws61[h * T + i] = row;
+        float* dqi = ws60 + (h * T + i) * E;
+        for (int64_t e = 0; e < E; ++e) {
+            dqi[e] = 0;
+        }
         for (int64_t j0 = 0; j0 < visible; j0 += SG_KEY_BLOCK) {
             const int64_t n = visible - j0 < SG_KEY_BLOCK ? visible - j0 : SG_KEY_BLOCK;
-            float top = m;
+            const float top = m;  /* the row's max: p = exp(s - m) / l */
             for (int64_t jj = 0; jj < n; ++jj) {
                 const float* kj = kh + (j0 + jj) * k_row;
                 float dot = 0;
@@ -2752,10 +2764,8 @@ const float rescale = expf(before - top);
                     dot += qi[e] * kj[e];
                 }
                 s[jj] = dot * scale;
-                top = s[jj] > top ? s[jj] : top;
             }
-top = m;  /* the row's max, not the block's: p = exp(s - m) / l */
-            for (int64_t jj = 0; jj < n; ++jj) {
+for (int64_t jj = 0; jj < n; ++jj) {
                 const float* kj = kh + (j0 + jj) * k_row;
                 const float* vj = vh + (j0 + jj) * v_row;
                 const float p = expf(s[jj] - top) * inverse;
@@ -2765,8 +2775,6 @@ top = m;  /* the row's max, not the block's: p = exp(s - m) / l */
                 }
                 const float ds = p * (dp - row) * scale;
                 for (int64_t e = 0; e < E; ++e) {
-                    atomicAdd(dv + (j0 + jj) * E + e, p * gi[e]);
-                    atomicAdd(dk + (j0 + jj) * E + e, ds * qi[e]);
                     dqi[e] += ds * kj[e];
                 }
             }
@@ -2774,8 +2782,60 @@ top = m;  /* the row's max, not the block's: p = exp(s - m) / l */
     }
 }
 
+__global__ void __launch_bounds__(SG_THREADS) k102_attention_grad_t138_keys(int64_t d0, const float* __restrict__ ws9, const float* __restrict__ ws10, const float* __restrict__ ws59, const float* __restrict__ ws11, float* __restrict__ ws60, float* __restrict__ ws61)
+{
+    /* attention_grad, second pass, a thread per key row j: dk_j = sum_i ds_ij q_i and dv_j = sum_i p_ij g_i
+       over the query rows i that see key j, in order, from each row's m, 1 / l and D (the first pass's) */
+    const int64_t H = (2*d0), T = 8, E = 16;
+    const float scale = 0.25f;
+    for (int64_t flat = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; flat < H * T;
+         flat += (int64_t)gridDim.x * blockDim.x) {
+        const int64_t h = flat / T, j = flat % T;
+        const int64_t n0 = h / 2;
+        const int64_t n1 = h % 2;
+        const float* qh = ws9 + n0 * 768 + n1 * 16;  /* t25, head h */
+        const int64_t q_row = 96;
+        const float* kh = ws9 + n0 * 768 + n1 * 16 + 32;  /* t28, head h */
+        const int64_t k_row = 96;
+        const float* vh = ws9 + n0 * 768 + n1 * 16 + 64;  /* t31, head h */
+        const int64_t v_row = 96;
+        const float* gh = ws59 + n0 * 256 + n1 * 16;  /* t137, head h */
+        const int64_t g_row = 32;
+const float* kj = kh + j * k_row;
+        const float* vj = vh + j * v_row;
+        float* dkj = ws60 + ((H + h) * T + j) * E;
+        float* dvj = ws60 + ((2 * H + h) * T + j) * E;
+        for (int64_t e = 0; e < E; ++e) {
+            dkj[e] = 0;
+            dvj[e] = 0;
+        }
+        /* From the key row of the warp's first lane (of this head): the lanes then read one query row
+           at a time, together; a lane skips the rows i < j its key is hidden from. */
+        const int64_t lane = threadIdx.x % 32, first = j - (j < lane ? j : lane);
+        for (int64_t i = first; i < T; ++i) {
+            if (i < j) {
+                continue;
+            }
+            const float* qi = qh + i * q_row;
+            const float* gi = gh + i * g_row;
+            float dot = 0, dp = 0;
+            for (int64_t e = 0; e < E; ++e) {
+                dot += qi[e] * kj[e];
+                dp += gi[e] * vj[e];
+            }
+            const float s = dot * scale, mi = ws11[h * T + i];
+            const float p = expf(s - mi) * ws11[(H + h) * T + i];
+            const float ds = p * (dp - ws61[h * T + i]) * scale;
+            for (int64_t e = 0; e < E; ++e) {
+                dvj[e] += p * gi[e];
+                dkj[e] += ds * qi[e];
+            }
+        }
+    }
+}
+
 /* make contiguous for a reshape: t141: f32[B,8,2,16] = transpose[perm=(0,2,1,3)](t140) */
-__global__ void __launch_bounds__(SG_THREADS) k103_copy(int64_t d0, const float* __restrict__ ws61, float* __restrict__ ws64)
+__global__ void __launch_bounds__(SG_THREADS) k103_copy(int64_t d0, const float* __restrict__ ws60, float* __restrict__ ws62)
 {
     const int64_t n = (256*d0);
     for (int64_t flat = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; flat < n;
@@ -2785,14 +2845,14 @@ __global__ void __launch_bounds__(SG_THREADS) k103_copy(int64_t d0, const float*
         const int64_t i2 = rest % 2; rest /= 2;
         const int64_t i1 = rest % 8; rest /= 8;
         const int64_t i0 = rest;
-        const float v0 = ws61[i0 * 256 + i1 * 16 + i2 * 128 + i3 + (512*d0)];  /* make contiguous for a reshape */
+        const float v0 = ws60[i0 * 256 + i1 * 16 + i2 * 128 + i3 + (512*d0)];  /* make contiguous for a reshape */
         const float r = v0;  /* make contiguous for a reshape: t141: f32[B,8,2,16] = transpose[perm=(0,2,1,3)](t140) */
-        ws64[i0 * 256 + i1 * 32 + i2 * 16 + i3] = r;
+        ws62[i0 * 256 + i1 * 32 + i2 * 16 + i3] = r;
     }
 }
 
 /* t143: f32[B,8,96] = embed[starts=(0,0,64), steps=(1,1,1)](t142), stored in place into t155 */
-__global__ void __launch_bounds__(SG_THREADS) k104_embed_t143(int64_t d0, const float* __restrict__ ws64, float* __restrict__ ws65)
+__global__ void __launch_bounds__(SG_THREADS) k104_embed_t143(int64_t d0, const float* __restrict__ ws62, float* __restrict__ ws63)
 {
     const int64_t n = (256*d0);
     for (int64_t flat = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; flat < n;
@@ -2800,14 +2860,14 @@ __global__ void __launch_bounds__(SG_THREADS) k104_embed_t143(int64_t d0, const 
         int64_t rest = flat;
         const int64_t i1 = rest % 32; rest /= 32;
         const int64_t i0 = rest;
-        const float v0 = ws64[i0 * 32 + i1];  /* t142 */
+        const float v0 = ws62[i0 * 32 + i1];  /* t142 */
         const float r = v0;  /* t143: f32[B,8,96] = embed[starts=(0,0,64), steps=(1,1,1)](t142), stored in place into t155 */
-        ws65[i0 * 96 + i1 + 64] = r;
+        ws63[i0 * 96 + i1 + 64] = r;
     }
 }
 
 /* make contiguous for a reshape: t146: f32[B,8,2,16] = transpose[perm=(0,2,1,3)](t145) */
-__global__ void __launch_bounds__(SG_THREADS) k105_copy(int64_t d0, const float* __restrict__ ws61, float* __restrict__ ws66)
+__global__ void __launch_bounds__(SG_THREADS) k105_copy(int64_t d0, const float* __restrict__ ws60, float* __restrict__ ws64)
 {
     const int64_t n = (256*d0);
     for (int64_t flat = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; flat < n;
@@ -2817,14 +2877,14 @@ __global__ void __launch_bounds__(SG_THREADS) k105_copy(int64_t d0, const float*
         const int64_t i2 = rest % 2; rest /= 2;
         const int64_t i1 = rest % 8; rest /= 8;
         const int64_t i0 = rest;
-        const float v0 = ws61[i0 * 256 + i1 * 16 + i2 * 128 + i3 + (256*d0)];  /* make contiguous for a reshape */
+        const float v0 = ws60[i0 * 256 + i1 * 16 + i2 * 128 + i3 + (256*d0)];  /* make contiguous for a reshape */
         const float r = v0;  /* make contiguous for a reshape: t146: f32[B,8,2,16] = transpose[perm=(0,2,1,3)](t145) */
-        ws66[i0 * 256 + i1 * 32 + i2 * 16 + i3] = r;
+        ws64[i0 * 256 + i1 * 32 + i2 * 16 + i3] = r;
     }
 }
 
 /* t148: f32[B,8,96] = embed[starts=(0,0,32), steps=(1,1,1)](t147), stored in place into t155 */
-__global__ void __launch_bounds__(SG_THREADS) k106_embed_t148(int64_t d0, const float* __restrict__ ws66, float* __restrict__ ws65)
+__global__ void __launch_bounds__(SG_THREADS) k106_embed_t148(int64_t d0, const float* __restrict__ ws64, float* __restrict__ ws63)
 {
     const int64_t n = (256*d0);
     for (int64_t flat = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; flat < n;
@@ -2832,14 +2892,14 @@ __global__ void __launch_bounds__(SG_THREADS) k106_embed_t148(int64_t d0, const 
         int64_t rest = flat;
         const int64_t i1 = rest % 32; rest /= 32;
         const int64_t i0 = rest;
-        const float v0 = ws66[i0 * 32 + i1];  /* t147 */
+        const float v0 = ws64[i0 * 32 + i1];  /* t147 */
         const float r = v0;  /* t148: f32[B,8,96] = embed[starts=(0,0,32), steps=(1,1,1)](t147), stored in place into t155 */
-        ws65[i0 * 96 + i1 + 32] = r;
+        ws63[i0 * 96 + i1 + 32] = r;
     }
 }
 
 /* make contiguous for a reshape: t152: f32[B,8,2,16] = transpose[perm=(0,2,1,3)](t151) */
-__global__ void __launch_bounds__(SG_THREADS) k107_copy(int64_t d0, const float* __restrict__ ws61, float* __restrict__ ws67)
+__global__ void __launch_bounds__(SG_THREADS) k107_copy(int64_t d0, const float* __restrict__ ws60, float* __restrict__ ws65)
 {
     const int64_t n = (256*d0);
     for (int64_t flat = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; flat < n;
@@ -2849,14 +2909,14 @@ __global__ void __launch_bounds__(SG_THREADS) k107_copy(int64_t d0, const float*
         const int64_t i2 = rest % 2; rest /= 2;
         const int64_t i1 = rest % 8; rest /= 8;
         const int64_t i0 = rest;
-        const float v0 = ws61[i0 * 256 + i1 * 16 + i2 * 128 + i3];  /* make contiguous for a reshape */
+        const float v0 = ws60[i0 * 256 + i1 * 16 + i2 * 128 + i3];  /* make contiguous for a reshape */
         const float r = v0;  /* make contiguous for a reshape: t152: f32[B,8,2,16] = transpose[perm=(0,2,1,3)](t151) */
-        ws67[i0 * 256 + i1 * 32 + i2 * 16 + i3] = r;
+        ws65[i0 * 256 + i1 * 32 + i2 * 16 + i3] = r;
     }
 }
 
 /* t154: f32[B,8,96] = embed[starts=(0,0,0), steps=(1,1,1)](t153), stored in place into t155 */
-__global__ void __launch_bounds__(SG_THREADS) k108_embed_t154(int64_t d0, const float* __restrict__ ws67, float* __restrict__ ws65)
+__global__ void __launch_bounds__(SG_THREADS) k108_embed_t154(int64_t d0, const float* __restrict__ ws65, float* __restrict__ ws63)
 {
     const int64_t n = (256*d0);
     for (int64_t flat = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; flat < n;
@@ -2864,9 +2924,9 @@ __global__ void __launch_bounds__(SG_THREADS) k108_embed_t154(int64_t d0, const 
         int64_t rest = flat;
         const int64_t i1 = rest % 32; rest /= 32;
         const int64_t i0 = rest;
-        const float v0 = ws67[i0 * 32 + i1];  /* t153 */
+        const float v0 = ws65[i0 * 32 + i1];  /* t153 */
         const float r = v0;  /* t154: f32[B,8,96] = embed[starts=(0,0,0), steps=(1,1,1)](t153), stored in place into t155 */
-        ws65[i0 * 96 + i1] = r;
+        ws63[i0 * 96 + i1] = r;
     }
 }
 
@@ -2876,7 +2936,7 @@ __global__ void __launch_bounds__(SG_THREADS) k108_embed_t154(int64_t d0, const 
 
 /* t366: f32[96] = sum[axes=(0,), keepdims=False](t156) */
 /* Deterministic block reduction (sum): per-thread strided fold, then a shared-memory tree; no atomics. */
-__global__ void __launch_bounds__(SG_THREADS) k110_sum_t366(int64_t d0, const float* __restrict__ ws65, float* __restrict__ ws69)
+__global__ void __launch_bounds__(SG_THREADS) k110_sum_t366(int64_t d0, const float* __restrict__ ws63, float* __restrict__ ws67)
 {
     __shared__ double s_acc[SG_THREADS];
     const int64_t n_out = 96;
@@ -2888,7 +2948,42 @@ __global__ void __launch_bounds__(SG_THREADS) k110_sum_t366(int64_t d0, const fl
         for (int64_t r = threadIdx.x; r < n_red; r += blockDim.x) {
             int64_t rrest = r;
             const int64_t r0 = rrest;
-            acc += (double)ws65[o0 + r0 * 96];
+            acc += (double)ws63[o0 + r0 * 96];
+        }
+        s_acc[threadIdx.x] = acc;
+        __syncthreads();
+        for (unsigned width = blockDim.x / 2; width > 0; width >>= 1) {
+            if (threadIdx.x < width) {
+                s_acc[threadIdx.x] += s_acc[threadIdx.x + width];
+            }
+            __syncthreads();
+        }
+        if (threadIdx.x == 0) {
+            ws67[o] = (float)(s_acc[0]);
+        }
+        __syncthreads();  /* s_acc is reused by the next output */
+    }
+}
+
+/* t157: f32[8*B,32] = matmul(t156, transformer.h.0.attn.c_attn.weight) */
+/* k111_matmul_t157: a[8*d0 x 96] read with strides (96, 1), b[96 x 32] with (32, 1):
+   a transposed operand is only a change of strides. Launched as sg_gemm<float> in the entry point. */
+
+/* t343: f32[32] = sum[axes=(0,1), keepdims=False](t158) */
+/* Deterministic block reduction (sum): per-thread strided fold, then a shared-memory tree; no atomics. */
+__global__ void __launch_bounds__(SG_THREADS) k112_sum_t343(int64_t d0, const float* __restrict__ ws68, float* __restrict__ ws69)
+{
+    __shared__ double s_acc[SG_THREADS];
+    const int64_t n_out = 32;
+    const int64_t n_red = (8*d0);
+    for (int64_t o = blockIdx.x; o < n_out; o += gridDim.x) {
+        int64_t rest = o;
+        const int64_t o0 = rest;
+        double acc = 0;
+        for (int64_t r = threadIdx.x; r < n_red; r += blockDim.x) {
+            int64_t rrest = r;
+            const int64_t r0 = rrest;
+            acc += (double)ws68[o0 + r0 * 32];
         }
         s_acc[threadIdx.x] = acc;
         __syncthreads();
@@ -2905,52 +3000,17 @@ __global__ void __launch_bounds__(SG_THREADS) k110_sum_t366(int64_t d0, const fl
     }
 }
 
-/* t157: f32[8*B,32] = matmul(t156, transformer.h.0.attn.c_attn.weight) */
-/* k111_matmul_t157: a[8*d0 x 96] read with strides (96, 1), b[96 x 32] with (32, 1):
-   a transposed operand is only a change of strides. Launched as sg_gemm<float> in the entry point. */
-
-/* t343: f32[32] = sum[axes=(0,1), keepdims=False](t158) */
-/* Deterministic block reduction (sum): per-thread strided fold, then a shared-memory tree; no atomics. */
-__global__ void __launch_bounds__(SG_THREADS) k112_sum_t343(int64_t d0, const float* __restrict__ ws70, float* __restrict__ ws71)
-{
-    __shared__ double s_acc[SG_THREADS];
-    const int64_t n_out = 32;
-    const int64_t n_red = (8*d0);
-    for (int64_t o = blockIdx.x; o < n_out; o += gridDim.x) {
-        int64_t rest = o;
-        const int64_t o0 = rest;
-        double acc = 0;
-        for (int64_t r = threadIdx.x; r < n_red; r += blockDim.x) {
-            int64_t rrest = r;
-            const int64_t r0 = rrest;
-            acc += (double)ws70[o0 + r0 * 32];
-        }
-        s_acc[threadIdx.x] = acc;
-        __syncthreads();
-        for (unsigned width = blockDim.x / 2; width > 0; width >>= 1) {
-            if (threadIdx.x < width) {
-                s_acc[threadIdx.x] += s_acc[threadIdx.x + width];
-            }
-            __syncthreads();
-        }
-        if (threadIdx.x == 0) {
-            ws71[o] = (float)(s_acc[0]);
-        }
-        __syncthreads();  /* s_acc is reused by the next output */
-    }
-}
-
 /* t344: f32[32] = sub(t343, transformer.h.0.ln_1.bias.exp_avg) */
 /* t345: f32[32] = mul(0.09999999999999998, t344) */
 /* t346: f32[32] = add(transformer.h.0.ln_1.bias.exp_avg, t345) */
-__global__ void __launch_bounds__(SG_THREADS) k113_add_t346(int64_t d0, const float* __restrict__ ws71, float* __restrict__ var40)
+__global__ void __launch_bounds__(SG_THREADS) k113_add_t346(int64_t d0, const float* __restrict__ ws69, float* __restrict__ var40)
 {
     const int64_t n = 32;
     for (int64_t flat = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; flat < n;
          flat += (int64_t)gridDim.x * blockDim.x) {
         int64_t rest = flat;
         const int64_t i0 = rest;
-        const float v0 = ws71[i0];  /* t343 */
+        const float v0 = ws69[i0];  /* t343 */
         const float v1 = var40[i0];  /* transformer.h.0.ln_1.bias.exp_avg */
         const float v2 = 0.1f;  /* 0.09999999999999998 */
         const float t344 = v0 - v1;  /* t344: f32[32] = sub(t343, transformer.h.0.ln_1.bias.exp_avg) */
@@ -2964,7 +3024,7 @@ __global__ void __launch_bounds__(SG_THREADS) k113_add_t346(int64_t d0, const fl
 /* t349: f32[32] = mul(t343, t343) */
 /* t350: f32[32] = mul(0.050000000000000044, t349) */
 /* t351: f32[32] = add(t348, t350) */
-__global__ void __launch_bounds__(SG_THREADS) k114_add_t351(int64_t d0, float* __restrict__ var41, const float* __restrict__ ws71)
+__global__ void __launch_bounds__(SG_THREADS) k114_add_t351(int64_t d0, float* __restrict__ var41, const float* __restrict__ ws69)
 {
     const int64_t n = 32;
     for (int64_t flat = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; flat < n;
@@ -2973,7 +3033,7 @@ __global__ void __launch_bounds__(SG_THREADS) k114_add_t351(int64_t d0, float* _
         const int64_t i0 = rest;
         const float v0 = 0.95f;  /* 0.95 */
         const float v1 = var41[i0];  /* transformer.h.0.ln_1.bias.exp_avg_sq */
-        const float v2 = ws71[i0];  /* t343 */
+        const float v2 = ws69[i0];  /* t343 */
         const float v3 = 0.05f;  /* 0.050000000000000044 */
         const float t348 = v0*v1;  /* t348: f32[32] = mul(0.95, transformer.h.0.ln_1.bias.exp_avg_sq) */
         const float t349 = v2*v2;  /* t349: f32[32] = mul(t343, t343) */
@@ -3034,14 +3094,14 @@ __global__ void __launch_bounds__(SG_THREADS) k115_sub_t360(int64_t d0, const do
 /* t367: f32[96] = sub(t366, transformer.h.0.attn.c_attn.bias.exp_avg) */
 /* t368: f32[96] = mul(0.09999999999999998, t367) */
 /* t369: f32[96] = add(transformer.h.0.attn.c_attn.bias.exp_avg, t368) */
-__global__ void __launch_bounds__(SG_THREADS) k116_add_t369(int64_t d0, const float* __restrict__ ws69, float* __restrict__ var43)
+__global__ void __launch_bounds__(SG_THREADS) k116_add_t369(int64_t d0, const float* __restrict__ ws67, float* __restrict__ var43)
 {
     const int64_t n = 96;
     for (int64_t flat = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; flat < n;
          flat += (int64_t)gridDim.x * blockDim.x) {
         int64_t rest = flat;
         const int64_t i0 = rest;
-        const float v0 = ws69[i0];  /* t366 */
+        const float v0 = ws67[i0];  /* t366 */
         const float v1 = var43[i0];  /* transformer.h.0.attn.c_attn.bias.exp_avg */
         const float v2 = 0.1f;  /* 0.09999999999999998 */
         const float t367 = v0 - v1;  /* t367: f32[96] = sub(t366, transformer.h.0.attn.c_attn.bias.exp_avg) */
@@ -3055,7 +3115,7 @@ __global__ void __launch_bounds__(SG_THREADS) k116_add_t369(int64_t d0, const fl
 /* t372: f32[96] = mul(t366, t366) */
 /* t373: f32[96] = mul(0.050000000000000044, t372) */
 /* t374: f32[96] = add(t371, t373) */
-__global__ void __launch_bounds__(SG_THREADS) k117_add_t374(int64_t d0, float* __restrict__ var44, const float* __restrict__ ws69)
+__global__ void __launch_bounds__(SG_THREADS) k117_add_t374(int64_t d0, float* __restrict__ var44, const float* __restrict__ ws67)
 {
     const int64_t n = 96;
     for (int64_t flat = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; flat < n;
@@ -3064,7 +3124,7 @@ __global__ void __launch_bounds__(SG_THREADS) k117_add_t374(int64_t d0, float* _
         const int64_t i0 = rest;
         const float v0 = 0.95f;  /* 0.95 */
         const float v1 = var44[i0];  /* transformer.h.0.attn.c_attn.bias.exp_avg_sq */
-        const float v2 = ws69[i0];  /* t366 */
+        const float v2 = ws67[i0];  /* t366 */
         const float v3 = 0.05f;  /* 0.050000000000000044 */
         const float t371 = v0*v1;  /* t371: f32[96] = mul(0.95, transformer.h.0.attn.c_attn.bias.exp_avg_sq) */
         const float t372 = v2*v2;  /* t372: f32[96] = mul(t366, t366) */
@@ -3126,7 +3186,7 @@ __global__ void __launch_bounds__(SG_THREADS) k118_sub_t383(int64_t d0, const do
 /* t161: f32[B,8,32] = -t159*t160/t14 */
 /* t162: f32[B,8,1] = sum[axes=(2,), keepdims=True](t161) */
 /* Deterministic block reduction (sum): per-thread strided fold, then a shared-memory tree; no atomics. */
-__global__ void __launch_bounds__(SG_THREADS) k119_sum_t162(int64_t d0, const float* __restrict__ ws70, const float* __restrict__ var2, const float* __restrict__ ws5, const float* __restrict__ ws7, float* __restrict__ ws72)
+__global__ void __launch_bounds__(SG_THREADS) k119_sum_t162(int64_t d0, const float* __restrict__ ws68, const float* __restrict__ var2, const float* __restrict__ ws5, const float* __restrict__ ws7, float* __restrict__ ws70)
 {
     __shared__ double s_acc[SG_THREADS];
     const int64_t n_out = (8*d0);
@@ -3138,7 +3198,7 @@ __global__ void __launch_bounds__(SG_THREADS) k119_sum_t162(int64_t d0, const fl
         for (int64_t r = threadIdx.x; r < n_red; r += blockDim.x) {
             int64_t rrest = r;
             const int64_t r0 = rrest;
-            const float v0 = ws70[o0 * 32 + r0];  /* t158 */
+            const float v0 = ws68[o0 * 32 + r0];  /* t158 */
             const float v1 = var2[r0];  /* transformer.h.0.ln_1.weight */
             const float v2 = ws5[o0];  /* t14 */
             const float v3 = ws7[o0 * 32 + r0];  /* t160 */
@@ -3155,30 +3215,30 @@ __global__ void __launch_bounds__(SG_THREADS) k119_sum_t162(int64_t d0, const fl
             __syncthreads();
         }
         if (threadIdx.x == 0) {
-            ws72[o] = (float)(s_acc[0]);
+            ws70[o] = (float)(s_acc[0]);
         }
         __syncthreads();  /* s_acc is reused by the next output */
     }
 }
 
 /* t319: f32[B,8,32] = mul(t158, t160) */
-__global__ void __launch_bounds__(SG_THREADS) k120_mul_t319(int64_t d0, const float* __restrict__ ws70, const float* __restrict__ ws7, float* __restrict__ ws73)
+__global__ void __launch_bounds__(SG_THREADS) k120_mul_t319(int64_t d0, const float* __restrict__ ws68, const float* __restrict__ ws7, float* __restrict__ ws71)
 {
     const int64_t n = (256*d0);
     for (int64_t flat = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; flat < n;
          flat += (int64_t)gridDim.x * blockDim.x) {
         int64_t rest = flat;
         const int64_t i0 = rest;
-        const float v0 = ws70[i0];  /* t158 */
+        const float v0 = ws68[i0];  /* t158 */
         const float v1 = ws7[i0];  /* t160 */
         const float t319 = v0*v1;  /* t319: f32[B,8,32] = mul(t158, t160) */
-        ws73[i0] = t319;
+        ws71[i0] = t319;
     }
 }
 
 /* t320: f32[32] = sum[axes=(0,1), keepdims=False](t319) */
 /* Deterministic block reduction (sum): per-thread strided fold, then a shared-memory tree; no atomics. */
-__global__ void __launch_bounds__(SG_THREADS) k121_sum_t320(int64_t d0, const float* __restrict__ ws73, float* __restrict__ ws74)
+__global__ void __launch_bounds__(SG_THREADS) k121_sum_t320(int64_t d0, const float* __restrict__ ws71, float* __restrict__ ws72)
 {
     __shared__ double s_acc[SG_THREADS];
     const int64_t n_out = 32;
@@ -3190,7 +3250,7 @@ __global__ void __launch_bounds__(SG_THREADS) k121_sum_t320(int64_t d0, const fl
         for (int64_t r = threadIdx.x; r < n_red; r += blockDim.x) {
             int64_t rrest = r;
             const int64_t r0 = rrest;
-            acc += (double)ws73[o0 + r0 * 32];
+            acc += (double)ws71[o0 + r0 * 32];
         }
         s_acc[threadIdx.x] = acc;
         __syncthreads();
@@ -3201,7 +3261,7 @@ __global__ void __launch_bounds__(SG_THREADS) k121_sum_t320(int64_t d0, const fl
             __syncthreads();
         }
         if (threadIdx.x == 0) {
-            ws74[o] = (float)(s_acc[0]);
+            ws72[o] = (float)(s_acc[0]);
         }
         __syncthreads();  /* s_acc is reused by the next output */
     }
@@ -3211,7 +3271,7 @@ __global__ void __launch_bounds__(SG_THREADS) k121_sum_t320(int64_t d0, const fl
 /* t9: f32[B,8,32] = sub(t6, t8) */
 /* t159: f32[B,8,32] = mul(t158, transformer.h.0.ln_1.weight) */
 /* t163: f32[B,8,32] = t159/t14 + t162*t9/(32*t14) */
-__global__ void __launch_bounds__(SG_THREADS) k122_simplified_t163(int64_t d0, const float* __restrict__ ws0, const float* __restrict__ ws2, const float* __restrict__ ws4, const float* __restrict__ ws70, const float* __restrict__ var2, const float* __restrict__ ws5, const float* __restrict__ ws72, float* __restrict__ ws75)
+__global__ void __launch_bounds__(SG_THREADS) k122_simplified_t163(int64_t d0, const float* __restrict__ ws0, const float* __restrict__ ws2, const float* __restrict__ ws4, const float* __restrict__ ws68, const float* __restrict__ var2, const float* __restrict__ ws5, const float* __restrict__ ws70, float* __restrict__ ws73)
 {
     const int64_t n = (256*d0);
     for (int64_t flat = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; flat < n;
@@ -3223,29 +3283,29 @@ __global__ void __launch_bounds__(SG_THREADS) k122_simplified_t163(int64_t d0, c
         const float v0 = ws0[i0 * 256 + i1 * 32 + i2];  /* t3 */
         const float v1 = ws2[i1 * 32 + i2];  /* t5 */
         const float v2 = ws4[i0 * 8 + i1];  /* t8 */
-        const float v3 = ws70[i0 * 256 + i1 * 32 + i2];  /* t158 */
+        const float v3 = ws68[i0 * 256 + i1 * 32 + i2];  /* t158 */
         const float v4 = var2[i2];  /* transformer.h.0.ln_1.weight */
         const float v5 = ws5[i0 * 8 + i1];  /* t14 */
-        const float v6 = ws72[i0 * 8 + i1];  /* t162 */
+        const float v6 = ws70[i0 * 8 + i1];  /* t162 */
         const float t6 = v0 + v1;  /* t6: f32[B,8,32] = add(t3, t5) */
         const float t9 = t6 - v2;  /* t9: f32[B,8,32] = sub(t6, t8) */
         const float t159 = v3*v4;  /* t159: f32[B,8,32] = mul(t158, transformer.h.0.ln_1.weight) */
         const float t163 = t159/v5 + (1.0f/32.0f)*v6*t9/v5;  /* t163: f32[B,8,32] = t159/t14 + t162*t9/(32*t14) */
-        ws75[i0 * 256 + i1 * 32 + i2] = t163;
+        ws73[i0 * 256 + i1 * 32 + i2] = t163;
     }
 }
 
 /* t321: f32[32] = sub(t320, transformer.h.0.ln_1.weight.exp_avg) */
 /* t322: f32[32] = mul(0.09999999999999998, t321) */
 /* t323: f32[32] = add(transformer.h.0.ln_1.weight.exp_avg, t322) */
-__global__ void __launch_bounds__(SG_THREADS) k123_add_t323(int64_t d0, const float* __restrict__ ws74, float* __restrict__ var37)
+__global__ void __launch_bounds__(SG_THREADS) k123_add_t323(int64_t d0, const float* __restrict__ ws72, float* __restrict__ var37)
 {
     const int64_t n = 32;
     for (int64_t flat = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; flat < n;
          flat += (int64_t)gridDim.x * blockDim.x) {
         int64_t rest = flat;
         const int64_t i0 = rest;
-        const float v0 = ws74[i0];  /* t320 */
+        const float v0 = ws72[i0];  /* t320 */
         const float v1 = var37[i0];  /* transformer.h.0.ln_1.weight.exp_avg */
         const float v2 = 0.1f;  /* 0.09999999999999998 */
         const float t321 = v0 - v1;  /* t321: f32[32] = sub(t320, transformer.h.0.ln_1.weight.exp_avg) */
@@ -3259,7 +3319,7 @@ __global__ void __launch_bounds__(SG_THREADS) k123_add_t323(int64_t d0, const fl
 /* t326: f32[32] = mul(t320, t320) */
 /* t327: f32[32] = mul(0.050000000000000044, t326) */
 /* t328: f32[32] = add(t325, t327) */
-__global__ void __launch_bounds__(SG_THREADS) k124_add_t328(int64_t d0, float* __restrict__ var38, const float* __restrict__ ws74)
+__global__ void __launch_bounds__(SG_THREADS) k124_add_t328(int64_t d0, float* __restrict__ var38, const float* __restrict__ ws72)
 {
     const int64_t n = 32;
     for (int64_t flat = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; flat < n;
@@ -3268,7 +3328,7 @@ __global__ void __launch_bounds__(SG_THREADS) k124_add_t328(int64_t d0, float* _
         const int64_t i0 = rest;
         const float v0 = 0.95f;  /* 0.95 */
         const float v1 = var38[i0];  /* transformer.h.0.ln_1.weight.exp_avg_sq */
-        const float v2 = ws74[i0];  /* t320 */
+        const float v2 = ws72[i0];  /* t320 */
         const float v3 = 0.05f;  /* 0.050000000000000044 */
         const float t325 = v0*v1;  /* t325: f32[32] = mul(0.95, transformer.h.0.ln_1.weight.exp_avg_sq) */
         const float t326 = v2*v2;  /* t326: f32[32] = mul(t320, t320) */
@@ -3329,7 +3389,7 @@ __global__ void __launch_bounds__(SG_THREADS) k125_sub_t337(int64_t d0, const do
 /* t165: f32[B,8,1] = sum[axes=(2,), keepdims=True](t163) */
 /* t166: f32[B,8,1] = mul(t165, -0.03125) */
 /* Deterministic block reduction (sum): per-thread strided fold, then a shared-memory tree; no atomics. */
-__global__ void __launch_bounds__(SG_THREADS) k126_mul_t166(int64_t d0, const float* __restrict__ ws75, float* __restrict__ ws76)
+__global__ void __launch_bounds__(SG_THREADS) k126_mul_t166(int64_t d0, const float* __restrict__ ws73, float* __restrict__ ws74)
 {
     __shared__ double s_acc[SG_THREADS];
     const int64_t n_out = (8*d0);
@@ -3341,7 +3401,7 @@ __global__ void __launch_bounds__(SG_THREADS) k126_mul_t166(int64_t d0, const fl
         for (int64_t r = threadIdx.x; r < n_red; r += blockDim.x) {
             int64_t rrest = r;
             const int64_t r0 = rrest;
-            acc += (double)ws75[o0 * 32 + r0];
+            acc += (double)ws73[o0 * 32 + r0];
         }
         s_acc[threadIdx.x] = acc;
         __syncthreads();
@@ -3355,7 +3415,7 @@ __global__ void __launch_bounds__(SG_THREADS) k126_mul_t166(int64_t d0, const fl
             const float red = (float)(s_acc[0]);
             const float ev0 = (-0.03125f);  /* -0.03125 */
             const float t166 = red*ev0;  /* t166: f32[B,8,1] = mul(t165, -0.03125) */
-            ws76[o] = t166;
+            ws74[o] = t166;
         }
         __syncthreads();  /* s_acc is reused by the next output */
     }
@@ -3363,7 +3423,7 @@ __global__ void __launch_bounds__(SG_THREADS) k126_mul_t166(int64_t d0, const fl
 
 /* t164: f32[B,8,32] = add(t133, t163) */
 /* t167: f32[B,8,32] = add(t164, t166) */
-__global__ void __launch_bounds__(SG_THREADS) k127_add_t167(int64_t d0, const float* __restrict__ ws57, const float* __restrict__ ws75, const float* __restrict__ ws76, float* __restrict__ ws77)
+__global__ void __launch_bounds__(SG_THREADS) k127_add_t167(int64_t d0, const float* __restrict__ ws56, const float* __restrict__ ws73, const float* __restrict__ ws74, float* __restrict__ ws75)
 {
     const int64_t n = (256*d0);
     for (int64_t flat = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; flat < n;
@@ -3371,31 +3431,31 @@ __global__ void __launch_bounds__(SG_THREADS) k127_add_t167(int64_t d0, const fl
         int64_t rest = flat;
         const int64_t i1 = rest % 32; rest /= 32;
         const int64_t i0 = rest;
-        const float v0 = ws57[i0 * 32 + i1];  /* t133 */
-        const float v1 = ws75[i0 * 32 + i1];  /* t163 */
-        const float v2 = ws76[i0];  /* t166 */
+        const float v0 = ws56[i0 * 32 + i1];  /* t133 */
+        const float v1 = ws73[i0 * 32 + i1];  /* t163 */
+        const float v2 = ws74[i0];  /* t166 */
         const float t164 = v0 + v1;  /* t164: f32[B,8,32] = add(t133, t163) */
         const float t167 = t164 + v2;  /* t167: f32[B,8,32] = add(t164, t166) */
-        ws77[i0 * 32 + i1] = t167;
+        ws75[i0 * 32 + i1] = t167;
     }
 }
 
 /* t168: f32[64,32] = scatter_add[axis=0, size=64](t167, idx) */
-__global__ void __launch_bounds__(SG_THREADS) k128_scatter_add_t168(int64_t d0, const float* __restrict__ ws77, const int64_t* __restrict__ in0, float* __restrict__ ws78)
+__global__ void __launch_bounds__(SG_THREADS) k128_scatter_add_t168(int64_t d0, const float* __restrict__ ws75, const int64_t* __restrict__ in0, float* __restrict__ ws76)
 {
     const int64_t P = 1, I = (8*d0), Q = 32, R = 64;
-    const float* src = ws77;
+    const float* src = ws75;
     const int64_t* idx = in0;
     for (int64_t flat = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; flat < P * Q;
          flat += (int64_t)gridDim.x * blockDim.x) {
         const int64_t q = flat % Q, p = flat / Q;
         for (int64_t r = 0; r < R; ++r) {
-            ws78[(p * R + r) * Q + q] = 0;
+            ws76[(p * R + r) * Q + q] = 0;
         }
         for (int64_t i = 0; i < I; ++i) {
             const int64_t r = (int64_t)idx[i];
             if (r >= 0 && r < R) {
-                ws78[(p * R + r) * Q + q] += src[(p * I + i) * Q + q];
+                ws76[(p * R + r) * Q + q] += src[(p * I + i) * Q + q];
             }
         }
     }
@@ -3403,7 +3463,7 @@ __global__ void __launch_bounds__(SG_THREADS) k128_scatter_add_t168(int64_t d0, 
 
 /* t193: f32[8,32] = sum[axes=(0,), keepdims=False](t167) */
 /* Deterministic block reduction (sum): per-thread strided fold, then a shared-memory tree; no atomics. */
-__global__ void __launch_bounds__(SG_THREADS) k129_sum_t193(int64_t d0, const float* __restrict__ ws77, float* __restrict__ ws79)
+__global__ void __launch_bounds__(SG_THREADS) k129_sum_t193(int64_t d0, const float* __restrict__ ws75, float* __restrict__ ws77)
 {
     __shared__ double s_acc[SG_THREADS];
     const int64_t n_out = 256;
@@ -3415,7 +3475,7 @@ __global__ void __launch_bounds__(SG_THREADS) k129_sum_t193(int64_t d0, const fl
         for (int64_t r = threadIdx.x; r < n_red; r += blockDim.x) {
             int64_t rrest = r;
             const int64_t r0 = rrest;
-            acc += (double)ws77[o0 + r0 * 256];
+            acc += (double)ws75[o0 + r0 * 256];
         }
         s_acc[threadIdx.x] = acc;
         __syncthreads();
@@ -3426,14 +3486,14 @@ __global__ void __launch_bounds__(SG_THREADS) k129_sum_t193(int64_t d0, const fl
             __syncthreads();
         }
         if (threadIdx.x == 0) {
-            ws79[o] = (float)(s_acc[0]);
+            ws77[o] = (float)(s_acc[0]);
         }
         __syncthreads();  /* s_acc is reused by the next output */
     }
 }
 
 /* make iota's operand contiguous: t4 */
-__global__ void __launch_bounds__(SG_THREADS) k130_copy(int64_t d0, int64_t* __restrict__ ws80)
+__global__ void __launch_bounds__(SG_THREADS) k130_copy(int64_t d0, int64_t* __restrict__ ws78)
 {
     const int64_t n = 8;
     for (int64_t flat = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; flat < n;
@@ -3442,26 +3502,26 @@ __global__ void __launch_bounds__(SG_THREADS) k130_copy(int64_t d0, int64_t* __r
         const int64_t i0 = rest;
         const int64_t v0 = i0;  /* make iota's operand contiguous */
         const int64_t r = v0;  /* make iota's operand contiguous: t4 */
-        ws80[i0] = r;
+        ws78[i0] = r;
     }
 }
 
 /* t194: f32[8,32] = scatter_add[axis=0, size=8](t193, t4) */
-__global__ void __launch_bounds__(SG_THREADS) k131_scatter_add_t194(int64_t d0, const float* __restrict__ ws79, const int64_t* __restrict__ ws80, float* __restrict__ ws81)
+__global__ void __launch_bounds__(SG_THREADS) k131_scatter_add_t194(int64_t d0, const float* __restrict__ ws77, const int64_t* __restrict__ ws78, float* __restrict__ ws79)
 {
     const int64_t P = 1, I = 8, Q = 32, R = 8;
-    const float* src = ws79;
-    const int64_t* idx = ws80;
+    const float* src = ws77;
+    const int64_t* idx = ws78;
     for (int64_t flat = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; flat < P * Q;
          flat += (int64_t)gridDim.x * blockDim.x) {
         const int64_t q = flat % Q, p = flat / Q;
         for (int64_t r = 0; r < R; ++r) {
-            ws81[(p * R + r) * Q + q] = 0;
+            ws79[(p * R + r) * Q + q] = 0;
         }
         for (int64_t i = 0; i < I; ++i) {
             const int64_t r = (int64_t)idx[i];
             if (r >= 0 && r < R) {
-                ws81[(p * R + r) * Q + q] += src[(p * I + i) * Q + q];
+                ws79[(p * R + r) * Q + q] += src[(p * I + i) * Q + q];
             }
         }
     }
@@ -3470,14 +3530,14 @@ __global__ void __launch_bounds__(SG_THREADS) k131_scatter_add_t194(int64_t d0, 
 /* t195: f32[8,32] = sub(t194, transformer.wpe.weight.exp_avg) */
 /* t196: f32[8,32] = mul(0.09999999999999998, t195) */
 /* t197: f32[8,32] = add(transformer.wpe.weight.exp_avg, t196) */
-__global__ void __launch_bounds__(SG_THREADS) k132_add_t197(int64_t d0, const float* __restrict__ ws81, float* __restrict__ var21)
+__global__ void __launch_bounds__(SG_THREADS) k132_add_t197(int64_t d0, const float* __restrict__ ws79, float* __restrict__ var21)
 {
     const int64_t n = 256;
     for (int64_t flat = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; flat < n;
          flat += (int64_t)gridDim.x * blockDim.x) {
         int64_t rest = flat;
         const int64_t i0 = rest;
-        const float v0 = ws81[i0];  /* t194 */
+        const float v0 = ws79[i0];  /* t194 */
         const float v1 = var21[i0];  /* transformer.wpe.weight.exp_avg */
         const float v2 = 0.1f;  /* 0.09999999999999998 */
         const float t195 = v0 - v1;  /* t195: f32[8,32] = sub(t194, transformer.wpe.weight.exp_avg) */
@@ -3491,7 +3551,7 @@ __global__ void __launch_bounds__(SG_THREADS) k132_add_t197(int64_t d0, const fl
 /* t200: f32[8,32] = mul(t194, t194) */
 /* t201: f32[8,32] = mul(0.050000000000000044, t200) */
 /* t202: f32[8,32] = add(t199, t201) */
-__global__ void __launch_bounds__(SG_THREADS) k133_add_t202(int64_t d0, float* __restrict__ var22, const float* __restrict__ ws81)
+__global__ void __launch_bounds__(SG_THREADS) k133_add_t202(int64_t d0, float* __restrict__ var22, const float* __restrict__ ws79)
 {
     const int64_t n = 256;
     for (int64_t flat = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; flat < n;
@@ -3500,7 +3560,7 @@ __global__ void __launch_bounds__(SG_THREADS) k133_add_t202(int64_t d0, float* _
         const int64_t i0 = rest;
         const float v0 = 0.95f;  /* 0.95 */
         const float v1 = var22[i0];  /* transformer.wpe.weight.exp_avg_sq */
-        const float v2 = ws81[i0];  /* t194 */
+        const float v2 = ws79[i0];  /* t194 */
         const float v3 = 0.05f;  /* 0.050000000000000044 */
         const float t199 = v0*v1;  /* t199: f32[8,32] = mul(0.95, transformer.wpe.weight.exp_avg_sq) */
         const float t200 = v2*v2;  /* t200: f32[8,32] = mul(t194, t194) */
@@ -3628,15 +3688,15 @@ __global__ void __launch_bounds__(SG_THREADS) k135_sub_t261(int64_t d0, const do
 /* t170: f32[64,32] = sub(t169, transformer.wte.weight.exp_avg) */
 /* t171: f32[64,32] = mul(0.09999999999999998, t170) */
 /* t172: f32[64,32] = add(transformer.wte.weight.exp_avg, t171) */
-__global__ void __launch_bounds__(SG_THREADS) k136_add_t172(int64_t d0, const float* __restrict__ ws34, const float* __restrict__ ws78, float* __restrict__ var18)
+__global__ void __launch_bounds__(SG_THREADS) k136_add_t172(int64_t d0, const float* __restrict__ ws33, const float* __restrict__ ws76, float* __restrict__ var18)
 {
     const int64_t n = 2048;
     for (int64_t flat = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; flat < n;
          flat += (int64_t)gridDim.x * blockDim.x) {
         int64_t rest = flat;
         const int64_t i0 = rest;
-        const float v0 = ws34[i0];  /* t106 */
-        const float v1 = ws78[i0];  /* t168 */
+        const float v0 = ws33[i0];  /* t106 */
+        const float v1 = ws76[i0];  /* t168 */
         const float v2 = var18[i0];  /* transformer.wte.weight.exp_avg */
         const float v3 = 0.1f;  /* 0.09999999999999998 */
         const float t169 = v0 + v1;  /* t169: f32[64,32] = add(t106, t168) */
@@ -3652,7 +3712,7 @@ __global__ void __launch_bounds__(SG_THREADS) k136_add_t172(int64_t d0, const fl
 /* t175: f32[64,32] = mul(t169, t169) */
 /* t176: f32[64,32] = mul(0.050000000000000044, t175) */
 /* t177: f32[64,32] = add(t174, t176) */
-__global__ void __launch_bounds__(SG_THREADS) k137_add_t177(int64_t d0, float* __restrict__ var19, const float* __restrict__ ws34, const float* __restrict__ ws78)
+__global__ void __launch_bounds__(SG_THREADS) k137_add_t177(int64_t d0, float* __restrict__ var19, const float* __restrict__ ws33, const float* __restrict__ ws76)
 {
     const int64_t n = 2048;
     for (int64_t flat = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; flat < n;
@@ -3661,8 +3721,8 @@ __global__ void __launch_bounds__(SG_THREADS) k137_add_t177(int64_t d0, float* _
         const int64_t i0 = rest;
         const float v0 = 0.95f;  /* 0.95 */
         const float v1 = var19[i0];  /* transformer.wte.weight.exp_avg_sq */
-        const float v2 = ws34[i0];  /* t106 */
-        const float v3 = ws78[i0];  /* t168 */
+        const float v2 = ws33[i0];  /* t106 */
+        const float v3 = ws76[i0];  /* t168 */
         const float v4 = 0.05f;  /* 0.050000000000000044 */
         const float t174 = v0*v1;  /* t174: f32[64,32] = mul(0.95, transformer.wte.weight.exp_avg_sq) */
         const float t169 = v2 + v3;  /* t169: f32[64,32] = add(t106, t168) */
@@ -3733,14 +3793,14 @@ __global__ void __launch_bounds__(SG_THREADS) k138_sub_t186(int64_t d0, const do
 /* t220: f32[96,32] = sub(t219, transformer.h.0.attn.c_attn.weight.exp_avg) */
 /* t221: f32[96,32] = mul(0.09999999999999998, t220) */
 /* t222: f32[96,32] = add(transformer.h.0.attn.c_attn.weight.exp_avg, t221) */
-__global__ void __launch_bounds__(SG_THREADS) k139_add_t222(int64_t d0, const float* __restrict__ ws68, float* __restrict__ var24)
+__global__ void __launch_bounds__(SG_THREADS) k139_add_t222(int64_t d0, const float* __restrict__ ws66, float* __restrict__ var24)
 {
     const int64_t n = 3072;
     for (int64_t flat = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; flat < n;
          flat += (int64_t)gridDim.x * blockDim.x) {
         int64_t rest = flat;
         const int64_t i0 = rest;
-        const float v0 = ws68[i0];  /* t219 */
+        const float v0 = ws66[i0];  /* t219 */
         const float v1 = var24[i0];  /* transformer.h.0.attn.c_attn.weight.exp_avg */
         const float v2 = 0.1f;  /* 0.09999999999999998 */
         const float t220 = v0 - v1;  /* t220: f32[96,32] = sub(t219, transformer.h.0.attn.c_attn.weight.exp_avg) */
@@ -3754,7 +3814,7 @@ __global__ void __launch_bounds__(SG_THREADS) k139_add_t222(int64_t d0, const fl
 /* t225: f32[96,32] = mul(t219, t219) */
 /* t226: f32[96,32] = mul(0.050000000000000044, t225) */
 /* t227: f32[96,32] = add(t224, t226) */
-__global__ void __launch_bounds__(SG_THREADS) k140_add_t227(int64_t d0, float* __restrict__ var25, const float* __restrict__ ws68)
+__global__ void __launch_bounds__(SG_THREADS) k140_add_t227(int64_t d0, float* __restrict__ var25, const float* __restrict__ ws66)
 {
     const int64_t n = 3072;
     for (int64_t flat = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; flat < n;
@@ -3763,7 +3823,7 @@ __global__ void __launch_bounds__(SG_THREADS) k140_add_t227(int64_t d0, float* _
         const int64_t i0 = rest;
         const float v0 = 0.95f;  /* 0.95 */
         const float v1 = var25[i0];  /* transformer.h.0.attn.c_attn.weight.exp_avg_sq */
-        const float v2 = ws68[i0];  /* t219 */
+        const float v2 = ws66[i0];  /* t219 */
         const float v3 = 0.05f;  /* 0.050000000000000044 */
         const float t224 = v0*v1;  /* t224: f32[96,32] = mul(0.95, transformer.h.0.attn.c_attn.weight.exp_avg_sq) */
         const float t225 = v2*v2;  /* t225: f32[96,32] = mul(t219, t219) */
@@ -4163,7 +4223,7 @@ int sg_cuda_run(void* handle, const int64_t* dims, void** inputs, void** outputs
     if (arena_bytes < 0)
         return sg_fail(err, errlen, -1, "arena_bytes is negative");
     {
-        const int64_t bytes[82] = {
+        const int64_t bytes[80] = {
             (int64_t)(256*d0) * (int64_t)sizeof(float),  /* ws0: t3 */
             (int64_t)(8) * (int64_t)sizeof(int64_t),  /* ws1: t4 */
             (int64_t)(256) * (int64_t)sizeof(float),  /* ws2: t5 */
@@ -4175,79 +4235,77 @@ int sg_cuda_run(void* handle, const int64_t* dims, void** inputs, void** outputs
             (int64_t)(768*d0) * (int64_t)sizeof(float),  /* ws8: t20 */
             (int64_t)(768*d0) * (int64_t)sizeof(float),  /* ws9: t21 */
             (int64_t)(256*d0) * (int64_t)sizeof(float),  /* ws10: t32 */
-            (int64_t)(256*d0) * (int64_t)sizeof(float),  /* ws11: t32 */
-            (int64_t)(32*d0) * (int64_t)sizeof(float),  /* ws12: t32 */
-            (int64_t)(256*d0) * (int64_t)sizeof(float),  /* ws13: t33 */
-            (int64_t)(256*d0) * (int64_t)sizeof(float),  /* ws14: t36 */
-            (int64_t)(256*d0) * (int64_t)sizeof(float),  /* ws15: t37 */
-            (int64_t)(8*d0) * (int64_t)sizeof(float),  /* ws16: t41 */
-            (int64_t)(256*d0) * (int64_t)sizeof(float),  /* ws17: t42 */
-            (int64_t)(8*d0) * (int64_t)sizeof(float),  /* ws18: t47 */
-            (int64_t)(256*d0) * (int64_t)sizeof(float),  /* ws19: t50 */
-            (int64_t)(1024*d0) * (int64_t)sizeof(float),  /* ws20: t53 */
-            (int64_t)(1024*d0) * (int64_t)sizeof(float),  /* ws21: t54 */
-            (int64_t)(1024*d0) * (int64_t)sizeof(float),  /* ws22: t56 */
-            (int64_t)(256*d0) * (int64_t)sizeof(float),  /* ws23: t59 */
-            (int64_t)(256*d0) * (int64_t)sizeof(float),  /* ws24: t60 */
-            (int64_t)(8*d0) * (int64_t)sizeof(float),  /* ws25: t64 */
-            (int64_t)(256*d0) * (int64_t)sizeof(float),  /* ws26: t65 */
-            (int64_t)(8*d0) * (int64_t)sizeof(float),  /* ws27: t70 */
-            (int64_t)(256*d0) * (int64_t)sizeof(float),  /* ws28: t73 */
-            (int64_t)(512*d0) * (int64_t)sizeof(float),  /* ws29: t76 */
-            (int64_t)(512*d0) * (int64_t)sizeof(float),  /* ws30: t102 */
-            (int64_t)(512*d0) * (int64_t)sizeof(float),  /* ws31: t79 */
-            (int64_t)(8*d0) * (int64_t)sizeof(double),  /* ws32: t84 */
-            (int64_t)(512*d0) * (int64_t)sizeof(float),  /* ws33: t104 */
-            (int64_t)(2048) * (int64_t)sizeof(float),  /* ws34: t106 */
-            (int64_t)(256*d0) * (int64_t)sizeof(float),  /* ws35: t107 */
-            (int64_t)(32) * (int64_t)sizeof(float),  /* ws36: t529 */
-            (int64_t)(8*d0) * (int64_t)sizeof(float),  /* ws37: t112 */
-            (int64_t)(256*d0) * (int64_t)sizeof(float),  /* ws38: t113 */
-            (int64_t)(256*d0) * (int64_t)sizeof(float),  /* ws39: t505 */
-            (int64_t)(32) * (int64_t)sizeof(float),  /* ws40: t506 */
-            (int64_t)(8*d0) * (int64_t)sizeof(float),  /* ws41: t115 */
-            (int64_t)(256*d0) * (int64_t)sizeof(float),  /* ws42: t116 */
-            (int64_t)(32) * (int64_t)sizeof(float),  /* ws43: t482 */
-            (int64_t)(1024*d0) * (int64_t)sizeof(float),  /* ws44: t118 */
-            (int64_t)(1024*d0) * (int64_t)sizeof(float),  /* ws45: t121 */
-            (int64_t)(4096) * (int64_t)sizeof(float),  /* ws46: t269 */
-            (int64_t)(1024*d0) * (int64_t)sizeof(float),  /* ws47: t294 */
-            (int64_t)(4096) * (int64_t)sizeof(float),  /* ws48: t296 */
-            (int64_t)(128) * (int64_t)sizeof(float),  /* ws49: t459 */
-            (int64_t)(256*d0) * (int64_t)sizeof(float),  /* ws50: t123 */
-            (int64_t)(32) * (int64_t)sizeof(float),  /* ws51: t436 */
-            (int64_t)(8*d0) * (int64_t)sizeof(float),  /* ws52: t128 */
-            (int64_t)(256*d0) * (int64_t)sizeof(float),  /* ws53: t129 */
-            (int64_t)(256*d0) * (int64_t)sizeof(float),  /* ws54: t412 */
-            (int64_t)(32) * (int64_t)sizeof(float),  /* ws55: t413 */
-            (int64_t)(8*d0) * (int64_t)sizeof(float),  /* ws56: t132 */
-            (int64_t)(256*d0) * (int64_t)sizeof(float),  /* ws57: t133 */
-            (int64_t)(32) * (int64_t)sizeof(float),  /* ws58: t389 */
-            (int64_t)(1024) * (int64_t)sizeof(float),  /* ws59: t244 */
-            (int64_t)(256*d0) * (int64_t)sizeof(float),  /* ws60: t135 */
-            (int64_t)(768*d0) * (int64_t)sizeof(float),  /* ws61: t138 */
-            (int64_t)(256*d0) * (int64_t)sizeof(float),  /* ws62: t138 */
-            (int64_t)(256*d0) * (int64_t)sizeof(float),  /* ws63: t138 */
-            (int64_t)(256*d0) * (int64_t)sizeof(float),  /* ws64: t141 */
-            (int64_t)(768*d0) * (int64_t)sizeof(float),  /* ws65: t155 */
-            (int64_t)(256*d0) * (int64_t)sizeof(float),  /* ws66: t146 */
-            (int64_t)(256*d0) * (int64_t)sizeof(float),  /* ws67: t152 */
-            (int64_t)(3072) * (int64_t)sizeof(float),  /* ws68: t219 */
-            (int64_t)(96) * (int64_t)sizeof(float),  /* ws69: t366 */
-            (int64_t)(256*d0) * (int64_t)sizeof(float),  /* ws70: t157 */
-            (int64_t)(32) * (int64_t)sizeof(float),  /* ws71: t343 */
-            (int64_t)(8*d0) * (int64_t)sizeof(float),  /* ws72: t162 */
-            (int64_t)(256*d0) * (int64_t)sizeof(float),  /* ws73: t319 */
-            (int64_t)(32) * (int64_t)sizeof(float),  /* ws74: t320 */
-            (int64_t)(256*d0) * (int64_t)sizeof(float),  /* ws75: t163 */
-            (int64_t)(8*d0) * (int64_t)sizeof(float),  /* ws76: t166 */
-            (int64_t)(256*d0) * (int64_t)sizeof(float),  /* ws77: t167 */
-            (int64_t)(2048) * (int64_t)sizeof(float),  /* ws78: t168 */
-            (int64_t)(256) * (int64_t)sizeof(float),  /* ws79: t193 */
-            (int64_t)(8) * (int64_t)sizeof(int64_t),  /* ws80: t4 */
-            (int64_t)(256) * (int64_t)sizeof(float),  /* ws81: t194 */
+            (int64_t)(32*d0) * (int64_t)sizeof(float),  /* ws11: t32 */
+            (int64_t)(256*d0) * (int64_t)sizeof(float),  /* ws12: t33 */
+            (int64_t)(256*d0) * (int64_t)sizeof(float),  /* ws13: t36 */
+            (int64_t)(256*d0) * (int64_t)sizeof(float),  /* ws14: t37 */
+            (int64_t)(8*d0) * (int64_t)sizeof(float),  /* ws15: t41 */
+            (int64_t)(256*d0) * (int64_t)sizeof(float),  /* ws16: t42 */
+            (int64_t)(8*d0) * (int64_t)sizeof(float),  /* ws17: t47 */
+            (int64_t)(256*d0) * (int64_t)sizeof(float),  /* ws18: t50 */
+            (int64_t)(1024*d0) * (int64_t)sizeof(float),  /* ws19: t53 */
+            (int64_t)(1024*d0) * (int64_t)sizeof(float),  /* ws20: t54 */
+            (int64_t)(1024*d0) * (int64_t)sizeof(float),  /* ws21: t56 */
+            (int64_t)(256*d0) * (int64_t)sizeof(float),  /* ws22: t59 */
+            (int64_t)(256*d0) * (int64_t)sizeof(float),  /* ws23: t60 */
+            (int64_t)(8*d0) * (int64_t)sizeof(float),  /* ws24: t64 */
+            (int64_t)(256*d0) * (int64_t)sizeof(float),  /* ws25: t65 */
+            (int64_t)(8*d0) * (int64_t)sizeof(float),  /* ws26: t70 */
+            (int64_t)(256*d0) * (int64_t)sizeof(float),  /* ws27: t73 */
+            (int64_t)(512*d0) * (int64_t)sizeof(float),  /* ws28: t76 */
+            (int64_t)(512*d0) * (int64_t)sizeof(float),  /* ws29: t102 */
+            (int64_t)(512*d0) * (int64_t)sizeof(float),  /* ws30: t79 */
+            (int64_t)(8*d0) * (int64_t)sizeof(double),  /* ws31: t84 */
+            (int64_t)(512*d0) * (int64_t)sizeof(float),  /* ws32: t104 */
+            (int64_t)(2048) * (int64_t)sizeof(float),  /* ws33: t106 */
+            (int64_t)(256*d0) * (int64_t)sizeof(float),  /* ws34: t107 */
+            (int64_t)(32) * (int64_t)sizeof(float),  /* ws35: t529 */
+            (int64_t)(8*d0) * (int64_t)sizeof(float),  /* ws36: t112 */
+            (int64_t)(256*d0) * (int64_t)sizeof(float),  /* ws37: t113 */
+            (int64_t)(256*d0) * (int64_t)sizeof(float),  /* ws38: t505 */
+            (int64_t)(32) * (int64_t)sizeof(float),  /* ws39: t506 */
+            (int64_t)(8*d0) * (int64_t)sizeof(float),  /* ws40: t115 */
+            (int64_t)(256*d0) * (int64_t)sizeof(float),  /* ws41: t116 */
+            (int64_t)(32) * (int64_t)sizeof(float),  /* ws42: t482 */
+            (int64_t)(1024*d0) * (int64_t)sizeof(float),  /* ws43: t118 */
+            (int64_t)(1024*d0) * (int64_t)sizeof(float),  /* ws44: t121 */
+            (int64_t)(4096) * (int64_t)sizeof(float),  /* ws45: t269 */
+            (int64_t)(1024*d0) * (int64_t)sizeof(float),  /* ws46: t294 */
+            (int64_t)(4096) * (int64_t)sizeof(float),  /* ws47: t296 */
+            (int64_t)(128) * (int64_t)sizeof(float),  /* ws48: t459 */
+            (int64_t)(256*d0) * (int64_t)sizeof(float),  /* ws49: t123 */
+            (int64_t)(32) * (int64_t)sizeof(float),  /* ws50: t436 */
+            (int64_t)(8*d0) * (int64_t)sizeof(float),  /* ws51: t128 */
+            (int64_t)(256*d0) * (int64_t)sizeof(float),  /* ws52: t129 */
+            (int64_t)(256*d0) * (int64_t)sizeof(float),  /* ws53: t412 */
+            (int64_t)(32) * (int64_t)sizeof(float),  /* ws54: t413 */
+            (int64_t)(8*d0) * (int64_t)sizeof(float),  /* ws55: t132 */
+            (int64_t)(256*d0) * (int64_t)sizeof(float),  /* ws56: t133 */
+            (int64_t)(32) * (int64_t)sizeof(float),  /* ws57: t389 */
+            (int64_t)(1024) * (int64_t)sizeof(float),  /* ws58: t244 */
+            (int64_t)(256*d0) * (int64_t)sizeof(float),  /* ws59: t135 */
+            (int64_t)(768*d0) * (int64_t)sizeof(float),  /* ws60: t138 */
+            (int64_t)(16*d0) * (int64_t)sizeof(float),  /* ws61: t138 */
+            (int64_t)(256*d0) * (int64_t)sizeof(float),  /* ws62: t141 */
+            (int64_t)(768*d0) * (int64_t)sizeof(float),  /* ws63: t155 */
+            (int64_t)(256*d0) * (int64_t)sizeof(float),  /* ws64: t146 */
+            (int64_t)(256*d0) * (int64_t)sizeof(float),  /* ws65: t152 */
+            (int64_t)(3072) * (int64_t)sizeof(float),  /* ws66: t219 */
+            (int64_t)(96) * (int64_t)sizeof(float),  /* ws67: t366 */
+            (int64_t)(256*d0) * (int64_t)sizeof(float),  /* ws68: t157 */
+            (int64_t)(32) * (int64_t)sizeof(float),  /* ws69: t343 */
+            (int64_t)(8*d0) * (int64_t)sizeof(float),  /* ws70: t162 */
+            (int64_t)(256*d0) * (int64_t)sizeof(float),  /* ws71: t319 */
+            (int64_t)(32) * (int64_t)sizeof(float),  /* ws72: t320 */
+            (int64_t)(256*d0) * (int64_t)sizeof(float),  /* ws73: t163 */
+            (int64_t)(8*d0) * (int64_t)sizeof(float),  /* ws74: t166 */
+            (int64_t)(256*d0) * (int64_t)sizeof(float),  /* ws75: t167 */
+            (int64_t)(2048) * (int64_t)sizeof(float),  /* ws76: t168 */
+            (int64_t)(256) * (int64_t)sizeof(float),  /* ws77: t193 */
+            (int64_t)(8) * (int64_t)sizeof(int64_t),  /* ws78: t4 */
+            (int64_t)(256) * (int64_t)sizeof(float),  /* ws79: t194 */
         };
-        for (int k = 0; k < 82; ++k)
+        for (int k = 0; k < 80; ++k)
             if (offsets[k] < 0 || offsets[k] % SG_ALIGN != 0 || bytes[k] > arena_bytes - offsets[k])
                 return sg_fail(err, errlen, -1, "a workspace offset is misaligned or leaves the arena");
     }
@@ -4333,76 +4391,74 @@ int sg_cuda_run(void* handle, const int64_t* dims, void** inputs, void** outputs
     float* ws9 = (float*)((char*)st->workspace + offsets[9]);  /* t21 */
     float* ws10 = (float*)((char*)st->workspace + offsets[10]);  /* t32 */
     float* ws11 = (float*)((char*)st->workspace + offsets[11]);  /* t32 */
-    float* ws12 = (float*)((char*)st->workspace + offsets[12]);  /* t32 */
-    float* ws13 = (float*)((char*)st->workspace + offsets[13]);  /* t33 */
-    float* ws14 = (float*)((char*)st->workspace + offsets[14]);  /* t36 */
-    float* ws15 = (float*)((char*)st->workspace + offsets[15]);  /* t37 */
-    float* ws16 = (float*)((char*)st->workspace + offsets[16]);  /* t41 */
-    float* ws17 = (float*)((char*)st->workspace + offsets[17]);  /* t42 */
-    float* ws18 = (float*)((char*)st->workspace + offsets[18]);  /* t47 */
-    float* ws19 = (float*)((char*)st->workspace + offsets[19]);  /* t50 */
-    float* ws20 = (float*)((char*)st->workspace + offsets[20]);  /* t53 */
-    float* ws21 = (float*)((char*)st->workspace + offsets[21]);  /* t54 */
-    float* ws22 = (float*)((char*)st->workspace + offsets[22]);  /* t56 */
-    float* ws23 = (float*)((char*)st->workspace + offsets[23]);  /* t59 */
-    float* ws24 = (float*)((char*)st->workspace + offsets[24]);  /* t60 */
-    float* ws25 = (float*)((char*)st->workspace + offsets[25]);  /* t64 */
-    float* ws26 = (float*)((char*)st->workspace + offsets[26]);  /* t65 */
-    float* ws27 = (float*)((char*)st->workspace + offsets[27]);  /* t70 */
-    float* ws28 = (float*)((char*)st->workspace + offsets[28]);  /* t73 */
-    float* ws29 = (float*)((char*)st->workspace + offsets[29]);  /* t76 */
-    float* ws30 = (float*)((char*)st->workspace + offsets[30]);  /* t102 */
-    float* ws31 = (float*)((char*)st->workspace + offsets[31]);  /* t79 */
-    double* ws32 = (double*)((char*)st->workspace + offsets[32]);  /* t84 */
-    float* ws33 = (float*)((char*)st->workspace + offsets[33]);  /* t104 */
-    float* ws34 = (float*)((char*)st->workspace + offsets[34]);  /* t106 */
-    float* ws35 = (float*)((char*)st->workspace + offsets[35]);  /* t107 */
-    float* ws36 = (float*)((char*)st->workspace + offsets[36]);  /* t529 */
-    float* ws37 = (float*)((char*)st->workspace + offsets[37]);  /* t112 */
-    float* ws38 = (float*)((char*)st->workspace + offsets[38]);  /* t113 */
-    float* ws39 = (float*)((char*)st->workspace + offsets[39]);  /* t505 */
-    float* ws40 = (float*)((char*)st->workspace + offsets[40]);  /* t506 */
-    float* ws41 = (float*)((char*)st->workspace + offsets[41]);  /* t115 */
-    float* ws42 = (float*)((char*)st->workspace + offsets[42]);  /* t116 */
-    float* ws43 = (float*)((char*)st->workspace + offsets[43]);  /* t482 */
-    float* ws44 = (float*)((char*)st->workspace + offsets[44]);  /* t118 */
-    float* ws45 = (float*)((char*)st->workspace + offsets[45]);  /* t121 */
-    float* ws46 = (float*)((char*)st->workspace + offsets[46]);  /* t269 */
-    float* ws47 = (float*)((char*)st->workspace + offsets[47]);  /* t294 */
-    float* ws48 = (float*)((char*)st->workspace + offsets[48]);  /* t296 */
-    float* ws49 = (float*)((char*)st->workspace + offsets[49]);  /* t459 */
-    float* ws50 = (float*)((char*)st->workspace + offsets[50]);  /* t123 */
-    float* ws51 = (float*)((char*)st->workspace + offsets[51]);  /* t436 */
-    float* ws52 = (float*)((char*)st->workspace + offsets[52]);  /* t128 */
-    float* ws53 = (float*)((char*)st->workspace + offsets[53]);  /* t129 */
-    float* ws54 = (float*)((char*)st->workspace + offsets[54]);  /* t412 */
-    float* ws55 = (float*)((char*)st->workspace + offsets[55]);  /* t413 */
-    float* ws56 = (float*)((char*)st->workspace + offsets[56]);  /* t132 */
-    float* ws57 = (float*)((char*)st->workspace + offsets[57]);  /* t133 */
-    float* ws58 = (float*)((char*)st->workspace + offsets[58]);  /* t389 */
-    float* ws59 = (float*)((char*)st->workspace + offsets[59]);  /* t244 */
-    float* ws60 = (float*)((char*)st->workspace + offsets[60]);  /* t135 */
+    float* ws12 = (float*)((char*)st->workspace + offsets[12]);  /* t33 */
+    float* ws13 = (float*)((char*)st->workspace + offsets[13]);  /* t36 */
+    float* ws14 = (float*)((char*)st->workspace + offsets[14]);  /* t37 */
+    float* ws15 = (float*)((char*)st->workspace + offsets[15]);  /* t41 */
+    float* ws16 = (float*)((char*)st->workspace + offsets[16]);  /* t42 */
+    float* ws17 = (float*)((char*)st->workspace + offsets[17]);  /* t47 */
+    float* ws18 = (float*)((char*)st->workspace + offsets[18]);  /* t50 */
+    float* ws19 = (float*)((char*)st->workspace + offsets[19]);  /* t53 */
+    float* ws20 = (float*)((char*)st->workspace + offsets[20]);  /* t54 */
+    float* ws21 = (float*)((char*)st->workspace + offsets[21]);  /* t56 */
+    float* ws22 = (float*)((char*)st->workspace + offsets[22]);  /* t59 */
+    float* ws23 = (float*)((char*)st->workspace + offsets[23]);  /* t60 */
+    float* ws24 = (float*)((char*)st->workspace + offsets[24]);  /* t64 */
+    float* ws25 = (float*)((char*)st->workspace + offsets[25]);  /* t65 */
+    float* ws26 = (float*)((char*)st->workspace + offsets[26]);  /* t70 */
+    float* ws27 = (float*)((char*)st->workspace + offsets[27]);  /* t73 */
+    float* ws28 = (float*)((char*)st->workspace + offsets[28]);  /* t76 */
+    float* ws29 = (float*)((char*)st->workspace + offsets[29]);  /* t102 */
+    float* ws30 = (float*)((char*)st->workspace + offsets[30]);  /* t79 */
+    double* ws31 = (double*)((char*)st->workspace + offsets[31]);  /* t84 */
+    float* ws32 = (float*)((char*)st->workspace + offsets[32]);  /* t104 */
+    float* ws33 = (float*)((char*)st->workspace + offsets[33]);  /* t106 */
+    float* ws34 = (float*)((char*)st->workspace + offsets[34]);  /* t107 */
+    float* ws35 = (float*)((char*)st->workspace + offsets[35]);  /* t529 */
+    float* ws36 = (float*)((char*)st->workspace + offsets[36]);  /* t112 */
+    float* ws37 = (float*)((char*)st->workspace + offsets[37]);  /* t113 */
+    float* ws38 = (float*)((char*)st->workspace + offsets[38]);  /* t505 */
+    float* ws39 = (float*)((char*)st->workspace + offsets[39]);  /* t506 */
+    float* ws40 = (float*)((char*)st->workspace + offsets[40]);  /* t115 */
+    float* ws41 = (float*)((char*)st->workspace + offsets[41]);  /* t116 */
+    float* ws42 = (float*)((char*)st->workspace + offsets[42]);  /* t482 */
+    float* ws43 = (float*)((char*)st->workspace + offsets[43]);  /* t118 */
+    float* ws44 = (float*)((char*)st->workspace + offsets[44]);  /* t121 */
+    float* ws45 = (float*)((char*)st->workspace + offsets[45]);  /* t269 */
+    float* ws46 = (float*)((char*)st->workspace + offsets[46]);  /* t294 */
+    float* ws47 = (float*)((char*)st->workspace + offsets[47]);  /* t296 */
+    float* ws48 = (float*)((char*)st->workspace + offsets[48]);  /* t459 */
+    float* ws49 = (float*)((char*)st->workspace + offsets[49]);  /* t123 */
+    float* ws50 = (float*)((char*)st->workspace + offsets[50]);  /* t436 */
+    float* ws51 = (float*)((char*)st->workspace + offsets[51]);  /* t128 */
+    float* ws52 = (float*)((char*)st->workspace + offsets[52]);  /* t129 */
+    float* ws53 = (float*)((char*)st->workspace + offsets[53]);  /* t412 */
+    float* ws54 = (float*)((char*)st->workspace + offsets[54]);  /* t413 */
+    float* ws55 = (float*)((char*)st->workspace + offsets[55]);  /* t132 */
+    float* ws56 = (float*)((char*)st->workspace + offsets[56]);  /* t133 */
+    float* ws57 = (float*)((char*)st->workspace + offsets[57]);  /* t389 */
+    float* ws58 = (float*)((char*)st->workspace + offsets[58]);  /* t244 */
+    float* ws59 = (float*)((char*)st->workspace + offsets[59]);  /* t135 */
+    float* ws60 = (float*)((char*)st->workspace + offsets[60]);  /* t138 */
     float* ws61 = (float*)((char*)st->workspace + offsets[61]);  /* t138 */
-    float* ws62 = (float*)((char*)st->workspace + offsets[62]);  /* t138 */
-    float* ws63 = (float*)((char*)st->workspace + offsets[63]);  /* t138 */
-    float* ws64 = (float*)((char*)st->workspace + offsets[64]);  /* t141 */
-    float* ws65 = (float*)((char*)st->workspace + offsets[65]);  /* t155 */
-    float* ws66 = (float*)((char*)st->workspace + offsets[66]);  /* t146 */
-    float* ws67 = (float*)((char*)st->workspace + offsets[67]);  /* t152 */
-    float* ws68 = (float*)((char*)st->workspace + offsets[68]);  /* t219 */
-    float* ws69 = (float*)((char*)st->workspace + offsets[69]);  /* t366 */
-    float* ws70 = (float*)((char*)st->workspace + offsets[70]);  /* t157 */
-    float* ws71 = (float*)((char*)st->workspace + offsets[71]);  /* t343 */
-    float* ws72 = (float*)((char*)st->workspace + offsets[72]);  /* t162 */
-    float* ws73 = (float*)((char*)st->workspace + offsets[73]);  /* t319 */
-    float* ws74 = (float*)((char*)st->workspace + offsets[74]);  /* t320 */
-    float* ws75 = (float*)((char*)st->workspace + offsets[75]);  /* t163 */
-    float* ws76 = (float*)((char*)st->workspace + offsets[76]);  /* t166 */
-    float* ws77 = (float*)((char*)st->workspace + offsets[77]);  /* t167 */
-    float* ws78 = (float*)((char*)st->workspace + offsets[78]);  /* t168 */
-    float* ws79 = (float*)((char*)st->workspace + offsets[79]);  /* t193 */
-    int64_t* ws80 = (int64_t*)((char*)st->workspace + offsets[80]);  /* t4 */
-    float* ws81 = (float*)((char*)st->workspace + offsets[81]);  /* t194 */
+    float* ws62 = (float*)((char*)st->workspace + offsets[62]);  /* t141 */
+    float* ws63 = (float*)((char*)st->workspace + offsets[63]);  /* t155 */
+    float* ws64 = (float*)((char*)st->workspace + offsets[64]);  /* t146 */
+    float* ws65 = (float*)((char*)st->workspace + offsets[65]);  /* t152 */
+    float* ws66 = (float*)((char*)st->workspace + offsets[66]);  /* t219 */
+    float* ws67 = (float*)((char*)st->workspace + offsets[67]);  /* t366 */
+    float* ws68 = (float*)((char*)st->workspace + offsets[68]);  /* t157 */
+    float* ws69 = (float*)((char*)st->workspace + offsets[69]);  /* t343 */
+    float* ws70 = (float*)((char*)st->workspace + offsets[70]);  /* t162 */
+    float* ws71 = (float*)((char*)st->workspace + offsets[71]);  /* t319 */
+    float* ws72 = (float*)((char*)st->workspace + offsets[72]);  /* t320 */
+    float* ws73 = (float*)((char*)st->workspace + offsets[73]);  /* t163 */
+    float* ws74 = (float*)((char*)st->workspace + offsets[74]);  /* t166 */
+    float* ws75 = (float*)((char*)st->workspace + offsets[75]);  /* t167 */
+    float* ws76 = (float*)((char*)st->workspace + offsets[76]);  /* t168 */
+    float* ws77 = (float*)((char*)st->workspace + offsets[77]);  /* t193 */
+    int64_t* ws78 = (int64_t*)((char*)st->workspace + offsets[78]);  /* t4 */
+    float* ws79 = (float*)((char*)st->workspace + offsets[79]);  /* t194 */
 
     {   /* k0_take_t3 */
         const int64_t n = 1 * (8*d0) * 32;
@@ -4598,12 +4654,15 @@ int sg_cuda_run(void* handle, const int64_t* dims, void** inputs, void** outputs
 
     {   /* k24_matmul_t20: out[8*d0 x 96] = a @ b, K = 32 */
         const int64_t M = 8*d0, N = 96, K = 32;
-        if (M > 0 && N > 0) {
+        const sg_batch batch = { 0, 1, {0}, {0}, {0}, {0} };  /* one product */
+        if (M > 0 && N > 0 && batch.count > 0) {
             const int64_t grid_y = (M + SG_TILE - 1) / SG_TILE, grid_x = (N + SG_TILE - 1) / SG_TILE;
             if (grid_y > 65535 || grid_x > 2147483647)
                 return sg_fail(err, errlen, -1, "k24_matmul_t20: matrix too large for one launch");
-            sg_gemm<float><<<dim3((unsigned)grid_x, (unsigned)grid_y), SG_GEMM_THREADS>>>(
-                M, N, K, ws6, 32, 1, var4, 1, 32, ws8);
+            /* (more products than blocks along z: each block walks several) */
+            const unsigned grid_z = batch.count < 65535 ? (unsigned)batch.count : 65535u;
+            sg_gemm<float><<<dim3((unsigned)grid_x, (unsigned)grid_y, grid_z), SG_GEMM_THREADS>>>(
+                M, N, K, ws6, 32, 1, var4, 1, 32, ws8, batch);
             SG_CHECK(cudaGetLastError(), "launching k24_matmul_t20");
         }
     }
@@ -4619,7 +4678,7 @@ int sg_cuda_run(void* handle, const int64_t* dims, void** inputs, void** outputs
     {   /* k26_attention_t32 */
         const int64_t n = (2*d0) * 8;
         if (n > 0) {
-            k26_attention_t32<<<sg_blocks(n), SG_THREADS>>>(d0, ws9, ws10, ws11, ws12);
+            k26_attention_t32<<<sg_blocks(n), SG_THREADS>>>(d0, ws9, ws10, ws11);
             SG_CHECK(cudaGetLastError(), "launching k26_attention_t32");
         }
     }
@@ -4627,19 +4686,22 @@ int sg_cuda_run(void* handle, const int64_t* dims, void** inputs, void** outputs
     {   /* k27_copy: (256*d0) elements */
         const int64_t n = (256*d0);
         if (n > 0) {
-            k27_copy<<<sg_blocks(n), SG_THREADS>>>(d0, ws10, ws13);
+            k27_copy<<<sg_blocks(n), SG_THREADS>>>(d0, ws10, ws12);
             SG_CHECK(cudaGetLastError(), "launching k27_copy");
         }
     }
 
     {   /* k28_matmul_t36: out[8*d0 x 32] = a @ b, K = 32 */
         const int64_t M = 8*d0, N = 32, K = 32;
-        if (M > 0 && N > 0) {
+        const sg_batch batch = { 0, 1, {0}, {0}, {0}, {0} };  /* one product */
+        if (M > 0 && N > 0 && batch.count > 0) {
             const int64_t grid_y = (M + SG_TILE - 1) / SG_TILE, grid_x = (N + SG_TILE - 1) / SG_TILE;
             if (grid_y > 65535 || grid_x > 2147483647)
                 return sg_fail(err, errlen, -1, "k28_matmul_t36: matrix too large for one launch");
-            sg_gemm<float><<<dim3((unsigned)grid_x, (unsigned)grid_y), SG_GEMM_THREADS>>>(
-                M, N, K, ws13, 32, 1, var6, 1, 32, ws14);
+            /* (more products than blocks along z: each block walks several) */
+            const unsigned grid_z = batch.count < 65535 ? (unsigned)batch.count : 65535u;
+            sg_gemm<float><<<dim3((unsigned)grid_x, (unsigned)grid_y, grid_z), SG_GEMM_THREADS>>>(
+                M, N, K, ws12, 32, 1, var6, 1, 32, ws13, batch);
             SG_CHECK(cudaGetLastError(), "launching k28_matmul_t36");
         }
     }
@@ -4647,7 +4709,7 @@ int sg_cuda_run(void* handle, const int64_t* dims, void** inputs, void** outputs
     {   /* k29_add_t37: (256*d0) elements */
         const int64_t n = (256*d0);
         if (n > 0) {
-            k29_add_t37<<<sg_blocks(n), SG_THREADS>>>(d0, ws14, var7, ws15);
+            k29_add_t37<<<sg_blocks(n), SG_THREADS>>>(d0, ws13, var7, ws14);
             SG_CHECK(cudaGetLastError(), "launching k29_add_t37");
         }
     }
@@ -4655,7 +4717,7 @@ int sg_cuda_run(void* handle, const int64_t* dims, void** inputs, void** outputs
     {   /* k30_mul_t41: (8*d0) outputs, 32 elements each */
         const int64_t n_out = (8*d0);
         if (n_out > 0) {
-            k30_mul_t41<<<sg_blocks_for_rows(n_out), sg_reduce_threads(32)>>>(d0, ws0, ws2, ws15, ws16);
+            k30_mul_t41<<<sg_blocks_for_rows(n_out), sg_reduce_threads(32)>>>(d0, ws0, ws2, ws14, ws15);
             SG_CHECK(cudaGetLastError(), "launching k30_mul_t41");
         }
     }
@@ -4663,7 +4725,7 @@ int sg_cuda_run(void* handle, const int64_t* dims, void** inputs, void** outputs
     {   /* k31_sub_t42: (256*d0) elements */
         const int64_t n = (256*d0);
         if (n > 0) {
-            k31_sub_t42<<<sg_blocks(n), SG_THREADS>>>(d0, ws0, ws2, ws15, ws16, ws17);
+            k31_sub_t42<<<sg_blocks(n), SG_THREADS>>>(d0, ws0, ws2, ws14, ws15, ws16);
             SG_CHECK(cudaGetLastError(), "launching k31_sub_t42");
         }
     }
@@ -4671,7 +4733,7 @@ int sg_cuda_run(void* handle, const int64_t* dims, void** inputs, void** outputs
     {   /* k32_sqrt_t47: (8*d0) outputs, 32 elements each */
         const int64_t n_out = (8*d0);
         if (n_out > 0) {
-            k32_sqrt_t47<<<sg_blocks_for_rows(n_out), sg_reduce_threads(32)>>>(d0, ws17, ws18);
+            k32_sqrt_t47<<<sg_blocks_for_rows(n_out), sg_reduce_threads(32)>>>(d0, ws16, ws17);
             SG_CHECK(cudaGetLastError(), "launching k32_sqrt_t47");
         }
     }
@@ -4679,19 +4741,22 @@ int sg_cuda_run(void* handle, const int64_t* dims, void** inputs, void** outputs
     {   /* k33_add_t50: (256*d0) elements */
         const int64_t n = (256*d0);
         if (n > 0) {
-            k33_add_t50<<<sg_blocks(n), SG_THREADS>>>(d0, ws17, ws18, var8, var9, ws19);
+            k33_add_t50<<<sg_blocks(n), SG_THREADS>>>(d0, ws16, ws17, var8, var9, ws18);
             SG_CHECK(cudaGetLastError(), "launching k33_add_t50");
         }
     }
 
     {   /* k34_matmul_t53: out[8*d0 x 128] = a @ b, K = 32 */
         const int64_t M = 8*d0, N = 128, K = 32;
-        if (M > 0 && N > 0) {
+        const sg_batch batch = { 0, 1, {0}, {0}, {0}, {0} };  /* one product */
+        if (M > 0 && N > 0 && batch.count > 0) {
             const int64_t grid_y = (M + SG_TILE - 1) / SG_TILE, grid_x = (N + SG_TILE - 1) / SG_TILE;
             if (grid_y > 65535 || grid_x > 2147483647)
                 return sg_fail(err, errlen, -1, "k34_matmul_t53: matrix too large for one launch");
-            sg_gemm<float><<<dim3((unsigned)grid_x, (unsigned)grid_y), SG_GEMM_THREADS>>>(
-                M, N, K, ws19, 32, 1, var10, 1, 32, ws20);
+            /* (more products than blocks along z: each block walks several) */
+            const unsigned grid_z = batch.count < 65535 ? (unsigned)batch.count : 65535u;
+            sg_gemm<float><<<dim3((unsigned)grid_x, (unsigned)grid_y, grid_z), SG_GEMM_THREADS>>>(
+                M, N, K, ws18, 32, 1, var10, 1, 32, ws19, batch);
             SG_CHECK(cudaGetLastError(), "launching k34_matmul_t53");
         }
     }
@@ -4699,7 +4764,7 @@ int sg_cuda_run(void* handle, const int64_t* dims, void** inputs, void** outputs
     {   /* k35_add_t54: (1024*d0) elements */
         const int64_t n = (1024*d0);
         if (n > 0) {
-            k35_add_t54<<<sg_blocks(n), SG_THREADS>>>(d0, ws20, var11, ws21);
+            k35_add_t54<<<sg_blocks(n), SG_THREADS>>>(d0, ws19, var11, ws20);
             SG_CHECK(cudaGetLastError(), "launching k35_add_t54");
         }
     }
@@ -4707,19 +4772,22 @@ int sg_cuda_run(void* handle, const int64_t* dims, void** inputs, void** outputs
     {   /* k36_gelu_t56: (1024*d0) elements */
         const int64_t n = (1024*d0);
         if (n > 0) {
-            k36_gelu_t56<<<sg_blocks(n), SG_THREADS>>>(d0, ws21, ws22);
+            k36_gelu_t56<<<sg_blocks(n), SG_THREADS>>>(d0, ws20, ws21);
             SG_CHECK(cudaGetLastError(), "launching k36_gelu_t56");
         }
     }
 
     {   /* k37_matmul_t59: out[8*d0 x 32] = a @ b, K = 128 */
         const int64_t M = 8*d0, N = 32, K = 128;
-        if (M > 0 && N > 0) {
+        const sg_batch batch = { 0, 1, {0}, {0}, {0}, {0} };  /* one product */
+        if (M > 0 && N > 0 && batch.count > 0) {
             const int64_t grid_y = (M + SG_TILE - 1) / SG_TILE, grid_x = (N + SG_TILE - 1) / SG_TILE;
             if (grid_y > 65535 || grid_x > 2147483647)
                 return sg_fail(err, errlen, -1, "k37_matmul_t59: matrix too large for one launch");
-            sg_gemm<float><<<dim3((unsigned)grid_x, (unsigned)grid_y), SG_GEMM_THREADS>>>(
-                M, N, K, ws22, 128, 1, var12, 1, 128, ws23);
+            /* (more products than blocks along z: each block walks several) */
+            const unsigned grid_z = batch.count < 65535 ? (unsigned)batch.count : 65535u;
+            sg_gemm<float><<<dim3((unsigned)grid_x, (unsigned)grid_y, grid_z), SG_GEMM_THREADS>>>(
+                M, N, K, ws21, 128, 1, var12, 1, 128, ws22, batch);
             SG_CHECK(cudaGetLastError(), "launching k37_matmul_t59");
         }
     }
@@ -4727,7 +4795,7 @@ int sg_cuda_run(void* handle, const int64_t* dims, void** inputs, void** outputs
     {   /* k38_add_t60: (256*d0) elements */
         const int64_t n = (256*d0);
         if (n > 0) {
-            k38_add_t60<<<sg_blocks(n), SG_THREADS>>>(d0, ws23, var13, ws24);
+            k38_add_t60<<<sg_blocks(n), SG_THREADS>>>(d0, ws22, var13, ws23);
             SG_CHECK(cudaGetLastError(), "launching k38_add_t60");
         }
     }
@@ -4735,7 +4803,7 @@ int sg_cuda_run(void* handle, const int64_t* dims, void** inputs, void** outputs
     {   /* k39_mul_t64: (8*d0) outputs, 32 elements each */
         const int64_t n_out = (8*d0);
         if (n_out > 0) {
-            k39_mul_t64<<<sg_blocks_for_rows(n_out), sg_reduce_threads(32)>>>(d0, ws0, ws2, ws15, ws24, ws25);
+            k39_mul_t64<<<sg_blocks_for_rows(n_out), sg_reduce_threads(32)>>>(d0, ws0, ws2, ws14, ws23, ws24);
             SG_CHECK(cudaGetLastError(), "launching k39_mul_t64");
         }
     }
@@ -4743,7 +4811,7 @@ int sg_cuda_run(void* handle, const int64_t* dims, void** inputs, void** outputs
     {   /* k40_sub_t65: (256*d0) elements */
         const int64_t n = (256*d0);
         if (n > 0) {
-            k40_sub_t65<<<sg_blocks(n), SG_THREADS>>>(d0, ws0, ws2, ws15, ws24, ws25, ws26);
+            k40_sub_t65<<<sg_blocks(n), SG_THREADS>>>(d0, ws0, ws2, ws14, ws23, ws24, ws25);
             SG_CHECK(cudaGetLastError(), "launching k40_sub_t65");
         }
     }
@@ -4751,7 +4819,7 @@ int sg_cuda_run(void* handle, const int64_t* dims, void** inputs, void** outputs
     {   /* k41_sqrt_t70: (8*d0) outputs, 32 elements each */
         const int64_t n_out = (8*d0);
         if (n_out > 0) {
-            k41_sqrt_t70<<<sg_blocks_for_rows(n_out), sg_reduce_threads(32)>>>(d0, ws26, ws27);
+            k41_sqrt_t70<<<sg_blocks_for_rows(n_out), sg_reduce_threads(32)>>>(d0, ws25, ws26);
             SG_CHECK(cudaGetLastError(), "launching k41_sqrt_t70");
         }
     }
@@ -4759,19 +4827,22 @@ int sg_cuda_run(void* handle, const int64_t* dims, void** inputs, void** outputs
     {   /* k42_add_t73: (256*d0) elements */
         const int64_t n = (256*d0);
         if (n > 0) {
-            k42_add_t73<<<sg_blocks(n), SG_THREADS>>>(d0, ws26, ws27, var14, var15, ws28);
+            k42_add_t73<<<sg_blocks(n), SG_THREADS>>>(d0, ws25, ws26, var14, var15, ws27);
             SG_CHECK(cudaGetLastError(), "launching k42_add_t73");
         }
     }
 
     {   /* k43_matmul_t76: out[8*d0 x 64] = a @ b, K = 32 */
         const int64_t M = 8*d0, N = 64, K = 32;
-        if (M > 0 && N > 0) {
+        const sg_batch batch = { 0, 1, {0}, {0}, {0}, {0} };  /* one product */
+        if (M > 0 && N > 0 && batch.count > 0) {
             const int64_t grid_y = (M + SG_TILE - 1) / SG_TILE, grid_x = (N + SG_TILE - 1) / SG_TILE;
             if (grid_y > 65535 || grid_x > 2147483647)
                 return sg_fail(err, errlen, -1, "k43_matmul_t76: matrix too large for one launch");
-            sg_gemm<float><<<dim3((unsigned)grid_x, (unsigned)grid_y), SG_GEMM_THREADS>>>(
-                M, N, K, ws28, 32, 1, var0, 1, 32, ws29);
+            /* (more products than blocks along z: each block walks several) */
+            const unsigned grid_z = batch.count < 65535 ? (unsigned)batch.count : 65535u;
+            sg_gemm<float><<<dim3((unsigned)grid_x, (unsigned)grid_y, grid_z), SG_GEMM_THREADS>>>(
+                M, N, K, ws27, 32, 1, var0, 1, 32, ws28, batch);
             SG_CHECK(cudaGetLastError(), "launching k43_matmul_t76");
         }
     }
@@ -4779,7 +4850,7 @@ int sg_cuda_run(void* handle, const int64_t* dims, void** inputs, void** outputs
     {   /* k44_rows_t77: (8*d0) rows of 64 elements, one block each */
         const int64_t n_rows = (8*d0);
         if (n_rows > 0) {
-            k44_rows_t77<<<sg_blocks_for_rows(n_rows), sg_reduce_threads(64)>>>(d0, ws3, in1, ws29, ws30, ws31, ws33, ws32);
+            k44_rows_t77<<<sg_blocks_for_rows(n_rows), sg_reduce_threads(64)>>>(d0, ws3, in1, ws28, ws29, ws30, ws32, ws31);
             SG_CHECK(cudaGetLastError(), "launching k44_rows_t77");
         }
     }
@@ -4787,31 +4858,37 @@ int sg_cuda_run(void* handle, const int64_t* dims, void** inputs, void** outputs
     {   /* k45_div_t90: 1 outputs, (8*d0) elements each */
         const int64_t n_out = 1;
         if (n_out > 0) {
-            k45_div_t90<<<sg_blocks_for_rows(n_out), sg_reduce_threads((8*d0))>>>(d0, ws32, ws3, out0);
+            k45_div_t90<<<sg_blocks_for_rows(n_out), sg_reduce_threads((8*d0))>>>(d0, ws31, ws3, out0);
             SG_CHECK(cudaGetLastError(), "launching k45_div_t90");
         }
     }
 
     {   /* k46_matmul_t106: out[64 x 32] = a @ b, K = 8*d0 */
         const int64_t M = 64, N = 32, K = 8*d0;
-        if (M > 0 && N > 0) {
+        const sg_batch batch = { 0, 1, {0}, {0}, {0}, {0} };  /* one product */
+        if (M > 0 && N > 0 && batch.count > 0) {
             const int64_t grid_y = (M + SG_TILE - 1) / SG_TILE, grid_x = (N + SG_TILE - 1) / SG_TILE;
             if (grid_y > 65535 || grid_x > 2147483647)
                 return sg_fail(err, errlen, -1, "k46_matmul_t106: matrix too large for one launch");
-            sg_gemm<float><<<dim3((unsigned)grid_x, (unsigned)grid_y), SG_GEMM_THREADS>>>(
-                M, N, K, ws33, 1, 64, ws28, 32, 1, ws34);
+            /* (more products than blocks along z: each block walks several) */
+            const unsigned grid_z = batch.count < 65535 ? (unsigned)batch.count : 65535u;
+            sg_gemm<float><<<dim3((unsigned)grid_x, (unsigned)grid_y, grid_z), SG_GEMM_THREADS>>>(
+                M, N, K, ws32, 1, 64, ws27, 32, 1, ws33, batch);
             SG_CHECK(cudaGetLastError(), "launching k46_matmul_t106");
         }
     }
 
     {   /* k47_matmul_t107: out[8*d0 x 32] = a @ b, K = 64 */
         const int64_t M = 8*d0, N = 32, K = 64;
-        if (M > 0 && N > 0) {
+        const sg_batch batch = { 0, 1, {0}, {0}, {0}, {0} };  /* one product */
+        if (M > 0 && N > 0 && batch.count > 0) {
             const int64_t grid_y = (M + SG_TILE - 1) / SG_TILE, grid_x = (N + SG_TILE - 1) / SG_TILE;
             if (grid_y > 65535 || grid_x > 2147483647)
                 return sg_fail(err, errlen, -1, "k47_matmul_t107: matrix too large for one launch");
-            sg_gemm<float><<<dim3((unsigned)grid_x, (unsigned)grid_y), SG_GEMM_THREADS>>>(
-                M, N, K, ws33, 64, 1, var0, 32, 1, ws35);
+            /* (more products than blocks along z: each block walks several) */
+            const unsigned grid_z = batch.count < 65535 ? (unsigned)batch.count : 65535u;
+            sg_gemm<float><<<dim3((unsigned)grid_x, (unsigned)grid_y, grid_z), SG_GEMM_THREADS>>>(
+                M, N, K, ws32, 64, 1, var0, 32, 1, ws34, batch);
             SG_CHECK(cudaGetLastError(), "launching k47_matmul_t107");
         }
     }
@@ -4819,7 +4896,7 @@ int sg_cuda_run(void* handle, const int64_t* dims, void** inputs, void** outputs
     {   /* k48_sum_t529: 32 outputs, (8*d0) elements each */
         const int64_t n_out = 32;
         if (n_out > 0) {
-            k48_sum_t529<<<sg_blocks_for_rows(n_out), sg_reduce_threads((8*d0))>>>(d0, ws35, ws36);
+            k48_sum_t529<<<sg_blocks_for_rows(n_out), sg_reduce_threads((8*d0))>>>(d0, ws34, ws35);
             SG_CHECK(cudaGetLastError(), "launching k48_sum_t529");
         }
     }
@@ -4827,7 +4904,7 @@ int sg_cuda_run(void* handle, const int64_t* dims, void** inputs, void** outputs
     {   /* k49_add_t532: 32 elements */
         const int64_t n = 32;
         if (n > 0) {
-            k49_add_t532<<<sg_blocks(n), SG_THREADS>>>(d0, ws36, var64);
+            k49_add_t532<<<sg_blocks(n), SG_THREADS>>>(d0, ws35, var64);
             SG_CHECK(cudaGetLastError(), "launching k49_add_t532");
         }
     }
@@ -4835,7 +4912,7 @@ int sg_cuda_run(void* handle, const int64_t* dims, void** inputs, void** outputs
     {   /* k50_add_t537: 32 elements */
         const int64_t n = 32;
         if (n > 0) {
-            k50_add_t537<<<sg_blocks(n), SG_THREADS>>>(d0, var65, ws36);
+            k50_add_t537<<<sg_blocks(n), SG_THREADS>>>(d0, var65, ws35);
             SG_CHECK(cudaGetLastError(), "launching k50_add_t537");
         }
     }
@@ -4851,7 +4928,7 @@ int sg_cuda_run(void* handle, const int64_t* dims, void** inputs, void** outputs
     {   /* k52_sum_t112: (8*d0) outputs, 32 elements each */
         const int64_t n_out = (8*d0);
         if (n_out > 0) {
-            k52_sum_t112<<<sg_blocks_for_rows(n_out), sg_reduce_threads(32)>>>(d0, ws26, ws27, ws35, var14, ws37);
+            k52_sum_t112<<<sg_blocks_for_rows(n_out), sg_reduce_threads(32)>>>(d0, ws25, ws26, ws34, var14, ws36);
             SG_CHECK(cudaGetLastError(), "launching k52_sum_t112");
         }
     }
@@ -4859,7 +4936,7 @@ int sg_cuda_run(void* handle, const int64_t* dims, void** inputs, void** outputs
     {   /* k53_simplified_t113: (256*d0) elements */
         const int64_t n = (256*d0);
         if (n > 0) {
-            k53_simplified_t113<<<sg_blocks(n), SG_THREADS>>>(d0, ws35, var14, ws27, ws37, ws26, ws38);
+            k53_simplified_t113<<<sg_blocks(n), SG_THREADS>>>(d0, ws34, var14, ws26, ws36, ws25, ws37);
             SG_CHECK(cudaGetLastError(), "launching k53_simplified_t113");
         }
     }
@@ -4867,7 +4944,7 @@ int sg_cuda_run(void* handle, const int64_t* dims, void** inputs, void** outputs
     {   /* k54_mul_t505: (256*d0) elements */
         const int64_t n = (256*d0);
         if (n > 0) {
-            k54_mul_t505<<<sg_blocks(n), SG_THREADS>>>(d0, ws26, ws27, ws35, ws39);
+            k54_mul_t505<<<sg_blocks(n), SG_THREADS>>>(d0, ws25, ws26, ws34, ws38);
             SG_CHECK(cudaGetLastError(), "launching k54_mul_t505");
         }
     }
@@ -4875,7 +4952,7 @@ int sg_cuda_run(void* handle, const int64_t* dims, void** inputs, void** outputs
     {   /* k55_sum_t506: 32 outputs, (8*d0) elements each */
         const int64_t n_out = 32;
         if (n_out > 0) {
-            k55_sum_t506<<<sg_blocks_for_rows(n_out), sg_reduce_threads((8*d0))>>>(d0, ws39, ws40);
+            k55_sum_t506<<<sg_blocks_for_rows(n_out), sg_reduce_threads((8*d0))>>>(d0, ws38, ws39);
             SG_CHECK(cudaGetLastError(), "launching k55_sum_t506");
         }
     }
@@ -4883,7 +4960,7 @@ int sg_cuda_run(void* handle, const int64_t* dims, void** inputs, void** outputs
     {   /* k56_add_t509: 32 elements */
         const int64_t n = 32;
         if (n > 0) {
-            k56_add_t509<<<sg_blocks(n), SG_THREADS>>>(d0, ws40, var61);
+            k56_add_t509<<<sg_blocks(n), SG_THREADS>>>(d0, ws39, var61);
             SG_CHECK(cudaGetLastError(), "launching k56_add_t509");
         }
     }
@@ -4891,7 +4968,7 @@ int sg_cuda_run(void* handle, const int64_t* dims, void** inputs, void** outputs
     {   /* k57_add_t514: 32 elements */
         const int64_t n = 32;
         if (n > 0) {
-            k57_add_t514<<<sg_blocks(n), SG_THREADS>>>(d0, var62, ws40);
+            k57_add_t514<<<sg_blocks(n), SG_THREADS>>>(d0, var62, ws39);
             SG_CHECK(cudaGetLastError(), "launching k57_add_t514");
         }
     }
@@ -4907,7 +4984,7 @@ int sg_cuda_run(void* handle, const int64_t* dims, void** inputs, void** outputs
     {   /* k59_mul_t115: (8*d0) outputs, 32 elements each */
         const int64_t n_out = (8*d0);
         if (n_out > 0) {
-            k59_mul_t115<<<sg_blocks_for_rows(n_out), sg_reduce_threads(32)>>>(d0, ws38, ws41);
+            k59_mul_t115<<<sg_blocks_for_rows(n_out), sg_reduce_threads(32)>>>(d0, ws37, ws40);
             SG_CHECK(cudaGetLastError(), "launching k59_mul_t115");
         }
     }
@@ -4915,7 +4992,7 @@ int sg_cuda_run(void* handle, const int64_t* dims, void** inputs, void** outputs
     {   /* k60_add_t116: (256*d0) elements */
         const int64_t n = (256*d0);
         if (n > 0) {
-            k60_add_t116<<<sg_blocks(n), SG_THREADS>>>(d0, ws38, ws41, ws42);
+            k60_add_t116<<<sg_blocks(n), SG_THREADS>>>(d0, ws37, ws40, ws41);
             SG_CHECK(cudaGetLastError(), "launching k60_add_t116");
         }
     }
@@ -4923,7 +5000,7 @@ int sg_cuda_run(void* handle, const int64_t* dims, void** inputs, void** outputs
     {   /* k61_sum_t482: 32 outputs, (8*d0) elements each */
         const int64_t n_out = 32;
         if (n_out > 0) {
-            k61_sum_t482<<<sg_blocks_for_rows(n_out), sg_reduce_threads((8*d0))>>>(d0, ws42, ws43);
+            k61_sum_t482<<<sg_blocks_for_rows(n_out), sg_reduce_threads((8*d0))>>>(d0, ws41, ws42);
             SG_CHECK(cudaGetLastError(), "launching k61_sum_t482");
         }
     }
@@ -4931,7 +5008,7 @@ int sg_cuda_run(void* handle, const int64_t* dims, void** inputs, void** outputs
     {   /* k62_add_t485: 32 elements */
         const int64_t n = 32;
         if (n > 0) {
-            k62_add_t485<<<sg_blocks(n), SG_THREADS>>>(d0, ws43, var58);
+            k62_add_t485<<<sg_blocks(n), SG_THREADS>>>(d0, ws42, var58);
             SG_CHECK(cudaGetLastError(), "launching k62_add_t485");
         }
     }
@@ -4939,7 +5016,7 @@ int sg_cuda_run(void* handle, const int64_t* dims, void** inputs, void** outputs
     {   /* k63_add_t490: 32 elements */
         const int64_t n = 32;
         if (n > 0) {
-            k63_add_t490<<<sg_blocks(n), SG_THREADS>>>(d0, var59, ws43);
+            k63_add_t490<<<sg_blocks(n), SG_THREADS>>>(d0, var59, ws42);
             SG_CHECK(cudaGetLastError(), "launching k63_add_t490");
         }
     }
@@ -4954,12 +5031,15 @@ int sg_cuda_run(void* handle, const int64_t* dims, void** inputs, void** outputs
 
     {   /* k65_matmul_t118: out[8*d0 x 128] = a @ b, K = 32 */
         const int64_t M = 8*d0, N = 128, K = 32;
-        if (M > 0 && N > 0) {
+        const sg_batch batch = { 0, 1, {0}, {0}, {0}, {0} };  /* one product */
+        if (M > 0 && N > 0 && batch.count > 0) {
             const int64_t grid_y = (M + SG_TILE - 1) / SG_TILE, grid_x = (N + SG_TILE - 1) / SG_TILE;
             if (grid_y > 65535 || grid_x > 2147483647)
                 return sg_fail(err, errlen, -1, "k65_matmul_t118: matrix too large for one launch");
-            sg_gemm<float><<<dim3((unsigned)grid_x, (unsigned)grid_y), SG_GEMM_THREADS>>>(
-                M, N, K, ws42, 32, 1, var12, 128, 1, ws44);
+            /* (more products than blocks along z: each block walks several) */
+            const unsigned grid_z = batch.count < 65535 ? (unsigned)batch.count : 65535u;
+            sg_gemm<float><<<dim3((unsigned)grid_x, (unsigned)grid_y, grid_z), SG_GEMM_THREADS>>>(
+                M, N, K, ws41, 32, 1, var12, 128, 1, ws43, batch);
             SG_CHECK(cudaGetLastError(), "launching k65_matmul_t118");
         }
     }
@@ -4967,19 +5047,22 @@ int sg_cuda_run(void* handle, const int64_t* dims, void** inputs, void** outputs
     {   /* k66_mul_t121: (1024*d0) elements */
         const int64_t n = (1024*d0);
         if (n > 0) {
-            k66_mul_t121<<<sg_blocks(n), SG_THREADS>>>(d0, ws21, ws44, ws45);
+            k66_mul_t121<<<sg_blocks(n), SG_THREADS>>>(d0, ws20, ws43, ws44);
             SG_CHECK(cudaGetLastError(), "launching k66_mul_t121");
         }
     }
 
     {   /* k67_matmul_t269: out[128 x 32] = a @ b, K = 8*d0 */
         const int64_t M = 128, N = 32, K = 8*d0;
-        if (M > 0 && N > 0) {
+        const sg_batch batch = { 0, 1, {0}, {0}, {0}, {0} };  /* one product */
+        if (M > 0 && N > 0 && batch.count > 0) {
             const int64_t grid_y = (M + SG_TILE - 1) / SG_TILE, grid_x = (N + SG_TILE - 1) / SG_TILE;
             if (grid_y > 65535 || grid_x > 2147483647)
                 return sg_fail(err, errlen, -1, "k67_matmul_t269: matrix too large for one launch");
-            sg_gemm<float><<<dim3((unsigned)grid_x, (unsigned)grid_y), SG_GEMM_THREADS>>>(
-                M, N, K, ws45, 1, 128, ws19, 32, 1, ws46);
+            /* (more products than blocks along z: each block walks several) */
+            const unsigned grid_z = batch.count < 65535 ? (unsigned)batch.count : 65535u;
+            sg_gemm<float><<<dim3((unsigned)grid_x, (unsigned)grid_y, grid_z), SG_GEMM_THREADS>>>(
+                M, N, K, ws44, 1, 128, ws18, 32, 1, ws45, batch);
             SG_CHECK(cudaGetLastError(), "launching k67_matmul_t269");
         }
     }
@@ -4987,19 +5070,22 @@ int sg_cuda_run(void* handle, const int64_t* dims, void** inputs, void** outputs
     {   /* k68_gelu_t294: (1024*d0) elements */
         const int64_t n = (1024*d0);
         if (n > 0) {
-            k68_gelu_t294<<<sg_blocks(n), SG_THREADS>>>(d0, ws21, ws47);
+            k68_gelu_t294<<<sg_blocks(n), SG_THREADS>>>(d0, ws20, ws46);
             SG_CHECK(cudaGetLastError(), "launching k68_gelu_t294");
         }
     }
 
     {   /* k69_matmul_t296: out[32 x 128] = a @ b, K = 8*d0 */
         const int64_t M = 32, N = 128, K = 8*d0;
-        if (M > 0 && N > 0) {
+        const sg_batch batch = { 0, 1, {0}, {0}, {0}, {0} };  /* one product */
+        if (M > 0 && N > 0 && batch.count > 0) {
             const int64_t grid_y = (M + SG_TILE - 1) / SG_TILE, grid_x = (N + SG_TILE - 1) / SG_TILE;
             if (grid_y > 65535 || grid_x > 2147483647)
                 return sg_fail(err, errlen, -1, "k69_matmul_t296: matrix too large for one launch");
-            sg_gemm<float><<<dim3((unsigned)grid_x, (unsigned)grid_y), SG_GEMM_THREADS>>>(
-                M, N, K, ws42, 1, 32, ws47, 128, 1, ws48);
+            /* (more products than blocks along z: each block walks several) */
+            const unsigned grid_z = batch.count < 65535 ? (unsigned)batch.count : 65535u;
+            sg_gemm<float><<<dim3((unsigned)grid_x, (unsigned)grid_y, grid_z), SG_GEMM_THREADS>>>(
+                M, N, K, ws41, 1, 32, ws46, 128, 1, ws47, batch);
             SG_CHECK(cudaGetLastError(), "launching k69_matmul_t296");
         }
     }
@@ -5007,19 +5093,22 @@ int sg_cuda_run(void* handle, const int64_t* dims, void** inputs, void** outputs
     {   /* k70_sum_t459: 128 outputs, (8*d0) elements each */
         const int64_t n_out = 128;
         if (n_out > 0) {
-            k70_sum_t459<<<sg_blocks_for_rows(n_out), sg_reduce_threads((8*d0))>>>(d0, ws45, ws49);
+            k70_sum_t459<<<sg_blocks_for_rows(n_out), sg_reduce_threads((8*d0))>>>(d0, ws44, ws48);
             SG_CHECK(cudaGetLastError(), "launching k70_sum_t459");
         }
     }
 
     {   /* k71_matmul_t123: out[8*d0 x 32] = a @ b, K = 128 */
         const int64_t M = 8*d0, N = 32, K = 128;
-        if (M > 0 && N > 0) {
+        const sg_batch batch = { 0, 1, {0}, {0}, {0}, {0} };  /* one product */
+        if (M > 0 && N > 0 && batch.count > 0) {
             const int64_t grid_y = (M + SG_TILE - 1) / SG_TILE, grid_x = (N + SG_TILE - 1) / SG_TILE;
             if (grid_y > 65535 || grid_x > 2147483647)
                 return sg_fail(err, errlen, -1, "k71_matmul_t123: matrix too large for one launch");
-            sg_gemm<float><<<dim3((unsigned)grid_x, (unsigned)grid_y), SG_GEMM_THREADS>>>(
-                M, N, K, ws45, 128, 1, var10, 32, 1, ws50);
+            /* (more products than blocks along z: each block walks several) */
+            const unsigned grid_z = batch.count < 65535 ? (unsigned)batch.count : 65535u;
+            sg_gemm<float><<<dim3((unsigned)grid_x, (unsigned)grid_y, grid_z), SG_GEMM_THREADS>>>(
+                M, N, K, ws44, 128, 1, var10, 32, 1, ws49, batch);
             SG_CHECK(cudaGetLastError(), "launching k71_matmul_t123");
         }
     }
@@ -5027,7 +5116,7 @@ int sg_cuda_run(void* handle, const int64_t* dims, void** inputs, void** outputs
     {   /* k72_sum_t436: 32 outputs, (8*d0) elements each */
         const int64_t n_out = 32;
         if (n_out > 0) {
-            k72_sum_t436<<<sg_blocks_for_rows(n_out), sg_reduce_threads((8*d0))>>>(d0, ws50, ws51);
+            k72_sum_t436<<<sg_blocks_for_rows(n_out), sg_reduce_threads((8*d0))>>>(d0, ws49, ws50);
             SG_CHECK(cudaGetLastError(), "launching k72_sum_t436");
         }
     }
@@ -5035,7 +5124,7 @@ int sg_cuda_run(void* handle, const int64_t* dims, void** inputs, void** outputs
     {   /* k73_add_t439: 32 elements */
         const int64_t n = 32;
         if (n > 0) {
-            k73_add_t439<<<sg_blocks(n), SG_THREADS>>>(d0, ws51, var52);
+            k73_add_t439<<<sg_blocks(n), SG_THREADS>>>(d0, ws50, var52);
             SG_CHECK(cudaGetLastError(), "launching k73_add_t439");
         }
     }
@@ -5043,7 +5132,7 @@ int sg_cuda_run(void* handle, const int64_t* dims, void** inputs, void** outputs
     {   /* k74_add_t444: 32 elements */
         const int64_t n = 32;
         if (n > 0) {
-            k74_add_t444<<<sg_blocks(n), SG_THREADS>>>(d0, var53, ws51);
+            k74_add_t444<<<sg_blocks(n), SG_THREADS>>>(d0, var53, ws50);
             SG_CHECK(cudaGetLastError(), "launching k74_add_t444");
         }
     }
@@ -5059,7 +5148,7 @@ int sg_cuda_run(void* handle, const int64_t* dims, void** inputs, void** outputs
     {   /* k76_add_t462: 128 elements */
         const int64_t n = 128;
         if (n > 0) {
-            k76_add_t462<<<sg_blocks(n), SG_THREADS>>>(d0, ws49, var55);
+            k76_add_t462<<<sg_blocks(n), SG_THREADS>>>(d0, ws48, var55);
             SG_CHECK(cudaGetLastError(), "launching k76_add_t462");
         }
     }
@@ -5067,7 +5156,7 @@ int sg_cuda_run(void* handle, const int64_t* dims, void** inputs, void** outputs
     {   /* k77_add_t467: 128 elements */
         const int64_t n = 128;
         if (n > 0) {
-            k77_add_t467<<<sg_blocks(n), SG_THREADS>>>(d0, var56, ws49);
+            k77_add_t467<<<sg_blocks(n), SG_THREADS>>>(d0, var56, ws48);
             SG_CHECK(cudaGetLastError(), "launching k77_add_t467");
         }
     }
@@ -5083,7 +5172,7 @@ int sg_cuda_run(void* handle, const int64_t* dims, void** inputs, void** outputs
     {   /* k79_sum_t128: (8*d0) outputs, 32 elements each */
         const int64_t n_out = (8*d0);
         if (n_out > 0) {
-            k79_sum_t128<<<sg_blocks_for_rows(n_out), sg_reduce_threads(32)>>>(d0, ws17, ws18, ws50, var8, ws52);
+            k79_sum_t128<<<sg_blocks_for_rows(n_out), sg_reduce_threads(32)>>>(d0, ws16, ws17, ws49, var8, ws51);
             SG_CHECK(cudaGetLastError(), "launching k79_sum_t128");
         }
     }
@@ -5091,7 +5180,7 @@ int sg_cuda_run(void* handle, const int64_t* dims, void** inputs, void** outputs
     {   /* k80_add_t272: 4096 elements */
         const int64_t n = 4096;
         if (n > 0) {
-            k80_add_t272<<<sg_blocks(n), SG_THREADS>>>(d0, ws46, var30);
+            k80_add_t272<<<sg_blocks(n), SG_THREADS>>>(d0, ws45, var30);
             SG_CHECK(cudaGetLastError(), "launching k80_add_t272");
         }
     }
@@ -5099,7 +5188,7 @@ int sg_cuda_run(void* handle, const int64_t* dims, void** inputs, void** outputs
     {   /* k81_add_t277: 4096 elements */
         const int64_t n = 4096;
         if (n > 0) {
-            k81_add_t277<<<sg_blocks(n), SG_THREADS>>>(d0, var31, ws46);
+            k81_add_t277<<<sg_blocks(n), SG_THREADS>>>(d0, var31, ws45);
             SG_CHECK(cudaGetLastError(), "launching k81_add_t277");
         }
     }
@@ -5115,7 +5204,7 @@ int sg_cuda_run(void* handle, const int64_t* dims, void** inputs, void** outputs
     {   /* k83_add_t299: 4096 elements */
         const int64_t n = 4096;
         if (n > 0) {
-            k83_add_t299<<<sg_blocks(n), SG_THREADS>>>(d0, ws48, var33);
+            k83_add_t299<<<sg_blocks(n), SG_THREADS>>>(d0, ws47, var33);
             SG_CHECK(cudaGetLastError(), "launching k83_add_t299");
         }
     }
@@ -5123,7 +5212,7 @@ int sg_cuda_run(void* handle, const int64_t* dims, void** inputs, void** outputs
     {   /* k84_add_t304: 4096 elements */
         const int64_t n = 4096;
         if (n > 0) {
-            k84_add_t304<<<sg_blocks(n), SG_THREADS>>>(d0, var34, ws48);
+            k84_add_t304<<<sg_blocks(n), SG_THREADS>>>(d0, var34, ws47);
             SG_CHECK(cudaGetLastError(), "launching k84_add_t304");
         }
     }
@@ -5139,7 +5228,7 @@ int sg_cuda_run(void* handle, const int64_t* dims, void** inputs, void** outputs
     {   /* k86_simplified_t129: (256*d0) elements */
         const int64_t n = (256*d0);
         if (n > 0) {
-            k86_simplified_t129<<<sg_blocks(n), SG_THREADS>>>(d0, ws50, var8, ws18, ws52, ws17, ws53);
+            k86_simplified_t129<<<sg_blocks(n), SG_THREADS>>>(d0, ws49, var8, ws17, ws51, ws16, ws52);
             SG_CHECK(cudaGetLastError(), "launching k86_simplified_t129");
         }
     }
@@ -5147,7 +5236,7 @@ int sg_cuda_run(void* handle, const int64_t* dims, void** inputs, void** outputs
     {   /* k87_mul_t412: (256*d0) elements */
         const int64_t n = (256*d0);
         if (n > 0) {
-            k87_mul_t412<<<sg_blocks(n), SG_THREADS>>>(d0, ws17, ws18, ws50, ws54);
+            k87_mul_t412<<<sg_blocks(n), SG_THREADS>>>(d0, ws16, ws17, ws49, ws53);
             SG_CHECK(cudaGetLastError(), "launching k87_mul_t412");
         }
     }
@@ -5155,7 +5244,7 @@ int sg_cuda_run(void* handle, const int64_t* dims, void** inputs, void** outputs
     {   /* k88_sum_t413: 32 outputs, (8*d0) elements each */
         const int64_t n_out = 32;
         if (n_out > 0) {
-            k88_sum_t413<<<sg_blocks_for_rows(n_out), sg_reduce_threads((8*d0))>>>(d0, ws54, ws55);
+            k88_sum_t413<<<sg_blocks_for_rows(n_out), sg_reduce_threads((8*d0))>>>(d0, ws53, ws54);
             SG_CHECK(cudaGetLastError(), "launching k88_sum_t413");
         }
     }
@@ -5163,7 +5252,7 @@ int sg_cuda_run(void* handle, const int64_t* dims, void** inputs, void** outputs
     {   /* k89_add_t416: 32 elements */
         const int64_t n = 32;
         if (n > 0) {
-            k89_add_t416<<<sg_blocks(n), SG_THREADS>>>(d0, ws55, var49);
+            k89_add_t416<<<sg_blocks(n), SG_THREADS>>>(d0, ws54, var49);
             SG_CHECK(cudaGetLastError(), "launching k89_add_t416");
         }
     }
@@ -5171,7 +5260,7 @@ int sg_cuda_run(void* handle, const int64_t* dims, void** inputs, void** outputs
     {   /* k90_add_t421: 32 elements */
         const int64_t n = 32;
         if (n > 0) {
-            k90_add_t421<<<sg_blocks(n), SG_THREADS>>>(d0, var50, ws55);
+            k90_add_t421<<<sg_blocks(n), SG_THREADS>>>(d0, var50, ws54);
             SG_CHECK(cudaGetLastError(), "launching k90_add_t421");
         }
     }
@@ -5187,7 +5276,7 @@ int sg_cuda_run(void* handle, const int64_t* dims, void** inputs, void** outputs
     {   /* k92_mul_t132: (8*d0) outputs, 32 elements each */
         const int64_t n_out = (8*d0);
         if (n_out > 0) {
-            k92_mul_t132<<<sg_blocks_for_rows(n_out), sg_reduce_threads(32)>>>(d0, ws53, ws56);
+            k92_mul_t132<<<sg_blocks_for_rows(n_out), sg_reduce_threads(32)>>>(d0, ws52, ws55);
             SG_CHECK(cudaGetLastError(), "launching k92_mul_t132");
         }
     }
@@ -5195,7 +5284,7 @@ int sg_cuda_run(void* handle, const int64_t* dims, void** inputs, void** outputs
     {   /* k93_add_t133: (256*d0) elements */
         const int64_t n = (256*d0);
         if (n > 0) {
-            k93_add_t133<<<sg_blocks(n), SG_THREADS>>>(d0, ws42, ws53, ws56, ws57);
+            k93_add_t133<<<sg_blocks(n), SG_THREADS>>>(d0, ws41, ws52, ws55, ws56);
             SG_CHECK(cudaGetLastError(), "launching k93_add_t133");
         }
     }
@@ -5203,7 +5292,7 @@ int sg_cuda_run(void* handle, const int64_t* dims, void** inputs, void** outputs
     {   /* k94_sum_t389: 32 outputs, (8*d0) elements each */
         const int64_t n_out = 32;
         if (n_out > 0) {
-            k94_sum_t389<<<sg_blocks_for_rows(n_out), sg_reduce_threads((8*d0))>>>(d0, ws57, ws58);
+            k94_sum_t389<<<sg_blocks_for_rows(n_out), sg_reduce_threads((8*d0))>>>(d0, ws56, ws57);
             SG_CHECK(cudaGetLastError(), "launching k94_sum_t389");
         }
     }
@@ -5211,7 +5300,7 @@ int sg_cuda_run(void* handle, const int64_t* dims, void** inputs, void** outputs
     {   /* k95_add_t392: 32 elements */
         const int64_t n = 32;
         if (n > 0) {
-            k95_add_t392<<<sg_blocks(n), SG_THREADS>>>(d0, ws58, var46);
+            k95_add_t392<<<sg_blocks(n), SG_THREADS>>>(d0, ws57, var46);
             SG_CHECK(cudaGetLastError(), "launching k95_add_t392");
         }
     }
@@ -5219,7 +5308,7 @@ int sg_cuda_run(void* handle, const int64_t* dims, void** inputs, void** outputs
     {   /* k96_add_t397: 32 elements */
         const int64_t n = 32;
         if (n > 0) {
-            k96_add_t397<<<sg_blocks(n), SG_THREADS>>>(d0, var47, ws58);
+            k96_add_t397<<<sg_blocks(n), SG_THREADS>>>(d0, var47, ws57);
             SG_CHECK(cudaGetLastError(), "launching k96_add_t397");
         }
     }
@@ -5234,12 +5323,15 @@ int sg_cuda_run(void* handle, const int64_t* dims, void** inputs, void** outputs
 
     {   /* k98_matmul_t244: out[32 x 32] = a @ b, K = 8*d0 */
         const int64_t M = 32, N = 32, K = 8*d0;
-        if (M > 0 && N > 0) {
+        const sg_batch batch = { 0, 1, {0}, {0}, {0}, {0} };  /* one product */
+        if (M > 0 && N > 0 && batch.count > 0) {
             const int64_t grid_y = (M + SG_TILE - 1) / SG_TILE, grid_x = (N + SG_TILE - 1) / SG_TILE;
             if (grid_y > 65535 || grid_x > 2147483647)
                 return sg_fail(err, errlen, -1, "k98_matmul_t244: matrix too large for one launch");
-            sg_gemm<float><<<dim3((unsigned)grid_x, (unsigned)grid_y), SG_GEMM_THREADS>>>(
-                M, N, K, ws57, 1, 32, ws13, 32, 1, ws59);
+            /* (more products than blocks along z: each block walks several) */
+            const unsigned grid_z = batch.count < 65535 ? (unsigned)batch.count : 65535u;
+            sg_gemm<float><<<dim3((unsigned)grid_x, (unsigned)grid_y, grid_z), SG_GEMM_THREADS>>>(
+                M, N, K, ws56, 1, 32, ws12, 32, 1, ws58, batch);
             SG_CHECK(cudaGetLastError(), "launching k98_matmul_t244");
         }
     }
@@ -5247,7 +5339,7 @@ int sg_cuda_run(void* handle, const int64_t* dims, void** inputs, void** outputs
     {   /* k99_add_t247: 1024 elements */
         const int64_t n = 1024;
         if (n > 0) {
-            k99_add_t247<<<sg_blocks(n), SG_THREADS>>>(d0, ws59, var27);
+            k99_add_t247<<<sg_blocks(n), SG_THREADS>>>(d0, ws58, var27);
             SG_CHECK(cudaGetLastError(), "launching k99_add_t247");
         }
     }
@@ -5255,37 +5347,40 @@ int sg_cuda_run(void* handle, const int64_t* dims, void** inputs, void** outputs
     {   /* k100_add_t252: 1024 elements */
         const int64_t n = 1024;
         if (n > 0) {
-            k100_add_t252<<<sg_blocks(n), SG_THREADS>>>(d0, var28, ws59);
+            k100_add_t252<<<sg_blocks(n), SG_THREADS>>>(d0, var28, ws58);
             SG_CHECK(cudaGetLastError(), "launching k100_add_t252");
         }
     }
 
     {   /* k101_matmul_t135: out[8*d0 x 32] = a @ b, K = 32 */
         const int64_t M = 8*d0, N = 32, K = 32;
-        if (M > 0 && N > 0) {
+        const sg_batch batch = { 0, 1, {0}, {0}, {0}, {0} };  /* one product */
+        if (M > 0 && N > 0 && batch.count > 0) {
             const int64_t grid_y = (M + SG_TILE - 1) / SG_TILE, grid_x = (N + SG_TILE - 1) / SG_TILE;
             if (grid_y > 65535 || grid_x > 2147483647)
                 return sg_fail(err, errlen, -1, "k101_matmul_t135: matrix too large for one launch");
-            sg_gemm<float><<<dim3((unsigned)grid_x, (unsigned)grid_y), SG_GEMM_THREADS>>>(
-                M, N, K, ws57, 32, 1, var6, 32, 1, ws60);
+            /* (more products than blocks along z: each block walks several) */
+            const unsigned grid_z = batch.count < 65535 ? (unsigned)batch.count : 65535u;
+            sg_gemm<float><<<dim3((unsigned)grid_x, (unsigned)grid_y, grid_z), SG_GEMM_THREADS>>>(
+                M, N, K, ws56, 32, 1, var6, 32, 1, ws59, batch);
             SG_CHECK(cudaGetLastError(), "launching k101_matmul_t135");
         }
     }
 
-    {   /* k102_attention_grad_t138 */
+    {   /* k102_attention_grad_t138: dq by query rows, then dk and dv by key rows (the first pass's statistics) */
         const int64_t n = (2*d0) * 8;
-        /* dq, dk and dv start at zero: the kernel adds into them */
-        SG_CHECK(cudaMemsetAsync(ws61, 0, (size_t)(3 * n * 16) * sizeof(float)), "zeroing k102_attention_grad_t138's output");
         if (n > 0) {
-            k102_attention_grad_t138<<<sg_blocks(n), SG_THREADS>>>(d0, ws9, ws10, ws60, ws12, ws61, ws62, ws63);
+            k102_attention_grad_t138<<<sg_blocks(n), SG_THREADS>>>(d0, ws9, ws10, ws59, ws11, ws60, ws61);
             SG_CHECK(cudaGetLastError(), "launching k102_attention_grad_t138");
+            k102_attention_grad_t138_keys<<<sg_blocks(n), SG_THREADS>>>(d0, ws9, ws10, ws59, ws11, ws60, ws61);
+            SG_CHECK(cudaGetLastError(), "launching k102_attention_grad_t138_keys");
         }
     }
 
     {   /* k103_copy: (256*d0) elements */
         const int64_t n = (256*d0);
         if (n > 0) {
-            k103_copy<<<sg_blocks(n), SG_THREADS>>>(d0, ws61, ws64);
+            k103_copy<<<sg_blocks(n), SG_THREADS>>>(d0, ws60, ws62);
             SG_CHECK(cudaGetLastError(), "launching k103_copy");
         }
     }
@@ -5293,7 +5388,7 @@ int sg_cuda_run(void* handle, const int64_t* dims, void** inputs, void** outputs
     {   /* k104_embed_t143: (256*d0) elements */
         const int64_t n = (256*d0);
         if (n > 0) {
-            k104_embed_t143<<<sg_blocks(n), SG_THREADS>>>(d0, ws64, ws65);
+            k104_embed_t143<<<sg_blocks(n), SG_THREADS>>>(d0, ws62, ws63);
             SG_CHECK(cudaGetLastError(), "launching k104_embed_t143");
         }
     }
@@ -5301,7 +5396,7 @@ int sg_cuda_run(void* handle, const int64_t* dims, void** inputs, void** outputs
     {   /* k105_copy: (256*d0) elements */
         const int64_t n = (256*d0);
         if (n > 0) {
-            k105_copy<<<sg_blocks(n), SG_THREADS>>>(d0, ws61, ws66);
+            k105_copy<<<sg_blocks(n), SG_THREADS>>>(d0, ws60, ws64);
             SG_CHECK(cudaGetLastError(), "launching k105_copy");
         }
     }
@@ -5309,7 +5404,7 @@ int sg_cuda_run(void* handle, const int64_t* dims, void** inputs, void** outputs
     {   /* k106_embed_t148: (256*d0) elements */
         const int64_t n = (256*d0);
         if (n > 0) {
-            k106_embed_t148<<<sg_blocks(n), SG_THREADS>>>(d0, ws66, ws65);
+            k106_embed_t148<<<sg_blocks(n), SG_THREADS>>>(d0, ws64, ws63);
             SG_CHECK(cudaGetLastError(), "launching k106_embed_t148");
         }
     }
@@ -5317,7 +5412,7 @@ int sg_cuda_run(void* handle, const int64_t* dims, void** inputs, void** outputs
     {   /* k107_copy: (256*d0) elements */
         const int64_t n = (256*d0);
         if (n > 0) {
-            k107_copy<<<sg_blocks(n), SG_THREADS>>>(d0, ws61, ws67);
+            k107_copy<<<sg_blocks(n), SG_THREADS>>>(d0, ws60, ws65);
             SG_CHECK(cudaGetLastError(), "launching k107_copy");
         }
     }
@@ -5325,19 +5420,22 @@ int sg_cuda_run(void* handle, const int64_t* dims, void** inputs, void** outputs
     {   /* k108_embed_t154: (256*d0) elements */
         const int64_t n = (256*d0);
         if (n > 0) {
-            k108_embed_t154<<<sg_blocks(n), SG_THREADS>>>(d0, ws67, ws65);
+            k108_embed_t154<<<sg_blocks(n), SG_THREADS>>>(d0, ws65, ws63);
             SG_CHECK(cudaGetLastError(), "launching k108_embed_t154");
         }
     }
 
     {   /* k109_matmul_t219: out[96 x 32] = a @ b, K = 8*d0 */
         const int64_t M = 96, N = 32, K = 8*d0;
-        if (M > 0 && N > 0) {
+        const sg_batch batch = { 0, 1, {0}, {0}, {0}, {0} };  /* one product */
+        if (M > 0 && N > 0 && batch.count > 0) {
             const int64_t grid_y = (M + SG_TILE - 1) / SG_TILE, grid_x = (N + SG_TILE - 1) / SG_TILE;
             if (grid_y > 65535 || grid_x > 2147483647)
                 return sg_fail(err, errlen, -1, "k109_matmul_t219: matrix too large for one launch");
-            sg_gemm<float><<<dim3((unsigned)grid_x, (unsigned)grid_y), SG_GEMM_THREADS>>>(
-                M, N, K, ws65, 1, 96, ws6, 32, 1, ws68);
+            /* (more products than blocks along z: each block walks several) */
+            const unsigned grid_z = batch.count < 65535 ? (unsigned)batch.count : 65535u;
+            sg_gemm<float><<<dim3((unsigned)grid_x, (unsigned)grid_y, grid_z), SG_GEMM_THREADS>>>(
+                M, N, K, ws63, 1, 96, ws6, 32, 1, ws66, batch);
             SG_CHECK(cudaGetLastError(), "launching k109_matmul_t219");
         }
     }
@@ -5345,19 +5443,22 @@ int sg_cuda_run(void* handle, const int64_t* dims, void** inputs, void** outputs
     {   /* k110_sum_t366: 96 outputs, (8*d0) elements each */
         const int64_t n_out = 96;
         if (n_out > 0) {
-            k110_sum_t366<<<sg_blocks_for_rows(n_out), sg_reduce_threads((8*d0))>>>(d0, ws65, ws69);
+            k110_sum_t366<<<sg_blocks_for_rows(n_out), sg_reduce_threads((8*d0))>>>(d0, ws63, ws67);
             SG_CHECK(cudaGetLastError(), "launching k110_sum_t366");
         }
     }
 
     {   /* k111_matmul_t157: out[8*d0 x 32] = a @ b, K = 96 */
         const int64_t M = 8*d0, N = 32, K = 96;
-        if (M > 0 && N > 0) {
+        const sg_batch batch = { 0, 1, {0}, {0}, {0}, {0} };  /* one product */
+        if (M > 0 && N > 0 && batch.count > 0) {
             const int64_t grid_y = (M + SG_TILE - 1) / SG_TILE, grid_x = (N + SG_TILE - 1) / SG_TILE;
             if (grid_y > 65535 || grid_x > 2147483647)
                 return sg_fail(err, errlen, -1, "k111_matmul_t157: matrix too large for one launch");
-            sg_gemm<float><<<dim3((unsigned)grid_x, (unsigned)grid_y), SG_GEMM_THREADS>>>(
-                M, N, K, ws65, 96, 1, var4, 32, 1, ws70);
+            /* (more products than blocks along z: each block walks several) */
+            const unsigned grid_z = batch.count < 65535 ? (unsigned)batch.count : 65535u;
+            sg_gemm<float><<<dim3((unsigned)grid_x, (unsigned)grid_y, grid_z), SG_GEMM_THREADS>>>(
+                M, N, K, ws63, 96, 1, var4, 32, 1, ws68, batch);
             SG_CHECK(cudaGetLastError(), "launching k111_matmul_t157");
         }
     }
@@ -5365,7 +5466,7 @@ int sg_cuda_run(void* handle, const int64_t* dims, void** inputs, void** outputs
     {   /* k112_sum_t343: 32 outputs, (8*d0) elements each */
         const int64_t n_out = 32;
         if (n_out > 0) {
-            k112_sum_t343<<<sg_blocks_for_rows(n_out), sg_reduce_threads((8*d0))>>>(d0, ws70, ws71);
+            k112_sum_t343<<<sg_blocks_for_rows(n_out), sg_reduce_threads((8*d0))>>>(d0, ws68, ws69);
             SG_CHECK(cudaGetLastError(), "launching k112_sum_t343");
         }
     }
@@ -5373,7 +5474,7 @@ int sg_cuda_run(void* handle, const int64_t* dims, void** inputs, void** outputs
     {   /* k113_add_t346: 32 elements */
         const int64_t n = 32;
         if (n > 0) {
-            k113_add_t346<<<sg_blocks(n), SG_THREADS>>>(d0, ws71, var40);
+            k113_add_t346<<<sg_blocks(n), SG_THREADS>>>(d0, ws69, var40);
             SG_CHECK(cudaGetLastError(), "launching k113_add_t346");
         }
     }
@@ -5381,7 +5482,7 @@ int sg_cuda_run(void* handle, const int64_t* dims, void** inputs, void** outputs
     {   /* k114_add_t351: 32 elements */
         const int64_t n = 32;
         if (n > 0) {
-            k114_add_t351<<<sg_blocks(n), SG_THREADS>>>(d0, var41, ws71);
+            k114_add_t351<<<sg_blocks(n), SG_THREADS>>>(d0, var41, ws69);
             SG_CHECK(cudaGetLastError(), "launching k114_add_t351");
         }
     }
@@ -5397,7 +5498,7 @@ int sg_cuda_run(void* handle, const int64_t* dims, void** inputs, void** outputs
     {   /* k116_add_t369: 96 elements */
         const int64_t n = 96;
         if (n > 0) {
-            k116_add_t369<<<sg_blocks(n), SG_THREADS>>>(d0, ws69, var43);
+            k116_add_t369<<<sg_blocks(n), SG_THREADS>>>(d0, ws67, var43);
             SG_CHECK(cudaGetLastError(), "launching k116_add_t369");
         }
     }
@@ -5405,7 +5506,7 @@ int sg_cuda_run(void* handle, const int64_t* dims, void** inputs, void** outputs
     {   /* k117_add_t374: 96 elements */
         const int64_t n = 96;
         if (n > 0) {
-            k117_add_t374<<<sg_blocks(n), SG_THREADS>>>(d0, var44, ws69);
+            k117_add_t374<<<sg_blocks(n), SG_THREADS>>>(d0, var44, ws67);
             SG_CHECK(cudaGetLastError(), "launching k117_add_t374");
         }
     }
@@ -5421,7 +5522,7 @@ int sg_cuda_run(void* handle, const int64_t* dims, void** inputs, void** outputs
     {   /* k119_sum_t162: (8*d0) outputs, 32 elements each */
         const int64_t n_out = (8*d0);
         if (n_out > 0) {
-            k119_sum_t162<<<sg_blocks_for_rows(n_out), sg_reduce_threads(32)>>>(d0, ws70, var2, ws5, ws7, ws72);
+            k119_sum_t162<<<sg_blocks_for_rows(n_out), sg_reduce_threads(32)>>>(d0, ws68, var2, ws5, ws7, ws70);
             SG_CHECK(cudaGetLastError(), "launching k119_sum_t162");
         }
     }
@@ -5429,7 +5530,7 @@ int sg_cuda_run(void* handle, const int64_t* dims, void** inputs, void** outputs
     {   /* k120_mul_t319: (256*d0) elements */
         const int64_t n = (256*d0);
         if (n > 0) {
-            k120_mul_t319<<<sg_blocks(n), SG_THREADS>>>(d0, ws70, ws7, ws73);
+            k120_mul_t319<<<sg_blocks(n), SG_THREADS>>>(d0, ws68, ws7, ws71);
             SG_CHECK(cudaGetLastError(), "launching k120_mul_t319");
         }
     }
@@ -5437,7 +5538,7 @@ int sg_cuda_run(void* handle, const int64_t* dims, void** inputs, void** outputs
     {   /* k121_sum_t320: 32 outputs, (8*d0) elements each */
         const int64_t n_out = 32;
         if (n_out > 0) {
-            k121_sum_t320<<<sg_blocks_for_rows(n_out), sg_reduce_threads((8*d0))>>>(d0, ws73, ws74);
+            k121_sum_t320<<<sg_blocks_for_rows(n_out), sg_reduce_threads((8*d0))>>>(d0, ws71, ws72);
             SG_CHECK(cudaGetLastError(), "launching k121_sum_t320");
         }
     }
@@ -5445,7 +5546,7 @@ int sg_cuda_run(void* handle, const int64_t* dims, void** inputs, void** outputs
     {   /* k122_simplified_t163: (256*d0) elements */
         const int64_t n = (256*d0);
         if (n > 0) {
-            k122_simplified_t163<<<sg_blocks(n), SG_THREADS>>>(d0, ws0, ws2, ws4, ws70, var2, ws5, ws72, ws75);
+            k122_simplified_t163<<<sg_blocks(n), SG_THREADS>>>(d0, ws0, ws2, ws4, ws68, var2, ws5, ws70, ws73);
             SG_CHECK(cudaGetLastError(), "launching k122_simplified_t163");
         }
     }
@@ -5453,7 +5554,7 @@ int sg_cuda_run(void* handle, const int64_t* dims, void** inputs, void** outputs
     {   /* k123_add_t323: 32 elements */
         const int64_t n = 32;
         if (n > 0) {
-            k123_add_t323<<<sg_blocks(n), SG_THREADS>>>(d0, ws74, var37);
+            k123_add_t323<<<sg_blocks(n), SG_THREADS>>>(d0, ws72, var37);
             SG_CHECK(cudaGetLastError(), "launching k123_add_t323");
         }
     }
@@ -5461,7 +5562,7 @@ int sg_cuda_run(void* handle, const int64_t* dims, void** inputs, void** outputs
     {   /* k124_add_t328: 32 elements */
         const int64_t n = 32;
         if (n > 0) {
-            k124_add_t328<<<sg_blocks(n), SG_THREADS>>>(d0, var38, ws74);
+            k124_add_t328<<<sg_blocks(n), SG_THREADS>>>(d0, var38, ws72);
             SG_CHECK(cudaGetLastError(), "launching k124_add_t328");
         }
     }
@@ -5477,7 +5578,7 @@ int sg_cuda_run(void* handle, const int64_t* dims, void** inputs, void** outputs
     {   /* k126_mul_t166: (8*d0) outputs, 32 elements each */
         const int64_t n_out = (8*d0);
         if (n_out > 0) {
-            k126_mul_t166<<<sg_blocks_for_rows(n_out), sg_reduce_threads(32)>>>(d0, ws75, ws76);
+            k126_mul_t166<<<sg_blocks_for_rows(n_out), sg_reduce_threads(32)>>>(d0, ws73, ws74);
             SG_CHECK(cudaGetLastError(), "launching k126_mul_t166");
         }
     }
@@ -5485,7 +5586,7 @@ int sg_cuda_run(void* handle, const int64_t* dims, void** inputs, void** outputs
     {   /* k127_add_t167: (256*d0) elements */
         const int64_t n = (256*d0);
         if (n > 0) {
-            k127_add_t167<<<sg_blocks(n), SG_THREADS>>>(d0, ws57, ws75, ws76, ws77);
+            k127_add_t167<<<sg_blocks(n), SG_THREADS>>>(d0, ws56, ws73, ws74, ws75);
             SG_CHECK(cudaGetLastError(), "launching k127_add_t167");
         }
     }
@@ -5493,7 +5594,7 @@ int sg_cuda_run(void* handle, const int64_t* dims, void** inputs, void** outputs
     {   /* k128_scatter_add_t168 */
         const int64_t n = 1 * 32;
         if (n > 0) {
-            k128_scatter_add_t168<<<sg_blocks(n), SG_THREADS>>>(d0, ws77, in0, ws78);
+            k128_scatter_add_t168<<<sg_blocks(n), SG_THREADS>>>(d0, ws75, in0, ws76);
             SG_CHECK(cudaGetLastError(), "launching k128_scatter_add_t168");
         }
     }
@@ -5501,7 +5602,7 @@ int sg_cuda_run(void* handle, const int64_t* dims, void** inputs, void** outputs
     {   /* k129_sum_t193: 256 outputs, d0 elements each */
         const int64_t n_out = 256;
         if (n_out > 0) {
-            k129_sum_t193<<<sg_blocks_for_rows(n_out), sg_reduce_threads(d0)>>>(d0, ws77, ws79);
+            k129_sum_t193<<<sg_blocks_for_rows(n_out), sg_reduce_threads(d0)>>>(d0, ws75, ws77);
             SG_CHECK(cudaGetLastError(), "launching k129_sum_t193");
         }
     }
@@ -5509,7 +5610,7 @@ int sg_cuda_run(void* handle, const int64_t* dims, void** inputs, void** outputs
     {   /* k130_copy: 8 elements */
         const int64_t n = 8;
         if (n > 0) {
-            k130_copy<<<sg_blocks(n), SG_THREADS>>>(d0, ws80);
+            k130_copy<<<sg_blocks(n), SG_THREADS>>>(d0, ws78);
             SG_CHECK(cudaGetLastError(), "launching k130_copy");
         }
     }
@@ -5517,7 +5618,7 @@ int sg_cuda_run(void* handle, const int64_t* dims, void** inputs, void** outputs
     {   /* k131_scatter_add_t194 */
         const int64_t n = 1 * 32;
         if (n > 0) {
-            k131_scatter_add_t194<<<sg_blocks(n), SG_THREADS>>>(d0, ws79, ws80, ws81);
+            k131_scatter_add_t194<<<sg_blocks(n), SG_THREADS>>>(d0, ws77, ws78, ws79);
             SG_CHECK(cudaGetLastError(), "launching k131_scatter_add_t194");
         }
     }
@@ -5525,7 +5626,7 @@ int sg_cuda_run(void* handle, const int64_t* dims, void** inputs, void** outputs
     {   /* k132_add_t197: 256 elements */
         const int64_t n = 256;
         if (n > 0) {
-            k132_add_t197<<<sg_blocks(n), SG_THREADS>>>(d0, ws81, var21);
+            k132_add_t197<<<sg_blocks(n), SG_THREADS>>>(d0, ws79, var21);
             SG_CHECK(cudaGetLastError(), "launching k132_add_t197");
         }
     }
@@ -5533,7 +5634,7 @@ int sg_cuda_run(void* handle, const int64_t* dims, void** inputs, void** outputs
     {   /* k133_add_t202: 256 elements */
         const int64_t n = 256;
         if (n > 0) {
-            k133_add_t202<<<sg_blocks(n), SG_THREADS>>>(d0, var22, ws81);
+            k133_add_t202<<<sg_blocks(n), SG_THREADS>>>(d0, var22, ws79);
             SG_CHECK(cudaGetLastError(), "launching k133_add_t202");
         }
     }
@@ -5557,7 +5658,7 @@ int sg_cuda_run(void* handle, const int64_t* dims, void** inputs, void** outputs
     {   /* k136_add_t172: 2048 elements */
         const int64_t n = 2048;
         if (n > 0) {
-            k136_add_t172<<<sg_blocks(n), SG_THREADS>>>(d0, ws34, ws78, var18);
+            k136_add_t172<<<sg_blocks(n), SG_THREADS>>>(d0, ws33, ws76, var18);
             SG_CHECK(cudaGetLastError(), "launching k136_add_t172");
         }
     }
@@ -5565,7 +5666,7 @@ int sg_cuda_run(void* handle, const int64_t* dims, void** inputs, void** outputs
     {   /* k137_add_t177: 2048 elements */
         const int64_t n = 2048;
         if (n > 0) {
-            k137_add_t177<<<sg_blocks(n), SG_THREADS>>>(d0, var19, ws34, ws78);
+            k137_add_t177<<<sg_blocks(n), SG_THREADS>>>(d0, var19, ws33, ws76);
             SG_CHECK(cudaGetLastError(), "launching k137_add_t177");
         }
     }
@@ -5581,7 +5682,7 @@ int sg_cuda_run(void* handle, const int64_t* dims, void** inputs, void** outputs
     {   /* k139_add_t222: 3072 elements */
         const int64_t n = 3072;
         if (n > 0) {
-            k139_add_t222<<<sg_blocks(n), SG_THREADS>>>(d0, ws68, var24);
+            k139_add_t222<<<sg_blocks(n), SG_THREADS>>>(d0, ws66, var24);
             SG_CHECK(cudaGetLastError(), "launching k139_add_t222");
         }
     }
@@ -5589,7 +5690,7 @@ int sg_cuda_run(void* handle, const int64_t* dims, void** inputs, void** outputs
     {   /* k140_add_t227: 3072 elements */
         const int64_t n = 3072;
         if (n > 0) {
-            k140_add_t227<<<sg_blocks(n), SG_THREADS>>>(d0, var25, ws68);
+            k140_add_t227<<<sg_blocks(n), SG_THREADS>>>(d0, var25, ws66);
             SG_CHECK(cudaGetLastError(), "launching k140_add_t227");
         }
     }

@@ -9,8 +9,8 @@ import torch
 
 import symgrad as sg
 from symgrad import nn
-from symgrad.backends.templates import render
-from symgrad.random import Generator, philox4x32, philox_bits
+from symgrad.backends.render.templates import render
+from symgrad.api.random import Generator, philox4x32, philox_bits
 
 torch.set_num_threads(1)  # a 2-core machine shared by parallel runs: torch's thread pool only contends
 
@@ -29,7 +29,7 @@ def test_philox_known_answers(counter, key, expected):
 
 
 def test_c_header_matches_the_numpy_reference(tmp_path):
-    """templates/c/random.h.j2 on its own, compiled by gcc, against philox_bits."""
+    """templates/program/random.h.j2 on its own, compiled by gcc, against philox_bits."""
     gcc = shutil.which("gcc") or shutil.which("cc")
     if gcc is None:
         pytest.skip("no C compiler")
@@ -38,7 +38,7 @@ def test_c_header_matches_the_numpy_reference(tmp_path):
     calls = "\n".join(f'    printf("%lld\\n", (long long)sg_random_bits({s}LL, {t}LL, {r}LL, {i}LL));'
                       .replace("-9223372036854775808LL", "(-9223372036854775807LL - 1)")
                       for s, t, r, i in cases)
-    source = (f"#include <stdint.h>\n#include <stdio.h>\n{render('c/random.h.j2')}\n"
+    source = (f"#include <stdint.h>\n#include <stdio.h>\n{render('program/random.h.j2')}\n"
               f"int main(void)\n{{\n{calls}\n    return 0;\n}}\n")
     (tmp_path / "kat.c").write_text(source)
     subprocess.run([gcc, "-std=c11", "-O2", "-Wall", "-Werror", "-o", str(tmp_path / "kat"),

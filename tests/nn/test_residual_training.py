@@ -1,5 +1,5 @@
 """A small residual network trained beside the same network in torch, from the same weights on the
-same batches: 3x3 convolutions of 24 channels (on C, Winograd's: backends/winograd.py) with
+same batches: 3x3 convolutions of 24 channels (on C, Winograd's: backends/decide/winograd.py) with
 BatchNorm2d and ReLU, a residual block, global average pooling, SGD with momentum, two
 batches in turn. 20 steps'
 losses agree within 1e-10 relative in float64 and 1e-4 in float32, and so do the weights."""

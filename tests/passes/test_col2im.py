@@ -13,8 +13,8 @@ import pytest
 
 import symgrad as sg
 from symgrad import passes
-from symgrad.backends.lowering import lower
-from symgrad.backends.memory import memory_plan
+from symgrad.backends.lower.lowering import lower
+from symgrad.backends.lower.memory import memory_plan
 from symgrad.passes.col2im import col2im, inverse_taps
 from symgrad.passes.patch_grid import grid
 from symgrad.passes.pipeline import DEFAULT_PIPELINE
@@ -66,7 +66,7 @@ def test_a_stride_1_gradient_is_gathered_from_its_padded_grid():
 def test_a_product_whose_rows_are_not_patch_rows_is_left_alone():
     """scatter_add of a (P*L*K2, C) product reshaped to (P, L, K2, C): the same size as a patch
     gradient, not its layout (rows are patch elements, not patch rows): not rewritten."""
-    from symgrad import functional as F
+    from symgrad.api import functional as F
     a, b = sg.input("a", (2 * 4 * 3, 5)), sg.input("b", (5, 20))
     idx = sg.constant(np.arange(4)[:, None] + np.arange(3)[None, :])   # each tap one to one, 6 pixels
     out = F.scatter_add(sg.reshape(a @ b, (2, 4, 3, 20)), idx, axis=1, size=6)
@@ -121,7 +121,7 @@ def test_the_c_program_stores_no_patch_gradient(chain):
     kernels = [k.name for k in fn.program.plan.kernels]
     assert not any("scatter_add" in line for line in kernels), kernels
     # 2 forward products, 2 weight gradients, 2 input gradients: 3x3 stride-1 convolutions, all by
-    # Winograd's algorithm (backends/winograd.py)
+    # Winograd's algorithm (backends/decide/winograd.py)
     assert fn.source.count("context->status = sg_conv_winograd_") == 6
     without = [entry for entry in DEFAULT_PIPELINE if entry[0] != "col2im"]
     scattered, gathered = (memory_plan(lower(passes.optimize(graph, passes=pipeline), matmul_epilogues=True,

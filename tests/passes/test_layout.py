@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 import symgrad as sg
-from symgrad import functional as F
+from symgrad.api import functional as F
 from symgrad import passes
 from symgrad.passes.layout import layout
 

@@ -17,9 +17,9 @@ import pytest
 import sympy
 
 import symgrad as sg
-from symgrad import effects
+from symgrad.api import effects
 from symgrad.backends.numpy_backend import evaluate
-from symgrad.call_checks import bind_inputs, collect_inputs
+from symgrad.step.call_checks import bind_inputs, collect_inputs
 from symgrad.ir.graph import Graph
 from symgrad.ir.registry import OpDef, lookup, register
 from symgrad.ir.value import Value, make
@@ -35,7 +35,7 @@ PASSES = {"dce": dce, "fold": fold, "simplify": simplify, "cse": cse,
 
 
 def op(name: str, *inputs, **attrs) -> Value:
-    """A raw node, bypassing the shortcuts of symgrad.functional (which skip no-op reshapes, ...)."""
+    """A raw node, bypassing the shortcuts of symgrad.api.functional (which skip no-op reshapes, ...)."""
     return make(lookup(name), inputs, **attrs)
 
 

@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 
 import symgrad as sg
 from symgrad.backends.numpy_backend import evaluate
-from symgrad.call_checks import bind_inputs
+from symgrad.step.call_checks import bind_inputs
 from symgrad.ir.graph import Graph
 from symgrad.passes import cse, dce, fold, optimize, simplify, verify
 

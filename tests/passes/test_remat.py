@@ -13,8 +13,8 @@ import numpy as np
 import pytest
 
 import symgrad as sg
-from symgrad.backends.lowering import lower
-from symgrad.backends.memory import memory_plan
+from symgrad.backends.lower.lowering import lower
+from symgrad.backends.lower.memory import memory_plan
 from symgrad.ir.graph import ancestors
 from symgrad.passes import optimize
 from symgrad.passes import remat as R
@@ -83,7 +83,7 @@ def test_the_numbers_are_the_same(mlp, backend):
     if backend == "c":
         pytest.importorskip("symgrad.backends.c")
     graph, params, loss, (xb, yb) = mlp
-    from symgrad.compiled import Compiled
+    from symgrad.step.compiled import Compiled
     runs = []
     for g in (optimize(graph), _without_remat(graph)):
         program = Compiled(g, backend, **({"optimize": False}))

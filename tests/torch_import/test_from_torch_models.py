@@ -136,7 +136,7 @@ def test_dict_model_ten_steps_beside_torch(two_heads, backend):
 
 
 def test_an_op_symgrad_lacks_is_refused_with_its_module_and_line():
-    with pytest.raises(sg.torch_import.UnsupportedTorchOp,
+    with pytest.raises(sg.tools.torch_import.UnsupportedTorchOp,
                        match=r"aten\.linalg_qr in Orthogonalize\.forward \(torch_models\.py:\d+\)"):
         sg.from_torch(Orthogonalize(), (torch.randn(3, 4),))
 
@@ -152,7 +152,7 @@ def test_an_argument_symgrad_lacks_is_refused_while_importing():
         def forward(self, ids):
             return self.tok(ids)
 
-    with pytest.raises(sg.torch_import.UnsupportedTorchOp,
+    with pytest.raises(sg.tools.torch_import.UnsupportedTorchOp,
                        match=r"aten\.embedding in Embedding\.forward \(sparse\.py:\d+\) at tok: .*padding_idx=0"):
         sg.from_torch(Tagger(), (torch.tensor([1, 2]),))
 
@@ -176,7 +176,7 @@ def test_a_call_unlike_the_example_is_refused(mlp):
 
 def test_every_table_entry_names_a_real_aten_overload():
     """The table's keys are printed overload names: a typo would never match a node."""
-    from symgrad.torch_import.aten_table import KEEP_WHOLE, TABLE
+    from symgrad.tools.torch_import.aten_table import KEEP_WHOLE, TABLE
     for name in TABLE:
         namespace, op, overload = name.split(".")
         assert hasattr(getattr(getattr(torch.ops, namespace), op), overload), name

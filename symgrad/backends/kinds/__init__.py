@@ -1,7 +1,7 @@
 """The kernel kinds, one module each, and the table that dispatches on a kernel's `kind`.
 
 A kind's module holds its kernel type, its lowering from graph nodes (through the public lowering
-context, symgrad.backends.lowering.LoweringContext), its render (the template context of
+context, symgrad.backends.lower.lowering.LoweringContext), its render (the template context of
 templates/<language>/<kind>) and its report line. Every kernel type answers the protocol:
 
     reads() / writes()   the buffers it reads and writes (memory planning, in-place sweeps)

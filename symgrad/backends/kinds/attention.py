@@ -7,10 +7,10 @@ puts batch index unravel(h), and its rows are `row` elements apart. That is how 
 hands them over, (B, T, H, E) transposed to (B, H, T, E), so nothing is copied first; an operand
 whose last axis is not contiguous (or a broadcast constant) is copied into a buffer of its own.
 
-The C kernel (templates/c/attention.c.j2) takes a tile of SG_ROW_TILE query rows against a
+The C kernel (templates/attention/attention.c.j2) takes a tile of SG_ROW_TILE query rows against a
 block of SG_KEY_BLOCK keys at a time. Its sums over E and over the keys are small matrix products
 (q k^T, p v; in the backward also g v^T, ds k, p^T g, ds^T q) on register tiles of 8 (AVX-512) or
-4 rows by 2 vectors (templates/c/attention_tile.h.j2), reading k (and v) from a scratch copy
+4 rows by 2 vectors (templates/attention/attention_tile.h.j2), reading k (and v) from a scratch copy
 transposed per head (H x E x T, a workspace temporary) so that a tile's scores lie along the
 vector lanes:
 
@@ -25,7 +25,7 @@ s_ij = scale q_i . k_j, and key j is visible from row i when j <= i if causal. N
 elements exists: a tile's scores live on the stack of one thread. The backward's threads take
 whole heads, so no two add into one dk or dv row.
 
-CUDA (templates/cuda/attention.cu.j2) walks rows (languages.Language.attention "rows"): the forward
+CUDA (templates/attention/attention.cu.j2) walks rows (languages.Language.attention "rows"): the forward
 runs a thread per query row (storing m and 1 / l into `stats` where decide paired it with its
 gradient); the gradient runs two kernels, a thread per query row (m and 1 / l read from `stats`, or
 found by a sweep and kept in the scratch; D_i = g_i . out_i kept in the scratch; dq_i summed over
@@ -44,9 +44,9 @@ from ...ir import dtypes as D
 from ...ir import shapes as S
 from ...ir.elementwise import ARGS
 from ...ir.value import Value
-from .. import runtime
+from ..build import runtime
 from ..plan import Swap
-from ..render import Renderer, small
+from ..render.renderer import Renderer, small
 from ..views import Buffer, View, buffer_view
 from .gather import contiguous_operand
 

@@ -1,5 +1,5 @@
 """The collective kind: all_reduce as a copy and one `CollectiveKernel`, its lowering and render
-(templates/c/collective).
+(templates/collective/collective.c.j2).
 
 The value of this process is copied into a contiguous buffer of its own; the kernel then hands
 that buffer to the caller's hook (sg_context.collective), which sums it over the processes in
@@ -15,7 +15,7 @@ from typing import Any
 from ...ir import shapes as S
 from ...ir.value import Value
 from ..plan import Swap
-from ..render import Renderer
+from ..render.renderer import Renderer
 from ..views import Buffer, View, broadcast_view, buffer_view
 
 WORDS = (("collective", "collectives"),)  # the report's count line
@@ -80,7 +80,7 @@ def refuse(node: Value, language) -> str | None:
 
 def render(r: Renderer, k: CollectiveKernel) -> dict:
     """all_reduce: the buffer handed to the caller's hook, which sums it over the processes
-    (templates/c/collective); the entry point checks the status the hook returns."""
+    (templates/collective/collective.c.j2); the entry point checks the status the hook returns."""
     params, args = r.params([], k.buffer, context=True)
     ctx = r.kernel(k, "collective", params=params, args=args, buffer=k.buffer.name,
                       numel=r.ex.size(k.numel), dtype=k.buffer.dtype, dtype_code=DTYPES.index(k.buffer.dtype))

@@ -27,9 +27,9 @@ from ...ir import dtypes as D
 from ...ir import shapes as S
 from ...ir.elementwise import ARGS
 from ...ir.value import Value
-from ..patches import patch_view
+from ..decide.patches import patch_view
 from ..plan import LoweringError, Operand, Statement, Swap
-from ..render import Renderer, small
+from ..render.renderer import Renderer, small
 from ..views import Buffer, View, broadcast_view, buffer_view, is_contiguous, literal_view, slice_view
 
 WORDS = (("gather", "gathers"),)  # the report's count line

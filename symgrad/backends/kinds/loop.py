@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..plan import Swap
-from ..render import Renderer, Store, used_axes
+from ..render.renderer import Renderer, Store, used_axes
 from ..views import Buffer, View, buffer_view
 
 WORDS = (("loop", "loops"), ("copy", "copies"))  # what the report's count line calls them

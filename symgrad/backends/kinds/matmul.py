@@ -11,7 +11,7 @@ decisions and the language's capabilities (languages.Language.matmuls), and deci
     patch gemm    a convolution's patch matrix gathered as the GEMM packs it (implicit GEMM)
     winograd      a 3x3 stride-1 convolution's patch product by Winograd's F(4x4, 3x3)
     direct rows   each image's patch columns: the runtime's direct convolution (sg_conv_rows)
-    template gemm the program's own tiled GEMM kernel (templates/cuda/gemm.cu.j2; no epilogue), a
+    template gemm the program's own tiled GEMM kernel (templates/matmul/gemm.cu.j2; no epilogue), a
                   batched product in one launch; a convolution's over the patches its take gathered
 
 The lowering (`lower`) builds the kernel with that implementation and its runtime function;
@@ -30,12 +30,13 @@ from ...ir import dtypes as D
 from ...ir import shapes as S
 from ...ir.registry import MATMUL
 from ...ir.value import Value
-from .. import runtime, winograd
-from ..expressions import comment, contiguous
-from ..patches import patch_spec
+from ..build import runtime
+from ..decide import winograd
+from ..render.expressions import comment, contiguous
+from ..decide.patches import patch_spec
 from ..views import is_patches
 from ..plan import PRODUCT, Swap
-from ..render import Let, Renderer, Store
+from ..render.renderer import Let, Renderer, Store
 from ..views import Buffer, View, broadcast_view, buffer_view, contiguous_strides
 
 WORDS = (("matmul", "matmuls"), ("fused matmul", "fused matmuls"))  # the report's count line

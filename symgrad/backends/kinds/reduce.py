@@ -16,10 +16,10 @@ import numpy as np
 
 from ...ir import dtypes as D
 from ...ir.value import Value
-from ..expressions import comment, contiguous, convert, lowest
-from ..languages import COLUMN_TILE
+from ..render.expressions import comment, contiguous, convert, lowest
+from ..render.languages import COLUMN_TILE
 from ..plan import REDUCED, Swap
-from ..render import Accumulator, Fold, Let, Renderer, Store, small, used_axes
+from ..render.renderer import Accumulator, Fold, Let, Renderer, Store, small, used_axes
 from ..views import Buffer, View, _numel, buffer_view, is_contiguous, merge_loop_axes, merge_strided_axes
 from . import loop
 

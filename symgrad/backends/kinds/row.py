@@ -1,5 +1,5 @@
 """The row kind: `RowKernel`, the row reductions and maps of one row group in one kernel
-(symgrad.backends.rows decides the groups).
+(symgrad.backends.decide.rows decides the groups).
 
 Per row, the group's passes over the row's elements: each loads its operands,
 computes its maps (one statement per node), folds its reductions and stores
@@ -22,15 +22,15 @@ from ...ir import dtypes as D
 from ...ir.printing import node_line
 from ...ir.registry import REDUCE
 from ...ir.value import Value
-from ..expressions import comment, convert, lowest
-from ..fusion import leaves as leaves_of
+from ..render.expressions import comment, convert, lowest
+from ..decide.fusion import leaves as leaves_of
 from ..plan import LoweringError, Operand, Statement, Swap, compute_dtype
-from ..render import Accumulator, Fold, Let, Renderer, Store, used_axes
+from ..render.renderer import Accumulator, Fold, Let, Renderer, Store, used_axes
 from ..views import Buffer, View, _numel, broadcast_view, buffer_view, merge_loop_axes, reshape_view
 
 if TYPE_CHECKING:  # (decide imports the kinds: the lowering hands this module its decisions)
-    from ..decisions import Decisions
-    from ..rows import RowGroup
+    from ..decide.decisions import Decisions
+    from ..decide.rows import RowGroup
 
 WORDS = (("row", "row kernels"),)  # the report's count line
 

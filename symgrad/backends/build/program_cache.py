@@ -1,0 +1,218 @@
+"""Program cache: a graph's fingerprint -> everything compiling it made, so a warm compile
+skips the passes, the lowering and the rendering, and a program loaded from it has all that a
+fresh compile has (its optimized graph, pass report and kernel plan: `.plan`, `.report()` and
+`.memory_plan` re-run nothing).
+
+The build cache (symgrad/backends/build/cache.py) saves the compiler run; this one
+saves the Python stages before it, which dominate a compile whose module is
+already built (tens of milliseconds of sympy work). It serves every backend
+the compile driver (symgrad.backends.driver) builds: C and CUDA. An entry is two files
+
+    programs/<key>.json     {"format", "source", "dims", "arena", "compiled", "sha256"}
+    programs/<key>.pickle   (optimized graph, pass report, kernel plan)
+
+under the cache directory. The key is the sha256 of the graph's structural
+fingerprint (symgrad.ir.fingerprint), the backend and its options, and the
+compiler's own code: every symgrad source file and template, and the sympy
+version. A change to the passes, the lowering or a template therefore misses,
+and the program is compiled afresh. The source found is still built through the
+build cache, whose key and integrity checks stay the authority on binaries.
+
+The pickle refers to the graph being compiled instead of copying it: a node of that graph
+is stored as its position in `graph.nodes`, a Dim by its name, an op by its registry name
+(a derived op, which is not registered, by its label and formula). Loaded against the
+graph built again, the optimized graph and the plan share its leaves, as a fresh compile's do.
+Like the binaries beside it, the pickle is trusted as far as the cache directory is.
+
+A graph without a fingerprint (an attribute that is a Python object) is
+compiled every time. A damaged or foreign entry reads as a miss and is
+overwritten: "sha256" is a checksum over the rest of the entry (canonical JSON,
+as the build cache keys its entries), "compiled" the pickle's sha256, so a changed
+byte anywhere, in the source, a size or the plan, fails it. The arena's sizes are
+checked once more at every new Dim binding against the compiled code's own
+(symgrad.backends.native), so that even an entry forged with a matching checksum
+cannot make the workspace too small.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import io
+import json
+import pickle
+from dataclasses import dataclass
+from pathlib import Path
+
+import sympy
+
+from ...ir.elementwise import derived_op
+from ...ir.fingerprint import fingerprint
+from ...ir.graph import Graph
+from ...ir.registry import REGISTRY, OpDef
+from ...ir.shapes import Dim
+from ...ir.value import Value
+from . import cache
+from ..lower.memory import ArenaSpec
+
+FORMAT = 4  # 2: the entry carries its checksum; 3: and the pickled optimized graph, pass report and plan;
+            # 4: the modules moved into sub-packages (the pickles name the new ones)
+_PACKAGE = Path(__file__).resolve().parents[2]  # symgrad/ (this is symgrad/backends/build/program_cache.py)
+
+
+@dataclass
+class Entry:
+    """What compiling a graph made: all a program needs, whether compiled now or loaded."""
+
+    source: str
+    dims: list                # Dim symbols, in the order of the entry point's dims argument
+    arena: ArenaSpec          # the temporaries' sizes and lifetimes (symgrad.backends.lower.memory)
+    optimized: Graph          # the graph after the passes (the graph itself with optimize=False)
+    pass_report: dict         # what each pass did (symgrad.passes.optimize's report)
+    plan: object              # the kernel plan the source renders (symgrad.backends.lower.lowering.Plan)
+
+
+@functools.lru_cache(maxsize=None)
+def code_fingerprint() -> str:
+    """The sha256 of the compiler itself: symgrad's sources, its templates and the sympy version."""
+    from ..render.templates import template_dir
+
+    digest = hashlib.sha256(f"sympy {sympy.__version__}\n".encode())
+    for root, pattern in ((_PACKAGE, "*.py"), (Path(template_dir()), "*.j2")):
+        for path in sorted(root.rglob(pattern)):
+            digest.update(f"{path.relative_to(root)} {path.stat().st_size}\n".encode())
+            digest.update(path.read_bytes())
+    return digest.hexdigest()
+
+
+def key(graph: Graph, backend: str, **options) -> str | None:
+    """The cache key of compiling `graph` on `backend` with `options`, or None if it has none."""
+    structure = fingerprint(graph)
+    if structure is None:
+        return None
+    try:
+        described = json.dumps(options, sort_keys=True)
+    except TypeError:  # an option that is not plain data: compile without the cache
+        return None
+    parts = f"{FORMAT}\n{backend}\n{described}\n{code_fingerprint()}\n{structure}"
+    return hashlib.sha256(parts.encode()).hexdigest()
+
+
+def _path(key: str, suffix: str = ".json") -> Path:
+    return cache.cache_dir() / "programs" / f"{key}{suffix}"
+
+
+def load(key: str | None, graph: Graph) -> Entry | None:
+    """The entry stored under `key`, its Dims and nodes resolved against `graph`; None on a miss."""
+    if key is None:
+        return None
+    entry = cache.read_json(_path(key))
+    if entry is None or entry.get("format") != FORMAT:
+        return None
+    # The checksum covers everything else in the entry: the source, the Dims, every size, the pickle's hash.
+    if entry.pop("sha256", None) != cache.sha256_json(entry):
+        return None
+    try:
+        compiled = _path(key, ".pickle").read_bytes()
+    except OSError:
+        return None
+    if hashlib.sha256(compiled).hexdigest() != entry.get("compiled"):
+        return None
+    by_name = {str(d): d for d in graph.dims}
+    try:
+        dims = [by_name[name] for name in entry["dims"]]
+        arena = ArenaSpec.from_json(entry["arena"], by_name)
+        optimized, pass_report, plan = _Unpickler(io.BytesIO(compiled), graph).load()
+    except Exception:  # noqa: BLE001  (anything a foreign or stale entry raises is a miss)
+        return None
+    return Entry(entry["source"], dims, arena, optimized, pass_report, plan)
+
+
+def store(key: str | None, graph: Graph, entry: Entry) -> None:
+    """Record what `key` compiles to (nothing when it is None, or when the plan refers to something
+    that cannot be stored by reference); a failed write only costs a miss."""
+    if key is None:
+        return
+    buffer = io.BytesIO()
+    try:
+        # The optimized graph's nodes first, in order: each node's inputs are then already stored
+        # when it is, so a deep graph does not nest the pickler's recursion.
+        _Pickler(buffer, graph).dump((entry.optimized.nodes, (entry.optimized, entry.pass_report, entry.plan)))
+    except (pickle.PicklingError, TypeError, AttributeError, RecursionError):
+        return
+    compiled = buffer.getvalue()
+    record = {"format": FORMAT, "dims": [str(d) for d in entry.dims], "arena": entry.arena.to_json(),
+              "source": entry.source, "compiled": hashlib.sha256(compiled).hexdigest()}
+    record["sha256"] = cache.sha256_json(record)
+    path = _path(key)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        cache.atomic_write(_path(key, ".pickle"), compiled)  # the pickle first: the JSON makes the entry
+        cache.atomic_write(path, json.dumps(record).encode())
+    except OSError:
+        pass
+
+
+# ---- the pickle: nodes of the compiled graph, ops and Dims by reference ----------------------
+
+def _graph(state: dict) -> Graph:
+    """A Graph from its attributes (`_Pickler.reducer_override`), its constructor's checks not re-run."""
+    graph = Graph.__new__(Graph)
+    graph.__dict__.update(state)
+    return graph
+
+
+def _value(op, inputs, attrs, shape, dtype, effects) -> Value:
+    return Value(op, inputs, attrs, shape, dtype, effects)
+
+
+class _Pickler(pickle.Pickler):
+    def __init__(self, file, graph: Graph):
+        super().__init__(file, protocol=5)
+        self._position = {id(n): k for k, n in enumerate(graph.nodes)}
+
+    def persistent_id(self, obj):
+        if isinstance(obj, Value):
+            k = self._position.get(id(obj))
+            return None if k is None else ("node", k)
+        if isinstance(obj, OpDef):
+            if obj.extra.get("derived"):
+                return ("derived", obj.name, obj.expr, obj.arity)
+            if REGISTRY.get(obj.name) is not obj:
+                raise pickle.PicklingError(f"op {obj.name!r} is not in the registry")
+            return ("op", obj.name)
+        if isinstance(obj, Dim):
+            return ("dim", str(obj))
+        return None
+
+    def reducer_override(self, obj):
+        # A Value is immutable (its attrs a read-only mapping): rebuilt through its constructor.
+        if type(obj) is Value:
+            return _value, (obj.op, obj.inputs, dict(obj.attrs), obj.shape, obj.dtype, obj.effects)
+        # A Graph without its cached `users`: keyed by id(node), it names other objects once loaded
+        # (recomputed on first use, as the other cached properties would be).
+        if type(obj) is Graph and "users" in vars(obj):
+            return _graph, ({k: v for k, v in vars(obj).items() if k != "users"},)
+        return NotImplemented
+
+
+class _Unpickler(pickle.Unpickler):
+    def __init__(self, file, graph: Graph):
+        super().__init__(file)
+        self._graph = graph
+        self._dims = {str(d): d for d in graph.dims}
+
+    def load(self):
+        return super().load()[1]
+
+    def persistent_load(self, pid):
+        kind = pid[0]
+        if kind == "node":
+            return self._graph.nodes[pid[1]]
+        if kind == "op":
+            return REGISTRY[pid[1]]
+        if kind == "derived":
+            return derived_op(pid[1], pid[2], pid[3])
+        if kind == "dim":
+            return self._dims[pid[1]]
+        raise pickle.UnpicklingError(f"unknown reference {kind!r}")

@@ -1,0 +1,183 @@
+"""The kernel order: a topological order of the graph's nodes, each row group run as one kernel.
+
+`schedule` orders the kernels to keep few bytes live; `graph_order` keeps the
+graph's own order (the order of an unscheduled lowering). Both make every
+member of a row group wait for all that its group reads, since the group's
+kernel runs at its first member.
+"""
+
+from __future__ import annotations
+
+import heapq
+
+from ...ir import dtypes as D
+from ...ir import shapes as S
+from ...ir.graph import Graph, ancestors
+from ...ir.registry import ELEMENTWISE
+from ...ir.value import Value
+from .fusion import DEFAULT_DIM, materializes
+
+
+def schedule(graph: Graph, fused, epilogued, groups) -> list:
+    """A topological order of the nodes that keeps few bytes live at once (greedy list scheduling).
+
+    Views (movement, sources, fused nodes) are placed as soon as they are ready. Among the
+    ready kernels the one that frees the most bytes net of what it allocates runs first, ties
+    going to the graph's own order: a layer's weight gradient and update run as soon as their
+    inputs exist, before the backward moves on, so activations and gradients die early. The
+    kernel computing a variable's new value waits for every other kernel reading the variable,
+    so it can write the variable in place. (`fused`, `epilogued`: ids of the nodes that get no kernel
+    of their own; `groups`: the row groups, each one kernel.)
+    """
+    nodes = graph.nodes
+    index = {id(n): k for k, n in enumerate(nodes)}
+    mat = {id(n): materializes(n, fused, epilogued) for n in nodes}
+    reads = _kernel_reads(nodes, mat)
+    deps = _dependencies(graph, index, mat, reads, groups)
+    dims = {d: DEFAULT_DIM for d in graph.dims}
+    size = {id(n): _concrete_bytes(n, dims) for n in nodes if mat[id(n)]}
+    pinned = {id(v) for v in graph.outputs} | {id(new) for _, new in graph.updates}
+    order = _list_schedule(nodes, index, mat, reads, deps, size, pinned)
+    if len(order) != len(nodes):  # a dependency cycle would be a bug here: keep the graph's order
+        return list(nodes)
+    return order
+
+
+def _kernel_reads(nodes: list, mat: dict) -> dict[int, set]:
+    """id(kernel node) -> ids of the buffers (materialized nodes, variables) its kernel reads, through
+    the views and fused nodes it computes itself. Only kernels: the running sets of every node of a
+    long fused chain would cost time quadratic in its length."""
+    reads: dict[int, set] = {}
+    for n in nodes:
+        if not mat[id(n)]:
+            continue
+        got: set = set()
+        stack, seen = list(n.inputs), set()
+        while stack:
+            i = stack.pop()
+            if id(i) in seen:
+                continue
+            seen.add(id(i))
+            if mat[id(i)] or i.op.name == "variable":
+                got.add(id(i))
+            else:
+                stack.extend(i.inputs)
+        reads[id(n)] = got
+    return reads
+
+
+def _dependencies(graph: Graph, index: dict, mat: dict, reads: dict, groups) -> dict[int, set]:
+    """id(node) -> ids of the nodes it waits for: its inputs; for a row group's member, all that its
+    group reads; for a kernel computing a variable's new value, every other kernel reading it."""
+    nodes = graph.nodes
+    deps = {id(n): {id(i) for i in n.inputs} for n in nodes}
+    for member, leaves in row_deps(groups).items():  # a row group runs as one kernel
+        deps[member] |= leaves
+    # The kernels reading each variable, in graph order.
+    variable_readers: dict[int, list] = {}
+    for n in nodes:
+        if mat[id(n)]:
+            for b in reads[id(n)]:
+                variable_readers.setdefault(b, []).append(n)
+    for target, new in graph.updates:
+        if not mat.get(id(new)) or new.op.kind != ELEMENTWISE:
+            continue
+        for n in variable_readers.get(id(target), ()):
+            # A reader before `new` in the graph's (topological) order cannot depend on it, and one
+            # that is already among its ancestors gains nothing from the edge but loses nothing
+            # either; a later one may depend on it, and then must not wait for it (a cycle).
+            if n is not new and (index[id(n)] < index[id(new)] or id(new) not in ancestors([n])):
+                deps[id(new)].add(id(n))
+    return deps
+
+
+def _list_schedule(nodes: list, index: dict, mat: dict, reads: dict, deps: dict, size: dict, pinned: set) -> list:
+    """The greedy list schedule: ready views first, in graph order; else the ready kernel whose run
+    frees the most bytes net of what it allocates (`size`; `pinned` buffers are never freed). Shorter
+    than `nodes` only if `deps` has a cycle."""
+    readers: dict[int, int] = {}
+    for n in nodes:
+        if mat[id(n)]:
+            for b in reads[id(n)]:
+                readers[b] = readers.get(b, 0) + 1
+    users: dict[int, list] = {id(n): [] for n in nodes}
+    for n in nodes:
+        for d in deps[id(n)]:
+            users[d].append(n)
+    waiting = {id(n): len(deps[id(n)]) for n in nodes}
+    # Ready views wait in a heap by graph position (thousands of constants are ready at once);
+    # ready kernels, few at a time, are compared by what running them frees.
+    ready_views: list[int] = []
+    ready_kernels: list = []
+
+    def make_ready(n):
+        if mat[id(n)]:
+            ready_kernels.append(n)
+        else:
+            heapq.heappush(ready_views, index[id(n)])
+
+    def gain(n):
+        freed = sum(size.get(b, 0) for b in reads[id(n)]
+                    if readers.get(b) == 1 and b not in pinned and b in size)
+        return (size[id(n)] - freed, index[id(n)])
+    for n in nodes:
+        if waiting[id(n)] == 0:
+            make_ready(n)
+    order = []
+    while ready_views or ready_kernels:
+        if ready_views:
+            pick = nodes[heapq.heappop(ready_views)]
+        else:
+            pick = min(ready_kernels, key=gain)
+            ready_kernels = [n for n in ready_kernels if n is not pick]  # by identity: Value.__eq__ builds a node
+            for b in reads[id(pick)]:
+                readers[b] -= 1
+        order.append(pick)
+        for u in users[id(pick)]:
+            waiting[id(u)] -= 1
+            if waiting[id(u)] == 0:
+                make_ready(u)
+    return order
+
+
+def row_deps(groups) -> dict:
+    """id(member) -> ids of every value its row group reads: the schedule runs a group's kernel at
+    its first member, so each member waits for all of them."""
+    deps = {}
+    for g in groups:
+        leaves = {id(l) for l in g.leaves}
+        for m in g.members:
+            deps[id(m)] = leaves  # shared: the callers copy before they add to it
+    return deps
+
+
+def graph_order(graph: Graph, groups) -> list:
+    """The graph's own order, except that each group's members wait for all the group reads (the
+    order of an unscheduled lowering: a group's kernel is emitted at its first member)."""
+    nodes = graph.nodes
+    extra = row_deps(groups)
+    if not extra:
+        return list(nodes)
+    index = {id(n): k for k, n in enumerate(nodes)}
+    waiting = {id(n): len({id(i) for i in n.inputs} | extra.get(id(n), set())) for n in nodes}
+    users: dict[int, list] = {id(n): [] for n in nodes}
+    for n in nodes:
+        for d in {id(i) for i in n.inputs} | extra.get(id(n), set()):
+            users[d].append(index[id(n)])
+    ready = [k for k, n in enumerate(nodes) if waiting[id(n)] == 0]
+    heapq.heapify(ready)
+    order = []
+    while ready:
+        n = nodes[heapq.heappop(ready)]
+        order.append(n)
+        for k in users[id(n)]:
+            waiting[id(nodes[k])] -= 1
+            if waiting[id(nodes[k])] == 0:
+                heapq.heappush(ready, k)
+    return order
+
+
+def _concrete_bytes(node: Value, dims: dict) -> int:
+    """Bytes of `node` with every Dim at the value `dims` gives it."""
+    numel = S.evaluate(S.numel(node.shape), dims) if node.shape else 1
+    return int(numel) * D.to_numpy(node.dtype).itemsize

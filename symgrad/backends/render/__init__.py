@@ -1,0 +1,2 @@
+"""Render: a kernel plan becomes C or CUDA source, through templates/ and a language's row.
+"""

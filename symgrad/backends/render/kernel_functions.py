@@ -1,0 +1,88 @@
+"""Which kernels share one function, and which translation unit each function is compiled in.
+
+    shared(texts, names, params) -> list[int]     per kernel: the kernel whose function it calls
+    partition(sizes, parts) -> list[int]          per function: its translation unit
+    calls(source, names) -> dict[str, list[str]]  a program's functions and the kernels calling each
+
+Depth should cost calls, not code. The kernels of every transformer layer, every residual block
+and every same-shaped parameter's optimizer update differ only in the buffers they read and
+write and in the names of the graph nodes they compute; rendered, each is the same C but for
+those names. Such kernels become one function, called once per use with that use's buffers, so
+a 12-layer model compiles about as much C as a 4-layer one.
+
+Two kernels share a function when their sources are equal once each is read with its own names
+replaced by their roles: its function name (and the names derived from it: a matmul's epilogue
+and its argument struct), its parameters by position (the call passes each use's buffers in
+that order), and the locals named after graph nodes (t<n>) by first appearance. Comments, which
+name each use's nodes and buffers, are left out of the comparison; every other identifier (a
+constant table, a helper) must be the same for the sources to match. Pure functions over text.
+"""
+
+from __future__ import annotations
+
+import heapq
+import re
+
+_COMMENT = re.compile(r"/\*.*?\*/", re.S)
+_IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z_0-9]*")
+_NODE_LOCAL = re.compile(r"t[0-9]+")
+
+
+def canonical(text: str, name: str, params: list[str]) -> str:
+    """`text` (a kernel's source) without comments, its own names replaced by their roles:
+    `name` and the names it prefixes by @f, the parameters by @p<position>, the node locals by
+    @t<first appearance>. Two kernels with equal canonical forms compute the same function."""
+    roles = {param: f"@p{position}" for position, param in enumerate(params)}
+
+    def role(match: re.Match) -> str:
+        word = match.group(0)
+        found = roles.get(word)
+        if found is not None:
+            return found
+        if word.startswith(name):   # the function itself, its epilogue, its epilogue's struct
+            return "@f" + word[len(name):]
+        if _NODE_LOCAL.fullmatch(word):
+            found = roles[word] = f"@t{len(roles)}"
+            return found
+        return word
+
+    return _IDENTIFIER.sub(role, _COMMENT.sub("", text))
+
+
+def shared(texts: list[str], names: list[str], params: list[list[str]]) -> list[int]:
+    """For each kernel (its source, function name and parameter names), the position of the first
+    kernel with the same canonical form: the kernel whose function it calls (itself if first)."""
+    first: dict[str, int] = {}
+    return [first.setdefault(canonical(text, name, ps), position)
+            for position, (text, name, ps) in enumerate(zip(texts, names, params))]
+
+
+def partition(sizes: list[int], parts: int, fixed: int = 0) -> list[int]:
+    """Each function's translation unit (0 .. parts - 1), from its size (its lines: what the
+    compiler's time follows): the largest first, each to the unit with the least so far, so the
+    units take about equally long to compile side by side. `fixed`: lines unit 0 holds besides
+    (the entry point)."""
+    load = [(fixed if unit == 0 else 0, unit) for unit in range(parts)]
+    heapq.heapify(load)
+    unit_of = [0] * len(sizes)
+    for position in sorted(range(len(sizes)), key=lambda p: -sizes[p]):
+        lines, unit = heapq.heappop(load)
+        unit_of[position] = unit
+        heapq.heappush(load, (lines + sizes[position], unit))
+    return unit_of
+
+
+# An entry point's call of another kernel's function: `    k4_add_t7(d0, var3);  /* k9_add_t12 */`
+# (templates/program/program.c.j2).
+_CALL_OF_ANOTHER = re.compile(r"^    (k[0-9]+_\w+)\(.*\);  /\* (k[0-9]+_\w+) \*/$", re.M)
+
+
+def calls(source: str, names: list[str]) -> dict[str, list[str]]:
+    """The kernels of a program (`names`, in run order) grouped by the function each calls, read
+    from the entry point of its `source`: function name -> the kernels calling it, the function's
+    own kernel first. A source with no shared functions (CUDA's) gives each kernel its own."""
+    function_of = {kernel: function for function, kernel in _CALL_OF_ANOTHER.findall(source)}
+    grouped: dict[str, list[str]] = {}
+    for name in names:
+        grouped.setdefault(function_of.get(name, name), []).append(name)
+    return grouped

@@ -1,0 +1,212 @@
+"""A whole program's source: the kernels (symgrad.backends.render.renderer) inside the language's program.
+
+`render(plan, language, labels)` is the one entry: it renders the kernels, then
+the program template of the language (templates/program/program.c.j2 or
+templates/program/program.cu.j2) with what the entry point needs as data: the Dims,
+each buffer's name, C type, storage slot and label, the workspace's sizes, the
+constants' literals. The C program is a library called with host pointers; the
+CUDA program owns device memory in a state the caller holds. What is printed
+around these names (pointer casts, size checks, copies) is the templates'.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import sympy
+
+from ...ir import dtypes as D
+from ...ir.integer import HELPERS as INTEGER_HELPERS
+from .c_printer import format_literal
+from .expressions import comment, shape_comment
+from .kernel_functions import partition, shared
+from .languages import (C_BAD_LABEL, C_ENTRY, C_PROFILE_COUNT, C_PROFILE_EVENTS, C_SCRATCH_BYTES, C_SET_THREADS,
+    C_SIGNATURE, C_WORKSPACE_SIZES, CUDA_ALIGN, CUDA_SIGNATURE, PARALLEL_MIN, Language)
+from ..kinds import kind_of
+from ..plan import Plan, gradients_final_after
+from .renderer import Renderer
+from .templates import render as render_template
+
+CONST_ROW = 8  # literals per line of a constant table
+# A program is compiled as several translation units side by side once its kernel functions have
+# UNIT_LINES lines per unit (below that, the compiler's start and the shared preamble, parsed by
+# every unit, cost more than they save), at most MAX_UNITS.
+UNIT_LINES = 1000
+MAX_UNITS = 8
+HEADER_LINES = 80  # a graph printed in more lines than this is summarized in the source's header
+
+
+def render(plan: Plan, language: Language, labels: list = (), profile: bool = False) -> str:
+    """The source of `plan` in `language`; `labels`: (input position, number of classes) of the
+    class-label inputs the C entry checks before it computes anything. `profile`: the profiling
+    build (templates/program/profile.h.j2, C only), whose entry times each kernel call; without it the
+    source has no trace of profiling."""
+    renderer = Renderer(plan, language)
+    kernels = kernel_contexts(renderer)
+    if language.memory == "device":
+        if profile:
+            raise ValueError(f"a profiling build is C's only; {language.name} programs have none")
+        return _device_program(renderer, kernels)
+    return _host_program(renderer, kernels, labels, profile)
+
+
+def kernel_contexts(renderer: Renderer) -> list[dict]:
+    """The template context of every kernel of the renderer's plan, in schedule order, each made by
+    its kind's render (symgrad.backends.kinds.KINDS)."""
+    return [kind_of(k).render(renderer, k) for k in renderer.plan.kernels]
+
+
+def _buffer(renderer: Renderer, b, **more) -> dict:
+    """What a template needs of a buffer: its name, slot, C type, element count and label."""
+    return dict(name=b.name, index=b.index, ctype=D.C_TYPES[b.dtype], numel=renderer.ex.size(b.numel),
+                label=comment(b.label), **more)
+
+
+def _const(b) -> dict:
+    """A constant table: its literals, CONST_ROW a line."""
+    items = [format_literal(v.item(), b.dtype) for v in np.asarray(b.value).reshape(-1)]
+    rows = [items[i:i + CONST_ROW] for i in range(0, len(items), CONST_ROW)]
+    return dict(name=b.name, index=b.index, ctype=D.C_TYPES[b.dtype], size=max(len(items), 1), rows=rows or [["0"]],
+                comment=comment(f"constant {b.label}: {list(np.shape(b.value))}"))
+
+
+def integer_helpers(features) -> list[str]:
+    """The division and shift helpers (templates/program/integer.h.j2) the kernels call, in definition order."""
+    return [name for name in INTEGER_HELPERS if name in features]
+
+
+def _header(plan: Plan) -> list[str]:
+    """The graph the program computes, at the top of its source: whole when it is short; for a
+    model (thousands of nodes, which would make the header most of the file and grow it with
+    every layer) its inputs and a count, the nodes being commented at the kernels computing them."""
+    lines = plan.header.splitlines()
+    if len(lines) > HEADER_LINES:
+        graph = plan.graph
+        lines = [f"graph({', '.join(f'{v.name}: {v.type_str}' for v in graph.inputs)})",
+                 f"  {len(graph.variables)} variables (the entry's variables[k] below) and {len(graph.nodes)} nodes:",
+                 "  print(step.optimized_graph) shows them; each kernel is commented with the nodes it computes"]
+    return [comment(line) for line in lines]
+
+
+def _host_program(renderer: Renderer, kernels: list, labels: list, profile: bool = False) -> str:
+    """A library over host pointers (C): the entry casts each slot to its buffer, checks the labels."""
+    plan, ex = renderer.plan, renderer.ex
+    pointers = [_buffer(renderer, b, storage=storage, const=storage == "inputs")
+                for group, storage in ((plan.inputs, "inputs"), (plan.variables, "variables"), (plan.outputs, "outputs"))
+                for b in group]
+    workspace = [dict(_buffer(renderer, b), numel=ex.paren(b.numel)) for b in plan.workspace]
+    checks = []
+    for position, classes, ignore in labels:
+        buf = next(b for b in plan.inputs if b.index == position)
+        checks.append(dict(labels=buf.name, numel=ex.size(sympy.Mul(*plan.graph.inputs[position].shape)),
+                           classes=ex.size(classes), comment=comment(buf.label),
+                           ignore=None if ignore is None else int(ignore)))
+    arguments = [f"dims[{k}] = {comment(d)}" for k, d in enumerate(plan.dims)]
+    arguments += [f"inputs[{b.index}] = {comment(b.label)}: {D.SHORT_NAMES[b.dtype]}"
+                  f"{shape_comment(plan.graph.inputs[b.index].shape)}" for b in plan.inputs]
+    arguments += [f"variables[{b.index}] = {comment(b.label)}: "
+                  f"{D.SHORT_NAMES[b.dtype]}{shape_comment(plan.variable_nodes[b.index].shape)}" for b in plan.variables]
+    arguments += [f"outputs[{b.index}]: {D.SHORT_NAMES[b.dtype]}{shape_comment(plan.graph.outputs[b.index].shape)}"
+                  for b in plan.outputs]
+    arguments += [f"workspace + offsets[k]: temporary ws<k> ({len(plan.workspace)} buffers)"]
+    final = gradients_final_after(plan)  # the entry tells its caller when each gradient is final
+    kernels = [dict(k, final=[dict(index=slot, label=comment(plan.variables[slot].label))
+                              for slot in final.get(position, ())]) for position, k in enumerate(kernels)]
+    functions, units = _functions(kernels)
+    from ...version import __version__
+    from ..build.runtime import HEADER
+    features = renderer.features
+    return render_template(
+        renderer.lang.program, version=__version__, header=_header(plan), entry=C_ENTRY, arguments=arguments,
+        parallel_min=PARALLEL_MIN, int_pow="int_pow" in features, random="random" in features,
+        integer_helpers=integer_helpers(features),
+        fast_exp="fast_exp" in features, gemm="gemm" in features, attention="attention" in features, bad_label=C_BAD_LABEL, label_checks=checks,
+        consts=[_const(c) for c in plan.consts], runtime_header=HEADER, kernels=kernels, signature=C_SIGNATURE,
+        dims=[comment(d) for d in plan.dims], pointers=pointers, workspace=workspace,
+        workspace_dims=sorted(ex.dims_used(b.numel for b in plan.workspace)),
+        workspace_sizes=C_WORKSPACE_SIZES, set_threads=C_SET_THREADS, qualifiers=renderer.lang.helper_qualifiers,
+        scratch_sizes=C_SCRATCH_BYTES, scratch=[k for k in kernels if k.get("gemm")],  # the runtime calls' scratch
+        profile=profile, profile_events=C_PROFILE_EVENTS, profile_count=C_PROFILE_COUNT, kernel_count=len(kernels),
+        functions=functions, units=units)
+
+
+def unit_count(lines: int) -> int:
+    """How many translation units a program whose kernel functions have `lines` lines is built
+    as: one below UNIT_LINES, else a power of two (whatever the machine's cores, 2, 4, 8, ...,
+    the units then share them out evenly), at most MAX_UNITS."""
+    units = 1
+    while units < MAX_UNITS and lines >= UNIT_LINES * units:
+        units *= 2
+    return units
+
+
+def _functions(kernels: list) -> tuple[list[dict], int]:
+    """The program's kernel functions (kernel_functions.shared: one per distinct kernel, commented
+    with the other kernels that call it) and the number of translation units they are compiled
+    in; sets each kernel's `call`, the function it calls."""
+    texts = [render_template(k["template"], k=k).strip("\n") for k in kernels]
+    calls = shared(texts, [k["name"] for k in kernels], [[p["name"] for p in k["params"]] for k in kernels])
+    others: dict[int, list[str]] = {}
+    for position, (k, call) in enumerate(zip(kernels, calls)):
+        k["call"] = kernels[call]["name"]
+        if call != position:
+            others.setdefault(call, []).append(k["name"])
+    functions = [dict(text=text, kernel=k, uses=_also_called_for(others.get(position, [])))
+                 for position, (k, text, call) in enumerate(zip(kernels, texts, calls)) if call == position]
+    sizes = [f["text"].count("\n") + 1 for f in functions]
+    units = unit_count(sum(sizes))
+    for f, unit in zip(functions, partition(sizes, units, fixed=len(kernels))):
+        f["unit"] = unit
+    return functions, units
+
+
+def _also_called_for(names: list[str], width: int = 96) -> list[str]:
+    """The comment lines over a function other kernels call too: which ones."""
+    if not names:
+        return []
+    lines, line = [], f"Also called for {len(names)} more kernel(s), the same code on their buffers:"
+    for name in names:
+        if len(line) + len(name) + 2 > width:
+            lines.append(line)
+            line = "   "
+        line += f" {name},"
+    return lines + [line.rstrip(",")]
+
+
+def _device_program(renderer: Renderer, kernels: list) -> str:
+    """A program holding device memory (CUDA): variables and constants allocated once, inputs and
+    outputs copied per call, the workspace laid out by the caller."""
+    plan = renderer.plan
+    # Typed pointers for the buffers the launches pass (only those: nvcc warns about unused ones).
+    used = {arg for k in kernels for arg in k["args"]}
+    pointers = [_buffer(renderer, b, field=field, const=const)
+                for group, field, const in ((plan.inputs, "inputs", True), (plan.variables, "variables", False),
+                                            (plan.consts, "consts", True), (plan.outputs, "outputs", False))
+                for b in group if b.name in used or not renderer.lang.declare_used_only]
+    variables = []
+    for b in plan.variables:  # (of known sizes: decide refuses others where the language holds variables)
+        variables.append(dict(name=b.name, index=b.index, label=comment(b.label),
+                              bytes=int(b.numel) * D.to_numpy(b.dtype).itemsize))
+    arguments = [f"dims[{k}] = {comment(d)}" for k, d in enumerate(plan.dims)]
+    arguments += [f"inputs[{b.index}] (host) = {comment(b.label)}: "
+                  f"{D.SHORT_NAMES[b.dtype]}{shape_comment(plan.graph.inputs[b.index].shape)}" for b in plan.inputs]
+    arguments += [f"outputs[{b.index}] (host): {D.SHORT_NAMES[b.dtype]}{shape_comment(plan.graph.outputs[b.index].shape)}"
+                  for b in plan.outputs]
+    arguments += [f"variable {b.index} (device) = {comment(b.label)}: "
+                  f"{D.SHORT_NAMES[b.dtype]}{shape_comment(plan.variable_nodes[b.index].shape)}" for b in plan.variables]
+    arguments += [f"offsets[k]: byte offset of temporary ws<k> in the workspace ({len(plan.workspace)} buffers, "
+                  f"multiples of {CUDA_ALIGN}); arena_bytes: the workspace's size"]
+    from ...version import __version__
+    features = renderer.features
+    return render_template(
+        renderer.lang.program, version=__version__, header=_header(plan), arguments=arguments,
+        int_pow="int_pow" in features, random="random" in features, argmax="argmax" in features,
+        integer_helpers=integer_helpers(features),
+        rows="rows" in features, gemm="gemm" in features, attention="attention" in features,
+        qualifiers=renderer.lang.helper_qualifiers, batch_axes=renderer.lang.matmul_batch_axes,
+        consts=[_const(c) for c in plan.consts], kernels=kernels, variables=variables,
+        inputs=[_buffer(renderer, b) for b in plan.inputs], outputs=[_buffer(renderer, b) for b in plan.outputs],
+        workspace=[_buffer(renderer, b) for b in plan.workspace], signature=CUDA_SIGNATURE,
+        dims=[comment(d) for d in plan.dims], pointers=pointers,
+        workspace_pointers=[_buffer(renderer, b) for b in plan.workspace
+                            if b.name in used or not renderer.lang.declare_used_only],
+        align=CUDA_ALIGN)
