@@ -14,6 +14,7 @@ graph, and the result is a new `Graph`.
 
 from __future__ import annotations
 
+import operator
 from typing import Callable, Iterable, Optional
 
 import numpy as np
@@ -52,9 +53,15 @@ def rebuild(graph: Graph, rewrite: Callable[[Value], Value]) -> Graph:
     node, in topological order, so every input it sees is already final.
     """
     mapping: dict[int, Value] = {}
+    mapped = mapping.__getitem__
     for node in graph.nodes:
-        inputs = tuple(mapping[id(i)] for i in node.inputs)
-        mapping[id(node)] = rewrite(with_inputs(node, inputs))
+        old = node.inputs
+        if old:  # with_inputs, inlined: a sweep asks it of every node of the graph
+            inputs = tuple(map(mapped, map(id, old)))
+            if not all(map(operator.is_, inputs, old)):
+                mapping[id(node)] = rewrite(Value(node.op, inputs, node.attrs, node.shape, node.dtype))
+                continue
+        mapping[id(node)] = rewrite(node)
     return Graph(graph.inputs,
                  [mapping[id(v)] for v in graph.outputs],
                  [(mapping[id(t)], mapping[id(n)]) for t, n in graph.updates])
