@@ -244,6 +244,18 @@ def _leaf_symbol(k: int) -> sympy.Symbol:
 
 
 @functools.lru_cache(maxsize=None)
+def _not_real(expr: sympy.Expr) -> bool:
+    """Whether `expr` holds one of _NOT_REAL (asked of every chain: its expression repeats per layer)."""
+    return expr.has(*_NOT_REAL)
+
+
+@functools.lru_cache(maxsize=None)
+def _free_symbols(expr: sympy.Expr) -> frozenset:
+    """`expr.free_symbols` (which sympy walks the tree for at every call), kept per expression."""
+    return frozenset(expr.free_symbols)
+
+
+@functools.lru_cache(maxsize=None)
 def _has_dims(expr: sympy.Expr) -> bool:
     """Whether `expr` names a Dim (asked of every chain's cheapest form, which repeats per layer)."""
     return any(isinstance(s, S.Dim) for s in expr.free_symbols)
@@ -300,18 +312,18 @@ def simplify_chains(graph: Graph, assume_finite: bool = False, counts: dict | No
         chain = _Chain(node, inner)
         if chain.members < 2 or chain.cost > MAX_CHAIN_OPS or chain.expr is None:
             continue
-        if chain.expr.has(*_NOT_REAL):
+        if _not_real(chain.expr):
             continue  # x / 0.0 inlined: sympy's zoo has no float meaning (and no C spelling)
         operands = set(chain.symbols.values())
         best = _cheapest(chain.expr, chain.exact, assume_finite)
         if best is None:
             continue  # every form sympy found differs from the chain at inf, NaN or overflow
         best = _extract_dims(best, chain)
-        if best.has(*_NOT_REAL):
+        if _not_real(best):
             continue
         if _cost(best) >= chain.cost:
             continue
-        if not assume_finite and operands - best.free_symbols:
+        if not assume_finite and operands - _free_symbols(best):
             continue  # an operand vanished (x - x -> 0): wrong for inf and nan
         plans[id(node)] = (chain, best)
 
