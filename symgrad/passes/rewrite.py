@@ -115,6 +115,8 @@ def apply_rules(graph: Graph, rules: Iterable[Rule], max_sweeps: int = 50,
                 else:
                     settled[id(node)] = node
                     return node
+                if id(node) in settled:
+                    return node  # rewritten into a node no rule rewrites
             raise RuleError(f"rewrite rules do not terminate at {node!r}")
 
         rebuilt = rebuild(graph, at_node)
