@@ -15,7 +15,9 @@ A backend keeps only what differs: how it builds and how it calls what it built
 
 from __future__ import annotations
 
+import gc
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Callable
 
@@ -54,10 +56,31 @@ def label_inputs(graph: Graph) -> list:
             for position, node in label_checks(graph)]
 
 
+@contextmanager
+def _cyclic_gc_paused():
+    """Python's cyclic garbage collector off for the block (back on after, if it was on).
+
+    The stages allocate millions of small objects that stay alive (nodes, views, kernels, text)
+    and make few cycles; every full collection walks the whole heap, and their number grows with
+    what is allocated: a sixth of the stages' time on a 12-layer GPT, for about 1 MB of garbage.
+    What cycles the stages leave are collected afterwards."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
+
+
 def compile_stages(graph: Graph, language: Language, optimize: bool = True,
                    timings: dict | None = None) -> program_cache.Entry:
     """The passes, the lowering and the render of `graph` for `language`, timed into `timings`."""
-    timings = {} if timings is None else timings
+    with _cyclic_gc_paused():
+        return _stages(graph, language, optimize, {} if timings is None else timings)
+
+
+def _stages(graph: Graph, language: Language, optimize: bool, timings: dict) -> program_cache.Entry:
     half.refuse_half_leaves(graph, language.name)
     with timed(timings, "passes"):
         pass_report: dict = {}

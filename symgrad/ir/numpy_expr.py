@@ -8,6 +8,7 @@ NumPy implementation, symgrad.ir.elementwise) and every numerical comparison of 
 from __future__ import annotations
 
 import math
+from functools import lru_cache
 from typing import Callable
 
 import numpy as np
@@ -38,5 +39,13 @@ def numpy_function(symbols, expr: sympy.Expr) -> Callable:
     numerical comparison of two forms (`stays_finite`) evaluate alike. sign(NaN) is 0, as in
     torch (abs's derivative at NaN is 0 for a finite cotangent); NumPy's sign would give NaN.
     """
+    return _lambdified(tuple(symbols), expr)
+
+
+@lru_cache(maxsize=1024)
+def _lambdified(symbols: tuple, expr: sympy.Expr) -> Callable:
+    """numpy_function's result, made once per expression and symbols: lambdify writes and compiles
+    Python source (milliseconds), and a rewrite's every form is evaluated by several checks
+    (stays_finite, keeps_special_values, keeps_infinities), each lambdifying it anew."""
     expr = expr.replace(sympy.sign, _sign_as_torch) if expr.has(sympy.sign) else expr
     return sympy.lambdify(symbols, expr, modules=[_NUMPY_EXTRAS, _NUMPY_NAMES, np])

@@ -20,13 +20,15 @@ def toposort(roots: Iterable[Value]) -> list[Value]:
         while stack:
             node, children = stack[-1]
             for child in children:
-                if id(child) not in done and id(child) not in on_stack:
+                key = id(child)
+                if key not in done and key not in on_stack:
                     stack.append((child, iter(child.inputs)))
-                    on_stack.add(id(child))
+                    on_stack.add(key)
                     break
             else:
                 stack.pop()
-                on_stack.discard(id(node))
-                done.add(id(node))
+                key = id(node)
+                on_stack.discard(key)
+                done.add(key)
                 order.append(node)
     return order

@@ -7,6 +7,8 @@ are given only when printing, from user names where there are some.
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 import sympy
 
@@ -57,10 +59,17 @@ class Namer:
 def formula(node: Value, name) -> str:
     """A derived op's expression (a derivative, a simplified chain) over its operands' names:
     `t21 - t12*t22/t13`; an operand that prints as a number or an expression is parenthesized."""
-    def operand(value: Value) -> sympy.Symbol:
+    def operand(value: Value) -> str:
         text = name(value)
-        return sympy.Symbol(text if text.replace(".", "_").isidentifier() else f"({text})")
-    return str(node.op.expr.xreplace({ARGS[k]: operand(i) for k, i in enumerate(node.inputs)}))
+        return text if text.replace(".", "_").isidentifier() else f"({text})"
+    return _formula_text(node.op.expr, tuple(operand(i) for i in node.inputs))
+
+
+@functools.lru_cache(maxsize=4096)
+def _formula_text(expr: sympy.Expr, operands: tuple) -> str:
+    """`expr` over the operand names `operands`, printed: a graph's text and its kernels' comments
+    print each derived node's line once each (sympy's printing costs milliseconds a formula)."""
+    return str(expr.xreplace({ARGS[k]: sympy.Symbol(text) for k, text in enumerate(operands)}))
 
 
 def node_line(node: Value, name) -> str:

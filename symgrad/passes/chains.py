@@ -187,7 +187,7 @@ class _Chain:
     def leaf(self, v: Value) -> sympy.Symbol:
         """The symbol standing for operand `v` (one per distinct value)."""
         if id(v) not in self.symbols:
-            self.symbols[id(v)] = sympy.Symbol(f"l{len(self.leaves)}", real=True)
+            self.symbols[id(v)] = _leaf_symbol(len(self.leaves))
             self.leaves.append(v)
         return self.symbols[id(v)]
 
@@ -239,8 +239,34 @@ def _composed(tree) -> tuple:
         return None, None
 
 
+@functools.lru_cache(maxsize=None)
+def _leaf_symbol(k: int) -> sympy.Symbol:
+    """The symbol of a chain's k-th operand, `lk` (every chain numbers its operands alike)."""
+    return sympy.Symbol(f"l{k}", real=True)
+
+
+@functools.lru_cache(maxsize=None)
+def _not_real(expr: sympy.Expr) -> bool:
+    """Whether `expr` holds one of _NOT_REAL (asked of every chain: its expression repeats per layer)."""
+    return expr.has(*_NOT_REAL)
+
+
+@functools.lru_cache(maxsize=None)
+def _free_symbols(expr: sympy.Expr) -> frozenset:
+    """`expr.free_symbols` (which sympy walks the tree for at every call), kept per expression."""
+    return frozenset(expr.free_symbols)
+
+
+@functools.lru_cache(maxsize=None)
+def _has_dims(expr: sympy.Expr) -> bool:
+    """Whether `expr` names a Dim (asked of every chain's cheapest form, which repeats per layer)."""
+    return any(isinstance(s, S.Dim) for s in expr.free_symbols)
+
+
 def _extract_dims(expr: sympy.Expr, chain: "_Chain") -> sympy.Expr:
     """`expr` with each maximal subexpression of Dims only (1/B) made an operand: a const leaf."""
+    if not _has_dims(expr):
+        return expr
     if expr.free_symbols and all(isinstance(s, S.Dim) for s in expr.free_symbols):
         return chain.leaf(const_like(expr, chain.root.dtype))
     if not expr.args or not any(isinstance(s, S.Dim) for s in expr.free_symbols):
@@ -273,30 +299,33 @@ def simplify_chains(graph: Graph, assume_finite: bool = False, counts: dict | No
     """Each maximal single-use elementwise chain, re-emitted as one op when sympy makes it cheaper."""
     users = graph.users
     pinned = {id(v) for v in graph.outputs} | {id(n) for _, n in graph.updates}
+    chainable = {id(v) for v in graph.nodes if _chainable(v)}
+    # The chains' inner nodes (asked of every node of every chain): chainable, read once, by a
+    # chainable node, and neither an output nor an update.
+    inner_ids = {i for i in chainable if len(users[i]) == 1 and i not in pinned and id(users[i][0]) in chainable}
 
     def inner(v: Value) -> bool:
-        us = users[id(v)]
-        return (_chainable(v) and len(us) == 1 and id(v) not in pinned and _chainable(us[0]))
+        return id(v) in inner_ids
 
     plans: dict[int, tuple] = {}
     for node in graph.nodes:
-        if not _chainable(node) or inner(node):
+        if id(node) not in chainable or id(node) in inner_ids:
             continue
         chain = _Chain(node, inner)
         if chain.members < 2 or chain.cost > MAX_CHAIN_OPS or chain.expr is None:
             continue
-        if chain.expr.has(*_NOT_REAL):
+        if _not_real(chain.expr):
             continue  # x / 0.0 inlined: sympy's zoo has no float meaning (and no C spelling)
         operands = set(chain.symbols.values())
         best = _cheapest(chain.expr, chain.exact, assume_finite)
         if best is None:
             continue  # every form sympy found differs from the chain at inf, NaN or overflow
         best = _extract_dims(best, chain)
-        if best.has(*_NOT_REAL):
+        if _not_real(best):
             continue
         if _cost(best) >= chain.cost:
             continue
-        if not assume_finite and operands - best.free_symbols:
+        if not assume_finite and operands - _free_symbols(best):
             continue  # an operand vanished (x - x -> 0): wrong for inf and nan
         plans[id(node)] = (chain, best)
 

@@ -14,6 +14,7 @@ graph, and the result is a new `Graph`.
 
 from __future__ import annotations
 
+import operator
 from typing import Callable, Iterable, Optional
 
 import numpy as np
@@ -52,9 +53,15 @@ def rebuild(graph: Graph, rewrite: Callable[[Value], Value]) -> Graph:
     node, in topological order, so every input it sees is already final.
     """
     mapping: dict[int, Value] = {}
+    mapped = mapping.__getitem__
     for node in graph.nodes:
-        inputs = tuple(mapping[id(i)] for i in node.inputs)
-        mapping[id(node)] = rewrite(with_inputs(node, inputs))
+        old = node.inputs
+        if old:  # with_inputs, inlined: a sweep asks it of every node of the graph
+            inputs = tuple(map(mapped, map(id, old)))
+            if not all(map(operator.is_, inputs, old)):
+                mapping[id(node)] = rewrite(Value(node.op, inputs, node.attrs, node.shape, node.dtype))
+                continue
+        mapping[id(node)] = rewrite(node)
     return Graph(graph.inputs,
                  [mapping[id(v)] for v in graph.outputs],
                  [(mapping[id(t)], mapping[id(n)]) for t, n in graph.updates])
@@ -72,21 +79,29 @@ def _check(rule: Rule, node: Value, new: Value) -> None:
 
 
 def apply_rules(graph: Graph, rules: Iterable[Rule], max_sweeps: int = 50,
-                counts: dict | None = None) -> Graph:
+                counts: dict | None = None, settled: dict | None = None) -> Graph:
     """Rewrite `graph` with `rules` until no rule fires anywhere (or `max_sweeps` sweeps).
 
     `counts`, when given, receives how many times each rule fired, by name.
     Nodes of random ops are never handed to a rule: moving a broadcast past
     one, say, would turn independent draws into repeated ones.
+
+    A rule sees only its node and what lies below it, so a node no rule rewrote is one no rule
+    rewrites: such nodes are *settled* (id -> node, kept alive so that the ids stay theirs) and
+    not handed to the rules again, in a later sweep (where every node not rewritten below is
+    the same object again) nor, when the caller passes its own `settled` dict, in a later call
+    with the same rules. A sweep then costs the rules only where the last one changed something,
+    not the whole graph again.
     """
     rules = tuple(rules)
     original = graph
+    settled = {} if settled is None else settled
     for sweep in range(max_sweeps):
         fired = False
 
         def at_node(node: Value) -> Value:
             nonlocal fired
-            if is_nondeterministic(node):
+            if id(node) in settled or is_nondeterministic(node):
                 return node  # a random op is left exactly as written (see NONDETERMINISTIC)
             for _ in range(100):  # a node rewritten 100 times over means rules that cycle
                 for rule in rules:
@@ -98,7 +113,10 @@ def apply_rules(graph: Graph, rules: Iterable[Rule], max_sweeps: int = 50,
                         fired, node = True, new
                         break
                 else:
+                    settled[id(node)] = node
                     return node
+                if id(node) in settled:
+                    return node  # rewritten into a node no rule rewrites
             raise RuleError(f"rewrite rules do not terminate at {node!r}")
 
         rebuilt = rebuild(graph, at_node)

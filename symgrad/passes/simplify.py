@@ -354,9 +354,10 @@ def simplify(graph: Graph, assume_finite: bool = False, counts: dict | None = No
     (`x*0 -> 0`, sympy results that drop an operand).
     """
     rules = RULES + (FINITE_RULES if assume_finite else ())
+    settled: dict = {}  # the nodes no rule rewrites, kept from one round to the next (apply_rules)
     for _ in range(4):  # a simplified chain may expose new identities, rarely more than once
         before = graph
-        graph = apply_rules(graph, rules, counts=counts)
+        graph = apply_rules(graph, rules, counts=counts, settled=settled)
         graph = simplify_chains(graph, assume_finite, counts)
         if graph is before:
             break

@@ -644,3 +644,30 @@ def test_golden_softmax_regression_step():
         path.write_text(text)
     assert path.exists(), f"{path} is missing; create it with SYMGRAD_UPDATE_GOLDEN=1"
     assert text == path.read_text(), "optimized graph text changed; if intended, rerun with SYMGRAD_UPDATE_GOLDEN=1"
+
+
+def test_apply_rules_asks_the_rules_once_per_settled_node():
+    """A node no rule rewrote is settled: later sweeps, and later calls sharing `settled`, hand it
+    to no rule again; only what a rewrite made is asked about (issue 34: a sweep per rewrite
+    asked every rule of every node again)."""
+    from symgrad.passes.rewrite import apply_rules
+    x = sg.input("x", (3,))
+    y = op("neg", op("neg", op("exp", x)))
+    deep = op("log", op("tanh", op("sin", y)))
+    asked: list = []
+
+    def neg_neg(node):
+        """neg(neg(x)) -> x"""
+        asked.append(node)
+        if node.op.name == "neg" and node.inputs[0].op.name == "neg":
+            return node.inputs[0].inputs[0]
+        return None
+
+    settled: dict = {}
+    out = apply_rules(Graph([x], [deep]), [neg_neg], settled=settled)
+    assert [n.op.name for n in out.nodes] == ["input", "exp", "sin", "tanh", "log"]
+    # Each node once, in the sweep that rewrote the negs: x, exp, the two negs (exp, which they
+    # become, is settled by then) and sin, tanh, log rebuilt over exp; nothing in the next sweep.
+    assert len(asked) == len({id(n) for n in asked}) == 7
+    asked.clear()
+    assert apply_rules(out, [neg_neg], settled=settled) is out and asked == []

@@ -166,12 +166,18 @@ def _value(op, inputs, attrs, shape, dtype, effects) -> Value:
     return Value(op, inputs, attrs, shape, dtype, effects)
 
 
+# Types that are never stored by reference (exactly these types: Dim, a Value or an op is none).
+_PLAIN = frozenset({str, int, float, bool, tuple, list, dict, type(None), bytes})
+
+
 class _Pickler(pickle.Pickler):
     def __init__(self, file, graph: Graph):
         super().__init__(file, protocol=5)
         self._position = {id(n): k for k, n in enumerate(graph.nodes)}
 
     def persistent_id(self, obj):
+        if type(obj) in _PLAIN:  # asked of every object pickled (a GPT step's plan: 200,000)
+            return None
         if isinstance(obj, Value):
             k = self._position.get(id(obj))
             return None if k is None else ("node", k)

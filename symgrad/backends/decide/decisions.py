@@ -106,9 +106,19 @@ class Decisions:
         """ids of the sums whose parts store themselves into their buffer: no kernel of their own."""
         return frozenset(id(root) for root in self.parts.values())
 
+    @cached_property
+    def _parts_by_root(self) -> dict:
+        """id(sum) -> the embeds whose parts it stores in place, in graph order (one pass over the graph)."""
+        by_root: dict[int, list] = {}
+        for n in self.graph.nodes:
+            root = self.parts.get(id(n))
+            if root is not None:
+                by_root.setdefault(id(root), []).append(n)
+        return by_root
+
     def parts_of(self, root: Value) -> list:
         """The embeds whose parts sum `root` stores in place, in graph order."""
-        return [n for n in self.graph.nodes if self.parts.get(id(n)) is root]
+        return list(self._parts_by_root.get(id(root), ()))
 
     def materializes(self, node: Value) -> bool:
         """Whether `node` gets a kernel and a buffer of its own (row group members aside)."""

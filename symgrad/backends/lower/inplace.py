@@ -26,7 +26,16 @@ from ..views import Buffer, View, _same, is_contiguous
 
 def retarget_views(views: dict, old: Buffer, new: Buffer) -> dict:
     """`views` with every view of the temporary `old` reading `new` instead."""
-    return {key: replace(view, buffer=new) if view.buffer is old else view for key, view in views.items()}
+    return _retarget_all(views, {id(old): new})
+
+
+def _retarget_all(views: dict, swap: dict) -> dict:
+    """`views` with every view of a temporary in `swap` (id -> new buffer) reading its new buffer:
+    one pass over the views for all of a sweep's retargets, not one per retarget."""
+    if not swap:
+        return views
+    return {key: replace(view, buffer=swap[id(view.buffer)]) if id(view.buffer) in swap else view
+            for key, view in views.items()}
 
 
 def aliases_output(view: View, out: Buffer) -> bool:
@@ -67,8 +76,10 @@ def write_in_place(kernels: list, views: dict, finals: list, variable_buffer: di
     for target, new, view in finals:
         var = variable_buffer[id(target)]
         buf = view.buffer
+        # (A view of a temporary retargeted earlier in this sweep reads the variable by now: it
+        # is no longer the value's view. The views are retargeted once, after the sweep.)
         if view.kind != "buffer" or buf.storage != "workspace" or counts[id(new)] != 1 \
-                or view is not views.get(id(new)) or not is_contiguous(view) \
+                or view is not views.get(id(new)) or id(buf) in retargets or not is_contiguous(view) \
                 or not (isinstance(view.offset, int) and view.offset == 0):
             continue
         if any(other is not view for other in update_views[id(buf)]):
@@ -84,10 +95,9 @@ def write_in_place(kernels: list, views: dict, finals: list, variable_buffer: di
             and isinstance(o.view.offset, int) and o.view.offset == 0) for o in kernel.operands)
         if not aligned:
             continue
-        views = retarget_views(views, buf, var)
         retargets[id(buf)] = (buf, var)
         direct.add(id(target))
-    return views, retargets, direct
+    return _retarget_all(views, {key: var for key, (_, var) in retargets.items()}), retargets, direct
 
 
 def apply_retargets(kernels: list, workspace: list, retargets: dict) -> tuple:

@@ -338,7 +338,8 @@ def lower(graph: Graph, variables=None, fuse_reduce: bool = True, recompute: boo
     # The variable buffers: the caller's list (those of the unoptimized graph, so that no
     # variable disappears from the program's arguments when passes drop its last use).
     variables = list(graph.variables if variables is None else variables)
-    missing = [v.name for v in graph.variables if all(v is not w for w in variables)]
+    given = set(map(id, variables))  # by identity: Value.__eq__ builds a node
+    missing = [v.name for v in graph.variables if id(v) not in given]
     if missing:
         raise ValueError(f"lower: the graph reads variables {missing} that are not in `variables`")
     return build_plan(decide(graph, variables, fuse_reduce=fuse_reduce, recompute=recompute, schedule=schedule,
