@@ -18,13 +18,14 @@ from .backends.cuda import cuda_source  # the .cu text of a graph; needs no GPU
 from .tools.gradcheck import GradcheckError, gradcheck
 from .api.custom import Context, Function
 from .api.functional import (abs, argmax, broadcast_to, cast, constant, cos, elementwise, equal, exp, expand_dims,
-    greater, greater_equal, less, less_equal, log, log_softmax, matmul, max, maximum, mean, minimum, not_equal,
-    one_hot, relu, reshape, sigmoid, sin, softmax, sqrt, squeeze, stop_gradient, sum, tanh, transpose, where)
+                             greater, greater_equal, less, less_equal, log, log_softmax, matmul, max, maximum, mean,
+                             minimum, not_equal, one_hot, relu, reshape, sigmoid, sin, softmax, sqrt, squeeze,
+                             stop_gradient, sum, tanh, transpose, where)
 from .api.losses import cross_entropy, mse_loss, nll_loss
 from .api.pointwise import ceil, clip, erf, floor, gelu, log1p, masked_fill, round, sign, softplus, trunc
 from .api.functional import acos, arccos, arcsin, arctan, arctan2, asin, atan, atan2
 from .api.integer import (bitwise_and, bitwise_left_shift, bitwise_not, bitwise_or, bitwise_right_shift, bitwise_xor,
-    div, floor_divide, fmod, remainder)
+                          div, floor_divide, fmod, remainder)
 from .api.integer import div as divide
 from .nn.functional import layer_norm
 from .api.statistics import logsumexp, prod, std, var

@@ -22,7 +22,7 @@ globals().update({name: value for name, value in vars(_functional).items() if no
 from .indexing import chunk, getitem, narrow, split  # noqa: E402
 # a // b, a % b, a & b, ... and their Value methods; symgrad.api.integer builds on symgrad.api.functional.
 from .integer import (bitwise_and, bitwise_left_shift, bitwise_not, bitwise_or, bitwise_right_shift, bitwise_xor,
-    floor_divide, fmod, remainder)
+                      floor_divide, fmod, remainder)
 from .integer import div as divide  # noqa: E402  (torch.divide: div with rounding_mode; `div` is a / b)
 from .losses import cross_entropy, mse_loss, nll_loss  # noqa: E402
 # What Value's other torch-named methods forward to.

@@ -50,8 +50,9 @@ from .render.expressions import comment  # noqa: F401  (re-exported: what C comm
 from .render.kernel_functions import calls
 from .kinds.collective import DTYPES as COLLECTIVE_DTYPES
 from .render.languages import (C_BAD_LABEL as BAD_LABEL, C_ENTRY as ENTRY, C_OPENMP,
-    C_SCRATCH_BYTES as SCRATCH_BYTES, C_SET_THREADS as SET_THREADS, C_SIGNATURE as SIGNATURE,
-    C_WORKSPACE_SIZES as WORKSPACE_SIZES, COLUMN_TILE, PARALLEL_MIN)  # noqa: F401
+                               C_SCRATCH_BYTES as SCRATCH_BYTES, C_SET_THREADS as SET_THREADS,
+                               C_SIGNATURE as SIGNATURE, C_WORKSPACE_SIZES as WORKSPACE_SIZES, COLUMN_TILE,
+                               PARALLEL_MIN)  # noqa: F401
 from .plan import Plan
 from .lower.memory import MemoryPlan
 from .native import NativeProgram

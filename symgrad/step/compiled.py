@@ -19,7 +19,7 @@ import numpy as np
 from .. import backends
 from ..api.cells import cell_of
 from .call_checks import (arrays_by_name, bind_inputs, check_label_ranges, check_unique_names, collect_inputs,
-    computed_label_ranges, host_array, refuse_subclass)
+                          computed_label_ranges, host_array, refuse_subclass)
 from ..ir import dtypes as D
 from ..ir import shapes as S
 from ..ir.graph import Graph

@@ -11,7 +11,7 @@ import numpy as np
 
 from .. import backends
 from .call_checks import (arrays_by_name, check_no_gradient_buffer_names, collect_inputs, gradient_buffer_name,
-    leaf_kind, refuse_positional)
+                          leaf_kind, refuse_positional)
 from .compiled import Compiled, VariableView
 from ..ir import dtypes as D
 from ..ir.graph import Graph

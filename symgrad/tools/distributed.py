@@ -35,7 +35,7 @@ import time
 import numpy as np
 
 from ..step.call_checks import (arrays_by_name, bind_inputs, check_label_ranges, computed_label_ranges,
-    gradient_buffer_name, host_array)
+                                gradient_buffer_name, host_array)
 from ..step.training import TrainStep
 from ..step.training import train_step as local_train_step
 from ..backends.plan import gradients_final_after

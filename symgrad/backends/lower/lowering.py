@@ -48,9 +48,11 @@ from ..kinds.reduce import ReduceKernel  # noqa: F401
 from ..kinds.row import RowKernel, RowPass, RowReduction, RowStore  # noqa: F401
 from ..decide.patches import moved
 from ..views import is_patches
-from ..plan import PRODUCT, REDUCED, LoweringError, Operand, Plan, Statement, compute_dtype, kernel_reads, kernel_writes
+from ..plan import (PRODUCT, REDUCED, LoweringError, Operand, Plan, Statement, compute_dtype,  # noqa: F401
+                   kernel_reads, kernel_writes)
 from ..views import (Buffer, View, broadcast_view, buffer_view, collapse, contiguous_strides, is_contiguous,
-    literal_view, merge_loop_axes, merge_strided_axes, reshape_view, slice_view, transpose_view, _numel)
+                     literal_view, merge_loop_axes, merge_strided_axes, reshape_view, slice_view, transpose_view,
+                     _numel)  # noqa: F401
 
 # What other modules have imported from here (the plan types and view algebra live in plan.py and views.py).
 _reads, _writes = kernel_reads, kernel_writes

@@ -20,7 +20,7 @@ from .c_printer import format_literal
 from .expressions import comment, shape_comment
 from .kernel_functions import partition, shared
 from .languages import (C_BAD_LABEL, C_ENTRY, C_PROFILE_COUNT, C_PROFILE_EVENTS, C_SCRATCH_BYTES, C_SET_THREADS,
-    C_SIGNATURE, C_WORKSPACE_SIZES, CUDA_ALIGN, CUDA_SIGNATURE, PARALLEL_MIN, Language)
+                        C_SIGNATURE, C_WORKSPACE_SIZES, CUDA_ALIGN, CUDA_SIGNATURE, PARALLEL_MIN, Language)
 from ..kinds import kind_of
 from ..plan import Plan, gradients_final_after
 from .renderer import Renderer
