@@ -33,11 +33,11 @@ if [ -n "${WHEELS:-}" ]; then
 fi
 export PYTHONPATH=${PYTHONPATH:-}${PYTHONPATH:+:}$ROOT:$ROOT/tests
 PYTEST=(python3 -m pytest -p no:cacheprovider -o addopts= -rfE)
-SUITES=${SUITES:-"tests/nn tests/test_cnn_ops.py tests/test_attention.py tests/ir/test_ops.py tests/optim/test_optim.py
-  tests/test_accumulate.py tests/test_checkpoint.py tests/test_custom_ops.py tests/test_errors.py
-  tests/test_gradcheck.py tests/test_indexing_ops.py tests/test_indices.py tests/test_pointwise_ops.py
+SUITES=${SUITES:-"tests/nn tests/api/test_cnn_ops.py tests/test_attention.py tests/ir/test_ops.py tests/optim/test_optim.py
+  tests/step/test_accumulate.py tests/step/test_checkpoint.py tests/api/test_custom_ops.py tests/test_errors.py
+  tests/tools/test_gradcheck.py tests/api/test_indexing_ops.py tests/api/test_indices.py tests/api/test_pointwise_ops.py
   tests/test_reliability_graphs.py tests/test_reliability_numbers.py tests/test_reliability_shared_state.py
-  tests/test_seeds.py tests/test_softmax_regression.py tests/test_gradients_torch.py tests/test_finite_differences.py"}
+  tests/api/test_seeds.py tests/test_softmax_regression.py tests/test_gradients_torch.py tests/test_finite_differences.py"}
 
 left() { echo $((TOTAL - ($(date +%s) - START))); }
 cap() {  # cap WANTED RESERVE: WANTED seconds, or what is left after RESERVE, at least 5

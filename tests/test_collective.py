@@ -1,7 +1,7 @@
 """all_reduce (symgrad.ir.ops_collective) and SyncBatchNorm in one process.
 
 The program hands each all_reduce to the caller's hook (sg.distributed's sums
-over the ranks, tests/test_distributed.py); here a hook that scales by N stands
+over the ranks, tests/tools/test_distributed.py); here a hook that scales by N stands
 for N ranks holding the same values, which fixes what forward and backward
 must compute. Without a hook the op is the value itself.
 """

@@ -349,7 +349,7 @@ def test_bad_input_gives_a_status_and_a_message_not_a_crash(exported):
 def test_symgrad_export_command(tmp_path):
     from symgrad.tools.cli import main
 
-    example = Path(__file__).resolve().parent.parent / "examples" / "inspect_softmax.py"
+    example = Path(__file__).resolve().parents[2] / "examples" / "inspect_softmax.py"
     assert main(["export", str(example), "--out", str(tmp_path)]) == 0
     header = (tmp_path / "inspect_softmax.h").read_text()
     for api in ("inspect_softmax_create(", "inspect_softmax_load(", "inspect_softmax_save(", "inspect_softmax_step(",

@@ -111,7 +111,7 @@ def test_my_square_custom_function():
 def _design_card() -> Path | None:
     """DESIGN.md where the workspace keeps it (beside the repository), if present."""
     here = Path(__file__).resolve()
-    for candidate in (here.parents[1] / "DESIGN.md", here.parents[2] / "shared" / "DESIGN.md"):
+    for candidate in (here.parents[2] / "DESIGN.md", here.parents[3] / "shared" / "DESIGN.md"):
         if candidate.exists():
             return candidate
     return None

@@ -250,7 +250,7 @@ def simulated(monkeypatch):
     from symgrad.backends.build import cache
     from symgrad.backends import cuda
     spec = importlib.util.spec_from_file_location(
-        "_simulated_cuda", Path(__file__).parent / "backends" / "test_backend_cuda.py")
+        "_simulated_cuda", Path(__file__).parents[1] / "backends" / "test_backend_cuda.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
 

@@ -45,7 +45,7 @@ def test_cli_inspect_runs_the_example(tmp_path, capsys):
 
     from symgrad.tools.cli import main
 
-    example = Path(__file__).resolve().parent.parent / "examples" / "inspect_softmax.py"
+    example = Path(__file__).resolve().parents[2] / "examples" / "inspect_softmax.py"
     assert main(["inspect", str(example), "--out", str(tmp_path), "--backend", "numpy"]) == 0
     text = capsys.readouterr().out
     assert "== forward graph ==" in text and "AccumulateGrad(W)" in text

@@ -10,7 +10,7 @@ from symgrad import narrow_limit as narrow  # (sg.narrow is torch's narrow)
 from symgrad.backends.build import runtime
 from symgrad.passes import col2im
 
-PACKAGE = Path(__file__).resolve().parent.parent / "symgrad"
+PACKAGE = Path(__file__).resolve().parents[2] / "symgrad"
 
 
 def test_the_limit_is_defined_once_and_read_by_all_three():

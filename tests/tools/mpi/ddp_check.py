@@ -1,6 +1,6 @@
-"""Run under `mpiexec -n 2`: the checks of tests/test_distributed.py, one mode per run.
+"""Run under `mpiexec -n 2`: the checks of tests/tools/test_distributed.py, one mode per run.
 
-    mpiexec -n 2 python tests/mpi/ddp_check.py MODE BACKEND
+    mpiexec -n 2 python tests/tools/mpi/ddp_check.py MODE BACKEND
 
 Rank 0 prints one line of JSON with what it measured; every assertion runs on
 every rank, so a failing check fails the run.

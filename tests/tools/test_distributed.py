@@ -1,4 +1,4 @@
-"""sg.distributed on 2 MPI ranks (mpiexec -n 2, tests/mpi/ddp_check.py), on every backend.
+"""sg.distributed on 2 MPI ranks (mpiexec -n 2, tests/tools/mpi/ddp_check.py), on every backend.
 
 Each check is one mpiexec run of two Python processes (one thread each, so two
 ranks share this machine's two cores); the run's own assertions cover every
@@ -21,8 +21,8 @@ from tests.conftest import BACKENDS
 
 pytest.importorskip("mpi4py", reason="sg.distributed needs mpi4py (pip install -e '.[test]' installs it)")
 MPIEXEC = shutil.which("mpiexec")
-ROOT = Path(__file__).resolve().parent.parent
-SCRIPT = ROOT / "tests" / "mpi" / "ddp_check.py"
+ROOT = Path(__file__).resolve().parents[2]
+SCRIPT = ROOT / "tests" / "tools" / "mpi" / "ddp_check.py"
 pytestmark = pytest.mark.skipif(MPIEXEC is None, reason="no mpiexec (pip install mpich)")
 
 
