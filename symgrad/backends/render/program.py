@@ -29,7 +29,9 @@ from .templates import render as render_template
 CONST_ROW = 8  # literals per line of a constant table
 # A program is compiled as several translation units side by side once its kernel functions have
 # UNIT_LINES lines per unit (below that, the compiler's start and the shared preamble, parsed by
-# every unit, cost more than they save), at most MAX_UNITS.
+# every unit, cost more than they save), at most MAX_UNITS; two units from half that, so both
+# cores of a small machine build a program such as a GPT's predict (issue 34: its ~900 lines of
+# functions took 1.5 s on one core of two, after the step's build).
 UNIT_LINES = 1000
 MAX_UNITS = 8
 HEADER_LINES = 80  # a graph printed in more lines than this is summarized in the source's header
@@ -131,9 +133,9 @@ def _host_program(renderer: Renderer, kernels: list, labels: list, profile: bool
 
 def unit_count(lines: int) -> int:
     """How many translation units a program whose kernel functions have `lines` lines is built
-    as: one below UNIT_LINES, else a power of two (whatever the machine's cores, 2, 4, 8, ...,
+    as: one below UNIT_LINES / 2, else a power of two (whatever the machine's cores, 2, 4, 8, ...,
     the units then share them out evenly), at most MAX_UNITS."""
-    units = 1
+    units = 1 if lines < UNIT_LINES // 2 else 2
     while units < MAX_UNITS and lines >= UNIT_LINES * units:
         units *= 2
     return units
