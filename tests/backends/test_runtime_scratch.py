@@ -25,6 +25,7 @@ import pytest
 import symgrad as sg
 from helpers import omp_threads, set_omp_threads
 from symgrad.backends.build import runtime
+from symgrad.backends.decide.gemm_table import gemm_function
 from symgrad.backends.kinds.matmul import MatmulKernel
 from symgrad.backends.status import Status
 from symgrad.backends.report import format_bytes
@@ -125,7 +126,7 @@ def test_the_narrow_kernels_stay_within_the_scratch_they_report(lib, kind, m, n,
     rng = np.random.default_rng(n)
     a, b = rng.standard_normal((m, k)).astype(np.float32), rng.standard_normal((k, n)).astype(np.float32)
     stored, stride = (a, k) if kind == "dot" else (np.ascontiguousarray(a.T), m)
-    name, chosen = runtime.gemm_function("float32", n, k if kind == "dot" else 1, 1 if kind == "dot" else m)
+    name, chosen = gemm_function("float32", n, k if kind == "dot" else 1, 1 if kind == "dot" else m)
     assert chosen == kind
     gemm = _function(lib, name, [I64, I64, I64, PTR, I64, PTR, I64, I64, PTR, PTR, PTR, PTR])
     context, want = Context(), a.astype(np.float64) @ b

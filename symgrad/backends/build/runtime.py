@@ -5,8 +5,9 @@ into the build cache, and linked by every C program.
     header() -> str              templates/runtime/runtime.h.j2: what a program may call
     source(targets) -> str       templates/runtime/runtime.c.j2: every GEMM variant a program may call
     build(flags) -> BuiltModule  the shared library, cached (symgrad.backends.build.cache, kind "runtime")
-    gemm_function(dtype, N, sam, sak) -> (name, kind)   which of them computes one matmul
     scratch_bytes(function, m, n, k, threads)           the scratch one call of it takes (asked of C)
+
+Which of them computes one matmul is decide's choice (symgrad.backends.decide.gemm_table).
 
 A program's source includes the header and calls the runtime by name; the cache builds the
 program with the header's directory on its include path and links it to the library (see
@@ -30,8 +31,6 @@ from dataclasses import dataclass
 from functools import lru_cache
 
 import jinja2
-import numpy as np
-import sympy
 
 from ...ir import dtypes as D
 from . import cache
@@ -39,6 +38,8 @@ from ..decide import winograd
 from ...narrow_limit import NARROW_N  # matmuls with at most this many output columns use a narrow-N kernel
 from ..status import Status
 from ..render.templates import render, template_dir
+# The GEMM table is decide's (which function computes a product); the runtime renders what it names.
+from ..decide.gemm_table import GEMM, narrow_columns
 
 HEADER = "symgrad_runtime.h"    # the name programs include it by
 GEMM_PARALLEL_MIN = 1 << 18     # multiply-adds: below this a matmul runs on one thread
@@ -49,14 +50,6 @@ NARROW_PARALLEL_MIN = 1 << 22   # multiply-adds: below this a narrow-N matmul ru
 NARROW_PARALLEL_MIN_WARM = 1 << 18  # ...and below this while the team is awake (context->team_warm: a
                                     # GEMM ran on it in this call, or the previous call ended < 0.5 ms
                                     # ago, as in a training loop): A b64's step 20% faster, A b256's 30%
-#: The narrow kernels' most columns per block: 6 columns x 2 rows ("dot") or 12 columns ("tn") of
-#: vector accumulators stay within AVX2's 16 registers.
-NARROW_MOST = {"dot": 6, "tn": 12}
-
-# Cache blocks of the GEMM, per dtype: the KC x NR B sliver stays in L1, the MC x KC A block (MC a
-# multiple of every target's MR) in L2, the KC x NC B panel in L3.
-GEMM = {"float32": dict(suffix="f32", MC=72, KC=256, NC=2048),
-        "float64": dict(suffix="f64", MC=72, KC=256, NC=1024)}
 # A tall product (K at least TALL_CHUNKS chunks of KC, C at most TALL_MN elements and TALL_N
 # columns: a convolution's weight gradient) splits K over the threads, each with a private
 # partial product and chunk of B (KC x TALL_N at most: 1 MB of floats).
@@ -142,34 +135,6 @@ def target_branches(targets, value) -> list[dict]:
             directive = ("#elif " if k else "#if ") + " || ".join(t.condition for t in group)
         branches.append(dict(directive=directive, names="; ".join(t.name for t in group), value=v))
     return branches
-
-
-def narrow_columns(kind: str, n: int) -> int:
-    """The columns per block of a narrow kernel of `kind` ("dot" or "tn") for N = `n` columns:
-    blocks made equal, so that every accumulator does useful work."""
-    blocks = -(-n // NARROW_MOST[kind])
-    return -(-n // blocks)
-
-
-def gemm_function(dtype: str, n, sam, sak) -> tuple[str, str]:
-    """The runtime function computing C[M x N] = A @ B for a product of `dtype` with N = `n`
-    columns and A read through strides (`sam`, `sak`), and its kind: "gemm" (the register-tiled
-    GEMM), or a narrow-N kernel where that beats it, "dot" or "tn".
-
-    Narrow means N (known at compile time) at most NARROW_N: the general kernel's 16-column tile
-    would compute mostly padding. "dot" needs A's rows contiguous in K, "tn" its columns contiguous
-    in M (a transposed operand); any other layout keeps the general kernel.
-    """
-    suffix = GEMM[dtype]["suffix"]
-    if _concrete(n) and 1 <= int(n) <= NARROW_N:
-        for kind, stride in (("dot", sak), ("tn", sam)):
-            if _concrete(stride) and int(stride) == 1:
-                return f"sg_gemm_{kind}{narrow_columns(kind, int(n))}_{suffix}", kind
-    return f"sg_gemm_{suffix}", "gemm"
-
-
-def _concrete(value) -> bool:
-    return isinstance(value, (int, np.integer)) or (isinstance(value, sympy.Basic) and value.is_Integer)
 
 
 def _narrow_variants(dtype: str, targets: tuple) -> list[dict]:

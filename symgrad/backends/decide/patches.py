@@ -36,7 +36,7 @@ from ...ir.graph import Graph
 from ...ir.registry import MATMUL
 from ...ir.value import Value
 from ...passes.patch_grid import Grid, grid
-from ..build import runtime
+from .gemm_table import gemm_function
 from ..views import PATCHES as KIND  # the View kind of a patch matrix read in place
 from ..views import Buffer, View
 
@@ -77,7 +77,7 @@ class Columns:
 
 COLUMN_ROWS = 32  # the most output channels (per group) a direct convolution computes; wider ones tile a GEMM
 # The fewest columns of a patch product the blocked GEMM computes, gathering its patches, where a
-# product of a stored matrix would take a narrow kernel (runtime.NARROW_N): 16 fill the micro-kernel's
+# product of a stored matrix would take a narrow kernel (NARROW_N): 16 fill the micro-kernel's
 # two-vector sliver of floats. LeNet's second convolution (16 channels), with the packing's runs
 # continued across a kernel row's taps (gemm.c.j2): its step 2.34-2.40 -> 1.94-1.99 ms on AVX2,
 # 2.14-2.19 -> 1.98-2.00 ms on AVX-512 (its patches no longer stored, nor its narrow kernels run).
@@ -211,7 +211,7 @@ def _left_operand_only(matmul: Value, operand: Value) -> bool:
     n = matmul.shape[1]
     return (matmul.op.kind == MATMUL and matmul.ndim == 2 and a is operand and b is not operand
             and ((isinstance(n, int) and n >= PATCH_GEMM_MIN_N)
-                 or runtime.gemm_function(matmul.dtype, n, 1, 1)[1] == "gemm"))
+                 or gemm_function(matmul.dtype, n, 1, 1)[1] == "gemm"))
 
 
 def _spec(take: Value, indices: Buffer | None):

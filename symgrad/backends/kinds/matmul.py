@@ -34,6 +34,7 @@ from ..build import runtime
 from ..decide import winograd
 from ..render.expressions import comment, contiguous
 from ..decide.patches import patch_spec
+from ..decide.gemm_table import gemm_function
 from ..views import is_patches
 from ..plan import PRODUCT, Swap
 from ..render.renderer import Let, Renderer, Store
@@ -169,7 +170,7 @@ def _function(impl: str, dtype: str, n, a: View) -> tuple[str, str]:
     """The runtime function computing a product of implementation `impl` reading `a`, and its variant."""
     suffix = runtime.GEMM[dtype]["suffix"] if dtype in runtime.GEMM else ""
     if impl == "narrow":
-        return runtime.gemm_function(dtype, n, a.strides[0], a.strides[1])
+        return gemm_function(dtype, n, a.strides[0], a.strides[1])
     if impl == "winograd":
         return f"sg_conv_winograd_{'grad_' if a.literal.transposed else ''}{suffix}", "gemm"
     return {"gemm": f"sg_gemm_{suffix}", "bf16 gemm": "sg_gemm_bf16", "patch gemm": f"sg_gemm_patches_{suffix}",
