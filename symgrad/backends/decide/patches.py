@@ -5,7 +5,7 @@ multiplies them by the weight; autodiff multiplies the same patches, transposed,
 gradient for the weight's gradient. The patch matrix is 9 times the image for a 3x3 kernel (72 MiB
 for 32 images of 32x32 with 64 channels), written once and read twice. Where the runtime's
 blocked GEMM is the one that reads it, it can gather each block of patches from the image as it
-packs that block (templates/matmul/gemm.c.j2, sg_pack_patches), so the take writes nothing.
+packs that block (templates/matmul/gemm_patches.c.j2, sg_pack_patches), so the take writes nothing.
 
 `patch_takes(graph)` decides which takes are read that way, a pure function of the graph: a take
 along axis 1 of a (P, R, Q) value at a constant (L, K2) index map, whose every reader is a
@@ -79,7 +79,7 @@ COLUMN_ROWS = 32  # the most output channels (per group) a direct convolution co
 # The fewest columns of a patch product the blocked GEMM computes, gathering its patches, where a
 # product of a stored matrix would take a narrow kernel (NARROW_N): 16 fill the micro-kernel's
 # two-vector sliver of floats. LeNet's second convolution (16 channels), with the packing's runs
-# continued across a kernel row's taps (gemm.c.j2): its step 2.34-2.40 -> 1.94-1.99 ms on AVX2,
+# continued across a kernel row's taps (gemm_patches.c.j2): its step 2.34-2.40 -> 1.94-1.99 ms on AVX2,
 # 2.14-2.19 -> 1.98-2.00 ms on AVX-512 (its patches no longer stored, nor its narrow kernels run).
 PATCH_GEMM_MIN_N = 16
 
