@@ -1,6 +1,6 @@
 """The narrow-product limit: the output columns at or below which a product runs the runtime's narrow kernels.
 
-One home for a number that three stages read: the runtime's table (backends.runtime.NARROW_N, which
+One home for a number that three stages read: the GEMM table (backends.decide.gemm_table, which
 picks its narrow-N GEMM kernels), the graph API's convolution (which factors a few output channels
 over short patches as per-image products rather than one product whose every output is a short dot
 product) and the col2im pass (which leaves narrow products alone). A leaf module, so the API and the

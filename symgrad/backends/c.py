@@ -101,7 +101,7 @@ def build_program(source: str, flags: list[str] | None = None, cdef: str = CDEF,
 
 
 def describe(plan: Plan, source: str, name: str = "a C program") -> str:
-    """`name`: N kernels in M functions, what a long build announces (build_progress)."""
+    """`name`: N kernels in M functions, what a long build announces (build.progress)."""
     functions = calls(source, [k.name for k in plan.kernels])
     return f"{name}: {len(plan.kernels)} kernels in {len(functions)} functions"
 

@@ -98,7 +98,7 @@ def _padded_gradient(dy: Value, idx: np.ndarray, R: int, shape: tuple):
     grid of positions padded by k - 1 zeros on every side, and the index map reading it, pixel
     (iy, ix)'s tap (ky, kx) at (iy + k - 1 - ky, ix + k - 1 - kx). The gather is then a stride-1
     convolution itself (the flipped kernel over the padded gradient), which the C backend may
-    compute by Winograd's algorithm (backends.winograd); else None."""
+    compute by Winograd's algorithm (backends.decide.winograd); else None."""
     g = grid(idx)
     if g is None or g.origin != 0 or g.Wp != g.Wo + g.k - 1 or R != (g.Ho + g.k - 1) * g.Wp:
         return None

@@ -1,6 +1,6 @@
 """Depth costs calls, not code: kernels that differ only in their buffers share one C function,
 and a large program is compiled as translation units side by side (symgrad.backends.render.kernel_functions,
-render_program, toolchain).
+render.program, toolchain).
 
 A model of N identical layers is built here at two depths: its C holds the same functions whatever
 the depth, each layer's kernels calling them with their own buffers, and the numbers agree with

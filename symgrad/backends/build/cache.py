@@ -128,7 +128,7 @@ def build(source: str, cdef: str, *, flags: list[str] | None = None, kind: str =
     `flags` default to `default_flags()` (nvcc's for kind "cuda"). `headers` (file name -> text):
     files the source includes; `link`: a kind="runtime" library it calls. `announce`: what is
     compiling, said on stderr when a compiler runs longer than a second (symgrad.backends.
-    build_progress); None: nothing is said. A kind="program" source that defines SG_PARTS is
+    build.progress); None: nothing is said. A kind="program" source that defines SG_PARTS is
     compiled as that many translation units side by side (toolchain.compile_shared). `helpers`:
     Python text the importable module of a kind "program" or "cuda" entry adds (symgrad.backends.
     importable; derived from the entry, so not part of its key: rewritten when it differs). Raises
