@@ -68,16 +68,19 @@ def max_pool2d(input, kernel_size, stride=None, padding=0, dilation=1, ceil_mode
     # them is the maximum (and gets the gradient), not the -inf padding before it.
     offsets = F.reshape(_offsets(count), (1, 1, 1, 1, count))
     nan = F.not_equal(stacked, stacked)
-    nan_at = F.where(nan, offsets, F.constant(-1, "int64"))
-    last_nan = F.argmax(nan_at, axis=-1)
     key = F.where(nan, F.constant(float("-inf"), x.dtype), stacked)
     (dh, dw) = _pair(dilation, "dilation", "max_pool2d")
     rows = np.arange(Ho)[:, None, None, None] * sh + np.arange(kh)[None, None, :, None] * dh - ph
     cols = np.arange(Wo)[None, :, None, None] * sw + np.arange(kw)[None, None, None, :] * dw - pw
     inside = F.constant(((rows >= 0) & (rows < H) & (cols >= 0) & (cols < W)).reshape(1, 1, Ho, Wo, count))
     tops = F.where(inside, F.equal(key, F.max(key, axis=-1, keepdims=True)), F.constant(False, "bool"))
-    first_max = F.argmax(F.where(tops, F.constant(1, "int64"), F.constant(0, "int64")), axis=-1)
-    first = F.where(F.greater(F.max(nan_at, axis=-1), F.constant(-1, "int64")), last_nan, first_max)
+    # One argmax finds that element: a NaN at offset k scores 2 count + k (the last NaN scores
+    # highest, above every other element), a maximum inside the input count - k (the first scores
+    # highest), the rest 0; every nonzero score is unique. Three reductions of the window (the
+    # maximum, this argmax, the sum below), not five.
+    score = F.where(nan, offsets + 2 * count,
+                    F.where(tops, F.constant(count, "int64") - offsets, F.constant(0, "int64")))
+    first = F.argmax(score, axis=-1)
     chosen = F.equal(F.expand_dims(first, -1), offsets)
     return F.sum(F.where(chosen, stacked, F.constant(0, x.dtype)), axis=-1)
 
