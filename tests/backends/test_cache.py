@@ -297,6 +297,10 @@ def test_symgrad_cflags_are_honoured_and_change_the_key(entry, fresh, monkeypatc
     assert cache.default_flags() == list(cache.DEFAULT_FLAGS)
     assert {"-O3", "-march=native", "-fopenmp"} <= set(cache.DEFAULT_FLAGS)
     assert "-ffast-math" not in cache.DEFAULT_FLAGS  # it would break NaN/inf semantics
+    # Set but empty (or blank) is not "no flags": that would build without -O3 and OpenMP.
+    for blank in ("", "  "):
+        monkeypatch.setenv("SYMGRAD_CFLAGS", blank)
+        assert cache.default_flags() == list(cache.DEFAULT_FLAGS)
 
     monkeypatch.setenv("SYMGRAD_CFLAGS", "-O1 '-DSYMGRAD_TEST_BIAS=100'")
     built = cache.build(SOURCE, CDEF)
