@@ -1,6 +1,8 @@
 """Shared fixtures: the backends every op/gradient test runs on."""
 
 import os
+import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -25,6 +27,12 @@ def available_backends() -> list[str]:
 
 
 BACKENDS = available_backends()
+
+# Test modules import graphs from each other by name (`from test_passes import GRAPHS`), which
+# pytest makes importable only once it has collected the other file: every test folder is on the
+# path (after pytest's own entries), so one file runs alone as it does in the whole suite.
+sys.path.extend(str(folder) for folder in sorted(Path(__file__).parent.rglob("*"))
+                if folder.is_dir() and folder.name != "__pycache__" and str(folder) not in sys.path)
 
 # Under pytest-xdist each worker keeps its own cache below a SYMGRAD_CACHE_DIR given from outside
 # (CI's): tests that clear or count the cache's entries (tests/backends/test_program_cache.py) must

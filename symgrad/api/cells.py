@@ -6,7 +6,7 @@ The module, every train step, its accumulate / apply / predict programs and
 every `sg.function` built from the model read and write that one array, so
 they agree whenever each was built: training updates it, `load_state_dict`,
 `step.load` and `step.params[name] = ...` set it, `state_dict()` reads it.
-(`attrs["init"]` stays what it was: the value the variable was made with.)
+(The variable keeps no initial value beside it: that would be a second copy of every parameter.)
 
 The NumPy and C backends run on the cell's array itself (the C code writes
 it through a pointer), so nothing is copied or synchronised. A backend that

@@ -59,14 +59,15 @@ ROLES = {
 def variable(name: str, value: np.ndarray, role: str, cell: Cell | None = None) -> Value:
     """Persistent storage with an initial value, of one of the ROLES.
 
-    A parameter or buffer (cells.SHARED_ROLES) carries a Cell, the one owner of its current
-    value (symgrad/api/cells.py): a new one holding `value`, or `cell` (the same parameter under
-    another name, as a module renames its leaves).
+    A parameter or buffer (cells.SHARED_ROLES) carries a Cell, the one owner of its value
+    (symgrad/api/cells.py): a new one holding a copy of `value`, or `cell` (the same parameter
+    under another name, as a module renames its leaves). It keeps no initial value beside the
+    cell: that would be a second copy of every parameter, which no step reads.
+    The other roles keep `value` as `attrs["init"]`, from which each step makes its own copy.
     """
     if role not in ROLES:
         raise ValueError(f"variable {name!r}: unknown role {role!r}; expected one of {list(ROLES)}")
-    value = np.array(value, copy=True)
-    value.flags.writeable = False
+    value = np.asarray(value)
     attrs = {}
     if role in SHARED_ROLES:
         if cell is not None and (cell.array.shape != value.shape or cell.array.dtype != value.dtype):
@@ -75,8 +76,27 @@ def variable(name: str, value: np.ndarray, role: str, cell: Cell | None = None) 
         attrs["cell"] = cell if cell is not None else Cell(value)
     elif cell is not None:
         raise ValueError(f"variable {name!r}: a {role} variable has no cell")
+    else:
+        attrs["init"] = _kept(value)
     return make(lookup("variable"), name=_check_name(name, role), shape=value.shape,
-                dtype=D.canonical(value.dtype), role=role, init=value, serial=next(_serial), **attrs)
+                dtype=D.canonical(value.dtype), role=role, serial=next(_serial), **attrs)
+
+
+def _kept(value: np.ndarray) -> np.ndarray:
+    """A read-only copy of an initial value; a constant fill (all strides 0, as
+    `np.broadcast_to(0.0, shape)` gives: an optimizer's moments, gradient buffers) stays a view of
+    its one element, so the only full copy is the one each step makes."""
+    if value.size and not any(value.strides):
+        return np.broadcast_to(np.array(value.flat[0], dtype=value.dtype), value.shape)
+    kept = np.array(value, copy=True)
+    kept.flags.writeable = False
+    return kept
+
+
+def filled(shape, fill, dtype) -> np.ndarray:
+    """An initial value of `shape` whose every element is `fill`, without the memory of one:
+    a zero-stride view (`variable` keeps it as such)."""
+    return np.broadcast_to(np.array(fill, dtype=dtype), tuple(shape))
 
 
 def param(name: str, shape, init="zeros", dtype: str = "float32") -> Value:

@@ -256,7 +256,7 @@ class CudaProgram(NativeProgram):
         self._check(self._lib.sg_cuda_create(handle, self._err, ERR_BYTES), "creating the device state")
         self._state = handle[0]
         for v in graph.variables:
-            self._upload(v.name, np.asarray(v.attrs["init"]))
+            self._upload(v.name, v.attrs["cell"].array if "cell" in v.attrs else v.attrs["init"])
 
     def _build(self, flags, arch) -> cache.BuiltModule:
         """nvcc through the cache; the library is loaded with cffi's ABI mode (`.module.ffi/.lib`)."""

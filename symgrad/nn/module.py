@@ -50,7 +50,8 @@ def _renamed(leaf: Value, name: str) -> Value:
     """`leaf` under `name`: a new variable of the same parameter (its cell, its value)."""
     if leaf.name == name:
         return leaf
-    return variable(name, leaf.attrs["init"], role=leaf.attrs["role"], cell=leaf.attrs["cell"])
+    cell = leaf.attrs["cell"]
+    return variable(name, cell.array, role=leaf.attrs["role"], cell=cell)
 
 
 def _joined(path: str, key: str) -> str:

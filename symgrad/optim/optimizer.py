@@ -9,8 +9,9 @@ from collections.abc import Mapping
 import numpy as np
 
 from ..api import functional as F
+from ..ir import dtypes as D
 from ..ir.value import Value
-from ..api.sources import variable
+from ..api.sources import filled, variable
 from .param_groups import SCHEDULER_KEYS, ParamGroup, check_hyperparameter, make_groups  # noqa: F401  (callers know it here)
 from .param_groups import parse as parse_groups
 
@@ -100,7 +101,7 @@ class Optimizer:
     def state(self, param: Value, name: str, init: float = 0.0, shape=None, dtype=None) -> Value:
         """Optimizer state for `param`, named `<param>.<name>`, zeros (or `init`) at first."""
         shape = param.shape if shape is None else shape
-        return variable(f"{param.name}.{name}", np.full(shape, init, dtype=dtype or param.dtype), role="optimizer")
+        return variable(f"{param.name}.{name}", filled(shape, init, D.to_numpy(dtype or param.dtype)), role="optimizer")
 
     def assign(self, target: Value, new: Value) -> None:
         """Record that `target` (a state variable) takes `new` after this step."""

@@ -72,9 +72,9 @@ class TrainStep(Compiled):
 
     # ---- accumulation, apply, predict: extra programs over the same storage ----
     def _gradient_buffers(self) -> list[Value]:
-        from ..api.sources import variable
+        from ..api.sources import filled, variable
         if self._buffers is None:
-            self._buffers = [variable(gradient_buffer_name(p), np.zeros(p.shape, D.to_numpy(p.dtype)), role="grad")
+            self._buffers = [variable(gradient_buffer_name(p), filled(p.shape, 0, D.to_numpy(p.dtype)), role="grad")
                              for p in self._param_values]
         return self._buffers
 

@@ -5,6 +5,7 @@ import pytest
 import torch
 
 import symgrad as sg
+from symgrad.api.cells import current_value
 from symgrad import nn
 
 torch.set_num_threads(1)  # a 2-core machine shared by parallel runs: torch's thread pool only contends
@@ -40,21 +41,21 @@ def test_linear_default_init_is_torchs_uniform_bound():
     layer = nn.Linear(400, 300)
     bound = 1 / np.sqrt(400)
     for leaf in (layer.weight, layer.bias):
-        values = leaf.attrs["init"]
+        values = current_value(leaf)
         assert values.dtype == np.float32
         assert np.abs(values).max() <= bound
         assert np.abs(values).max() > 0.95 * bound  # spread over the whole range, not a narrower one
-    assert abs(float(layer.weight.attrs["init"].std()) - bound / np.sqrt(3)) < 0.01 * bound
+    assert abs(float(current_value(layer.weight).std()) - bound / np.sqrt(3)) < 0.01 * bound
     sg.manual_seed(0)
     again = nn.Linear(400, 300)
-    np.testing.assert_array_equal(again.weight.attrs["init"], layer.weight.attrs["init"])
+    np.testing.assert_array_equal(current_value(again.weight), current_value(layer.weight))
 
 
 def test_linear_init_override():
     zeros = nn.Linear(3, 2, init="zeros")
-    assert not zeros.weight.attrs["init"].any() and not zeros.bias.attrs["init"].any()
+    assert not current_value(zeros.weight).any() and not current_value(zeros.bias).any()
     custom = nn.Linear(3, 2, init=lambda shape: np.full(shape, 0.5), dtype="float64")
-    assert custom.weight.dtype == "float64" and (custom.weight.attrs["init"] == 0.5).all()
+    assert custom.weight.dtype == "float64" and (current_value(custom.weight) == 0.5).all()
     with pytest.raises(ValueError, match="init returned shape"):
         nn.Linear(3, 2, init=lambda shape: np.zeros(3))
     with pytest.raises(ValueError, match="in_features"):
@@ -79,7 +80,7 @@ def test_linear_accepts_leading_axes(rng):
     x = sg.input("x", (2, 4, 3), "float64")
     xb = rng.standard_normal((2, 4, 3))
     out = sg.function([x], layer(x), backend="numpy")(xb)
-    w, b = layer.weight.attrs["init"], layer.bias.attrs["init"]
+    w, b = current_value(layer.weight), current_value(layer.bias)
     np.testing.assert_allclose(out, xb @ w.T + b, atol=1e-12)
     with pytest.raises(ValueError, match="in_features = 3"):
         layer(sg.input("z", (2, 4), "float64"))

@@ -17,6 +17,7 @@ import pytest
 import sympy
 
 import symgrad as sg
+from symgrad.api.cells import current_value
 from symgrad.api import effects
 from symgrad.backends.numpy_backend import evaluate
 from symgrad.step.call_checks import bind_inputs, collect_inputs
@@ -72,7 +73,7 @@ def assert_same_results(original: Graph, optimized: Graph, arrays: list, variabl
 
 
 def initial_variables(graph: Graph) -> dict:
-    return {v.name: np.array(v.attrs["init"]) for v in graph.variables}
+    return {v.name: current_value(v) for v in graph.variables}
 
 
 def check_pass(name: str, graph: Graph, arrays: list, variables: dict | None = None) -> Graph:
