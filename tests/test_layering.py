@@ -104,8 +104,6 @@ KNOWN = {
     **{("symgrad.tools.export", f"symgrad.backends.{m}"): "the export renders the step's programs (a back end)"
        for m in ("c", "cuda", "driver", "build.runtime", "build.toolchain", "render.c_printer",
                  "render.templates", "render.languages")},
-    ("symgrad.tools.distributed", "symgrad.backends.plan"):
-        "sg.distributed orders the gradient buckets by the plan's kernel order (gradients_final_after)",
 }
 
 
