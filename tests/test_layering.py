@@ -97,8 +97,6 @@ TOOL_IMPORTS = {
 KNOWN = {
     ("symgrad.step.training", "symgrad.tools.export"):
         "step.export(dir) (the public API's method) runs the export tool",
-    ("symgrad.optim.from_torch", "symgrad.tools.torch_import"):
-        "sg.optim.from_torch(opt) asks sg.from_torch's import for the parameters of the torch optimizer's tensors",
     # The export is a back end of its own: it renders the step's programs for C or CUDA through the
     # driver's stages, the runtime's sources and the C printer, and writes them with its templates.
     **{("symgrad.tools.export", f"symgrad.backends.{m}"): "the export renders the step's programs (a back end)"
