@@ -1,16 +1,16 @@
 """Imports follow the data flow (DESIGN.md, issues 14 and 33): every module of symgrad/ sits in one
 layer, imports only its own layer and the layers its row in ALLOWED names, and no import circle
-exists.
+exists. There is no exception: the export, which renders a step's programs for C and CUDA, is a
+back end (symgrad/backends/export/) that step.export runs, not an application.
 
 The module graph is computed, not listed: every import statement of every module, at the top or
 inside a function, is read with `ast` and resolved to the symgrad module it names (`from .x import
 y` names module x.y where that is a module, else x). Importing a module runs its packages'
 `__init__` first; those edges count too, but for a module's own packages and the root `symgrad`
 (the public API, imported before anything else). An import that breaks a rule is a failure
-naming its file and line, unless KNOWN lists it with the reason it still stands; a KNOWN entry
-that no longer exists fails too, so the list only shrinks. The applications (tools/) import the
-public API only: the graph API, the compiled step with its call checks, the root, and the modules
-of the back end PUBLIC_SURFACE names; what else they read is in KNOWN.
+naming its file and line. The applications (tools/) import the public API only: the graph API, the
+compiled step with its call checks, the root, the leaves, and the modules of the back end
+PUBLIC_SURFACE names.
 """
 
 from __future__ import annotations
@@ -26,9 +26,10 @@ PACKAGE = Path(__file__).resolve().parent.parent / "symgrad"
 # The folders are the layers (DESIGN.md's layout); the few modules listed by name sit in a folder
 # for what they are about and in a layer for what they import.
 LAYERS = {
-    # leaves: settings, the version, torch's spelling of dims, the status codes, the narrow limit; they import nothing of symgrad
+    # leaves: settings, the version, torch's spelling of dims, the status codes, the narrow limit, the
+    # numbers an exported library shares with Python; they import nothing of symgrad
     "leaf": ("symgrad.settings", "symgrad.version", "symgrad.api.spellings", "symgrad.backends.status",
-             "symgrad.narrow_limit"),
+             "symgrad.narrow_limit", "symgrad.backends.export.formats"),
     "ir": ("symgrad.ir",),
     "passes": ("symgrad.passes",),
     # the graph API: the functions on graph values, gradients, modules, optimizers
@@ -75,7 +76,7 @@ ALLOWED = {
     "programs": {"leaf", "ir", "passes", "plan", "decide", "render", "kinds", "stages", "build", "runtime", "checks"},
     "step": _BELOW_STEP,
     # the applications use the public API: the graph API, the compiled step (with its call checks)
-    # and the root; PUBLIC_SURFACE and KNOWN list what else they read
+    # and the root; PUBLIC_SURFACE lists what else they read
     "tools": {"leaf", "ir", "api", "checks", "step", "public"},
     "public": _BELOW_STEP | {"step", "tools"},
 }
@@ -92,20 +93,6 @@ TOOL_IMPORTS = {
     "symgrad.tools.inspect": {"symgrad.tools.inspect_html"},
     "symgrad.tools.distributed": {"symgrad.tools.buckets"},
     "symgrad.tools.export": {"symgrad.tools.export_training"},
-}
-# (importer, imported): what still runs against the flow (issue 33), and why. Remove an entry with its import.
-KNOWN = {
-    ("symgrad.step.training", "symgrad.tools.export"):
-        "step.export(dir) (the public API's method) runs the export tool",
-    ("symgrad.optim.from_torch", "symgrad.tools.torch_import"):
-        "sg.optim.from_torch(opt) asks sg.from_torch's import for the parameters of the torch optimizer's tensors",
-    # The export is a back end of its own: it renders the step's programs for C or CUDA through the
-    # driver's stages, the runtime's sources and the C printer, and writes them with its templates.
-    **{("symgrad.tools.export", f"symgrad.backends.{m}"): "the export renders the step's programs (a back end)"
-       for m in ("c", "cuda", "driver", "build.runtime", "build.toolchain", "render.c_printer",
-                 "render.templates", "render.languages")},
-    ("symgrad.tools.distributed", "symgrad.backends.plan"):
-        "sg.distributed orders the gradient buckets by the plan's kernel order (gradients_final_after)",
 }
 
 
@@ -264,14 +251,7 @@ def test_no_import_circle():
 
 
 def test_every_layer_imports_only_itself_and_what_it_builds_on():
-    found = violations(module_graph())
-    assert sorted(text for pair, text in found.items() if pair not in KNOWN) == []
-
-
-def test_the_known_exceptions_still_exist():
-    """An exception whose import is gone leaves the list: the list only shrinks."""
-    found = violations(module_graph())
-    assert sorted(pair for pair in KNOWN if pair not in found) == []
+    assert sorted(violations(module_graph()).values()) == []
 
 
 def test_the_check_sees_function_level_and_relative_imports(tmp_path):
@@ -320,7 +300,9 @@ def test_a_forbidden_import_or_a_circle_fails(tmp_path):
 
 @pytest.mark.parametrize("module, layer", [("symgrad.ir.value", "ir"), ("symgrad.backends.plan", "plan"),
                                            ("symgrad.backends.c", "programs"), ("symgrad.nn.layers", "api"),
-                                           ("symgrad", "public"), ("symgrad.backends", "programs")])
+                                           ("symgrad", "public"), ("symgrad.backends", "programs"),
+                                           ("symgrad.backends.export.library", "programs"),
+                                           ("symgrad.backends.export.formats", "leaf")])
 def test_layer_of_takes_the_longest_prefix(module, layer):
     assert layer_of(module) == layer
 

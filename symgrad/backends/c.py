@@ -20,10 +20,10 @@ the cache (symgrad.backends.build.cache). What every native program does alike (
 Dim binding, memory plan, report, locking, input checks) is symgrad.backends.native's;
 this module keeps the cffi build and call, and two hooks through which a data-parallel caller
 (symgrad.tools.distributed) acts during a call: `on_gradient_final` (a gradient buffer is final: send
-it) and `on_collective` (an all_reduce: sum this buffer over the processes). Python owns all
-memory: inputs, variables and outputs are NumPy arrays passed with `ffi.from_buffer` (no copies);
-temporaries live in one workspace array whose layout is computed here from
-the Dim bindings, and checked against the sizes the code itself reports; the
+it; `gradients_final_after` says after which kernel each is) and `on_collective` (an all_reduce: sum
+this buffer over the processes). Python owns all memory: inputs, variables and outputs are NumPy
+arrays passed with `ffi.from_buffer` (no copies); temporaries live in one workspace array whose
+layout is computed here from the Dim bindings, and checked against the sizes the code itself reports; the
 runtime's scratch region (its GEMMs' packed panels, a Winograd convolution's
 transformed tiles) follows them in the same array, sized by the code itself, so a
 call allocates nothing.
@@ -53,7 +53,7 @@ from .render.languages import (C_BAD_LABEL as BAD_LABEL, C_ENTRY as ENTRY, C_OPE
                                C_SCRATCH_BYTES as SCRATCH_BYTES, C_SET_THREADS as SET_THREADS,
                                C_SIGNATURE as SIGNATURE, C_WORKSPACE_SIZES as WORKSPACE_SIZES, COLUMN_TILE,
                                PARALLEL_MIN)  # noqa: F401
-from .plan import Plan
+from .plan import Plan, gradients_final_after
 from .lower.memory import MemoryPlan
 from .native import NativeProgram
 from .render.program import render
@@ -173,6 +173,12 @@ class CProgram(NativeProgram):
             return
         self._gradient_final = self._ffi.callback("void(void*, int64_t)", lambda _data, slot: callback(int(slot)))
         self._context.gradient_final = self._gradient_final  # held by self: C keeps only the pointer
+
+    def gradients_final_after(self) -> dict[int, list[int]]:
+        """Kernel position -> the variable slots that on_gradient_final's callback reports after that
+        kernel of `self.plan` (symgrad.backends.plan.gradients_final_after): when each gradient becomes
+        final, for a caller that plans around it (symgrad.tools.distributed's buckets)."""
+        return gradients_final_after(self.plan)
 
     def on_collective(self, hook) -> None:
         """Have each all_reduce of later calls run `hook(values)` on a flat NumPy view of its buffer,

@@ -1,15 +1,20 @@
 """`sg.optim.from_torch(torch_optimizer)`: a torch optimizer's symgrad twin, for an imported model.
 
 The parameters are the symgrad parameters that `sg.from_torch` made of the optimizer's torch
-tensors (symgrad/tools/torch_import/imported.py records them), grouped as the torch optimizer groups
-them, each group with its own options; the update rule is the one of the same name (SGD with
-momentum / dampening / nesterov / weight decay, Adam, AdamW). Options symgrad does not implement
-(amsgrad, maximize, ...) are refused by name rather than ignored: the training would differ.
+tensors, grouped as the torch optimizer groups them, each group with its own options; the update
+rule is the one of the same name (SGD with momentum / dampening / nesterov / weight decay, Adam,
+AdamW). Options symgrad does not implement (amsgrad, maximize, ...) are refused by name rather than
+ignored: the training would differ.
+
+Which symgrad parameter a torch tensor became is recorded here, by the import (`record`, which
+symgrad/tools/torch_import/imported.py calls for each tensor of an imported model) and read by the
+conversion (`parameter_for`): the optimizer API owns the table, so it need not ask the import.
 """
 
 from __future__ import annotations
 
 import numbers
+import weakref
 
 from .adam import Adam
 from .adamw import AdamW
@@ -29,6 +34,24 @@ _RULES = {
     "AdamW": (AdamW, ("lr", "betas", "eps", "weight_decay"),
               {"amsgrad": False, "maximize": False, "decoupled_weight_decay": True}),
 }
+
+#: id(torch tensor) -> (weak reference to it, weak reference to the imported module, the tensor's torch name).
+_IMPORTED: dict = {}
+
+
+def record(tensor, module, torch_name: str) -> None:
+    """Note that torch `tensor` became the leaf `module.get_leaf(torch_name)` of `module` (the
+    sg.nn.Module sg.from_torch made). Both are held weakly: the record lives while they do."""
+    _IMPORTED[id(tensor)] = (weakref.ref(tensor), weakref.ref(module), torch_name)
+
+
+def parameter_for(tensor):
+    """The symgrad parameter an imported torch parameter became, as its module holds it now; None
+    if no live imported model holds it."""
+    entry = _IMPORTED.get(id(tensor))
+    if entry is None or entry[0]() is not tensor or entry[1]() is None:
+        return None
+    return entry[1]().get_leaf(entry[2])
 
 
 def _plain(value):
@@ -67,7 +90,6 @@ def from_torch(torch_optimizer) -> Optimizer:
     implement, a parameter that no sg.from_torch import holds, an optimizer that has already
     stepped (its state would be lost).
     """
-    from ..tools.torch_import import parameter_for
     kind = type(torch_optimizer).__name__
     if kind not in _RULES or not hasattr(torch_optimizer, "param_groups"):
         raise TypeError(f"sg.optim.from_torch: expected torch.optim.SGD, Adam or AdamW, got {kind}")

@@ -201,12 +201,12 @@ class TrainStep(Compiled):
     def export(self, out_dir, name: str | None = None, backend: str = "c", programs=None) -> dict:
         """Write this step as a standalone C training library and program into `out_dir`:
         `<name>.c` (code only), `<name>.h`, `<name>.safetensors` (the current values), the
-        programs' sources, the runtime, `train_main.c` and a `Makefile` (symgrad/tools/export.py).
-        `name` (default: the calling file's stem) prefixes every C symbol; backend="cuda" writes
-        the programs as `.cu`, behind the same API; programs=("predict",) exports an
-        inference-only library. Returns {file kind: path}."""
-        from ..tools import export
-        return export.export(self, out_dir, name=name, backend=backend, programs=programs)
+        programs' sources, the runtime, `train_main.c` and a `Makefile` (the export back end,
+        symgrad/backends/export/). `name` (default: the calling file's stem) prefixes every C
+        symbol; backend="cuda" writes the programs as `.cu`, behind the same API;
+        programs=("predict",) exports an inference-only library. Returns {file kind: path}."""
+        from . import exporting
+        return exporting.export(self, out_dir, name=name, backend=backend, programs=programs)
 
     @property
     def lr(self) -> float:

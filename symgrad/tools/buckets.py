@@ -5,7 +5,7 @@ at run time: gradients are grouped, in the order the backward finishes them,
 into buckets of at most `cap` bytes (the first one smaller, so that sending
 starts early), one dtype per bucket. A bucket can be sent as soon as its last
 gradient is final; where the compiled program says when that is
-(symgrad.backends.plan.gradients_final_after, the C program's hook), the
+(the C program's gradients_final_after, beside its hook), the
 bucket's allreduce starts there, while the rest of the backward runs.
 
 `plan_buckets` is a pure function over plain data; `describe` is the report's text.

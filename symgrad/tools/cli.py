@@ -230,14 +230,14 @@ def export_file(path, out_dir, name: str | None = None, backend: str = "c", prog
     """`symgrad export FILE`: compile the step of FILE's build() (as `symgrad inspect` reads it;
     a dict may add "predict") on the C backend and export it for `backend`; `name` defaults to
     the file's."""
-    from .export import export, name_of
+    from .export import name_of
     from .inspect import load_build
     from ..step.training import train_step
 
     path = Path(path)
     loss, params, optimizer, predict = load_build(path, with_predict=True)
     step = train_step(loss, params, optimizer, backend="c", predict=predict)
-    return export(step, out_dir, name=name_of(path) if name is None else name, backend=backend, programs=programs)
+    return step.export(out_dir, name=name_of(path) if name is None else name, backend=backend, programs=programs)
 
 
 def _run_export(args) -> int:

@@ -38,7 +38,6 @@ from ..step.call_checks import (arrays_by_name, bind_inputs, check_label_ranges,
                                 gradient_buffer_name, host_array)
 from ..step.training import TrainStep
 from ..step.training import train_step as local_train_step
-from ..backends.plan import gradients_final_after
 from .buckets import DEFAULT_CAP_MB, MiB, Gradient, describe, plan_buckets
 from ..ir import dtypes as D
 from ..ir.ops import check_labels, label_checks
@@ -183,7 +182,7 @@ class DistributedStep:
         slots = {v.name: k for k, v in enumerate(self._accumulate.graph.variables)}
         plan = getattr(program, "plan", None)
         hooks = overlap and hasattr(program, "on_gradient_final") and plan is not None
-        final = {slot: position for position, group in gradients_final_after(plan).items() for slot in group} \
+        final = {slot: position for position, group in program.gradients_final_after().items() for slot in group} \
             if hooks else {}
         grads = []
         for p in reversed(self._params):  # DDP's order where the program does not say: the last layer first

@@ -2,7 +2,8 @@
 
 `write_dataset` writes the file train_main reads, `shuffle_order(rows, seed, epoch)` is its
 per-epoch shuffle and `learning_rate` its schedule, so Python can write its data and reproduce its
-run (symgrad.tools.export writes train_main.c). The dataset layout (all integers int64 little-endian):
+run (the export back end, symgrad/backends/export/, writes train_main.c; its formats module holds the
+magic and dtype codes both read). The dataset layout (all integers int64 little-endian):
 
     "SGDATA01"                          8 bytes of magic
     rows, arrays                        the row count, the number of arrays (the step's inputs)
@@ -16,9 +17,7 @@ import math
 
 import numpy as np
 
-MAGIC = b"SGDATA01"
-# The dtype codes of the dataset file (also the exported library's, for its variables).
-DTYPE_CODES = {"float32": 1, "float64": 2, "int32": 3, "int64": 4, "bool": 5}
+from ..backends.export.formats import DTYPE_CODES, MAGIC
 _MIX = 0x9E3779B97F4A7C15  # splitmix64's increment: the shuffle's generator (train_main.c's too)
 _MASK = (1 << 64) - 1
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import re
 
-from symgrad.tools import export
+from symgrad.backends.export import library
 from symgrad.backends.render import languages
 from symgrad.backends.build import runtime
 from symgrad.backends.status import MEANINGS, Status
@@ -27,6 +27,6 @@ def test_the_runtime_header_codes_are_the_enums():
 def test_the_exported_librarys_codes_are_the_enums():
     """The exported library lists every Status under its own prefix, with the same value: a code the
     entry returns means the same through the library."""
-    statuses = export._statuses("mlp")
+    statuses = library.statuses("mlp")
     assert [(s["name"], s["value"]) for s in statuses] == [(f"MLP_{s.name}", int(s)) for s in Status]
     assert [s["text"] for s in statuses] == [MEANINGS[s] for s in Status]

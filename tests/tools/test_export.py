@@ -1,7 +1,8 @@
-"""step.export / `symgrad export` (symgrad/tools/export.py): the exported C library and train_main, built
-with make, against the Python C-backend step bit for bit; its checkpoints against Python and torch;
-its weights file, symbol prefix, query API, inference-only export, learning-rate schedule and
-validation loss; and a build with AddressSanitizer and UndefinedBehaviorSanitizer on bad files.
+"""step.export / `symgrad export` (the back end symgrad/backends/export/; train_main's Python side in
+symgrad/tools/export.py): the exported C library and train_main, built with make, against the Python
+C-backend step bit for bit; its checkpoints against Python and torch; its weights file, symbol
+prefix, query API, inference-only export, learning-rate schedule and validation loss; and a build
+with AddressSanitizer and UndefinedBehaviorSanitizer on bad files.
 
 The exports are module-scoped (one make each); a build that needs another export of the same model
 name reuses the runtime's object file (the longest compile), which is the same for the same name

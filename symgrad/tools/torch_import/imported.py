@@ -8,33 +8,23 @@ parameters by name and builds the exported forward of the current mode (train() 
 graph code (symgrad/tools/torch_import/interpret.py). The other mode is exported on its first call.
 
 torch tensors of an imported model are recorded (by identity, weakly) with the symgrad parameter
-they became, so `sg.optim.from_torch(torch_optimizer)` finds them (`parameter_for`).
+they became, in sg.optim.from_torch's table (`record`), so `sg.optim.from_torch(torch_optimizer)`
+finds them (`parameter_for`).
 """
 
 from __future__ import annotations
 
 import inspect
-import weakref
 from collections import OrderedDict
 
 from ...api.cells import current_value
 from ...ir import dtypes as D
 from ...ir.value import Value
 from ...nn.module import Module
+from ...optim.from_torch import parameter_for, record  # noqa: F401  (parameter_for: re-exported)
 from ...api.sources import param, variable
 from .exporting import Exported, UnsupportedTorchOp, check_supported, export_forward
 from .interpret import build
-
-#: id(torch tensor) -> (weak reference to it, weak reference to the ImportedModule, torch name).
-_IMPORTED: dict = {}
-
-
-def parameter_for(tensor):
-    """The symgrad parameter an imported torch parameter became, or None if it was never imported."""
-    entry = _IMPORTED.get(id(tensor))
-    if entry is None or entry[0]() is not tensor or entry[1]() is None:
-        return None
-    return entry[1]().get_leaf(entry[2])
 
 
 class TorchSubmodule(Module):
@@ -125,10 +115,9 @@ class ImportedModule(Module):
         object.__setattr__(self, "_programs", {exported.training: exported})
         object.__setattr__(self, "_signature", inspect.signature(torch_module.forward))
         self.train(exported.training)
-        me = weakref.ref(self)
         for name, tensor in list(torch_module.named_parameters(remove_duplicate=False)) + \
                 list(torch_module.named_buffers(remove_duplicate=False)):
-            _IMPORTED[id(tensor)] = (weakref.ref(tensor), me, name)
+            record(tensor, self, name)
 
     def get_leaf(self, torch_name: str) -> Value:
         """The parameter or buffer `torch_name` ("transformer.h.0.attn.c_attn.weight") as it is now."""
