@@ -106,10 +106,11 @@ def test_bad_input_on_one_rank_is_refused_on_every_rank_before_any_update():
 def test_a_rank_stuck_inside_the_program_ends_the_others_call_with_a_clear_error(backend):
     """Rank 1 stalls at its first SyncBatchNorm all_reduce: rank 0, waiting there inside the compiled
     step (C: in the program's collective hook), raises DistributedError within its 5 s timeout."""
-    code, result, output, seconds = _run("stuck_inside", backend, timeout=120.0)
+    code, result, output, _ = _run("stuck_inside", backend, timeout=240.0)
     assert result is not None, output
     assert "an all_reduce inside the step did not complete within 5 s" in result["message"], result
-    assert seconds < 60, f"took {seconds:.0f} s"
+    # The call ends soon after the timeout, well before rank 1 wakes (20 s): it did not wait for it.
+    assert result["seconds"] < 15, result
 
 
 def test_a_rank_that_dies_ends_the_run_instead_of_hanging():

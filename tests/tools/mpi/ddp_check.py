@@ -142,13 +142,15 @@ def stuck_inside(backend):
     step = _step(_bn_model(sync=True), backend, timeout=5.0)
     if RANK == 1:
         step._accumulate.program.on_collective(lambda values: time.sleep(20))
+    start = time.monotonic()
     try:
         step(**dict(zip("xy", _shard(*DATA[0]))))
     except sg.distributed.DistributedError as exc:
         # Rank 0's error is the one checked; rank 1, once it wakes, fails too (at the loss's
         # allreduce) and must not report, or the test would read whichever rank printed last.
+        # The seconds are the call's alone: building the step first can take a minute on a busy machine.
         if RANK == 0:
-            print("RESULT " + json.dumps({"message": str(exc)}), flush=True)
+            print("RESULT " + json.dumps({"message": str(exc), "seconds": time.monotonic() - start}), flush=True)
         os._exit(0)  # MPI_Finalize would wait for the dead rank
     raise AssertionError("the step went on without rank 1")
 
