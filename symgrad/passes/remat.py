@@ -2,7 +2,8 @@
 
 A training step's memory peaks where its backward starts: every forward value the backward
 reads is still held. An elementwise value whose inputs the backward holds anyway need not be
-held too. GELU's output is the example: the next matmul reads it in the forward, and the
+held too, nor one computed from such inputs through elementwise values the forward alone reads
+(a LayerNorm's output from the normalized input it holds for its own gradient). GELU's output is the example: the next matmul reads it in the forward, and the
 backward reads it for that matmul's weight gradient, while GELU's derivative reads its input,
 which is held in any case. Here the backward's readers get a copy of the node over the same
 inputs; the forward's value dies with the forward, and the kernel order (symgrad.backends.
@@ -10,7 +11,8 @@ schedule) runs the copy when its readers need it. torch's activation checkpointi
 hand, per module; here it is decided once, from the graph.
 
 Only values worth it: big ones (at least MIN_ELEMENTS, or sized by a Dim), of a cost per element
-of at most MAX_COST (recomputing one elementwise op costs less than storing and reading it back),
+of at most MAX_COST, the chain recomputed with it included (recomputing a few elementwise ops costs
+less than storing and reading the value back),
 never a random draw. The pass runs last: CSE would merge the copy back.
 """
 
@@ -56,17 +58,41 @@ def recomputable(graph: Graph, forward: set | None = None) -> set:
     def held_for_backward(v: Value) -> bool:
         return v.op.kind == SOURCE or any(id(u) not in forward for u in users[id(v)])
 
+    def elementwise(v: Value) -> bool:
+        return v.op.kind == ELEMENTWISE and v.op.expr is not None and not is_nondeterministic(v)
+
     chosen = set()
     for n in graph.nodes:
-        if (id(n) not in forward or n.op.kind != ELEMENTWISE or n.op.expr is None or is_nondeterministic(n)
-                or not _big(n) or expr_cost(n.op.expr) > MAX_COST):
+        if id(n) not in forward or not elementwise(n) or not _big(n):
             continue
         views, readers = _views_and_readers(graph, n)
-        if (any(id(u) in forward for u in readers) and any(id(u) not in forward for u in readers)
-                and all(held_for_backward(i) for i in n.inputs)):
+        if not (any(id(u) in forward for u in readers) and any(id(u) not in forward for u in readers)):
+            continue
+        chain = _chain_from_held(n, held_for_backward, elementwise)
+        if chain is not None:
             chosen.add(id(n))
+            chosen.update(chain)
             chosen.update(id(v) for v in views if id(v) in forward)
     return chosen
+
+
+def _chain_from_held(node: Value, held, elementwise) -> set | None:
+    """ids of the forward-only elementwise values recomputed with `node` so that its copy reads only
+    values the backward holds anyway (`held`), or None where that costs more than MAX_COST per
+    element or needs a value that is neither. A LayerNorm's output `xhat * weight + bias` is one:
+    the backward holds xhat for LayerNorm's own gradient, and the product `xhat * weight` is read
+    by the forward alone; GELU's output is another, with no chain (its input is held)."""
+    chain, cost, stack = set(), expr_cost(node.op.expr), list(node.inputs)
+    while stack:
+        value = stack.pop()
+        if id(value) in chain or held(value):
+            continue
+        if not elementwise(value):
+            return None
+        chain.add(id(value))
+        cost += expr_cost(value.op.expr)
+        stack.extend(value.inputs)
+    return chain if cost <= MAX_COST else None
 
 
 def remat(graph: Graph, counts: dict | None = None) -> Graph:

@@ -37,10 +37,26 @@ def schedule(graph: Graph, fused, epilogued, groups) -> list:
     dims = {d: DEFAULT_DIM for d in graph.dims}
     size = {id(n): _concrete_bytes(n, dims) for n in nodes if mat[id(n)]}
     pinned = {id(v) for v in graph.outputs} | {id(new) for _, new in graph.updates}
-    order = _list_schedule(nodes, index, mat, reads, deps, size, pinned)
+    deferred = _deferred(graph, mat, reads)
+    order = _list_schedule(nodes, index, mat, reads, deps, size, pinned, deferred)
     if len(order) != len(nodes):  # a dependency cycle would be a bug here: keep the graph's order
         return list(nodes)
     return order
+
+
+def _deferred(graph: Graph, mat: dict, reads: dict) -> set:
+    """ids of the backward's elementwise kernels that read forward values only (or other such
+    kernels): a value recomputed for the backward (symgrad.passes.remat) is one. They could run at
+    any time, and each runs as late as it can, once a kernel reading it could otherwise run: run
+    early, its result would be held through the rest of the forward, which its recomputation was
+    to spare."""
+    forward = ancestors(graph.outputs)
+    deferred: set = set()
+    for n in graph.nodes:  # in topological order: what a kernel reads is classified before it
+        if (mat[id(n)] and n.op.kind == ELEMENTWISE and id(n) not in forward and reads[id(n)]
+                and all(b in forward or b in deferred for b in reads[id(n)])):
+            deferred.add(id(n))
+    return deferred
 
 
 def _kernel_reads(nodes: list, mat: dict) -> dict[int, set]:
@@ -91,10 +107,12 @@ def _dependencies(graph: Graph, index: dict, mat: dict, reads: dict, groups) -> 
     return deps
 
 
-def _list_schedule(nodes: list, index: dict, mat: dict, reads: dict, deps: dict, size: dict, pinned: set) -> list:
+def _list_schedule(nodes: list, index: dict, mat: dict, reads: dict, deps: dict, size: dict, pinned: set,
+                   deferred: set = frozenset()) -> list:
     """The greedy list schedule: ready views first, in graph order; else the ready kernel whose run
-    frees the most bytes net of what it allocates (`size`; `pinned` buffers are never freed). Shorter
-    than `nodes` only if `deps` has a cycle."""
+    frees the most bytes net of what it allocates (`size`; `pinned` buffers are never freed). A ready
+    `deferred` kernel waits until a kernel that reads it (through views) waits for nothing else.
+    Shorter than `nodes` only if `deps` has a cycle."""
     readers: dict[int, int] = {}
     for n in nodes:
         if mat[id(n)]:
@@ -109,30 +127,71 @@ def _list_schedule(nodes: list, index: dict, mat: dict, reads: dict, deps: dict,
     # ready kernels, few at a time, are compared by what running them frees.
     ready_views: list[int] = []
     ready_kernels: list = []
+    parked: list = []        # ready deferred kernels
+    done: set = set()
 
     def make_ready(n):
-        if mat[id(n)]:
+        if id(n) in deferred:
+            parked.append(n)
+        elif mat[id(n)]:
             ready_kernels.append(n)
         else:
             heapq.heappush(ready_views, index[id(n)])
+
+    def waits_only_for_parked(n, parked_ids, seen) -> bool:
+        """Whether every dependency of `n` not yet run is parked, or a view waiting only for such."""
+        for d in deps[id(n)]:
+            if d in done or d in parked_ids:
+                continue
+            node = by_id[d]
+            if mat[d] or d in seen:
+                return False
+            seen.add(d)
+            if not waits_only_for_parked(node, parked_ids, seen):
+                return False
+        return True
+
+    def kernels_through_views(n) -> list:
+        out, stack = [], list(users[id(n)])
+        while stack:
+            u = stack.pop()
+            if mat[id(u)]:
+                out.append(u)
+            else:
+                stack.extend(users[id(u)])
+        return out
+
+    def release_parked() -> None:
+        """Move to the ready kernels each parked kernel that a kernel waiting for nothing else reads;
+        all of them if none is (nothing else could run: not to stop)."""
+        parked_ids = {id(p) for p in parked}
+        wanted = [p for p in parked
+                  if any(waits_only_for_parked(c, parked_ids, set()) for c in kernels_through_views(p))]
+        released = {id(p) for p in (wanted or ([] if ready_kernels else parked))}
+        ready_kernels.extend(p for p in parked if id(p) in released)
+        parked[:] = [p for p in parked if id(p) not in released]  # by identity, as below
 
     def gain(n):
         freed = sum(size.get(b, 0) for b in reads[id(n)]
                     if readers.get(b) == 1 and b not in pinned and b in size)
         return (size[id(n)] - freed, index[id(n)])
+    by_id = {id(n): n for n in nodes}
     for n in nodes:
         if waiting[id(n)] == 0:
             make_ready(n)
     order = []
-    while ready_views or ready_kernels:
+    while ready_views or ready_kernels or parked:
         if ready_views:
             pick = nodes[heapq.heappop(ready_views)]
         else:
+            if parked:
+                release_parked()
             pick = min(ready_kernels, key=gain)
             ready_kernels = [n for n in ready_kernels if n is not pick]  # by identity: Value.__eq__ builds a node
             for b in reads[id(pick)]:
                 readers[b] -= 1
         order.append(pick)
+        done.add(id(pick))
         for u in users[id(pick)]:
             waiting[id(u)] -= 1
             if waiting[id(u)] == 0:
