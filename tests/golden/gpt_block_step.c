@@ -123,6 +123,32 @@
 #else
 #define SG_ATTENTION_TILE
 #endif
+/* A row of a tile, c[0:2 vectors] (+)= (c0, c1). */
+static inline void sg_attention_put_f32(float* c, sg_vec_f32 c0, sg_vec_f32 c1, int accumulate)
+{
+    enum { VL = SG_F32_VL };
+    if (accumulate) {
+        sg_vec_f32 old;
+        memcpy(&old, c, sizeof old);
+        c0 += old;
+        memcpy(&old, c + VL, sizeof old);
+        c1 += old;
+    }
+    memcpy(c, &c0, sizeof c0);
+    memcpy(c + VL, &c1, sizeof c1);
+}
+
+/* dst[e * T + j] = src[j * row + e] for T rows of E: one head of k (or v) transposed, the keys
+   along the vector lanes of the products that read it. */
+static inline void sg_attention_transpose_f32(int64_t T, int64_t E, const float* src, int64_t row, float* dst)
+{
+    for (int64_t j = 0; j < T; ++j) {
+        for (int64_t e = 0; e < E; ++e) {
+            dst[e * T + j] = src[j * row + e];
+        }
+    }
+}
+
 /* c[8 x 2 vectors] (+)= a[8 x kc] . b[kc x 2 vectors], float: a read through strides (rsa from
    row to row, csa along a row), b's rows ldb apart, c's ldc apart. The accumulators are named
    variables, b's two vectors loaded once per step: gcc keeps them all in registers. */
@@ -168,102 +194,14 @@ static SG_ATTENTION_TILE void sg_attention_tile8_f32(int64_t kc, const float* re
         c70 += x7 * b0;
         c71 += x7 * b1;
     }
-    {
-        float* ci = c + 0 * ldc;
-        if (accumulate) {
-            sg_vec_f32 old;
-            memcpy(&old, ci, sizeof old);
-            c00 += old;
-            memcpy(&old, ci + VL, sizeof old);
-            c01 += old;
-        }
-        memcpy(ci, &c00, sizeof c00);
-        memcpy(ci + VL, &c01, sizeof c01);
-    }
-    {
-        float* ci = c + 1 * ldc;
-        if (accumulate) {
-            sg_vec_f32 old;
-            memcpy(&old, ci, sizeof old);
-            c10 += old;
-            memcpy(&old, ci + VL, sizeof old);
-            c11 += old;
-        }
-        memcpy(ci, &c10, sizeof c10);
-        memcpy(ci + VL, &c11, sizeof c11);
-    }
-    {
-        float* ci = c + 2 * ldc;
-        if (accumulate) {
-            sg_vec_f32 old;
-            memcpy(&old, ci, sizeof old);
-            c20 += old;
-            memcpy(&old, ci + VL, sizeof old);
-            c21 += old;
-        }
-        memcpy(ci, &c20, sizeof c20);
-        memcpy(ci + VL, &c21, sizeof c21);
-    }
-    {
-        float* ci = c + 3 * ldc;
-        if (accumulate) {
-            sg_vec_f32 old;
-            memcpy(&old, ci, sizeof old);
-            c30 += old;
-            memcpy(&old, ci + VL, sizeof old);
-            c31 += old;
-        }
-        memcpy(ci, &c30, sizeof c30);
-        memcpy(ci + VL, &c31, sizeof c31);
-    }
-    {
-        float* ci = c + 4 * ldc;
-        if (accumulate) {
-            sg_vec_f32 old;
-            memcpy(&old, ci, sizeof old);
-            c40 += old;
-            memcpy(&old, ci + VL, sizeof old);
-            c41 += old;
-        }
-        memcpy(ci, &c40, sizeof c40);
-        memcpy(ci + VL, &c41, sizeof c41);
-    }
-    {
-        float* ci = c + 5 * ldc;
-        if (accumulate) {
-            sg_vec_f32 old;
-            memcpy(&old, ci, sizeof old);
-            c50 += old;
-            memcpy(&old, ci + VL, sizeof old);
-            c51 += old;
-        }
-        memcpy(ci, &c50, sizeof c50);
-        memcpy(ci + VL, &c51, sizeof c51);
-    }
-    {
-        float* ci = c + 6 * ldc;
-        if (accumulate) {
-            sg_vec_f32 old;
-            memcpy(&old, ci, sizeof old);
-            c60 += old;
-            memcpy(&old, ci + VL, sizeof old);
-            c61 += old;
-        }
-        memcpy(ci, &c60, sizeof c60);
-        memcpy(ci + VL, &c61, sizeof c61);
-    }
-    {
-        float* ci = c + 7 * ldc;
-        if (accumulate) {
-            sg_vec_f32 old;
-            memcpy(&old, ci, sizeof old);
-            c70 += old;
-            memcpy(&old, ci + VL, sizeof old);
-            c71 += old;
-        }
-        memcpy(ci, &c70, sizeof c70);
-        memcpy(ci + VL, &c71, sizeof c71);
-    }
+    sg_attention_put_f32(c + 0 * ldc, c00, c01, accumulate);
+    sg_attention_put_f32(c + 1 * ldc, c10, c11, accumulate);
+    sg_attention_put_f32(c + 2 * ldc, c20, c21, accumulate);
+    sg_attention_put_f32(c + 3 * ldc, c30, c31, accumulate);
+    sg_attention_put_f32(c + 4 * ldc, c40, c41, accumulate);
+    sg_attention_put_f32(c + 5 * ldc, c50, c51, accumulate);
+    sg_attention_put_f32(c + 6 * ldc, c60, c61, accumulate);
+    sg_attention_put_f32(c + 7 * ldc, c70, c71, accumulate);
 }
 
 /* c[4 x 2 vectors] (+)= a[4 x kc] . b[kc x 2 vectors], float: a read through strides (rsa from
@@ -295,54 +233,10 @@ static SG_ATTENTION_TILE void sg_attention_tile4_f32(int64_t kc, const float* re
         c30 += x3 * b0;
         c31 += x3 * b1;
     }
-    {
-        float* ci = c + 0 * ldc;
-        if (accumulate) {
-            sg_vec_f32 old;
-            memcpy(&old, ci, sizeof old);
-            c00 += old;
-            memcpy(&old, ci + VL, sizeof old);
-            c01 += old;
-        }
-        memcpy(ci, &c00, sizeof c00);
-        memcpy(ci + VL, &c01, sizeof c01);
-    }
-    {
-        float* ci = c + 1 * ldc;
-        if (accumulate) {
-            sg_vec_f32 old;
-            memcpy(&old, ci, sizeof old);
-            c10 += old;
-            memcpy(&old, ci + VL, sizeof old);
-            c11 += old;
-        }
-        memcpy(ci, &c10, sizeof c10);
-        memcpy(ci + VL, &c11, sizeof c11);
-    }
-    {
-        float* ci = c + 2 * ldc;
-        if (accumulate) {
-            sg_vec_f32 old;
-            memcpy(&old, ci, sizeof old);
-            c20 += old;
-            memcpy(&old, ci + VL, sizeof old);
-            c21 += old;
-        }
-        memcpy(ci, &c20, sizeof c20);
-        memcpy(ci + VL, &c21, sizeof c21);
-    }
-    {
-        float* ci = c + 3 * ldc;
-        if (accumulate) {
-            sg_vec_f32 old;
-            memcpy(&old, ci, sizeof old);
-            c30 += old;
-            memcpy(&old, ci + VL, sizeof old);
-            c31 += old;
-        }
-        memcpy(ci, &c30, sizeof c30);
-        memcpy(ci + VL, &c31, sizeof c31);
-    }
+    sg_attention_put_f32(c + 0 * ldc, c00, c01, accumulate);
+    sg_attention_put_f32(c + 1 * ldc, c10, c11, accumulate);
+    sg_attention_put_f32(c + 2 * ldc, c20, c21, accumulate);
+    sg_attention_put_f32(c + 3 * ldc, c30, c31, accumulate);
 }
 
 /* The same product for any m x n, at C's edges: one vector loop along each row of c. */
@@ -393,6 +287,32 @@ static void sg_attention_product_f32(int64_t M, int64_t N, int64_t K, const floa
     }
 }
 
+/* A row of a tile, c[0:2 vectors] (+)= (c0, c1). */
+static inline void sg_attention_put_f64(double* c, sg_vec_f64 c0, sg_vec_f64 c1, int accumulate)
+{
+    enum { VL = SG_F64_VL };
+    if (accumulate) {
+        sg_vec_f64 old;
+        memcpy(&old, c, sizeof old);
+        c0 += old;
+        memcpy(&old, c + VL, sizeof old);
+        c1 += old;
+    }
+    memcpy(c, &c0, sizeof c0);
+    memcpy(c + VL, &c1, sizeof c1);
+}
+
+/* dst[e * T + j] = src[j * row + e] for T rows of E: one head of k (or v) transposed, the keys
+   along the vector lanes of the products that read it. */
+static inline void sg_attention_transpose_f64(int64_t T, int64_t E, const double* src, int64_t row, double* dst)
+{
+    for (int64_t j = 0; j < T; ++j) {
+        for (int64_t e = 0; e < E; ++e) {
+            dst[e * T + j] = src[j * row + e];
+        }
+    }
+}
+
 /* c[8 x 2 vectors] (+)= a[8 x kc] . b[kc x 2 vectors], double: a read through strides (rsa from
    row to row, csa along a row), b's rows ldb apart, c's ldc apart. The accumulators are named
    variables, b's two vectors loaded once per step: gcc keeps them all in registers. */
@@ -438,102 +358,14 @@ static SG_ATTENTION_TILE void sg_attention_tile8_f64(int64_t kc, const double* r
         c70 += x7 * b0;
         c71 += x7 * b1;
     }
-    {
-        double* ci = c + 0 * ldc;
-        if (accumulate) {
-            sg_vec_f64 old;
-            memcpy(&old, ci, sizeof old);
-            c00 += old;
-            memcpy(&old, ci + VL, sizeof old);
-            c01 += old;
-        }
-        memcpy(ci, &c00, sizeof c00);
-        memcpy(ci + VL, &c01, sizeof c01);
-    }
-    {
-        double* ci = c + 1 * ldc;
-        if (accumulate) {
-            sg_vec_f64 old;
-            memcpy(&old, ci, sizeof old);
-            c10 += old;
-            memcpy(&old, ci + VL, sizeof old);
-            c11 += old;
-        }
-        memcpy(ci, &c10, sizeof c10);
-        memcpy(ci + VL, &c11, sizeof c11);
-    }
-    {
-        double* ci = c + 2 * ldc;
-        if (accumulate) {
-            sg_vec_f64 old;
-            memcpy(&old, ci, sizeof old);
-            c20 += old;
-            memcpy(&old, ci + VL, sizeof old);
-            c21 += old;
-        }
-        memcpy(ci, &c20, sizeof c20);
-        memcpy(ci + VL, &c21, sizeof c21);
-    }
-    {
-        double* ci = c + 3 * ldc;
-        if (accumulate) {
-            sg_vec_f64 old;
-            memcpy(&old, ci, sizeof old);
-            c30 += old;
-            memcpy(&old, ci + VL, sizeof old);
-            c31 += old;
-        }
-        memcpy(ci, &c30, sizeof c30);
-        memcpy(ci + VL, &c31, sizeof c31);
-    }
-    {
-        double* ci = c + 4 * ldc;
-        if (accumulate) {
-            sg_vec_f64 old;
-            memcpy(&old, ci, sizeof old);
-            c40 += old;
-            memcpy(&old, ci + VL, sizeof old);
-            c41 += old;
-        }
-        memcpy(ci, &c40, sizeof c40);
-        memcpy(ci + VL, &c41, sizeof c41);
-    }
-    {
-        double* ci = c + 5 * ldc;
-        if (accumulate) {
-            sg_vec_f64 old;
-            memcpy(&old, ci, sizeof old);
-            c50 += old;
-            memcpy(&old, ci + VL, sizeof old);
-            c51 += old;
-        }
-        memcpy(ci, &c50, sizeof c50);
-        memcpy(ci + VL, &c51, sizeof c51);
-    }
-    {
-        double* ci = c + 6 * ldc;
-        if (accumulate) {
-            sg_vec_f64 old;
-            memcpy(&old, ci, sizeof old);
-            c60 += old;
-            memcpy(&old, ci + VL, sizeof old);
-            c61 += old;
-        }
-        memcpy(ci, &c60, sizeof c60);
-        memcpy(ci + VL, &c61, sizeof c61);
-    }
-    {
-        double* ci = c + 7 * ldc;
-        if (accumulate) {
-            sg_vec_f64 old;
-            memcpy(&old, ci, sizeof old);
-            c70 += old;
-            memcpy(&old, ci + VL, sizeof old);
-            c71 += old;
-        }
-        memcpy(ci, &c70, sizeof c70);
-        memcpy(ci + VL, &c71, sizeof c71);
-    }
+    sg_attention_put_f64(c + 0 * ldc, c00, c01, accumulate);
+    sg_attention_put_f64(c + 1 * ldc, c10, c11, accumulate);
+    sg_attention_put_f64(c + 2 * ldc, c20, c21, accumulate);
+    sg_attention_put_f64(c + 3 * ldc, c30, c31, accumulate);
+    sg_attention_put_f64(c + 4 * ldc, c40, c41, accumulate);
+    sg_attention_put_f64(c + 5 * ldc, c50, c51, accumulate);
+    sg_attention_put_f64(c + 6 * ldc, c60, c61, accumulate);
+    sg_attention_put_f64(c + 7 * ldc, c70, c71, accumulate);
 }
 
 /* c[4 x 2 vectors] (+)= a[4 x kc] . b[kc x 2 vectors], double: a read through strides (rsa from
@@ -565,54 +397,10 @@ static SG_ATTENTION_TILE void sg_attention_tile4_f64(int64_t kc, const double* r
         c30 += x3 * b0;
         c31 += x3 * b1;
     }
-    {
-        double* ci = c + 0 * ldc;
-        if (accumulate) {
-            sg_vec_f64 old;
-            memcpy(&old, ci, sizeof old);
-            c00 += old;
-            memcpy(&old, ci + VL, sizeof old);
-            c01 += old;
-        }
-        memcpy(ci, &c00, sizeof c00);
-        memcpy(ci + VL, &c01, sizeof c01);
-    }
-    {
-        double* ci = c + 1 * ldc;
-        if (accumulate) {
-            sg_vec_f64 old;
-            memcpy(&old, ci, sizeof old);
-            c10 += old;
-            memcpy(&old, ci + VL, sizeof old);
-            c11 += old;
-        }
-        memcpy(ci, &c10, sizeof c10);
-        memcpy(ci + VL, &c11, sizeof c11);
-    }
-    {
-        double* ci = c + 2 * ldc;
-        if (accumulate) {
-            sg_vec_f64 old;
-            memcpy(&old, ci, sizeof old);
-            c20 += old;
-            memcpy(&old, ci + VL, sizeof old);
-            c21 += old;
-        }
-        memcpy(ci, &c20, sizeof c20);
-        memcpy(ci + VL, &c21, sizeof c21);
-    }
-    {
-        double* ci = c + 3 * ldc;
-        if (accumulate) {
-            sg_vec_f64 old;
-            memcpy(&old, ci, sizeof old);
-            c30 += old;
-            memcpy(&old, ci + VL, sizeof old);
-            c31 += old;
-        }
-        memcpy(ci, &c30, sizeof c30);
-        memcpy(ci + VL, &c31, sizeof c31);
-    }
+    sg_attention_put_f64(c + 0 * ldc, c00, c01, accumulate);
+    sg_attention_put_f64(c + 1 * ldc, c10, c11, accumulate);
+    sg_attention_put_f64(c + 2 * ldc, c20, c21, accumulate);
+    sg_attention_put_f64(c + 3 * ldc, c30, c31, accumulate);
 }
 
 /* The same product for any m x n, at C's edges: one vector loop along each row of c. */
@@ -835,17 +623,6 @@ SG_KERNEL void k0_take_t3(int64_t d0, const float* restrict var0, const int64_t*
     }
 }
 
-/* Also called for 1 more kernel(s), the same code on their buffers: k126_copy */
-/* make iota's operand contiguous: t4 */
-SG_KERNEL void k1_copy(int64_t d0, int64_t* restrict ws1)
-{
-    for (int64_t i0 = 0; i0 < 8; ++i0) {
-        const int64_t v0 = i0;  /* make iota's operand contiguous */
-        const int64_t r = v0;  /* make iota's operand contiguous: t4 */
-        ws1[i0] = r;
-    }
-}
-
 /* t5: f32[8,32] = take[axis=0](transformer.wpe.weight, t4) */
 SG_KERNEL void k2_take_t5(int64_t d0, const float* restrict var1, const int64_t* restrict ws1, float* restrict ws2)
 {
@@ -867,21 +644,51 @@ SG_KERNEL void k2_take_t5(int64_t d0, const float* restrict var1, const int64_t*
     }
 }
 
-/* t87: bool[8*B] = not_equal(t86, -100) */
-/* t88: f32[8*B] = cast(t87) */
-/* t89: f32[] = sum[axes=(0,), keepdims=False](t88) */
-SG_KERNEL void k3_sum_t89(int64_t d0, const int64_t* restrict in1, float* restrict ws3)
+/* Also called for 15 more kernel(s), the same code on their buffers: k5_add_t188, k6_add_t213, */
+/*     k7_add_t238, k8_add_t263, k9_add_t288, k10_add_t314, k11_add_t338, k12_add_t361, */
+/*     k13_add_t384, k14_add_t407, k15_add_t431, k16_add_t454, k17_add_t477, k18_add_t500, */
+/*     k19_add_t524 */
+/* t95: f64[] = add(transformer.wte.weight.step, 1.0) */
+SG_KERNEL void k4_add_t95(int64_t d0, double* restrict var17)
 {
-    double acc = 0;
-    #pragma omp simd reduction(+:acc)
-    for (int64_t r0 = 0; r0 < 8*d0; ++r0) {
-        const int64_t v0 = in1[r0];  /* t86 */
-        const int64_t v1 = (-100);  /* -100 */
-        const uint8_t t87 = (uint8_t)((v0 != v1));  /* t87: bool[8*B] = not_equal(t86, -100) */
-        const float t88 = ((t87) ? 1.0f : 0.0f);  /* t88: f32[8*B] = cast(t87) */
-        acc += (double)t88;
+    const double v0 = var17[0];  /* transformer.wte.weight.step */
+    const double v1 = 1.0;  /* 1.0 */
+    const double t95 = v0 + v1;  /* t95: f64[] = add(transformer.wte.weight.step, 1.0) */
+    var17[0] = t95;
+}
+
+/* t6: f32[B,8,32] = add(t3, t5) */
+/* t9: f32[B,8,32] = sub(t6, t8) */
+/* t10: f32[B,8,32] = mul(t9, t9) */
+/* t11: f32[B,8,1] = sum[axes=(2,), keepdims=True](t10) */
+/* t12: f32[B,8,1] = mul(t11, 1/32) */
+/* t13: f32[B,8,1] = add(t12, 1e-05) */
+/* t14: f32[B,8,1] = sqrt(t13) */
+SG_KERNEL void k21_sqrt_t14(int64_t d0, const float* restrict ws0, const float* restrict ws2, const float* restrict ws4, float* restrict ws5)
+{
+    #pragma omp parallel for if((256*d0) >= SG_PARALLEL_MIN)
+    for (int64_t o0 = 0; o0 < d0; ++o0) {
+        for (int64_t o1 = 0; o1 < 8; ++o1) {
+            double acc = 0;
+            #pragma omp simd reduction(+:acc)
+            for (int64_t r0 = 0; r0 < 32; ++r0) {
+                const float v0 = ws0[o0 * 256 + o1 * 32 + r0];  /* t3 */
+                const float v1 = ws2[o1 * 32 + r0];  /* t5 */
+                const float v2 = ws4[o0 * 8 + o1];  /* t8 */
+                const float t6 = v0 + v1;  /* t6: f32[B,8,32] = add(t3, t5) */
+                const float t9 = t6 - v2;  /* t9: f32[B,8,32] = sub(t6, t8) */
+                const float t10 = t9*t9;  /* t10: f32[B,8,32] = mul(t9, t9) */
+                acc += (double)t10;
+            }
+            const float red = (float)(acc);
+            const float ev0 = 0.03125f;  /* 1/32 */
+            const float ev1 = 1.0e-05f;  /* 1e-05 */
+            const float t12 = red*ev0;  /* t12: f32[B,8,1] = mul(t11, 1/32) */
+            const float t13 = t12 + ev1;  /* t13: f32[B,8,1] = add(t12, 1e-05) */
+            const float t14 = sqrtf(t13);  /* t14: f32[B,8,1] = sqrt(t13) */
+            ws5[o0 * 8 + o1] = t14;
+        }
     }
-    ws3[0] = (float)(acc);
 }
 
 /* t6: f32[B,8,32] = add(t3, t5) */
@@ -906,31 +713,95 @@ SG_KERNEL void k23_div_t160(int64_t d0, const float* restrict ws0, const float* 
     }
 }
 
+/* t20: f32[8*B,96] = matmul(t18, t19) */
+/* t21: f32[8*B,96] = add(t20, transformer.h.0.attn.c_attn.bias) */
+/* What k24_add_t21's epilogue reads (Dims, operands) and the product it finishes in place. */
+typedef struct {
+    int64_t d0;
+    const float* var5;
+    float* ws8;
+} k24_add_t21_args;
+
+/* k24_add_t21's fused epilogue: the GEMM calls it on each block [i0, i0 + rows) x [j0, j0 + cols)
+   of the product once that block holds its final sums (after the last K chunk), while the block is
+   still in cache; each element goes through the fused nodes and the result overwrites it. */
+static void k24_add_t21_epilogue(const void* p, int64_t i0, int64_t j0, int64_t rows, int64_t cols)
+{
+    const k24_add_t21_args* args = p;
+    const int64_t d0 = args->d0;
+    const float* restrict var5 = args->var5;
+    float* restrict ws8 = args->ws8;
+    for (int64_t row = i0; row < i0 + rows; ++row) {
+        for (int64_t col = j0; col < j0 + cols; ++col) {
+            const float prod = ws8[row * 96 + col];  /* t20: f32[8*B,96] = matmul(t18, t19) */
+            const float v0 = var5[col];  /* transformer.h.0.attn.c_attn.bias */
+            const float t21 = prod + v0;  /* t21: f32[8*B,96] = add(t20, transformer.h.0.attn.c_attn.bias) */
+            ws8[row * 96 + col] = t21;
+        }
+    }
+}
+
+SG_KERNEL void k24_add_t21(int64_t d0, const float* restrict ws6, const float* restrict var4, const float* restrict var5, float* restrict ws8, sg_context* context)
+{
+    const k24_add_t21_args args = { d0, var5, ws8 };
+    const sg_epilogue epilogue = { k24_add_t21_epilogue, &args };
+    /* a[8*d0 x 32] read with strides (32, 1), b[32 x 96] with (1, 32):
+       a transposed operand is only a change of strides. */
+    /* Its buffers in the runtime's scratch region (context->scratch, sized by symgrad_scratch_bytes);
+       context->status: the GEMM's, for the entry point to check */
+    context->status = sg_gemm_f32(8*d0, 96, 32,
+        ws6, 32, 1,
+        var4, 1, 32,
+        ws8, context, &epilogue, context->scratch);
+}
+
+/* The tile's rows i0... against the block's n keys from j0: their scores (q_i . k_j, in scores)
+   scaled, -INFINITY where key j is hidden from row i, then exp(s - m) in their place; m and l,
+   each row's largest score and sum of exp(s - m) so far, brought up to the block, and o's rows rescaled with them. */
+static inline void k25_attention_t32_softmax(int64_t rows, int64_t n, int64_t i0, int64_t j0, float (*scores)[SG_KEY_BLOCK],
+        float* m, float* l, float* o)
+{
+    enum { E = 16 };
+    const float scale = 0.25f;
+    for (int64_t r = 0; r < rows; ++r) {
+        const int64_t i = i0 + r;
+        float* s = scores[r];
+        const float before = m[r];
+        float top = before;
+        for (int64_t jj = 0; jj < n; ++jj) {
+            s[jj] = j0 + jj <= i ? s[jj] * scale : -INFINITY;
+            top = s[jj] > top ? s[jj] : top;
+        }
+        /* the sums so far were taken against m: rescale them to top */
+        const float rescale = sg_expf(before - top);
+        float sum = 0;
+        for (int64_t jj = 0; jj < n; ++jj) {
+            s[jj] = sg_expf(s[jj] - top);
+            sum += s[jj];
+        }
+        l[r] = l[r] * rescale + sum;
+        m[r] = top;
+        for (int64_t e = 0; e < E; ++e) {
+            o[r * E + e] *= rescale;
+        }
+    }
+}
+
 /* t32: f32[B,2,8,16] = attention[causal=True, scale=0.25](t25, t28, t31) */
 SG_KERNEL void k25_attention_t32(int64_t d0, const float* restrict ws8, float* restrict ws9, float* restrict ws10, float* restrict ws11)
 {
     /* attention over H heads of T rows of E = 16 elements; causal: row i sees keys j <= i */
     enum { E = 16 };
     const int64_t H = (2*d0), T = 8, tiles = (T + SG_ROW_TILE - 1) / SG_ROW_TILE;
-    const float scale = 0.25f;
     float* kt = ws10;  /* k transposed per head: H x E x T */
     #pragma omp parallel for if(H * T * E >= SG_PARALLEL_MIN)
     for (int64_t h = 0; h < H; ++h) {
         const int64_t n0 = h / 2;
         const int64_t n1 = h % 2;
-        const float* qh = ws8 + n0 * 768 + n1 * 16;  /* t25, head h */
-        const int64_t q_row = 96;
         const float* kh = ws8 + n0 * 768 + n1 * 16 + 32;  /* t28, head h */
         const int64_t k_row = 96;
-        const float* vh = ws8 + n0 * 768 + n1 * 16 + 64;  /* t31, head h */
-        const int64_t v_row = 96;
 
-        float* th = kt + h * E * T;
-        for (int64_t j = 0; j < T; ++j) {
-            for (int64_t e = 0; e < E; ++e) {
-                th[e * T + j] = kh[j * k_row + e];
-            }
-        }
+        sg_attention_transpose_f32(T, E, kh, k_row, kt + h * E * T);
     }
     #pragma omp parallel for collapse(2) schedule(dynamic) if(H * T * T * E >= SG_PARALLEL_MIN)
     for (int64_t h = 0; h < H; ++h) {
@@ -939,8 +810,6 @@ SG_KERNEL void k25_attention_t32(int64_t d0, const float* restrict ws8, float* r
             const int64_t n1 = h % 2;
             const float* qh = ws8 + n0 * 768 + n1 * 16;  /* t25, head h */
             const int64_t q_row = 96;
-            const float* kh = ws8 + n0 * 768 + n1 * 16 + 32;  /* t28, head h */
-            const int64_t k_row = 96;
             const float* vh = ws8 + n0 * 768 + n1 * 16 + 64;  /* t31, head h */
             const int64_t v_row = 96;
 
@@ -961,28 +830,7 @@ SG_KERNEL void k25_attention_t32(int64_t d0, const float* restrict ws8, float* r
             for (int64_t j0 = 0; j0 < keys; j0 += SG_KEY_BLOCK) {
                 const int64_t n = keys - j0 < SG_KEY_BLOCK ? keys - j0 : SG_KEY_BLOCK;
                 sg_attention_product_f32(rows, n, E, qh + i0 * q_row, q_row, 1, kth + j0, T, &scores[0][0], SG_KEY_BLOCK, 0);
-                for (int64_t r = 0; r < rows; ++r) {
-                    const int64_t i = i0 + r;
-                    float* s = scores[r];
-                    const float before = m[r];
-                    float top = before;
-                    for (int64_t jj = 0; jj < n; ++jj) {
-                        s[jj] = j0 + jj <= i ? s[jj] * scale : -INFINITY;
-                        top = s[jj] > top ? s[jj] : top;
-                    }
-                    /* the sums so far were taken against m: rescale them to top */
-                    const float rescale = sg_expf(before - top);
-                    float sum = 0;
-                    for (int64_t jj = 0; jj < n; ++jj) {
-                        s[jj] = sg_expf(s[jj] - top);
-                        sum += s[jj];
-                    }
-                    l[r] = l[r] * rescale + sum;
-                    m[r] = top;
-                    for (int64_t e = 0; e < E; ++e) {
-                        o[r * E + e] *= rescale;
-                    }
-                }
+                k25_attention_t32_softmax(rows, n, i0, j0, scores, m, l, o);
                 /* o += p v over the block's keys (p: exp(s - m), now in scores) */
                 sg_attention_product_f32(rows, E, n, &scores[0][0], SG_KEY_BLOCK, 1, vh + j0 * v_row, v_row, o, E, 1);
             }
@@ -994,6 +842,947 @@ SG_KERNEL void k25_attention_t32(int64_t d0, const float* restrict ws8, float* r
                 /* for the gradient: the row's softmax, m and 1 / l */
                 ws11[h * T + i0 + r] = m[r];
                 ws11[(H + h) * T + i0 + r] = inverse;
+            }
+        }
+    }
+}
+
+/* Also called for 1 more kernel(s), the same code on their buffers: k103_copy */
+/* make contiguous for a reshape: t33: f32[B,8,2,16] = transpose[perm=(0,2,1,3)](t32) */
+SG_KERNEL void k26_copy(int64_t d0, const float* restrict ws9, float* restrict ws12)
+{
+    #pragma omp parallel for if((256*d0) >= SG_PARALLEL_MIN)
+    for (int64_t i0 = 0; i0 < d0; ++i0) {
+        for (int64_t i1 = 0; i1 < 8; ++i1) {
+            for (int64_t i2 = 0; i2 < 2; ++i2) {
+                for (int64_t i3 = 0; i3 < 16; ++i3) {
+                    const float v0 = ws9[i0 * 256 + i1 * 16 + i2 * 128 + i3];  /* make contiguous for a reshape */
+                    const float r = v0;  /* make contiguous for a reshape: t33: f32[B,8,2,16] = transpose[perm=(0,2,1,3)](t32) */
+                    ws12[i0 * 256 + i1 * 32 + i2 * 16 + i3] = r;
+                }
+            }
+        }
+    }
+}
+
+/* t6: f32[B,8,32] = add(t3, t5) */
+/* t39: f32[B,8,32] = add(t6, t38) */
+/* t40: f32[B,8,1] = sum[axes=(2,), keepdims=True](t39) */
+/* t41: f32[B,8,1] = mul(t40, 1/32) */
+SG_KERNEL void k28_mul_t41(int64_t d0, const float* restrict ws0, const float* restrict ws2, const float* restrict ws13, float* restrict ws14)
+{
+    #pragma omp parallel for if((256*d0) >= SG_PARALLEL_MIN)
+    for (int64_t o0 = 0; o0 < d0; ++o0) {
+        for (int64_t o1 = 0; o1 < 8; ++o1) {
+            double acc = 0;
+            #pragma omp simd reduction(+:acc)
+            for (int64_t r0 = 0; r0 < 32; ++r0) {
+                const float v0 = ws0[o0 * 256 + o1 * 32 + r0];  /* t3 */
+                const float v1 = ws2[o1 * 32 + r0];  /* t5 */
+                const float v2 = ws13[o0 * 256 + o1 * 32 + r0];  /* t38 */
+                const float t6 = v0 + v1;  /* t6: f32[B,8,32] = add(t3, t5) */
+                const float t39 = t6 + v2;  /* t39: f32[B,8,32] = add(t6, t38) */
+                acc += (double)t39;
+            }
+            const float red = (float)(acc);
+            const float ev0 = 0.03125f;  /* 1/32 */
+            const float t41 = red*ev0;  /* t41: f32[B,8,1] = mul(t40, 1/32) */
+            ws14[o0 * 8 + o1] = t41;
+        }
+    }
+}
+
+/* t53: f32[8*B,128] = matmul(t51, t52) */
+/* t54: f32[8*B,128] = add(t53, transformer.h.0.mlp.c_fc.bias) */
+/* What k32_add_t54's epilogue reads (Dims, operands) and the product it finishes in place. */
+typedef struct {
+    int64_t d0;
+    const float* var11;
+    float* ws18;
+} k32_add_t54_args;
+
+/* k32_add_t54's fused epilogue: the GEMM calls it on each block [i0, i0 + rows) x [j0, j0 + cols)
+   of the product once that block holds its final sums (after the last K chunk), while the block is
+   still in cache; each element goes through the fused nodes and the result overwrites it. */
+static void k32_add_t54_epilogue(const void* p, int64_t i0, int64_t j0, int64_t rows, int64_t cols)
+{
+    const k32_add_t54_args* args = p;
+    const int64_t d0 = args->d0;
+    const float* restrict var11 = args->var11;
+    float* restrict ws18 = args->ws18;
+    for (int64_t row = i0; row < i0 + rows; ++row) {
+        for (int64_t col = j0; col < j0 + cols; ++col) {
+            const float prod = ws18[row * 128 + col];  /* t53: f32[8*B,128] = matmul(t51, t52) */
+            const float v0 = var11[col];  /* transformer.h.0.mlp.c_fc.bias */
+            const float t54 = prod + v0;  /* t54: f32[8*B,128] = add(t53, transformer.h.0.mlp.c_fc.bias) */
+            ws18[row * 128 + col] = t54;
+        }
+    }
+}
+
+SG_KERNEL void k32_add_t54(int64_t d0, const float* restrict ws17, const float* restrict var10, const float* restrict var11, float* restrict ws18, sg_context* context)
+{
+    const k32_add_t54_args args = { d0, var11, ws18 };
+    const sg_epilogue epilogue = { k32_add_t54_epilogue, &args };
+    /* a[8*d0 x 32] read with strides (32, 1), b[32 x 128] with (1, 32):
+       a transposed operand is only a change of strides. */
+    /* Its buffers in the runtime's scratch region (context->scratch, sized by symgrad_scratch_bytes);
+       context->status: the GEMM's, for the entry point to check */
+    context->status = sg_gemm_f32(8*d0, 128, 32,
+        ws17, 32, 1,
+        var10, 1, 32,
+        ws18, context, &epilogue, context->scratch);
+}
+
+/* t76: f32[8*B,64] = matmul(t74, t75) */
+SG_KERNEL void k39_matmul_t76(int64_t d0, const float* restrict ws24, const float* restrict var0, float* restrict ws25, sg_context* context)
+{
+    /* a[8*d0 x 32] read with strides (32, 1), b[32 x 64] with (1, 32):
+       a transposed operand is only a change of strides. */
+    /* Its buffers in the runtime's scratch region (context->scratch, sized by symgrad_scratch_bytes);
+       context->status: the GEMM's, for the entry point to check */
+    context->status = sg_gemm_f32(8*d0, 64, 32,
+        ws24, 32, 1,
+        var0, 1, 32,
+        ws25, context, NULL, context->scratch);
+}
+
+/* t107: f32[8*B,32] = matmul(t104, transformer.wte.weight) */
+SG_KERNEL void k43_matmul_t107(int64_t d0, const float* restrict ws29, const float* restrict var0, float* restrict ws31, sg_context* context)
+{
+    /* a[8*d0 x 64] read with strides (64, 1), b[64 x 32] with (32, 1):
+       a transposed operand is only a change of strides. */
+    /* Its buffers in the runtime's scratch region (context->scratch, sized by symgrad_scratch_bytes);
+       context->status: the GEMM's, for the entry point to check */
+    context->status = sg_gemm_f32(8*d0, 32, 64,
+        ws29, 64, 1,
+        var0, 32, 1,
+        ws31, context, NULL, context->scratch);
+}
+
+/* Also called for 7 more kernel(s), the same code on their buffers: k52_add_t509, k58_add_t485, */
+/*     k69_add_t439, k85_add_t416, k91_add_t392, k109_add_t346, k119_add_t323 */
+/* t530: f32[32] = sub(t529, transformer.ln_f.bias.exp_avg) */
+/* t531: f32[32] = mul(0.09999999999999998, t530) */
+/* t532: f32[32] = add(transformer.ln_f.bias.exp_avg, t531) */
+SG_KERNEL void k45_add_t532(int64_t d0, const float* restrict ws32, float* restrict var64)
+{
+    for (int64_t i0 = 0; i0 < 32; ++i0) {
+        const float v0 = ws32[i0];  /* t529 */
+        const float v1 = var64[i0];  /* transformer.ln_f.bias.exp_avg */
+        const float v2 = 0.1f;  /* 0.09999999999999998 */
+        const float t530 = v0 - v1;  /* t530: f32[32] = sub(t529, transformer.ln_f.bias.exp_avg) */
+        const float t531 = v2*t530;  /* t531: f32[32] = mul(0.09999999999999998, t530) */
+        const float t532 = v1 + t531;  /* t532: f32[32] = add(transformer.ln_f.bias.exp_avg, t531) */
+        var64[i0] = t532;
+    }
+}
+
+/* Also called for 7 more kernel(s), the same code on their buffers: k53_add_t514, k59_add_t490, */
+/*     k70_add_t444, k86_add_t421, k92_add_t397, k110_add_t351, k120_add_t328 */
+/* t534: f32[32] = mul(0.95, transformer.ln_f.bias.exp_avg_sq) */
+/* t535: f32[32] = mul(t529, t529) */
+/* t536: f32[32] = mul(0.050000000000000044, t535) */
+/* t537: f32[32] = add(t534, t536) */
+SG_KERNEL void k46_add_t537(int64_t d0, float* restrict var65, const float* restrict ws32)
+{
+    for (int64_t i0 = 0; i0 < 32; ++i0) {
+        const float v0 = 0.95f;  /* 0.95 */
+        const float v1 = var65[i0];  /* transformer.ln_f.bias.exp_avg_sq */
+        const float v2 = ws32[i0];  /* t529 */
+        const float v3 = 0.05f;  /* 0.050000000000000044 */
+        const float t534 = v0*v1;  /* t534: f32[32] = mul(0.95, transformer.ln_f.bias.exp_avg_sq) */
+        const float t535 = v2*v2;  /* t535: f32[32] = mul(t529, t529) */
+        const float t536 = v3*t535;  /* t536: f32[32] = mul(0.050000000000000044, t535) */
+        const float t537 = t534 + t536;  /* t537: f32[32] = add(t534, t536) */
+        var65[i0] = t537;
+    }
+}
+
+/* Also called for 1 more kernel(s), the same code on their buffers: k75_sum_t128 */
+/* t110: f32[B,8,32] = div(t65, t70) */
+/* t109: f32[B,8,32] = mul(t108, transformer.ln_f.weight) */
+/* t111: f32[B,8,32] = -t109*t110/t70 */
+/* t112: f32[B,8,1] = sum[axes=(2,), keepdims=True](t111) */
+SG_KERNEL void k48_sum_t112(int64_t d0, const float* restrict ws22, const float* restrict ws23, const float* restrict ws31, const float* restrict var14, float* restrict ws33)
+{
+    #pragma omp parallel for if((256*d0) >= SG_PARALLEL_MIN)
+    for (int64_t o0 = 0; o0 < 8*d0; ++o0) {
+        double acc = 0;
+        #pragma omp simd reduction(+:acc)
+        for (int64_t r0 = 0; r0 < 32; ++r0) {
+            const float v0 = ws22[o0 * 32 + r0];  /* t65 */
+            const float v1 = ws23[o0];  /* t70 */
+            const float v2 = ws31[o0 * 32 + r0];  /* t108 */
+            const float v3 = var14[r0];  /* transformer.ln_f.weight */
+            const float t110 = v0/v1;  /* t110: f32[B,8,32] = div(t65, t70) */
+            const float t109 = v2*v3;  /* t109: f32[B,8,32] = mul(t108, transformer.ln_f.weight) */
+            const float t111 = -t109*t110/v1;  /* t111: f32[B,8,32] = -t109*t110/t70 */
+            acc += (double)t111;
+        }
+        ws33[o0] = (float)(acc);
+    }
+}
+
+/* Also called for 1 more kernel(s), the same code on their buffers: k83_mul_t412 */
+/* t110: f32[B,8,32] = div(t65, t70) */
+/* t505: f32[B,8,32] = mul(t108, t110) */
+SG_KERNEL void k50_mul_t505(int64_t d0, const float* restrict ws22, const float* restrict ws23, const float* restrict ws31, float* restrict ws35)
+{
+    #pragma omp parallel for if((256*d0) >= SG_PARALLEL_MIN)
+    for (int64_t i0 = 0; i0 < 8*d0; ++i0) {
+        for (int64_t i1 = 0; i1 < 32; ++i1) {
+            const float v0 = ws22[i0 * 32 + i1];  /* t65 */
+            const float v1 = ws23[i0];  /* t70 */
+            const float v2 = ws31[i0 * 32 + i1];  /* t108 */
+            const float t110 = v0/v1;  /* t110: f32[B,8,32] = div(t65, t70) */
+            const float t505 = v2*t110;  /* t505: f32[B,8,32] = mul(t108, t110) */
+            ws35[i0 * 32 + i1] = t505;
+        }
+    }
+}
+
+/* t116: f32[B,8,32] = add(t113, t115) */
+SG_KERNEL void k56_add_t116(int64_t d0, const float* restrict ws34, const float* restrict ws37, float* restrict ws38)
+{
+    #pragma omp parallel for if((256*d0) >= SG_PARALLEL_MIN)
+    for (int64_t i0 = 0; i0 < 8*d0; ++i0) {
+        for (int64_t i1 = 0; i1 < 32; ++i1) {
+            const float v0 = ws34[i0 * 32 + i1];  /* t113 */
+            const float v1 = ws37[i0];  /* t115 */
+            const float t116 = v0 + v1;  /* t116: f32[B,8,32] = add(t113, t115) */
+            ws38[i0 * 32 + i1] = t116;
+        }
+    }
+}
+
+/* t269: f32[128,32] = matmul(t268, t51) */
+SG_KERNEL void k63_matmul_t269(int64_t d0, const float* restrict ws41, const float* restrict ws17, float* restrict ws42, sg_context* context)
+{
+    /* a[128 x 8*d0] read with strides (1, 128), b[8*d0 x 32] with (32, 1):
+       a transposed operand is only a change of strides. */
+    /* Its buffers in the runtime's scratch region (context->scratch, sized by symgrad_scratch_bytes);
+       context->status: the GEMM's, for the entry point to check */
+    context->status = sg_gemm_f32(128, 32, 8*d0,
+        ws41, 1, 128,
+        ws17, 32, 1,
+        ws42, context, NULL, context->scratch);
+}
+
+/* t459: f32[128] = sum[axes=(0,), keepdims=False](t122) */
+SG_KERNEL void k66_sum_t459(int64_t d0, const float* restrict ws41, float* restrict ws45)
+{
+    /* The kept axis is contiguous: add whole rows into a tile of accumulators (vectorizes),
+       256 columns at a time, instead of walking each column down the rows. */
+    #pragma omp parallel for if((1024*d0) >= SG_PARALLEL_MIN)
+    for (int64_t j0 = 0; j0 < 128; j0 += 256) {
+        const int64_t jn = 128 - j0 < 256 ? 128 - j0 : 256;
+        double acc[256];
+        for (int64_t j = 0; j < jn; ++j)
+            acc[j] = 0;
+        for (int64_t r0 = 0; r0 < 8*d0; ++r0) {
+            const float* restrict row = ws41 + r0 * 128;
+            for (int64_t j = 0; j < jn; ++j)
+                acc[j] += (double)row[j0 + j];
+        }
+        for (int64_t j = 0; j < jn; ++j)
+            ws45[j0 + j] = (float)(acc[j]);
+    }
+}
+
+/* t123: f32[8*B,32] = matmul(t122, transformer.h.0.mlp.c_fc.weight) */
+SG_KERNEL void k67_matmul_t123(int64_t d0, const float* restrict ws41, const float* restrict var10, float* restrict ws46, sg_context* context)
+{
+    /* a[8*d0 x 128] read with strides (128, 1), b[128 x 32] with (32, 1):
+       a transposed operand is only a change of strides. */
+    /* Its buffers in the runtime's scratch region (context->scratch, sized by symgrad_scratch_bytes);
+       context->status: the GEMM's, for the entry point to check */
+    context->status = sg_gemm_f32(8*d0, 32, 128,
+        ws41, 128, 1,
+        var10, 32, 1,
+        ws46, context, NULL, context->scratch);
+}
+
+/* t460: f32[128] = sub(t459, transformer.h.0.mlp.c_fc.bias.exp_avg) */
+/* t461: f32[128] = mul(0.09999999999999998, t460) */
+/* t462: f32[128] = add(transformer.h.0.mlp.c_fc.bias.exp_avg, t461) */
+SG_KERNEL void k72_add_t462(int64_t d0, const float* restrict ws45, float* restrict var55)
+{
+    for (int64_t i0 = 0; i0 < 128; ++i0) {
+        const float v0 = ws45[i0];  /* t459 */
+        const float v1 = var55[i0];  /* transformer.h.0.mlp.c_fc.bias.exp_avg */
+        const float v2 = 0.1f;  /* 0.09999999999999998 */
+        const float t460 = v0 - v1;  /* t460: f32[128] = sub(t459, transformer.h.0.mlp.c_fc.bias.exp_avg) */
+        const float t461 = v2*t460;  /* t461: f32[128] = mul(0.09999999999999998, t460) */
+        const float t462 = v1 + t461;  /* t462: f32[128] = add(transformer.h.0.mlp.c_fc.bias.exp_avg, t461) */
+        var55[i0] = t462;
+    }
+}
+
+/* t464: f32[128] = mul(0.95, transformer.h.0.mlp.c_fc.bias.exp_avg_sq) */
+/* t465: f32[128] = mul(t459, t459) */
+/* t466: f32[128] = mul(0.050000000000000044, t465) */
+/* t467: f32[128] = add(t464, t466) */
+SG_KERNEL void k73_add_t467(int64_t d0, float* restrict var56, const float* restrict ws45)
+{
+    for (int64_t i0 = 0; i0 < 128; ++i0) {
+        const float v0 = 0.95f;  /* 0.95 */
+        const float v1 = var56[i0];  /* transformer.h.0.mlp.c_fc.bias.exp_avg_sq */
+        const float v2 = ws45[i0];  /* t459 */
+        const float v3 = 0.05f;  /* 0.050000000000000044 */
+        const float t464 = v0*v1;  /* t464: f32[128] = mul(0.95, transformer.h.0.mlp.c_fc.bias.exp_avg_sq) */
+        const float t465 = v2*v2;  /* t465: f32[128] = mul(t459, t459) */
+        const float t466 = v3*t465;  /* t466: f32[128] = mul(0.050000000000000044, t465) */
+        const float t467 = t464 + t466;  /* t467: f32[128] = add(t464, t466) */
+        var56[i0] = t467;
+    }
+}
+
+/* t455: f64[] = pow(0.9, t454) */
+/* t456: f64[] = sub(1.0, t455) */
+/* t457: f64[] = div(param_groups.1.lr, t456) */
+/* t458: f32[] = cast(t457) */
+/* t469: f64[] = pow(0.95, t454) */
+/* t470: f64[] = sub(1.0, t469) */
+/* t471: f64[] = sqrt(t470) */
+/* t472: f32[] = cast(t471) */
+/* t463: f32[128] = mul(t458, t462) */
+/* t468: f32[128] = sqrt(t467) */
+/* t473: f32[128] = div(t468, t472) */
+/* t474: f32[128] = add(t473, 1e-08) */
+/* t475: f32[128] = div(t463, t474) */
+/* t476: f32[128] = sub(transformer.h.0.mlp.c_fc.bias, t475) */
+SG_KERNEL void k74_sub_t476(int64_t d0, const double* restrict var54, const double* restrict var35, const float* restrict var55, const float* restrict var56, float* restrict var11)
+{
+    for (int64_t i0 = 0; i0 < 128; ++i0) {
+        const double v0 = 0.9;  /* 0.9 */
+        const double v1 = var54[0];  /* t454 */
+        const double v2 = 1.0;  /* 1.0 */
+        const double v3 = var35[0];  /* param_groups.1.lr */
+        const double v4 = 0.95;  /* 0.95 */
+        const float v5 = var55[i0];  /* t462 */
+        const float v6 = var56[i0];  /* t467 */
+        const float v7 = 1.0e-08f;  /* 1e-08 */
+        const float v8 = var11[i0];  /* transformer.h.0.mlp.c_fc.bias */
+        const double t455 = pow(v0, v1);  /* t455: f64[] = pow(0.9, t454) */
+        const double t456 = v2 - t455;  /* t456: f64[] = sub(1.0, t455) */
+        const double t457 = v3/t456;  /* t457: f64[] = div(param_groups.1.lr, t456) */
+        const float t458 = (float)(t457);  /* t458: f32[] = cast(t457) */
+        const double t469 = pow(v4, v1);  /* t469: f64[] = pow(0.95, t454) */
+        const double t470 = v2 - t469;  /* t470: f64[] = sub(1.0, t469) */
+        const double t471 = sqrt(t470);  /* t471: f64[] = sqrt(t470) */
+        const float t472 = (float)(t471);  /* t472: f32[] = cast(t471) */
+        const float t463 = t458*v5;  /* t463: f32[128] = mul(t458, t462) */
+        const float t468 = sqrtf(v6);  /* t468: f32[128] = sqrt(t467) */
+        const float t473 = t468/t472;  /* t473: f32[128] = div(t468, t472) */
+        const float t474 = t473 + v7;  /* t474: f32[128] = add(t473, 1e-08) */
+        const float t475 = t463/t474;  /* t475: f32[128] = div(t463, t474) */
+        const float t476 = v8 - t475;  /* t476: f32[128] = sub(transformer.h.0.mlp.c_fc.bias, t475) */
+        var11[i0] = t476;
+    }
+}
+
+/* Also called for 1 more kernel(s), the same code on their buffers: k81_sub_t313 */
+/* t91: f64[] = mul(lr, 0.1) */
+/* t92: f64[] = sub(1.0, t91) */
+/* t93: f32[] = cast(t92) */
+/* t262: f32[128,32] = mul(transformer.h.0.mlp.c_fc.weight, t93) */
+/* t264: f64[] = pow(0.9, t263) */
+/* t265: f64[] = sub(1.0, t264) */
+/* t266: f64[] = div(lr, t265) */
+/* t267: f32[] = cast(t266) */
+/* t279: f64[] = pow(0.95, t263) */
+/* t280: f64[] = sub(1.0, t279) */
+/* t281: f64[] = sqrt(t280) */
+/* t282: f32[] = cast(t281) */
+/* t273: f32[128,32] = mul(t267, t272) */
+/* t278: f32[128,32] = sqrt(t277) */
+/* t283: f32[128,32] = div(t278, t282) */
+/* t284: f32[128,32] = add(t283, 1e-08) */
+/* t285: f32[128,32] = div(t273, t284) */
+/* t286: f32[128,32] = sub(t262, t285) */
+SG_KERNEL void k78_sub_t286(int64_t d0, const double* restrict var16, float* restrict var10, const double* restrict var29, const float* restrict var30, const float* restrict var31)
+{
+    for (int64_t i0 = 0; i0 < 4096; ++i0) {
+        const double v0 = var16[0];  /* lr */
+        const double v1 = 0.1;  /* 0.1 */
+        const double v2 = 1.0;  /* 1.0 */
+        const float v3 = var10[i0];  /* transformer.h.0.mlp.c_fc.weight */
+        const double v4 = 0.9;  /* 0.9 */
+        const double v5 = var29[0];  /* t263 */
+        const double v6 = 0.95;  /* 0.95 */
+        const float v7 = var30[i0];  /* t272 */
+        const float v8 = var31[i0];  /* t277 */
+        const float v9 = 1.0e-08f;  /* 1e-08 */
+        const double t91 = v0*v1;  /* t91: f64[] = mul(lr, 0.1) */
+        const double t92 = v2 - t91;  /* t92: f64[] = sub(1.0, t91) */
+        const float t93 = (float)(t92);  /* t93: f32[] = cast(t92) */
+        const float t262 = v3*t93;  /* t262: f32[128,32] = mul(transformer.h.0.mlp.c_fc.weight, t93) */
+        const double t264 = pow(v4, v5);  /* t264: f64[] = pow(0.9, t263) */
+        const double t265 = v2 - t264;  /* t265: f64[] = sub(1.0, t264) */
+        const double t266 = v0/t265;  /* t266: f64[] = div(lr, t265) */
+        const float t267 = (float)(t266);  /* t267: f32[] = cast(t266) */
+        const double t279 = pow(v6, v5);  /* t279: f64[] = pow(0.95, t263) */
+        const double t280 = v2 - t279;  /* t280: f64[] = sub(1.0, t279) */
+        const double t281 = sqrt(t280);  /* t281: f64[] = sqrt(t280) */
+        const float t282 = (float)(t281);  /* t282: f32[] = cast(t281) */
+        const float t273 = t267*v7;  /* t273: f32[128,32] = mul(t267, t272) */
+        const float t278 = sqrtf(v8);  /* t278: f32[128,32] = sqrt(t277) */
+        const float t283 = t278/t282;  /* t283: f32[128,32] = div(t278, t282) */
+        const float t284 = t283 + v9;  /* t284: f32[128,32] = add(t283, 1e-08) */
+        const float t285 = t273/t284;  /* t285: f32[128,32] = div(t273, t284) */
+        const float t286 = t262 - t285;  /* t286: f32[128,32] = sub(t262, t285) */
+        var10[i0] = t286;
+    }
+}
+
+/* t245: f32[32,32] = sub(t244, transformer.h.0.attn.c_proj.weight.exp_avg) */
+/* t246: f32[32,32] = mul(0.09999999999999998, t245) */
+/* t247: f32[32,32] = add(transformer.h.0.attn.c_proj.weight.exp_avg, t246) */
+SG_KERNEL void k95_add_t247(int64_t d0, const float* restrict ws55, float* restrict var27)
+{
+    for (int64_t i0 = 0; i0 < 1024; ++i0) {
+        const float v0 = ws55[i0];  /* t244 */
+        const float v1 = var27[i0];  /* transformer.h.0.attn.c_proj.weight.exp_avg */
+        const float v2 = 0.1f;  /* 0.09999999999999998 */
+        const float t245 = v0 - v1;  /* t245: f32[32,32] = sub(t244, transformer.h.0.attn.c_proj.weight.exp_avg) */
+        const float t246 = v2*t245;  /* t246: f32[32,32] = mul(0.09999999999999998, t245) */
+        const float t247 = v1 + t246;  /* t247: f32[32,32] = add(transformer.h.0.attn.c_proj.weight.exp_avg, t246) */
+        var27[i0] = t247;
+    }
+}
+
+/* t249: f32[32,32] = mul(0.95, transformer.h.0.attn.c_proj.weight.exp_avg_sq) */
+/* t250: f32[32,32] = mul(t244, t244) */
+/* t251: f32[32,32] = mul(0.050000000000000044, t250) */
+/* t252: f32[32,32] = add(t249, t251) */
+SG_KERNEL void k96_add_t252(int64_t d0, float* restrict var28, const float* restrict ws55)
+{
+    for (int64_t i0 = 0; i0 < 1024; ++i0) {
+        const float v0 = 0.95f;  /* 0.95 */
+        const float v1 = var28[i0];  /* transformer.h.0.attn.c_proj.weight.exp_avg_sq */
+        const float v2 = ws55[i0];  /* t244 */
+        const float v3 = 0.05f;  /* 0.050000000000000044 */
+        const float t249 = v0*v1;  /* t249: f32[32,32] = mul(0.95, transformer.h.0.attn.c_proj.weight.exp_avg_sq) */
+        const float t250 = v2*v2;  /* t250: f32[32,32] = mul(t244, t244) */
+        const float t251 = v3*t250;  /* t251: f32[32,32] = mul(0.050000000000000044, t250) */
+        const float t252 = t249 + t251;  /* t252: f32[32,32] = add(t249, t251) */
+        var28[i0] = t252;
+    }
+}
+
+/* t135: f32[8*B,32] = matmul(t134, transformer.h.0.attn.c_proj.weight) */
+SG_KERNEL void k97_matmul_t135(int64_t d0, const float* restrict ws53, const float* restrict var6, float* restrict ws56, sg_context* context)
+{
+    /* a[8*d0 x 32] read with strides (32, 1), b[32 x 32] with (32, 1):
+       a transposed operand is only a change of strides. */
+    /* Its buffers in the runtime's scratch region (context->scratch, sized by symgrad_scratch_bytes);
+       context->status: the GEMM's, for the entry point to check */
+    context->status = sg_gemm_f32(8*d0, 32, 32,
+        ws53, 32, 1,
+        var6, 32, 1,
+        ws56, context, NULL, context->scratch);
+}
+
+/* Row r < rows of the tile i0...: D = g . out (which is sum_j p_j (g . v_j)) into d[r], and m[r],
+   l[r], the row's softmax: as the forward stored them in stats (m, then 1 / l). */
+static inline void k98_attention_grad_t138_rows(int64_t rows, int64_t i0, const float* gh, int64_t g_row, const float* oh,
+        int64_t o_row, const float* stats, int64_t H, int64_t h, int64_t T,
+        float* m, float* l, float* d)
+{
+    enum { E = 16 };
+    for (int64_t r = 0; r < rows; ++r) {
+        const float* gi = gh + (i0 + r) * g_row;
+        const float* oi = oh + (i0 + r) * o_row;
+        float row = 0;
+        for (int64_t e = 0; e < E; ++e) {
+            row += gi[e] * oi[e];
+        }
+        m[r] = stats[h * T + i0 + r];
+        l[r] = stats[(H + h) * T + i0 + r];
+        d[r] = row;
+    }
+}
+
+/* For the tile's rows i0... and the block's n keys from j0: p = exp(s - m) / l, from the scores
+   (q_i . k_j) in scores, and ds = p (g . v - D) scale, from g_i . v_j in ds, each in place. */
+static inline void k98_attention_grad_t138_ds(int64_t rows, int64_t n, int64_t i0, int64_t j0, const float* m, const float* l,
+        const float* d, float (*scores)[SG_KEY_BLOCK], float (*ds)[SG_KEY_BLOCK])
+{
+    const float scale = 0.25f;
+    for (int64_t r = 0; r < rows; ++r) {
+        const int64_t i = i0 + r;
+        const float top = m[r], inverse = l[r];
+        float* s = scores[r];
+        for (int64_t jj = 0; jj < n; ++jj) {
+            s[jj] = j0 + jj <= i ? s[jj] * scale : -INFINITY;
+            s[jj] = sg_expf(s[jj] - top) * inverse;
+            ds[r][jj] = s[jj] * (ds[r][jj] - d[r]) * scale;
+        }
+    }
+}
+
+/* t138: f32[3,B,2,8,16] = attention_grad[causal=True, scale=0.25](t25, t28, t31, t32, t137) */
+SG_KERNEL void k98_attention_grad_t138(int64_t d0, const float* restrict ws8, const float* restrict ws9, const float* restrict ws56, const float* restrict ws11, float* restrict ws57, float* restrict ws58, float* restrict ws59)
+{
+    /* attention_grad over H heads of T rows of E = 16 elements; causal: row i sees keys j <= i */
+    enum { E = 16 };
+    const int64_t H = (2*d0), T = 8, tiles = (T + SG_ROW_TILE - 1) / SG_ROW_TILE;
+    float* kt = ws58;  /* k transposed per head: H x E x T */
+    #pragma omp parallel for if(H * T * E >= SG_PARALLEL_MIN)
+    for (int64_t h = 0; h < H; ++h) {
+        const int64_t n0 = h / 2;
+        const int64_t n1 = h % 2;
+        const float* kh = ws8 + n0 * 768 + n1 * 16 + 32;  /* t28, head h */
+        const int64_t k_row = 96;
+
+        sg_attention_transpose_f32(T, E, kh, k_row, kt + h * E * T);
+    }
+    float* vt = ws59;  /* v transposed per head: H x E x T */
+    #pragma omp parallel for if(H * T * E >= SG_PARALLEL_MIN)
+    for (int64_t h = 0; h < H; ++h) {
+        const int64_t n0 = h / 2;
+        const int64_t n1 = h % 2;
+        const float* vh = ws8 + n0 * 768 + n1 * 16 + 64;  /* t31, head h */
+        const int64_t v_row = 96;
+
+        sg_attention_transpose_f32(T, E, vh, v_row, vt + h * E * T);
+    }
+    /* out = [dq, dk, dv], each H x T x E. A thread takes whole heads: no two add into one row. */
+    #pragma omp parallel for schedule(dynamic) if(H > 1 && H * T * T * E >= SG_PARALLEL_MIN)
+    for (int64_t h = 0; h < H; ++h) {
+        const int64_t n0 = h / 2;
+        const int64_t n1 = h % 2;
+        const float* qh = ws8 + n0 * 768 + n1 * 16;  /* t25, head h */
+        const int64_t q_row = 96;
+        const float* kh = ws8 + n0 * 768 + n1 * 16 + 32;  /* t28, head h */
+        const int64_t k_row = 96;
+        const float* oh = ws9 + n0 * 256 + n1 * 128;  /* t32, head h */
+        const int64_t o_row = 16;
+        const float* gh = ws56 + n0 * 256 + n1 * 16;  /* t137, head h */
+        const int64_t g_row = 32;
+
+        float* dq = ws57 + h * T * E;
+        float* dk = ws57 + (H + h) * T * E;
+        float* dv = ws57 + (2 * H + h) * T * E;
+        const float* kth = kt + h * E * T;
+        const float* vth = vt + h * E * T;
+        memset(dq, 0, (size_t)(T * E) * sizeof(float));
+        memset(dk, 0, (size_t)(T * E) * sizeof(float));
+        memset(dv, 0, (size_t)(T * E) * sizeof(float));
+        for (int64_t tile = 0; tile < tiles; ++tile) {
+            const int64_t i0 = tile * SG_ROW_TILE, rows = T - i0 < SG_ROW_TILE ? T - i0 : SG_ROW_TILE;
+            const int64_t keys = i0 + rows;
+            /* per row: the softmax as the forward found it (m, the largest score; l, then 1 / l, the
+               sum of exp(s - m)), and D = g . out, which is sum_j p_j (g . v_j) */
+            float m[SG_ROW_TILE], l[SG_ROW_TILE], d[SG_ROW_TILE];
+            float scores[SG_ROW_TILE][SG_KEY_BLOCK], ds[SG_ROW_TILE][SG_KEY_BLOCK];
+            k98_attention_grad_t138_rows(rows, i0, gh, g_row, oh, o_row, ws11, H, h, T, m, l, d);
+            for (int64_t j0 = 0; j0 < keys; j0 += SG_KEY_BLOCK) {
+                const int64_t n = keys - j0 < SG_KEY_BLOCK ? keys - j0 : SG_KEY_BLOCK;
+                /* p = exp(s - m) / l and ds = p (g . v - D) scale for the tile's rows and the block's keys */
+                sg_attention_product_f32(rows, n, E, qh + i0 * q_row, q_row, 1, kth + j0, T, &scores[0][0], SG_KEY_BLOCK, 0);
+                sg_attention_product_f32(rows, n, E, gh + i0 * g_row, g_row, 1, vth + j0, T, &ds[0][0], SG_KEY_BLOCK, 0);
+                k98_attention_grad_t138_ds(rows, n, i0, j0, m, l, d, scores, ds);
+                /* dq_i += sum_j ds_ij k_j;  dv_j += sum_i p_ij g_i;  dk_j += sum_i ds_ij q_i */
+                sg_attention_product_f32(rows, E, n, &ds[0][0], SG_KEY_BLOCK, 1, kh + j0 * k_row, k_row, dq + i0 * E, E, 1);
+                sg_attention_product_f32(n, E, rows, &scores[0][0], 1, SG_KEY_BLOCK, gh + i0 * g_row, g_row, dv + j0 * E, E, 1);
+                sg_attention_product_f32(n, E, rows, &ds[0][0], 1, SG_KEY_BLOCK, qh + i0 * q_row, q_row, dk + j0 * E, E, 1);
+            }
+        }
+    }
+}
+
+/* make contiguous for a reshape: t141: f32[B,8,2,16] = transpose[perm=(0,2,1,3)](t140) */
+SG_KERNEL void k99_copy(int64_t d0, const float* restrict ws57, float* restrict ws60)
+{
+    #pragma omp parallel for if((256*d0) >= SG_PARALLEL_MIN)
+    for (int64_t i0 = 0; i0 < d0; ++i0) {
+        for (int64_t i1 = 0; i1 < 8; ++i1) {
+            for (int64_t i2 = 0; i2 < 2; ++i2) {
+                for (int64_t i3 = 0; i3 < 16; ++i3) {
+                    const float v0 = ws57[i0 * 256 + i1 * 16 + i2 * 128 + i3 + (512*d0)];  /* make contiguous for a reshape */
+                    const float r = v0;  /* make contiguous for a reshape: t141: f32[B,8,2,16] = transpose[perm=(0,2,1,3)](t140) */
+                    ws60[i0 * 256 + i1 * 32 + i2 * 16 + i3] = r;
+                }
+            }
+        }
+    }
+}
+
+/* t148: f32[B,8,96] = embed[starts=(0,0,32), steps=(1,1,1)](t147), stored in place into t155 */
+SG_KERNEL void k102_embed_t148(int64_t d0, const float* restrict ws62, float* restrict ws61)
+{
+    #pragma omp parallel for if((256*d0) >= SG_PARALLEL_MIN)
+    for (int64_t i0 = 0; i0 < 8*d0; ++i0) {
+        for (int64_t i1 = 0; i1 < 32; ++i1) {
+            const float v0 = ws62[i0 * 32 + i1];  /* t147 */
+            const float r = v0;  /* t148: f32[B,8,96] = embed[starts=(0,0,32), steps=(1,1,1)](t147), stored in place into t155 */
+            ws61[i0 * 96 + i1 + 32] = r;
+        }
+    }
+}
+
+/* t219: f32[96,32] = matmul(t218, t18) */
+SG_KERNEL void k105_matmul_t219(int64_t d0, const float* restrict ws61, const float* restrict ws6, float* restrict ws64, sg_context* context)
+{
+    /* a[96 x 8*d0] read with strides (1, 96), b[8*d0 x 32] with (32, 1):
+       a transposed operand is only a change of strides. */
+    /* Its buffers in the runtime's scratch region (context->scratch, sized by symgrad_scratch_bytes);
+       context->status: the GEMM's, for the entry point to check */
+    context->status = sg_gemm_f32(96, 32, 8*d0,
+        ws61, 1, 96,
+        ws6, 32, 1,
+        ws64, context, NULL, context->scratch);
+}
+
+/* t159: f32[B,8,32] = mul(t158, transformer.h.0.ln_1.weight) */
+/* t161: f32[B,8,32] = -t159*t160/t14 */
+/* t162: f32[B,8,1] = sum[axes=(2,), keepdims=True](t161) */
+SG_KERNEL void k115_sum_t162(int64_t d0, const float* restrict ws66, const float* restrict var2, const float* restrict ws5, const float* restrict ws7, float* restrict ws68)
+{
+    #pragma omp parallel for if((256*d0) >= SG_PARALLEL_MIN)
+    for (int64_t o0 = 0; o0 < 8*d0; ++o0) {
+        double acc = 0;
+        #pragma omp simd reduction(+:acc)
+        for (int64_t r0 = 0; r0 < 32; ++r0) {
+            const float v0 = ws66[o0 * 32 + r0];  /* t158 */
+            const float v1 = var2[r0];  /* transformer.h.0.ln_1.weight */
+            const float v2 = ws5[o0];  /* t14 */
+            const float v3 = ws7[o0 * 32 + r0];  /* t160 */
+            const float t159 = v0*v1;  /* t159: f32[B,8,32] = mul(t158, transformer.h.0.ln_1.weight) */
+            const float t161 = -t159*v3/v2;  /* t161: f32[B,8,32] = -t159*t160/t14 */
+            acc += (double)t161;
+        }
+        ws68[o0] = (float)(acc);
+    }
+}
+
+/* t319: f32[B,8,32] = mul(t158, t160) */
+SG_KERNEL void k116_mul_t319(int64_t d0, const float* restrict ws66, const float* restrict ws7, float* restrict ws69)
+{
+    #pragma omp parallel for if((256*d0) >= SG_PARALLEL_MIN)
+    for (int64_t i0 = 0; i0 < 256*d0; ++i0) {
+        const float v0 = ws66[i0];  /* t158 */
+        const float v1 = ws7[i0];  /* t160 */
+        const float t319 = v0*v1;  /* t319: f32[B,8,32] = mul(t158, t160) */
+        ws69[i0] = t319;
+    }
+}
+
+/* t6: f32[B,8,32] = add(t3, t5) */
+/* t9: f32[B,8,32] = sub(t6, t8) */
+/* t159: f32[B,8,32] = mul(t158, transformer.h.0.ln_1.weight) */
+/* t163: f32[B,8,32] = t159/t14 + t162*t9/(32*t14) */
+SG_KERNEL void k118_simplified_t163(int64_t d0, const float* restrict ws0, const float* restrict ws2, const float* restrict ws4, const float* restrict ws66, const float* restrict var2, const float* restrict ws5, const float* restrict ws68, float* restrict ws71)
+{
+    #pragma omp parallel for if((256*d0) >= SG_PARALLEL_MIN)
+    for (int64_t i0 = 0; i0 < d0; ++i0) {
+        for (int64_t i1 = 0; i1 < 8; ++i1) {
+            for (int64_t i2 = 0; i2 < 32; ++i2) {
+                const float v0 = ws0[i0 * 256 + i1 * 32 + i2];  /* t3 */
+                const float v1 = ws2[i1 * 32 + i2];  /* t5 */
+                const float v2 = ws4[i0 * 8 + i1];  /* t8 */
+                const float v3 = ws66[i0 * 256 + i1 * 32 + i2];  /* t158 */
+                const float v4 = var2[i2];  /* transformer.h.0.ln_1.weight */
+                const float v5 = ws5[i0 * 8 + i1];  /* t14 */
+                const float v6 = ws68[i0 * 8 + i1];  /* t162 */
+                const float t6 = v0 + v1;  /* t6: f32[B,8,32] = add(t3, t5) */
+                const float t9 = t6 - v2;  /* t9: f32[B,8,32] = sub(t6, t8) */
+                const float t159 = v3*v4;  /* t159: f32[B,8,32] = mul(t158, transformer.h.0.ln_1.weight) */
+                const float t163 = t159/v5 + (1.0f/32.0f)*v6*t9/v5;  /* t163: f32[B,8,32] = t159/t14 + t162*t9/(32*t14) */
+                ws71[i0 * 256 + i1 * 32 + i2] = t163;
+            }
+        }
+    }
+}
+
+/* t168: f32[64,32] = scatter_add[axis=0, size=64](t167, idx) */
+SG_KERNEL void k124_scatter_add_t168(int64_t d0, const float* restrict ws73, const int64_t* restrict in0, float* restrict ws74)
+{
+    const int64_t P = 1, I = (8*d0), Q = 32, R = 64;
+    const float* src = ws73;
+    const int64_t* idx = in0;
+    /* out[p, r, q] = 0, then out[p, idx[i], q] += src[p, i, q] with i in order (np.add.at's sums, bit
+       for bit). Threads split P only: no two add into one element. An index outside [0, R) adds nothing. */
+    memset(ws74, 0, (size_t)(P * R * Q) * sizeof(float));
+    #pragma omp parallel for if(P > 1 && P * I * Q >= SG_PARALLEL_MIN)
+    for (int64_t p = 0; p < P; ++p) {
+        for (int64_t i = 0; i < I; ++i) {
+            const int64_t r = (int64_t)idx[i];
+            if (r < 0 || r >= R) {
+                continue;
+            }
+            const float* row = src + (p * I + i) * Q;
+            float* dst = ws74 + (p * R + r) * Q;
+            for (int64_t q = 0; q < Q; ++q) {
+                dst[q] += row[q];
+            }
+        }
+    }
+}
+
+/* t193: f32[8,32] = sum[axes=(0,), keepdims=False](t167) */
+SG_KERNEL void k125_sum_t193(int64_t d0, const float* restrict ws73, float* restrict ws75)
+{
+    /* The kept axis is contiguous: add whole rows into a tile of accumulators (vectorizes),
+       256 columns at a time, instead of walking each column down the rows. */
+    #pragma omp parallel for if((256*d0) >= SG_PARALLEL_MIN)
+    for (int64_t j0 = 0; j0 < 256; j0 += 256) {
+        const int64_t jn = 256 - j0 < 256 ? 256 - j0 : 256;
+        double acc[256];
+        for (int64_t j = 0; j < jn; ++j)
+            acc[j] = 0;
+        for (int64_t r0 = 0; r0 < d0; ++r0) {
+            const float* restrict row = ws73 + r0 * 256;
+            for (int64_t j = 0; j < jn; ++j)
+                acc[j] += (double)row[j0 + j];
+        }
+        for (int64_t j = 0; j < jn; ++j)
+            ws75[j0 + j] = (float)(acc[j]);
+    }
+}
+
+/* t195: f32[8,32] = sub(t194, transformer.wpe.weight.exp_avg) */
+/* t196: f32[8,32] = mul(0.09999999999999998, t195) */
+/* t197: f32[8,32] = add(transformer.wpe.weight.exp_avg, t196) */
+SG_KERNEL void k128_add_t197(int64_t d0, const float* restrict ws77, float* restrict var21)
+{
+    for (int64_t i0 = 0; i0 < 256; ++i0) {
+        const float v0 = ws77[i0];  /* t194 */
+        const float v1 = var21[i0];  /* transformer.wpe.weight.exp_avg */
+        const float v2 = 0.1f;  /* 0.09999999999999998 */
+        const float t195 = v0 - v1;  /* t195: f32[8,32] = sub(t194, transformer.wpe.weight.exp_avg) */
+        const float t196 = v2*t195;  /* t196: f32[8,32] = mul(0.09999999999999998, t195) */
+        const float t197 = v1 + t196;  /* t197: f32[8,32] = add(transformer.wpe.weight.exp_avg, t196) */
+        var21[i0] = t197;
+    }
+}
+
+/* t199: f32[8,32] = mul(0.95, transformer.wpe.weight.exp_avg_sq) */
+/* t200: f32[8,32] = mul(t194, t194) */
+/* t201: f32[8,32] = mul(0.050000000000000044, t200) */
+/* t202: f32[8,32] = add(t199, t201) */
+SG_KERNEL void k129_add_t202(int64_t d0, float* restrict var22, const float* restrict ws77)
+{
+    for (int64_t i0 = 0; i0 < 256; ++i0) {
+        const float v0 = 0.95f;  /* 0.95 */
+        const float v1 = var22[i0];  /* transformer.wpe.weight.exp_avg_sq */
+        const float v2 = ws77[i0];  /* t194 */
+        const float v3 = 0.05f;  /* 0.050000000000000044 */
+        const float t199 = v0*v1;  /* t199: f32[8,32] = mul(0.95, transformer.wpe.weight.exp_avg_sq) */
+        const float t200 = v2*v2;  /* t200: f32[8,32] = mul(t194, t194) */
+        const float t201 = v3*t200;  /* t201: f32[8,32] = mul(0.050000000000000044, t200) */
+        const float t202 = t199 + t201;  /* t202: f32[8,32] = add(t199, t201) */
+        var22[i0] = t202;
+    }
+}
+
+/* t91: f64[] = mul(lr, 0.1) */
+/* t92: f64[] = sub(1.0, t91) */
+/* t93: f32[] = cast(t92) */
+/* t237: f32[32,32] = mul(transformer.h.0.attn.c_proj.weight, t93) */
+/* t239: f64[] = pow(0.9, t238) */
+/* t240: f64[] = sub(1.0, t239) */
+/* t241: f64[] = div(lr, t240) */
+/* t242: f32[] = cast(t241) */
+/* t254: f64[] = pow(0.95, t238) */
+/* t255: f64[] = sub(1.0, t254) */
+/* t256: f64[] = sqrt(t255) */
+/* t257: f32[] = cast(t256) */
+/* t248: f32[32,32] = mul(t242, t247) */
+/* t253: f32[32,32] = sqrt(t252) */
+/* t258: f32[32,32] = div(t253, t257) */
+/* t259: f32[32,32] = add(t258, 1e-08) */
+/* t260: f32[32,32] = div(t248, t259) */
+/* t261: f32[32,32] = sub(t237, t260) */
+SG_KERNEL void k131_sub_t261(int64_t d0, const double* restrict var16, float* restrict var6, const double* restrict var26, const float* restrict var27, const float* restrict var28)
+{
+    for (int64_t i0 = 0; i0 < 1024; ++i0) {
+        const double v0 = var16[0];  /* lr */
+        const double v1 = 0.1;  /* 0.1 */
+        const double v2 = 1.0;  /* 1.0 */
+        const float v3 = var6[i0];  /* transformer.h.0.attn.c_proj.weight */
+        const double v4 = 0.9;  /* 0.9 */
+        const double v5 = var26[0];  /* t238 */
+        const double v6 = 0.95;  /* 0.95 */
+        const float v7 = var27[i0];  /* t247 */
+        const float v8 = var28[i0];  /* t252 */
+        const float v9 = 1.0e-08f;  /* 1e-08 */
+        const double t91 = v0*v1;  /* t91: f64[] = mul(lr, 0.1) */
+        const double t92 = v2 - t91;  /* t92: f64[] = sub(1.0, t91) */
+        const float t93 = (float)(t92);  /* t93: f32[] = cast(t92) */
+        const float t237 = v3*t93;  /* t237: f32[32,32] = mul(transformer.h.0.attn.c_proj.weight, t93) */
+        const double t239 = pow(v4, v5);  /* t239: f64[] = pow(0.9, t238) */
+        const double t240 = v2 - t239;  /* t240: f64[] = sub(1.0, t239) */
+        const double t241 = v0/t240;  /* t241: f64[] = div(lr, t240) */
+        const float t242 = (float)(t241);  /* t242: f32[] = cast(t241) */
+        const double t254 = pow(v6, v5);  /* t254: f64[] = pow(0.95, t238) */
+        const double t255 = v2 - t254;  /* t255: f64[] = sub(1.0, t254) */
+        const double t256 = sqrt(t255);  /* t256: f64[] = sqrt(t255) */
+        const float t257 = (float)(t256);  /* t257: f32[] = cast(t256) */
+        const float t248 = t242*v7;  /* t248: f32[32,32] = mul(t242, t247) */
+        const float t253 = sqrtf(v8);  /* t253: f32[32,32] = sqrt(t252) */
+        const float t258 = t253/t257;  /* t258: f32[32,32] = div(t253, t257) */
+        const float t259 = t258 + v9;  /* t259: f32[32,32] = add(t258, 1e-08) */
+        const float t260 = t248/t259;  /* t260: f32[32,32] = div(t248, t259) */
+        const float t261 = t237 - t260;  /* t261: f32[32,32] = sub(t237, t260) */
+        var6[i0] = t261;
+    }
+}
+
+/* t224: f32[96,32] = mul(0.95, transformer.h.0.attn.c_attn.weight.exp_avg_sq) */
+/* t225: f32[96,32] = mul(t219, t219) */
+/* t226: f32[96,32] = mul(0.050000000000000044, t225) */
+/* t227: f32[96,32] = add(t224, t226) */
+SG_KERNEL void k136_add_t227(int64_t d0, float* restrict var25, const float* restrict ws64)
+{
+    for (int64_t i0 = 0; i0 < 3072; ++i0) {
+        const float v0 = 0.95f;  /* 0.95 */
+        const float v1 = var25[i0];  /* transformer.h.0.attn.c_attn.weight.exp_avg_sq */
+        const float v2 = ws64[i0];  /* t219 */
+        const float v3 = 0.05f;  /* 0.050000000000000044 */
+        const float t224 = v0*v1;  /* t224: f32[96,32] = mul(0.95, transformer.h.0.attn.c_attn.weight.exp_avg_sq) */
+        const float t225 = v2*v2;  /* t225: f32[96,32] = mul(t219, t219) */
+        const float t226 = v3*t225;  /* t226: f32[96,32] = mul(0.050000000000000044, t225) */
+        const float t227 = t224 + t226;  /* t227: f32[96,32] = add(t224, t226) */
+        var25[i0] = t227;
+    }
+}
+
+/* t91: f64[] = mul(lr, 0.1) */
+/* t92: f64[] = sub(1.0, t91) */
+/* t93: f32[] = cast(t92) */
+/* t212: f32[96,32] = mul(transformer.h.0.attn.c_attn.weight, t93) */
+/* t214: f64[] = pow(0.9, t213) */
+/* t215: f64[] = sub(1.0, t214) */
+/* t216: f64[] = div(lr, t215) */
+/* t217: f32[] = cast(t216) */
+/* t229: f64[] = pow(0.95, t213) */
+/* t230: f64[] = sub(1.0, t229) */
+/* t231: f64[] = sqrt(t230) */
+/* t232: f32[] = cast(t231) */
+/* t223: f32[96,32] = mul(t217, t222) */
+/* t228: f32[96,32] = sqrt(t227) */
+/* t233: f32[96,32] = div(t228, t232) */
+/* t234: f32[96,32] = add(t233, 1e-08) */
+/* t235: f32[96,32] = div(t223, t234) */
+/* t236: f32[96,32] = sub(t212, t235) */
+SG_KERNEL void k137_sub_t236(int64_t d0, const double* restrict var16, float* restrict var4, const double* restrict var23, const float* restrict var24, const float* restrict var25)
+{
+    for (int64_t i0 = 0; i0 < 3072; ++i0) {
+        const double v0 = var16[0];  /* lr */
+        const double v1 = 0.1;  /* 0.1 */
+        const double v2 = 1.0;  /* 1.0 */
+        const float v3 = var4[i0];  /* transformer.h.0.attn.c_attn.weight */
+        const double v4 = 0.9;  /* 0.9 */
+        const double v5 = var23[0];  /* t213 */
+        const double v6 = 0.95;  /* 0.95 */
+        const float v7 = var24[i0];  /* t222 */
+        const float v8 = var25[i0];  /* t227 */
+        const float v9 = 1.0e-08f;  /* 1e-08 */
+        const double t91 = v0*v1;  /* t91: f64[] = mul(lr, 0.1) */
+        const double t92 = v2 - t91;  /* t92: f64[] = sub(1.0, t91) */
+        const float t93 = (float)(t92);  /* t93: f32[] = cast(t92) */
+        const float t212 = v3*t93;  /* t212: f32[96,32] = mul(transformer.h.0.attn.c_attn.weight, t93) */
+        const double t214 = pow(v4, v5);  /* t214: f64[] = pow(0.9, t213) */
+        const double t215 = v2 - t214;  /* t215: f64[] = sub(1.0, t214) */
+        const double t216 = v0/t215;  /* t216: f64[] = div(lr, t215) */
+        const float t217 = (float)(t216);  /* t217: f32[] = cast(t216) */
+        const double t229 = pow(v6, v5);  /* t229: f64[] = pow(0.95, t213) */
+        const double t230 = v2 - t229;  /* t230: f64[] = sub(1.0, t229) */
+        const double t231 = sqrt(t230);  /* t231: f64[] = sqrt(t230) */
+        const float t232 = (float)(t231);  /* t232: f32[] = cast(t231) */
+        const float t223 = t217*v7;  /* t223: f32[96,32] = mul(t217, t222) */
+        const float t228 = sqrtf(v8);  /* t228: f32[96,32] = sqrt(t227) */
+        const float t233 = t228/t232;  /* t233: f32[96,32] = div(t228, t232) */
+        const float t234 = t233 + v9;  /* t234: f32[96,32] = add(t233, 1e-08) */
+        const float t235 = t223/t234;  /* t235: f32[96,32] = div(t223, t234) */
+        const float t236 = t212 - t235;  /* t236: f32[96,32] = sub(t212, t235) */
+        var4[i0] = t236;
+    }
+}
+
+#endif  /* translation unit 1 */
+
+/* ---- translation unit 0 of 2: its kernel functions, then the entry point ---- */
+#if SG_IN_PART(0)
+
+/* Also called for 1 more kernel(s), the same code on their buffers: k126_copy */
+/* make iota's operand contiguous: t4 */
+SG_KERNEL void k1_copy(int64_t d0, int64_t* restrict ws1)
+{
+    for (int64_t i0 = 0; i0 < 8; ++i0) {
+        const int64_t v0 = i0;  /* make iota's operand contiguous */
+        const int64_t r = v0;  /* make iota's operand contiguous: t4 */
+        ws1[i0] = r;
+    }
+}
+
+/* t87: bool[8*B] = not_equal(t86, -100) */
+/* t88: f32[8*B] = cast(t87) */
+/* t89: f32[] = sum[axes=(0,), keepdims=False](t88) */
+SG_KERNEL void k3_sum_t89(int64_t d0, const int64_t* restrict in1, float* restrict ws3)
+{
+    double acc = 0;
+    #pragma omp simd reduction(+:acc)
+    for (int64_t r0 = 0; r0 < 8*d0; ++r0) {
+        const int64_t v0 = in1[r0];  /* t86 */
+        const int64_t v1 = (-100);  /* -100 */
+        const uint8_t t87 = (uint8_t)((v0 != v1));  /* t87: bool[8*B] = not_equal(t86, -100) */
+        const float t88 = ((t87) ? 1.0f : 0.0f);  /* t88: f32[8*B] = cast(t87) */
+        acc += (double)t88;
+    }
+    ws3[0] = (float)(acc);
+}
+
+/* t6: f32[B,8,32] = add(t3, t5) */
+/* t7: f32[B,8,1] = sum[axes=(2,), keepdims=True](t6) */
+/* t8: f32[B,8,1] = mul(t7, 1/32) */
+SG_KERNEL void k20_mul_t8(int64_t d0, const float* restrict ws0, const float* restrict ws2, float* restrict ws4)
+{
+    #pragma omp parallel for if((256*d0) >= SG_PARALLEL_MIN)
+    for (int64_t o0 = 0; o0 < d0; ++o0) {
+        for (int64_t o1 = 0; o1 < 8; ++o1) {
+            double acc = 0;
+            #pragma omp simd reduction(+:acc)
+            for (int64_t r0 = 0; r0 < 32; ++r0) {
+                const float v0 = ws0[o0 * 256 + o1 * 32 + r0];  /* t3 */
+                const float v1 = ws2[o1 * 32 + r0];  /* t5 */
+                const float t6 = v0 + v1;  /* t6: f32[B,8,32] = add(t3, t5) */
+                acc += (double)t6;
+            }
+            const float red = (float)(acc);
+            const float ev0 = 0.03125f;  /* 1/32 */
+            const float t8 = red*ev0;  /* t8: f32[B,8,1] = mul(t7, 1/32) */
+            ws4[o0 * 8 + o1] = t8;
+        }
+    }
+}
+
+/* t6: f32[B,8,32] = add(t3, t5) */
+/* t9: f32[B,8,32] = sub(t6, t8) */
+/* t15: f32[B,8,32] = div(t9, t14) */
+/* t16: f32[B,8,32] = mul(t15, transformer.h.0.ln_1.weight) */
+/* t17: f32[B,8,32] = add(t16, transformer.h.0.ln_1.bias) */
+SG_KERNEL void k22_add_t17(int64_t d0, const float* restrict ws0, const float* restrict ws2, const float* restrict ws4, const float* restrict ws5, const float* restrict var2, const float* restrict var3, float* restrict ws6)
+{
+    #pragma omp parallel for if((256*d0) >= SG_PARALLEL_MIN)
+    for (int64_t i0 = 0; i0 < d0; ++i0) {
+        for (int64_t i1 = 0; i1 < 8; ++i1) {
+            for (int64_t i2 = 0; i2 < 32; ++i2) {
+                const float v0 = ws0[i0 * 256 + i1 * 32 + i2];  /* t3 */
+                const float v1 = ws2[i1 * 32 + i2];  /* t5 */
+                const float v2 = ws4[i0 * 8 + i1];  /* t8 */
+                const float v3 = ws5[i0 * 8 + i1];  /* t14 */
+                const float v4 = var2[i2];  /* transformer.h.0.ln_1.weight */
+                const float v5 = var3[i2];  /* transformer.h.0.ln_1.bias */
+                const float t6 = v0 + v1;  /* t6: f32[B,8,32] = add(t3, t5) */
+                const float t9 = t6 - v2;  /* t9: f32[B,8,32] = sub(t6, t8) */
+                const float t15 = t9/v3;  /* t15: f32[B,8,32] = div(t9, t14) */
+                const float t16 = t15*v4;  /* t16: f32[B,8,32] = mul(t15, transformer.h.0.ln_1.weight) */
+                const float t17 = t16 + v5;  /* t17: f32[B,8,32] = add(t16, transformer.h.0.ln_1.bias) */
+                ws6[i0 * 256 + i1 * 32 + i2] = t17;
             }
         }
     }
@@ -1043,27 +1832,22 @@ SG_KERNEL void k27_add_t37(int64_t d0, const float* restrict ws12, const float* 
 
 /* t6: f32[B,8,32] = add(t3, t5) */
 /* t39: f32[B,8,32] = add(t6, t38) */
-/* t40: f32[B,8,1] = sum[axes=(2,), keepdims=True](t39) */
-/* t41: f32[B,8,1] = mul(t40, 1/32) */
-SG_KERNEL void k28_mul_t41(int64_t d0, const float* restrict ws0, const float* restrict ws2, const float* restrict ws13, float* restrict ws14)
+/* t42: f32[B,8,32] = sub(t39, t41) */
+SG_KERNEL void k29_sub_t42(int64_t d0, const float* restrict ws0, const float* restrict ws2, const float* restrict ws13, const float* restrict ws14, float* restrict ws15)
 {
     #pragma omp parallel for if((256*d0) >= SG_PARALLEL_MIN)
-    for (int64_t o0 = 0; o0 < d0; ++o0) {
-        for (int64_t o1 = 0; o1 < 8; ++o1) {
-            double acc = 0;
-            #pragma omp simd reduction(+:acc)
-            for (int64_t r0 = 0; r0 < 32; ++r0) {
-                const float v0 = ws0[o0 * 256 + o1 * 32 + r0];  /* t3 */
-                const float v1 = ws2[o1 * 32 + r0];  /* t5 */
-                const float v2 = ws13[o0 * 256 + o1 * 32 + r0];  /* t38 */
+    for (int64_t i0 = 0; i0 < d0; ++i0) {
+        for (int64_t i1 = 0; i1 < 8; ++i1) {
+            for (int64_t i2 = 0; i2 < 32; ++i2) {
+                const float v0 = ws0[i0 * 256 + i1 * 32 + i2];  /* t3 */
+                const float v1 = ws2[i1 * 32 + i2];  /* t5 */
+                const float v2 = ws13[i0 * 256 + i1 * 32 + i2];  /* t38 */
+                const float v3 = ws14[i0 * 8 + i1];  /* t41 */
                 const float t6 = v0 + v1;  /* t6: f32[B,8,32] = add(t3, t5) */
                 const float t39 = t6 + v2;  /* t39: f32[B,8,32] = add(t6, t38) */
-                acc += (double)t39;
+                const float t42 = t39 - v3;  /* t42: f32[B,8,32] = sub(t39, t41) */
+                ws15[i0 * 256 + i1 * 32 + i2] = t42;
             }
-            const float red = (float)(acc);
-            const float ev0 = 0.03125f;  /* 1/32 */
-            const float t41 = red*ev0;  /* t41: f32[B,8,1] = mul(t40, 1/32) */
-            ws14[o0 * 8 + o1] = t41;
         }
     }
 }
@@ -1092,6 +1876,27 @@ SG_KERNEL void k30_sqrt_t47(int64_t d0, const float* restrict ws15, float* restr
         const float t46 = t45 + ev1;  /* t46: f32[B,8,1] = add(t45, 1e-05) */
         const float t47 = sqrtf(t46);  /* t47: f32[B,8,1] = sqrt(t46) */
         ws16[o0] = t47;
+    }
+}
+
+/* Also called for 1 more kernel(s), the same code on their buffers: k38_add_t73 */
+/* t48: f32[B,8,32] = div(t42, t47) */
+/* t49: f32[B,8,32] = mul(t48, transformer.h.0.ln_2.weight) */
+/* t50: f32[B,8,32] = add(t49, transformer.h.0.ln_2.bias) */
+SG_KERNEL void k31_add_t50(int64_t d0, const float* restrict ws15, const float* restrict ws16, const float* restrict var8, const float* restrict var9, float* restrict ws17)
+{
+    #pragma omp parallel for if((256*d0) >= SG_PARALLEL_MIN)
+    for (int64_t i0 = 0; i0 < 8*d0; ++i0) {
+        for (int64_t i1 = 0; i1 < 32; ++i1) {
+            const float v0 = ws15[i0 * 32 + i1];  /* t42 */
+            const float v1 = ws16[i0];  /* t47 */
+            const float v2 = var8[i1];  /* transformer.h.0.ln_2.weight */
+            const float v3 = var9[i1];  /* transformer.h.0.ln_2.bias */
+            const float t48 = v0/v1;  /* t48: f32[B,8,32] = div(t42, t47) */
+            const float t49 = t48*v2;  /* t49: f32[B,8,32] = mul(t48, transformer.h.0.ln_2.weight) */
+            const float t50 = t49 + v3;  /* t50: f32[B,8,32] = add(t49, transformer.h.0.ln_2.bias) */
+            ws17[i0 * 32 + i1] = t50;
+        }
     }
 }
 
@@ -1179,6 +1984,106 @@ SG_KERNEL void k35_mul_t64(int64_t d0, const float* restrict ws0, const float* r
     }
 }
 
+/* t6: f32[B,8,32] = add(t3, t5) */
+/* t39: f32[B,8,32] = add(t6, t38) */
+/* t62: f32[B,8,32] = add(t39, t61) */
+/* t65: f32[B,8,32] = sub(t62, t64) */
+SG_KERNEL void k36_sub_t65(int64_t d0, const float* restrict ws0, const float* restrict ws2, const float* restrict ws13, const float* restrict ws20, const float* restrict ws21, float* restrict ws22)
+{
+    #pragma omp parallel for if((256*d0) >= SG_PARALLEL_MIN)
+    for (int64_t i0 = 0; i0 < d0; ++i0) {
+        for (int64_t i1 = 0; i1 < 8; ++i1) {
+            for (int64_t i2 = 0; i2 < 32; ++i2) {
+                const float v0 = ws0[i0 * 256 + i1 * 32 + i2];  /* t3 */
+                const float v1 = ws2[i1 * 32 + i2];  /* t5 */
+                const float v2 = ws13[i0 * 256 + i1 * 32 + i2];  /* t38 */
+                const float v3 = ws20[i0 * 256 + i1 * 32 + i2];  /* t61 */
+                const float v4 = ws21[i0 * 8 + i1];  /* t64 */
+                const float t6 = v0 + v1;  /* t6: f32[B,8,32] = add(t3, t5) */
+                const float t39 = t6 + v2;  /* t39: f32[B,8,32] = add(t6, t38) */
+                const float t62 = t39 + v3;  /* t62: f32[B,8,32] = add(t39, t61) */
+                const float t65 = t62 - v4;  /* t65: f32[B,8,32] = sub(t62, t64) */
+                ws22[i0 * 256 + i1 * 32 + i2] = t65;
+            }
+        }
+    }
+}
+
+/* row kernel: max, sum, sum, sum (3 passes), 4 outputs */
+/* t100: f32[] = (1.0)/t89 */
+/* t101: f32[] = neg(t100) */
+/* t2: bool[8*B,64] = equal(t0, t1) */
+/* t102: f32[8*B,64] = Piecewise((t101, Ne(t2, 0)), (0, True)) */
+/* t77: f32[8*B,1] = max[axes=(1,), keepdims=True](t76) */
+/* t103: f32[8*B,1] = sum[axes=(1,), keepdims=True](t102) */
+/* t78: f32[8*B,64] = sub(t76, t77) */
+/* t79: f32[8*B,64] = exp(t78) */
+/* t80: f32[8*B,1] = sum[axes=(1,), keepdims=True](t79) */
+/* t81: f32[8*B,1] = log(t80) */
+/* t82: f32[8*B,64] = sub(t78, t81) */
+/* t83: f32[8*B,64] = where(t2, t82, 0) */
+/* t104: f32[8*B,64] = t102 - t103*t79/t80 */
+/* t84: f32[] = sum[axes=(0,1), keepdims=False](t83) (this row's part) */
+SG_KERNEL void k40_rows_t77(int64_t d0, const float* restrict ws3, const int64_t* restrict in1, const float* restrict ws25, float* restrict ws26, float* restrict ws27, float* restrict ws29, double* restrict ws28)
+{
+    #pragma omp parallel for if((512*d0) >= SG_PARALLEL_MIN)
+    for (int64_t o0 = 0; o0 < 8*d0; ++o0) {
+        const float u0 = 1.0f;  /* 1.0 */
+        const float u1 = ws3[0];  /* t89 */
+        const int64_t u2 = in1[o0];  /* t0 */
+        const float u3 = 0.0f;  /* 0 */
+        /* pass 1 of 3 over the row: max p0, sum p1, store t102 */
+        float a0 = -INFINITY;
+        int a0_nan = 0;
+        double a1 = 0;
+        #pragma omp simd reduction(+:a1) reduction(max:a0) reduction(|:a0_nan)
+        for (int64_t c = 0; c < 64; ++c) {
+            const float v0 = ws25[o0 * 64 + c];  /* t76 */
+            const int64_t v1 = c;  /* t1 */
+            const float t100 = u0/u1;  /* t100: f32[] = (1.0)/t89 */
+            const float t101 = -t100;  /* t101: f32[] = neg(t100) */
+            const uint8_t t2 = (uint8_t)((u2 == v1));  /* t2: bool[8*B,64] = equal(t0, t1) */
+            const float t102 = (((((float)t2) != 0.0f)) ? (t101) : (0.0f));  /* t102: f32[8*B,64] = Piecewise((t101, Ne(t2, 0)), (0, True)) */
+            a0 = v0 > a0 ? v0 : a0;  /* t77: f32[8*B,1] = max[axes=(1,), keepdims=True](t76) */
+            a0_nan |= v0 != v0;  /* NaN propagates, as in NumPy */
+            a1 += (double)t102;  /* t103: f32[8*B,1] = sum[axes=(1,), keepdims=True](t102) */
+            ws26[o0 * 64 + c] = t102;  /* t102 */
+        }
+        const float p0 = (a0_nan ? NAN : a0);
+        const float p1 = (float)(a1);
+        /* pass 2 of 3 over the row: sum p2, store t79 */
+        double a2 = 0;
+        #pragma omp simd reduction(+:a2)
+        for (int64_t c = 0; c < 64; ++c) {
+            const float v0 = ws25[o0 * 64 + c];  /* t76 */
+            const float t78 = v0 - p0;  /* t78: f32[8*B,64] = sub(t76, t77) */
+            const float t79 = sg_expf(t78);  /* t79: f32[8*B,64] = exp(t78) */
+            a2 += (double)t79;  /* t80: f32[8*B,1] = sum[axes=(1,), keepdims=True](t79) */
+            ws27[o0 * 64 + c] = t79;  /* t79 */
+        }
+        const float p2 = (float)(a2);
+        const float t81 = logf(p2);  /* t81: f32[8*B,1] = log(t80) */
+        /* pass 3 of 3 over the row: sum p3, store t104 */
+        double a3 = 0;
+        #pragma omp simd reduction(+:a3)
+        for (int64_t c = 0; c < 64; ++c) {
+            const int64_t v0 = c;  /* t1 */
+            const float v1 = ws25[o0 * 64 + c];  /* t76 */
+            const float v2 = ws26[o0 * 64 + c];  /* t102 */
+            const float v3 = ws27[o0 * 64 + c];  /* t79 */
+            const uint8_t t2 = (uint8_t)((u2 == v0));  /* t2: bool[8*B,64] = equal(t0, t1) */
+            const float t78 = v1 - p0;  /* t78: f32[8*B,64] = sub(t76, t77) */
+            const float t82 = t78 - t81;  /* t82: f32[8*B,64] = sub(t78, t81) */
+            const float t83 = (((((float)t2) != 0.0f)) ? (t82) : (u3));  /* t83: f32[8*B,64] = where(t2, t82, 0) */
+            const float t104 = v2 - p1*v3/p2;  /* t104: f32[8*B,64] = t102 - t103*t79/t80 */
+            a3 += (double)t83;  /* t84: f32[] = sum[axes=(0,1), keepdims=False](t83) (this row's part) */
+            ws29[o0 * 64 + c] = t104;  /* t104 */
+        }
+        const double p3 = a3;
+        ws28[o0] = p3;  /* t84, per row */
+    }
+}
+
 /* t84: f32[] = sum[axes=(0,1), keepdims=False](t83) (the sum of the per-row parts) */
 /* t85: f32[] = neg(t84) */
 /* t90: f32[] = div(t85, t89) */
@@ -1209,28 +2114,72 @@ SG_KERNEL void k42_matmul_t106(int64_t d0, const float* restrict ws29, const flo
         ws30, context, NULL, context->scratch);
 }
 
-/* Also called for 1 more kernel(s), the same code on their buffers: k75_sum_t128 */
-/* t110: f32[B,8,32] = div(t65, t70) */
-/* t109: f32[B,8,32] = mul(t108, transformer.ln_f.weight) */
-/* t111: f32[B,8,32] = -t109*t110/t70 */
-/* t112: f32[B,8,1] = sum[axes=(2,), keepdims=True](t111) */
-SG_KERNEL void k48_sum_t112(int64_t d0, const float* restrict ws22, const float* restrict ws23, const float* restrict ws31, const float* restrict var14, float* restrict ws33)
+/* Also called for 7 more kernel(s), the same code on their buffers: k51_sum_t506, k57_sum_t482, */
+/*     k68_sum_t436, k84_sum_t413, k90_sum_t389, k108_sum_t343, k117_sum_t320 */
+/* t529: f32[32] = sum[axes=(0,1), keepdims=False](t108) */
+SG_KERNEL void k44_sum_t529(int64_t d0, const float* restrict ws31, float* restrict ws32)
 {
+    /* The kept axis is contiguous: add whole rows into a tile of accumulators (vectorizes),
+       256 columns at a time, instead of walking each column down the rows. */
     #pragma omp parallel for if((256*d0) >= SG_PARALLEL_MIN)
-    for (int64_t o0 = 0; o0 < 8*d0; ++o0) {
-        double acc = 0;
-        #pragma omp simd reduction(+:acc)
-        for (int64_t r0 = 0; r0 < 32; ++r0) {
-            const float v0 = ws22[o0 * 32 + r0];  /* t65 */
-            const float v1 = ws23[o0];  /* t70 */
-            const float v2 = ws31[o0 * 32 + r0];  /* t108 */
-            const float v3 = var14[r0];  /* transformer.ln_f.weight */
-            const float t110 = v0/v1;  /* t110: f32[B,8,32] = div(t65, t70) */
-            const float t109 = v2*v3;  /* t109: f32[B,8,32] = mul(t108, transformer.ln_f.weight) */
-            const float t111 = -t109*t110/v1;  /* t111: f32[B,8,32] = -t109*t110/t70 */
-            acc += (double)t111;
+    for (int64_t j0 = 0; j0 < 32; j0 += 256) {
+        const int64_t jn = 32 - j0 < 256 ? 32 - j0 : 256;
+        double acc[256];
+        for (int64_t j = 0; j < jn; ++j)
+            acc[j] = 0;
+        for (int64_t r0 = 0; r0 < 8*d0; ++r0) {
+            const float* restrict row = ws31 + r0 * 32;
+            for (int64_t j = 0; j < jn; ++j)
+                acc[j] += (double)row[j0 + j];
         }
-        ws33[o0] = (float)(acc);
+        for (int64_t j = 0; j < jn; ++j)
+            ws32[j0 + j] = (float)(acc[j]);
+    }
+}
+
+/* Also called for 7 more kernel(s), the same code on their buffers: k54_sub_t523, k60_sub_t499, */
+/*     k71_sub_t453, k87_sub_t430, k93_sub_t406, k111_sub_t360, k121_sub_t337 */
+/* t525: f64[] = pow(0.9, t524) */
+/* t526: f64[] = sub(1.0, t525) */
+/* t527: f64[] = div(param_groups.1.lr, t526) */
+/* t528: f32[] = cast(t527) */
+/* t539: f64[] = pow(0.95, t524) */
+/* t540: f64[] = sub(1.0, t539) */
+/* t541: f64[] = sqrt(t540) */
+/* t542: f32[] = cast(t541) */
+/* t533: f32[32] = mul(t528, t532) */
+/* t538: f32[32] = sqrt(t537) */
+/* t543: f32[32] = div(t538, t542) */
+/* t544: f32[32] = add(t543, 1e-08) */
+/* t545: f32[32] = div(t533, t544) */
+/* t546: f32[32] = sub(transformer.ln_f.bias, t545) */
+SG_KERNEL void k47_sub_t546(int64_t d0, const double* restrict var63, const double* restrict var35, const float* restrict var64, const float* restrict var65, float* restrict var15)
+{
+    for (int64_t i0 = 0; i0 < 32; ++i0) {
+        const double v0 = 0.9;  /* 0.9 */
+        const double v1 = var63[0];  /* t524 */
+        const double v2 = 1.0;  /* 1.0 */
+        const double v3 = var35[0];  /* param_groups.1.lr */
+        const double v4 = 0.95;  /* 0.95 */
+        const float v5 = var64[i0];  /* t532 */
+        const float v6 = var65[i0];  /* t537 */
+        const float v7 = 1.0e-08f;  /* 1e-08 */
+        const float v8 = var15[i0];  /* transformer.ln_f.bias */
+        const double t525 = pow(v0, v1);  /* t525: f64[] = pow(0.9, t524) */
+        const double t526 = v2 - t525;  /* t526: f64[] = sub(1.0, t525) */
+        const double t527 = v3/t526;  /* t527: f64[] = div(param_groups.1.lr, t526) */
+        const float t528 = (float)(t527);  /* t528: f32[] = cast(t527) */
+        const double t539 = pow(v4, v1);  /* t539: f64[] = pow(0.95, t524) */
+        const double t540 = v2 - t539;  /* t540: f64[] = sub(1.0, t539) */
+        const double t541 = sqrt(t540);  /* t541: f64[] = sqrt(t540) */
+        const float t542 = (float)(t541);  /* t542: f32[] = cast(t541) */
+        const float t533 = t528*v5;  /* t533: f32[32] = mul(t528, t532) */
+        const float t538 = sqrtf(v6);  /* t538: f32[32] = sqrt(t537) */
+        const float t543 = t538/t542;  /* t543: f32[32] = div(t538, t542) */
+        const float t544 = t543 + v7;  /* t544: f32[32] = add(t543, 1e-08) */
+        const float t545 = t533/t544;  /* t545: f32[32] = div(t533, t544) */
+        const float t546 = v8 - t545;  /* t546: f32[32] = sub(transformer.ln_f.bias, t545) */
+        var15[i0] = t546;
     }
 }
 
@@ -1313,27 +2262,6 @@ SG_KERNEL void k65_matmul_t296(int64_t d0, const float* restrict ws38, const flo
         ws44, context, NULL, context->scratch);
 }
 
-/* t459: f32[128] = sum[axes=(0,), keepdims=False](t122) */
-SG_KERNEL void k66_sum_t459(int64_t d0, const float* restrict ws41, float* restrict ws45)
-{
-    /* The kept axis is contiguous: add whole rows into a tile of accumulators (vectorizes),
-       256 columns at a time, instead of walking each column down the rows. */
-    #pragma omp parallel for if((1024*d0) >= SG_PARALLEL_MIN)
-    for (int64_t j0 = 0; j0 < 128; j0 += 256) {
-        const int64_t jn = 128 - j0 < 256 ? 128 - j0 : 256;
-        double acc[256];
-        for (int64_t j = 0; j < jn; ++j)
-            acc[j] = 0;
-        for (int64_t r0 = 0; r0 < 8*d0; ++r0) {
-            const float* restrict row = ws41 + r0 * 128;
-            for (int64_t j = 0; j < jn; ++j)
-                acc[j] += (double)row[j0 + j];
-        }
-        for (int64_t j = 0; j < jn; ++j)
-            ws45[j0 + j] = (float)(acc[j]);
-    }
-}
-
 /* Also called for 1 more kernel(s), the same code on their buffers: k79_add_t299 */
 /* t270: f32[128,32] = sub(t269, transformer.h.0.mlp.c_fc.weight.exp_avg) */
 /* t271: f32[128,32] = mul(0.09999999999999998, t270) */
@@ -1371,60 +2299,6 @@ SG_KERNEL void k77_add_t277(int64_t d0, float* restrict var31, const float* rest
     }
 }
 
-/* Also called for 1 more kernel(s), the same code on their buffers: k81_sub_t313 */
-/* t91: f64[] = mul(lr, 0.1) */
-/* t92: f64[] = sub(1.0, t91) */
-/* t93: f32[] = cast(t92) */
-/* t262: f32[128,32] = mul(transformer.h.0.mlp.c_fc.weight, t93) */
-/* t264: f64[] = pow(0.9, t263) */
-/* t265: f64[] = sub(1.0, t264) */
-/* t266: f64[] = div(lr, t265) */
-/* t267: f32[] = cast(t266) */
-/* t279: f64[] = pow(0.95, t263) */
-/* t280: f64[] = sub(1.0, t279) */
-/* t281: f64[] = sqrt(t280) */
-/* t282: f32[] = cast(t281) */
-/* t273: f32[128,32] = mul(t267, t272) */
-/* t278: f32[128,32] = sqrt(t277) */
-/* t283: f32[128,32] = div(t278, t282) */
-/* t284: f32[128,32] = add(t283, 1e-08) */
-/* t285: f32[128,32] = div(t273, t284) */
-/* t286: f32[128,32] = sub(t262, t285) */
-SG_KERNEL void k78_sub_t286(int64_t d0, const double* restrict var16, float* restrict var10, const double* restrict var29, const float* restrict var30, const float* restrict var31)
-{
-    for (int64_t i0 = 0; i0 < 4096; ++i0) {
-        const double v0 = var16[0];  /* lr */
-        const double v1 = 0.1;  /* 0.1 */
-        const double v2 = 1.0;  /* 1.0 */
-        const float v3 = var10[i0];  /* transformer.h.0.mlp.c_fc.weight */
-        const double v4 = 0.9;  /* 0.9 */
-        const double v5 = var29[0];  /* t263 */
-        const double v6 = 0.95;  /* 0.95 */
-        const float v7 = var30[i0];  /* t272 */
-        const float v8 = var31[i0];  /* t277 */
-        const float v9 = 1.0e-08f;  /* 1e-08 */
-        const double t91 = v0*v1;  /* t91: f64[] = mul(lr, 0.1) */
-        const double t92 = v2 - t91;  /* t92: f64[] = sub(1.0, t91) */
-        const float t93 = (float)(t92);  /* t93: f32[] = cast(t92) */
-        const float t262 = v3*t93;  /* t262: f32[128,32] = mul(transformer.h.0.mlp.c_fc.weight, t93) */
-        const double t264 = pow(v4, v5);  /* t264: f64[] = pow(0.9, t263) */
-        const double t265 = v2 - t264;  /* t265: f64[] = sub(1.0, t264) */
-        const double t266 = v0/t265;  /* t266: f64[] = div(lr, t265) */
-        const float t267 = (float)(t266);  /* t267: f32[] = cast(t266) */
-        const double t279 = pow(v6, v5);  /* t279: f64[] = pow(0.95, t263) */
-        const double t280 = v2 - t279;  /* t280: f64[] = sub(1.0, t279) */
-        const double t281 = sqrt(t280);  /* t281: f64[] = sqrt(t280) */
-        const float t282 = (float)(t281);  /* t282: f32[] = cast(t281) */
-        const float t273 = t267*v7;  /* t273: f32[128,32] = mul(t267, t272) */
-        const float t278 = sqrtf(v8);  /* t278: f32[128,32] = sqrt(t277) */
-        const float t283 = t278/t282;  /* t283: f32[128,32] = div(t278, t282) */
-        const float t284 = t283 + v9;  /* t284: f32[128,32] = add(t283, 1e-08) */
-        const float t285 = t273/t284;  /* t285: f32[128,32] = div(t273, t284) */
-        const float t286 = t262 - t285;  /* t286: f32[128,32] = sub(t262, t285) */
-        var10[i0] = t286;
-    }
-}
-
 /* Also called for 1 more kernel(s), the same code on their buffers: k123_add_t167 */
 /* t130: f32[B,8,32] = add(t116, t129) */
 /* t133: f32[B,8,32] = add(t130, t132) */
@@ -1454,125 +2328,6 @@ SG_KERNEL void k94_matmul_t244(int64_t d0, const float* restrict ws53, const flo
         ws53, 1, 32,
         ws12, 32, 1,
         ws55, context, NULL, context->scratch);
-}
-
-/* t138: f32[3,B,2,8,16] = attention_grad[causal=True, scale=0.25](t25, t28, t31, t32, t137) */
-SG_KERNEL void k98_attention_grad_t138(int64_t d0, const float* restrict ws8, const float* restrict ws9, const float* restrict ws56, const float* restrict ws11, float* restrict ws57, float* restrict ws58, float* restrict ws59)
-{
-    /* attention_grad over H heads of T rows of E = 16 elements; causal: row i sees keys j <= i */
-    enum { E = 16 };
-    const int64_t H = (2*d0), T = 8, tiles = (T + SG_ROW_TILE - 1) / SG_ROW_TILE;
-    const float scale = 0.25f;
-    float* kt = ws58;  /* k transposed per head: H x E x T */
-    #pragma omp parallel for if(H * T * E >= SG_PARALLEL_MIN)
-    for (int64_t h = 0; h < H; ++h) {
-        const int64_t n0 = h / 2;
-        const int64_t n1 = h % 2;
-        const float* qh = ws8 + n0 * 768 + n1 * 16;  /* t25, head h */
-        const int64_t q_row = 96;
-        const float* kh = ws8 + n0 * 768 + n1 * 16 + 32;  /* t28, head h */
-        const int64_t k_row = 96;
-        const float* vh = ws8 + n0 * 768 + n1 * 16 + 64;  /* t31, head h */
-        const int64_t v_row = 96;
-        const float* oh = ws9 + n0 * 256 + n1 * 128;  /* t32, head h */
-        const int64_t o_row = 16;
-        const float* gh = ws56 + n0 * 256 + n1 * 16;  /* t137, head h */
-        const int64_t g_row = 32;
-
-        float* th = kt + h * E * T;
-        for (int64_t j = 0; j < T; ++j) {
-            for (int64_t e = 0; e < E; ++e) {
-                th[e * T + j] = kh[j * k_row + e];
-            }
-        }
-    }
-    float* vt = ws59;  /* v transposed per head: H x E x T */
-    #pragma omp parallel for if(H * T * E >= SG_PARALLEL_MIN)
-    for (int64_t h = 0; h < H; ++h) {
-        const int64_t n0 = h / 2;
-        const int64_t n1 = h % 2;
-        const float* qh = ws8 + n0 * 768 + n1 * 16;  /* t25, head h */
-        const int64_t q_row = 96;
-        const float* kh = ws8 + n0 * 768 + n1 * 16 + 32;  /* t28, head h */
-        const int64_t k_row = 96;
-        const float* vh = ws8 + n0 * 768 + n1 * 16 + 64;  /* t31, head h */
-        const int64_t v_row = 96;
-        const float* oh = ws9 + n0 * 256 + n1 * 128;  /* t32, head h */
-        const int64_t o_row = 16;
-        const float* gh = ws56 + n0 * 256 + n1 * 16;  /* t137, head h */
-        const int64_t g_row = 32;
-
-        float* th = vt + h * E * T;
-        for (int64_t j = 0; j < T; ++j) {
-            for (int64_t e = 0; e < E; ++e) {
-                th[e * T + j] = vh[j * v_row + e];
-            }
-        }
-    }
-    /* out = [dq, dk, dv], each H x T x E. A thread takes whole heads: no two add into one row. */
-    #pragma omp parallel for schedule(dynamic) if(H > 1 && H * T * T * E >= SG_PARALLEL_MIN)
-    for (int64_t h = 0; h < H; ++h) {
-        const int64_t n0 = h / 2;
-        const int64_t n1 = h % 2;
-        const float* qh = ws8 + n0 * 768 + n1 * 16;  /* t25, head h */
-        const int64_t q_row = 96;
-        const float* kh = ws8 + n0 * 768 + n1 * 16 + 32;  /* t28, head h */
-        const int64_t k_row = 96;
-        const float* vh = ws8 + n0 * 768 + n1 * 16 + 64;  /* t31, head h */
-        const int64_t v_row = 96;
-        const float* oh = ws9 + n0 * 256 + n1 * 128;  /* t32, head h */
-        const int64_t o_row = 16;
-        const float* gh = ws56 + n0 * 256 + n1 * 16;  /* t137, head h */
-        const int64_t g_row = 32;
-
-        float* dq = ws57 + h * T * E;
-        float* dk = ws57 + (H + h) * T * E;
-        float* dv = ws57 + (2 * H + h) * T * E;
-        const float* kth = kt + h * E * T;
-        const float* vth = vt + h * E * T;
-        memset(dq, 0, (size_t)(T * E) * sizeof(float));
-        memset(dk, 0, (size_t)(T * E) * sizeof(float));
-        memset(dv, 0, (size_t)(T * E) * sizeof(float));
-        for (int64_t tile = 0; tile < tiles; ++tile) {
-            const int64_t i0 = tile * SG_ROW_TILE, rows = T - i0 < SG_ROW_TILE ? T - i0 : SG_ROW_TILE;
-            const int64_t keys = i0 + rows;
-            /* per row: the softmax as the forward found it (m, the largest score; l, then 1 / l, the
-               sum of exp(s - m)), and D = g . out, which is sum_j p_j (g . v_j) */
-            float m[SG_ROW_TILE], l[SG_ROW_TILE], d[SG_ROW_TILE];
-            float scores[SG_ROW_TILE][SG_KEY_BLOCK], ds[SG_ROW_TILE][SG_KEY_BLOCK];
-            for (int64_t r = 0; r < rows; ++r) {
-                const float* gi = gh + (i0 + r) * g_row;
-                const float* oi = oh + (i0 + r) * o_row;
-                float row = 0;
-                for (int64_t e = 0; e < E; ++e) {
-                    row += gi[e] * oi[e];
-                }
-                m[r] = ws11[h * T + i0 + r];  /* stored by the forward */
-                l[r] = ws11[(H + h) * T + i0 + r];
-                d[r] = row;
-            }
-            for (int64_t j0 = 0; j0 < keys; j0 += SG_KEY_BLOCK) {
-                const int64_t n = keys - j0 < SG_KEY_BLOCK ? keys - j0 : SG_KEY_BLOCK;
-                /* p = exp(s - m) / l and ds = p (g . v - D) scale for the tile's rows and the block's keys */
-                sg_attention_product_f32(rows, n, E, qh + i0 * q_row, q_row, 1, kth + j0, T, &scores[0][0], SG_KEY_BLOCK, 0);
-                sg_attention_product_f32(rows, n, E, gh + i0 * g_row, g_row, 1, vth + j0, T, &ds[0][0], SG_KEY_BLOCK, 0);
-                for (int64_t r = 0; r < rows; ++r) {
-                    const int64_t i = i0 + r;
-                    const float top = m[r], inverse = l[r];
-                    float* s = scores[r];
-                    for (int64_t jj = 0; jj < n; ++jj) {
-                        s[jj] = j0 + jj <= i ? s[jj] * scale : -INFINITY;
-                        s[jj] = sg_expf(s[jj] - top) * inverse;
-                        ds[r][jj] = s[jj] * (ds[r][jj] - d[r]) * scale;
-                    }
-                }
-                /* dq_i += sum_j ds_ij k_j;  dv_j += sum_i p_ij g_i;  dk_j += sum_i ds_ij q_i */
-                sg_attention_product_f32(rows, E, n, &ds[0][0], SG_KEY_BLOCK, 1, kh + j0 * k_row, k_row, dq + i0 * E, E, 1);
-                sg_attention_product_f32(n, E, rows, &scores[0][0], 1, SG_KEY_BLOCK, gh + i0 * g_row, g_row, dv + j0 * E, E, 1);
-                sg_attention_product_f32(n, E, rows, &ds[0][0], 1, SG_KEY_BLOCK, qh + i0 * q_row, q_row, dk + j0 * E, E, 1);
-            }
-        }
-    }
 }
 
 /* t143: f32[B,8,96] = embed[starts=(0,0,64), steps=(1,1,1)](t142), stored in place into t155 */
@@ -1615,6 +2370,27 @@ SG_KERNEL void k104_embed_t154(int64_t d0, const float* restrict ws63, float* re
             const float r = v0;  /* t154: f32[B,8,96] = embed[starts=(0,0,0), steps=(1,1,1)](t153), stored in place into t155 */
             ws61[i0 * 96 + i1] = r;
         }
+    }
+}
+
+/* t366: f32[96] = sum[axes=(0,), keepdims=False](t156) */
+SG_KERNEL void k106_sum_t366(int64_t d0, const float* restrict ws61, float* restrict ws65)
+{
+    /* The kept axis is contiguous: add whole rows into a tile of accumulators (vectorizes),
+       256 columns at a time, instead of walking each column down the rows. */
+    #pragma omp parallel for if((768*d0) >= SG_PARALLEL_MIN)
+    for (int64_t j0 = 0; j0 < 96; j0 += 256) {
+        const int64_t jn = 96 - j0 < 256 ? 96 - j0 : 256;
+        double acc[256];
+        for (int64_t j = 0; j < jn; ++j)
+            acc[j] = 0;
+        for (int64_t r0 = 0; r0 < 8*d0; ++r0) {
+            const float* restrict row = ws61 + r0 * 96;
+            for (int64_t j = 0; j < jn; ++j)
+                acc[j] += (double)row[j0 + j];
+        }
+        for (int64_t j = 0; j < jn; ++j)
+            ws65[j0 + j] = (float)(acc[j]);
     }
 }
 
@@ -1710,986 +2486,6 @@ SG_KERNEL void k114_sub_t383(int64_t d0, const double* restrict var42, const dou
     }
 }
 
-/* t159: f32[B,8,32] = mul(t158, transformer.h.0.ln_1.weight) */
-/* t161: f32[B,8,32] = -t159*t160/t14 */
-/* t162: f32[B,8,1] = sum[axes=(2,), keepdims=True](t161) */
-SG_KERNEL void k115_sum_t162(int64_t d0, const float* restrict ws66, const float* restrict var2, const float* restrict ws5, const float* restrict ws7, float* restrict ws68)
-{
-    #pragma omp parallel for if((256*d0) >= SG_PARALLEL_MIN)
-    for (int64_t o0 = 0; o0 < 8*d0; ++o0) {
-        double acc = 0;
-        #pragma omp simd reduction(+:acc)
-        for (int64_t r0 = 0; r0 < 32; ++r0) {
-            const float v0 = ws66[o0 * 32 + r0];  /* t158 */
-            const float v1 = var2[r0];  /* transformer.h.0.ln_1.weight */
-            const float v2 = ws5[o0];  /* t14 */
-            const float v3 = ws7[o0 * 32 + r0];  /* t160 */
-            const float t159 = v0*v1;  /* t159: f32[B,8,32] = mul(t158, transformer.h.0.ln_1.weight) */
-            const float t161 = -t159*v3/v2;  /* t161: f32[B,8,32] = -t159*t160/t14 */
-            acc += (double)t161;
-        }
-        ws68[o0] = (float)(acc);
-    }
-}
-
-/* t168: f32[64,32] = scatter_add[axis=0, size=64](t167, idx) */
-SG_KERNEL void k124_scatter_add_t168(int64_t d0, const float* restrict ws73, const int64_t* restrict in0, float* restrict ws74)
-{
-    const int64_t P = 1, I = (8*d0), Q = 32, R = 64;
-    const float* src = ws73;
-    const int64_t* idx = in0;
-    /* out[p, r, q] = 0, then out[p, idx[i], q] += src[p, i, q] with i in order (np.add.at's sums, bit
-       for bit). Threads split P only: no two add into one element. An index outside [0, R) adds nothing. */
-    memset(ws74, 0, (size_t)(P * R * Q) * sizeof(float));
-    #pragma omp parallel for if(P > 1 && P * I * Q >= SG_PARALLEL_MIN)
-    for (int64_t p = 0; p < P; ++p) {
-        for (int64_t i = 0; i < I; ++i) {
-            const int64_t r = (int64_t)idx[i];
-            if (r < 0 || r >= R) {
-                continue;
-            }
-            const float* row = src + (p * I + i) * Q;
-            float* dst = ws74 + (p * R + r) * Q;
-            for (int64_t q = 0; q < Q; ++q) {
-                dst[q] += row[q];
-            }
-        }
-    }
-}
-
-/* t193: f32[8,32] = sum[axes=(0,), keepdims=False](t167) */
-SG_KERNEL void k125_sum_t193(int64_t d0, const float* restrict ws73, float* restrict ws75)
-{
-    /* The kept axis is contiguous: add whole rows into a tile of accumulators (vectorizes),
-       256 columns at a time, instead of walking each column down the rows. */
-    #pragma omp parallel for if((256*d0) >= SG_PARALLEL_MIN)
-    for (int64_t j0 = 0; j0 < 256; j0 += 256) {
-        const int64_t jn = 256 - j0 < 256 ? 256 - j0 : 256;
-        double acc[256];
-        for (int64_t j = 0; j < jn; ++j)
-            acc[j] = 0;
-        for (int64_t r0 = 0; r0 < d0; ++r0) {
-            const float* restrict row = ws73 + r0 * 256;
-            for (int64_t j = 0; j < jn; ++j)
-                acc[j] += (double)row[j0 + j];
-        }
-        for (int64_t j = 0; j < jn; ++j)
-            ws75[j0 + j] = (float)(acc[j]);
-    }
-}
-
-/* t91: f64[] = mul(lr, 0.1) */
-/* t92: f64[] = sub(1.0, t91) */
-/* t93: f32[] = cast(t92) */
-/* t237: f32[32,32] = mul(transformer.h.0.attn.c_proj.weight, t93) */
-/* t239: f64[] = pow(0.9, t238) */
-/* t240: f64[] = sub(1.0, t239) */
-/* t241: f64[] = div(lr, t240) */
-/* t242: f32[] = cast(t241) */
-/* t254: f64[] = pow(0.95, t238) */
-/* t255: f64[] = sub(1.0, t254) */
-/* t256: f64[] = sqrt(t255) */
-/* t257: f32[] = cast(t256) */
-/* t248: f32[32,32] = mul(t242, t247) */
-/* t253: f32[32,32] = sqrt(t252) */
-/* t258: f32[32,32] = div(t253, t257) */
-/* t259: f32[32,32] = add(t258, 1e-08) */
-/* t260: f32[32,32] = div(t248, t259) */
-/* t261: f32[32,32] = sub(t237, t260) */
-SG_KERNEL void k131_sub_t261(int64_t d0, const double* restrict var16, float* restrict var6, const double* restrict var26, const float* restrict var27, const float* restrict var28)
-{
-    for (int64_t i0 = 0; i0 < 1024; ++i0) {
-        const double v0 = var16[0];  /* lr */
-        const double v1 = 0.1;  /* 0.1 */
-        const double v2 = 1.0;  /* 1.0 */
-        const float v3 = var6[i0];  /* transformer.h.0.attn.c_proj.weight */
-        const double v4 = 0.9;  /* 0.9 */
-        const double v5 = var26[0];  /* t238 */
-        const double v6 = 0.95;  /* 0.95 */
-        const float v7 = var27[i0];  /* t247 */
-        const float v8 = var28[i0];  /* t252 */
-        const float v9 = 1.0e-08f;  /* 1e-08 */
-        const double t91 = v0*v1;  /* t91: f64[] = mul(lr, 0.1) */
-        const double t92 = v2 - t91;  /* t92: f64[] = sub(1.0, t91) */
-        const float t93 = (float)(t92);  /* t93: f32[] = cast(t92) */
-        const float t237 = v3*t93;  /* t237: f32[32,32] = mul(transformer.h.0.attn.c_proj.weight, t93) */
-        const double t239 = pow(v4, v5);  /* t239: f64[] = pow(0.9, t238) */
-        const double t240 = v2 - t239;  /* t240: f64[] = sub(1.0, t239) */
-        const double t241 = v0/t240;  /* t241: f64[] = div(lr, t240) */
-        const float t242 = (float)(t241);  /* t242: f32[] = cast(t241) */
-        const double t254 = pow(v6, v5);  /* t254: f64[] = pow(0.95, t238) */
-        const double t255 = v2 - t254;  /* t255: f64[] = sub(1.0, t254) */
-        const double t256 = sqrt(t255);  /* t256: f64[] = sqrt(t255) */
-        const float t257 = (float)(t256);  /* t257: f32[] = cast(t256) */
-        const float t248 = t242*v7;  /* t248: f32[32,32] = mul(t242, t247) */
-        const float t253 = sqrtf(v8);  /* t253: f32[32,32] = sqrt(t252) */
-        const float t258 = t253/t257;  /* t258: f32[32,32] = div(t253, t257) */
-        const float t259 = t258 + v9;  /* t259: f32[32,32] = add(t258, 1e-08) */
-        const float t260 = t248/t259;  /* t260: f32[32,32] = div(t248, t259) */
-        const float t261 = t237 - t260;  /* t261: f32[32,32] = sub(t237, t260) */
-        var6[i0] = t261;
-    }
-}
-
-/* t169: f32[64,32] = add(t106, t168) */
-/* t170: f32[64,32] = sub(t169, transformer.wte.weight.exp_avg) */
-/* t171: f32[64,32] = mul(0.09999999999999998, t170) */
-/* t172: f32[64,32] = add(transformer.wte.weight.exp_avg, t171) */
-SG_KERNEL void k132_add_t172(int64_t d0, const float* restrict ws30, const float* restrict ws74, float* restrict var18)
-{
-    for (int64_t i0 = 0; i0 < 2048; ++i0) {
-        const float v0 = ws30[i0];  /* t106 */
-        const float v1 = ws74[i0];  /* t168 */
-        const float v2 = var18[i0];  /* transformer.wte.weight.exp_avg */
-        const float v3 = 0.1f;  /* 0.09999999999999998 */
-        const float t169 = v0 + v1;  /* t169: f32[64,32] = add(t106, t168) */
-        const float t170 = t169 - v2;  /* t170: f32[64,32] = sub(t169, transformer.wte.weight.exp_avg) */
-        const float t171 = v3*t170;  /* t171: f32[64,32] = mul(0.09999999999999998, t170) */
-        const float t172 = v2 + t171;  /* t172: f32[64,32] = add(transformer.wte.weight.exp_avg, t171) */
-        var18[i0] = t172;
-    }
-}
-
-/* t220: f32[96,32] = sub(t219, transformer.h.0.attn.c_attn.weight.exp_avg) */
-/* t221: f32[96,32] = mul(0.09999999999999998, t220) */
-/* t222: f32[96,32] = add(transformer.h.0.attn.c_attn.weight.exp_avg, t221) */
-SG_KERNEL void k135_add_t222(int64_t d0, const float* restrict ws64, float* restrict var24)
-{
-    for (int64_t i0 = 0; i0 < 3072; ++i0) {
-        const float v0 = ws64[i0];  /* t219 */
-        const float v1 = var24[i0];  /* transformer.h.0.attn.c_attn.weight.exp_avg */
-        const float v2 = 0.1f;  /* 0.09999999999999998 */
-        const float t220 = v0 - v1;  /* t220: f32[96,32] = sub(t219, transformer.h.0.attn.c_attn.weight.exp_avg) */
-        const float t221 = v2*t220;  /* t221: f32[96,32] = mul(0.09999999999999998, t220) */
-        const float t222 = v1 + t221;  /* t222: f32[96,32] = add(transformer.h.0.attn.c_attn.weight.exp_avg, t221) */
-        var24[i0] = t222;
-    }
-}
-
-/* t91: f64[] = mul(lr, 0.1) */
-/* t92: f64[] = sub(1.0, t91) */
-/* t93: f32[] = cast(t92) */
-/* t212: f32[96,32] = mul(transformer.h.0.attn.c_attn.weight, t93) */
-/* t214: f64[] = pow(0.9, t213) */
-/* t215: f64[] = sub(1.0, t214) */
-/* t216: f64[] = div(lr, t215) */
-/* t217: f32[] = cast(t216) */
-/* t229: f64[] = pow(0.95, t213) */
-/* t230: f64[] = sub(1.0, t229) */
-/* t231: f64[] = sqrt(t230) */
-/* t232: f32[] = cast(t231) */
-/* t223: f32[96,32] = mul(t217, t222) */
-/* t228: f32[96,32] = sqrt(t227) */
-/* t233: f32[96,32] = div(t228, t232) */
-/* t234: f32[96,32] = add(t233, 1e-08) */
-/* t235: f32[96,32] = div(t223, t234) */
-/* t236: f32[96,32] = sub(t212, t235) */
-SG_KERNEL void k137_sub_t236(int64_t d0, const double* restrict var16, float* restrict var4, const double* restrict var23, const float* restrict var24, const float* restrict var25)
-{
-    for (int64_t i0 = 0; i0 < 3072; ++i0) {
-        const double v0 = var16[0];  /* lr */
-        const double v1 = 0.1;  /* 0.1 */
-        const double v2 = 1.0;  /* 1.0 */
-        const float v3 = var4[i0];  /* transformer.h.0.attn.c_attn.weight */
-        const double v4 = 0.9;  /* 0.9 */
-        const double v5 = var23[0];  /* t213 */
-        const double v6 = 0.95;  /* 0.95 */
-        const float v7 = var24[i0];  /* t222 */
-        const float v8 = var25[i0];  /* t227 */
-        const float v9 = 1.0e-08f;  /* 1e-08 */
-        const double t91 = v0*v1;  /* t91: f64[] = mul(lr, 0.1) */
-        const double t92 = v2 - t91;  /* t92: f64[] = sub(1.0, t91) */
-        const float t93 = (float)(t92);  /* t93: f32[] = cast(t92) */
-        const float t212 = v3*t93;  /* t212: f32[96,32] = mul(transformer.h.0.attn.c_attn.weight, t93) */
-        const double t214 = pow(v4, v5);  /* t214: f64[] = pow(0.9, t213) */
-        const double t215 = v2 - t214;  /* t215: f64[] = sub(1.0, t214) */
-        const double t216 = v0/t215;  /* t216: f64[] = div(lr, t215) */
-        const float t217 = (float)(t216);  /* t217: f32[] = cast(t216) */
-        const double t229 = pow(v6, v5);  /* t229: f64[] = pow(0.95, t213) */
-        const double t230 = v2 - t229;  /* t230: f64[] = sub(1.0, t229) */
-        const double t231 = sqrt(t230);  /* t231: f64[] = sqrt(t230) */
-        const float t232 = (float)(t231);  /* t232: f32[] = cast(t231) */
-        const float t223 = t217*v7;  /* t223: f32[96,32] = mul(t217, t222) */
-        const float t228 = sqrtf(v8);  /* t228: f32[96,32] = sqrt(t227) */
-        const float t233 = t228/t232;  /* t233: f32[96,32] = div(t228, t232) */
-        const float t234 = t233 + v9;  /* t234: f32[96,32] = add(t233, 1e-08) */
-        const float t235 = t223/t234;  /* t235: f32[96,32] = div(t223, t234) */
-        const float t236 = t212 - t235;  /* t236: f32[96,32] = sub(t212, t235) */
-        var4[i0] = t236;
-    }
-}
-
-#endif  /* translation unit 1 */
-
-/* ---- translation unit 0 of 2: its kernel functions, then the entry point ---- */
-#if SG_IN_PART(0)
-
-/* Also called for 15 more kernel(s), the same code on their buffers: k5_add_t188, k6_add_t213, */
-/*     k7_add_t238, k8_add_t263, k9_add_t288, k10_add_t314, k11_add_t338, k12_add_t361, */
-/*     k13_add_t384, k14_add_t407, k15_add_t431, k16_add_t454, k17_add_t477, k18_add_t500, */
-/*     k19_add_t524 */
-/* t95: f64[] = add(transformer.wte.weight.step, 1.0) */
-SG_KERNEL void k4_add_t95(int64_t d0, double* restrict var17)
-{
-    const double v0 = var17[0];  /* transformer.wte.weight.step */
-    const double v1 = 1.0;  /* 1.0 */
-    const double t95 = v0 + v1;  /* t95: f64[] = add(transformer.wte.weight.step, 1.0) */
-    var17[0] = t95;
-}
-
-/* t6: f32[B,8,32] = add(t3, t5) */
-/* t7: f32[B,8,1] = sum[axes=(2,), keepdims=True](t6) */
-/* t8: f32[B,8,1] = mul(t7, 1/32) */
-SG_KERNEL void k20_mul_t8(int64_t d0, const float* restrict ws0, const float* restrict ws2, float* restrict ws4)
-{
-    #pragma omp parallel for if((256*d0) >= SG_PARALLEL_MIN)
-    for (int64_t o0 = 0; o0 < d0; ++o0) {
-        for (int64_t o1 = 0; o1 < 8; ++o1) {
-            double acc = 0;
-            #pragma omp simd reduction(+:acc)
-            for (int64_t r0 = 0; r0 < 32; ++r0) {
-                const float v0 = ws0[o0 * 256 + o1 * 32 + r0];  /* t3 */
-                const float v1 = ws2[o1 * 32 + r0];  /* t5 */
-                const float t6 = v0 + v1;  /* t6: f32[B,8,32] = add(t3, t5) */
-                acc += (double)t6;
-            }
-            const float red = (float)(acc);
-            const float ev0 = 0.03125f;  /* 1/32 */
-            const float t8 = red*ev0;  /* t8: f32[B,8,1] = mul(t7, 1/32) */
-            ws4[o0 * 8 + o1] = t8;
-        }
-    }
-}
-
-/* t6: f32[B,8,32] = add(t3, t5) */
-/* t9: f32[B,8,32] = sub(t6, t8) */
-/* t10: f32[B,8,32] = mul(t9, t9) */
-/* t11: f32[B,8,1] = sum[axes=(2,), keepdims=True](t10) */
-/* t12: f32[B,8,1] = mul(t11, 1/32) */
-/* t13: f32[B,8,1] = add(t12, 1e-05) */
-/* t14: f32[B,8,1] = sqrt(t13) */
-SG_KERNEL void k21_sqrt_t14(int64_t d0, const float* restrict ws0, const float* restrict ws2, const float* restrict ws4, float* restrict ws5)
-{
-    #pragma omp parallel for if((256*d0) >= SG_PARALLEL_MIN)
-    for (int64_t o0 = 0; o0 < d0; ++o0) {
-        for (int64_t o1 = 0; o1 < 8; ++o1) {
-            double acc = 0;
-            #pragma omp simd reduction(+:acc)
-            for (int64_t r0 = 0; r0 < 32; ++r0) {
-                const float v0 = ws0[o0 * 256 + o1 * 32 + r0];  /* t3 */
-                const float v1 = ws2[o1 * 32 + r0];  /* t5 */
-                const float v2 = ws4[o0 * 8 + o1];  /* t8 */
-                const float t6 = v0 + v1;  /* t6: f32[B,8,32] = add(t3, t5) */
-                const float t9 = t6 - v2;  /* t9: f32[B,8,32] = sub(t6, t8) */
-                const float t10 = t9*t9;  /* t10: f32[B,8,32] = mul(t9, t9) */
-                acc += (double)t10;
-            }
-            const float red = (float)(acc);
-            const float ev0 = 0.03125f;  /* 1/32 */
-            const float ev1 = 1.0e-05f;  /* 1e-05 */
-            const float t12 = red*ev0;  /* t12: f32[B,8,1] = mul(t11, 1/32) */
-            const float t13 = t12 + ev1;  /* t13: f32[B,8,1] = add(t12, 1e-05) */
-            const float t14 = sqrtf(t13);  /* t14: f32[B,8,1] = sqrt(t13) */
-            ws5[o0 * 8 + o1] = t14;
-        }
-    }
-}
-
-/* t6: f32[B,8,32] = add(t3, t5) */
-/* t9: f32[B,8,32] = sub(t6, t8) */
-/* t15: f32[B,8,32] = div(t9, t14) */
-/* t16: f32[B,8,32] = mul(t15, transformer.h.0.ln_1.weight) */
-/* t17: f32[B,8,32] = add(t16, transformer.h.0.ln_1.bias) */
-SG_KERNEL void k22_add_t17(int64_t d0, const float* restrict ws0, const float* restrict ws2, const float* restrict ws4, const float* restrict ws5, const float* restrict var2, const float* restrict var3, float* restrict ws6)
-{
-    #pragma omp parallel for if((256*d0) >= SG_PARALLEL_MIN)
-    for (int64_t i0 = 0; i0 < d0; ++i0) {
-        for (int64_t i1 = 0; i1 < 8; ++i1) {
-            for (int64_t i2 = 0; i2 < 32; ++i2) {
-                const float v0 = ws0[i0 * 256 + i1 * 32 + i2];  /* t3 */
-                const float v1 = ws2[i1 * 32 + i2];  /* t5 */
-                const float v2 = ws4[i0 * 8 + i1];  /* t8 */
-                const float v3 = ws5[i0 * 8 + i1];  /* t14 */
-                const float v4 = var2[i2];  /* transformer.h.0.ln_1.weight */
-                const float v5 = var3[i2];  /* transformer.h.0.ln_1.bias */
-                const float t6 = v0 + v1;  /* t6: f32[B,8,32] = add(t3, t5) */
-                const float t9 = t6 - v2;  /* t9: f32[B,8,32] = sub(t6, t8) */
-                const float t15 = t9/v3;  /* t15: f32[B,8,32] = div(t9, t14) */
-                const float t16 = t15*v4;  /* t16: f32[B,8,32] = mul(t15, transformer.h.0.ln_1.weight) */
-                const float t17 = t16 + v5;  /* t17: f32[B,8,32] = add(t16, transformer.h.0.ln_1.bias) */
-                ws6[i0 * 256 + i1 * 32 + i2] = t17;
-            }
-        }
-    }
-}
-
-/* t20: f32[8*B,96] = matmul(t18, t19) */
-/* t21: f32[8*B,96] = add(t20, transformer.h.0.attn.c_attn.bias) */
-/* What k24_add_t21's epilogue reads (Dims, operands) and the product it finishes in place. */
-typedef struct {
-    int64_t d0;
-    const float* var5;
-    float* ws8;
-} k24_add_t21_args;
-
-/* k24_add_t21's fused epilogue: the GEMM calls it on each block [i0, i0 + rows) x [j0, j0 + cols)
-   of the product once that block holds its final sums (after the last K chunk), while the block is
-   still in cache; each element goes through the fused nodes and the result overwrites it. */
-static void k24_add_t21_epilogue(const void* p, int64_t i0, int64_t j0, int64_t rows, int64_t cols)
-{
-    const k24_add_t21_args* args = p;
-    const int64_t d0 = args->d0;
-    const float* restrict var5 = args->var5;
-    float* restrict ws8 = args->ws8;
-    for (int64_t row = i0; row < i0 + rows; ++row) {
-        for (int64_t col = j0; col < j0 + cols; ++col) {
-            const float prod = ws8[row * 96 + col];  /* t20: f32[8*B,96] = matmul(t18, t19) */
-            const float v0 = var5[col];  /* transformer.h.0.attn.c_attn.bias */
-            const float t21 = prod + v0;  /* t21: f32[8*B,96] = add(t20, transformer.h.0.attn.c_attn.bias) */
-            ws8[row * 96 + col] = t21;
-        }
-    }
-}
-
-SG_KERNEL void k24_add_t21(int64_t d0, const float* restrict ws6, const float* restrict var4, const float* restrict var5, float* restrict ws8, sg_context* context)
-{
-    const k24_add_t21_args args = { d0, var5, ws8 };
-    const sg_epilogue epilogue = { k24_add_t21_epilogue, &args };
-    /* a[8*d0 x 32] read with strides (32, 1), b[32 x 96] with (1, 32):
-       a transposed operand is only a change of strides. */
-    /* Its buffers in the runtime's scratch region (context->scratch, sized by symgrad_scratch_bytes);
-       context->status: the GEMM's, for the entry point to check */
-    context->status = sg_gemm_f32(8*d0, 96, 32,
-        ws6, 32, 1,
-        var4, 1, 32,
-        ws8, context, &epilogue, context->scratch);
-}
-
-/* Also called for 1 more kernel(s), the same code on their buffers: k103_copy */
-/* make contiguous for a reshape: t33: f32[B,8,2,16] = transpose[perm=(0,2,1,3)](t32) */
-SG_KERNEL void k26_copy(int64_t d0, const float* restrict ws9, float* restrict ws12)
-{
-    #pragma omp parallel for if((256*d0) >= SG_PARALLEL_MIN)
-    for (int64_t i0 = 0; i0 < d0; ++i0) {
-        for (int64_t i1 = 0; i1 < 8; ++i1) {
-            for (int64_t i2 = 0; i2 < 2; ++i2) {
-                for (int64_t i3 = 0; i3 < 16; ++i3) {
-                    const float v0 = ws9[i0 * 256 + i1 * 16 + i2 * 128 + i3];  /* make contiguous for a reshape */
-                    const float r = v0;  /* make contiguous for a reshape: t33: f32[B,8,2,16] = transpose[perm=(0,2,1,3)](t32) */
-                    ws12[i0 * 256 + i1 * 32 + i2 * 16 + i3] = r;
-                }
-            }
-        }
-    }
-}
-
-/* t6: f32[B,8,32] = add(t3, t5) */
-/* t39: f32[B,8,32] = add(t6, t38) */
-/* t42: f32[B,8,32] = sub(t39, t41) */
-SG_KERNEL void k29_sub_t42(int64_t d0, const float* restrict ws0, const float* restrict ws2, const float* restrict ws13, const float* restrict ws14, float* restrict ws15)
-{
-    #pragma omp parallel for if((256*d0) >= SG_PARALLEL_MIN)
-    for (int64_t i0 = 0; i0 < d0; ++i0) {
-        for (int64_t i1 = 0; i1 < 8; ++i1) {
-            for (int64_t i2 = 0; i2 < 32; ++i2) {
-                const float v0 = ws0[i0 * 256 + i1 * 32 + i2];  /* t3 */
-                const float v1 = ws2[i1 * 32 + i2];  /* t5 */
-                const float v2 = ws13[i0 * 256 + i1 * 32 + i2];  /* t38 */
-                const float v3 = ws14[i0 * 8 + i1];  /* t41 */
-                const float t6 = v0 + v1;  /* t6: f32[B,8,32] = add(t3, t5) */
-                const float t39 = t6 + v2;  /* t39: f32[B,8,32] = add(t6, t38) */
-                const float t42 = t39 - v3;  /* t42: f32[B,8,32] = sub(t39, t41) */
-                ws15[i0 * 256 + i1 * 32 + i2] = t42;
-            }
-        }
-    }
-}
-
-/* Also called for 1 more kernel(s), the same code on their buffers: k38_add_t73 */
-/* t48: f32[B,8,32] = div(t42, t47) */
-/* t49: f32[B,8,32] = mul(t48, transformer.h.0.ln_2.weight) */
-/* t50: f32[B,8,32] = add(t49, transformer.h.0.ln_2.bias) */
-SG_KERNEL void k31_add_t50(int64_t d0, const float* restrict ws15, const float* restrict ws16, const float* restrict var8, const float* restrict var9, float* restrict ws17)
-{
-    #pragma omp parallel for if((256*d0) >= SG_PARALLEL_MIN)
-    for (int64_t i0 = 0; i0 < 8*d0; ++i0) {
-        for (int64_t i1 = 0; i1 < 32; ++i1) {
-            const float v0 = ws15[i0 * 32 + i1];  /* t42 */
-            const float v1 = ws16[i0];  /* t47 */
-            const float v2 = var8[i1];  /* transformer.h.0.ln_2.weight */
-            const float v3 = var9[i1];  /* transformer.h.0.ln_2.bias */
-            const float t48 = v0/v1;  /* t48: f32[B,8,32] = div(t42, t47) */
-            const float t49 = t48*v2;  /* t49: f32[B,8,32] = mul(t48, transformer.h.0.ln_2.weight) */
-            const float t50 = t49 + v3;  /* t50: f32[B,8,32] = add(t49, transformer.h.0.ln_2.bias) */
-            ws17[i0 * 32 + i1] = t50;
-        }
-    }
-}
-
-/* t53: f32[8*B,128] = matmul(t51, t52) */
-/* t54: f32[8*B,128] = add(t53, transformer.h.0.mlp.c_fc.bias) */
-/* What k32_add_t54's epilogue reads (Dims, operands) and the product it finishes in place. */
-typedef struct {
-    int64_t d0;
-    const float* var11;
-    float* ws18;
-} k32_add_t54_args;
-
-/* k32_add_t54's fused epilogue: the GEMM calls it on each block [i0, i0 + rows) x [j0, j0 + cols)
-   of the product once that block holds its final sums (after the last K chunk), while the block is
-   still in cache; each element goes through the fused nodes and the result overwrites it. */
-static void k32_add_t54_epilogue(const void* p, int64_t i0, int64_t j0, int64_t rows, int64_t cols)
-{
-    const k32_add_t54_args* args = p;
-    const int64_t d0 = args->d0;
-    const float* restrict var11 = args->var11;
-    float* restrict ws18 = args->ws18;
-    for (int64_t row = i0; row < i0 + rows; ++row) {
-        for (int64_t col = j0; col < j0 + cols; ++col) {
-            const float prod = ws18[row * 128 + col];  /* t53: f32[8*B,128] = matmul(t51, t52) */
-            const float v0 = var11[col];  /* transformer.h.0.mlp.c_fc.bias */
-            const float t54 = prod + v0;  /* t54: f32[8*B,128] = add(t53, transformer.h.0.mlp.c_fc.bias) */
-            ws18[row * 128 + col] = t54;
-        }
-    }
-}
-
-SG_KERNEL void k32_add_t54(int64_t d0, const float* restrict ws17, const float* restrict var10, const float* restrict var11, float* restrict ws18, sg_context* context)
-{
-    const k32_add_t54_args args = { d0, var11, ws18 };
-    const sg_epilogue epilogue = { k32_add_t54_epilogue, &args };
-    /* a[8*d0 x 32] read with strides (32, 1), b[32 x 128] with (1, 32):
-       a transposed operand is only a change of strides. */
-    /* Its buffers in the runtime's scratch region (context->scratch, sized by symgrad_scratch_bytes);
-       context->status: the GEMM's, for the entry point to check */
-    context->status = sg_gemm_f32(8*d0, 128, 32,
-        ws17, 32, 1,
-        var10, 1, 32,
-        ws18, context, &epilogue, context->scratch);
-}
-
-/* t6: f32[B,8,32] = add(t3, t5) */
-/* t39: f32[B,8,32] = add(t6, t38) */
-/* t62: f32[B,8,32] = add(t39, t61) */
-/* t65: f32[B,8,32] = sub(t62, t64) */
-SG_KERNEL void k36_sub_t65(int64_t d0, const float* restrict ws0, const float* restrict ws2, const float* restrict ws13, const float* restrict ws20, const float* restrict ws21, float* restrict ws22)
-{
-    #pragma omp parallel for if((256*d0) >= SG_PARALLEL_MIN)
-    for (int64_t i0 = 0; i0 < d0; ++i0) {
-        for (int64_t i1 = 0; i1 < 8; ++i1) {
-            for (int64_t i2 = 0; i2 < 32; ++i2) {
-                const float v0 = ws0[i0 * 256 + i1 * 32 + i2];  /* t3 */
-                const float v1 = ws2[i1 * 32 + i2];  /* t5 */
-                const float v2 = ws13[i0 * 256 + i1 * 32 + i2];  /* t38 */
-                const float v3 = ws20[i0 * 256 + i1 * 32 + i2];  /* t61 */
-                const float v4 = ws21[i0 * 8 + i1];  /* t64 */
-                const float t6 = v0 + v1;  /* t6: f32[B,8,32] = add(t3, t5) */
-                const float t39 = t6 + v2;  /* t39: f32[B,8,32] = add(t6, t38) */
-                const float t62 = t39 + v3;  /* t62: f32[B,8,32] = add(t39, t61) */
-                const float t65 = t62 - v4;  /* t65: f32[B,8,32] = sub(t62, t64) */
-                ws22[i0 * 256 + i1 * 32 + i2] = t65;
-            }
-        }
-    }
-}
-
-/* t76: f32[8*B,64] = matmul(t74, t75) */
-SG_KERNEL void k39_matmul_t76(int64_t d0, const float* restrict ws24, const float* restrict var0, float* restrict ws25, sg_context* context)
-{
-    /* a[8*d0 x 32] read with strides (32, 1), b[32 x 64] with (1, 32):
-       a transposed operand is only a change of strides. */
-    /* Its buffers in the runtime's scratch region (context->scratch, sized by symgrad_scratch_bytes);
-       context->status: the GEMM's, for the entry point to check */
-    context->status = sg_gemm_f32(8*d0, 64, 32,
-        ws24, 32, 1,
-        var0, 1, 32,
-        ws25, context, NULL, context->scratch);
-}
-
-/* row kernel: max, sum, sum, sum (3 passes), 4 outputs */
-/* t100: f32[] = (1.0)/t89 */
-/* t101: f32[] = neg(t100) */
-/* t2: bool[8*B,64] = equal(t0, t1) */
-/* t102: f32[8*B,64] = Piecewise((t101, Ne(t2, 0)), (0, True)) */
-/* t77: f32[8*B,1] = max[axes=(1,), keepdims=True](t76) */
-/* t103: f32[8*B,1] = sum[axes=(1,), keepdims=True](t102) */
-/* t78: f32[8*B,64] = sub(t76, t77) */
-/* t79: f32[8*B,64] = exp(t78) */
-/* t80: f32[8*B,1] = sum[axes=(1,), keepdims=True](t79) */
-/* t81: f32[8*B,1] = log(t80) */
-/* t82: f32[8*B,64] = sub(t78, t81) */
-/* t83: f32[8*B,64] = where(t2, t82, 0) */
-/* t104: f32[8*B,64] = t102 - t103*t79/t80 */
-/* t84: f32[] = sum[axes=(0,1), keepdims=False](t83) (this row's part) */
-SG_KERNEL void k40_rows_t77(int64_t d0, const float* restrict ws3, const int64_t* restrict in1, const float* restrict ws25, float* restrict ws26, float* restrict ws27, float* restrict ws29, double* restrict ws28)
-{
-    #pragma omp parallel for if((512*d0) >= SG_PARALLEL_MIN)
-    for (int64_t o0 = 0; o0 < 8*d0; ++o0) {
-        const float u0 = 1.0f;  /* 1.0 */
-        const float u1 = ws3[0];  /* t89 */
-        const int64_t u2 = in1[o0];  /* t0 */
-        const float u3 = 0.0f;  /* 0 */
-        /* pass 1 of 3 over the row: max p0, sum p1, store t102 */
-        float a0 = -INFINITY;
-        int a0_nan = 0;
-        double a1 = 0;
-        #pragma omp simd reduction(+:a1) reduction(max:a0) reduction(|:a0_nan)
-        for (int64_t c = 0; c < 64; ++c) {
-            const float v0 = ws25[o0 * 64 + c];  /* t76 */
-            const int64_t v1 = c;  /* t1 */
-            const float t100 = u0/u1;  /* t100: f32[] = (1.0)/t89 */
-            const float t101 = -t100;  /* t101: f32[] = neg(t100) */
-            const uint8_t t2 = (uint8_t)((u2 == v1));  /* t2: bool[8*B,64] = equal(t0, t1) */
-            const float t102 = (((((float)t2) != 0.0f)) ? (t101) : (0.0f));  /* t102: f32[8*B,64] = Piecewise((t101, Ne(t2, 0)), (0, True)) */
-            a0 = v0 > a0 ? v0 : a0;  /* t77: f32[8*B,1] = max[axes=(1,), keepdims=True](t76) */
-            a0_nan |= v0 != v0;  /* NaN propagates, as in NumPy */
-            a1 += (double)t102;  /* t103: f32[8*B,1] = sum[axes=(1,), keepdims=True](t102) */
-            ws26[o0 * 64 + c] = t102;  /* t102 */
-        }
-        const float p0 = (a0_nan ? NAN : a0);
-        const float p1 = (float)(a1);
-        /* pass 2 of 3 over the row: sum p2, store t79 */
-        double a2 = 0;
-        #pragma omp simd reduction(+:a2)
-        for (int64_t c = 0; c < 64; ++c) {
-            const float v0 = ws25[o0 * 64 + c];  /* t76 */
-            const float t78 = v0 - p0;  /* t78: f32[8*B,64] = sub(t76, t77) */
-            const float t79 = sg_expf(t78);  /* t79: f32[8*B,64] = exp(t78) */
-            a2 += (double)t79;  /* t80: f32[8*B,1] = sum[axes=(1,), keepdims=True](t79) */
-            ws27[o0 * 64 + c] = t79;  /* t79 */
-        }
-        const float p2 = (float)(a2);
-        const float t81 = logf(p2);  /* t81: f32[8*B,1] = log(t80) */
-        /* pass 3 of 3 over the row: sum p3, store t104 */
-        double a3 = 0;
-        #pragma omp simd reduction(+:a3)
-        for (int64_t c = 0; c < 64; ++c) {
-            const int64_t v0 = c;  /* t1 */
-            const float v1 = ws25[o0 * 64 + c];  /* t76 */
-            const float v2 = ws26[o0 * 64 + c];  /* t102 */
-            const float v3 = ws27[o0 * 64 + c];  /* t79 */
-            const uint8_t t2 = (uint8_t)((u2 == v0));  /* t2: bool[8*B,64] = equal(t0, t1) */
-            const float t78 = v1 - p0;  /* t78: f32[8*B,64] = sub(t76, t77) */
-            const float t82 = t78 - t81;  /* t82: f32[8*B,64] = sub(t78, t81) */
-            const float t83 = (((((float)t2) != 0.0f)) ? (t82) : (u3));  /* t83: f32[8*B,64] = where(t2, t82, 0) */
-            const float t104 = v2 - p1*v3/p2;  /* t104: f32[8*B,64] = t102 - t103*t79/t80 */
-            a3 += (double)t83;  /* t84: f32[] = sum[axes=(0,1), keepdims=False](t83) (this row's part) */
-            ws29[o0 * 64 + c] = t104;  /* t104 */
-        }
-        const double p3 = a3;
-        ws28[o0] = p3;  /* t84, per row */
-    }
-}
-
-/* t107: f32[8*B,32] = matmul(t104, transformer.wte.weight) */
-SG_KERNEL void k43_matmul_t107(int64_t d0, const float* restrict ws29, const float* restrict var0, float* restrict ws31, sg_context* context)
-{
-    /* a[8*d0 x 64] read with strides (64, 1), b[64 x 32] with (32, 1):
-       a transposed operand is only a change of strides. */
-    /* Its buffers in the runtime's scratch region (context->scratch, sized by symgrad_scratch_bytes);
-       context->status: the GEMM's, for the entry point to check */
-    context->status = sg_gemm_f32(8*d0, 32, 64,
-        ws29, 64, 1,
-        var0, 32, 1,
-        ws31, context, NULL, context->scratch);
-}
-
-/* Also called for 7 more kernel(s), the same code on their buffers: k51_sum_t506, k57_sum_t482, */
-/*     k68_sum_t436, k84_sum_t413, k90_sum_t389, k108_sum_t343, k117_sum_t320 */
-/* t529: f32[32] = sum[axes=(0,1), keepdims=False](t108) */
-SG_KERNEL void k44_sum_t529(int64_t d0, const float* restrict ws31, float* restrict ws32)
-{
-    /* The kept axis is contiguous: add whole rows into a tile of accumulators (vectorizes),
-       256 columns at a time, instead of walking each column down the rows. */
-    #pragma omp parallel for if((256*d0) >= SG_PARALLEL_MIN)
-    for (int64_t j0 = 0; j0 < 32; j0 += 256) {
-        const int64_t jn = 32 - j0 < 256 ? 32 - j0 : 256;
-        double acc[256];
-        for (int64_t j = 0; j < jn; ++j)
-            acc[j] = 0;
-        for (int64_t r0 = 0; r0 < 8*d0; ++r0) {
-            const float* restrict row = ws31 + r0 * 32;
-            for (int64_t j = 0; j < jn; ++j)
-                acc[j] += (double)row[j0 + j];
-        }
-        for (int64_t j = 0; j < jn; ++j)
-            ws32[j0 + j] = (float)(acc[j]);
-    }
-}
-
-/* Also called for 7 more kernel(s), the same code on their buffers: k52_add_t509, k58_add_t485, */
-/*     k69_add_t439, k85_add_t416, k91_add_t392, k109_add_t346, k119_add_t323 */
-/* t530: f32[32] = sub(t529, transformer.ln_f.bias.exp_avg) */
-/* t531: f32[32] = mul(0.09999999999999998, t530) */
-/* t532: f32[32] = add(transformer.ln_f.bias.exp_avg, t531) */
-SG_KERNEL void k45_add_t532(int64_t d0, const float* restrict ws32, float* restrict var64)
-{
-    for (int64_t i0 = 0; i0 < 32; ++i0) {
-        const float v0 = ws32[i0];  /* t529 */
-        const float v1 = var64[i0];  /* transformer.ln_f.bias.exp_avg */
-        const float v2 = 0.1f;  /* 0.09999999999999998 */
-        const float t530 = v0 - v1;  /* t530: f32[32] = sub(t529, transformer.ln_f.bias.exp_avg) */
-        const float t531 = v2*t530;  /* t531: f32[32] = mul(0.09999999999999998, t530) */
-        const float t532 = v1 + t531;  /* t532: f32[32] = add(transformer.ln_f.bias.exp_avg, t531) */
-        var64[i0] = t532;
-    }
-}
-
-/* Also called for 7 more kernel(s), the same code on their buffers: k53_add_t514, k59_add_t490, */
-/*     k70_add_t444, k86_add_t421, k92_add_t397, k110_add_t351, k120_add_t328 */
-/* t534: f32[32] = mul(0.95, transformer.ln_f.bias.exp_avg_sq) */
-/* t535: f32[32] = mul(t529, t529) */
-/* t536: f32[32] = mul(0.050000000000000044, t535) */
-/* t537: f32[32] = add(t534, t536) */
-SG_KERNEL void k46_add_t537(int64_t d0, float* restrict var65, const float* restrict ws32)
-{
-    for (int64_t i0 = 0; i0 < 32; ++i0) {
-        const float v0 = 0.95f;  /* 0.95 */
-        const float v1 = var65[i0];  /* transformer.ln_f.bias.exp_avg_sq */
-        const float v2 = ws32[i0];  /* t529 */
-        const float v3 = 0.05f;  /* 0.050000000000000044 */
-        const float t534 = v0*v1;  /* t534: f32[32] = mul(0.95, transformer.ln_f.bias.exp_avg_sq) */
-        const float t535 = v2*v2;  /* t535: f32[32] = mul(t529, t529) */
-        const float t536 = v3*t535;  /* t536: f32[32] = mul(0.050000000000000044, t535) */
-        const float t537 = t534 + t536;  /* t537: f32[32] = add(t534, t536) */
-        var65[i0] = t537;
-    }
-}
-
-/* Also called for 7 more kernel(s), the same code on their buffers: k54_sub_t523, k60_sub_t499, */
-/*     k71_sub_t453, k87_sub_t430, k93_sub_t406, k111_sub_t360, k121_sub_t337 */
-/* t525: f64[] = pow(0.9, t524) */
-/* t526: f64[] = sub(1.0, t525) */
-/* t527: f64[] = div(param_groups.1.lr, t526) */
-/* t528: f32[] = cast(t527) */
-/* t539: f64[] = pow(0.95, t524) */
-/* t540: f64[] = sub(1.0, t539) */
-/* t541: f64[] = sqrt(t540) */
-/* t542: f32[] = cast(t541) */
-/* t533: f32[32] = mul(t528, t532) */
-/* t538: f32[32] = sqrt(t537) */
-/* t543: f32[32] = div(t538, t542) */
-/* t544: f32[32] = add(t543, 1e-08) */
-/* t545: f32[32] = div(t533, t544) */
-/* t546: f32[32] = sub(transformer.ln_f.bias, t545) */
-SG_KERNEL void k47_sub_t546(int64_t d0, const double* restrict var63, const double* restrict var35, const float* restrict var64, const float* restrict var65, float* restrict var15)
-{
-    for (int64_t i0 = 0; i0 < 32; ++i0) {
-        const double v0 = 0.9;  /* 0.9 */
-        const double v1 = var63[0];  /* t524 */
-        const double v2 = 1.0;  /* 1.0 */
-        const double v3 = var35[0];  /* param_groups.1.lr */
-        const double v4 = 0.95;  /* 0.95 */
-        const float v5 = var64[i0];  /* t532 */
-        const float v6 = var65[i0];  /* t537 */
-        const float v7 = 1.0e-08f;  /* 1e-08 */
-        const float v8 = var15[i0];  /* transformer.ln_f.bias */
-        const double t525 = pow(v0, v1);  /* t525: f64[] = pow(0.9, t524) */
-        const double t526 = v2 - t525;  /* t526: f64[] = sub(1.0, t525) */
-        const double t527 = v3/t526;  /* t527: f64[] = div(param_groups.1.lr, t526) */
-        const float t528 = (float)(t527);  /* t528: f32[] = cast(t527) */
-        const double t539 = pow(v4, v1);  /* t539: f64[] = pow(0.95, t524) */
-        const double t540 = v2 - t539;  /* t540: f64[] = sub(1.0, t539) */
-        const double t541 = sqrt(t540);  /* t541: f64[] = sqrt(t540) */
-        const float t542 = (float)(t541);  /* t542: f32[] = cast(t541) */
-        const float t533 = t528*v5;  /* t533: f32[32] = mul(t528, t532) */
-        const float t538 = sqrtf(v6);  /* t538: f32[32] = sqrt(t537) */
-        const float t543 = t538/t542;  /* t543: f32[32] = div(t538, t542) */
-        const float t544 = t543 + v7;  /* t544: f32[32] = add(t543, 1e-08) */
-        const float t545 = t533/t544;  /* t545: f32[32] = div(t533, t544) */
-        const float t546 = v8 - t545;  /* t546: f32[32] = sub(transformer.ln_f.bias, t545) */
-        var15[i0] = t546;
-    }
-}
-
-/* Also called for 1 more kernel(s), the same code on their buffers: k83_mul_t412 */
-/* t110: f32[B,8,32] = div(t65, t70) */
-/* t505: f32[B,8,32] = mul(t108, t110) */
-SG_KERNEL void k50_mul_t505(int64_t d0, const float* restrict ws22, const float* restrict ws23, const float* restrict ws31, float* restrict ws35)
-{
-    #pragma omp parallel for if((256*d0) >= SG_PARALLEL_MIN)
-    for (int64_t i0 = 0; i0 < 8*d0; ++i0) {
-        for (int64_t i1 = 0; i1 < 32; ++i1) {
-            const float v0 = ws22[i0 * 32 + i1];  /* t65 */
-            const float v1 = ws23[i0];  /* t70 */
-            const float v2 = ws31[i0 * 32 + i1];  /* t108 */
-            const float t110 = v0/v1;  /* t110: f32[B,8,32] = div(t65, t70) */
-            const float t505 = v2*t110;  /* t505: f32[B,8,32] = mul(t108, t110) */
-            ws35[i0 * 32 + i1] = t505;
-        }
-    }
-}
-
-/* t116: f32[B,8,32] = add(t113, t115) */
-SG_KERNEL void k56_add_t116(int64_t d0, const float* restrict ws34, const float* restrict ws37, float* restrict ws38)
-{
-    #pragma omp parallel for if((256*d0) >= SG_PARALLEL_MIN)
-    for (int64_t i0 = 0; i0 < 8*d0; ++i0) {
-        for (int64_t i1 = 0; i1 < 32; ++i1) {
-            const float v0 = ws34[i0 * 32 + i1];  /* t113 */
-            const float v1 = ws37[i0];  /* t115 */
-            const float t116 = v0 + v1;  /* t116: f32[B,8,32] = add(t113, t115) */
-            ws38[i0 * 32 + i1] = t116;
-        }
-    }
-}
-
-/* t269: f32[128,32] = matmul(t268, t51) */
-SG_KERNEL void k63_matmul_t269(int64_t d0, const float* restrict ws41, const float* restrict ws17, float* restrict ws42, sg_context* context)
-{
-    /* a[128 x 8*d0] read with strides (1, 128), b[8*d0 x 32] with (32, 1):
-       a transposed operand is only a change of strides. */
-    /* Its buffers in the runtime's scratch region (context->scratch, sized by symgrad_scratch_bytes);
-       context->status: the GEMM's, for the entry point to check */
-    context->status = sg_gemm_f32(128, 32, 8*d0,
-        ws41, 1, 128,
-        ws17, 32, 1,
-        ws42, context, NULL, context->scratch);
-}
-
-/* t123: f32[8*B,32] = matmul(t122, transformer.h.0.mlp.c_fc.weight) */
-SG_KERNEL void k67_matmul_t123(int64_t d0, const float* restrict ws41, const float* restrict var10, float* restrict ws46, sg_context* context)
-{
-    /* a[8*d0 x 128] read with strides (128, 1), b[128 x 32] with (32, 1):
-       a transposed operand is only a change of strides. */
-    /* Its buffers in the runtime's scratch region (context->scratch, sized by symgrad_scratch_bytes);
-       context->status: the GEMM's, for the entry point to check */
-    context->status = sg_gemm_f32(8*d0, 32, 128,
-        ws41, 128, 1,
-        var10, 32, 1,
-        ws46, context, NULL, context->scratch);
-}
-
-/* t460: f32[128] = sub(t459, transformer.h.0.mlp.c_fc.bias.exp_avg) */
-/* t461: f32[128] = mul(0.09999999999999998, t460) */
-/* t462: f32[128] = add(transformer.h.0.mlp.c_fc.bias.exp_avg, t461) */
-SG_KERNEL void k72_add_t462(int64_t d0, const float* restrict ws45, float* restrict var55)
-{
-    for (int64_t i0 = 0; i0 < 128; ++i0) {
-        const float v0 = ws45[i0];  /* t459 */
-        const float v1 = var55[i0];  /* transformer.h.0.mlp.c_fc.bias.exp_avg */
-        const float v2 = 0.1f;  /* 0.09999999999999998 */
-        const float t460 = v0 - v1;  /* t460: f32[128] = sub(t459, transformer.h.0.mlp.c_fc.bias.exp_avg) */
-        const float t461 = v2*t460;  /* t461: f32[128] = mul(0.09999999999999998, t460) */
-        const float t462 = v1 + t461;  /* t462: f32[128] = add(transformer.h.0.mlp.c_fc.bias.exp_avg, t461) */
-        var55[i0] = t462;
-    }
-}
-
-/* t464: f32[128] = mul(0.95, transformer.h.0.mlp.c_fc.bias.exp_avg_sq) */
-/* t465: f32[128] = mul(t459, t459) */
-/* t466: f32[128] = mul(0.050000000000000044, t465) */
-/* t467: f32[128] = add(t464, t466) */
-SG_KERNEL void k73_add_t467(int64_t d0, float* restrict var56, const float* restrict ws45)
-{
-    for (int64_t i0 = 0; i0 < 128; ++i0) {
-        const float v0 = 0.95f;  /* 0.95 */
-        const float v1 = var56[i0];  /* transformer.h.0.mlp.c_fc.bias.exp_avg_sq */
-        const float v2 = ws45[i0];  /* t459 */
-        const float v3 = 0.05f;  /* 0.050000000000000044 */
-        const float t464 = v0*v1;  /* t464: f32[128] = mul(0.95, transformer.h.0.mlp.c_fc.bias.exp_avg_sq) */
-        const float t465 = v2*v2;  /* t465: f32[128] = mul(t459, t459) */
-        const float t466 = v3*t465;  /* t466: f32[128] = mul(0.050000000000000044, t465) */
-        const float t467 = t464 + t466;  /* t467: f32[128] = add(t464, t466) */
-        var56[i0] = t467;
-    }
-}
-
-/* t455: f64[] = pow(0.9, t454) */
-/* t456: f64[] = sub(1.0, t455) */
-/* t457: f64[] = div(param_groups.1.lr, t456) */
-/* t458: f32[] = cast(t457) */
-/* t469: f64[] = pow(0.95, t454) */
-/* t470: f64[] = sub(1.0, t469) */
-/* t471: f64[] = sqrt(t470) */
-/* t472: f32[] = cast(t471) */
-/* t463: f32[128] = mul(t458, t462) */
-/* t468: f32[128] = sqrt(t467) */
-/* t473: f32[128] = div(t468, t472) */
-/* t474: f32[128] = add(t473, 1e-08) */
-/* t475: f32[128] = div(t463, t474) */
-/* t476: f32[128] = sub(transformer.h.0.mlp.c_fc.bias, t475) */
-SG_KERNEL void k74_sub_t476(int64_t d0, const double* restrict var54, const double* restrict var35, const float* restrict var55, const float* restrict var56, float* restrict var11)
-{
-    for (int64_t i0 = 0; i0 < 128; ++i0) {
-        const double v0 = 0.9;  /* 0.9 */
-        const double v1 = var54[0];  /* t454 */
-        const double v2 = 1.0;  /* 1.0 */
-        const double v3 = var35[0];  /* param_groups.1.lr */
-        const double v4 = 0.95;  /* 0.95 */
-        const float v5 = var55[i0];  /* t462 */
-        const float v6 = var56[i0];  /* t467 */
-        const float v7 = 1.0e-08f;  /* 1e-08 */
-        const float v8 = var11[i0];  /* transformer.h.0.mlp.c_fc.bias */
-        const double t455 = pow(v0, v1);  /* t455: f64[] = pow(0.9, t454) */
-        const double t456 = v2 - t455;  /* t456: f64[] = sub(1.0, t455) */
-        const double t457 = v3/t456;  /* t457: f64[] = div(param_groups.1.lr, t456) */
-        const float t458 = (float)(t457);  /* t458: f32[] = cast(t457) */
-        const double t469 = pow(v4, v1);  /* t469: f64[] = pow(0.95, t454) */
-        const double t470 = v2 - t469;  /* t470: f64[] = sub(1.0, t469) */
-        const double t471 = sqrt(t470);  /* t471: f64[] = sqrt(t470) */
-        const float t472 = (float)(t471);  /* t472: f32[] = cast(t471) */
-        const float t463 = t458*v5;  /* t463: f32[128] = mul(t458, t462) */
-        const float t468 = sqrtf(v6);  /* t468: f32[128] = sqrt(t467) */
-        const float t473 = t468/t472;  /* t473: f32[128] = div(t468, t472) */
-        const float t474 = t473 + v7;  /* t474: f32[128] = add(t473, 1e-08) */
-        const float t475 = t463/t474;  /* t475: f32[128] = div(t463, t474) */
-        const float t476 = v8 - t475;  /* t476: f32[128] = sub(transformer.h.0.mlp.c_fc.bias, t475) */
-        var11[i0] = t476;
-    }
-}
-
-/* t245: f32[32,32] = sub(t244, transformer.h.0.attn.c_proj.weight.exp_avg) */
-/* t246: f32[32,32] = mul(0.09999999999999998, t245) */
-/* t247: f32[32,32] = add(transformer.h.0.attn.c_proj.weight.exp_avg, t246) */
-SG_KERNEL void k95_add_t247(int64_t d0, const float* restrict ws55, float* restrict var27)
-{
-    for (int64_t i0 = 0; i0 < 1024; ++i0) {
-        const float v0 = ws55[i0];  /* t244 */
-        const float v1 = var27[i0];  /* transformer.h.0.attn.c_proj.weight.exp_avg */
-        const float v2 = 0.1f;  /* 0.09999999999999998 */
-        const float t245 = v0 - v1;  /* t245: f32[32,32] = sub(t244, transformer.h.0.attn.c_proj.weight.exp_avg) */
-        const float t246 = v2*t245;  /* t246: f32[32,32] = mul(0.09999999999999998, t245) */
-        const float t247 = v1 + t246;  /* t247: f32[32,32] = add(transformer.h.0.attn.c_proj.weight.exp_avg, t246) */
-        var27[i0] = t247;
-    }
-}
-
-/* t249: f32[32,32] = mul(0.95, transformer.h.0.attn.c_proj.weight.exp_avg_sq) */
-/* t250: f32[32,32] = mul(t244, t244) */
-/* t251: f32[32,32] = mul(0.050000000000000044, t250) */
-/* t252: f32[32,32] = add(t249, t251) */
-SG_KERNEL void k96_add_t252(int64_t d0, float* restrict var28, const float* restrict ws55)
-{
-    for (int64_t i0 = 0; i0 < 1024; ++i0) {
-        const float v0 = 0.95f;  /* 0.95 */
-        const float v1 = var28[i0];  /* transformer.h.0.attn.c_proj.weight.exp_avg_sq */
-        const float v2 = ws55[i0];  /* t244 */
-        const float v3 = 0.05f;  /* 0.050000000000000044 */
-        const float t249 = v0*v1;  /* t249: f32[32,32] = mul(0.95, transformer.h.0.attn.c_proj.weight.exp_avg_sq) */
-        const float t250 = v2*v2;  /* t250: f32[32,32] = mul(t244, t244) */
-        const float t251 = v3*t250;  /* t251: f32[32,32] = mul(0.050000000000000044, t250) */
-        const float t252 = t249 + t251;  /* t252: f32[32,32] = add(t249, t251) */
-        var28[i0] = t252;
-    }
-}
-
-/* t135: f32[8*B,32] = matmul(t134, transformer.h.0.attn.c_proj.weight) */
-SG_KERNEL void k97_matmul_t135(int64_t d0, const float* restrict ws53, const float* restrict var6, float* restrict ws56, sg_context* context)
-{
-    /* a[8*d0 x 32] read with strides (32, 1), b[32 x 32] with (32, 1):
-       a transposed operand is only a change of strides. */
-    /* Its buffers in the runtime's scratch region (context->scratch, sized by symgrad_scratch_bytes);
-       context->status: the GEMM's, for the entry point to check */
-    context->status = sg_gemm_f32(8*d0, 32, 32,
-        ws53, 32, 1,
-        var6, 32, 1,
-        ws56, context, NULL, context->scratch);
-}
-
-/* make contiguous for a reshape: t141: f32[B,8,2,16] = transpose[perm=(0,2,1,3)](t140) */
-SG_KERNEL void k99_copy(int64_t d0, const float* restrict ws57, float* restrict ws60)
-{
-    #pragma omp parallel for if((256*d0) >= SG_PARALLEL_MIN)
-    for (int64_t i0 = 0; i0 < d0; ++i0) {
-        for (int64_t i1 = 0; i1 < 8; ++i1) {
-            for (int64_t i2 = 0; i2 < 2; ++i2) {
-                for (int64_t i3 = 0; i3 < 16; ++i3) {
-                    const float v0 = ws57[i0 * 256 + i1 * 16 + i2 * 128 + i3 + (512*d0)];  /* make contiguous for a reshape */
-                    const float r = v0;  /* make contiguous for a reshape: t141: f32[B,8,2,16] = transpose[perm=(0,2,1,3)](t140) */
-                    ws60[i0 * 256 + i1 * 32 + i2 * 16 + i3] = r;
-                }
-            }
-        }
-    }
-}
-
-/* t148: f32[B,8,96] = embed[starts=(0,0,32), steps=(1,1,1)](t147), stored in place into t155 */
-SG_KERNEL void k102_embed_t148(int64_t d0, const float* restrict ws62, float* restrict ws61)
-{
-    #pragma omp parallel for if((256*d0) >= SG_PARALLEL_MIN)
-    for (int64_t i0 = 0; i0 < 8*d0; ++i0) {
-        for (int64_t i1 = 0; i1 < 32; ++i1) {
-            const float v0 = ws62[i0 * 32 + i1];  /* t147 */
-            const float r = v0;  /* t148: f32[B,8,96] = embed[starts=(0,0,32), steps=(1,1,1)](t147), stored in place into t155 */
-            ws61[i0 * 96 + i1 + 32] = r;
-        }
-    }
-}
-
-/* t219: f32[96,32] = matmul(t218, t18) */
-SG_KERNEL void k105_matmul_t219(int64_t d0, const float* restrict ws61, const float* restrict ws6, float* restrict ws64, sg_context* context)
-{
-    /* a[96 x 8*d0] read with strides (1, 96), b[8*d0 x 32] with (32, 1):
-       a transposed operand is only a change of strides. */
-    /* Its buffers in the runtime's scratch region (context->scratch, sized by symgrad_scratch_bytes);
-       context->status: the GEMM's, for the entry point to check */
-    context->status = sg_gemm_f32(96, 32, 8*d0,
-        ws61, 1, 96,
-        ws6, 32, 1,
-        ws64, context, NULL, context->scratch);
-}
-
-/* t366: f32[96] = sum[axes=(0,), keepdims=False](t156) */
-SG_KERNEL void k106_sum_t366(int64_t d0, const float* restrict ws61, float* restrict ws65)
-{
-    /* The kept axis is contiguous: add whole rows into a tile of accumulators (vectorizes),
-       256 columns at a time, instead of walking each column down the rows. */
-    #pragma omp parallel for if((768*d0) >= SG_PARALLEL_MIN)
-    for (int64_t j0 = 0; j0 < 96; j0 += 256) {
-        const int64_t jn = 96 - j0 < 256 ? 96 - j0 : 256;
-        double acc[256];
-        for (int64_t j = 0; j < jn; ++j)
-            acc[j] = 0;
-        for (int64_t r0 = 0; r0 < 8*d0; ++r0) {
-            const float* restrict row = ws61 + r0 * 96;
-            for (int64_t j = 0; j < jn; ++j)
-                acc[j] += (double)row[j0 + j];
-        }
-        for (int64_t j = 0; j < jn; ++j)
-            ws65[j0 + j] = (float)(acc[j]);
-    }
-}
-
-/* t319: f32[B,8,32] = mul(t158, t160) */
-SG_KERNEL void k116_mul_t319(int64_t d0, const float* restrict ws66, const float* restrict ws7, float* restrict ws69)
-{
-    #pragma omp parallel for if((256*d0) >= SG_PARALLEL_MIN)
-    for (int64_t i0 = 0; i0 < 256*d0; ++i0) {
-        const float v0 = ws66[i0];  /* t158 */
-        const float v1 = ws7[i0];  /* t160 */
-        const float t319 = v0*v1;  /* t319: f32[B,8,32] = mul(t158, t160) */
-        ws69[i0] = t319;
-    }
-}
-
-/* t6: f32[B,8,32] = add(t3, t5) */
-/* t9: f32[B,8,32] = sub(t6, t8) */
-/* t159: f32[B,8,32] = mul(t158, transformer.h.0.ln_1.weight) */
-/* t163: f32[B,8,32] = t159/t14 + t162*t9/(32*t14) */
-SG_KERNEL void k118_simplified_t163(int64_t d0, const float* restrict ws0, const float* restrict ws2, const float* restrict ws4, const float* restrict ws66, const float* restrict var2, const float* restrict ws5, const float* restrict ws68, float* restrict ws71)
-{
-    #pragma omp parallel for if((256*d0) >= SG_PARALLEL_MIN)
-    for (int64_t i0 = 0; i0 < d0; ++i0) {
-        for (int64_t i1 = 0; i1 < 8; ++i1) {
-            for (int64_t i2 = 0; i2 < 32; ++i2) {
-                const float v0 = ws0[i0 * 256 + i1 * 32 + i2];  /* t3 */
-                const float v1 = ws2[i1 * 32 + i2];  /* t5 */
-                const float v2 = ws4[i0 * 8 + i1];  /* t8 */
-                const float v3 = ws66[i0 * 256 + i1 * 32 + i2];  /* t158 */
-                const float v4 = var2[i2];  /* transformer.h.0.ln_1.weight */
-                const float v5 = ws5[i0 * 8 + i1];  /* t14 */
-                const float v6 = ws68[i0 * 8 + i1];  /* t162 */
-                const float t6 = v0 + v1;  /* t6: f32[B,8,32] = add(t3, t5) */
-                const float t9 = t6 - v2;  /* t9: f32[B,8,32] = sub(t6, t8) */
-                const float t159 = v3*v4;  /* t159: f32[B,8,32] = mul(t158, transformer.h.0.ln_1.weight) */
-                const float t163 = t159/v5 + (1.0f/32.0f)*v6*t9/v5;  /* t163: f32[B,8,32] = t159/t14 + t162*t9/(32*t14) */
-                ws71[i0 * 256 + i1 * 32 + i2] = t163;
-            }
-        }
-    }
-}
-
 /* t194: f32[8,32] = scatter_add[axis=0, size=8](t193, t4) */
 SG_KERNEL void k127_scatter_add_t194(int64_t d0, const float* restrict ws75, const int64_t* restrict ws76, float* restrict ws77)
 {
@@ -2711,41 +2507,6 @@ SG_KERNEL void k127_scatter_add_t194(int64_t d0, const float* restrict ws75, con
                 dst[q] += row[q];
             }
         }
-    }
-}
-
-/* t195: f32[8,32] = sub(t194, transformer.wpe.weight.exp_avg) */
-/* t196: f32[8,32] = mul(0.09999999999999998, t195) */
-/* t197: f32[8,32] = add(transformer.wpe.weight.exp_avg, t196) */
-SG_KERNEL void k128_add_t197(int64_t d0, const float* restrict ws77, float* restrict var21)
-{
-    for (int64_t i0 = 0; i0 < 256; ++i0) {
-        const float v0 = ws77[i0];  /* t194 */
-        const float v1 = var21[i0];  /* transformer.wpe.weight.exp_avg */
-        const float v2 = 0.1f;  /* 0.09999999999999998 */
-        const float t195 = v0 - v1;  /* t195: f32[8,32] = sub(t194, transformer.wpe.weight.exp_avg) */
-        const float t196 = v2*t195;  /* t196: f32[8,32] = mul(0.09999999999999998, t195) */
-        const float t197 = v1 + t196;  /* t197: f32[8,32] = add(transformer.wpe.weight.exp_avg, t196) */
-        var21[i0] = t197;
-    }
-}
-
-/* t199: f32[8,32] = mul(0.95, transformer.wpe.weight.exp_avg_sq) */
-/* t200: f32[8,32] = mul(t194, t194) */
-/* t201: f32[8,32] = mul(0.050000000000000044, t200) */
-/* t202: f32[8,32] = add(t199, t201) */
-SG_KERNEL void k129_add_t202(int64_t d0, float* restrict var22, const float* restrict ws77)
-{
-    for (int64_t i0 = 0; i0 < 256; ++i0) {
-        const float v0 = 0.95f;  /* 0.95 */
-        const float v1 = var22[i0];  /* transformer.wpe.weight.exp_avg_sq */
-        const float v2 = ws77[i0];  /* t194 */
-        const float v3 = 0.05f;  /* 0.050000000000000044 */
-        const float t199 = v0*v1;  /* t199: f32[8,32] = mul(0.95, transformer.wpe.weight.exp_avg_sq) */
-        const float t200 = v2*v2;  /* t200: f32[8,32] = mul(t194, t194) */
-        const float t201 = v3*t200;  /* t201: f32[8,32] = mul(0.050000000000000044, t200) */
-        const float t202 = t199 + t201;  /* t202: f32[8,32] = add(t199, t201) */
-        var22[i0] = t202;
     }
 }
 
@@ -2799,6 +2560,25 @@ SG_KERNEL void k130_sub_t211(int64_t d0, const double* restrict var16, float* re
         const float t210 = t198/t209;  /* t210: f32[8,32] = div(t198, t209) */
         const float t211 = t187 - t210;  /* t211: f32[8,32] = sub(t187, t210) */
         var1[i0] = t211;
+    }
+}
+
+/* t169: f32[64,32] = add(t106, t168) */
+/* t170: f32[64,32] = sub(t169, transformer.wte.weight.exp_avg) */
+/* t171: f32[64,32] = mul(0.09999999999999998, t170) */
+/* t172: f32[64,32] = add(transformer.wte.weight.exp_avg, t171) */
+SG_KERNEL void k132_add_t172(int64_t d0, const float* restrict ws30, const float* restrict ws74, float* restrict var18)
+{
+    for (int64_t i0 = 0; i0 < 2048; ++i0) {
+        const float v0 = ws30[i0];  /* t106 */
+        const float v1 = ws74[i0];  /* t168 */
+        const float v2 = var18[i0];  /* transformer.wte.weight.exp_avg */
+        const float v3 = 0.1f;  /* 0.09999999999999998 */
+        const float t169 = v0 + v1;  /* t169: f32[64,32] = add(t106, t168) */
+        const float t170 = t169 - v2;  /* t170: f32[64,32] = sub(t169, transformer.wte.weight.exp_avg) */
+        const float t171 = v3*t170;  /* t171: f32[64,32] = mul(0.09999999999999998, t170) */
+        const float t172 = v2 + t171;  /* t172: f32[64,32] = add(transformer.wte.weight.exp_avg, t171) */
+        var18[i0] = t172;
     }
 }
 
@@ -2877,22 +2657,19 @@ SG_KERNEL void k134_sub_t186(int64_t d0, const double* restrict var16, float* re
     }
 }
 
-/* t224: f32[96,32] = mul(0.95, transformer.h.0.attn.c_attn.weight.exp_avg_sq) */
-/* t225: f32[96,32] = mul(t219, t219) */
-/* t226: f32[96,32] = mul(0.050000000000000044, t225) */
-/* t227: f32[96,32] = add(t224, t226) */
-SG_KERNEL void k136_add_t227(int64_t d0, float* restrict var25, const float* restrict ws64)
+/* t220: f32[96,32] = sub(t219, transformer.h.0.attn.c_attn.weight.exp_avg) */
+/* t221: f32[96,32] = mul(0.09999999999999998, t220) */
+/* t222: f32[96,32] = add(transformer.h.0.attn.c_attn.weight.exp_avg, t221) */
+SG_KERNEL void k135_add_t222(int64_t d0, const float* restrict ws64, float* restrict var24)
 {
     for (int64_t i0 = 0; i0 < 3072; ++i0) {
-        const float v0 = 0.95f;  /* 0.95 */
-        const float v1 = var25[i0];  /* transformer.h.0.attn.c_attn.weight.exp_avg_sq */
-        const float v2 = ws64[i0];  /* t219 */
-        const float v3 = 0.05f;  /* 0.050000000000000044 */
-        const float t224 = v0*v1;  /* t224: f32[96,32] = mul(0.95, transformer.h.0.attn.c_attn.weight.exp_avg_sq) */
-        const float t225 = v2*v2;  /* t225: f32[96,32] = mul(t219, t219) */
-        const float t226 = v3*t225;  /* t226: f32[96,32] = mul(0.050000000000000044, t225) */
-        const float t227 = t224 + t226;  /* t227: f32[96,32] = add(t224, t226) */
-        var25[i0] = t227;
+        const float v0 = ws64[i0];  /* t219 */
+        const float v1 = var24[i0];  /* transformer.h.0.attn.c_attn.weight.exp_avg */
+        const float v2 = 0.1f;  /* 0.09999999999999998 */
+        const float t220 = v0 - v1;  /* t220: f32[96,32] = sub(t219, transformer.h.0.attn.c_attn.weight.exp_avg) */
+        const float t221 = v2*t220;  /* t221: f32[96,32] = mul(0.09999999999999998, t220) */
+        const float t222 = v1 + t221;  /* t222: f32[96,32] = add(transformer.h.0.attn.c_attn.weight.exp_avg, t221) */
+        var24[i0] = t222;
     }
 }
 
