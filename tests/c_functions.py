@@ -1,5 +1,8 @@
 """The function definitions of a C source and their lengths in lines, as a reader sees them.
 
+Issue 33 holds symgrad's emitted C to the limit its Python has (tests/test_package_layout.py):
+`over_the_limit` names the functions of a source longer than MAX_FUNCTION_LINES.
+
 A function runs from the line of its name to the line of its closing brace, both counted (the
 comment above it is not; lines of an #if's other branches inside it are). The source is read once
 for each target the runtime is tiled for (TARGETS: the macros its compiler defines), its #if chains
@@ -11,6 +14,12 @@ target, in the branches of an #if, is measured in each.
 from __future__ import annotations
 
 import re
+
+MAX_FUNCTION_LINES = 80
+# A program's entry point and its two size queries (symgrad.backends.render.languages: C_ENTRY,
+# C_WORKSPACE_SIZES, C_SCRATCH_BYTES): a list with a line (or a few) per kernel or temporary of the
+# graph, as long as the graph is; read as that list, not as a function's logic.
+PROGRAM_LISTS = {"symgrad_run", "symgrad_workspace_bytes", "symgrad_scratch_bytes"}
 
 #: The macros gcc defines for each -march level of the runtime's TARGETS (symgrad.backends.build.runtime),
 #: and one with AVX-512's bf16 (its own GEMM); every one compiles with GCC and OpenMP.
@@ -123,3 +132,9 @@ def _definition(text: str, brace: int) -> tuple[str, int] | None:
     if name is None or name.group(1) in ("if", "for", "while", "switch", "sizeof", "return"):
         return None
     return name.group(1), name.start(1)
+
+
+def over_the_limit(source: str) -> dict[str, int]:
+    """name -> lines of the functions of `source` over MAX_FUNCTION_LINES (but PROGRAM_LISTS)."""
+    return {name: n for name, n in function_lengths(source).items()
+            if n > MAX_FUNCTION_LINES and name not in PROGRAM_LISTS}
