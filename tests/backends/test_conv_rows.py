@@ -6,6 +6,8 @@ every path of the kernel and every SIMD level, the report, and the bytes no long
 
 from __future__ import annotations
 
+from collections import Counter
+
 import numpy as np
 import pytest
 
@@ -141,10 +143,12 @@ def test_the_tiles_keep_their_vectors_in_registers(march):
     from symgrad.backends.build import runtime
     loops = kernel_loops(assembly(runtime.source(), march), "sg_conv_rows")
     # each dtype's forward (two inner loops) and weight gradient (one: its row's last, masked vector
-    # is peeled off it; with the masks inside, the loop was not found here at all)
-    functions = sorted(loop.function for loop in loops)
-    assert {f.split(".")[0] for f in functions} == {"sg_conv_rows_f32", "sg_conv_rows_f64"}
-    assert len(set(functions)) == 4 and len(loops) == 6, functions
+    # is peeled off it; with the masks inside, the loop was not found here at all), in their tile's
+    # function or, where gcc inlined that, in the OpenMP region calling it
+    kinds = Counter((kind, loop.function.split(".")[0][-3:]) for loop in loops
+                    for kind in ("forward", "gradient") if loop.function.startswith(f"sg_conv_rows_{kind}_"))
+    assert kinds == {("forward", "f32"): 2, ("forward", "f64"): 2, ("gradient", "f32"): 1, ("gradient", "f64"): 1}, \
+        sorted(loop.function for loop in loops)
     spills = {loop.function: [a for a in loop.stack_accesses if "mm" in a] for loop in loops}
     assert not any(spills.values()), spills
 

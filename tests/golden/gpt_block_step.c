@@ -123,6 +123,32 @@
 #else
 #define SG_ATTENTION_TILE
 #endif
+/* A row of a tile, c[0:2 vectors] (+)= (c0, c1). */
+static inline void sg_attention_put_f32(float* c, sg_vec_f32 c0, sg_vec_f32 c1, int accumulate)
+{
+    enum { VL = SG_F32_VL };
+    if (accumulate) {
+        sg_vec_f32 old;
+        memcpy(&old, c, sizeof old);
+        c0 += old;
+        memcpy(&old, c + VL, sizeof old);
+        c1 += old;
+    }
+    memcpy(c, &c0, sizeof c0);
+    memcpy(c + VL, &c1, sizeof c1);
+}
+
+/* dst[e * T + j] = src[j * row + e] for T rows of E: one head of k (or v) transposed, the keys
+   along the vector lanes of the products that read it. */
+static inline void sg_attention_transpose_f32(int64_t T, int64_t E, const float* src, int64_t row, float* dst)
+{
+    for (int64_t j = 0; j < T; ++j) {
+        for (int64_t e = 0; e < E; ++e) {
+            dst[e * T + j] = src[j * row + e];
+        }
+    }
+}
+
 /* c[8 x 2 vectors] (+)= a[8 x kc] . b[kc x 2 vectors], float: a read through strides (rsa from
    row to row, csa along a row), b's rows ldb apart, c's ldc apart. The accumulators are named
    variables, b's two vectors loaded once per step: gcc keeps them all in registers. */
@@ -168,102 +194,14 @@ static SG_ATTENTION_TILE void sg_attention_tile8_f32(int64_t kc, const float* re
         c70 += x7 * b0;
         c71 += x7 * b1;
     }
-    {
-        float* ci = c + 0 * ldc;
-        if (accumulate) {
-            sg_vec_f32 old;
-            memcpy(&old, ci, sizeof old);
-            c00 += old;
-            memcpy(&old, ci + VL, sizeof old);
-            c01 += old;
-        }
-        memcpy(ci, &c00, sizeof c00);
-        memcpy(ci + VL, &c01, sizeof c01);
-    }
-    {
-        float* ci = c + 1 * ldc;
-        if (accumulate) {
-            sg_vec_f32 old;
-            memcpy(&old, ci, sizeof old);
-            c10 += old;
-            memcpy(&old, ci + VL, sizeof old);
-            c11 += old;
-        }
-        memcpy(ci, &c10, sizeof c10);
-        memcpy(ci + VL, &c11, sizeof c11);
-    }
-    {
-        float* ci = c + 2 * ldc;
-        if (accumulate) {
-            sg_vec_f32 old;
-            memcpy(&old, ci, sizeof old);
-            c20 += old;
-            memcpy(&old, ci + VL, sizeof old);
-            c21 += old;
-        }
-        memcpy(ci, &c20, sizeof c20);
-        memcpy(ci + VL, &c21, sizeof c21);
-    }
-    {
-        float* ci = c + 3 * ldc;
-        if (accumulate) {
-            sg_vec_f32 old;
-            memcpy(&old, ci, sizeof old);
-            c30 += old;
-            memcpy(&old, ci + VL, sizeof old);
-            c31 += old;
-        }
-        memcpy(ci, &c30, sizeof c30);
-        memcpy(ci + VL, &c31, sizeof c31);
-    }
-    {
-        float* ci = c + 4 * ldc;
-        if (accumulate) {
-            sg_vec_f32 old;
-            memcpy(&old, ci, sizeof old);
-            c40 += old;
-            memcpy(&old, ci + VL, sizeof old);
-            c41 += old;
-        }
-        memcpy(ci, &c40, sizeof c40);
-        memcpy(ci + VL, &c41, sizeof c41);
-    }
-    {
-        float* ci = c + 5 * ldc;
-        if (accumulate) {
-            sg_vec_f32 old;
-            memcpy(&old, ci, sizeof old);
-            c50 += old;
-            memcpy(&old, ci + VL, sizeof old);
-            c51 += old;
-        }
-        memcpy(ci, &c50, sizeof c50);
-        memcpy(ci + VL, &c51, sizeof c51);
-    }
-    {
-        float* ci = c + 6 * ldc;
-        if (accumulate) {
-            sg_vec_f32 old;
-            memcpy(&old, ci, sizeof old);
-            c60 += old;
-            memcpy(&old, ci + VL, sizeof old);
-            c61 += old;
-        }
-        memcpy(ci, &c60, sizeof c60);
-        memcpy(ci + VL, &c61, sizeof c61);
-    }
-    {
-        float* ci = c + 7 * ldc;
-        if (accumulate) {
-            sg_vec_f32 old;
-            memcpy(&old, ci, sizeof old);
-            c70 += old;
-            memcpy(&old, ci + VL, sizeof old);
-            c71 += old;
-        }
-        memcpy(ci, &c70, sizeof c70);
-        memcpy(ci + VL, &c71, sizeof c71);
-    }
+    sg_attention_put_f32(c + 0 * ldc, c00, c01, accumulate);
+    sg_attention_put_f32(c + 1 * ldc, c10, c11, accumulate);
+    sg_attention_put_f32(c + 2 * ldc, c20, c21, accumulate);
+    sg_attention_put_f32(c + 3 * ldc, c30, c31, accumulate);
+    sg_attention_put_f32(c + 4 * ldc, c40, c41, accumulate);
+    sg_attention_put_f32(c + 5 * ldc, c50, c51, accumulate);
+    sg_attention_put_f32(c + 6 * ldc, c60, c61, accumulate);
+    sg_attention_put_f32(c + 7 * ldc, c70, c71, accumulate);
 }
 
 /* c[4 x 2 vectors] (+)= a[4 x kc] . b[kc x 2 vectors], float: a read through strides (rsa from
@@ -295,54 +233,10 @@ static SG_ATTENTION_TILE void sg_attention_tile4_f32(int64_t kc, const float* re
         c30 += x3 * b0;
         c31 += x3 * b1;
     }
-    {
-        float* ci = c + 0 * ldc;
-        if (accumulate) {
-            sg_vec_f32 old;
-            memcpy(&old, ci, sizeof old);
-            c00 += old;
-            memcpy(&old, ci + VL, sizeof old);
-            c01 += old;
-        }
-        memcpy(ci, &c00, sizeof c00);
-        memcpy(ci + VL, &c01, sizeof c01);
-    }
-    {
-        float* ci = c + 1 * ldc;
-        if (accumulate) {
-            sg_vec_f32 old;
-            memcpy(&old, ci, sizeof old);
-            c10 += old;
-            memcpy(&old, ci + VL, sizeof old);
-            c11 += old;
-        }
-        memcpy(ci, &c10, sizeof c10);
-        memcpy(ci + VL, &c11, sizeof c11);
-    }
-    {
-        float* ci = c + 2 * ldc;
-        if (accumulate) {
-            sg_vec_f32 old;
-            memcpy(&old, ci, sizeof old);
-            c20 += old;
-            memcpy(&old, ci + VL, sizeof old);
-            c21 += old;
-        }
-        memcpy(ci, &c20, sizeof c20);
-        memcpy(ci + VL, &c21, sizeof c21);
-    }
-    {
-        float* ci = c + 3 * ldc;
-        if (accumulate) {
-            sg_vec_f32 old;
-            memcpy(&old, ci, sizeof old);
-            c30 += old;
-            memcpy(&old, ci + VL, sizeof old);
-            c31 += old;
-        }
-        memcpy(ci, &c30, sizeof c30);
-        memcpy(ci + VL, &c31, sizeof c31);
-    }
+    sg_attention_put_f32(c + 0 * ldc, c00, c01, accumulate);
+    sg_attention_put_f32(c + 1 * ldc, c10, c11, accumulate);
+    sg_attention_put_f32(c + 2 * ldc, c20, c21, accumulate);
+    sg_attention_put_f32(c + 3 * ldc, c30, c31, accumulate);
 }
 
 /* The same product for any m x n, at C's edges: one vector loop along each row of c. */
@@ -393,6 +287,32 @@ static void sg_attention_product_f32(int64_t M, int64_t N, int64_t K, const floa
     }
 }
 
+/* A row of a tile, c[0:2 vectors] (+)= (c0, c1). */
+static inline void sg_attention_put_f64(double* c, sg_vec_f64 c0, sg_vec_f64 c1, int accumulate)
+{
+    enum { VL = SG_F64_VL };
+    if (accumulate) {
+        sg_vec_f64 old;
+        memcpy(&old, c, sizeof old);
+        c0 += old;
+        memcpy(&old, c + VL, sizeof old);
+        c1 += old;
+    }
+    memcpy(c, &c0, sizeof c0);
+    memcpy(c + VL, &c1, sizeof c1);
+}
+
+/* dst[e * T + j] = src[j * row + e] for T rows of E: one head of k (or v) transposed, the keys
+   along the vector lanes of the products that read it. */
+static inline void sg_attention_transpose_f64(int64_t T, int64_t E, const double* src, int64_t row, double* dst)
+{
+    for (int64_t j = 0; j < T; ++j) {
+        for (int64_t e = 0; e < E; ++e) {
+            dst[e * T + j] = src[j * row + e];
+        }
+    }
+}
+
 /* c[8 x 2 vectors] (+)= a[8 x kc] . b[kc x 2 vectors], double: a read through strides (rsa from
    row to row, csa along a row), b's rows ldb apart, c's ldc apart. The accumulators are named
    variables, b's two vectors loaded once per step: gcc keeps them all in registers. */
@@ -438,102 +358,14 @@ static SG_ATTENTION_TILE void sg_attention_tile8_f64(int64_t kc, const double* r
         c70 += x7 * b0;
         c71 += x7 * b1;
     }
-    {
-        double* ci = c + 0 * ldc;
-        if (accumulate) {
-            sg_vec_f64 old;
-            memcpy(&old, ci, sizeof old);
-            c00 += old;
-            memcpy(&old, ci + VL, sizeof old);
-            c01 += old;
-        }
-        memcpy(ci, &c00, sizeof c00);
-        memcpy(ci + VL, &c01, sizeof c01);
-    }
-    {
-        double* ci = c + 1 * ldc;
-        if (accumulate) {
-            sg_vec_f64 old;
-            memcpy(&old, ci, sizeof old);
-            c10 += old;
-            memcpy(&old, ci + VL, sizeof old);
-            c11 += old;
-        }
-        memcpy(ci, &c10, sizeof c10);
-        memcpy(ci + VL, &c11, sizeof c11);
-    }
-    {
-        double* ci = c + 2 * ldc;
-        if (accumulate) {
-            sg_vec_f64 old;
-            memcpy(&old, ci, sizeof old);
-            c20 += old;
-            memcpy(&old, ci + VL, sizeof old);
-            c21 += old;
-        }
-        memcpy(ci, &c20, sizeof c20);
-        memcpy(ci + VL, &c21, sizeof c21);
-    }
-    {
-        double* ci = c + 3 * ldc;
-        if (accumulate) {
-            sg_vec_f64 old;
-            memcpy(&old, ci, sizeof old);
-            c30 += old;
-            memcpy(&old, ci + VL, sizeof old);
-            c31 += old;
-        }
-        memcpy(ci, &c30, sizeof c30);
-        memcpy(ci + VL, &c31, sizeof c31);
-    }
-    {
-        double* ci = c + 4 * ldc;
-        if (accumulate) {
-            sg_vec_f64 old;
-            memcpy(&old, ci, sizeof old);
-            c40 += old;
-            memcpy(&old, ci + VL, sizeof old);
-            c41 += old;
-        }
-        memcpy(ci, &c40, sizeof c40);
-        memcpy(ci + VL, &c41, sizeof c41);
-    }
-    {
-        double* ci = c + 5 * ldc;
-        if (accumulate) {
-            sg_vec_f64 old;
-            memcpy(&old, ci, sizeof old);
-            c50 += old;
-            memcpy(&old, ci + VL, sizeof old);
-            c51 += old;
-        }
-        memcpy(ci, &c50, sizeof c50);
-        memcpy(ci + VL, &c51, sizeof c51);
-    }
-    {
-        double* ci = c + 6 * ldc;
-        if (accumulate) {
-            sg_vec_f64 old;
-            memcpy(&old, ci, sizeof old);
-            c60 += old;
-            memcpy(&old, ci + VL, sizeof old);
-            c61 += old;
-        }
-        memcpy(ci, &c60, sizeof c60);
-        memcpy(ci + VL, &c61, sizeof c61);
-    }
-    {
-        double* ci = c + 7 * ldc;
-        if (accumulate) {
-            sg_vec_f64 old;
-            memcpy(&old, ci, sizeof old);
-            c70 += old;
-            memcpy(&old, ci + VL, sizeof old);
-            c71 += old;
-        }
-        memcpy(ci, &c70, sizeof c70);
-        memcpy(ci + VL, &c71, sizeof c71);
-    }
+    sg_attention_put_f64(c + 0 * ldc, c00, c01, accumulate);
+    sg_attention_put_f64(c + 1 * ldc, c10, c11, accumulate);
+    sg_attention_put_f64(c + 2 * ldc, c20, c21, accumulate);
+    sg_attention_put_f64(c + 3 * ldc, c30, c31, accumulate);
+    sg_attention_put_f64(c + 4 * ldc, c40, c41, accumulate);
+    sg_attention_put_f64(c + 5 * ldc, c50, c51, accumulate);
+    sg_attention_put_f64(c + 6 * ldc, c60, c61, accumulate);
+    sg_attention_put_f64(c + 7 * ldc, c70, c71, accumulate);
 }
 
 /* c[4 x 2 vectors] (+)= a[4 x kc] . b[kc x 2 vectors], double: a read through strides (rsa from
@@ -565,54 +397,10 @@ static SG_ATTENTION_TILE void sg_attention_tile4_f64(int64_t kc, const double* r
         c30 += x3 * b0;
         c31 += x3 * b1;
     }
-    {
-        double* ci = c + 0 * ldc;
-        if (accumulate) {
-            sg_vec_f64 old;
-            memcpy(&old, ci, sizeof old);
-            c00 += old;
-            memcpy(&old, ci + VL, sizeof old);
-            c01 += old;
-        }
-        memcpy(ci, &c00, sizeof c00);
-        memcpy(ci + VL, &c01, sizeof c01);
-    }
-    {
-        double* ci = c + 1 * ldc;
-        if (accumulate) {
-            sg_vec_f64 old;
-            memcpy(&old, ci, sizeof old);
-            c10 += old;
-            memcpy(&old, ci + VL, sizeof old);
-            c11 += old;
-        }
-        memcpy(ci, &c10, sizeof c10);
-        memcpy(ci + VL, &c11, sizeof c11);
-    }
-    {
-        double* ci = c + 2 * ldc;
-        if (accumulate) {
-            sg_vec_f64 old;
-            memcpy(&old, ci, sizeof old);
-            c20 += old;
-            memcpy(&old, ci + VL, sizeof old);
-            c21 += old;
-        }
-        memcpy(ci, &c20, sizeof c20);
-        memcpy(ci + VL, &c21, sizeof c21);
-    }
-    {
-        double* ci = c + 3 * ldc;
-        if (accumulate) {
-            sg_vec_f64 old;
-            memcpy(&old, ci, sizeof old);
-            c30 += old;
-            memcpy(&old, ci + VL, sizeof old);
-            c31 += old;
-        }
-        memcpy(ci, &c30, sizeof c30);
-        memcpy(ci + VL, &c31, sizeof c31);
-    }
+    sg_attention_put_f64(c + 0 * ldc, c00, c01, accumulate);
+    sg_attention_put_f64(c + 1 * ldc, c10, c11, accumulate);
+    sg_attention_put_f64(c + 2 * ldc, c20, c21, accumulate);
+    sg_attention_put_f64(c + 3 * ldc, c30, c31, accumulate);
 }
 
 /* The same product for any m x n, at C's edges: one vector loop along each row of c. */
@@ -814,1132 +602,6 @@ SG_KERNEL void k140_sub_t242(int64_t d0, const double* restrict var16, float* re
 /* ---- translation unit 1 of 2 ---- */
 #if SG_IN_PART(1)
 
-/* t3: f32[B,8,32] = take[axis=0](transformer.wte.weight, idx) */
-SG_KERNEL void k0_take_t3(int64_t d0, const float* restrict var0, const int64_t* restrict in0, float* restrict ws0)
-{
-    const int64_t P = 1, I = (8*d0), Q = 32, R = 64;
-    const float* src = var0;
-    const int64_t* idx = in0;
-    /* out[p, i, q] = src[p, idx[i], q]: each (p, i) copies one row of Q. An index outside [0, R)
-       (the call checked them; this is only a guard) gives a row of zeros, never a read outside src. */
-    #pragma omp parallel for collapse(2) if(P * I * Q >= SG_PARALLEL_MIN)
-    for (int64_t p = 0; p < P; ++p) {
-        for (int64_t i = 0; i < I; ++i) {
-            const int64_t r = (int64_t)idx[i];
-            const int inside = r >= 0 && r < R;
-            const float* row = src + (p * R + (inside ? r : 0)) * Q;
-            float* dst = ws0 + (p * I + i) * Q;
-            for (int64_t q = 0; q < Q; ++q) {
-                dst[q] = inside ? row[q] : 0;
-            }
-        }
-    }
-}
-
-/* Also called for 1 more kernel(s), the same code on their buffers: k130_copy */
-/* make iota's operand contiguous: t4 */
-SG_KERNEL void k1_copy(int64_t d0, int64_t* restrict ws1)
-{
-    for (int64_t i0 = 0; i0 < 8; ++i0) {
-        const int64_t v0 = i0;  /* make iota's operand contiguous */
-        const int64_t r = v0;  /* make iota's operand contiguous: t4 */
-        ws1[i0] = r;
-    }
-}
-
-/* t5: f32[8,32] = take[axis=0](transformer.wpe.weight, t4) */
-SG_KERNEL void k2_take_t5(int64_t d0, const float* restrict var1, const int64_t* restrict ws1, float* restrict ws2)
-{
-    const int64_t P = 1, I = 8, Q = 32, R = 8;
-    const float* src = var1;
-    const int64_t* idx = ws1;
-    /* out[p, i, q] = src[p, idx[i], q]: each (p, i) copies one row of Q. An index outside [0, R)
-       (the call checked them; this is only a guard) gives a row of zeros, never a read outside src. */
-    for (int64_t p = 0; p < P; ++p) {
-        for (int64_t i = 0; i < I; ++i) {
-            const int64_t r = (int64_t)idx[i];
-            const int inside = r >= 0 && r < R;
-            const float* row = src + (p * R + (inside ? r : 0)) * Q;
-            float* dst = ws2 + (p * I + i) * Q;
-            for (int64_t q = 0; q < Q; ++q) {
-                dst[q] = inside ? row[q] : 0;
-            }
-        }
-    }
-}
-
-/* Also called for 15 more kernel(s), the same code on their buffers: k5_add_t191, k6_add_t216, */
-/*     k7_add_t244, k8_add_t269, k9_add_t297, k10_add_t323, k11_add_t347, k12_add_t370, */
-/*     k13_add_t393, k14_add_t416, k15_add_t440, k16_add_t463, k17_add_t486, k18_add_t509, */
-/*     k19_add_t533 */
-/* t95: f64[] = add(transformer.wte.weight.step, 1.0) */
-SG_KERNEL void k4_add_t95(int64_t d0, double* restrict var17)
-{
-    const double v0 = var17[0];  /* transformer.wte.weight.step */
-    const double v1 = 1.0;  /* 1.0 */
-    const double t95 = v0 + v1;  /* t95: f64[] = add(transformer.wte.weight.step, 1.0) */
-    var17[0] = t95;
-}
-
-/* t6: f32[B,8,32] = add(t3, t5) */
-/* t9: f32[B,8,32] = sub(t6, t8) */
-/* t163: f32[B,8,32] = div(t9, t14) */
-SG_KERNEL void k23_div_t163(int64_t d0, const float* restrict ws0, const float* restrict ws2, const float* restrict ws4, const float* restrict ws5, float* restrict ws7)
-{
-    #pragma omp parallel for if((256*d0) >= SG_PARALLEL_MIN)
-    for (int64_t i0 = 0; i0 < d0; ++i0) {
-        for (int64_t i1 = 0; i1 < 8; ++i1) {
-            for (int64_t i2 = 0; i2 < 32; ++i2) {
-                const float v0 = ws0[i0 * 256 + i1 * 32 + i2];  /* t3 */
-                const float v1 = ws2[i1 * 32 + i2];  /* t5 */
-                const float v2 = ws4[i0 * 8 + i1];  /* t8 */
-                const float v3 = ws5[i0 * 8 + i1];  /* t14 */
-                const float t6 = v0 + v1;  /* t6: f32[B,8,32] = add(t3, t5) */
-                const float t9 = t6 - v2;  /* t9: f32[B,8,32] = sub(t6, t8) */
-                const float t163 = t9/v3;  /* t163: f32[B,8,32] = div(t9, t14) */
-                ws7[i0 * 256 + i1 * 32 + i2] = t163;
-            }
-        }
-    }
-}
-
-/* t32: f32[B,2,8,16] = attention[causal=True, scale=0.25](t25, t28, t31) */
-SG_KERNEL void k25_attention_t32(int64_t d0, const float* restrict ws8, float* restrict ws9, float* restrict ws10, float* restrict ws11)
-{
-    /* attention over H heads of T rows of E = 16 elements; causal: row i sees keys j <= i */
-    enum { E = 16 };
-    const int64_t H = (2*d0), T = 8, tiles = (T + SG_ROW_TILE - 1) / SG_ROW_TILE;
-    const float scale = 0.25f;
-    float* kt = ws10;  /* k transposed per head: H x E x T */
-    #pragma omp parallel for if(H * T * E >= SG_PARALLEL_MIN)
-    for (int64_t h = 0; h < H; ++h) {
-        const int64_t n0 = h / 2;
-        const int64_t n1 = h % 2;
-        const float* qh = ws8 + n0 * 768 + n1 * 16;  /* t25, head h */
-        const int64_t q_row = 96;
-        const float* kh = ws8 + n0 * 768 + n1 * 16 + 32;  /* t28, head h */
-        const int64_t k_row = 96;
-        const float* vh = ws8 + n0 * 768 + n1 * 16 + 64;  /* t31, head h */
-        const int64_t v_row = 96;
-
-        float* th = kt + h * E * T;
-        for (int64_t j = 0; j < T; ++j) {
-            for (int64_t e = 0; e < E; ++e) {
-                th[e * T + j] = kh[j * k_row + e];
-            }
-        }
-    }
-    #pragma omp parallel for collapse(2) schedule(dynamic) if(H * T * T * E >= SG_PARALLEL_MIN)
-    for (int64_t h = 0; h < H; ++h) {
-        for (int64_t tile = 0; tile < tiles; ++tile) {
-            const int64_t n0 = h / 2;
-            const int64_t n1 = h % 2;
-            const float* qh = ws8 + n0 * 768 + n1 * 16;  /* t25, head h */
-            const int64_t q_row = 96;
-            const float* kh = ws8 + n0 * 768 + n1 * 16 + 32;  /* t28, head h */
-            const int64_t k_row = 96;
-            const float* vh = ws8 + n0 * 768 + n1 * 16 + 64;  /* t31, head h */
-            const int64_t v_row = 96;
-
-            const float* kth = kt + h * E * T;
-            const int64_t i0 = tile * SG_ROW_TILE, rows = T - i0 < SG_ROW_TILE ? T - i0 : SG_ROW_TILE;
-            const int64_t keys = i0 + rows;
-            /* per row: m, the largest score so far; l, the sum of exp(s - m); o, that sum's v rows */
-            float m[SG_ROW_TILE], l[SG_ROW_TILE], scores[SG_ROW_TILE][SG_KEY_BLOCK];
-            float* o = ws9 + (h * T + i0) * E;
-            for (int64_t r = 0; r < rows; ++r) {
-                m[r] = -INFINITY;
-                l[r] = 0;
-                for (int64_t e = 0; e < E; ++e) {
-                    o[r * E + e] = 0;
-                }
-            }
-            /* Block 0 holds key 0, which every row sees: m is finite after it. */
-            for (int64_t j0 = 0; j0 < keys; j0 += SG_KEY_BLOCK) {
-                const int64_t n = keys - j0 < SG_KEY_BLOCK ? keys - j0 : SG_KEY_BLOCK;
-                sg_attention_product_f32(rows, n, E, qh + i0 * q_row, q_row, 1, kth + j0, T, &scores[0][0], SG_KEY_BLOCK, 0);
-                for (int64_t r = 0; r < rows; ++r) {
-                    const int64_t i = i0 + r;
-                    float* s = scores[r];
-                    const float before = m[r];
-                    float top = before;
-                    for (int64_t jj = 0; jj < n; ++jj) {
-                        s[jj] = j0 + jj <= i ? s[jj] * scale : -INFINITY;
-                        top = s[jj] > top ? s[jj] : top;
-                    }
-                    /* the sums so far were taken against m: rescale them to top */
-                    const float rescale = sg_expf(before - top);
-                    float sum = 0;
-                    for (int64_t jj = 0; jj < n; ++jj) {
-                        s[jj] = sg_expf(s[jj] - top);
-                        sum += s[jj];
-                    }
-                    l[r] = l[r] * rescale + sum;
-                    m[r] = top;
-                    for (int64_t e = 0; e < E; ++e) {
-                        o[r * E + e] *= rescale;
-                    }
-                }
-                /* o += p v over the block's keys (p: exp(s - m), now in scores) */
-                sg_attention_product_f32(rows, E, n, &scores[0][0], SG_KEY_BLOCK, 1, vh + j0 * v_row, v_row, o, E, 1);
-            }
-            for (int64_t r = 0; r < rows; ++r) {
-                const float inverse = 1 / l[r];
-                for (int64_t e = 0; e < E; ++e) {
-                    o[r * E + e] *= inverse;
-                }
-                /* for the gradient: the row's softmax, m and 1 / l */
-                ws11[h * T + i0 + r] = m[r];
-                ws11[(H + h) * T + i0 + r] = inverse;
-            }
-        }
-    }
-}
-
-/* Also called for 1 more kernel(s), the same code on their buffers: k105_copy */
-/* make contiguous for a reshape: t33: f32[B,8,2,16] = transpose[perm=(0,2,1,3)](t32) */
-SG_KERNEL void k26_copy(int64_t d0, const float* restrict ws9, float* restrict ws12)
-{
-    #pragma omp parallel for if((256*d0) >= SG_PARALLEL_MIN)
-    for (int64_t i0 = 0; i0 < d0; ++i0) {
-        for (int64_t i1 = 0; i1 < 8; ++i1) {
-            for (int64_t i2 = 0; i2 < 2; ++i2) {
-                for (int64_t i3 = 0; i3 < 16; ++i3) {
-                    const float v0 = ws9[i0 * 256 + i1 * 16 + i2 * 128 + i3];  /* make contiguous for a reshape */
-                    const float r = v0;  /* make contiguous for a reshape: t33: f32[B,8,2,16] = transpose[perm=(0,2,1,3)](t32) */
-                    ws12[i0 * 256 + i1 * 32 + i2 * 16 + i3] = r;
-                }
-            }
-        }
-    }
-}
-
-/* t36: f32[8*B,32] = matmul(t34, t35) */
-/* t37: f32[8*B,32] = add(t36, transformer.h.0.attn.c_proj.bias) */
-/* What k27_add_t37's epilogue reads (Dims, operands) and the product it finishes in place. */
-typedef struct {
-    int64_t d0;
-    const float* var7;
-    float* ws13;
-} k27_add_t37_args;
-
-/* k27_add_t37's fused epilogue: the GEMM calls it on each block [i0, i0 + rows) x [j0, j0 + cols)
-   of the product once that block holds its final sums (after the last K chunk), while the block is
-   still in cache; each element goes through the fused nodes and the result overwrites it. */
-static void k27_add_t37_epilogue(const void* p, int64_t i0, int64_t j0, int64_t rows, int64_t cols)
-{
-    const k27_add_t37_args* args = p;
-    const int64_t d0 = args->d0;
-    const float* restrict var7 = args->var7;
-    float* restrict ws13 = args->ws13;
-    for (int64_t row = i0; row < i0 + rows; ++row) {
-        for (int64_t col = j0; col < j0 + cols; ++col) {
-            const float prod = ws13[row * 32 + col];  /* t36: f32[8*B,32] = matmul(t34, t35) */
-            const float v0 = var7[col];  /* transformer.h.0.attn.c_proj.bias */
-            const float t37 = prod + v0;  /* t37: f32[8*B,32] = add(t36, transformer.h.0.attn.c_proj.bias) */
-            ws13[row * 32 + col] = t37;
-        }
-    }
-}
-
-SG_KERNEL void k27_add_t37(int64_t d0, const float* restrict ws12, const float* restrict var6, const float* restrict var7, float* restrict ws13, sg_context* context)
-{
-    const k27_add_t37_args args = { d0, var7, ws13 };
-    const sg_epilogue epilogue = { k27_add_t37_epilogue, &args };
-    /* a[8*d0 x 32] read with strides (32, 1), b[32 x 32] with (1, 32):
-       a transposed operand is only a change of strides. */
-    /* Its buffers in the runtime's scratch region (context->scratch, sized by symgrad_scratch_bytes);
-       context->status: the GEMM's, for the entry point to check */
-    context->status = sg_gemm_f32(8*d0, 32, 32,
-        ws12, 32, 1,
-        var6, 1, 32,
-        ws13, context, &epilogue, context->scratch);
-}
-
-/* t6: f32[B,8,32] = add(t3, t5) */
-/* t39: f32[B,8,32] = add(t6, t38) */
-/* t40: f32[B,8,1] = sum[axes=(2,), keepdims=True](t39) */
-/* t41: f32[B,8,1] = mul(t40, 1/32) */
-SG_KERNEL void k28_mul_t41(int64_t d0, const float* restrict ws0, const float* restrict ws2, const float* restrict ws13, float* restrict ws14)
-{
-    #pragma omp parallel for if((256*d0) >= SG_PARALLEL_MIN)
-    for (int64_t o0 = 0; o0 < d0; ++o0) {
-        for (int64_t o1 = 0; o1 < 8; ++o1) {
-            double acc = 0;
-            #pragma omp simd reduction(+:acc)
-            for (int64_t r0 = 0; r0 < 32; ++r0) {
-                const float v0 = ws0[o0 * 256 + o1 * 32 + r0];  /* t3 */
-                const float v1 = ws2[o1 * 32 + r0];  /* t5 */
-                const float v2 = ws13[o0 * 256 + o1 * 32 + r0];  /* t38 */
-                const float t6 = v0 + v1;  /* t6: f32[B,8,32] = add(t3, t5) */
-                const float t39 = t6 + v2;  /* t39: f32[B,8,32] = add(t6, t38) */
-                acc += (double)t39;
-            }
-            const float red = (float)(acc);
-            const float ev0 = 0.03125f;  /* 1/32 */
-            const float t41 = red*ev0;  /* t41: f32[B,8,1] = mul(t40, 1/32) */
-            ws14[o0 * 8 + o1] = t41;
-        }
-    }
-}
-
-/* t59: f32[8*B,32] = matmul(t57, t58) */
-/* t60: f32[8*B,32] = add(t59, transformer.h.0.mlp.c_proj.bias) */
-/* What k34_add_t60's epilogue reads (Dims, operands) and the product it finishes in place. */
-typedef struct {
-    int64_t d0;
-    const float* var13;
-    float* ws20;
-} k34_add_t60_args;
-
-/* k34_add_t60's fused epilogue: the GEMM calls it on each block [i0, i0 + rows) x [j0, j0 + cols)
-   of the product once that block holds its final sums (after the last K chunk), while the block is
-   still in cache; each element goes through the fused nodes and the result overwrites it. */
-static void k34_add_t60_epilogue(const void* p, int64_t i0, int64_t j0, int64_t rows, int64_t cols)
-{
-    const k34_add_t60_args* args = p;
-    const int64_t d0 = args->d0;
-    const float* restrict var13 = args->var13;
-    float* restrict ws20 = args->ws20;
-    for (int64_t row = i0; row < i0 + rows; ++row) {
-        for (int64_t col = j0; col < j0 + cols; ++col) {
-            const float prod = ws20[row * 32 + col];  /* t59: f32[8*B,32] = matmul(t57, t58) */
-            const float v0 = var13[col];  /* transformer.h.0.mlp.c_proj.bias */
-            const float t60 = prod + v0;  /* t60: f32[8*B,32] = add(t59, transformer.h.0.mlp.c_proj.bias) */
-            ws20[row * 32 + col] = t60;
-        }
-    }
-}
-
-SG_KERNEL void k34_add_t60(int64_t d0, const float* restrict ws19, const float* restrict var12, const float* restrict var13, float* restrict ws20, sg_context* context)
-{
-    const k34_add_t60_args args = { d0, var13, ws20 };
-    const sg_epilogue epilogue = { k34_add_t60_epilogue, &args };
-    /* a[8*d0 x 128] read with strides (128, 1), b[128 x 32] with (1, 128):
-       a transposed operand is only a change of strides. */
-    /* Its buffers in the runtime's scratch region (context->scratch, sized by symgrad_scratch_bytes);
-       context->status: the GEMM's, for the entry point to check */
-    context->status = sg_gemm_f32(8*d0, 32, 128,
-        ws19, 128, 1,
-        var12, 1, 128,
-        ws20, context, &epilogue, context->scratch);
-}
-
-/* t6: f32[B,8,32] = add(t3, t5) */
-/* t39: f32[B,8,32] = add(t6, t38) */
-/* t62: f32[B,8,32] = add(t39, t61) */
-/* t63: f32[B,8,1] = sum[axes=(2,), keepdims=True](t62) */
-/* t64: f32[B,8,1] = mul(t63, 1/32) */
-SG_KERNEL void k35_mul_t64(int64_t d0, const float* restrict ws0, const float* restrict ws2, const float* restrict ws13, const float* restrict ws20, float* restrict ws21)
-{
-    #pragma omp parallel for if((256*d0) >= SG_PARALLEL_MIN)
-    for (int64_t o0 = 0; o0 < d0; ++o0) {
-        for (int64_t o1 = 0; o1 < 8; ++o1) {
-            double acc = 0;
-            #pragma omp simd reduction(+:acc)
-            for (int64_t r0 = 0; r0 < 32; ++r0) {
-                const float v0 = ws0[o0 * 256 + o1 * 32 + r0];  /* t3 */
-                const float v1 = ws2[o1 * 32 + r0];  /* t5 */
-                const float v2 = ws13[o0 * 256 + o1 * 32 + r0];  /* t38 */
-                const float v3 = ws20[o0 * 256 + o1 * 32 + r0];  /* t61 */
-                const float t6 = v0 + v1;  /* t6: f32[B,8,32] = add(t3, t5) */
-                const float t39 = t6 + v2;  /* t39: f32[B,8,32] = add(t6, t38) */
-                const float t62 = t39 + v3;  /* t62: f32[B,8,32] = add(t39, t61) */
-                acc += (double)t62;
-            }
-            const float red = (float)(acc);
-            const float ev0 = 0.03125f;  /* 1/32 */
-            const float t64 = red*ev0;  /* t64: f32[B,8,1] = mul(t63, 1/32) */
-            ws21[o0 * 8 + o1] = t64;
-        }
-    }
-}
-
-/* t110: f32[64,32] = matmul(t105, t109) */
-SG_KERNEL void k43_matmul_t110(int64_t d0, const float* restrict ws29, const float* restrict ws30, float* restrict ws31, sg_context* context)
-{
-    /* a[64 x 8*d0] read with strides (1, 64), b[8*d0 x 32] with (32, 1):
-       a transposed operand is only a change of strides. */
-    /* Its buffers in the runtime's scratch region (context->scratch, sized by symgrad_scratch_bytes);
-       context->status: the GEMM's, for the entry point to check */
-    context->status = sg_gemm_f32(64, 32, 8*d0,
-        ws29, 1, 64,
-        ws30, 32, 1,
-        ws31, context, NULL, context->scratch);
-}
-
-/* Also called for 7 more kernel(s), the same code on their buffers: k54_add_t523, k60_add_t499, */
-/*     k76_add_t453, k84_add_t430, k91_add_t406, k115_add_t360, k123_add_t337 */
-/* t543: f32[32] = mul(0.95, transformer.ln_f.bias.exp_avg_sq) */
-/* t544: f32[32] = mul(t538, t538) */
-/* t545: f32[32] = mul(0.050000000000000044, t544) */
-/* t546: f32[32] = add(t543, t545) */
-SG_KERNEL void k47_add_t546(int64_t d0, float* restrict var65, const float* restrict ws33)
-{
-    for (int64_t i0 = 0; i0 < 32; ++i0) {
-        const float v0 = 0.95f;  /* 0.95 */
-        const float v1 = var65[i0];  /* transformer.ln_f.bias.exp_avg_sq */
-        const float v2 = ws33[i0];  /* t538 */
-        const float v3 = 0.05f;  /* 0.050000000000000044 */
-        const float t543 = v0*v1;  /* t543: f32[32] = mul(0.95, transformer.ln_f.bias.exp_avg_sq) */
-        const float t544 = v2*v2;  /* t544: f32[32] = mul(t538, t538) */
-        const float t545 = v3*t544;  /* t545: f32[32] = mul(0.050000000000000044, t544) */
-        const float t546 = t543 + t545;  /* t546: f32[32] = add(t543, t545) */
-        var65[i0] = t546;
-    }
-}
-
-/* Also called for 1 more kernel(s), the same code on their buffers: k77_sum_t131 */
-/* t106: f32[B,8,32] = div(t65, t70) */
-/* t113: f32[B,8,32] = mul(t112, transformer.ln_f.weight) */
-/* t114: f32[B,8,32] = -t106*t113/t70 */
-/* t115: f32[B,8,1] = sum[axes=(2,), keepdims=True](t114) */
-SG_KERNEL void k49_sum_t115(int64_t d0, const float* restrict ws22, const float* restrict ws23, const float* restrict ws32, const float* restrict var14, float* restrict ws34)
-{
-    #pragma omp parallel for if((256*d0) >= SG_PARALLEL_MIN)
-    for (int64_t o0 = 0; o0 < 8*d0; ++o0) {
-        double acc = 0;
-        #pragma omp simd reduction(+:acc)
-        for (int64_t r0 = 0; r0 < 32; ++r0) {
-            const float v0 = ws22[o0 * 32 + r0];  /* t65 */
-            const float v1 = ws23[o0];  /* t70 */
-            const float v2 = ws32[o0 * 32 + r0];  /* t112 */
-            const float v3 = var14[r0];  /* transformer.ln_f.weight */
-            const float t106 = v0/v1;  /* t106: f32[B,8,32] = div(t65, t70) */
-            const float t113 = v2*v3;  /* t113: f32[B,8,32] = mul(t112, transformer.ln_f.weight) */
-            const float t114 = -t113*t106/v1;  /* t114: f32[B,8,32] = -t106*t113/t70 */
-            acc += (double)t114;
-        }
-        ws34[o0] = (float)(acc);
-    }
-}
-
-/* Also called for 1 more kernel(s), the same code on their buffers: k79_mul_t421 */
-/* t106: f32[B,8,32] = div(t65, t70) */
-/* t514: f32[B,8,32] = mul(t112, t106) */
-SG_KERNEL void k51_mul_t514(int64_t d0, const float* restrict ws22, const float* restrict ws23, const float* restrict ws32, float* restrict ws36)
-{
-    #pragma omp parallel for if((256*d0) >= SG_PARALLEL_MIN)
-    for (int64_t i0 = 0; i0 < 8*d0; ++i0) {
-        for (int64_t i1 = 0; i1 < 32; ++i1) {
-            const float v0 = ws22[i0 * 32 + i1];  /* t65 */
-            const float v1 = ws23[i0];  /* t70 */
-            const float v2 = ws32[i0 * 32 + i1];  /* t112 */
-            const float t106 = v0/v1;  /* t106: f32[B,8,32] = div(t65, t70) */
-            const float t514 = v2*t106;  /* t514: f32[B,8,32] = mul(t112, t106) */
-            ws36[i0 * 32 + i1] = t514;
-        }
-    }
-}
-
-/* t119: f32[B,8,32] = add(t116, t118) */
-SG_KERNEL void k57_add_t119(int64_t d0, const float* restrict ws35, const float* restrict ws38, float* restrict ws39)
-{
-    #pragma omp parallel for if((256*d0) >= SG_PARALLEL_MIN)
-    for (int64_t i0 = 0; i0 < 8*d0; ++i0) {
-        for (int64_t i1 = 0; i1 < 32; ++i1) {
-            const float v0 = ws35[i0 * 32 + i1];  /* t116 */
-            const float v1 = ws38[i0];  /* t118 */
-            const float t119 = v0 + v1;  /* t119: f32[B,8,32] = add(t116, t118) */
-            ws39[i0 * 32 + i1] = t119;
-        }
-    }
-}
-
-/* t121: f32[8*B,128] = matmul(t120, transformer.h.0.mlp.c_proj.weight) */
-SG_KERNEL void k62_matmul_t121(int64_t d0, const float* restrict ws39, const float* restrict var12, float* restrict ws41, sg_context* context)
-{
-    /* a[8*d0 x 32] read with strides (32, 1), b[32 x 128] with (128, 1):
-       a transposed operand is only a change of strides. */
-    /* Its buffers in the runtime's scratch region (context->scratch, sized by symgrad_scratch_bytes);
-       context->status: the GEMM's, for the entry point to check */
-    context->status = sg_gemm_f32(8*d0, 128, 32,
-        ws39, 32, 1,
-        var12, 128, 1,
-        ws41, context, NULL, context->scratch);
-}
-
-/* t123: f32[B,8,128] = sqrt(2)*t55*exp(-t55**2/2)/(2*sqrt(pi)) + Piecewise((erfc(sqrt(2)*Abs(t55)/2)/2, t55 < 0), (1 - erfc(sqrt(2)*Abs(t55)/2)/2, True)) */
-/* t124: f32[B,8,128] = mul(t122, t123) */
-SG_KERNEL void k63_mul_t124(int64_t d0, const float* restrict ws18, const float* restrict ws41, float* restrict ws42)
-{
-    #pragma omp parallel for if((1024*d0) >= SG_PARALLEL_MIN)
-    for (int64_t i0 = 0; i0 < 1024*d0; ++i0) {
-        const float v0 = ws18[i0];  /* t55 */
-        const float v1 = ws41[i0];  /* t122 */
-        const float t123 = 0.3989423f*(v0*sg_expf(-1.0f/2.0f*((v0)*(v0)))) + (((v0 < 0.0f)) ? ((1.0f/2.0f)*erfcf(0.70710677f*fabsf(v0))) : (1.0f - 1.0f/2.0f*erfcf(0.70710677f*fabsf(v0))));  /* t123: f32[B,8,128] = sqrt(2)*t55*exp(-t55**2/2)/(2*sqrt(pi)) + Piecewise((erfc(sqrt(2)*Abs(t55)/2)/2, t55 < 0), (1 - erfc(sqrt(2)*Abs(t55)/2)/2, True)) */
-        const float t124 = v1*t123;  /* t124: f32[B,8,128] = mul(t122, t123) */
-        ws42[i0] = t124;
-    }
-}
-
-/* t468: f32[128] = sum[axes=(0,), keepdims=False](t125) */
-SG_KERNEL void k66_sum_t468(int64_t d0, const float* restrict ws42, float* restrict ws45)
-{
-    /* The kept axis is contiguous: add whole rows into a tile of accumulators (vectorizes),
-       256 columns at a time, instead of walking each column down the rows. */
-    #pragma omp parallel for if((1024*d0) >= SG_PARALLEL_MIN)
-    for (int64_t j0 = 0; j0 < 128; j0 += 256) {
-        const int64_t jn = 128 - j0 < 256 ? 128 - j0 : 256;
-        double acc[256];
-        for (int64_t j = 0; j < jn; ++j)
-            acc[j] = 0;
-        for (int64_t r0 = 0; r0 < 8*d0; ++r0) {
-            const float* restrict row = ws42 + r0 * 128;
-            for (int64_t j = 0; j < jn; ++j)
-                acc[j] += (double)row[j0 + j];
-        }
-        for (int64_t j = 0; j < jn; ++j)
-            ws45[j0 + j] = (float)(acc[j]);
-    }
-}
-
-/* t469: f32[128] = sub(t468, transformer.h.0.mlp.c_fc.bias.exp_avg) */
-/* t470: f32[128] = mul(0.09999999999999998, t469) */
-/* t471: f32[128] = add(transformer.h.0.mlp.c_fc.bias.exp_avg, t470) */
-SG_KERNEL void k67_add_t471(int64_t d0, const float* restrict ws45, float* restrict var55)
-{
-    for (int64_t i0 = 0; i0 < 128; ++i0) {
-        const float v0 = ws45[i0];  /* t468 */
-        const float v1 = var55[i0];  /* transformer.h.0.mlp.c_fc.bias.exp_avg */
-        const float v2 = 0.1f;  /* 0.09999999999999998 */
-        const float t469 = v0 - v1;  /* t469: f32[128] = sub(t468, transformer.h.0.mlp.c_fc.bias.exp_avg) */
-        const float t470 = v2*t469;  /* t470: f32[128] = mul(0.09999999999999998, t469) */
-        const float t471 = v1 + t470;  /* t471: f32[128] = add(transformer.h.0.mlp.c_fc.bias.exp_avg, t470) */
-        var55[i0] = t471;
-    }
-}
-
-/* t473: f32[128] = mul(0.95, transformer.h.0.mlp.c_fc.bias.exp_avg_sq) */
-/* t474: f32[128] = mul(t468, t468) */
-/* t475: f32[128] = mul(0.050000000000000044, t474) */
-/* t476: f32[128] = add(t473, t475) */
-SG_KERNEL void k68_add_t476(int64_t d0, float* restrict var56, const float* restrict ws45)
-{
-    for (int64_t i0 = 0; i0 < 128; ++i0) {
-        const float v0 = 0.95f;  /* 0.95 */
-        const float v1 = var56[i0];  /* transformer.h.0.mlp.c_fc.bias.exp_avg_sq */
-        const float v2 = ws45[i0];  /* t468 */
-        const float v3 = 0.05f;  /* 0.050000000000000044 */
-        const float t473 = v0*v1;  /* t473: f32[128] = mul(0.95, transformer.h.0.mlp.c_fc.bias.exp_avg_sq) */
-        const float t474 = v2*v2;  /* t474: f32[128] = mul(t468, t468) */
-        const float t475 = v3*t474;  /* t475: f32[128] = mul(0.050000000000000044, t474) */
-        const float t476 = t473 + t475;  /* t476: f32[128] = add(t473, t475) */
-        var56[i0] = t476;
-    }
-}
-
-/* Also called for 1 more kernel(s), the same code on their buffers: k98_sub_t295 */
-/* t91: f64[] = mul(lr, 0.1) */
-/* t92: f64[] = sub(1.0, t91) */
-/* t93: f32[] = cast(t92) */
-/* t296: f32[32,128] = mul(transformer.h.0.mlp.c_proj.weight, t93) */
-/* t298: f64[] = pow(0.9, t297) */
-/* t299: f64[] = sub(1.0, t298) */
-/* t300: f64[] = div(lr, t299) */
-/* t301: f32[] = cast(t300) */
-/* t315: f64[] = pow(0.95, t297) */
-/* t316: f64[] = sub(1.0, t315) */
-/* t317: f64[] = sqrt(t316) */
-/* t318: f32[] = cast(t317) */
-/* t309: f32[32,128] = mul(t301, t308) */
-/* t314: f32[32,128] = sqrt(t313) */
-/* t319: f32[32,128] = div(t314, t318) */
-/* t320: f32[32,128] = add(t319, 1e-08) */
-/* t321: f32[32,128] = div(t309, t320) */
-/* t322: f32[32,128] = sub(t296, t321) */
-SG_KERNEL void k72_sub_t322(int64_t d0, const double* restrict var16, float* restrict var12, const double* restrict var32, const float* restrict var33, const float* restrict var34)
-{
-    for (int64_t i0 = 0; i0 < 4096; ++i0) {
-        const double v0 = var16[0];  /* lr */
-        const double v1 = 0.1;  /* 0.1 */
-        const double v2 = 1.0;  /* 1.0 */
-        const float v3 = var12[i0];  /* transformer.h.0.mlp.c_proj.weight */
-        const double v4 = 0.9;  /* 0.9 */
-        const double v5 = var32[0];  /* t297 */
-        const double v6 = 0.95;  /* 0.95 */
-        const float v7 = var33[i0];  /* t308 */
-        const float v8 = var34[i0];  /* t313 */
-        const float v9 = 1.0e-08f;  /* 1e-08 */
-        const double t91 = v0*v1;  /* t91: f64[] = mul(lr, 0.1) */
-        const double t92 = v2 - t91;  /* t92: f64[] = sub(1.0, t91) */
-        const float t93 = (float)(t92);  /* t93: f32[] = cast(t92) */
-        const float t296 = v3*t93;  /* t296: f32[32,128] = mul(transformer.h.0.mlp.c_proj.weight, t93) */
-        const double t298 = pow(v4, v5);  /* t298: f64[] = pow(0.9, t297) */
-        const double t299 = v2 - t298;  /* t299: f64[] = sub(1.0, t298) */
-        const double t300 = v0/t299;  /* t300: f64[] = div(lr, t299) */
-        const float t301 = (float)(t300);  /* t301: f32[] = cast(t300) */
-        const double t315 = pow(v6, v5);  /* t315: f64[] = pow(0.95, t297) */
-        const double t316 = v2 - t315;  /* t316: f64[] = sub(1.0, t315) */
-        const double t317 = sqrt(t316);  /* t317: f64[] = sqrt(t316) */
-        const float t318 = (float)(t317);  /* t318: f32[] = cast(t317) */
-        const float t309 = t301*v7;  /* t309: f32[32,128] = mul(t301, t308) */
-        const float t314 = sqrtf(v8);  /* t314: f32[32,128] = sqrt(t313) */
-        const float t319 = t314/t318;  /* t319: f32[32,128] = div(t314, t318) */
-        const float t320 = t319 + v9;  /* t320: f32[32,128] = add(t319, 1e-08) */
-        const float t321 = t309/t320;  /* t321: f32[32,128] = div(t309, t320) */
-        const float t322 = t296 - t321;  /* t322: f32[32,128] = sub(t296, t321) */
-        var12[i0] = t322;
-    }
-}
-
-/* t126: f32[8*B,32] = matmul(t125, transformer.h.0.mlp.c_fc.weight) */
-SG_KERNEL void k73_matmul_t126(int64_t d0, const float* restrict ws42, const float* restrict var10, float* restrict ws46, sg_context* context)
-{
-    /* a[8*d0 x 128] read with strides (128, 1), b[128 x 32] with (32, 1):
-       a transposed operand is only a change of strides. */
-    /* Its buffers in the runtime's scratch region (context->scratch, sized by symgrad_scratch_bytes);
-       context->status: the GEMM's, for the entry point to check */
-    context->status = sg_gemm_f32(8*d0, 32, 128,
-        ws42, 128, 1,
-        var10, 32, 1,
-        ws46, context, NULL, context->scratch);
-}
-
-/* t250: f32[32,32] = matmul(t249, t34) */
-SG_KERNEL void k93_matmul_t250(int64_t d0, const float* restrict ws55, const float* restrict ws12, float* restrict ws57, sg_context* context)
-{
-    /* a[32 x 8*d0] read with strides (1, 32), b[8*d0 x 32] with (32, 1):
-       a transposed operand is only a change of strides. */
-    /* Its buffers in the runtime's scratch region (context->scratch, sized by symgrad_scratch_bytes);
-       context->status: the GEMM's, for the entry point to check */
-    context->status = sg_gemm_f32(32, 32, 8*d0,
-        ws55, 1, 32,
-        ws12, 32, 1,
-        ws57, context, NULL, context->scratch);
-}
-
-/* t251: f32[32,32] = sub(t250, transformer.h.0.attn.c_proj.weight.exp_avg) */
-/* t252: f32[32,32] = mul(0.09999999999999998, t251) */
-/* t253: f32[32,32] = add(transformer.h.0.attn.c_proj.weight.exp_avg, t252) */
-SG_KERNEL void k94_add_t253(int64_t d0, const float* restrict ws57, float* restrict var27)
-{
-    for (int64_t i0 = 0; i0 < 1024; ++i0) {
-        const float v0 = ws57[i0];  /* t250 */
-        const float v1 = var27[i0];  /* transformer.h.0.attn.c_proj.weight.exp_avg */
-        const float v2 = 0.1f;  /* 0.09999999999999998 */
-        const float t251 = v0 - v1;  /* t251: f32[32,32] = sub(t250, transformer.h.0.attn.c_proj.weight.exp_avg) */
-        const float t252 = v2*t251;  /* t252: f32[32,32] = mul(0.09999999999999998, t251) */
-        const float t253 = v1 + t252;  /* t253: f32[32,32] = add(transformer.h.0.attn.c_proj.weight.exp_avg, t252) */
-        var27[i0] = t253;
-    }
-}
-
-/* t255: f32[32,32] = mul(0.95, transformer.h.0.attn.c_proj.weight.exp_avg_sq) */
-/* t256: f32[32,32] = mul(t250, t250) */
-/* t257: f32[32,32] = mul(0.050000000000000044, t256) */
-/* t258: f32[32,32] = add(t255, t257) */
-SG_KERNEL void k95_add_t258(int64_t d0, float* restrict var28, const float* restrict ws57)
-{
-    for (int64_t i0 = 0; i0 < 1024; ++i0) {
-        const float v0 = 0.95f;  /* 0.95 */
-        const float v1 = var28[i0];  /* transformer.h.0.attn.c_proj.weight.exp_avg_sq */
-        const float v2 = ws57[i0];  /* t250 */
-        const float v3 = 0.05f;  /* 0.050000000000000044 */
-        const float t255 = v0*v1;  /* t255: f32[32,32] = mul(0.95, transformer.h.0.attn.c_proj.weight.exp_avg_sq) */
-        const float t256 = v2*v2;  /* t256: f32[32,32] = mul(t250, t250) */
-        const float t257 = v3*t256;  /* t257: f32[32,32] = mul(0.050000000000000044, t256) */
-        const float t258 = t255 + t257;  /* t258: f32[32,32] = add(t255, t257) */
-        var28[i0] = t258;
-    }
-}
-
-/* t141: f32[3,B,2,8,16] = attention_grad[causal=True, scale=0.25](t25, t28, t31, t32, t140) */
-SG_KERNEL void k100_attention_grad_t141(int64_t d0, const float* restrict ws8, const float* restrict ws9, const float* restrict ws58, const float* restrict ws11, float* restrict ws59, float* restrict ws60, float* restrict ws61)
-{
-    /* attention_grad over H heads of T rows of E = 16 elements; causal: row i sees keys j <= i */
-    enum { E = 16 };
-    const int64_t H = (2*d0), T = 8, tiles = (T + SG_ROW_TILE - 1) / SG_ROW_TILE;
-    const float scale = 0.25f;
-    float* kt = ws60;  /* k transposed per head: H x E x T */
-    #pragma omp parallel for if(H * T * E >= SG_PARALLEL_MIN)
-    for (int64_t h = 0; h < H; ++h) {
-        const int64_t n0 = h / 2;
-        const int64_t n1 = h % 2;
-        const float* qh = ws8 + n0 * 768 + n1 * 16;  /* t25, head h */
-        const int64_t q_row = 96;
-        const float* kh = ws8 + n0 * 768 + n1 * 16 + 32;  /* t28, head h */
-        const int64_t k_row = 96;
-        const float* vh = ws8 + n0 * 768 + n1 * 16 + 64;  /* t31, head h */
-        const int64_t v_row = 96;
-        const float* oh = ws9 + n0 * 256 + n1 * 128;  /* t32, head h */
-        const int64_t o_row = 16;
-        const float* gh = ws58 + n0 * 256 + n1 * 16;  /* t140, head h */
-        const int64_t g_row = 32;
-
-        float* th = kt + h * E * T;
-        for (int64_t j = 0; j < T; ++j) {
-            for (int64_t e = 0; e < E; ++e) {
-                th[e * T + j] = kh[j * k_row + e];
-            }
-        }
-    }
-    float* vt = ws61;  /* v transposed per head: H x E x T */
-    #pragma omp parallel for if(H * T * E >= SG_PARALLEL_MIN)
-    for (int64_t h = 0; h < H; ++h) {
-        const int64_t n0 = h / 2;
-        const int64_t n1 = h % 2;
-        const float* qh = ws8 + n0 * 768 + n1 * 16;  /* t25, head h */
-        const int64_t q_row = 96;
-        const float* kh = ws8 + n0 * 768 + n1 * 16 + 32;  /* t28, head h */
-        const int64_t k_row = 96;
-        const float* vh = ws8 + n0 * 768 + n1 * 16 + 64;  /* t31, head h */
-        const int64_t v_row = 96;
-        const float* oh = ws9 + n0 * 256 + n1 * 128;  /* t32, head h */
-        const int64_t o_row = 16;
-        const float* gh = ws58 + n0 * 256 + n1 * 16;  /* t140, head h */
-        const int64_t g_row = 32;
-
-        float* th = vt + h * E * T;
-        for (int64_t j = 0; j < T; ++j) {
-            for (int64_t e = 0; e < E; ++e) {
-                th[e * T + j] = vh[j * v_row + e];
-            }
-        }
-    }
-    /* out = [dq, dk, dv], each H x T x E. A thread takes whole heads: no two add into one row. */
-    #pragma omp parallel for schedule(dynamic) if(H > 1 && H * T * T * E >= SG_PARALLEL_MIN)
-    for (int64_t h = 0; h < H; ++h) {
-        const int64_t n0 = h / 2;
-        const int64_t n1 = h % 2;
-        const float* qh = ws8 + n0 * 768 + n1 * 16;  /* t25, head h */
-        const int64_t q_row = 96;
-        const float* kh = ws8 + n0 * 768 + n1 * 16 + 32;  /* t28, head h */
-        const int64_t k_row = 96;
-        const float* vh = ws8 + n0 * 768 + n1 * 16 + 64;  /* t31, head h */
-        const int64_t v_row = 96;
-        const float* oh = ws9 + n0 * 256 + n1 * 128;  /* t32, head h */
-        const int64_t o_row = 16;
-        const float* gh = ws58 + n0 * 256 + n1 * 16;  /* t140, head h */
-        const int64_t g_row = 32;
-
-        float* dq = ws59 + h * T * E;
-        float* dk = ws59 + (H + h) * T * E;
-        float* dv = ws59 + (2 * H + h) * T * E;
-        const float* kth = kt + h * E * T;
-        const float* vth = vt + h * E * T;
-        memset(dq, 0, (size_t)(T * E) * sizeof(float));
-        memset(dk, 0, (size_t)(T * E) * sizeof(float));
-        memset(dv, 0, (size_t)(T * E) * sizeof(float));
-        for (int64_t tile = 0; tile < tiles; ++tile) {
-            const int64_t i0 = tile * SG_ROW_TILE, rows = T - i0 < SG_ROW_TILE ? T - i0 : SG_ROW_TILE;
-            const int64_t keys = i0 + rows;
-            /* per row: the softmax as the forward found it (m, the largest score; l, then 1 / l, the
-               sum of exp(s - m)), and D = g . out, which is sum_j p_j (g . v_j) */
-            float m[SG_ROW_TILE], l[SG_ROW_TILE], d[SG_ROW_TILE];
-            float scores[SG_ROW_TILE][SG_KEY_BLOCK], ds[SG_ROW_TILE][SG_KEY_BLOCK];
-            for (int64_t r = 0; r < rows; ++r) {
-                const float* gi = gh + (i0 + r) * g_row;
-                const float* oi = oh + (i0 + r) * o_row;
-                float row = 0;
-                for (int64_t e = 0; e < E; ++e) {
-                    row += gi[e] * oi[e];
-                }
-                m[r] = ws11[h * T + i0 + r];  /* stored by the forward */
-                l[r] = ws11[(H + h) * T + i0 + r];
-                d[r] = row;
-            }
-            for (int64_t j0 = 0; j0 < keys; j0 += SG_KEY_BLOCK) {
-                const int64_t n = keys - j0 < SG_KEY_BLOCK ? keys - j0 : SG_KEY_BLOCK;
-                /* p = exp(s - m) / l and ds = p (g . v - D) scale for the tile's rows and the block's keys */
-                sg_attention_product_f32(rows, n, E, qh + i0 * q_row, q_row, 1, kth + j0, T, &scores[0][0], SG_KEY_BLOCK, 0);
-                sg_attention_product_f32(rows, n, E, gh + i0 * g_row, g_row, 1, vth + j0, T, &ds[0][0], SG_KEY_BLOCK, 0);
-                for (int64_t r = 0; r < rows; ++r) {
-                    const int64_t i = i0 + r;
-                    const float top = m[r], inverse = l[r];
-                    float* s = scores[r];
-                    for (int64_t jj = 0; jj < n; ++jj) {
-                        s[jj] = j0 + jj <= i ? s[jj] * scale : -INFINITY;
-                        s[jj] = sg_expf(s[jj] - top) * inverse;
-                        ds[r][jj] = s[jj] * (ds[r][jj] - d[r]) * scale;
-                    }
-                }
-                /* dq_i += sum_j ds_ij k_j;  dv_j += sum_i p_ij g_i;  dk_j += sum_i ds_ij q_i */
-                sg_attention_product_f32(rows, E, n, &ds[0][0], SG_KEY_BLOCK, 1, kh + j0 * k_row, k_row, dq + i0 * E, E, 1);
-                sg_attention_product_f32(n, E, rows, &scores[0][0], 1, SG_KEY_BLOCK, gh + i0 * g_row, g_row, dv + j0 * E, E, 1);
-                sg_attention_product_f32(n, E, rows, &ds[0][0], 1, SG_KEY_BLOCK, qh + i0 * q_row, q_row, dk + j0 * E, E, 1);
-            }
-        }
-    }
-}
-
-/* make contiguous for a reshape: t144: f32[B,8,2,16] = transpose[perm=(0,2,1,3)](t143) */
-SG_KERNEL void k101_copy(int64_t d0, const float* restrict ws59, float* restrict ws62)
-{
-    #pragma omp parallel for if((256*d0) >= SG_PARALLEL_MIN)
-    for (int64_t i0 = 0; i0 < d0; ++i0) {
-        for (int64_t i1 = 0; i1 < 8; ++i1) {
-            for (int64_t i2 = 0; i2 < 2; ++i2) {
-                for (int64_t i3 = 0; i3 < 16; ++i3) {
-                    const float v0 = ws59[i0 * 256 + i1 * 16 + i2 * 128 + i3 + (512*d0)];  /* make contiguous for a reshape */
-                    const float r = v0;  /* make contiguous for a reshape: t144: f32[B,8,2,16] = transpose[perm=(0,2,1,3)](t143) */
-                    ws62[i0 * 256 + i1 * 32 + i2 * 16 + i3] = r;
-                }
-            }
-        }
-    }
-}
-
-/* t146: f32[B,8,96] = embed[starts=(0,0,64), steps=(1,1,1)](t145), stored in place into t158 */
-SG_KERNEL void k102_embed_t146(int64_t d0, const float* restrict ws62, float* restrict ws63)
-{
-    #pragma omp parallel for if((256*d0) >= SG_PARALLEL_MIN)
-    for (int64_t i0 = 0; i0 < 8*d0; ++i0) {
-        for (int64_t i1 = 0; i1 < 32; ++i1) {
-            const float v0 = ws62[i0 * 32 + i1];  /* t145 */
-            const float r = v0;  /* t146: f32[B,8,96] = embed[starts=(0,0,64), steps=(1,1,1)](t145), stored in place into t158 */
-            ws63[i0 * 96 + i1 + 64] = r;
-        }
-    }
-}
-
-/* t157: f32[B,8,96] = embed[starts=(0,0,0), steps=(1,1,1)](t156), stored in place into t158 */
-SG_KERNEL void k106_embed_t157(int64_t d0, const float* restrict ws65, float* restrict ws63)
-{
-    #pragma omp parallel for if((256*d0) >= SG_PARALLEL_MIN)
-    for (int64_t i0 = 0; i0 < 8*d0; ++i0) {
-        for (int64_t i1 = 0; i1 < 32; ++i1) {
-            const float v0 = ws65[i0 * 32 + i1];  /* t156 */
-            const float r = v0;  /* t157: f32[B,8,96] = embed[starts=(0,0,0), steps=(1,1,1)](t156), stored in place into t158 */
-            ws63[i0 * 96 + i1] = r;
-        }
-    }
-}
-
-/* t371: f64[] = pow(0.9, t370) */
-/* t372: f64[] = sub(1.0, t371) */
-/* t373: f64[] = div(param_groups.1.lr, t372) */
-/* t374: f32[] = cast(t373) */
-/* t385: f64[] = pow(0.95, t370) */
-/* t386: f64[] = sub(1.0, t385) */
-/* t387: f64[] = sqrt(t386) */
-/* t388: f32[] = cast(t387) */
-/* t379: f32[96] = mul(t374, t378) */
-/* t384: f32[96] = sqrt(t383) */
-/* t389: f32[96] = div(t384, t388) */
-/* t390: f32[96] = add(t389, 1e-08) */
-/* t391: f32[96] = div(t379, t390) */
-/* t392: f32[96] = sub(transformer.h.0.attn.c_attn.bias, t391) */
-SG_KERNEL void k110_sub_t392(int64_t d0, const double* restrict var42, const double* restrict var35, const float* restrict var43, const float* restrict var44, float* restrict var5)
-{
-    for (int64_t i0 = 0; i0 < 96; ++i0) {
-        const double v0 = 0.9;  /* 0.9 */
-        const double v1 = var42[0];  /* t370 */
-        const double v2 = 1.0;  /* 1.0 */
-        const double v3 = var35[0];  /* param_groups.1.lr */
-        const double v4 = 0.95;  /* 0.95 */
-        const float v5 = var43[i0];  /* t378 */
-        const float v6 = var44[i0];  /* t383 */
-        const float v7 = 1.0e-08f;  /* 1e-08 */
-        const float v8 = var5[i0];  /* transformer.h.0.attn.c_attn.bias */
-        const double t371 = pow(v0, v1);  /* t371: f64[] = pow(0.9, t370) */
-        const double t372 = v2 - t371;  /* t372: f64[] = sub(1.0, t371) */
-        const double t373 = v3/t372;  /* t373: f64[] = div(param_groups.1.lr, t372) */
-        const float t374 = (float)(t373);  /* t374: f32[] = cast(t373) */
-        const double t385 = pow(v4, v1);  /* t385: f64[] = pow(0.95, t370) */
-        const double t386 = v2 - t385;  /* t386: f64[] = sub(1.0, t385) */
-        const double t387 = sqrt(t386);  /* t387: f64[] = sqrt(t386) */
-        const float t388 = (float)(t387);  /* t388: f32[] = cast(t387) */
-        const float t379 = t374*v5;  /* t379: f32[96] = mul(t374, t378) */
-        const float t384 = sqrtf(v6);  /* t384: f32[96] = sqrt(t383) */
-        const float t389 = t384/t388;  /* t389: f32[96] = div(t384, t388) */
-        const float t390 = t389 + v7;  /* t390: f32[96] = add(t389, 1e-08) */
-        const float t391 = t379/t390;  /* t391: f32[96] = div(t379, t390) */
-        const float t392 = v8 - t391;  /* t392: f32[96] = sub(transformer.h.0.attn.c_attn.bias, t391) */
-        var5[i0] = t392;
-    }
-}
-
-/* t162: f32[B,8,32] = mul(t161, transformer.h.0.ln_1.weight) */
-/* t164: f32[B,8,32] = -t162*t163/t14 */
-/* t165: f32[B,8,1] = sum[axes=(2,), keepdims=True](t164) */
-SG_KERNEL void k116_sum_t165(int64_t d0, const float* restrict ws67, const float* restrict var2, const float* restrict ws5, const float* restrict ws7, float* restrict ws69)
-{
-    #pragma omp parallel for if((256*d0) >= SG_PARALLEL_MIN)
-    for (int64_t o0 = 0; o0 < 8*d0; ++o0) {
-        double acc = 0;
-        #pragma omp simd reduction(+:acc)
-        for (int64_t r0 = 0; r0 < 32; ++r0) {
-            const float v0 = ws67[o0 * 32 + r0];  /* t161 */
-            const float v1 = var2[r0];  /* transformer.h.0.ln_1.weight */
-            const float v2 = ws5[o0];  /* t14 */
-            const float v3 = ws7[o0 * 32 + r0];  /* t163 */
-            const float t162 = v0*v1;  /* t162: f32[B,8,32] = mul(t161, transformer.h.0.ln_1.weight) */
-            const float t164 = -t162*v3/v2;  /* t164: f32[B,8,32] = -t162*t163/t14 */
-            acc += (double)t164;
-        }
-        ws69[o0] = (float)(acc);
-    }
-}
-
-/* t6: f32[B,8,32] = add(t3, t5) */
-/* t9: f32[B,8,32] = sub(t6, t8) */
-/* t162: f32[B,8,32] = mul(t161, transformer.h.0.ln_1.weight) */
-/* t166: f32[B,8,32] = t162/t14 + t165*t9/(32*t14) */
-SG_KERNEL void k117_simplified_t166(int64_t d0, const float* restrict ws0, const float* restrict ws2, const float* restrict ws4, const float* restrict ws67, const float* restrict var2, const float* restrict ws5, const float* restrict ws69, float* restrict ws70)
-{
-    #pragma omp parallel for if((256*d0) >= SG_PARALLEL_MIN)
-    for (int64_t i0 = 0; i0 < d0; ++i0) {
-        for (int64_t i1 = 0; i1 < 8; ++i1) {
-            for (int64_t i2 = 0; i2 < 32; ++i2) {
-                const float v0 = ws0[i0 * 256 + i1 * 32 + i2];  /* t3 */
-                const float v1 = ws2[i1 * 32 + i2];  /* t5 */
-                const float v2 = ws4[i0 * 8 + i1];  /* t8 */
-                const float v3 = ws67[i0 * 256 + i1 * 32 + i2];  /* t161 */
-                const float v4 = var2[i2];  /* transformer.h.0.ln_1.weight */
-                const float v5 = ws5[i0 * 8 + i1];  /* t14 */
-                const float v6 = ws69[i0 * 8 + i1];  /* t165 */
-                const float t6 = v0 + v1;  /* t6: f32[B,8,32] = add(t3, t5) */
-                const float t9 = t6 - v2;  /* t9: f32[B,8,32] = sub(t6, t8) */
-                const float t162 = v3*v4;  /* t162: f32[B,8,32] = mul(t161, transformer.h.0.ln_1.weight) */
-                const float t166 = t162/v5 + (1.0f/32.0f)*v6*t9/v5;  /* t166: f32[B,8,32] = t162/t14 + t165*t9/(32*t14) */
-                ws70[i0 * 256 + i1 * 32 + i2] = t166;
-            }
-        }
-    }
-}
-
-/* t222: f32[B,8,32] = mul(t163, transformer.h.0.ln_1.weight) */
-/* t223: f32[B,8,32] = add(t222, transformer.h.0.ln_1.bias) */
-SG_KERNEL void k120_add_t223(int64_t d0, const float* restrict ws7, const float* restrict var2, const float* restrict var3, float* restrict ws73)
-{
-    #pragma omp parallel for if((256*d0) >= SG_PARALLEL_MIN)
-    for (int64_t i0 = 0; i0 < 8*d0; ++i0) {
-        for (int64_t i1 = 0; i1 < 32; ++i1) {
-            const float v0 = ws7[i0 * 32 + i1];  /* t163 */
-            const float v1 = var2[i1];  /* transformer.h.0.ln_1.weight */
-            const float v2 = var3[i1];  /* transformer.h.0.ln_1.bias */
-            const float t222 = v0*v1;  /* t222: f32[B,8,32] = mul(t163, transformer.h.0.ln_1.weight) */
-            const float t223 = t222 + v2;  /* t223: f32[B,8,32] = add(t222, transformer.h.0.ln_1.bias) */
-            ws73[i0 * 32 + i1] = t223;
-        }
-    }
-}
-
-/* t225: f32[96,32] = matmul(t221, t224) */
-SG_KERNEL void k121_matmul_t225(int64_t d0, const float* restrict ws63, const float* restrict ws73, float* restrict ws74, sg_context* context)
-{
-    /* a[96 x 8*d0] read with strides (1, 96), b[8*d0 x 32] with (32, 1):
-       a transposed operand is only a change of strides. */
-    /* Its buffers in the runtime's scratch region (context->scratch, sized by symgrad_scratch_bytes);
-       context->status: the GEMM's, for the entry point to check */
-    context->status = sg_gemm_f32(96, 32, 8*d0,
-        ws63, 1, 96,
-        ws73, 32, 1,
-        ws74, context, NULL, context->scratch);
-}
-
-/* t171: f32[64,32] = scatter_add[axis=0, size=64](t170, idx) */
-SG_KERNEL void k128_scatter_add_t171(int64_t d0, const float* restrict ws76, const int64_t* restrict in0, float* restrict ws77)
-{
-    const int64_t P = 1, I = (8*d0), Q = 32, R = 64;
-    const float* src = ws76;
-    const int64_t* idx = in0;
-    /* out[p, r, q] = 0, then out[p, idx[i], q] += src[p, i, q] with i in order (np.add.at's sums, bit
-       for bit). Threads split P only: no two add into one element. An index outside [0, R) adds nothing. */
-    memset(ws77, 0, (size_t)(P * R * Q) * sizeof(float));
-    #pragma omp parallel for if(P > 1 && P * I * Q >= SG_PARALLEL_MIN)
-    for (int64_t p = 0; p < P; ++p) {
-        for (int64_t i = 0; i < I; ++i) {
-            const int64_t r = (int64_t)idx[i];
-            if (r < 0 || r >= R) {
-                continue;
-            }
-            const float* row = src + (p * I + i) * Q;
-            float* dst = ws77 + (p * R + r) * Q;
-            for (int64_t q = 0; q < Q; ++q) {
-                dst[q] += row[q];
-            }
-        }
-    }
-}
-
-/* t196: f32[8,32] = sum[axes=(0,), keepdims=False](t170) */
-SG_KERNEL void k129_sum_t196(int64_t d0, const float* restrict ws76, float* restrict ws78)
-{
-    /* The kept axis is contiguous: add whole rows into a tile of accumulators (vectorizes),
-       256 columns at a time, instead of walking each column down the rows. */
-    #pragma omp parallel for if((256*d0) >= SG_PARALLEL_MIN)
-    for (int64_t j0 = 0; j0 < 256; j0 += 256) {
-        const int64_t jn = 256 - j0 < 256 ? 256 - j0 : 256;
-        double acc[256];
-        for (int64_t j = 0; j < jn; ++j)
-            acc[j] = 0;
-        for (int64_t r0 = 0; r0 < d0; ++r0) {
-            const float* restrict row = ws76 + r0 * 256;
-            for (int64_t j = 0; j < jn; ++j)
-                acc[j] += (double)row[j0 + j];
-        }
-        for (int64_t j = 0; j < jn; ++j)
-            ws78[j0 + j] = (float)(acc[j]);
-    }
-}
-
-/* t198: f32[8,32] = sub(t197, transformer.wpe.weight.exp_avg) */
-/* t199: f32[8,32] = mul(0.09999999999999998, t198) */
-/* t200: f32[8,32] = add(transformer.wpe.weight.exp_avg, t199) */
-SG_KERNEL void k132_add_t200(int64_t d0, const float* restrict ws80, float* restrict var21)
-{
-    for (int64_t i0 = 0; i0 < 256; ++i0) {
-        const float v0 = ws80[i0];  /* t197 */
-        const float v1 = var21[i0];  /* transformer.wpe.weight.exp_avg */
-        const float v2 = 0.1f;  /* 0.09999999999999998 */
-        const float t198 = v0 - v1;  /* t198: f32[8,32] = sub(t197, transformer.wpe.weight.exp_avg) */
-        const float t199 = v2*t198;  /* t199: f32[8,32] = mul(0.09999999999999998, t198) */
-        const float t200 = v1 + t199;  /* t200: f32[8,32] = add(transformer.wpe.weight.exp_avg, t199) */
-        var21[i0] = t200;
-    }
-}
-
-/* t202: f32[8,32] = mul(0.95, transformer.wpe.weight.exp_avg_sq) */
-/* t203: f32[8,32] = mul(t197, t197) */
-/* t204: f32[8,32] = mul(0.050000000000000044, t203) */
-/* t205: f32[8,32] = add(t202, t204) */
-SG_KERNEL void k133_add_t205(int64_t d0, float* restrict var22, const float* restrict ws80)
-{
-    for (int64_t i0 = 0; i0 < 256; ++i0) {
-        const float v0 = 0.95f;  /* 0.95 */
-        const float v1 = var22[i0];  /* transformer.wpe.weight.exp_avg_sq */
-        const float v2 = ws80[i0];  /* t197 */
-        const float v3 = 0.05f;  /* 0.050000000000000044 */
-        const float t202 = v0*v1;  /* t202: f32[8,32] = mul(0.95, transformer.wpe.weight.exp_avg_sq) */
-        const float t203 = v2*v2;  /* t203: f32[8,32] = mul(t197, t197) */
-        const float t204 = v3*t203;  /* t204: f32[8,32] = mul(0.050000000000000044, t203) */
-        const float t205 = t202 + t204;  /* t205: f32[8,32] = add(t202, t204) */
-        var22[i0] = t205;
-    }
-}
-
-/* t91: f64[] = mul(lr, 0.1) */
-/* t92: f64[] = sub(1.0, t91) */
-/* t93: f32[] = cast(t92) */
-/* t190: f32[8,32] = mul(transformer.wpe.weight, t93) */
-/* t192: f64[] = pow(0.9, t191) */
-/* t193: f64[] = sub(1.0, t192) */
-/* t194: f64[] = div(lr, t193) */
-/* t195: f32[] = cast(t194) */
-/* t207: f64[] = pow(0.95, t191) */
-/* t208: f64[] = sub(1.0, t207) */
-/* t209: f64[] = sqrt(t208) */
-/* t210: f32[] = cast(t209) */
-/* t201: f32[8,32] = mul(t195, t200) */
-/* t206: f32[8,32] = sqrt(t205) */
-/* t211: f32[8,32] = div(t206, t210) */
-/* t212: f32[8,32] = add(t211, 1e-08) */
-/* t213: f32[8,32] = div(t201, t212) */
-/* t214: f32[8,32] = sub(t190, t213) */
-SG_KERNEL void k134_sub_t214(int64_t d0, const double* restrict var16, float* restrict var1, const double* restrict var20, const float* restrict var21, const float* restrict var22)
-{
-    for (int64_t i0 = 0; i0 < 256; ++i0) {
-        const double v0 = var16[0];  /* lr */
-        const double v1 = 0.1;  /* 0.1 */
-        const double v2 = 1.0;  /* 1.0 */
-        const float v3 = var1[i0];  /* transformer.wpe.weight */
-        const double v4 = 0.9;  /* 0.9 */
-        const double v5 = var20[0];  /* t191 */
-        const double v6 = 0.95;  /* 0.95 */
-        const float v7 = var21[i0];  /* t200 */
-        const float v8 = var22[i0];  /* t205 */
-        const float v9 = 1.0e-08f;  /* 1e-08 */
-        const double t91 = v0*v1;  /* t91: f64[] = mul(lr, 0.1) */
-        const double t92 = v2 - t91;  /* t92: f64[] = sub(1.0, t91) */
-        const float t93 = (float)(t92);  /* t93: f32[] = cast(t92) */
-        const float t190 = v3*t93;  /* t190: f32[8,32] = mul(transformer.wpe.weight, t93) */
-        const double t192 = pow(v4, v5);  /* t192: f64[] = pow(0.9, t191) */
-        const double t193 = v2 - t192;  /* t193: f64[] = sub(1.0, t192) */
-        const double t194 = v0/t193;  /* t194: f64[] = div(lr, t193) */
-        const float t195 = (float)(t194);  /* t195: f32[] = cast(t194) */
-        const double t207 = pow(v6, v5);  /* t207: f64[] = pow(0.95, t191) */
-        const double t208 = v2 - t207;  /* t208: f64[] = sub(1.0, t207) */
-        const double t209 = sqrt(t208);  /* t209: f64[] = sqrt(t208) */
-        const float t210 = (float)(t209);  /* t210: f32[] = cast(t209) */
-        const float t201 = t195*v7;  /* t201: f32[8,32] = mul(t195, t200) */
-        const float t206 = sqrtf(v8);  /* t206: f32[8,32] = sqrt(t205) */
-        const float t211 = t206/t210;  /* t211: f32[8,32] = div(t206, t210) */
-        const float t212 = t211 + v9;  /* t212: f32[8,32] = add(t211, 1e-08) */
-        const float t213 = t201/t212;  /* t213: f32[8,32] = div(t201, t212) */
-        const float t214 = t190 - t213;  /* t214: f32[8,32] = sub(t190, t213) */
-        var1[i0] = t214;
-    }
-}
-
-/* t230: f32[96,32] = mul(0.95, transformer.h.0.attn.c_attn.weight.exp_avg_sq) */
-/* t231: f32[96,32] = mul(t225, t225) */
-/* t232: f32[96,32] = mul(0.050000000000000044, t231) */
-/* t233: f32[96,32] = add(t230, t232) */
-SG_KERNEL void k139_add_t233(int64_t d0, float* restrict var25, const float* restrict ws74)
-{
-    for (int64_t i0 = 0; i0 < 3072; ++i0) {
-        const float v0 = 0.95f;  /* 0.95 */
-        const float v1 = var25[i0];  /* transformer.h.0.attn.c_attn.weight.exp_avg_sq */
-        const float v2 = ws74[i0];  /* t225 */
-        const float v3 = 0.05f;  /* 0.050000000000000044 */
-        const float t230 = v0*v1;  /* t230: f32[96,32] = mul(0.95, transformer.h.0.attn.c_attn.weight.exp_avg_sq) */
-        const float t231 = v2*v2;  /* t231: f32[96,32] = mul(t225, t225) */
-        const float t232 = v3*t231;  /* t232: f32[96,32] = mul(0.050000000000000044, t231) */
-        const float t233 = t230 + t232;  /* t233: f32[96,32] = add(t230, t232) */
-        var25[i0] = t233;
-    }
-}
-
-/* t91: f64[] = mul(lr, 0.1) */
-/* t92: f64[] = sub(1.0, t91) */
-/* t93: f32[] = cast(t92) */
-/* t215: f32[96,32] = mul(transformer.h.0.attn.c_attn.weight, t93) */
-/* t217: f64[] = pow(0.9, t216) */
-/* t218: f64[] = sub(1.0, t217) */
-/* t219: f64[] = div(lr, t218) */
-/* t220: f32[] = cast(t219) */
-/* t235: f64[] = pow(0.95, t216) */
-/* t236: f64[] = sub(1.0, t235) */
-/* t237: f64[] = sqrt(t236) */
-/* t238: f32[] = cast(t237) */
-/* t229: f32[96,32] = mul(t220, t228) */
-/* t234: f32[96,32] = sqrt(t233) */
-/* t239: f32[96,32] = div(t234, t238) */
-/* t240: f32[96,32] = add(t239, 1e-08) */
-/* t241: f32[96,32] = div(t229, t240) */
-/* t242: f32[96,32] = sub(t215, t241) */
-SG_KERNEL void k140_sub_t242(int64_t d0, const double* restrict var16, float* restrict var4, const double* restrict var23, const float* restrict var24, const float* restrict var25)
-{
-    for (int64_t i0 = 0; i0 < 3072; ++i0) {
-        const double v0 = var16[0];  /* lr */
-        const double v1 = 0.1;  /* 0.1 */
-        const double v2 = 1.0;  /* 1.0 */
-        const float v3 = var4[i0];  /* transformer.h.0.attn.c_attn.weight */
-        const double v4 = 0.9;  /* 0.9 */
-        const double v5 = var23[0];  /* t216 */
-        const double v6 = 0.95;  /* 0.95 */
-        const float v7 = var24[i0];  /* t228 */
-        const float v8 = var25[i0];  /* t233 */
-        const float v9 = 1.0e-08f;  /* 1e-08 */
-        const double t91 = v0*v1;  /* t91: f64[] = mul(lr, 0.1) */
-        const double t92 = v2 - t91;  /* t92: f64[] = sub(1.0, t91) */
-        const float t93 = (float)(t92);  /* t93: f32[] = cast(t92) */
-        const float t215 = v3*t93;  /* t215: f32[96,32] = mul(transformer.h.0.attn.c_attn.weight, t93) */
-        const double t217 = pow(v4, v5);  /* t217: f64[] = pow(0.9, t216) */
-        const double t218 = v2 - t217;  /* t218: f64[] = sub(1.0, t217) */
-        const double t219 = v0/t218;  /* t219: f64[] = div(lr, t218) */
-        const float t220 = (float)(t219);  /* t220: f32[] = cast(t219) */
-        const double t235 = pow(v6, v5);  /* t235: f64[] = pow(0.95, t216) */
-        const double t236 = v2 - t235;  /* t236: f64[] = sub(1.0, t235) */
-        const double t237 = sqrt(t236);  /* t237: f64[] = sqrt(t236) */
-        const float t238 = (float)(t237);  /* t238: f32[] = cast(t237) */
-        const float t229 = t220*v7;  /* t229: f32[96,32] = mul(t220, t228) */
-        const float t234 = sqrtf(v8);  /* t234: f32[96,32] = sqrt(t233) */
-        const float t239 = t234/t238;  /* t239: f32[96,32] = div(t234, t238) */
-        const float t240 = t239 + v9;  /* t240: f32[96,32] = add(t239, 1e-08) */
-        const float t241 = t229/t240;  /* t241: f32[96,32] = div(t229, t240) */
-        const float t242 = t215 - t241;  /* t242: f32[96,32] = sub(t215, t241) */
-        var4[i0] = t242;
-    }
-}
-
-#endif  /* translation unit 1 */
-
-/* ---- translation unit 0 of 2: its kernel functions, then the entry point ---- */
-#if SG_IN_PART(0)
-
 /* t87: bool[8*B] = not_equal(t86, -100) */
 /* t88: f32[8*B] = cast(t87) */
 /* t89: f32[] = sum[axes=(0,), keepdims=False](t88) */
@@ -2085,6 +747,98 @@ SG_KERNEL void k24_add_t21(int64_t d0, const float* restrict ws6, const float* r
         ws8, context, &epilogue, context->scratch);
 }
 
+/* The tile's rows i0... against the block's n keys from j0: their scores (q_i . k_j, in scores)
+   scaled, -INFINITY where key j is hidden from row i, then exp(s - m) in their place; m and l,
+   each row's largest score and sum of exp(s - m) so far, brought up to the block, and o's rows rescaled with them. */
+static inline void k25_attention_t32_softmax(int64_t rows, int64_t n, int64_t i0, int64_t j0, float (*scores)[SG_KEY_BLOCK],
+        float* m, float* l, float* o)
+{
+    enum { E = 16 };
+    const float scale = 0.25f;
+    for (int64_t r = 0; r < rows; ++r) {
+        const int64_t i = i0 + r;
+        float* s = scores[r];
+        const float before = m[r];
+        float top = before;
+        for (int64_t jj = 0; jj < n; ++jj) {
+            s[jj] = j0 + jj <= i ? s[jj] * scale : -INFINITY;
+            top = s[jj] > top ? s[jj] : top;
+        }
+        /* the sums so far were taken against m: rescale them to top */
+        const float rescale = sg_expf(before - top);
+        float sum = 0;
+        for (int64_t jj = 0; jj < n; ++jj) {
+            s[jj] = sg_expf(s[jj] - top);
+            sum += s[jj];
+        }
+        l[r] = l[r] * rescale + sum;
+        m[r] = top;
+        for (int64_t e = 0; e < E; ++e) {
+            o[r * E + e] *= rescale;
+        }
+    }
+}
+
+/* t32: f32[B,2,8,16] = attention[causal=True, scale=0.25](t25, t28, t31) */
+SG_KERNEL void k25_attention_t32(int64_t d0, const float* restrict ws8, float* restrict ws9, float* restrict ws10, float* restrict ws11)
+{
+    /* attention over H heads of T rows of E = 16 elements; causal: row i sees keys j <= i */
+    enum { E = 16 };
+    const int64_t H = (2*d0), T = 8, tiles = (T + SG_ROW_TILE - 1) / SG_ROW_TILE;
+    float* kt = ws10;  /* k transposed per head: H x E x T */
+    #pragma omp parallel for if(H * T * E >= SG_PARALLEL_MIN)
+    for (int64_t h = 0; h < H; ++h) {
+        const int64_t n0 = h / 2;
+        const int64_t n1 = h % 2;
+        const float* kh = ws8 + n0 * 768 + n1 * 16 + 32;  /* t28, head h */
+        const int64_t k_row = 96;
+
+        sg_attention_transpose_f32(T, E, kh, k_row, kt + h * E * T);
+    }
+    #pragma omp parallel for collapse(2) schedule(dynamic) if(H * T * T * E >= SG_PARALLEL_MIN)
+    for (int64_t h = 0; h < H; ++h) {
+        for (int64_t tile = 0; tile < tiles; ++tile) {
+            const int64_t n0 = h / 2;
+            const int64_t n1 = h % 2;
+            const float* qh = ws8 + n0 * 768 + n1 * 16;  /* t25, head h */
+            const int64_t q_row = 96;
+            const float* vh = ws8 + n0 * 768 + n1 * 16 + 64;  /* t31, head h */
+            const int64_t v_row = 96;
+
+            const float* kth = kt + h * E * T;
+            const int64_t i0 = tile * SG_ROW_TILE, rows = T - i0 < SG_ROW_TILE ? T - i0 : SG_ROW_TILE;
+            const int64_t keys = i0 + rows;
+            /* per row: m, the largest score so far; l, the sum of exp(s - m); o, that sum's v rows */
+            float m[SG_ROW_TILE], l[SG_ROW_TILE], scores[SG_ROW_TILE][SG_KEY_BLOCK];
+            float* o = ws9 + (h * T + i0) * E;
+            for (int64_t r = 0; r < rows; ++r) {
+                m[r] = -INFINITY;
+                l[r] = 0;
+                for (int64_t e = 0; e < E; ++e) {
+                    o[r * E + e] = 0;
+                }
+            }
+            /* Block 0 holds key 0, which every row sees: m is finite after it. */
+            for (int64_t j0 = 0; j0 < keys; j0 += SG_KEY_BLOCK) {
+                const int64_t n = keys - j0 < SG_KEY_BLOCK ? keys - j0 : SG_KEY_BLOCK;
+                sg_attention_product_f32(rows, n, E, qh + i0 * q_row, q_row, 1, kth + j0, T, &scores[0][0], SG_KEY_BLOCK, 0);
+                k25_attention_t32_softmax(rows, n, i0, j0, scores, m, l, o);
+                /* o += p v over the block's keys (p: exp(s - m), now in scores) */
+                sg_attention_product_f32(rows, E, n, &scores[0][0], SG_KEY_BLOCK, 1, vh + j0 * v_row, v_row, o, E, 1);
+            }
+            for (int64_t r = 0; r < rows; ++r) {
+                const float inverse = 1 / l[r];
+                for (int64_t e = 0; e < E; ++e) {
+                    o[r * E + e] *= inverse;
+                }
+                /* for the gradient: the row's softmax, m and 1 / l */
+                ws11[h * T + i0 + r] = m[r];
+                ws11[(H + h) * T + i0 + r] = inverse;
+            }
+        }
+    }
+}
+
 /* t6: f32[B,8,32] = add(t3, t5) */
 /* t39: f32[B,8,32] = add(t6, t38) */
 /* t42: f32[B,8,32] = sub(t39, t41) */
@@ -2104,33 +858,6 @@ SG_KERNEL void k29_sub_t42(int64_t d0, const float* restrict ws0, const float* r
                 ws15[i0 * 256 + i1 * 32 + i2] = t42;
             }
         }
-    }
-}
-
-/* Also called for 1 more kernel(s), the same code on their buffers: k37_sqrt_t70 */
-/* t43: f32[B,8,32] = mul(t42, t42) */
-/* t44: f32[B,8,1] = sum[axes=(2,), keepdims=True](t43) */
-/* t45: f32[B,8,1] = mul(t44, 1/32) */
-/* t46: f32[B,8,1] = add(t45, 1e-05) */
-/* t47: f32[B,8,1] = sqrt(t46) */
-SG_KERNEL void k30_sqrt_t47(int64_t d0, const float* restrict ws15, float* restrict ws16)
-{
-    #pragma omp parallel for if((256*d0) >= SG_PARALLEL_MIN)
-    for (int64_t o0 = 0; o0 < 8*d0; ++o0) {
-        double acc = 0;
-        #pragma omp simd reduction(+:acc)
-        for (int64_t r0 = 0; r0 < 32; ++r0) {
-            const float v0 = ws15[o0 * 32 + r0];  /* t42 */
-            const float t43 = v0*v0;  /* t43: f32[B,8,32] = mul(t42, t42) */
-            acc += (double)t43;
-        }
-        const float red = (float)(acc);
-        const float ev0 = 0.03125f;  /* 1/32 */
-        const float ev1 = 1.0e-05f;  /* 1e-05 */
-        const float t45 = red*ev0;  /* t45: f32[B,8,1] = mul(t44, 1/32) */
-        const float t46 = t45 + ev1;  /* t46: f32[B,8,1] = add(t45, 1e-05) */
-        const float t47 = sqrtf(t46);  /* t47: f32[B,8,1] = sqrt(t46) */
-        ws16[o0] = t47;
     }
 }
 
@@ -2248,81 +975,6 @@ SG_KERNEL void k39_matmul_t76(int64_t d0, const float* restrict ws24, const floa
         ws25, context, NULL, context->scratch);
 }
 
-/* row kernel: max, sum, sum, sum (3 passes), 4 outputs */
-/* t100: f32[] = (1.0)/t89 */
-/* t101: f32[] = neg(t100) */
-/* t2: bool[8*B,64] = equal(t0, t1) */
-/* t102: f32[8*B,64] = Piecewise((t101, Ne(t2, 0)), (0, True)) */
-/* t77: f32[8*B,1] = max[axes=(1,), keepdims=True](t76) */
-/* t103: f32[8*B,1] = sum[axes=(1,), keepdims=True](t102) */
-/* t78: f32[8*B,64] = sub(t76, t77) */
-/* t79: f32[8*B,64] = exp(t78) */
-/* t80: f32[8*B,1] = sum[axes=(1,), keepdims=True](t79) */
-/* t81: f32[8*B,1] = log(t80) */
-/* t82: f32[8*B,64] = sub(t78, t81) */
-/* t83: f32[8*B,64] = where(t2, t82, 0) */
-/* t104: f32[8*B,64] = t102 - t103*t79/t80 */
-/* t84: f32[] = sum[axes=(0,1), keepdims=False](t83) (this row's part) */
-SG_KERNEL void k40_rows_t77(int64_t d0, const float* restrict ws3, const int64_t* restrict in1, const float* restrict ws25, float* restrict ws26, float* restrict ws27, float* restrict ws29, double* restrict ws28)
-{
-    #pragma omp parallel for if((512*d0) >= SG_PARALLEL_MIN)
-    for (int64_t o0 = 0; o0 < 8*d0; ++o0) {
-        const float u0 = 1.0f;  /* 1.0 */
-        const float u1 = ws3[0];  /* t89 */
-        const int64_t u2 = in1[o0];  /* t0 */
-        const float u3 = 0.0f;  /* 0 */
-        /* pass 1 of 3 over the row: max p0, sum p1, store t102 */
-        float a0 = -INFINITY;
-        int a0_nan = 0;
-        double a1 = 0;
-        #pragma omp simd reduction(+:a1) reduction(max:a0) reduction(|:a0_nan)
-        for (int64_t c = 0; c < 64; ++c) {
-            const float v0 = ws25[o0 * 64 + c];  /* t76 */
-            const int64_t v1 = c;  /* t1 */
-            const float t100 = u0/u1;  /* t100: f32[] = (1.0)/t89 */
-            const float t101 = -t100;  /* t101: f32[] = neg(t100) */
-            const uint8_t t2 = (uint8_t)((u2 == v1));  /* t2: bool[8*B,64] = equal(t0, t1) */
-            const float t102 = (((((float)t2) != 0.0f)) ? (t101) : (0.0f));  /* t102: f32[8*B,64] = Piecewise((t101, Ne(t2, 0)), (0, True)) */
-            a0 = v0 > a0 ? v0 : a0;  /* t77: f32[8*B,1] = max[axes=(1,), keepdims=True](t76) */
-            a0_nan |= v0 != v0;  /* NaN propagates, as in NumPy */
-            a1 += (double)t102;  /* t103: f32[8*B,1] = sum[axes=(1,), keepdims=True](t102) */
-            ws26[o0 * 64 + c] = t102;  /* t102 */
-        }
-        const float p0 = (a0_nan ? NAN : a0);
-        const float p1 = (float)(a1);
-        /* pass 2 of 3 over the row: sum p2, store t79 */
-        double a2 = 0;
-        #pragma omp simd reduction(+:a2)
-        for (int64_t c = 0; c < 64; ++c) {
-            const float v0 = ws25[o0 * 64 + c];  /* t76 */
-            const float t78 = v0 - p0;  /* t78: f32[8*B,64] = sub(t76, t77) */
-            const float t79 = sg_expf(t78);  /* t79: f32[8*B,64] = exp(t78) */
-            a2 += (double)t79;  /* t80: f32[8*B,1] = sum[axes=(1,), keepdims=True](t79) */
-            ws27[o0 * 64 + c] = t79;  /* t79 */
-        }
-        const float p2 = (float)(a2);
-        const float t81 = logf(p2);  /* t81: f32[8*B,1] = log(t80) */
-        /* pass 3 of 3 over the row: sum p3, store t104 */
-        double a3 = 0;
-        #pragma omp simd reduction(+:a3)
-        for (int64_t c = 0; c < 64; ++c) {
-            const int64_t v0 = c;  /* t1 */
-            const float v1 = ws25[o0 * 64 + c];  /* t76 */
-            const float v2 = ws26[o0 * 64 + c];  /* t102 */
-            const float v3 = ws27[o0 * 64 + c];  /* t79 */
-            const uint8_t t2 = (uint8_t)((u2 == v0));  /* t2: bool[8*B,64] = equal(t0, t1) */
-            const float t78 = v1 - p0;  /* t78: f32[8*B,64] = sub(t76, t77) */
-            const float t82 = t78 - t81;  /* t82: f32[8*B,64] = sub(t78, t81) */
-            const float t83 = (((((float)t2) != 0.0f)) ? (t82) : (u3));  /* t83: f32[8*B,64] = where(t2, t82, 0) */
-            const float t104 = v2 - p1*v3/p2;  /* t104: f32[8*B,64] = t102 - t103*t79/t80 */
-            a3 += (double)t83;  /* t84: f32[] = sum[axes=(0,1), keepdims=False](t83) (this row's part) */
-            ws29[o0 * 64 + c] = t104;  /* t104 */
-        }
-        const double p3 = a3;
-        ws28[o0] = p3;  /* t84, per row */
-    }
-}
-
 /* t84: f32[] = sum[axes=(0,1), keepdims=False](t83) (the sum of the per-row parts) */
 /* t85: f32[] = neg(t84) */
 /* t90: f32[] = div(t85, t89) */
@@ -2391,52 +1043,6 @@ SG_KERNEL void k46_add_t541(int64_t d0, const float* restrict ws33, float* restr
         const float t540 = v2*t539;  /* t540: f32[32] = mul(0.09999999999999998, t539) */
         const float t541 = v1 + t540;  /* t541: f32[32] = add(transformer.ln_f.bias.exp_avg, t540) */
         var64[i0] = t541;
-    }
-}
-
-/* Also called for 7 more kernel(s), the same code on their buffers: k55_sub_t532, k61_sub_t508, */
-/*     k85_sub_t439, k86_sub_t462, k92_sub_t415, k124_sub_t346, k125_sub_t369 */
-/* t534: f64[] = pow(0.9, t533) */
-/* t535: f64[] = sub(1.0, t534) */
-/* t536: f64[] = div(param_groups.1.lr, t535) */
-/* t537: f32[] = cast(t536) */
-/* t548: f64[] = pow(0.95, t533) */
-/* t549: f64[] = sub(1.0, t548) */
-/* t550: f64[] = sqrt(t549) */
-/* t551: f32[] = cast(t550) */
-/* t542: f32[32] = mul(t537, t541) */
-/* t547: f32[32] = sqrt(t546) */
-/* t552: f32[32] = div(t547, t551) */
-/* t553: f32[32] = add(t552, 1e-08) */
-/* t554: f32[32] = div(t542, t553) */
-/* t555: f32[32] = sub(transformer.ln_f.bias, t554) */
-SG_KERNEL void k48_sub_t555(int64_t d0, const double* restrict var63, const double* restrict var35, const float* restrict var64, const float* restrict var65, float* restrict var15)
-{
-    for (int64_t i0 = 0; i0 < 32; ++i0) {
-        const double v0 = 0.9;  /* 0.9 */
-        const double v1 = var63[0];  /* t533 */
-        const double v2 = 1.0;  /* 1.0 */
-        const double v3 = var35[0];  /* param_groups.1.lr */
-        const double v4 = 0.95;  /* 0.95 */
-        const float v5 = var64[i0];  /* t541 */
-        const float v6 = var65[i0];  /* t546 */
-        const float v7 = 1.0e-08f;  /* 1e-08 */
-        const float v8 = var15[i0];  /* transformer.ln_f.bias */
-        const double t534 = pow(v0, v1);  /* t534: f64[] = pow(0.9, t533) */
-        const double t535 = v2 - t534;  /* t535: f64[] = sub(1.0, t534) */
-        const double t536 = v3/t535;  /* t536: f64[] = div(param_groups.1.lr, t535) */
-        const float t537 = (float)(t536);  /* t537: f32[] = cast(t536) */
-        const double t548 = pow(v4, v1);  /* t548: f64[] = pow(0.95, t533) */
-        const double t549 = v2 - t548;  /* t549: f64[] = sub(1.0, t548) */
-        const double t550 = sqrt(t549);  /* t550: f64[] = sqrt(t549) */
-        const float t551 = (float)(t550);  /* t551: f32[] = cast(t550) */
-        const float t542 = t537*v5;  /* t542: f32[32] = mul(t537, t541) */
-        const float t547 = sqrtf(v6);  /* t547: f32[32] = sqrt(t546) */
-        const float t552 = t547/t551;  /* t552: f32[32] = div(t547, t551) */
-        const float t553 = t552 + v7;  /* t553: f32[32] = add(t552, 1e-08) */
-        const float t554 = t542/t553;  /* t554: f32[32] = div(t542, t553) */
-        const float t555 = v8 - t554;  /* t555: f32[32] = sub(transformer.ln_f.bias, t554) */
-        var15[i0] = t555;
     }
 }
 
@@ -2573,6 +1179,60 @@ SG_KERNEL void k71_add_t313(int64_t d0, float* restrict var34, const float* rest
     }
 }
 
+/* Also called for 1 more kernel(s), the same code on their buffers: k98_sub_t295 */
+/* t91: f64[] = mul(lr, 0.1) */
+/* t92: f64[] = sub(1.0, t91) */
+/* t93: f32[] = cast(t92) */
+/* t296: f32[32,128] = mul(transformer.h.0.mlp.c_proj.weight, t93) */
+/* t298: f64[] = pow(0.9, t297) */
+/* t299: f64[] = sub(1.0, t298) */
+/* t300: f64[] = div(lr, t299) */
+/* t301: f32[] = cast(t300) */
+/* t315: f64[] = pow(0.95, t297) */
+/* t316: f64[] = sub(1.0, t315) */
+/* t317: f64[] = sqrt(t316) */
+/* t318: f32[] = cast(t317) */
+/* t309: f32[32,128] = mul(t301, t308) */
+/* t314: f32[32,128] = sqrt(t313) */
+/* t319: f32[32,128] = div(t314, t318) */
+/* t320: f32[32,128] = add(t319, 1e-08) */
+/* t321: f32[32,128] = div(t309, t320) */
+/* t322: f32[32,128] = sub(t296, t321) */
+SG_KERNEL void k72_sub_t322(int64_t d0, const double* restrict var16, float* restrict var12, const double* restrict var32, const float* restrict var33, const float* restrict var34)
+{
+    for (int64_t i0 = 0; i0 < 4096; ++i0) {
+        const double v0 = var16[0];  /* lr */
+        const double v1 = 0.1;  /* 0.1 */
+        const double v2 = 1.0;  /* 1.0 */
+        const float v3 = var12[i0];  /* transformer.h.0.mlp.c_proj.weight */
+        const double v4 = 0.9;  /* 0.9 */
+        const double v5 = var32[0];  /* t297 */
+        const double v6 = 0.95;  /* 0.95 */
+        const float v7 = var33[i0];  /* t308 */
+        const float v8 = var34[i0];  /* t313 */
+        const float v9 = 1.0e-08f;  /* 1e-08 */
+        const double t91 = v0*v1;  /* t91: f64[] = mul(lr, 0.1) */
+        const double t92 = v2 - t91;  /* t92: f64[] = sub(1.0, t91) */
+        const float t93 = (float)(t92);  /* t93: f32[] = cast(t92) */
+        const float t296 = v3*t93;  /* t296: f32[32,128] = mul(transformer.h.0.mlp.c_proj.weight, t93) */
+        const double t298 = pow(v4, v5);  /* t298: f64[] = pow(0.9, t297) */
+        const double t299 = v2 - t298;  /* t299: f64[] = sub(1.0, t298) */
+        const double t300 = v0/t299;  /* t300: f64[] = div(lr, t299) */
+        const float t301 = (float)(t300);  /* t301: f32[] = cast(t300) */
+        const double t315 = pow(v6, v5);  /* t315: f64[] = pow(0.95, t297) */
+        const double t316 = v2 - t315;  /* t316: f64[] = sub(1.0, t315) */
+        const double t317 = sqrt(t316);  /* t317: f64[] = sqrt(t316) */
+        const float t318 = (float)(t317);  /* t318: f32[] = cast(t317) */
+        const float t309 = t301*v7;  /* t309: f32[32,128] = mul(t301, t308) */
+        const float t314 = sqrtf(v8);  /* t314: f32[32,128] = sqrt(t313) */
+        const float t319 = t314/t318;  /* t319: f32[32,128] = div(t314, t318) */
+        const float t320 = t319 + v9;  /* t320: f32[32,128] = add(t319, 1e-08) */
+        const float t321 = t309/t320;  /* t321: f32[32,128] = div(t309, t320) */
+        const float t322 = t296 - t321;  /* t322: f32[32,128] = sub(t296, t321) */
+        var12[i0] = t322;
+    }
+}
+
 /* t278: f32[128,32] = matmul(t274, t277) */
 SG_KERNEL void k82_matmul_t278(int64_t d0, const float* restrict ws42, const float* restrict ws52, float* restrict ws53, sg_context* context)
 {
@@ -2615,6 +1275,115 @@ SG_KERNEL void k99_matmul_t138(int64_t d0, const float* restrict ws55, const flo
         ws55, 32, 1,
         var6, 32, 1,
         ws58, context, NULL, context->scratch);
+}
+
+/* Row r < rows of the tile i0...: D = g . out (which is sum_j p_j (g . v_j)) into d[r], and m[r],
+   l[r], the row's softmax: as the forward stored them in stats (m, then 1 / l). */
+static inline void k100_attention_grad_t141_rows(int64_t rows, int64_t i0, const float* gh, int64_t g_row, const float* oh,
+        int64_t o_row, const float* stats, int64_t H, int64_t h, int64_t T,
+        float* m, float* l, float* d)
+{
+    enum { E = 16 };
+    for (int64_t r = 0; r < rows; ++r) {
+        const float* gi = gh + (i0 + r) * g_row;
+        const float* oi = oh + (i0 + r) * o_row;
+        float row = 0;
+        for (int64_t e = 0; e < E; ++e) {
+            row += gi[e] * oi[e];
+        }
+        m[r] = stats[h * T + i0 + r];
+        l[r] = stats[(H + h) * T + i0 + r];
+        d[r] = row;
+    }
+}
+
+/* For the tile's rows i0... and the block's n keys from j0: p = exp(s - m) / l, from the scores
+   (q_i . k_j) in scores, and ds = p (g . v - D) scale, from g_i . v_j in ds, each in place. */
+static inline void k100_attention_grad_t141_ds(int64_t rows, int64_t n, int64_t i0, int64_t j0, const float* m, const float* l,
+        const float* d, float (*scores)[SG_KEY_BLOCK], float (*ds)[SG_KEY_BLOCK])
+{
+    const float scale = 0.25f;
+    for (int64_t r = 0; r < rows; ++r) {
+        const int64_t i = i0 + r;
+        const float top = m[r], inverse = l[r];
+        float* s = scores[r];
+        for (int64_t jj = 0; jj < n; ++jj) {
+            s[jj] = j0 + jj <= i ? s[jj] * scale : -INFINITY;
+            s[jj] = sg_expf(s[jj] - top) * inverse;
+            ds[r][jj] = s[jj] * (ds[r][jj] - d[r]) * scale;
+        }
+    }
+}
+
+/* t141: f32[3,B,2,8,16] = attention_grad[causal=True, scale=0.25](t25, t28, t31, t32, t140) */
+SG_KERNEL void k100_attention_grad_t141(int64_t d0, const float* restrict ws8, const float* restrict ws9, const float* restrict ws58, const float* restrict ws11, float* restrict ws59, float* restrict ws60, float* restrict ws61)
+{
+    /* attention_grad over H heads of T rows of E = 16 elements; causal: row i sees keys j <= i */
+    enum { E = 16 };
+    const int64_t H = (2*d0), T = 8, tiles = (T + SG_ROW_TILE - 1) / SG_ROW_TILE;
+    float* kt = ws60;  /* k transposed per head: H x E x T */
+    #pragma omp parallel for if(H * T * E >= SG_PARALLEL_MIN)
+    for (int64_t h = 0; h < H; ++h) {
+        const int64_t n0 = h / 2;
+        const int64_t n1 = h % 2;
+        const float* kh = ws8 + n0 * 768 + n1 * 16 + 32;  /* t28, head h */
+        const int64_t k_row = 96;
+
+        sg_attention_transpose_f32(T, E, kh, k_row, kt + h * E * T);
+    }
+    float* vt = ws61;  /* v transposed per head: H x E x T */
+    #pragma omp parallel for if(H * T * E >= SG_PARALLEL_MIN)
+    for (int64_t h = 0; h < H; ++h) {
+        const int64_t n0 = h / 2;
+        const int64_t n1 = h % 2;
+        const float* vh = ws8 + n0 * 768 + n1 * 16 + 64;  /* t31, head h */
+        const int64_t v_row = 96;
+
+        sg_attention_transpose_f32(T, E, vh, v_row, vt + h * E * T);
+    }
+    /* out = [dq, dk, dv], each H x T x E. A thread takes whole heads: no two add into one row. */
+    #pragma omp parallel for schedule(dynamic) if(H > 1 && H * T * T * E >= SG_PARALLEL_MIN)
+    for (int64_t h = 0; h < H; ++h) {
+        const int64_t n0 = h / 2;
+        const int64_t n1 = h % 2;
+        const float* qh = ws8 + n0 * 768 + n1 * 16;  /* t25, head h */
+        const int64_t q_row = 96;
+        const float* kh = ws8 + n0 * 768 + n1 * 16 + 32;  /* t28, head h */
+        const int64_t k_row = 96;
+        const float* oh = ws9 + n0 * 256 + n1 * 128;  /* t32, head h */
+        const int64_t o_row = 16;
+        const float* gh = ws58 + n0 * 256 + n1 * 16;  /* t140, head h */
+        const int64_t g_row = 32;
+
+        float* dq = ws59 + h * T * E;
+        float* dk = ws59 + (H + h) * T * E;
+        float* dv = ws59 + (2 * H + h) * T * E;
+        const float* kth = kt + h * E * T;
+        const float* vth = vt + h * E * T;
+        memset(dq, 0, (size_t)(T * E) * sizeof(float));
+        memset(dk, 0, (size_t)(T * E) * sizeof(float));
+        memset(dv, 0, (size_t)(T * E) * sizeof(float));
+        for (int64_t tile = 0; tile < tiles; ++tile) {
+            const int64_t i0 = tile * SG_ROW_TILE, rows = T - i0 < SG_ROW_TILE ? T - i0 : SG_ROW_TILE;
+            const int64_t keys = i0 + rows;
+            /* per row: the softmax as the forward found it (m, the largest score; l, then 1 / l, the
+               sum of exp(s - m)), and D = g . out, which is sum_j p_j (g . v_j) */
+            float m[SG_ROW_TILE], l[SG_ROW_TILE], d[SG_ROW_TILE];
+            float scores[SG_ROW_TILE][SG_KEY_BLOCK], ds[SG_ROW_TILE][SG_KEY_BLOCK];
+            k100_attention_grad_t141_rows(rows, i0, gh, g_row, oh, o_row, ws11, H, h, T, m, l, d);
+            for (int64_t j0 = 0; j0 < keys; j0 += SG_KEY_BLOCK) {
+                const int64_t n = keys - j0 < SG_KEY_BLOCK ? keys - j0 : SG_KEY_BLOCK;
+                /* p = exp(s - m) / l and ds = p (g . v - D) scale for the tile's rows and the block's keys */
+                sg_attention_product_f32(rows, n, E, qh + i0 * q_row, q_row, 1, kth + j0, T, &scores[0][0], SG_KEY_BLOCK, 0);
+                sg_attention_product_f32(rows, n, E, gh + i0 * g_row, g_row, 1, vth + j0, T, &ds[0][0], SG_KEY_BLOCK, 0);
+                k100_attention_grad_t141_ds(rows, n, i0, j0, m, l, d, scores, ds);
+                /* dq_i += sum_j ds_ij k_j;  dv_j += sum_i p_ij g_i;  dk_j += sum_i ds_ij q_i */
+                sg_attention_product_f32(rows, E, n, &ds[0][0], SG_KEY_BLOCK, 1, kh + j0 * k_row, k_row, dq + i0 * E, E, 1);
+                sg_attention_product_f32(n, E, rows, &scores[0][0], 1, SG_KEY_BLOCK, gh + i0 * g_row, g_row, dv + j0 * E, E, 1);
+                sg_attention_product_f32(n, E, rows, &ds[0][0], 1, SG_KEY_BLOCK, qh + i0 * q_row, q_row, dk + j0 * E, E, 1);
+            }
+        }
+    }
 }
 
 /* make contiguous for a reshape: t149: f32[B,8,2,16] = transpose[perm=(0,2,1,3)](t148) */
@@ -2703,6 +1472,968 @@ SG_KERNEL void k109_add_t383(int64_t d0, float* restrict var44, const float* res
     }
 }
 
+/* t160: f32[8*B,32] = matmul(t159, transformer.h.0.attn.c_attn.weight) */
+SG_KERNEL void k112_matmul_t160(int64_t d0, const float* restrict ws63, const float* restrict var4, float* restrict ws67, sg_context* context)
+{
+    /* a[8*d0 x 96] read with strides (96, 1), b[96 x 32] with (32, 1):
+       a transposed operand is only a change of strides. */
+    /* Its buffers in the runtime's scratch region (context->scratch, sized by symgrad_scratch_bytes);
+       context->status: the GEMM's, for the entry point to check */
+    context->status = sg_gemm_f32(8*d0, 32, 96,
+        ws63, 96, 1,
+        var4, 32, 1,
+        ws67, context, NULL, context->scratch);
+}
+
+/* t6: f32[B,8,32] = add(t3, t5) */
+/* t9: f32[B,8,32] = sub(t6, t8) */
+/* t162: f32[B,8,32] = mul(t161, transformer.h.0.ln_1.weight) */
+/* t166: f32[B,8,32] = t162/t14 + t165*t9/(32*t14) */
+SG_KERNEL void k117_simplified_t166(int64_t d0, const float* restrict ws0, const float* restrict ws2, const float* restrict ws4, const float* restrict ws67, const float* restrict var2, const float* restrict ws5, const float* restrict ws69, float* restrict ws70)
+{
+    #pragma omp parallel for if((256*d0) >= SG_PARALLEL_MIN)
+    for (int64_t i0 = 0; i0 < d0; ++i0) {
+        for (int64_t i1 = 0; i1 < 8; ++i1) {
+            for (int64_t i2 = 0; i2 < 32; ++i2) {
+                const float v0 = ws0[i0 * 256 + i1 * 32 + i2];  /* t3 */
+                const float v1 = ws2[i1 * 32 + i2];  /* t5 */
+                const float v2 = ws4[i0 * 8 + i1];  /* t8 */
+                const float v3 = ws67[i0 * 256 + i1 * 32 + i2];  /* t161 */
+                const float v4 = var2[i2];  /* transformer.h.0.ln_1.weight */
+                const float v5 = ws5[i0 * 8 + i1];  /* t14 */
+                const float v6 = ws69[i0 * 8 + i1];  /* t165 */
+                const float t6 = v0 + v1;  /* t6: f32[B,8,32] = add(t3, t5) */
+                const float t9 = t6 - v2;  /* t9: f32[B,8,32] = sub(t6, t8) */
+                const float t162 = v3*v4;  /* t162: f32[B,8,32] = mul(t161, transformer.h.0.ln_1.weight) */
+                const float t166 = t162/v5 + (1.0f/32.0f)*v6*t9/v5;  /* t166: f32[B,8,32] = t162/t14 + t165*t9/(32*t14) */
+                ws70[i0 * 256 + i1 * 32 + i2] = t166;
+            }
+        }
+    }
+}
+
+/* t328: f32[B,8,32] = mul(t161, t163) */
+SG_KERNEL void k118_mul_t328(int64_t d0, const float* restrict ws67, const float* restrict ws7, float* restrict ws71)
+{
+    #pragma omp parallel for if((256*d0) >= SG_PARALLEL_MIN)
+    for (int64_t i0 = 0; i0 < 256*d0; ++i0) {
+        const float v0 = ws67[i0];  /* t161 */
+        const float v1 = ws7[i0];  /* t163 */
+        const float t328 = v0*v1;  /* t328: f32[B,8,32] = mul(t161, t163) */
+        ws71[i0] = t328;
+    }
+}
+
+/* t197: f32[8,32] = scatter_add[axis=0, size=8](t196, t4) */
+SG_KERNEL void k131_scatter_add_t197(int64_t d0, const float* restrict ws78, const int64_t* restrict ws79, float* restrict ws80)
+{
+    const int64_t P = 1, I = 8, Q = 32, R = 8;
+    const float* src = ws78;
+    const int64_t* idx = ws79;
+    /* out[p, r, q] = 0, then out[p, idx[i], q] += src[p, i, q] with i in order (np.add.at's sums, bit
+       for bit). Threads split P only: no two add into one element. An index outside [0, R) adds nothing. */
+    memset(ws80, 0, (size_t)(P * R * Q) * sizeof(float));
+    for (int64_t p = 0; p < P; ++p) {
+        for (int64_t i = 0; i < I; ++i) {
+            const int64_t r = (int64_t)idx[i];
+            if (r < 0 || r >= R) {
+                continue;
+            }
+            const float* row = src + (p * I + i) * Q;
+            float* dst = ws80 + (p * R + r) * Q;
+            for (int64_t q = 0; q < Q; ++q) {
+                dst[q] += row[q];
+            }
+        }
+    }
+}
+
+/* t91: f64[] = mul(lr, 0.1) */
+/* t92: f64[] = sub(1.0, t91) */
+/* t93: f32[] = cast(t92) */
+/* t190: f32[8,32] = mul(transformer.wpe.weight, t93) */
+/* t192: f64[] = pow(0.9, t191) */
+/* t193: f64[] = sub(1.0, t192) */
+/* t194: f64[] = div(lr, t193) */
+/* t195: f32[] = cast(t194) */
+/* t207: f64[] = pow(0.95, t191) */
+/* t208: f64[] = sub(1.0, t207) */
+/* t209: f64[] = sqrt(t208) */
+/* t210: f32[] = cast(t209) */
+/* t201: f32[8,32] = mul(t195, t200) */
+/* t206: f32[8,32] = sqrt(t205) */
+/* t211: f32[8,32] = div(t206, t210) */
+/* t212: f32[8,32] = add(t211, 1e-08) */
+/* t213: f32[8,32] = div(t201, t212) */
+/* t214: f32[8,32] = sub(t190, t213) */
+SG_KERNEL void k134_sub_t214(int64_t d0, const double* restrict var16, float* restrict var1, const double* restrict var20, const float* restrict var21, const float* restrict var22)
+{
+    for (int64_t i0 = 0; i0 < 256; ++i0) {
+        const double v0 = var16[0];  /* lr */
+        const double v1 = 0.1;  /* 0.1 */
+        const double v2 = 1.0;  /* 1.0 */
+        const float v3 = var1[i0];  /* transformer.wpe.weight */
+        const double v4 = 0.9;  /* 0.9 */
+        const double v5 = var20[0];  /* t191 */
+        const double v6 = 0.95;  /* 0.95 */
+        const float v7 = var21[i0];  /* t200 */
+        const float v8 = var22[i0];  /* t205 */
+        const float v9 = 1.0e-08f;  /* 1e-08 */
+        const double t91 = v0*v1;  /* t91: f64[] = mul(lr, 0.1) */
+        const double t92 = v2 - t91;  /* t92: f64[] = sub(1.0, t91) */
+        const float t93 = (float)(t92);  /* t93: f32[] = cast(t92) */
+        const float t190 = v3*t93;  /* t190: f32[8,32] = mul(transformer.wpe.weight, t93) */
+        const double t192 = pow(v4, v5);  /* t192: f64[] = pow(0.9, t191) */
+        const double t193 = v2 - t192;  /* t193: f64[] = sub(1.0, t192) */
+        const double t194 = v0/t193;  /* t194: f64[] = div(lr, t193) */
+        const float t195 = (float)(t194);  /* t195: f32[] = cast(t194) */
+        const double t207 = pow(v6, v5);  /* t207: f64[] = pow(0.95, t191) */
+        const double t208 = v2 - t207;  /* t208: f64[] = sub(1.0, t207) */
+        const double t209 = sqrt(t208);  /* t209: f64[] = sqrt(t208) */
+        const float t210 = (float)(t209);  /* t210: f32[] = cast(t209) */
+        const float t201 = t195*v7;  /* t201: f32[8,32] = mul(t195, t200) */
+        const float t206 = sqrtf(v8);  /* t206: f32[8,32] = sqrt(t205) */
+        const float t211 = t206/t210;  /* t211: f32[8,32] = div(t206, t210) */
+        const float t212 = t211 + v9;  /* t212: f32[8,32] = add(t211, 1e-08) */
+        const float t213 = t201/t212;  /* t213: f32[8,32] = div(t201, t212) */
+        const float t214 = t190 - t213;  /* t214: f32[8,32] = sub(t190, t213) */
+        var1[i0] = t214;
+    }
+}
+
+/* t172: f32[64,32] = add(t110, t171) */
+/* t173: f32[64,32] = sub(t172, transformer.wte.weight.exp_avg) */
+/* t174: f32[64,32] = mul(0.09999999999999998, t173) */
+/* t175: f32[64,32] = add(transformer.wte.weight.exp_avg, t174) */
+SG_KERNEL void k135_add_t175(int64_t d0, const float* restrict ws31, const float* restrict ws77, float* restrict var18)
+{
+    for (int64_t i0 = 0; i0 < 2048; ++i0) {
+        const float v0 = ws31[i0];  /* t110 */
+        const float v1 = ws77[i0];  /* t171 */
+        const float v2 = var18[i0];  /* transformer.wte.weight.exp_avg */
+        const float v3 = 0.1f;  /* 0.09999999999999998 */
+        const float t172 = v0 + v1;  /* t172: f32[64,32] = add(t110, t171) */
+        const float t173 = t172 - v2;  /* t173: f32[64,32] = sub(t172, transformer.wte.weight.exp_avg) */
+        const float t174 = v3*t173;  /* t174: f32[64,32] = mul(0.09999999999999998, t173) */
+        const float t175 = v2 + t174;  /* t175: f32[64,32] = add(transformer.wte.weight.exp_avg, t174) */
+        var18[i0] = t175;
+    }
+}
+
+/* t177: f32[64,32] = mul(0.95, transformer.wte.weight.exp_avg_sq) */
+/* t172: f32[64,32] = add(t110, t171) */
+/* t178: f32[64,32] = mul(t172, t172) */
+/* t179: f32[64,32] = mul(0.050000000000000044, t178) */
+/* t180: f32[64,32] = add(t177, t179) */
+SG_KERNEL void k136_add_t180(int64_t d0, float* restrict var19, const float* restrict ws31, const float* restrict ws77)
+{
+    for (int64_t i0 = 0; i0 < 2048; ++i0) {
+        const float v0 = 0.95f;  /* 0.95 */
+        const float v1 = var19[i0];  /* transformer.wte.weight.exp_avg_sq */
+        const float v2 = ws31[i0];  /* t110 */
+        const float v3 = ws77[i0];  /* t171 */
+        const float v4 = 0.05f;  /* 0.050000000000000044 */
+        const float t177 = v0*v1;  /* t177: f32[64,32] = mul(0.95, transformer.wte.weight.exp_avg_sq) */
+        const float t172 = v2 + v3;  /* t172: f32[64,32] = add(t110, t171) */
+        const float t178 = t172*t172;  /* t178: f32[64,32] = mul(t172, t172) */
+        const float t179 = v4*t178;  /* t179: f32[64,32] = mul(0.050000000000000044, t178) */
+        const float t180 = t177 + t179;  /* t180: f32[64,32] = add(t177, t179) */
+        var19[i0] = t180;
+    }
+}
+
+/* t226: f32[96,32] = sub(t225, transformer.h.0.attn.c_attn.weight.exp_avg) */
+/* t227: f32[96,32] = mul(0.09999999999999998, t226) */
+/* t228: f32[96,32] = add(transformer.h.0.attn.c_attn.weight.exp_avg, t227) */
+SG_KERNEL void k138_add_t228(int64_t d0, const float* restrict ws74, float* restrict var24)
+{
+    for (int64_t i0 = 0; i0 < 3072; ++i0) {
+        const float v0 = ws74[i0];  /* t225 */
+        const float v1 = var24[i0];  /* transformer.h.0.attn.c_attn.weight.exp_avg */
+        const float v2 = 0.1f;  /* 0.09999999999999998 */
+        const float t226 = v0 - v1;  /* t226: f32[96,32] = sub(t225, transformer.h.0.attn.c_attn.weight.exp_avg) */
+        const float t227 = v2*t226;  /* t227: f32[96,32] = mul(0.09999999999999998, t226) */
+        const float t228 = v1 + t227;  /* t228: f32[96,32] = add(transformer.h.0.attn.c_attn.weight.exp_avg, t227) */
+        var24[i0] = t228;
+    }
+}
+
+/* t91: f64[] = mul(lr, 0.1) */
+/* t92: f64[] = sub(1.0, t91) */
+/* t93: f32[] = cast(t92) */
+/* t215: f32[96,32] = mul(transformer.h.0.attn.c_attn.weight, t93) */
+/* t217: f64[] = pow(0.9, t216) */
+/* t218: f64[] = sub(1.0, t217) */
+/* t219: f64[] = div(lr, t218) */
+/* t220: f32[] = cast(t219) */
+/* t235: f64[] = pow(0.95, t216) */
+/* t236: f64[] = sub(1.0, t235) */
+/* t237: f64[] = sqrt(t236) */
+/* t238: f32[] = cast(t237) */
+/* t229: f32[96,32] = mul(t220, t228) */
+/* t234: f32[96,32] = sqrt(t233) */
+/* t239: f32[96,32] = div(t234, t238) */
+/* t240: f32[96,32] = add(t239, 1e-08) */
+/* t241: f32[96,32] = div(t229, t240) */
+/* t242: f32[96,32] = sub(t215, t241) */
+SG_KERNEL void k140_sub_t242(int64_t d0, const double* restrict var16, float* restrict var4, const double* restrict var23, const float* restrict var24, const float* restrict var25)
+{
+    for (int64_t i0 = 0; i0 < 3072; ++i0) {
+        const double v0 = var16[0];  /* lr */
+        const double v1 = 0.1;  /* 0.1 */
+        const double v2 = 1.0;  /* 1.0 */
+        const float v3 = var4[i0];  /* transformer.h.0.attn.c_attn.weight */
+        const double v4 = 0.9;  /* 0.9 */
+        const double v5 = var23[0];  /* t216 */
+        const double v6 = 0.95;  /* 0.95 */
+        const float v7 = var24[i0];  /* t228 */
+        const float v8 = var25[i0];  /* t233 */
+        const float v9 = 1.0e-08f;  /* 1e-08 */
+        const double t91 = v0*v1;  /* t91: f64[] = mul(lr, 0.1) */
+        const double t92 = v2 - t91;  /* t92: f64[] = sub(1.0, t91) */
+        const float t93 = (float)(t92);  /* t93: f32[] = cast(t92) */
+        const float t215 = v3*t93;  /* t215: f32[96,32] = mul(transformer.h.0.attn.c_attn.weight, t93) */
+        const double t217 = pow(v4, v5);  /* t217: f64[] = pow(0.9, t216) */
+        const double t218 = v2 - t217;  /* t218: f64[] = sub(1.0, t217) */
+        const double t219 = v0/t218;  /* t219: f64[] = div(lr, t218) */
+        const float t220 = (float)(t219);  /* t220: f32[] = cast(t219) */
+        const double t235 = pow(v6, v5);  /* t235: f64[] = pow(0.95, t216) */
+        const double t236 = v2 - t235;  /* t236: f64[] = sub(1.0, t235) */
+        const double t237 = sqrt(t236);  /* t237: f64[] = sqrt(t236) */
+        const float t238 = (float)(t237);  /* t238: f32[] = cast(t237) */
+        const float t229 = t220*v7;  /* t229: f32[96,32] = mul(t220, t228) */
+        const float t234 = sqrtf(v8);  /* t234: f32[96,32] = sqrt(t233) */
+        const float t239 = t234/t238;  /* t239: f32[96,32] = div(t234, t238) */
+        const float t240 = t239 + v9;  /* t240: f32[96,32] = add(t239, 1e-08) */
+        const float t241 = t229/t240;  /* t241: f32[96,32] = div(t229, t240) */
+        const float t242 = t215 - t241;  /* t242: f32[96,32] = sub(t215, t241) */
+        var4[i0] = t242;
+    }
+}
+
+#endif  /* translation unit 1 */
+
+/* ---- translation unit 0 of 2: its kernel functions, then the entry point ---- */
+#if SG_IN_PART(0)
+
+/* t3: f32[B,8,32] = take[axis=0](transformer.wte.weight, idx) */
+SG_KERNEL void k0_take_t3(int64_t d0, const float* restrict var0, const int64_t* restrict in0, float* restrict ws0)
+{
+    const int64_t P = 1, I = (8*d0), Q = 32, R = 64;
+    const float* src = var0;
+    const int64_t* idx = in0;
+    /* out[p, i, q] = src[p, idx[i], q]: each (p, i) copies one row of Q. An index outside [0, R)
+       (the call checked them; this is only a guard) gives a row of zeros, never a read outside src. */
+    #pragma omp parallel for collapse(2) if(P * I * Q >= SG_PARALLEL_MIN)
+    for (int64_t p = 0; p < P; ++p) {
+        for (int64_t i = 0; i < I; ++i) {
+            const int64_t r = (int64_t)idx[i];
+            const int inside = r >= 0 && r < R;
+            const float* row = src + (p * R + (inside ? r : 0)) * Q;
+            float* dst = ws0 + (p * I + i) * Q;
+            for (int64_t q = 0; q < Q; ++q) {
+                dst[q] = inside ? row[q] : 0;
+            }
+        }
+    }
+}
+
+/* Also called for 1 more kernel(s), the same code on their buffers: k130_copy */
+/* make iota's operand contiguous: t4 */
+SG_KERNEL void k1_copy(int64_t d0, int64_t* restrict ws1)
+{
+    for (int64_t i0 = 0; i0 < 8; ++i0) {
+        const int64_t v0 = i0;  /* make iota's operand contiguous */
+        const int64_t r = v0;  /* make iota's operand contiguous: t4 */
+        ws1[i0] = r;
+    }
+}
+
+/* t5: f32[8,32] = take[axis=0](transformer.wpe.weight, t4) */
+SG_KERNEL void k2_take_t5(int64_t d0, const float* restrict var1, const int64_t* restrict ws1, float* restrict ws2)
+{
+    const int64_t P = 1, I = 8, Q = 32, R = 8;
+    const float* src = var1;
+    const int64_t* idx = ws1;
+    /* out[p, i, q] = src[p, idx[i], q]: each (p, i) copies one row of Q. An index outside [0, R)
+       (the call checked them; this is only a guard) gives a row of zeros, never a read outside src. */
+    for (int64_t p = 0; p < P; ++p) {
+        for (int64_t i = 0; i < I; ++i) {
+            const int64_t r = (int64_t)idx[i];
+            const int inside = r >= 0 && r < R;
+            const float* row = src + (p * R + (inside ? r : 0)) * Q;
+            float* dst = ws2 + (p * I + i) * Q;
+            for (int64_t q = 0; q < Q; ++q) {
+                dst[q] = inside ? row[q] : 0;
+            }
+        }
+    }
+}
+
+/* Also called for 15 more kernel(s), the same code on their buffers: k5_add_t191, k6_add_t216, */
+/*     k7_add_t244, k8_add_t269, k9_add_t297, k10_add_t323, k11_add_t347, k12_add_t370, */
+/*     k13_add_t393, k14_add_t416, k15_add_t440, k16_add_t463, k17_add_t486, k18_add_t509, */
+/*     k19_add_t533 */
+/* t95: f64[] = add(transformer.wte.weight.step, 1.0) */
+SG_KERNEL void k4_add_t95(int64_t d0, double* restrict var17)
+{
+    const double v0 = var17[0];  /* transformer.wte.weight.step */
+    const double v1 = 1.0;  /* 1.0 */
+    const double t95 = v0 + v1;  /* t95: f64[] = add(transformer.wte.weight.step, 1.0) */
+    var17[0] = t95;
+}
+
+/* t6: f32[B,8,32] = add(t3, t5) */
+/* t9: f32[B,8,32] = sub(t6, t8) */
+/* t163: f32[B,8,32] = div(t9, t14) */
+SG_KERNEL void k23_div_t163(int64_t d0, const float* restrict ws0, const float* restrict ws2, const float* restrict ws4, const float* restrict ws5, float* restrict ws7)
+{
+    #pragma omp parallel for if((256*d0) >= SG_PARALLEL_MIN)
+    for (int64_t i0 = 0; i0 < d0; ++i0) {
+        for (int64_t i1 = 0; i1 < 8; ++i1) {
+            for (int64_t i2 = 0; i2 < 32; ++i2) {
+                const float v0 = ws0[i0 * 256 + i1 * 32 + i2];  /* t3 */
+                const float v1 = ws2[i1 * 32 + i2];  /* t5 */
+                const float v2 = ws4[i0 * 8 + i1];  /* t8 */
+                const float v3 = ws5[i0 * 8 + i1];  /* t14 */
+                const float t6 = v0 + v1;  /* t6: f32[B,8,32] = add(t3, t5) */
+                const float t9 = t6 - v2;  /* t9: f32[B,8,32] = sub(t6, t8) */
+                const float t163 = t9/v3;  /* t163: f32[B,8,32] = div(t9, t14) */
+                ws7[i0 * 256 + i1 * 32 + i2] = t163;
+            }
+        }
+    }
+}
+
+/* Also called for 1 more kernel(s), the same code on their buffers: k105_copy */
+/* make contiguous for a reshape: t33: f32[B,8,2,16] = transpose[perm=(0,2,1,3)](t32) */
+SG_KERNEL void k26_copy(int64_t d0, const float* restrict ws9, float* restrict ws12)
+{
+    #pragma omp parallel for if((256*d0) >= SG_PARALLEL_MIN)
+    for (int64_t i0 = 0; i0 < d0; ++i0) {
+        for (int64_t i1 = 0; i1 < 8; ++i1) {
+            for (int64_t i2 = 0; i2 < 2; ++i2) {
+                for (int64_t i3 = 0; i3 < 16; ++i3) {
+                    const float v0 = ws9[i0 * 256 + i1 * 16 + i2 * 128 + i3];  /* make contiguous for a reshape */
+                    const float r = v0;  /* make contiguous for a reshape: t33: f32[B,8,2,16] = transpose[perm=(0,2,1,3)](t32) */
+                    ws12[i0 * 256 + i1 * 32 + i2 * 16 + i3] = r;
+                }
+            }
+        }
+    }
+}
+
+/* t36: f32[8*B,32] = matmul(t34, t35) */
+/* t37: f32[8*B,32] = add(t36, transformer.h.0.attn.c_proj.bias) */
+/* What k27_add_t37's epilogue reads (Dims, operands) and the product it finishes in place. */
+typedef struct {
+    int64_t d0;
+    const float* var7;
+    float* ws13;
+} k27_add_t37_args;
+
+/* k27_add_t37's fused epilogue: the GEMM calls it on each block [i0, i0 + rows) x [j0, j0 + cols)
+   of the product once that block holds its final sums (after the last K chunk), while the block is
+   still in cache; each element goes through the fused nodes and the result overwrites it. */
+static void k27_add_t37_epilogue(const void* p, int64_t i0, int64_t j0, int64_t rows, int64_t cols)
+{
+    const k27_add_t37_args* args = p;
+    const int64_t d0 = args->d0;
+    const float* restrict var7 = args->var7;
+    float* restrict ws13 = args->ws13;
+    for (int64_t row = i0; row < i0 + rows; ++row) {
+        for (int64_t col = j0; col < j0 + cols; ++col) {
+            const float prod = ws13[row * 32 + col];  /* t36: f32[8*B,32] = matmul(t34, t35) */
+            const float v0 = var7[col];  /* transformer.h.0.attn.c_proj.bias */
+            const float t37 = prod + v0;  /* t37: f32[8*B,32] = add(t36, transformer.h.0.attn.c_proj.bias) */
+            ws13[row * 32 + col] = t37;
+        }
+    }
+}
+
+SG_KERNEL void k27_add_t37(int64_t d0, const float* restrict ws12, const float* restrict var6, const float* restrict var7, float* restrict ws13, sg_context* context)
+{
+    const k27_add_t37_args args = { d0, var7, ws13 };
+    const sg_epilogue epilogue = { k27_add_t37_epilogue, &args };
+    /* a[8*d0 x 32] read with strides (32, 1), b[32 x 32] with (1, 32):
+       a transposed operand is only a change of strides. */
+    /* Its buffers in the runtime's scratch region (context->scratch, sized by symgrad_scratch_bytes);
+       context->status: the GEMM's, for the entry point to check */
+    context->status = sg_gemm_f32(8*d0, 32, 32,
+        ws12, 32, 1,
+        var6, 1, 32,
+        ws13, context, &epilogue, context->scratch);
+}
+
+/* t6: f32[B,8,32] = add(t3, t5) */
+/* t39: f32[B,8,32] = add(t6, t38) */
+/* t40: f32[B,8,1] = sum[axes=(2,), keepdims=True](t39) */
+/* t41: f32[B,8,1] = mul(t40, 1/32) */
+SG_KERNEL void k28_mul_t41(int64_t d0, const float* restrict ws0, const float* restrict ws2, const float* restrict ws13, float* restrict ws14)
+{
+    #pragma omp parallel for if((256*d0) >= SG_PARALLEL_MIN)
+    for (int64_t o0 = 0; o0 < d0; ++o0) {
+        for (int64_t o1 = 0; o1 < 8; ++o1) {
+            double acc = 0;
+            #pragma omp simd reduction(+:acc)
+            for (int64_t r0 = 0; r0 < 32; ++r0) {
+                const float v0 = ws0[o0 * 256 + o1 * 32 + r0];  /* t3 */
+                const float v1 = ws2[o1 * 32 + r0];  /* t5 */
+                const float v2 = ws13[o0 * 256 + o1 * 32 + r0];  /* t38 */
+                const float t6 = v0 + v1;  /* t6: f32[B,8,32] = add(t3, t5) */
+                const float t39 = t6 + v2;  /* t39: f32[B,8,32] = add(t6, t38) */
+                acc += (double)t39;
+            }
+            const float red = (float)(acc);
+            const float ev0 = 0.03125f;  /* 1/32 */
+            const float t41 = red*ev0;  /* t41: f32[B,8,1] = mul(t40, 1/32) */
+            ws14[o0 * 8 + o1] = t41;
+        }
+    }
+}
+
+/* Also called for 1 more kernel(s), the same code on their buffers: k37_sqrt_t70 */
+/* t43: f32[B,8,32] = mul(t42, t42) */
+/* t44: f32[B,8,1] = sum[axes=(2,), keepdims=True](t43) */
+/* t45: f32[B,8,1] = mul(t44, 1/32) */
+/* t46: f32[B,8,1] = add(t45, 1e-05) */
+/* t47: f32[B,8,1] = sqrt(t46) */
+SG_KERNEL void k30_sqrt_t47(int64_t d0, const float* restrict ws15, float* restrict ws16)
+{
+    #pragma omp parallel for if((256*d0) >= SG_PARALLEL_MIN)
+    for (int64_t o0 = 0; o0 < 8*d0; ++o0) {
+        double acc = 0;
+        #pragma omp simd reduction(+:acc)
+        for (int64_t r0 = 0; r0 < 32; ++r0) {
+            const float v0 = ws15[o0 * 32 + r0];  /* t42 */
+            const float t43 = v0*v0;  /* t43: f32[B,8,32] = mul(t42, t42) */
+            acc += (double)t43;
+        }
+        const float red = (float)(acc);
+        const float ev0 = 0.03125f;  /* 1/32 */
+        const float ev1 = 1.0e-05f;  /* 1e-05 */
+        const float t45 = red*ev0;  /* t45: f32[B,8,1] = mul(t44, 1/32) */
+        const float t46 = t45 + ev1;  /* t46: f32[B,8,1] = add(t45, 1e-05) */
+        const float t47 = sqrtf(t46);  /* t47: f32[B,8,1] = sqrt(t46) */
+        ws16[o0] = t47;
+    }
+}
+
+/* t59: f32[8*B,32] = matmul(t57, t58) */
+/* t60: f32[8*B,32] = add(t59, transformer.h.0.mlp.c_proj.bias) */
+/* What k34_add_t60's epilogue reads (Dims, operands) and the product it finishes in place. */
+typedef struct {
+    int64_t d0;
+    const float* var13;
+    float* ws20;
+} k34_add_t60_args;
+
+/* k34_add_t60's fused epilogue: the GEMM calls it on each block [i0, i0 + rows) x [j0, j0 + cols)
+   of the product once that block holds its final sums (after the last K chunk), while the block is
+   still in cache; each element goes through the fused nodes and the result overwrites it. */
+static void k34_add_t60_epilogue(const void* p, int64_t i0, int64_t j0, int64_t rows, int64_t cols)
+{
+    const k34_add_t60_args* args = p;
+    const int64_t d0 = args->d0;
+    const float* restrict var13 = args->var13;
+    float* restrict ws20 = args->ws20;
+    for (int64_t row = i0; row < i0 + rows; ++row) {
+        for (int64_t col = j0; col < j0 + cols; ++col) {
+            const float prod = ws20[row * 32 + col];  /* t59: f32[8*B,32] = matmul(t57, t58) */
+            const float v0 = var13[col];  /* transformer.h.0.mlp.c_proj.bias */
+            const float t60 = prod + v0;  /* t60: f32[8*B,32] = add(t59, transformer.h.0.mlp.c_proj.bias) */
+            ws20[row * 32 + col] = t60;
+        }
+    }
+}
+
+SG_KERNEL void k34_add_t60(int64_t d0, const float* restrict ws19, const float* restrict var12, const float* restrict var13, float* restrict ws20, sg_context* context)
+{
+    const k34_add_t60_args args = { d0, var13, ws20 };
+    const sg_epilogue epilogue = { k34_add_t60_epilogue, &args };
+    /* a[8*d0 x 128] read with strides (128, 1), b[128 x 32] with (1, 128):
+       a transposed operand is only a change of strides. */
+    /* Its buffers in the runtime's scratch region (context->scratch, sized by symgrad_scratch_bytes);
+       context->status: the GEMM's, for the entry point to check */
+    context->status = sg_gemm_f32(8*d0, 32, 128,
+        ws19, 128, 1,
+        var12, 1, 128,
+        ws20, context, &epilogue, context->scratch);
+}
+
+/* t6: f32[B,8,32] = add(t3, t5) */
+/* t39: f32[B,8,32] = add(t6, t38) */
+/* t62: f32[B,8,32] = add(t39, t61) */
+/* t63: f32[B,8,1] = sum[axes=(2,), keepdims=True](t62) */
+/* t64: f32[B,8,1] = mul(t63, 1/32) */
+SG_KERNEL void k35_mul_t64(int64_t d0, const float* restrict ws0, const float* restrict ws2, const float* restrict ws13, const float* restrict ws20, float* restrict ws21)
+{
+    #pragma omp parallel for if((256*d0) >= SG_PARALLEL_MIN)
+    for (int64_t o0 = 0; o0 < d0; ++o0) {
+        for (int64_t o1 = 0; o1 < 8; ++o1) {
+            double acc = 0;
+            #pragma omp simd reduction(+:acc)
+            for (int64_t r0 = 0; r0 < 32; ++r0) {
+                const float v0 = ws0[o0 * 256 + o1 * 32 + r0];  /* t3 */
+                const float v1 = ws2[o1 * 32 + r0];  /* t5 */
+                const float v2 = ws13[o0 * 256 + o1 * 32 + r0];  /* t38 */
+                const float v3 = ws20[o0 * 256 + o1 * 32 + r0];  /* t61 */
+                const float t6 = v0 + v1;  /* t6: f32[B,8,32] = add(t3, t5) */
+                const float t39 = t6 + v2;  /* t39: f32[B,8,32] = add(t6, t38) */
+                const float t62 = t39 + v3;  /* t62: f32[B,8,32] = add(t39, t61) */
+                acc += (double)t62;
+            }
+            const float red = (float)(acc);
+            const float ev0 = 0.03125f;  /* 1/32 */
+            const float t64 = red*ev0;  /* t64: f32[B,8,1] = mul(t63, 1/32) */
+            ws21[o0 * 8 + o1] = t64;
+        }
+    }
+}
+
+/* row kernel: max, sum, sum, sum (3 passes), 4 outputs */
+/* t100: f32[] = (1.0)/t89 */
+/* t101: f32[] = neg(t100) */
+/* t2: bool[8*B,64] = equal(t0, t1) */
+/* t102: f32[8*B,64] = Piecewise((t101, Ne(t2, 0)), (0, True)) */
+/* t77: f32[8*B,1] = max[axes=(1,), keepdims=True](t76) */
+/* t103: f32[8*B,1] = sum[axes=(1,), keepdims=True](t102) */
+/* t78: f32[8*B,64] = sub(t76, t77) */
+/* t79: f32[8*B,64] = exp(t78) */
+/* t80: f32[8*B,1] = sum[axes=(1,), keepdims=True](t79) */
+/* t81: f32[8*B,1] = log(t80) */
+/* t82: f32[8*B,64] = sub(t78, t81) */
+/* t83: f32[8*B,64] = where(t2, t82, 0) */
+/* t104: f32[8*B,64] = t102 - t103*t79/t80 */
+/* t84: f32[] = sum[axes=(0,1), keepdims=False](t83) (this row's part) */
+SG_KERNEL void k40_rows_t77(int64_t d0, const float* restrict ws3, const int64_t* restrict in1, const float* restrict ws25, float* restrict ws26, float* restrict ws27, float* restrict ws29, double* restrict ws28)
+{
+    #pragma omp parallel for if((512*d0) >= SG_PARALLEL_MIN)
+    for (int64_t o0 = 0; o0 < 8*d0; ++o0) {
+        const float u0 = 1.0f;  /* 1.0 */
+        const float u1 = ws3[0];  /* t89 */
+        const int64_t u2 = in1[o0];  /* t0 */
+        const float u3 = 0.0f;  /* 0 */
+        /* pass 1 of 3 over the row: max p0, sum p1, store t102 */
+        float a0 = -INFINITY;
+        int a0_nan = 0;
+        double a1 = 0;
+        #pragma omp simd reduction(+:a1) reduction(max:a0) reduction(|:a0_nan)
+        for (int64_t c = 0; c < 64; ++c) {
+            const float v0 = ws25[o0 * 64 + c];  /* t76 */
+            const int64_t v1 = c;  /* t1 */
+            const float t100 = u0/u1;  /* t100: f32[] = (1.0)/t89 */
+            const float t101 = -t100;  /* t101: f32[] = neg(t100) */
+            const uint8_t t2 = (uint8_t)((u2 == v1));  /* t2: bool[8*B,64] = equal(t0, t1) */
+            const float t102 = (((((float)t2) != 0.0f)) ? (t101) : (0.0f));  /* t102: f32[8*B,64] = Piecewise((t101, Ne(t2, 0)), (0, True)) */
+            a0 = v0 > a0 ? v0 : a0;  /* t77: f32[8*B,1] = max[axes=(1,), keepdims=True](t76) */
+            a0_nan |= v0 != v0;  /* NaN propagates, as in NumPy */
+            a1 += (double)t102;  /* t103: f32[8*B,1] = sum[axes=(1,), keepdims=True](t102) */
+            ws26[o0 * 64 + c] = t102;  /* t102 */
+        }
+        const float p0 = (a0_nan ? NAN : a0);
+        const float p1 = (float)(a1);
+        /* pass 2 of 3 over the row: sum p2, store t79 */
+        double a2 = 0;
+        #pragma omp simd reduction(+:a2)
+        for (int64_t c = 0; c < 64; ++c) {
+            const float v0 = ws25[o0 * 64 + c];  /* t76 */
+            const float t78 = v0 - p0;  /* t78: f32[8*B,64] = sub(t76, t77) */
+            const float t79 = sg_expf(t78);  /* t79: f32[8*B,64] = exp(t78) */
+            a2 += (double)t79;  /* t80: f32[8*B,1] = sum[axes=(1,), keepdims=True](t79) */
+            ws27[o0 * 64 + c] = t79;  /* t79 */
+        }
+        const float p2 = (float)(a2);
+        const float t81 = logf(p2);  /* t81: f32[8*B,1] = log(t80) */
+        /* pass 3 of 3 over the row: sum p3, store t104 */
+        double a3 = 0;
+        #pragma omp simd reduction(+:a3)
+        for (int64_t c = 0; c < 64; ++c) {
+            const int64_t v0 = c;  /* t1 */
+            const float v1 = ws25[o0 * 64 + c];  /* t76 */
+            const float v2 = ws26[o0 * 64 + c];  /* t102 */
+            const float v3 = ws27[o0 * 64 + c];  /* t79 */
+            const uint8_t t2 = (uint8_t)((u2 == v0));  /* t2: bool[8*B,64] = equal(t0, t1) */
+            const float t78 = v1 - p0;  /* t78: f32[8*B,64] = sub(t76, t77) */
+            const float t82 = t78 - t81;  /* t82: f32[8*B,64] = sub(t78, t81) */
+            const float t83 = (((((float)t2) != 0.0f)) ? (t82) : (u3));  /* t83: f32[8*B,64] = where(t2, t82, 0) */
+            const float t104 = v2 - p1*v3/p2;  /* t104: f32[8*B,64] = t102 - t103*t79/t80 */
+            a3 += (double)t83;  /* t84: f32[] = sum[axes=(0,1), keepdims=False](t83) (this row's part) */
+            ws29[o0 * 64 + c] = t104;  /* t104 */
+        }
+        const double p3 = a3;
+        ws28[o0] = p3;  /* t84, per row */
+    }
+}
+
+/* t110: f32[64,32] = matmul(t105, t109) */
+SG_KERNEL void k43_matmul_t110(int64_t d0, const float* restrict ws29, const float* restrict ws30, float* restrict ws31, sg_context* context)
+{
+    /* a[64 x 8*d0] read with strides (1, 64), b[8*d0 x 32] with (32, 1):
+       a transposed operand is only a change of strides. */
+    /* Its buffers in the runtime's scratch region (context->scratch, sized by symgrad_scratch_bytes);
+       context->status: the GEMM's, for the entry point to check */
+    context->status = sg_gemm_f32(64, 32, 8*d0,
+        ws29, 1, 64,
+        ws30, 32, 1,
+        ws31, context, NULL, context->scratch);
+}
+
+/* Also called for 7 more kernel(s), the same code on their buffers: k54_add_t523, k60_add_t499, */
+/*     k76_add_t453, k84_add_t430, k91_add_t406, k115_add_t360, k123_add_t337 */
+/* t543: f32[32] = mul(0.95, transformer.ln_f.bias.exp_avg_sq) */
+/* t544: f32[32] = mul(t538, t538) */
+/* t545: f32[32] = mul(0.050000000000000044, t544) */
+/* t546: f32[32] = add(t543, t545) */
+SG_KERNEL void k47_add_t546(int64_t d0, float* restrict var65, const float* restrict ws33)
+{
+    for (int64_t i0 = 0; i0 < 32; ++i0) {
+        const float v0 = 0.95f;  /* 0.95 */
+        const float v1 = var65[i0];  /* transformer.ln_f.bias.exp_avg_sq */
+        const float v2 = ws33[i0];  /* t538 */
+        const float v3 = 0.05f;  /* 0.050000000000000044 */
+        const float t543 = v0*v1;  /* t543: f32[32] = mul(0.95, transformer.ln_f.bias.exp_avg_sq) */
+        const float t544 = v2*v2;  /* t544: f32[32] = mul(t538, t538) */
+        const float t545 = v3*t544;  /* t545: f32[32] = mul(0.050000000000000044, t544) */
+        const float t546 = t543 + t545;  /* t546: f32[32] = add(t543, t545) */
+        var65[i0] = t546;
+    }
+}
+
+/* Also called for 7 more kernel(s), the same code on their buffers: k55_sub_t532, k61_sub_t508, */
+/*     k85_sub_t439, k86_sub_t462, k92_sub_t415, k124_sub_t346, k125_sub_t369 */
+/* t534: f64[] = pow(0.9, t533) */
+/* t535: f64[] = sub(1.0, t534) */
+/* t536: f64[] = div(param_groups.1.lr, t535) */
+/* t537: f32[] = cast(t536) */
+/* t548: f64[] = pow(0.95, t533) */
+/* t549: f64[] = sub(1.0, t548) */
+/* t550: f64[] = sqrt(t549) */
+/* t551: f32[] = cast(t550) */
+/* t542: f32[32] = mul(t537, t541) */
+/* t547: f32[32] = sqrt(t546) */
+/* t552: f32[32] = div(t547, t551) */
+/* t553: f32[32] = add(t552, 1e-08) */
+/* t554: f32[32] = div(t542, t553) */
+/* t555: f32[32] = sub(transformer.ln_f.bias, t554) */
+SG_KERNEL void k48_sub_t555(int64_t d0, const double* restrict var63, const double* restrict var35, const float* restrict var64, const float* restrict var65, float* restrict var15)
+{
+    for (int64_t i0 = 0; i0 < 32; ++i0) {
+        const double v0 = 0.9;  /* 0.9 */
+        const double v1 = var63[0];  /* t533 */
+        const double v2 = 1.0;  /* 1.0 */
+        const double v3 = var35[0];  /* param_groups.1.lr */
+        const double v4 = 0.95;  /* 0.95 */
+        const float v5 = var64[i0];  /* t541 */
+        const float v6 = var65[i0];  /* t546 */
+        const float v7 = 1.0e-08f;  /* 1e-08 */
+        const float v8 = var15[i0];  /* transformer.ln_f.bias */
+        const double t534 = pow(v0, v1);  /* t534: f64[] = pow(0.9, t533) */
+        const double t535 = v2 - t534;  /* t535: f64[] = sub(1.0, t534) */
+        const double t536 = v3/t535;  /* t536: f64[] = div(param_groups.1.lr, t535) */
+        const float t537 = (float)(t536);  /* t537: f32[] = cast(t536) */
+        const double t548 = pow(v4, v1);  /* t548: f64[] = pow(0.95, t533) */
+        const double t549 = v2 - t548;  /* t549: f64[] = sub(1.0, t548) */
+        const double t550 = sqrt(t549);  /* t550: f64[] = sqrt(t549) */
+        const float t551 = (float)(t550);  /* t551: f32[] = cast(t550) */
+        const float t542 = t537*v5;  /* t542: f32[32] = mul(t537, t541) */
+        const float t547 = sqrtf(v6);  /* t547: f32[32] = sqrt(t546) */
+        const float t552 = t547/t551;  /* t552: f32[32] = div(t547, t551) */
+        const float t553 = t552 + v7;  /* t553: f32[32] = add(t552, 1e-08) */
+        const float t554 = t542/t553;  /* t554: f32[32] = div(t542, t553) */
+        const float t555 = v8 - t554;  /* t555: f32[32] = sub(transformer.ln_f.bias, t554) */
+        var15[i0] = t555;
+    }
+}
+
+/* Also called for 1 more kernel(s), the same code on their buffers: k77_sum_t131 */
+/* t106: f32[B,8,32] = div(t65, t70) */
+/* t113: f32[B,8,32] = mul(t112, transformer.ln_f.weight) */
+/* t114: f32[B,8,32] = -t106*t113/t70 */
+/* t115: f32[B,8,1] = sum[axes=(2,), keepdims=True](t114) */
+SG_KERNEL void k49_sum_t115(int64_t d0, const float* restrict ws22, const float* restrict ws23, const float* restrict ws32, const float* restrict var14, float* restrict ws34)
+{
+    #pragma omp parallel for if((256*d0) >= SG_PARALLEL_MIN)
+    for (int64_t o0 = 0; o0 < 8*d0; ++o0) {
+        double acc = 0;
+        #pragma omp simd reduction(+:acc)
+        for (int64_t r0 = 0; r0 < 32; ++r0) {
+            const float v0 = ws22[o0 * 32 + r0];  /* t65 */
+            const float v1 = ws23[o0];  /* t70 */
+            const float v2 = ws32[o0 * 32 + r0];  /* t112 */
+            const float v3 = var14[r0];  /* transformer.ln_f.weight */
+            const float t106 = v0/v1;  /* t106: f32[B,8,32] = div(t65, t70) */
+            const float t113 = v2*v3;  /* t113: f32[B,8,32] = mul(t112, transformer.ln_f.weight) */
+            const float t114 = -t113*t106/v1;  /* t114: f32[B,8,32] = -t106*t113/t70 */
+            acc += (double)t114;
+        }
+        ws34[o0] = (float)(acc);
+    }
+}
+
+/* Also called for 1 more kernel(s), the same code on their buffers: k79_mul_t421 */
+/* t106: f32[B,8,32] = div(t65, t70) */
+/* t514: f32[B,8,32] = mul(t112, t106) */
+SG_KERNEL void k51_mul_t514(int64_t d0, const float* restrict ws22, const float* restrict ws23, const float* restrict ws32, float* restrict ws36)
+{
+    #pragma omp parallel for if((256*d0) >= SG_PARALLEL_MIN)
+    for (int64_t i0 = 0; i0 < 8*d0; ++i0) {
+        for (int64_t i1 = 0; i1 < 32; ++i1) {
+            const float v0 = ws22[i0 * 32 + i1];  /* t65 */
+            const float v1 = ws23[i0];  /* t70 */
+            const float v2 = ws32[i0 * 32 + i1];  /* t112 */
+            const float t106 = v0/v1;  /* t106: f32[B,8,32] = div(t65, t70) */
+            const float t514 = v2*t106;  /* t514: f32[B,8,32] = mul(t112, t106) */
+            ws36[i0 * 32 + i1] = t514;
+        }
+    }
+}
+
+/* t119: f32[B,8,32] = add(t116, t118) */
+SG_KERNEL void k57_add_t119(int64_t d0, const float* restrict ws35, const float* restrict ws38, float* restrict ws39)
+{
+    #pragma omp parallel for if((256*d0) >= SG_PARALLEL_MIN)
+    for (int64_t i0 = 0; i0 < 8*d0; ++i0) {
+        for (int64_t i1 = 0; i1 < 32; ++i1) {
+            const float v0 = ws35[i0 * 32 + i1];  /* t116 */
+            const float v1 = ws38[i0];  /* t118 */
+            const float t119 = v0 + v1;  /* t119: f32[B,8,32] = add(t116, t118) */
+            ws39[i0 * 32 + i1] = t119;
+        }
+    }
+}
+
+/* t121: f32[8*B,128] = matmul(t120, transformer.h.0.mlp.c_proj.weight) */
+SG_KERNEL void k62_matmul_t121(int64_t d0, const float* restrict ws39, const float* restrict var12, float* restrict ws41, sg_context* context)
+{
+    /* a[8*d0 x 32] read with strides (32, 1), b[32 x 128] with (128, 1):
+       a transposed operand is only a change of strides. */
+    /* Its buffers in the runtime's scratch region (context->scratch, sized by symgrad_scratch_bytes);
+       context->status: the GEMM's, for the entry point to check */
+    context->status = sg_gemm_f32(8*d0, 128, 32,
+        ws39, 32, 1,
+        var12, 128, 1,
+        ws41, context, NULL, context->scratch);
+}
+
+/* t123: f32[B,8,128] = sqrt(2)*t55*exp(-t55**2/2)/(2*sqrt(pi)) + Piecewise((erfc(sqrt(2)*Abs(t55)/2)/2, t55 < 0), (1 - erfc(sqrt(2)*Abs(t55)/2)/2, True)) */
+/* t124: f32[B,8,128] = mul(t122, t123) */
+SG_KERNEL void k63_mul_t124(int64_t d0, const float* restrict ws18, const float* restrict ws41, float* restrict ws42)
+{
+    #pragma omp parallel for if((1024*d0) >= SG_PARALLEL_MIN)
+    for (int64_t i0 = 0; i0 < 1024*d0; ++i0) {
+        const float v0 = ws18[i0];  /* t55 */
+        const float v1 = ws41[i0];  /* t122 */
+        const float t123 = 0.3989423f*(v0*sg_expf(-1.0f/2.0f*((v0)*(v0)))) + (((v0 < 0.0f)) ? ((1.0f/2.0f)*erfcf(0.70710677f*fabsf(v0))) : (1.0f - 1.0f/2.0f*erfcf(0.70710677f*fabsf(v0))));  /* t123: f32[B,8,128] = sqrt(2)*t55*exp(-t55**2/2)/(2*sqrt(pi)) + Piecewise((erfc(sqrt(2)*Abs(t55)/2)/2, t55 < 0), (1 - erfc(sqrt(2)*Abs(t55)/2)/2, True)) */
+        const float t124 = v1*t123;  /* t124: f32[B,8,128] = mul(t122, t123) */
+        ws42[i0] = t124;
+    }
+}
+
+/* t468: f32[128] = sum[axes=(0,), keepdims=False](t125) */
+SG_KERNEL void k66_sum_t468(int64_t d0, const float* restrict ws42, float* restrict ws45)
+{
+    /* The kept axis is contiguous: add whole rows into a tile of accumulators (vectorizes),
+       256 columns at a time, instead of walking each column down the rows. */
+    #pragma omp parallel for if((1024*d0) >= SG_PARALLEL_MIN)
+    for (int64_t j0 = 0; j0 < 128; j0 += 256) {
+        const int64_t jn = 128 - j0 < 256 ? 128 - j0 : 256;
+        double acc[256];
+        for (int64_t j = 0; j < jn; ++j)
+            acc[j] = 0;
+        for (int64_t r0 = 0; r0 < 8*d0; ++r0) {
+            const float* restrict row = ws42 + r0 * 128;
+            for (int64_t j = 0; j < jn; ++j)
+                acc[j] += (double)row[j0 + j];
+        }
+        for (int64_t j = 0; j < jn; ++j)
+            ws45[j0 + j] = (float)(acc[j]);
+    }
+}
+
+/* t469: f32[128] = sub(t468, transformer.h.0.mlp.c_fc.bias.exp_avg) */
+/* t470: f32[128] = mul(0.09999999999999998, t469) */
+/* t471: f32[128] = add(transformer.h.0.mlp.c_fc.bias.exp_avg, t470) */
+SG_KERNEL void k67_add_t471(int64_t d0, const float* restrict ws45, float* restrict var55)
+{
+    for (int64_t i0 = 0; i0 < 128; ++i0) {
+        const float v0 = ws45[i0];  /* t468 */
+        const float v1 = var55[i0];  /* transformer.h.0.mlp.c_fc.bias.exp_avg */
+        const float v2 = 0.1f;  /* 0.09999999999999998 */
+        const float t469 = v0 - v1;  /* t469: f32[128] = sub(t468, transformer.h.0.mlp.c_fc.bias.exp_avg) */
+        const float t470 = v2*t469;  /* t470: f32[128] = mul(0.09999999999999998, t469) */
+        const float t471 = v1 + t470;  /* t471: f32[128] = add(transformer.h.0.mlp.c_fc.bias.exp_avg, t470) */
+        var55[i0] = t471;
+    }
+}
+
+/* t473: f32[128] = mul(0.95, transformer.h.0.mlp.c_fc.bias.exp_avg_sq) */
+/* t474: f32[128] = mul(t468, t468) */
+/* t475: f32[128] = mul(0.050000000000000044, t474) */
+/* t476: f32[128] = add(t473, t475) */
+SG_KERNEL void k68_add_t476(int64_t d0, float* restrict var56, const float* restrict ws45)
+{
+    for (int64_t i0 = 0; i0 < 128; ++i0) {
+        const float v0 = 0.95f;  /* 0.95 */
+        const float v1 = var56[i0];  /* transformer.h.0.mlp.c_fc.bias.exp_avg_sq */
+        const float v2 = ws45[i0];  /* t468 */
+        const float v3 = 0.05f;  /* 0.050000000000000044 */
+        const float t473 = v0*v1;  /* t473: f32[128] = mul(0.95, transformer.h.0.mlp.c_fc.bias.exp_avg_sq) */
+        const float t474 = v2*v2;  /* t474: f32[128] = mul(t468, t468) */
+        const float t475 = v3*t474;  /* t475: f32[128] = mul(0.050000000000000044, t474) */
+        const float t476 = t473 + t475;  /* t476: f32[128] = add(t473, t475) */
+        var56[i0] = t476;
+    }
+}
+
+/* t126: f32[8*B,32] = matmul(t125, transformer.h.0.mlp.c_fc.weight) */
+SG_KERNEL void k73_matmul_t126(int64_t d0, const float* restrict ws42, const float* restrict var10, float* restrict ws46, sg_context* context)
+{
+    /* a[8*d0 x 128] read with strides (128, 1), b[128 x 32] with (32, 1):
+       a transposed operand is only a change of strides. */
+    /* Its buffers in the runtime's scratch region (context->scratch, sized by symgrad_scratch_bytes);
+       context->status: the GEMM's, for the entry point to check */
+    context->status = sg_gemm_f32(8*d0, 32, 128,
+        ws42, 128, 1,
+        var10, 32, 1,
+        ws46, context, NULL, context->scratch);
+}
+
+/* t250: f32[32,32] = matmul(t249, t34) */
+SG_KERNEL void k93_matmul_t250(int64_t d0, const float* restrict ws55, const float* restrict ws12, float* restrict ws57, sg_context* context)
+{
+    /* a[32 x 8*d0] read with strides (1, 32), b[8*d0 x 32] with (32, 1):
+       a transposed operand is only a change of strides. */
+    /* Its buffers in the runtime's scratch region (context->scratch, sized by symgrad_scratch_bytes);
+       context->status: the GEMM's, for the entry point to check */
+    context->status = sg_gemm_f32(32, 32, 8*d0,
+        ws55, 1, 32,
+        ws12, 32, 1,
+        ws57, context, NULL, context->scratch);
+}
+
+/* t251: f32[32,32] = sub(t250, transformer.h.0.attn.c_proj.weight.exp_avg) */
+/* t252: f32[32,32] = mul(0.09999999999999998, t251) */
+/* t253: f32[32,32] = add(transformer.h.0.attn.c_proj.weight.exp_avg, t252) */
+SG_KERNEL void k94_add_t253(int64_t d0, const float* restrict ws57, float* restrict var27)
+{
+    for (int64_t i0 = 0; i0 < 1024; ++i0) {
+        const float v0 = ws57[i0];  /* t250 */
+        const float v1 = var27[i0];  /* transformer.h.0.attn.c_proj.weight.exp_avg */
+        const float v2 = 0.1f;  /* 0.09999999999999998 */
+        const float t251 = v0 - v1;  /* t251: f32[32,32] = sub(t250, transformer.h.0.attn.c_proj.weight.exp_avg) */
+        const float t252 = v2*t251;  /* t252: f32[32,32] = mul(0.09999999999999998, t251) */
+        const float t253 = v1 + t252;  /* t253: f32[32,32] = add(transformer.h.0.attn.c_proj.weight.exp_avg, t252) */
+        var27[i0] = t253;
+    }
+}
+
+/* t255: f32[32,32] = mul(0.95, transformer.h.0.attn.c_proj.weight.exp_avg_sq) */
+/* t256: f32[32,32] = mul(t250, t250) */
+/* t257: f32[32,32] = mul(0.050000000000000044, t256) */
+/* t258: f32[32,32] = add(t255, t257) */
+SG_KERNEL void k95_add_t258(int64_t d0, float* restrict var28, const float* restrict ws57)
+{
+    for (int64_t i0 = 0; i0 < 1024; ++i0) {
+        const float v0 = 0.95f;  /* 0.95 */
+        const float v1 = var28[i0];  /* transformer.h.0.attn.c_proj.weight.exp_avg_sq */
+        const float v2 = ws57[i0];  /* t250 */
+        const float v3 = 0.05f;  /* 0.050000000000000044 */
+        const float t255 = v0*v1;  /* t255: f32[32,32] = mul(0.95, transformer.h.0.attn.c_proj.weight.exp_avg_sq) */
+        const float t256 = v2*v2;  /* t256: f32[32,32] = mul(t250, t250) */
+        const float t257 = v3*t256;  /* t257: f32[32,32] = mul(0.050000000000000044, t256) */
+        const float t258 = t255 + t257;  /* t258: f32[32,32] = add(t255, t257) */
+        var28[i0] = t258;
+    }
+}
+
+/* make contiguous for a reshape: t144: f32[B,8,2,16] = transpose[perm=(0,2,1,3)](t143) */
+SG_KERNEL void k101_copy(int64_t d0, const float* restrict ws59, float* restrict ws62)
+{
+    #pragma omp parallel for if((256*d0) >= SG_PARALLEL_MIN)
+    for (int64_t i0 = 0; i0 < d0; ++i0) {
+        for (int64_t i1 = 0; i1 < 8; ++i1) {
+            for (int64_t i2 = 0; i2 < 2; ++i2) {
+                for (int64_t i3 = 0; i3 < 16; ++i3) {
+                    const float v0 = ws59[i0 * 256 + i1 * 16 + i2 * 128 + i3 + (512*d0)];  /* make contiguous for a reshape */
+                    const float r = v0;  /* make contiguous for a reshape: t144: f32[B,8,2,16] = transpose[perm=(0,2,1,3)](t143) */
+                    ws62[i0 * 256 + i1 * 32 + i2 * 16 + i3] = r;
+                }
+            }
+        }
+    }
+}
+
+/* t146: f32[B,8,96] = embed[starts=(0,0,64), steps=(1,1,1)](t145), stored in place into t158 */
+SG_KERNEL void k102_embed_t146(int64_t d0, const float* restrict ws62, float* restrict ws63)
+{
+    #pragma omp parallel for if((256*d0) >= SG_PARALLEL_MIN)
+    for (int64_t i0 = 0; i0 < 8*d0; ++i0) {
+        for (int64_t i1 = 0; i1 < 32; ++i1) {
+            const float v0 = ws62[i0 * 32 + i1];  /* t145 */
+            const float r = v0;  /* t146: f32[B,8,96] = embed[starts=(0,0,64), steps=(1,1,1)](t145), stored in place into t158 */
+            ws63[i0 * 96 + i1 + 64] = r;
+        }
+    }
+}
+
+/* t157: f32[B,8,96] = embed[starts=(0,0,0), steps=(1,1,1)](t156), stored in place into t158 */
+SG_KERNEL void k106_embed_t157(int64_t d0, const float* restrict ws65, float* restrict ws63)
+{
+    #pragma omp parallel for if((256*d0) >= SG_PARALLEL_MIN)
+    for (int64_t i0 = 0; i0 < 8*d0; ++i0) {
+        for (int64_t i1 = 0; i1 < 32; ++i1) {
+            const float v0 = ws65[i0 * 32 + i1];  /* t156 */
+            const float r = v0;  /* t157: f32[B,8,96] = embed[starts=(0,0,0), steps=(1,1,1)](t156), stored in place into t158 */
+            ws63[i0 * 96 + i1] = r;
+        }
+    }
+}
+
+/* t371: f64[] = pow(0.9, t370) */
+/* t372: f64[] = sub(1.0, t371) */
+/* t373: f64[] = div(param_groups.1.lr, t372) */
+/* t374: f32[] = cast(t373) */
+/* t385: f64[] = pow(0.95, t370) */
+/* t386: f64[] = sub(1.0, t385) */
+/* t387: f64[] = sqrt(t386) */
+/* t388: f32[] = cast(t387) */
+/* t379: f32[96] = mul(t374, t378) */
+/* t384: f32[96] = sqrt(t383) */
+/* t389: f32[96] = div(t384, t388) */
+/* t390: f32[96] = add(t389, 1e-08) */
+/* t391: f32[96] = div(t379, t390) */
+/* t392: f32[96] = sub(transformer.h.0.attn.c_attn.bias, t391) */
+SG_KERNEL void k110_sub_t392(int64_t d0, const double* restrict var42, const double* restrict var35, const float* restrict var43, const float* restrict var44, float* restrict var5)
+{
+    for (int64_t i0 = 0; i0 < 96; ++i0) {
+        const double v0 = 0.9;  /* 0.9 */
+        const double v1 = var42[0];  /* t370 */
+        const double v2 = 1.0;  /* 1.0 */
+        const double v3 = var35[0];  /* param_groups.1.lr */
+        const double v4 = 0.95;  /* 0.95 */
+        const float v5 = var43[i0];  /* t378 */
+        const float v6 = var44[i0];  /* t383 */
+        const float v7 = 1.0e-08f;  /* 1e-08 */
+        const float v8 = var5[i0];  /* transformer.h.0.attn.c_attn.bias */
+        const double t371 = pow(v0, v1);  /* t371: f64[] = pow(0.9, t370) */
+        const double t372 = v2 - t371;  /* t372: f64[] = sub(1.0, t371) */
+        const double t373 = v3/t372;  /* t373: f64[] = div(param_groups.1.lr, t372) */
+        const float t374 = (float)(t373);  /* t374: f32[] = cast(t373) */
+        const double t385 = pow(v4, v1);  /* t385: f64[] = pow(0.95, t370) */
+        const double t386 = v2 - t385;  /* t386: f64[] = sub(1.0, t385) */
+        const double t387 = sqrt(t386);  /* t387: f64[] = sqrt(t386) */
+        const float t388 = (float)(t387);  /* t388: f32[] = cast(t387) */
+        const float t379 = t374*v5;  /* t379: f32[96] = mul(t374, t378) */
+        const float t384 = sqrtf(v6);  /* t384: f32[96] = sqrt(t383) */
+        const float t389 = t384/t388;  /* t389: f32[96] = div(t384, t388) */
+        const float t390 = t389 + v7;  /* t390: f32[96] = add(t389, 1e-08) */
+        const float t391 = t379/t390;  /* t391: f32[96] = div(t379, t390) */
+        const float t392 = v8 - t391;  /* t392: f32[96] = sub(transformer.h.0.attn.c_attn.bias, t391) */
+        var5[i0] = t392;
+    }
+}
+
 /* t91: f64[] = mul(lr, 0.1) */
 /* t92: f64[] = sub(1.0, t91) */
 /* t93: f32[] = cast(t92) */
@@ -2756,40 +2487,68 @@ SG_KERNEL void k111_sub_t267(int64_t d0, const double* restrict var16, float* re
     }
 }
 
-/* t160: f32[8*B,32] = matmul(t159, transformer.h.0.attn.c_attn.weight) */
-SG_KERNEL void k112_matmul_t160(int64_t d0, const float* restrict ws63, const float* restrict var4, float* restrict ws67, sg_context* context)
-{
-    /* a[8*d0 x 96] read with strides (96, 1), b[96 x 32] with (32, 1):
-       a transposed operand is only a change of strides. */
-    /* Its buffers in the runtime's scratch region (context->scratch, sized by symgrad_scratch_bytes);
-       context->status: the GEMM's, for the entry point to check */
-    context->status = sg_gemm_f32(8*d0, 32, 96,
-        ws63, 96, 1,
-        var4, 32, 1,
-        ws67, context, NULL, context->scratch);
-}
-
-/* t328: f32[B,8,32] = mul(t161, t163) */
-SG_KERNEL void k118_mul_t328(int64_t d0, const float* restrict ws67, const float* restrict ws7, float* restrict ws71)
+/* t162: f32[B,8,32] = mul(t161, transformer.h.0.ln_1.weight) */
+/* t164: f32[B,8,32] = -t162*t163/t14 */
+/* t165: f32[B,8,1] = sum[axes=(2,), keepdims=True](t164) */
+SG_KERNEL void k116_sum_t165(int64_t d0, const float* restrict ws67, const float* restrict var2, const float* restrict ws5, const float* restrict ws7, float* restrict ws69)
 {
     #pragma omp parallel for if((256*d0) >= SG_PARALLEL_MIN)
-    for (int64_t i0 = 0; i0 < 256*d0; ++i0) {
-        const float v0 = ws67[i0];  /* t161 */
-        const float v1 = ws7[i0];  /* t163 */
-        const float t328 = v0*v1;  /* t328: f32[B,8,32] = mul(t161, t163) */
-        ws71[i0] = t328;
+    for (int64_t o0 = 0; o0 < 8*d0; ++o0) {
+        double acc = 0;
+        #pragma omp simd reduction(+:acc)
+        for (int64_t r0 = 0; r0 < 32; ++r0) {
+            const float v0 = ws67[o0 * 32 + r0];  /* t161 */
+            const float v1 = var2[r0];  /* transformer.h.0.ln_1.weight */
+            const float v2 = ws5[o0];  /* t14 */
+            const float v3 = ws7[o0 * 32 + r0];  /* t163 */
+            const float t162 = v0*v1;  /* t162: f32[B,8,32] = mul(t161, transformer.h.0.ln_1.weight) */
+            const float t164 = -t162*v3/v2;  /* t164: f32[B,8,32] = -t162*t163/t14 */
+            acc += (double)t164;
+        }
+        ws69[o0] = (float)(acc);
     }
 }
 
-/* t197: f32[8,32] = scatter_add[axis=0, size=8](t196, t4) */
-SG_KERNEL void k131_scatter_add_t197(int64_t d0, const float* restrict ws78, const int64_t* restrict ws79, float* restrict ws80)
+/* t222: f32[B,8,32] = mul(t163, transformer.h.0.ln_1.weight) */
+/* t223: f32[B,8,32] = add(t222, transformer.h.0.ln_1.bias) */
+SG_KERNEL void k120_add_t223(int64_t d0, const float* restrict ws7, const float* restrict var2, const float* restrict var3, float* restrict ws73)
 {
-    const int64_t P = 1, I = 8, Q = 32, R = 8;
-    const float* src = ws78;
-    const int64_t* idx = ws79;
+    #pragma omp parallel for if((256*d0) >= SG_PARALLEL_MIN)
+    for (int64_t i0 = 0; i0 < 8*d0; ++i0) {
+        for (int64_t i1 = 0; i1 < 32; ++i1) {
+            const float v0 = ws7[i0 * 32 + i1];  /* t163 */
+            const float v1 = var2[i1];  /* transformer.h.0.ln_1.weight */
+            const float v2 = var3[i1];  /* transformer.h.0.ln_1.bias */
+            const float t222 = v0*v1;  /* t222: f32[B,8,32] = mul(t163, transformer.h.0.ln_1.weight) */
+            const float t223 = t222 + v2;  /* t223: f32[B,8,32] = add(t222, transformer.h.0.ln_1.bias) */
+            ws73[i0 * 32 + i1] = t223;
+        }
+    }
+}
+
+/* t225: f32[96,32] = matmul(t221, t224) */
+SG_KERNEL void k121_matmul_t225(int64_t d0, const float* restrict ws63, const float* restrict ws73, float* restrict ws74, sg_context* context)
+{
+    /* a[96 x 8*d0] read with strides (1, 96), b[8*d0 x 32] with (32, 1):
+       a transposed operand is only a change of strides. */
+    /* Its buffers in the runtime's scratch region (context->scratch, sized by symgrad_scratch_bytes);
+       context->status: the GEMM's, for the entry point to check */
+    context->status = sg_gemm_f32(96, 32, 8*d0,
+        ws63, 1, 96,
+        ws73, 32, 1,
+        ws74, context, NULL, context->scratch);
+}
+
+/* t171: f32[64,32] = scatter_add[axis=0, size=64](t170, idx) */
+SG_KERNEL void k128_scatter_add_t171(int64_t d0, const float* restrict ws76, const int64_t* restrict in0, float* restrict ws77)
+{
+    const int64_t P = 1, I = (8*d0), Q = 32, R = 64;
+    const float* src = ws76;
+    const int64_t* idx = in0;
     /* out[p, r, q] = 0, then out[p, idx[i], q] += src[p, i, q] with i in order (np.add.at's sums, bit
        for bit). Threads split P only: no two add into one element. An index outside [0, R) adds nothing. */
-    memset(ws80, 0, (size_t)(P * R * Q) * sizeof(float));
+    memset(ws77, 0, (size_t)(P * R * Q) * sizeof(float));
+    #pragma omp parallel for if(P > 1 && P * I * Q >= SG_PARALLEL_MIN)
     for (int64_t p = 0; p < P; ++p) {
         for (int64_t i = 0; i < I; ++i) {
             const int64_t r = (int64_t)idx[i];
@@ -2797,7 +2556,7 @@ SG_KERNEL void k131_scatter_add_t197(int64_t d0, const float* restrict ws78, con
                 continue;
             }
             const float* row = src + (p * I + i) * Q;
-            float* dst = ws80 + (p * R + r) * Q;
+            float* dst = ws77 + (p * R + r) * Q;
             for (int64_t q = 0; q < Q; ++q) {
                 dst[q] += row[q];
             }
@@ -2805,44 +2564,59 @@ SG_KERNEL void k131_scatter_add_t197(int64_t d0, const float* restrict ws78, con
     }
 }
 
-/* t172: f32[64,32] = add(t110, t171) */
-/* t173: f32[64,32] = sub(t172, transformer.wte.weight.exp_avg) */
-/* t174: f32[64,32] = mul(0.09999999999999998, t173) */
-/* t175: f32[64,32] = add(transformer.wte.weight.exp_avg, t174) */
-SG_KERNEL void k135_add_t175(int64_t d0, const float* restrict ws31, const float* restrict ws77, float* restrict var18)
+/* t196: f32[8,32] = sum[axes=(0,), keepdims=False](t170) */
+SG_KERNEL void k129_sum_t196(int64_t d0, const float* restrict ws76, float* restrict ws78)
 {
-    for (int64_t i0 = 0; i0 < 2048; ++i0) {
-        const float v0 = ws31[i0];  /* t110 */
-        const float v1 = ws77[i0];  /* t171 */
-        const float v2 = var18[i0];  /* transformer.wte.weight.exp_avg */
-        const float v3 = 0.1f;  /* 0.09999999999999998 */
-        const float t172 = v0 + v1;  /* t172: f32[64,32] = add(t110, t171) */
-        const float t173 = t172 - v2;  /* t173: f32[64,32] = sub(t172, transformer.wte.weight.exp_avg) */
-        const float t174 = v3*t173;  /* t174: f32[64,32] = mul(0.09999999999999998, t173) */
-        const float t175 = v2 + t174;  /* t175: f32[64,32] = add(transformer.wte.weight.exp_avg, t174) */
-        var18[i0] = t175;
+    /* The kept axis is contiguous: add whole rows into a tile of accumulators (vectorizes),
+       256 columns at a time, instead of walking each column down the rows. */
+    #pragma omp parallel for if((256*d0) >= SG_PARALLEL_MIN)
+    for (int64_t j0 = 0; j0 < 256; j0 += 256) {
+        const int64_t jn = 256 - j0 < 256 ? 256 - j0 : 256;
+        double acc[256];
+        for (int64_t j = 0; j < jn; ++j)
+            acc[j] = 0;
+        for (int64_t r0 = 0; r0 < d0; ++r0) {
+            const float* restrict row = ws76 + r0 * 256;
+            for (int64_t j = 0; j < jn; ++j)
+                acc[j] += (double)row[j0 + j];
+        }
+        for (int64_t j = 0; j < jn; ++j)
+            ws78[j0 + j] = (float)(acc[j]);
     }
 }
 
-/* t177: f32[64,32] = mul(0.95, transformer.wte.weight.exp_avg_sq) */
-/* t172: f32[64,32] = add(t110, t171) */
-/* t178: f32[64,32] = mul(t172, t172) */
-/* t179: f32[64,32] = mul(0.050000000000000044, t178) */
-/* t180: f32[64,32] = add(t177, t179) */
-SG_KERNEL void k136_add_t180(int64_t d0, float* restrict var19, const float* restrict ws31, const float* restrict ws77)
+/* t198: f32[8,32] = sub(t197, transformer.wpe.weight.exp_avg) */
+/* t199: f32[8,32] = mul(0.09999999999999998, t198) */
+/* t200: f32[8,32] = add(transformer.wpe.weight.exp_avg, t199) */
+SG_KERNEL void k132_add_t200(int64_t d0, const float* restrict ws80, float* restrict var21)
 {
-    for (int64_t i0 = 0; i0 < 2048; ++i0) {
+    for (int64_t i0 = 0; i0 < 256; ++i0) {
+        const float v0 = ws80[i0];  /* t197 */
+        const float v1 = var21[i0];  /* transformer.wpe.weight.exp_avg */
+        const float v2 = 0.1f;  /* 0.09999999999999998 */
+        const float t198 = v0 - v1;  /* t198: f32[8,32] = sub(t197, transformer.wpe.weight.exp_avg) */
+        const float t199 = v2*t198;  /* t199: f32[8,32] = mul(0.09999999999999998, t198) */
+        const float t200 = v1 + t199;  /* t200: f32[8,32] = add(transformer.wpe.weight.exp_avg, t199) */
+        var21[i0] = t200;
+    }
+}
+
+/* t202: f32[8,32] = mul(0.95, transformer.wpe.weight.exp_avg_sq) */
+/* t203: f32[8,32] = mul(t197, t197) */
+/* t204: f32[8,32] = mul(0.050000000000000044, t203) */
+/* t205: f32[8,32] = add(t202, t204) */
+SG_KERNEL void k133_add_t205(int64_t d0, float* restrict var22, const float* restrict ws80)
+{
+    for (int64_t i0 = 0; i0 < 256; ++i0) {
         const float v0 = 0.95f;  /* 0.95 */
-        const float v1 = var19[i0];  /* transformer.wte.weight.exp_avg_sq */
-        const float v2 = ws31[i0];  /* t110 */
-        const float v3 = ws77[i0];  /* t171 */
-        const float v4 = 0.05f;  /* 0.050000000000000044 */
-        const float t177 = v0*v1;  /* t177: f32[64,32] = mul(0.95, transformer.wte.weight.exp_avg_sq) */
-        const float t172 = v2 + v3;  /* t172: f32[64,32] = add(t110, t171) */
-        const float t178 = t172*t172;  /* t178: f32[64,32] = mul(t172, t172) */
-        const float t179 = v4*t178;  /* t179: f32[64,32] = mul(0.050000000000000044, t178) */
-        const float t180 = t177 + t179;  /* t180: f32[64,32] = add(t177, t179) */
-        var19[i0] = t180;
+        const float v1 = var22[i0];  /* transformer.wpe.weight.exp_avg_sq */
+        const float v2 = ws80[i0];  /* t197 */
+        const float v3 = 0.05f;  /* 0.050000000000000044 */
+        const float t202 = v0*v1;  /* t202: f32[8,32] = mul(0.95, transformer.wpe.weight.exp_avg_sq) */
+        const float t203 = v2*v2;  /* t203: f32[8,32] = mul(t197, t197) */
+        const float t204 = v3*t203;  /* t204: f32[8,32] = mul(0.050000000000000044, t203) */
+        const float t205 = t202 + t204;  /* t205: f32[8,32] = add(t202, t204) */
+        var22[i0] = t205;
     }
 }
 
@@ -2899,19 +2673,22 @@ SG_KERNEL void k137_sub_t189(int64_t d0, const double* restrict var16, float* re
     }
 }
 
-/* t226: f32[96,32] = sub(t225, transformer.h.0.attn.c_attn.weight.exp_avg) */
-/* t227: f32[96,32] = mul(0.09999999999999998, t226) */
-/* t228: f32[96,32] = add(transformer.h.0.attn.c_attn.weight.exp_avg, t227) */
-SG_KERNEL void k138_add_t228(int64_t d0, const float* restrict ws74, float* restrict var24)
+/* t230: f32[96,32] = mul(0.95, transformer.h.0.attn.c_attn.weight.exp_avg_sq) */
+/* t231: f32[96,32] = mul(t225, t225) */
+/* t232: f32[96,32] = mul(0.050000000000000044, t231) */
+/* t233: f32[96,32] = add(t230, t232) */
+SG_KERNEL void k139_add_t233(int64_t d0, float* restrict var25, const float* restrict ws74)
 {
     for (int64_t i0 = 0; i0 < 3072; ++i0) {
-        const float v0 = ws74[i0];  /* t225 */
-        const float v1 = var24[i0];  /* transformer.h.0.attn.c_attn.weight.exp_avg */
-        const float v2 = 0.1f;  /* 0.09999999999999998 */
-        const float t226 = v0 - v1;  /* t226: f32[96,32] = sub(t225, transformer.h.0.attn.c_attn.weight.exp_avg) */
-        const float t227 = v2*t226;  /* t227: f32[96,32] = mul(0.09999999999999998, t226) */
-        const float t228 = v1 + t227;  /* t228: f32[96,32] = add(transformer.h.0.attn.c_attn.weight.exp_avg, t227) */
-        var24[i0] = t228;
+        const float v0 = 0.95f;  /* 0.95 */
+        const float v1 = var25[i0];  /* transformer.h.0.attn.c_attn.weight.exp_avg_sq */
+        const float v2 = ws74[i0];  /* t225 */
+        const float v3 = 0.05f;  /* 0.050000000000000044 */
+        const float t230 = v0*v1;  /* t230: f32[96,32] = mul(0.95, transformer.h.0.attn.c_attn.weight.exp_avg_sq) */
+        const float t231 = v2*v2;  /* t231: f32[96,32] = mul(t225, t225) */
+        const float t232 = v3*t231;  /* t232: f32[96,32] = mul(0.050000000000000044, t231) */
+        const float t233 = t230 + t232;  /* t233: f32[96,32] = add(t230, t232) */
+        var25[i0] = t233;
     }
 }
 

@@ -460,6 +460,20 @@ int main(void)
 """
 
 
+def test_no_exported_c_function_is_over_the_limit(exported):
+    """The export's C (train_main, the library, its programs and runtime; with and without a loss
+    program and a learning rate's schedule) holds no function over the limit symgrad's other C has
+    (tests/backends/test_c_function_length.py)."""
+    from c_functions import function_lengths, over_the_limit
+    for kind in ("softmax", "mlp"):
+        written = [Path(p) for p in exported(kind).written.values()]
+        sources = {p.name: p.read_text() for p in written if p.suffix in (".c", ".h")}
+        assert "main" in function_lengths(sources["train_main.c"]) and f"{kind}_load" in function_lengths(
+            sources[f"{kind}.c"]), sorted(sources)
+        long = {f"{name}: {f}": n for name, text in sources.items() for f, n in over_the_limit(text).items()}
+        assert long == {}, kind
+
+
 def test_two_exported_models_link_into_one_program(exported):
     """Every global symbol of lib<name>.a starts with <name>_ (the runtime's are renamed too), so a
     program links two exported models and runs both."""
