@@ -63,6 +63,33 @@ def test_fused_attention_and_its_gradient_match_torch(functions, backend, rows):
         np.testing.assert_allclose(got[2 * k + 1], want_g, rtol=1e-10, atol=1e-12, err_msg=f"case {k} gradient")
 
 
+def test_an_output_read_through_a_transpose_is_written_heads_last_and_copied_by_no_kernel():
+    """A transformer hands its heads back as y.transpose(1, 2).reshape(B, T, H * E): the attention
+    writes its rows in that order (T, then H), so that the transpose is a view and the reshape after
+    it copies nothing; its gradient reads them where they lie. Values and gradient as torch's."""
+    from symgrad.backends.report import kernel_reads
+    x = sg.input("x", (2, 70, 3, 8), dtype="float64")
+    w = sg.input("w", (2, 70, 24), dtype="float64")
+    y = sg.reshape(sg.swapaxes(_symgrad(x, True, None), 1, 2), (2, 70, 24))
+    f = sg.function([x, w], [y, *sg.grad((y * w).sum(), [x])], backend="c")
+    assert "attention outputs stored heads last: t" in f.decisions
+    kernels = f.program.plan.kernels
+    forward = next(k for k in kernels if isinstance(k, AttentionKernel) and k.op == "attention")
+    assert forward.written.strides == (70 * 24, 8, 24, 1)   # (B, H, T, E) over storage (B, T, H, E)
+    copies = [k for k in kernels if k.report_kind == "copy"]
+    assert not any(forward.out in kernel_reads(k) for k in copies), [k.name for k in copies]
+
+    wv = RNG.standard_normal((2, 70, 24))
+    xt = torch.tensor(X, requires_grad=True)
+    heads = xt.transpose(1, 2)
+    yt = torch.nn.functional.scaled_dot_product_attention(heads, heads * 2, torch.tanh(heads), is_causal=True)
+    yt = yt.transpose(1, 2).reshape(2, 70, 24)
+    (gx,) = torch.autograd.grad((yt * torch.tensor(wv)).sum(), [xt])
+    got_y, got_g = f(X, wv)
+    np.testing.assert_allclose(got_y, yt.detach().numpy(), rtol=1e-12, atol=1e-12)
+    np.testing.assert_allclose(got_g, gx.numpy(), rtol=1e-10, atol=1e-12)
+
+
 def test_float32_c_matches_the_numpy_reference():
     x = sg.input("x", (2, 70, 3, 8))
     y = _symgrad(x, True, None)

@@ -86,7 +86,7 @@
  *   variables[64] = transformer.ln_f.bias.exp_avg: f32[32]
  *   variables[65] = transformer.ln_f.bias.exp_avg_sq: f32[32]
  *   outputs[0]: f32[]
- *   workspace + offsets[k]: temporary ws<k> (81 buffers)
+ *   workspace + offsets[k]: temporary ws<k> (80 buffers)
  */
 #include <stdint.h>
 #include <stdlib.h>
@@ -527,77 +527,77 @@ SG_KERNEL void k22_add_t17(int64_t d0, const float* restrict ws0, const float* r
 SG_KERNEL void k23_div_t163(int64_t d0, const float* restrict ws0, const float* restrict ws2, const float* restrict ws4, const float* restrict ws5, float* restrict ws7);
 SG_KERNEL void k24_add_t21(int64_t d0, const float* restrict ws6, const float* restrict var4, const float* restrict var5, float* restrict ws8, sg_context* context);
 SG_KERNEL void k25_attention_t32(int64_t d0, const float* restrict ws8, float* restrict ws9, float* restrict ws10, float* restrict ws11);
-SG_KERNEL void k26_copy(int64_t d0, const float* restrict ws9, float* restrict ws12);
-SG_KERNEL void k27_add_t37(int64_t d0, const float* restrict ws12, const float* restrict var6, const float* restrict var7, float* restrict ws13, sg_context* context);
-SG_KERNEL void k28_mul_t41(int64_t d0, const float* restrict ws0, const float* restrict ws2, const float* restrict ws13, float* restrict ws14);
-SG_KERNEL void k29_sub_t42(int64_t d0, const float* restrict ws0, const float* restrict ws2, const float* restrict ws13, const float* restrict ws14, float* restrict ws15);
-SG_KERNEL void k30_sqrt_t47(int64_t d0, const float* restrict ws15, float* restrict ws16);
-SG_KERNEL void k31_add_t50(int64_t d0, const float* restrict ws15, const float* restrict ws16, const float* restrict var8, const float* restrict var9, float* restrict ws17);
-SG_KERNEL void k32_add_t54(int64_t d0, const float* restrict ws17, const float* restrict var10, const float* restrict var11, float* restrict ws18, sg_context* context);
-SG_KERNEL void k33_gelu_t56(int64_t d0, const float* restrict ws18, float* restrict ws19);
-SG_KERNEL void k34_add_t60(int64_t d0, const float* restrict ws19, const float* restrict var12, const float* restrict var13, float* restrict ws20, sg_context* context);
-SG_KERNEL void k35_mul_t64(int64_t d0, const float* restrict ws0, const float* restrict ws2, const float* restrict ws13, const float* restrict ws20, float* restrict ws21);
-SG_KERNEL void k36_sub_t65(int64_t d0, const float* restrict ws0, const float* restrict ws2, const float* restrict ws13, const float* restrict ws20, const float* restrict ws21, float* restrict ws22);
-SG_KERNEL void k39_matmul_t76(int64_t d0, const float* restrict ws24, const float* restrict var0, float* restrict ws25, sg_context* context);
-SG_KERNEL void k40_rows_t77(int64_t d0, const float* restrict ws3, const int64_t* restrict in1, const float* restrict ws25, float* restrict ws26, float* restrict ws27, float* restrict ws29, double* restrict ws28);
-SG_KERNEL void k41_div_t90(int64_t d0, const double* restrict ws28, const float* restrict ws3, float* restrict out0);
-SG_KERNEL void k43_matmul_t110(int64_t d0, const float* restrict ws29, const float* restrict ws30, float* restrict ws31, sg_context* context);
-SG_KERNEL void k44_matmul_t111(int64_t d0, const float* restrict ws29, const float* restrict var0, float* restrict ws32, sg_context* context);
-SG_KERNEL void k45_sum_t538(int64_t d0, const float* restrict ws32, float* restrict ws33);
-SG_KERNEL void k46_add_t541(int64_t d0, const float* restrict ws33, float* restrict var64);
-SG_KERNEL void k47_add_t546(int64_t d0, float* restrict var65, const float* restrict ws33);
-SG_KERNEL void k48_sub_t555(int64_t d0, const double* restrict var63, const double* restrict var35, const float* restrict var64, const float* restrict var65, float* restrict var15);
-SG_KERNEL void k49_sum_t115(int64_t d0, const float* restrict ws22, const float* restrict ws23, const float* restrict ws32, const float* restrict var14, float* restrict ws34);
-SG_KERNEL void k50_simplified_t116(int64_t d0, const float* restrict ws32, const float* restrict var14, const float* restrict ws23, const float* restrict ws34, const float* restrict ws22, float* restrict ws35);
-SG_KERNEL void k51_mul_t514(int64_t d0, const float* restrict ws22, const float* restrict ws23, const float* restrict ws32, float* restrict ws36);
-SG_KERNEL void k56_mul_t118(int64_t d0, const float* restrict ws35, float* restrict ws38);
-SG_KERNEL void k57_add_t119(int64_t d0, const float* restrict ws35, const float* restrict ws38, float* restrict ws39);
-SG_KERNEL void k62_matmul_t121(int64_t d0, const float* restrict ws39, const float* restrict var12, float* restrict ws41, sg_context* context);
-SG_KERNEL void k63_mul_t124(int64_t d0, const float* restrict ws18, const float* restrict ws41, float* restrict ws42);
-SG_KERNEL void k65_matmul_t305(int64_t d0, const float* restrict ws39, const float* restrict ws43, float* restrict ws44, sg_context* context);
-SG_KERNEL void k66_sum_t468(int64_t d0, const float* restrict ws42, float* restrict ws45);
-SG_KERNEL void k67_add_t471(int64_t d0, const float* restrict ws45, float* restrict var55);
-SG_KERNEL void k68_add_t476(int64_t d0, float* restrict var56, const float* restrict ws45);
-SG_KERNEL void k69_sub_t485(int64_t d0, const double* restrict var54, const double* restrict var35, const float* restrict var55, const float* restrict var56, float* restrict var11);
-SG_KERNEL void k70_add_t308(int64_t d0, const float* restrict ws44, float* restrict var33);
-SG_KERNEL void k71_add_t313(int64_t d0, float* restrict var34, const float* restrict ws44);
-SG_KERNEL void k72_sub_t322(int64_t d0, const double* restrict var16, float* restrict var12, const double* restrict var32, const float* restrict var33, const float* restrict var34);
-SG_KERNEL void k73_matmul_t126(int64_t d0, const float* restrict ws42, const float* restrict var10, float* restrict ws46, sg_context* context);
-SG_KERNEL void k82_matmul_t278(int64_t d0, const float* restrict ws42, const float* restrict ws52, float* restrict ws53, sg_context* context);
-SG_KERNEL void k88_add_t136(int64_t d0, const float* restrict ws39, const float* restrict ws49, const float* restrict ws54, float* restrict ws55);
-SG_KERNEL void k93_matmul_t250(int64_t d0, const float* restrict ws55, const float* restrict ws12, float* restrict ws57, sg_context* context);
-SG_KERNEL void k94_add_t253(int64_t d0, const float* restrict ws57, float* restrict var27);
-SG_KERNEL void k95_add_t258(int64_t d0, float* restrict var28, const float* restrict ws57);
-SG_KERNEL void k99_matmul_t138(int64_t d0, const float* restrict ws55, const float* restrict var6, float* restrict ws58, sg_context* context);
-SG_KERNEL void k100_attention_grad_t141(int64_t d0, const float* restrict ws8, const float* restrict ws9, const float* restrict ws58, const float* restrict ws11, float* restrict ws59, float* restrict ws60, float* restrict ws61);
-SG_KERNEL void k101_copy(int64_t d0, const float* restrict ws59, float* restrict ws62);
-SG_KERNEL void k102_embed_t146(int64_t d0, const float* restrict ws62, float* restrict ws63);
-SG_KERNEL void k103_copy(int64_t d0, const float* restrict ws59, float* restrict ws64);
-SG_KERNEL void k104_embed_t151(int64_t d0, const float* restrict ws64, float* restrict ws63);
-SG_KERNEL void k106_embed_t157(int64_t d0, const float* restrict ws65, float* restrict ws63);
-SG_KERNEL void k107_sum_t375(int64_t d0, const float* restrict ws63, float* restrict ws66);
-SG_KERNEL void k108_add_t378(int64_t d0, const float* restrict ws66, float* restrict var43);
-SG_KERNEL void k109_add_t383(int64_t d0, float* restrict var44, const float* restrict ws66);
-SG_KERNEL void k110_sub_t392(int64_t d0, const double* restrict var42, const double* restrict var35, const float* restrict var43, const float* restrict var44, float* restrict var5);
-SG_KERNEL void k111_sub_t267(int64_t d0, const double* restrict var16, float* restrict var6, const double* restrict var26, const float* restrict var27, const float* restrict var28);
-SG_KERNEL void k112_matmul_t160(int64_t d0, const float* restrict ws63, const float* restrict var4, float* restrict ws67, sg_context* context);
-SG_KERNEL void k116_sum_t165(int64_t d0, const float* restrict ws67, const float* restrict var2, const float* restrict ws5, const float* restrict ws7, float* restrict ws69);
-SG_KERNEL void k117_simplified_t166(int64_t d0, const float* restrict ws0, const float* restrict ws2, const float* restrict ws4, const float* restrict ws67, const float* restrict var2, const float* restrict ws5, const float* restrict ws69, float* restrict ws70);
-SG_KERNEL void k118_mul_t328(int64_t d0, const float* restrict ws67, const float* restrict ws7, float* restrict ws71);
-SG_KERNEL void k120_add_t223(int64_t d0, const float* restrict ws7, const float* restrict var2, const float* restrict var3, float* restrict ws73);
-SG_KERNEL void k121_matmul_t225(int64_t d0, const float* restrict ws63, const float* restrict ws73, float* restrict ws74, sg_context* context);
-SG_KERNEL void k128_scatter_add_t171(int64_t d0, const float* restrict ws76, const int64_t* restrict in0, float* restrict ws77);
-SG_KERNEL void k129_sum_t196(int64_t d0, const float* restrict ws76, float* restrict ws78);
-SG_KERNEL void k131_scatter_add_t197(int64_t d0, const float* restrict ws78, const int64_t* restrict ws79, float* restrict ws80);
-SG_KERNEL void k132_add_t200(int64_t d0, const float* restrict ws80, float* restrict var21);
-SG_KERNEL void k133_add_t205(int64_t d0, float* restrict var22, const float* restrict ws80);
-SG_KERNEL void k134_sub_t214(int64_t d0, const double* restrict var16, float* restrict var1, const double* restrict var20, const float* restrict var21, const float* restrict var22);
-SG_KERNEL void k135_add_t175(int64_t d0, const float* restrict ws31, const float* restrict ws77, float* restrict var18);
-SG_KERNEL void k136_add_t180(int64_t d0, float* restrict var19, const float* restrict ws31, const float* restrict ws77);
-SG_KERNEL void k137_sub_t189(int64_t d0, const double* restrict var16, float* restrict var0, const double* restrict var17, const float* restrict var18, const float* restrict var19);
-SG_KERNEL void k138_add_t228(int64_t d0, const float* restrict ws74, float* restrict var24);
-SG_KERNEL void k139_add_t233(int64_t d0, float* restrict var25, const float* restrict ws74);
-SG_KERNEL void k140_sub_t242(int64_t d0, const double* restrict var16, float* restrict var4, const double* restrict var23, const float* restrict var24, const float* restrict var25);
+SG_KERNEL void k26_add_t37(int64_t d0, const float* restrict ws9, const float* restrict var6, const float* restrict var7, float* restrict ws12, sg_context* context);
+SG_KERNEL void k27_mul_t41(int64_t d0, const float* restrict ws0, const float* restrict ws2, const float* restrict ws12, float* restrict ws13);
+SG_KERNEL void k28_sub_t42(int64_t d0, const float* restrict ws0, const float* restrict ws2, const float* restrict ws12, const float* restrict ws13, float* restrict ws14);
+SG_KERNEL void k29_sqrt_t47(int64_t d0, const float* restrict ws14, float* restrict ws15);
+SG_KERNEL void k30_add_t50(int64_t d0, const float* restrict ws14, const float* restrict ws15, const float* restrict var8, const float* restrict var9, float* restrict ws16);
+SG_KERNEL void k31_add_t54(int64_t d0, const float* restrict ws16, const float* restrict var10, const float* restrict var11, float* restrict ws17, sg_context* context);
+SG_KERNEL void k32_gelu_t56(int64_t d0, const float* restrict ws17, float* restrict ws18);
+SG_KERNEL void k33_add_t60(int64_t d0, const float* restrict ws18, const float* restrict var12, const float* restrict var13, float* restrict ws19, sg_context* context);
+SG_KERNEL void k34_mul_t64(int64_t d0, const float* restrict ws0, const float* restrict ws2, const float* restrict ws12, const float* restrict ws19, float* restrict ws20);
+SG_KERNEL void k35_sub_t65(int64_t d0, const float* restrict ws0, const float* restrict ws2, const float* restrict ws12, const float* restrict ws19, const float* restrict ws20, float* restrict ws21);
+SG_KERNEL void k38_matmul_t76(int64_t d0, const float* restrict ws23, const float* restrict var0, float* restrict ws24, sg_context* context);
+SG_KERNEL void k39_rows_t77(int64_t d0, const float* restrict ws3, const int64_t* restrict in1, const float* restrict ws24, float* restrict ws25, float* restrict ws26, float* restrict ws28, double* restrict ws27);
+SG_KERNEL void k40_div_t90(int64_t d0, const double* restrict ws27, const float* restrict ws3, float* restrict out0);
+SG_KERNEL void k42_matmul_t110(int64_t d0, const float* restrict ws28, const float* restrict ws29, float* restrict ws30, sg_context* context);
+SG_KERNEL void k43_matmul_t111(int64_t d0, const float* restrict ws28, const float* restrict var0, float* restrict ws31, sg_context* context);
+SG_KERNEL void k44_sum_t538(int64_t d0, const float* restrict ws31, float* restrict ws32);
+SG_KERNEL void k45_add_t541(int64_t d0, const float* restrict ws32, float* restrict var64);
+SG_KERNEL void k46_add_t546(int64_t d0, float* restrict var65, const float* restrict ws32);
+SG_KERNEL void k47_sub_t555(int64_t d0, const double* restrict var63, const double* restrict var35, const float* restrict var64, const float* restrict var65, float* restrict var15);
+SG_KERNEL void k48_sum_t115(int64_t d0, const float* restrict ws21, const float* restrict ws22, const float* restrict ws31, const float* restrict var14, float* restrict ws33);
+SG_KERNEL void k49_simplified_t116(int64_t d0, const float* restrict ws31, const float* restrict var14, const float* restrict ws22, const float* restrict ws33, const float* restrict ws21, float* restrict ws34);
+SG_KERNEL void k50_mul_t514(int64_t d0, const float* restrict ws21, const float* restrict ws22, const float* restrict ws31, float* restrict ws35);
+SG_KERNEL void k55_mul_t118(int64_t d0, const float* restrict ws34, float* restrict ws37);
+SG_KERNEL void k56_add_t119(int64_t d0, const float* restrict ws34, const float* restrict ws37, float* restrict ws38);
+SG_KERNEL void k61_matmul_t121(int64_t d0, const float* restrict ws38, const float* restrict var12, float* restrict ws40, sg_context* context);
+SG_KERNEL void k62_mul_t124(int64_t d0, const float* restrict ws17, const float* restrict ws40, float* restrict ws41);
+SG_KERNEL void k64_matmul_t305(int64_t d0, const float* restrict ws38, const float* restrict ws42, float* restrict ws43, sg_context* context);
+SG_KERNEL void k65_sum_t468(int64_t d0, const float* restrict ws41, float* restrict ws44);
+SG_KERNEL void k66_add_t471(int64_t d0, const float* restrict ws44, float* restrict var55);
+SG_KERNEL void k67_add_t476(int64_t d0, float* restrict var56, const float* restrict ws44);
+SG_KERNEL void k68_sub_t485(int64_t d0, const double* restrict var54, const double* restrict var35, const float* restrict var55, const float* restrict var56, float* restrict var11);
+SG_KERNEL void k69_add_t308(int64_t d0, const float* restrict ws43, float* restrict var33);
+SG_KERNEL void k70_add_t313(int64_t d0, float* restrict var34, const float* restrict ws43);
+SG_KERNEL void k71_sub_t322(int64_t d0, const double* restrict var16, float* restrict var12, const double* restrict var32, const float* restrict var33, const float* restrict var34);
+SG_KERNEL void k72_matmul_t126(int64_t d0, const float* restrict ws41, const float* restrict var10, float* restrict ws45, sg_context* context);
+SG_KERNEL void k81_matmul_t278(int64_t d0, const float* restrict ws41, const float* restrict ws51, float* restrict ws52, sg_context* context);
+SG_KERNEL void k87_add_t136(int64_t d0, const float* restrict ws38, const float* restrict ws48, const float* restrict ws53, float* restrict ws54);
+SG_KERNEL void k92_matmul_t250(int64_t d0, const float* restrict ws54, const float* restrict ws9, float* restrict ws56, sg_context* context);
+SG_KERNEL void k93_add_t253(int64_t d0, const float* restrict ws56, float* restrict var27);
+SG_KERNEL void k94_add_t258(int64_t d0, float* restrict var28, const float* restrict ws56);
+SG_KERNEL void k98_matmul_t138(int64_t d0, const float* restrict ws54, const float* restrict var6, float* restrict ws57, sg_context* context);
+SG_KERNEL void k99_attention_grad_t141(int64_t d0, const float* restrict ws8, const float* restrict ws9, const float* restrict ws57, const float* restrict ws11, float* restrict ws58, float* restrict ws59, float* restrict ws60);
+SG_KERNEL void k100_copy(int64_t d0, const float* restrict ws58, float* restrict ws61);
+SG_KERNEL void k101_embed_t146(int64_t d0, const float* restrict ws61, float* restrict ws62);
+SG_KERNEL void k102_copy(int64_t d0, const float* restrict ws58, float* restrict ws63);
+SG_KERNEL void k103_embed_t151(int64_t d0, const float* restrict ws63, float* restrict ws62);
+SG_KERNEL void k104_copy(int64_t d0, const float* restrict ws58, float* restrict ws64);
+SG_KERNEL void k105_embed_t157(int64_t d0, const float* restrict ws64, float* restrict ws62);
+SG_KERNEL void k106_sum_t375(int64_t d0, const float* restrict ws62, float* restrict ws65);
+SG_KERNEL void k107_add_t378(int64_t d0, const float* restrict ws65, float* restrict var43);
+SG_KERNEL void k108_add_t383(int64_t d0, float* restrict var44, const float* restrict ws65);
+SG_KERNEL void k109_sub_t392(int64_t d0, const double* restrict var42, const double* restrict var35, const float* restrict var43, const float* restrict var44, float* restrict var5);
+SG_KERNEL void k110_sub_t267(int64_t d0, const double* restrict var16, float* restrict var6, const double* restrict var26, const float* restrict var27, const float* restrict var28);
+SG_KERNEL void k111_matmul_t160(int64_t d0, const float* restrict ws62, const float* restrict var4, float* restrict ws66, sg_context* context);
+SG_KERNEL void k115_sum_t165(int64_t d0, const float* restrict ws66, const float* restrict var2, const float* restrict ws5, const float* restrict ws7, float* restrict ws68);
+SG_KERNEL void k116_simplified_t166(int64_t d0, const float* restrict ws0, const float* restrict ws2, const float* restrict ws4, const float* restrict ws66, const float* restrict var2, const float* restrict ws5, const float* restrict ws68, float* restrict ws69);
+SG_KERNEL void k117_mul_t328(int64_t d0, const float* restrict ws66, const float* restrict ws7, float* restrict ws70);
+SG_KERNEL void k119_add_t223(int64_t d0, const float* restrict ws7, const float* restrict var2, const float* restrict var3, float* restrict ws72);
+SG_KERNEL void k120_matmul_t225(int64_t d0, const float* restrict ws62, const float* restrict ws72, float* restrict ws73, sg_context* context);
+SG_KERNEL void k127_scatter_add_t171(int64_t d0, const float* restrict ws75, const int64_t* restrict in0, float* restrict ws76);
+SG_KERNEL void k128_sum_t196(int64_t d0, const float* restrict ws75, float* restrict ws77);
+SG_KERNEL void k130_scatter_add_t197(int64_t d0, const float* restrict ws77, const int64_t* restrict ws78, float* restrict ws79);
+SG_KERNEL void k131_add_t200(int64_t d0, const float* restrict ws79, float* restrict var21);
+SG_KERNEL void k132_add_t205(int64_t d0, float* restrict var22, const float* restrict ws79);
+SG_KERNEL void k133_sub_t214(int64_t d0, const double* restrict var16, float* restrict var1, const double* restrict var20, const float* restrict var21, const float* restrict var22);
+SG_KERNEL void k134_add_t175(int64_t d0, const float* restrict ws30, const float* restrict ws76, float* restrict var18);
+SG_KERNEL void k135_add_t180(int64_t d0, float* restrict var19, const float* restrict ws30, const float* restrict ws76);
+SG_KERNEL void k136_sub_t189(int64_t d0, const double* restrict var16, float* restrict var0, const double* restrict var17, const float* restrict var18, const float* restrict var19);
+SG_KERNEL void k137_add_t228(int64_t d0, const float* restrict ws73, float* restrict var24);
+SG_KERNEL void k138_add_t233(int64_t d0, float* restrict var25, const float* restrict ws73);
+SG_KERNEL void k139_sub_t242(int64_t d0, const double* restrict var16, float* restrict var4, const double* restrict var23, const float* restrict var24, const float* restrict var25);
 
 /* ---- translation unit 1 of 2 ---- */
 #if SG_IN_PART(1)
@@ -808,9 +808,9 @@ SG_KERNEL void k25_attention_t32(int64_t d0, const float* restrict ws8, float* r
             const float* kth = kt + h * E * T;
             const int64_t i0 = tile * SG_ROW_TILE, rows = T - i0 < SG_ROW_TILE ? T - i0 : SG_ROW_TILE;
             const int64_t keys = i0 + rows;
-            /* per row: m, the largest score so far; l, the sum of exp(s - m); o, that sum's v rows */
-            float m[SG_ROW_TILE], l[SG_ROW_TILE], scores[SG_ROW_TILE][SG_KEY_BLOCK];
-            float* o = ws9 + (h * T + i0) * E;
+            /* per row: m, the largest score so far; l, the sum of exp(s - m); o, that sum's v rows
+               (summed here, then stored once: out's rows lie 32 apart) */
+            float m[SG_ROW_TILE], l[SG_ROW_TILE], scores[SG_ROW_TILE][SG_KEY_BLOCK], o[SG_ROW_TILE * E];
             for (int64_t r = 0; r < rows; ++r) {
                 m[r] = -INFINITY;
                 l[r] = 0;
@@ -826,10 +826,11 @@ SG_KERNEL void k25_attention_t32(int64_t d0, const float* restrict ws8, float* r
                 /* o += p v over the block's keys (p: exp(s - m), now in scores) */
                 sg_attention_product_f32(rows, E, n, &scores[0][0], SG_KEY_BLOCK, 1, vh + j0 * v_row, v_row, o, E, 1);
             }
+            float* out = ws9 + n0 * 256 + n1 * 16 + i0 * 32;  /* row i0 of head h */
             for (int64_t r = 0; r < rows; ++r) {
                 const float inverse = 1 / l[r];
                 for (int64_t e = 0; e < E; ++e) {
-                    o[r * E + e] *= inverse;
+                    out[r * 32 + e] = o[r * E + e] * inverse;
                 }
                 /* for the gradient: the row's softmax, m and 1 / l */
                 ws11[h * T + i0 + r] = m[r];
@@ -842,7 +843,7 @@ SG_KERNEL void k25_attention_t32(int64_t d0, const float* restrict ws8, float* r
 /* t6: f32[B,8,32] = add(t3, t5) */
 /* t39: f32[B,8,32] = add(t6, t38) */
 /* t42: f32[B,8,32] = sub(t39, t41) */
-SG_KERNEL void k29_sub_t42(int64_t d0, const float* restrict ws0, const float* restrict ws2, const float* restrict ws13, const float* restrict ws14, float* restrict ws15)
+SG_KERNEL void k28_sub_t42(int64_t d0, const float* restrict ws0, const float* restrict ws2, const float* restrict ws12, const float* restrict ws13, float* restrict ws14)
 {
     #pragma omp parallel for if((256*d0) >= SG_PARALLEL_MIN)
     for (int64_t i0 = 0; i0 < d0; ++i0) {
@@ -850,90 +851,117 @@ SG_KERNEL void k29_sub_t42(int64_t d0, const float* restrict ws0, const float* r
             for (int64_t i2 = 0; i2 < 32; ++i2) {
                 const float v0 = ws0[i0 * 256 + i1 * 32 + i2];  /* t3 */
                 const float v1 = ws2[i1 * 32 + i2];  /* t5 */
-                const float v2 = ws13[i0 * 256 + i1 * 32 + i2];  /* t38 */
-                const float v3 = ws14[i0 * 8 + i1];  /* t41 */
+                const float v2 = ws12[i0 * 256 + i1 * 32 + i2];  /* t38 */
+                const float v3 = ws13[i0 * 8 + i1];  /* t41 */
                 const float t6 = v0 + v1;  /* t6: f32[B,8,32] = add(t3, t5) */
                 const float t39 = t6 + v2;  /* t39: f32[B,8,32] = add(t6, t38) */
                 const float t42 = t39 - v3;  /* t42: f32[B,8,32] = sub(t39, t41) */
-                ws15[i0 * 256 + i1 * 32 + i2] = t42;
+                ws14[i0 * 256 + i1 * 32 + i2] = t42;
             }
         }
     }
 }
 
-/* Also called for 3 more kernel(s), the same code on their buffers: k38_add_t73, k42_add_t108, */
-/*     k81_add_t276 */
+/* Also called for 1 more kernel(s), the same code on their buffers: k36_sqrt_t70 */
+/* t43: f32[B,8,32] = mul(t42, t42) */
+/* t44: f32[B,8,1] = sum[axes=(2,), keepdims=True](t43) */
+/* t45: f32[B,8,1] = mul(t44, 1/32) */
+/* t46: f32[B,8,1] = add(t45, 1e-05) */
+/* t47: f32[B,8,1] = sqrt(t46) */
+SG_KERNEL void k29_sqrt_t47(int64_t d0, const float* restrict ws14, float* restrict ws15)
+{
+    #pragma omp parallel for if((256*d0) >= SG_PARALLEL_MIN)
+    for (int64_t o0 = 0; o0 < 8*d0; ++o0) {
+        double acc = 0;
+        #pragma omp simd reduction(+:acc)
+        for (int64_t r0 = 0; r0 < 32; ++r0) {
+            const float v0 = ws14[o0 * 32 + r0];  /* t42 */
+            const float t43 = v0*v0;  /* t43: f32[B,8,32] = mul(t42, t42) */
+            acc += (double)t43;
+        }
+        const float red = (float)(acc);
+        const float ev0 = 0.03125f;  /* 1/32 */
+        const float ev1 = 1.0e-05f;  /* 1e-05 */
+        const float t45 = red*ev0;  /* t45: f32[B,8,1] = mul(t44, 1/32) */
+        const float t46 = t45 + ev1;  /* t46: f32[B,8,1] = add(t45, 1e-05) */
+        const float t47 = sqrtf(t46);  /* t47: f32[B,8,1] = sqrt(t46) */
+        ws15[o0] = t47;
+    }
+}
+
+/* Also called for 3 more kernel(s), the same code on their buffers: k37_add_t73, k41_add_t108, */
+/*     k80_add_t276 */
 /* t48: f32[B,8,32] = div(t42, t47) */
 /* t49: f32[B,8,32] = mul(t48, transformer.h.0.ln_2.weight) */
 /* t50: f32[B,8,32] = add(t49, transformer.h.0.ln_2.bias) */
-SG_KERNEL void k31_add_t50(int64_t d0, const float* restrict ws15, const float* restrict ws16, const float* restrict var8, const float* restrict var9, float* restrict ws17)
+SG_KERNEL void k30_add_t50(int64_t d0, const float* restrict ws14, const float* restrict ws15, const float* restrict var8, const float* restrict var9, float* restrict ws16)
 {
     #pragma omp parallel for if((256*d0) >= SG_PARALLEL_MIN)
     for (int64_t i0 = 0; i0 < 8*d0; ++i0) {
         for (int64_t i1 = 0; i1 < 32; ++i1) {
-            const float v0 = ws15[i0 * 32 + i1];  /* t42 */
-            const float v1 = ws16[i0];  /* t47 */
+            const float v0 = ws14[i0 * 32 + i1];  /* t42 */
+            const float v1 = ws15[i0];  /* t47 */
             const float v2 = var8[i1];  /* transformer.h.0.ln_2.weight */
             const float v3 = var9[i1];  /* transformer.h.0.ln_2.bias */
             const float t48 = v0/v1;  /* t48: f32[B,8,32] = div(t42, t47) */
             const float t49 = t48*v2;  /* t49: f32[B,8,32] = mul(t48, transformer.h.0.ln_2.weight) */
             const float t50 = t49 + v3;  /* t50: f32[B,8,32] = add(t49, transformer.h.0.ln_2.bias) */
-            ws17[i0 * 32 + i1] = t50;
+            ws16[i0 * 32 + i1] = t50;
         }
     }
 }
 
 /* t53: f32[8*B,128] = matmul(t51, t52) */
 /* t54: f32[8*B,128] = add(t53, transformer.h.0.mlp.c_fc.bias) */
-/* What k32_add_t54's epilogue reads (Dims, operands) and the product it finishes in place. */
+/* What k31_add_t54's epilogue reads (Dims, operands) and the product it finishes in place. */
 typedef struct {
     int64_t d0;
     const float* var11;
-    float* ws18;
-} k32_add_t54_args;
+    float* ws17;
+} k31_add_t54_args;
 
-/* k32_add_t54's fused epilogue: the GEMM calls it on each block [i0, i0 + rows) x [j0, j0 + cols)
+/* k31_add_t54's fused epilogue: the GEMM calls it on each block [i0, i0 + rows) x [j0, j0 + cols)
    of the product once that block holds its final sums (after the last K chunk), while the block is
    still in cache; each element goes through the fused nodes and the result overwrites it. */
-static void k32_add_t54_epilogue(const void* p, int64_t i0, int64_t j0, int64_t rows, int64_t cols)
+static void k31_add_t54_epilogue(const void* p, int64_t i0, int64_t j0, int64_t rows, int64_t cols)
 {
-    const k32_add_t54_args* args = p;
+    const k31_add_t54_args* args = p;
     const int64_t d0 = args->d0;
     const float* restrict var11 = args->var11;
-    float* restrict ws18 = args->ws18;
+    float* restrict ws17 = args->ws17;
     for (int64_t row = i0; row < i0 + rows; ++row) {
         for (int64_t col = j0; col < j0 + cols; ++col) {
-            const float prod = ws18[row * 128 + col];  /* t53: f32[8*B,128] = matmul(t51, t52) */
+            const float prod = ws17[row * 128 + col];  /* t53: f32[8*B,128] = matmul(t51, t52) */
             const float v0 = var11[col];  /* transformer.h.0.mlp.c_fc.bias */
             const float t54 = prod + v0;  /* t54: f32[8*B,128] = add(t53, transformer.h.0.mlp.c_fc.bias) */
-            ws18[row * 128 + col] = t54;
+            ws17[row * 128 + col] = t54;
         }
     }
 }
 
-SG_KERNEL void k32_add_t54(int64_t d0, const float* restrict ws17, const float* restrict var10, const float* restrict var11, float* restrict ws18, sg_context* context)
+SG_KERNEL void k31_add_t54(int64_t d0, const float* restrict ws16, const float* restrict var10, const float* restrict var11, float* restrict ws17, sg_context* context)
 {
-    const k32_add_t54_args args = { d0, var11, ws18 };
-    const sg_epilogue epilogue = { k32_add_t54_epilogue, &args };
+    const k31_add_t54_args args = { d0, var11, ws17 };
+    const sg_epilogue epilogue = { k31_add_t54_epilogue, &args };
     /* a[8*d0 x 32] read with strides (32, 1), b[32 x 128] with (1, 32):
        a transposed operand is only a change of strides. */
     /* Its buffers in the runtime's scratch region (context->scratch, sized by symgrad_scratch_bytes);
        context->status: the GEMM's, for the entry point to check */
     context->status = sg_gemm_f32(8*d0, 128, 32,
-        ws17, 32, 1,
+        ws16, 32, 1,
         var10, 1, 32,
-        ws18, context, &epilogue, context->scratch);
+        ws17, context, &epilogue, context->scratch);
 }
 
-/* Also called for 1 more kernel(s), the same code on their buffers: k64_gelu_t303 */
+/* Also called for 1 more kernel(s), the same code on their buffers: k63_gelu_t303 */
 /* t56: f32[B,8,128] = gelu(t55) */
-SG_KERNEL void k33_gelu_t56(int64_t d0, const float* restrict ws18, float* restrict ws19)
+SG_KERNEL void k32_gelu_t56(int64_t d0, const float* restrict ws17, float* restrict ws18)
 {
     #pragma omp parallel for if((1024*d0) >= SG_PARALLEL_MIN)
     for (int64_t i0 = 0; i0 < 1024*d0; ++i0) {
-        const float v0 = ws18[i0];  /* t55 */
+        const float v0 = ws17[i0];  /* t55 */
         const float t56 = (1.0f/2.0f)*v0*(erff(0.70710677f*v0) + 1.0f);  /* t56: f32[B,8,128] = gelu(t55) */
-        ws19[i0] = t56;
+        ws18[i0] = t56;
     }
 }
 
@@ -941,7 +969,7 @@ SG_KERNEL void k33_gelu_t56(int64_t d0, const float* restrict ws18, float* restr
 /* t39: f32[B,8,32] = add(t6, t38) */
 /* t62: f32[B,8,32] = add(t39, t61) */
 /* t65: f32[B,8,32] = sub(t62, t64) */
-SG_KERNEL void k36_sub_t65(int64_t d0, const float* restrict ws0, const float* restrict ws2, const float* restrict ws13, const float* restrict ws20, const float* restrict ws21, float* restrict ws22)
+SG_KERNEL void k35_sub_t65(int64_t d0, const float* restrict ws0, const float* restrict ws2, const float* restrict ws12, const float* restrict ws19, const float* restrict ws20, float* restrict ws21)
 {
     #pragma omp parallel for if((256*d0) >= SG_PARALLEL_MIN)
     for (int64_t i0 = 0; i0 < d0; ++i0) {
@@ -949,66 +977,49 @@ SG_KERNEL void k36_sub_t65(int64_t d0, const float* restrict ws0, const float* r
             for (int64_t i2 = 0; i2 < 32; ++i2) {
                 const float v0 = ws0[i0 * 256 + i1 * 32 + i2];  /* t3 */
                 const float v1 = ws2[i1 * 32 + i2];  /* t5 */
-                const float v2 = ws13[i0 * 256 + i1 * 32 + i2];  /* t38 */
-                const float v3 = ws20[i0 * 256 + i1 * 32 + i2];  /* t61 */
-                const float v4 = ws21[i0 * 8 + i1];  /* t64 */
+                const float v2 = ws12[i0 * 256 + i1 * 32 + i2];  /* t38 */
+                const float v3 = ws19[i0 * 256 + i1 * 32 + i2];  /* t61 */
+                const float v4 = ws20[i0 * 8 + i1];  /* t64 */
                 const float t6 = v0 + v1;  /* t6: f32[B,8,32] = add(t3, t5) */
                 const float t39 = t6 + v2;  /* t39: f32[B,8,32] = add(t6, t38) */
                 const float t62 = t39 + v3;  /* t62: f32[B,8,32] = add(t39, t61) */
                 const float t65 = t62 - v4;  /* t65: f32[B,8,32] = sub(t62, t64) */
-                ws22[i0 * 256 + i1 * 32 + i2] = t65;
+                ws21[i0 * 256 + i1 * 32 + i2] = t65;
             }
         }
     }
 }
 
 /* t76: f32[8*B,64] = matmul(t74, t75) */
-SG_KERNEL void k39_matmul_t76(int64_t d0, const float* restrict ws24, const float* restrict var0, float* restrict ws25, sg_context* context)
+SG_KERNEL void k38_matmul_t76(int64_t d0, const float* restrict ws23, const float* restrict var0, float* restrict ws24, sg_context* context)
 {
     /* a[8*d0 x 32] read with strides (32, 1), b[32 x 64] with (1, 32):
        a transposed operand is only a change of strides. */
     /* Its buffers in the runtime's scratch region (context->scratch, sized by symgrad_scratch_bytes);
        context->status: the GEMM's, for the entry point to check */
     context->status = sg_gemm_f32(8*d0, 64, 32,
-        ws24, 32, 1,
+        ws23, 32, 1,
         var0, 1, 32,
-        ws25, context, NULL, context->scratch);
-}
-
-/* t84: f32[] = sum[axes=(0,1), keepdims=False](t83) (the sum of the per-row parts) */
-/* t85: f32[] = neg(t84) */
-/* t90: f32[] = div(t85, t89) */
-SG_KERNEL void k41_div_t90(int64_t d0, const double* restrict ws28, const float* restrict ws3, float* restrict out0)
-{
-    double acc = 0;
-    #pragma omp simd reduction(+:acc)
-    for (int64_t r0 = 0; r0 < 8*d0; ++r0) {
-        acc += (double)ws28[r0];
-    }
-    const float red = (float)(acc);
-    const float ev0 = ws3[0];  /* t89 */
-    const float t85 = -red;  /* t85: f32[] = neg(t84) */
-    const float t90 = t85/ev0;  /* t90: f32[] = div(t85, t89) */
-    out0[0] = t90;
+        ws24, context, NULL, context->scratch);
 }
 
 /* t111: f32[8*B,32] = matmul(t104, transformer.wte.weight) */
-SG_KERNEL void k44_matmul_t111(int64_t d0, const float* restrict ws29, const float* restrict var0, float* restrict ws32, sg_context* context)
+SG_KERNEL void k43_matmul_t111(int64_t d0, const float* restrict ws28, const float* restrict var0, float* restrict ws31, sg_context* context)
 {
     /* a[8*d0 x 64] read with strides (64, 1), b[64 x 32] with (32, 1):
        a transposed operand is only a change of strides. */
     /* Its buffers in the runtime's scratch region (context->scratch, sized by symgrad_scratch_bytes);
        context->status: the GEMM's, for the entry point to check */
     context->status = sg_gemm_f32(8*d0, 32, 64,
-        ws29, 64, 1,
+        ws28, 64, 1,
         var0, 32, 1,
-        ws32, context, NULL, context->scratch);
+        ws31, context, NULL, context->scratch);
 }
 
-/* Also called for 7 more kernel(s), the same code on their buffers: k52_sum_t515, k58_sum_t491, */
-/*     k74_sum_t445, k80_sum_t422, k89_sum_t398, k113_sum_t352, k119_sum_t329 */
+/* Also called for 7 more kernel(s), the same code on their buffers: k51_sum_t515, k57_sum_t491, */
+/*     k73_sum_t445, k79_sum_t422, k88_sum_t398, k112_sum_t352, k118_sum_t329 */
 /* t538: f32[32] = sum[axes=(0,1), keepdims=False](t112) */
-SG_KERNEL void k45_sum_t538(int64_t d0, const float* restrict ws32, float* restrict ws33)
+SG_KERNEL void k44_sum_t538(int64_t d0, const float* restrict ws31, float* restrict ws32)
 {
     /* The kept axis is contiguous: add whole rows into a tile of accumulators (vectorizes),
        256 columns at a time, instead of walking each column down the rows. */
@@ -1019,24 +1030,24 @@ SG_KERNEL void k45_sum_t538(int64_t d0, const float* restrict ws32, float* restr
         for (int64_t j = 0; j < jn; ++j)
             acc[j] = 0;
         for (int64_t r0 = 0; r0 < 8*d0; ++r0) {
-            const float* restrict row = ws32 + r0 * 32;
+            const float* restrict row = ws31 + r0 * 32;
             for (int64_t j = 0; j < jn; ++j)
                 acc[j] += (double)row[j0 + j];
         }
         for (int64_t j = 0; j < jn; ++j)
-            ws33[j0 + j] = (float)(acc[j]);
+            ws32[j0 + j] = (float)(acc[j]);
     }
 }
 
-/* Also called for 7 more kernel(s), the same code on their buffers: k53_add_t518, k59_add_t494, */
-/*     k75_add_t448, k83_add_t425, k90_add_t401, k114_add_t355, k122_add_t332 */
+/* Also called for 7 more kernel(s), the same code on their buffers: k52_add_t518, k58_add_t494, */
+/*     k74_add_t448, k82_add_t425, k89_add_t401, k113_add_t355, k121_add_t332 */
 /* t539: f32[32] = sub(t538, transformer.ln_f.bias.exp_avg) */
 /* t540: f32[32] = mul(0.09999999999999998, t539) */
 /* t541: f32[32] = add(transformer.ln_f.bias.exp_avg, t540) */
-SG_KERNEL void k46_add_t541(int64_t d0, const float* restrict ws33, float* restrict var64)
+SG_KERNEL void k45_add_t541(int64_t d0, const float* restrict ws32, float* restrict var64)
 {
     for (int64_t i0 = 0; i0 < 32; ++i0) {
-        const float v0 = ws33[i0];  /* t538 */
+        const float v0 = ws32[i0];  /* t538 */
         const float v1 = var64[i0];  /* transformer.ln_f.bias.exp_avg */
         const float v2 = 0.1f;  /* 0.09999999999999998 */
         const float t539 = v0 - v1;  /* t539: f32[32] = sub(t538, transformer.ln_f.bias.exp_avg) */
@@ -1046,56 +1057,74 @@ SG_KERNEL void k46_add_t541(int64_t d0, const float* restrict ws33, float* restr
     }
 }
 
-/* Also called for 1 more kernel(s), the same code on their buffers: k78_simplified_t132 */
+/* Also called for 1 more kernel(s), the same code on their buffers: k77_simplified_t132 */
 /* t113: f32[B,8,32] = mul(t112, transformer.ln_f.weight) */
 /* t116: f32[B,8,32] = t113/t70 + t115*t65/(32*t70) */
-SG_KERNEL void k50_simplified_t116(int64_t d0, const float* restrict ws32, const float* restrict var14, const float* restrict ws23, const float* restrict ws34, const float* restrict ws22, float* restrict ws35)
+SG_KERNEL void k49_simplified_t116(int64_t d0, const float* restrict ws31, const float* restrict var14, const float* restrict ws22, const float* restrict ws33, const float* restrict ws21, float* restrict ws34)
 {
     #pragma omp parallel for if((256*d0) >= SG_PARALLEL_MIN)
     for (int64_t i0 = 0; i0 < 8*d0; ++i0) {
         for (int64_t i1 = 0; i1 < 32; ++i1) {
-            const float v0 = ws32[i0 * 32 + i1];  /* t112 */
+            const float v0 = ws31[i0 * 32 + i1];  /* t112 */
             const float v1 = var14[i1];  /* transformer.ln_f.weight */
-            const float v2 = ws23[i0];  /* t70 */
-            const float v3 = ws34[i0];  /* t115 */
-            const float v4 = ws22[i0 * 32 + i1];  /* t65 */
+            const float v2 = ws22[i0];  /* t70 */
+            const float v3 = ws33[i0];  /* t115 */
+            const float v4 = ws21[i0 * 32 + i1];  /* t65 */
             const float t113 = v0*v1;  /* t113: f32[B,8,32] = mul(t112, transformer.ln_f.weight) */
             const float t116 = t113/v2 + (1.0f/32.0f)*v3*v4/v2;  /* t116: f32[B,8,32] = t113/t70 + t115*t65/(32*t70) */
-            ws35[i0 * 32 + i1] = t116;
+            ws34[i0 * 32 + i1] = t116;
         }
     }
 }
 
-/* Also called for 2 more kernel(s), the same code on their buffers: k87_mul_t135, k126_mul_t169 */
+/* Also called for 1 more kernel(s), the same code on their buffers: k78_mul_t421 */
+/* t106: f32[B,8,32] = div(t65, t70) */
+/* t514: f32[B,8,32] = mul(t112, t106) */
+SG_KERNEL void k50_mul_t514(int64_t d0, const float* restrict ws21, const float* restrict ws22, const float* restrict ws31, float* restrict ws35)
+{
+    #pragma omp parallel for if((256*d0) >= SG_PARALLEL_MIN)
+    for (int64_t i0 = 0; i0 < 8*d0; ++i0) {
+        for (int64_t i1 = 0; i1 < 32; ++i1) {
+            const float v0 = ws21[i0 * 32 + i1];  /* t65 */
+            const float v1 = ws22[i0];  /* t70 */
+            const float v2 = ws31[i0 * 32 + i1];  /* t112 */
+            const float t106 = v0/v1;  /* t106: f32[B,8,32] = div(t65, t70) */
+            const float t514 = v2*t106;  /* t514: f32[B,8,32] = mul(t112, t106) */
+            ws35[i0 * 32 + i1] = t514;
+        }
+    }
+}
+
+/* Also called for 2 more kernel(s), the same code on their buffers: k86_mul_t135, k125_mul_t169 */
 /* t117: f32[B,8,1] = sum[axes=(2,), keepdims=True](t116) */
 /* t118: f32[B,8,1] = mul(t117, -0.03125) */
-SG_KERNEL void k56_mul_t118(int64_t d0, const float* restrict ws35, float* restrict ws38)
+SG_KERNEL void k55_mul_t118(int64_t d0, const float* restrict ws34, float* restrict ws37)
 {
     #pragma omp parallel for if((256*d0) >= SG_PARALLEL_MIN)
     for (int64_t o0 = 0; o0 < 8*d0; ++o0) {
         double acc = 0;
         #pragma omp simd reduction(+:acc)
         for (int64_t r0 = 0; r0 < 32; ++r0) {
-            acc += (double)ws35[o0 * 32 + r0];
+            acc += (double)ws34[o0 * 32 + r0];
         }
         const float red = (float)(acc);
         const float ev0 = (-0.03125f);  /* -0.03125 */
         const float t118 = red*ev0;  /* t118: f32[B,8,1] = mul(t117, -0.03125) */
-        ws38[o0] = t118;
+        ws37[o0] = t118;
     }
 }
 
 /* t305: f32[32,128] = matmul(t302, t304) */
-SG_KERNEL void k65_matmul_t305(int64_t d0, const float* restrict ws39, const float* restrict ws43, float* restrict ws44, sg_context* context)
+SG_KERNEL void k64_matmul_t305(int64_t d0, const float* restrict ws38, const float* restrict ws42, float* restrict ws43, sg_context* context)
 {
     /* a[32 x 8*d0] read with strides (1, 32), b[8*d0 x 128] with (128, 1):
        a transposed operand is only a change of strides. */
     /* Its buffers in the runtime's scratch region (context->scratch, sized by symgrad_scratch_bytes);
        context->status: the GEMM's, for the entry point to check */
     context->status = sg_gemm_f32(32, 128, 8*d0,
-        ws39, 1, 32,
-        ws43, 128, 1,
-        ws44, context, NULL, context->scratch);
+        ws38, 1, 32,
+        ws42, 128, 1,
+        ws43, context, NULL, context->scratch);
 }
 
 /* t464: f64[] = pow(0.9, t463) */
@@ -1112,7 +1141,7 @@ SG_KERNEL void k65_matmul_t305(int64_t d0, const float* restrict ws39, const flo
 /* t483: f32[128] = add(t482, 1e-08) */
 /* t484: f32[128] = div(t472, t483) */
 /* t485: f32[128] = sub(transformer.h.0.mlp.c_fc.bias, t484) */
-SG_KERNEL void k69_sub_t485(int64_t d0, const double* restrict var54, const double* restrict var35, const float* restrict var55, const float* restrict var56, float* restrict var11)
+SG_KERNEL void k68_sub_t485(int64_t d0, const double* restrict var54, const double* restrict var35, const float* restrict var55, const float* restrict var56, float* restrict var11)
 {
     for (int64_t i0 = 0; i0 < 128; ++i0) {
         const double v0 = 0.9;  /* 0.9 */
@@ -1142,14 +1171,14 @@ SG_KERNEL void k69_sub_t485(int64_t d0, const double* restrict var54, const doub
     }
 }
 
-/* Also called for 1 more kernel(s), the same code on their buffers: k96_add_t281 */
+/* Also called for 1 more kernel(s), the same code on their buffers: k95_add_t281 */
 /* t306: f32[32,128] = sub(t305, transformer.h.0.mlp.c_proj.weight.exp_avg) */
 /* t307: f32[32,128] = mul(0.09999999999999998, t306) */
 /* t308: f32[32,128] = add(transformer.h.0.mlp.c_proj.weight.exp_avg, t307) */
-SG_KERNEL void k70_add_t308(int64_t d0, const float* restrict ws44, float* restrict var33)
+SG_KERNEL void k69_add_t308(int64_t d0, const float* restrict ws43, float* restrict var33)
 {
     for (int64_t i0 = 0; i0 < 4096; ++i0) {
-        const float v0 = ws44[i0];  /* t305 */
+        const float v0 = ws43[i0];  /* t305 */
         const float v1 = var33[i0];  /* transformer.h.0.mlp.c_proj.weight.exp_avg */
         const float v2 = 0.1f;  /* 0.09999999999999998 */
         const float t306 = v0 - v1;  /* t306: f32[32,128] = sub(t305, transformer.h.0.mlp.c_proj.weight.exp_avg) */
@@ -1159,17 +1188,17 @@ SG_KERNEL void k70_add_t308(int64_t d0, const float* restrict ws44, float* restr
     }
 }
 
-/* Also called for 1 more kernel(s), the same code on their buffers: k97_add_t286 */
+/* Also called for 1 more kernel(s), the same code on their buffers: k96_add_t286 */
 /* t310: f32[32,128] = mul(0.95, transformer.h.0.mlp.c_proj.weight.exp_avg_sq) */
 /* t311: f32[32,128] = mul(t305, t305) */
 /* t312: f32[32,128] = mul(0.050000000000000044, t311) */
 /* t313: f32[32,128] = add(t310, t312) */
-SG_KERNEL void k71_add_t313(int64_t d0, float* restrict var34, const float* restrict ws44)
+SG_KERNEL void k70_add_t313(int64_t d0, float* restrict var34, const float* restrict ws43)
 {
     for (int64_t i0 = 0; i0 < 4096; ++i0) {
         const float v0 = 0.95f;  /* 0.95 */
         const float v1 = var34[i0];  /* transformer.h.0.mlp.c_proj.weight.exp_avg_sq */
-        const float v2 = ws44[i0];  /* t305 */
+        const float v2 = ws43[i0];  /* t305 */
         const float v3 = 0.05f;  /* 0.050000000000000044 */
         const float t310 = v0*v1;  /* t310: f32[32,128] = mul(0.95, transformer.h.0.mlp.c_proj.weight.exp_avg_sq) */
         const float t311 = v2*v2;  /* t311: f32[32,128] = mul(t305, t305) */
@@ -1179,7 +1208,7 @@ SG_KERNEL void k71_add_t313(int64_t d0, float* restrict var34, const float* rest
     }
 }
 
-/* Also called for 1 more kernel(s), the same code on their buffers: k98_sub_t295 */
+/* Also called for 1 more kernel(s), the same code on their buffers: k97_sub_t295 */
 /* t91: f64[] = mul(lr, 0.1) */
 /* t92: f64[] = sub(1.0, t91) */
 /* t93: f32[] = cast(t92) */
@@ -1198,7 +1227,7 @@ SG_KERNEL void k71_add_t313(int64_t d0, float* restrict var34, const float* rest
 /* t320: f32[32,128] = add(t319, 1e-08) */
 /* t321: f32[32,128] = div(t309, t320) */
 /* t322: f32[32,128] = sub(t296, t321) */
-SG_KERNEL void k72_sub_t322(int64_t d0, const double* restrict var16, float* restrict var12, const double* restrict var32, const float* restrict var33, const float* restrict var34)
+SG_KERNEL void k71_sub_t322(int64_t d0, const double* restrict var16, float* restrict var12, const double* restrict var32, const float* restrict var33, const float* restrict var34)
 {
     for (int64_t i0 = 0; i0 < 4096; ++i0) {
         const double v0 = var16[0];  /* lr */
@@ -1234,52 +1263,34 @@ SG_KERNEL void k72_sub_t322(int64_t d0, const double* restrict var16, float* res
 }
 
 /* t278: f32[128,32] = matmul(t274, t277) */
-SG_KERNEL void k82_matmul_t278(int64_t d0, const float* restrict ws42, const float* restrict ws52, float* restrict ws53, sg_context* context)
+SG_KERNEL void k81_matmul_t278(int64_t d0, const float* restrict ws41, const float* restrict ws51, float* restrict ws52, sg_context* context)
 {
     /* a[128 x 8*d0] read with strides (1, 128), b[8*d0 x 32] with (32, 1):
        a transposed operand is only a change of strides. */
     /* Its buffers in the runtime's scratch region (context->scratch, sized by symgrad_scratch_bytes);
        context->status: the GEMM's, for the entry point to check */
     context->status = sg_gemm_f32(128, 32, 8*d0,
-        ws42, 1, 128,
-        ws52, 32, 1,
-        ws53, context, NULL, context->scratch);
-}
-
-/* Also called for 1 more kernel(s), the same code on their buffers: k127_add_t170 */
-/* t133: f32[B,8,32] = add(t119, t132) */
-/* t136: f32[B,8,32] = add(t133, t135) */
-SG_KERNEL void k88_add_t136(int64_t d0, const float* restrict ws39, const float* restrict ws49, const float* restrict ws54, float* restrict ws55)
-{
-    #pragma omp parallel for if((256*d0) >= SG_PARALLEL_MIN)
-    for (int64_t i0 = 0; i0 < 8*d0; ++i0) {
-        for (int64_t i1 = 0; i1 < 32; ++i1) {
-            const float v0 = ws39[i0 * 32 + i1];  /* t119 */
-            const float v1 = ws49[i0 * 32 + i1];  /* t132 */
-            const float v2 = ws54[i0];  /* t135 */
-            const float t133 = v0 + v1;  /* t133: f32[B,8,32] = add(t119, t132) */
-            const float t136 = t133 + v2;  /* t136: f32[B,8,32] = add(t133, t135) */
-            ws55[i0 * 32 + i1] = t136;
-        }
-    }
+        ws41, 1, 128,
+        ws51, 32, 1,
+        ws52, context, NULL, context->scratch);
 }
 
 /* t138: f32[8*B,32] = matmul(t137, transformer.h.0.attn.c_proj.weight) */
-SG_KERNEL void k99_matmul_t138(int64_t d0, const float* restrict ws55, const float* restrict var6, float* restrict ws58, sg_context* context)
+SG_KERNEL void k98_matmul_t138(int64_t d0, const float* restrict ws54, const float* restrict var6, float* restrict ws57, sg_context* context)
 {
     /* a[8*d0 x 32] read with strides (32, 1), b[32 x 32] with (32, 1):
        a transposed operand is only a change of strides. */
     /* Its buffers in the runtime's scratch region (context->scratch, sized by symgrad_scratch_bytes);
        context->status: the GEMM's, for the entry point to check */
     context->status = sg_gemm_f32(8*d0, 32, 32,
-        ws55, 32, 1,
+        ws54, 32, 1,
         var6, 32, 1,
-        ws58, context, NULL, context->scratch);
+        ws57, context, NULL, context->scratch);
 }
 
 /* Row r < rows of the tile i0...: D = g . out (which is sum_j p_j (g . v_j)) into d[r], and m[r],
    l[r], the row's softmax: as the forward stored them in stats (m, then 1 / l). */
-static inline void k100_attention_grad_t141_rows(int64_t rows, int64_t i0, const float* gh, int64_t g_row, const float* oh,
+static inline void k99_attention_grad_t141_rows(int64_t rows, int64_t i0, const float* gh, int64_t g_row, const float* oh,
         int64_t o_row, const float* stats, int64_t H, int64_t h, int64_t T,
         float* m, float* l, float* d)
 {
@@ -1299,7 +1310,7 @@ static inline void k100_attention_grad_t141_rows(int64_t rows, int64_t i0, const
 
 /* For the tile's rows i0... and the block's n keys from j0: p = exp(s - m) / l, from the scores
    (q_i . k_j) in scores, and ds = p (g . v - D) scale, from g_i . v_j in ds, each in place. */
-static inline void k100_attention_grad_t141_ds(int64_t rows, int64_t n, int64_t i0, int64_t j0, const float* m, const float* l,
+static inline void k99_attention_grad_t141_ds(int64_t rows, int64_t n, int64_t i0, int64_t j0, const float* m, const float* l,
         const float* d, float (*scores)[SG_KEY_BLOCK], float (*ds)[SG_KEY_BLOCK])
 {
     const float scale = 0.25f;
@@ -1316,12 +1327,12 @@ static inline void k100_attention_grad_t141_ds(int64_t rows, int64_t n, int64_t 
 }
 
 /* t141: f32[3,B,2,8,16] = attention_grad[causal=True, scale=0.25](t25, t28, t31, t32, t140) */
-SG_KERNEL void k100_attention_grad_t141(int64_t d0, const float* restrict ws8, const float* restrict ws9, const float* restrict ws58, const float* restrict ws11, float* restrict ws59, float* restrict ws60, float* restrict ws61)
+SG_KERNEL void k99_attention_grad_t141(int64_t d0, const float* restrict ws8, const float* restrict ws9, const float* restrict ws57, const float* restrict ws11, float* restrict ws58, float* restrict ws59, float* restrict ws60)
 {
     /* attention_grad over H heads of T rows of E = 16 elements; causal: row i sees keys j <= i */
     enum { E = 16 };
     const int64_t H = (2*d0), T = 8, tiles = (T + SG_ROW_TILE - 1) / SG_ROW_TILE;
-    float* kt = ws60;  /* k transposed per head: H x E x T */
+    float* kt = ws59;  /* k transposed per head: H x E x T */
     #pragma omp parallel for if(H * T * E >= SG_PARALLEL_MIN)
     for (int64_t h = 0; h < H; ++h) {
         const int64_t n0 = h / 2;
@@ -1331,7 +1342,7 @@ SG_KERNEL void k100_attention_grad_t141(int64_t d0, const float* restrict ws8, c
 
         sg_attention_transpose_f32(T, E, kh, k_row, kt + h * E * T);
     }
-    float* vt = ws61;  /* v transposed per head: H x E x T */
+    float* vt = ws60;  /* v transposed per head: H x E x T */
     #pragma omp parallel for if(H * T * E >= SG_PARALLEL_MIN)
     for (int64_t h = 0; h < H; ++h) {
         const int64_t n0 = h / 2;
@@ -1350,14 +1361,14 @@ SG_KERNEL void k100_attention_grad_t141(int64_t d0, const float* restrict ws8, c
         const int64_t q_row = 96;
         const float* kh = ws8 + n0 * 768 + n1 * 16 + 32;  /* t28, head h */
         const int64_t k_row = 96;
-        const float* oh = ws9 + n0 * 256 + n1 * 128;  /* t32, head h */
-        const int64_t o_row = 16;
-        const float* gh = ws58 + n0 * 256 + n1 * 16;  /* t140, head h */
+        const float* oh = ws9 + n0 * 256 + n1 * 16;  /* t32, head h */
+        const int64_t o_row = 32;
+        const float* gh = ws57 + n0 * 256 + n1 * 16;  /* t140, head h */
         const int64_t g_row = 32;
 
-        float* dq = ws59 + h * T * E;
-        float* dk = ws59 + (H + h) * T * E;
-        float* dv = ws59 + (2 * H + h) * T * E;
+        float* dq = ws58 + h * T * E;
+        float* dk = ws58 + (H + h) * T * E;
+        float* dv = ws58 + (2 * H + h) * T * E;
         const float* kth = kt + h * E * T;
         const float* vth = vt + h * E * T;
         memset(dq, 0, (size_t)(T * E) * sizeof(float));
@@ -1370,13 +1381,13 @@ SG_KERNEL void k100_attention_grad_t141(int64_t d0, const float* restrict ws8, c
                sum of exp(s - m)), and D = g . out, which is sum_j p_j (g . v_j) */
             float m[SG_ROW_TILE], l[SG_ROW_TILE], d[SG_ROW_TILE];
             float scores[SG_ROW_TILE][SG_KEY_BLOCK], ds[SG_ROW_TILE][SG_KEY_BLOCK];
-            k100_attention_grad_t141_rows(rows, i0, gh, g_row, oh, o_row, ws11, H, h, T, m, l, d);
+            k99_attention_grad_t141_rows(rows, i0, gh, g_row, oh, o_row, ws11, H, h, T, m, l, d);
             for (int64_t j0 = 0; j0 < keys; j0 += SG_KEY_BLOCK) {
                 const int64_t n = keys - j0 < SG_KEY_BLOCK ? keys - j0 : SG_KEY_BLOCK;
                 /* p = exp(s - m) / l and ds = p (g . v - D) scale for the tile's rows and the block's keys */
                 sg_attention_product_f32(rows, n, E, qh + i0 * q_row, q_row, 1, kth + j0, T, &scores[0][0], SG_KEY_BLOCK, 0);
                 sg_attention_product_f32(rows, n, E, gh + i0 * g_row, g_row, 1, vth + j0, T, &ds[0][0], SG_KEY_BLOCK, 0);
-                k100_attention_grad_t141_ds(rows, n, i0, j0, m, l, d, scores, ds);
+                k99_attention_grad_t141_ds(rows, n, i0, j0, m, l, d, scores, ds);
                 /* dq_i += sum_j ds_ij k_j;  dv_j += sum_i p_ij g_i;  dk_j += sum_i ds_ij q_i */
                 sg_attention_product_f32(rows, E, n, &ds[0][0], SG_KEY_BLOCK, 1, kh + j0 * k_row, k_row, dq + i0 * E, E, 1);
                 sg_attention_product_f32(n, E, rows, &scores[0][0], 1, SG_KEY_BLOCK, gh + i0 * g_row, g_row, dv + j0 * E, E, 1);
@@ -1386,17 +1397,17 @@ SG_KERNEL void k100_attention_grad_t141(int64_t d0, const float* restrict ws8, c
     }
 }
 
-/* make contiguous for a reshape: t149: f32[B,8,2,16] = transpose[perm=(0,2,1,3)](t148) */
-SG_KERNEL void k103_copy(int64_t d0, const float* restrict ws59, float* restrict ws64)
+/* make contiguous for a reshape: t144: f32[B,8,2,16] = transpose[perm=(0,2,1,3)](t143) */
+SG_KERNEL void k100_copy(int64_t d0, const float* restrict ws58, float* restrict ws61)
 {
     #pragma omp parallel for if((256*d0) >= SG_PARALLEL_MIN)
     for (int64_t i0 = 0; i0 < d0; ++i0) {
         for (int64_t i1 = 0; i1 < 8; ++i1) {
             for (int64_t i2 = 0; i2 < 2; ++i2) {
                 for (int64_t i3 = 0; i3 < 16; ++i3) {
-                    const float v0 = ws59[i0 * 256 + i1 * 16 + i2 * 128 + i3 + (256*d0)];  /* make contiguous for a reshape */
-                    const float r = v0;  /* make contiguous for a reshape: t149: f32[B,8,2,16] = transpose[perm=(0,2,1,3)](t148) */
-                    ws64[i0 * 256 + i1 * 32 + i2 * 16 + i3] = r;
+                    const float v0 = ws58[i0 * 256 + i1 * 16 + i2 * 128 + i3 + (512*d0)];  /* make contiguous for a reshape */
+                    const float r = v0;  /* make contiguous for a reshape: t144: f32[B,8,2,16] = transpose[perm=(0,2,1,3)](t143) */
+                    ws61[i0 * 256 + i1 * 32 + i2 * 16 + i3] = r;
                 }
             }
         }
@@ -1404,20 +1415,37 @@ SG_KERNEL void k103_copy(int64_t d0, const float* restrict ws59, float* restrict
 }
 
 /* t151: f32[B,8,96] = embed[starts=(0,0,32), steps=(1,1,1)](t150), stored in place into t158 */
-SG_KERNEL void k104_embed_t151(int64_t d0, const float* restrict ws64, float* restrict ws63)
+SG_KERNEL void k103_embed_t151(int64_t d0, const float* restrict ws63, float* restrict ws62)
 {
     #pragma omp parallel for if((256*d0) >= SG_PARALLEL_MIN)
     for (int64_t i0 = 0; i0 < 8*d0; ++i0) {
         for (int64_t i1 = 0; i1 < 32; ++i1) {
-            const float v0 = ws64[i0 * 32 + i1];  /* t150 */
+            const float v0 = ws63[i0 * 32 + i1];  /* t150 */
             const float r = v0;  /* t151: f32[B,8,96] = embed[starts=(0,0,32), steps=(1,1,1)](t150), stored in place into t158 */
-            ws63[i0 * 96 + i1 + 32] = r;
+            ws62[i0 * 96 + i1 + 32] = r;
+        }
+    }
+}
+
+/* make contiguous for a reshape: t155: f32[B,8,2,16] = transpose[perm=(0,2,1,3)](t154) */
+SG_KERNEL void k104_copy(int64_t d0, const float* restrict ws58, float* restrict ws64)
+{
+    #pragma omp parallel for if((256*d0) >= SG_PARALLEL_MIN)
+    for (int64_t i0 = 0; i0 < d0; ++i0) {
+        for (int64_t i1 = 0; i1 < 8; ++i1) {
+            for (int64_t i2 = 0; i2 < 2; ++i2) {
+                for (int64_t i3 = 0; i3 < 16; ++i3) {
+                    const float v0 = ws58[i0 * 256 + i1 * 16 + i2 * 128 + i3];  /* make contiguous for a reshape */
+                    const float r = v0;  /* make contiguous for a reshape: t155: f32[B,8,2,16] = transpose[perm=(0,2,1,3)](t154) */
+                    ws64[i0 * 256 + i1 * 32 + i2 * 16 + i3] = r;
+                }
+            }
         }
     }
 }
 
 /* t375: f32[96] = sum[axes=(0,), keepdims=False](t159) */
-SG_KERNEL void k107_sum_t375(int64_t d0, const float* restrict ws63, float* restrict ws66)
+SG_KERNEL void k106_sum_t375(int64_t d0, const float* restrict ws62, float* restrict ws65)
 {
     /* The kept axis is contiguous: add whole rows into a tile of accumulators (vectorizes),
        256 columns at a time, instead of walking each column down the rows. */
@@ -1428,22 +1456,22 @@ SG_KERNEL void k107_sum_t375(int64_t d0, const float* restrict ws63, float* rest
         for (int64_t j = 0; j < jn; ++j)
             acc[j] = 0;
         for (int64_t r0 = 0; r0 < 8*d0; ++r0) {
-            const float* restrict row = ws63 + r0 * 96;
+            const float* restrict row = ws62 + r0 * 96;
             for (int64_t j = 0; j < jn; ++j)
                 acc[j] += (double)row[j0 + j];
         }
         for (int64_t j = 0; j < jn; ++j)
-            ws66[j0 + j] = (float)(acc[j]);
+            ws65[j0 + j] = (float)(acc[j]);
     }
 }
 
 /* t376: f32[96] = sub(t375, transformer.h.0.attn.c_attn.bias.exp_avg) */
 /* t377: f32[96] = mul(0.09999999999999998, t376) */
 /* t378: f32[96] = add(transformer.h.0.attn.c_attn.bias.exp_avg, t377) */
-SG_KERNEL void k108_add_t378(int64_t d0, const float* restrict ws66, float* restrict var43)
+SG_KERNEL void k107_add_t378(int64_t d0, const float* restrict ws65, float* restrict var43)
 {
     for (int64_t i0 = 0; i0 < 96; ++i0) {
-        const float v0 = ws66[i0];  /* t375 */
+        const float v0 = ws65[i0];  /* t375 */
         const float v1 = var43[i0];  /* transformer.h.0.attn.c_attn.bias.exp_avg */
         const float v2 = 0.1f;  /* 0.09999999999999998 */
         const float t376 = v0 - v1;  /* t376: f32[96] = sub(t375, transformer.h.0.attn.c_attn.bias.exp_avg) */
@@ -1457,12 +1485,12 @@ SG_KERNEL void k108_add_t378(int64_t d0, const float* restrict ws66, float* rest
 /* t381: f32[96] = mul(t375, t375) */
 /* t382: f32[96] = mul(0.050000000000000044, t381) */
 /* t383: f32[96] = add(t380, t382) */
-SG_KERNEL void k109_add_t383(int64_t d0, float* restrict var44, const float* restrict ws66)
+SG_KERNEL void k108_add_t383(int64_t d0, float* restrict var44, const float* restrict ws65)
 {
     for (int64_t i0 = 0; i0 < 96; ++i0) {
         const float v0 = 0.95f;  /* 0.95 */
         const float v1 = var44[i0];  /* transformer.h.0.attn.c_attn.bias.exp_avg_sq */
-        const float v2 = ws66[i0];  /* t375 */
+        const float v2 = ws65[i0];  /* t375 */
         const float v3 = 0.05f;  /* 0.050000000000000044 */
         const float t380 = v0*v1;  /* t380: f32[96] = mul(0.95, transformer.h.0.attn.c_attn.bias.exp_avg_sq) */
         const float t381 = v2*v2;  /* t381: f32[96] = mul(t375, t375) */
@@ -1473,66 +1501,39 @@ SG_KERNEL void k109_add_t383(int64_t d0, float* restrict var44, const float* res
 }
 
 /* t160: f32[8*B,32] = matmul(t159, transformer.h.0.attn.c_attn.weight) */
-SG_KERNEL void k112_matmul_t160(int64_t d0, const float* restrict ws63, const float* restrict var4, float* restrict ws67, sg_context* context)
+SG_KERNEL void k111_matmul_t160(int64_t d0, const float* restrict ws62, const float* restrict var4, float* restrict ws66, sg_context* context)
 {
     /* a[8*d0 x 96] read with strides (96, 1), b[96 x 32] with (32, 1):
        a transposed operand is only a change of strides. */
     /* Its buffers in the runtime's scratch region (context->scratch, sized by symgrad_scratch_bytes);
        context->status: the GEMM's, for the entry point to check */
     context->status = sg_gemm_f32(8*d0, 32, 96,
-        ws63, 96, 1,
+        ws62, 96, 1,
         var4, 32, 1,
-        ws67, context, NULL, context->scratch);
-}
-
-/* t6: f32[B,8,32] = add(t3, t5) */
-/* t9: f32[B,8,32] = sub(t6, t8) */
-/* t162: f32[B,8,32] = mul(t161, transformer.h.0.ln_1.weight) */
-/* t166: f32[B,8,32] = t162/t14 + t165*t9/(32*t14) */
-SG_KERNEL void k117_simplified_t166(int64_t d0, const float* restrict ws0, const float* restrict ws2, const float* restrict ws4, const float* restrict ws67, const float* restrict var2, const float* restrict ws5, const float* restrict ws69, float* restrict ws70)
-{
-    #pragma omp parallel for if((256*d0) >= SG_PARALLEL_MIN)
-    for (int64_t i0 = 0; i0 < d0; ++i0) {
-        for (int64_t i1 = 0; i1 < 8; ++i1) {
-            for (int64_t i2 = 0; i2 < 32; ++i2) {
-                const float v0 = ws0[i0 * 256 + i1 * 32 + i2];  /* t3 */
-                const float v1 = ws2[i1 * 32 + i2];  /* t5 */
-                const float v2 = ws4[i0 * 8 + i1];  /* t8 */
-                const float v3 = ws67[i0 * 256 + i1 * 32 + i2];  /* t161 */
-                const float v4 = var2[i2];  /* transformer.h.0.ln_1.weight */
-                const float v5 = ws5[i0 * 8 + i1];  /* t14 */
-                const float v6 = ws69[i0 * 8 + i1];  /* t165 */
-                const float t6 = v0 + v1;  /* t6: f32[B,8,32] = add(t3, t5) */
-                const float t9 = t6 - v2;  /* t9: f32[B,8,32] = sub(t6, t8) */
-                const float t162 = v3*v4;  /* t162: f32[B,8,32] = mul(t161, transformer.h.0.ln_1.weight) */
-                const float t166 = t162/v5 + (1.0f/32.0f)*v6*t9/v5;  /* t166: f32[B,8,32] = t162/t14 + t165*t9/(32*t14) */
-                ws70[i0 * 256 + i1 * 32 + i2] = t166;
-            }
-        }
-    }
+        ws66, context, NULL, context->scratch);
 }
 
 /* t328: f32[B,8,32] = mul(t161, t163) */
-SG_KERNEL void k118_mul_t328(int64_t d0, const float* restrict ws67, const float* restrict ws7, float* restrict ws71)
+SG_KERNEL void k117_mul_t328(int64_t d0, const float* restrict ws66, const float* restrict ws7, float* restrict ws70)
 {
     #pragma omp parallel for if((256*d0) >= SG_PARALLEL_MIN)
     for (int64_t i0 = 0; i0 < 256*d0; ++i0) {
-        const float v0 = ws67[i0];  /* t161 */
+        const float v0 = ws66[i0];  /* t161 */
         const float v1 = ws7[i0];  /* t163 */
         const float t328 = v0*v1;  /* t328: f32[B,8,32] = mul(t161, t163) */
-        ws71[i0] = t328;
+        ws70[i0] = t328;
     }
 }
 
 /* t197: f32[8,32] = scatter_add[axis=0, size=8](t196, t4) */
-SG_KERNEL void k131_scatter_add_t197(int64_t d0, const float* restrict ws78, const int64_t* restrict ws79, float* restrict ws80)
+SG_KERNEL void k130_scatter_add_t197(int64_t d0, const float* restrict ws77, const int64_t* restrict ws78, float* restrict ws79)
 {
     const int64_t P = 1, I = 8, Q = 32, R = 8;
-    const float* src = ws78;
-    const int64_t* idx = ws79;
+    const float* src = ws77;
+    const int64_t* idx = ws78;
     /* out[p, r, q] = 0, then out[p, idx[i], q] += src[p, i, q] with i in order (np.add.at's sums, bit
        for bit). Threads split P only: no two add into one element. An index outside [0, R) adds nothing. */
-    memset(ws80, 0, (size_t)(P * R * Q) * sizeof(float));
+    memset(ws79, 0, (size_t)(P * R * Q) * sizeof(float));
     for (int64_t p = 0; p < P; ++p) {
         for (int64_t i = 0; i < I; ++i) {
             const int64_t r = (int64_t)idx[i];
@@ -1540,7 +1541,7 @@ SG_KERNEL void k131_scatter_add_t197(int64_t d0, const float* restrict ws78, con
                 continue;
             }
             const float* row = src + (p * I + i) * Q;
-            float* dst = ws80 + (p * R + r) * Q;
+            float* dst = ws79 + (p * R + r) * Q;
             for (int64_t q = 0; q < Q; ++q) {
                 dst[q] += row[q];
             }
@@ -1566,7 +1567,7 @@ SG_KERNEL void k131_scatter_add_t197(int64_t d0, const float* restrict ws78, con
 /* t212: f32[8,32] = add(t211, 1e-08) */
 /* t213: f32[8,32] = div(t201, t212) */
 /* t214: f32[8,32] = sub(t190, t213) */
-SG_KERNEL void k134_sub_t214(int64_t d0, const double* restrict var16, float* restrict var1, const double* restrict var20, const float* restrict var21, const float* restrict var22)
+SG_KERNEL void k133_sub_t214(int64_t d0, const double* restrict var16, float* restrict var1, const double* restrict var20, const float* restrict var21, const float* restrict var22)
 {
     for (int64_t i0 = 0; i0 < 256; ++i0) {
         const double v0 = var16[0];  /* lr */
@@ -1605,11 +1606,11 @@ SG_KERNEL void k134_sub_t214(int64_t d0, const double* restrict var16, float* re
 /* t173: f32[64,32] = sub(t172, transformer.wte.weight.exp_avg) */
 /* t174: f32[64,32] = mul(0.09999999999999998, t173) */
 /* t175: f32[64,32] = add(transformer.wte.weight.exp_avg, t174) */
-SG_KERNEL void k135_add_t175(int64_t d0, const float* restrict ws31, const float* restrict ws77, float* restrict var18)
+SG_KERNEL void k134_add_t175(int64_t d0, const float* restrict ws30, const float* restrict ws76, float* restrict var18)
 {
     for (int64_t i0 = 0; i0 < 2048; ++i0) {
-        const float v0 = ws31[i0];  /* t110 */
-        const float v1 = ws77[i0];  /* t171 */
+        const float v0 = ws30[i0];  /* t110 */
+        const float v1 = ws76[i0];  /* t171 */
         const float v2 = var18[i0];  /* transformer.wte.weight.exp_avg */
         const float v3 = 0.1f;  /* 0.09999999999999998 */
         const float t172 = v0 + v1;  /* t172: f32[64,32] = add(t110, t171) */
@@ -1625,13 +1626,13 @@ SG_KERNEL void k135_add_t175(int64_t d0, const float* restrict ws31, const float
 /* t178: f32[64,32] = mul(t172, t172) */
 /* t179: f32[64,32] = mul(0.050000000000000044, t178) */
 /* t180: f32[64,32] = add(t177, t179) */
-SG_KERNEL void k136_add_t180(int64_t d0, float* restrict var19, const float* restrict ws31, const float* restrict ws77)
+SG_KERNEL void k135_add_t180(int64_t d0, float* restrict var19, const float* restrict ws30, const float* restrict ws76)
 {
     for (int64_t i0 = 0; i0 < 2048; ++i0) {
         const float v0 = 0.95f;  /* 0.95 */
         const float v1 = var19[i0];  /* transformer.wte.weight.exp_avg_sq */
-        const float v2 = ws31[i0];  /* t110 */
-        const float v3 = ws77[i0];  /* t171 */
+        const float v2 = ws30[i0];  /* t110 */
+        const float v3 = ws76[i0];  /* t171 */
         const float v4 = 0.05f;  /* 0.050000000000000044 */
         const float t177 = v0*v1;  /* t177: f32[64,32] = mul(0.95, transformer.wte.weight.exp_avg_sq) */
         const float t172 = v2 + v3;  /* t172: f32[64,32] = add(t110, t171) */
@@ -1645,10 +1646,10 @@ SG_KERNEL void k136_add_t180(int64_t d0, float* restrict var19, const float* res
 /* t226: f32[96,32] = sub(t225, transformer.h.0.attn.c_attn.weight.exp_avg) */
 /* t227: f32[96,32] = mul(0.09999999999999998, t226) */
 /* t228: f32[96,32] = add(transformer.h.0.attn.c_attn.weight.exp_avg, t227) */
-SG_KERNEL void k138_add_t228(int64_t d0, const float* restrict ws74, float* restrict var24)
+SG_KERNEL void k137_add_t228(int64_t d0, const float* restrict ws73, float* restrict var24)
 {
     for (int64_t i0 = 0; i0 < 3072; ++i0) {
-        const float v0 = ws74[i0];  /* t225 */
+        const float v0 = ws73[i0];  /* t225 */
         const float v1 = var24[i0];  /* transformer.h.0.attn.c_attn.weight.exp_avg */
         const float v2 = 0.1f;  /* 0.09999999999999998 */
         const float t226 = v0 - v1;  /* t226: f32[96,32] = sub(t225, transformer.h.0.attn.c_attn.weight.exp_avg) */
@@ -1676,7 +1677,7 @@ SG_KERNEL void k138_add_t228(int64_t d0, const float* restrict ws74, float* rest
 /* t240: f32[96,32] = add(t239, 1e-08) */
 /* t241: f32[96,32] = div(t229, t240) */
 /* t242: f32[96,32] = sub(t215, t241) */
-SG_KERNEL void k140_sub_t242(int64_t d0, const double* restrict var16, float* restrict var4, const double* restrict var23, const float* restrict var24, const float* restrict var25)
+SG_KERNEL void k139_sub_t242(int64_t d0, const double* restrict var16, float* restrict var4, const double* restrict var23, const float* restrict var24, const float* restrict var25)
 {
     for (int64_t i0 = 0; i0 < 3072; ++i0) {
         const double v0 = var16[0];  /* lr */
@@ -1738,7 +1739,7 @@ SG_KERNEL void k0_take_t3(int64_t d0, const float* restrict var0, const int64_t*
     }
 }
 
-/* Also called for 1 more kernel(s), the same code on their buffers: k130_copy */
+/* Also called for 1 more kernel(s), the same code on their buffers: k129_copy */
 /* make iota's operand contiguous: t4 */
 SG_KERNEL void k1_copy(int64_t d0, int64_t* restrict ws1)
 {
@@ -1805,71 +1806,53 @@ SG_KERNEL void k23_div_t163(int64_t d0, const float* restrict ws0, const float* 
     }
 }
 
-/* Also called for 1 more kernel(s), the same code on their buffers: k105_copy */
-/* make contiguous for a reshape: t33: f32[B,8,2,16] = transpose[perm=(0,2,1,3)](t32) */
-SG_KERNEL void k26_copy(int64_t d0, const float* restrict ws9, float* restrict ws12)
-{
-    #pragma omp parallel for if((256*d0) >= SG_PARALLEL_MIN)
-    for (int64_t i0 = 0; i0 < d0; ++i0) {
-        for (int64_t i1 = 0; i1 < 8; ++i1) {
-            for (int64_t i2 = 0; i2 < 2; ++i2) {
-                for (int64_t i3 = 0; i3 < 16; ++i3) {
-                    const float v0 = ws9[i0 * 256 + i1 * 16 + i2 * 128 + i3];  /* make contiguous for a reshape */
-                    const float r = v0;  /* make contiguous for a reshape: t33: f32[B,8,2,16] = transpose[perm=(0,2,1,3)](t32) */
-                    ws12[i0 * 256 + i1 * 32 + i2 * 16 + i3] = r;
-                }
-            }
-        }
-    }
-}
-
 /* t36: f32[8*B,32] = matmul(t34, t35) */
 /* t37: f32[8*B,32] = add(t36, transformer.h.0.attn.c_proj.bias) */
-/* What k27_add_t37's epilogue reads (Dims, operands) and the product it finishes in place. */
+/* What k26_add_t37's epilogue reads (Dims, operands) and the product it finishes in place. */
 typedef struct {
     int64_t d0;
     const float* var7;
-    float* ws13;
-} k27_add_t37_args;
+    float* ws12;
+} k26_add_t37_args;
 
-/* k27_add_t37's fused epilogue: the GEMM calls it on each block [i0, i0 + rows) x [j0, j0 + cols)
+/* k26_add_t37's fused epilogue: the GEMM calls it on each block [i0, i0 + rows) x [j0, j0 + cols)
    of the product once that block holds its final sums (after the last K chunk), while the block is
    still in cache; each element goes through the fused nodes and the result overwrites it. */
-static void k27_add_t37_epilogue(const void* p, int64_t i0, int64_t j0, int64_t rows, int64_t cols)
+static void k26_add_t37_epilogue(const void* p, int64_t i0, int64_t j0, int64_t rows, int64_t cols)
 {
-    const k27_add_t37_args* args = p;
+    const k26_add_t37_args* args = p;
     const int64_t d0 = args->d0;
     const float* restrict var7 = args->var7;
-    float* restrict ws13 = args->ws13;
+    float* restrict ws12 = args->ws12;
     for (int64_t row = i0; row < i0 + rows; ++row) {
         for (int64_t col = j0; col < j0 + cols; ++col) {
-            const float prod = ws13[row * 32 + col];  /* t36: f32[8*B,32] = matmul(t34, t35) */
+            const float prod = ws12[row * 32 + col];  /* t36: f32[8*B,32] = matmul(t34, t35) */
             const float v0 = var7[col];  /* transformer.h.0.attn.c_proj.bias */
             const float t37 = prod + v0;  /* t37: f32[8*B,32] = add(t36, transformer.h.0.attn.c_proj.bias) */
-            ws13[row * 32 + col] = t37;
+            ws12[row * 32 + col] = t37;
         }
     }
 }
 
-SG_KERNEL void k27_add_t37(int64_t d0, const float* restrict ws12, const float* restrict var6, const float* restrict var7, float* restrict ws13, sg_context* context)
+SG_KERNEL void k26_add_t37(int64_t d0, const float* restrict ws9, const float* restrict var6, const float* restrict var7, float* restrict ws12, sg_context* context)
 {
-    const k27_add_t37_args args = { d0, var7, ws13 };
-    const sg_epilogue epilogue = { k27_add_t37_epilogue, &args };
+    const k26_add_t37_args args = { d0, var7, ws12 };
+    const sg_epilogue epilogue = { k26_add_t37_epilogue, &args };
     /* a[8*d0 x 32] read with strides (32, 1), b[32 x 32] with (1, 32):
        a transposed operand is only a change of strides. */
     /* Its buffers in the runtime's scratch region (context->scratch, sized by symgrad_scratch_bytes);
        context->status: the GEMM's, for the entry point to check */
     context->status = sg_gemm_f32(8*d0, 32, 32,
-        ws12, 32, 1,
+        ws9, 32, 1,
         var6, 1, 32,
-        ws13, context, &epilogue, context->scratch);
+        ws12, context, &epilogue, context->scratch);
 }
 
 /* t6: f32[B,8,32] = add(t3, t5) */
 /* t39: f32[B,8,32] = add(t6, t38) */
 /* t40: f32[B,8,1] = sum[axes=(2,), keepdims=True](t39) */
 /* t41: f32[B,8,1] = mul(t40, 1/32) */
-SG_KERNEL void k28_mul_t41(int64_t d0, const float* restrict ws0, const float* restrict ws2, const float* restrict ws13, float* restrict ws14)
+SG_KERNEL void k27_mul_t41(int64_t d0, const float* restrict ws0, const float* restrict ws2, const float* restrict ws12, float* restrict ws13)
 {
     #pragma omp parallel for if((256*d0) >= SG_PARALLEL_MIN)
     for (int64_t o0 = 0; o0 < d0; ++o0) {
@@ -1879,7 +1862,7 @@ SG_KERNEL void k28_mul_t41(int64_t d0, const float* restrict ws0, const float* r
             for (int64_t r0 = 0; r0 < 32; ++r0) {
                 const float v0 = ws0[o0 * 256 + o1 * 32 + r0];  /* t3 */
                 const float v1 = ws2[o1 * 32 + r0];  /* t5 */
-                const float v2 = ws13[o0 * 256 + o1 * 32 + r0];  /* t38 */
+                const float v2 = ws12[o0 * 256 + o1 * 32 + r0];  /* t38 */
                 const float t6 = v0 + v1;  /* t6: f32[B,8,32] = add(t3, t5) */
                 const float t39 = t6 + v2;  /* t39: f32[B,8,32] = add(t6, t38) */
                 acc += (double)t39;
@@ -1887,78 +1870,51 @@ SG_KERNEL void k28_mul_t41(int64_t d0, const float* restrict ws0, const float* r
             const float red = (float)(acc);
             const float ev0 = 0.03125f;  /* 1/32 */
             const float t41 = red*ev0;  /* t41: f32[B,8,1] = mul(t40, 1/32) */
-            ws14[o0 * 8 + o1] = t41;
+            ws13[o0 * 8 + o1] = t41;
         }
-    }
-}
-
-/* Also called for 1 more kernel(s), the same code on their buffers: k37_sqrt_t70 */
-/* t43: f32[B,8,32] = mul(t42, t42) */
-/* t44: f32[B,8,1] = sum[axes=(2,), keepdims=True](t43) */
-/* t45: f32[B,8,1] = mul(t44, 1/32) */
-/* t46: f32[B,8,1] = add(t45, 1e-05) */
-/* t47: f32[B,8,1] = sqrt(t46) */
-SG_KERNEL void k30_sqrt_t47(int64_t d0, const float* restrict ws15, float* restrict ws16)
-{
-    #pragma omp parallel for if((256*d0) >= SG_PARALLEL_MIN)
-    for (int64_t o0 = 0; o0 < 8*d0; ++o0) {
-        double acc = 0;
-        #pragma omp simd reduction(+:acc)
-        for (int64_t r0 = 0; r0 < 32; ++r0) {
-            const float v0 = ws15[o0 * 32 + r0];  /* t42 */
-            const float t43 = v0*v0;  /* t43: f32[B,8,32] = mul(t42, t42) */
-            acc += (double)t43;
-        }
-        const float red = (float)(acc);
-        const float ev0 = 0.03125f;  /* 1/32 */
-        const float ev1 = 1.0e-05f;  /* 1e-05 */
-        const float t45 = red*ev0;  /* t45: f32[B,8,1] = mul(t44, 1/32) */
-        const float t46 = t45 + ev1;  /* t46: f32[B,8,1] = add(t45, 1e-05) */
-        const float t47 = sqrtf(t46);  /* t47: f32[B,8,1] = sqrt(t46) */
-        ws16[o0] = t47;
     }
 }
 
 /* t59: f32[8*B,32] = matmul(t57, t58) */
 /* t60: f32[8*B,32] = add(t59, transformer.h.0.mlp.c_proj.bias) */
-/* What k34_add_t60's epilogue reads (Dims, operands) and the product it finishes in place. */
+/* What k33_add_t60's epilogue reads (Dims, operands) and the product it finishes in place. */
 typedef struct {
     int64_t d0;
     const float* var13;
-    float* ws20;
-} k34_add_t60_args;
+    float* ws19;
+} k33_add_t60_args;
 
-/* k34_add_t60's fused epilogue: the GEMM calls it on each block [i0, i0 + rows) x [j0, j0 + cols)
+/* k33_add_t60's fused epilogue: the GEMM calls it on each block [i0, i0 + rows) x [j0, j0 + cols)
    of the product once that block holds its final sums (after the last K chunk), while the block is
    still in cache; each element goes through the fused nodes and the result overwrites it. */
-static void k34_add_t60_epilogue(const void* p, int64_t i0, int64_t j0, int64_t rows, int64_t cols)
+static void k33_add_t60_epilogue(const void* p, int64_t i0, int64_t j0, int64_t rows, int64_t cols)
 {
-    const k34_add_t60_args* args = p;
+    const k33_add_t60_args* args = p;
     const int64_t d0 = args->d0;
     const float* restrict var13 = args->var13;
-    float* restrict ws20 = args->ws20;
+    float* restrict ws19 = args->ws19;
     for (int64_t row = i0; row < i0 + rows; ++row) {
         for (int64_t col = j0; col < j0 + cols; ++col) {
-            const float prod = ws20[row * 32 + col];  /* t59: f32[8*B,32] = matmul(t57, t58) */
+            const float prod = ws19[row * 32 + col];  /* t59: f32[8*B,32] = matmul(t57, t58) */
             const float v0 = var13[col];  /* transformer.h.0.mlp.c_proj.bias */
             const float t60 = prod + v0;  /* t60: f32[8*B,32] = add(t59, transformer.h.0.mlp.c_proj.bias) */
-            ws20[row * 32 + col] = t60;
+            ws19[row * 32 + col] = t60;
         }
     }
 }
 
-SG_KERNEL void k34_add_t60(int64_t d0, const float* restrict ws19, const float* restrict var12, const float* restrict var13, float* restrict ws20, sg_context* context)
+SG_KERNEL void k33_add_t60(int64_t d0, const float* restrict ws18, const float* restrict var12, const float* restrict var13, float* restrict ws19, sg_context* context)
 {
-    const k34_add_t60_args args = { d0, var13, ws20 };
-    const sg_epilogue epilogue = { k34_add_t60_epilogue, &args };
+    const k33_add_t60_args args = { d0, var13, ws19 };
+    const sg_epilogue epilogue = { k33_add_t60_epilogue, &args };
     /* a[8*d0 x 128] read with strides (128, 1), b[128 x 32] with (1, 128):
        a transposed operand is only a change of strides. */
     /* Its buffers in the runtime's scratch region (context->scratch, sized by symgrad_scratch_bytes);
        context->status: the GEMM's, for the entry point to check */
     context->status = sg_gemm_f32(8*d0, 32, 128,
-        ws19, 128, 1,
+        ws18, 128, 1,
         var12, 1, 128,
-        ws20, context, &epilogue, context->scratch);
+        ws19, context, &epilogue, context->scratch);
 }
 
 /* t6: f32[B,8,32] = add(t3, t5) */
@@ -1966,7 +1922,7 @@ SG_KERNEL void k34_add_t60(int64_t d0, const float* restrict ws19, const float* 
 /* t62: f32[B,8,32] = add(t39, t61) */
 /* t63: f32[B,8,1] = sum[axes=(2,), keepdims=True](t62) */
 /* t64: f32[B,8,1] = mul(t63, 1/32) */
-SG_KERNEL void k35_mul_t64(int64_t d0, const float* restrict ws0, const float* restrict ws2, const float* restrict ws13, const float* restrict ws20, float* restrict ws21)
+SG_KERNEL void k34_mul_t64(int64_t d0, const float* restrict ws0, const float* restrict ws2, const float* restrict ws12, const float* restrict ws19, float* restrict ws20)
 {
     #pragma omp parallel for if((256*d0) >= SG_PARALLEL_MIN)
     for (int64_t o0 = 0; o0 < d0; ++o0) {
@@ -1976,8 +1932,8 @@ SG_KERNEL void k35_mul_t64(int64_t d0, const float* restrict ws0, const float* r
             for (int64_t r0 = 0; r0 < 32; ++r0) {
                 const float v0 = ws0[o0 * 256 + o1 * 32 + r0];  /* t3 */
                 const float v1 = ws2[o1 * 32 + r0];  /* t5 */
-                const float v2 = ws13[o0 * 256 + o1 * 32 + r0];  /* t38 */
-                const float v3 = ws20[o0 * 256 + o1 * 32 + r0];  /* t61 */
+                const float v2 = ws12[o0 * 256 + o1 * 32 + r0];  /* t38 */
+                const float v3 = ws19[o0 * 256 + o1 * 32 + r0];  /* t61 */
                 const float t6 = v0 + v1;  /* t6: f32[B,8,32] = add(t3, t5) */
                 const float t39 = t6 + v2;  /* t39: f32[B,8,32] = add(t6, t38) */
                 const float t62 = t39 + v3;  /* t62: f32[B,8,32] = add(t39, t61) */
@@ -1986,7 +1942,7 @@ SG_KERNEL void k35_mul_t64(int64_t d0, const float* restrict ws0, const float* r
             const float red = (float)(acc);
             const float ev0 = 0.03125f;  /* 1/32 */
             const float t64 = red*ev0;  /* t64: f32[B,8,1] = mul(t63, 1/32) */
-            ws21[o0 * 8 + o1] = t64;
+            ws20[o0 * 8 + o1] = t64;
         }
     }
 }
@@ -2006,7 +1962,7 @@ SG_KERNEL void k35_mul_t64(int64_t d0, const float* restrict ws0, const float* r
 /* t83: f32[8*B,64] = where(t2, t82, 0) */
 /* t104: f32[8*B,64] = t102 - t103*t79/t80 */
 /* t84: f32[] = sum[axes=(0,1), keepdims=False](t83) (this row's part) */
-SG_KERNEL void k40_rows_t77(int64_t d0, const float* restrict ws3, const int64_t* restrict in1, const float* restrict ws25, float* restrict ws26, float* restrict ws27, float* restrict ws29, double* restrict ws28)
+SG_KERNEL void k39_rows_t77(int64_t d0, const float* restrict ws3, const int64_t* restrict in1, const float* restrict ws24, float* restrict ws25, float* restrict ws26, float* restrict ws28, double* restrict ws27)
 {
     #pragma omp parallel for if((512*d0) >= SG_PARALLEL_MIN)
     for (int64_t o0 = 0; o0 < 8*d0; ++o0) {
@@ -2020,7 +1976,7 @@ SG_KERNEL void k40_rows_t77(int64_t d0, const float* restrict ws3, const int64_t
         double a1 = 0;
         #pragma omp simd reduction(+:a1) reduction(max:a0) reduction(|:a0_nan)
         for (int64_t c = 0; c < 64; ++c) {
-            const float v0 = ws25[o0 * 64 + c];  /* t76 */
+            const float v0 = ws24[o0 * 64 + c];  /* t76 */
             const int64_t v1 = c;  /* t1 */
             const float t100 = u0/u1;  /* t100: f32[] = (1.0)/t89 */
             const float t101 = -t100;  /* t101: f32[] = neg(t100) */
@@ -2029,7 +1985,7 @@ SG_KERNEL void k40_rows_t77(int64_t d0, const float* restrict ws3, const int64_t
             a0 = v0 > a0 ? v0 : a0;  /* t77: f32[8*B,1] = max[axes=(1,), keepdims=True](t76) */
             a0_nan |= v0 != v0;  /* NaN propagates, as in NumPy */
             a1 += (double)t102;  /* t103: f32[8*B,1] = sum[axes=(1,), keepdims=True](t102) */
-            ws26[o0 * 64 + c] = t102;  /* t102 */
+            ws25[o0 * 64 + c] = t102;  /* t102 */
         }
         const float p0 = (a0_nan ? NAN : a0);
         const float p1 = (float)(a1);
@@ -2037,11 +1993,11 @@ SG_KERNEL void k40_rows_t77(int64_t d0, const float* restrict ws3, const int64_t
         double a2 = 0;
         #pragma omp simd reduction(+:a2)
         for (int64_t c = 0; c < 64; ++c) {
-            const float v0 = ws25[o0 * 64 + c];  /* t76 */
+            const float v0 = ws24[o0 * 64 + c];  /* t76 */
             const float t78 = v0 - p0;  /* t78: f32[8*B,64] = sub(t76, t77) */
             const float t79 = sg_expf(t78);  /* t79: f32[8*B,64] = exp(t78) */
             a2 += (double)t79;  /* t80: f32[8*B,1] = sum[axes=(1,), keepdims=True](t79) */
-            ws27[o0 * 64 + c] = t79;  /* t79 */
+            ws26[o0 * 64 + c] = t79;  /* t79 */
         }
         const float p2 = (float)(a2);
         const float t81 = logf(p2);  /* t81: f32[8*B,1] = log(t80) */
@@ -2050,47 +2006,64 @@ SG_KERNEL void k40_rows_t77(int64_t d0, const float* restrict ws3, const int64_t
         #pragma omp simd reduction(+:a3)
         for (int64_t c = 0; c < 64; ++c) {
             const int64_t v0 = c;  /* t1 */
-            const float v1 = ws25[o0 * 64 + c];  /* t76 */
-            const float v2 = ws26[o0 * 64 + c];  /* t102 */
-            const float v3 = ws27[o0 * 64 + c];  /* t79 */
+            const float v1 = ws24[o0 * 64 + c];  /* t76 */
+            const float v2 = ws25[o0 * 64 + c];  /* t102 */
+            const float v3 = ws26[o0 * 64 + c];  /* t79 */
             const uint8_t t2 = (uint8_t)((u2 == v0));  /* t2: bool[8*B,64] = equal(t0, t1) */
             const float t78 = v1 - p0;  /* t78: f32[8*B,64] = sub(t76, t77) */
             const float t82 = t78 - t81;  /* t82: f32[8*B,64] = sub(t78, t81) */
             const float t83 = (((((float)t2) != 0.0f)) ? (t82) : (u3));  /* t83: f32[8*B,64] = where(t2, t82, 0) */
             const float t104 = v2 - p1*v3/p2;  /* t104: f32[8*B,64] = t102 - t103*t79/t80 */
             a3 += (double)t83;  /* t84: f32[] = sum[axes=(0,1), keepdims=False](t83) (this row's part) */
-            ws29[o0 * 64 + c] = t104;  /* t104 */
+            ws28[o0 * 64 + c] = t104;  /* t104 */
         }
         const double p3 = a3;
-        ws28[o0] = p3;  /* t84, per row */
+        ws27[o0] = p3;  /* t84, per row */
     }
 }
 
+/* t84: f32[] = sum[axes=(0,1), keepdims=False](t83) (the sum of the per-row parts) */
+/* t85: f32[] = neg(t84) */
+/* t90: f32[] = div(t85, t89) */
+SG_KERNEL void k40_div_t90(int64_t d0, const double* restrict ws27, const float* restrict ws3, float* restrict out0)
+{
+    double acc = 0;
+    #pragma omp simd reduction(+:acc)
+    for (int64_t r0 = 0; r0 < 8*d0; ++r0) {
+        acc += (double)ws27[r0];
+    }
+    const float red = (float)(acc);
+    const float ev0 = ws3[0];  /* t89 */
+    const float t85 = -red;  /* t85: f32[] = neg(t84) */
+    const float t90 = t85/ev0;  /* t90: f32[] = div(t85, t89) */
+    out0[0] = t90;
+}
+
 /* t110: f32[64,32] = matmul(t105, t109) */
-SG_KERNEL void k43_matmul_t110(int64_t d0, const float* restrict ws29, const float* restrict ws30, float* restrict ws31, sg_context* context)
+SG_KERNEL void k42_matmul_t110(int64_t d0, const float* restrict ws28, const float* restrict ws29, float* restrict ws30, sg_context* context)
 {
     /* a[64 x 8*d0] read with strides (1, 64), b[8*d0 x 32] with (32, 1):
        a transposed operand is only a change of strides. */
     /* Its buffers in the runtime's scratch region (context->scratch, sized by symgrad_scratch_bytes);
        context->status: the GEMM's, for the entry point to check */
     context->status = sg_gemm_f32(64, 32, 8*d0,
-        ws29, 1, 64,
-        ws30, 32, 1,
-        ws31, context, NULL, context->scratch);
+        ws28, 1, 64,
+        ws29, 32, 1,
+        ws30, context, NULL, context->scratch);
 }
 
-/* Also called for 7 more kernel(s), the same code on their buffers: k54_add_t523, k60_add_t499, */
-/*     k76_add_t453, k84_add_t430, k91_add_t406, k115_add_t360, k123_add_t337 */
+/* Also called for 7 more kernel(s), the same code on their buffers: k53_add_t523, k59_add_t499, */
+/*     k75_add_t453, k83_add_t430, k90_add_t406, k114_add_t360, k122_add_t337 */
 /* t543: f32[32] = mul(0.95, transformer.ln_f.bias.exp_avg_sq) */
 /* t544: f32[32] = mul(t538, t538) */
 /* t545: f32[32] = mul(0.050000000000000044, t544) */
 /* t546: f32[32] = add(t543, t545) */
-SG_KERNEL void k47_add_t546(int64_t d0, float* restrict var65, const float* restrict ws33)
+SG_KERNEL void k46_add_t546(int64_t d0, float* restrict var65, const float* restrict ws32)
 {
     for (int64_t i0 = 0; i0 < 32; ++i0) {
         const float v0 = 0.95f;  /* 0.95 */
         const float v1 = var65[i0];  /* transformer.ln_f.bias.exp_avg_sq */
-        const float v2 = ws33[i0];  /* t538 */
+        const float v2 = ws32[i0];  /* t538 */
         const float v3 = 0.05f;  /* 0.050000000000000044 */
         const float t543 = v0*v1;  /* t543: f32[32] = mul(0.95, transformer.ln_f.bias.exp_avg_sq) */
         const float t544 = v2*v2;  /* t544: f32[32] = mul(t538, t538) */
@@ -2100,8 +2073,8 @@ SG_KERNEL void k47_add_t546(int64_t d0, float* restrict var65, const float* rest
     }
 }
 
-/* Also called for 7 more kernel(s), the same code on their buffers: k55_sub_t532, k61_sub_t508, */
-/*     k85_sub_t439, k86_sub_t462, k92_sub_t415, k124_sub_t346, k125_sub_t369 */
+/* Also called for 7 more kernel(s), the same code on their buffers: k54_sub_t532, k60_sub_t508, */
+/*     k84_sub_t439, k85_sub_t462, k91_sub_t415, k123_sub_t346, k124_sub_t369 */
 /* t534: f64[] = pow(0.9, t533) */
 /* t535: f64[] = sub(1.0, t534) */
 /* t536: f64[] = div(param_groups.1.lr, t535) */
@@ -2116,7 +2089,7 @@ SG_KERNEL void k47_add_t546(int64_t d0, float* restrict var65, const float* rest
 /* t553: f32[32] = add(t552, 1e-08) */
 /* t554: f32[32] = div(t542, t553) */
 /* t555: f32[32] = sub(transformer.ln_f.bias, t554) */
-SG_KERNEL void k48_sub_t555(int64_t d0, const double* restrict var63, const double* restrict var35, const float* restrict var64, const float* restrict var65, float* restrict var15)
+SG_KERNEL void k47_sub_t555(int64_t d0, const double* restrict var63, const double* restrict var35, const float* restrict var64, const float* restrict var65, float* restrict var15)
 {
     for (int64_t i0 = 0; i0 < 32; ++i0) {
         const double v0 = 0.9;  /* 0.9 */
@@ -2146,92 +2119,74 @@ SG_KERNEL void k48_sub_t555(int64_t d0, const double* restrict var63, const doub
     }
 }
 
-/* Also called for 1 more kernel(s), the same code on their buffers: k77_sum_t131 */
+/* Also called for 1 more kernel(s), the same code on their buffers: k76_sum_t131 */
 /* t106: f32[B,8,32] = div(t65, t70) */
 /* t113: f32[B,8,32] = mul(t112, transformer.ln_f.weight) */
 /* t114: f32[B,8,32] = -t106*t113/t70 */
 /* t115: f32[B,8,1] = sum[axes=(2,), keepdims=True](t114) */
-SG_KERNEL void k49_sum_t115(int64_t d0, const float* restrict ws22, const float* restrict ws23, const float* restrict ws32, const float* restrict var14, float* restrict ws34)
+SG_KERNEL void k48_sum_t115(int64_t d0, const float* restrict ws21, const float* restrict ws22, const float* restrict ws31, const float* restrict var14, float* restrict ws33)
 {
     #pragma omp parallel for if((256*d0) >= SG_PARALLEL_MIN)
     for (int64_t o0 = 0; o0 < 8*d0; ++o0) {
         double acc = 0;
         #pragma omp simd reduction(+:acc)
         for (int64_t r0 = 0; r0 < 32; ++r0) {
-            const float v0 = ws22[o0 * 32 + r0];  /* t65 */
-            const float v1 = ws23[o0];  /* t70 */
-            const float v2 = ws32[o0 * 32 + r0];  /* t112 */
+            const float v0 = ws21[o0 * 32 + r0];  /* t65 */
+            const float v1 = ws22[o0];  /* t70 */
+            const float v2 = ws31[o0 * 32 + r0];  /* t112 */
             const float v3 = var14[r0];  /* transformer.ln_f.weight */
             const float t106 = v0/v1;  /* t106: f32[B,8,32] = div(t65, t70) */
             const float t113 = v2*v3;  /* t113: f32[B,8,32] = mul(t112, transformer.ln_f.weight) */
             const float t114 = -t113*t106/v1;  /* t114: f32[B,8,32] = -t106*t113/t70 */
             acc += (double)t114;
         }
-        ws34[o0] = (float)(acc);
-    }
-}
-
-/* Also called for 1 more kernel(s), the same code on their buffers: k79_mul_t421 */
-/* t106: f32[B,8,32] = div(t65, t70) */
-/* t514: f32[B,8,32] = mul(t112, t106) */
-SG_KERNEL void k51_mul_t514(int64_t d0, const float* restrict ws22, const float* restrict ws23, const float* restrict ws32, float* restrict ws36)
-{
-    #pragma omp parallel for if((256*d0) >= SG_PARALLEL_MIN)
-    for (int64_t i0 = 0; i0 < 8*d0; ++i0) {
-        for (int64_t i1 = 0; i1 < 32; ++i1) {
-            const float v0 = ws22[i0 * 32 + i1];  /* t65 */
-            const float v1 = ws23[i0];  /* t70 */
-            const float v2 = ws32[i0 * 32 + i1];  /* t112 */
-            const float t106 = v0/v1;  /* t106: f32[B,8,32] = div(t65, t70) */
-            const float t514 = v2*t106;  /* t514: f32[B,8,32] = mul(t112, t106) */
-            ws36[i0 * 32 + i1] = t514;
-        }
+        ws33[o0] = (float)(acc);
     }
 }
 
 /* t119: f32[B,8,32] = add(t116, t118) */
-SG_KERNEL void k57_add_t119(int64_t d0, const float* restrict ws35, const float* restrict ws38, float* restrict ws39)
+SG_KERNEL void k56_add_t119(int64_t d0, const float* restrict ws34, const float* restrict ws37, float* restrict ws38)
 {
     #pragma omp parallel for if((256*d0) >= SG_PARALLEL_MIN)
     for (int64_t i0 = 0; i0 < 8*d0; ++i0) {
         for (int64_t i1 = 0; i1 < 32; ++i1) {
-            const float v0 = ws35[i0 * 32 + i1];  /* t116 */
-            const float v1 = ws38[i0];  /* t118 */
+            const float v0 = ws34[i0 * 32 + i1];  /* t116 */
+            const float v1 = ws37[i0];  /* t118 */
             const float t119 = v0 + v1;  /* t119: f32[B,8,32] = add(t116, t118) */
-            ws39[i0 * 32 + i1] = t119;
+            ws38[i0 * 32 + i1] = t119;
         }
     }
 }
 
 /* t121: f32[8*B,128] = matmul(t120, transformer.h.0.mlp.c_proj.weight) */
-SG_KERNEL void k62_matmul_t121(int64_t d0, const float* restrict ws39, const float* restrict var12, float* restrict ws41, sg_context* context)
+SG_KERNEL void k61_matmul_t121(int64_t d0, const float* restrict ws38, const float* restrict var12, float* restrict ws40, sg_context* context)
 {
     /* a[8*d0 x 32] read with strides (32, 1), b[32 x 128] with (128, 1):
        a transposed operand is only a change of strides. */
     /* Its buffers in the runtime's scratch region (context->scratch, sized by symgrad_scratch_bytes);
        context->status: the GEMM's, for the entry point to check */
     context->status = sg_gemm_f32(8*d0, 128, 32,
-        ws39, 32, 1,
+        ws38, 32, 1,
         var12, 128, 1,
-        ws41, context, NULL, context->scratch);
+        ws40, context, NULL, context->scratch);
 }
 
 /* t123: f32[B,8,128] = sqrt(2)*t55*exp(-t55**2/2)/(2*sqrt(pi)) + Piecewise((erfc(sqrt(2)*Abs(t55)/2)/2, t55 < 0), (1 - erfc(sqrt(2)*Abs(t55)/2)/2, True)) */
 /* t124: f32[B,8,128] = mul(t122, t123) */
-SG_KERNEL void k63_mul_t124(int64_t d0, const float* restrict ws18, const float* restrict ws41, float* restrict ws42)
+SG_KERNEL void k62_mul_t124(int64_t d0, const float* restrict ws17, const float* restrict ws40, float* restrict ws41)
 {
     #pragma omp parallel for if((1024*d0) >= SG_PARALLEL_MIN)
     for (int64_t i0 = 0; i0 < 1024*d0; ++i0) {
-        const float v0 = ws18[i0];  /* t55 */
-        const float v1 = ws41[i0];  /* t122 */
+        const float v0 = ws17[i0];  /* t55 */
+        const float v1 = ws40[i0];  /* t122 */
         const float t123 = 0.3989423f*(v0*sg_expf(-1.0f/2.0f*((v0)*(v0)))) + (((v0 < 0.0f)) ? ((1.0f/2.0f)*erfcf(0.70710677f*fabsf(v0))) : (1.0f - 1.0f/2.0f*erfcf(0.70710677f*fabsf(v0))));  /* t123: f32[B,8,128] = sqrt(2)*t55*exp(-t55**2/2)/(2*sqrt(pi)) + Piecewise((erfc(sqrt(2)*Abs(t55)/2)/2, t55 < 0), (1 - erfc(sqrt(2)*Abs(t55)/2)/2, True)) */
         const float t124 = v1*t123;  /* t124: f32[B,8,128] = mul(t122, t123) */
-        ws42[i0] = t124;
+        ws41[i0] = t124;
     }
 }
 
 /* t468: f32[128] = sum[axes=(0,), keepdims=False](t125) */
-SG_KERNEL void k66_sum_t468(int64_t d0, const float* restrict ws42, float* restrict ws45)
+SG_KERNEL void k65_sum_t468(int64_t d0, const float* restrict ws41, float* restrict ws44)
 {
     /* The kept axis is contiguous: add whole rows into a tile of accumulators (vectorizes),
        256 columns at a time, instead of walking each column down the rows. */
@@ -2242,22 +2197,22 @@ SG_KERNEL void k66_sum_t468(int64_t d0, const float* restrict ws42, float* restr
         for (int64_t j = 0; j < jn; ++j)
             acc[j] = 0;
         for (int64_t r0 = 0; r0 < 8*d0; ++r0) {
-            const float* restrict row = ws42 + r0 * 128;
+            const float* restrict row = ws41 + r0 * 128;
             for (int64_t j = 0; j < jn; ++j)
                 acc[j] += (double)row[j0 + j];
         }
         for (int64_t j = 0; j < jn; ++j)
-            ws45[j0 + j] = (float)(acc[j]);
+            ws44[j0 + j] = (float)(acc[j]);
     }
 }
 
 /* t469: f32[128] = sub(t468, transformer.h.0.mlp.c_fc.bias.exp_avg) */
 /* t470: f32[128] = mul(0.09999999999999998, t469) */
 /* t471: f32[128] = add(transformer.h.0.mlp.c_fc.bias.exp_avg, t470) */
-SG_KERNEL void k67_add_t471(int64_t d0, const float* restrict ws45, float* restrict var55)
+SG_KERNEL void k66_add_t471(int64_t d0, const float* restrict ws44, float* restrict var55)
 {
     for (int64_t i0 = 0; i0 < 128; ++i0) {
-        const float v0 = ws45[i0];  /* t468 */
+        const float v0 = ws44[i0];  /* t468 */
         const float v1 = var55[i0];  /* transformer.h.0.mlp.c_fc.bias.exp_avg */
         const float v2 = 0.1f;  /* 0.09999999999999998 */
         const float t469 = v0 - v1;  /* t469: f32[128] = sub(t468, transformer.h.0.mlp.c_fc.bias.exp_avg) */
@@ -2271,12 +2226,12 @@ SG_KERNEL void k67_add_t471(int64_t d0, const float* restrict ws45, float* restr
 /* t474: f32[128] = mul(t468, t468) */
 /* t475: f32[128] = mul(0.050000000000000044, t474) */
 /* t476: f32[128] = add(t473, t475) */
-SG_KERNEL void k68_add_t476(int64_t d0, float* restrict var56, const float* restrict ws45)
+SG_KERNEL void k67_add_t476(int64_t d0, float* restrict var56, const float* restrict ws44)
 {
     for (int64_t i0 = 0; i0 < 128; ++i0) {
         const float v0 = 0.95f;  /* 0.95 */
         const float v1 = var56[i0];  /* transformer.h.0.mlp.c_fc.bias.exp_avg_sq */
-        const float v2 = ws45[i0];  /* t468 */
+        const float v2 = ws44[i0];  /* t468 */
         const float v3 = 0.05f;  /* 0.050000000000000044 */
         const float t473 = v0*v1;  /* t473: f32[128] = mul(0.95, transformer.h.0.mlp.c_fc.bias.exp_avg_sq) */
         const float t474 = v2*v2;  /* t474: f32[128] = mul(t468, t468) */
@@ -2287,38 +2242,56 @@ SG_KERNEL void k68_add_t476(int64_t d0, float* restrict var56, const float* rest
 }
 
 /* t126: f32[8*B,32] = matmul(t125, transformer.h.0.mlp.c_fc.weight) */
-SG_KERNEL void k73_matmul_t126(int64_t d0, const float* restrict ws42, const float* restrict var10, float* restrict ws46, sg_context* context)
+SG_KERNEL void k72_matmul_t126(int64_t d0, const float* restrict ws41, const float* restrict var10, float* restrict ws45, sg_context* context)
 {
     /* a[8*d0 x 128] read with strides (128, 1), b[128 x 32] with (32, 1):
        a transposed operand is only a change of strides. */
     /* Its buffers in the runtime's scratch region (context->scratch, sized by symgrad_scratch_bytes);
        context->status: the GEMM's, for the entry point to check */
     context->status = sg_gemm_f32(8*d0, 32, 128,
-        ws42, 128, 1,
+        ws41, 128, 1,
         var10, 32, 1,
-        ws46, context, NULL, context->scratch);
+        ws45, context, NULL, context->scratch);
+}
+
+/* Also called for 1 more kernel(s), the same code on their buffers: k126_add_t170 */
+/* t133: f32[B,8,32] = add(t119, t132) */
+/* t136: f32[B,8,32] = add(t133, t135) */
+SG_KERNEL void k87_add_t136(int64_t d0, const float* restrict ws38, const float* restrict ws48, const float* restrict ws53, float* restrict ws54)
+{
+    #pragma omp parallel for if((256*d0) >= SG_PARALLEL_MIN)
+    for (int64_t i0 = 0; i0 < 8*d0; ++i0) {
+        for (int64_t i1 = 0; i1 < 32; ++i1) {
+            const float v0 = ws38[i0 * 32 + i1];  /* t119 */
+            const float v1 = ws48[i0 * 32 + i1];  /* t132 */
+            const float v2 = ws53[i0];  /* t135 */
+            const float t133 = v0 + v1;  /* t133: f32[B,8,32] = add(t119, t132) */
+            const float t136 = t133 + v2;  /* t136: f32[B,8,32] = add(t133, t135) */
+            ws54[i0 * 32 + i1] = t136;
+        }
+    }
 }
 
 /* t250: f32[32,32] = matmul(t249, t34) */
-SG_KERNEL void k93_matmul_t250(int64_t d0, const float* restrict ws55, const float* restrict ws12, float* restrict ws57, sg_context* context)
+SG_KERNEL void k92_matmul_t250(int64_t d0, const float* restrict ws54, const float* restrict ws9, float* restrict ws56, sg_context* context)
 {
     /* a[32 x 8*d0] read with strides (1, 32), b[8*d0 x 32] with (32, 1):
        a transposed operand is only a change of strides. */
     /* Its buffers in the runtime's scratch region (context->scratch, sized by symgrad_scratch_bytes);
        context->status: the GEMM's, for the entry point to check */
     context->status = sg_gemm_f32(32, 32, 8*d0,
-        ws55, 1, 32,
-        ws12, 32, 1,
-        ws57, context, NULL, context->scratch);
+        ws54, 1, 32,
+        ws9, 32, 1,
+        ws56, context, NULL, context->scratch);
 }
 
 /* t251: f32[32,32] = sub(t250, transformer.h.0.attn.c_proj.weight.exp_avg) */
 /* t252: f32[32,32] = mul(0.09999999999999998, t251) */
 /* t253: f32[32,32] = add(transformer.h.0.attn.c_proj.weight.exp_avg, t252) */
-SG_KERNEL void k94_add_t253(int64_t d0, const float* restrict ws57, float* restrict var27)
+SG_KERNEL void k93_add_t253(int64_t d0, const float* restrict ws56, float* restrict var27)
 {
     for (int64_t i0 = 0; i0 < 1024; ++i0) {
-        const float v0 = ws57[i0];  /* t250 */
+        const float v0 = ws56[i0];  /* t250 */
         const float v1 = var27[i0];  /* transformer.h.0.attn.c_proj.weight.exp_avg */
         const float v2 = 0.1f;  /* 0.09999999999999998 */
         const float t251 = v0 - v1;  /* t251: f32[32,32] = sub(t250, transformer.h.0.attn.c_proj.weight.exp_avg) */
@@ -2332,12 +2305,12 @@ SG_KERNEL void k94_add_t253(int64_t d0, const float* restrict ws57, float* restr
 /* t256: f32[32,32] = mul(t250, t250) */
 /* t257: f32[32,32] = mul(0.050000000000000044, t256) */
 /* t258: f32[32,32] = add(t255, t257) */
-SG_KERNEL void k95_add_t258(int64_t d0, float* restrict var28, const float* restrict ws57)
+SG_KERNEL void k94_add_t258(int64_t d0, float* restrict var28, const float* restrict ws56)
 {
     for (int64_t i0 = 0; i0 < 1024; ++i0) {
         const float v0 = 0.95f;  /* 0.95 */
         const float v1 = var28[i0];  /* transformer.h.0.attn.c_proj.weight.exp_avg_sq */
-        const float v2 = ws57[i0];  /* t250 */
+        const float v2 = ws56[i0];  /* t250 */
         const float v3 = 0.05f;  /* 0.050000000000000044 */
         const float t255 = v0*v1;  /* t255: f32[32,32] = mul(0.95, transformer.h.0.attn.c_proj.weight.exp_avg_sq) */
         const float t256 = v2*v2;  /* t256: f32[32,32] = mul(t250, t250) */
@@ -2347,45 +2320,45 @@ SG_KERNEL void k95_add_t258(int64_t d0, float* restrict var28, const float* rest
     }
 }
 
-/* make contiguous for a reshape: t144: f32[B,8,2,16] = transpose[perm=(0,2,1,3)](t143) */
-SG_KERNEL void k101_copy(int64_t d0, const float* restrict ws59, float* restrict ws62)
+/* t146: f32[B,8,96] = embed[starts=(0,0,64), steps=(1,1,1)](t145), stored in place into t158 */
+SG_KERNEL void k101_embed_t146(int64_t d0, const float* restrict ws61, float* restrict ws62)
+{
+    #pragma omp parallel for if((256*d0) >= SG_PARALLEL_MIN)
+    for (int64_t i0 = 0; i0 < 8*d0; ++i0) {
+        for (int64_t i1 = 0; i1 < 32; ++i1) {
+            const float v0 = ws61[i0 * 32 + i1];  /* t145 */
+            const float r = v0;  /* t146: f32[B,8,96] = embed[starts=(0,0,64), steps=(1,1,1)](t145), stored in place into t158 */
+            ws62[i0 * 96 + i1 + 64] = r;
+        }
+    }
+}
+
+/* make contiguous for a reshape: t149: f32[B,8,2,16] = transpose[perm=(0,2,1,3)](t148) */
+SG_KERNEL void k102_copy(int64_t d0, const float* restrict ws58, float* restrict ws63)
 {
     #pragma omp parallel for if((256*d0) >= SG_PARALLEL_MIN)
     for (int64_t i0 = 0; i0 < d0; ++i0) {
         for (int64_t i1 = 0; i1 < 8; ++i1) {
             for (int64_t i2 = 0; i2 < 2; ++i2) {
                 for (int64_t i3 = 0; i3 < 16; ++i3) {
-                    const float v0 = ws59[i0 * 256 + i1 * 16 + i2 * 128 + i3 + (512*d0)];  /* make contiguous for a reshape */
-                    const float r = v0;  /* make contiguous for a reshape: t144: f32[B,8,2,16] = transpose[perm=(0,2,1,3)](t143) */
-                    ws62[i0 * 256 + i1 * 32 + i2 * 16 + i3] = r;
+                    const float v0 = ws58[i0 * 256 + i1 * 16 + i2 * 128 + i3 + (256*d0)];  /* make contiguous for a reshape */
+                    const float r = v0;  /* make contiguous for a reshape: t149: f32[B,8,2,16] = transpose[perm=(0,2,1,3)](t148) */
+                    ws63[i0 * 256 + i1 * 32 + i2 * 16 + i3] = r;
                 }
             }
         }
     }
 }
 
-/* t146: f32[B,8,96] = embed[starts=(0,0,64), steps=(1,1,1)](t145), stored in place into t158 */
-SG_KERNEL void k102_embed_t146(int64_t d0, const float* restrict ws62, float* restrict ws63)
-{
-    #pragma omp parallel for if((256*d0) >= SG_PARALLEL_MIN)
-    for (int64_t i0 = 0; i0 < 8*d0; ++i0) {
-        for (int64_t i1 = 0; i1 < 32; ++i1) {
-            const float v0 = ws62[i0 * 32 + i1];  /* t145 */
-            const float r = v0;  /* t146: f32[B,8,96] = embed[starts=(0,0,64), steps=(1,1,1)](t145), stored in place into t158 */
-            ws63[i0 * 96 + i1 + 64] = r;
-        }
-    }
-}
-
 /* t157: f32[B,8,96] = embed[starts=(0,0,0), steps=(1,1,1)](t156), stored in place into t158 */
-SG_KERNEL void k106_embed_t157(int64_t d0, const float* restrict ws65, float* restrict ws63)
+SG_KERNEL void k105_embed_t157(int64_t d0, const float* restrict ws64, float* restrict ws62)
 {
     #pragma omp parallel for if((256*d0) >= SG_PARALLEL_MIN)
     for (int64_t i0 = 0; i0 < 8*d0; ++i0) {
         for (int64_t i1 = 0; i1 < 32; ++i1) {
-            const float v0 = ws65[i0 * 32 + i1];  /* t156 */
+            const float v0 = ws64[i0 * 32 + i1];  /* t156 */
             const float r = v0;  /* t157: f32[B,8,96] = embed[starts=(0,0,0), steps=(1,1,1)](t156), stored in place into t158 */
-            ws63[i0 * 96 + i1] = r;
+            ws62[i0 * 96 + i1] = r;
         }
     }
 }
@@ -2404,7 +2377,7 @@ SG_KERNEL void k106_embed_t157(int64_t d0, const float* restrict ws65, float* re
 /* t390: f32[96] = add(t389, 1e-08) */
 /* t391: f32[96] = div(t379, t390) */
 /* t392: f32[96] = sub(transformer.h.0.attn.c_attn.bias, t391) */
-SG_KERNEL void k110_sub_t392(int64_t d0, const double* restrict var42, const double* restrict var35, const float* restrict var43, const float* restrict var44, float* restrict var5)
+SG_KERNEL void k109_sub_t392(int64_t d0, const double* restrict var42, const double* restrict var35, const float* restrict var43, const float* restrict var44, float* restrict var5)
 {
     for (int64_t i0 = 0; i0 < 96; ++i0) {
         const double v0 = 0.9;  /* 0.9 */
@@ -2452,7 +2425,7 @@ SG_KERNEL void k110_sub_t392(int64_t d0, const double* restrict var42, const dou
 /* t265: f32[32,32] = add(t264, 1e-08) */
 /* t266: f32[32,32] = div(t254, t265) */
 /* t267: f32[32,32] = sub(t243, t266) */
-SG_KERNEL void k111_sub_t267(int64_t d0, const double* restrict var16, float* restrict var6, const double* restrict var26, const float* restrict var27, const float* restrict var28)
+SG_KERNEL void k110_sub_t267(int64_t d0, const double* restrict var16, float* restrict var6, const double* restrict var26, const float* restrict var27, const float* restrict var28)
 {
     for (int64_t i0 = 0; i0 < 1024; ++i0) {
         const double v0 = var16[0];  /* lr */
@@ -2490,14 +2463,14 @@ SG_KERNEL void k111_sub_t267(int64_t d0, const double* restrict var16, float* re
 /* t162: f32[B,8,32] = mul(t161, transformer.h.0.ln_1.weight) */
 /* t164: f32[B,8,32] = -t162*t163/t14 */
 /* t165: f32[B,8,1] = sum[axes=(2,), keepdims=True](t164) */
-SG_KERNEL void k116_sum_t165(int64_t d0, const float* restrict ws67, const float* restrict var2, const float* restrict ws5, const float* restrict ws7, float* restrict ws69)
+SG_KERNEL void k115_sum_t165(int64_t d0, const float* restrict ws66, const float* restrict var2, const float* restrict ws5, const float* restrict ws7, float* restrict ws68)
 {
     #pragma omp parallel for if((256*d0) >= SG_PARALLEL_MIN)
     for (int64_t o0 = 0; o0 < 8*d0; ++o0) {
         double acc = 0;
         #pragma omp simd reduction(+:acc)
         for (int64_t r0 = 0; r0 < 32; ++r0) {
-            const float v0 = ws67[o0 * 32 + r0];  /* t161 */
+            const float v0 = ws66[o0 * 32 + r0];  /* t161 */
             const float v1 = var2[r0];  /* transformer.h.0.ln_1.weight */
             const float v2 = ws5[o0];  /* t14 */
             const float v3 = ws7[o0 * 32 + r0];  /* t163 */
@@ -2505,13 +2478,40 @@ SG_KERNEL void k116_sum_t165(int64_t d0, const float* restrict ws67, const float
             const float t164 = -t162*v3/v2;  /* t164: f32[B,8,32] = -t162*t163/t14 */
             acc += (double)t164;
         }
-        ws69[o0] = (float)(acc);
+        ws68[o0] = (float)(acc);
+    }
+}
+
+/* t6: f32[B,8,32] = add(t3, t5) */
+/* t9: f32[B,8,32] = sub(t6, t8) */
+/* t162: f32[B,8,32] = mul(t161, transformer.h.0.ln_1.weight) */
+/* t166: f32[B,8,32] = t162/t14 + t165*t9/(32*t14) */
+SG_KERNEL void k116_simplified_t166(int64_t d0, const float* restrict ws0, const float* restrict ws2, const float* restrict ws4, const float* restrict ws66, const float* restrict var2, const float* restrict ws5, const float* restrict ws68, float* restrict ws69)
+{
+    #pragma omp parallel for if((256*d0) >= SG_PARALLEL_MIN)
+    for (int64_t i0 = 0; i0 < d0; ++i0) {
+        for (int64_t i1 = 0; i1 < 8; ++i1) {
+            for (int64_t i2 = 0; i2 < 32; ++i2) {
+                const float v0 = ws0[i0 * 256 + i1 * 32 + i2];  /* t3 */
+                const float v1 = ws2[i1 * 32 + i2];  /* t5 */
+                const float v2 = ws4[i0 * 8 + i1];  /* t8 */
+                const float v3 = ws66[i0 * 256 + i1 * 32 + i2];  /* t161 */
+                const float v4 = var2[i2];  /* transformer.h.0.ln_1.weight */
+                const float v5 = ws5[i0 * 8 + i1];  /* t14 */
+                const float v6 = ws68[i0 * 8 + i1];  /* t165 */
+                const float t6 = v0 + v1;  /* t6: f32[B,8,32] = add(t3, t5) */
+                const float t9 = t6 - v2;  /* t9: f32[B,8,32] = sub(t6, t8) */
+                const float t162 = v3*v4;  /* t162: f32[B,8,32] = mul(t161, transformer.h.0.ln_1.weight) */
+                const float t166 = t162/v5 + (1.0f/32.0f)*v6*t9/v5;  /* t166: f32[B,8,32] = t162/t14 + t165*t9/(32*t14) */
+                ws69[i0 * 256 + i1 * 32 + i2] = t166;
+            }
+        }
     }
 }
 
 /* t222: f32[B,8,32] = mul(t163, transformer.h.0.ln_1.weight) */
 /* t223: f32[B,8,32] = add(t222, transformer.h.0.ln_1.bias) */
-SG_KERNEL void k120_add_t223(int64_t d0, const float* restrict ws7, const float* restrict var2, const float* restrict var3, float* restrict ws73)
+SG_KERNEL void k119_add_t223(int64_t d0, const float* restrict ws7, const float* restrict var2, const float* restrict var3, float* restrict ws72)
 {
     #pragma omp parallel for if((256*d0) >= SG_PARALLEL_MIN)
     for (int64_t i0 = 0; i0 < 8*d0; ++i0) {
@@ -2521,33 +2521,33 @@ SG_KERNEL void k120_add_t223(int64_t d0, const float* restrict ws7, const float*
             const float v2 = var3[i1];  /* transformer.h.0.ln_1.bias */
             const float t222 = v0*v1;  /* t222: f32[B,8,32] = mul(t163, transformer.h.0.ln_1.weight) */
             const float t223 = t222 + v2;  /* t223: f32[B,8,32] = add(t222, transformer.h.0.ln_1.bias) */
-            ws73[i0 * 32 + i1] = t223;
+            ws72[i0 * 32 + i1] = t223;
         }
     }
 }
 
 /* t225: f32[96,32] = matmul(t221, t224) */
-SG_KERNEL void k121_matmul_t225(int64_t d0, const float* restrict ws63, const float* restrict ws73, float* restrict ws74, sg_context* context)
+SG_KERNEL void k120_matmul_t225(int64_t d0, const float* restrict ws62, const float* restrict ws72, float* restrict ws73, sg_context* context)
 {
     /* a[96 x 8*d0] read with strides (1, 96), b[8*d0 x 32] with (32, 1):
        a transposed operand is only a change of strides. */
     /* Its buffers in the runtime's scratch region (context->scratch, sized by symgrad_scratch_bytes);
        context->status: the GEMM's, for the entry point to check */
     context->status = sg_gemm_f32(96, 32, 8*d0,
-        ws63, 1, 96,
-        ws73, 32, 1,
-        ws74, context, NULL, context->scratch);
+        ws62, 1, 96,
+        ws72, 32, 1,
+        ws73, context, NULL, context->scratch);
 }
 
 /* t171: f32[64,32] = scatter_add[axis=0, size=64](t170, idx) */
-SG_KERNEL void k128_scatter_add_t171(int64_t d0, const float* restrict ws76, const int64_t* restrict in0, float* restrict ws77)
+SG_KERNEL void k127_scatter_add_t171(int64_t d0, const float* restrict ws75, const int64_t* restrict in0, float* restrict ws76)
 {
     const int64_t P = 1, I = (8*d0), Q = 32, R = 64;
-    const float* src = ws76;
+    const float* src = ws75;
     const int64_t* idx = in0;
     /* out[p, r, q] = 0, then out[p, idx[i], q] += src[p, i, q] with i in order (np.add.at's sums, bit
        for bit). Threads split P only: no two add into one element. An index outside [0, R) adds nothing. */
-    memset(ws77, 0, (size_t)(P * R * Q) * sizeof(float));
+    memset(ws76, 0, (size_t)(P * R * Q) * sizeof(float));
     #pragma omp parallel for if(P > 1 && P * I * Q >= SG_PARALLEL_MIN)
     for (int64_t p = 0; p < P; ++p) {
         for (int64_t i = 0; i < I; ++i) {
@@ -2556,7 +2556,7 @@ SG_KERNEL void k128_scatter_add_t171(int64_t d0, const float* restrict ws76, con
                 continue;
             }
             const float* row = src + (p * I + i) * Q;
-            float* dst = ws77 + (p * R + r) * Q;
+            float* dst = ws76 + (p * R + r) * Q;
             for (int64_t q = 0; q < Q; ++q) {
                 dst[q] += row[q];
             }
@@ -2565,7 +2565,7 @@ SG_KERNEL void k128_scatter_add_t171(int64_t d0, const float* restrict ws76, con
 }
 
 /* t196: f32[8,32] = sum[axes=(0,), keepdims=False](t170) */
-SG_KERNEL void k129_sum_t196(int64_t d0, const float* restrict ws76, float* restrict ws78)
+SG_KERNEL void k128_sum_t196(int64_t d0, const float* restrict ws75, float* restrict ws77)
 {
     /* The kept axis is contiguous: add whole rows into a tile of accumulators (vectorizes),
        256 columns at a time, instead of walking each column down the rows. */
@@ -2576,22 +2576,22 @@ SG_KERNEL void k129_sum_t196(int64_t d0, const float* restrict ws76, float* rest
         for (int64_t j = 0; j < jn; ++j)
             acc[j] = 0;
         for (int64_t r0 = 0; r0 < d0; ++r0) {
-            const float* restrict row = ws76 + r0 * 256;
+            const float* restrict row = ws75 + r0 * 256;
             for (int64_t j = 0; j < jn; ++j)
                 acc[j] += (double)row[j0 + j];
         }
         for (int64_t j = 0; j < jn; ++j)
-            ws78[j0 + j] = (float)(acc[j]);
+            ws77[j0 + j] = (float)(acc[j]);
     }
 }
 
 /* t198: f32[8,32] = sub(t197, transformer.wpe.weight.exp_avg) */
 /* t199: f32[8,32] = mul(0.09999999999999998, t198) */
 /* t200: f32[8,32] = add(transformer.wpe.weight.exp_avg, t199) */
-SG_KERNEL void k132_add_t200(int64_t d0, const float* restrict ws80, float* restrict var21)
+SG_KERNEL void k131_add_t200(int64_t d0, const float* restrict ws79, float* restrict var21)
 {
     for (int64_t i0 = 0; i0 < 256; ++i0) {
-        const float v0 = ws80[i0];  /* t197 */
+        const float v0 = ws79[i0];  /* t197 */
         const float v1 = var21[i0];  /* transformer.wpe.weight.exp_avg */
         const float v2 = 0.1f;  /* 0.09999999999999998 */
         const float t198 = v0 - v1;  /* t198: f32[8,32] = sub(t197, transformer.wpe.weight.exp_avg) */
@@ -2605,12 +2605,12 @@ SG_KERNEL void k132_add_t200(int64_t d0, const float* restrict ws80, float* rest
 /* t203: f32[8,32] = mul(t197, t197) */
 /* t204: f32[8,32] = mul(0.050000000000000044, t203) */
 /* t205: f32[8,32] = add(t202, t204) */
-SG_KERNEL void k133_add_t205(int64_t d0, float* restrict var22, const float* restrict ws80)
+SG_KERNEL void k132_add_t205(int64_t d0, float* restrict var22, const float* restrict ws79)
 {
     for (int64_t i0 = 0; i0 < 256; ++i0) {
         const float v0 = 0.95f;  /* 0.95 */
         const float v1 = var22[i0];  /* transformer.wpe.weight.exp_avg_sq */
-        const float v2 = ws80[i0];  /* t197 */
+        const float v2 = ws79[i0];  /* t197 */
         const float v3 = 0.05f;  /* 0.050000000000000044 */
         const float t202 = v0*v1;  /* t202: f32[8,32] = mul(0.95, transformer.wpe.weight.exp_avg_sq) */
         const float t203 = v2*v2;  /* t203: f32[8,32] = mul(t197, t197) */
@@ -2638,7 +2638,7 @@ SG_KERNEL void k133_add_t205(int64_t d0, float* restrict var22, const float* res
 /* t187: f32[64,32] = add(t186, 1e-08) */
 /* t188: f32[64,32] = div(t176, t187) */
 /* t189: f32[64,32] = sub(t94, t188) */
-SG_KERNEL void k137_sub_t189(int64_t d0, const double* restrict var16, float* restrict var0, const double* restrict var17, const float* restrict var18, const float* restrict var19)
+SG_KERNEL void k136_sub_t189(int64_t d0, const double* restrict var16, float* restrict var0, const double* restrict var17, const float* restrict var18, const float* restrict var19)
 {
     for (int64_t i0 = 0; i0 < 2048; ++i0) {
         const double v0 = var16[0];  /* lr */
@@ -2677,12 +2677,12 @@ SG_KERNEL void k137_sub_t189(int64_t d0, const double* restrict var16, float* re
 /* t231: f32[96,32] = mul(t225, t225) */
 /* t232: f32[96,32] = mul(0.050000000000000044, t231) */
 /* t233: f32[96,32] = add(t230, t232) */
-SG_KERNEL void k139_add_t233(int64_t d0, float* restrict var25, const float* restrict ws74)
+SG_KERNEL void k138_add_t233(int64_t d0, float* restrict var25, const float* restrict ws73)
 {
     for (int64_t i0 = 0; i0 < 3072; ++i0) {
         const float v0 = 0.95f;  /* 0.95 */
         const float v1 = var25[i0];  /* transformer.h.0.attn.c_attn.weight.exp_avg_sq */
-        const float v2 = ws74[i0];  /* t225 */
+        const float v2 = ws73[i0];  /* t225 */
         const float v3 = 0.05f;  /* 0.050000000000000044 */
         const float t230 = v0*v1;  /* t230: f32[96,32] = mul(0.95, transformer.h.0.attn.c_attn.weight.exp_avg_sq) */
         const float t231 = v2*v2;  /* t231: f32[96,32] = mul(t225, t225) */
@@ -2710,78 +2710,77 @@ int64_t symgrad_workspace_bytes(const int64_t* dims, int64_t* nbytes)
         nbytes[9] = (256*d0) * (int64_t)sizeof(float);  /* ws9: t32 */
         nbytes[10] = (256*d0) * (int64_t)sizeof(float);  /* ws10: t32 */
         nbytes[11] = (32*d0) * (int64_t)sizeof(float);  /* ws11: t32 */
-        nbytes[12] = (256*d0) * (int64_t)sizeof(float);  /* ws12: t33 */
-        nbytes[13] = (256*d0) * (int64_t)sizeof(float);  /* ws13: t37 */
-        nbytes[14] = (8*d0) * (int64_t)sizeof(float);  /* ws14: t41 */
-        nbytes[15] = (256*d0) * (int64_t)sizeof(float);  /* ws15: t42 */
-        nbytes[16] = (8*d0) * (int64_t)sizeof(float);  /* ws16: t47 */
-        nbytes[17] = (256*d0) * (int64_t)sizeof(float);  /* ws17: t50 */
-        nbytes[18] = (1024*d0) * (int64_t)sizeof(float);  /* ws18: t54 */
-        nbytes[19] = (1024*d0) * (int64_t)sizeof(float);  /* ws19: t56 */
-        nbytes[20] = (256*d0) * (int64_t)sizeof(float);  /* ws20: t60 */
-        nbytes[21] = (8*d0) * (int64_t)sizeof(float);  /* ws21: t64 */
-        nbytes[22] = (256*d0) * (int64_t)sizeof(float);  /* ws22: t65 */
-        nbytes[23] = (8*d0) * (int64_t)sizeof(float);  /* ws23: t70 */
-        nbytes[24] = (256*d0) * (int64_t)sizeof(float);  /* ws24: t73 */
-        nbytes[25] = (512*d0) * (int64_t)sizeof(float);  /* ws25: t76 */
-        nbytes[26] = (512*d0) * (int64_t)sizeof(float);  /* ws26: t102 */
-        nbytes[27] = (512*d0) * (int64_t)sizeof(float);  /* ws27: t79 */
-        nbytes[28] = (8*d0) * (int64_t)sizeof(double);  /* ws28: t84 */
-        nbytes[29] = (512*d0) * (int64_t)sizeof(float);  /* ws29: t104 */
-        nbytes[30] = (256*d0) * (int64_t)sizeof(float);  /* ws30: t108 */
-        nbytes[31] = 2048 * (int64_t)sizeof(float);  /* ws31: t110 */
-        nbytes[32] = (256*d0) * (int64_t)sizeof(float);  /* ws32: t111 */
-        nbytes[33] = 32 * (int64_t)sizeof(float);  /* ws33: t538 */
-        nbytes[34] = (8*d0) * (int64_t)sizeof(float);  /* ws34: t115 */
-        nbytes[35] = (256*d0) * (int64_t)sizeof(float);  /* ws35: t116 */
-        nbytes[36] = (256*d0) * (int64_t)sizeof(float);  /* ws36: t514 */
-        nbytes[37] = 32 * (int64_t)sizeof(float);  /* ws37: t515 */
-        nbytes[38] = (8*d0) * (int64_t)sizeof(float);  /* ws38: t118 */
-        nbytes[39] = (256*d0) * (int64_t)sizeof(float);  /* ws39: t119 */
-        nbytes[40] = 32 * (int64_t)sizeof(float);  /* ws40: t491 */
-        nbytes[41] = (1024*d0) * (int64_t)sizeof(float);  /* ws41: t121 */
-        nbytes[42] = (1024*d0) * (int64_t)sizeof(float);  /* ws42: t124 */
-        nbytes[43] = (1024*d0) * (int64_t)sizeof(float);  /* ws43: t303 */
-        nbytes[44] = 4096 * (int64_t)sizeof(float);  /* ws44: t305 */
-        nbytes[45] = 128 * (int64_t)sizeof(float);  /* ws45: t468 */
-        nbytes[46] = (256*d0) * (int64_t)sizeof(float);  /* ws46: t126 */
-        nbytes[47] = 32 * (int64_t)sizeof(float);  /* ws47: t445 */
-        nbytes[48] = (8*d0) * (int64_t)sizeof(float);  /* ws48: t131 */
-        nbytes[49] = (256*d0) * (int64_t)sizeof(float);  /* ws49: t132 */
-        nbytes[50] = (256*d0) * (int64_t)sizeof(float);  /* ws50: t421 */
-        nbytes[51] = 32 * (int64_t)sizeof(float);  /* ws51: t422 */
-        nbytes[52] = (256*d0) * (int64_t)sizeof(float);  /* ws52: t276 */
-        nbytes[53] = 4096 * (int64_t)sizeof(float);  /* ws53: t278 */
-        nbytes[54] = (8*d0) * (int64_t)sizeof(float);  /* ws54: t135 */
-        nbytes[55] = (256*d0) * (int64_t)sizeof(float);  /* ws55: t136 */
-        nbytes[56] = 32 * (int64_t)sizeof(float);  /* ws56: t398 */
-        nbytes[57] = 1024 * (int64_t)sizeof(float);  /* ws57: t250 */
-        nbytes[58] = (256*d0) * (int64_t)sizeof(float);  /* ws58: t138 */
-        nbytes[59] = (768*d0) * (int64_t)sizeof(float);  /* ws59: t141 */
+        nbytes[12] = (256*d0) * (int64_t)sizeof(float);  /* ws12: t37 */
+        nbytes[13] = (8*d0) * (int64_t)sizeof(float);  /* ws13: t41 */
+        nbytes[14] = (256*d0) * (int64_t)sizeof(float);  /* ws14: t42 */
+        nbytes[15] = (8*d0) * (int64_t)sizeof(float);  /* ws15: t47 */
+        nbytes[16] = (256*d0) * (int64_t)sizeof(float);  /* ws16: t50 */
+        nbytes[17] = (1024*d0) * (int64_t)sizeof(float);  /* ws17: t54 */
+        nbytes[18] = (1024*d0) * (int64_t)sizeof(float);  /* ws18: t56 */
+        nbytes[19] = (256*d0) * (int64_t)sizeof(float);  /* ws19: t60 */
+        nbytes[20] = (8*d0) * (int64_t)sizeof(float);  /* ws20: t64 */
+        nbytes[21] = (256*d0) * (int64_t)sizeof(float);  /* ws21: t65 */
+        nbytes[22] = (8*d0) * (int64_t)sizeof(float);  /* ws22: t70 */
+        nbytes[23] = (256*d0) * (int64_t)sizeof(float);  /* ws23: t73 */
+        nbytes[24] = (512*d0) * (int64_t)sizeof(float);  /* ws24: t76 */
+        nbytes[25] = (512*d0) * (int64_t)sizeof(float);  /* ws25: t102 */
+        nbytes[26] = (512*d0) * (int64_t)sizeof(float);  /* ws26: t79 */
+        nbytes[27] = (8*d0) * (int64_t)sizeof(double);  /* ws27: t84 */
+        nbytes[28] = (512*d0) * (int64_t)sizeof(float);  /* ws28: t104 */
+        nbytes[29] = (256*d0) * (int64_t)sizeof(float);  /* ws29: t108 */
+        nbytes[30] = 2048 * (int64_t)sizeof(float);  /* ws30: t110 */
+        nbytes[31] = (256*d0) * (int64_t)sizeof(float);  /* ws31: t111 */
+        nbytes[32] = 32 * (int64_t)sizeof(float);  /* ws32: t538 */
+        nbytes[33] = (8*d0) * (int64_t)sizeof(float);  /* ws33: t115 */
+        nbytes[34] = (256*d0) * (int64_t)sizeof(float);  /* ws34: t116 */
+        nbytes[35] = (256*d0) * (int64_t)sizeof(float);  /* ws35: t514 */
+        nbytes[36] = 32 * (int64_t)sizeof(float);  /* ws36: t515 */
+        nbytes[37] = (8*d0) * (int64_t)sizeof(float);  /* ws37: t118 */
+        nbytes[38] = (256*d0) * (int64_t)sizeof(float);  /* ws38: t119 */
+        nbytes[39] = 32 * (int64_t)sizeof(float);  /* ws39: t491 */
+        nbytes[40] = (1024*d0) * (int64_t)sizeof(float);  /* ws40: t121 */
+        nbytes[41] = (1024*d0) * (int64_t)sizeof(float);  /* ws41: t124 */
+        nbytes[42] = (1024*d0) * (int64_t)sizeof(float);  /* ws42: t303 */
+        nbytes[43] = 4096 * (int64_t)sizeof(float);  /* ws43: t305 */
+        nbytes[44] = 128 * (int64_t)sizeof(float);  /* ws44: t468 */
+        nbytes[45] = (256*d0) * (int64_t)sizeof(float);  /* ws45: t126 */
+        nbytes[46] = 32 * (int64_t)sizeof(float);  /* ws46: t445 */
+        nbytes[47] = (8*d0) * (int64_t)sizeof(float);  /* ws47: t131 */
+        nbytes[48] = (256*d0) * (int64_t)sizeof(float);  /* ws48: t132 */
+        nbytes[49] = (256*d0) * (int64_t)sizeof(float);  /* ws49: t421 */
+        nbytes[50] = 32 * (int64_t)sizeof(float);  /* ws50: t422 */
+        nbytes[51] = (256*d0) * (int64_t)sizeof(float);  /* ws51: t276 */
+        nbytes[52] = 4096 * (int64_t)sizeof(float);  /* ws52: t278 */
+        nbytes[53] = (8*d0) * (int64_t)sizeof(float);  /* ws53: t135 */
+        nbytes[54] = (256*d0) * (int64_t)sizeof(float);  /* ws54: t136 */
+        nbytes[55] = 32 * (int64_t)sizeof(float);  /* ws55: t398 */
+        nbytes[56] = 1024 * (int64_t)sizeof(float);  /* ws56: t250 */
+        nbytes[57] = (256*d0) * (int64_t)sizeof(float);  /* ws57: t138 */
+        nbytes[58] = (768*d0) * (int64_t)sizeof(float);  /* ws58: t141 */
+        nbytes[59] = (256*d0) * (int64_t)sizeof(float);  /* ws59: t141 */
         nbytes[60] = (256*d0) * (int64_t)sizeof(float);  /* ws60: t141 */
-        nbytes[61] = (256*d0) * (int64_t)sizeof(float);  /* ws61: t141 */
-        nbytes[62] = (256*d0) * (int64_t)sizeof(float);  /* ws62: t144 */
-        nbytes[63] = (768*d0) * (int64_t)sizeof(float);  /* ws63: t158 */
-        nbytes[64] = (256*d0) * (int64_t)sizeof(float);  /* ws64: t149 */
-        nbytes[65] = (256*d0) * (int64_t)sizeof(float);  /* ws65: t155 */
-        nbytes[66] = 96 * (int64_t)sizeof(float);  /* ws66: t375 */
-        nbytes[67] = (256*d0) * (int64_t)sizeof(float);  /* ws67: t160 */
-        nbytes[68] = 32 * (int64_t)sizeof(float);  /* ws68: t352 */
-        nbytes[69] = (8*d0) * (int64_t)sizeof(float);  /* ws69: t165 */
-        nbytes[70] = (256*d0) * (int64_t)sizeof(float);  /* ws70: t166 */
-        nbytes[71] = (256*d0) * (int64_t)sizeof(float);  /* ws71: t328 */
-        nbytes[72] = 32 * (int64_t)sizeof(float);  /* ws72: t329 */
-        nbytes[73] = (256*d0) * (int64_t)sizeof(float);  /* ws73: t223 */
-        nbytes[74] = 3072 * (int64_t)sizeof(float);  /* ws74: t225 */
-        nbytes[75] = (8*d0) * (int64_t)sizeof(float);  /* ws75: t169 */
-        nbytes[76] = (256*d0) * (int64_t)sizeof(float);  /* ws76: t170 */
-        nbytes[77] = 2048 * (int64_t)sizeof(float);  /* ws77: t171 */
-        nbytes[78] = 256 * (int64_t)sizeof(float);  /* ws78: t196 */
-        nbytes[79] = 8 * (int64_t)sizeof(int64_t);  /* ws79: t4 */
-        nbytes[80] = 256 * (int64_t)sizeof(float);  /* ws80: t197 */
+        nbytes[61] = (256*d0) * (int64_t)sizeof(float);  /* ws61: t144 */
+        nbytes[62] = (768*d0) * (int64_t)sizeof(float);  /* ws62: t158 */
+        nbytes[63] = (256*d0) * (int64_t)sizeof(float);  /* ws63: t149 */
+        nbytes[64] = (256*d0) * (int64_t)sizeof(float);  /* ws64: t155 */
+        nbytes[65] = 96 * (int64_t)sizeof(float);  /* ws65: t375 */
+        nbytes[66] = (256*d0) * (int64_t)sizeof(float);  /* ws66: t160 */
+        nbytes[67] = 32 * (int64_t)sizeof(float);  /* ws67: t352 */
+        nbytes[68] = (8*d0) * (int64_t)sizeof(float);  /* ws68: t165 */
+        nbytes[69] = (256*d0) * (int64_t)sizeof(float);  /* ws69: t166 */
+        nbytes[70] = (256*d0) * (int64_t)sizeof(float);  /* ws70: t328 */
+        nbytes[71] = 32 * (int64_t)sizeof(float);  /* ws71: t329 */
+        nbytes[72] = (256*d0) * (int64_t)sizeof(float);  /* ws72: t223 */
+        nbytes[73] = 3072 * (int64_t)sizeof(float);  /* ws73: t225 */
+        nbytes[74] = (8*d0) * (int64_t)sizeof(float);  /* ws74: t169 */
+        nbytes[75] = (256*d0) * (int64_t)sizeof(float);  /* ws75: t170 */
+        nbytes[76] = 2048 * (int64_t)sizeof(float);  /* ws76: t171 */
+        nbytes[77] = 256 * (int64_t)sizeof(float);  /* ws77: t196 */
+        nbytes[78] = 8 * (int64_t)sizeof(int64_t);  /* ws78: t4 */
+        nbytes[79] = 256 * (int64_t)sizeof(float);  /* ws79: t197 */
     }
     (void)dims;
-    return 81;
+    return 80;
 }
 
 /* The bytes of the runtime's scratch region (context->scratch) a call needs for these dims, on the
@@ -2801,59 +2800,59 @@ int64_t symgrad_scratch_bytes(const int64_t* dims)
         const int64_t bytes = sg_gemm_f32_scratch_bytes(8*d0, 96, 32, threads);
         most = bytes > most ? bytes : most;
     }
-    {  /* k27_add_t37 */
+    {  /* k26_add_t37 */
         const int64_t bytes = sg_gemm_f32_scratch_bytes(8*d0, 32, 32, threads);
         most = bytes > most ? bytes : most;
     }
-    {  /* k32_add_t54 */
+    {  /* k31_add_t54 */
         const int64_t bytes = sg_gemm_f32_scratch_bytes(8*d0, 128, 32, threads);
         most = bytes > most ? bytes : most;
     }
-    {  /* k34_add_t60 */
+    {  /* k33_add_t60 */
         const int64_t bytes = sg_gemm_f32_scratch_bytes(8*d0, 32, 128, threads);
         most = bytes > most ? bytes : most;
     }
-    {  /* k39_matmul_t76 */
+    {  /* k38_matmul_t76 */
         const int64_t bytes = sg_gemm_f32_scratch_bytes(8*d0, 64, 32, threads);
         most = bytes > most ? bytes : most;
     }
-    {  /* k43_matmul_t110 */
+    {  /* k42_matmul_t110 */
         const int64_t bytes = sg_gemm_f32_scratch_bytes(64, 32, 8*d0, threads);
         most = bytes > most ? bytes : most;
     }
-    {  /* k44_matmul_t111 */
+    {  /* k43_matmul_t111 */
         const int64_t bytes = sg_gemm_f32_scratch_bytes(8*d0, 32, 64, threads);
         most = bytes > most ? bytes : most;
     }
-    {  /* k62_matmul_t121 */
+    {  /* k61_matmul_t121 */
         const int64_t bytes = sg_gemm_f32_scratch_bytes(8*d0, 128, 32, threads);
         most = bytes > most ? bytes : most;
     }
-    {  /* k65_matmul_t305 */
+    {  /* k64_matmul_t305 */
         const int64_t bytes = sg_gemm_f32_scratch_bytes(32, 128, 8*d0, threads);
         most = bytes > most ? bytes : most;
     }
-    {  /* k73_matmul_t126 */
+    {  /* k72_matmul_t126 */
         const int64_t bytes = sg_gemm_f32_scratch_bytes(8*d0, 32, 128, threads);
         most = bytes > most ? bytes : most;
     }
-    {  /* k82_matmul_t278 */
+    {  /* k81_matmul_t278 */
         const int64_t bytes = sg_gemm_f32_scratch_bytes(128, 32, 8*d0, threads);
         most = bytes > most ? bytes : most;
     }
-    {  /* k93_matmul_t250 */
+    {  /* k92_matmul_t250 */
         const int64_t bytes = sg_gemm_f32_scratch_bytes(32, 32, 8*d0, threads);
         most = bytes > most ? bytes : most;
     }
-    {  /* k99_matmul_t138 */
+    {  /* k98_matmul_t138 */
         const int64_t bytes = sg_gemm_f32_scratch_bytes(8*d0, 32, 32, threads);
         most = bytes > most ? bytes : most;
     }
-    {  /* k112_matmul_t160 */
+    {  /* k111_matmul_t160 */
         const int64_t bytes = sg_gemm_f32_scratch_bytes(8*d0, 32, 96, threads);
         most = bytes > most ? bytes : most;
     }
-    {  /* k121_matmul_t225 */
+    {  /* k120_matmul_t225 */
         const int64_t bytes = sg_gemm_f32_scratch_bytes(96, 32, 8*d0, threads);
         most = bytes > most ? bytes : most;
     }
@@ -2962,75 +2961,74 @@ int symgrad_run(const int64_t* dims, void** inputs, void** variables, void** out
     float* ws9 = (float*)(workspace + offsets[9]);  /* t32 */
     float* ws10 = (float*)(workspace + offsets[10]);  /* t32 */
     float* ws11 = (float*)(workspace + offsets[11]);  /* t32 */
-    float* ws12 = (float*)(workspace + offsets[12]);  /* t33 */
-    float* ws13 = (float*)(workspace + offsets[13]);  /* t37 */
-    float* ws14 = (float*)(workspace + offsets[14]);  /* t41 */
-    float* ws15 = (float*)(workspace + offsets[15]);  /* t42 */
-    float* ws16 = (float*)(workspace + offsets[16]);  /* t47 */
-    float* ws17 = (float*)(workspace + offsets[17]);  /* t50 */
-    float* ws18 = (float*)(workspace + offsets[18]);  /* t54 */
-    float* ws19 = (float*)(workspace + offsets[19]);  /* t56 */
-    float* ws20 = (float*)(workspace + offsets[20]);  /* t60 */
-    float* ws21 = (float*)(workspace + offsets[21]);  /* t64 */
-    float* ws22 = (float*)(workspace + offsets[22]);  /* t65 */
-    float* ws23 = (float*)(workspace + offsets[23]);  /* t70 */
-    float* ws24 = (float*)(workspace + offsets[24]);  /* t73 */
-    float* ws25 = (float*)(workspace + offsets[25]);  /* t76 */
-    float* ws26 = (float*)(workspace + offsets[26]);  /* t102 */
-    float* ws27 = (float*)(workspace + offsets[27]);  /* t79 */
-    double* ws28 = (double*)(workspace + offsets[28]);  /* t84 */
-    float* ws29 = (float*)(workspace + offsets[29]);  /* t104 */
-    float* ws30 = (float*)(workspace + offsets[30]);  /* t108 */
-    float* ws31 = (float*)(workspace + offsets[31]);  /* t110 */
-    float* ws32 = (float*)(workspace + offsets[32]);  /* t111 */
-    float* ws33 = (float*)(workspace + offsets[33]);  /* t538 */
-    float* ws34 = (float*)(workspace + offsets[34]);  /* t115 */
-    float* ws35 = (float*)(workspace + offsets[35]);  /* t116 */
-    float* ws36 = (float*)(workspace + offsets[36]);  /* t514 */
-    float* ws37 = (float*)(workspace + offsets[37]);  /* t515 */
-    float* ws38 = (float*)(workspace + offsets[38]);  /* t118 */
-    float* ws39 = (float*)(workspace + offsets[39]);  /* t119 */
-    float* ws40 = (float*)(workspace + offsets[40]);  /* t491 */
-    float* ws41 = (float*)(workspace + offsets[41]);  /* t121 */
-    float* ws42 = (float*)(workspace + offsets[42]);  /* t124 */
-    float* ws43 = (float*)(workspace + offsets[43]);  /* t303 */
-    float* ws44 = (float*)(workspace + offsets[44]);  /* t305 */
-    float* ws45 = (float*)(workspace + offsets[45]);  /* t468 */
-    float* ws46 = (float*)(workspace + offsets[46]);  /* t126 */
-    float* ws47 = (float*)(workspace + offsets[47]);  /* t445 */
-    float* ws48 = (float*)(workspace + offsets[48]);  /* t131 */
-    float* ws49 = (float*)(workspace + offsets[49]);  /* t132 */
-    float* ws50 = (float*)(workspace + offsets[50]);  /* t421 */
-    float* ws51 = (float*)(workspace + offsets[51]);  /* t422 */
-    float* ws52 = (float*)(workspace + offsets[52]);  /* t276 */
-    float* ws53 = (float*)(workspace + offsets[53]);  /* t278 */
-    float* ws54 = (float*)(workspace + offsets[54]);  /* t135 */
-    float* ws55 = (float*)(workspace + offsets[55]);  /* t136 */
-    float* ws56 = (float*)(workspace + offsets[56]);  /* t398 */
-    float* ws57 = (float*)(workspace + offsets[57]);  /* t250 */
-    float* ws58 = (float*)(workspace + offsets[58]);  /* t138 */
+    float* ws12 = (float*)(workspace + offsets[12]);  /* t37 */
+    float* ws13 = (float*)(workspace + offsets[13]);  /* t41 */
+    float* ws14 = (float*)(workspace + offsets[14]);  /* t42 */
+    float* ws15 = (float*)(workspace + offsets[15]);  /* t47 */
+    float* ws16 = (float*)(workspace + offsets[16]);  /* t50 */
+    float* ws17 = (float*)(workspace + offsets[17]);  /* t54 */
+    float* ws18 = (float*)(workspace + offsets[18]);  /* t56 */
+    float* ws19 = (float*)(workspace + offsets[19]);  /* t60 */
+    float* ws20 = (float*)(workspace + offsets[20]);  /* t64 */
+    float* ws21 = (float*)(workspace + offsets[21]);  /* t65 */
+    float* ws22 = (float*)(workspace + offsets[22]);  /* t70 */
+    float* ws23 = (float*)(workspace + offsets[23]);  /* t73 */
+    float* ws24 = (float*)(workspace + offsets[24]);  /* t76 */
+    float* ws25 = (float*)(workspace + offsets[25]);  /* t102 */
+    float* ws26 = (float*)(workspace + offsets[26]);  /* t79 */
+    double* ws27 = (double*)(workspace + offsets[27]);  /* t84 */
+    float* ws28 = (float*)(workspace + offsets[28]);  /* t104 */
+    float* ws29 = (float*)(workspace + offsets[29]);  /* t108 */
+    float* ws30 = (float*)(workspace + offsets[30]);  /* t110 */
+    float* ws31 = (float*)(workspace + offsets[31]);  /* t111 */
+    float* ws32 = (float*)(workspace + offsets[32]);  /* t538 */
+    float* ws33 = (float*)(workspace + offsets[33]);  /* t115 */
+    float* ws34 = (float*)(workspace + offsets[34]);  /* t116 */
+    float* ws35 = (float*)(workspace + offsets[35]);  /* t514 */
+    float* ws36 = (float*)(workspace + offsets[36]);  /* t515 */
+    float* ws37 = (float*)(workspace + offsets[37]);  /* t118 */
+    float* ws38 = (float*)(workspace + offsets[38]);  /* t119 */
+    float* ws39 = (float*)(workspace + offsets[39]);  /* t491 */
+    float* ws40 = (float*)(workspace + offsets[40]);  /* t121 */
+    float* ws41 = (float*)(workspace + offsets[41]);  /* t124 */
+    float* ws42 = (float*)(workspace + offsets[42]);  /* t303 */
+    float* ws43 = (float*)(workspace + offsets[43]);  /* t305 */
+    float* ws44 = (float*)(workspace + offsets[44]);  /* t468 */
+    float* ws45 = (float*)(workspace + offsets[45]);  /* t126 */
+    float* ws46 = (float*)(workspace + offsets[46]);  /* t445 */
+    float* ws47 = (float*)(workspace + offsets[47]);  /* t131 */
+    float* ws48 = (float*)(workspace + offsets[48]);  /* t132 */
+    float* ws49 = (float*)(workspace + offsets[49]);  /* t421 */
+    float* ws50 = (float*)(workspace + offsets[50]);  /* t422 */
+    float* ws51 = (float*)(workspace + offsets[51]);  /* t276 */
+    float* ws52 = (float*)(workspace + offsets[52]);  /* t278 */
+    float* ws53 = (float*)(workspace + offsets[53]);  /* t135 */
+    float* ws54 = (float*)(workspace + offsets[54]);  /* t136 */
+    float* ws55 = (float*)(workspace + offsets[55]);  /* t398 */
+    float* ws56 = (float*)(workspace + offsets[56]);  /* t250 */
+    float* ws57 = (float*)(workspace + offsets[57]);  /* t138 */
+    float* ws58 = (float*)(workspace + offsets[58]);  /* t141 */
     float* ws59 = (float*)(workspace + offsets[59]);  /* t141 */
     float* ws60 = (float*)(workspace + offsets[60]);  /* t141 */
-    float* ws61 = (float*)(workspace + offsets[61]);  /* t141 */
-    float* ws62 = (float*)(workspace + offsets[62]);  /* t144 */
-    float* ws63 = (float*)(workspace + offsets[63]);  /* t158 */
-    float* ws64 = (float*)(workspace + offsets[64]);  /* t149 */
-    float* ws65 = (float*)(workspace + offsets[65]);  /* t155 */
-    float* ws66 = (float*)(workspace + offsets[66]);  /* t375 */
-    float* ws67 = (float*)(workspace + offsets[67]);  /* t160 */
-    float* ws68 = (float*)(workspace + offsets[68]);  /* t352 */
-    float* ws69 = (float*)(workspace + offsets[69]);  /* t165 */
-    float* ws70 = (float*)(workspace + offsets[70]);  /* t166 */
-    float* ws71 = (float*)(workspace + offsets[71]);  /* t328 */
-    float* ws72 = (float*)(workspace + offsets[72]);  /* t329 */
-    float* ws73 = (float*)(workspace + offsets[73]);  /* t223 */
-    float* ws74 = (float*)(workspace + offsets[74]);  /* t225 */
-    float* ws75 = (float*)(workspace + offsets[75]);  /* t169 */
-    float* ws76 = (float*)(workspace + offsets[76]);  /* t170 */
-    float* ws77 = (float*)(workspace + offsets[77]);  /* t171 */
-    float* ws78 = (float*)(workspace + offsets[78]);  /* t196 */
-    int64_t* ws79 = (int64_t*)(workspace + offsets[79]);  /* t4 */
-    float* ws80 = (float*)(workspace + offsets[80]);  /* t197 */
+    float* ws61 = (float*)(workspace + offsets[61]);  /* t144 */
+    float* ws62 = (float*)(workspace + offsets[62]);  /* t158 */
+    float* ws63 = (float*)(workspace + offsets[63]);  /* t149 */
+    float* ws64 = (float*)(workspace + offsets[64]);  /* t155 */
+    float* ws65 = (float*)(workspace + offsets[65]);  /* t375 */
+    float* ws66 = (float*)(workspace + offsets[66]);  /* t160 */
+    float* ws67 = (float*)(workspace + offsets[67]);  /* t352 */
+    float* ws68 = (float*)(workspace + offsets[68]);  /* t165 */
+    float* ws69 = (float*)(workspace + offsets[69]);  /* t166 */
+    float* ws70 = (float*)(workspace + offsets[70]);  /* t328 */
+    float* ws71 = (float*)(workspace + offsets[71]);  /* t329 */
+    float* ws72 = (float*)(workspace + offsets[72]);  /* t223 */
+    float* ws73 = (float*)(workspace + offsets[73]);  /* t225 */
+    float* ws74 = (float*)(workspace + offsets[74]);  /* t169 */
+    float* ws75 = (float*)(workspace + offsets[75]);  /* t170 */
+    float* ws76 = (float*)(workspace + offsets[76]);  /* t171 */
+    float* ws77 = (float*)(workspace + offsets[77]);  /* t196 */
+    int64_t* ws78 = (int64_t*)(workspace + offsets[78]);  /* t4 */
+    float* ws79 = (float*)(workspace + offsets[79]);  /* t197 */
     (void)dims; (void)inputs; (void)variables; (void)outputs; (void)workspace; (void)offsets;
     context->status = SG_OK;
     context->failed = NULL;
@@ -3078,177 +3076,176 @@ int symgrad_run(const int64_t* dims, void** inputs, void** variables, void** out
         return context->status;
     }
     k25_attention_t32(d0, ws8, ws9, ws10, ws11);
-    k26_copy(d0, ws9, ws12);
-    k27_add_t37(d0, ws12, var6, var7, ws13, context);
+    k26_add_t37(d0, ws9, var6, var7, ws12, context);
     if (context->status != SG_OK) {
-        context->failed = "k27_add_t37";
+        context->failed = "k26_add_t37";
         return context->status;
     }
-    k28_mul_t41(d0, ws0, ws2, ws13, ws14);
-    k29_sub_t42(d0, ws0, ws2, ws13, ws14, ws15);
-    k30_sqrt_t47(d0, ws15, ws16);
-    k31_add_t50(d0, ws15, ws16, var8, var9, ws17);
-    k32_add_t54(d0, ws17, var10, var11, ws18, context);
+    k27_mul_t41(d0, ws0, ws2, ws12, ws13);
+    k28_sub_t42(d0, ws0, ws2, ws12, ws13, ws14);
+    k29_sqrt_t47(d0, ws14, ws15);
+    k30_add_t50(d0, ws14, ws15, var8, var9, ws16);
+    k31_add_t54(d0, ws16, var10, var11, ws17, context);
     if (context->status != SG_OK) {
-        context->failed = "k32_add_t54";
+        context->failed = "k31_add_t54";
         return context->status;
     }
-    k33_gelu_t56(d0, ws18, ws19);
-    k34_add_t60(d0, ws19, var12, var13, ws20, context);
+    k32_gelu_t56(d0, ws17, ws18);
+    k33_add_t60(d0, ws18, var12, var13, ws19, context);
     if (context->status != SG_OK) {
-        context->failed = "k34_add_t60";
+        context->failed = "k33_add_t60";
         return context->status;
     }
-    k35_mul_t64(d0, ws0, ws2, ws13, ws20, ws21);
-    k36_sub_t65(d0, ws0, ws2, ws13, ws20, ws21, ws22);
-    k30_sqrt_t47(d0, ws22, ws23);  /* k37_sqrt_t70 */
-    k31_add_t50(d0, ws22, ws23, var14, var15, ws24);  /* k38_add_t73 */
-    k39_matmul_t76(d0, ws24, var0, ws25, context);
+    k34_mul_t64(d0, ws0, ws2, ws12, ws19, ws20);
+    k35_sub_t65(d0, ws0, ws2, ws12, ws19, ws20, ws21);
+    k29_sqrt_t47(d0, ws21, ws22);  /* k36_sqrt_t70 */
+    k30_add_t50(d0, ws21, ws22, var14, var15, ws23);  /* k37_add_t73 */
+    k38_matmul_t76(d0, ws23, var0, ws24, context);
     if (context->status != SG_OK) {
-        context->failed = "k39_matmul_t76";
+        context->failed = "k38_matmul_t76";
         return context->status;
     }
-    k40_rows_t77(d0, ws3, in1, ws25, ws26, ws27, ws29, ws28);
-    k41_div_t90(d0, ws28, ws3, out0);
-    k31_add_t50(d0, ws22, ws23, var14, var15, ws30);  /* k42_add_t108 */
-    k43_matmul_t110(d0, ws29, ws30, ws31, context);
+    k39_rows_t77(d0, ws3, in1, ws24, ws25, ws26, ws28, ws27);
+    k40_div_t90(d0, ws27, ws3, out0);
+    k30_add_t50(d0, ws21, ws22, var14, var15, ws29);  /* k41_add_t108 */
+    k42_matmul_t110(d0, ws28, ws29, ws30, context);
     if (context->status != SG_OK) {
-        context->failed = "k43_matmul_t110";
+        context->failed = "k42_matmul_t110";
         return context->status;
     }
-    k44_matmul_t111(d0, ws29, var0, ws32, context);
+    k43_matmul_t111(d0, ws28, var0, ws31, context);
     if (context->status != SG_OK) {
-        context->failed = "k44_matmul_t111";
+        context->failed = "k43_matmul_t111";
         return context->status;
     }
-    k45_sum_t538(d0, ws32, ws33);
-    k46_add_t541(d0, ws33, var64);
-    k47_add_t546(d0, var65, ws33);
-    k48_sub_t555(d0, var63, var35, var64, var65, var15);
-    k49_sum_t115(d0, ws22, ws23, ws32, var14, ws34);
-    k50_simplified_t116(d0, ws32, var14, ws23, ws34, ws22, ws35);
-    k51_mul_t514(d0, ws22, ws23, ws32, ws36);
-    k45_sum_t538(d0, ws36, ws37);  /* k52_sum_t515 */
-    k46_add_t541(d0, ws37, var61);  /* k53_add_t518 */
-    k47_add_t546(d0, var62, ws37);  /* k54_add_t523 */
-    k48_sub_t555(d0, var60, var35, var61, var62, var14);  /* k55_sub_t532 */
-    k56_mul_t118(d0, ws35, ws38);
-    k57_add_t119(d0, ws35, ws38, ws39);
-    k45_sum_t538(d0, ws39, ws40);  /* k58_sum_t491 */
-    k46_add_t541(d0, ws40, var58);  /* k59_add_t494 */
-    k47_add_t546(d0, var59, ws40);  /* k60_add_t499 */
-    k48_sub_t555(d0, var57, var35, var58, var59, var13);  /* k61_sub_t508 */
-    k62_matmul_t121(d0, ws39, var12, ws41, context);
+    k44_sum_t538(d0, ws31, ws32);
+    k45_add_t541(d0, ws32, var64);
+    k46_add_t546(d0, var65, ws32);
+    k47_sub_t555(d0, var63, var35, var64, var65, var15);
+    k48_sum_t115(d0, ws21, ws22, ws31, var14, ws33);
+    k49_simplified_t116(d0, ws31, var14, ws22, ws33, ws21, ws34);
+    k50_mul_t514(d0, ws21, ws22, ws31, ws35);
+    k44_sum_t538(d0, ws35, ws36);  /* k51_sum_t515 */
+    k45_add_t541(d0, ws36, var61);  /* k52_add_t518 */
+    k46_add_t546(d0, var62, ws36);  /* k53_add_t523 */
+    k47_sub_t555(d0, var60, var35, var61, var62, var14);  /* k54_sub_t532 */
+    k55_mul_t118(d0, ws34, ws37);
+    k56_add_t119(d0, ws34, ws37, ws38);
+    k44_sum_t538(d0, ws38, ws39);  /* k57_sum_t491 */
+    k45_add_t541(d0, ws39, var58);  /* k58_add_t494 */
+    k46_add_t546(d0, var59, ws39);  /* k59_add_t499 */
+    k47_sub_t555(d0, var57, var35, var58, var59, var13);  /* k60_sub_t508 */
+    k61_matmul_t121(d0, ws38, var12, ws40, context);
     if (context->status != SG_OK) {
-        context->failed = "k62_matmul_t121";
+        context->failed = "k61_matmul_t121";
         return context->status;
     }
-    k63_mul_t124(d0, ws18, ws41, ws42);
-    k33_gelu_t56(d0, ws18, ws43);  /* k64_gelu_t303 */
-    k65_matmul_t305(d0, ws39, ws43, ws44, context);
+    k62_mul_t124(d0, ws17, ws40, ws41);
+    k32_gelu_t56(d0, ws17, ws42);  /* k63_gelu_t303 */
+    k64_matmul_t305(d0, ws38, ws42, ws43, context);
     if (context->status != SG_OK) {
-        context->failed = "k65_matmul_t305";
+        context->failed = "k64_matmul_t305";
         return context->status;
     }
-    k66_sum_t468(d0, ws42, ws45);
-    k67_add_t471(d0, ws45, var55);
-    k68_add_t476(d0, var56, ws45);
-    k69_sub_t485(d0, var54, var35, var55, var56, var11);
-    k70_add_t308(d0, ws44, var33);
-    k71_add_t313(d0, var34, ws44);
-    k72_sub_t322(d0, var16, var12, var32, var33, var34);
-    k73_matmul_t126(d0, ws42, var10, ws46, context);
+    k65_sum_t468(d0, ws41, ws44);
+    k66_add_t471(d0, ws44, var55);
+    k67_add_t476(d0, var56, ws44);
+    k68_sub_t485(d0, var54, var35, var55, var56, var11);
+    k69_add_t308(d0, ws43, var33);
+    k70_add_t313(d0, var34, ws43);
+    k71_sub_t322(d0, var16, var12, var32, var33, var34);
+    k72_matmul_t126(d0, ws41, var10, ws45, context);
     if (context->status != SG_OK) {
-        context->failed = "k73_matmul_t126";
+        context->failed = "k72_matmul_t126";
         return context->status;
     }
-    k45_sum_t538(d0, ws46, ws47);  /* k74_sum_t445 */
-    k46_add_t541(d0, ws47, var52);  /* k75_add_t448 */
-    k47_add_t546(d0, var53, ws47);  /* k76_add_t453 */
-    k49_sum_t115(d0, ws15, ws16, ws46, var8, ws48);  /* k77_sum_t131 */
-    k50_simplified_t116(d0, ws46, var8, ws16, ws48, ws15, ws49);  /* k78_simplified_t132 */
-    k51_mul_t514(d0, ws15, ws16, ws46, ws50);  /* k79_mul_t421 */
-    k45_sum_t538(d0, ws50, ws51);  /* k80_sum_t422 */
-    k31_add_t50(d0, ws15, ws16, var8, var9, ws52);  /* k81_add_t276 */
-    k82_matmul_t278(d0, ws42, ws52, ws53, context);
+    k44_sum_t538(d0, ws45, ws46);  /* k73_sum_t445 */
+    k45_add_t541(d0, ws46, var52);  /* k74_add_t448 */
+    k46_add_t546(d0, var53, ws46);  /* k75_add_t453 */
+    k48_sum_t115(d0, ws14, ws15, ws45, var8, ws47);  /* k76_sum_t131 */
+    k49_simplified_t116(d0, ws45, var8, ws15, ws47, ws14, ws48);  /* k77_simplified_t132 */
+    k50_mul_t514(d0, ws14, ws15, ws45, ws49);  /* k78_mul_t421 */
+    k44_sum_t538(d0, ws49, ws50);  /* k79_sum_t422 */
+    k30_add_t50(d0, ws14, ws15, var8, var9, ws51);  /* k80_add_t276 */
+    k81_matmul_t278(d0, ws41, ws51, ws52, context);
     if (context->status != SG_OK) {
-        context->failed = "k82_matmul_t278";
+        context->failed = "k81_matmul_t278";
         return context->status;
     }
-    k46_add_t541(d0, ws51, var49);  /* k83_add_t425 */
-    k47_add_t546(d0, var50, ws51);  /* k84_add_t430 */
-    k48_sub_t555(d0, var48, var35, var49, var50, var8);  /* k85_sub_t439 */
-    k48_sub_t555(d0, var51, var35, var52, var53, var9);  /* k86_sub_t462 */
-    k56_mul_t118(d0, ws49, ws54);  /* k87_mul_t135 */
-    k88_add_t136(d0, ws39, ws49, ws54, ws55);
-    k45_sum_t538(d0, ws55, ws56);  /* k89_sum_t398 */
-    k46_add_t541(d0, ws56, var46);  /* k90_add_t401 */
-    k47_add_t546(d0, var47, ws56);  /* k91_add_t406 */
-    k48_sub_t555(d0, var45, var35, var46, var47, var7);  /* k92_sub_t415 */
-    k93_matmul_t250(d0, ws55, ws12, ws57, context);
+    k45_add_t541(d0, ws50, var49);  /* k82_add_t425 */
+    k46_add_t546(d0, var50, ws50);  /* k83_add_t430 */
+    k47_sub_t555(d0, var48, var35, var49, var50, var8);  /* k84_sub_t439 */
+    k47_sub_t555(d0, var51, var35, var52, var53, var9);  /* k85_sub_t462 */
+    k55_mul_t118(d0, ws48, ws53);  /* k86_mul_t135 */
+    k87_add_t136(d0, ws38, ws48, ws53, ws54);
+    k44_sum_t538(d0, ws54, ws55);  /* k88_sum_t398 */
+    k45_add_t541(d0, ws55, var46);  /* k89_add_t401 */
+    k46_add_t546(d0, var47, ws55);  /* k90_add_t406 */
+    k47_sub_t555(d0, var45, var35, var46, var47, var7);  /* k91_sub_t415 */
+    k92_matmul_t250(d0, ws54, ws9, ws56, context);
     if (context->status != SG_OK) {
-        context->failed = "k93_matmul_t250";
+        context->failed = "k92_matmul_t250";
         return context->status;
     }
-    k94_add_t253(d0, ws57, var27);
-    k95_add_t258(d0, var28, ws57);
-    k70_add_t308(d0, ws53, var30);  /* k96_add_t281 */
-    k71_add_t313(d0, var31, ws53);  /* k97_add_t286 */
-    k72_sub_t322(d0, var16, var10, var29, var30, var31);  /* k98_sub_t295 */
-    k99_matmul_t138(d0, ws55, var6, ws58, context);
+    k93_add_t253(d0, ws56, var27);
+    k94_add_t258(d0, var28, ws56);
+    k69_add_t308(d0, ws52, var30);  /* k95_add_t281 */
+    k70_add_t313(d0, var31, ws52);  /* k96_add_t286 */
+    k71_sub_t322(d0, var16, var10, var29, var30, var31);  /* k97_sub_t295 */
+    k98_matmul_t138(d0, ws54, var6, ws57, context);
     if (context->status != SG_OK) {
-        context->failed = "k99_matmul_t138";
+        context->failed = "k98_matmul_t138";
         return context->status;
     }
-    k100_attention_grad_t141(d0, ws8, ws9, ws58, ws11, ws59, ws60, ws61);
-    k101_copy(d0, ws59, ws62);
-    k102_embed_t146(d0, ws62, ws63);
-    k103_copy(d0, ws59, ws64);
-    k104_embed_t151(d0, ws64, ws63);
-    k26_copy(d0, ws59, ws65);  /* k105_copy */
-    k106_embed_t157(d0, ws65, ws63);
-    k107_sum_t375(d0, ws63, ws66);
-    k108_add_t378(d0, ws66, var43);
-    k109_add_t383(d0, var44, ws66);
-    k110_sub_t392(d0, var42, var35, var43, var44, var5);
-    k111_sub_t267(d0, var16, var6, var26, var27, var28);
-    k112_matmul_t160(d0, ws63, var4, ws67, context);
+    k99_attention_grad_t141(d0, ws8, ws9, ws57, ws11, ws58, ws59, ws60);
+    k100_copy(d0, ws58, ws61);
+    k101_embed_t146(d0, ws61, ws62);
+    k102_copy(d0, ws58, ws63);
+    k103_embed_t151(d0, ws63, ws62);
+    k104_copy(d0, ws58, ws64);
+    k105_embed_t157(d0, ws64, ws62);
+    k106_sum_t375(d0, ws62, ws65);
+    k107_add_t378(d0, ws65, var43);
+    k108_add_t383(d0, var44, ws65);
+    k109_sub_t392(d0, var42, var35, var43, var44, var5);
+    k110_sub_t267(d0, var16, var6, var26, var27, var28);
+    k111_matmul_t160(d0, ws62, var4, ws66, context);
     if (context->status != SG_OK) {
-        context->failed = "k112_matmul_t160";
+        context->failed = "k111_matmul_t160";
         return context->status;
     }
-    k45_sum_t538(d0, ws67, ws68);  /* k113_sum_t352 */
-    k46_add_t541(d0, ws68, var40);  /* k114_add_t355 */
-    k47_add_t546(d0, var41, ws68);  /* k115_add_t360 */
-    k116_sum_t165(d0, ws67, var2, ws5, ws7, ws69);
-    k117_simplified_t166(d0, ws0, ws2, ws4, ws67, var2, ws5, ws69, ws70);
-    k118_mul_t328(d0, ws67, ws7, ws71);
-    k45_sum_t538(d0, ws71, ws72);  /* k119_sum_t329 */
-    k120_add_t223(d0, ws7, var2, var3, ws73);
-    k121_matmul_t225(d0, ws63, ws73, ws74, context);
+    k44_sum_t538(d0, ws66, ws67);  /* k112_sum_t352 */
+    k45_add_t541(d0, ws67, var40);  /* k113_add_t355 */
+    k46_add_t546(d0, var41, ws67);  /* k114_add_t360 */
+    k115_sum_t165(d0, ws66, var2, ws5, ws7, ws68);
+    k116_simplified_t166(d0, ws0, ws2, ws4, ws66, var2, ws5, ws68, ws69);
+    k117_mul_t328(d0, ws66, ws7, ws70);
+    k44_sum_t538(d0, ws70, ws71);  /* k118_sum_t329 */
+    k119_add_t223(d0, ws7, var2, var3, ws72);
+    k120_matmul_t225(d0, ws62, ws72, ws73, context);
     if (context->status != SG_OK) {
-        context->failed = "k121_matmul_t225";
+        context->failed = "k120_matmul_t225";
         return context->status;
     }
-    k46_add_t541(d0, ws72, var37);  /* k122_add_t332 */
-    k47_add_t546(d0, var38, ws72);  /* k123_add_t337 */
-    k48_sub_t555(d0, var36, var35, var37, var38, var2);  /* k124_sub_t346 */
-    k48_sub_t555(d0, var39, var35, var40, var41, var3);  /* k125_sub_t369 */
-    k56_mul_t118(d0, ws70, ws75);  /* k126_mul_t169 */
-    k88_add_t136(d0, ws55, ws70, ws75, ws76);  /* k127_add_t170 */
-    k128_scatter_add_t171(d0, ws76, in0, ws77);
-    k129_sum_t196(d0, ws76, ws78);
-    k1_copy(d0, ws79);  /* k130_copy */
-    k131_scatter_add_t197(d0, ws78, ws79, ws80);
-    k132_add_t200(d0, ws80, var21);
-    k133_add_t205(d0, var22, ws80);
-    k134_sub_t214(d0, var16, var1, var20, var21, var22);
-    k135_add_t175(d0, ws31, ws77, var18);
-    k136_add_t180(d0, var19, ws31, ws77);
-    k137_sub_t189(d0, var16, var0, var17, var18, var19);
-    k138_add_t228(d0, ws74, var24);
-    k139_add_t233(d0, var25, ws74);
-    k140_sub_t242(d0, var16, var4, var23, var24, var25);
+    k45_add_t541(d0, ws71, var37);  /* k121_add_t332 */
+    k46_add_t546(d0, var38, ws71);  /* k122_add_t337 */
+    k47_sub_t555(d0, var36, var35, var37, var38, var2);  /* k123_sub_t346 */
+    k47_sub_t555(d0, var39, var35, var40, var41, var3);  /* k124_sub_t369 */
+    k55_mul_t118(d0, ws69, ws74);  /* k125_mul_t169 */
+    k87_add_t136(d0, ws54, ws69, ws74, ws75);  /* k126_add_t170 */
+    k127_scatter_add_t171(d0, ws75, in0, ws76);
+    k128_sum_t196(d0, ws75, ws77);
+    k1_copy(d0, ws78);  /* k129_copy */
+    k130_scatter_add_t197(d0, ws77, ws78, ws79);
+    k131_add_t200(d0, ws79, var21);
+    k132_add_t205(d0, var22, ws79);
+    k133_sub_t214(d0, var16, var1, var20, var21, var22);
+    k134_add_t175(d0, ws30, ws76, var18);
+    k135_add_t180(d0, var19, ws30, ws76);
+    k136_sub_t189(d0, var16, var0, var17, var18, var19);
+    k137_add_t228(d0, ws73, var24);
+    k138_add_t233(d0, var25, ws73);
+    k139_sub_t242(d0, var16, var4, var23, var24, var25);
     sg_team_end_call(context);
     return SG_OK;
 }

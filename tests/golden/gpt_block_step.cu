@@ -86,7 +86,7 @@
  *   variable 63 (device) = transformer.ln_f.bias.step: f64[]
  *   variable 64 (device) = transformer.ln_f.bias.exp_avg: f32[32]
  *   variable 65 (device) = transformer.ln_f.bias.exp_avg_sq: f32[32]
- *   offsets[k]: byte offset of temporary ws<k> in the workspace (83 buffers, multiples of 256); arena_bytes: the workspace's size
+ *   offsets[k]: byte offset of temporary ws<k> in the workspace (82 buffers, multiples of 256); arena_bytes: the workspace's size
  */
 #include <cuda_runtime.h>
 #include <stdint.h>
@@ -769,7 +769,7 @@ __global__ void __launch_bounds__(SG_THREADS) k26_attention_t32(int64_t d0, cons
 const float* qi = qh + i * q_row;
         const int64_t visible = i + 1;
         float s[SG_KEY_BLOCK];
-        float* oi = ws10 + (h * T + i) * E;
+        float* oi = ws10 + n0 * 256 + n1 * 16 + i * 32;  /* out, row i of head h */
         for (int64_t e = 0; e < E; ++e) {
             oi[e] = 0;
         }
@@ -813,29 +813,12 @@ for (int64_t e = 0; e < E; ++e) {
     }
 }
 
-/* make contiguous for a reshape: t33: f32[B,8,2,16] = transpose[perm=(0,2,1,3)](t32) */
-__global__ void __launch_bounds__(SG_THREADS) k27_copy(int64_t d0, const float* __restrict__ ws10, float* __restrict__ ws12)
-{
-    const int64_t n = (256*d0);
-    for (int64_t flat = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; flat < n;
-         flat += (int64_t)gridDim.x * blockDim.x) {
-        int64_t rest = flat;
-        const int64_t i3 = rest % 16; rest /= 16;
-        const int64_t i2 = rest % 2; rest /= 2;
-        const int64_t i1 = rest % 8; rest /= 8;
-        const int64_t i0 = rest;
-        const float v0 = ws10[i0 * 256 + i1 * 16 + i2 * 128 + i3];  /* make contiguous for a reshape */
-        const float r = v0;  /* make contiguous for a reshape: t33: f32[B,8,2,16] = transpose[perm=(0,2,1,3)](t32) */
-        ws12[i0 * 256 + i1 * 32 + i2 * 16 + i3] = r;
-    }
-}
-
 /* t36: f32[8*B,32] = matmul(t34, t35) */
-/* k28_matmul_t36: a[8*d0 x 32] read with strides (32, 1), b[32 x 32] with (1, 32):
+/* k27_matmul_t36: a[8*d0 x 32] read with strides (32, 1), b[32 x 32] with (1, 32):
    a transposed operand is only a change of strides. Launched as sg_gemm<float> in the entry point. */
 
 /* t37: f32[8*B,32] = add(t36, transformer.h.0.attn.c_proj.bias) */
-__global__ void __launch_bounds__(SG_THREADS) k29_add_t37(int64_t d0, const float* __restrict__ ws13, const float* __restrict__ var7, float* __restrict__ ws14)
+__global__ void __launch_bounds__(SG_THREADS) k28_add_t37(int64_t d0, const float* __restrict__ ws12, const float* __restrict__ var7, float* __restrict__ ws13)
 {
     const int64_t n = (256*d0);
     for (int64_t flat = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; flat < n;
@@ -843,10 +826,10 @@ __global__ void __launch_bounds__(SG_THREADS) k29_add_t37(int64_t d0, const floa
         int64_t rest = flat;
         const int64_t i1 = rest % 32; rest /= 32;
         const int64_t i0 = rest;
-        const float v0 = ws13[i0 * 32 + i1];  /* t36 */
+        const float v0 = ws12[i0 * 32 + i1];  /* t36 */
         const float v1 = var7[i1];  /* transformer.h.0.attn.c_proj.bias */
         const float t37 = v0 + v1;  /* t37: f32[8*B,32] = add(t36, transformer.h.0.attn.c_proj.bias) */
-        ws14[i0 * 32 + i1] = t37;
+        ws13[i0 * 32 + i1] = t37;
     }
 }
 
@@ -855,7 +838,7 @@ __global__ void __launch_bounds__(SG_THREADS) k29_add_t37(int64_t d0, const floa
 /* t40: f32[B,8,1] = sum[axes=(2,), keepdims=True](t39) */
 /* t41: f32[B,8,1] = mul(t40, 1/32) */
 /* Deterministic block reduction (sum): per-thread strided fold, then a shared-memory tree; no atomics. */
-__global__ void __launch_bounds__(SG_THREADS) k30_mul_t41(int64_t d0, const float* __restrict__ ws0, const float* __restrict__ ws2, const float* __restrict__ ws14, float* __restrict__ ws15)
+__global__ void __launch_bounds__(SG_THREADS) k29_mul_t41(int64_t d0, const float* __restrict__ ws0, const float* __restrict__ ws2, const float* __restrict__ ws13, float* __restrict__ ws14)
 {
     __shared__ double s_acc[SG_THREADS];
     const int64_t n_out = (8*d0);
@@ -870,7 +853,7 @@ __global__ void __launch_bounds__(SG_THREADS) k30_mul_t41(int64_t d0, const floa
             const int64_t r0 = rrest;
             const float v0 = ws0[o0 * 256 + o1 * 32 + r0];  /* t3 */
             const float v1 = ws2[o1 * 32 + r0];  /* t5 */
-            const float v2 = ws14[o0 * 256 + o1 * 32 + r0];  /* t38 */
+            const float v2 = ws13[o0 * 256 + o1 * 32 + r0];  /* t38 */
             const float t6 = v0 + v1;  /* t6: f32[B,8,32] = add(t3, t5) */
             const float t39 = t6 + v2;  /* t39: f32[B,8,32] = add(t6, t38) */
             acc += (double)t39;
@@ -887,7 +870,7 @@ __global__ void __launch_bounds__(SG_THREADS) k30_mul_t41(int64_t d0, const floa
             const float red = (float)(s_acc[0]);
             const float ev0 = 0.03125f;  /* 1/32 */
             const float t41 = red*ev0;  /* t41: f32[B,8,1] = mul(t40, 1/32) */
-            ws15[o] = t41;
+            ws14[o] = t41;
         }
         __syncthreads();  /* s_acc is reused by the next output */
     }
@@ -896,7 +879,7 @@ __global__ void __launch_bounds__(SG_THREADS) k30_mul_t41(int64_t d0, const floa
 /* t6: f32[B,8,32] = add(t3, t5) */
 /* t39: f32[B,8,32] = add(t6, t38) */
 /* t42: f32[B,8,32] = sub(t39, t41) */
-__global__ void __launch_bounds__(SG_THREADS) k31_sub_t42(int64_t d0, const float* __restrict__ ws0, const float* __restrict__ ws2, const float* __restrict__ ws14, const float* __restrict__ ws15, float* __restrict__ ws16)
+__global__ void __launch_bounds__(SG_THREADS) k30_sub_t42(int64_t d0, const float* __restrict__ ws0, const float* __restrict__ ws2, const float* __restrict__ ws13, const float* __restrict__ ws14, float* __restrict__ ws15)
 {
     const int64_t n = (256*d0);
     for (int64_t flat = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; flat < n;
@@ -907,12 +890,12 @@ __global__ void __launch_bounds__(SG_THREADS) k31_sub_t42(int64_t d0, const floa
         const int64_t i0 = rest;
         const float v0 = ws0[i0 * 256 + i1 * 32 + i2];  /* t3 */
         const float v1 = ws2[i1 * 32 + i2];  /* t5 */
-        const float v2 = ws14[i0 * 256 + i1 * 32 + i2];  /* t38 */
-        const float v3 = ws15[i0 * 8 + i1];  /* t41 */
+        const float v2 = ws13[i0 * 256 + i1 * 32 + i2];  /* t38 */
+        const float v3 = ws14[i0 * 8 + i1];  /* t41 */
         const float t6 = v0 + v1;  /* t6: f32[B,8,32] = add(t3, t5) */
         const float t39 = t6 + v2;  /* t39: f32[B,8,32] = add(t6, t38) */
         const float t42 = t39 - v3;  /* t42: f32[B,8,32] = sub(t39, t41) */
-        ws16[i0 * 256 + i1 * 32 + i2] = t42;
+        ws15[i0 * 256 + i1 * 32 + i2] = t42;
     }
 }
 
@@ -922,7 +905,7 @@ __global__ void __launch_bounds__(SG_THREADS) k31_sub_t42(int64_t d0, const floa
 /* t46: f32[B,8,1] = add(t45, 1e-05) */
 /* t47: f32[B,8,1] = sqrt(t46) */
 /* Deterministic block reduction (sum): per-thread strided fold, then a shared-memory tree; no atomics. */
-__global__ void __launch_bounds__(SG_THREADS) k32_sqrt_t47(int64_t d0, const float* __restrict__ ws16, float* __restrict__ ws17)
+__global__ void __launch_bounds__(SG_THREADS) k31_sqrt_t47(int64_t d0, const float* __restrict__ ws15, float* __restrict__ ws16)
 {
     __shared__ double s_acc[SG_THREADS];
     const int64_t n_out = (8*d0);
@@ -934,7 +917,7 @@ __global__ void __launch_bounds__(SG_THREADS) k32_sqrt_t47(int64_t d0, const flo
         for (int64_t r = threadIdx.x; r < n_red; r += blockDim.x) {
             int64_t rrest = r;
             const int64_t r0 = rrest;
-            const float v0 = ws16[o0 * 32 + r0];  /* t42 */
+            const float v0 = ws15[o0 * 32 + r0];  /* t42 */
             const float t43 = v0*v0;  /* t43: f32[B,8,32] = mul(t42, t42) */
             acc += (double)t43;
         }
@@ -953,7 +936,7 @@ __global__ void __launch_bounds__(SG_THREADS) k32_sqrt_t47(int64_t d0, const flo
             const float t45 = red*ev0;  /* t45: f32[B,8,1] = mul(t44, 1/32) */
             const float t46 = t45 + ev1;  /* t46: f32[B,8,1] = add(t45, 1e-05) */
             const float t47 = sqrtf(t46);  /* t47: f32[B,8,1] = sqrt(t46) */
-            ws17[o] = t47;
+            ws16[o] = t47;
         }
         __syncthreads();  /* s_acc is reused by the next output */
     }
@@ -962,7 +945,7 @@ __global__ void __launch_bounds__(SG_THREADS) k32_sqrt_t47(int64_t d0, const flo
 /* t48: f32[B,8,32] = div(t42, t47) */
 /* t49: f32[B,8,32] = mul(t48, transformer.h.0.ln_2.weight) */
 /* t50: f32[B,8,32] = add(t49, transformer.h.0.ln_2.bias) */
-__global__ void __launch_bounds__(SG_THREADS) k33_add_t50(int64_t d0, const float* __restrict__ ws16, const float* __restrict__ ws17, const float* __restrict__ var8, const float* __restrict__ var9, float* __restrict__ ws18)
+__global__ void __launch_bounds__(SG_THREADS) k32_add_t50(int64_t d0, const float* __restrict__ ws15, const float* __restrict__ ws16, const float* __restrict__ var8, const float* __restrict__ var9, float* __restrict__ ws17)
 {
     const int64_t n = (256*d0);
     for (int64_t flat = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; flat < n;
@@ -970,23 +953,23 @@ __global__ void __launch_bounds__(SG_THREADS) k33_add_t50(int64_t d0, const floa
         int64_t rest = flat;
         const int64_t i1 = rest % 32; rest /= 32;
         const int64_t i0 = rest;
-        const float v0 = ws16[i0 * 32 + i1];  /* t42 */
-        const float v1 = ws17[i0];  /* t47 */
+        const float v0 = ws15[i0 * 32 + i1];  /* t42 */
+        const float v1 = ws16[i0];  /* t47 */
         const float v2 = var8[i1];  /* transformer.h.0.ln_2.weight */
         const float v3 = var9[i1];  /* transformer.h.0.ln_2.bias */
         const float t48 = v0/v1;  /* t48: f32[B,8,32] = div(t42, t47) */
         const float t49 = t48*v2;  /* t49: f32[B,8,32] = mul(t48, transformer.h.0.ln_2.weight) */
         const float t50 = t49 + v3;  /* t50: f32[B,8,32] = add(t49, transformer.h.0.ln_2.bias) */
-        ws18[i0 * 32 + i1] = t50;
+        ws17[i0 * 32 + i1] = t50;
     }
 }
 
 /* t53: f32[8*B,128] = matmul(t51, t52) */
-/* k34_matmul_t53: a[8*d0 x 32] read with strides (32, 1), b[32 x 128] with (1, 32):
+/* k33_matmul_t53: a[8*d0 x 32] read with strides (32, 1), b[32 x 128] with (1, 32):
    a transposed operand is only a change of strides. Launched as sg_gemm<float> in the entry point. */
 
 /* t54: f32[8*B,128] = add(t53, transformer.h.0.mlp.c_fc.bias) */
-__global__ void __launch_bounds__(SG_THREADS) k35_add_t54(int64_t d0, const float* __restrict__ ws19, const float* __restrict__ var11, float* __restrict__ ws20)
+__global__ void __launch_bounds__(SG_THREADS) k34_add_t54(int64_t d0, const float* __restrict__ ws18, const float* __restrict__ var11, float* __restrict__ ws19)
 {
     const int64_t n = (1024*d0);
     for (int64_t flat = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; flat < n;
@@ -994,33 +977,33 @@ __global__ void __launch_bounds__(SG_THREADS) k35_add_t54(int64_t d0, const floa
         int64_t rest = flat;
         const int64_t i1 = rest % 128; rest /= 128;
         const int64_t i0 = rest;
-        const float v0 = ws19[i0 * 128 + i1];  /* t53 */
+        const float v0 = ws18[i0 * 128 + i1];  /* t53 */
         const float v1 = var11[i1];  /* transformer.h.0.mlp.c_fc.bias */
         const float t54 = v0 + v1;  /* t54: f32[8*B,128] = add(t53, transformer.h.0.mlp.c_fc.bias) */
-        ws20[i0 * 128 + i1] = t54;
+        ws19[i0 * 128 + i1] = t54;
     }
 }
 
 /* t56: f32[B,8,128] = gelu(t55) */
-__global__ void __launch_bounds__(SG_THREADS) k36_gelu_t56(int64_t d0, const float* __restrict__ ws20, float* __restrict__ ws21)
+__global__ void __launch_bounds__(SG_THREADS) k35_gelu_t56(int64_t d0, const float* __restrict__ ws19, float* __restrict__ ws20)
 {
     const int64_t n = (1024*d0);
     for (int64_t flat = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; flat < n;
          flat += (int64_t)gridDim.x * blockDim.x) {
         int64_t rest = flat;
         const int64_t i0 = rest;
-        const float v0 = ws20[i0];  /* t55 */
+        const float v0 = ws19[i0];  /* t55 */
         const float t56 = (1.0f/2.0f)*v0*(erff(0.70710677f*v0) + 1.0f);  /* t56: f32[B,8,128] = gelu(t55) */
-        ws21[i0] = t56;
+        ws20[i0] = t56;
     }
 }
 
 /* t59: f32[8*B,32] = matmul(t57, t58) */
-/* k37_matmul_t59: a[8*d0 x 128] read with strides (128, 1), b[128 x 32] with (1, 128):
+/* k36_matmul_t59: a[8*d0 x 128] read with strides (128, 1), b[128 x 32] with (1, 128):
    a transposed operand is only a change of strides. Launched as sg_gemm<float> in the entry point. */
 
 /* t60: f32[8*B,32] = add(t59, transformer.h.0.mlp.c_proj.bias) */
-__global__ void __launch_bounds__(SG_THREADS) k38_add_t60(int64_t d0, const float* __restrict__ ws22, const float* __restrict__ var13, float* __restrict__ ws23)
+__global__ void __launch_bounds__(SG_THREADS) k37_add_t60(int64_t d0, const float* __restrict__ ws21, const float* __restrict__ var13, float* __restrict__ ws22)
 {
     const int64_t n = (256*d0);
     for (int64_t flat = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; flat < n;
@@ -1028,10 +1011,10 @@ __global__ void __launch_bounds__(SG_THREADS) k38_add_t60(int64_t d0, const floa
         int64_t rest = flat;
         const int64_t i1 = rest % 32; rest /= 32;
         const int64_t i0 = rest;
-        const float v0 = ws22[i0 * 32 + i1];  /* t59 */
+        const float v0 = ws21[i0 * 32 + i1];  /* t59 */
         const float v1 = var13[i1];  /* transformer.h.0.mlp.c_proj.bias */
         const float t60 = v0 + v1;  /* t60: f32[8*B,32] = add(t59, transformer.h.0.mlp.c_proj.bias) */
-        ws23[i0 * 32 + i1] = t60;
+        ws22[i0 * 32 + i1] = t60;
     }
 }
 
@@ -1041,7 +1024,7 @@ __global__ void __launch_bounds__(SG_THREADS) k38_add_t60(int64_t d0, const floa
 /* t63: f32[B,8,1] = sum[axes=(2,), keepdims=True](t62) */
 /* t64: f32[B,8,1] = mul(t63, 1/32) */
 /* Deterministic block reduction (sum): per-thread strided fold, then a shared-memory tree; no atomics. */
-__global__ void __launch_bounds__(SG_THREADS) k39_mul_t64(int64_t d0, const float* __restrict__ ws0, const float* __restrict__ ws2, const float* __restrict__ ws14, const float* __restrict__ ws23, float* __restrict__ ws24)
+__global__ void __launch_bounds__(SG_THREADS) k38_mul_t64(int64_t d0, const float* __restrict__ ws0, const float* __restrict__ ws2, const float* __restrict__ ws13, const float* __restrict__ ws22, float* __restrict__ ws23)
 {
     __shared__ double s_acc[SG_THREADS];
     const int64_t n_out = (8*d0);
@@ -1056,8 +1039,8 @@ __global__ void __launch_bounds__(SG_THREADS) k39_mul_t64(int64_t d0, const floa
             const int64_t r0 = rrest;
             const float v0 = ws0[o0 * 256 + o1 * 32 + r0];  /* t3 */
             const float v1 = ws2[o1 * 32 + r0];  /* t5 */
-            const float v2 = ws14[o0 * 256 + o1 * 32 + r0];  /* t38 */
-            const float v3 = ws23[o0 * 256 + o1 * 32 + r0];  /* t61 */
+            const float v2 = ws13[o0 * 256 + o1 * 32 + r0];  /* t38 */
+            const float v3 = ws22[o0 * 256 + o1 * 32 + r0];  /* t61 */
             const float t6 = v0 + v1;  /* t6: f32[B,8,32] = add(t3, t5) */
             const float t39 = t6 + v2;  /* t39: f32[B,8,32] = add(t6, t38) */
             const float t62 = t39 + v3;  /* t62: f32[B,8,32] = add(t39, t61) */
@@ -1075,7 +1058,7 @@ __global__ void __launch_bounds__(SG_THREADS) k39_mul_t64(int64_t d0, const floa
             const float red = (float)(s_acc[0]);
             const float ev0 = 0.03125f;  /* 1/32 */
             const float t64 = red*ev0;  /* t64: f32[B,8,1] = mul(t63, 1/32) */
-            ws24[o] = t64;
+            ws23[o] = t64;
         }
         __syncthreads();  /* s_acc is reused by the next output */
     }
@@ -1085,7 +1068,7 @@ __global__ void __launch_bounds__(SG_THREADS) k39_mul_t64(int64_t d0, const floa
 /* t39: f32[B,8,32] = add(t6, t38) */
 /* t62: f32[B,8,32] = add(t39, t61) */
 /* t65: f32[B,8,32] = sub(t62, t64) */
-__global__ void __launch_bounds__(SG_THREADS) k40_sub_t65(int64_t d0, const float* __restrict__ ws0, const float* __restrict__ ws2, const float* __restrict__ ws14, const float* __restrict__ ws23, const float* __restrict__ ws24, float* __restrict__ ws25)
+__global__ void __launch_bounds__(SG_THREADS) k39_sub_t65(int64_t d0, const float* __restrict__ ws0, const float* __restrict__ ws2, const float* __restrict__ ws13, const float* __restrict__ ws22, const float* __restrict__ ws23, float* __restrict__ ws24)
 {
     const int64_t n = (256*d0);
     for (int64_t flat = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; flat < n;
@@ -1096,14 +1079,14 @@ __global__ void __launch_bounds__(SG_THREADS) k40_sub_t65(int64_t d0, const floa
         const int64_t i0 = rest;
         const float v0 = ws0[i0 * 256 + i1 * 32 + i2];  /* t3 */
         const float v1 = ws2[i1 * 32 + i2];  /* t5 */
-        const float v2 = ws14[i0 * 256 + i1 * 32 + i2];  /* t38 */
-        const float v3 = ws23[i0 * 256 + i1 * 32 + i2];  /* t61 */
-        const float v4 = ws24[i0 * 8 + i1];  /* t64 */
+        const float v2 = ws13[i0 * 256 + i1 * 32 + i2];  /* t38 */
+        const float v3 = ws22[i0 * 256 + i1 * 32 + i2];  /* t61 */
+        const float v4 = ws23[i0 * 8 + i1];  /* t64 */
         const float t6 = v0 + v1;  /* t6: f32[B,8,32] = add(t3, t5) */
         const float t39 = t6 + v2;  /* t39: f32[B,8,32] = add(t6, t38) */
         const float t62 = t39 + v3;  /* t62: f32[B,8,32] = add(t39, t61) */
         const float t65 = t62 - v4;  /* t65: f32[B,8,32] = sub(t62, t64) */
-        ws25[i0 * 256 + i1 * 32 + i2] = t65;
+        ws24[i0 * 256 + i1 * 32 + i2] = t65;
     }
 }
 
@@ -1113,7 +1096,7 @@ __global__ void __launch_bounds__(SG_THREADS) k40_sub_t65(int64_t d0, const floa
 /* t69: f32[B,8,1] = add(t68, 1e-05) */
 /* t70: f32[B,8,1] = sqrt(t69) */
 /* Deterministic block reduction (sum): per-thread strided fold, then a shared-memory tree; no atomics. */
-__global__ void __launch_bounds__(SG_THREADS) k41_sqrt_t70(int64_t d0, const float* __restrict__ ws25, float* __restrict__ ws26)
+__global__ void __launch_bounds__(SG_THREADS) k40_sqrt_t70(int64_t d0, const float* __restrict__ ws24, float* __restrict__ ws25)
 {
     __shared__ double s_acc[SG_THREADS];
     const int64_t n_out = (8*d0);
@@ -1125,7 +1108,7 @@ __global__ void __launch_bounds__(SG_THREADS) k41_sqrt_t70(int64_t d0, const flo
         for (int64_t r = threadIdx.x; r < n_red; r += blockDim.x) {
             int64_t rrest = r;
             const int64_t r0 = rrest;
-            const float v0 = ws25[o0 * 32 + r0];  /* t65 */
+            const float v0 = ws24[o0 * 32 + r0];  /* t65 */
             const float t66 = v0*v0;  /* t66: f32[B,8,32] = mul(t65, t65) */
             acc += (double)t66;
         }
@@ -1144,7 +1127,7 @@ __global__ void __launch_bounds__(SG_THREADS) k41_sqrt_t70(int64_t d0, const flo
             const float t68 = red*ev0;  /* t68: f32[B,8,1] = mul(t67, 1/32) */
             const float t69 = t68 + ev1;  /* t69: f32[B,8,1] = add(t68, 1e-05) */
             const float t70 = sqrtf(t69);  /* t70: f32[B,8,1] = sqrt(t69) */
-            ws26[o] = t70;
+            ws25[o] = t70;
         }
         __syncthreads();  /* s_acc is reused by the next output */
     }
@@ -1153,7 +1136,7 @@ __global__ void __launch_bounds__(SG_THREADS) k41_sqrt_t70(int64_t d0, const flo
 /* t71: f32[B,8,32] = div(t65, t70) */
 /* t72: f32[B,8,32] = mul(t71, transformer.ln_f.weight) */
 /* t73: f32[B,8,32] = add(t72, transformer.ln_f.bias) */
-__global__ void __launch_bounds__(SG_THREADS) k42_add_t73(int64_t d0, const float* __restrict__ ws25, const float* __restrict__ ws26, const float* __restrict__ var14, const float* __restrict__ var15, float* __restrict__ ws27)
+__global__ void __launch_bounds__(SG_THREADS) k41_add_t73(int64_t d0, const float* __restrict__ ws24, const float* __restrict__ ws25, const float* __restrict__ var14, const float* __restrict__ var15, float* __restrict__ ws26)
 {
     const int64_t n = (256*d0);
     for (int64_t flat = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; flat < n;
@@ -1161,19 +1144,19 @@ __global__ void __launch_bounds__(SG_THREADS) k42_add_t73(int64_t d0, const floa
         int64_t rest = flat;
         const int64_t i1 = rest % 32; rest /= 32;
         const int64_t i0 = rest;
-        const float v0 = ws25[i0 * 32 + i1];  /* t65 */
-        const float v1 = ws26[i0];  /* t70 */
+        const float v0 = ws24[i0 * 32 + i1];  /* t65 */
+        const float v1 = ws25[i0];  /* t70 */
         const float v2 = var14[i1];  /* transformer.ln_f.weight */
         const float v3 = var15[i1];  /* transformer.ln_f.bias */
         const float t71 = v0/v1;  /* t71: f32[B,8,32] = div(t65, t70) */
         const float t72 = t71*v2;  /* t72: f32[B,8,32] = mul(t71, transformer.ln_f.weight) */
         const float t73 = t72 + v3;  /* t73: f32[B,8,32] = add(t72, transformer.ln_f.bias) */
-        ws27[i0 * 32 + i1] = t73;
+        ws26[i0 * 32 + i1] = t73;
     }
 }
 
 /* t76: f32[8*B,64] = matmul(t74, t75) */
-/* k43_matmul_t76: a[8*d0 x 32] read with strides (32, 1), b[32 x 64] with (1, 32):
+/* k42_matmul_t76: a[8*d0 x 32] read with strides (32, 1), b[32 x 64] with (1, 32):
    a transposed operand is only a change of strides. Launched as sg_gemm<float> in the entry point. */
 
 /* row kernel: max, sum, sum, sum (3 passes), 4 outputs */
@@ -1191,7 +1174,7 @@ __global__ void __launch_bounds__(SG_THREADS) k42_add_t73(int64_t d0, const floa
 /* t83: f32[8*B,64] = where(t2, t82, 0) */
 /* t104: f32[8*B,64] = t102 - t103*t79/t80 */
 /* t84: f32[] = sum[axes=(0,1), keepdims=False](t83) (this row's part) */
-__global__ void __launch_bounds__(SG_THREADS) k44_rows_t77(int64_t d0, const float* __restrict__ ws3, const int64_t* __restrict__ in1, const float* __restrict__ ws28, float* __restrict__ ws29, float* __restrict__ ws30, float* __restrict__ ws32, double* __restrict__ ws31)
+__global__ void __launch_bounds__(SG_THREADS) k43_rows_t77(int64_t d0, const float* __restrict__ ws3, const int64_t* __restrict__ in1, const float* __restrict__ ws27, float* __restrict__ ws28, float* __restrict__ ws29, float* __restrict__ ws31, double* __restrict__ ws30)
 {
     __shared__ float s_float[SG_THREADS];
     __shared__ double s_double[SG_THREADS];
@@ -1208,7 +1191,7 @@ __global__ void __launch_bounds__(SG_THREADS) k44_rows_t77(int64_t d0, const flo
         int a0_nan = 0;
         double a1 = 0;
         for (int64_t c = threadIdx.x; c < 64; c += blockDim.x) {
-            const float v0 = ws28[o0 * 64 + c];  /* t76 */
+            const float v0 = ws27[o0 * 64 + c];  /* t76 */
             const int64_t v1 = c;  /* t1 */
             const float t100 = u0/u1;  /* t100: f32[] = (1.0)/t89 */
             const float t101 = -t100;  /* t101: f32[] = neg(t100) */
@@ -1217,18 +1200,18 @@ __global__ void __launch_bounds__(SG_THREADS) k44_rows_t77(int64_t d0, const flo
             a0 = v0 > a0 ? v0 : a0;  /* t77: f32[8*B,1] = max[axes=(1,), keepdims=True](t76) */
             a0_nan |= v0 != v0;  /* NaN propagates, as in NumPy */
             a1 += (double)t102;  /* t103: f32[8*B,1] = sum[axes=(1,), keepdims=True](t102) */
-            ws29[o0 * 64 + c] = t102;  /* t102 */
+            ws28[o0 * 64 + c] = t102;  /* t102 */
         }
         const float p0 = sg_block_max<float>((a0_nan ? NAN : a0), s_float);
         const float p1 = (float)(sg_block_sum<double>(a1, s_double));
         /* pass 2 of 3 over the row: sum p2, store t79 */
         double a2 = 0;
         for (int64_t c = threadIdx.x; c < 64; c += blockDim.x) {
-            const float v0 = ws28[o0 * 64 + c];  /* t76 */
+            const float v0 = ws27[o0 * 64 + c];  /* t76 */
             const float t78 = v0 - p0;  /* t78: f32[8*B,64] = sub(t76, t77) */
             const float t79 = expf(t78);  /* t79: f32[8*B,64] = exp(t78) */
             a2 += (double)t79;  /* t80: f32[8*B,1] = sum[axes=(1,), keepdims=True](t79) */
-            ws30[o0 * 64 + c] = t79;  /* t79 */
+            ws29[o0 * 64 + c] = t79;  /* t79 */
         }
         const float p2 = (float)(sg_block_sum<double>(a2, s_double));
         const float t81 = logf(p2);  /* t81: f32[8*B,1] = log(t80) */
@@ -1236,19 +1219,19 @@ __global__ void __launch_bounds__(SG_THREADS) k44_rows_t77(int64_t d0, const flo
         double a3 = 0;
         for (int64_t c = threadIdx.x; c < 64; c += blockDim.x) {
             const int64_t v0 = c;  /* t1 */
-            const float v1 = ws28[o0 * 64 + c];  /* t76 */
-            const float v2 = ws29[o0 * 64 + c];  /* t102 */
-            const float v3 = ws30[o0 * 64 + c];  /* t79 */
+            const float v1 = ws27[o0 * 64 + c];  /* t76 */
+            const float v2 = ws28[o0 * 64 + c];  /* t102 */
+            const float v3 = ws29[o0 * 64 + c];  /* t79 */
             const uint8_t t2 = (uint8_t)((u2 == v0));  /* t2: bool[8*B,64] = equal(t0, t1) */
             const float t78 = v1 - p0;  /* t78: f32[8*B,64] = sub(t76, t77) */
             const float t82 = t78 - t81;  /* t82: f32[8*B,64] = sub(t78, t81) */
             const float t83 = (((((float)t2) != 0.0f)) ? (t82) : (u3));  /* t83: f32[8*B,64] = where(t2, t82, 0) */
             const float t104 = v2 - p1*v3/p2;  /* t104: f32[8*B,64] = t102 - t103*t79/t80 */
             a3 += (double)t83;  /* t84: f32[] = sum[axes=(0,1), keepdims=False](t83) (this row's part) */
-            ws32[o0 * 64 + c] = t104;  /* t104 */
+            ws31[o0 * 64 + c] = t104;  /* t104 */
         }
         const double p3 = sg_block_sum<double>(a3, s_double);
-        if (threadIdx.x == 0) ws31[o0] = p3;  /* t84, per row */
+        if (threadIdx.x == 0) ws30[o0] = p3;  /* t84, per row */
     }
 }
 
@@ -1256,7 +1239,7 @@ __global__ void __launch_bounds__(SG_THREADS) k44_rows_t77(int64_t d0, const flo
 /* t85: f32[] = neg(t84) */
 /* t90: f32[] = div(t85, t89) */
 /* Deterministic block reduction (sum): per-thread strided fold, then a shared-memory tree; no atomics. */
-__global__ void __launch_bounds__(SG_THREADS) k45_div_t90(int64_t d0, const double* __restrict__ ws31, const float* __restrict__ ws3, float* __restrict__ out0)
+__global__ void __launch_bounds__(SG_THREADS) k44_div_t90(int64_t d0, const double* __restrict__ ws30, const float* __restrict__ ws3, float* __restrict__ out0)
 {
     __shared__ double s_acc[SG_THREADS];
     const int64_t n_out = 1;
@@ -1266,7 +1249,7 @@ __global__ void __launch_bounds__(SG_THREADS) k45_div_t90(int64_t d0, const doub
         for (int64_t r = threadIdx.x; r < n_red; r += blockDim.x) {
             int64_t rrest = r;
             const int64_t r0 = rrest;
-            acc += (double)ws31[r0];
+            acc += (double)ws30[r0];
         }
         s_acc[threadIdx.x] = acc;
         __syncthreads();
@@ -1290,7 +1273,7 @@ __global__ void __launch_bounds__(SG_THREADS) k45_div_t90(int64_t d0, const doub
 /* t106: f32[B,8,32] = div(t65, t70) */
 /* t107: f32[B,8,32] = mul(t106, transformer.ln_f.weight) */
 /* t108: f32[B,8,32] = add(t107, transformer.ln_f.bias) */
-__global__ void __launch_bounds__(SG_THREADS) k46_add_t108(int64_t d0, const float* __restrict__ ws25, const float* __restrict__ ws26, const float* __restrict__ var14, const float* __restrict__ var15, float* __restrict__ ws33)
+__global__ void __launch_bounds__(SG_THREADS) k45_add_t108(int64_t d0, const float* __restrict__ ws24, const float* __restrict__ ws25, const float* __restrict__ var14, const float* __restrict__ var15, float* __restrict__ ws32)
 {
     const int64_t n = (256*d0);
     for (int64_t flat = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; flat < n;
@@ -1298,28 +1281,28 @@ __global__ void __launch_bounds__(SG_THREADS) k46_add_t108(int64_t d0, const flo
         int64_t rest = flat;
         const int64_t i1 = rest % 32; rest /= 32;
         const int64_t i0 = rest;
-        const float v0 = ws25[i0 * 32 + i1];  /* t65 */
-        const float v1 = ws26[i0];  /* t70 */
+        const float v0 = ws24[i0 * 32 + i1];  /* t65 */
+        const float v1 = ws25[i0];  /* t70 */
         const float v2 = var14[i1];  /* transformer.ln_f.weight */
         const float v3 = var15[i1];  /* transformer.ln_f.bias */
         const float t106 = v0/v1;  /* t106: f32[B,8,32] = div(t65, t70) */
         const float t107 = t106*v2;  /* t107: f32[B,8,32] = mul(t106, transformer.ln_f.weight) */
         const float t108 = t107 + v3;  /* t108: f32[B,8,32] = add(t107, transformer.ln_f.bias) */
-        ws33[i0 * 32 + i1] = t108;
+        ws32[i0 * 32 + i1] = t108;
     }
 }
 
 /* t110: f32[64,32] = matmul(t105, t109) */
-/* k47_matmul_t110: a[64 x 8*d0] read with strides (1, 64), b[8*d0 x 32] with (32, 1):
+/* k46_matmul_t110: a[64 x 8*d0] read with strides (1, 64), b[8*d0 x 32] with (32, 1):
    a transposed operand is only a change of strides. Launched as sg_gemm<float> in the entry point. */
 
 /* t111: f32[8*B,32] = matmul(t104, transformer.wte.weight) */
-/* k48_matmul_t111: a[8*d0 x 64] read with strides (64, 1), b[64 x 32] with (32, 1):
+/* k47_matmul_t111: a[8*d0 x 64] read with strides (64, 1), b[64 x 32] with (32, 1):
    a transposed operand is only a change of strides. Launched as sg_gemm<float> in the entry point. */
 
 /* t538: f32[32] = sum[axes=(0,1), keepdims=False](t112) */
 /* Deterministic block reduction (sum): per-thread strided fold, then a shared-memory tree; no atomics. */
-__global__ void __launch_bounds__(SG_THREADS) k49_sum_t538(int64_t d0, const float* __restrict__ ws35, float* __restrict__ ws36)
+__global__ void __launch_bounds__(SG_THREADS) k48_sum_t538(int64_t d0, const float* __restrict__ ws34, float* __restrict__ ws35)
 {
     __shared__ double s_acc[SG_THREADS];
     const int64_t n_out = 32;
@@ -1331,7 +1314,7 @@ __global__ void __launch_bounds__(SG_THREADS) k49_sum_t538(int64_t d0, const flo
         for (int64_t r = threadIdx.x; r < n_red; r += blockDim.x) {
             int64_t rrest = r;
             const int64_t r0 = rrest;
-            acc += (double)ws35[o0 + r0 * 32];
+            acc += (double)ws34[o0 + r0 * 32];
         }
         s_acc[threadIdx.x] = acc;
         __syncthreads();
@@ -1342,7 +1325,7 @@ __global__ void __launch_bounds__(SG_THREADS) k49_sum_t538(int64_t d0, const flo
             __syncthreads();
         }
         if (threadIdx.x == 0) {
-            ws36[o] = (float)(s_acc[0]);
+            ws35[o] = (float)(s_acc[0]);
         }
         __syncthreads();  /* s_acc is reused by the next output */
     }
@@ -1351,14 +1334,14 @@ __global__ void __launch_bounds__(SG_THREADS) k49_sum_t538(int64_t d0, const flo
 /* t539: f32[32] = sub(t538, transformer.ln_f.bias.exp_avg) */
 /* t540: f32[32] = mul(0.09999999999999998, t539) */
 /* t541: f32[32] = add(transformer.ln_f.bias.exp_avg, t540) */
-__global__ void __launch_bounds__(SG_THREADS) k50_add_t541(int64_t d0, const float* __restrict__ ws36, float* __restrict__ var64)
+__global__ void __launch_bounds__(SG_THREADS) k49_add_t541(int64_t d0, const float* __restrict__ ws35, float* __restrict__ var64)
 {
     const int64_t n = 32;
     for (int64_t flat = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; flat < n;
          flat += (int64_t)gridDim.x * blockDim.x) {
         int64_t rest = flat;
         const int64_t i0 = rest;
-        const float v0 = ws36[i0];  /* t538 */
+        const float v0 = ws35[i0];  /* t538 */
         const float v1 = var64[i0];  /* transformer.ln_f.bias.exp_avg */
         const float v2 = 0.1f;  /* 0.09999999999999998 */
         const float t539 = v0 - v1;  /* t539: f32[32] = sub(t538, transformer.ln_f.bias.exp_avg) */
@@ -1372,7 +1355,7 @@ __global__ void __launch_bounds__(SG_THREADS) k50_add_t541(int64_t d0, const flo
 /* t544: f32[32] = mul(t538, t538) */
 /* t545: f32[32] = mul(0.050000000000000044, t544) */
 /* t546: f32[32] = add(t543, t545) */
-__global__ void __launch_bounds__(SG_THREADS) k51_add_t546(int64_t d0, float* __restrict__ var65, const float* __restrict__ ws36)
+__global__ void __launch_bounds__(SG_THREADS) k50_add_t546(int64_t d0, float* __restrict__ var65, const float* __restrict__ ws35)
 {
     const int64_t n = 32;
     for (int64_t flat = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; flat < n;
@@ -1381,7 +1364,7 @@ __global__ void __launch_bounds__(SG_THREADS) k51_add_t546(int64_t d0, float* __
         const int64_t i0 = rest;
         const float v0 = 0.95f;  /* 0.95 */
         const float v1 = var65[i0];  /* transformer.ln_f.bias.exp_avg_sq */
-        const float v2 = ws36[i0];  /* t538 */
+        const float v2 = ws35[i0];  /* t538 */
         const float v3 = 0.05f;  /* 0.050000000000000044 */
         const float t543 = v0*v1;  /* t543: f32[32] = mul(0.95, transformer.ln_f.bias.exp_avg_sq) */
         const float t544 = v2*v2;  /* t544: f32[32] = mul(t538, t538) */
@@ -1405,7 +1388,7 @@ __global__ void __launch_bounds__(SG_THREADS) k51_add_t546(int64_t d0, float* __
 /* t553: f32[32] = add(t552, 1e-08) */
 /* t554: f32[32] = div(t542, t553) */
 /* t555: f32[32] = sub(transformer.ln_f.bias, t554) */
-__global__ void __launch_bounds__(SG_THREADS) k52_sub_t555(int64_t d0, const double* __restrict__ var63, const double* __restrict__ var35, const float* __restrict__ var64, const float* __restrict__ var65, float* __restrict__ var15)
+__global__ void __launch_bounds__(SG_THREADS) k51_sub_t555(int64_t d0, const double* __restrict__ var63, const double* __restrict__ var35, const float* __restrict__ var64, const float* __restrict__ var65, float* __restrict__ var15)
 {
     const int64_t n = 32;
     for (int64_t flat = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; flat < n;
@@ -1444,7 +1427,7 @@ __global__ void __launch_bounds__(SG_THREADS) k52_sub_t555(int64_t d0, const dou
 /* t114: f32[B,8,32] = -t106*t113/t70 */
 /* t115: f32[B,8,1] = sum[axes=(2,), keepdims=True](t114) */
 /* Deterministic block reduction (sum): per-thread strided fold, then a shared-memory tree; no atomics. */
-__global__ void __launch_bounds__(SG_THREADS) k53_sum_t115(int64_t d0, const float* __restrict__ ws25, const float* __restrict__ ws26, const float* __restrict__ ws35, const float* __restrict__ var14, float* __restrict__ ws37)
+__global__ void __launch_bounds__(SG_THREADS) k52_sum_t115(int64_t d0, const float* __restrict__ ws24, const float* __restrict__ ws25, const float* __restrict__ ws34, const float* __restrict__ var14, float* __restrict__ ws36)
 {
     __shared__ double s_acc[SG_THREADS];
     const int64_t n_out = (8*d0);
@@ -1456,9 +1439,9 @@ __global__ void __launch_bounds__(SG_THREADS) k53_sum_t115(int64_t d0, const flo
         for (int64_t r = threadIdx.x; r < n_red; r += blockDim.x) {
             int64_t rrest = r;
             const int64_t r0 = rrest;
-            const float v0 = ws25[o0 * 32 + r0];  /* t65 */
-            const float v1 = ws26[o0];  /* t70 */
-            const float v2 = ws35[o0 * 32 + r0];  /* t112 */
+            const float v0 = ws24[o0 * 32 + r0];  /* t65 */
+            const float v1 = ws25[o0];  /* t70 */
+            const float v2 = ws34[o0 * 32 + r0];  /* t112 */
             const float v3 = var14[r0];  /* transformer.ln_f.weight */
             const float t106 = v0/v1;  /* t106: f32[B,8,32] = div(t65, t70) */
             const float t113 = v2*v3;  /* t113: f32[B,8,32] = mul(t112, transformer.ln_f.weight) */
@@ -1474,7 +1457,7 @@ __global__ void __launch_bounds__(SG_THREADS) k53_sum_t115(int64_t d0, const flo
             __syncthreads();
         }
         if (threadIdx.x == 0) {
-            ws37[o] = (float)(s_acc[0]);
+            ws36[o] = (float)(s_acc[0]);
         }
         __syncthreads();  /* s_acc is reused by the next output */
     }
@@ -1482,7 +1465,7 @@ __global__ void __launch_bounds__(SG_THREADS) k53_sum_t115(int64_t d0, const flo
 
 /* t113: f32[B,8,32] = mul(t112, transformer.ln_f.weight) */
 /* t116: f32[B,8,32] = t113/t70 + t115*t65/(32*t70) */
-__global__ void __launch_bounds__(SG_THREADS) k54_simplified_t116(int64_t d0, const float* __restrict__ ws35, const float* __restrict__ var14, const float* __restrict__ ws26, const float* __restrict__ ws37, const float* __restrict__ ws25, float* __restrict__ ws38)
+__global__ void __launch_bounds__(SG_THREADS) k53_simplified_t116(int64_t d0, const float* __restrict__ ws34, const float* __restrict__ var14, const float* __restrict__ ws25, const float* __restrict__ ws36, const float* __restrict__ ws24, float* __restrict__ ws37)
 {
     const int64_t n = (256*d0);
     for (int64_t flat = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; flat < n;
@@ -1490,20 +1473,20 @@ __global__ void __launch_bounds__(SG_THREADS) k54_simplified_t116(int64_t d0, co
         int64_t rest = flat;
         const int64_t i1 = rest % 32; rest /= 32;
         const int64_t i0 = rest;
-        const float v0 = ws35[i0 * 32 + i1];  /* t112 */
+        const float v0 = ws34[i0 * 32 + i1];  /* t112 */
         const float v1 = var14[i1];  /* transformer.ln_f.weight */
-        const float v2 = ws26[i0];  /* t70 */
-        const float v3 = ws37[i0];  /* t115 */
-        const float v4 = ws25[i0 * 32 + i1];  /* t65 */
+        const float v2 = ws25[i0];  /* t70 */
+        const float v3 = ws36[i0];  /* t115 */
+        const float v4 = ws24[i0 * 32 + i1];  /* t65 */
         const float t113 = v0*v1;  /* t113: f32[B,8,32] = mul(t112, transformer.ln_f.weight) */
         const float t116 = t113/v2 + (1.0f/32.0f)*v3*v4/v2;  /* t116: f32[B,8,32] = t113/t70 + t115*t65/(32*t70) */
-        ws38[i0 * 32 + i1] = t116;
+        ws37[i0 * 32 + i1] = t116;
     }
 }
 
 /* t106: f32[B,8,32] = div(t65, t70) */
 /* t514: f32[B,8,32] = mul(t112, t106) */
-__global__ void __launch_bounds__(SG_THREADS) k55_mul_t514(int64_t d0, const float* __restrict__ ws25, const float* __restrict__ ws26, const float* __restrict__ ws35, float* __restrict__ ws39)
+__global__ void __launch_bounds__(SG_THREADS) k54_mul_t514(int64_t d0, const float* __restrict__ ws24, const float* __restrict__ ws25, const float* __restrict__ ws34, float* __restrict__ ws38)
 {
     const int64_t n = (256*d0);
     for (int64_t flat = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; flat < n;
@@ -1511,18 +1494,18 @@ __global__ void __launch_bounds__(SG_THREADS) k55_mul_t514(int64_t d0, const flo
         int64_t rest = flat;
         const int64_t i1 = rest % 32; rest /= 32;
         const int64_t i0 = rest;
-        const float v0 = ws25[i0 * 32 + i1];  /* t65 */
-        const float v1 = ws26[i0];  /* t70 */
-        const float v2 = ws35[i0 * 32 + i1];  /* t112 */
+        const float v0 = ws24[i0 * 32 + i1];  /* t65 */
+        const float v1 = ws25[i0];  /* t70 */
+        const float v2 = ws34[i0 * 32 + i1];  /* t112 */
         const float t106 = v0/v1;  /* t106: f32[B,8,32] = div(t65, t70) */
         const float t514 = v2*t106;  /* t514: f32[B,8,32] = mul(t112, t106) */
-        ws39[i0 * 32 + i1] = t514;
+        ws38[i0 * 32 + i1] = t514;
     }
 }
 
 /* t515: f32[32] = sum[axes=(0,1), keepdims=False](t514) */
 /* Deterministic block reduction (sum): per-thread strided fold, then a shared-memory tree; no atomics. */
-__global__ void __launch_bounds__(SG_THREADS) k56_sum_t515(int64_t d0, const float* __restrict__ ws39, float* __restrict__ ws40)
+__global__ void __launch_bounds__(SG_THREADS) k55_sum_t515(int64_t d0, const float* __restrict__ ws38, float* __restrict__ ws39)
 {
     __shared__ double s_acc[SG_THREADS];
     const int64_t n_out = 32;
@@ -1534,7 +1517,7 @@ __global__ void __launch_bounds__(SG_THREADS) k56_sum_t515(int64_t d0, const flo
         for (int64_t r = threadIdx.x; r < n_red; r += blockDim.x) {
             int64_t rrest = r;
             const int64_t r0 = rrest;
-            acc += (double)ws39[o0 + r0 * 32];
+            acc += (double)ws38[o0 + r0 * 32];
         }
         s_acc[threadIdx.x] = acc;
         __syncthreads();
@@ -1545,7 +1528,7 @@ __global__ void __launch_bounds__(SG_THREADS) k56_sum_t515(int64_t d0, const flo
             __syncthreads();
         }
         if (threadIdx.x == 0) {
-            ws40[o] = (float)(s_acc[0]);
+            ws39[o] = (float)(s_acc[0]);
         }
         __syncthreads();  /* s_acc is reused by the next output */
     }
@@ -1554,14 +1537,14 @@ __global__ void __launch_bounds__(SG_THREADS) k56_sum_t515(int64_t d0, const flo
 /* t516: f32[32] = sub(t515, transformer.ln_f.weight.exp_avg) */
 /* t517: f32[32] = mul(0.09999999999999998, t516) */
 /* t518: f32[32] = add(transformer.ln_f.weight.exp_avg, t517) */
-__global__ void __launch_bounds__(SG_THREADS) k57_add_t518(int64_t d0, const float* __restrict__ ws40, float* __restrict__ var61)
+__global__ void __launch_bounds__(SG_THREADS) k56_add_t518(int64_t d0, const float* __restrict__ ws39, float* __restrict__ var61)
 {
     const int64_t n = 32;
     for (int64_t flat = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; flat < n;
          flat += (int64_t)gridDim.x * blockDim.x) {
         int64_t rest = flat;
         const int64_t i0 = rest;
-        const float v0 = ws40[i0];  /* t515 */
+        const float v0 = ws39[i0];  /* t515 */
         const float v1 = var61[i0];  /* transformer.ln_f.weight.exp_avg */
         const float v2 = 0.1f;  /* 0.09999999999999998 */
         const float t516 = v0 - v1;  /* t516: f32[32] = sub(t515, transformer.ln_f.weight.exp_avg) */
@@ -1575,7 +1558,7 @@ __global__ void __launch_bounds__(SG_THREADS) k57_add_t518(int64_t d0, const flo
 /* t521: f32[32] = mul(t515, t515) */
 /* t522: f32[32] = mul(0.050000000000000044, t521) */
 /* t523: f32[32] = add(t520, t522) */
-__global__ void __launch_bounds__(SG_THREADS) k58_add_t523(int64_t d0, float* __restrict__ var62, const float* __restrict__ ws40)
+__global__ void __launch_bounds__(SG_THREADS) k57_add_t523(int64_t d0, float* __restrict__ var62, const float* __restrict__ ws39)
 {
     const int64_t n = 32;
     for (int64_t flat = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; flat < n;
@@ -1584,7 +1567,7 @@ __global__ void __launch_bounds__(SG_THREADS) k58_add_t523(int64_t d0, float* __
         const int64_t i0 = rest;
         const float v0 = 0.95f;  /* 0.95 */
         const float v1 = var62[i0];  /* transformer.ln_f.weight.exp_avg_sq */
-        const float v2 = ws40[i0];  /* t515 */
+        const float v2 = ws39[i0];  /* t515 */
         const float v3 = 0.05f;  /* 0.050000000000000044 */
         const float t520 = v0*v1;  /* t520: f32[32] = mul(0.95, transformer.ln_f.weight.exp_avg_sq) */
         const float t521 = v2*v2;  /* t521: f32[32] = mul(t515, t515) */
@@ -1608,7 +1591,7 @@ __global__ void __launch_bounds__(SG_THREADS) k58_add_t523(int64_t d0, float* __
 /* t530: f32[32] = add(t529, 1e-08) */
 /* t531: f32[32] = div(t519, t530) */
 /* t532: f32[32] = sub(transformer.ln_f.weight, t531) */
-__global__ void __launch_bounds__(SG_THREADS) k59_sub_t532(int64_t d0, const double* __restrict__ var60, const double* __restrict__ var35, const float* __restrict__ var61, const float* __restrict__ var62, float* __restrict__ var14)
+__global__ void __launch_bounds__(SG_THREADS) k58_sub_t532(int64_t d0, const double* __restrict__ var60, const double* __restrict__ var35, const float* __restrict__ var61, const float* __restrict__ var62, float* __restrict__ var14)
 {
     const int64_t n = 32;
     for (int64_t flat = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; flat < n;
@@ -1645,7 +1628,7 @@ __global__ void __launch_bounds__(SG_THREADS) k59_sub_t532(int64_t d0, const dou
 /* t117: f32[B,8,1] = sum[axes=(2,), keepdims=True](t116) */
 /* t118: f32[B,8,1] = mul(t117, -0.03125) */
 /* Deterministic block reduction (sum): per-thread strided fold, then a shared-memory tree; no atomics. */
-__global__ void __launch_bounds__(SG_THREADS) k60_mul_t118(int64_t d0, const float* __restrict__ ws38, float* __restrict__ ws41)
+__global__ void __launch_bounds__(SG_THREADS) k59_mul_t118(int64_t d0, const float* __restrict__ ws37, float* __restrict__ ws40)
 {
     __shared__ double s_acc[SG_THREADS];
     const int64_t n_out = (8*d0);
@@ -1657,7 +1640,7 @@ __global__ void __launch_bounds__(SG_THREADS) k60_mul_t118(int64_t d0, const flo
         for (int64_t r = threadIdx.x; r < n_red; r += blockDim.x) {
             int64_t rrest = r;
             const int64_t r0 = rrest;
-            acc += (double)ws38[o0 * 32 + r0];
+            acc += (double)ws37[o0 * 32 + r0];
         }
         s_acc[threadIdx.x] = acc;
         __syncthreads();
@@ -1671,14 +1654,14 @@ __global__ void __launch_bounds__(SG_THREADS) k60_mul_t118(int64_t d0, const flo
             const float red = (float)(s_acc[0]);
             const float ev0 = (-0.03125f);  /* -0.03125 */
             const float t118 = red*ev0;  /* t118: f32[B,8,1] = mul(t117, -0.03125) */
-            ws41[o] = t118;
+            ws40[o] = t118;
         }
         __syncthreads();  /* s_acc is reused by the next output */
     }
 }
 
 /* t119: f32[B,8,32] = add(t116, t118) */
-__global__ void __launch_bounds__(SG_THREADS) k61_add_t119(int64_t d0, const float* __restrict__ ws38, const float* __restrict__ ws41, float* __restrict__ ws42)
+__global__ void __launch_bounds__(SG_THREADS) k60_add_t119(int64_t d0, const float* __restrict__ ws37, const float* __restrict__ ws40, float* __restrict__ ws41)
 {
     const int64_t n = (256*d0);
     for (int64_t flat = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; flat < n;
@@ -1686,16 +1669,16 @@ __global__ void __launch_bounds__(SG_THREADS) k61_add_t119(int64_t d0, const flo
         int64_t rest = flat;
         const int64_t i1 = rest % 32; rest /= 32;
         const int64_t i0 = rest;
-        const float v0 = ws38[i0 * 32 + i1];  /* t116 */
-        const float v1 = ws41[i0];  /* t118 */
+        const float v0 = ws37[i0 * 32 + i1];  /* t116 */
+        const float v1 = ws40[i0];  /* t118 */
         const float t119 = v0 + v1;  /* t119: f32[B,8,32] = add(t116, t118) */
-        ws42[i0 * 32 + i1] = t119;
+        ws41[i0 * 32 + i1] = t119;
     }
 }
 
 /* t491: f32[32] = sum[axes=(0,), keepdims=False](t120) */
 /* Deterministic block reduction (sum): per-thread strided fold, then a shared-memory tree; no atomics. */
-__global__ void __launch_bounds__(SG_THREADS) k62_sum_t491(int64_t d0, const float* __restrict__ ws42, float* __restrict__ ws43)
+__global__ void __launch_bounds__(SG_THREADS) k61_sum_t491(int64_t d0, const float* __restrict__ ws41, float* __restrict__ ws42)
 {
     __shared__ double s_acc[SG_THREADS];
     const int64_t n_out = 32;
@@ -1707,7 +1690,7 @@ __global__ void __launch_bounds__(SG_THREADS) k62_sum_t491(int64_t d0, const flo
         for (int64_t r = threadIdx.x; r < n_red; r += blockDim.x) {
             int64_t rrest = r;
             const int64_t r0 = rrest;
-            acc += (double)ws42[o0 + r0 * 32];
+            acc += (double)ws41[o0 + r0 * 32];
         }
         s_acc[threadIdx.x] = acc;
         __syncthreads();
@@ -1718,7 +1701,7 @@ __global__ void __launch_bounds__(SG_THREADS) k62_sum_t491(int64_t d0, const flo
             __syncthreads();
         }
         if (threadIdx.x == 0) {
-            ws43[o] = (float)(s_acc[0]);
+            ws42[o] = (float)(s_acc[0]);
         }
         __syncthreads();  /* s_acc is reused by the next output */
     }
@@ -1727,14 +1710,14 @@ __global__ void __launch_bounds__(SG_THREADS) k62_sum_t491(int64_t d0, const flo
 /* t492: f32[32] = sub(t491, transformer.h.0.mlp.c_proj.bias.exp_avg) */
 /* t493: f32[32] = mul(0.09999999999999998, t492) */
 /* t494: f32[32] = add(transformer.h.0.mlp.c_proj.bias.exp_avg, t493) */
-__global__ void __launch_bounds__(SG_THREADS) k63_add_t494(int64_t d0, const float* __restrict__ ws43, float* __restrict__ var58)
+__global__ void __launch_bounds__(SG_THREADS) k62_add_t494(int64_t d0, const float* __restrict__ ws42, float* __restrict__ var58)
 {
     const int64_t n = 32;
     for (int64_t flat = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; flat < n;
          flat += (int64_t)gridDim.x * blockDim.x) {
         int64_t rest = flat;
         const int64_t i0 = rest;
-        const float v0 = ws43[i0];  /* t491 */
+        const float v0 = ws42[i0];  /* t491 */
         const float v1 = var58[i0];  /* transformer.h.0.mlp.c_proj.bias.exp_avg */
         const float v2 = 0.1f;  /* 0.09999999999999998 */
         const float t492 = v0 - v1;  /* t492: f32[32] = sub(t491, transformer.h.0.mlp.c_proj.bias.exp_avg) */
@@ -1748,7 +1731,7 @@ __global__ void __launch_bounds__(SG_THREADS) k63_add_t494(int64_t d0, const flo
 /* t497: f32[32] = mul(t491, t491) */
 /* t498: f32[32] = mul(0.050000000000000044, t497) */
 /* t499: f32[32] = add(t496, t498) */
-__global__ void __launch_bounds__(SG_THREADS) k64_add_t499(int64_t d0, float* __restrict__ var59, const float* __restrict__ ws43)
+__global__ void __launch_bounds__(SG_THREADS) k63_add_t499(int64_t d0, float* __restrict__ var59, const float* __restrict__ ws42)
 {
     const int64_t n = 32;
     for (int64_t flat = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; flat < n;
@@ -1757,7 +1740,7 @@ __global__ void __launch_bounds__(SG_THREADS) k64_add_t499(int64_t d0, float* __
         const int64_t i0 = rest;
         const float v0 = 0.95f;  /* 0.95 */
         const float v1 = var59[i0];  /* transformer.h.0.mlp.c_proj.bias.exp_avg_sq */
-        const float v2 = ws43[i0];  /* t491 */
+        const float v2 = ws42[i0];  /* t491 */
         const float v3 = 0.05f;  /* 0.050000000000000044 */
         const float t496 = v0*v1;  /* t496: f32[32] = mul(0.95, transformer.h.0.mlp.c_proj.bias.exp_avg_sq) */
         const float t497 = v2*v2;  /* t497: f32[32] = mul(t491, t491) */
@@ -1781,7 +1764,7 @@ __global__ void __launch_bounds__(SG_THREADS) k64_add_t499(int64_t d0, float* __
 /* t506: f32[32] = add(t505, 1e-08) */
 /* t507: f32[32] = div(t495, t506) */
 /* t508: f32[32] = sub(transformer.h.0.mlp.c_proj.bias, t507) */
-__global__ void __launch_bounds__(SG_THREADS) k65_sub_t508(int64_t d0, const double* __restrict__ var57, const double* __restrict__ var35, const float* __restrict__ var58, const float* __restrict__ var59, float* __restrict__ var13)
+__global__ void __launch_bounds__(SG_THREADS) k64_sub_t508(int64_t d0, const double* __restrict__ var57, const double* __restrict__ var35, const float* __restrict__ var58, const float* __restrict__ var59, float* __restrict__ var13)
 {
     const int64_t n = 32;
     for (int64_t flat = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; flat < n;
@@ -1816,47 +1799,47 @@ __global__ void __launch_bounds__(SG_THREADS) k65_sub_t508(int64_t d0, const dou
 }
 
 /* t121: f32[8*B,128] = matmul(t120, transformer.h.0.mlp.c_proj.weight) */
-/* k66_matmul_t121: a[8*d0 x 32] read with strides (32, 1), b[32 x 128] with (128, 1):
+/* k65_matmul_t121: a[8*d0 x 32] read with strides (32, 1), b[32 x 128] with (128, 1):
    a transposed operand is only a change of strides. Launched as sg_gemm<float> in the entry point. */
 
 /* t123: f32[B,8,128] = sqrt(2)*t55*exp(-t55**2/2)/(2*sqrt(pi)) + Piecewise((erfc(sqrt(2)*Abs(t55)/2)/2, t55 < 0), (1 - erfc(sqrt(2)*Abs(t55)/2)/2, True)) */
 /* t124: f32[B,8,128] = mul(t122, t123) */
-__global__ void __launch_bounds__(SG_THREADS) k67_mul_t124(int64_t d0, const float* __restrict__ ws20, const float* __restrict__ ws44, float* __restrict__ ws45)
+__global__ void __launch_bounds__(SG_THREADS) k66_mul_t124(int64_t d0, const float* __restrict__ ws19, const float* __restrict__ ws43, float* __restrict__ ws44)
 {
     const int64_t n = (1024*d0);
     for (int64_t flat = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; flat < n;
          flat += (int64_t)gridDim.x * blockDim.x) {
         int64_t rest = flat;
         const int64_t i0 = rest;
-        const float v0 = ws20[i0];  /* t55 */
-        const float v1 = ws44[i0];  /* t122 */
+        const float v0 = ws19[i0];  /* t55 */
+        const float v1 = ws43[i0];  /* t122 */
         const float t123 = 0.3989423f*(v0*expf(-1.0f/2.0f*((v0)*(v0)))) + (((v0 < 0.0f)) ? ((1.0f/2.0f)*erfcf(0.70710677f*fabsf(v0))) : (1.0f - 1.0f/2.0f*erfcf(0.70710677f*fabsf(v0))));  /* t123: f32[B,8,128] = sqrt(2)*t55*exp(-t55**2/2)/(2*sqrt(pi)) + Piecewise((erfc(sqrt(2)*Abs(t55)/2)/2, t55 < 0), (1 - erfc(sqrt(2)*Abs(t55)/2)/2, True)) */
         const float t124 = v1*t123;  /* t124: f32[B,8,128] = mul(t122, t123) */
-        ws45[i0] = t124;
+        ws44[i0] = t124;
     }
 }
 
 /* t303: f32[B,8,128] = gelu(t55) */
-__global__ void __launch_bounds__(SG_THREADS) k68_gelu_t303(int64_t d0, const float* __restrict__ ws20, float* __restrict__ ws46)
+__global__ void __launch_bounds__(SG_THREADS) k67_gelu_t303(int64_t d0, const float* __restrict__ ws19, float* __restrict__ ws45)
 {
     const int64_t n = (1024*d0);
     for (int64_t flat = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; flat < n;
          flat += (int64_t)gridDim.x * blockDim.x) {
         int64_t rest = flat;
         const int64_t i0 = rest;
-        const float v0 = ws20[i0];  /* t55 */
+        const float v0 = ws19[i0];  /* t55 */
         const float t303 = (1.0f/2.0f)*v0*(erff(0.70710677f*v0) + 1.0f);  /* t303: f32[B,8,128] = gelu(t55) */
-        ws46[i0] = t303;
+        ws45[i0] = t303;
     }
 }
 
 /* t305: f32[32,128] = matmul(t302, t304) */
-/* k69_matmul_t305: a[32 x 8*d0] read with strides (1, 32), b[8*d0 x 128] with (128, 1):
+/* k68_matmul_t305: a[32 x 8*d0] read with strides (1, 32), b[8*d0 x 128] with (128, 1):
    a transposed operand is only a change of strides. Launched as sg_gemm<float> in the entry point. */
 
 /* t468: f32[128] = sum[axes=(0,), keepdims=False](t125) */
 /* Deterministic block reduction (sum): per-thread strided fold, then a shared-memory tree; no atomics. */
-__global__ void __launch_bounds__(SG_THREADS) k70_sum_t468(int64_t d0, const float* __restrict__ ws45, float* __restrict__ ws48)
+__global__ void __launch_bounds__(SG_THREADS) k69_sum_t468(int64_t d0, const float* __restrict__ ws44, float* __restrict__ ws47)
 {
     __shared__ double s_acc[SG_THREADS];
     const int64_t n_out = 128;
@@ -1868,7 +1851,7 @@ __global__ void __launch_bounds__(SG_THREADS) k70_sum_t468(int64_t d0, const flo
         for (int64_t r = threadIdx.x; r < n_red; r += blockDim.x) {
             int64_t rrest = r;
             const int64_t r0 = rrest;
-            acc += (double)ws45[o0 + r0 * 128];
+            acc += (double)ws44[o0 + r0 * 128];
         }
         s_acc[threadIdx.x] = acc;
         __syncthreads();
@@ -1879,7 +1862,7 @@ __global__ void __launch_bounds__(SG_THREADS) k70_sum_t468(int64_t d0, const flo
             __syncthreads();
         }
         if (threadIdx.x == 0) {
-            ws48[o] = (float)(s_acc[0]);
+            ws47[o] = (float)(s_acc[0]);
         }
         __syncthreads();  /* s_acc is reused by the next output */
     }
@@ -1888,14 +1871,14 @@ __global__ void __launch_bounds__(SG_THREADS) k70_sum_t468(int64_t d0, const flo
 /* t469: f32[128] = sub(t468, transformer.h.0.mlp.c_fc.bias.exp_avg) */
 /* t470: f32[128] = mul(0.09999999999999998, t469) */
 /* t471: f32[128] = add(transformer.h.0.mlp.c_fc.bias.exp_avg, t470) */
-__global__ void __launch_bounds__(SG_THREADS) k71_add_t471(int64_t d0, const float* __restrict__ ws48, float* __restrict__ var55)
+__global__ void __launch_bounds__(SG_THREADS) k70_add_t471(int64_t d0, const float* __restrict__ ws47, float* __restrict__ var55)
 {
     const int64_t n = 128;
     for (int64_t flat = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; flat < n;
          flat += (int64_t)gridDim.x * blockDim.x) {
         int64_t rest = flat;
         const int64_t i0 = rest;
-        const float v0 = ws48[i0];  /* t468 */
+        const float v0 = ws47[i0];  /* t468 */
         const float v1 = var55[i0];  /* transformer.h.0.mlp.c_fc.bias.exp_avg */
         const float v2 = 0.1f;  /* 0.09999999999999998 */
         const float t469 = v0 - v1;  /* t469: f32[128] = sub(t468, transformer.h.0.mlp.c_fc.bias.exp_avg) */
@@ -1909,7 +1892,7 @@ __global__ void __launch_bounds__(SG_THREADS) k71_add_t471(int64_t d0, const flo
 /* t474: f32[128] = mul(t468, t468) */
 /* t475: f32[128] = mul(0.050000000000000044, t474) */
 /* t476: f32[128] = add(t473, t475) */
-__global__ void __launch_bounds__(SG_THREADS) k72_add_t476(int64_t d0, float* __restrict__ var56, const float* __restrict__ ws48)
+__global__ void __launch_bounds__(SG_THREADS) k71_add_t476(int64_t d0, float* __restrict__ var56, const float* __restrict__ ws47)
 {
     const int64_t n = 128;
     for (int64_t flat = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; flat < n;
@@ -1918,7 +1901,7 @@ __global__ void __launch_bounds__(SG_THREADS) k72_add_t476(int64_t d0, float* __
         const int64_t i0 = rest;
         const float v0 = 0.95f;  /* 0.95 */
         const float v1 = var56[i0];  /* transformer.h.0.mlp.c_fc.bias.exp_avg_sq */
-        const float v2 = ws48[i0];  /* t468 */
+        const float v2 = ws47[i0];  /* t468 */
         const float v3 = 0.05f;  /* 0.050000000000000044 */
         const float t473 = v0*v1;  /* t473: f32[128] = mul(0.95, transformer.h.0.mlp.c_fc.bias.exp_avg_sq) */
         const float t474 = v2*v2;  /* t474: f32[128] = mul(t468, t468) */
@@ -1942,7 +1925,7 @@ __global__ void __launch_bounds__(SG_THREADS) k72_add_t476(int64_t d0, float* __
 /* t483: f32[128] = add(t482, 1e-08) */
 /* t484: f32[128] = div(t472, t483) */
 /* t485: f32[128] = sub(transformer.h.0.mlp.c_fc.bias, t484) */
-__global__ void __launch_bounds__(SG_THREADS) k73_sub_t485(int64_t d0, const double* __restrict__ var54, const double* __restrict__ var35, const float* __restrict__ var55, const float* __restrict__ var56, float* __restrict__ var11)
+__global__ void __launch_bounds__(SG_THREADS) k72_sub_t485(int64_t d0, const double* __restrict__ var54, const double* __restrict__ var35, const float* __restrict__ var55, const float* __restrict__ var56, float* __restrict__ var11)
 {
     const int64_t n = 128;
     for (int64_t flat = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; flat < n;
@@ -1979,14 +1962,14 @@ __global__ void __launch_bounds__(SG_THREADS) k73_sub_t485(int64_t d0, const dou
 /* t306: f32[32,128] = sub(t305, transformer.h.0.mlp.c_proj.weight.exp_avg) */
 /* t307: f32[32,128] = mul(0.09999999999999998, t306) */
 /* t308: f32[32,128] = add(transformer.h.0.mlp.c_proj.weight.exp_avg, t307) */
-__global__ void __launch_bounds__(SG_THREADS) k74_add_t308(int64_t d0, const float* __restrict__ ws47, float* __restrict__ var33)
+__global__ void __launch_bounds__(SG_THREADS) k73_add_t308(int64_t d0, const float* __restrict__ ws46, float* __restrict__ var33)
 {
     const int64_t n = 4096;
     for (int64_t flat = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; flat < n;
          flat += (int64_t)gridDim.x * blockDim.x) {
         int64_t rest = flat;
         const int64_t i0 = rest;
-        const float v0 = ws47[i0];  /* t305 */
+        const float v0 = ws46[i0];  /* t305 */
         const float v1 = var33[i0];  /* transformer.h.0.mlp.c_proj.weight.exp_avg */
         const float v2 = 0.1f;  /* 0.09999999999999998 */
         const float t306 = v0 - v1;  /* t306: f32[32,128] = sub(t305, transformer.h.0.mlp.c_proj.weight.exp_avg) */
@@ -2000,7 +1983,7 @@ __global__ void __launch_bounds__(SG_THREADS) k74_add_t308(int64_t d0, const flo
 /* t311: f32[32,128] = mul(t305, t305) */
 /* t312: f32[32,128] = mul(0.050000000000000044, t311) */
 /* t313: f32[32,128] = add(t310, t312) */
-__global__ void __launch_bounds__(SG_THREADS) k75_add_t313(int64_t d0, float* __restrict__ var34, const float* __restrict__ ws47)
+__global__ void __launch_bounds__(SG_THREADS) k74_add_t313(int64_t d0, float* __restrict__ var34, const float* __restrict__ ws46)
 {
     const int64_t n = 4096;
     for (int64_t flat = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; flat < n;
@@ -2009,7 +1992,7 @@ __global__ void __launch_bounds__(SG_THREADS) k75_add_t313(int64_t d0, float* __
         const int64_t i0 = rest;
         const float v0 = 0.95f;  /* 0.95 */
         const float v1 = var34[i0];  /* transformer.h.0.mlp.c_proj.weight.exp_avg_sq */
-        const float v2 = ws47[i0];  /* t305 */
+        const float v2 = ws46[i0];  /* t305 */
         const float v3 = 0.05f;  /* 0.050000000000000044 */
         const float t310 = v0*v1;  /* t310: f32[32,128] = mul(0.95, transformer.h.0.mlp.c_proj.weight.exp_avg_sq) */
         const float t311 = v2*v2;  /* t311: f32[32,128] = mul(t305, t305) */
@@ -2037,7 +2020,7 @@ __global__ void __launch_bounds__(SG_THREADS) k75_add_t313(int64_t d0, float* __
 /* t320: f32[32,128] = add(t319, 1e-08) */
 /* t321: f32[32,128] = div(t309, t320) */
 /* t322: f32[32,128] = sub(t296, t321) */
-__global__ void __launch_bounds__(SG_THREADS) k76_sub_t322(int64_t d0, const double* __restrict__ var16, float* __restrict__ var12, const double* __restrict__ var32, const float* __restrict__ var33, const float* __restrict__ var34)
+__global__ void __launch_bounds__(SG_THREADS) k75_sub_t322(int64_t d0, const double* __restrict__ var16, float* __restrict__ var12, const double* __restrict__ var32, const float* __restrict__ var33, const float* __restrict__ var34)
 {
     const int64_t n = 4096;
     for (int64_t flat = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; flat < n;
@@ -2077,12 +2060,12 @@ __global__ void __launch_bounds__(SG_THREADS) k76_sub_t322(int64_t d0, const dou
 }
 
 /* t126: f32[8*B,32] = matmul(t125, transformer.h.0.mlp.c_fc.weight) */
-/* k77_matmul_t126: a[8*d0 x 128] read with strides (128, 1), b[128 x 32] with (32, 1):
+/* k76_matmul_t126: a[8*d0 x 128] read with strides (128, 1), b[128 x 32] with (32, 1):
    a transposed operand is only a change of strides. Launched as sg_gemm<float> in the entry point. */
 
 /* t445: f32[32] = sum[axes=(0,1), keepdims=False](t127) */
 /* Deterministic block reduction (sum): per-thread strided fold, then a shared-memory tree; no atomics. */
-__global__ void __launch_bounds__(SG_THREADS) k78_sum_t445(int64_t d0, const float* __restrict__ ws49, float* __restrict__ ws50)
+__global__ void __launch_bounds__(SG_THREADS) k77_sum_t445(int64_t d0, const float* __restrict__ ws48, float* __restrict__ ws49)
 {
     __shared__ double s_acc[SG_THREADS];
     const int64_t n_out = 32;
@@ -2094,7 +2077,91 @@ __global__ void __launch_bounds__(SG_THREADS) k78_sum_t445(int64_t d0, const flo
         for (int64_t r = threadIdx.x; r < n_red; r += blockDim.x) {
             int64_t rrest = r;
             const int64_t r0 = rrest;
-            acc += (double)ws49[o0 + r0 * 32];
+            acc += (double)ws48[o0 + r0 * 32];
+        }
+        s_acc[threadIdx.x] = acc;
+        __syncthreads();
+        for (unsigned width = blockDim.x / 2; width > 0; width >>= 1) {
+            if (threadIdx.x < width) {
+                s_acc[threadIdx.x] += s_acc[threadIdx.x + width];
+            }
+            __syncthreads();
+        }
+        if (threadIdx.x == 0) {
+            ws49[o] = (float)(s_acc[0]);
+        }
+        __syncthreads();  /* s_acc is reused by the next output */
+    }
+}
+
+/* t446: f32[32] = sub(t445, transformer.h.0.ln_2.bias.exp_avg) */
+/* t447: f32[32] = mul(0.09999999999999998, t446) */
+/* t448: f32[32] = add(transformer.h.0.ln_2.bias.exp_avg, t447) */
+__global__ void __launch_bounds__(SG_THREADS) k78_add_t448(int64_t d0, const float* __restrict__ ws49, float* __restrict__ var52)
+{
+    const int64_t n = 32;
+    for (int64_t flat = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; flat < n;
+         flat += (int64_t)gridDim.x * blockDim.x) {
+        int64_t rest = flat;
+        const int64_t i0 = rest;
+        const float v0 = ws49[i0];  /* t445 */
+        const float v1 = var52[i0];  /* transformer.h.0.ln_2.bias.exp_avg */
+        const float v2 = 0.1f;  /* 0.09999999999999998 */
+        const float t446 = v0 - v1;  /* t446: f32[32] = sub(t445, transformer.h.0.ln_2.bias.exp_avg) */
+        const float t447 = v2*t446;  /* t447: f32[32] = mul(0.09999999999999998, t446) */
+        const float t448 = v1 + t447;  /* t448: f32[32] = add(transformer.h.0.ln_2.bias.exp_avg, t447) */
+        var52[i0] = t448;
+    }
+}
+
+/* t450: f32[32] = mul(0.95, transformer.h.0.ln_2.bias.exp_avg_sq) */
+/* t451: f32[32] = mul(t445, t445) */
+/* t452: f32[32] = mul(0.050000000000000044, t451) */
+/* t453: f32[32] = add(t450, t452) */
+__global__ void __launch_bounds__(SG_THREADS) k79_add_t453(int64_t d0, float* __restrict__ var53, const float* __restrict__ ws49)
+{
+    const int64_t n = 32;
+    for (int64_t flat = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; flat < n;
+         flat += (int64_t)gridDim.x * blockDim.x) {
+        int64_t rest = flat;
+        const int64_t i0 = rest;
+        const float v0 = 0.95f;  /* 0.95 */
+        const float v1 = var53[i0];  /* transformer.h.0.ln_2.bias.exp_avg_sq */
+        const float v2 = ws49[i0];  /* t445 */
+        const float v3 = 0.05f;  /* 0.050000000000000044 */
+        const float t450 = v0*v1;  /* t450: f32[32] = mul(0.95, transformer.h.0.ln_2.bias.exp_avg_sq) */
+        const float t451 = v2*v2;  /* t451: f32[32] = mul(t445, t445) */
+        const float t452 = v3*t451;  /* t452: f32[32] = mul(0.050000000000000044, t451) */
+        const float t453 = t450 + t452;  /* t453: f32[32] = add(t450, t452) */
+        var53[i0] = t453;
+    }
+}
+
+/* t129: f32[B,8,32] = div(t42, t47) */
+/* t128: f32[B,8,32] = mul(t127, transformer.h.0.ln_2.weight) */
+/* t130: f32[B,8,32] = -t128*t129/t47 */
+/* t131: f32[B,8,1] = sum[axes=(2,), keepdims=True](t130) */
+/* Deterministic block reduction (sum): per-thread strided fold, then a shared-memory tree; no atomics. */
+__global__ void __launch_bounds__(SG_THREADS) k80_sum_t131(int64_t d0, const float* __restrict__ ws15, const float* __restrict__ ws16, const float* __restrict__ ws48, const float* __restrict__ var8, float* __restrict__ ws50)
+{
+    __shared__ double s_acc[SG_THREADS];
+    const int64_t n_out = (8*d0);
+    const int64_t n_red = 32;
+    for (int64_t o = blockIdx.x; o < n_out; o += gridDim.x) {
+        int64_t rest = o;
+        const int64_t o0 = rest;
+        double acc = 0;
+        for (int64_t r = threadIdx.x; r < n_red; r += blockDim.x) {
+            int64_t rrest = r;
+            const int64_t r0 = rrest;
+            const float v0 = ws15[o0 * 32 + r0];  /* t42 */
+            const float v1 = ws16[o0];  /* t47 */
+            const float v2 = ws48[o0 * 32 + r0];  /* t127 */
+            const float v3 = var8[r0];  /* transformer.h.0.ln_2.weight */
+            const float t129 = v0/v1;  /* t129: f32[B,8,32] = div(t42, t47) */
+            const float t128 = v2*v3;  /* t128: f32[B,8,32] = mul(t127, transformer.h.0.ln_2.weight) */
+            const float t130 = -t128*t129/v1;  /* t130: f32[B,8,32] = -t128*t129/t47 */
+            acc += (double)t130;
         }
         s_acc[threadIdx.x] = acc;
         __syncthreads();
@@ -2111,93 +2178,9 @@ __global__ void __launch_bounds__(SG_THREADS) k78_sum_t445(int64_t d0, const flo
     }
 }
 
-/* t446: f32[32] = sub(t445, transformer.h.0.ln_2.bias.exp_avg) */
-/* t447: f32[32] = mul(0.09999999999999998, t446) */
-/* t448: f32[32] = add(transformer.h.0.ln_2.bias.exp_avg, t447) */
-__global__ void __launch_bounds__(SG_THREADS) k79_add_t448(int64_t d0, const float* __restrict__ ws50, float* __restrict__ var52)
-{
-    const int64_t n = 32;
-    for (int64_t flat = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; flat < n;
-         flat += (int64_t)gridDim.x * blockDim.x) {
-        int64_t rest = flat;
-        const int64_t i0 = rest;
-        const float v0 = ws50[i0];  /* t445 */
-        const float v1 = var52[i0];  /* transformer.h.0.ln_2.bias.exp_avg */
-        const float v2 = 0.1f;  /* 0.09999999999999998 */
-        const float t446 = v0 - v1;  /* t446: f32[32] = sub(t445, transformer.h.0.ln_2.bias.exp_avg) */
-        const float t447 = v2*t446;  /* t447: f32[32] = mul(0.09999999999999998, t446) */
-        const float t448 = v1 + t447;  /* t448: f32[32] = add(transformer.h.0.ln_2.bias.exp_avg, t447) */
-        var52[i0] = t448;
-    }
-}
-
-/* t450: f32[32] = mul(0.95, transformer.h.0.ln_2.bias.exp_avg_sq) */
-/* t451: f32[32] = mul(t445, t445) */
-/* t452: f32[32] = mul(0.050000000000000044, t451) */
-/* t453: f32[32] = add(t450, t452) */
-__global__ void __launch_bounds__(SG_THREADS) k80_add_t453(int64_t d0, float* __restrict__ var53, const float* __restrict__ ws50)
-{
-    const int64_t n = 32;
-    for (int64_t flat = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; flat < n;
-         flat += (int64_t)gridDim.x * blockDim.x) {
-        int64_t rest = flat;
-        const int64_t i0 = rest;
-        const float v0 = 0.95f;  /* 0.95 */
-        const float v1 = var53[i0];  /* transformer.h.0.ln_2.bias.exp_avg_sq */
-        const float v2 = ws50[i0];  /* t445 */
-        const float v3 = 0.05f;  /* 0.050000000000000044 */
-        const float t450 = v0*v1;  /* t450: f32[32] = mul(0.95, transformer.h.0.ln_2.bias.exp_avg_sq) */
-        const float t451 = v2*v2;  /* t451: f32[32] = mul(t445, t445) */
-        const float t452 = v3*t451;  /* t452: f32[32] = mul(0.050000000000000044, t451) */
-        const float t453 = t450 + t452;  /* t453: f32[32] = add(t450, t452) */
-        var53[i0] = t453;
-    }
-}
-
-/* t129: f32[B,8,32] = div(t42, t47) */
-/* t128: f32[B,8,32] = mul(t127, transformer.h.0.ln_2.weight) */
-/* t130: f32[B,8,32] = -t128*t129/t47 */
-/* t131: f32[B,8,1] = sum[axes=(2,), keepdims=True](t130) */
-/* Deterministic block reduction (sum): per-thread strided fold, then a shared-memory tree; no atomics. */
-__global__ void __launch_bounds__(SG_THREADS) k81_sum_t131(int64_t d0, const float* __restrict__ ws16, const float* __restrict__ ws17, const float* __restrict__ ws49, const float* __restrict__ var8, float* __restrict__ ws51)
-{
-    __shared__ double s_acc[SG_THREADS];
-    const int64_t n_out = (8*d0);
-    const int64_t n_red = 32;
-    for (int64_t o = blockIdx.x; o < n_out; o += gridDim.x) {
-        int64_t rest = o;
-        const int64_t o0 = rest;
-        double acc = 0;
-        for (int64_t r = threadIdx.x; r < n_red; r += blockDim.x) {
-            int64_t rrest = r;
-            const int64_t r0 = rrest;
-            const float v0 = ws16[o0 * 32 + r0];  /* t42 */
-            const float v1 = ws17[o0];  /* t47 */
-            const float v2 = ws49[o0 * 32 + r0];  /* t127 */
-            const float v3 = var8[r0];  /* transformer.h.0.ln_2.weight */
-            const float t129 = v0/v1;  /* t129: f32[B,8,32] = div(t42, t47) */
-            const float t128 = v2*v3;  /* t128: f32[B,8,32] = mul(t127, transformer.h.0.ln_2.weight) */
-            const float t130 = -t128*t129/v1;  /* t130: f32[B,8,32] = -t128*t129/t47 */
-            acc += (double)t130;
-        }
-        s_acc[threadIdx.x] = acc;
-        __syncthreads();
-        for (unsigned width = blockDim.x / 2; width > 0; width >>= 1) {
-            if (threadIdx.x < width) {
-                s_acc[threadIdx.x] += s_acc[threadIdx.x + width];
-            }
-            __syncthreads();
-        }
-        if (threadIdx.x == 0) {
-            ws51[o] = (float)(s_acc[0]);
-        }
-        __syncthreads();  /* s_acc is reused by the next output */
-    }
-}
-
 /* t128: f32[B,8,32] = mul(t127, transformer.h.0.ln_2.weight) */
 /* t132: f32[B,8,32] = t128/t47 + t131*t42/(32*t47) */
-__global__ void __launch_bounds__(SG_THREADS) k82_simplified_t132(int64_t d0, const float* __restrict__ ws49, const float* __restrict__ var8, const float* __restrict__ ws17, const float* __restrict__ ws51, const float* __restrict__ ws16, float* __restrict__ ws52)
+__global__ void __launch_bounds__(SG_THREADS) k81_simplified_t132(int64_t d0, const float* __restrict__ ws48, const float* __restrict__ var8, const float* __restrict__ ws16, const float* __restrict__ ws50, const float* __restrict__ ws15, float* __restrict__ ws51)
 {
     const int64_t n = (256*d0);
     for (int64_t flat = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; flat < n;
@@ -2205,20 +2188,20 @@ __global__ void __launch_bounds__(SG_THREADS) k82_simplified_t132(int64_t d0, co
         int64_t rest = flat;
         const int64_t i1 = rest % 32; rest /= 32;
         const int64_t i0 = rest;
-        const float v0 = ws49[i0 * 32 + i1];  /* t127 */
+        const float v0 = ws48[i0 * 32 + i1];  /* t127 */
         const float v1 = var8[i1];  /* transformer.h.0.ln_2.weight */
-        const float v2 = ws17[i0];  /* t47 */
-        const float v3 = ws51[i0];  /* t131 */
-        const float v4 = ws16[i0 * 32 + i1];  /* t42 */
+        const float v2 = ws16[i0];  /* t47 */
+        const float v3 = ws50[i0];  /* t131 */
+        const float v4 = ws15[i0 * 32 + i1];  /* t42 */
         const float t128 = v0*v1;  /* t128: f32[B,8,32] = mul(t127, transformer.h.0.ln_2.weight) */
         const float t132 = t128/v2 + (1.0f/32.0f)*v3*v4/v2;  /* t132: f32[B,8,32] = t128/t47 + t131*t42/(32*t47) */
-        ws52[i0 * 32 + i1] = t132;
+        ws51[i0 * 32 + i1] = t132;
     }
 }
 
 /* t129: f32[B,8,32] = div(t42, t47) */
 /* t421: f32[B,8,32] = mul(t127, t129) */
-__global__ void __launch_bounds__(SG_THREADS) k83_mul_t421(int64_t d0, const float* __restrict__ ws16, const float* __restrict__ ws17, const float* __restrict__ ws49, float* __restrict__ ws53)
+__global__ void __launch_bounds__(SG_THREADS) k82_mul_t421(int64_t d0, const float* __restrict__ ws15, const float* __restrict__ ws16, const float* __restrict__ ws48, float* __restrict__ ws52)
 {
     const int64_t n = (256*d0);
     for (int64_t flat = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; flat < n;
@@ -2226,18 +2209,18 @@ __global__ void __launch_bounds__(SG_THREADS) k83_mul_t421(int64_t d0, const flo
         int64_t rest = flat;
         const int64_t i1 = rest % 32; rest /= 32;
         const int64_t i0 = rest;
-        const float v0 = ws16[i0 * 32 + i1];  /* t42 */
-        const float v1 = ws17[i0];  /* t47 */
-        const float v2 = ws49[i0 * 32 + i1];  /* t127 */
+        const float v0 = ws15[i0 * 32 + i1];  /* t42 */
+        const float v1 = ws16[i0];  /* t47 */
+        const float v2 = ws48[i0 * 32 + i1];  /* t127 */
         const float t129 = v0/v1;  /* t129: f32[B,8,32] = div(t42, t47) */
         const float t421 = v2*t129;  /* t421: f32[B,8,32] = mul(t127, t129) */
-        ws53[i0 * 32 + i1] = t421;
+        ws52[i0 * 32 + i1] = t421;
     }
 }
 
 /* t422: f32[32] = sum[axes=(0,1), keepdims=False](t421) */
 /* Deterministic block reduction (sum): per-thread strided fold, then a shared-memory tree; no atomics. */
-__global__ void __launch_bounds__(SG_THREADS) k84_sum_t422(int64_t d0, const float* __restrict__ ws53, float* __restrict__ ws54)
+__global__ void __launch_bounds__(SG_THREADS) k83_sum_t422(int64_t d0, const float* __restrict__ ws52, float* __restrict__ ws53)
 {
     __shared__ double s_acc[SG_THREADS];
     const int64_t n_out = 32;
@@ -2249,7 +2232,7 @@ __global__ void __launch_bounds__(SG_THREADS) k84_sum_t422(int64_t d0, const flo
         for (int64_t r = threadIdx.x; r < n_red; r += blockDim.x) {
             int64_t rrest = r;
             const int64_t r0 = rrest;
-            acc += (double)ws53[o0 + r0 * 32];
+            acc += (double)ws52[o0 + r0 * 32];
         }
         s_acc[threadIdx.x] = acc;
         __syncthreads();
@@ -2260,7 +2243,7 @@ __global__ void __launch_bounds__(SG_THREADS) k84_sum_t422(int64_t d0, const flo
             __syncthreads();
         }
         if (threadIdx.x == 0) {
-            ws54[o] = (float)(s_acc[0]);
+            ws53[o] = (float)(s_acc[0]);
         }
         __syncthreads();  /* s_acc is reused by the next output */
     }
@@ -2269,7 +2252,7 @@ __global__ void __launch_bounds__(SG_THREADS) k84_sum_t422(int64_t d0, const flo
 /* t129: f32[B,8,32] = div(t42, t47) */
 /* t275: f32[B,8,32] = mul(t129, transformer.h.0.ln_2.weight) */
 /* t276: f32[B,8,32] = add(t275, transformer.h.0.ln_2.bias) */
-__global__ void __launch_bounds__(SG_THREADS) k85_add_t276(int64_t d0, const float* __restrict__ ws16, const float* __restrict__ ws17, const float* __restrict__ var8, const float* __restrict__ var9, float* __restrict__ ws55)
+__global__ void __launch_bounds__(SG_THREADS) k84_add_t276(int64_t d0, const float* __restrict__ ws15, const float* __restrict__ ws16, const float* __restrict__ var8, const float* __restrict__ var9, float* __restrict__ ws54)
 {
     const int64_t n = (256*d0);
     for (int64_t flat = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; flat < n;
@@ -2277,32 +2260,32 @@ __global__ void __launch_bounds__(SG_THREADS) k85_add_t276(int64_t d0, const flo
         int64_t rest = flat;
         const int64_t i1 = rest % 32; rest /= 32;
         const int64_t i0 = rest;
-        const float v0 = ws16[i0 * 32 + i1];  /* t42 */
-        const float v1 = ws17[i0];  /* t47 */
+        const float v0 = ws15[i0 * 32 + i1];  /* t42 */
+        const float v1 = ws16[i0];  /* t47 */
         const float v2 = var8[i1];  /* transformer.h.0.ln_2.weight */
         const float v3 = var9[i1];  /* transformer.h.0.ln_2.bias */
         const float t129 = v0/v1;  /* t129: f32[B,8,32] = div(t42, t47) */
         const float t275 = t129*v2;  /* t275: f32[B,8,32] = mul(t129, transformer.h.0.ln_2.weight) */
         const float t276 = t275 + v3;  /* t276: f32[B,8,32] = add(t275, transformer.h.0.ln_2.bias) */
-        ws55[i0 * 32 + i1] = t276;
+        ws54[i0 * 32 + i1] = t276;
     }
 }
 
 /* t278: f32[128,32] = matmul(t274, t277) */
-/* k86_matmul_t278: a[128 x 8*d0] read with strides (1, 128), b[8*d0 x 32] with (32, 1):
+/* k85_matmul_t278: a[128 x 8*d0] read with strides (1, 128), b[8*d0 x 32] with (32, 1):
    a transposed operand is only a change of strides. Launched as sg_gemm<float> in the entry point. */
 
 /* t423: f32[32] = sub(t422, transformer.h.0.ln_2.weight.exp_avg) */
 /* t424: f32[32] = mul(0.09999999999999998, t423) */
 /* t425: f32[32] = add(transformer.h.0.ln_2.weight.exp_avg, t424) */
-__global__ void __launch_bounds__(SG_THREADS) k87_add_t425(int64_t d0, const float* __restrict__ ws54, float* __restrict__ var49)
+__global__ void __launch_bounds__(SG_THREADS) k86_add_t425(int64_t d0, const float* __restrict__ ws53, float* __restrict__ var49)
 {
     const int64_t n = 32;
     for (int64_t flat = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; flat < n;
          flat += (int64_t)gridDim.x * blockDim.x) {
         int64_t rest = flat;
         const int64_t i0 = rest;
-        const float v0 = ws54[i0];  /* t422 */
+        const float v0 = ws53[i0];  /* t422 */
         const float v1 = var49[i0];  /* transformer.h.0.ln_2.weight.exp_avg */
         const float v2 = 0.1f;  /* 0.09999999999999998 */
         const float t423 = v0 - v1;  /* t423: f32[32] = sub(t422, transformer.h.0.ln_2.weight.exp_avg) */
@@ -2316,7 +2299,7 @@ __global__ void __launch_bounds__(SG_THREADS) k87_add_t425(int64_t d0, const flo
 /* t428: f32[32] = mul(t422, t422) */
 /* t429: f32[32] = mul(0.050000000000000044, t428) */
 /* t430: f32[32] = add(t427, t429) */
-__global__ void __launch_bounds__(SG_THREADS) k88_add_t430(int64_t d0, float* __restrict__ var50, const float* __restrict__ ws54)
+__global__ void __launch_bounds__(SG_THREADS) k87_add_t430(int64_t d0, float* __restrict__ var50, const float* __restrict__ ws53)
 {
     const int64_t n = 32;
     for (int64_t flat = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; flat < n;
@@ -2325,7 +2308,7 @@ __global__ void __launch_bounds__(SG_THREADS) k88_add_t430(int64_t d0, float* __
         const int64_t i0 = rest;
         const float v0 = 0.95f;  /* 0.95 */
         const float v1 = var50[i0];  /* transformer.h.0.ln_2.weight.exp_avg_sq */
-        const float v2 = ws54[i0];  /* t422 */
+        const float v2 = ws53[i0];  /* t422 */
         const float v3 = 0.05f;  /* 0.050000000000000044 */
         const float t427 = v0*v1;  /* t427: f32[32] = mul(0.95, transformer.h.0.ln_2.weight.exp_avg_sq) */
         const float t428 = v2*v2;  /* t428: f32[32] = mul(t422, t422) */
@@ -2349,7 +2332,7 @@ __global__ void __launch_bounds__(SG_THREADS) k88_add_t430(int64_t d0, float* __
 /* t437: f32[32] = add(t436, 1e-08) */
 /* t438: f32[32] = div(t426, t437) */
 /* t439: f32[32] = sub(transformer.h.0.ln_2.weight, t438) */
-__global__ void __launch_bounds__(SG_THREADS) k89_sub_t439(int64_t d0, const double* __restrict__ var48, const double* __restrict__ var35, const float* __restrict__ var49, const float* __restrict__ var50, float* __restrict__ var8)
+__global__ void __launch_bounds__(SG_THREADS) k88_sub_t439(int64_t d0, const double* __restrict__ var48, const double* __restrict__ var35, const float* __restrict__ var49, const float* __restrict__ var50, float* __restrict__ var8)
 {
     const int64_t n = 32;
     for (int64_t flat = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; flat < n;
@@ -2397,7 +2380,7 @@ __global__ void __launch_bounds__(SG_THREADS) k89_sub_t439(int64_t d0, const dou
 /* t460: f32[32] = add(t459, 1e-08) */
 /* t461: f32[32] = div(t449, t460) */
 /* t462: f32[32] = sub(transformer.h.0.ln_2.bias, t461) */
-__global__ void __launch_bounds__(SG_THREADS) k90_sub_t462(int64_t d0, const double* __restrict__ var51, const double* __restrict__ var35, const float* __restrict__ var52, const float* __restrict__ var53, float* __restrict__ var9)
+__global__ void __launch_bounds__(SG_THREADS) k89_sub_t462(int64_t d0, const double* __restrict__ var51, const double* __restrict__ var35, const float* __restrict__ var52, const float* __restrict__ var53, float* __restrict__ var9)
 {
     const int64_t n = 32;
     for (int64_t flat = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; flat < n;
@@ -2434,7 +2417,7 @@ __global__ void __launch_bounds__(SG_THREADS) k90_sub_t462(int64_t d0, const dou
 /* t134: f32[B,8,1] = sum[axes=(2,), keepdims=True](t132) */
 /* t135: f32[B,8,1] = mul(t134, -0.03125) */
 /* Deterministic block reduction (sum): per-thread strided fold, then a shared-memory tree; no atomics. */
-__global__ void __launch_bounds__(SG_THREADS) k91_mul_t135(int64_t d0, const float* __restrict__ ws52, float* __restrict__ ws57)
+__global__ void __launch_bounds__(SG_THREADS) k90_mul_t135(int64_t d0, const float* __restrict__ ws51, float* __restrict__ ws56)
 {
     __shared__ double s_acc[SG_THREADS];
     const int64_t n_out = (8*d0);
@@ -2446,7 +2429,7 @@ __global__ void __launch_bounds__(SG_THREADS) k91_mul_t135(int64_t d0, const flo
         for (int64_t r = threadIdx.x; r < n_red; r += blockDim.x) {
             int64_t rrest = r;
             const int64_t r0 = rrest;
-            acc += (double)ws52[o0 * 32 + r0];
+            acc += (double)ws51[o0 * 32 + r0];
         }
         s_acc[threadIdx.x] = acc;
         __syncthreads();
@@ -2460,7 +2443,7 @@ __global__ void __launch_bounds__(SG_THREADS) k91_mul_t135(int64_t d0, const flo
             const float red = (float)(s_acc[0]);
             const float ev0 = (-0.03125f);  /* -0.03125 */
             const float t135 = red*ev0;  /* t135: f32[B,8,1] = mul(t134, -0.03125) */
-            ws57[o] = t135;
+            ws56[o] = t135;
         }
         __syncthreads();  /* s_acc is reused by the next output */
     }
@@ -2468,7 +2451,7 @@ __global__ void __launch_bounds__(SG_THREADS) k91_mul_t135(int64_t d0, const flo
 
 /* t133: f32[B,8,32] = add(t119, t132) */
 /* t136: f32[B,8,32] = add(t133, t135) */
-__global__ void __launch_bounds__(SG_THREADS) k92_add_t136(int64_t d0, const float* __restrict__ ws42, const float* __restrict__ ws52, const float* __restrict__ ws57, float* __restrict__ ws58)
+__global__ void __launch_bounds__(SG_THREADS) k91_add_t136(int64_t d0, const float* __restrict__ ws41, const float* __restrict__ ws51, const float* __restrict__ ws56, float* __restrict__ ws57)
 {
     const int64_t n = (256*d0);
     for (int64_t flat = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; flat < n;
@@ -2476,18 +2459,18 @@ __global__ void __launch_bounds__(SG_THREADS) k92_add_t136(int64_t d0, const flo
         int64_t rest = flat;
         const int64_t i1 = rest % 32; rest /= 32;
         const int64_t i0 = rest;
-        const float v0 = ws42[i0 * 32 + i1];  /* t119 */
-        const float v1 = ws52[i0 * 32 + i1];  /* t132 */
-        const float v2 = ws57[i0];  /* t135 */
+        const float v0 = ws41[i0 * 32 + i1];  /* t119 */
+        const float v1 = ws51[i0 * 32 + i1];  /* t132 */
+        const float v2 = ws56[i0];  /* t135 */
         const float t133 = v0 + v1;  /* t133: f32[B,8,32] = add(t119, t132) */
         const float t136 = t133 + v2;  /* t136: f32[B,8,32] = add(t133, t135) */
-        ws58[i0 * 32 + i1] = t136;
+        ws57[i0 * 32 + i1] = t136;
     }
 }
 
 /* t398: f32[32] = sum[axes=(0,), keepdims=False](t137) */
 /* Deterministic block reduction (sum): per-thread strided fold, then a shared-memory tree; no atomics. */
-__global__ void __launch_bounds__(SG_THREADS) k93_sum_t398(int64_t d0, const float* __restrict__ ws58, float* __restrict__ ws59)
+__global__ void __launch_bounds__(SG_THREADS) k92_sum_t398(int64_t d0, const float* __restrict__ ws57, float* __restrict__ ws58)
 {
     __shared__ double s_acc[SG_THREADS];
     const int64_t n_out = 32;
@@ -2499,7 +2482,7 @@ __global__ void __launch_bounds__(SG_THREADS) k93_sum_t398(int64_t d0, const flo
         for (int64_t r = threadIdx.x; r < n_red; r += blockDim.x) {
             int64_t rrest = r;
             const int64_t r0 = rrest;
-            acc += (double)ws58[o0 + r0 * 32];
+            acc += (double)ws57[o0 + r0 * 32];
         }
         s_acc[threadIdx.x] = acc;
         __syncthreads();
@@ -2510,7 +2493,7 @@ __global__ void __launch_bounds__(SG_THREADS) k93_sum_t398(int64_t d0, const flo
             __syncthreads();
         }
         if (threadIdx.x == 0) {
-            ws59[o] = (float)(s_acc[0]);
+            ws58[o] = (float)(s_acc[0]);
         }
         __syncthreads();  /* s_acc is reused by the next output */
     }
@@ -2519,14 +2502,14 @@ __global__ void __launch_bounds__(SG_THREADS) k93_sum_t398(int64_t d0, const flo
 /* t399: f32[32] = sub(t398, transformer.h.0.attn.c_proj.bias.exp_avg) */
 /* t400: f32[32] = mul(0.09999999999999998, t399) */
 /* t401: f32[32] = add(transformer.h.0.attn.c_proj.bias.exp_avg, t400) */
-__global__ void __launch_bounds__(SG_THREADS) k94_add_t401(int64_t d0, const float* __restrict__ ws59, float* __restrict__ var46)
+__global__ void __launch_bounds__(SG_THREADS) k93_add_t401(int64_t d0, const float* __restrict__ ws58, float* __restrict__ var46)
 {
     const int64_t n = 32;
     for (int64_t flat = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; flat < n;
          flat += (int64_t)gridDim.x * blockDim.x) {
         int64_t rest = flat;
         const int64_t i0 = rest;
-        const float v0 = ws59[i0];  /* t398 */
+        const float v0 = ws58[i0];  /* t398 */
         const float v1 = var46[i0];  /* transformer.h.0.attn.c_proj.bias.exp_avg */
         const float v2 = 0.1f;  /* 0.09999999999999998 */
         const float t399 = v0 - v1;  /* t399: f32[32] = sub(t398, transformer.h.0.attn.c_proj.bias.exp_avg) */
@@ -2540,7 +2523,7 @@ __global__ void __launch_bounds__(SG_THREADS) k94_add_t401(int64_t d0, const flo
 /* t404: f32[32] = mul(t398, t398) */
 /* t405: f32[32] = mul(0.050000000000000044, t404) */
 /* t406: f32[32] = add(t403, t405) */
-__global__ void __launch_bounds__(SG_THREADS) k95_add_t406(int64_t d0, float* __restrict__ var47, const float* __restrict__ ws59)
+__global__ void __launch_bounds__(SG_THREADS) k94_add_t406(int64_t d0, float* __restrict__ var47, const float* __restrict__ ws58)
 {
     const int64_t n = 32;
     for (int64_t flat = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; flat < n;
@@ -2549,7 +2532,7 @@ __global__ void __launch_bounds__(SG_THREADS) k95_add_t406(int64_t d0, float* __
         const int64_t i0 = rest;
         const float v0 = 0.95f;  /* 0.95 */
         const float v1 = var47[i0];  /* transformer.h.0.attn.c_proj.bias.exp_avg_sq */
-        const float v2 = ws59[i0];  /* t398 */
+        const float v2 = ws58[i0];  /* t398 */
         const float v3 = 0.05f;  /* 0.050000000000000044 */
         const float t403 = v0*v1;  /* t403: f32[32] = mul(0.95, transformer.h.0.attn.c_proj.bias.exp_avg_sq) */
         const float t404 = v2*v2;  /* t404: f32[32] = mul(t398, t398) */
@@ -2573,7 +2556,7 @@ __global__ void __launch_bounds__(SG_THREADS) k95_add_t406(int64_t d0, float* __
 /* t413: f32[32] = add(t412, 1e-08) */
 /* t414: f32[32] = div(t402, t413) */
 /* t415: f32[32] = sub(transformer.h.0.attn.c_proj.bias, t414) */
-__global__ void __launch_bounds__(SG_THREADS) k96_sub_t415(int64_t d0, const double* __restrict__ var45, const double* __restrict__ var35, const float* __restrict__ var46, const float* __restrict__ var47, float* __restrict__ var7)
+__global__ void __launch_bounds__(SG_THREADS) k95_sub_t415(int64_t d0, const double* __restrict__ var45, const double* __restrict__ var35, const float* __restrict__ var46, const float* __restrict__ var47, float* __restrict__ var7)
 {
     const int64_t n = 32;
     for (int64_t flat = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; flat < n;
@@ -2608,20 +2591,20 @@ __global__ void __launch_bounds__(SG_THREADS) k96_sub_t415(int64_t d0, const dou
 }
 
 /* t250: f32[32,32] = matmul(t249, t34) */
-/* k97_matmul_t250: a[32 x 8*d0] read with strides (1, 32), b[8*d0 x 32] with (32, 1):
+/* k96_matmul_t250: a[32 x 8*d0] read with strides (1, 32), b[8*d0 x 32] with (32, 1):
    a transposed operand is only a change of strides. Launched as sg_gemm<float> in the entry point. */
 
 /* t251: f32[32,32] = sub(t250, transformer.h.0.attn.c_proj.weight.exp_avg) */
 /* t252: f32[32,32] = mul(0.09999999999999998, t251) */
 /* t253: f32[32,32] = add(transformer.h.0.attn.c_proj.weight.exp_avg, t252) */
-__global__ void __launch_bounds__(SG_THREADS) k98_add_t253(int64_t d0, const float* __restrict__ ws60, float* __restrict__ var27)
+__global__ void __launch_bounds__(SG_THREADS) k97_add_t253(int64_t d0, const float* __restrict__ ws59, float* __restrict__ var27)
 {
     const int64_t n = 1024;
     for (int64_t flat = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; flat < n;
          flat += (int64_t)gridDim.x * blockDim.x) {
         int64_t rest = flat;
         const int64_t i0 = rest;
-        const float v0 = ws60[i0];  /* t250 */
+        const float v0 = ws59[i0];  /* t250 */
         const float v1 = var27[i0];  /* transformer.h.0.attn.c_proj.weight.exp_avg */
         const float v2 = 0.1f;  /* 0.09999999999999998 */
         const float t251 = v0 - v1;  /* t251: f32[32,32] = sub(t250, transformer.h.0.attn.c_proj.weight.exp_avg) */
@@ -2635,7 +2618,7 @@ __global__ void __launch_bounds__(SG_THREADS) k98_add_t253(int64_t d0, const flo
 /* t256: f32[32,32] = mul(t250, t250) */
 /* t257: f32[32,32] = mul(0.050000000000000044, t256) */
 /* t258: f32[32,32] = add(t255, t257) */
-__global__ void __launch_bounds__(SG_THREADS) k99_add_t258(int64_t d0, float* __restrict__ var28, const float* __restrict__ ws60)
+__global__ void __launch_bounds__(SG_THREADS) k98_add_t258(int64_t d0, float* __restrict__ var28, const float* __restrict__ ws59)
 {
     const int64_t n = 1024;
     for (int64_t flat = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; flat < n;
@@ -2644,7 +2627,7 @@ __global__ void __launch_bounds__(SG_THREADS) k99_add_t258(int64_t d0, float* __
         const int64_t i0 = rest;
         const float v0 = 0.95f;  /* 0.95 */
         const float v1 = var28[i0];  /* transformer.h.0.attn.c_proj.weight.exp_avg_sq */
-        const float v2 = ws60[i0];  /* t250 */
+        const float v2 = ws59[i0];  /* t250 */
         const float v3 = 0.05f;  /* 0.050000000000000044 */
         const float t255 = v0*v1;  /* t255: f32[32,32] = mul(0.95, transformer.h.0.attn.c_proj.weight.exp_avg_sq) */
         const float t256 = v2*v2;  /* t256: f32[32,32] = mul(t250, t250) */
@@ -2657,14 +2640,14 @@ __global__ void __launch_bounds__(SG_THREADS) k99_add_t258(int64_t d0, float* __
 /* t279: f32[128,32] = sub(t278, transformer.h.0.mlp.c_fc.weight.exp_avg) */
 /* t280: f32[128,32] = mul(0.09999999999999998, t279) */
 /* t281: f32[128,32] = add(transformer.h.0.mlp.c_fc.weight.exp_avg, t280) */
-__global__ void __launch_bounds__(SG_THREADS) k100_add_t281(int64_t d0, const float* __restrict__ ws56, float* __restrict__ var30)
+__global__ void __launch_bounds__(SG_THREADS) k99_add_t281(int64_t d0, const float* __restrict__ ws55, float* __restrict__ var30)
 {
     const int64_t n = 4096;
     for (int64_t flat = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; flat < n;
          flat += (int64_t)gridDim.x * blockDim.x) {
         int64_t rest = flat;
         const int64_t i0 = rest;
-        const float v0 = ws56[i0];  /* t278 */
+        const float v0 = ws55[i0];  /* t278 */
         const float v1 = var30[i0];  /* transformer.h.0.mlp.c_fc.weight.exp_avg */
         const float v2 = 0.1f;  /* 0.09999999999999998 */
         const float t279 = v0 - v1;  /* t279: f32[128,32] = sub(t278, transformer.h.0.mlp.c_fc.weight.exp_avg) */
@@ -2678,7 +2661,7 @@ __global__ void __launch_bounds__(SG_THREADS) k100_add_t281(int64_t d0, const fl
 /* t284: f32[128,32] = mul(t278, t278) */
 /* t285: f32[128,32] = mul(0.050000000000000044, t284) */
 /* t286: f32[128,32] = add(t283, t285) */
-__global__ void __launch_bounds__(SG_THREADS) k101_add_t286(int64_t d0, float* __restrict__ var31, const float* __restrict__ ws56)
+__global__ void __launch_bounds__(SG_THREADS) k100_add_t286(int64_t d0, float* __restrict__ var31, const float* __restrict__ ws55)
 {
     const int64_t n = 4096;
     for (int64_t flat = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; flat < n;
@@ -2687,7 +2670,7 @@ __global__ void __launch_bounds__(SG_THREADS) k101_add_t286(int64_t d0, float* _
         const int64_t i0 = rest;
         const float v0 = 0.95f;  /* 0.95 */
         const float v1 = var31[i0];  /* transformer.h.0.mlp.c_fc.weight.exp_avg_sq */
-        const float v2 = ws56[i0];  /* t278 */
+        const float v2 = ws55[i0];  /* t278 */
         const float v3 = 0.05f;  /* 0.050000000000000044 */
         const float t283 = v0*v1;  /* t283: f32[128,32] = mul(0.95, transformer.h.0.mlp.c_fc.weight.exp_avg_sq) */
         const float t284 = v2*v2;  /* t284: f32[128,32] = mul(t278, t278) */
@@ -2715,7 +2698,7 @@ __global__ void __launch_bounds__(SG_THREADS) k101_add_t286(int64_t d0, float* _
 /* t293: f32[128,32] = add(t292, 1e-08) */
 /* t294: f32[128,32] = div(t282, t293) */
 /* t295: f32[128,32] = sub(t268, t294) */
-__global__ void __launch_bounds__(SG_THREADS) k102_sub_t295(int64_t d0, const double* __restrict__ var16, float* __restrict__ var10, const double* __restrict__ var29, const float* __restrict__ var30, const float* __restrict__ var31)
+__global__ void __launch_bounds__(SG_THREADS) k101_sub_t295(int64_t d0, const double* __restrict__ var16, float* __restrict__ var10, const double* __restrict__ var29, const float* __restrict__ var30, const float* __restrict__ var31)
 {
     const int64_t n = 4096;
     for (int64_t flat = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; flat < n;
@@ -2755,11 +2738,11 @@ __global__ void __launch_bounds__(SG_THREADS) k102_sub_t295(int64_t d0, const do
 }
 
 /* t138: f32[8*B,32] = matmul(t137, transformer.h.0.attn.c_proj.weight) */
-/* k103_matmul_t138: a[8*d0 x 32] read with strides (32, 1), b[32 x 32] with (32, 1):
+/* k102_matmul_t138: a[8*d0 x 32] read with strides (32, 1), b[32 x 32] with (32, 1):
    a transposed operand is only a change of strides. Launched as sg_gemm<float> in the entry point. */
 
 /* t141: f32[3,B,2,8,16] = attention_grad[causal=True, scale=0.25](t25, t28, t31, t32, t140) */
-__global__ void __launch_bounds__(SG_THREADS) k104_attention_grad_t141(int64_t d0, const float* __restrict__ ws9, const float* __restrict__ ws10, const float* __restrict__ ws61, const float* __restrict__ ws11, float* __restrict__ ws62, float* __restrict__ ws63)
+__global__ void __launch_bounds__(SG_THREADS) k103_attention_grad_t141(int64_t d0, const float* __restrict__ ws9, const float* __restrict__ ws10, const float* __restrict__ ws60, const float* __restrict__ ws11, float* __restrict__ ws61, float* __restrict__ ws62)
 {
     /* attention_grad over H heads of T rows of E elements, causal: row i sees keys j <= i,
        first pass, a thread per query row: its softmax (m, 1 / l) as the forward stored it,
@@ -2777,9 +2760,9 @@ __global__ void __launch_bounds__(SG_THREADS) k104_attention_grad_t141(int64_t d
         const int64_t k_row = 96;
         const float* vh = ws9 + n0 * 768 + n1 * 16 + 64;  /* t31, head h */
         const int64_t v_row = 96;
-        const float* oh = ws10 + n0 * 256 + n1 * 128;  /* t32, head h */
-        const int64_t o_row = 16;
-        const float* gh = ws61 + n0 * 256 + n1 * 16;  /* t140, head h */
+        const float* oh = ws10 + n0 * 256 + n1 * 16;  /* t32, head h */
+        const int64_t o_row = 32;
+        const float* gh = ws60 + n0 * 256 + n1 * 16;  /* t140, head h */
         const int64_t g_row = 32;
 const float* qi = qh + i * q_row;
         const float* oi = oh + i * o_row;
@@ -2793,8 +2776,8 @@ const float* qi = qh + i * q_row;
         for (int64_t e = 0; e < E; ++e) {
             row += gi[e] * oi[e];
         }
-        ws63[h * T + i] = row;
-        float* dqi = ws62 + (h * T + i) * E;
+        ws62[h * T + i] = row;
+        float* dqi = ws61 + (h * T + i) * E;
         for (int64_t e = 0; e < E; ++e) {
             dqi[e] = 0;
         }
@@ -2826,7 +2809,7 @@ for (int64_t jj = 0; jj < n; ++jj) {
     }
 }
 
-__global__ void __launch_bounds__(SG_THREADS) k104_attention_grad_t141_keys(int64_t d0, const float* __restrict__ ws9, const float* __restrict__ ws10, const float* __restrict__ ws61, const float* __restrict__ ws11, float* __restrict__ ws62, float* __restrict__ ws63)
+__global__ void __launch_bounds__(SG_THREADS) k103_attention_grad_t141_keys(int64_t d0, const float* __restrict__ ws9, const float* __restrict__ ws10, const float* __restrict__ ws60, const float* __restrict__ ws11, float* __restrict__ ws61, float* __restrict__ ws62)
 {
     /* attention_grad, second pass, a thread per key row j: dk_j = sum_i ds_ij q_i and dv_j = sum_i p_ij g_i
        over the query rows i that see key j, in order, from each row's m, 1 / l and D (the first pass's) */
@@ -2843,12 +2826,12 @@ __global__ void __launch_bounds__(SG_THREADS) k104_attention_grad_t141_keys(int6
         const int64_t k_row = 96;
         const float* vh = ws9 + n0 * 768 + n1 * 16 + 64;  /* t31, head h */
         const int64_t v_row = 96;
-        const float* gh = ws61 + n0 * 256 + n1 * 16;  /* t140, head h */
+        const float* gh = ws60 + n0 * 256 + n1 * 16;  /* t140, head h */
         const int64_t g_row = 32;
 const float* kj = kh + j * k_row;
         const float* vj = vh + j * v_row;
-        float* dkj = ws62 + ((H + h) * T + j) * E;
-        float* dvj = ws62 + ((2 * H + h) * T + j) * E;
+        float* dkj = ws61 + ((H + h) * T + j) * E;
+        float* dvj = ws61 + ((2 * H + h) * T + j) * E;
         for (int64_t e = 0; e < E; ++e) {
             dkj[e] = 0;
             dvj[e] = 0;
@@ -2869,7 +2852,7 @@ const float* kj = kh + j * k_row;
             }
             const float s = dot * scale, mi = ws11[h * T + i];
             const float p = expf(s - mi) * ws11[(H + h) * T + i];
-            const float ds = p * (dp - ws63[h * T + i]) * scale;
+            const float ds = p * (dp - ws62[h * T + i]) * scale;
             for (int64_t e = 0; e < E; ++e) {
                 dvj[e] += p * gi[e];
                 dkj[e] += ds * qi[e];
@@ -2879,7 +2862,7 @@ const float* kj = kh + j * k_row;
 }
 
 /* make contiguous for a reshape: t144: f32[B,8,2,16] = transpose[perm=(0,2,1,3)](t143) */
-__global__ void __launch_bounds__(SG_THREADS) k105_copy(int64_t d0, const float* __restrict__ ws62, float* __restrict__ ws64)
+__global__ void __launch_bounds__(SG_THREADS) k104_copy(int64_t d0, const float* __restrict__ ws61, float* __restrict__ ws63)
 {
     const int64_t n = (256*d0);
     for (int64_t flat = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; flat < n;
@@ -2889,14 +2872,14 @@ __global__ void __launch_bounds__(SG_THREADS) k105_copy(int64_t d0, const float*
         const int64_t i2 = rest % 2; rest /= 2;
         const int64_t i1 = rest % 8; rest /= 8;
         const int64_t i0 = rest;
-        const float v0 = ws62[i0 * 256 + i1 * 16 + i2 * 128 + i3 + (512*d0)];  /* make contiguous for a reshape */
+        const float v0 = ws61[i0 * 256 + i1 * 16 + i2 * 128 + i3 + (512*d0)];  /* make contiguous for a reshape */
         const float r = v0;  /* make contiguous for a reshape: t144: f32[B,8,2,16] = transpose[perm=(0,2,1,3)](t143) */
-        ws64[i0 * 256 + i1 * 32 + i2 * 16 + i3] = r;
+        ws63[i0 * 256 + i1 * 32 + i2 * 16 + i3] = r;
     }
 }
 
 /* t146: f32[B,8,96] = embed[starts=(0,0,64), steps=(1,1,1)](t145), stored in place into t158 */
-__global__ void __launch_bounds__(SG_THREADS) k106_embed_t146(int64_t d0, const float* __restrict__ ws64, float* __restrict__ ws65)
+__global__ void __launch_bounds__(SG_THREADS) k105_embed_t146(int64_t d0, const float* __restrict__ ws63, float* __restrict__ ws64)
 {
     const int64_t n = (256*d0);
     for (int64_t flat = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; flat < n;
@@ -2904,14 +2887,14 @@ __global__ void __launch_bounds__(SG_THREADS) k106_embed_t146(int64_t d0, const 
         int64_t rest = flat;
         const int64_t i1 = rest % 32; rest /= 32;
         const int64_t i0 = rest;
-        const float v0 = ws64[i0 * 32 + i1];  /* t145 */
+        const float v0 = ws63[i0 * 32 + i1];  /* t145 */
         const float r = v0;  /* t146: f32[B,8,96] = embed[starts=(0,0,64), steps=(1,1,1)](t145), stored in place into t158 */
-        ws65[i0 * 96 + i1 + 64] = r;
+        ws64[i0 * 96 + i1 + 64] = r;
     }
 }
 
 /* make contiguous for a reshape: t149: f32[B,8,2,16] = transpose[perm=(0,2,1,3)](t148) */
-__global__ void __launch_bounds__(SG_THREADS) k107_copy(int64_t d0, const float* __restrict__ ws62, float* __restrict__ ws66)
+__global__ void __launch_bounds__(SG_THREADS) k106_copy(int64_t d0, const float* __restrict__ ws61, float* __restrict__ ws65)
 {
     const int64_t n = (256*d0);
     for (int64_t flat = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; flat < n;
@@ -2921,14 +2904,14 @@ __global__ void __launch_bounds__(SG_THREADS) k107_copy(int64_t d0, const float*
         const int64_t i2 = rest % 2; rest /= 2;
         const int64_t i1 = rest % 8; rest /= 8;
         const int64_t i0 = rest;
-        const float v0 = ws62[i0 * 256 + i1 * 16 + i2 * 128 + i3 + (256*d0)];  /* make contiguous for a reshape */
+        const float v0 = ws61[i0 * 256 + i1 * 16 + i2 * 128 + i3 + (256*d0)];  /* make contiguous for a reshape */
         const float r = v0;  /* make contiguous for a reshape: t149: f32[B,8,2,16] = transpose[perm=(0,2,1,3)](t148) */
-        ws66[i0 * 256 + i1 * 32 + i2 * 16 + i3] = r;
+        ws65[i0 * 256 + i1 * 32 + i2 * 16 + i3] = r;
     }
 }
 
 /* t151: f32[B,8,96] = embed[starts=(0,0,32), steps=(1,1,1)](t150), stored in place into t158 */
-__global__ void __launch_bounds__(SG_THREADS) k108_embed_t151(int64_t d0, const float* __restrict__ ws66, float* __restrict__ ws65)
+__global__ void __launch_bounds__(SG_THREADS) k107_embed_t151(int64_t d0, const float* __restrict__ ws65, float* __restrict__ ws64)
 {
     const int64_t n = (256*d0);
     for (int64_t flat = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; flat < n;
@@ -2936,14 +2919,14 @@ __global__ void __launch_bounds__(SG_THREADS) k108_embed_t151(int64_t d0, const 
         int64_t rest = flat;
         const int64_t i1 = rest % 32; rest /= 32;
         const int64_t i0 = rest;
-        const float v0 = ws66[i0 * 32 + i1];  /* t150 */
+        const float v0 = ws65[i0 * 32 + i1];  /* t150 */
         const float r = v0;  /* t151: f32[B,8,96] = embed[starts=(0,0,32), steps=(1,1,1)](t150), stored in place into t158 */
-        ws65[i0 * 96 + i1 + 32] = r;
+        ws64[i0 * 96 + i1 + 32] = r;
     }
 }
 
 /* make contiguous for a reshape: t155: f32[B,8,2,16] = transpose[perm=(0,2,1,3)](t154) */
-__global__ void __launch_bounds__(SG_THREADS) k109_copy(int64_t d0, const float* __restrict__ ws62, float* __restrict__ ws67)
+__global__ void __launch_bounds__(SG_THREADS) k108_copy(int64_t d0, const float* __restrict__ ws61, float* __restrict__ ws66)
 {
     const int64_t n = (256*d0);
     for (int64_t flat = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; flat < n;
@@ -2953,14 +2936,14 @@ __global__ void __launch_bounds__(SG_THREADS) k109_copy(int64_t d0, const float*
         const int64_t i2 = rest % 2; rest /= 2;
         const int64_t i1 = rest % 8; rest /= 8;
         const int64_t i0 = rest;
-        const float v0 = ws62[i0 * 256 + i1 * 16 + i2 * 128 + i3];  /* make contiguous for a reshape */
+        const float v0 = ws61[i0 * 256 + i1 * 16 + i2 * 128 + i3];  /* make contiguous for a reshape */
         const float r = v0;  /* make contiguous for a reshape: t155: f32[B,8,2,16] = transpose[perm=(0,2,1,3)](t154) */
-        ws67[i0 * 256 + i1 * 32 + i2 * 16 + i3] = r;
+        ws66[i0 * 256 + i1 * 32 + i2 * 16 + i3] = r;
     }
 }
 
 /* t157: f32[B,8,96] = embed[starts=(0,0,0), steps=(1,1,1)](t156), stored in place into t158 */
-__global__ void __launch_bounds__(SG_THREADS) k110_embed_t157(int64_t d0, const float* __restrict__ ws67, float* __restrict__ ws65)
+__global__ void __launch_bounds__(SG_THREADS) k109_embed_t157(int64_t d0, const float* __restrict__ ws66, float* __restrict__ ws64)
 {
     const int64_t n = (256*d0);
     for (int64_t flat = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; flat < n;
@@ -2968,15 +2951,15 @@ __global__ void __launch_bounds__(SG_THREADS) k110_embed_t157(int64_t d0, const 
         int64_t rest = flat;
         const int64_t i1 = rest % 32; rest /= 32;
         const int64_t i0 = rest;
-        const float v0 = ws67[i0 * 32 + i1];  /* t156 */
+        const float v0 = ws66[i0 * 32 + i1];  /* t156 */
         const float r = v0;  /* t157: f32[B,8,96] = embed[starts=(0,0,0), steps=(1,1,1)](t156), stored in place into t158 */
-        ws65[i0 * 96 + i1] = r;
+        ws64[i0 * 96 + i1] = r;
     }
 }
 
 /* t375: f32[96] = sum[axes=(0,), keepdims=False](t159) */
 /* Deterministic block reduction (sum): per-thread strided fold, then a shared-memory tree; no atomics. */
-__global__ void __launch_bounds__(SG_THREADS) k111_sum_t375(int64_t d0, const float* __restrict__ ws65, float* __restrict__ ws68)
+__global__ void __launch_bounds__(SG_THREADS) k110_sum_t375(int64_t d0, const float* __restrict__ ws64, float* __restrict__ ws67)
 {
     __shared__ double s_acc[SG_THREADS];
     const int64_t n_out = 96;
@@ -2988,7 +2971,7 @@ __global__ void __launch_bounds__(SG_THREADS) k111_sum_t375(int64_t d0, const fl
         for (int64_t r = threadIdx.x; r < n_red; r += blockDim.x) {
             int64_t rrest = r;
             const int64_t r0 = rrest;
-            acc += (double)ws65[o0 + r0 * 96];
+            acc += (double)ws64[o0 + r0 * 96];
         }
         s_acc[threadIdx.x] = acc;
         __syncthreads();
@@ -2999,7 +2982,7 @@ __global__ void __launch_bounds__(SG_THREADS) k111_sum_t375(int64_t d0, const fl
             __syncthreads();
         }
         if (threadIdx.x == 0) {
-            ws68[o] = (float)(s_acc[0]);
+            ws67[o] = (float)(s_acc[0]);
         }
         __syncthreads();  /* s_acc is reused by the next output */
     }
@@ -3008,14 +2991,14 @@ __global__ void __launch_bounds__(SG_THREADS) k111_sum_t375(int64_t d0, const fl
 /* t376: f32[96] = sub(t375, transformer.h.0.attn.c_attn.bias.exp_avg) */
 /* t377: f32[96] = mul(0.09999999999999998, t376) */
 /* t378: f32[96] = add(transformer.h.0.attn.c_attn.bias.exp_avg, t377) */
-__global__ void __launch_bounds__(SG_THREADS) k112_add_t378(int64_t d0, const float* __restrict__ ws68, float* __restrict__ var43)
+__global__ void __launch_bounds__(SG_THREADS) k111_add_t378(int64_t d0, const float* __restrict__ ws67, float* __restrict__ var43)
 {
     const int64_t n = 96;
     for (int64_t flat = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; flat < n;
          flat += (int64_t)gridDim.x * blockDim.x) {
         int64_t rest = flat;
         const int64_t i0 = rest;
-        const float v0 = ws68[i0];  /* t375 */
+        const float v0 = ws67[i0];  /* t375 */
         const float v1 = var43[i0];  /* transformer.h.0.attn.c_attn.bias.exp_avg */
         const float v2 = 0.1f;  /* 0.09999999999999998 */
         const float t376 = v0 - v1;  /* t376: f32[96] = sub(t375, transformer.h.0.attn.c_attn.bias.exp_avg) */
@@ -3029,7 +3012,7 @@ __global__ void __launch_bounds__(SG_THREADS) k112_add_t378(int64_t d0, const fl
 /* t381: f32[96] = mul(t375, t375) */
 /* t382: f32[96] = mul(0.050000000000000044, t381) */
 /* t383: f32[96] = add(t380, t382) */
-__global__ void __launch_bounds__(SG_THREADS) k113_add_t383(int64_t d0, float* __restrict__ var44, const float* __restrict__ ws68)
+__global__ void __launch_bounds__(SG_THREADS) k112_add_t383(int64_t d0, float* __restrict__ var44, const float* __restrict__ ws67)
 {
     const int64_t n = 96;
     for (int64_t flat = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; flat < n;
@@ -3038,7 +3021,7 @@ __global__ void __launch_bounds__(SG_THREADS) k113_add_t383(int64_t d0, float* _
         const int64_t i0 = rest;
         const float v0 = 0.95f;  /* 0.95 */
         const float v1 = var44[i0];  /* transformer.h.0.attn.c_attn.bias.exp_avg_sq */
-        const float v2 = ws68[i0];  /* t375 */
+        const float v2 = ws67[i0];  /* t375 */
         const float v3 = 0.05f;  /* 0.050000000000000044 */
         const float t380 = v0*v1;  /* t380: f32[96] = mul(0.95, transformer.h.0.attn.c_attn.bias.exp_avg_sq) */
         const float t381 = v2*v2;  /* t381: f32[96] = mul(t375, t375) */
@@ -3062,7 +3045,7 @@ __global__ void __launch_bounds__(SG_THREADS) k113_add_t383(int64_t d0, float* _
 /* t390: f32[96] = add(t389, 1e-08) */
 /* t391: f32[96] = div(t379, t390) */
 /* t392: f32[96] = sub(transformer.h.0.attn.c_attn.bias, t391) */
-__global__ void __launch_bounds__(SG_THREADS) k114_sub_t392(int64_t d0, const double* __restrict__ var42, const double* __restrict__ var35, const float* __restrict__ var43, const float* __restrict__ var44, float* __restrict__ var5)
+__global__ void __launch_bounds__(SG_THREADS) k113_sub_t392(int64_t d0, const double* __restrict__ var42, const double* __restrict__ var35, const float* __restrict__ var43, const float* __restrict__ var44, float* __restrict__ var5)
 {
     const int64_t n = 96;
     for (int64_t flat = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; flat < n;
@@ -3114,7 +3097,7 @@ __global__ void __launch_bounds__(SG_THREADS) k114_sub_t392(int64_t d0, const do
 /* t265: f32[32,32] = add(t264, 1e-08) */
 /* t266: f32[32,32] = div(t254, t265) */
 /* t267: f32[32,32] = sub(t243, t266) */
-__global__ void __launch_bounds__(SG_THREADS) k115_sub_t267(int64_t d0, const double* __restrict__ var16, float* __restrict__ var6, const double* __restrict__ var26, const float* __restrict__ var27, const float* __restrict__ var28)
+__global__ void __launch_bounds__(SG_THREADS) k114_sub_t267(int64_t d0, const double* __restrict__ var16, float* __restrict__ var6, const double* __restrict__ var26, const float* __restrict__ var27, const float* __restrict__ var28)
 {
     const int64_t n = 1024;
     for (int64_t flat = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; flat < n;
@@ -3154,12 +3137,12 @@ __global__ void __launch_bounds__(SG_THREADS) k115_sub_t267(int64_t d0, const do
 }
 
 /* t160: f32[8*B,32] = matmul(t159, transformer.h.0.attn.c_attn.weight) */
-/* k116_matmul_t160: a[8*d0 x 96] read with strides (96, 1), b[96 x 32] with (32, 1):
+/* k115_matmul_t160: a[8*d0 x 96] read with strides (96, 1), b[96 x 32] with (32, 1):
    a transposed operand is only a change of strides. Launched as sg_gemm<float> in the entry point. */
 
 /* t352: f32[32] = sum[axes=(0,1), keepdims=False](t161) */
 /* Deterministic block reduction (sum): per-thread strided fold, then a shared-memory tree; no atomics. */
-__global__ void __launch_bounds__(SG_THREADS) k117_sum_t352(int64_t d0, const float* __restrict__ ws69, float* __restrict__ ws70)
+__global__ void __launch_bounds__(SG_THREADS) k116_sum_t352(int64_t d0, const float* __restrict__ ws68, float* __restrict__ ws69)
 {
     __shared__ double s_acc[SG_THREADS];
     const int64_t n_out = 32;
@@ -3171,7 +3154,7 @@ __global__ void __launch_bounds__(SG_THREADS) k117_sum_t352(int64_t d0, const fl
         for (int64_t r = threadIdx.x; r < n_red; r += blockDim.x) {
             int64_t rrest = r;
             const int64_t r0 = rrest;
-            acc += (double)ws69[o0 + r0 * 32];
+            acc += (double)ws68[o0 + r0 * 32];
         }
         s_acc[threadIdx.x] = acc;
         __syncthreads();
@@ -3182,7 +3165,7 @@ __global__ void __launch_bounds__(SG_THREADS) k117_sum_t352(int64_t d0, const fl
             __syncthreads();
         }
         if (threadIdx.x == 0) {
-            ws70[o] = (float)(s_acc[0]);
+            ws69[o] = (float)(s_acc[0]);
         }
         __syncthreads();  /* s_acc is reused by the next output */
     }
@@ -3191,14 +3174,14 @@ __global__ void __launch_bounds__(SG_THREADS) k117_sum_t352(int64_t d0, const fl
 /* t353: f32[32] = sub(t352, transformer.h.0.ln_1.bias.exp_avg) */
 /* t354: f32[32] = mul(0.09999999999999998, t353) */
 /* t355: f32[32] = add(transformer.h.0.ln_1.bias.exp_avg, t354) */
-__global__ void __launch_bounds__(SG_THREADS) k118_add_t355(int64_t d0, const float* __restrict__ ws70, float* __restrict__ var40)
+__global__ void __launch_bounds__(SG_THREADS) k117_add_t355(int64_t d0, const float* __restrict__ ws69, float* __restrict__ var40)
 {
     const int64_t n = 32;
     for (int64_t flat = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; flat < n;
          flat += (int64_t)gridDim.x * blockDim.x) {
         int64_t rest = flat;
         const int64_t i0 = rest;
-        const float v0 = ws70[i0];  /* t352 */
+        const float v0 = ws69[i0];  /* t352 */
         const float v1 = var40[i0];  /* transformer.h.0.ln_1.bias.exp_avg */
         const float v2 = 0.1f;  /* 0.09999999999999998 */
         const float t353 = v0 - v1;  /* t353: f32[32] = sub(t352, transformer.h.0.ln_1.bias.exp_avg) */
@@ -3212,7 +3195,7 @@ __global__ void __launch_bounds__(SG_THREADS) k118_add_t355(int64_t d0, const fl
 /* t358: f32[32] = mul(t352, t352) */
 /* t359: f32[32] = mul(0.050000000000000044, t358) */
 /* t360: f32[32] = add(t357, t359) */
-__global__ void __launch_bounds__(SG_THREADS) k119_add_t360(int64_t d0, float* __restrict__ var41, const float* __restrict__ ws70)
+__global__ void __launch_bounds__(SG_THREADS) k118_add_t360(int64_t d0, float* __restrict__ var41, const float* __restrict__ ws69)
 {
     const int64_t n = 32;
     for (int64_t flat = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; flat < n;
@@ -3221,7 +3204,7 @@ __global__ void __launch_bounds__(SG_THREADS) k119_add_t360(int64_t d0, float* _
         const int64_t i0 = rest;
         const float v0 = 0.95f;  /* 0.95 */
         const float v1 = var41[i0];  /* transformer.h.0.ln_1.bias.exp_avg_sq */
-        const float v2 = ws70[i0];  /* t352 */
+        const float v2 = ws69[i0];  /* t352 */
         const float v3 = 0.05f;  /* 0.050000000000000044 */
         const float t357 = v0*v1;  /* t357: f32[32] = mul(0.95, transformer.h.0.ln_1.bias.exp_avg_sq) */
         const float t358 = v2*v2;  /* t358: f32[32] = mul(t352, t352) */
@@ -3235,7 +3218,7 @@ __global__ void __launch_bounds__(SG_THREADS) k119_add_t360(int64_t d0, float* _
 /* t164: f32[B,8,32] = -t162*t163/t14 */
 /* t165: f32[B,8,1] = sum[axes=(2,), keepdims=True](t164) */
 /* Deterministic block reduction (sum): per-thread strided fold, then a shared-memory tree; no atomics. */
-__global__ void __launch_bounds__(SG_THREADS) k120_sum_t165(int64_t d0, const float* __restrict__ ws69, const float* __restrict__ var2, const float* __restrict__ ws5, const float* __restrict__ ws7, float* __restrict__ ws71)
+__global__ void __launch_bounds__(SG_THREADS) k119_sum_t165(int64_t d0, const float* __restrict__ ws68, const float* __restrict__ var2, const float* __restrict__ ws5, const float* __restrict__ ws7, float* __restrict__ ws70)
 {
     __shared__ double s_acc[SG_THREADS];
     const int64_t n_out = (8*d0);
@@ -3247,7 +3230,7 @@ __global__ void __launch_bounds__(SG_THREADS) k120_sum_t165(int64_t d0, const fl
         for (int64_t r = threadIdx.x; r < n_red; r += blockDim.x) {
             int64_t rrest = r;
             const int64_t r0 = rrest;
-            const float v0 = ws69[o0 * 32 + r0];  /* t161 */
+            const float v0 = ws68[o0 * 32 + r0];  /* t161 */
             const float v1 = var2[r0];  /* transformer.h.0.ln_1.weight */
             const float v2 = ws5[o0];  /* t14 */
             const float v3 = ws7[o0 * 32 + r0];  /* t163 */
@@ -3264,7 +3247,7 @@ __global__ void __launch_bounds__(SG_THREADS) k120_sum_t165(int64_t d0, const fl
             __syncthreads();
         }
         if (threadIdx.x == 0) {
-            ws71[o] = (float)(s_acc[0]);
+            ws70[o] = (float)(s_acc[0]);
         }
         __syncthreads();  /* s_acc is reused by the next output */
     }
@@ -3274,7 +3257,7 @@ __global__ void __launch_bounds__(SG_THREADS) k120_sum_t165(int64_t d0, const fl
 /* t9: f32[B,8,32] = sub(t6, t8) */
 /* t162: f32[B,8,32] = mul(t161, transformer.h.0.ln_1.weight) */
 /* t166: f32[B,8,32] = t162/t14 + t165*t9/(32*t14) */
-__global__ void __launch_bounds__(SG_THREADS) k121_simplified_t166(int64_t d0, const float* __restrict__ ws0, const float* __restrict__ ws2, const float* __restrict__ ws4, const float* __restrict__ ws69, const float* __restrict__ var2, const float* __restrict__ ws5, const float* __restrict__ ws71, float* __restrict__ ws72)
+__global__ void __launch_bounds__(SG_THREADS) k120_simplified_t166(int64_t d0, const float* __restrict__ ws0, const float* __restrict__ ws2, const float* __restrict__ ws4, const float* __restrict__ ws68, const float* __restrict__ var2, const float* __restrict__ ws5, const float* __restrict__ ws70, float* __restrict__ ws71)
 {
     const int64_t n = (256*d0);
     for (int64_t flat = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; flat < n;
@@ -3286,36 +3269,36 @@ __global__ void __launch_bounds__(SG_THREADS) k121_simplified_t166(int64_t d0, c
         const float v0 = ws0[i0 * 256 + i1 * 32 + i2];  /* t3 */
         const float v1 = ws2[i1 * 32 + i2];  /* t5 */
         const float v2 = ws4[i0 * 8 + i1];  /* t8 */
-        const float v3 = ws69[i0 * 256 + i1 * 32 + i2];  /* t161 */
+        const float v3 = ws68[i0 * 256 + i1 * 32 + i2];  /* t161 */
         const float v4 = var2[i2];  /* transformer.h.0.ln_1.weight */
         const float v5 = ws5[i0 * 8 + i1];  /* t14 */
-        const float v6 = ws71[i0 * 8 + i1];  /* t165 */
+        const float v6 = ws70[i0 * 8 + i1];  /* t165 */
         const float t6 = v0 + v1;  /* t6: f32[B,8,32] = add(t3, t5) */
         const float t9 = t6 - v2;  /* t9: f32[B,8,32] = sub(t6, t8) */
         const float t162 = v3*v4;  /* t162: f32[B,8,32] = mul(t161, transformer.h.0.ln_1.weight) */
         const float t166 = t162/v5 + (1.0f/32.0f)*v6*t9/v5;  /* t166: f32[B,8,32] = t162/t14 + t165*t9/(32*t14) */
-        ws72[i0 * 256 + i1 * 32 + i2] = t166;
+        ws71[i0 * 256 + i1 * 32 + i2] = t166;
     }
 }
 
 /* t328: f32[B,8,32] = mul(t161, t163) */
-__global__ void __launch_bounds__(SG_THREADS) k122_mul_t328(int64_t d0, const float* __restrict__ ws69, const float* __restrict__ ws7, float* __restrict__ ws73)
+__global__ void __launch_bounds__(SG_THREADS) k121_mul_t328(int64_t d0, const float* __restrict__ ws68, const float* __restrict__ ws7, float* __restrict__ ws72)
 {
     const int64_t n = (256*d0);
     for (int64_t flat = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; flat < n;
          flat += (int64_t)gridDim.x * blockDim.x) {
         int64_t rest = flat;
         const int64_t i0 = rest;
-        const float v0 = ws69[i0];  /* t161 */
+        const float v0 = ws68[i0];  /* t161 */
         const float v1 = ws7[i0];  /* t163 */
         const float t328 = v0*v1;  /* t328: f32[B,8,32] = mul(t161, t163) */
-        ws73[i0] = t328;
+        ws72[i0] = t328;
     }
 }
 
 /* t329: f32[32] = sum[axes=(0,1), keepdims=False](t328) */
 /* Deterministic block reduction (sum): per-thread strided fold, then a shared-memory tree; no atomics. */
-__global__ void __launch_bounds__(SG_THREADS) k123_sum_t329(int64_t d0, const float* __restrict__ ws73, float* __restrict__ ws74)
+__global__ void __launch_bounds__(SG_THREADS) k122_sum_t329(int64_t d0, const float* __restrict__ ws72, float* __restrict__ ws73)
 {
     __shared__ double s_acc[SG_THREADS];
     const int64_t n_out = 32;
@@ -3327,7 +3310,7 @@ __global__ void __launch_bounds__(SG_THREADS) k123_sum_t329(int64_t d0, const fl
         for (int64_t r = threadIdx.x; r < n_red; r += blockDim.x) {
             int64_t rrest = r;
             const int64_t r0 = rrest;
-            acc += (double)ws73[o0 + r0 * 32];
+            acc += (double)ws72[o0 + r0 * 32];
         }
         s_acc[threadIdx.x] = acc;
         __syncthreads();
@@ -3338,7 +3321,7 @@ __global__ void __launch_bounds__(SG_THREADS) k123_sum_t329(int64_t d0, const fl
             __syncthreads();
         }
         if (threadIdx.x == 0) {
-            ws74[o] = (float)(s_acc[0]);
+            ws73[o] = (float)(s_acc[0]);
         }
         __syncthreads();  /* s_acc is reused by the next output */
     }
@@ -3346,7 +3329,7 @@ __global__ void __launch_bounds__(SG_THREADS) k123_sum_t329(int64_t d0, const fl
 
 /* t222: f32[B,8,32] = mul(t163, transformer.h.0.ln_1.weight) */
 /* t223: f32[B,8,32] = add(t222, transformer.h.0.ln_1.bias) */
-__global__ void __launch_bounds__(SG_THREADS) k124_add_t223(int64_t d0, const float* __restrict__ ws7, const float* __restrict__ var2, const float* __restrict__ var3, float* __restrict__ ws75)
+__global__ void __launch_bounds__(SG_THREADS) k123_add_t223(int64_t d0, const float* __restrict__ ws7, const float* __restrict__ var2, const float* __restrict__ var3, float* __restrict__ ws74)
 {
     const int64_t n = (256*d0);
     for (int64_t flat = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; flat < n;
@@ -3359,25 +3342,25 @@ __global__ void __launch_bounds__(SG_THREADS) k124_add_t223(int64_t d0, const fl
         const float v2 = var3[i1];  /* transformer.h.0.ln_1.bias */
         const float t222 = v0*v1;  /* t222: f32[B,8,32] = mul(t163, transformer.h.0.ln_1.weight) */
         const float t223 = t222 + v2;  /* t223: f32[B,8,32] = add(t222, transformer.h.0.ln_1.bias) */
-        ws75[i0 * 32 + i1] = t223;
+        ws74[i0 * 32 + i1] = t223;
     }
 }
 
 /* t225: f32[96,32] = matmul(t221, t224) */
-/* k125_matmul_t225: a[96 x 8*d0] read with strides (1, 96), b[8*d0 x 32] with (32, 1):
+/* k124_matmul_t225: a[96 x 8*d0] read with strides (1, 96), b[8*d0 x 32] with (32, 1):
    a transposed operand is only a change of strides. Launched as sg_gemm<float> in the entry point. */
 
 /* t330: f32[32] = sub(t329, transformer.h.0.ln_1.weight.exp_avg) */
 /* t331: f32[32] = mul(0.09999999999999998, t330) */
 /* t332: f32[32] = add(transformer.h.0.ln_1.weight.exp_avg, t331) */
-__global__ void __launch_bounds__(SG_THREADS) k126_add_t332(int64_t d0, const float* __restrict__ ws74, float* __restrict__ var37)
+__global__ void __launch_bounds__(SG_THREADS) k125_add_t332(int64_t d0, const float* __restrict__ ws73, float* __restrict__ var37)
 {
     const int64_t n = 32;
     for (int64_t flat = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; flat < n;
          flat += (int64_t)gridDim.x * blockDim.x) {
         int64_t rest = flat;
         const int64_t i0 = rest;
-        const float v0 = ws74[i0];  /* t329 */
+        const float v0 = ws73[i0];  /* t329 */
         const float v1 = var37[i0];  /* transformer.h.0.ln_1.weight.exp_avg */
         const float v2 = 0.1f;  /* 0.09999999999999998 */
         const float t330 = v0 - v1;  /* t330: f32[32] = sub(t329, transformer.h.0.ln_1.weight.exp_avg) */
@@ -3391,7 +3374,7 @@ __global__ void __launch_bounds__(SG_THREADS) k126_add_t332(int64_t d0, const fl
 /* t335: f32[32] = mul(t329, t329) */
 /* t336: f32[32] = mul(0.050000000000000044, t335) */
 /* t337: f32[32] = add(t334, t336) */
-__global__ void __launch_bounds__(SG_THREADS) k127_add_t337(int64_t d0, float* __restrict__ var38, const float* __restrict__ ws74)
+__global__ void __launch_bounds__(SG_THREADS) k126_add_t337(int64_t d0, float* __restrict__ var38, const float* __restrict__ ws73)
 {
     const int64_t n = 32;
     for (int64_t flat = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; flat < n;
@@ -3400,7 +3383,7 @@ __global__ void __launch_bounds__(SG_THREADS) k127_add_t337(int64_t d0, float* _
         const int64_t i0 = rest;
         const float v0 = 0.95f;  /* 0.95 */
         const float v1 = var38[i0];  /* transformer.h.0.ln_1.weight.exp_avg_sq */
-        const float v2 = ws74[i0];  /* t329 */
+        const float v2 = ws73[i0];  /* t329 */
         const float v3 = 0.05f;  /* 0.050000000000000044 */
         const float t334 = v0*v1;  /* t334: f32[32] = mul(0.95, transformer.h.0.ln_1.weight.exp_avg_sq) */
         const float t335 = v2*v2;  /* t335: f32[32] = mul(t329, t329) */
@@ -3424,7 +3407,7 @@ __global__ void __launch_bounds__(SG_THREADS) k127_add_t337(int64_t d0, float* _
 /* t344: f32[32] = add(t343, 1e-08) */
 /* t345: f32[32] = div(t333, t344) */
 /* t346: f32[32] = sub(transformer.h.0.ln_1.weight, t345) */
-__global__ void __launch_bounds__(SG_THREADS) k128_sub_t346(int64_t d0, const double* __restrict__ var36, const double* __restrict__ var35, const float* __restrict__ var37, const float* __restrict__ var38, float* __restrict__ var2)
+__global__ void __launch_bounds__(SG_THREADS) k127_sub_t346(int64_t d0, const double* __restrict__ var36, const double* __restrict__ var35, const float* __restrict__ var37, const float* __restrict__ var38, float* __restrict__ var2)
 {
     const int64_t n = 32;
     for (int64_t flat = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; flat < n;
@@ -3472,7 +3455,7 @@ __global__ void __launch_bounds__(SG_THREADS) k128_sub_t346(int64_t d0, const do
 /* t367: f32[32] = add(t366, 1e-08) */
 /* t368: f32[32] = div(t356, t367) */
 /* t369: f32[32] = sub(transformer.h.0.ln_1.bias, t368) */
-__global__ void __launch_bounds__(SG_THREADS) k129_sub_t369(int64_t d0, const double* __restrict__ var39, const double* __restrict__ var35, const float* __restrict__ var40, const float* __restrict__ var41, float* __restrict__ var3)
+__global__ void __launch_bounds__(SG_THREADS) k128_sub_t369(int64_t d0, const double* __restrict__ var39, const double* __restrict__ var35, const float* __restrict__ var40, const float* __restrict__ var41, float* __restrict__ var3)
 {
     const int64_t n = 32;
     for (int64_t flat = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; flat < n;
@@ -3509,7 +3492,7 @@ __global__ void __launch_bounds__(SG_THREADS) k129_sub_t369(int64_t d0, const do
 /* t168: f32[B,8,1] = sum[axes=(2,), keepdims=True](t166) */
 /* t169: f32[B,8,1] = mul(t168, -0.03125) */
 /* Deterministic block reduction (sum): per-thread strided fold, then a shared-memory tree; no atomics. */
-__global__ void __launch_bounds__(SG_THREADS) k130_mul_t169(int64_t d0, const float* __restrict__ ws72, float* __restrict__ ws77)
+__global__ void __launch_bounds__(SG_THREADS) k129_mul_t169(int64_t d0, const float* __restrict__ ws71, float* __restrict__ ws76)
 {
     __shared__ double s_acc[SG_THREADS];
     const int64_t n_out = (8*d0);
@@ -3521,7 +3504,7 @@ __global__ void __launch_bounds__(SG_THREADS) k130_mul_t169(int64_t d0, const fl
         for (int64_t r = threadIdx.x; r < n_red; r += blockDim.x) {
             int64_t rrest = r;
             const int64_t r0 = rrest;
-            acc += (double)ws72[o0 * 32 + r0];
+            acc += (double)ws71[o0 * 32 + r0];
         }
         s_acc[threadIdx.x] = acc;
         __syncthreads();
@@ -3535,7 +3518,7 @@ __global__ void __launch_bounds__(SG_THREADS) k130_mul_t169(int64_t d0, const fl
             const float red = (float)(s_acc[0]);
             const float ev0 = (-0.03125f);  /* -0.03125 */
             const float t169 = red*ev0;  /* t169: f32[B,8,1] = mul(t168, -0.03125) */
-            ws77[o] = t169;
+            ws76[o] = t169;
         }
         __syncthreads();  /* s_acc is reused by the next output */
     }
@@ -3543,7 +3526,7 @@ __global__ void __launch_bounds__(SG_THREADS) k130_mul_t169(int64_t d0, const fl
 
 /* t167: f32[B,8,32] = add(t136, t166) */
 /* t170: f32[B,8,32] = add(t167, t169) */
-__global__ void __launch_bounds__(SG_THREADS) k131_add_t170(int64_t d0, const float* __restrict__ ws58, const float* __restrict__ ws72, const float* __restrict__ ws77, float* __restrict__ ws78)
+__global__ void __launch_bounds__(SG_THREADS) k130_add_t170(int64_t d0, const float* __restrict__ ws57, const float* __restrict__ ws71, const float* __restrict__ ws76, float* __restrict__ ws77)
 {
     const int64_t n = (256*d0);
     for (int64_t flat = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; flat < n;
@@ -3551,31 +3534,31 @@ __global__ void __launch_bounds__(SG_THREADS) k131_add_t170(int64_t d0, const fl
         int64_t rest = flat;
         const int64_t i1 = rest % 32; rest /= 32;
         const int64_t i0 = rest;
-        const float v0 = ws58[i0 * 32 + i1];  /* t136 */
-        const float v1 = ws72[i0 * 32 + i1];  /* t166 */
-        const float v2 = ws77[i0];  /* t169 */
+        const float v0 = ws57[i0 * 32 + i1];  /* t136 */
+        const float v1 = ws71[i0 * 32 + i1];  /* t166 */
+        const float v2 = ws76[i0];  /* t169 */
         const float t167 = v0 + v1;  /* t167: f32[B,8,32] = add(t136, t166) */
         const float t170 = t167 + v2;  /* t170: f32[B,8,32] = add(t167, t169) */
-        ws78[i0 * 32 + i1] = t170;
+        ws77[i0 * 32 + i1] = t170;
     }
 }
 
 /* t171: f32[64,32] = scatter_add[axis=0, size=64](t170, idx) */
-__global__ void __launch_bounds__(SG_THREADS) k132_scatter_add_t171(int64_t d0, const float* __restrict__ ws78, const int64_t* __restrict__ in0, float* __restrict__ ws79)
+__global__ void __launch_bounds__(SG_THREADS) k131_scatter_add_t171(int64_t d0, const float* __restrict__ ws77, const int64_t* __restrict__ in0, float* __restrict__ ws78)
 {
     const int64_t P = 1, I = (8*d0), Q = 32, R = 64;
-    const float* src = ws78;
+    const float* src = ws77;
     const int64_t* idx = in0;
     for (int64_t flat = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; flat < P * Q;
          flat += (int64_t)gridDim.x * blockDim.x) {
         const int64_t q = flat % Q, p = flat / Q;
         for (int64_t r = 0; r < R; ++r) {
-            ws79[(p * R + r) * Q + q] = 0;
+            ws78[(p * R + r) * Q + q] = 0;
         }
         for (int64_t i = 0; i < I; ++i) {
             const int64_t r = (int64_t)idx[i];
             if (r >= 0 && r < R) {
-                ws79[(p * R + r) * Q + q] += src[(p * I + i) * Q + q];
+                ws78[(p * R + r) * Q + q] += src[(p * I + i) * Q + q];
             }
         }
     }
@@ -3583,7 +3566,7 @@ __global__ void __launch_bounds__(SG_THREADS) k132_scatter_add_t171(int64_t d0, 
 
 /* t196: f32[8,32] = sum[axes=(0,), keepdims=False](t170) */
 /* Deterministic block reduction (sum): per-thread strided fold, then a shared-memory tree; no atomics. */
-__global__ void __launch_bounds__(SG_THREADS) k133_sum_t196(int64_t d0, const float* __restrict__ ws78, float* __restrict__ ws80)
+__global__ void __launch_bounds__(SG_THREADS) k132_sum_t196(int64_t d0, const float* __restrict__ ws77, float* __restrict__ ws79)
 {
     __shared__ double s_acc[SG_THREADS];
     const int64_t n_out = 256;
@@ -3595,7 +3578,7 @@ __global__ void __launch_bounds__(SG_THREADS) k133_sum_t196(int64_t d0, const fl
         for (int64_t r = threadIdx.x; r < n_red; r += blockDim.x) {
             int64_t rrest = r;
             const int64_t r0 = rrest;
-            acc += (double)ws78[o0 + r0 * 256];
+            acc += (double)ws77[o0 + r0 * 256];
         }
         s_acc[threadIdx.x] = acc;
         __syncthreads();
@@ -3606,14 +3589,14 @@ __global__ void __launch_bounds__(SG_THREADS) k133_sum_t196(int64_t d0, const fl
             __syncthreads();
         }
         if (threadIdx.x == 0) {
-            ws80[o] = (float)(s_acc[0]);
+            ws79[o] = (float)(s_acc[0]);
         }
         __syncthreads();  /* s_acc is reused by the next output */
     }
 }
 
 /* make iota's operand contiguous: t4 */
-__global__ void __launch_bounds__(SG_THREADS) k134_copy(int64_t d0, int64_t* __restrict__ ws81)
+__global__ void __launch_bounds__(SG_THREADS) k133_copy(int64_t d0, int64_t* __restrict__ ws80)
 {
     const int64_t n = 8;
     for (int64_t flat = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; flat < n;
@@ -3622,26 +3605,26 @@ __global__ void __launch_bounds__(SG_THREADS) k134_copy(int64_t d0, int64_t* __r
         const int64_t i0 = rest;
         const int64_t v0 = i0;  /* make iota's operand contiguous */
         const int64_t r = v0;  /* make iota's operand contiguous: t4 */
-        ws81[i0] = r;
+        ws80[i0] = r;
     }
 }
 
 /* t197: f32[8,32] = scatter_add[axis=0, size=8](t196, t4) */
-__global__ void __launch_bounds__(SG_THREADS) k135_scatter_add_t197(int64_t d0, const float* __restrict__ ws80, const int64_t* __restrict__ ws81, float* __restrict__ ws82)
+__global__ void __launch_bounds__(SG_THREADS) k134_scatter_add_t197(int64_t d0, const float* __restrict__ ws79, const int64_t* __restrict__ ws80, float* __restrict__ ws81)
 {
     const int64_t P = 1, I = 8, Q = 32, R = 8;
-    const float* src = ws80;
-    const int64_t* idx = ws81;
+    const float* src = ws79;
+    const int64_t* idx = ws80;
     for (int64_t flat = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; flat < P * Q;
          flat += (int64_t)gridDim.x * blockDim.x) {
         const int64_t q = flat % Q, p = flat / Q;
         for (int64_t r = 0; r < R; ++r) {
-            ws82[(p * R + r) * Q + q] = 0;
+            ws81[(p * R + r) * Q + q] = 0;
         }
         for (int64_t i = 0; i < I; ++i) {
             const int64_t r = (int64_t)idx[i];
             if (r >= 0 && r < R) {
-                ws82[(p * R + r) * Q + q] += src[(p * I + i) * Q + q];
+                ws81[(p * R + r) * Q + q] += src[(p * I + i) * Q + q];
             }
         }
     }
@@ -3650,14 +3633,14 @@ __global__ void __launch_bounds__(SG_THREADS) k135_scatter_add_t197(int64_t d0, 
 /* t198: f32[8,32] = sub(t197, transformer.wpe.weight.exp_avg) */
 /* t199: f32[8,32] = mul(0.09999999999999998, t198) */
 /* t200: f32[8,32] = add(transformer.wpe.weight.exp_avg, t199) */
-__global__ void __launch_bounds__(SG_THREADS) k136_add_t200(int64_t d0, const float* __restrict__ ws82, float* __restrict__ var21)
+__global__ void __launch_bounds__(SG_THREADS) k135_add_t200(int64_t d0, const float* __restrict__ ws81, float* __restrict__ var21)
 {
     const int64_t n = 256;
     for (int64_t flat = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; flat < n;
          flat += (int64_t)gridDim.x * blockDim.x) {
         int64_t rest = flat;
         const int64_t i0 = rest;
-        const float v0 = ws82[i0];  /* t197 */
+        const float v0 = ws81[i0];  /* t197 */
         const float v1 = var21[i0];  /* transformer.wpe.weight.exp_avg */
         const float v2 = 0.1f;  /* 0.09999999999999998 */
         const float t198 = v0 - v1;  /* t198: f32[8,32] = sub(t197, transformer.wpe.weight.exp_avg) */
@@ -3671,7 +3654,7 @@ __global__ void __launch_bounds__(SG_THREADS) k136_add_t200(int64_t d0, const fl
 /* t203: f32[8,32] = mul(t197, t197) */
 /* t204: f32[8,32] = mul(0.050000000000000044, t203) */
 /* t205: f32[8,32] = add(t202, t204) */
-__global__ void __launch_bounds__(SG_THREADS) k137_add_t205(int64_t d0, float* __restrict__ var22, const float* __restrict__ ws82)
+__global__ void __launch_bounds__(SG_THREADS) k136_add_t205(int64_t d0, float* __restrict__ var22, const float* __restrict__ ws81)
 {
     const int64_t n = 256;
     for (int64_t flat = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; flat < n;
@@ -3680,7 +3663,7 @@ __global__ void __launch_bounds__(SG_THREADS) k137_add_t205(int64_t d0, float* _
         const int64_t i0 = rest;
         const float v0 = 0.95f;  /* 0.95 */
         const float v1 = var22[i0];  /* transformer.wpe.weight.exp_avg_sq */
-        const float v2 = ws82[i0];  /* t197 */
+        const float v2 = ws81[i0];  /* t197 */
         const float v3 = 0.05f;  /* 0.050000000000000044 */
         const float t202 = v0*v1;  /* t202: f32[8,32] = mul(0.95, transformer.wpe.weight.exp_avg_sq) */
         const float t203 = v2*v2;  /* t203: f32[8,32] = mul(t197, t197) */
@@ -3708,7 +3691,7 @@ __global__ void __launch_bounds__(SG_THREADS) k137_add_t205(int64_t d0, float* _
 /* t212: f32[8,32] = add(t211, 1e-08) */
 /* t213: f32[8,32] = div(t201, t212) */
 /* t214: f32[8,32] = sub(t190, t213) */
-__global__ void __launch_bounds__(SG_THREADS) k138_sub_t214(int64_t d0, const double* __restrict__ var16, float* __restrict__ var1, const double* __restrict__ var20, const float* __restrict__ var21, const float* __restrict__ var22)
+__global__ void __launch_bounds__(SG_THREADS) k137_sub_t214(int64_t d0, const double* __restrict__ var16, float* __restrict__ var1, const double* __restrict__ var20, const float* __restrict__ var21, const float* __restrict__ var22)
 {
     const int64_t n = 256;
     for (int64_t flat = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; flat < n;
@@ -3751,15 +3734,15 @@ __global__ void __launch_bounds__(SG_THREADS) k138_sub_t214(int64_t d0, const do
 /* t173: f32[64,32] = sub(t172, transformer.wte.weight.exp_avg) */
 /* t174: f32[64,32] = mul(0.09999999999999998, t173) */
 /* t175: f32[64,32] = add(transformer.wte.weight.exp_avg, t174) */
-__global__ void __launch_bounds__(SG_THREADS) k139_add_t175(int64_t d0, const float* __restrict__ ws34, const float* __restrict__ ws79, float* __restrict__ var18)
+__global__ void __launch_bounds__(SG_THREADS) k138_add_t175(int64_t d0, const float* __restrict__ ws33, const float* __restrict__ ws78, float* __restrict__ var18)
 {
     const int64_t n = 2048;
     for (int64_t flat = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; flat < n;
          flat += (int64_t)gridDim.x * blockDim.x) {
         int64_t rest = flat;
         const int64_t i0 = rest;
-        const float v0 = ws34[i0];  /* t110 */
-        const float v1 = ws79[i0];  /* t171 */
+        const float v0 = ws33[i0];  /* t110 */
+        const float v1 = ws78[i0];  /* t171 */
         const float v2 = var18[i0];  /* transformer.wte.weight.exp_avg */
         const float v3 = 0.1f;  /* 0.09999999999999998 */
         const float t172 = v0 + v1;  /* t172: f32[64,32] = add(t110, t171) */
@@ -3775,7 +3758,7 @@ __global__ void __launch_bounds__(SG_THREADS) k139_add_t175(int64_t d0, const fl
 /* t178: f32[64,32] = mul(t172, t172) */
 /* t179: f32[64,32] = mul(0.050000000000000044, t178) */
 /* t180: f32[64,32] = add(t177, t179) */
-__global__ void __launch_bounds__(SG_THREADS) k140_add_t180(int64_t d0, float* __restrict__ var19, const float* __restrict__ ws34, const float* __restrict__ ws79)
+__global__ void __launch_bounds__(SG_THREADS) k139_add_t180(int64_t d0, float* __restrict__ var19, const float* __restrict__ ws33, const float* __restrict__ ws78)
 {
     const int64_t n = 2048;
     for (int64_t flat = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; flat < n;
@@ -3784,8 +3767,8 @@ __global__ void __launch_bounds__(SG_THREADS) k140_add_t180(int64_t d0, float* _
         const int64_t i0 = rest;
         const float v0 = 0.95f;  /* 0.95 */
         const float v1 = var19[i0];  /* transformer.wte.weight.exp_avg_sq */
-        const float v2 = ws34[i0];  /* t110 */
-        const float v3 = ws79[i0];  /* t171 */
+        const float v2 = ws33[i0];  /* t110 */
+        const float v3 = ws78[i0];  /* t171 */
         const float v4 = 0.05f;  /* 0.050000000000000044 */
         const float t177 = v0*v1;  /* t177: f32[64,32] = mul(0.95, transformer.wte.weight.exp_avg_sq) */
         const float t172 = v2 + v3;  /* t172: f32[64,32] = add(t110, t171) */
@@ -3814,7 +3797,7 @@ __global__ void __launch_bounds__(SG_THREADS) k140_add_t180(int64_t d0, float* _
 /* t187: f32[64,32] = add(t186, 1e-08) */
 /* t188: f32[64,32] = div(t176, t187) */
 /* t189: f32[64,32] = sub(t94, t188) */
-__global__ void __launch_bounds__(SG_THREADS) k141_sub_t189(int64_t d0, const double* __restrict__ var16, float* __restrict__ var0, const double* __restrict__ var17, const float* __restrict__ var18, const float* __restrict__ var19)
+__global__ void __launch_bounds__(SG_THREADS) k140_sub_t189(int64_t d0, const double* __restrict__ var16, float* __restrict__ var0, const double* __restrict__ var17, const float* __restrict__ var18, const float* __restrict__ var19)
 {
     const int64_t n = 2048;
     for (int64_t flat = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; flat < n;
@@ -3856,14 +3839,14 @@ __global__ void __launch_bounds__(SG_THREADS) k141_sub_t189(int64_t d0, const do
 /* t226: f32[96,32] = sub(t225, transformer.h.0.attn.c_attn.weight.exp_avg) */
 /* t227: f32[96,32] = mul(0.09999999999999998, t226) */
 /* t228: f32[96,32] = add(transformer.h.0.attn.c_attn.weight.exp_avg, t227) */
-__global__ void __launch_bounds__(SG_THREADS) k142_add_t228(int64_t d0, const float* __restrict__ ws76, float* __restrict__ var24)
+__global__ void __launch_bounds__(SG_THREADS) k141_add_t228(int64_t d0, const float* __restrict__ ws75, float* __restrict__ var24)
 {
     const int64_t n = 3072;
     for (int64_t flat = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; flat < n;
          flat += (int64_t)gridDim.x * blockDim.x) {
         int64_t rest = flat;
         const int64_t i0 = rest;
-        const float v0 = ws76[i0];  /* t225 */
+        const float v0 = ws75[i0];  /* t225 */
         const float v1 = var24[i0];  /* transformer.h.0.attn.c_attn.weight.exp_avg */
         const float v2 = 0.1f;  /* 0.09999999999999998 */
         const float t226 = v0 - v1;  /* t226: f32[96,32] = sub(t225, transformer.h.0.attn.c_attn.weight.exp_avg) */
@@ -3877,7 +3860,7 @@ __global__ void __launch_bounds__(SG_THREADS) k142_add_t228(int64_t d0, const fl
 /* t231: f32[96,32] = mul(t225, t225) */
 /* t232: f32[96,32] = mul(0.050000000000000044, t231) */
 /* t233: f32[96,32] = add(t230, t232) */
-__global__ void __launch_bounds__(SG_THREADS) k143_add_t233(int64_t d0, float* __restrict__ var25, const float* __restrict__ ws76)
+__global__ void __launch_bounds__(SG_THREADS) k142_add_t233(int64_t d0, float* __restrict__ var25, const float* __restrict__ ws75)
 {
     const int64_t n = 3072;
     for (int64_t flat = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; flat < n;
@@ -3886,7 +3869,7 @@ __global__ void __launch_bounds__(SG_THREADS) k143_add_t233(int64_t d0, float* _
         const int64_t i0 = rest;
         const float v0 = 0.95f;  /* 0.95 */
         const float v1 = var25[i0];  /* transformer.h.0.attn.c_attn.weight.exp_avg_sq */
-        const float v2 = ws76[i0];  /* t225 */
+        const float v2 = ws75[i0];  /* t225 */
         const float v3 = 0.05f;  /* 0.050000000000000044 */
         const float t230 = v0*v1;  /* t230: f32[96,32] = mul(0.95, transformer.h.0.attn.c_attn.weight.exp_avg_sq) */
         const float t231 = v2*v2;  /* t231: f32[96,32] = mul(t225, t225) */
@@ -3914,7 +3897,7 @@ __global__ void __launch_bounds__(SG_THREADS) k143_add_t233(int64_t d0, float* _
 /* t240: f32[96,32] = add(t239, 1e-08) */
 /* t241: f32[96,32] = div(t229, t240) */
 /* t242: f32[96,32] = sub(t215, t241) */
-__global__ void __launch_bounds__(SG_THREADS) k144_sub_t242(int64_t d0, const double* __restrict__ var16, float* __restrict__ var4, const double* __restrict__ var23, const float* __restrict__ var24, const float* __restrict__ var25)
+__global__ void __launch_bounds__(SG_THREADS) k143_sub_t242(int64_t d0, const double* __restrict__ var16, float* __restrict__ var4, const double* __restrict__ var23, const float* __restrict__ var24, const float* __restrict__ var25)
 {
     const int64_t n = 3072;
     for (int64_t flat = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; flat < n;
@@ -4286,7 +4269,7 @@ int sg_cuda_run(void* handle, const int64_t* dims, void** inputs, void** outputs
     if (arena_bytes < 0)
         return sg_fail(err, errlen, -1, "arena_bytes is negative");
     {
-        const int64_t bytes[83] = {
+        const int64_t bytes[82] = {
             (int64_t)(256*d0) * (int64_t)sizeof(float),  /* ws0: t3 */
             (int64_t)(8) * (int64_t)sizeof(int64_t),  /* ws1: t4 */
             (int64_t)(256) * (int64_t)sizeof(float),  /* ws2: t5 */
@@ -4299,79 +4282,78 @@ int sg_cuda_run(void* handle, const int64_t* dims, void** inputs, void** outputs
             (int64_t)(768*d0) * (int64_t)sizeof(float),  /* ws9: t21 */
             (int64_t)(256*d0) * (int64_t)sizeof(float),  /* ws10: t32 */
             (int64_t)(32*d0) * (int64_t)sizeof(float),  /* ws11: t32 */
-            (int64_t)(256*d0) * (int64_t)sizeof(float),  /* ws12: t33 */
-            (int64_t)(256*d0) * (int64_t)sizeof(float),  /* ws13: t36 */
-            (int64_t)(256*d0) * (int64_t)sizeof(float),  /* ws14: t37 */
-            (int64_t)(8*d0) * (int64_t)sizeof(float),  /* ws15: t41 */
-            (int64_t)(256*d0) * (int64_t)sizeof(float),  /* ws16: t42 */
-            (int64_t)(8*d0) * (int64_t)sizeof(float),  /* ws17: t47 */
-            (int64_t)(256*d0) * (int64_t)sizeof(float),  /* ws18: t50 */
-            (int64_t)(1024*d0) * (int64_t)sizeof(float),  /* ws19: t53 */
-            (int64_t)(1024*d0) * (int64_t)sizeof(float),  /* ws20: t54 */
-            (int64_t)(1024*d0) * (int64_t)sizeof(float),  /* ws21: t56 */
-            (int64_t)(256*d0) * (int64_t)sizeof(float),  /* ws22: t59 */
-            (int64_t)(256*d0) * (int64_t)sizeof(float),  /* ws23: t60 */
-            (int64_t)(8*d0) * (int64_t)sizeof(float),  /* ws24: t64 */
-            (int64_t)(256*d0) * (int64_t)sizeof(float),  /* ws25: t65 */
-            (int64_t)(8*d0) * (int64_t)sizeof(float),  /* ws26: t70 */
-            (int64_t)(256*d0) * (int64_t)sizeof(float),  /* ws27: t73 */
-            (int64_t)(512*d0) * (int64_t)sizeof(float),  /* ws28: t76 */
-            (int64_t)(512*d0) * (int64_t)sizeof(float),  /* ws29: t102 */
-            (int64_t)(512*d0) * (int64_t)sizeof(float),  /* ws30: t79 */
-            (int64_t)(8*d0) * (int64_t)sizeof(double),  /* ws31: t84 */
-            (int64_t)(512*d0) * (int64_t)sizeof(float),  /* ws32: t104 */
-            (int64_t)(256*d0) * (int64_t)sizeof(float),  /* ws33: t108 */
-            (int64_t)(2048) * (int64_t)sizeof(float),  /* ws34: t110 */
-            (int64_t)(256*d0) * (int64_t)sizeof(float),  /* ws35: t111 */
-            (int64_t)(32) * (int64_t)sizeof(float),  /* ws36: t538 */
-            (int64_t)(8*d0) * (int64_t)sizeof(float),  /* ws37: t115 */
-            (int64_t)(256*d0) * (int64_t)sizeof(float),  /* ws38: t116 */
-            (int64_t)(256*d0) * (int64_t)sizeof(float),  /* ws39: t514 */
-            (int64_t)(32) * (int64_t)sizeof(float),  /* ws40: t515 */
-            (int64_t)(8*d0) * (int64_t)sizeof(float),  /* ws41: t118 */
-            (int64_t)(256*d0) * (int64_t)sizeof(float),  /* ws42: t119 */
-            (int64_t)(32) * (int64_t)sizeof(float),  /* ws43: t491 */
-            (int64_t)(1024*d0) * (int64_t)sizeof(float),  /* ws44: t121 */
-            (int64_t)(1024*d0) * (int64_t)sizeof(float),  /* ws45: t124 */
-            (int64_t)(1024*d0) * (int64_t)sizeof(float),  /* ws46: t303 */
-            (int64_t)(4096) * (int64_t)sizeof(float),  /* ws47: t305 */
-            (int64_t)(128) * (int64_t)sizeof(float),  /* ws48: t468 */
-            (int64_t)(256*d0) * (int64_t)sizeof(float),  /* ws49: t126 */
-            (int64_t)(32) * (int64_t)sizeof(float),  /* ws50: t445 */
-            (int64_t)(8*d0) * (int64_t)sizeof(float),  /* ws51: t131 */
-            (int64_t)(256*d0) * (int64_t)sizeof(float),  /* ws52: t132 */
-            (int64_t)(256*d0) * (int64_t)sizeof(float),  /* ws53: t421 */
-            (int64_t)(32) * (int64_t)sizeof(float),  /* ws54: t422 */
-            (int64_t)(256*d0) * (int64_t)sizeof(float),  /* ws55: t276 */
-            (int64_t)(4096) * (int64_t)sizeof(float),  /* ws56: t278 */
-            (int64_t)(8*d0) * (int64_t)sizeof(float),  /* ws57: t135 */
-            (int64_t)(256*d0) * (int64_t)sizeof(float),  /* ws58: t136 */
-            (int64_t)(32) * (int64_t)sizeof(float),  /* ws59: t398 */
-            (int64_t)(1024) * (int64_t)sizeof(float),  /* ws60: t250 */
-            (int64_t)(256*d0) * (int64_t)sizeof(float),  /* ws61: t138 */
-            (int64_t)(768*d0) * (int64_t)sizeof(float),  /* ws62: t141 */
-            (int64_t)(16*d0) * (int64_t)sizeof(float),  /* ws63: t141 */
-            (int64_t)(256*d0) * (int64_t)sizeof(float),  /* ws64: t144 */
-            (int64_t)(768*d0) * (int64_t)sizeof(float),  /* ws65: t158 */
-            (int64_t)(256*d0) * (int64_t)sizeof(float),  /* ws66: t149 */
-            (int64_t)(256*d0) * (int64_t)sizeof(float),  /* ws67: t155 */
-            (int64_t)(96) * (int64_t)sizeof(float),  /* ws68: t375 */
-            (int64_t)(256*d0) * (int64_t)sizeof(float),  /* ws69: t160 */
-            (int64_t)(32) * (int64_t)sizeof(float),  /* ws70: t352 */
-            (int64_t)(8*d0) * (int64_t)sizeof(float),  /* ws71: t165 */
-            (int64_t)(256*d0) * (int64_t)sizeof(float),  /* ws72: t166 */
-            (int64_t)(256*d0) * (int64_t)sizeof(float),  /* ws73: t328 */
-            (int64_t)(32) * (int64_t)sizeof(float),  /* ws74: t329 */
-            (int64_t)(256*d0) * (int64_t)sizeof(float),  /* ws75: t223 */
-            (int64_t)(3072) * (int64_t)sizeof(float),  /* ws76: t225 */
-            (int64_t)(8*d0) * (int64_t)sizeof(float),  /* ws77: t169 */
-            (int64_t)(256*d0) * (int64_t)sizeof(float),  /* ws78: t170 */
-            (int64_t)(2048) * (int64_t)sizeof(float),  /* ws79: t171 */
-            (int64_t)(256) * (int64_t)sizeof(float),  /* ws80: t196 */
-            (int64_t)(8) * (int64_t)sizeof(int64_t),  /* ws81: t4 */
-            (int64_t)(256) * (int64_t)sizeof(float),  /* ws82: t197 */
+            (int64_t)(256*d0) * (int64_t)sizeof(float),  /* ws12: t36 */
+            (int64_t)(256*d0) * (int64_t)sizeof(float),  /* ws13: t37 */
+            (int64_t)(8*d0) * (int64_t)sizeof(float),  /* ws14: t41 */
+            (int64_t)(256*d0) * (int64_t)sizeof(float),  /* ws15: t42 */
+            (int64_t)(8*d0) * (int64_t)sizeof(float),  /* ws16: t47 */
+            (int64_t)(256*d0) * (int64_t)sizeof(float),  /* ws17: t50 */
+            (int64_t)(1024*d0) * (int64_t)sizeof(float),  /* ws18: t53 */
+            (int64_t)(1024*d0) * (int64_t)sizeof(float),  /* ws19: t54 */
+            (int64_t)(1024*d0) * (int64_t)sizeof(float),  /* ws20: t56 */
+            (int64_t)(256*d0) * (int64_t)sizeof(float),  /* ws21: t59 */
+            (int64_t)(256*d0) * (int64_t)sizeof(float),  /* ws22: t60 */
+            (int64_t)(8*d0) * (int64_t)sizeof(float),  /* ws23: t64 */
+            (int64_t)(256*d0) * (int64_t)sizeof(float),  /* ws24: t65 */
+            (int64_t)(8*d0) * (int64_t)sizeof(float),  /* ws25: t70 */
+            (int64_t)(256*d0) * (int64_t)sizeof(float),  /* ws26: t73 */
+            (int64_t)(512*d0) * (int64_t)sizeof(float),  /* ws27: t76 */
+            (int64_t)(512*d0) * (int64_t)sizeof(float),  /* ws28: t102 */
+            (int64_t)(512*d0) * (int64_t)sizeof(float),  /* ws29: t79 */
+            (int64_t)(8*d0) * (int64_t)sizeof(double),  /* ws30: t84 */
+            (int64_t)(512*d0) * (int64_t)sizeof(float),  /* ws31: t104 */
+            (int64_t)(256*d0) * (int64_t)sizeof(float),  /* ws32: t108 */
+            (int64_t)(2048) * (int64_t)sizeof(float),  /* ws33: t110 */
+            (int64_t)(256*d0) * (int64_t)sizeof(float),  /* ws34: t111 */
+            (int64_t)(32) * (int64_t)sizeof(float),  /* ws35: t538 */
+            (int64_t)(8*d0) * (int64_t)sizeof(float),  /* ws36: t115 */
+            (int64_t)(256*d0) * (int64_t)sizeof(float),  /* ws37: t116 */
+            (int64_t)(256*d0) * (int64_t)sizeof(float),  /* ws38: t514 */
+            (int64_t)(32) * (int64_t)sizeof(float),  /* ws39: t515 */
+            (int64_t)(8*d0) * (int64_t)sizeof(float),  /* ws40: t118 */
+            (int64_t)(256*d0) * (int64_t)sizeof(float),  /* ws41: t119 */
+            (int64_t)(32) * (int64_t)sizeof(float),  /* ws42: t491 */
+            (int64_t)(1024*d0) * (int64_t)sizeof(float),  /* ws43: t121 */
+            (int64_t)(1024*d0) * (int64_t)sizeof(float),  /* ws44: t124 */
+            (int64_t)(1024*d0) * (int64_t)sizeof(float),  /* ws45: t303 */
+            (int64_t)(4096) * (int64_t)sizeof(float),  /* ws46: t305 */
+            (int64_t)(128) * (int64_t)sizeof(float),  /* ws47: t468 */
+            (int64_t)(256*d0) * (int64_t)sizeof(float),  /* ws48: t126 */
+            (int64_t)(32) * (int64_t)sizeof(float),  /* ws49: t445 */
+            (int64_t)(8*d0) * (int64_t)sizeof(float),  /* ws50: t131 */
+            (int64_t)(256*d0) * (int64_t)sizeof(float),  /* ws51: t132 */
+            (int64_t)(256*d0) * (int64_t)sizeof(float),  /* ws52: t421 */
+            (int64_t)(32) * (int64_t)sizeof(float),  /* ws53: t422 */
+            (int64_t)(256*d0) * (int64_t)sizeof(float),  /* ws54: t276 */
+            (int64_t)(4096) * (int64_t)sizeof(float),  /* ws55: t278 */
+            (int64_t)(8*d0) * (int64_t)sizeof(float),  /* ws56: t135 */
+            (int64_t)(256*d0) * (int64_t)sizeof(float),  /* ws57: t136 */
+            (int64_t)(32) * (int64_t)sizeof(float),  /* ws58: t398 */
+            (int64_t)(1024) * (int64_t)sizeof(float),  /* ws59: t250 */
+            (int64_t)(256*d0) * (int64_t)sizeof(float),  /* ws60: t138 */
+            (int64_t)(768*d0) * (int64_t)sizeof(float),  /* ws61: t141 */
+            (int64_t)(16*d0) * (int64_t)sizeof(float),  /* ws62: t141 */
+            (int64_t)(256*d0) * (int64_t)sizeof(float),  /* ws63: t144 */
+            (int64_t)(768*d0) * (int64_t)sizeof(float),  /* ws64: t158 */
+            (int64_t)(256*d0) * (int64_t)sizeof(float),  /* ws65: t149 */
+            (int64_t)(256*d0) * (int64_t)sizeof(float),  /* ws66: t155 */
+            (int64_t)(96) * (int64_t)sizeof(float),  /* ws67: t375 */
+            (int64_t)(256*d0) * (int64_t)sizeof(float),  /* ws68: t160 */
+            (int64_t)(32) * (int64_t)sizeof(float),  /* ws69: t352 */
+            (int64_t)(8*d0) * (int64_t)sizeof(float),  /* ws70: t165 */
+            (int64_t)(256*d0) * (int64_t)sizeof(float),  /* ws71: t166 */
+            (int64_t)(256*d0) * (int64_t)sizeof(float),  /* ws72: t328 */
+            (int64_t)(32) * (int64_t)sizeof(float),  /* ws73: t329 */
+            (int64_t)(256*d0) * (int64_t)sizeof(float),  /* ws74: t223 */
+            (int64_t)(3072) * (int64_t)sizeof(float),  /* ws75: t225 */
+            (int64_t)(8*d0) * (int64_t)sizeof(float),  /* ws76: t169 */
+            (int64_t)(256*d0) * (int64_t)sizeof(float),  /* ws77: t170 */
+            (int64_t)(2048) * (int64_t)sizeof(float),  /* ws78: t171 */
+            (int64_t)(256) * (int64_t)sizeof(float),  /* ws79: t196 */
+            (int64_t)(8) * (int64_t)sizeof(int64_t),  /* ws80: t4 */
+            (int64_t)(256) * (int64_t)sizeof(float),  /* ws81: t197 */
         };
-        for (int k = 0; k < 83; ++k)
+        for (int k = 0; k < 82; ++k)
             if (offsets[k] < 0 || offsets[k] % SG_ALIGN != 0 || bytes[k] > arena_bytes - offsets[k])
                 return sg_fail(err, errlen, -1, "a workspace offset is misaligned or leaves the arena");
     }
@@ -4457,77 +4439,76 @@ int sg_cuda_run(void* handle, const int64_t* dims, void** inputs, void** outputs
     float* ws9 = (float*)((char*)st->workspace + offsets[9]);  /* t21 */
     float* ws10 = (float*)((char*)st->workspace + offsets[10]);  /* t32 */
     float* ws11 = (float*)((char*)st->workspace + offsets[11]);  /* t32 */
-    float* ws12 = (float*)((char*)st->workspace + offsets[12]);  /* t33 */
-    float* ws13 = (float*)((char*)st->workspace + offsets[13]);  /* t36 */
-    float* ws14 = (float*)((char*)st->workspace + offsets[14]);  /* t37 */
-    float* ws15 = (float*)((char*)st->workspace + offsets[15]);  /* t41 */
-    float* ws16 = (float*)((char*)st->workspace + offsets[16]);  /* t42 */
-    float* ws17 = (float*)((char*)st->workspace + offsets[17]);  /* t47 */
-    float* ws18 = (float*)((char*)st->workspace + offsets[18]);  /* t50 */
-    float* ws19 = (float*)((char*)st->workspace + offsets[19]);  /* t53 */
-    float* ws20 = (float*)((char*)st->workspace + offsets[20]);  /* t54 */
-    float* ws21 = (float*)((char*)st->workspace + offsets[21]);  /* t56 */
-    float* ws22 = (float*)((char*)st->workspace + offsets[22]);  /* t59 */
-    float* ws23 = (float*)((char*)st->workspace + offsets[23]);  /* t60 */
-    float* ws24 = (float*)((char*)st->workspace + offsets[24]);  /* t64 */
-    float* ws25 = (float*)((char*)st->workspace + offsets[25]);  /* t65 */
-    float* ws26 = (float*)((char*)st->workspace + offsets[26]);  /* t70 */
-    float* ws27 = (float*)((char*)st->workspace + offsets[27]);  /* t73 */
-    float* ws28 = (float*)((char*)st->workspace + offsets[28]);  /* t76 */
-    float* ws29 = (float*)((char*)st->workspace + offsets[29]);  /* t102 */
-    float* ws30 = (float*)((char*)st->workspace + offsets[30]);  /* t79 */
-    double* ws31 = (double*)((char*)st->workspace + offsets[31]);  /* t84 */
-    float* ws32 = (float*)((char*)st->workspace + offsets[32]);  /* t104 */
-    float* ws33 = (float*)((char*)st->workspace + offsets[33]);  /* t108 */
-    float* ws34 = (float*)((char*)st->workspace + offsets[34]);  /* t110 */
-    float* ws35 = (float*)((char*)st->workspace + offsets[35]);  /* t111 */
-    float* ws36 = (float*)((char*)st->workspace + offsets[36]);  /* t538 */
-    float* ws37 = (float*)((char*)st->workspace + offsets[37]);  /* t115 */
-    float* ws38 = (float*)((char*)st->workspace + offsets[38]);  /* t116 */
-    float* ws39 = (float*)((char*)st->workspace + offsets[39]);  /* t514 */
-    float* ws40 = (float*)((char*)st->workspace + offsets[40]);  /* t515 */
-    float* ws41 = (float*)((char*)st->workspace + offsets[41]);  /* t118 */
-    float* ws42 = (float*)((char*)st->workspace + offsets[42]);  /* t119 */
-    float* ws43 = (float*)((char*)st->workspace + offsets[43]);  /* t491 */
-    float* ws44 = (float*)((char*)st->workspace + offsets[44]);  /* t121 */
-    float* ws45 = (float*)((char*)st->workspace + offsets[45]);  /* t124 */
-    float* ws46 = (float*)((char*)st->workspace + offsets[46]);  /* t303 */
-    float* ws47 = (float*)((char*)st->workspace + offsets[47]);  /* t305 */
-    float* ws48 = (float*)((char*)st->workspace + offsets[48]);  /* t468 */
-    float* ws49 = (float*)((char*)st->workspace + offsets[49]);  /* t126 */
-    float* ws50 = (float*)((char*)st->workspace + offsets[50]);  /* t445 */
-    float* ws51 = (float*)((char*)st->workspace + offsets[51]);  /* t131 */
-    float* ws52 = (float*)((char*)st->workspace + offsets[52]);  /* t132 */
-    float* ws53 = (float*)((char*)st->workspace + offsets[53]);  /* t421 */
-    float* ws54 = (float*)((char*)st->workspace + offsets[54]);  /* t422 */
-    float* ws55 = (float*)((char*)st->workspace + offsets[55]);  /* t276 */
-    float* ws56 = (float*)((char*)st->workspace + offsets[56]);  /* t278 */
-    float* ws57 = (float*)((char*)st->workspace + offsets[57]);  /* t135 */
-    float* ws58 = (float*)((char*)st->workspace + offsets[58]);  /* t136 */
-    float* ws59 = (float*)((char*)st->workspace + offsets[59]);  /* t398 */
-    float* ws60 = (float*)((char*)st->workspace + offsets[60]);  /* t250 */
-    float* ws61 = (float*)((char*)st->workspace + offsets[61]);  /* t138 */
+    float* ws12 = (float*)((char*)st->workspace + offsets[12]);  /* t36 */
+    float* ws13 = (float*)((char*)st->workspace + offsets[13]);  /* t37 */
+    float* ws14 = (float*)((char*)st->workspace + offsets[14]);  /* t41 */
+    float* ws15 = (float*)((char*)st->workspace + offsets[15]);  /* t42 */
+    float* ws16 = (float*)((char*)st->workspace + offsets[16]);  /* t47 */
+    float* ws17 = (float*)((char*)st->workspace + offsets[17]);  /* t50 */
+    float* ws18 = (float*)((char*)st->workspace + offsets[18]);  /* t53 */
+    float* ws19 = (float*)((char*)st->workspace + offsets[19]);  /* t54 */
+    float* ws20 = (float*)((char*)st->workspace + offsets[20]);  /* t56 */
+    float* ws21 = (float*)((char*)st->workspace + offsets[21]);  /* t59 */
+    float* ws22 = (float*)((char*)st->workspace + offsets[22]);  /* t60 */
+    float* ws23 = (float*)((char*)st->workspace + offsets[23]);  /* t64 */
+    float* ws24 = (float*)((char*)st->workspace + offsets[24]);  /* t65 */
+    float* ws25 = (float*)((char*)st->workspace + offsets[25]);  /* t70 */
+    float* ws26 = (float*)((char*)st->workspace + offsets[26]);  /* t73 */
+    float* ws27 = (float*)((char*)st->workspace + offsets[27]);  /* t76 */
+    float* ws28 = (float*)((char*)st->workspace + offsets[28]);  /* t102 */
+    float* ws29 = (float*)((char*)st->workspace + offsets[29]);  /* t79 */
+    double* ws30 = (double*)((char*)st->workspace + offsets[30]);  /* t84 */
+    float* ws31 = (float*)((char*)st->workspace + offsets[31]);  /* t104 */
+    float* ws32 = (float*)((char*)st->workspace + offsets[32]);  /* t108 */
+    float* ws33 = (float*)((char*)st->workspace + offsets[33]);  /* t110 */
+    float* ws34 = (float*)((char*)st->workspace + offsets[34]);  /* t111 */
+    float* ws35 = (float*)((char*)st->workspace + offsets[35]);  /* t538 */
+    float* ws36 = (float*)((char*)st->workspace + offsets[36]);  /* t115 */
+    float* ws37 = (float*)((char*)st->workspace + offsets[37]);  /* t116 */
+    float* ws38 = (float*)((char*)st->workspace + offsets[38]);  /* t514 */
+    float* ws39 = (float*)((char*)st->workspace + offsets[39]);  /* t515 */
+    float* ws40 = (float*)((char*)st->workspace + offsets[40]);  /* t118 */
+    float* ws41 = (float*)((char*)st->workspace + offsets[41]);  /* t119 */
+    float* ws42 = (float*)((char*)st->workspace + offsets[42]);  /* t491 */
+    float* ws43 = (float*)((char*)st->workspace + offsets[43]);  /* t121 */
+    float* ws44 = (float*)((char*)st->workspace + offsets[44]);  /* t124 */
+    float* ws45 = (float*)((char*)st->workspace + offsets[45]);  /* t303 */
+    float* ws46 = (float*)((char*)st->workspace + offsets[46]);  /* t305 */
+    float* ws47 = (float*)((char*)st->workspace + offsets[47]);  /* t468 */
+    float* ws48 = (float*)((char*)st->workspace + offsets[48]);  /* t126 */
+    float* ws49 = (float*)((char*)st->workspace + offsets[49]);  /* t445 */
+    float* ws50 = (float*)((char*)st->workspace + offsets[50]);  /* t131 */
+    float* ws51 = (float*)((char*)st->workspace + offsets[51]);  /* t132 */
+    float* ws52 = (float*)((char*)st->workspace + offsets[52]);  /* t421 */
+    float* ws53 = (float*)((char*)st->workspace + offsets[53]);  /* t422 */
+    float* ws54 = (float*)((char*)st->workspace + offsets[54]);  /* t276 */
+    float* ws55 = (float*)((char*)st->workspace + offsets[55]);  /* t278 */
+    float* ws56 = (float*)((char*)st->workspace + offsets[56]);  /* t135 */
+    float* ws57 = (float*)((char*)st->workspace + offsets[57]);  /* t136 */
+    float* ws58 = (float*)((char*)st->workspace + offsets[58]);  /* t398 */
+    float* ws59 = (float*)((char*)st->workspace + offsets[59]);  /* t250 */
+    float* ws60 = (float*)((char*)st->workspace + offsets[60]);  /* t138 */
+    float* ws61 = (float*)((char*)st->workspace + offsets[61]);  /* t141 */
     float* ws62 = (float*)((char*)st->workspace + offsets[62]);  /* t141 */
-    float* ws63 = (float*)((char*)st->workspace + offsets[63]);  /* t141 */
-    float* ws64 = (float*)((char*)st->workspace + offsets[64]);  /* t144 */
-    float* ws65 = (float*)((char*)st->workspace + offsets[65]);  /* t158 */
-    float* ws66 = (float*)((char*)st->workspace + offsets[66]);  /* t149 */
-    float* ws67 = (float*)((char*)st->workspace + offsets[67]);  /* t155 */
-    float* ws68 = (float*)((char*)st->workspace + offsets[68]);  /* t375 */
-    float* ws69 = (float*)((char*)st->workspace + offsets[69]);  /* t160 */
-    float* ws70 = (float*)((char*)st->workspace + offsets[70]);  /* t352 */
-    float* ws71 = (float*)((char*)st->workspace + offsets[71]);  /* t165 */
-    float* ws72 = (float*)((char*)st->workspace + offsets[72]);  /* t166 */
-    float* ws73 = (float*)((char*)st->workspace + offsets[73]);  /* t328 */
-    float* ws74 = (float*)((char*)st->workspace + offsets[74]);  /* t329 */
-    float* ws75 = (float*)((char*)st->workspace + offsets[75]);  /* t223 */
-    float* ws76 = (float*)((char*)st->workspace + offsets[76]);  /* t225 */
-    float* ws77 = (float*)((char*)st->workspace + offsets[77]);  /* t169 */
-    float* ws78 = (float*)((char*)st->workspace + offsets[78]);  /* t170 */
-    float* ws79 = (float*)((char*)st->workspace + offsets[79]);  /* t171 */
-    float* ws80 = (float*)((char*)st->workspace + offsets[80]);  /* t196 */
-    int64_t* ws81 = (int64_t*)((char*)st->workspace + offsets[81]);  /* t4 */
-    float* ws82 = (float*)((char*)st->workspace + offsets[82]);  /* t197 */
+    float* ws63 = (float*)((char*)st->workspace + offsets[63]);  /* t144 */
+    float* ws64 = (float*)((char*)st->workspace + offsets[64]);  /* t158 */
+    float* ws65 = (float*)((char*)st->workspace + offsets[65]);  /* t149 */
+    float* ws66 = (float*)((char*)st->workspace + offsets[66]);  /* t155 */
+    float* ws67 = (float*)((char*)st->workspace + offsets[67]);  /* t375 */
+    float* ws68 = (float*)((char*)st->workspace + offsets[68]);  /* t160 */
+    float* ws69 = (float*)((char*)st->workspace + offsets[69]);  /* t352 */
+    float* ws70 = (float*)((char*)st->workspace + offsets[70]);  /* t165 */
+    float* ws71 = (float*)((char*)st->workspace + offsets[71]);  /* t166 */
+    float* ws72 = (float*)((char*)st->workspace + offsets[72]);  /* t328 */
+    float* ws73 = (float*)((char*)st->workspace + offsets[73]);  /* t329 */
+    float* ws74 = (float*)((char*)st->workspace + offsets[74]);  /* t223 */
+    float* ws75 = (float*)((char*)st->workspace + offsets[75]);  /* t225 */
+    float* ws76 = (float*)((char*)st->workspace + offsets[76]);  /* t169 */
+    float* ws77 = (float*)((char*)st->workspace + offsets[77]);  /* t170 */
+    float* ws78 = (float*)((char*)st->workspace + offsets[78]);  /* t171 */
+    float* ws79 = (float*)((char*)st->workspace + offsets[79]);  /* t196 */
+    int64_t* ws80 = (int64_t*)((char*)st->workspace + offsets[80]);  /* t4 */
+    float* ws81 = (float*)((char*)st->workspace + offsets[81]);  /* t197 */
 
     {   /* k0_take_t3 */
         const int64_t n = 1 * (8*d0) * 32;
@@ -4752,1047 +4733,1039 @@ int sg_cuda_run(void* handle, const int64_t* dims, void** inputs, void** outputs
         }
     }
 
-    {   /* k27_copy: (256*d0) elements */
-        const int64_t n = (256*d0);
-        if (n > 0) {
-            k27_copy<<<sg_blocks(n), SG_THREADS>>>(d0, ws10, ws12);
-            SG_CHECK(cudaGetLastError(), "launching k27_copy");
-        }
-    }
-
-    {   /* k28_matmul_t36: out[8*d0 x 32] = a @ b, K = 32 */
+    {   /* k27_matmul_t36: out[8*d0 x 32] = a @ b, K = 32 */
         const int64_t M = 8*d0, N = 32, K = 32;
         const sg_batch batch = { 0, 1, {0}, {0}, {0}, {0} };  /* one product */
         if (M > 0 && N > 0 && batch.count > 0) {
             const int64_t grid_y = (M + SG_TILE - 1) / SG_TILE, grid_x = (N + SG_TILE - 1) / SG_TILE;
             if (grid_y > 65535 || grid_x > 2147483647)
-                return sg_fail(err, errlen, -1, "k28_matmul_t36: matrix too large for one launch");
+                return sg_fail(err, errlen, -1, "k27_matmul_t36: matrix too large for one launch");
             /* (more products than blocks along z: each block walks several) */
             const unsigned grid_z = batch.count < 65535 ? (unsigned)batch.count : 65535u;
             sg_gemm<float><<<dim3((unsigned)grid_x, (unsigned)grid_y, grid_z), SG_GEMM_THREADS>>>(
-                M, N, K, ws12, 32, 1, var6, 1, 32, ws13, batch);
-            SG_CHECK(cudaGetLastError(), "launching k28_matmul_t36");
+                M, N, K, ws10, 32, 1, var6, 1, 32, ws12, batch);
+            SG_CHECK(cudaGetLastError(), "launching k27_matmul_t36");
         }
     }
 
-    {   /* k29_add_t37: (256*d0) elements */
+    {   /* k28_add_t37: (256*d0) elements */
         const int64_t n = (256*d0);
         if (n > 0) {
-            k29_add_t37<<<sg_blocks(n), SG_THREADS>>>(d0, ws13, var7, ws14);
-            SG_CHECK(cudaGetLastError(), "launching k29_add_t37");
+            k28_add_t37<<<sg_blocks(n), SG_THREADS>>>(d0, ws12, var7, ws13);
+            SG_CHECK(cudaGetLastError(), "launching k28_add_t37");
         }
     }
 
-    {   /* k30_mul_t41: (8*d0) outputs, 32 elements each */
+    {   /* k29_mul_t41: (8*d0) outputs, 32 elements each */
         const int64_t n_out = (8*d0);
         if (n_out > 0) {
-            k30_mul_t41<<<sg_blocks_for_rows(n_out), sg_reduce_threads(32)>>>(d0, ws0, ws2, ws14, ws15);
-            SG_CHECK(cudaGetLastError(), "launching k30_mul_t41");
+            k29_mul_t41<<<sg_blocks_for_rows(n_out), sg_reduce_threads(32)>>>(d0, ws0, ws2, ws13, ws14);
+            SG_CHECK(cudaGetLastError(), "launching k29_mul_t41");
         }
     }
 
-    {   /* k31_sub_t42: (256*d0) elements */
+    {   /* k30_sub_t42: (256*d0) elements */
         const int64_t n = (256*d0);
         if (n > 0) {
-            k31_sub_t42<<<sg_blocks(n), SG_THREADS>>>(d0, ws0, ws2, ws14, ws15, ws16);
-            SG_CHECK(cudaGetLastError(), "launching k31_sub_t42");
+            k30_sub_t42<<<sg_blocks(n), SG_THREADS>>>(d0, ws0, ws2, ws13, ws14, ws15);
+            SG_CHECK(cudaGetLastError(), "launching k30_sub_t42");
         }
     }
 
-    {   /* k32_sqrt_t47: (8*d0) outputs, 32 elements each */
+    {   /* k31_sqrt_t47: (8*d0) outputs, 32 elements each */
         const int64_t n_out = (8*d0);
         if (n_out > 0) {
-            k32_sqrt_t47<<<sg_blocks_for_rows(n_out), sg_reduce_threads(32)>>>(d0, ws16, ws17);
-            SG_CHECK(cudaGetLastError(), "launching k32_sqrt_t47");
+            k31_sqrt_t47<<<sg_blocks_for_rows(n_out), sg_reduce_threads(32)>>>(d0, ws15, ws16);
+            SG_CHECK(cudaGetLastError(), "launching k31_sqrt_t47");
         }
     }
 
-    {   /* k33_add_t50: (256*d0) elements */
+    {   /* k32_add_t50: (256*d0) elements */
         const int64_t n = (256*d0);
         if (n > 0) {
-            k33_add_t50<<<sg_blocks(n), SG_THREADS>>>(d0, ws16, ws17, var8, var9, ws18);
-            SG_CHECK(cudaGetLastError(), "launching k33_add_t50");
+            k32_add_t50<<<sg_blocks(n), SG_THREADS>>>(d0, ws15, ws16, var8, var9, ws17);
+            SG_CHECK(cudaGetLastError(), "launching k32_add_t50");
         }
     }
 
-    {   /* k34_matmul_t53: out[8*d0 x 128] = a @ b, K = 32 */
+    {   /* k33_matmul_t53: out[8*d0 x 128] = a @ b, K = 32 */
         const int64_t M = 8*d0, N = 128, K = 32;
         const sg_batch batch = { 0, 1, {0}, {0}, {0}, {0} };  /* one product */
         if (M > 0 && N > 0 && batch.count > 0) {
             const int64_t grid_y = (M + SG_TILE - 1) / SG_TILE, grid_x = (N + SG_TILE - 1) / SG_TILE;
             if (grid_y > 65535 || grid_x > 2147483647)
-                return sg_fail(err, errlen, -1, "k34_matmul_t53: matrix too large for one launch");
+                return sg_fail(err, errlen, -1, "k33_matmul_t53: matrix too large for one launch");
             /* (more products than blocks along z: each block walks several) */
             const unsigned grid_z = batch.count < 65535 ? (unsigned)batch.count : 65535u;
             sg_gemm<float><<<dim3((unsigned)grid_x, (unsigned)grid_y, grid_z), SG_GEMM_THREADS>>>(
-                M, N, K, ws18, 32, 1, var10, 1, 32, ws19, batch);
-            SG_CHECK(cudaGetLastError(), "launching k34_matmul_t53");
+                M, N, K, ws17, 32, 1, var10, 1, 32, ws18, batch);
+            SG_CHECK(cudaGetLastError(), "launching k33_matmul_t53");
         }
     }
 
-    {   /* k35_add_t54: (1024*d0) elements */
+    {   /* k34_add_t54: (1024*d0) elements */
         const int64_t n = (1024*d0);
         if (n > 0) {
-            k35_add_t54<<<sg_blocks(n), SG_THREADS>>>(d0, ws19, var11, ws20);
-            SG_CHECK(cudaGetLastError(), "launching k35_add_t54");
+            k34_add_t54<<<sg_blocks(n), SG_THREADS>>>(d0, ws18, var11, ws19);
+            SG_CHECK(cudaGetLastError(), "launching k34_add_t54");
         }
     }
 
-    {   /* k36_gelu_t56: (1024*d0) elements */
+    {   /* k35_gelu_t56: (1024*d0) elements */
         const int64_t n = (1024*d0);
         if (n > 0) {
-            k36_gelu_t56<<<sg_blocks(n), SG_THREADS>>>(d0, ws20, ws21);
-            SG_CHECK(cudaGetLastError(), "launching k36_gelu_t56");
+            k35_gelu_t56<<<sg_blocks(n), SG_THREADS>>>(d0, ws19, ws20);
+            SG_CHECK(cudaGetLastError(), "launching k35_gelu_t56");
         }
     }
 
-    {   /* k37_matmul_t59: out[8*d0 x 32] = a @ b, K = 128 */
+    {   /* k36_matmul_t59: out[8*d0 x 32] = a @ b, K = 128 */
         const int64_t M = 8*d0, N = 32, K = 128;
         const sg_batch batch = { 0, 1, {0}, {0}, {0}, {0} };  /* one product */
         if (M > 0 && N > 0 && batch.count > 0) {
             const int64_t grid_y = (M + SG_TILE - 1) / SG_TILE, grid_x = (N + SG_TILE - 1) / SG_TILE;
             if (grid_y > 65535 || grid_x > 2147483647)
-                return sg_fail(err, errlen, -1, "k37_matmul_t59: matrix too large for one launch");
+                return sg_fail(err, errlen, -1, "k36_matmul_t59: matrix too large for one launch");
             /* (more products than blocks along z: each block walks several) */
             const unsigned grid_z = batch.count < 65535 ? (unsigned)batch.count : 65535u;
             sg_gemm<float><<<dim3((unsigned)grid_x, (unsigned)grid_y, grid_z), SG_GEMM_THREADS>>>(
-                M, N, K, ws21, 128, 1, var12, 1, 128, ws22, batch);
-            SG_CHECK(cudaGetLastError(), "launching k37_matmul_t59");
+                M, N, K, ws20, 128, 1, var12, 1, 128, ws21, batch);
+            SG_CHECK(cudaGetLastError(), "launching k36_matmul_t59");
         }
     }
 
-    {   /* k38_add_t60: (256*d0) elements */
+    {   /* k37_add_t60: (256*d0) elements */
         const int64_t n = (256*d0);
         if (n > 0) {
-            k38_add_t60<<<sg_blocks(n), SG_THREADS>>>(d0, ws22, var13, ws23);
-            SG_CHECK(cudaGetLastError(), "launching k38_add_t60");
+            k37_add_t60<<<sg_blocks(n), SG_THREADS>>>(d0, ws21, var13, ws22);
+            SG_CHECK(cudaGetLastError(), "launching k37_add_t60");
         }
     }
 
-    {   /* k39_mul_t64: (8*d0) outputs, 32 elements each */
+    {   /* k38_mul_t64: (8*d0) outputs, 32 elements each */
         const int64_t n_out = (8*d0);
         if (n_out > 0) {
-            k39_mul_t64<<<sg_blocks_for_rows(n_out), sg_reduce_threads(32)>>>(d0, ws0, ws2, ws14, ws23, ws24);
-            SG_CHECK(cudaGetLastError(), "launching k39_mul_t64");
+            k38_mul_t64<<<sg_blocks_for_rows(n_out), sg_reduce_threads(32)>>>(d0, ws0, ws2, ws13, ws22, ws23);
+            SG_CHECK(cudaGetLastError(), "launching k38_mul_t64");
         }
     }
 
-    {   /* k40_sub_t65: (256*d0) elements */
+    {   /* k39_sub_t65: (256*d0) elements */
         const int64_t n = (256*d0);
         if (n > 0) {
-            k40_sub_t65<<<sg_blocks(n), SG_THREADS>>>(d0, ws0, ws2, ws14, ws23, ws24, ws25);
-            SG_CHECK(cudaGetLastError(), "launching k40_sub_t65");
+            k39_sub_t65<<<sg_blocks(n), SG_THREADS>>>(d0, ws0, ws2, ws13, ws22, ws23, ws24);
+            SG_CHECK(cudaGetLastError(), "launching k39_sub_t65");
         }
     }
 
-    {   /* k41_sqrt_t70: (8*d0) outputs, 32 elements each */
+    {   /* k40_sqrt_t70: (8*d0) outputs, 32 elements each */
         const int64_t n_out = (8*d0);
         if (n_out > 0) {
-            k41_sqrt_t70<<<sg_blocks_for_rows(n_out), sg_reduce_threads(32)>>>(d0, ws25, ws26);
-            SG_CHECK(cudaGetLastError(), "launching k41_sqrt_t70");
+            k40_sqrt_t70<<<sg_blocks_for_rows(n_out), sg_reduce_threads(32)>>>(d0, ws24, ws25);
+            SG_CHECK(cudaGetLastError(), "launching k40_sqrt_t70");
         }
     }
 
-    {   /* k42_add_t73: (256*d0) elements */
+    {   /* k41_add_t73: (256*d0) elements */
         const int64_t n = (256*d0);
         if (n > 0) {
-            k42_add_t73<<<sg_blocks(n), SG_THREADS>>>(d0, ws25, ws26, var14, var15, ws27);
-            SG_CHECK(cudaGetLastError(), "launching k42_add_t73");
+            k41_add_t73<<<sg_blocks(n), SG_THREADS>>>(d0, ws24, ws25, var14, var15, ws26);
+            SG_CHECK(cudaGetLastError(), "launching k41_add_t73");
         }
     }
 
-    {   /* k43_matmul_t76: out[8*d0 x 64] = a @ b, K = 32 */
+    {   /* k42_matmul_t76: out[8*d0 x 64] = a @ b, K = 32 */
         const int64_t M = 8*d0, N = 64, K = 32;
         const sg_batch batch = { 0, 1, {0}, {0}, {0}, {0} };  /* one product */
         if (M > 0 && N > 0 && batch.count > 0) {
             const int64_t grid_y = (M + SG_TILE - 1) / SG_TILE, grid_x = (N + SG_TILE - 1) / SG_TILE;
             if (grid_y > 65535 || grid_x > 2147483647)
-                return sg_fail(err, errlen, -1, "k43_matmul_t76: matrix too large for one launch");
+                return sg_fail(err, errlen, -1, "k42_matmul_t76: matrix too large for one launch");
             /* (more products than blocks along z: each block walks several) */
             const unsigned grid_z = batch.count < 65535 ? (unsigned)batch.count : 65535u;
             sg_gemm<float><<<dim3((unsigned)grid_x, (unsigned)grid_y, grid_z), SG_GEMM_THREADS>>>(
-                M, N, K, ws27, 32, 1, var0, 1, 32, ws28, batch);
-            SG_CHECK(cudaGetLastError(), "launching k43_matmul_t76");
+                M, N, K, ws26, 32, 1, var0, 1, 32, ws27, batch);
+            SG_CHECK(cudaGetLastError(), "launching k42_matmul_t76");
         }
     }
 
-    {   /* k44_rows_t77: (8*d0) rows of 64 elements, one block each */
+    {   /* k43_rows_t77: (8*d0) rows of 64 elements, one block each */
         const int64_t n_rows = (8*d0);
         if (n_rows > 0) {
-            k44_rows_t77<<<sg_blocks_for_rows(n_rows), sg_reduce_threads(64)>>>(d0, ws3, in1, ws28, ws29, ws30, ws32, ws31);
-            SG_CHECK(cudaGetLastError(), "launching k44_rows_t77");
+            k43_rows_t77<<<sg_blocks_for_rows(n_rows), sg_reduce_threads(64)>>>(d0, ws3, in1, ws27, ws28, ws29, ws31, ws30);
+            SG_CHECK(cudaGetLastError(), "launching k43_rows_t77");
         }
     }
 
-    {   /* k45_div_t90: 1 outputs, (8*d0) elements each */
+    {   /* k44_div_t90: 1 outputs, (8*d0) elements each */
         const int64_t n_out = 1;
         if (n_out > 0) {
-            k45_div_t90<<<sg_blocks_for_rows(n_out), sg_reduce_threads((8*d0))>>>(d0, ws31, ws3, out0);
-            SG_CHECK(cudaGetLastError(), "launching k45_div_t90");
+            k44_div_t90<<<sg_blocks_for_rows(n_out), sg_reduce_threads((8*d0))>>>(d0, ws30, ws3, out0);
+            SG_CHECK(cudaGetLastError(), "launching k44_div_t90");
         }
     }
 
-    {   /* k46_add_t108: (256*d0) elements */
+    {   /* k45_add_t108: (256*d0) elements */
         const int64_t n = (256*d0);
         if (n > 0) {
-            k46_add_t108<<<sg_blocks(n), SG_THREADS>>>(d0, ws25, ws26, var14, var15, ws33);
-            SG_CHECK(cudaGetLastError(), "launching k46_add_t108");
+            k45_add_t108<<<sg_blocks(n), SG_THREADS>>>(d0, ws24, ws25, var14, var15, ws32);
+            SG_CHECK(cudaGetLastError(), "launching k45_add_t108");
         }
     }
 
-    {   /* k47_matmul_t110: out[64 x 32] = a @ b, K = 8*d0 */
+    {   /* k46_matmul_t110: out[64 x 32] = a @ b, K = 8*d0 */
         const int64_t M = 64, N = 32, K = 8*d0;
         const sg_batch batch = { 0, 1, {0}, {0}, {0}, {0} };  /* one product */
         if (M > 0 && N > 0 && batch.count > 0) {
             const int64_t grid_y = (M + SG_TILE - 1) / SG_TILE, grid_x = (N + SG_TILE - 1) / SG_TILE;
             if (grid_y > 65535 || grid_x > 2147483647)
-                return sg_fail(err, errlen, -1, "k47_matmul_t110: matrix too large for one launch");
+                return sg_fail(err, errlen, -1, "k46_matmul_t110: matrix too large for one launch");
             /* (more products than blocks along z: each block walks several) */
             const unsigned grid_z = batch.count < 65535 ? (unsigned)batch.count : 65535u;
             sg_gemm<float><<<dim3((unsigned)grid_x, (unsigned)grid_y, grid_z), SG_GEMM_THREADS>>>(
-                M, N, K, ws32, 1, 64, ws33, 32, 1, ws34, batch);
-            SG_CHECK(cudaGetLastError(), "launching k47_matmul_t110");
+                M, N, K, ws31, 1, 64, ws32, 32, 1, ws33, batch);
+            SG_CHECK(cudaGetLastError(), "launching k46_matmul_t110");
         }
     }
 
-    {   /* k48_matmul_t111: out[8*d0 x 32] = a @ b, K = 64 */
+    {   /* k47_matmul_t111: out[8*d0 x 32] = a @ b, K = 64 */
         const int64_t M = 8*d0, N = 32, K = 64;
         const sg_batch batch = { 0, 1, {0}, {0}, {0}, {0} };  /* one product */
         if (M > 0 && N > 0 && batch.count > 0) {
             const int64_t grid_y = (M + SG_TILE - 1) / SG_TILE, grid_x = (N + SG_TILE - 1) / SG_TILE;
             if (grid_y > 65535 || grid_x > 2147483647)
-                return sg_fail(err, errlen, -1, "k48_matmul_t111: matrix too large for one launch");
+                return sg_fail(err, errlen, -1, "k47_matmul_t111: matrix too large for one launch");
             /* (more products than blocks along z: each block walks several) */
             const unsigned grid_z = batch.count < 65535 ? (unsigned)batch.count : 65535u;
             sg_gemm<float><<<dim3((unsigned)grid_x, (unsigned)grid_y, grid_z), SG_GEMM_THREADS>>>(
-                M, N, K, ws32, 64, 1, var0, 32, 1, ws35, batch);
-            SG_CHECK(cudaGetLastError(), "launching k48_matmul_t111");
+                M, N, K, ws31, 64, 1, var0, 32, 1, ws34, batch);
+            SG_CHECK(cudaGetLastError(), "launching k47_matmul_t111");
         }
     }
 
-    {   /* k49_sum_t538: 32 outputs, (8*d0) elements each */
+    {   /* k48_sum_t538: 32 outputs, (8*d0) elements each */
         const int64_t n_out = 32;
         if (n_out > 0) {
-            k49_sum_t538<<<sg_blocks_for_rows(n_out), sg_reduce_threads((8*d0))>>>(d0, ws35, ws36);
-            SG_CHECK(cudaGetLastError(), "launching k49_sum_t538");
+            k48_sum_t538<<<sg_blocks_for_rows(n_out), sg_reduce_threads((8*d0))>>>(d0, ws34, ws35);
+            SG_CHECK(cudaGetLastError(), "launching k48_sum_t538");
         }
     }
 
-    {   /* k50_add_t541: 32 elements */
+    {   /* k49_add_t541: 32 elements */
         const int64_t n = 32;
         if (n > 0) {
-            k50_add_t541<<<sg_blocks(n), SG_THREADS>>>(d0, ws36, var64);
-            SG_CHECK(cudaGetLastError(), "launching k50_add_t541");
+            k49_add_t541<<<sg_blocks(n), SG_THREADS>>>(d0, ws35, var64);
+            SG_CHECK(cudaGetLastError(), "launching k49_add_t541");
         }
     }
 
-    {   /* k51_add_t546: 32 elements */
+    {   /* k50_add_t546: 32 elements */
         const int64_t n = 32;
         if (n > 0) {
-            k51_add_t546<<<sg_blocks(n), SG_THREADS>>>(d0, var65, ws36);
-            SG_CHECK(cudaGetLastError(), "launching k51_add_t546");
+            k50_add_t546<<<sg_blocks(n), SG_THREADS>>>(d0, var65, ws35);
+            SG_CHECK(cudaGetLastError(), "launching k50_add_t546");
         }
     }
 
-    {   /* k52_sub_t555: 32 elements */
+    {   /* k51_sub_t555: 32 elements */
         const int64_t n = 32;
         if (n > 0) {
-            k52_sub_t555<<<sg_blocks(n), SG_THREADS>>>(d0, var63, var35, var64, var65, var15);
-            SG_CHECK(cudaGetLastError(), "launching k52_sub_t555");
+            k51_sub_t555<<<sg_blocks(n), SG_THREADS>>>(d0, var63, var35, var64, var65, var15);
+            SG_CHECK(cudaGetLastError(), "launching k51_sub_t555");
         }
     }
 
-    {   /* k53_sum_t115: (8*d0) outputs, 32 elements each */
+    {   /* k52_sum_t115: (8*d0) outputs, 32 elements each */
         const int64_t n_out = (8*d0);
         if (n_out > 0) {
-            k53_sum_t115<<<sg_blocks_for_rows(n_out), sg_reduce_threads(32)>>>(d0, ws25, ws26, ws35, var14, ws37);
-            SG_CHECK(cudaGetLastError(), "launching k53_sum_t115");
+            k52_sum_t115<<<sg_blocks_for_rows(n_out), sg_reduce_threads(32)>>>(d0, ws24, ws25, ws34, var14, ws36);
+            SG_CHECK(cudaGetLastError(), "launching k52_sum_t115");
         }
     }
 
-    {   /* k54_simplified_t116: (256*d0) elements */
+    {   /* k53_simplified_t116: (256*d0) elements */
         const int64_t n = (256*d0);
         if (n > 0) {
-            k54_simplified_t116<<<sg_blocks(n), SG_THREADS>>>(d0, ws35, var14, ws26, ws37, ws25, ws38);
-            SG_CHECK(cudaGetLastError(), "launching k54_simplified_t116");
+            k53_simplified_t116<<<sg_blocks(n), SG_THREADS>>>(d0, ws34, var14, ws25, ws36, ws24, ws37);
+            SG_CHECK(cudaGetLastError(), "launching k53_simplified_t116");
         }
     }
 
-    {   /* k55_mul_t514: (256*d0) elements */
+    {   /* k54_mul_t514: (256*d0) elements */
         const int64_t n = (256*d0);
         if (n > 0) {
-            k55_mul_t514<<<sg_blocks(n), SG_THREADS>>>(d0, ws25, ws26, ws35, ws39);
-            SG_CHECK(cudaGetLastError(), "launching k55_mul_t514");
+            k54_mul_t514<<<sg_blocks(n), SG_THREADS>>>(d0, ws24, ws25, ws34, ws38);
+            SG_CHECK(cudaGetLastError(), "launching k54_mul_t514");
         }
     }
 
-    {   /* k56_sum_t515: 32 outputs, (8*d0) elements each */
+    {   /* k55_sum_t515: 32 outputs, (8*d0) elements each */
         const int64_t n_out = 32;
         if (n_out > 0) {
-            k56_sum_t515<<<sg_blocks_for_rows(n_out), sg_reduce_threads((8*d0))>>>(d0, ws39, ws40);
-            SG_CHECK(cudaGetLastError(), "launching k56_sum_t515");
+            k55_sum_t515<<<sg_blocks_for_rows(n_out), sg_reduce_threads((8*d0))>>>(d0, ws38, ws39);
+            SG_CHECK(cudaGetLastError(), "launching k55_sum_t515");
         }
     }
 
-    {   /* k57_add_t518: 32 elements */
+    {   /* k56_add_t518: 32 elements */
         const int64_t n = 32;
         if (n > 0) {
-            k57_add_t518<<<sg_blocks(n), SG_THREADS>>>(d0, ws40, var61);
-            SG_CHECK(cudaGetLastError(), "launching k57_add_t518");
+            k56_add_t518<<<sg_blocks(n), SG_THREADS>>>(d0, ws39, var61);
+            SG_CHECK(cudaGetLastError(), "launching k56_add_t518");
         }
     }
 
-    {   /* k58_add_t523: 32 elements */
+    {   /* k57_add_t523: 32 elements */
         const int64_t n = 32;
         if (n > 0) {
-            k58_add_t523<<<sg_blocks(n), SG_THREADS>>>(d0, var62, ws40);
-            SG_CHECK(cudaGetLastError(), "launching k58_add_t523");
+            k57_add_t523<<<sg_blocks(n), SG_THREADS>>>(d0, var62, ws39);
+            SG_CHECK(cudaGetLastError(), "launching k57_add_t523");
         }
     }
 
-    {   /* k59_sub_t532: 32 elements */
+    {   /* k58_sub_t532: 32 elements */
         const int64_t n = 32;
         if (n > 0) {
-            k59_sub_t532<<<sg_blocks(n), SG_THREADS>>>(d0, var60, var35, var61, var62, var14);
-            SG_CHECK(cudaGetLastError(), "launching k59_sub_t532");
+            k58_sub_t532<<<sg_blocks(n), SG_THREADS>>>(d0, var60, var35, var61, var62, var14);
+            SG_CHECK(cudaGetLastError(), "launching k58_sub_t532");
         }
     }
 
-    {   /* k60_mul_t118: (8*d0) outputs, 32 elements each */
+    {   /* k59_mul_t118: (8*d0) outputs, 32 elements each */
         const int64_t n_out = (8*d0);
         if (n_out > 0) {
-            k60_mul_t118<<<sg_blocks_for_rows(n_out), sg_reduce_threads(32)>>>(d0, ws38, ws41);
-            SG_CHECK(cudaGetLastError(), "launching k60_mul_t118");
+            k59_mul_t118<<<sg_blocks_for_rows(n_out), sg_reduce_threads(32)>>>(d0, ws37, ws40);
+            SG_CHECK(cudaGetLastError(), "launching k59_mul_t118");
         }
     }
 
-    {   /* k61_add_t119: (256*d0) elements */
+    {   /* k60_add_t119: (256*d0) elements */
         const int64_t n = (256*d0);
         if (n > 0) {
-            k61_add_t119<<<sg_blocks(n), SG_THREADS>>>(d0, ws38, ws41, ws42);
-            SG_CHECK(cudaGetLastError(), "launching k61_add_t119");
+            k60_add_t119<<<sg_blocks(n), SG_THREADS>>>(d0, ws37, ws40, ws41);
+            SG_CHECK(cudaGetLastError(), "launching k60_add_t119");
         }
     }
 
-    {   /* k62_sum_t491: 32 outputs, (8*d0) elements each */
+    {   /* k61_sum_t491: 32 outputs, (8*d0) elements each */
         const int64_t n_out = 32;
         if (n_out > 0) {
-            k62_sum_t491<<<sg_blocks_for_rows(n_out), sg_reduce_threads((8*d0))>>>(d0, ws42, ws43);
-            SG_CHECK(cudaGetLastError(), "launching k62_sum_t491");
+            k61_sum_t491<<<sg_blocks_for_rows(n_out), sg_reduce_threads((8*d0))>>>(d0, ws41, ws42);
+            SG_CHECK(cudaGetLastError(), "launching k61_sum_t491");
         }
     }
 
-    {   /* k63_add_t494: 32 elements */
+    {   /* k62_add_t494: 32 elements */
         const int64_t n = 32;
         if (n > 0) {
-            k63_add_t494<<<sg_blocks(n), SG_THREADS>>>(d0, ws43, var58);
-            SG_CHECK(cudaGetLastError(), "launching k63_add_t494");
+            k62_add_t494<<<sg_blocks(n), SG_THREADS>>>(d0, ws42, var58);
+            SG_CHECK(cudaGetLastError(), "launching k62_add_t494");
         }
     }
 
-    {   /* k64_add_t499: 32 elements */
+    {   /* k63_add_t499: 32 elements */
         const int64_t n = 32;
         if (n > 0) {
-            k64_add_t499<<<sg_blocks(n), SG_THREADS>>>(d0, var59, ws43);
-            SG_CHECK(cudaGetLastError(), "launching k64_add_t499");
+            k63_add_t499<<<sg_blocks(n), SG_THREADS>>>(d0, var59, ws42);
+            SG_CHECK(cudaGetLastError(), "launching k63_add_t499");
         }
     }
 
-    {   /* k65_sub_t508: 32 elements */
+    {   /* k64_sub_t508: 32 elements */
         const int64_t n = 32;
         if (n > 0) {
-            k65_sub_t508<<<sg_blocks(n), SG_THREADS>>>(d0, var57, var35, var58, var59, var13);
-            SG_CHECK(cudaGetLastError(), "launching k65_sub_t508");
+            k64_sub_t508<<<sg_blocks(n), SG_THREADS>>>(d0, var57, var35, var58, var59, var13);
+            SG_CHECK(cudaGetLastError(), "launching k64_sub_t508");
         }
     }
 
-    {   /* k66_matmul_t121: out[8*d0 x 128] = a @ b, K = 32 */
+    {   /* k65_matmul_t121: out[8*d0 x 128] = a @ b, K = 32 */
         const int64_t M = 8*d0, N = 128, K = 32;
         const sg_batch batch = { 0, 1, {0}, {0}, {0}, {0} };  /* one product */
         if (M > 0 && N > 0 && batch.count > 0) {
             const int64_t grid_y = (M + SG_TILE - 1) / SG_TILE, grid_x = (N + SG_TILE - 1) / SG_TILE;
             if (grid_y > 65535 || grid_x > 2147483647)
-                return sg_fail(err, errlen, -1, "k66_matmul_t121: matrix too large for one launch");
+                return sg_fail(err, errlen, -1, "k65_matmul_t121: matrix too large for one launch");
             /* (more products than blocks along z: each block walks several) */
             const unsigned grid_z = batch.count < 65535 ? (unsigned)batch.count : 65535u;
             sg_gemm<float><<<dim3((unsigned)grid_x, (unsigned)grid_y, grid_z), SG_GEMM_THREADS>>>(
-                M, N, K, ws42, 32, 1, var12, 128, 1, ws44, batch);
-            SG_CHECK(cudaGetLastError(), "launching k66_matmul_t121");
+                M, N, K, ws41, 32, 1, var12, 128, 1, ws43, batch);
+            SG_CHECK(cudaGetLastError(), "launching k65_matmul_t121");
         }
     }
 
-    {   /* k67_mul_t124: (1024*d0) elements */
+    {   /* k66_mul_t124: (1024*d0) elements */
         const int64_t n = (1024*d0);
         if (n > 0) {
-            k67_mul_t124<<<sg_blocks(n), SG_THREADS>>>(d0, ws20, ws44, ws45);
-            SG_CHECK(cudaGetLastError(), "launching k67_mul_t124");
+            k66_mul_t124<<<sg_blocks(n), SG_THREADS>>>(d0, ws19, ws43, ws44);
+            SG_CHECK(cudaGetLastError(), "launching k66_mul_t124");
         }
     }
 
-    {   /* k68_gelu_t303: (1024*d0) elements */
+    {   /* k67_gelu_t303: (1024*d0) elements */
         const int64_t n = (1024*d0);
         if (n > 0) {
-            k68_gelu_t303<<<sg_blocks(n), SG_THREADS>>>(d0, ws20, ws46);
-            SG_CHECK(cudaGetLastError(), "launching k68_gelu_t303");
+            k67_gelu_t303<<<sg_blocks(n), SG_THREADS>>>(d0, ws19, ws45);
+            SG_CHECK(cudaGetLastError(), "launching k67_gelu_t303");
         }
     }
 
-    {   /* k69_matmul_t305: out[32 x 128] = a @ b, K = 8*d0 */
+    {   /* k68_matmul_t305: out[32 x 128] = a @ b, K = 8*d0 */
         const int64_t M = 32, N = 128, K = 8*d0;
         const sg_batch batch = { 0, 1, {0}, {0}, {0}, {0} };  /* one product */
         if (M > 0 && N > 0 && batch.count > 0) {
             const int64_t grid_y = (M + SG_TILE - 1) / SG_TILE, grid_x = (N + SG_TILE - 1) / SG_TILE;
             if (grid_y > 65535 || grid_x > 2147483647)
-                return sg_fail(err, errlen, -1, "k69_matmul_t305: matrix too large for one launch");
+                return sg_fail(err, errlen, -1, "k68_matmul_t305: matrix too large for one launch");
             /* (more products than blocks along z: each block walks several) */
             const unsigned grid_z = batch.count < 65535 ? (unsigned)batch.count : 65535u;
             sg_gemm<float><<<dim3((unsigned)grid_x, (unsigned)grid_y, grid_z), SG_GEMM_THREADS>>>(
-                M, N, K, ws42, 1, 32, ws46, 128, 1, ws47, batch);
-            SG_CHECK(cudaGetLastError(), "launching k69_matmul_t305");
+                M, N, K, ws41, 1, 32, ws45, 128, 1, ws46, batch);
+            SG_CHECK(cudaGetLastError(), "launching k68_matmul_t305");
         }
     }
 
-    {   /* k70_sum_t468: 128 outputs, (8*d0) elements each */
+    {   /* k69_sum_t468: 128 outputs, (8*d0) elements each */
         const int64_t n_out = 128;
         if (n_out > 0) {
-            k70_sum_t468<<<sg_blocks_for_rows(n_out), sg_reduce_threads((8*d0))>>>(d0, ws45, ws48);
-            SG_CHECK(cudaGetLastError(), "launching k70_sum_t468");
+            k69_sum_t468<<<sg_blocks_for_rows(n_out), sg_reduce_threads((8*d0))>>>(d0, ws44, ws47);
+            SG_CHECK(cudaGetLastError(), "launching k69_sum_t468");
         }
     }
 
-    {   /* k71_add_t471: 128 elements */
+    {   /* k70_add_t471: 128 elements */
         const int64_t n = 128;
         if (n > 0) {
-            k71_add_t471<<<sg_blocks(n), SG_THREADS>>>(d0, ws48, var55);
-            SG_CHECK(cudaGetLastError(), "launching k71_add_t471");
+            k70_add_t471<<<sg_blocks(n), SG_THREADS>>>(d0, ws47, var55);
+            SG_CHECK(cudaGetLastError(), "launching k70_add_t471");
         }
     }
 
-    {   /* k72_add_t476: 128 elements */
+    {   /* k71_add_t476: 128 elements */
         const int64_t n = 128;
         if (n > 0) {
-            k72_add_t476<<<sg_blocks(n), SG_THREADS>>>(d0, var56, ws48);
-            SG_CHECK(cudaGetLastError(), "launching k72_add_t476");
+            k71_add_t476<<<sg_blocks(n), SG_THREADS>>>(d0, var56, ws47);
+            SG_CHECK(cudaGetLastError(), "launching k71_add_t476");
         }
     }
 
-    {   /* k73_sub_t485: 128 elements */
+    {   /* k72_sub_t485: 128 elements */
         const int64_t n = 128;
         if (n > 0) {
-            k73_sub_t485<<<sg_blocks(n), SG_THREADS>>>(d0, var54, var35, var55, var56, var11);
-            SG_CHECK(cudaGetLastError(), "launching k73_sub_t485");
+            k72_sub_t485<<<sg_blocks(n), SG_THREADS>>>(d0, var54, var35, var55, var56, var11);
+            SG_CHECK(cudaGetLastError(), "launching k72_sub_t485");
         }
     }
 
-    {   /* k74_add_t308: 4096 elements */
+    {   /* k73_add_t308: 4096 elements */
         const int64_t n = 4096;
         if (n > 0) {
-            k74_add_t308<<<sg_blocks(n), SG_THREADS>>>(d0, ws47, var33);
-            SG_CHECK(cudaGetLastError(), "launching k74_add_t308");
+            k73_add_t308<<<sg_blocks(n), SG_THREADS>>>(d0, ws46, var33);
+            SG_CHECK(cudaGetLastError(), "launching k73_add_t308");
         }
     }
 
-    {   /* k75_add_t313: 4096 elements */
+    {   /* k74_add_t313: 4096 elements */
         const int64_t n = 4096;
         if (n > 0) {
-            k75_add_t313<<<sg_blocks(n), SG_THREADS>>>(d0, var34, ws47);
-            SG_CHECK(cudaGetLastError(), "launching k75_add_t313");
+            k74_add_t313<<<sg_blocks(n), SG_THREADS>>>(d0, var34, ws46);
+            SG_CHECK(cudaGetLastError(), "launching k74_add_t313");
         }
     }
 
-    {   /* k76_sub_t322: 4096 elements */
+    {   /* k75_sub_t322: 4096 elements */
         const int64_t n = 4096;
         if (n > 0) {
-            k76_sub_t322<<<sg_blocks(n), SG_THREADS>>>(d0, var16, var12, var32, var33, var34);
-            SG_CHECK(cudaGetLastError(), "launching k76_sub_t322");
+            k75_sub_t322<<<sg_blocks(n), SG_THREADS>>>(d0, var16, var12, var32, var33, var34);
+            SG_CHECK(cudaGetLastError(), "launching k75_sub_t322");
         }
     }
 
-    {   /* k77_matmul_t126: out[8*d0 x 32] = a @ b, K = 128 */
+    {   /* k76_matmul_t126: out[8*d0 x 32] = a @ b, K = 128 */
         const int64_t M = 8*d0, N = 32, K = 128;
         const sg_batch batch = { 0, 1, {0}, {0}, {0}, {0} };  /* one product */
         if (M > 0 && N > 0 && batch.count > 0) {
             const int64_t grid_y = (M + SG_TILE - 1) / SG_TILE, grid_x = (N + SG_TILE - 1) / SG_TILE;
             if (grid_y > 65535 || grid_x > 2147483647)
-                return sg_fail(err, errlen, -1, "k77_matmul_t126: matrix too large for one launch");
+                return sg_fail(err, errlen, -1, "k76_matmul_t126: matrix too large for one launch");
             /* (more products than blocks along z: each block walks several) */
             const unsigned grid_z = batch.count < 65535 ? (unsigned)batch.count : 65535u;
             sg_gemm<float><<<dim3((unsigned)grid_x, (unsigned)grid_y, grid_z), SG_GEMM_THREADS>>>(
-                M, N, K, ws45, 128, 1, var10, 32, 1, ws49, batch);
-            SG_CHECK(cudaGetLastError(), "launching k77_matmul_t126");
+                M, N, K, ws44, 128, 1, var10, 32, 1, ws48, batch);
+            SG_CHECK(cudaGetLastError(), "launching k76_matmul_t126");
         }
     }
 
-    {   /* k78_sum_t445: 32 outputs, (8*d0) elements each */
+    {   /* k77_sum_t445: 32 outputs, (8*d0) elements each */
         const int64_t n_out = 32;
         if (n_out > 0) {
-            k78_sum_t445<<<sg_blocks_for_rows(n_out), sg_reduce_threads((8*d0))>>>(d0, ws49, ws50);
-            SG_CHECK(cudaGetLastError(), "launching k78_sum_t445");
+            k77_sum_t445<<<sg_blocks_for_rows(n_out), sg_reduce_threads((8*d0))>>>(d0, ws48, ws49);
+            SG_CHECK(cudaGetLastError(), "launching k77_sum_t445");
         }
     }
 
-    {   /* k79_add_t448: 32 elements */
+    {   /* k78_add_t448: 32 elements */
         const int64_t n = 32;
         if (n > 0) {
-            k79_add_t448<<<sg_blocks(n), SG_THREADS>>>(d0, ws50, var52);
-            SG_CHECK(cudaGetLastError(), "launching k79_add_t448");
+            k78_add_t448<<<sg_blocks(n), SG_THREADS>>>(d0, ws49, var52);
+            SG_CHECK(cudaGetLastError(), "launching k78_add_t448");
         }
     }
 
-    {   /* k80_add_t453: 32 elements */
+    {   /* k79_add_t453: 32 elements */
         const int64_t n = 32;
         if (n > 0) {
-            k80_add_t453<<<sg_blocks(n), SG_THREADS>>>(d0, var53, ws50);
-            SG_CHECK(cudaGetLastError(), "launching k80_add_t453");
+            k79_add_t453<<<sg_blocks(n), SG_THREADS>>>(d0, var53, ws49);
+            SG_CHECK(cudaGetLastError(), "launching k79_add_t453");
         }
     }
 
-    {   /* k81_sum_t131: (8*d0) outputs, 32 elements each */
+    {   /* k80_sum_t131: (8*d0) outputs, 32 elements each */
         const int64_t n_out = (8*d0);
         if (n_out > 0) {
-            k81_sum_t131<<<sg_blocks_for_rows(n_out), sg_reduce_threads(32)>>>(d0, ws16, ws17, ws49, var8, ws51);
-            SG_CHECK(cudaGetLastError(), "launching k81_sum_t131");
+            k80_sum_t131<<<sg_blocks_for_rows(n_out), sg_reduce_threads(32)>>>(d0, ws15, ws16, ws48, var8, ws50);
+            SG_CHECK(cudaGetLastError(), "launching k80_sum_t131");
         }
     }
 
-    {   /* k82_simplified_t132: (256*d0) elements */
+    {   /* k81_simplified_t132: (256*d0) elements */
         const int64_t n = (256*d0);
         if (n > 0) {
-            k82_simplified_t132<<<sg_blocks(n), SG_THREADS>>>(d0, ws49, var8, ws17, ws51, ws16, ws52);
-            SG_CHECK(cudaGetLastError(), "launching k82_simplified_t132");
+            k81_simplified_t132<<<sg_blocks(n), SG_THREADS>>>(d0, ws48, var8, ws16, ws50, ws15, ws51);
+            SG_CHECK(cudaGetLastError(), "launching k81_simplified_t132");
         }
     }
 
-    {   /* k83_mul_t421: (256*d0) elements */
+    {   /* k82_mul_t421: (256*d0) elements */
         const int64_t n = (256*d0);
         if (n > 0) {
-            k83_mul_t421<<<sg_blocks(n), SG_THREADS>>>(d0, ws16, ws17, ws49, ws53);
-            SG_CHECK(cudaGetLastError(), "launching k83_mul_t421");
+            k82_mul_t421<<<sg_blocks(n), SG_THREADS>>>(d0, ws15, ws16, ws48, ws52);
+            SG_CHECK(cudaGetLastError(), "launching k82_mul_t421");
         }
     }
 
-    {   /* k84_sum_t422: 32 outputs, (8*d0) elements each */
+    {   /* k83_sum_t422: 32 outputs, (8*d0) elements each */
         const int64_t n_out = 32;
         if (n_out > 0) {
-            k84_sum_t422<<<sg_blocks_for_rows(n_out), sg_reduce_threads((8*d0))>>>(d0, ws53, ws54);
-            SG_CHECK(cudaGetLastError(), "launching k84_sum_t422");
+            k83_sum_t422<<<sg_blocks_for_rows(n_out), sg_reduce_threads((8*d0))>>>(d0, ws52, ws53);
+            SG_CHECK(cudaGetLastError(), "launching k83_sum_t422");
         }
     }
 
-    {   /* k85_add_t276: (256*d0) elements */
+    {   /* k84_add_t276: (256*d0) elements */
         const int64_t n = (256*d0);
         if (n > 0) {
-            k85_add_t276<<<sg_blocks(n), SG_THREADS>>>(d0, ws16, ws17, var8, var9, ws55);
-            SG_CHECK(cudaGetLastError(), "launching k85_add_t276");
+            k84_add_t276<<<sg_blocks(n), SG_THREADS>>>(d0, ws15, ws16, var8, var9, ws54);
+            SG_CHECK(cudaGetLastError(), "launching k84_add_t276");
         }
     }
 
-    {   /* k86_matmul_t278: out[128 x 32] = a @ b, K = 8*d0 */
+    {   /* k85_matmul_t278: out[128 x 32] = a @ b, K = 8*d0 */
         const int64_t M = 128, N = 32, K = 8*d0;
         const sg_batch batch = { 0, 1, {0}, {0}, {0}, {0} };  /* one product */
         if (M > 0 && N > 0 && batch.count > 0) {
             const int64_t grid_y = (M + SG_TILE - 1) / SG_TILE, grid_x = (N + SG_TILE - 1) / SG_TILE;
             if (grid_y > 65535 || grid_x > 2147483647)
-                return sg_fail(err, errlen, -1, "k86_matmul_t278: matrix too large for one launch");
+                return sg_fail(err, errlen, -1, "k85_matmul_t278: matrix too large for one launch");
             /* (more products than blocks along z: each block walks several) */
             const unsigned grid_z = batch.count < 65535 ? (unsigned)batch.count : 65535u;
             sg_gemm<float><<<dim3((unsigned)grid_x, (unsigned)grid_y, grid_z), SG_GEMM_THREADS>>>(
-                M, N, K, ws45, 1, 128, ws55, 32, 1, ws56, batch);
-            SG_CHECK(cudaGetLastError(), "launching k86_matmul_t278");
+                M, N, K, ws44, 1, 128, ws54, 32, 1, ws55, batch);
+            SG_CHECK(cudaGetLastError(), "launching k85_matmul_t278");
         }
     }
 
-    {   /* k87_add_t425: 32 elements */
+    {   /* k86_add_t425: 32 elements */
         const int64_t n = 32;
         if (n > 0) {
-            k87_add_t425<<<sg_blocks(n), SG_THREADS>>>(d0, ws54, var49);
-            SG_CHECK(cudaGetLastError(), "launching k87_add_t425");
+            k86_add_t425<<<sg_blocks(n), SG_THREADS>>>(d0, ws53, var49);
+            SG_CHECK(cudaGetLastError(), "launching k86_add_t425");
         }
     }
 
-    {   /* k88_add_t430: 32 elements */
+    {   /* k87_add_t430: 32 elements */
         const int64_t n = 32;
         if (n > 0) {
-            k88_add_t430<<<sg_blocks(n), SG_THREADS>>>(d0, var50, ws54);
-            SG_CHECK(cudaGetLastError(), "launching k88_add_t430");
+            k87_add_t430<<<sg_blocks(n), SG_THREADS>>>(d0, var50, ws53);
+            SG_CHECK(cudaGetLastError(), "launching k87_add_t430");
         }
     }
 
-    {   /* k89_sub_t439: 32 elements */
+    {   /* k88_sub_t439: 32 elements */
         const int64_t n = 32;
         if (n > 0) {
-            k89_sub_t439<<<sg_blocks(n), SG_THREADS>>>(d0, var48, var35, var49, var50, var8);
-            SG_CHECK(cudaGetLastError(), "launching k89_sub_t439");
+            k88_sub_t439<<<sg_blocks(n), SG_THREADS>>>(d0, var48, var35, var49, var50, var8);
+            SG_CHECK(cudaGetLastError(), "launching k88_sub_t439");
         }
     }
 
-    {   /* k90_sub_t462: 32 elements */
+    {   /* k89_sub_t462: 32 elements */
         const int64_t n = 32;
         if (n > 0) {
-            k90_sub_t462<<<sg_blocks(n), SG_THREADS>>>(d0, var51, var35, var52, var53, var9);
-            SG_CHECK(cudaGetLastError(), "launching k90_sub_t462");
+            k89_sub_t462<<<sg_blocks(n), SG_THREADS>>>(d0, var51, var35, var52, var53, var9);
+            SG_CHECK(cudaGetLastError(), "launching k89_sub_t462");
         }
     }
 
-    {   /* k91_mul_t135: (8*d0) outputs, 32 elements each */
+    {   /* k90_mul_t135: (8*d0) outputs, 32 elements each */
         const int64_t n_out = (8*d0);
         if (n_out > 0) {
-            k91_mul_t135<<<sg_blocks_for_rows(n_out), sg_reduce_threads(32)>>>(d0, ws52, ws57);
-            SG_CHECK(cudaGetLastError(), "launching k91_mul_t135");
+            k90_mul_t135<<<sg_blocks_for_rows(n_out), sg_reduce_threads(32)>>>(d0, ws51, ws56);
+            SG_CHECK(cudaGetLastError(), "launching k90_mul_t135");
         }
     }
 
-    {   /* k92_add_t136: (256*d0) elements */
+    {   /* k91_add_t136: (256*d0) elements */
         const int64_t n = (256*d0);
         if (n > 0) {
-            k92_add_t136<<<sg_blocks(n), SG_THREADS>>>(d0, ws42, ws52, ws57, ws58);
-            SG_CHECK(cudaGetLastError(), "launching k92_add_t136");
+            k91_add_t136<<<sg_blocks(n), SG_THREADS>>>(d0, ws41, ws51, ws56, ws57);
+            SG_CHECK(cudaGetLastError(), "launching k91_add_t136");
         }
     }
 
-    {   /* k93_sum_t398: 32 outputs, (8*d0) elements each */
+    {   /* k92_sum_t398: 32 outputs, (8*d0) elements each */
         const int64_t n_out = 32;
         if (n_out > 0) {
-            k93_sum_t398<<<sg_blocks_for_rows(n_out), sg_reduce_threads((8*d0))>>>(d0, ws58, ws59);
-            SG_CHECK(cudaGetLastError(), "launching k93_sum_t398");
+            k92_sum_t398<<<sg_blocks_for_rows(n_out), sg_reduce_threads((8*d0))>>>(d0, ws57, ws58);
+            SG_CHECK(cudaGetLastError(), "launching k92_sum_t398");
         }
     }
 
-    {   /* k94_add_t401: 32 elements */
+    {   /* k93_add_t401: 32 elements */
         const int64_t n = 32;
         if (n > 0) {
-            k94_add_t401<<<sg_blocks(n), SG_THREADS>>>(d0, ws59, var46);
-            SG_CHECK(cudaGetLastError(), "launching k94_add_t401");
+            k93_add_t401<<<sg_blocks(n), SG_THREADS>>>(d0, ws58, var46);
+            SG_CHECK(cudaGetLastError(), "launching k93_add_t401");
         }
     }
 
-    {   /* k95_add_t406: 32 elements */
+    {   /* k94_add_t406: 32 elements */
         const int64_t n = 32;
         if (n > 0) {
-            k95_add_t406<<<sg_blocks(n), SG_THREADS>>>(d0, var47, ws59);
-            SG_CHECK(cudaGetLastError(), "launching k95_add_t406");
+            k94_add_t406<<<sg_blocks(n), SG_THREADS>>>(d0, var47, ws58);
+            SG_CHECK(cudaGetLastError(), "launching k94_add_t406");
         }
     }
 
-    {   /* k96_sub_t415: 32 elements */
+    {   /* k95_sub_t415: 32 elements */
         const int64_t n = 32;
         if (n > 0) {
-            k96_sub_t415<<<sg_blocks(n), SG_THREADS>>>(d0, var45, var35, var46, var47, var7);
-            SG_CHECK(cudaGetLastError(), "launching k96_sub_t415");
+            k95_sub_t415<<<sg_blocks(n), SG_THREADS>>>(d0, var45, var35, var46, var47, var7);
+            SG_CHECK(cudaGetLastError(), "launching k95_sub_t415");
         }
     }
 
-    {   /* k97_matmul_t250: out[32 x 32] = a @ b, K = 8*d0 */
+    {   /* k96_matmul_t250: out[32 x 32] = a @ b, K = 8*d0 */
         const int64_t M = 32, N = 32, K = 8*d0;
         const sg_batch batch = { 0, 1, {0}, {0}, {0}, {0} };  /* one product */
         if (M > 0 && N > 0 && batch.count > 0) {
             const int64_t grid_y = (M + SG_TILE - 1) / SG_TILE, grid_x = (N + SG_TILE - 1) / SG_TILE;
             if (grid_y > 65535 || grid_x > 2147483647)
-                return sg_fail(err, errlen, -1, "k97_matmul_t250: matrix too large for one launch");
+                return sg_fail(err, errlen, -1, "k96_matmul_t250: matrix too large for one launch");
             /* (more products than blocks along z: each block walks several) */
             const unsigned grid_z = batch.count < 65535 ? (unsigned)batch.count : 65535u;
             sg_gemm<float><<<dim3((unsigned)grid_x, (unsigned)grid_y, grid_z), SG_GEMM_THREADS>>>(
-                M, N, K, ws58, 1, 32, ws12, 32, 1, ws60, batch);
-            SG_CHECK(cudaGetLastError(), "launching k97_matmul_t250");
+                M, N, K, ws57, 1, 32, ws10, 32, 1, ws59, batch);
+            SG_CHECK(cudaGetLastError(), "launching k96_matmul_t250");
         }
     }
 
-    {   /* k98_add_t253: 1024 elements */
+    {   /* k97_add_t253: 1024 elements */
         const int64_t n = 1024;
         if (n > 0) {
-            k98_add_t253<<<sg_blocks(n), SG_THREADS>>>(d0, ws60, var27);
-            SG_CHECK(cudaGetLastError(), "launching k98_add_t253");
+            k97_add_t253<<<sg_blocks(n), SG_THREADS>>>(d0, ws59, var27);
+            SG_CHECK(cudaGetLastError(), "launching k97_add_t253");
         }
     }
 
-    {   /* k99_add_t258: 1024 elements */
+    {   /* k98_add_t258: 1024 elements */
         const int64_t n = 1024;
         if (n > 0) {
-            k99_add_t258<<<sg_blocks(n), SG_THREADS>>>(d0, var28, ws60);
-            SG_CHECK(cudaGetLastError(), "launching k99_add_t258");
+            k98_add_t258<<<sg_blocks(n), SG_THREADS>>>(d0, var28, ws59);
+            SG_CHECK(cudaGetLastError(), "launching k98_add_t258");
         }
     }
 
-    {   /* k100_add_t281: 4096 elements */
+    {   /* k99_add_t281: 4096 elements */
         const int64_t n = 4096;
         if (n > 0) {
-            k100_add_t281<<<sg_blocks(n), SG_THREADS>>>(d0, ws56, var30);
-            SG_CHECK(cudaGetLastError(), "launching k100_add_t281");
+            k99_add_t281<<<sg_blocks(n), SG_THREADS>>>(d0, ws55, var30);
+            SG_CHECK(cudaGetLastError(), "launching k99_add_t281");
         }
     }
 
-    {   /* k101_add_t286: 4096 elements */
+    {   /* k100_add_t286: 4096 elements */
         const int64_t n = 4096;
         if (n > 0) {
-            k101_add_t286<<<sg_blocks(n), SG_THREADS>>>(d0, var31, ws56);
-            SG_CHECK(cudaGetLastError(), "launching k101_add_t286");
+            k100_add_t286<<<sg_blocks(n), SG_THREADS>>>(d0, var31, ws55);
+            SG_CHECK(cudaGetLastError(), "launching k100_add_t286");
         }
     }
 
-    {   /* k102_sub_t295: 4096 elements */
+    {   /* k101_sub_t295: 4096 elements */
         const int64_t n = 4096;
         if (n > 0) {
-            k102_sub_t295<<<sg_blocks(n), SG_THREADS>>>(d0, var16, var10, var29, var30, var31);
-            SG_CHECK(cudaGetLastError(), "launching k102_sub_t295");
+            k101_sub_t295<<<sg_blocks(n), SG_THREADS>>>(d0, var16, var10, var29, var30, var31);
+            SG_CHECK(cudaGetLastError(), "launching k101_sub_t295");
         }
     }
 
-    {   /* k103_matmul_t138: out[8*d0 x 32] = a @ b, K = 32 */
+    {   /* k102_matmul_t138: out[8*d0 x 32] = a @ b, K = 32 */
         const int64_t M = 8*d0, N = 32, K = 32;
         const sg_batch batch = { 0, 1, {0}, {0}, {0}, {0} };  /* one product */
         if (M > 0 && N > 0 && batch.count > 0) {
             const int64_t grid_y = (M + SG_TILE - 1) / SG_TILE, grid_x = (N + SG_TILE - 1) / SG_TILE;
             if (grid_y > 65535 || grid_x > 2147483647)
-                return sg_fail(err, errlen, -1, "k103_matmul_t138: matrix too large for one launch");
+                return sg_fail(err, errlen, -1, "k102_matmul_t138: matrix too large for one launch");
             /* (more products than blocks along z: each block walks several) */
             const unsigned grid_z = batch.count < 65535 ? (unsigned)batch.count : 65535u;
             sg_gemm<float><<<dim3((unsigned)grid_x, (unsigned)grid_y, grid_z), SG_GEMM_THREADS>>>(
-                M, N, K, ws58, 32, 1, var6, 32, 1, ws61, batch);
-            SG_CHECK(cudaGetLastError(), "launching k103_matmul_t138");
+                M, N, K, ws57, 32, 1, var6, 32, 1, ws60, batch);
+            SG_CHECK(cudaGetLastError(), "launching k102_matmul_t138");
         }
     }
 
-    {   /* k104_attention_grad_t141: dq by query rows, then dk and dv by key rows (the first pass's statistics) */
+    {   /* k103_attention_grad_t141: dq by query rows, then dk and dv by key rows (the first pass's statistics) */
         const int64_t n = (2*d0) * 8;
         if (n > 0) {
-            k104_attention_grad_t141<<<sg_blocks(n), SG_THREADS>>>(d0, ws9, ws10, ws61, ws11, ws62, ws63);
-            SG_CHECK(cudaGetLastError(), "launching k104_attention_grad_t141");
-            k104_attention_grad_t141_keys<<<sg_blocks(n), SG_THREADS>>>(d0, ws9, ws10, ws61, ws11, ws62, ws63);
-            SG_CHECK(cudaGetLastError(), "launching k104_attention_grad_t141_keys");
+            k103_attention_grad_t141<<<sg_blocks(n), SG_THREADS>>>(d0, ws9, ws10, ws60, ws11, ws61, ws62);
+            SG_CHECK(cudaGetLastError(), "launching k103_attention_grad_t141");
+            k103_attention_grad_t141_keys<<<sg_blocks(n), SG_THREADS>>>(d0, ws9, ws10, ws60, ws11, ws61, ws62);
+            SG_CHECK(cudaGetLastError(), "launching k103_attention_grad_t141_keys");
         }
     }
 
-    {   /* k105_copy: (256*d0) elements */
+    {   /* k104_copy: (256*d0) elements */
         const int64_t n = (256*d0);
         if (n > 0) {
-            k105_copy<<<sg_blocks(n), SG_THREADS>>>(d0, ws62, ws64);
-            SG_CHECK(cudaGetLastError(), "launching k105_copy");
+            k104_copy<<<sg_blocks(n), SG_THREADS>>>(d0, ws61, ws63);
+            SG_CHECK(cudaGetLastError(), "launching k104_copy");
         }
     }
 
-    {   /* k106_embed_t146: (256*d0) elements */
+    {   /* k105_embed_t146: (256*d0) elements */
         const int64_t n = (256*d0);
         if (n > 0) {
-            k106_embed_t146<<<sg_blocks(n), SG_THREADS>>>(d0, ws64, ws65);
-            SG_CHECK(cudaGetLastError(), "launching k106_embed_t146");
+            k105_embed_t146<<<sg_blocks(n), SG_THREADS>>>(d0, ws63, ws64);
+            SG_CHECK(cudaGetLastError(), "launching k105_embed_t146");
         }
     }
 
-    {   /* k107_copy: (256*d0) elements */
+    {   /* k106_copy: (256*d0) elements */
         const int64_t n = (256*d0);
         if (n > 0) {
-            k107_copy<<<sg_blocks(n), SG_THREADS>>>(d0, ws62, ws66);
-            SG_CHECK(cudaGetLastError(), "launching k107_copy");
+            k106_copy<<<sg_blocks(n), SG_THREADS>>>(d0, ws61, ws65);
+            SG_CHECK(cudaGetLastError(), "launching k106_copy");
         }
     }
 
-    {   /* k108_embed_t151: (256*d0) elements */
+    {   /* k107_embed_t151: (256*d0) elements */
         const int64_t n = (256*d0);
         if (n > 0) {
-            k108_embed_t151<<<sg_blocks(n), SG_THREADS>>>(d0, ws66, ws65);
-            SG_CHECK(cudaGetLastError(), "launching k108_embed_t151");
+            k107_embed_t151<<<sg_blocks(n), SG_THREADS>>>(d0, ws65, ws64);
+            SG_CHECK(cudaGetLastError(), "launching k107_embed_t151");
         }
     }
 
-    {   /* k109_copy: (256*d0) elements */
+    {   /* k108_copy: (256*d0) elements */
         const int64_t n = (256*d0);
         if (n > 0) {
-            k109_copy<<<sg_blocks(n), SG_THREADS>>>(d0, ws62, ws67);
-            SG_CHECK(cudaGetLastError(), "launching k109_copy");
+            k108_copy<<<sg_blocks(n), SG_THREADS>>>(d0, ws61, ws66);
+            SG_CHECK(cudaGetLastError(), "launching k108_copy");
         }
     }
 
-    {   /* k110_embed_t157: (256*d0) elements */
+    {   /* k109_embed_t157: (256*d0) elements */
         const int64_t n = (256*d0);
         if (n > 0) {
-            k110_embed_t157<<<sg_blocks(n), SG_THREADS>>>(d0, ws67, ws65);
-            SG_CHECK(cudaGetLastError(), "launching k110_embed_t157");
+            k109_embed_t157<<<sg_blocks(n), SG_THREADS>>>(d0, ws66, ws64);
+            SG_CHECK(cudaGetLastError(), "launching k109_embed_t157");
         }
     }
 
-    {   /* k111_sum_t375: 96 outputs, (8*d0) elements each */
+    {   /* k110_sum_t375: 96 outputs, (8*d0) elements each */
         const int64_t n_out = 96;
         if (n_out > 0) {
-            k111_sum_t375<<<sg_blocks_for_rows(n_out), sg_reduce_threads((8*d0))>>>(d0, ws65, ws68);
-            SG_CHECK(cudaGetLastError(), "launching k111_sum_t375");
+            k110_sum_t375<<<sg_blocks_for_rows(n_out), sg_reduce_threads((8*d0))>>>(d0, ws64, ws67);
+            SG_CHECK(cudaGetLastError(), "launching k110_sum_t375");
         }
     }
 
-    {   /* k112_add_t378: 96 elements */
+    {   /* k111_add_t378: 96 elements */
         const int64_t n = 96;
         if (n > 0) {
-            k112_add_t378<<<sg_blocks(n), SG_THREADS>>>(d0, ws68, var43);
-            SG_CHECK(cudaGetLastError(), "launching k112_add_t378");
+            k111_add_t378<<<sg_blocks(n), SG_THREADS>>>(d0, ws67, var43);
+            SG_CHECK(cudaGetLastError(), "launching k111_add_t378");
         }
     }
 
-    {   /* k113_add_t383: 96 elements */
+    {   /* k112_add_t383: 96 elements */
         const int64_t n = 96;
         if (n > 0) {
-            k113_add_t383<<<sg_blocks(n), SG_THREADS>>>(d0, var44, ws68);
-            SG_CHECK(cudaGetLastError(), "launching k113_add_t383");
+            k112_add_t383<<<sg_blocks(n), SG_THREADS>>>(d0, var44, ws67);
+            SG_CHECK(cudaGetLastError(), "launching k112_add_t383");
         }
     }
 
-    {   /* k114_sub_t392: 96 elements */
+    {   /* k113_sub_t392: 96 elements */
         const int64_t n = 96;
         if (n > 0) {
-            k114_sub_t392<<<sg_blocks(n), SG_THREADS>>>(d0, var42, var35, var43, var44, var5);
-            SG_CHECK(cudaGetLastError(), "launching k114_sub_t392");
+            k113_sub_t392<<<sg_blocks(n), SG_THREADS>>>(d0, var42, var35, var43, var44, var5);
+            SG_CHECK(cudaGetLastError(), "launching k113_sub_t392");
         }
     }
 
-    {   /* k115_sub_t267: 1024 elements */
+    {   /* k114_sub_t267: 1024 elements */
         const int64_t n = 1024;
         if (n > 0) {
-            k115_sub_t267<<<sg_blocks(n), SG_THREADS>>>(d0, var16, var6, var26, var27, var28);
-            SG_CHECK(cudaGetLastError(), "launching k115_sub_t267");
+            k114_sub_t267<<<sg_blocks(n), SG_THREADS>>>(d0, var16, var6, var26, var27, var28);
+            SG_CHECK(cudaGetLastError(), "launching k114_sub_t267");
         }
     }
 
-    {   /* k116_matmul_t160: out[8*d0 x 32] = a @ b, K = 96 */
+    {   /* k115_matmul_t160: out[8*d0 x 32] = a @ b, K = 96 */
         const int64_t M = 8*d0, N = 32, K = 96;
         const sg_batch batch = { 0, 1, {0}, {0}, {0}, {0} };  /* one product */
         if (M > 0 && N > 0 && batch.count > 0) {
             const int64_t grid_y = (M + SG_TILE - 1) / SG_TILE, grid_x = (N + SG_TILE - 1) / SG_TILE;
             if (grid_y > 65535 || grid_x > 2147483647)
-                return sg_fail(err, errlen, -1, "k116_matmul_t160: matrix too large for one launch");
+                return sg_fail(err, errlen, -1, "k115_matmul_t160: matrix too large for one launch");
             /* (more products than blocks along z: each block walks several) */
             const unsigned grid_z = batch.count < 65535 ? (unsigned)batch.count : 65535u;
             sg_gemm<float><<<dim3((unsigned)grid_x, (unsigned)grid_y, grid_z), SG_GEMM_THREADS>>>(
-                M, N, K, ws65, 96, 1, var4, 32, 1, ws69, batch);
-            SG_CHECK(cudaGetLastError(), "launching k116_matmul_t160");
+                M, N, K, ws64, 96, 1, var4, 32, 1, ws68, batch);
+            SG_CHECK(cudaGetLastError(), "launching k115_matmul_t160");
         }
     }
 
-    {   /* k117_sum_t352: 32 outputs, (8*d0) elements each */
+    {   /* k116_sum_t352: 32 outputs, (8*d0) elements each */
         const int64_t n_out = 32;
         if (n_out > 0) {
-            k117_sum_t352<<<sg_blocks_for_rows(n_out), sg_reduce_threads((8*d0))>>>(d0, ws69, ws70);
-            SG_CHECK(cudaGetLastError(), "launching k117_sum_t352");
+            k116_sum_t352<<<sg_blocks_for_rows(n_out), sg_reduce_threads((8*d0))>>>(d0, ws68, ws69);
+            SG_CHECK(cudaGetLastError(), "launching k116_sum_t352");
         }
     }
 
-    {   /* k118_add_t355: 32 elements */
+    {   /* k117_add_t355: 32 elements */
         const int64_t n = 32;
         if (n > 0) {
-            k118_add_t355<<<sg_blocks(n), SG_THREADS>>>(d0, ws70, var40);
-            SG_CHECK(cudaGetLastError(), "launching k118_add_t355");
+            k117_add_t355<<<sg_blocks(n), SG_THREADS>>>(d0, ws69, var40);
+            SG_CHECK(cudaGetLastError(), "launching k117_add_t355");
         }
     }
 
-    {   /* k119_add_t360: 32 elements */
+    {   /* k118_add_t360: 32 elements */
         const int64_t n = 32;
         if (n > 0) {
-            k119_add_t360<<<sg_blocks(n), SG_THREADS>>>(d0, var41, ws70);
-            SG_CHECK(cudaGetLastError(), "launching k119_add_t360");
+            k118_add_t360<<<sg_blocks(n), SG_THREADS>>>(d0, var41, ws69);
+            SG_CHECK(cudaGetLastError(), "launching k118_add_t360");
         }
     }
 
-    {   /* k120_sum_t165: (8*d0) outputs, 32 elements each */
+    {   /* k119_sum_t165: (8*d0) outputs, 32 elements each */
         const int64_t n_out = (8*d0);
         if (n_out > 0) {
-            k120_sum_t165<<<sg_blocks_for_rows(n_out), sg_reduce_threads(32)>>>(d0, ws69, var2, ws5, ws7, ws71);
-            SG_CHECK(cudaGetLastError(), "launching k120_sum_t165");
+            k119_sum_t165<<<sg_blocks_for_rows(n_out), sg_reduce_threads(32)>>>(d0, ws68, var2, ws5, ws7, ws70);
+            SG_CHECK(cudaGetLastError(), "launching k119_sum_t165");
         }
     }
 
-    {   /* k121_simplified_t166: (256*d0) elements */
+    {   /* k120_simplified_t166: (256*d0) elements */
         const int64_t n = (256*d0);
         if (n > 0) {
-            k121_simplified_t166<<<sg_blocks(n), SG_THREADS>>>(d0, ws0, ws2, ws4, ws69, var2, ws5, ws71, ws72);
-            SG_CHECK(cudaGetLastError(), "launching k121_simplified_t166");
+            k120_simplified_t166<<<sg_blocks(n), SG_THREADS>>>(d0, ws0, ws2, ws4, ws68, var2, ws5, ws70, ws71);
+            SG_CHECK(cudaGetLastError(), "launching k120_simplified_t166");
         }
     }
 
-    {   /* k122_mul_t328: (256*d0) elements */
+    {   /* k121_mul_t328: (256*d0) elements */
         const int64_t n = (256*d0);
         if (n > 0) {
-            k122_mul_t328<<<sg_blocks(n), SG_THREADS>>>(d0, ws69, ws7, ws73);
-            SG_CHECK(cudaGetLastError(), "launching k122_mul_t328");
+            k121_mul_t328<<<sg_blocks(n), SG_THREADS>>>(d0, ws68, ws7, ws72);
+            SG_CHECK(cudaGetLastError(), "launching k121_mul_t328");
         }
     }
 
-    {   /* k123_sum_t329: 32 outputs, (8*d0) elements each */
+    {   /* k122_sum_t329: 32 outputs, (8*d0) elements each */
         const int64_t n_out = 32;
         if (n_out > 0) {
-            k123_sum_t329<<<sg_blocks_for_rows(n_out), sg_reduce_threads((8*d0))>>>(d0, ws73, ws74);
-            SG_CHECK(cudaGetLastError(), "launching k123_sum_t329");
+            k122_sum_t329<<<sg_blocks_for_rows(n_out), sg_reduce_threads((8*d0))>>>(d0, ws72, ws73);
+            SG_CHECK(cudaGetLastError(), "launching k122_sum_t329");
         }
     }
 
-    {   /* k124_add_t223: (256*d0) elements */
+    {   /* k123_add_t223: (256*d0) elements */
         const int64_t n = (256*d0);
         if (n > 0) {
-            k124_add_t223<<<sg_blocks(n), SG_THREADS>>>(d0, ws7, var2, var3, ws75);
-            SG_CHECK(cudaGetLastError(), "launching k124_add_t223");
+            k123_add_t223<<<sg_blocks(n), SG_THREADS>>>(d0, ws7, var2, var3, ws74);
+            SG_CHECK(cudaGetLastError(), "launching k123_add_t223");
         }
     }
 
-    {   /* k125_matmul_t225: out[96 x 32] = a @ b, K = 8*d0 */
+    {   /* k124_matmul_t225: out[96 x 32] = a @ b, K = 8*d0 */
         const int64_t M = 96, N = 32, K = 8*d0;
         const sg_batch batch = { 0, 1, {0}, {0}, {0}, {0} };  /* one product */
         if (M > 0 && N > 0 && batch.count > 0) {
             const int64_t grid_y = (M + SG_TILE - 1) / SG_TILE, grid_x = (N + SG_TILE - 1) / SG_TILE;
             if (grid_y > 65535 || grid_x > 2147483647)
-                return sg_fail(err, errlen, -1, "k125_matmul_t225: matrix too large for one launch");
+                return sg_fail(err, errlen, -1, "k124_matmul_t225: matrix too large for one launch");
             /* (more products than blocks along z: each block walks several) */
             const unsigned grid_z = batch.count < 65535 ? (unsigned)batch.count : 65535u;
             sg_gemm<float><<<dim3((unsigned)grid_x, (unsigned)grid_y, grid_z), SG_GEMM_THREADS>>>(
-                M, N, K, ws65, 1, 96, ws75, 32, 1, ws76, batch);
-            SG_CHECK(cudaGetLastError(), "launching k125_matmul_t225");
+                M, N, K, ws64, 1, 96, ws74, 32, 1, ws75, batch);
+            SG_CHECK(cudaGetLastError(), "launching k124_matmul_t225");
         }
     }
 
-    {   /* k126_add_t332: 32 elements */
+    {   /* k125_add_t332: 32 elements */
         const int64_t n = 32;
         if (n > 0) {
-            k126_add_t332<<<sg_blocks(n), SG_THREADS>>>(d0, ws74, var37);
-            SG_CHECK(cudaGetLastError(), "launching k126_add_t332");
+            k125_add_t332<<<sg_blocks(n), SG_THREADS>>>(d0, ws73, var37);
+            SG_CHECK(cudaGetLastError(), "launching k125_add_t332");
         }
     }
 
-    {   /* k127_add_t337: 32 elements */
+    {   /* k126_add_t337: 32 elements */
         const int64_t n = 32;
         if (n > 0) {
-            k127_add_t337<<<sg_blocks(n), SG_THREADS>>>(d0, var38, ws74);
-            SG_CHECK(cudaGetLastError(), "launching k127_add_t337");
+            k126_add_t337<<<sg_blocks(n), SG_THREADS>>>(d0, var38, ws73);
+            SG_CHECK(cudaGetLastError(), "launching k126_add_t337");
         }
     }
 
-    {   /* k128_sub_t346: 32 elements */
+    {   /* k127_sub_t346: 32 elements */
         const int64_t n = 32;
         if (n > 0) {
-            k128_sub_t346<<<sg_blocks(n), SG_THREADS>>>(d0, var36, var35, var37, var38, var2);
-            SG_CHECK(cudaGetLastError(), "launching k128_sub_t346");
+            k127_sub_t346<<<sg_blocks(n), SG_THREADS>>>(d0, var36, var35, var37, var38, var2);
+            SG_CHECK(cudaGetLastError(), "launching k127_sub_t346");
         }
     }
 
-    {   /* k129_sub_t369: 32 elements */
+    {   /* k128_sub_t369: 32 elements */
         const int64_t n = 32;
         if (n > 0) {
-            k129_sub_t369<<<sg_blocks(n), SG_THREADS>>>(d0, var39, var35, var40, var41, var3);
-            SG_CHECK(cudaGetLastError(), "launching k129_sub_t369");
+            k128_sub_t369<<<sg_blocks(n), SG_THREADS>>>(d0, var39, var35, var40, var41, var3);
+            SG_CHECK(cudaGetLastError(), "launching k128_sub_t369");
         }
     }
 
-    {   /* k130_mul_t169: (8*d0) outputs, 32 elements each */
+    {   /* k129_mul_t169: (8*d0) outputs, 32 elements each */
         const int64_t n_out = (8*d0);
         if (n_out > 0) {
-            k130_mul_t169<<<sg_blocks_for_rows(n_out), sg_reduce_threads(32)>>>(d0, ws72, ws77);
-            SG_CHECK(cudaGetLastError(), "launching k130_mul_t169");
+            k129_mul_t169<<<sg_blocks_for_rows(n_out), sg_reduce_threads(32)>>>(d0, ws71, ws76);
+            SG_CHECK(cudaGetLastError(), "launching k129_mul_t169");
         }
     }
 
-    {   /* k131_add_t170: (256*d0) elements */
+    {   /* k130_add_t170: (256*d0) elements */
         const int64_t n = (256*d0);
         if (n > 0) {
-            k131_add_t170<<<sg_blocks(n), SG_THREADS>>>(d0, ws58, ws72, ws77, ws78);
-            SG_CHECK(cudaGetLastError(), "launching k131_add_t170");
+            k130_add_t170<<<sg_blocks(n), SG_THREADS>>>(d0, ws57, ws71, ws76, ws77);
+            SG_CHECK(cudaGetLastError(), "launching k130_add_t170");
         }
     }
 
-    {   /* k132_scatter_add_t171 */
+    {   /* k131_scatter_add_t171 */
         const int64_t n = 1 * 32;
         if (n > 0) {
-            k132_scatter_add_t171<<<sg_blocks(n), SG_THREADS>>>(d0, ws78, in0, ws79);
-            SG_CHECK(cudaGetLastError(), "launching k132_scatter_add_t171");
+            k131_scatter_add_t171<<<sg_blocks(n), SG_THREADS>>>(d0, ws77, in0, ws78);
+            SG_CHECK(cudaGetLastError(), "launching k131_scatter_add_t171");
         }
     }
 
-    {   /* k133_sum_t196: 256 outputs, d0 elements each */
+    {   /* k132_sum_t196: 256 outputs, d0 elements each */
         const int64_t n_out = 256;
         if (n_out > 0) {
-            k133_sum_t196<<<sg_blocks_for_rows(n_out), sg_reduce_threads(d0)>>>(d0, ws78, ws80);
-            SG_CHECK(cudaGetLastError(), "launching k133_sum_t196");
+            k132_sum_t196<<<sg_blocks_for_rows(n_out), sg_reduce_threads(d0)>>>(d0, ws77, ws79);
+            SG_CHECK(cudaGetLastError(), "launching k132_sum_t196");
         }
     }
 
-    {   /* k134_copy: 8 elements */
+    {   /* k133_copy: 8 elements */
         const int64_t n = 8;
         if (n > 0) {
-            k134_copy<<<sg_blocks(n), SG_THREADS>>>(d0, ws81);
-            SG_CHECK(cudaGetLastError(), "launching k134_copy");
+            k133_copy<<<sg_blocks(n), SG_THREADS>>>(d0, ws80);
+            SG_CHECK(cudaGetLastError(), "launching k133_copy");
         }
     }
 
-    {   /* k135_scatter_add_t197 */
+    {   /* k134_scatter_add_t197 */
         const int64_t n = 1 * 32;
         if (n > 0) {
-            k135_scatter_add_t197<<<sg_blocks(n), SG_THREADS>>>(d0, ws80, ws81, ws82);
-            SG_CHECK(cudaGetLastError(), "launching k135_scatter_add_t197");
+            k134_scatter_add_t197<<<sg_blocks(n), SG_THREADS>>>(d0, ws79, ws80, ws81);
+            SG_CHECK(cudaGetLastError(), "launching k134_scatter_add_t197");
         }
     }
 
-    {   /* k136_add_t200: 256 elements */
+    {   /* k135_add_t200: 256 elements */
         const int64_t n = 256;
         if (n > 0) {
-            k136_add_t200<<<sg_blocks(n), SG_THREADS>>>(d0, ws82, var21);
-            SG_CHECK(cudaGetLastError(), "launching k136_add_t200");
+            k135_add_t200<<<sg_blocks(n), SG_THREADS>>>(d0, ws81, var21);
+            SG_CHECK(cudaGetLastError(), "launching k135_add_t200");
         }
     }
 
-    {   /* k137_add_t205: 256 elements */
+    {   /* k136_add_t205: 256 elements */
         const int64_t n = 256;
         if (n > 0) {
-            k137_add_t205<<<sg_blocks(n), SG_THREADS>>>(d0, var22, ws82);
-            SG_CHECK(cudaGetLastError(), "launching k137_add_t205");
+            k136_add_t205<<<sg_blocks(n), SG_THREADS>>>(d0, var22, ws81);
+            SG_CHECK(cudaGetLastError(), "launching k136_add_t205");
         }
     }
 
-    {   /* k138_sub_t214: 256 elements */
+    {   /* k137_sub_t214: 256 elements */
         const int64_t n = 256;
         if (n > 0) {
-            k138_sub_t214<<<sg_blocks(n), SG_THREADS>>>(d0, var16, var1, var20, var21, var22);
-            SG_CHECK(cudaGetLastError(), "launching k138_sub_t214");
+            k137_sub_t214<<<sg_blocks(n), SG_THREADS>>>(d0, var16, var1, var20, var21, var22);
+            SG_CHECK(cudaGetLastError(), "launching k137_sub_t214");
         }
     }
 
-    {   /* k139_add_t175: 2048 elements */
+    {   /* k138_add_t175: 2048 elements */
         const int64_t n = 2048;
         if (n > 0) {
-            k139_add_t175<<<sg_blocks(n), SG_THREADS>>>(d0, ws34, ws79, var18);
-            SG_CHECK(cudaGetLastError(), "launching k139_add_t175");
+            k138_add_t175<<<sg_blocks(n), SG_THREADS>>>(d0, ws33, ws78, var18);
+            SG_CHECK(cudaGetLastError(), "launching k138_add_t175");
         }
     }
 
-    {   /* k140_add_t180: 2048 elements */
+    {   /* k139_add_t180: 2048 elements */
         const int64_t n = 2048;
         if (n > 0) {
-            k140_add_t180<<<sg_blocks(n), SG_THREADS>>>(d0, var19, ws34, ws79);
-            SG_CHECK(cudaGetLastError(), "launching k140_add_t180");
+            k139_add_t180<<<sg_blocks(n), SG_THREADS>>>(d0, var19, ws33, ws78);
+            SG_CHECK(cudaGetLastError(), "launching k139_add_t180");
         }
     }
 
-    {   /* k141_sub_t189: 2048 elements */
+    {   /* k140_sub_t189: 2048 elements */
         const int64_t n = 2048;
         if (n > 0) {
-            k141_sub_t189<<<sg_blocks(n), SG_THREADS>>>(d0, var16, var0, var17, var18, var19);
-            SG_CHECK(cudaGetLastError(), "launching k141_sub_t189");
+            k140_sub_t189<<<sg_blocks(n), SG_THREADS>>>(d0, var16, var0, var17, var18, var19);
+            SG_CHECK(cudaGetLastError(), "launching k140_sub_t189");
         }
     }
 
-    {   /* k142_add_t228: 3072 elements */
+    {   /* k141_add_t228: 3072 elements */
         const int64_t n = 3072;
         if (n > 0) {
-            k142_add_t228<<<sg_blocks(n), SG_THREADS>>>(d0, ws76, var24);
-            SG_CHECK(cudaGetLastError(), "launching k142_add_t228");
+            k141_add_t228<<<sg_blocks(n), SG_THREADS>>>(d0, ws75, var24);
+            SG_CHECK(cudaGetLastError(), "launching k141_add_t228");
         }
     }
 
-    {   /* k143_add_t233: 3072 elements */
+    {   /* k142_add_t233: 3072 elements */
         const int64_t n = 3072;
         if (n > 0) {
-            k143_add_t233<<<sg_blocks(n), SG_THREADS>>>(d0, var25, ws76);
-            SG_CHECK(cudaGetLastError(), "launching k143_add_t233");
+            k142_add_t233<<<sg_blocks(n), SG_THREADS>>>(d0, var25, ws75);
+            SG_CHECK(cudaGetLastError(), "launching k142_add_t233");
         }
     }
 
-    {   /* k144_sub_t242: 3072 elements */
+    {   /* k143_sub_t242: 3072 elements */
         const int64_t n = 3072;
         if (n > 0) {
-            k144_sub_t242<<<sg_blocks(n), SG_THREADS>>>(d0, var16, var4, var23, var24, var25);
-            SG_CHECK(cudaGetLastError(), "launching k144_sub_t242");
+            k143_sub_t242<<<sg_blocks(n), SG_THREADS>>>(d0, var16, var4, var23, var24, var25);
+            SG_CHECK(cudaGetLastError(), "launching k143_sub_t242");
         }
     }
 

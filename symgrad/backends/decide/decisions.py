@@ -4,8 +4,9 @@ Before any kernel is built, a pure function of the graph decides which
 elementwise nodes are computed inside another kernel (fused chains,
 reduction prologues, cheap values recomputed by each reader), which
 elementwise groups finish a reduction or a matmul in its kernel (epilogues),
-which row reductions and maps run as one row kernel (row groups), and the
-order the kernels run in. `str(decisions)` reads as a list of those choices;
+which row reductions and maps run as one row kernel (row groups), which
+attention outputs are stored in the order their reader's transpose wants, and
+the order the kernels run in. `str(decisions)` reads as a list of those choices;
 symgrad.backends.lower.lowering builds the kernels from it.
 
     fused into their reader: t10 t11
@@ -14,6 +15,7 @@ symgrad.backends.lower.lowering builds the kernels from it.
     patches read in place: none
     matmuls: t3 gemm
     attention statistics stored for their gradient: none
+    attention outputs stored heads last: none
     row groups:
       rows (B,) x 10: max t5, exp t7, sum t8, log t9 | partial sums t12 | reads t3 b
     kernels, in order:
@@ -36,7 +38,7 @@ from ...ir.value import Value
 from ..lower.concat import parts_in_place
 from ..kinds import BY_OP
 from ..kinds import matmul as matmul_kind
-from ..kinds.attention import shared_stats
+from ..kinds.attention import heads_last, shared_stats
 from ..render.languages import C_OPENMP, Language
 from .fusion import choose_epilogues, choose_matmul_epilogues, choose_recompute, fused_chains, materializes, use_counts
 from .patches import patch_takes
@@ -77,6 +79,8 @@ class Decisions:
     matmuls: MappingProxyType = field(default_factory=lambda: MappingProxyType({}))
     # id(attention_grad) -> the attention whose softmax statistics it reads (kinds/attention.py)
     attention_stats: MappingProxyType = field(default_factory=lambda: MappingProxyType({}))
+    # ids of the attention nodes whose output is stored (B, T, H, E), as the transpose reading it wants
+    heads_last: frozenset = frozenset()
     # The language decided for (its name is among `options`): what the kinds' lowerings read of it,
     # such as the fused attention's walk and scratch (languages.Language.attention).
     language: Language = C_OPENMP
@@ -129,7 +133,7 @@ class Decisions:
                 self.choices, tuple((root, id(r)) for root, r in self.epilogue_of.items()),
                 tuple(g.ids() for g in self.row_groups), tuple(map(id, self.order)), self.patches,
                 tuple((part, id(root)) for part, root in self.parts.items()), tuple(self.matmuls.items()),
-                tuple((grad, id(forward)) for grad, forward in self.attention_stats.items()))
+                tuple((grad, id(forward)) for grad, forward in self.attention_stats.items()), self.heads_last)
 
     def __eq__(self, other) -> bool:
         return isinstance(other, Decisions) and self._key() == other._key()
@@ -174,6 +178,7 @@ class Decisions:
         stats = sorted(self.attention_stats.items(), key=lambda item: position[item[0]])
         lines.append("attention statistics stored for their gradient: " + (", ".join(
             f"{name(forward)} -> {name(by_id[grad])}" for grad, forward in stats) or "none"))
+        lines.append(f"attention outputs stored heads last: {names(self.heads_last)}")
         sums = [root for root in self.graph.nodes if id(root) in self.sums_in_place]
         lines.append("sums stored in place: " + (", ".join(
             f"{name(root)} <- " + " ".join(name(n) for n in self.parts_of(root))
@@ -252,4 +257,4 @@ def decide(graph: Graph, variables=None, fuse_reduce: bool = True, recompute: bo
     return Decisions(graph, variables, options, frozenset(fused), frozenset(fused) - frozenset(chains),
                      tuple(choices), MappingProxyType(epilogue_of), tuple(groups), tuple(order), patches,
                      MappingProxyType(parts), MappingProxyType(matmuls), MappingProxyType(shared_stats(graph)),
-                     language)
+                     language=language, heads_last=heads_last(graph))

@@ -127,65 +127,30 @@ def _list_schedule(nodes: list, index: dict, mat: dict, reads: dict, deps: dict,
     # ready kernels, few at a time, are compared by what running them frees.
     ready_views: list[int] = []
     ready_kernels: list = []
-    parked: list = []        # ready deferred kernels
     done: set = set()
+    parking = _Parking(deps, mat, users, {id(n): n for n in nodes}, done)
 
     def make_ready(n):
         if id(n) in deferred:
-            parked.append(n)
+            parking.parked.append(n)
         elif mat[id(n)]:
             ready_kernels.append(n)
         else:
             heapq.heappush(ready_views, index[id(n)])
 
-    def waits_only_for_parked(n, parked_ids, seen) -> bool:
-        """Whether every dependency of `n` not yet run is parked, or a view waiting only for such."""
-        for d in deps[id(n)]:
-            if d in done or d in parked_ids:
-                continue
-            node = by_id[d]
-            if mat[d] or d in seen:
-                return False
-            seen.add(d)
-            if not waits_only_for_parked(node, parked_ids, seen):
-                return False
-        return True
-
-    def kernels_through_views(n) -> list:
-        out, stack = [], list(users[id(n)])
-        while stack:
-            u = stack.pop()
-            if mat[id(u)]:
-                out.append(u)
-            else:
-                stack.extend(users[id(u)])
-        return out
-
-    def release_parked() -> None:
-        """Move to the ready kernels each parked kernel that a kernel waiting for nothing else reads;
-        all of them if none is (nothing else could run: not to stop)."""
-        parked_ids = {id(p) for p in parked}
-        wanted = [p for p in parked
-                  if any(waits_only_for_parked(c, parked_ids, set()) for c in kernels_through_views(p))]
-        released = {id(p) for p in (wanted or ([] if ready_kernels else parked))}
-        ready_kernels.extend(p for p in parked if id(p) in released)
-        parked[:] = [p for p in parked if id(p) not in released]  # by identity, as below
-
     def gain(n):
         freed = sum(size.get(b, 0) for b in reads[id(n)]
                     if readers.get(b) == 1 and b not in pinned and b in size)
         return (size[id(n)] - freed, index[id(n)])
-    by_id = {id(n): n for n in nodes}
     for n in nodes:
         if waiting[id(n)] == 0:
             make_ready(n)
     order = []
-    while ready_views or ready_kernels or parked:
+    while ready_views or ready_kernels or parking.parked:
         if ready_views:
             pick = nodes[heapq.heappop(ready_views)]
         else:
-            if parked:
-                release_parked()
+            parking.release(ready_kernels)
             pick = min(ready_kernels, key=gain)
             ready_kernels = [n for n in ready_kernels if n is not pick]  # by identity: Value.__eq__ builds a node
             for b in reads[id(pick)]:
@@ -197,6 +162,50 @@ def _list_schedule(nodes: list, index: dict, mat: dict, reads: dict, deps: dict,
             if waiting[id(u)] == 0:
                 make_ready(u)
     return order
+
+
+class _Parking:
+    """The ready deferred kernels of a list schedule (`parked`), each released to the ready kernels
+    once a kernel reading it (through views) waits for nothing else; all of them when no other
+    kernel is ready (nothing else could run: the schedule must not stop)."""
+
+    def __init__(self, deps: dict, mat: dict, users: dict, by_id: dict, done: set):
+        self.deps, self.mat, self.users, self.by_id, self.done = deps, mat, users, by_id, done
+        self.parked: list = []
+
+    def release(self, ready_kernels: list) -> None:
+        """Move the parked kernels some waiting kernel needs now into `ready_kernels`."""
+        if not self.parked:
+            return
+        parked_ids = {id(p) for p in self.parked}
+        wanted = [p for p in self.parked
+                  if any(self._waits_only_for(c, parked_ids, set()) for c in self._kernels_reading(p))]
+        released = {id(p) for p in (wanted or ([] if ready_kernels else self.parked))}
+        ready_kernels.extend(p for p in self.parked if id(p) in released)
+        self.parked = [p for p in self.parked if id(p) not in released]  # by identity: Value.__eq__ builds a node
+
+    def _waits_only_for(self, n: Value, parked_ids: set, seen: set) -> bool:
+        """Whether every dependency of `n` not yet run is parked, or a view waiting only for such."""
+        for d in self.deps[id(n)]:
+            if d in self.done or d in parked_ids:
+                continue
+            if self.mat[d] or d in seen:
+                return False
+            seen.add(d)
+            if not self._waits_only_for(self.by_id[d], parked_ids, seen):
+                return False
+        return True
+
+    def _kernels_reading(self, n: Value) -> list:
+        """The kernels that read `n`, directly or through views."""
+        out, stack = [], list(self.users[id(n)])
+        while stack:
+            u = stack.pop()
+            if self.mat[id(u)]:
+                out.append(u)
+            else:
+                stack.extend(self.users[id(u)])
+        return out
 
 
 def row_deps(groups) -> dict:

@@ -47,7 +47,7 @@ from ...ir.value import Value
 from ..build import runtime
 from ..plan import Swap
 from ..render.renderer import Renderer, small
-from ..views import Buffer, View, buffer_view
+from ..views import Buffer, View, buffer_view, contiguous_strides
 from .gather import contiguous_operand
 
 WORDS = (("attention", "fused attention"),)  # the report's count line
@@ -72,6 +72,7 @@ class AttentionKernel:
     scale: float
     scratch: tuple = ()   # buffers the kernel fills and reads, as its language walks (`_scratch`)
     stats: Buffer | None = None  # 2 x H x T: each row's largest score m, then 1 / l (see `forward_stats`)
+    written: View | None = None  # the forward's output as it lies in `out` (heads last: `heads_last`)
     kind: str = "attention"
 
     @property
@@ -90,7 +91,8 @@ class AttentionKernel:
     def swap(self, s: Swap) -> "AttentionKernel":
         """This kernel with the buffers `s` maps swapped in."""
         return replace(self, operands=tuple(s.view(v) for v in self.operands), out=s.buffer(self.out),
-                       scratch=tuple(s.buffer(b) for b in self.scratch), stats=s.buffer(self.stats))
+                       scratch=tuple(s.buffer(b) for b in self.scratch), stats=s.buffer(self.stats),
+                       written=None if self.written is None else s.view(self.written))
 
     def flops(self, n) -> int:
         """Arithmetic per call (`n` evaluates a size), as FlashAttention counts: the products over
@@ -106,6 +108,37 @@ class AttentionKernel:
         scratch = f"; scratch {', '.join(b.name for b in self.scratch)}" if self.scratch else ""
         return (f"fused {self.op}{' (causal)' if self.causal else ''}, {self.heads} head(s) of {self.T} x {self.E}, "
                 f"no T x T buffer{scratch} -> {self.out.name}")
+
+
+def heads_last(graph) -> frozenset:
+    """ids of the attention nodes whose output is stored heads last: (B, T, H, E) for a value of
+    shape (B, H, T, E), since a reader takes it through a transpose of those two axes (a transformer
+    handing its heads to the output projection: `y.transpose(1, 2).reshape(B, T, C)`). The transpose
+    is then a view of the buffer, the reshape after it copies nothing, and the gradient reads the
+    output's rows where they lie (H x E apart). An output of the graph keeps its own order."""
+    outputs = {id(v) for v in graph.outputs}
+    chosen = set()
+    for node in graph.nodes:
+        n = len(node.shape)
+        if node.op.name != "attention" or n < 4 or id(node) in outputs:
+            continue
+        swap = (*range(n - 3), n - 2, n - 3, n - 1)
+        if any(u.op.name == "transpose" and tuple(u.attrs["perm"]) == swap for u in graph.users[id(node)]):
+            chosen.add(id(node))
+    return frozenset(chosen)
+
+
+def _out_view(ctx, node: Value, out: Buffer) -> View:
+    """The view of `node`'s value in `out`: contiguous, or heads last (`heads_last`)."""
+    if id(node) not in ctx.decisions.heads_last:
+        return buffer_view(out, node.shape)
+    strides = contiguous_strides(_stored_shape(node.shape))
+    return View("buffer", node.shape, node.dtype, (*strides[:-3], strides[-2], strides[-3], strides[-1]), 0, out)
+
+
+def _stored_shape(shape) -> tuple:
+    """(..., H, T, E) -> (..., T, H, E): the order a heads-last output is stored in."""
+    return (*shape[:-3], shape[-2], shape[-3], shape[-1])
 
 
 def _rows_view(ctx, node: Value) -> View:
@@ -165,13 +198,15 @@ def lower(ctx, node: Value) -> View:
     """The kernel computing an attention-kind node; returns the view of its value."""
     operands = tuple(_rows_view(ctx, operand) for operand in node.inputs)
     shape = node.inputs[0].shape
-    out = ctx.alloc(node)
+    heads_last = id(node) in ctx.decisions.heads_last
+    out = ctx.alloc(node, shape=_stored_shape(node.shape)) if heads_last else ctx.alloc(node)
+    written = _out_view(ctx, node, out)
     scratch = _scratch(ctx, node)
     ctx.emit(AttentionKernel(
         ctx.kernel_name(node), [ctx.line(node)], node.op.name, operands,
         tuple(ctx.name(operand) for operand in node.inputs), out, tuple(shape[:-2]), shape[-2], shape[-1],
-        node.attrs["causal"], node.attrs["scale"], scratch, _stats(ctx, node)))
-    return buffer_view(out, node.shape)
+        node.attrs["causal"], node.attrs["scale"], scratch, _stats(ctx, node), written=written))
+    return written
 
 
 def render(r: Renderer, k: AttentionKernel) -> dict:
@@ -186,9 +221,12 @@ def render(r: Renderer, k: AttentionKernel) -> dict:
         value = "h" if inner == "1" else f"h / {inner}"
         unravel.append(dict(var=f"n{j}", value=value if j == 0 else f"{value} % {r.ex.paren(size)}"))
     names = [u["var"] for u in unravel]
-    operands = [dict(role=role, label=label, row=r.ex.paren(view.strides[-2]),
-                     at=f"{view.buffer.name} + {r.ex.index(view.offset, names, view.strides[:-2])}")
+    def head(view: View) -> dict:  # head h's first row, and the rows' distance
+        return dict(row=r.ex.paren(view.strides[-2]),
+                    at=f"{view.buffer.name} + {r.ex.index(view.offset, names, view.strides[:-2])}")
+    operands = [dict(role=role, label=label, **head(view))
                 for role, label, view in zip(("q", "k", "v", "o", "g"), k.labels, k.operands)]
+    written = head(k.written if k.written is not None else buffer_view(k.out, (*k.batch, k.T, k.E)))
     printer = r.lang.printer(k.out.dtype)
     # exp(s - m): the rescale of a row's sums as its max grows, a block's p, and a key row's p of query row i
     exp = {name: printer.print_named(sympy.exp(ARGS[0] - ARGS[1]), {ARGS[0]: a, ARGS[1]: b})
@@ -199,6 +237,6 @@ def render(r: Renderer, k: AttentionKernel) -> dict:
     return r.kernel(k, "attention", params=params, args=args, op=k.op, ctype=ctype, unravel=unravel,
                        suffix=runtime.GEMM[k.out.dtype]["suffix"], operands=operands, H=r.ex.paren(k.heads),
                        T=r.ex.paren(k.T), E=r.ex.paren(k.E),
-                       causal=k.causal, scale=r.ex.literal(k.scale, k.out.dtype), out=k.out.name,
+                       causal=k.causal, scale=r.ex.literal(k.scale, k.out.dtype), out=k.out.name, written=written,
                        scratch=[b.name for b in k.scratch], stats=None if k.stats is None else k.stats.name,
                        parallel=not small(sympy.sympify(k.heads) * k.T * k.T * k.E), **exp)
