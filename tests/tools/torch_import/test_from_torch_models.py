@@ -13,7 +13,8 @@ import torch.nn.functional as TF
 
 import symgrad as sg
 from conftest import BACKENDS
-from torch_models import ManyOps, MLPClassifier, Orthogonalize, TwoHeads, small_cnn
+from torch_models import BasicBlock, ManyOps, MLPClassifier, Orthogonalize, ResNet, TwoHeads, ViewAcrossWrite, \
+    small_cnn
 
 STEPS, BATCH = 10, 8
 
@@ -206,7 +207,9 @@ def test_torch_is_imported_only_when_a_model_is():
     import ast
     from pathlib import Path
     root = Path(sg.__file__).parent
-    for path in [*sorted((root / "torch_import").glob("*.py")), root / "optim" / "from_torch.py"]:
+    paths = [*sorted((root / "tools" / "torch_import").glob("*.py")), root / "optim" / "from_torch.py"]
+    assert len(paths) > 4 and all(path.exists() for path in paths)  # the modules moved: follow them
+    for path in paths:
         tree = ast.parse(path.read_text())
         for node in tree.body:  # module level only
             names = [a.name for a in node.names] if isinstance(node, ast.Import) else \
@@ -245,3 +248,43 @@ def test_the_imported_graph_is_the_hand_written_one():
                              backend="numpy")
         graphs.append(str(step.optimized_graph))
     assert graphs[0] == graphs[1]
+
+
+def _counting_decompositions(monkeypatch) -> list:
+    """Count torch's run_decompositions (the functionalising second trace) from here on."""
+    from torch.export import ExportedProgram
+    calls, original = [], ExportedProgram.run_decompositions
+
+    def counted(self, *args, **kwargs):
+        calls.append(1)
+        return original(self, *args, **kwargs)
+    monkeypatch.setattr(ExportedProgram, "run_decompositions", counted)
+    return calls
+
+
+def test_in_place_writes_are_read_as_exported(monkeypatch):
+    """ResNet's in-place ReLU, its +=, and BatchNorm's running statistics written by batch_norm
+    itself: torch's graph is read as exported (no second trace by run_decompositions), each
+    write replayed, the written buffers updates of the step."""
+    calls = _counting_decompositions(monkeypatch)
+    torch.manual_seed(9)
+    model = ResNet(BasicBlock, [1, 1])
+    imported = sg.from_torch(model, (torch.randn(2, 3, 8, 8),))
+    exported = imported._exported()
+    written = {names[0] for groups in exported.writes.values() for names in groups}
+    assert calls == [] and {"b_bn1_running_mean", "b_bn1_running_var", "b_bn1_num_batches_tracked"} <= written
+    assert any(str(node.target) == "aten.relu_.default" for node in exported.graph.nodes)
+
+
+def test_a_view_read_across_a_write_is_torchs(monkeypatch):
+    """A view read after its base was written in place sees the write, as in torch: that graph
+    goes through torch's functionalisation, not the direct reading, which would read the old value."""
+    calls = _counting_decompositions(monkeypatch)
+    torch.manual_seed(10)
+    model, x = ViewAcrossWrite(), torch.randn(3, 6)
+    imported = sg.from_torch(model, (x,))
+    assert calls == [1] and imported._exported().writes == {}
+    xs = sg.input("x", (3, 6))
+    got = sg.function([xs], [imported(xs)], backend="numpy")(x.numpy())[0]
+    with torch.no_grad():
+        np.testing.assert_allclose(got, model(x).numpy(), rtol=1e-6, atol=1e-6)
