@@ -40,6 +40,7 @@ class Exported:
     training: bool = True
     writes: dict = field(default_factory=dict)  # node name -> the names each value it writes in place goes by
     #                                             (in_place.direct_writes; empty for a functionalised graph)
+    decomposed: bool = False                    # torch functionalised and decomposed the graph (run_decompositions)
 
 
 def _operators() -> dict:
@@ -221,4 +222,5 @@ def export_forward(module, inputs: dict, dynamic_shapes, training: bool) -> Expo
     return Exported(graph=program.graph, placeholders=placeholders, constants=constants, mutations=mutations,
                     user_outputs=user_outputs, inputs_template=dict(kwargs_template),
                     outputs_template=_template(program.call_spec.out_spec, len(user_outputs)),
-                    input_meta=input_meta, training=training, writes=writes or {})
+                    input_meta=input_meta, training=training, writes=writes or {},
+                    decomposed=writes is None)
