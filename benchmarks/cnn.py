@@ -162,7 +162,8 @@ def main(argv=None) -> int:
     plan = timing.Plan(blocks=5, steps=2, warmup_steps=1, warmup_s=0.0) if args.quick else \
         timing.Plan(blocks=args.blocks, block_s=0.3, min_steps=1, warmup_steps=2, warmup_s=1.0)
     print(f"CNN step benchmark: {len(benches)} config(s), {THREADS} threads", file=sys.stderr)
-    rows = side_by_side.run(benches, names, SYSTEMS, setup, plan, log=lambda s: print(s, file=sys.stderr))
+    rows = side_by_side.run(benches, names, SYSTEMS, setup, plan, log=lambda s: print(s, file=sys.stderr),
+                          preload=("torch",))
     print(side_by_side.render(rows, names, ANCHORS))
     return 0
 

@@ -295,7 +295,8 @@ def main(argv=None) -> int:
     with tempfile.TemporaryDirectory(prefix="symgrad-gpt-bench-") as work:
         builders = systems(args.llmc, Path(work), args.autocast)
         print(f"GPT step benchmark: {len(benches)} config(s), {THREADS} threads", file=sys.stderr)
-        rows = side_by_side.run(benches, names, builders, setup, plan, log=lambda s: print(s, file=sys.stderr))
+        rows = side_by_side.run(benches, names, builders, setup, plan, log=lambda s: print(s, file=sys.stderr),
+                              preload=("torch",))
     print(side_by_side.render(rows, names, ANCHORS, "llm.c"))
     if args.memory:
         memory = memory_rows(benches)

@@ -7,6 +7,7 @@ optional dependency is missing, and any other error becomes its table cell.
 
 from __future__ import annotations
 
+import importlib
 import time
 import traceback
 from typing import Callable
@@ -15,9 +16,18 @@ from . import timing
 from .systems import Unavailable
 
 
-def run(benches: list, names: list[str], builders: dict, setup: Callable, plan: timing.Plan, log=print) -> list[dict]:
+def run(benches: list, names: list[str], builders: dict, setup: Callable, plan: timing.Plan, log=print,
+        preload: tuple = ()) -> list[dict]:
     """Per bench (anything with a `name`): build every system from setup(bench), time them side by
-    side; one row per bench with a cell per system."""
+    side; one row per bench with a cell per system. `preload`: libraries imported before any
+    build is timed (those that are installed): a library's import is not a system's build, as
+    symgrad's own import (in setup) is not symgrad-c's, so the first system to need torch does
+    not carry torch's import in its build time."""
+    for library in preload:
+        try:
+            importlib.import_module(library)
+        except ImportError:
+            pass  # the systems that need it report themselves unavailable
     rows = []
     for bench in benches:
         context = setup(bench)

@@ -7,9 +7,10 @@
     ...
     model.load_state_dict(imported.state_dict())       # the trained weights back into torch
 
-The stages, one module each: `exporting` (torch.export to core ATen, the only caller of torch),
-`aten_table` (one entry per ATen op: the symgrad ops it is), `interpret` (an exported graph to
-graph code), `imported` (the sg.nn.Module with torch's names). torch is needed to import only:
+The stages, one module each: `exporting` (torch.export, the only caller of torch; core ATen
+only where `in_place` finds the exported graph cannot be read as it is), `aten_table` (one entry
+per ATen op: the symgrad ops it is), `interpret` (an exported graph to graph code), `imported`
+(the sg.nn.Module with torch's names). torch is needed to import only:
 what is built from the result (steps, exported C, checkpoints) never touches it.
 """
 

@@ -11,6 +11,10 @@ Keys are the overloads' printed names ("aten.linear.default"), so this table nee
 `KEEP_WHOLE` lists the composite ops symgrad has as one op (linear, attention, cross-entropy,
 convolution, ...): the importer takes them out of torch's core-ATen decomposition table, so they
 reach this table whole instead of as the mm / softmax / gather pieces torch would split them into.
+Most graphs need no decomposition at all: torch.export's own graph is read as it is when every op
+has an entry here (in_place.py), so the table also has ops of that graph that core ATen splits
+(batch_norm, whose running statistics it writes: HIDDEN_WRITES); an in-place op (aten.relu_) is
+its functional twin's entry (`functional`).
 """
 
 from __future__ import annotations
@@ -34,6 +38,11 @@ KEEP_WHOLE = (
     "aten.matmul.default",
 )
 
+#: Ops of torch's training IR that write arguments their schema does not mark as written: op ->
+#: (the argument that says whether it writes, the arguments it writes). In training, batch_norm
+#: updates the running statistics in place; symgrad's batch_norm returns them as effects.
+HIDDEN_WRITES = {"aten.batch_norm.default": ("training", ("running_mean", "running_var"))}
+
 #: torch's loss reduction enum (at::Reduction) to the names symgrad's losses take.
 _REDUCTION = {0: "none", 1: "mean", 2: "sum"}
 
@@ -46,6 +55,13 @@ def dtype_name(torch_dtype) -> str | None:
     if torch_dtype is None:
         return None
     return D.canonical(str(torch_dtype).replace("torch.", ""))
+
+
+def functional(name: str) -> str:
+    """The functional twin of an in-place overload ("aten.add_.Tensor" -> "aten.add.Tensor"),
+    which computes the value the in-place op writes; other names as they are."""
+    namespace, op, overload = name.split(".")
+    return f"{namespace}.{op[:-1]}.{overload}" if op.endswith("_") and not op.endswith("__") else name
 
 
 def _float_of(x: Value, dtype) -> Value:
@@ -169,6 +185,12 @@ def _batch_norm_no_stats(x, weight, bias, training, momentum, eps):
 
 def _batch_norm_eval(x, weight, bias, running_mean, running_var, momentum, eps):
     return NF.batch_norm(x, running_mean, running_var, weight, bias, False, momentum, eps), None, None
+
+
+def _batch_norm(x, weight, bias, running_mean, running_var, training, momentum, eps, cudnn_enabled=True):
+    """batch_norm as torch's training IR has it (HIDDEN_WRITES): the output, carrying the running
+    statistics' updates in training, which the interpreter reads as the buffers' new values."""
+    return NF.batch_norm(x, running_mean, running_var, weight, bias, training, momentum, eps)
 
 
 def _sdpa(q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, *, scale=None, enable_gqa=False):
@@ -326,6 +348,7 @@ TABLE = {
     "aten.adaptive_avg_pool2d.default": lambda x, output_size: pooling.adaptive_avg_pool2d(x, tuple(output_size)),
     "aten.max_pool2d.default": _max_pool2d,
     "aten.avg_pool2d.default": _avg_pool2d,
+    "aten.batch_norm.default": _batch_norm,
     "aten._native_batch_norm_legit_functional.default": _batch_norm_training,
     "aten._native_batch_norm_legit_no_training.default": _batch_norm_eval,
     "aten._native_batch_norm_legit.no_stats": _batch_norm_no_stats,

@@ -1,8 +1,10 @@
 """torch.export of one forward (training or evaluation mode) into the plain data the importer reads.
 
 `export_forward` runs torch.export on the module with the example inputs given by name (so the
-call is matched to the torch forward's parameters by name), decomposes the result to core ATen
-except the composite ops symgrad has whole (aten_table.KEEP_WHOLE), and returns an `Exported`:
+call is matched to the torch forward's parameters by name). When the interpreter can read the
+exported graph as it is (in_place.direct_writes: every op in the table, in-place writes it can
+replay), that graph is the result; otherwise torch functionalises it and decomposes it to core
+ATen except the composite ops symgrad has whole (aten_table.KEEP_WHOLE). It returns an `Exported`:
 the FX graph, which torch name each placeholder reads (parameter, buffer, constant, user input),
 which outputs are buffer updates, and the structures of the inputs and outputs as templates with
 integer leaves (so matching a call needs no torch). This is the only module that calls torch.export.
@@ -16,6 +18,7 @@ import warnings
 from dataclasses import dataclass, field
 
 from .aten_table import KEEP_WHOLE, TABLE
+from .in_place import direct_writes
 
 
 class UnsupportedTorchOp(NotImplementedError):
@@ -35,6 +38,9 @@ class Exported:
     input_meta: list = field(default_factory=list)  # per user input: (shape, dtype), a symbolic size as its
     #                                                 torch name ('s0'); or the Python value export specialised
     training: bool = True
+    writes: dict = field(default_factory=dict)  # node name -> the names each value it writes in place goes by
+    #                                             (in_place.direct_writes; empty for a functionalised graph)
+    decomposed: bool = False                    # torch functionalised and decomposed the graph (run_decompositions)
 
 
 def _operators() -> dict:
@@ -91,7 +97,7 @@ def check_supported(exported: Exported) -> None:
         if node.op != "call_function" or node.target in operators:
             continue
         name = op_name(node.target)
-        if name not in TABLE:
+        if name not in TABLE and node.name not in exported.writes:
             raise UnsupportedTorchOp(f"sg.from_torch: {display_name(node.target)} in {location(node)} has no "
                                      f"symgrad counterpart; nothing was imported")
 
@@ -140,6 +146,18 @@ def _name_dynamic_sizes(input_meta: list, positions: dict, dynamic_shapes) -> No
             input_meta[k] = (tuple(renamed.get(s, s) if isinstance(s, str) else s for s in meta[0]), meta[1])
 
 
+def _direct(program) -> dict | None:
+    """in_place.direct_writes of the exported graph, or None where torch must functionalise it
+    first (also when its signature already has outputs other than the user's)."""
+    from torch.export.graph_signature import InputKind, OutputKind
+    signature = program.graph_signature
+    if any(spec.kind != OutputKind.USER_OUTPUT for spec in signature.output_specs):
+        return None
+    buffers = {spec.arg.name for spec in signature.input_specs
+               if spec.kind == InputKind.BUFFER and spec.persistent}
+    return direct_writes(program.graph, buffers, _operators())
+
+
 def export_forward(module, inputs: dict, dynamic_shapes, training: bool) -> Exported:
     """torch.export of `module` in training or evaluation mode, called with `inputs` (argument
     name -> example), as core ATen with the KEEP_WHOLE ops left whole. The module's own mode is
@@ -154,7 +172,9 @@ def export_forward(module, inputs: dict, dynamic_shapes, training: bool) -> Expo
             # torch 2.13's own export code trips its pytree deprecation (LeafSpec); not the user's to act on.
             warnings.filterwarnings("ignore", message=".*LeafSpec.*", category=FutureWarning)
             program = torch.export.export(module, (), inputs, dynamic_shapes=dynamic_shapes, strict=False)
-            program = program.run_decompositions(_decomposition_table())
+            writes = _direct(program)
+            if writes is None:
+                program = program.run_decompositions(_decomposition_table())
     finally:
         module.train(was_training)
     signature = program.graph_signature
@@ -202,4 +222,5 @@ def export_forward(module, inputs: dict, dynamic_shapes, training: bool) -> Expo
     return Exported(graph=program.graph, placeholders=placeholders, constants=constants, mutations=mutations,
                     user_outputs=user_outputs, inputs_template=dict(kwargs_template),
                     outputs_template=_template(program.call_spec.out_spec, len(user_outputs)),
-                    input_meta=input_meta, training=training)
+                    input_meta=input_meta, training=training, writes=writes or {},
+                    decomposed=writes is None)

@@ -3,8 +3,10 @@
 `build(exported, leaf, inputs)` gives every placeholder its value (a module leaf by torch name, a
 constant, or the caller's input), calls the table's entry for each ATen node, and returns the
 user outputs with the buffer updates attached (symgrad/api/effects.py), so a train step built from
-any of them updates the running statistics inside the step. An entry that refuses its
-arguments is reported with the node's ATen op, torch module and source line.
+any of them updates the running statistics inside the step. The buffer updates are the export's
+(a functionalised graph's mutation outputs) or, in a graph read as exported, its in-place writes
+(in_place.py): a written value's names are bound to the new value from the writing node on. An
+entry that refuses its arguments is reported with the node's ATen op, torch module and source line.
 """
 
 from __future__ import annotations
@@ -12,7 +14,7 @@ from __future__ import annotations
 from ...api import effects
 from ...api import functional as F
 from ...ir.value import Value
-from .aten_table import TABLE
+from .aten_table import TABLE, functional
 from .exporting import Exported, UnsupportedTorchOp, display_name, location, op_name, python_operators
 
 
@@ -24,6 +26,34 @@ def _mapped(arg, env: dict):
     if isinstance(arg, (list, tuple)):
         return type(arg)(_mapped(a, env) for a in arg)
     return arg
+
+
+def _write(env: dict, groups, value) -> None:
+    """Bind the names of each value a node wrote to the new value: the one the node's result
+    carries for it as an effect (batch_norm's running statistics), else the result itself (an
+    in-place op), in the written value's dtype as torch's in-place ops keep it."""
+    for names in groups:
+        old = env[names[0]]
+        new = next((n for target, n in getattr(value, "effects", ()) if target is old), value)
+        if isinstance(new, Value) and new.dtype != old.dtype:
+            new = F.cast(new, old.dtype)
+        for name in names:
+            env[name] = new
+
+
+def _buffer_updates(exported: Exported, leaf, env: dict, results: list) -> list:
+    """(buffer, new value) for every buffer the forward writes: a functionalised graph's mutation
+    outputs, or the values a graph read as exported left bound to its written buffers."""
+    news = [(name, results[position]) for position, name in exported.mutations]
+    written = {exported.placeholders[names[0]][1]: env[names[0]] for groups in exported.writes.values()
+               for names in groups if exported.placeholders.get(names[0], ("",))[0] == "buffer"}
+    updates = []
+    for name, new in news + list(written.items()):
+        target = leaf(name)
+        if isinstance(new, Value) and new.dtype != target.dtype:
+            new = F.cast(new, target.dtype)
+        updates.append((target, new))
+    return updates
 
 
 def build(exported: Exported, leaf, inputs: list) -> list:
@@ -43,7 +73,8 @@ def build(exported: Exported, leaf, inputs: list) -> list:
                 env[node.name] = leaf(key)
         elif node.op == "call_function":
             args, kwargs = _mapped(node.args, env), {k: _mapped(v, env) for k, v in node.kwargs.items()}
-            fn = operators.get(node.target) or TABLE.get(op_name(node.target))
+            name = op_name(node.target)
+            fn = operators.get(node.target) or TABLE.get(functional(name) if node.name in exported.writes else name)
             if fn is None:
                 raise UnsupportedTorchOp(f"sg.from_torch: {display_name(node.target)} in {location(node)} has no "
                                          f"symgrad counterpart")
@@ -52,16 +83,12 @@ def build(exported: Exported, leaf, inputs: list) -> list:
             except (TypeError, ValueError, NotImplementedError, KeyError, IndexError) as error:
                 raise UnsupportedTorchOp(f"sg.from_torch: {display_name(node.target)} in {location(node)}: "
                                          f"{error}") from error
+            _write(env, exported.writes.get(node.name, ()), env[node.name])
         elif node.op == "output":
             results = list(_mapped(node.args[0], env))
         else:
             raise UnsupportedTorchOp(f"sg.from_torch: an FX {node.op} node ({node.name}) in the exported graph")
-    updates = []
-    for position, name in exported.mutations:
-        target, new = leaf(name), results[position]
-        if isinstance(new, Value) and new.dtype != target.dtype:
-            new = F.cast(new, target.dtype)
-        updates.append((target, new))
+    updates = _buffer_updates(exported, leaf, env, results)
     outputs = [results[p] for p in exported.user_outputs]
     if updates:
         outputs = [effects.attach(v, updates) if isinstance(v, Value) else v for v in outputs]

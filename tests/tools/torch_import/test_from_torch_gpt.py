@@ -84,8 +84,10 @@ def test_names_and_tying_are_torchs(gpt):
 
 def test_attention_is_symgrads_fused_op(gpt):
     """torch's scaled_dot_product_attention arrives whole and becomes symgrad's one fused op, as
-    in a hand-written model, not the bmm / softmax pieces core ATen would split it into."""
+    in a hand-written model, not the bmm / softmax pieces core ATen would split it into. The
+    exported graph is read as it is: no functionalising second trace (run_decompositions)."""
     from symgrad.ir.graph import toposort
+    assert not gpt["imported"]._exported().decomposed
     ops = {node.op.name for node in toposort([gpt["loss"]])}
     assert "attention" in ops and "softmax" not in ops
 

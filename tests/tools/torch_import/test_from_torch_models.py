@@ -1,6 +1,6 @@
 """sg.from_torch on an MLP with BatchNorm1d and Dropout and on a model returning a dict, beside
 torch for 10 steps; the refusals: an ATen op symgrad lacks, an optimizer option it lacks, a call
-unlike the example."""
+unlike the example; a view read across an in-place write, as torch reads it."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ import torch.nn.functional as TF
 
 import symgrad as sg
 from conftest import BACKENDS
-from torch_models import ManyOps, MLPClassifier, Orthogonalize, TwoHeads, small_cnn
+from torch_models import ManyOps, MLPClassifier, Orthogonalize, TwoHeads, ViewAcrossWrite, small_cnn
 
 STEPS, BATCH = 10, 8
 
@@ -206,7 +206,9 @@ def test_torch_is_imported_only_when_a_model_is():
     import ast
     from pathlib import Path
     root = Path(sg.__file__).parent
-    for path in [*sorted((root / "torch_import").glob("*.py")), root / "optim" / "from_torch.py"]:
+    paths = [*sorted((root / "tools" / "torch_import").glob("*.py")), root / "optim" / "from_torch.py"]
+    assert len(paths) > 4 and all(path.exists() for path in paths)  # the modules moved: follow them
+    for path in paths:
         tree = ast.parse(path.read_text())
         for node in tree.body:  # module level only
             names = [a.name for a in node.names] if isinstance(node, ast.Import) else \
@@ -245,3 +247,16 @@ def test_the_imported_graph_is_the_hand_written_one():
                              backend="numpy")
         graphs.append(str(step.optimized_graph))
     assert graphs[0] == graphs[1]
+
+
+def test_a_view_read_across_a_write_is_torchs():
+    """A view read after its base was written in place sees the write, as in torch: that graph
+    goes through torch's functionalisation, not the direct reading, which would read the old value."""
+    torch.manual_seed(10)
+    model, x = ViewAcrossWrite(), torch.randn(3, 6)
+    imported = sg.from_torch(model, (x,))
+    assert imported._exported().decomposed and imported._exported().writes == {}
+    xs = sg.input("x", (3, 6))
+    got = sg.function([xs], [imported(xs)], backend="numpy")(x.numpy())[0]
+    with torch.no_grad():
+        np.testing.assert_allclose(got, model(x).numpy(), rtol=1e-6, atol=1e-6)

@@ -77,6 +77,18 @@ def test_ten_steps_beside_torch(resnet, backend):
             assert value.item() == torch_state[name].item() == STEPS
 
 
+def test_in_place_writes_are_read_as_exported(resnet):
+    """The in-place ReLU, the += and BatchNorm's running statistics (written by batch_norm itself):
+    torch's graph is read as exported, each write replayed (torch's functionalisation, a second
+    trace of the model, would leave no in-place op); the written buffers are updates of the step,
+    compared with torch's in test_ten_steps_beside_torch."""
+    exported = resnet["imported"]._exported()
+    assert not exported.decomposed
+    written = {names[0] for groups in exported.writes.values() for names in groups}
+    assert {"b_bn1_running_mean", "b_bn1_running_var", "b_bn1_num_batches_tracked"} <= written
+    assert any(str(node.target) == "aten.relu_.default" for node in exported.graph.nodes)
+
+
 def test_eval_outputs_are_torchs(resnet):
     """The eval forward (running statistics, exported on first use) after 10 steps, as torch's."""
     np.testing.assert_allclose(resnet["trained"]["numpy"]["eval"], resnet["torch_eval"], rtol=1e-4, atol=1e-5)

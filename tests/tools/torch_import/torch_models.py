@@ -297,6 +297,21 @@ class ManyOps(nn.Module):
         return F.softmax(z, dim=-1) + w.t().sum(1, keepdim=True) * z.abs().log1p().max(dim=1).values.unsqueeze(1)
 
 
+class ViewAcrossWrite(nn.Module):
+    """A view taken before an in-place write and read after it: torch reads the written values
+    through the view (the write shows through), so the importer must not replay the write alone."""
+
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(6, 6)
+
+    def forward(self, x):
+        h = self.lin(x)
+        flat = h.view(-1)
+        h.mul_(2.0)
+        return flat + 1.0
+
+
 def small_cnn(nn):
     """A small CNN written once against an nn library (torch.nn or symgrad.nn): the same names."""
     return nn.Sequential(nn.Conv2d(1, 4, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2), nn.Conv2d(4, 8, 3),
