@@ -835,7 +835,7 @@ SG_KERNEL void k0_take_t3(int64_t d0, const float* restrict var0, const int64_t*
     }
 }
 
-/* Also called for 1 more kernel(s), the same code on their buffers: k126_copy */
+/* Also called for k126_copy, the same code on its buffers */
 /* make iota's operand contiguous: t4 */
 SG_KERNEL void k1_copy(int64_t d0, int64_t* restrict ws1)
 {
@@ -1068,7 +1068,7 @@ SG_KERNEL void k28_mul_t41(int64_t d0, const float* restrict ws0, const float* r
     }
 }
 
-/* Also called for 1 more kernel(s), the same code on their buffers: k37_sqrt_t70 */
+/* Also called for k37_sqrt_t70, the same code on its buffers */
 /* t43: f32[B,8,32] = mul(t42, t42) */
 /* t44: f32[B,8,1] = sum[axes=(2,), keepdims=True](t43) */
 /* t45: f32[B,8,1] = mul(t44, 1/32) */
@@ -1095,7 +1095,7 @@ SG_KERNEL void k30_sqrt_t47(int64_t d0, const float* restrict ws15, float* restr
     }
 }
 
-/* Also called for 1 more kernel(s), the same code on their buffers: k64_gelu_t294 */
+/* Also called for k64_gelu_t294, the same code on its buffers */
 /* t56: f32[B,8,128] = gelu(t55) */
 SG_KERNEL void k33_gelu_t56(int64_t d0, const float* restrict ws18, float* restrict ws19)
 {
@@ -1209,7 +1209,7 @@ SG_KERNEL void k42_matmul_t106(int64_t d0, const float* restrict ws29, const flo
         ws30, context, NULL, context->scratch);
 }
 
-/* Also called for 1 more kernel(s), the same code on their buffers: k75_sum_t128 */
+/* Also called for k75_sum_t128, the same code on its buffers */
 /* t110: f32[B,8,32] = div(t65, t70) */
 /* t109: f32[B,8,32] = mul(t108, transformer.ln_f.weight) */
 /* t111: f32[B,8,32] = -t109*t110/t70 */
@@ -1234,7 +1234,7 @@ SG_KERNEL void k48_sum_t112(int64_t d0, const float* restrict ws22, const float*
     }
 }
 
-/* Also called for 1 more kernel(s), the same code on their buffers: k82_simplified_t129 */
+/* Also called for k82_simplified_t129, the same code on its buffers */
 /* t109: f32[B,8,32] = mul(t108, transformer.ln_f.weight) */
 /* t113: f32[B,8,32] = t109/t70 + t112*t65/(32*t70) */
 SG_KERNEL void k49_simplified_t113(int64_t d0, const float* restrict ws31, const float* restrict var14, const float* restrict ws23, const float* restrict ws33, const float* restrict ws22, float* restrict ws34)
@@ -1254,7 +1254,7 @@ SG_KERNEL void k49_simplified_t113(int64_t d0, const float* restrict ws31, const
     }
 }
 
-/* Also called for 2 more kernel(s), the same code on their buffers: k88_mul_t132, k122_mul_t166 */
+/* Also called for 2 more kernels (k88_mul_t132, ...), the same code on their buffers: the entry point's calls name them */
 /* t114: f32[B,8,1] = sum[axes=(2,), keepdims=True](t113) */
 /* t115: f32[B,8,1] = mul(t114, -0.03125) */
 SG_KERNEL void k55_mul_t115(int64_t d0, const float* restrict ws34, float* restrict ws37)
@@ -1334,7 +1334,7 @@ SG_KERNEL void k66_sum_t459(int64_t d0, const float* restrict ws41, float* restr
     }
 }
 
-/* Also called for 1 more kernel(s), the same code on their buffers: k79_add_t299 */
+/* Also called for k79_add_t299, the same code on its buffers */
 /* t270: f32[128,32] = sub(t269, transformer.h.0.mlp.c_fc.weight.exp_avg) */
 /* t271: f32[128,32] = mul(0.09999999999999998, t270) */
 /* t272: f32[128,32] = add(transformer.h.0.mlp.c_fc.weight.exp_avg, t271) */
@@ -1351,7 +1351,7 @@ SG_KERNEL void k76_add_t272(int64_t d0, const float* restrict ws42, float* restr
     }
 }
 
-/* Also called for 1 more kernel(s), the same code on their buffers: k80_add_t304 */
+/* Also called for k80_add_t304, the same code on its buffers */
 /* t274: f32[128,32] = mul(0.95, transformer.h.0.mlp.c_fc.weight.exp_avg_sq) */
 /* t275: f32[128,32] = mul(t269, t269) */
 /* t276: f32[128,32] = mul(0.050000000000000044, t275) */
@@ -1371,7 +1371,7 @@ SG_KERNEL void k77_add_t277(int64_t d0, float* restrict var31, const float* rest
     }
 }
 
-/* Also called for 1 more kernel(s), the same code on their buffers: k81_sub_t313 */
+/* Also called for k81_sub_t313, the same code on its buffers */
 /* t91: f64[] = mul(lr, 0.1) */
 /* t92: f64[] = sub(1.0, t91) */
 /* t93: f32[] = cast(t92) */
@@ -1425,7 +1425,7 @@ SG_KERNEL void k78_sub_t286(int64_t d0, const double* restrict var16, float* res
     }
 }
 
-/* Also called for 1 more kernel(s), the same code on their buffers: k123_add_t167 */
+/* Also called for k123_add_t167, the same code on its buffers */
 /* t130: f32[B,8,32] = add(t116, t129) */
 /* t133: f32[B,8,32] = add(t130, t132) */
 SG_KERNEL void k89_add_t133(int64_t d0, const float* restrict ws38, const float* restrict ws49, const float* restrict ws52, float* restrict ws53)
@@ -1924,10 +1924,7 @@ SG_KERNEL void k137_sub_t236(int64_t d0, const double* restrict var16, float* re
 /* ---- translation unit 0 of 2: its kernel functions, then the entry point ---- */
 #if SG_IN_PART(0)
 
-/* Also called for 15 more kernel(s), the same code on their buffers: k5_add_t188, k6_add_t213, */
-/*     k7_add_t238, k8_add_t263, k9_add_t288, k10_add_t314, k11_add_t338, k12_add_t361, */
-/*     k13_add_t384, k14_add_t407, k15_add_t431, k16_add_t454, k17_add_t477, k18_add_t500, */
-/*     k19_add_t524 */
+/* Also called for 15 more kernels (k5_add_t188, ...), the same code on their buffers: the entry point's calls name them */
 /* t95: f64[] = add(transformer.wte.weight.step, 1.0) */
 SG_KERNEL void k4_add_t95(int64_t d0, double* restrict var17)
 {
@@ -2065,7 +2062,7 @@ SG_KERNEL void k24_add_t21(int64_t d0, const float* restrict ws6, const float* r
         ws8, context, &epilogue, context->scratch);
 }
 
-/* Also called for 1 more kernel(s), the same code on their buffers: k103_copy */
+/* Also called for k103_copy, the same code on its buffers */
 /* make contiguous for a reshape: t33: f32[B,8,2,16] = transpose[perm=(0,2,1,3)](t32) */
 SG_KERNEL void k26_copy(int64_t d0, const float* restrict ws9, float* restrict ws12)
 {
@@ -2105,7 +2102,7 @@ SG_KERNEL void k29_sub_t42(int64_t d0, const float* restrict ws0, const float* r
     }
 }
 
-/* Also called for 1 more kernel(s), the same code on their buffers: k38_add_t73 */
+/* Also called for k38_add_t73, the same code on its buffers */
 /* t48: f32[B,8,32] = div(t42, t47) */
 /* t49: f32[B,8,32] = mul(t48, transformer.h.0.ln_2.weight) */
 /* t50: f32[B,8,32] = add(t49, transformer.h.0.ln_2.bias) */
@@ -2294,8 +2291,7 @@ SG_KERNEL void k43_matmul_t107(int64_t d0, const float* restrict ws29, const flo
         ws31, context, NULL, context->scratch);
 }
 
-/* Also called for 7 more kernel(s), the same code on their buffers: k51_sum_t506, k57_sum_t482, */
-/*     k68_sum_t436, k84_sum_t413, k90_sum_t389, k108_sum_t343, k117_sum_t320 */
+/* Also called for 7 more kernels (k51_sum_t506, ...), the same code on their buffers: the entry point's calls name them */
 /* t529: f32[32] = sum[axes=(0,1), keepdims=False](t108) */
 SG_KERNEL void k44_sum_t529(int64_t d0, const float* restrict ws31, float* restrict ws32)
 {
@@ -2317,8 +2313,7 @@ SG_KERNEL void k44_sum_t529(int64_t d0, const float* restrict ws31, float* restr
     }
 }
 
-/* Also called for 7 more kernel(s), the same code on their buffers: k52_add_t509, k58_add_t485, */
-/*     k69_add_t439, k85_add_t416, k91_add_t392, k109_add_t346, k119_add_t323 */
+/* Also called for 7 more kernels (k52_add_t509, ...), the same code on their buffers: the entry point's calls name them */
 /* t530: f32[32] = sub(t529, transformer.ln_f.bias.exp_avg) */
 /* t531: f32[32] = mul(0.09999999999999998, t530) */
 /* t532: f32[32] = add(transformer.ln_f.bias.exp_avg, t531) */
@@ -2335,8 +2330,7 @@ SG_KERNEL void k45_add_t532(int64_t d0, const float* restrict ws32, float* restr
     }
 }
 
-/* Also called for 7 more kernel(s), the same code on their buffers: k53_add_t514, k59_add_t490, */
-/*     k70_add_t444, k86_add_t421, k92_add_t397, k110_add_t351, k120_add_t328 */
+/* Also called for 7 more kernels (k53_add_t514, ...), the same code on their buffers: the entry point's calls name them */
 /* t534: f32[32] = mul(0.95, transformer.ln_f.bias.exp_avg_sq) */
 /* t535: f32[32] = mul(t529, t529) */
 /* t536: f32[32] = mul(0.050000000000000044, t535) */
@@ -2356,8 +2350,7 @@ SG_KERNEL void k46_add_t537(int64_t d0, float* restrict var65, const float* rest
     }
 }
 
-/* Also called for 7 more kernel(s), the same code on their buffers: k54_sub_t523, k60_sub_t499, */
-/*     k71_sub_t453, k87_sub_t430, k93_sub_t406, k111_sub_t360, k121_sub_t337 */
+/* Also called for 7 more kernels (k54_sub_t523, ...), the same code on their buffers: the entry point's calls name them */
 /* t525: f64[] = pow(0.9, t524) */
 /* t526: f64[] = sub(1.0, t525) */
 /* t527: f64[] = div(param_groups.1.lr, t526) */
@@ -2402,7 +2395,7 @@ SG_KERNEL void k47_sub_t546(int64_t d0, const double* restrict var63, const doub
     }
 }
 
-/* Also called for 1 more kernel(s), the same code on their buffers: k83_mul_t412 */
+/* Also called for k83_mul_t412, the same code on its buffers */
 /* t110: f32[B,8,32] = div(t65, t70) */
 /* t505: f32[B,8,32] = mul(t108, t110) */
 SG_KERNEL void k50_mul_t505(int64_t d0, const float* restrict ws22, const float* restrict ws23, const float* restrict ws31, float* restrict ws35)
@@ -3002,15 +2995,15 @@ int64_t symgrad_scratch_bytes(const int64_t* dims)
         const int64_t bytes = sg_gemm_f32_scratch_bytes(8*d0, 96, 32, threads);
         most = bytes > most ? bytes : most;
     }
-    {  /* k27_add_t37 */
+    {  /* k27_add_t37 (and 1 more kernel of these sizes) */
         const int64_t bytes = sg_gemm_f32_scratch_bytes(8*d0, 32, 32, threads);
         most = bytes > most ? bytes : most;
     }
-    {  /* k32_add_t54 */
+    {  /* k32_add_t54 (and 1 more kernel of these sizes) */
         const int64_t bytes = sg_gemm_f32_scratch_bytes(8*d0, 128, 32, threads);
         most = bytes > most ? bytes : most;
     }
-    {  /* k34_add_t60 */
+    {  /* k34_add_t60 (and 1 more kernel of these sizes) */
         const int64_t bytes = sg_gemm_f32_scratch_bytes(8*d0, 32, 128, threads);
         most = bytes > most ? bytes : most;
     }
@@ -3026,10 +3019,6 @@ int64_t symgrad_scratch_bytes(const int64_t* dims)
         const int64_t bytes = sg_gemm_f32_scratch_bytes(8*d0, 32, 64, threads);
         most = bytes > most ? bytes : most;
     }
-    {  /* k61_matmul_t118 */
-        const int64_t bytes = sg_gemm_f32_scratch_bytes(8*d0, 128, 32, threads);
-        most = bytes > most ? bytes : most;
-    }
     {  /* k63_matmul_t269 */
         const int64_t bytes = sg_gemm_f32_scratch_bytes(128, 32, 8*d0, threads);
         most = bytes > most ? bytes : most;
@@ -3038,16 +3027,8 @@ int64_t symgrad_scratch_bytes(const int64_t* dims)
         const int64_t bytes = sg_gemm_f32_scratch_bytes(32, 128, 8*d0, threads);
         most = bytes > most ? bytes : most;
     }
-    {  /* k67_matmul_t123 */
-        const int64_t bytes = sg_gemm_f32_scratch_bytes(8*d0, 32, 128, threads);
-        most = bytes > most ? bytes : most;
-    }
     {  /* k94_matmul_t244 */
         const int64_t bytes = sg_gemm_f32_scratch_bytes(32, 32, 8*d0, threads);
-        most = bytes > most ? bytes : most;
-    }
-    {  /* k97_matmul_t135 */
-        const int64_t bytes = sg_gemm_f32_scratch_bytes(8*d0, 32, 32, threads);
         most = bytes > most ? bytes : most;
     }
     {  /* k105_matmul_t219 */
@@ -3072,6 +3053,13 @@ void symgrad_set_num_threads(int threads)
     omp_set_num_threads(threads);
 #endif
     (void)threads;
+}
+
+/* A kernel's runtime call failed (context->status): the entry ends there, naming the kernel. */
+static inline int sg_stopped(sg_context* context, const char* kernel)
+{
+    context->failed = kernel;
+    return context->status;
 }
 
 /* The entry point only calls the kernels in order: compiled without optimization (GCC; clang has
@@ -3271,53 +3259,32 @@ int symgrad_run(const int64_t* dims, void** inputs, void** variables, void** out
     k22_add_t17(d0, ws0, ws2, ws4, ws5, var2, var3, ws6);
     k23_div_t160(d0, ws0, ws2, ws4, ws5, ws7);
     k24_add_t21(d0, ws6, var4, var5, ws8, context);
-    if (context->status != SG_OK) {
-        context->failed = "k24_add_t21";
-        return context->status;
-    }
+    if (context->status != SG_OK) return sg_stopped(context, "k24_add_t21");
     k25_attention_t32(d0, ws8, ws9, ws10, ws11);
     k26_copy(d0, ws9, ws12);
     k27_add_t37(d0, ws12, var6, var7, ws13, context);
-    if (context->status != SG_OK) {
-        context->failed = "k27_add_t37";
-        return context->status;
-    }
+    if (context->status != SG_OK) return sg_stopped(context, "k27_add_t37");
     k28_mul_t41(d0, ws0, ws2, ws13, ws14);
     k29_sub_t42(d0, ws0, ws2, ws13, ws14, ws15);
     k30_sqrt_t47(d0, ws15, ws16);
     k31_add_t50(d0, ws15, ws16, var8, var9, ws17);
     k32_add_t54(d0, ws17, var10, var11, ws18, context);
-    if (context->status != SG_OK) {
-        context->failed = "k32_add_t54";
-        return context->status;
-    }
+    if (context->status != SG_OK) return sg_stopped(context, "k32_add_t54");
     k33_gelu_t56(d0, ws18, ws19);
     k34_add_t60(d0, ws19, var12, var13, ws20, context);
-    if (context->status != SG_OK) {
-        context->failed = "k34_add_t60";
-        return context->status;
-    }
+    if (context->status != SG_OK) return sg_stopped(context, "k34_add_t60");
     k35_mul_t64(d0, ws0, ws2, ws13, ws20, ws21);
     k36_sub_t65(d0, ws0, ws2, ws13, ws20, ws21, ws22);
     k30_sqrt_t47(d0, ws22, ws23);  /* k37_sqrt_t70 */
     k31_add_t50(d0, ws22, ws23, var14, var15, ws24);  /* k38_add_t73 */
     k39_matmul_t76(d0, ws24, var0, ws25, context);
-    if (context->status != SG_OK) {
-        context->failed = "k39_matmul_t76";
-        return context->status;
-    }
+    if (context->status != SG_OK) return sg_stopped(context, "k39_matmul_t76");
     k40_rows_t77(d0, ws3, in1, ws25, ws26, ws27, ws29, ws28);
     k41_div_t90(d0, ws28, ws3, out0);
     k42_matmul_t106(d0, ws29, ws24, ws30, context);
-    if (context->status != SG_OK) {
-        context->failed = "k42_matmul_t106";
-        return context->status;
-    }
+    if (context->status != SG_OK) return sg_stopped(context, "k42_matmul_t106");
     k43_matmul_t107(d0, ws29, var0, ws31, context);
-    if (context->status != SG_OK) {
-        context->failed = "k43_matmul_t107";
-        return context->status;
-    }
+    if (context->status != SG_OK) return sg_stopped(context, "k43_matmul_t107");
     k44_sum_t529(d0, ws31, ws32);
     k45_add_t532(d0, ws32, var64);
     k46_add_t537(d0, var65, ws32);
@@ -3336,28 +3303,16 @@ int symgrad_run(const int64_t* dims, void** inputs, void** variables, void** out
     k46_add_t537(d0, var59, ws39);  /* k59_add_t490 */
     k47_sub_t546(d0, var57, var35, var58, var59, var13);  /* k60_sub_t499 */
     k61_matmul_t118(d0, ws38, var12, ws40, context);
-    if (context->status != SG_OK) {
-        context->failed = "k61_matmul_t118";
-        return context->status;
-    }
+    if (context->status != SG_OK) return sg_stopped(context, "k61_matmul_t118");
     k62_mul_t121(d0, ws18, ws40, ws41);
     k63_matmul_t269(d0, ws41, ws17, ws42, context);
-    if (context->status != SG_OK) {
-        context->failed = "k63_matmul_t269";
-        return context->status;
-    }
+    if (context->status != SG_OK) return sg_stopped(context, "k63_matmul_t269");
     k33_gelu_t56(d0, ws18, ws43);  /* k64_gelu_t294 */
     k65_matmul_t296(d0, ws38, ws43, ws44, context);
-    if (context->status != SG_OK) {
-        context->failed = "k65_matmul_t296";
-        return context->status;
-    }
+    if (context->status != SG_OK) return sg_stopped(context, "k65_matmul_t296");
     k66_sum_t459(d0, ws41, ws45);
     k67_matmul_t123(d0, ws41, var10, ws46, context);
-    if (context->status != SG_OK) {
-        context->failed = "k67_matmul_t123";
-        return context->status;
-    }
+    if (context->status != SG_OK) return sg_stopped(context, "k67_matmul_t123");
     k44_sum_t529(d0, ws46, ws47);  /* k68_sum_t436 */
     k45_add_t532(d0, ws47, var52);  /* k69_add_t439 */
     k46_add_t537(d0, var53, ws47);  /* k70_add_t444 */
@@ -3385,17 +3340,11 @@ int symgrad_run(const int64_t* dims, void** inputs, void** variables, void** out
     k46_add_t537(d0, var47, ws54);  /* k92_add_t397 */
     k47_sub_t546(d0, var45, var35, var46, var47, var7);  /* k93_sub_t406 */
     k94_matmul_t244(d0, ws53, ws12, ws55, context);
-    if (context->status != SG_OK) {
-        context->failed = "k94_matmul_t244";
-        return context->status;
-    }
+    if (context->status != SG_OK) return sg_stopped(context, "k94_matmul_t244");
     k95_add_t247(d0, ws55, var27);
     k96_add_t252(d0, var28, ws55);
     k97_matmul_t135(d0, ws53, var6, ws56, context);
-    if (context->status != SG_OK) {
-        context->failed = "k97_matmul_t135";
-        return context->status;
-    }
+    if (context->status != SG_OK) return sg_stopped(context, "k97_matmul_t135");
     k98_attention_grad_t138(d0, ws8, ws9, ws56, ws11, ws57, ws58, ws59);
     k99_copy(d0, ws57, ws60);
     k100_embed_t143(d0, ws60, ws61);
@@ -3404,16 +3353,10 @@ int symgrad_run(const int64_t* dims, void** inputs, void** variables, void** out
     k26_copy(d0, ws57, ws63);  /* k103_copy */
     k104_embed_t154(d0, ws63, ws61);
     k105_matmul_t219(d0, ws61, ws6, ws64, context);
-    if (context->status != SG_OK) {
-        context->failed = "k105_matmul_t219";
-        return context->status;
-    }
+    if (context->status != SG_OK) return sg_stopped(context, "k105_matmul_t219");
     k106_sum_t366(d0, ws61, ws65);
     k107_matmul_t157(d0, ws61, var4, ws66, context);
-    if (context->status != SG_OK) {
-        context->failed = "k107_matmul_t157";
-        return context->status;
-    }
+    if (context->status != SG_OK) return sg_stopped(context, "k107_matmul_t157");
     k44_sum_t529(d0, ws66, ws67);  /* k108_sum_t343 */
     k45_add_t532(d0, ws67, var40);  /* k109_add_t346 */
     k46_add_t537(d0, var41, ws67);  /* k110_add_t351 */
