@@ -1254,7 +1254,7 @@ SG_KERNEL void k49_simplified_t113(int64_t d0, const float* restrict ws31, const
     }
 }
 
-/* Also called for 2 more kernels (k88_mul_t132, ...), the same code on their buffers: the entry point's calls name them */
+/* Also called for 2 more kernels (k88_mul_t132, ...) on their buffers, each named at its call */
 /* t114: f32[B,8,1] = sum[axes=(2,), keepdims=True](t113) */
 /* t115: f32[B,8,1] = mul(t114, -0.03125) */
 SG_KERNEL void k55_mul_t115(int64_t d0, const float* restrict ws34, float* restrict ws37)
@@ -1924,7 +1924,7 @@ SG_KERNEL void k137_sub_t236(int64_t d0, const double* restrict var16, float* re
 /* ---- translation unit 0 of 2: its kernel functions, then the entry point ---- */
 #if SG_IN_PART(0)
 
-/* Also called for 15 more kernels (k5_add_t188, ...), the same code on their buffers: the entry point's calls name them */
+/* Also called for 15 more kernels (k5_add_t188, ...) on their buffers, each named at its call */
 /* t95: f64[] = add(transformer.wte.weight.step, 1.0) */
 SG_KERNEL void k4_add_t95(int64_t d0, double* restrict var17)
 {
@@ -2291,7 +2291,7 @@ SG_KERNEL void k43_matmul_t107(int64_t d0, const float* restrict ws29, const flo
         ws31, context, NULL, context->scratch);
 }
 
-/* Also called for 7 more kernels (k51_sum_t506, ...), the same code on their buffers: the entry point's calls name them */
+/* Also called for 7 more kernels (k51_sum_t506, ...) on their buffers, each named at its call */
 /* t529: f32[32] = sum[axes=(0,1), keepdims=False](t108) */
 SG_KERNEL void k44_sum_t529(int64_t d0, const float* restrict ws31, float* restrict ws32)
 {
@@ -2313,7 +2313,7 @@ SG_KERNEL void k44_sum_t529(int64_t d0, const float* restrict ws31, float* restr
     }
 }
 
-/* Also called for 7 more kernels (k52_add_t509, ...), the same code on their buffers: the entry point's calls name them */
+/* Also called for 7 more kernels (k52_add_t509, ...) on their buffers, each named at its call */
 /* t530: f32[32] = sub(t529, transformer.ln_f.bias.exp_avg) */
 /* t531: f32[32] = mul(0.09999999999999998, t530) */
 /* t532: f32[32] = add(transformer.ln_f.bias.exp_avg, t531) */
@@ -2330,7 +2330,7 @@ SG_KERNEL void k45_add_t532(int64_t d0, const float* restrict ws32, float* restr
     }
 }
 
-/* Also called for 7 more kernels (k53_add_t514, ...), the same code on their buffers: the entry point's calls name them */
+/* Also called for 7 more kernels (k53_add_t514, ...) on their buffers, each named at its call */
 /* t534: f32[32] = mul(0.95, transformer.ln_f.bias.exp_avg_sq) */
 /* t535: f32[32] = mul(t529, t529) */
 /* t536: f32[32] = mul(0.050000000000000044, t535) */
@@ -2350,7 +2350,7 @@ SG_KERNEL void k46_add_t537(int64_t d0, float* restrict var65, const float* rest
     }
 }
 
-/* Also called for 7 more kernels (k54_sub_t523, ...), the same code on their buffers: the entry point's calls name them */
+/* Also called for 7 more kernels (k54_sub_t523, ...) on their buffers, each named at its call */
 /* t525: f64[] = pow(0.9, t524) */
 /* t526: f64[] = sub(1.0, t525) */
 /* t527: f64[] = div(param_groups.1.lr, t526) */
