@@ -18,7 +18,6 @@ it can ask its module for sizes (the build's last step).
 from __future__ import annotations
 
 import os
-import sys
 import threading
 from abc import ABC, abstractmethod
 
@@ -27,7 +26,7 @@ from ..ir import dtypes as D
 from ..ir import shapes as S
 from ..ir.graph import Graph
 from . import driver
-from .build import program_cache
+from .build import program_cache, toolchain
 from .build.cache import BuiltModule
 from .decide.fusion import DEFAULT_DIM
 from .render.languages import Language
@@ -57,7 +56,7 @@ class Building:
 
     def _run(self, build) -> None:
         try:
-            _yield_to_the_caller()
+            toolchain.yield_to_other_work(BUILD_NICE)
             self._program = build()
         except BaseException as exc:  # raised by result(), on the thread that asks for the program
             self._error = exc
@@ -81,22 +80,10 @@ class Building:
 
 os.register_at_fork(before=Building._before_fork)
 
-# The nice value of a build on its own thread, and of the compilers it starts (Linux keeps one per
-# thread, and a child inherits its parent thread's): the steps running meanwhile keep the cores.
-# Their OpenMP teams wait at every kernel's barrier for each thread; a compiler taking the core of
-# one stretched a GPT step's 434 barriers, its first step 1.1 s -> 2.3 s on two cores.
+# How much lower in priority the compilers of a build on its own thread run: the steps running
+# meanwhile keep the cores. Their OpenMP teams wait at every kernel's barrier for each thread, and
+# a compiler holding the core of one stretched a GPT step's 434 barriers.
 BUILD_NICE = 10
-
-
-def _yield_to_the_caller() -> None:
-    """Lower this thread's priority (BUILD_NICE more) where the system keeps one per thread (Linux);
-    elsewhere leave it: the whole process would be lowered."""
-    if sys.platform.startswith("linux"):
-        try:
-            tid = threading.get_native_id()
-            os.setpriority(os.PRIO_PROCESS, tid, os.getpriority(os.PRIO_PROCESS, tid) + BUILD_NICE)
-        except OSError:  # not allowed here: the build runs at the caller's priority
-            pass
 
 
 class NativeProgram(ABC):
