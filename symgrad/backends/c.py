@@ -357,7 +357,11 @@ def compile_in_background(graph: Graph, flags: list[str] | None = None, optimize
                           quiet: bool | None = None) -> Building:
     """`compile`, its compiler's build on a thread of its own: the passes, the lowering and the
     render run here (a refusal of the graph raises from this call), the build and the load there;
-    `.result()` is the CProgram."""
+    `.result()` is the CProgram. A program the program cache holds is loaded here, at once."""
     compilation = prepare(graph, C_OPENMP, optimize)
-    return Building(CProgram, lambda: CProgram(graph, flags=flags, optimize=optimize, quiet=quiet,
-                                               prepared=compilation))
+    build = lambda: CProgram(graph, flags=flags, optimize=optimize, quiet=quiet, prepared=compilation)  # noqa: E731
+    if compilation.from_program_cache:
+        # A warm compile: its library is cached too, and loading it here costs less than the
+        # steps would lose to a thread competing with their OpenMP team for the cores.
+        return Building.finished(CProgram, build())
+    return Building(CProgram, build)

@@ -54,6 +54,13 @@ class Building:
             Building._running.add(self)
         self._thread.start()
 
+    @classmethod
+    def finished(cls, kind: type, program) -> "Building":
+        """A build that needed no thread: `program`, built already."""
+        done = cls.__new__(cls)
+        done.kind, done._program, done._error, done._thread = kind, program, None, None
+        return done
+
     def _run(self, build) -> None:
         try:
             toolchain.yield_to_other_work(BUILD_NICE)
@@ -65,7 +72,8 @@ class Building:
                 Building._running.discard(self)
 
     def result(self):
-        self._thread.join()
+        if self._thread is not None:
+            self._thread.join()
         if self._error is not None:
             raise self._error
         return self._program

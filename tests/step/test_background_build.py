@@ -108,3 +108,12 @@ def test_a_fork_waits_for_the_build(slow_second_build):
     assert child.exitcode == 0
     assert not native.Building._running
     np.testing.assert_array_equal(got, step.predict(bg_d_x=batch["bg_d_x"]))
+
+
+def test_a_warm_predict_program_is_loaded_at_once(slow_second_build):
+    """Where the program cache holds it (and so the build cache its library), no thread: loading
+    it costs less than a thread competing with the first steps for the cores."""
+    _built("bg_e")[0].predict(bg_e_x=np.zeros((BATCH, IN)))
+    step, _, batch = _built("bg_e")   # the same graphs again
+    assert step._programs["predict"]._building._thread is None   # built before train_step returned
+    assert np.isfinite(step(**batch))
