@@ -45,7 +45,7 @@ from ..ir import shapes as S
 from ..ir.graph import Graph
 from ..ir.ops import check_labels, label_checks
 from .build import cache, importable, runtime
-from .driver import source_of
+from .driver import prepare, source_of
 from .render.expressions import comment  # noqa: F401  (re-exported: what C comments may hold)
 from .render.kernel_functions import calls
 from .kinds.collective import DTYPES as COLLECTIVE_DTYPES
@@ -55,7 +55,7 @@ from .render.languages import (C_BAD_LABEL as BAD_LABEL, C_ENTRY as ENTRY, C_OPE
                                PARALLEL_MIN)  # noqa: F401
 from .plan import Plan, gradients_final_after
 from .lower.memory import MemoryPlan
-from .native import NativeProgram
+from .native import Building, NativeProgram
 from .render.program import render
 from .status import Status
 
@@ -141,8 +141,8 @@ class CProgram(NativeProgram):
     checks_labels = True  # the entry refuses class labels outside [0, classes) itself (BAD_LABEL)
 
     def __init__(self, graph: Graph, flags: list[str] | None = None, optimize: bool = True,
-                 quiet: bool | None = None):
-        super().__init__(graph, C_OPENMP, optimize, flags=flags, quiet=quiet)
+                 quiet: bool | None = None, prepared=None):
+        super().__init__(graph, C_OPENMP, optimize, prepared, flags=flags, quiet=quiet)
         self.flags = flags  # as given (None: the default); a profiling build of the program uses them too
         self.quiet = quiet
         lib = self.module.lib
@@ -357,3 +357,17 @@ def compile(graph: Graph, flags: list[str] | None = None, optimize: bool = True,
     if options:
         raise TypeError(f"backend 'c' takes only flags=, optimize= and quiet=, got {sorted(options)}")
     return CProgram(graph, flags=flags, optimize=optimize, quiet=quiet)
+
+
+def compile_in_background(graph: Graph, flags: list[str] | None = None, optimize: bool = True,
+                          quiet: bool | None = None) -> Building:
+    """`compile`, its compiler's build on a thread of its own: the passes, the lowering and the
+    render run here (a refusal of the graph raises from this call), the build and the load there;
+    `.result()` is the CProgram. A program the program cache holds is loaded here, at once."""
+    compilation = prepare(graph, C_OPENMP, optimize)
+    build = lambda: CProgram(graph, flags=flags, optimize=optimize, quiet=quiet, prepared=compilation)  # noqa: E731
+    if compilation.from_program_cache:
+        # A warm compile: its library is cached too, and loading it here costs less than the
+        # steps would lose to a thread competing with their OpenMP team for the cores.
+        return Building.finished(CProgram, build())
+    return Building(CProgram, build)

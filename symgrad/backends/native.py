@@ -17,6 +17,7 @@ it can ask its module for sizes (the build's last step).
 
 from __future__ import annotations
 
+import os
 import threading
 from abc import ABC, abstractmethod
 
@@ -25,12 +26,72 @@ from ..ir import dtypes as D
 from ..ir import shapes as S
 from ..ir.graph import Graph
 from . import driver
-from .build import program_cache
+from .build import program_cache, toolchain
 from .build.cache import BuiltModule
 from .decide.fusion import DEFAULT_DIM
 from .render.languages import Language
 from .lower.memory import ArenaSpec, MemoryPlan, latest_or_assumed, memory_plan
 from .report import Report, program_report
+
+
+class Building:
+    """A program whose compiler runs on a thread of its own (a train step's predict program, built
+    while the first steps run: on two cores its build took a fifth of a GPT's time to its first
+    step). `kind`: the program's class, for what is known of it before it exists; `result()` waits
+    for the program and returns it, or raises what its build raised.
+
+    A process forks only once every build has ended (`_before_fork`): a child gets no copy of the
+    thread, and would wait for it, or find the build cache's lock held, forever."""
+
+    _running: "set[Building]" = set()
+    _guard = threading.Lock()
+
+    def __init__(self, kind: type, build):
+        self.kind = kind
+        self._program, self._error = None, None
+        self._thread = threading.Thread(target=self._run, args=(build,), name="symgrad-build")
+        with Building._guard:
+            Building._running.add(self)
+        self._thread.start()
+
+    @classmethod
+    def finished(cls, kind: type, program) -> "Building":
+        """A build that needed no thread: `program`, built already."""
+        done = cls.__new__(cls)
+        done.kind, done._program, done._error, done._thread = kind, program, None, None
+        return done
+
+    def _run(self, build) -> None:
+        try:
+            toolchain.yield_to_other_work(BUILD_NICE)
+            self._program = build()
+        except BaseException as exc:  # raised by result(), on the thread that asks for the program
+            self._error = exc
+        finally:
+            with Building._guard:
+                Building._running.discard(self)
+
+    def result(self):
+        if self._thread is not None:
+            self._thread.join()
+        if self._error is not None:
+            raise self._error
+        return self._program
+
+    @classmethod
+    def _before_fork(cls) -> None:
+        with cls._guard:
+            running = list(cls._running)
+        for building in running:
+            building._thread.join()
+
+
+os.register_at_fork(before=Building._before_fork)
+
+# How much lower in priority the compilers of a build on its own thread run: the steps running
+# meanwhile keep the cores. Their OpenMP teams wait at every kernel's barrier for each thread, and
+# a compiler holding the core of one stretched a GPT step's 434 barriers.
+BUILD_NICE = 10
 
 
 class NativeProgram(ABC):
@@ -41,11 +102,11 @@ class NativeProgram(ABC):
     layouts_kept = 4      # layouts kept for the most recent distinct Dim bindings
     checks_labels = False  # whether the compiled entry refuses out-of-range class labels itself
 
-    def __init__(self, graph: Graph, language: Language, optimize: bool = True, **build_options):
-        """Compile `graph` for `language` (symgrad.backends.driver) and build it with
-        `self._build(**build_options)`."""
+    def __init__(self, graph: Graph, language: Language, optimize: bool = True, prepared=None, **build_options):
+        """Compile `graph` for `language` (symgrad.backends.driver; `prepared`: its stages already
+        run, `driver.prepare`'s Compilation) and build it with `self._build(**build_options)`."""
         self.graph = graph  # as given: its variables are the program's variable slots
-        compilation = driver.prepare(graph, language, optimize)
+        compilation = prepared if prepared is not None else driver.prepare(graph, language, optimize)
         entry = compilation.entry
         self.timings: dict[str, float] = compilation.timings
         self.source, self.dims, self.arena = entry.source, entry.dims, entry.arena

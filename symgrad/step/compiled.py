@@ -122,7 +122,9 @@ def _shared_lock(cells) -> threading.RLock:
 class Compiled:
     """A graph compiled by one backend, with the storage of its variables."""
 
-    def __init__(self, graph: Graph, backend: str, **options):
+    def __init__(self, graph: Graph, backend: str, background: bool = False, **options):
+        """`background`: where the backend can (C), its compiler builds the program on a thread of
+        its own while this object is already usable; `program` waits for it when first asked."""
         check_unique_names(graph)
         self.graph = graph
         self.backend = backend
@@ -139,11 +141,17 @@ class Compiled:
         # of one TrainStep share its storage, and this lock with it; so do all objects built
         # from one model's parameters (their cells carry it).
         self._lock = _shared_lock(self._cells.values())
-        self.program = backends.get(backend).compile(graph, **options)
+        module = backends.get(backend)
+        starter = getattr(module, "compile_in_background", None) if background else None
+        if starter is not None:
+            self._building = starter(graph, **options)
+            kind = self._building.kind  # the program's class: what is known of it before it is built
+        else:
+            self._program = kind = module.compile(graph, **options)
         # A backend keeping variables in memory of its own (cuda) works on copies of the cells'
         # values; the others run on the cells' arrays themselves, so every object built from a
         # model computes with its current values and trains them in place.
-        self._resident = getattr(self.program, "read_variable", None) is not None
+        self._resident = getattr(kind, "read_variable", None) is not None
         if self._resident:
             global _RESIDENT_EXISTS
             _RESIDENT_EXISTS = True
@@ -152,15 +160,26 @@ class Compiled:
             if v.name in self._cells else (v.name, np.array(v.attrs["init"], copy=True))
             for v in graph.variables)
         # Labels are values, not signatures: checked on every call, here unless the program does.
-        self._label_checks = [] if getattr(self.program, "checks_labels", False) else label_checks(graph)
+        self._label_checks = [] if getattr(kind, "checks_labels", False) else label_checks(graph)
         # Indices the graph computes (a position embedding's arange(T)) have a range in Dims, checked
         # in Python on every new signature: compiled code does not check them.
         self._label_ranges = computed_label_ranges(graph)
         self._attach()
 
+    @property
+    def program(self):
+        """The backend's compiled program (numpy's: the graph's interpreter), waited for where its
+        compiler still runs on a thread of its own (`background`)."""
+        program = self.__dict__.get("_program")
+        if program is None:
+            program = self._program = self._building.result()
+        return program
+
     def _attach(self) -> None:
         # A backend keeping variables in its own memory (cuda) is told which storage dict it
         # shares with the other programs of this object, before any read, write or run.
+        if not self._resident:
+            return
         attach = getattr(self.program, "attach", None)
         if attach is not None:
             attach(self._storage)

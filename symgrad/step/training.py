@@ -117,17 +117,18 @@ class TrainStep(Compiled):
                 raise ValueError(f"{kind}: {leaf_kind(theirs)} {theirs.name!r} there and {leaf_kind(ours)} "
                                  f"{ours.name!r} in the step are different variables of one name; rename one")
 
-    def program_for(self, kind: str) -> Compiled:
+    def program_for(self, kind: str, background: bool = False) -> Compiled:
         """The compiled "accumulate", "apply" or "predict" program (compiled on first use; sg.train_step
         asks for "predict" as it builds the step).
 
         Its `source`, and `workspace_bytes` where the backend reports one,
-        describe that program alone.
+        describe that program alone. `background`: its compiler's build on a thread of its own
+        (Compiled's), the program waited for when first used.
         """
         if kind not in self._programs:
             graph = self._build(kind)
             self._check_shared_names(kind, graph)
-            sub = Compiled(graph, self.backend, **self._options)
+            sub = Compiled(graph, self.backend, background=background, **self._options)
             for name, array in sub._storage.items():
                 mine = self._storage.get(name)
                 if mine is None:
@@ -337,7 +338,9 @@ def train_step(loss: Value, params=None, optimizer=None, backend: str | None = N
     step._param_groups = groups_of.bind(step, groups)  # group["lr"] is the step's runtime lr from now on
     if predict is not None:
         # Built now, with the step, not inside the first step.predict() call (an evaluation loop's
-        # first batch would pay for a compile). accumulate / apply, for gradient accumulation
-        # only, are built when first called.
-        step.program_for("predict")
+        # first batch would pay for a compile); its passes now (a refusal raises here), its
+        # compiler on a thread of its own while the first steps run (GPT small on two cores: the
+        # first step a second sooner). accumulate / apply, for gradient accumulation only, are
+        # built when first called.
+        step.program_for("predict", background=True)
     return step

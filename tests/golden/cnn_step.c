@@ -1205,7 +1205,7 @@ SG_KERNEL void k38_sub_t139(int64_t d0, const double* restrict var8, const float
     }
 }
 
-/* Also called for 1 more kernel(s), the same code on their buffers: k48_sub_t126 */
+/* Also called for k48_sub_t126, the same code on its buffers */
 /* t77: f32[] = cast(lr) */
 /* t134: f32[16] = mul(t77, t133) */
 /* t135: f32[16] = sub(5.bias, t134) */
@@ -1466,6 +1466,13 @@ void symgrad_set_num_threads(int threads)
     (void)threads;
 }
 
+/* A kernel's runtime call failed (context->status): the entry ends there, naming the kernel. */
+static inline int sg_stopped(sg_context* context, const char* kernel)
+{
+    context->failed = kernel;
+    return context->status;
+}
+
 /* The entry point only calls the kernels in order: compiled without optimization (GCC; clang has
    no such attribute), it builds in a third of the time, and no kernel runs any slower. */
 #if defined(__GNUC__) && !defined(__clang__)
@@ -1562,10 +1569,7 @@ int symgrad_run(const int64_t* dims, void** inputs, void** variables, void** out
     k18_embed_t33(d0, ws9, ws10);
     k19_copy(d0, ws10, ws11);
     k20_matmul_t41(d0, ws11, c5, ws1, ws12, context);
-    if (context->status != SG_OK) {
-        context->failed = "k20_matmul_t41";
-        return context->status;
-    }
+    if (context->status != SG_OK) return sg_stopped(context, "k20_matmul_t41");
     k21_relu_t47(d0, ws12, var3, ws13);
     k22_copy(d0, ws14);
     k23_copy(d0, ws14);
@@ -1573,60 +1577,36 @@ int symgrad_run(const int64_t* dims, void** inputs, void** variables, void** out
     k25_copy(d0, ws14);
     k26_embed_t48(d0, ws13, ws14);
     k27_matmul_t54(d0, ws14, ws2, ws15, context);
-    if (context->status != SG_OK) {
-        context->failed = "k27_matmul_t54";
-        return context->status;
-    }
+    if (context->status != SG_OK) return sg_stopped(context, "k27_matmul_t54");
     k28_relu_t59(d0, ws15, var5, ws16);
     k29_matmul_t62(d0, ws16, var6, ws17, context);
-    if (context->status != SG_OK) {
-        context->failed = "k29_matmul_t62";
-        return context->status;
-    }
+    if (context->status != SG_OK) return sg_stopped(context, "k29_matmul_t62");
     k30_rows_t64(d0, ws3, in1, ws17, var7, ws18, ws19, ws21, ws20);
     k31_div_t76(d0, ws20, ws3, out0);
     k32_sum_t140(d0, ws21, ws22);
     k33_sub_t142(d0, var8, ws22, var7);
     k34_matmul_t137(d0, ws21, ws16, ws23, context);
-    if (context->status != SG_OK) {
-        context->failed = "k34_matmul_t137";
-        return context->status;
-    }
+    if (context->status != SG_OK) return sg_stopped(context, "k34_matmul_t137");
     k35_matmul_t83(d0, ws21, var6, ws24, context);
-    if (context->status != SG_OK) {
-        context->failed = "k35_matmul_t83";
-        return context->status;
-    }
+    if (context->status != SG_OK) return sg_stopped(context, "k35_matmul_t83");
     k36_relu_vjp0_t85(d0, ws24, ws16, ws25);
     k37_copy(d0, ws25, ws26);
     k38_sub_t139(d0, var8, ws23, var6);
     k39_sum_t133(d0, ws25, ws27);
     k40_sub_t135(d0, var8, ws27, var5);
     k41_matmul_t128(d0, ws14, ws26, ws28, context);
-    if (context->status != SG_OK) {
-        context->failed = "k41_matmul_t128";
-        return context->status;
-    }
+    if (context->status != SG_OK) return sg_stopped(context, "k41_matmul_t128");
     k42_matmul_t89(d0, ws26, ws2, ws29, context);
-    if (context->status != SG_OK) {
-        context->failed = "k42_matmul_t89";
-        return context->status;
-    }
+    if (context->status != SG_OK) return sg_stopped(context, "k42_matmul_t89");
     k43_scatter_add_t91(d0, ws29, c5, ws30);
     k44_relu_vjp0_t94(d0, ws30, ws13, ws31);
     k45_matmul_t119(d0, ws11, c5, ws31, ws32, context);
-    if (context->status != SG_OK) {
-        context->failed = "k45_matmul_t119";
-        return context->status;
-    }
+    if (context->status != SG_OK) return sg_stopped(context, "k45_matmul_t119");
     k46_sub_t132(d0, var8, ws28, var4);
     k47_sum_t124(d0, ws31, ws33);
     k40_sub_t135(d0, var8, ws33, var3);  /* k48_sub_t126 */
     k49_matmul_t97(d0, ws31, ws1, ws34, context);
-    if (context->status != SG_OK) {
-        context->failed = "k49_matmul_t97";
-        return context->status;
-    }
+    if (context->status != SG_OK) return sg_stopped(context, "k49_matmul_t97");
     k50_scatter_add_t99(d0, ws34, c5, ws35);
     k51_where_vjp1_t104(d0, ws8, c4, ws35, ws36);
     k52_scatter_add_t105(d0, ws36, c1, ws37);

@@ -862,7 +862,7 @@ SG_KERNEL void k28_sub_t42(int64_t d0, const float* restrict ws0, const float* r
     }
 }
 
-/* Also called for 1 more kernel(s), the same code on their buffers: k36_sqrt_t70 */
+/* Also called for k36_sqrt_t70, the same code on its buffers */
 /* t43: f32[B,8,32] = mul(t42, t42) */
 /* t44: f32[B,8,1] = sum[axes=(2,), keepdims=True](t43) */
 /* t45: f32[B,8,1] = mul(t44, 1/32) */
@@ -889,8 +889,7 @@ SG_KERNEL void k29_sqrt_t47(int64_t d0, const float* restrict ws14, float* restr
     }
 }
 
-/* Also called for 3 more kernel(s), the same code on their buffers: k37_add_t73, k41_add_t108, */
-/*     k80_add_t276 */
+/* Also called for 3 more kernels (k37_add_t73, ...) on their buffers, each named at its call */
 /* t48: f32[B,8,32] = div(t42, t47) */
 /* t49: f32[B,8,32] = mul(t48, transformer.h.0.ln_2.weight) */
 /* t50: f32[B,8,32] = add(t49, transformer.h.0.ln_2.bias) */
@@ -953,7 +952,7 @@ SG_KERNEL void k31_add_t54(int64_t d0, const float* restrict ws16, const float* 
         ws17, context, &epilogue, context->scratch);
 }
 
-/* Also called for 1 more kernel(s), the same code on their buffers: k63_gelu_t303 */
+/* Also called for k63_gelu_t303, the same code on its buffers */
 /* t56: f32[B,8,128] = gelu(t55) */
 SG_KERNEL void k32_gelu_t56(int64_t d0, const float* restrict ws17, float* restrict ws18)
 {
@@ -1016,8 +1015,7 @@ SG_KERNEL void k43_matmul_t111(int64_t d0, const float* restrict ws28, const flo
         ws31, context, NULL, context->scratch);
 }
 
-/* Also called for 7 more kernel(s), the same code on their buffers: k51_sum_t515, k57_sum_t491, */
-/*     k73_sum_t445, k79_sum_t422, k88_sum_t398, k112_sum_t352, k118_sum_t329 */
+/* Also called for 7 more kernels (k51_sum_t515, ...) on their buffers, each named at its call */
 /* t538: f32[32] = sum[axes=(0,1), keepdims=False](t112) */
 SG_KERNEL void k44_sum_t538(int64_t d0, const float* restrict ws31, float* restrict ws32)
 {
@@ -1039,8 +1037,7 @@ SG_KERNEL void k44_sum_t538(int64_t d0, const float* restrict ws31, float* restr
     }
 }
 
-/* Also called for 7 more kernel(s), the same code on their buffers: k52_add_t518, k58_add_t494, */
-/*     k74_add_t448, k82_add_t425, k89_add_t401, k113_add_t355, k121_add_t332 */
+/* Also called for 7 more kernels (k52_add_t518, ...) on their buffers, each named at its call */
 /* t539: f32[32] = sub(t538, transformer.ln_f.bias.exp_avg) */
 /* t540: f32[32] = mul(0.09999999999999998, t539) */
 /* t541: f32[32] = add(transformer.ln_f.bias.exp_avg, t540) */
@@ -1057,7 +1054,7 @@ SG_KERNEL void k45_add_t541(int64_t d0, const float* restrict ws32, float* restr
     }
 }
 
-/* Also called for 1 more kernel(s), the same code on their buffers: k77_simplified_t132 */
+/* Also called for k77_simplified_t132, the same code on its buffers */
 /* t113: f32[B,8,32] = mul(t112, transformer.ln_f.weight) */
 /* t116: f32[B,8,32] = t113/t70 + t115*t65/(32*t70) */
 SG_KERNEL void k49_simplified_t116(int64_t d0, const float* restrict ws31, const float* restrict var14, const float* restrict ws22, const float* restrict ws33, const float* restrict ws21, float* restrict ws34)
@@ -1077,7 +1074,7 @@ SG_KERNEL void k49_simplified_t116(int64_t d0, const float* restrict ws31, const
     }
 }
 
-/* Also called for 1 more kernel(s), the same code on their buffers: k78_mul_t421 */
+/* Also called for k78_mul_t421, the same code on its buffers */
 /* t106: f32[B,8,32] = div(t65, t70) */
 /* t514: f32[B,8,32] = mul(t112, t106) */
 SG_KERNEL void k50_mul_t514(int64_t d0, const float* restrict ws21, const float* restrict ws22, const float* restrict ws31, float* restrict ws35)
@@ -1095,7 +1092,7 @@ SG_KERNEL void k50_mul_t514(int64_t d0, const float* restrict ws21, const float*
     }
 }
 
-/* Also called for 2 more kernel(s), the same code on their buffers: k86_mul_t135, k125_mul_t169 */
+/* Also called for 2 more kernels (k86_mul_t135, ...) on their buffers, each named at its call */
 /* t117: f32[B,8,1] = sum[axes=(2,), keepdims=True](t116) */
 /* t118: f32[B,8,1] = mul(t117, -0.03125) */
 SG_KERNEL void k55_mul_t118(int64_t d0, const float* restrict ws34, float* restrict ws37)
@@ -1171,7 +1168,7 @@ SG_KERNEL void k68_sub_t485(int64_t d0, const double* restrict var54, const doub
     }
 }
 
-/* Also called for 1 more kernel(s), the same code on their buffers: k95_add_t281 */
+/* Also called for k95_add_t281, the same code on its buffers */
 /* t306: f32[32,128] = sub(t305, transformer.h.0.mlp.c_proj.weight.exp_avg) */
 /* t307: f32[32,128] = mul(0.09999999999999998, t306) */
 /* t308: f32[32,128] = add(transformer.h.0.mlp.c_proj.weight.exp_avg, t307) */
@@ -1188,7 +1185,7 @@ SG_KERNEL void k69_add_t308(int64_t d0, const float* restrict ws43, float* restr
     }
 }
 
-/* Also called for 1 more kernel(s), the same code on their buffers: k96_add_t286 */
+/* Also called for k96_add_t286, the same code on its buffers */
 /* t310: f32[32,128] = mul(0.95, transformer.h.0.mlp.c_proj.weight.exp_avg_sq) */
 /* t311: f32[32,128] = mul(t305, t305) */
 /* t312: f32[32,128] = mul(0.050000000000000044, t311) */
@@ -1208,7 +1205,7 @@ SG_KERNEL void k70_add_t313(int64_t d0, float* restrict var34, const float* rest
     }
 }
 
-/* Also called for 1 more kernel(s), the same code on their buffers: k97_sub_t295 */
+/* Also called for k97_sub_t295, the same code on its buffers */
 /* t91: f64[] = mul(lr, 0.1) */
 /* t92: f64[] = sub(1.0, t91) */
 /* t93: f32[] = cast(t92) */
@@ -1739,7 +1736,7 @@ SG_KERNEL void k0_take_t3(int64_t d0, const float* restrict var0, const int64_t*
     }
 }
 
-/* Also called for 1 more kernel(s), the same code on their buffers: k129_copy */
+/* Also called for k129_copy, the same code on its buffers */
 /* make iota's operand contiguous: t4 */
 SG_KERNEL void k1_copy(int64_t d0, int64_t* restrict ws1)
 {
@@ -1771,10 +1768,7 @@ SG_KERNEL void k2_take_t5(int64_t d0, const float* restrict var1, const int64_t*
     }
 }
 
-/* Also called for 15 more kernel(s), the same code on their buffers: k5_add_t191, k6_add_t216, */
-/*     k7_add_t244, k8_add_t269, k9_add_t297, k10_add_t323, k11_add_t347, k12_add_t370, */
-/*     k13_add_t393, k14_add_t416, k15_add_t440, k16_add_t463, k17_add_t486, k18_add_t509, */
-/*     k19_add_t533 */
+/* Also called for 15 more kernels (k5_add_t191, ...) on their buffers, each named at its call */
 /* t95: f64[] = add(transformer.wte.weight.step, 1.0) */
 SG_KERNEL void k4_add_t95(int64_t d0, double* restrict var17)
 {
@@ -2052,8 +2046,7 @@ SG_KERNEL void k42_matmul_t110(int64_t d0, const float* restrict ws28, const flo
         ws30, context, NULL, context->scratch);
 }
 
-/* Also called for 7 more kernel(s), the same code on their buffers: k53_add_t523, k59_add_t499, */
-/*     k75_add_t453, k83_add_t430, k90_add_t406, k114_add_t360, k122_add_t337 */
+/* Also called for 7 more kernels (k53_add_t523, ...) on their buffers, each named at its call */
 /* t543: f32[32] = mul(0.95, transformer.ln_f.bias.exp_avg_sq) */
 /* t544: f32[32] = mul(t538, t538) */
 /* t545: f32[32] = mul(0.050000000000000044, t544) */
@@ -2073,8 +2066,7 @@ SG_KERNEL void k46_add_t546(int64_t d0, float* restrict var65, const float* rest
     }
 }
 
-/* Also called for 7 more kernel(s), the same code on their buffers: k54_sub_t532, k60_sub_t508, */
-/*     k84_sub_t439, k85_sub_t462, k91_sub_t415, k123_sub_t346, k124_sub_t369 */
+/* Also called for 7 more kernels (k54_sub_t532, ...) on their buffers, each named at its call */
 /* t534: f64[] = pow(0.9, t533) */
 /* t535: f64[] = sub(1.0, t534) */
 /* t536: f64[] = div(param_groups.1.lr, t535) */
@@ -2119,7 +2111,7 @@ SG_KERNEL void k47_sub_t555(int64_t d0, const double* restrict var63, const doub
     }
 }
 
-/* Also called for 1 more kernel(s), the same code on their buffers: k76_sum_t131 */
+/* Also called for k76_sum_t131, the same code on its buffers */
 /* t106: f32[B,8,32] = div(t65, t70) */
 /* t113: f32[B,8,32] = mul(t112, transformer.ln_f.weight) */
 /* t114: f32[B,8,32] = -t106*t113/t70 */
@@ -2254,7 +2246,7 @@ SG_KERNEL void k72_matmul_t126(int64_t d0, const float* restrict ws41, const flo
         ws45, context, NULL, context->scratch);
 }
 
-/* Also called for 1 more kernel(s), the same code on their buffers: k126_add_t170 */
+/* Also called for k126_add_t170, the same code on its buffers */
 /* t133: f32[B,8,32] = add(t119, t132) */
 /* t136: f32[B,8,32] = add(t133, t135) */
 SG_KERNEL void k87_add_t136(int64_t d0, const float* restrict ws38, const float* restrict ws48, const float* restrict ws53, float* restrict ws54)
@@ -2800,15 +2792,15 @@ int64_t symgrad_scratch_bytes(const int64_t* dims)
         const int64_t bytes = sg_gemm_f32_scratch_bytes(8*d0, 96, 32, threads);
         most = bytes > most ? bytes : most;
     }
-    {  /* k26_add_t37 */
+    {  /* k26_add_t37 (and 1 more kernel of these sizes) */
         const int64_t bytes = sg_gemm_f32_scratch_bytes(8*d0, 32, 32, threads);
         most = bytes > most ? bytes : most;
     }
-    {  /* k31_add_t54 */
+    {  /* k31_add_t54 (and 1 more kernel of these sizes) */
         const int64_t bytes = sg_gemm_f32_scratch_bytes(8*d0, 128, 32, threads);
         most = bytes > most ? bytes : most;
     }
-    {  /* k33_add_t60 */
+    {  /* k33_add_t60 (and 1 more kernel of these sizes) */
         const int64_t bytes = sg_gemm_f32_scratch_bytes(8*d0, 32, 128, threads);
         most = bytes > most ? bytes : most;
     }
@@ -2824,16 +2816,8 @@ int64_t symgrad_scratch_bytes(const int64_t* dims)
         const int64_t bytes = sg_gemm_f32_scratch_bytes(8*d0, 32, 64, threads);
         most = bytes > most ? bytes : most;
     }
-    {  /* k61_matmul_t121 */
-        const int64_t bytes = sg_gemm_f32_scratch_bytes(8*d0, 128, 32, threads);
-        most = bytes > most ? bytes : most;
-    }
     {  /* k64_matmul_t305 */
         const int64_t bytes = sg_gemm_f32_scratch_bytes(32, 128, 8*d0, threads);
-        most = bytes > most ? bytes : most;
-    }
-    {  /* k72_matmul_t126 */
-        const int64_t bytes = sg_gemm_f32_scratch_bytes(8*d0, 32, 128, threads);
         most = bytes > most ? bytes : most;
     }
     {  /* k81_matmul_t278 */
@@ -2842,10 +2826,6 @@ int64_t symgrad_scratch_bytes(const int64_t* dims)
     }
     {  /* k92_matmul_t250 */
         const int64_t bytes = sg_gemm_f32_scratch_bytes(32, 32, 8*d0, threads);
-        most = bytes > most ? bytes : most;
-    }
-    {  /* k98_matmul_t138 */
-        const int64_t bytes = sg_gemm_f32_scratch_bytes(8*d0, 32, 32, threads);
         most = bytes > most ? bytes : most;
     }
     {  /* k111_matmul_t160 */
@@ -2870,6 +2850,13 @@ void symgrad_set_num_threads(int threads)
     omp_set_num_threads(threads);
 #endif
     (void)threads;
+}
+
+/* A kernel's runtime call failed (context->status): the entry ends there, naming the kernel. */
+static inline int sg_stopped(sg_context* context, const char* kernel)
+{
+    context->failed = kernel;
+    return context->status;
 }
 
 /* The entry point only calls the kernels in order: compiled without optimization (GCC; clang has
@@ -3071,53 +3058,32 @@ int symgrad_run(const int64_t* dims, void** inputs, void** variables, void** out
     k22_add_t17(d0, ws0, ws2, ws4, ws5, var2, var3, ws6);
     k23_div_t163(d0, ws0, ws2, ws4, ws5, ws7);
     k24_add_t21(d0, ws6, var4, var5, ws8, context);
-    if (context->status != SG_OK) {
-        context->failed = "k24_add_t21";
-        return context->status;
-    }
+    if (context->status != SG_OK) return sg_stopped(context, "k24_add_t21");
     k25_attention_t32(d0, ws8, ws9, ws10, ws11);
     k26_add_t37(d0, ws9, var6, var7, ws12, context);
-    if (context->status != SG_OK) {
-        context->failed = "k26_add_t37";
-        return context->status;
-    }
+    if (context->status != SG_OK) return sg_stopped(context, "k26_add_t37");
     k27_mul_t41(d0, ws0, ws2, ws12, ws13);
     k28_sub_t42(d0, ws0, ws2, ws12, ws13, ws14);
     k29_sqrt_t47(d0, ws14, ws15);
     k30_add_t50(d0, ws14, ws15, var8, var9, ws16);
     k31_add_t54(d0, ws16, var10, var11, ws17, context);
-    if (context->status != SG_OK) {
-        context->failed = "k31_add_t54";
-        return context->status;
-    }
+    if (context->status != SG_OK) return sg_stopped(context, "k31_add_t54");
     k32_gelu_t56(d0, ws17, ws18);
     k33_add_t60(d0, ws18, var12, var13, ws19, context);
-    if (context->status != SG_OK) {
-        context->failed = "k33_add_t60";
-        return context->status;
-    }
+    if (context->status != SG_OK) return sg_stopped(context, "k33_add_t60");
     k34_mul_t64(d0, ws0, ws2, ws12, ws19, ws20);
     k35_sub_t65(d0, ws0, ws2, ws12, ws19, ws20, ws21);
     k29_sqrt_t47(d0, ws21, ws22);  /* k36_sqrt_t70 */
     k30_add_t50(d0, ws21, ws22, var14, var15, ws23);  /* k37_add_t73 */
     k38_matmul_t76(d0, ws23, var0, ws24, context);
-    if (context->status != SG_OK) {
-        context->failed = "k38_matmul_t76";
-        return context->status;
-    }
+    if (context->status != SG_OK) return sg_stopped(context, "k38_matmul_t76");
     k39_rows_t77(d0, ws3, in1, ws24, ws25, ws26, ws28, ws27);
     k40_div_t90(d0, ws27, ws3, out0);
     k30_add_t50(d0, ws21, ws22, var14, var15, ws29);  /* k41_add_t108 */
     k42_matmul_t110(d0, ws28, ws29, ws30, context);
-    if (context->status != SG_OK) {
-        context->failed = "k42_matmul_t110";
-        return context->status;
-    }
+    if (context->status != SG_OK) return sg_stopped(context, "k42_matmul_t110");
     k43_matmul_t111(d0, ws28, var0, ws31, context);
-    if (context->status != SG_OK) {
-        context->failed = "k43_matmul_t111";
-        return context->status;
-    }
+    if (context->status != SG_OK) return sg_stopped(context, "k43_matmul_t111");
     k44_sum_t538(d0, ws31, ws32);
     k45_add_t541(d0, ws32, var64);
     k46_add_t546(d0, var65, ws32);
@@ -3136,17 +3102,11 @@ int symgrad_run(const int64_t* dims, void** inputs, void** variables, void** out
     k46_add_t546(d0, var59, ws39);  /* k59_add_t499 */
     k47_sub_t555(d0, var57, var35, var58, var59, var13);  /* k60_sub_t508 */
     k61_matmul_t121(d0, ws38, var12, ws40, context);
-    if (context->status != SG_OK) {
-        context->failed = "k61_matmul_t121";
-        return context->status;
-    }
+    if (context->status != SG_OK) return sg_stopped(context, "k61_matmul_t121");
     k62_mul_t124(d0, ws17, ws40, ws41);
     k32_gelu_t56(d0, ws17, ws42);  /* k63_gelu_t303 */
     k64_matmul_t305(d0, ws38, ws42, ws43, context);
-    if (context->status != SG_OK) {
-        context->failed = "k64_matmul_t305";
-        return context->status;
-    }
+    if (context->status != SG_OK) return sg_stopped(context, "k64_matmul_t305");
     k65_sum_t468(d0, ws41, ws44);
     k66_add_t471(d0, ws44, var55);
     k67_add_t476(d0, var56, ws44);
@@ -3155,10 +3115,7 @@ int symgrad_run(const int64_t* dims, void** inputs, void** variables, void** out
     k70_add_t313(d0, var34, ws43);
     k71_sub_t322(d0, var16, var12, var32, var33, var34);
     k72_matmul_t126(d0, ws41, var10, ws45, context);
-    if (context->status != SG_OK) {
-        context->failed = "k72_matmul_t126";
-        return context->status;
-    }
+    if (context->status != SG_OK) return sg_stopped(context, "k72_matmul_t126");
     k44_sum_t538(d0, ws45, ws46);  /* k73_sum_t445 */
     k45_add_t541(d0, ws46, var52);  /* k74_add_t448 */
     k46_add_t546(d0, var53, ws46);  /* k75_add_t453 */
@@ -3168,10 +3125,7 @@ int symgrad_run(const int64_t* dims, void** inputs, void** variables, void** out
     k44_sum_t538(d0, ws49, ws50);  /* k79_sum_t422 */
     k30_add_t50(d0, ws14, ws15, var8, var9, ws51);  /* k80_add_t276 */
     k81_matmul_t278(d0, ws41, ws51, ws52, context);
-    if (context->status != SG_OK) {
-        context->failed = "k81_matmul_t278";
-        return context->status;
-    }
+    if (context->status != SG_OK) return sg_stopped(context, "k81_matmul_t278");
     k45_add_t541(d0, ws50, var49);  /* k82_add_t425 */
     k46_add_t546(d0, var50, ws50);  /* k83_add_t430 */
     k47_sub_t555(d0, var48, var35, var49, var50, var8);  /* k84_sub_t439 */
@@ -3183,20 +3137,14 @@ int symgrad_run(const int64_t* dims, void** inputs, void** variables, void** out
     k46_add_t546(d0, var47, ws55);  /* k90_add_t406 */
     k47_sub_t555(d0, var45, var35, var46, var47, var7);  /* k91_sub_t415 */
     k92_matmul_t250(d0, ws54, ws9, ws56, context);
-    if (context->status != SG_OK) {
-        context->failed = "k92_matmul_t250";
-        return context->status;
-    }
+    if (context->status != SG_OK) return sg_stopped(context, "k92_matmul_t250");
     k93_add_t253(d0, ws56, var27);
     k94_add_t258(d0, var28, ws56);
     k69_add_t308(d0, ws52, var30);  /* k95_add_t281 */
     k70_add_t313(d0, var31, ws52);  /* k96_add_t286 */
     k71_sub_t322(d0, var16, var10, var29, var30, var31);  /* k97_sub_t295 */
     k98_matmul_t138(d0, ws54, var6, ws57, context);
-    if (context->status != SG_OK) {
-        context->failed = "k98_matmul_t138";
-        return context->status;
-    }
+    if (context->status != SG_OK) return sg_stopped(context, "k98_matmul_t138");
     k99_attention_grad_t141(d0, ws8, ws9, ws57, ws11, ws58, ws59, ws60);
     k100_copy(d0, ws58, ws61);
     k101_embed_t146(d0, ws61, ws62);
@@ -3210,10 +3158,7 @@ int symgrad_run(const int64_t* dims, void** inputs, void** variables, void** out
     k109_sub_t392(d0, var42, var35, var43, var44, var5);
     k110_sub_t267(d0, var16, var6, var26, var27, var28);
     k111_matmul_t160(d0, ws62, var4, ws66, context);
-    if (context->status != SG_OK) {
-        context->failed = "k111_matmul_t160";
-        return context->status;
-    }
+    if (context->status != SG_OK) return sg_stopped(context, "k111_matmul_t160");
     k44_sum_t538(d0, ws66, ws67);  /* k112_sum_t352 */
     k45_add_t541(d0, ws67, var40);  /* k113_add_t355 */
     k46_add_t546(d0, var41, ws67);  /* k114_add_t360 */
@@ -3223,10 +3168,7 @@ int symgrad_run(const int64_t* dims, void** inputs, void** variables, void** out
     k44_sum_t538(d0, ws70, ws71);  /* k118_sum_t329 */
     k119_add_t223(d0, ws7, var2, var3, ws72);
     k120_matmul_t225(d0, ws62, ws72, ws73, context);
-    if (context->status != SG_OK) {
-        context->failed = "k120_matmul_t225";
-        return context->status;
-    }
+    if (context->status != SG_OK) return sg_stopped(context, "k120_matmul_t225");
     k45_add_t541(d0, ws71, var37);  /* k121_add_t332 */
     k46_add_t546(d0, var38, ws71);  /* k122_add_t337 */
     k47_sub_t555(d0, var36, var35, var37, var38, var2);  /* k123_sub_t346 */

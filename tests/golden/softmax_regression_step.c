@@ -383,6 +383,13 @@ void symgrad_set_num_threads(int threads)
     (void)threads;
 }
 
+/* A kernel's runtime call failed (context->status): the entry ends there, naming the kernel. */
+static inline int sg_stopped(sg_context* context, const char* kernel)
+{
+    context->failed = kernel;
+    return context->status;
+}
+
 /* The entry point only calls the kernels in order: compiled without optimization (GCC; clang has
    no such attribute), it builds in a third of the time, and no kernel runs any slower. */
 #if defined(__GNUC__) && !defined(__clang__)
@@ -420,19 +427,13 @@ int symgrad_run(const int64_t* dims, void** inputs, void** variables, void** out
 
     k0_sum_t16(d0, in1, ws0);
     k1_matmul_t3(d0, in0, var0, ws1, context);
-    if (context->status != SG_OK) {
-        context->failed = "k1_matmul_t3";
-        return context->status;
-    }
+    if (context->status != SG_OK) return sg_stopped(context, "k1_matmul_t3");
     k2_rows_t5(d0, ws0, in1, ws1, var1, ws2, ws3, ws5, ws4);
     k3_div_t17(d0, ws4, ws0, out0);
     k4_sum_t28(d0, ws5, ws6);
     k5_sub_t30(d0, var2, ws6, var1);
     k6_matmul_t25(d0, in0, ws5, ws7, context);
-    if (context->status != SG_OK) {
-        context->failed = "k6_matmul_t25";
-        return context->status;
-    }
+    if (context->status != SG_OK) return sg_stopped(context, "k6_matmul_t25");
     k7_sub_t27(d0, var2, ws7, var0);
     sg_team_end_call(context);
     return SG_OK;

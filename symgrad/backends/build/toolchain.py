@@ -22,6 +22,7 @@ import subprocess
 import sys
 import sysconfig
 import tempfile
+import threading
 from pathlib import Path
 
 # The C compiler's flags unless $SYMGRAD_CFLAGS says otherwise (see default_flags).
@@ -40,6 +41,24 @@ NVCC_FAT_BINARY = ("-gencode", "arch=compute_80,code=sm_80", "-gencode", "arch=c
 
 _PARTS = re.compile(r"^#define SG_PARTS ([0-9]+)$", re.M)
 POLL = 0.05   # seconds between looks at the compilers running side by side
+# What this thread's builds run their compilers under: `.nice`, how much lower their priority is
+# (set by `yield_to_other_work`; 0 where never set).
+_THREAD = threading.local()
+
+
+def yield_to_other_work(nice: int) -> None:
+    """Run the compilers this thread starts from now on `nice` lower in priority (through `nice`,
+    where the system has it): a build on a thread of its own (a train step's predict program) leaves
+    the cores to the steps running meanwhile. Only the compilers: the thread itself keeps its
+    priority, or, holding Python's lock at a lower one, it would keep the steps waiting for it."""
+    _THREAD.nice = nice
+
+
+def _prioritized(command: list[str]) -> list[str]:
+    """`command` run at this thread's compiler priority (`yield_to_other_work`)."""
+    nice = getattr(_THREAD, "nice", 0)
+    program = shutil.which("nice") if nice else None
+    return [program, "-n", str(nice), *command] if program else command
 
 
 class CompilerNotFound(RuntimeError):
@@ -179,7 +198,7 @@ def _run_all(paths, commands: list[list[str]], cwd: Path, progress=None) -> None
                 command = waiting.pop(0)
                 log = tempfile.TemporaryFile(mode="w+", dir=cwd)
                 try:
-                    running.append((subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, cwd=cwd,
+                    running.append((subprocess.Popen(_prioritized(command), stdout=log, stderr=subprocess.STDOUT, cwd=cwd,
                                                      text=True), command, log))
                 except OSError as exc:
                     log.close()
@@ -216,7 +235,7 @@ def _run_all(paths, commands: list[list[str]], cwd: Path, progress=None) -> None
 def _run(paths, command: list[str], cwd: Path) -> None:
     """Run one compiler command; a failure is `build_failed`'s error (its output in the log)."""
     try:
-        done = subprocess.run(command, capture_output=True, text=True, cwd=cwd, timeout=600)
+        done = subprocess.run(_prioritized(command), capture_output=True, text=True, cwd=cwd, timeout=600)
     except (OSError, subprocess.SubprocessError) as exc:
         raise compiler_not_found(command[:1], f"could not be run ({exc})") from None
     if done.returncode != 0:

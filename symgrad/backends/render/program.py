@@ -34,6 +34,7 @@ CONST_ROW = 8  # literals per line of a constant table
 # functions took 1.5 s on one core of two, after the step's build).
 UNIT_LINES = 1000
 MAX_UNITS = 8
+TABLE_MIN = 16     # more workspace temporaries than this, of constant sizes: their bytes are a table
 HEADER_LINES = 80  # a graph printed in more lines than this is summarized in the source's header
 
 
@@ -92,10 +93,15 @@ def _header(plan: Plan) -> list[str]:
 def _host_program(renderer: Renderer, kernels: list, labels: list, profile: bool = False) -> str:
     """A library over host pointers (C): the entry casts each slot to its buffer, checks the labels."""
     plan, ex = renderer.plan, renderer.ex
-    pointers = [_buffer(renderer, b, storage=storage, const=storage == "inputs")
+    shapes = {("inputs", b.index): plan.graph.inputs[b.index].shape for b in plan.inputs}
+    shapes.update({("variables", b.index): plan.variable_nodes[b.index].shape for b in plan.variables})
+    shapes.update({("outputs", b.index): plan.graph.outputs[b.index].shape for b in plan.outputs})
+    pointers = [_buffer(renderer, b, storage=storage, const=storage == "inputs",
+                        shape=f"{D.SHORT_NAMES[b.dtype]}{shape_comment(shapes[storage, b.index])}")
                 for group, storage in ((plan.inputs, "inputs"), (plan.variables, "variables"), (plan.outputs, "outputs"))
                 for b in group]
     workspace = [dict(_buffer(renderer, b), numel=ex.paren(b.numel)) for b in plan.workspace]
+    workspace_table = _workspace_table(plan.workspace)
     checks = []
     for position, classes, ignore in labels:
         buf = next(b for b in plan.inputs if b.index == position)
@@ -110,6 +116,10 @@ def _host_program(renderer: Renderer, kernels: list, labels: list, profile: bool
     arguments += [f"outputs[{b.index}]: {D.SHORT_NAMES[b.dtype]}{shape_comment(plan.graph.outputs[b.index].shape)}"
                   for b in plan.outputs]
     arguments += [f"workspace + offsets[k]: temporary ws<k> ({len(plan.workspace)} buffers)"]
+    listed = len(arguments) <= HEADER_LINES
+    if not listed:  # a model's hundreds of buffers: listed once, where the entry point declares them
+        arguments = [*arguments[:len(plan.dims)], f"inputs[k], variables[k], outputs[k]: the {len(pointers)} buffers "
+                     f"the entry point declares first,", "  each commented with its name and shape", arguments[-1]]
     final = gradients_final_after(plan)  # the entry tells its caller when each gradient is final
     kernels = [dict(k, final=[dict(index=slot, label=comment(plan.variables[slot].label))
                               for slot in final.get(position, ())]) for position, k in enumerate(kernels)]
@@ -123,12 +133,42 @@ def _host_program(renderer: Renderer, kernels: list, labels: list, profile: bool
         integer_helpers=integer_helpers(features),
         fast_exp="fast_exp" in features, gemm="gemm" in features, attention="attention" in features, bad_label=C_BAD_LABEL, label_checks=checks,
         consts=[_const(c) for c in plan.consts], runtime_header=HEADER, kernels=kernels, signature=C_SIGNATURE,
-        dims=[comment(d) for d in plan.dims], pointers=pointers, workspace=workspace,
-        workspace_dims=sorted(ex.dims_used(b.numel for b in plan.workspace)),
+        dims=[comment(d) for d in plan.dims], pointers=pointers, workspace=workspace, shapes_at_pointers=not listed,
+        workspace_dims=sorted(ex.dims_used(b.numel for b in plan.workspace)), workspace_table=workspace_table,
         workspace_sizes=C_WORKSPACE_SIZES, set_threads=C_SET_THREADS, qualifiers=renderer.lang.helper_qualifiers,
-        scratch_sizes=C_SCRATCH_BYTES, scratch=[k for k in kernels if k.get("gemm")],  # the runtime calls' scratch
+        scratch_sizes=C_SCRATCH_BYTES, scratch=_scratch_calls(kernels),
         profile=profile, profile_events=C_PROFILE_EVENTS, profile_count=C_PROFILE_COUNT, kernel_count=len(kernels),
         functions=functions, units=units)
+
+
+def _workspace_table(workspace: list) -> list[list[str]] | None:
+    """The workspace temporaries' bytes as rows of a C table (CONST_ROW a row), where there are
+    more than TABLE_MIN of them and no size depends on a Dim; else None: a line each, which
+    names the temporary's node. A model's hundreds of temporaries then take a line per eight,
+    not one each: the entry point's declarations already name what each holds."""
+    sizes = [b.numel for b in workspace]
+    if len(sizes) <= TABLE_MIN or not all(isinstance(n, (int, sympy.Integer)) for n in sizes) \
+            or [b.index for b in workspace] != list(range(len(workspace))):
+        return None
+    items = [str(int(b.numel) * D.to_numpy(b.dtype).itemsize) for b in workspace]
+    return [items[i:i + CONST_ROW] for i in range(0, len(items), CONST_ROW)]
+
+
+def _scratch_calls(kernels: list) -> list[dict]:
+    """The runtime calls whose scratch the caller sizes (symgrad_scratch_bytes): one per distinct
+    call, its function and sizes, as the first kernel making it has them; `more`: how many later
+    kernels make the same call (every layer's products of one shape: a deeper model, no longer
+    a function)."""
+    distinct: dict[tuple, dict] = {}
+    for k in kernels:
+        if k.get("gemm"):
+            sizes = tuple(loop["size"] for loop in k.get("batch") or ())
+            key = (k["gemm"], k["M"], k["N"], k["K"], k.get("share_min"), k.get("parallel_min"), sizes)
+            if key in distinct:
+                distinct[key]["more"] += 1
+            else:
+                distinct[key] = dict(k, more=0)
+    return list(distinct.values())
 
 
 def unit_count(lines: int) -> int:
@@ -161,17 +201,14 @@ def _functions(kernels: list) -> tuple[list[dict], int]:
     return functions, units
 
 
-def _also_called_for(names: list[str], width: int = 96) -> list[str]:
-    """The comment lines over a function other kernels call too: which ones."""
+def _also_called_for(names: list[str]) -> list[str]:
+    """The comment line over a function other kernels call too: how many. Each call of the entry
+    point names its kernel, so the list is not repeated here, where it would grow with depth."""
     if not names:
         return []
-    lines, line = [], f"Also called for {len(names)} more kernel(s), the same code on their buffers:"
-    for name in names:
-        if len(line) + len(name) + 2 > width:
-            lines.append(line)
-            line = "   "
-        line += f" {name},"
-    return lines + [line.rstrip(",")]
+    if len(names) == 1:
+        return [f"Also called for {names[0]}, the same code on its buffers"]
+    return [f"Also called for {len(names)} more kernels ({names[0]}, ...) on their buffers, each named at its call"]
 
 
 def _device_program(renderer: Renderer, kernels: list) -> str:

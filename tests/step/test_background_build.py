@@ -1,0 +1,119 @@
+"""A train step's predict program compiles on a thread of its own (symgrad.backends.native.Building):
+its passes run inside sg.train_step, its compiler while the first steps run. The step trains at
+once; predict() waits for the build, or raises what it raised; a fork waits for it; its compilers
+run at a lower priority than the steps."""
+
+import multiprocessing
+import os
+import shutil
+import sys
+import threading
+import time
+
+import numpy as np
+import pytest
+
+import symgrad as sg
+from symgrad import nn
+from symgrad.backends import c as c_backend
+from symgrad.backends import native
+from symgrad.backends.build import toolchain
+
+IN, OUT, BATCH = 5, 3, 8
+
+
+def _built(name: str, seed: int = 0):
+    """A small classifier's step (C) with predict=, its model's eval logits, and a batch."""
+    sg.manual_seed(seed)
+    model = nn.Sequential(nn.Linear(IN, 7), nn.Tanh(), nn.Linear(7, OUT)).double()
+    x, y = sg.input(f"{name}_x", (BATCH, IN), "float64"), sg.input(f"{name}_y", (BATCH,), "int64")
+    loss = nn.functional.cross_entropy(model(x), y)
+    step = sg.train_step(loss, model.parameters(), sg.optim.SGD(lr=0.1), backend="c", predict=model(x))
+    rng = np.random.default_rng(seed)
+    return step, model, {f"{name}_x": rng.standard_normal((BATCH, IN)), f"{name}_y": rng.integers(0, OUT, BATCH)}
+
+
+@pytest.fixture
+def slow_second_build(monkeypatch):
+    """Every CProgram build after the first (the step's) waits half a second before it compiles,
+    and records its thread's nice value (None off Linux) and how its compilers would be run."""
+    seen, real, calls = [], c_backend.CProgram._build, []
+
+    def build(self, *args, **kwargs):
+        calls.append(self)
+        if len(calls) > 1:
+            tid = threading.get_native_id()
+            seen.append((os.getpriority(os.PRIO_PROCESS, tid) if sys.platform.startswith("linux") else None,
+                         toolchain._prioritized(["cc", "-c"])))
+            time.sleep(0.5)
+        return real(self, *args, **kwargs)
+    monkeypatch.setattr(c_backend.CProgram, "_build", build)
+    return seen
+
+
+def test_the_step_trains_while_predict_builds(slow_second_build):
+    step, model, batch = _built("bg_a")
+    predict = step._programs["predict"]
+    assert "_program" not in predict.__dict__   # still building: train_step did not wait for it
+    loss = step(**batch)
+    assert np.isfinite(loss)
+    logits = step.predict(bg_a_x=batch["bg_a_x"])   # waits for the build
+    x = sg.input("bg_a_ref_x", (BATCH, IN), "float64")
+    want = sg.function([x], [model(x)], backend="numpy")(batch["bg_a_x"])[0]
+    np.testing.assert_allclose(logits, want, rtol=1e-12)   # the trained parameters, shared
+    assert slow_second_build, "the predict program's build did not go through CProgram._build"
+
+
+@pytest.mark.skipif(shutil.which("nice") is None, reason="no nice program to run the compilers under")
+def test_the_compilers_of_a_background_build_yield_to_the_steps(slow_second_build):
+    """Its compilers run niced; the thread itself does not (holding Python's lock at a lower
+    priority, it would keep the steps waiting), nor do this thread's compilers."""
+    step, _, batch = _built("bg_b")
+    step.predict(bg_b_x=batch["bg_b_x"])
+    (thread_nice, command), = slow_second_build
+    assert command == [shutil.which("nice"), "-n", str(native.BUILD_NICE), "cc", "-c"]
+    if thread_nice is not None:
+        assert thread_nice == os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
+    assert toolchain._prioritized(["cc", "-c"]) == ["cc", "-c"]
+
+
+def test_a_failed_build_raises_from_predict(monkeypatch):
+    real, calls = c_backend.CProgram._build, []
+
+    def build(self, *args, **kwargs):
+        calls.append(1)
+        if len(calls) > 1:
+            raise RuntimeError("the compiler broke")
+        return real(self, *args, **kwargs)
+    monkeypatch.setattr(c_backend.CProgram, "_build", build)
+    step, _, batch = _built("bg_c", seed=1)
+    assert np.isfinite(step(**batch))   # the step itself was built before
+    with pytest.raises(RuntimeError, match="the compiler broke"):
+        step.predict(bg_c_x=batch["bg_c_x"])
+
+
+def _child_predicts(step, x, queue):
+    queue.put(step.predict(bg_d_x=x))
+
+
+def test_a_fork_waits_for_the_build(slow_second_build):
+    """A child forked while the build runs gets the built program, not a thread it lacks."""
+    step, _, batch = _built("bg_d")
+    context = multiprocessing.get_context("fork")
+    queue = context.Queue()
+    child = context.Process(target=_child_predicts, args=(step, batch["bg_d_x"], queue))
+    child.start()   # waits for the build first (Building._before_fork)
+    got = queue.get(timeout=120)
+    child.join(timeout=120)
+    assert child.exitcode == 0
+    assert not native.Building._running
+    np.testing.assert_array_equal(got, step.predict(bg_d_x=batch["bg_d_x"]))
+
+
+def test_a_warm_predict_program_is_loaded_at_once(slow_second_build):
+    """Where the program cache holds it (and so the build cache its library), no thread: loading
+    it costs less than a thread competing with the first steps for the cores."""
+    _built("bg_e")[0].predict(bg_e_x=np.zeros((BATCH, IN)))
+    step, _, batch = _built("bg_e")   # the same graphs again
+    assert step._programs["predict"]._building._thread is None   # built before train_step returned
+    assert np.isfinite(step(**batch))
