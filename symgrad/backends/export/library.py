@@ -173,7 +173,7 @@ def _in_namespace(source: str, namespace: str) -> str:
     another model, may have too. Its extern "C" API keeps its (renamed) C names."""
     includes = list(re.finditer(r"^#include .*$", source, re.M))
     at = includes[-1].end() + 1 if includes else 0
-    return f"{source[:at]}namespace {namespace} {{\n{source[at:]}\n}}  // namespace {namespace}\n"
+    return render("export/namespace.cu.j2", head=source[:at], body=source[at:], namespace=namespace)
 
 
 def _defines(renames) -> str:

@@ -150,7 +150,7 @@ def _workspace_table(workspace: list) -> list[list[str]] | None:
     if len(sizes) <= TABLE_MIN or not all(isinstance(n, (int, sympy.Integer)) for n in sizes) \
             or [b.index for b in workspace] != list(range(len(workspace))):
         return None
-    items = [str(int(b.numel) * D.to_numpy(b.dtype).itemsize) for b in workspace]
+    items = [str(int(b.numel) * D.native_itemsize(b.dtype)) for b in workspace]  # as C holds them
     return [items[i:i + CONST_ROW] for i in range(0, len(items), CONST_ROW)]
 
 
