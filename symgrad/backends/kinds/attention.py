@@ -72,7 +72,7 @@ class AttentionKernel:
     scale: float
     scratch: tuple = ()   # buffers the kernel fills and reads, as its language walks (`_scratch`)
     stats: Buffer | None = None  # 2 x H x T: each row's largest score m, then 1 / l (see `forward_stats`)
-    written: View | None = None  # the forward's output as it lies in `out` (heads last: `heads_last`)
+    written: View | None = None  # the output as it lies in `out` (the forward's heads last: `heads_last`); set by `lower`
     kind: str = "attention"
 
     @property
@@ -92,7 +92,7 @@ class AttentionKernel:
         """This kernel with the buffers `s` maps swapped in."""
         return replace(self, operands=tuple(s.view(v) for v in self.operands), out=s.buffer(self.out),
                        scratch=tuple(s.buffer(b) for b in self.scratch), stats=s.buffer(self.stats),
-                       written=None if self.written is None else s.view(self.written))
+                       written=s.view(self.written))
 
     def flops(self, n) -> int:
         """Arithmetic per call (`n` evaluates a size), as FlashAttention counts: the products over
@@ -226,7 +226,7 @@ def render(r: Renderer, k: AttentionKernel) -> dict:
                     at=f"{view.buffer.name} + {r.ex.index(view.offset, names, view.strides[:-2])}")
     operands = [dict(role=role, label=label, **head(view))
                 for role, label, view in zip(("q", "k", "v", "o", "g"), k.labels, k.operands)]
-    written = head(k.written if k.written is not None else buffer_view(k.out, (*k.batch, k.T, k.E)))
+    written = head(k.written)
     printer = r.lang.printer(k.out.dtype)
     # exp(s - m): the rescale of a row's sums as its max grows, a block's p, and a key row's p of query row i
     exp = {name: printer.print_named(sympy.exp(ARGS[0] - ARGS[1]), {ARGS[0]: a, ARGS[1]: b})
