@@ -1,7 +1,10 @@
 """Pooling and resizing in torch's terms: max_pool2d, avg_pool2d, adaptive_avg_pool2d, interpolate.
 
-A window op over (N, C, H, W) gathers its windows with one `take` of the
-flattened image at a fixed index map, (N, C, H_out, W_out, kh*kw). Average
+A window op over (N, C, H, W) sees its windows as (N, C, H_out, W_out, kh*kw): windows that tile the
+input (stride = kernel, no padding, no dilation: LeNet's pools and most CNNs') are its view
+(N, C, Ho, kh, Wo, kw) with the axes moved, copied once; other windows are gathered by one `take` of
+the flattened image at a fixed index map. The tiles' copy costs a quarter of the gather, and its
+gradient is the copy back, where the gather's is a scatter-add. Average
 pooling sums the last axis; max pooling keeps its first maximum (argmax), so a tie sends the whole
 gradient to the first element of the window in row-major order, as torch's
 max_pool2d does, and a NaN in a window wins, as in torch.
@@ -25,7 +28,8 @@ __all__ = ["max_pool2d", "avg_pool2d", "adaptive_avg_pool2d", "interpolate", "fl
 
 def _windows(x: Value, kernel, stride, padding, dilation, ceil_mode: bool, fill: float, op: str):
     """The windows of the input padded with `fill` (and on the right as far as ceil mode reaches):
-    (N, C, Ho, Wo, kh*kw), gathered by one `take` of the flattened image at a fixed index map."""
+    (N, C, Ho, Wo, kh*kw), each window's elements in row-major order; a copy of the input's tiles
+    where the windows tile it, else gathered by one `take` of the flattened image at a fixed index map."""
     if x.ndim != 4:
         raise ValueError(f"{op}: expects an (N, C, H, W) input, got {x.type_str}")
     (kh, kw) = _pair(kernel, "kernel_size", op)
@@ -39,6 +43,13 @@ def _windows(x: Value, kernel, stride, padding, dilation, ceil_mode: bool, fill:
     Ho, Wo = output_size(H, kh, sh, ph, dh, ceil_mode), output_size(W, kw, sw, pw, dw, ceil_mode)
     if Ho < 1 or Wo < 1:
         raise ValueError(f"{op}: the window {kh}x{kw} does not fit the input {H}x{W} with padding ({ph}, {pw})")
+    geometry = (kh, kw, sh, sw, ph, pw, H, W, Ho, Wo)
+    if (sh, sw) == (kh, kw) and (ph, pw, dh, dw) == (0, 0, 1, 1) and Ho * kh <= H and Wo * kw <= W:
+        # Tiles: the rows and columns the windows cover (floor mode drops the rest), split into
+        # (Ho, kh) and (Wo, kw), a view; each window's kh x kw elements then made one axis.
+        N, C = x.shape[0], x.shape[1]
+        tiles = F.reshape(x[:, :, :Ho * kh, :Wo * kw], (N, C, Ho, kh, Wo, kw))
+        return F.reshape(F.transpose(tiles, (0, 1, 2, 4, 3, 5)), (N, C, Ho, Wo, kh * kw)), geometry
     # Right padding: what the last window reaches beyond the input (ceil mode reads past it).
     right_h = max(0, (Ho - 1) * sh + dh * (kh - 1) + 1 - H - ph)
     right_w = max(0, (Wo - 1) * sw + dw * (kw - 1) + 1 - W - pw)
@@ -49,7 +60,7 @@ def _windows(x: Value, kernel, stride, padding, dilation, ceil_mode: bool, fill:
     starts = (np.arange(Ho)[:, None, None] * sh * Wp + np.arange(Wo)[None, :, None] * sw)
     slices = F.take(F.reshape(x, (N, C, Hp * Wp)), F.constant((starts + taps).astype(np.int64)), axis=2,
                     checked=True)
-    return slices, (kh, kw, sh, sw, ph, pw, H, W, Ho, Wo)
+    return slices, geometry
 
 
 def max_pool2d(input, kernel_size, stride=None, padding=0, dilation=1, ceil_mode: bool = False,

@@ -152,6 +152,7 @@ class CProgram(NativeProgram):
         self._set_threads = getattr(lib, SET_THREADS)
         self._settle_arena()  # the build's last step: a cached arena checked against the code's sizes
         self._context = self._ffi.new("sg_context*")  # what the program keeps between its calls
+        self._context_layout = None  # the layout whose scratch region the context holds
         self._collective_error = None  # what the collective hook raised, for the call to raise
         self._variables = [(v.name, D.to_numpy(v.dtype), tuple(v.shape)) for v in graph.variables]
         # Pointer arrays filled in place at each call; variable pointers cached while the
@@ -303,7 +304,9 @@ class CProgram(NativeProgram):
         if _ForkedChild.forked:
             self._set_threads(1)  # this thread's OpenMP setting: set on each call, whichever thread calls
         context = self._context
-        context.scratch, context.scratch_bytes = scratch, scratch_bytes
+        if self._context_layout is not layout:  # set once per layout, not on every call
+            context.scratch, context.scratch_bytes = scratch, scratch_bytes
+            self._context_layout = layout
         status = self._entry(dims_ptr, in_ptrs, var_ptrs, out_ptrs, ws_ptr, offsets, context)
         if status != 0:
             if self._scratch_short(status, key):  # this thread's team outgrew the region: planned again
