@@ -107,7 +107,7 @@ def prepare(graph: Graph, language: Language, optimize: bool = True) -> Compilat
     if not isinstance(graph, Graph):
         raise TypeError(f"backend {language.name.lower()!r}: expected a symgrad Graph, got {type(graph).__name__}")
     timings: dict[str, float] = {}
-    with timed(timings, "lookup"):
+    with timed(timings, "lookup"), _cyclic_gc_paused():  # unpickling a plan makes objects as the stages do
         key = program_cache.key(graph, language.name.lower(), optimize=optimize)
         entry = program_cache.load(key, graph)
     hit = entry is not None

@@ -30,7 +30,7 @@ from .build import program_cache, toolchain
 from .build.cache import BuiltModule
 from .decide.fusion import DEFAULT_DIM
 from .render.languages import Language
-from .lower.memory import ArenaSpec, MemoryPlan, latest_or_assumed, memory_plan
+from .lower.memory import ArenaSpec, MemoryPlan, arena_sizes, latest_or_assumed, memory_plan
 from .report import Report, program_report
 
 
@@ -186,7 +186,7 @@ class NativeProgram(ABC):
             return
         key = tuple(DEFAULT_DIM for _ in self.dims)
         needed = self._workspace_sizes(key)
-        if needed is None or memory_plan(self.arena, dict(zip(self.dims, key)), align=self.align).sizes == needed:
+        if needed is None or arena_sizes(self.arena, dict(zip(self.dims, key))) == needed:
             return
         self.arena = ArenaSpec.of(self.plan)
         program_cache.store(self._program_key, self.graph, program_cache.Entry(

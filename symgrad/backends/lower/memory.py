@@ -16,6 +16,8 @@ program loaded from that cache plans its arena without lowering the graph.
 
 from __future__ import annotations
 
+import itertools
+
 from dataclasses import dataclass
 
 import sympy
@@ -119,6 +121,11 @@ def _as_int(size):
     return int(size) if size.is_Integer else size
 
 
+def arena_sizes(spec: ArenaSpec, bindings: dict) -> list[int]:
+    """The bytes of each temporary of `spec` for these Dim values (what a memory plan places)."""
+    return [n if isinstance(n, int) else int(S.evaluate(n, bindings)) for n in spec.nbytes]
+
+
 def memory_plan(plan: "Plan | ArenaSpec", bindings: dict | None = None, align: int = 64) -> MemoryPlan:
     """Offsets of the plan's temporaries in one arena, with reuse: greedy best-fit by size.
 
@@ -128,7 +135,7 @@ def memory_plan(plan: "Plan | ArenaSpec", bindings: dict | None = None, align: i
     """
     spec = plan if isinstance(plan, ArenaSpec) else ArenaSpec.of(plan)
     bindings = dict(bindings or {})
-    sizes = [n if isinstance(n, int) else int(S.evaluate(n, bindings)) for n in spec.nbytes]
+    sizes = arena_sizes(spec, bindings)
     live = list(spec.live)
     order = sorted(range(len(sizes)), key=lambda k: (-_align(sizes[k], align), live[k][0], k))
     offsets = [0] * len(sizes)
@@ -151,9 +158,12 @@ def memory_plan(plan: "Plan | ArenaSpec", bindings: dict | None = None, align: i
     unshared = sum(_align(s, align) for s in sizes)
     values = spec.value_bytes
     naive = values if isinstance(values, int) else int(S.evaluate(values, bindings))
-    bound = 0
-    for t in range(spec.kernels + 1):
-        bound = max(bound, sum(_align(s, align) for s, (lo, hi) in zip(sizes, live) if lo <= t <= hi))
+    # The most bytes live at once, from the changes at each kernel (a sweep, not a sum per kernel).
+    change = [0] * (max([spec.kernels, *(hi for _, hi in live)]) + 2)
+    for s, (lo, hi) in zip(sizes, live):
+        change[lo] += _align(s, align)
+        change[hi + 1] -= _align(s, align)
+    bound = max(itertools.islice(itertools.accumulate(change), spec.kernels + 1))
     return MemoryPlan(offsets, arena, naive, unshared, bound, sizes, live, bindings)
 
 
