@@ -94,7 +94,7 @@ from . import importable as importable_module
 from .progress import BuildProgress
 from .cache_keys import (FORMAT, _cffi_version, _key, _prekey, asked_identity, compiler_identity, nvcc_identity,
                          sha256_json)  # noqa: F401
-from .cache_files import atomic_write, file_lock, file_sha256, now_utc, read_json  # noqa: F401  (callers use cache.*)
+from .cache_files import atomic_write, file_lock, file_sha256, now_utc, read_json, tree_digest  # noqa: F401  (callers use cache.*)
 # The toolchain's names the cache's callers (backends, tests, benchmarks) know it by.
 from .toolchain import (DEFAULT_FLAGS, NVCC_FAT_BINARY, BuildError, CompilerNotFound, c_string_literal,
                         compiler_command, default_flags, default_nvcc_flags, nvcc_command)  # noqa: F401

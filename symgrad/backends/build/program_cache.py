@@ -52,7 +52,7 @@ from ...ir.graph import Graph
 from ...ir.registry import REGISTRY, OpDef
 from ...ir.shapes import Dim
 from ...ir.value import Value
-from . import cache
+from . import cache, cache_files
 from ..lower.memory import ArenaSpec
 
 FORMAT = 4  # 2: the entry carries its checksum; 3: and the pickled optimized graph, pass report and plan;
@@ -77,12 +77,10 @@ def code_fingerprint() -> str:
     """The sha256 of the compiler itself: symgrad's sources, its templates and the sympy version."""
     from ..render.templates import template_dir
 
-    digest = hashlib.sha256(f"sympy {sympy.__version__}\n".encode())
-    for root, pattern in ((_PACKAGE, "*.py"), (Path(template_dir()), "*.j2")):
-        for path in sorted(root.rglob(pattern)):
-            digest.update(f"{path.relative_to(root)} {path.stat().st_size}\n".encode())
-            digest.update(path.read_bytes())
-    return digest.hexdigest()
+    memo = cache.cache_dir() / "fingerprints"
+    parts = [f"sympy {sympy.__version__}", cache_files.tree_digest(_PACKAGE, ".py", memo),
+             cache_files.tree_digest(Path(template_dir()), ".j2", memo)]
+    return hashlib.sha256("\n".join(parts).encode()).hexdigest()
 
 
 def key(graph: Graph, backend: str, **options) -> str | None:

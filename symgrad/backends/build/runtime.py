@@ -29,6 +29,7 @@ import json
 import os
 from dataclasses import dataclass
 from functools import lru_cache
+from pathlib import Path
 
 import jinja2
 
@@ -191,9 +192,8 @@ def _rendered(targets: tuple) -> dict:
     with a checksum; one that does not match is rendered again.
     """
     context = _context(targets)
-    inputs = dict(context=context, jinja2=jinja2.__version__,
-                  templates={str(p.relative_to(template_dir())): p.read_text()
-                             for p in sorted(template_dir().rglob("*.j2")) if not p.name.endswith(".cu.j2")})
+    inputs = dict(context=context, jinja2=jinja2.__version__,  # the templates: every one's path and bytes
+                  templates=cache.tree_digest(Path(template_dir()), ".j2", cache.cache_dir() / "fingerprints"))
     path = cache.cache_dir() / "runtime" / f"{cache.sha256_json(inputs)[:32]}.json"
     kept = cache.read_json(path) or {}
     texts = {name: kept.get(name) for name in ("header", "source")}
