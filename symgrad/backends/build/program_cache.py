@@ -52,7 +52,7 @@ from ...ir.graph import Graph
 from ...ir.registry import REGISTRY, OpDef
 from ...ir.shapes import Dim
 from ...ir.value import Value
-from . import cache, cache_files
+from . import cache
 from ..lower.memory import ArenaSpec
 
 FORMAT = 4  # 2: the entry carries its checksum; 3: and the pickled optimized graph, pass report and plan;
@@ -78,8 +78,8 @@ def code_fingerprint() -> str:
     from ..render.templates import template_dir
 
     memo = cache.cache_dir() / "fingerprints"
-    parts = [f"sympy {sympy.__version__}", cache_files.tree_digest(_PACKAGE, ".py", memo),
-             cache_files.tree_digest(Path(template_dir()), ".j2", memo)]
+    parts = [f"sympy {sympy.__version__}", cache.tree_digest(_PACKAGE, ".py", memo),
+             cache.tree_digest(Path(template_dir()), ".j2", memo)]
     return hashlib.sha256("\n".join(parts).encode()).hexdigest()
 
 

@@ -17,7 +17,6 @@ program loaded from that cache plans its arena without lowering the graph.
 from __future__ import annotations
 
 import itertools
-
 from dataclasses import dataclass
 
 import sympy
