@@ -177,3 +177,12 @@ def test_a_system_failing_between_blocks_is_an_error_cell_the_others_are_timed()
     results = timing.measure_side_by_side(runners, plan, on_error=lambda n, e: errors.setdefault(n, str(e)))
     assert list(results) == ["good"] and len(log) - log.count("bad") == 1 + 3 * 2
     assert errors == {"bad": "bad broke at call 4"}
+
+
+def test_checkouts_ratio_is_the_median_of_the_per_round_ratios_to_the_first():
+    from pathlib import Path
+    from benchmarks.checkouts import table
+    base, new = [10.0, 20.0, 10.0], [11.0, 18.0, 30.0]   # ratios 1.1, 0.9, 3.0: the median is 1.1
+    rows = table("gpt:small", [Path("old"), Path("new")], [base, new]).splitlines()
+    assert rows[0] == "| gpt:small | old | 10.000 | 1.000 |"
+    assert rows[1] == "| gpt:small | new | 18.000 | 1.100 |"
