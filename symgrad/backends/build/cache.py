@@ -208,6 +208,12 @@ def _build(source: str, cdef: str, flags: list[str], kind: str, inputs: _Inputs)
     return built
 
 
+def code_digest(root: Path, suffix: str) -> str:
+    """`tree_digest` of the files under `root` ending in `suffix`, memoized in the cache's
+    fingerprints/ (what keys the program cache and the runtime's rendered text)."""
+    return tree_digest(root, suffix, cache_dir() / "fingerprints")
+
+
 def module_name(key: str) -> str:
     """The extension module name for a full key hash."""
     return f"_symgrad_{key[:_HASH_CHARS]}"

@@ -77,9 +77,8 @@ def code_fingerprint() -> str:
     """The sha256 of the compiler itself: symgrad's sources, its templates and the sympy version."""
     from ..render.templates import template_dir
 
-    memo = cache.cache_dir() / "fingerprints"
-    parts = [f"sympy {sympy.__version__}", cache.tree_digest(_PACKAGE, ".py", memo),
-             cache.tree_digest(Path(template_dir()), ".j2", memo)]
+    parts = [f"sympy {sympy.__version__}", cache.code_digest(_PACKAGE, ".py"),
+             cache.code_digest(Path(template_dir()), ".j2")]
     return hashlib.sha256("\n".join(parts).encode()).hexdigest()
 
 

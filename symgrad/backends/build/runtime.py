@@ -193,7 +193,7 @@ def _rendered(targets: tuple) -> dict:
     """
     context = _context(targets)
     inputs = dict(context=context, jinja2=jinja2.__version__,  # the templates: every one's path and bytes
-                  templates=cache.tree_digest(Path(template_dir()), ".j2", cache.cache_dir() / "fingerprints"))
+                  templates=cache.code_digest(Path(template_dir()), ".j2"))
     path = cache.cache_dir() / "runtime" / f"{cache.sha256_json(inputs)[:32]}.json"
     kept = cache.read_json(path) or {}
     texts = {name: kept.get(name) for name in ("header", "source")}
