@@ -174,3 +174,31 @@ def test_a_compile_is_announced_unless_quiet(capfd, monkeypatch):
     monkeypatch.setenv("SYMGRAD_QUIET", "1")
     sg.function([x], [sg.sin(x) * 1.75], backend="c")
     assert "symgrad: compiling" not in capfd.readouterr().err
+
+
+def _entry(source: str) -> str:
+    return source[source.index("int symgrad_run("):]
+
+
+def test_a_deeper_model_adds_loop_rounds_not_lines(depths):
+    """The inner layers' calls are loops over the layers (entry_loops): the entry point of the model
+    twice as deep is about as long, and its loops' rounds count the layers."""
+    shallow, deep = (depths[d][0] for d in (4, 8))
+    lines = {d: _entry(depths[d][0].source).count("\n") for d in (4, 8)}
+    assert lines[8] <= lines[4] + 12, lines
+    rounds = [int(n) for n in re.findall(r"for \(int64_t l = 0; l < (\d+); \+\+l\)", _entry(deep.source))]
+    assert rounds and max(rounds) >= 6, rounds
+    # every round of a loop's calls names its kernel where it stops the entry: the name tables
+    assert re.search(r"static const char\* const stopped_k\w+\[\d+ \* \d+\] = \{", deep.source)
+
+
+def test_an_entry_in_loops_computes_the_bits_of_one_unrolled(depths, monkeypatch):
+    """The same depth-8 model with no loops found (its calls written out one by one) computes the
+    same bits: the loops only say which buffers each call gets."""
+    c, _, feed = depths[8]
+    monkeypatch.setattr(render_program.entry_loops, "fold", lambda *args, **kwargs: [])
+    inputs, outputs = _mlp(8, "unrolled")   # other names: another program, not the cached one
+    unrolled = sg.function(inputs, outputs, backend="c")
+    assert "for (int64_t l = 0;" not in _entry(unrolled.source)
+    for got, want in zip(c(*feed), unrolled(*feed)):
+        np.testing.assert_array_equal(got, want)

@@ -2859,6 +2859,9 @@ static inline int sg_stopped(sg_context* context, const char* kernel)
     return context->status;
 }
 
+/* A loop's round l finds its temporaries at these slots of the workspace. */
+#define SG_WS(k) ((void*)(workspace + offsets[k]))
+
 /* The entry point only calls the kernels in order: compiled without optimization (GCC; clang has
    no such attribute), it builds in a third of the time, and no kernel runs any slower. */
 #if defined(__GNUC__) && !defined(__clang__)
@@ -3043,16 +3046,10 @@ int symgrad_run(const int64_t* dims, void** inputs, void** variables, void** out
     k4_add_t95(d0, var26);  /* k7_add_t244 */
     k4_add_t95(d0, var29);  /* k8_add_t269 */
     k4_add_t95(d0, var32);  /* k9_add_t297 */
-    k4_add_t95(d0, var36);  /* k10_add_t323 */
-    k4_add_t95(d0, var39);  /* k11_add_t347 */
-    k4_add_t95(d0, var42);  /* k12_add_t370 */
-    k4_add_t95(d0, var45);  /* k13_add_t393 */
-    k4_add_t95(d0, var48);  /* k14_add_t416 */
-    k4_add_t95(d0, var51);  /* k15_add_t440 */
-    k4_add_t95(d0, var54);  /* k16_add_t463 */
-    k4_add_t95(d0, var57);  /* k17_add_t486 */
-    k4_add_t95(d0, var60);  /* k18_add_t509 */
-    k4_add_t95(d0, var63);  /* k19_add_t533 */
+    /* k10_add_t323 to k19_add_t533: 10 calls of one function, each on its own buffers (slots computed from l) */
+    for (int64_t l = 0; l < 10; ++l) {  /* 10 rounds of 1 call */
+        k4_add_t95(d0, variables[36 + 3 * l]);  /* k10_add_t323 */
+    }
     k20_mul_t8(d0, ws0, ws2, ws4);
     k21_sqrt_t14(d0, ws0, ws2, ws4, ws5);
     k22_add_t17(d0, ws0, ws2, ws4, ws5, var2, var3, ws6);

@@ -72,17 +72,28 @@ def partition(sizes: list[int], parts: int, fixed: int = 0) -> list[int]:
     return unit_of
 
 
-# An entry point's call of another kernel's function: `    k4_add_t7(d0, var3);  /* k9_add_t12 */`
-# (templates/program/program.c.j2).
+# An entry point's call of another kernel's function: `    k4_add_t7(d0, var3);  /* k9_add_t12 */`,
+# and a loop's, naming its first round's kernel (templates/program/program.c.j2; entry_loops).
 _CALL_OF_ANOTHER = re.compile(r"^    (k[0-9]+_\w+)\(.*\);  /\* (k[0-9]+_\w+) \*/$", re.M)
+_LOOP = re.compile(r"^    for \(int64_t l = 0; l < ([0-9]+); \+\+l\) \{  /\* ([0-9]+) rounds of ([0-9]+) calls? \*/$\n"
+                   r"((?:        .*\n)+)    \}$", re.M)
+_LOOP_CALL = re.compile(r"^        (k[0-9]+_\w+)\(.*\);  /\* (k[0-9]+_\w+) \*/$", re.M)
 
 
 def calls(source: str, names: list[str]) -> dict[str, list[str]]:
     """The kernels of a program (`names`, in run order) grouped by the function each calls, read
     from the entry point of its `source`: function name -> the kernels calling it, the function's
-    own kernel first. A source with no shared functions (CUDA's) gives each kernel its own."""
+    own kernel first. A loop's call names its first round's kernel; round l's is the kernel a
+    period (the loop's calls) l later. A source with no shared functions (CUDA's) gives each
+    kernel its own."""
     function_of = {kernel: function for function, kernel in _CALL_OF_ANOTHER.findall(source)}
+    position = {name: p for p, name in enumerate(names)}
+    for loop in _LOOP.finditer(source):
+        rounds, period = int(loop.group(1)), int(loop.group(3))
+        for function, kernel in _LOOP_CALL.findall(loop.group(4)):
+            for r in range(rounds):
+                function_of[names[position[kernel] + period * r]] = function
     grouped: dict[str, list[str]] = {}
     for name in names:
         grouped.setdefault(function_of.get(name, name), []).append(name)
-    return grouped
+    return {function: sorted(users, key=lambda name: name != function) for function, users in grouped.items()}

@@ -18,6 +18,7 @@ from ...ir import dtypes as D
 from ...ir.integer import HELPERS as INTEGER_HELPERS
 from .c_printer import format_literal
 from .expressions import comment, shape_comment
+from . import entry_loops
 from .kernel_functions import partition, shared
 from .languages import (C_BAD_LABEL, C_ENTRY, C_PROFILE_COUNT, C_PROFILE_EVENTS, C_SCRATCH_BYTES, C_SET_THREADS,
                         C_SIGNATURE, C_WORKSPACE_SIZES, CUDA_ALIGN, CUDA_SIGNATURE, PARALLEL_MIN, Language)
@@ -27,6 +28,7 @@ from .renderer import Renderer
 from .templates import render as render_template
 
 CONST_ROW = 8  # literals per line of a constant table
+NAMES_ROW = 4  # kernel names per line of a loop's table of them
 # A program is compiled as several translation units side by side once its kernel functions have
 # UNIT_LINES lines per unit (below that, the compiler's start and the shared preamble, parsed by
 # every unit, cost more than they save), at most MAX_UNITS; two units from half that, so both
@@ -124,6 +126,11 @@ def _host_program(renderer: Renderer, kernels: list, labels: list, profile: bool
     kernels = [dict(k, final=[dict(index=slot, label=comment(plan.variables[slot].label))
                               for slot in final.get(position, ())]) for position, k in enumerate(kernels)]
     functions, units = _functions(kernels)
+    entry = _entry(plan, kernels)
+    named = {arg for item in entry for k in ([item["kernel"]] if "kernel" in item else item["loop"]["body"])
+             for arg in k["args"]}
+    for b in workspace:  # a temporary only loops step through is reached by its slot, not a name
+        b["declared"] = b["name"] in named
     from ...version import __version__
     from ..build.runtime import HEADER
     features = renderer.features
@@ -138,7 +145,61 @@ def _host_program(renderer: Renderer, kernels: list, labels: list, profile: bool
         workspace_sizes=C_WORKSPACE_SIZES, set_threads=C_SET_THREADS, qualifiers=renderer.lang.helper_qualifiers,
         scratch_sizes=C_SCRATCH_BYTES, scratch=_scratch_calls(kernels),
         profile=profile, profile_events=C_PROFILE_EVENTS, profile_count=C_PROFILE_COUNT, kernel_count=len(kernels),
-        functions=functions, units=units)
+        functions=functions, units=units, calls=entry, loops=any("loop" in item for item in entry))
+
+
+def _entry(plan: Plan, kernels: list) -> list[dict]:
+    """The entry point's calls, in run order: {"kernel": k} for a call made once, {"loop": ...} for
+    a run of calls repeated round after round on buffers further on (entry_loops), its body's
+    arguments computed from the round l."""
+    slot_of = {b.name: (storage, b.index) for group, storage in (
+        (plan.inputs, "inputs"), (plan.variables, "variables"), (plan.outputs, "outputs"), (plan.workspace, "workspace"))
+        for b in group}
+    name_of = {slot: name for name, slot in slot_of.items()}
+    slots = [[slot_of.get(arg, arg) for arg in k["args"]] for k in kernels]
+    keys = [None if k["final"] else (k["call"], bool(k.get("status")), tuple(s[0] if isinstance(s, tuple) else s for s in ss))
+            for k, ss in zip(kernels, slots)]
+    entry, at = [], 0
+    lines = [1 + bool(k.get("status")) for k in kernels]  # a call, and its status check
+    for lp in entry_loops.fold(keys, slots, lines):
+        entry += [dict(kernel=dict(k, position=p, comment=k["name"] if k["call"] != k["name"] else None))
+                  for p, k in enumerate(kernels[at:lp.first], at)]
+        entry.append(dict(loop=_loop(kernels, lp, entry_loops.arguments(slots, lp), name_of)))
+        at = lp.end
+    entry += [dict(kernel=dict(k, position=p, comment=k["name"] if k["call"] != k["name"] else None))
+              for p, k in enumerate(kernels[at:], at)]
+    return entry
+
+
+def _loop(kernels: list, lp, arguments: list[list], name_of: dict) -> dict:
+    """A loop's template context: its body (round 0's kernels with their arguments as C
+    expressions of l) and, for the calls that may stop the entry, the table of the kernel each
+    round's stop names."""
+    table = f"stopped_{kernels[lp.first]['name']}"
+    body, stops = [], []
+    for j, (k, args) in enumerate(zip(kernels[lp.first:lp.first + lp.period], arguments)):
+        body.append(dict(k, args=[_argument(a, name_of) for a in args], comment=k["name"], position=lp.first + j,
+                         stop=len(stops)))
+        if k.get("status"):
+            stops.append(j)
+    for k in body:  # the C string naming round l's kernel where its call stops the entry
+        k["stopped"] = f"{table}[l]" if len(stops) == 1 else f"{table}[{len(stops)} * l + {k['stop']}]"
+    names = [f'"{kernels[lp.first + j + lp.period * r]["name"]}"' for r in range(lp.rounds) for j in stops]
+    return dict(first=kernels[lp.first]["name"], last=kernels[lp.end - 1]["name"], rounds=lp.rounds,
+                period=lp.period, body=body, stops=len(stops), names_table=table,
+                names=[names[i:i + NAMES_ROW] for i in range(0, len(names), NAMES_ROW)])
+
+
+def _argument(argument, name_of: dict) -> str:
+    """A loop call's argument in C: a fixed buffer by its name, a stepping one by its slot."""
+    if isinstance(argument, str):
+        return argument
+    if argument[0] == "fixed":
+        return name_of[argument[1:]]
+    _, storage, index, step = argument
+    stride = "l" if abs(step) == 1 else f"{abs(step)} * l"
+    slot = stride if index == 0 and step > 0 else f"{index} {'+' if step > 0 else '-'} {stride}"
+    return f"SG_WS({slot})" if storage == "workspace" else f"{storage}[{slot}]"
 
 
 def _workspace_table(workspace: list) -> list[list[str]] | None:
