@@ -824,6 +824,9 @@ def rounding_error(step: Step, args: list, value: torch.Tensor) -> torch.Tensor 
 
 
 LIFT_SUBNORMALS = -1   # the nudge pattern that lifts subnormal values to the smallest normal one
+# The nudge patterns that move only the backward's roundings (softmax's and log_softmax's own, and
+# each gradient contribution's), up or down, the forward values left as torch computed them.
+BACKWARD_UP, BACKWARD_DOWN = -2, -3
 
 
 class _FromOutput(torch.autograd.Function):
@@ -892,8 +895,15 @@ def nudge_pattern(graph: FuzzGraph, pattern: int) -> Callable:
     exp(-710) is 4.5e-309) to the smallest normal one of its sign. A subnormal divisor makes the
     result depend on the order of a formula's operations at overflow: torch's gradient of y/y in
     y forms (y / y) / y = 1/4.5e-309 = inf before multiplying by g, symgrad's g * (y/y) / y does
-    not (exactly 0, the true value); neither run is wrong by more than float arithmetic allows."""
+    not (exactly 0, the true value); neither run is wrong by more than float arithmetic allows.
+
+    BACKWARD_UP and BACKWARD_DOWN move only the backward's roundings. Moving the forward can hide
+    the backward's: log_softmax of a dominant element is -4.2e-16, and its rounding error (eps
+    times the largest input, 8e-15) moved it to -8.5e-15; the gradient of log of it, 1 / y, is
+    then 20x smaller, and so is the cancellation in log_softmax's backward (g - p sum(g), one ulp
+    of g), which at the value torch computed moves the result by 0.5."""
     rng = np.random.default_rng(abs(pattern))
+    direction = {0: 1.0, 1: -1.0, BACKWARD_UP: 1.0, BACKWARD_DOWN: -1.0}.get(pattern)  # None: random
 
     def nudge(k, step, args, value):
         if pattern == LIFT_SUBNORMALS:
@@ -903,11 +913,15 @@ def nudge_pattern(graph: FuzzGraph, pattern: int) -> Callable:
             normal = torch.finfo(v.dtype).tiny
             lifted = torch.where((v != 0) & (v.abs() < normal), torch.sign(v) * normal - v, 0.0)
             return value + lifted.to(value.dtype)
+        if pattern in (BACKWARD_UP, BACKWARD_DOWN):
+            if step.op in ("softmax", "log_softmax") and value.requires_grad:
+                return _FromOutput.apply(args[0], value.detach(), step.op, step.kw["axis"], pattern == BACKWARD_UP, signs)
+            return value
         error = rounding_error(step, args, value)
         if error is None:
             return value
-        if pattern < 2:
-            sign = 1.0 - 2 * pattern
+        if direction is not None:
+            sign = direction
         else:
             sign = torch.from_numpy(rng.choice([-1.0, 1.0], size=tuple(value.shape))).to(value.dtype)
         move = torch.where(torch.isfinite(value.detach()) & torch.isfinite(error), sign * error, 0.0)
@@ -917,8 +931,8 @@ def nudge_pattern(graph: FuzzGraph, pattern: int) -> Callable:
 
     def signs(shape):
         """One rounding's direction per element: all up, all down, or random (the pattern's)."""
-        if pattern < 2:
-            return torch.full(shape, 1.0 - 2 * pattern, dtype=torch.float64)
+        if direction is not None:
+            return torch.full(shape, direction, dtype=torch.float64)
         return torch.from_numpy(rng.choice([-1.0, 1.0], size=shape))
 
     def use(arg):

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from tests.fuzz_graphs import FuzzGraph, Step, leaves_range
-from tests.test_fuzz import _mismatch
+from tests.fuzz_graphs import BACKWARD_DOWN, BACKWARD_UP, FuzzGraph, Step, leaves_range, nudge_pattern
+from tests.test_fuzz import _mismatch, _torch_results
 
 
 def _graph(*steps, cotangent="sum") -> FuzzGraph:
@@ -61,3 +61,24 @@ def test_a_value_between_two_runs_is_accepted_and_one_outside_is_not():
     want, runs = np.array([np.nan]), [np.array([w]), np.array([w ** (1 / 3)]), np.array([np.nan])]
     assert _mismatch(np.array([w ** 0.5]), want, 1e-7, others=runs) is None
     assert _mismatch(np.array([0.9]), want, 1e-7, others=runs) is not None
+
+
+def test_the_backward_alone_moved_shows_log_softmax_cancelling_at_a_dominant_element():
+    """log(log_softmax(x)) at an element 37.4 above the rest: log_softmax is -4.2e-16 there (torch
+    rounds it to -2.2e-16), the gradient of log, 1 / y, is 4.5e15, and log_softmax's backward
+    g - p sum(g) cancels to about -1, one ulp of g (0.5) each rounding. Moving the forward too moves
+    y by its own error (8e-15), 1 / y 20x smaller, and hides that; the backward's runs alone span it
+    (CI's seed 2913878664: symgrad -1.0, exact -0.789, torch -0.78, the other runs -0.75 to -0.84)."""
+    graph = _graph(_input((8,)), Step("log_softmax", (0,), (("axis", -1),)), Step("log", (1,)))
+    x = np.array([37.36] + [0.0] * 7)
+    want = _torch_results(graph, [x])[1]
+    runs = {p: _torch_results(graph, [x], nudge_pattern(graph, p))[1] for p in (0, 1, BACKWARD_UP, BACKWARD_DOWN)}
+    moved_forward = abs(runs[0][0] - runs[1][0])
+    moved_backward = abs(runs[BACKWARD_UP][0] - runs[BACKWARD_DOWN][0])
+    assert moved_backward > 1.0 > 0.2 > moved_forward, (moved_forward, moved_backward)
+    got = want.copy()
+    got[0] = want[0] - 0.3                     # a few ulps of g away, as another order of the formula is
+    assert _mismatch(got, want, 1e-7, others=[runs[0], runs[1]]) is not None
+    assert _mismatch(got, want, 1e-7, others=list(runs.values())) is None
+    got[0] = want[0] - 5.0                     # beyond any one rounding: still wrong
+    assert _mismatch(got, want, 1e-7, others=list(runs.values())) is not None
