@@ -167,45 +167,71 @@ def _list_schedule(nodes: list, index: dict, mat: dict, reads: dict, deps: dict,
 class _Parking:
     """The ready deferred kernels of a list schedule (`parked`), each released to the ready kernels
     once a kernel reading it (through views) waits for nothing else; all of them when no other
-    kernel is ready (nothing else could run: the schedule must not stop)."""
+    kernel is ready (nothing else could run: the schedule must not stop).
+
+    A release looks at every parked kernel's readers each time a kernel is picked, so it remembers
+    what it learned: each parked kernel's readers (the graph does not change), and for each reader
+    the unparked kernel that last kept it waiting, which keeps it waiting until it runs or is
+    parked itself. A deep model parks its layers' recomputations through the whole forward; looked
+    at afresh, every pick cost a walk over all of them."""
 
     def __init__(self, deps: dict, mat: dict, users: dict, by_id: dict, done: set):
         self.deps, self.mat, self.users, self.by_id, self.done = deps, mat, users, by_id, done
         self.parked: list = []
+        self._readers: dict[int, list] = {}   # id(parked kernel) -> the kernels reading it
+        self._blocker: dict[int, int] = {}    # id(reader) -> a kernel it waited for at the last look
 
     def release(self, ready_kernels: list) -> None:
         """Move the parked kernels some waiting kernel needs now into `ready_kernels`."""
         if not self.parked:
             return
         parked_ids = {id(p) for p in self.parked}
-        wanted = [p for p in self.parked
-                  if any(self._waits_only_for(c, parked_ids, set()) for c in self._kernels_reading(p))]
+        wanted = [p for p in self.parked if any(self._needs_only_parked(c, parked_ids) for c in self._reading(p))]
         released = {id(p) for p in (wanted or ([] if ready_kernels else self.parked))}
         ready_kernels.extend(p for p in self.parked if id(p) in released)
         self.parked = [p for p in self.parked if id(p) not in released]  # by identity: Value.__eq__ builds a node
 
-    def _waits_only_for(self, n: Value, parked_ids: set, seen: set) -> bool:
-        """Whether every dependency of `n` not yet run is parked, or a view waiting only for such."""
+    def _needs_only_parked(self, c: Value, parked_ids: set) -> bool:
+        """Whether kernel `c` waits only for parked kernels (_waits_only_for), remembering the
+        kernel that keeps it waiting where one does."""
+        blocker = self._blocker.get(id(c))
+        if blocker is not None and blocker not in self.done and blocker not in parked_ids:
+            return False
+        found: list = []
+        free = self._waits_only_for(c, parked_ids, set(), found)
+        if found:
+            self._blocker[id(c)] = found[0]
+        return free
+
+    def _waits_only_for(self, n: Value, parked_ids: set, seen: set, found: list) -> bool:
+        """Whether every dependency of `n` not yet run is parked, or a view waiting only for such;
+        `found` gets the kernel that keeps it waiting, if one does."""
         for d in self.deps[id(n)]:
             if d in self.done or d in parked_ids:
                 continue
-            if self.mat[d] or d in seen:
+            if self.mat[d]:
+                found.append(d)
+                return False
+            if d in seen:
                 return False
             seen.add(d)
-            if not self._waits_only_for(self.by_id[d], parked_ids, seen):
+            if not self._waits_only_for(self.by_id[d], parked_ids, seen, found):
                 return False
         return True
 
-    def _kernels_reading(self, n: Value) -> list:
+    def _reading(self, n: Value) -> list:
         """The kernels that read `n`, directly or through views."""
-        out, stack = [], list(self.users[id(n)])
-        while stack:
-            u = stack.pop()
-            if self.mat[id(u)]:
-                out.append(u)
-            else:
-                stack.extend(self.users[id(u)])
-        return out
+        found = self._readers.get(id(n))
+        if found is None:
+            found, stack = [], list(self.users[id(n)])
+            while stack:
+                u = stack.pop()
+                if self.mat[id(u)]:
+                    found.append(u)
+                else:
+                    stack.extend(self.users[id(u)])
+            self._readers[id(n)] = found
+        return found
 
 
 def row_deps(groups) -> dict:
