@@ -293,61 +293,68 @@ SG_KERNEL void k59_sub_t118(int64_t d0, const double* restrict var8, const float
 #if SG_IN_PART(1)
 
 /* zero embed's border outside its window: t4: f32[B,3,10,10] = embed[starts=(0,0,1,1), steps=(1,1,1,1)](x) */
-SG_KERNEL void k2_copy(int64_t d0, float* restrict ws0)
+SG_KERNEL void k0_copy(int64_t d0, float* restrict ws0)
+{
+    #pragma omp parallel for if((30*d0) >= SG_PARALLEL_MIN)
+    for (int64_t i0 = 0; i0 < 3*d0; ++i0) {
+        for (int64_t i1 = 0; i1 < 10; ++i1) {
+            const float v0 = 0.0f;  /* zero embed's border outside its window */
+            const float r = v0;  /* zero embed's border outside its window: t4: f32[B,3,10,10] = embed[starts=(0,0,1,1), steps=(1,1,1,1)](x) */
+            ws0[i0 * 100 + i1] = r;
+        }
+    }
+}
+
+/* zero embed's border outside its window: t4: f32[B,3,10,10] = embed[starts=(0,0,1,1), steps=(1,1,1,1)](x) */
+SG_KERNEL void k1_copy(int64_t d0, float* restrict ws0)
+{
+    #pragma omp parallel for if((30*d0) >= SG_PARALLEL_MIN)
+    for (int64_t i0 = 0; i0 < 3*d0; ++i0) {
+        for (int64_t i1 = 0; i1 < 10; ++i1) {
+            const float v0 = 0.0f;  /* zero embed's border outside its window */
+            const float r = v0;  /* zero embed's border outside its window: t4: f32[B,3,10,10] = embed[starts=(0,0,1,1), steps=(1,1,1,1)](x) */
+            ws0[i0 * 100 + i1 + 90] = r;
+        }
+    }
+}
+
+/* zero embed's border outside its window: t4: f32[B,3,10,10] = embed[starts=(0,0,1,1), steps=(1,1,1,1)](x) */
+SG_KERNEL void k3_copy(int64_t d0, float* restrict ws0)
 {
     #pragma omp parallel for if((24*d0) >= SG_PARALLEL_MIN)
     for (int64_t i0 = 0; i0 < 3*d0; ++i0) {
         for (int64_t i1 = 0; i1 < 8; ++i1) {
             const float v0 = 0.0f;  /* zero embed's border outside its window */
             const float r = v0;  /* zero embed's border outside its window: t4: f32[B,3,10,10] = embed[starts=(0,0,1,1), steps=(1,1,1,1)](x) */
-            ws0[i0 * 100 + i1 * 10 + 10] = r;
+            ws0[i0 * 100 + i1 * 10 + 19] = r;
         }
     }
 }
 
-/* make contiguous for a reshape: t39: f32[3,3,8,16] = transpose[perm=(2,3,1,0)](3.weight) */
-SG_KERNEL void k5_copy(int64_t d0, const float* restrict var2, float* restrict ws1)
+/* t4: f32[B,3,10,10] = embed[starts=(0,0,1,1), steps=(1,1,1,1)](x) */
+SG_KERNEL void k4_embed_t4(int64_t d0, const float* restrict in0, float* restrict ws0)
 {
-    for (int64_t i0 = 0; i0 < 9; ++i0) {
+    #pragma omp parallel for if((192*d0) >= SG_PARALLEL_MIN)
+    for (int64_t i0 = 0; i0 < 3*d0; ++i0) {
         for (int64_t i1 = 0; i1 < 8; ++i1) {
-            for (int64_t i2 = 0; i2 < 16; ++i2) {
-                const float v0 = var2[i0 + i1 * 9 + i2 * 72];  /* make contiguous for a reshape */
-                const float r = v0;  /* make contiguous for a reshape: t39: f32[3,3,8,16] = transpose[perm=(2,3,1,0)](3.weight) */
-                ws1[i0 * 128 + i1 * 16 + i2] = r;
+            for (int64_t i2 = 0; i2 < 8; ++i2) {
+                const float v0 = in0[i0 * 64 + i1 * 8 + i2];  /* x */
+                const float r = v0;  /* t4: f32[B,3,10,10] = embed[starts=(0,0,1,1), steps=(1,1,1,1)](x) */
+                ws0[i0 * 100 + i1 * 10 + i2 + 11] = r;
             }
         }
     }
 }
 
-/* make contiguous for a reshape: t52: f32[3,3,16,16] = transpose[perm=(2,3,1,0)](5.weight) */
-SG_KERNEL void k6_copy(int64_t d0, const float* restrict var4, float* restrict ws2)
+/* t9: f32[B,1,8,64] = matmul(t3, t8) */
+SG_KERNEL void k8_matmul_t9(int64_t d0, const float* restrict var0, const int64_t* restrict c0, const float* restrict ws0, float* restrict ws4, sg_context* context)
 {
-    for (int64_t i0 = 0; i0 < 9; ++i0) {
-        for (int64_t i1 = 0; i1 < 16; ++i1) {
-            for (int64_t i2 = 0; i2 < 16; ++i2) {
-                const float v0 = var4[i0 + i1 * 9 + i2 * 144];  /* make contiguous for a reshape */
-                const float r = v0;  /* make contiguous for a reshape: t52: f32[3,3,16,16] = transpose[perm=(2,3,1,0)](5.weight) */
-                ws2[i0 * 256 + i1 * 16 + i2] = r;
-            }
-        }
-    }
-}
-
-/* t73: bool[B] = not_equal(y, -100) */
-/* t74: f32[B] = cast(t73) */
-/* t75: f32[] = sum[axes=(0,), keepdims=False](t74) */
-SG_KERNEL void k7_sum_t75(int64_t d0, const int64_t* restrict in1, float* restrict ws3)
-{
-    double acc = 0;
-    #pragma omp simd reduction(+:acc)
-    for (int64_t r0 = 0; r0 < d0; ++r0) {
-        const int64_t v0 = in1[r0];  /* y */
-        const int64_t v1 = (-100);  /* -100 */
-        const uint8_t t73 = (uint8_t)((v0 != v1));  /* t73: bool[B] = not_equal(y, -100) */
-        const float t74 = ((t73) ? 1.0f : 0.0f);  /* t74: f32[B] = cast(t73) */
-        acc += (double)t74;
-    }
-    ws3[0] = (float)(acc);
+    /* b: each image's patch columns (3 channels of 100 pixels in ws0, 9 taps at c0, 64 positions
+       in rows of 8), read where they lie: a direct convolution, one
+       product per image and group (p < d0, g < 1); a[8 x 27] read with strides (0, 216, 27, 1). */
+    const sg_columns_f32 columns = { ws0, c0, 64, 9, 8, 100, 3, 0 };
+    context->status = sg_conv_rows_f32(d0, 1, 8, 64, 27,
+        var0, 0, 216, 27, 1, &columns, ws4, context);
 }
 
 /* t12: f32[B,8,8,8] = add(t10, t11) */
@@ -414,59 +421,44 @@ SG_KERNEL void k13_sum_t32(int64_t d0, const int64_t* restrict ws8, const int64_
 }
 
 /* zero embed's border outside its window: t33: f32[B,8,6,6] = embed[starts=(0,0,1,1), steps=(1,1,1,1)](t32) */
-SG_KERNEL void k14_copy(int64_t d0, float* restrict ws10)
+SG_KERNEL void k15_copy(int64_t d0, float* restrict ws10)
 {
     #pragma omp parallel for if((48*d0) >= SG_PARALLEL_MIN)
     for (int64_t i0 = 0; i0 < 8*d0; ++i0) {
         for (int64_t i1 = 0; i1 < 6; ++i1) {
             const float v0 = 0.0f;  /* zero embed's border outside its window */
             const float r = v0;  /* zero embed's border outside its window: t33: f32[B,8,6,6] = embed[starts=(0,0,1,1), steps=(1,1,1,1)](t32) */
-            ws10[i0 * 36 + i1] = r;
+            ws10[i0 * 36 + i1 + 30] = r;
         }
     }
 }
 
 /* zero embed's border outside its window: t33: f32[B,8,6,6] = embed[starts=(0,0,1,1), steps=(1,1,1,1)](t32) */
-SG_KERNEL void k16_copy(int64_t d0, float* restrict ws10)
+SG_KERNEL void k17_copy(int64_t d0, float* restrict ws10)
 {
     #pragma omp parallel for if((32*d0) >= SG_PARALLEL_MIN)
     for (int64_t i0 = 0; i0 < 8*d0; ++i0) {
         for (int64_t i1 = 0; i1 < 4; ++i1) {
             const float v0 = 0.0f;  /* zero embed's border outside its window */
             const float r = v0;  /* zero embed's border outside its window: t33: f32[B,8,6,6] = embed[starts=(0,0,1,1), steps=(1,1,1,1)](t32) */
-            ws10[i0 * 36 + i1 * 6 + 6] = r;
+            ws10[i0 * 36 + i1 * 6 + 11] = r;
         }
     }
 }
 
-/* t33: f32[B,8,6,6] = embed[starts=(0,0,1,1), steps=(1,1,1,1)](t32) */
-SG_KERNEL void k18_embed_t33(int64_t d0, const float* restrict ws9, float* restrict ws10)
+/* make reshape's operand contiguous: t35: f32[B,36,8] = reshape(t34) */
+SG_KERNEL void k19_copy(int64_t d0, const float* restrict ws10, float* restrict ws11)
 {
-    #pragma omp parallel for if((128*d0) >= SG_PARALLEL_MIN)
-    for (int64_t i0 = 0; i0 < 8*d0; ++i0) {
-        for (int64_t i1 = 0; i1 < 4; ++i1) {
-            for (int64_t i2 = 0; i2 < 4; ++i2) {
-                const float v0 = ws9[i0 * 16 + i1 * 4 + i2];  /* t32 */
-                const float r = v0;  /* t33: f32[B,8,6,6] = embed[starts=(0,0,1,1), steps=(1,1,1,1)](t32) */
-                ws10[i0 * 36 + i1 * 6 + i2 + 7] = r;
+    #pragma omp parallel for if((288*d0) >= SG_PARALLEL_MIN)
+    for (int64_t i0 = 0; i0 < d0; ++i0) {
+        for (int64_t i1 = 0; i1 < 36; ++i1) {
+            for (int64_t i2 = 0; i2 < 8; ++i2) {
+                const float v0 = ws10[i0 * 288 + i1 + i2 * 36];  /* make reshape's operand contiguous */
+                const float r = v0;  /* make reshape's operand contiguous: t35: f32[B,36,8] = reshape(t34) */
+                ws11[i0 * 288 + i1 * 8 + i2] = r;
             }
         }
     }
-}
-
-/* t41: f32[16*B,16] = matmul(t38, t40) */
-SG_KERNEL void k20_matmul_t41(int64_t d0, const float* restrict ws11, const int64_t* restrict c4, const float* restrict ws1, float* restrict ws12, sg_context* context)
-{
-    /* a[16*d0 x 72]: the im2col patch matrix, gathered from ws11 (images of
-       36 pixels x 8 channels) at c4 (16 positions x 9 taps) as the GEMM packs each
-       block: never stored (implicit GEMM). b[72 x 16] read with strides (16, 1). */
-    const sg_patches_f32 patches = { ws11, c4, 16, 9, 8, 36, 0 };
-    /* Its buffers in the runtime's scratch region (context->scratch, sized by symgrad_scratch_bytes);
-       context->status: the GEMM's, for the entry point to check */
-    context->status = sg_gemm_patches_f32(16*d0, 16, 72,
-        &patches,
-        ws1, 16, 1,
-        ws12, context, NULL, context->scratch);
 }
 
 /* t46: f32[B,4,4,16] = add(t42, t45) */
@@ -486,20 +478,20 @@ SG_KERNEL void k21_relu_t47(int64_t d0, const float* restrict ws12, const float*
 }
 
 /* zero embed's border outside its window: t48: f32[B,6,6,16] = embed[starts=(0,1,1,0), steps=(1,1,1,1)](t47) */
-SG_KERNEL void k22_copy(int64_t d0, float* restrict ws14)
+SG_KERNEL void k23_copy(int64_t d0, float* restrict ws14)
 {
     #pragma omp parallel for if((96*d0) >= SG_PARALLEL_MIN)
     for (int64_t i0 = 0; i0 < d0; ++i0) {
         for (int64_t i1 = 0; i1 < 96; ++i1) {
             const float v0 = 0.0f;  /* zero embed's border outside its window */
             const float r = v0;  /* zero embed's border outside its window: t48: f32[B,6,6,16] = embed[starts=(0,1,1,0), steps=(1,1,1,1)](t47) */
-            ws14[i0 * 576 + i1] = r;
+            ws14[i0 * 576 + i1 + 480] = r;
         }
     }
 }
 
 /* zero embed's border outside its window: t48: f32[B,6,6,16] = embed[starts=(0,1,1,0), steps=(1,1,1,1)](t47) */
-SG_KERNEL void k25_copy(int64_t d0, float* restrict ws14)
+SG_KERNEL void k24_copy(int64_t d0, float* restrict ws14)
 {
     #pragma omp parallel for if((64*d0) >= SG_PARALLEL_MIN)
     for (int64_t i0 = 0; i0 < d0; ++i0) {
@@ -507,23 +499,59 @@ SG_KERNEL void k25_copy(int64_t d0, float* restrict ws14)
             for (int64_t i2 = 0; i2 < 16; ++i2) {
                 const float v0 = 0.0f;  /* zero embed's border outside its window */
                 const float r = v0;  /* zero embed's border outside its window: t48: f32[B,6,6,16] = embed[starts=(0,1,1,0), steps=(1,1,1,1)](t47) */
-                ws14[i0 * 576 + i1 * 96 + i2 + 176] = r;
+                ws14[i0 * 576 + i1 * 96 + i2 + 96] = r;
             }
         }
     }
 }
 
-/* t62: f32[B,10] = matmul(t60, t61) */
-SG_KERNEL void k29_matmul_t62(int64_t d0, const float* restrict ws16, const float* restrict var6, float* restrict ws17, sg_context* context)
+/* t48: f32[B,6,6,16] = embed[starts=(0,1,1,0), steps=(1,1,1,1)](t47) */
+SG_KERNEL void k26_embed_t48(int64_t d0, const float* restrict ws13, float* restrict ws14)
 {
-    /* a[d0 x 256] read with strides (256, 1), b[256 x 10] with (1, 256):
-       a transposed operand is only a change of strides. */
+    #pragma omp parallel for if((256*d0) >= SG_PARALLEL_MIN)
+    for (int64_t i0 = 0; i0 < d0; ++i0) {
+        for (int64_t i1 = 0; i1 < 4; ++i1) {
+            for (int64_t i2 = 0; i2 < 64; ++i2) {
+                const float v0 = ws13[i0 * 256 + i1 * 64 + i2];  /* t47 */
+                const float r = v0;  /* t48: f32[B,6,6,16] = embed[starts=(0,1,1,0), steps=(1,1,1,1)](t47) */
+                ws14[i0 * 576 + i1 * 96 + i2 + 112] = r;
+            }
+        }
+    }
+}
+
+/* t54: f32[16*B,16] = matmul(t51, t53) */
+SG_KERNEL void k27_matmul_t54(int64_t d0, const float* restrict ws14, const float* restrict ws2, float* restrict ws15, sg_context* context)
+{
+    /* a[16*d0 x 144]: the patch matrix of a 3x3 stride-1 convolution of ws14 (images of 36 pixels x 16 channels,
+       outputs in 4 rows of 4, input rows 6 pixels apart, the first output's first tap at pixel 0;
+       the taps' column blocks 0, 1, 2, 3, 4, 5, 6, 7, 8), computed by Winograd's minimal filtering, never stored.
+       b[144 x 16] read with strides (16, 1). */
+    const sg_winograd_f32 patches = { ws14, 36, 16, 4, 4, 6, 0, { 0, 1, 2, 3, 4, 5, 6, 7, 8 } };
     /* Its buffers in the runtime's scratch region (context->scratch, sized by symgrad_scratch_bytes);
        context->status: the GEMM's, for the entry point to check */
-    context->status = sg_gemm_dot5_f32(d0, 10, 256,
-        ws16, 256,
-        var6, 1, 256,
-        ws17, context, NULL, context->scratch);
+    context->status = sg_conv_winograd_f32(16*d0, 16, 144,
+        &patches,
+        ws2, 16, 1,
+        ws15, context, context->scratch);
+}
+
+/* t58: f32[B,16,4,4] = add(t56, t57) */
+/* t59: f32[B,16,4,4] = relu(t58) */
+SG_KERNEL void k28_relu_t59(int64_t d0, const float* restrict ws15, const float* restrict var5, float* restrict ws16)
+{
+    #pragma omp parallel for if((256*d0) >= SG_PARALLEL_MIN)
+    for (int64_t i0 = 0; i0 < d0; ++i0) {
+        for (int64_t i1 = 0; i1 < 16; ++i1) {
+            for (int64_t i2 = 0; i2 < 16; ++i2) {
+                const float v0 = ws15[i0 * 256 + i1 + i2 * 16];  /* t56 */
+                const float v1 = var5[i1];  /* t57 */
+                const float t58 = v0 + v1;  /* t58: f32[B,16,4,4] = add(t56, t57) */
+                const float t59 = (((t58 <= 0.0f)) ? (0.0f) : (t58));  /* t59: f32[B,16,4,4] = relu(t58) */
+                ws16[i0 * 256 + i1 * 16 + i2] = t59;
+            }
+        }
+    }
 }
 
 /* row kernel: max, sum, sum, sum (3 passes), 4 outputs */
@@ -623,480 +651,6 @@ SG_KERNEL void k31_div_t76(int64_t d0, const double* restrict ws20, const float*
     const float t72 = -red;  /* t72: f32[] = neg(t71) */
     const float t76 = t72/ev0;  /* t76: f32[] = div(t72, t75) */
     out0[0] = t76;
-}
-
-/* t77: f32[] = cast(lr) */
-/* t142: f32[10] = mul(t77, t141) */
-/* t143: f32[10] = sub(8.bias, t142) */
-SG_KERNEL void k33_sub_t143(int64_t d0, const double* restrict var8, const float* restrict ws22, float* restrict var7)
-{
-    for (int64_t i0 = 0; i0 < 10; ++i0) {
-        const double v0 = var8[0];  /* lr */
-        const float v1 = ws22[i0];  /* t141 */
-        const float v2 = var7[i0];  /* 8.bias */
-        const float t77 = (float)(v0);  /* t77: f32[] = cast(lr) */
-        const float t142 = t77*v1;  /* t142: f32[10] = mul(t77, t141) */
-        const float t143 = v2 - t142;  /* t143: f32[10] = sub(8.bias, t142) */
-        var7[i0] = t143;
-    }
-}
-
-/* t83: f32[B,256] = matmul(t82, 8.weight) */
-SG_KERNEL void k35_matmul_t83(int64_t d0, const float* restrict ws21, const float* restrict var6, float* restrict ws24, sg_context* context)
-{
-    /* a[d0 x 10] read with strides (10, 1), b[10 x 256] with (256, 1):
-       a transposed operand is only a change of strides. */
-    /* Its buffers in the runtime's scratch region (context->scratch, sized by symgrad_scratch_bytes);
-       context->status: the GEMM's, for the entry point to check */
-    context->status = sg_gemm_f32(d0, 256, 10,
-        ws21, 10, 1,
-        var6, 256, 1,
-        ws24, context, NULL, context->scratch);
-}
-
-/* make contiguous for a reshape: t86: f32[B,4,4,16] = transpose[perm=(0,2,3,1)](t85) */
-SG_KERNEL void k37_copy(int64_t d0, const float* restrict ws25, float* restrict ws26)
-{
-    #pragma omp parallel for if((256*d0) >= SG_PARALLEL_MIN)
-    for (int64_t i0 = 0; i0 < d0; ++i0) {
-        for (int64_t i1 = 0; i1 < 16; ++i1) {
-            for (int64_t i2 = 0; i2 < 16; ++i2) {
-                const float v0 = ws25[i0 * 256 + i1 + i2 * 16];  /* make contiguous for a reshape */
-                const float r = v0;  /* make contiguous for a reshape: t86: f32[B,4,4,16] = transpose[perm=(0,2,3,1)](t85) */
-                ws26[i0 * 256 + i1 * 16 + i2] = r;
-            }
-        }
-    }
-}
-
-/* t134: f32[16] = sum[axes=(0,2,3), keepdims=False](t85) */
-SG_KERNEL void k39_sum_t134(int64_t d0, const float* restrict ws25, float* restrict ws27)
-{
-    #pragma omp parallel for if((256*d0) >= SG_PARALLEL_MIN)
-    for (int64_t o0 = 0; o0 < 16; ++o0) {
-        double acc = 0;
-        for (int64_t r0 = 0; r0 < d0; ++r0) {
-            #pragma omp simd reduction(+:acc)
-            for (int64_t r1 = 0; r1 < 16; ++r1) {
-                acc += (double)ws25[o0 * 16 + r0 * 256 + r1];
-            }
-        }
-        ws27[o0] = (float)(acc);
-    }
-}
-
-/* t129: f32[144,16] = matmul(t128, t87) */
-SG_KERNEL void k41_matmul_t129(int64_t d0, const float* restrict ws14, const float* restrict ws26, float* restrict ws28, sg_context* context)
-{
-    /* a[144 x 16*d0]: the patch matrix transposed (a weight's gradient) of a 3x3 stride-1 convolution of ws14 (images of 36 pixels x 16 channels,
-       outputs in 4 rows of 4, input rows 6 pixels apart, the first output's first tap at pixel 0;
-       the taps' column blocks 0, 1, 2, 3, 4, 5, 6, 7, 8), computed by Winograd's minimal filtering, never stored.
-       b[16*d0 x 16] read with strides (16, 1). */
-    const sg_winograd_f32 patches = { ws14, 36, 16, 4, 4, 6, 0, { 0, 1, 2, 3, 4, 5, 6, 7, 8 } };
-    /* Its buffers in the runtime's scratch region (context->scratch, sized by symgrad_scratch_bytes);
-       context->status: the GEMM's, for the entry point to check */
-    context->status = sg_conv_winograd_grad_f32(144, 16, 16*d0,
-        &patches,
-        ws26, 16, 1,
-        ws28, context, context->scratch);
-}
-
-/* t91: f32[B,36,16] = scatter_add[axis=1, size=36, purpose='col2im, the gradient of conv2d 3x3 im2col, channels last: 16*B x 144 patch rows, one GEMM'](t90, t36) */
-SG_KERNEL void k43_scatter_add_t91(int64_t d0, const float* restrict ws29, const int64_t* restrict c4, float* restrict ws30)
-{
-    const int64_t P = d0, I = 144, Q = 16, R = 36;
-    const float* src = ws29;
-    const int64_t* idx = c4;
-    /* out[p, r, q] = 0, then out[p, idx[i], q] += src[p, i, q] with i in order (np.add.at's sums, bit
-       for bit). Threads split P only: no two add into one element. An index outside [0, R) adds nothing. */
-    memset(ws30, 0, (size_t)(P * R * Q) * sizeof(float));
-    #pragma omp parallel for if(P > 1 && P * I * Q >= SG_PARALLEL_MIN)
-    for (int64_t p = 0; p < P; ++p) {
-        for (int64_t i = 0; i < I; ++i) {
-            const int64_t r = (int64_t)idx[i];
-            if (r < 0 || r >= R) {
-                continue;
-            }
-            const float* row = src + (p * I + i) * Q;
-            float* dst = ws30 + (p * R + r) * Q;
-            for (int64_t q = 0; q < Q; ++q) {
-                dst[q] += row[q];
-            }
-        }
-    }
-}
-
-/* t77: f32[] = cast(lr) */
-/* t132: f32[16,16,3,3] = mul(t77, t131) */
-/* t133: f32[16,16,3,3] = sub(5.weight, t132) */
-SG_KERNEL void k46_sub_t133(int64_t d0, const double* restrict var8, const float* restrict ws28, float* restrict var4)
-{
-    for (int64_t i0 = 0; i0 < 16; ++i0) {
-        for (int64_t i1 = 0; i1 < 16; ++i1) {
-            for (int64_t i2 = 0; i2 < 9; ++i2) {
-                const double v0 = var8[0];  /* lr */
-                const float v1 = ws28[i0 + i1 * 16 + i2 * 256];  /* t131 */
-                const float v2 = var4[i0 * 144 + i1 * 9 + i2];  /* 5.weight */
-                const float t77 = (float)(v0);  /* t77: f32[] = cast(lr) */
-                const float t132 = t77*v1;  /* t132: f32[16,16,3,3] = mul(t77, t131) */
-                const float t133 = v2 - t132;  /* t133: f32[16,16,3,3] = sub(5.weight, t132) */
-                var4[i0 * 144 + i1 * 9 + i2] = t133;
-            }
-        }
-    }
-}
-
-/* t125: f32[16] = sum[axes=(0,1,2), keepdims=False](t94) */
-SG_KERNEL void k47_sum_t125(int64_t d0, const float* restrict ws31, float* restrict ws33)
-{
-    /* The kept axis is contiguous: add whole rows into a tile of accumulators (vectorizes),
-       256 columns at a time, instead of walking each column down the rows. */
-    #pragma omp parallel for if((256*d0) >= SG_PARALLEL_MIN)
-    for (int64_t j0 = 0; j0 < 16; j0 += 256) {
-        const int64_t jn = 16 - j0 < 256 ? 16 - j0 : 256;
-        double acc[256];
-        for (int64_t j = 0; j < jn; ++j)
-            acc[j] = 0;
-        for (int64_t r0 = 0; r0 < 16*d0; ++r0) {
-            const float* restrict row = ws31 + r0 * 16;
-            for (int64_t j = 0; j < jn; ++j)
-                acc[j] += (double)row[j0 + j];
-        }
-        for (int64_t j = 0; j < jn; ++j)
-            ws33[j0 + j] = (float)(acc[j]);
-    }
-}
-
-/* t97: f32[16*B,72] = matmul(t95, t96) */
-SG_KERNEL void k49_matmul_t97(int64_t d0, const float* restrict ws31, const float* restrict ws1, float* restrict ws34, sg_context* context)
-{
-    /* a[16*d0 x 16] read with strides (16, 1), b[16 x 72] with (1, 16):
-       a transposed operand is only a change of strides. */
-    /* Its buffers in the runtime's scratch region (context->scratch, sized by symgrad_scratch_bytes);
-       context->status: the GEMM's, for the entry point to check */
-    context->status = sg_gemm_f32(16*d0, 72, 16,
-        ws31, 16, 1,
-        ws1, 1, 16,
-        ws34, context, NULL, context->scratch);
-}
-
-/* t108: f32[B,8,8,8] = Piecewise((0, t13 <= 0), (t107, True)) */
-SG_KERNEL void k53_relu_vjp0_t108(int64_t d0, const float* restrict ws37, const float* restrict ws5, float* restrict ws38)
-{
-    #pragma omp parallel for if((512*d0) >= SG_PARALLEL_MIN)
-    for (int64_t i0 = 0; i0 < 512*d0; ++i0) {
-        const float v0 = ws37[i0];  /* t107 */
-        const float v1 = ws5[i0];  /* t13 */
-        const float t108 = (((v1 <= 0.0f)) ? (0.0f) : (v0));  /* t108: f32[B,8,8,8] = Piecewise((0, t13 <= 0), (t107, True)) */
-        ws38[i0] = t108;
-    }
-}
-
-/* t116: f32[8] = sum[axes=(0,2,3), keepdims=False](t108) */
-SG_KERNEL void k55_sum_t116(int64_t d0, const float* restrict ws38, float* restrict ws39)
-{
-    #pragma omp parallel for if((512*d0) >= SG_PARALLEL_MIN)
-    for (int64_t o0 = 0; o0 < 8; ++o0) {
-        double acc = 0;
-        for (int64_t r0 = 0; r0 < d0; ++r0) {
-            #pragma omp simd reduction(+:acc)
-            for (int64_t r1 = 0; r1 < 64; ++r1) {
-                acc += (double)ws38[o0 * 64 + r0 * 512 + r1];
-            }
-        }
-        ws39[o0] = (float)(acc);
-    }
-}
-
-/* t111: f32[B,1,8,27] = matmul(t109, t110) */
-SG_KERNEL void k56_matmul_t111(int64_t d0, const float* restrict ws38, const int64_t* restrict c0, const float* restrict ws0, float* restrict ws40, sg_context* context)
-{
-    /* b: each image's patch columns (3 channels of 100 pixels in ws0, 9 taps at c0, 64 positions
-       in rows of 8), transposed, read where they lie: a direct convolution, one
-       product per image and group (p < d0, g < 1); a[8 x 64] read with strides (512, 512, 64, 1). */
-    const sg_columns_f32 columns = { ws0, c0, 64, 9, 8, 100, 3, 1 };
-    context->status = sg_conv_rows_f32(d0, 1, 8, 27, 64,
-        ws38, 512, 512, 64, 1, &columns, ws40, context);
-}
-
-/* t77: f32[] = cast(lr) */
-/* t117: f32[8] = mul(t77, t116) */
-/* t118: f32[8] = sub(0.bias, t117) */
-SG_KERNEL void k59_sub_t118(int64_t d0, const double* restrict var8, const float* restrict ws39, float* restrict var1)
-{
-    for (int64_t i0 = 0; i0 < 8; ++i0) {
-        const double v0 = var8[0];  /* lr */
-        const float v1 = ws39[i0];  /* t116 */
-        const float v2 = var1[i0];  /* 0.bias */
-        const float t77 = (float)(v0);  /* t77: f32[] = cast(lr) */
-        const float t117 = t77*v1;  /* t117: f32[8] = mul(t77, t116) */
-        const float t118 = v2 - t117;  /* t118: f32[8] = sub(0.bias, t117) */
-        var1[i0] = t118;
-    }
-}
-
-#endif  /* translation unit 1 */
-
-/* ---- translation unit 0 of 2: its kernel functions, then the entry point ---- */
-#if SG_IN_PART(0)
-
-/* zero embed's border outside its window: t4: f32[B,3,10,10] = embed[starts=(0,0,1,1), steps=(1,1,1,1)](x) */
-SG_KERNEL void k0_copy(int64_t d0, float* restrict ws0)
-{
-    #pragma omp parallel for if((30*d0) >= SG_PARALLEL_MIN)
-    for (int64_t i0 = 0; i0 < 3*d0; ++i0) {
-        for (int64_t i1 = 0; i1 < 10; ++i1) {
-            const float v0 = 0.0f;  /* zero embed's border outside its window */
-            const float r = v0;  /* zero embed's border outside its window: t4: f32[B,3,10,10] = embed[starts=(0,0,1,1), steps=(1,1,1,1)](x) */
-            ws0[i0 * 100 + i1] = r;
-        }
-    }
-}
-
-/* zero embed's border outside its window: t4: f32[B,3,10,10] = embed[starts=(0,0,1,1), steps=(1,1,1,1)](x) */
-SG_KERNEL void k1_copy(int64_t d0, float* restrict ws0)
-{
-    #pragma omp parallel for if((30*d0) >= SG_PARALLEL_MIN)
-    for (int64_t i0 = 0; i0 < 3*d0; ++i0) {
-        for (int64_t i1 = 0; i1 < 10; ++i1) {
-            const float v0 = 0.0f;  /* zero embed's border outside its window */
-            const float r = v0;  /* zero embed's border outside its window: t4: f32[B,3,10,10] = embed[starts=(0,0,1,1), steps=(1,1,1,1)](x) */
-            ws0[i0 * 100 + i1 + 90] = r;
-        }
-    }
-}
-
-/* zero embed's border outside its window: t4: f32[B,3,10,10] = embed[starts=(0,0,1,1), steps=(1,1,1,1)](x) */
-SG_KERNEL void k3_copy(int64_t d0, float* restrict ws0)
-{
-    #pragma omp parallel for if((24*d0) >= SG_PARALLEL_MIN)
-    for (int64_t i0 = 0; i0 < 3*d0; ++i0) {
-        for (int64_t i1 = 0; i1 < 8; ++i1) {
-            const float v0 = 0.0f;  /* zero embed's border outside its window */
-            const float r = v0;  /* zero embed's border outside its window: t4: f32[B,3,10,10] = embed[starts=(0,0,1,1), steps=(1,1,1,1)](x) */
-            ws0[i0 * 100 + i1 * 10 + 19] = r;
-        }
-    }
-}
-
-/* t4: f32[B,3,10,10] = embed[starts=(0,0,1,1), steps=(1,1,1,1)](x) */
-SG_KERNEL void k4_embed_t4(int64_t d0, const float* restrict in0, float* restrict ws0)
-{
-    #pragma omp parallel for if((192*d0) >= SG_PARALLEL_MIN)
-    for (int64_t i0 = 0; i0 < 3*d0; ++i0) {
-        for (int64_t i1 = 0; i1 < 8; ++i1) {
-            for (int64_t i2 = 0; i2 < 8; ++i2) {
-                const float v0 = in0[i0 * 64 + i1 * 8 + i2];  /* x */
-                const float r = v0;  /* t4: f32[B,3,10,10] = embed[starts=(0,0,1,1), steps=(1,1,1,1)](x) */
-                ws0[i0 * 100 + i1 * 10 + i2 + 11] = r;
-            }
-        }
-    }
-}
-
-/* t9: f32[B,1,8,64] = matmul(t3, t8) */
-SG_KERNEL void k8_matmul_t9(int64_t d0, const float* restrict var0, const int64_t* restrict c0, const float* restrict ws0, float* restrict ws4, sg_context* context)
-{
-    /* b: each image's patch columns (3 channels of 100 pixels in ws0, 9 taps at c0, 64 positions
-       in rows of 8), read where they lie: a direct convolution, one
-       product per image and group (p < d0, g < 1); a[8 x 27] read with strides (0, 216, 27, 1). */
-    const sg_columns_f32 columns = { ws0, c0, 64, 9, 8, 100, 3, 0 };
-    context->status = sg_conv_rows_f32(d0, 1, 8, 64, 27,
-        var0, 0, 216, 27, 1, &columns, ws4, context);
-}
-
-/* make contiguous for a reshape: t15: f32[B,8,4,4,2,2] = transpose[perm=(0,1,2,4,3,5)](t14) */
-SG_KERNEL void k10_copy(int64_t d0, const float* restrict ws5, float* restrict ws6)
-{
-    #pragma omp parallel for if((512*d0) >= SG_PARALLEL_MIN)
-    for (int64_t i0 = 0; i0 < 32*d0; ++i0) {
-        for (int64_t i1 = 0; i1 < 4; ++i1) {
-            for (int64_t i2 = 0; i2 < 2; ++i2) {
-                for (int64_t i3 = 0; i3 < 2; ++i3) {
-                    const float v0 = ws5[i0 * 16 + i1 * 2 + i2 * 8 + i3];  /* make contiguous for a reshape */
-                    const float r = v0;  /* make contiguous for a reshape: t15: f32[B,8,4,4,2,2] = transpose[perm=(0,1,2,4,3,5)](t14) */
-                    ws6[i0 * 16 + i1 * 4 + i2 * 2 + i3] = r;
-                }
-            }
-        }
-    }
-}
-
-/* t17: bool[B,8,4,4,4] = not_equal(t16, t16) */
-/* t20: f32[B,8,4,4,4] = where(t17, -inf, t16) */
-/* t22: bool[B,8,4,4,4] = equal(t20, t21) */
-/* t23: bool[B,8,4,4,4] = where(t19, t22, False) */
-/* t25: i64[B,8,4,4,4] = where(t23, t24, 0) */
-/* t26: i64[B,8,4,4,4] = where(t17, t18, t25) */
-/* t27: i64[B,8,4,4] = argmax[axes=(4,), keepdims=False](t26) */
-SG_KERNEL void k12_argmax_t27(int64_t d0, const float* restrict ws6, const float* restrict ws7, const int64_t* restrict c2, const int64_t* restrict c1, int64_t* restrict ws8)
-{
-    #pragma omp parallel for if((512*d0) >= SG_PARALLEL_MIN)
-    for (int64_t o0 = 0; o0 < 128*d0; ++o0) {
-        int64_t acc = INT64_MIN;
-        int64_t best = -1;
-        for (int64_t r0 = 0; r0 < 4; ++r0) {
-            const float v0 = ws6[o0 * 4 + r0];  /* t16 */
-            const float v1 = (-(float)INFINITY);  /* -inf */
-            const float v2 = ws7[o0];  /* t21 */
-            const uint8_t v3 = 1;  /* t19 */
-            const uint8_t v4 = 0;  /* False */
-            const int64_t v5 = c2[r0];  /* t24 */
-            const int64_t v6 = 0;  /* 0 */
-            const int64_t v7 = c1[r0];  /* t18 */
-            const uint8_t t17 = (uint8_t)((v0 != v0));  /* t17: bool[B,8,4,4,4] = not_equal(t16, t16) */
-            const float t20 = (((((float)t17) != 0.0f)) ? (v1) : (v0));  /* t20: f32[B,8,4,4,4] = where(t17, -inf, t16) */
-            const uint8_t t22 = (uint8_t)((t20 == v2));  /* t22: bool[B,8,4,4,4] = equal(t20, t21) */
-            const uint8_t t23 = (((v3 != 0)) ? (t22) : (v4));  /* t23: bool[B,8,4,4,4] = where(t19, t22, False) */
-            const int64_t t25 = (((((int64_t)t23) != 0)) ? (v5) : (v6));  /* t25: i64[B,8,4,4,4] = where(t23, t24, 0) */
-            const int64_t t26 = (((((int64_t)t17) != 0)) ? (v7) : (t25));  /* t26: i64[B,8,4,4,4] = where(t17, t18, t25) */
-            const int64_t v = t26;
-            if (best < 0 || v > acc || (v != v && acc == acc)) {  /* the first maximum; NaN wins */
-                acc = v;
-                best = r0;
-            }
-        }
-        ws8[o0] = best < 0 ? 0 : best;
-    }
-}
-
-/* zero embed's border outside its window: t33: f32[B,8,6,6] = embed[starts=(0,0,1,1), steps=(1,1,1,1)](t32) */
-SG_KERNEL void k15_copy(int64_t d0, float* restrict ws10)
-{
-    #pragma omp parallel for if((48*d0) >= SG_PARALLEL_MIN)
-    for (int64_t i0 = 0; i0 < 8*d0; ++i0) {
-        for (int64_t i1 = 0; i1 < 6; ++i1) {
-            const float v0 = 0.0f;  /* zero embed's border outside its window */
-            const float r = v0;  /* zero embed's border outside its window: t33: f32[B,8,6,6] = embed[starts=(0,0,1,1), steps=(1,1,1,1)](t32) */
-            ws10[i0 * 36 + i1 + 30] = r;
-        }
-    }
-}
-
-/* zero embed's border outside its window: t33: f32[B,8,6,6] = embed[starts=(0,0,1,1), steps=(1,1,1,1)](t32) */
-SG_KERNEL void k17_copy(int64_t d0, float* restrict ws10)
-{
-    #pragma omp parallel for if((32*d0) >= SG_PARALLEL_MIN)
-    for (int64_t i0 = 0; i0 < 8*d0; ++i0) {
-        for (int64_t i1 = 0; i1 < 4; ++i1) {
-            const float v0 = 0.0f;  /* zero embed's border outside its window */
-            const float r = v0;  /* zero embed's border outside its window: t33: f32[B,8,6,6] = embed[starts=(0,0,1,1), steps=(1,1,1,1)](t32) */
-            ws10[i0 * 36 + i1 * 6 + 11] = r;
-        }
-    }
-}
-
-/* make reshape's operand contiguous: t35: f32[B,36,8] = reshape(t34) */
-SG_KERNEL void k19_copy(int64_t d0, const float* restrict ws10, float* restrict ws11)
-{
-    #pragma omp parallel for if((288*d0) >= SG_PARALLEL_MIN)
-    for (int64_t i0 = 0; i0 < d0; ++i0) {
-        for (int64_t i1 = 0; i1 < 36; ++i1) {
-            for (int64_t i2 = 0; i2 < 8; ++i2) {
-                const float v0 = ws10[i0 * 288 + i1 + i2 * 36];  /* make reshape's operand contiguous */
-                const float r = v0;  /* make reshape's operand contiguous: t35: f32[B,36,8] = reshape(t34) */
-                ws11[i0 * 288 + i1 * 8 + i2] = r;
-            }
-        }
-    }
-}
-
-/* zero embed's border outside its window: t48: f32[B,6,6,16] = embed[starts=(0,1,1,0), steps=(1,1,1,1)](t47) */
-SG_KERNEL void k23_copy(int64_t d0, float* restrict ws14)
-{
-    #pragma omp parallel for if((96*d0) >= SG_PARALLEL_MIN)
-    for (int64_t i0 = 0; i0 < d0; ++i0) {
-        for (int64_t i1 = 0; i1 < 96; ++i1) {
-            const float v0 = 0.0f;  /* zero embed's border outside its window */
-            const float r = v0;  /* zero embed's border outside its window: t48: f32[B,6,6,16] = embed[starts=(0,1,1,0), steps=(1,1,1,1)](t47) */
-            ws14[i0 * 576 + i1 + 480] = r;
-        }
-    }
-}
-
-/* zero embed's border outside its window: t48: f32[B,6,6,16] = embed[starts=(0,1,1,0), steps=(1,1,1,1)](t47) */
-SG_KERNEL void k24_copy(int64_t d0, float* restrict ws14)
-{
-    #pragma omp parallel for if((64*d0) >= SG_PARALLEL_MIN)
-    for (int64_t i0 = 0; i0 < d0; ++i0) {
-        for (int64_t i1 = 0; i1 < 4; ++i1) {
-            for (int64_t i2 = 0; i2 < 16; ++i2) {
-                const float v0 = 0.0f;  /* zero embed's border outside its window */
-                const float r = v0;  /* zero embed's border outside its window: t48: f32[B,6,6,16] = embed[starts=(0,1,1,0), steps=(1,1,1,1)](t47) */
-                ws14[i0 * 576 + i1 * 96 + i2 + 96] = r;
-            }
-        }
-    }
-}
-
-/* t48: f32[B,6,6,16] = embed[starts=(0,1,1,0), steps=(1,1,1,1)](t47) */
-SG_KERNEL void k26_embed_t48(int64_t d0, const float* restrict ws13, float* restrict ws14)
-{
-    #pragma omp parallel for if((256*d0) >= SG_PARALLEL_MIN)
-    for (int64_t i0 = 0; i0 < d0; ++i0) {
-        for (int64_t i1 = 0; i1 < 4; ++i1) {
-            for (int64_t i2 = 0; i2 < 64; ++i2) {
-                const float v0 = ws13[i0 * 256 + i1 * 64 + i2];  /* t47 */
-                const float r = v0;  /* t48: f32[B,6,6,16] = embed[starts=(0,1,1,0), steps=(1,1,1,1)](t47) */
-                ws14[i0 * 576 + i1 * 96 + i2 + 112] = r;
-            }
-        }
-    }
-}
-
-/* t54: f32[16*B,16] = matmul(t51, t53) */
-SG_KERNEL void k27_matmul_t54(int64_t d0, const float* restrict ws14, const float* restrict ws2, float* restrict ws15, sg_context* context)
-{
-    /* a[16*d0 x 144]: the patch matrix of a 3x3 stride-1 convolution of ws14 (images of 36 pixels x 16 channels,
-       outputs in 4 rows of 4, input rows 6 pixels apart, the first output's first tap at pixel 0;
-       the taps' column blocks 0, 1, 2, 3, 4, 5, 6, 7, 8), computed by Winograd's minimal filtering, never stored.
-       b[144 x 16] read with strides (16, 1). */
-    const sg_winograd_f32 patches = { ws14, 36, 16, 4, 4, 6, 0, { 0, 1, 2, 3, 4, 5, 6, 7, 8 } };
-    /* Its buffers in the runtime's scratch region (context->scratch, sized by symgrad_scratch_bytes);
-       context->status: the GEMM's, for the entry point to check */
-    context->status = sg_conv_winograd_f32(16*d0, 16, 144,
-        &patches,
-        ws2, 16, 1,
-        ws15, context, context->scratch);
-}
-
-/* t58: f32[B,16,4,4] = add(t56, t57) */
-/* t59: f32[B,16,4,4] = relu(t58) */
-SG_KERNEL void k28_relu_t59(int64_t d0, const float* restrict ws15, const float* restrict var5, float* restrict ws16)
-{
-    #pragma omp parallel for if((256*d0) >= SG_PARALLEL_MIN)
-    for (int64_t i0 = 0; i0 < d0; ++i0) {
-        for (int64_t i1 = 0; i1 < 16; ++i1) {
-            for (int64_t i2 = 0; i2 < 16; ++i2) {
-                const float v0 = ws15[i0 * 256 + i1 + i2 * 16];  /* t56 */
-                const float v1 = var5[i1];  /* t57 */
-                const float t58 = v0 + v1;  /* t58: f32[B,16,4,4] = add(t56, t57) */
-                const float t59 = (((t58 <= 0.0f)) ? (0.0f) : (t58));  /* t59: f32[B,16,4,4] = relu(t58) */
-                ws16[i0 * 256 + i1 * 16 + i2] = t59;
-            }
-        }
-    }
-}
-
-/* t141: f32[10] = sum[axes=(0,), keepdims=False](t82) */
-SG_KERNEL void k32_sum_t141(int64_t d0, const float* restrict ws21, float* restrict ws22)
-{
-    /* The kept axis is contiguous: add whole rows into a tile of accumulators (vectorizes),
-       256 columns at a time, instead of walking each column down the rows. */
-    #pragma omp parallel for if((10*d0) >= SG_PARALLEL_MIN)
-    for (int64_t j0 = 0; j0 < 10; j0 += 256) {
-        const int64_t jn = 10 - j0 < 256 ? 10 - j0 : 256;
-        double acc[256];
-        for (int64_t j = 0; j < jn; ++j)
-            acc[j] = 0;
-        for (int64_t r0 = 0; r0 < d0; ++r0) {
-            const float* restrict row = ws21 + r0 * 10;
-            for (int64_t j = 0; j < jn; ++j)
-                acc[j] += (double)row[j0 + j];
-        }
-        for (int64_t j = 0; j < jn; ++j)
-            ws22[j0 + j] = (float)(acc[j]);
-    }
 }
 
 /* t138: f32[10,256] = matmul(t137, t60) */
@@ -1201,6 +755,413 @@ SG_KERNEL void k45_matmul_t120(int64_t d0, const float* restrict ws11, const int
         ws32, context, NULL, context->scratch);
 }
 
+/* t77: f32[] = cast(lr) */
+/* t132: f32[16,16,3,3] = mul(t77, t131) */
+/* t133: f32[16,16,3,3] = sub(5.weight, t132) */
+SG_KERNEL void k46_sub_t133(int64_t d0, const double* restrict var8, const float* restrict ws28, float* restrict var4)
+{
+    for (int64_t i0 = 0; i0 < 16; ++i0) {
+        for (int64_t i1 = 0; i1 < 16; ++i1) {
+            for (int64_t i2 = 0; i2 < 9; ++i2) {
+                const double v0 = var8[0];  /* lr */
+                const float v1 = ws28[i0 + i1 * 16 + i2 * 256];  /* t131 */
+                const float v2 = var4[i0 * 144 + i1 * 9 + i2];  /* 5.weight */
+                const float t77 = (float)(v0);  /* t77: f32[] = cast(lr) */
+                const float t132 = t77*v1;  /* t132: f32[16,16,3,3] = mul(t77, t131) */
+                const float t133 = v2 - t132;  /* t133: f32[16,16,3,3] = sub(5.weight, t132) */
+                var4[i0 * 144 + i1 * 9 + i2] = t133;
+            }
+        }
+    }
+}
+
+/* t125: f32[16] = sum[axes=(0,1,2), keepdims=False](t94) */
+SG_KERNEL void k47_sum_t125(int64_t d0, const float* restrict ws31, float* restrict ws33)
+{
+    /* The kept axis is contiguous: add whole rows into a tile of accumulators (vectorizes),
+       256 columns at a time, instead of walking each column down the rows. */
+    #pragma omp parallel for if((256*d0) >= SG_PARALLEL_MIN)
+    for (int64_t j0 = 0; j0 < 16; j0 += 256) {
+        const int64_t jn = 16 - j0 < 256 ? 16 - j0 : 256;
+        double acc[256];
+        for (int64_t j = 0; j < jn; ++j)
+            acc[j] = 0;
+        for (int64_t r0 = 0; r0 < 16*d0; ++r0) {
+            const float* restrict row = ws31 + r0 * 16;
+            for (int64_t j = 0; j < jn; ++j)
+                acc[j] += (double)row[j0 + j];
+        }
+        for (int64_t j = 0; j < jn; ++j)
+            ws33[j0 + j] = (float)(acc[j]);
+    }
+}
+
+/* t77: f32[] = cast(lr) */
+/* t114: f32[8,3,3,3] = mul(t77, t113) */
+/* t115: f32[8,3,3,3] = sub(0.weight, t114) */
+SG_KERNEL void k58_sub_t115(int64_t d0, const double* restrict var8, const float* restrict ws41, float* restrict var0)
+{
+    for (int64_t i0 = 0; i0 < 216; ++i0) {
+        const double v0 = var8[0];  /* lr */
+        const float v1 = ws41[i0];  /* t113 */
+        const float v2 = var0[i0];  /* 0.weight */
+        const float t77 = (float)(v0);  /* t77: f32[] = cast(lr) */
+        const float t114 = t77*v1;  /* t114: f32[8,3,3,3] = mul(t77, t113) */
+        const float t115 = v2 - t114;  /* t115: f32[8,3,3,3] = sub(0.weight, t114) */
+        var0[i0] = t115;
+    }
+}
+
+#endif  /* translation unit 1 */
+
+/* ---- translation unit 0 of 2: its kernel functions, then the entry point ---- */
+#if SG_IN_PART(0)
+
+/* zero embed's border outside its window: t4: f32[B,3,10,10] = embed[starts=(0,0,1,1), steps=(1,1,1,1)](x) */
+SG_KERNEL void k2_copy(int64_t d0, float* restrict ws0)
+{
+    #pragma omp parallel for if((24*d0) >= SG_PARALLEL_MIN)
+    for (int64_t i0 = 0; i0 < 3*d0; ++i0) {
+        for (int64_t i1 = 0; i1 < 8; ++i1) {
+            const float v0 = 0.0f;  /* zero embed's border outside its window */
+            const float r = v0;  /* zero embed's border outside its window: t4: f32[B,3,10,10] = embed[starts=(0,0,1,1), steps=(1,1,1,1)](x) */
+            ws0[i0 * 100 + i1 * 10 + 10] = r;
+        }
+    }
+}
+
+/* make contiguous for a reshape: t39: f32[3,3,8,16] = transpose[perm=(2,3,1,0)](3.weight) */
+SG_KERNEL void k5_copy(int64_t d0, const float* restrict var2, float* restrict ws1)
+{
+    for (int64_t i0 = 0; i0 < 9; ++i0) {
+        for (int64_t i1 = 0; i1 < 8; ++i1) {
+            for (int64_t i2 = 0; i2 < 16; ++i2) {
+                const float v0 = var2[i0 + i1 * 9 + i2 * 72];  /* make contiguous for a reshape */
+                const float r = v0;  /* make contiguous for a reshape: t39: f32[3,3,8,16] = transpose[perm=(2,3,1,0)](3.weight) */
+                ws1[i0 * 128 + i1 * 16 + i2] = r;
+            }
+        }
+    }
+}
+
+/* make contiguous for a reshape: t52: f32[3,3,16,16] = transpose[perm=(2,3,1,0)](5.weight) */
+SG_KERNEL void k6_copy(int64_t d0, const float* restrict var4, float* restrict ws2)
+{
+    for (int64_t i0 = 0; i0 < 9; ++i0) {
+        for (int64_t i1 = 0; i1 < 16; ++i1) {
+            for (int64_t i2 = 0; i2 < 16; ++i2) {
+                const float v0 = var4[i0 + i1 * 9 + i2 * 144];  /* make contiguous for a reshape */
+                const float r = v0;  /* make contiguous for a reshape: t52: f32[3,3,16,16] = transpose[perm=(2,3,1,0)](5.weight) */
+                ws2[i0 * 256 + i1 * 16 + i2] = r;
+            }
+        }
+    }
+}
+
+/* t73: bool[B] = not_equal(y, -100) */
+/* t74: f32[B] = cast(t73) */
+/* t75: f32[] = sum[axes=(0,), keepdims=False](t74) */
+SG_KERNEL void k7_sum_t75(int64_t d0, const int64_t* restrict in1, float* restrict ws3)
+{
+    double acc = 0;
+    #pragma omp simd reduction(+:acc)
+    for (int64_t r0 = 0; r0 < d0; ++r0) {
+        const int64_t v0 = in1[r0];  /* y */
+        const int64_t v1 = (-100);  /* -100 */
+        const uint8_t t73 = (uint8_t)((v0 != v1));  /* t73: bool[B] = not_equal(y, -100) */
+        const float t74 = ((t73) ? 1.0f : 0.0f);  /* t74: f32[B] = cast(t73) */
+        acc += (double)t74;
+    }
+    ws3[0] = (float)(acc);
+}
+
+/* make contiguous for a reshape: t15: f32[B,8,4,4,2,2] = transpose[perm=(0,1,2,4,3,5)](t14) */
+SG_KERNEL void k10_copy(int64_t d0, const float* restrict ws5, float* restrict ws6)
+{
+    #pragma omp parallel for if((512*d0) >= SG_PARALLEL_MIN)
+    for (int64_t i0 = 0; i0 < 32*d0; ++i0) {
+        for (int64_t i1 = 0; i1 < 4; ++i1) {
+            for (int64_t i2 = 0; i2 < 2; ++i2) {
+                for (int64_t i3 = 0; i3 < 2; ++i3) {
+                    const float v0 = ws5[i0 * 16 + i1 * 2 + i2 * 8 + i3];  /* make contiguous for a reshape */
+                    const float r = v0;  /* make contiguous for a reshape: t15: f32[B,8,4,4,2,2] = transpose[perm=(0,1,2,4,3,5)](t14) */
+                    ws6[i0 * 16 + i1 * 4 + i2 * 2 + i3] = r;
+                }
+            }
+        }
+    }
+}
+
+/* t17: bool[B,8,4,4,4] = not_equal(t16, t16) */
+/* t20: f32[B,8,4,4,4] = where(t17, -inf, t16) */
+/* t22: bool[B,8,4,4,4] = equal(t20, t21) */
+/* t23: bool[B,8,4,4,4] = where(t19, t22, False) */
+/* t25: i64[B,8,4,4,4] = where(t23, t24, 0) */
+/* t26: i64[B,8,4,4,4] = where(t17, t18, t25) */
+/* t27: i64[B,8,4,4] = argmax[axes=(4,), keepdims=False](t26) */
+SG_KERNEL void k12_argmax_t27(int64_t d0, const float* restrict ws6, const float* restrict ws7, const int64_t* restrict c2, const int64_t* restrict c1, int64_t* restrict ws8)
+{
+    #pragma omp parallel for if((512*d0) >= SG_PARALLEL_MIN)
+    for (int64_t o0 = 0; o0 < 128*d0; ++o0) {
+        int64_t acc = INT64_MIN;
+        int64_t best = -1;
+        for (int64_t r0 = 0; r0 < 4; ++r0) {
+            const float v0 = ws6[o0 * 4 + r0];  /* t16 */
+            const float v1 = (-(float)INFINITY);  /* -inf */
+            const float v2 = ws7[o0];  /* t21 */
+            const uint8_t v3 = 1;  /* t19 */
+            const uint8_t v4 = 0;  /* False */
+            const int64_t v5 = c2[r0];  /* t24 */
+            const int64_t v6 = 0;  /* 0 */
+            const int64_t v7 = c1[r0];  /* t18 */
+            const uint8_t t17 = (uint8_t)((v0 != v0));  /* t17: bool[B,8,4,4,4] = not_equal(t16, t16) */
+            const float t20 = (((((float)t17) != 0.0f)) ? (v1) : (v0));  /* t20: f32[B,8,4,4,4] = where(t17, -inf, t16) */
+            const uint8_t t22 = (uint8_t)((t20 == v2));  /* t22: bool[B,8,4,4,4] = equal(t20, t21) */
+            const uint8_t t23 = (((v3 != 0)) ? (t22) : (v4));  /* t23: bool[B,8,4,4,4] = where(t19, t22, False) */
+            const int64_t t25 = (((((int64_t)t23) != 0)) ? (v5) : (v6));  /* t25: i64[B,8,4,4,4] = where(t23, t24, 0) */
+            const int64_t t26 = (((((int64_t)t17) != 0)) ? (v7) : (t25));  /* t26: i64[B,8,4,4,4] = where(t17, t18, t25) */
+            const int64_t v = t26;
+            if (best < 0 || v > acc || (v != v && acc == acc)) {  /* the first maximum; NaN wins */
+                acc = v;
+                best = r0;
+            }
+        }
+        ws8[o0] = best < 0 ? 0 : best;
+    }
+}
+
+/* zero embed's border outside its window: t33: f32[B,8,6,6] = embed[starts=(0,0,1,1), steps=(1,1,1,1)](t32) */
+SG_KERNEL void k14_copy(int64_t d0, float* restrict ws10)
+{
+    #pragma omp parallel for if((48*d0) >= SG_PARALLEL_MIN)
+    for (int64_t i0 = 0; i0 < 8*d0; ++i0) {
+        for (int64_t i1 = 0; i1 < 6; ++i1) {
+            const float v0 = 0.0f;  /* zero embed's border outside its window */
+            const float r = v0;  /* zero embed's border outside its window: t33: f32[B,8,6,6] = embed[starts=(0,0,1,1), steps=(1,1,1,1)](t32) */
+            ws10[i0 * 36 + i1] = r;
+        }
+    }
+}
+
+/* zero embed's border outside its window: t33: f32[B,8,6,6] = embed[starts=(0,0,1,1), steps=(1,1,1,1)](t32) */
+SG_KERNEL void k16_copy(int64_t d0, float* restrict ws10)
+{
+    #pragma omp parallel for if((32*d0) >= SG_PARALLEL_MIN)
+    for (int64_t i0 = 0; i0 < 8*d0; ++i0) {
+        for (int64_t i1 = 0; i1 < 4; ++i1) {
+            const float v0 = 0.0f;  /* zero embed's border outside its window */
+            const float r = v0;  /* zero embed's border outside its window: t33: f32[B,8,6,6] = embed[starts=(0,0,1,1), steps=(1,1,1,1)](t32) */
+            ws10[i0 * 36 + i1 * 6 + 6] = r;
+        }
+    }
+}
+
+/* t33: f32[B,8,6,6] = embed[starts=(0,0,1,1), steps=(1,1,1,1)](t32) */
+SG_KERNEL void k18_embed_t33(int64_t d0, const float* restrict ws9, float* restrict ws10)
+{
+    #pragma omp parallel for if((128*d0) >= SG_PARALLEL_MIN)
+    for (int64_t i0 = 0; i0 < 8*d0; ++i0) {
+        for (int64_t i1 = 0; i1 < 4; ++i1) {
+            for (int64_t i2 = 0; i2 < 4; ++i2) {
+                const float v0 = ws9[i0 * 16 + i1 * 4 + i2];  /* t32 */
+                const float r = v0;  /* t33: f32[B,8,6,6] = embed[starts=(0,0,1,1), steps=(1,1,1,1)](t32) */
+                ws10[i0 * 36 + i1 * 6 + i2 + 7] = r;
+            }
+        }
+    }
+}
+
+/* t41: f32[16*B,16] = matmul(t38, t40) */
+SG_KERNEL void k20_matmul_t41(int64_t d0, const float* restrict ws11, const int64_t* restrict c4, const float* restrict ws1, float* restrict ws12, sg_context* context)
+{
+    /* a[16*d0 x 72]: the im2col patch matrix, gathered from ws11 (images of
+       36 pixels x 8 channels) at c4 (16 positions x 9 taps) as the GEMM packs each
+       block: never stored (implicit GEMM). b[72 x 16] read with strides (16, 1). */
+    const sg_patches_f32 patches = { ws11, c4, 16, 9, 8, 36, 0 };
+    /* Its buffers in the runtime's scratch region (context->scratch, sized by symgrad_scratch_bytes);
+       context->status: the GEMM's, for the entry point to check */
+    context->status = sg_gemm_patches_f32(16*d0, 16, 72,
+        &patches,
+        ws1, 16, 1,
+        ws12, context, NULL, context->scratch);
+}
+
+/* zero embed's border outside its window: t48: f32[B,6,6,16] = embed[starts=(0,1,1,0), steps=(1,1,1,1)](t47) */
+SG_KERNEL void k22_copy(int64_t d0, float* restrict ws14)
+{
+    #pragma omp parallel for if((96*d0) >= SG_PARALLEL_MIN)
+    for (int64_t i0 = 0; i0 < d0; ++i0) {
+        for (int64_t i1 = 0; i1 < 96; ++i1) {
+            const float v0 = 0.0f;  /* zero embed's border outside its window */
+            const float r = v0;  /* zero embed's border outside its window: t48: f32[B,6,6,16] = embed[starts=(0,1,1,0), steps=(1,1,1,1)](t47) */
+            ws14[i0 * 576 + i1] = r;
+        }
+    }
+}
+
+/* zero embed's border outside its window: t48: f32[B,6,6,16] = embed[starts=(0,1,1,0), steps=(1,1,1,1)](t47) */
+SG_KERNEL void k25_copy(int64_t d0, float* restrict ws14)
+{
+    #pragma omp parallel for if((64*d0) >= SG_PARALLEL_MIN)
+    for (int64_t i0 = 0; i0 < d0; ++i0) {
+        for (int64_t i1 = 0; i1 < 4; ++i1) {
+            for (int64_t i2 = 0; i2 < 16; ++i2) {
+                const float v0 = 0.0f;  /* zero embed's border outside its window */
+                const float r = v0;  /* zero embed's border outside its window: t48: f32[B,6,6,16] = embed[starts=(0,1,1,0), steps=(1,1,1,1)](t47) */
+                ws14[i0 * 576 + i1 * 96 + i2 + 176] = r;
+            }
+        }
+    }
+}
+
+/* t62: f32[B,10] = matmul(t60, t61) */
+SG_KERNEL void k29_matmul_t62(int64_t d0, const float* restrict ws16, const float* restrict var6, float* restrict ws17, sg_context* context)
+{
+    /* a[d0 x 256] read with strides (256, 1), b[256 x 10] with (1, 256):
+       a transposed operand is only a change of strides. */
+    /* Its buffers in the runtime's scratch region (context->scratch, sized by symgrad_scratch_bytes);
+       context->status: the GEMM's, for the entry point to check */
+    context->status = sg_gemm_dot5_f32(d0, 10, 256,
+        ws16, 256,
+        var6, 1, 256,
+        ws17, context, NULL, context->scratch);
+}
+
+/* t141: f32[10] = sum[axes=(0,), keepdims=False](t82) */
+SG_KERNEL void k32_sum_t141(int64_t d0, const float* restrict ws21, float* restrict ws22)
+{
+    /* The kept axis is contiguous: add whole rows into a tile of accumulators (vectorizes),
+       256 columns at a time, instead of walking each column down the rows. */
+    #pragma omp parallel for if((10*d0) >= SG_PARALLEL_MIN)
+    for (int64_t j0 = 0; j0 < 10; j0 += 256) {
+        const int64_t jn = 10 - j0 < 256 ? 10 - j0 : 256;
+        double acc[256];
+        for (int64_t j = 0; j < jn; ++j)
+            acc[j] = 0;
+        for (int64_t r0 = 0; r0 < d0; ++r0) {
+            const float* restrict row = ws21 + r0 * 10;
+            for (int64_t j = 0; j < jn; ++j)
+                acc[j] += (double)row[j0 + j];
+        }
+        for (int64_t j = 0; j < jn; ++j)
+            ws22[j0 + j] = (float)(acc[j]);
+    }
+}
+
+/* t77: f32[] = cast(lr) */
+/* t142: f32[10] = mul(t77, t141) */
+/* t143: f32[10] = sub(8.bias, t142) */
+SG_KERNEL void k33_sub_t143(int64_t d0, const double* restrict var8, const float* restrict ws22, float* restrict var7)
+{
+    for (int64_t i0 = 0; i0 < 10; ++i0) {
+        const double v0 = var8[0];  /* lr */
+        const float v1 = ws22[i0];  /* t141 */
+        const float v2 = var7[i0];  /* 8.bias */
+        const float t77 = (float)(v0);  /* t77: f32[] = cast(lr) */
+        const float t142 = t77*v1;  /* t142: f32[10] = mul(t77, t141) */
+        const float t143 = v2 - t142;  /* t143: f32[10] = sub(8.bias, t142) */
+        var7[i0] = t143;
+    }
+}
+
+/* t83: f32[B,256] = matmul(t82, 8.weight) */
+SG_KERNEL void k35_matmul_t83(int64_t d0, const float* restrict ws21, const float* restrict var6, float* restrict ws24, sg_context* context)
+{
+    /* a[d0 x 10] read with strides (10, 1), b[10 x 256] with (256, 1):
+       a transposed operand is only a change of strides. */
+    /* Its buffers in the runtime's scratch region (context->scratch, sized by symgrad_scratch_bytes);
+       context->status: the GEMM's, for the entry point to check */
+    context->status = sg_gemm_f32(d0, 256, 10,
+        ws21, 10, 1,
+        var6, 256, 1,
+        ws24, context, NULL, context->scratch);
+}
+
+/* make contiguous for a reshape: t86: f32[B,4,4,16] = transpose[perm=(0,2,3,1)](t85) */
+SG_KERNEL void k37_copy(int64_t d0, const float* restrict ws25, float* restrict ws26)
+{
+    #pragma omp parallel for if((256*d0) >= SG_PARALLEL_MIN)
+    for (int64_t i0 = 0; i0 < d0; ++i0) {
+        for (int64_t i1 = 0; i1 < 16; ++i1) {
+            for (int64_t i2 = 0; i2 < 16; ++i2) {
+                const float v0 = ws25[i0 * 256 + i1 + i2 * 16];  /* make contiguous for a reshape */
+                const float r = v0;  /* make contiguous for a reshape: t86: f32[B,4,4,16] = transpose[perm=(0,2,3,1)](t85) */
+                ws26[i0 * 256 + i1 * 16 + i2] = r;
+            }
+        }
+    }
+}
+
+/* t134: f32[16] = sum[axes=(0,2,3), keepdims=False](t85) */
+SG_KERNEL void k39_sum_t134(int64_t d0, const float* restrict ws25, float* restrict ws27)
+{
+    #pragma omp parallel for if((256*d0) >= SG_PARALLEL_MIN)
+    for (int64_t o0 = 0; o0 < 16; ++o0) {
+        double acc = 0;
+        for (int64_t r0 = 0; r0 < d0; ++r0) {
+            #pragma omp simd reduction(+:acc)
+            for (int64_t r1 = 0; r1 < 16; ++r1) {
+                acc += (double)ws25[o0 * 16 + r0 * 256 + r1];
+            }
+        }
+        ws27[o0] = (float)(acc);
+    }
+}
+
+/* t129: f32[144,16] = matmul(t128, t87) */
+SG_KERNEL void k41_matmul_t129(int64_t d0, const float* restrict ws14, const float* restrict ws26, float* restrict ws28, sg_context* context)
+{
+    /* a[144 x 16*d0]: the patch matrix transposed (a weight's gradient) of a 3x3 stride-1 convolution of ws14 (images of 36 pixels x 16 channels,
+       outputs in 4 rows of 4, input rows 6 pixels apart, the first output's first tap at pixel 0;
+       the taps' column blocks 0, 1, 2, 3, 4, 5, 6, 7, 8), computed by Winograd's minimal filtering, never stored.
+       b[16*d0 x 16] read with strides (16, 1). */
+    const sg_winograd_f32 patches = { ws14, 36, 16, 4, 4, 6, 0, { 0, 1, 2, 3, 4, 5, 6, 7, 8 } };
+    /* Its buffers in the runtime's scratch region (context->scratch, sized by symgrad_scratch_bytes);
+       context->status: the GEMM's, for the entry point to check */
+    context->status = sg_conv_winograd_grad_f32(144, 16, 16*d0,
+        &patches,
+        ws26, 16, 1,
+        ws28, context, context->scratch);
+}
+
+/* t91: f32[B,36,16] = scatter_add[axis=1, size=36, purpose='col2im, the gradient of conv2d 3x3 im2col, channels last: 16*B x 144 patch rows, one GEMM'](t90, t36) */
+SG_KERNEL void k43_scatter_add_t91(int64_t d0, const float* restrict ws29, const int64_t* restrict c4, float* restrict ws30)
+{
+    const int64_t P = d0, I = 144, Q = 16, R = 36;
+    const float* src = ws29;
+    const int64_t* idx = c4;
+    /* out[p, r, q] = 0, then out[p, idx[i], q] += src[p, i, q] with i in order (np.add.at's sums, bit
+       for bit). Threads split P only: no two add into one element. An index outside [0, R) adds nothing. */
+    memset(ws30, 0, (size_t)(P * R * Q) * sizeof(float));
+    #pragma omp parallel for if(P > 1 && P * I * Q >= SG_PARALLEL_MIN)
+    for (int64_t p = 0; p < P; ++p) {
+        for (int64_t i = 0; i < I; ++i) {
+            const int64_t r = (int64_t)idx[i];
+            if (r < 0 || r >= R) {
+                continue;
+            }
+            const float* row = src + (p * I + i) * Q;
+            float* dst = ws30 + (p * R + r) * Q;
+            for (int64_t q = 0; q < Q; ++q) {
+                dst[q] += row[q];
+            }
+        }
+    }
+}
+
+/* t97: f32[16*B,72] = matmul(t95, t96) */
+SG_KERNEL void k49_matmul_t97(int64_t d0, const float* restrict ws31, const float* restrict ws1, float* restrict ws34, sg_context* context)
+{
+    /* a[16*d0 x 16] read with strides (16, 1), b[16 x 72] with (1, 16):
+       a transposed operand is only a change of strides. */
+    /* Its buffers in the runtime's scratch region (context->scratch, sized by symgrad_scratch_bytes);
+       context->status: the GEMM's, for the entry point to check */
+    context->status = sg_gemm_f32(16*d0, 72, 16,
+        ws31, 16, 1,
+        ws1, 1, 16,
+        ws34, context, NULL, context->scratch);
+}
+
 /* t99: f32[B,36,8] = scatter_add[axis=1, size=36, purpose='col2im, the gradient of conv2d 3x3 im2col, channels last: 16*B x 72 patch rows, one GEMM'](t98, t36) */
 SG_KERNEL void k50_scatter_add_t99(int64_t d0, const float* restrict ws34, const int64_t* restrict c4, float* restrict ws35)
 {
@@ -1266,6 +1227,18 @@ SG_KERNEL void k52_copy(int64_t d0, const float* restrict ws36, float* restrict 
     }
 }
 
+/* t108: f32[B,8,8,8] = Piecewise((0, t13 <= 0), (t107, True)) */
+SG_KERNEL void k53_relu_vjp0_t108(int64_t d0, const float* restrict ws37, const float* restrict ws5, float* restrict ws38)
+{
+    #pragma omp parallel for if((512*d0) >= SG_PARALLEL_MIN)
+    for (int64_t i0 = 0; i0 < 512*d0; ++i0) {
+        const float v0 = ws37[i0];  /* t107 */
+        const float v1 = ws5[i0];  /* t13 */
+        const float t108 = (((v1 <= 0.0f)) ? (0.0f) : (v0));  /* t108: f32[B,8,8,8] = Piecewise((0, t13 <= 0), (t107, True)) */
+        ws38[i0] = t108;
+    }
+}
+
 /* t77: f32[] = cast(lr) */
 /* t123: f32[16,8,3,3] = mul(t77, t122) */
 /* t124: f32[16,8,3,3] = sub(3.weight, t123) */
@@ -1284,6 +1257,33 @@ SG_KERNEL void k54_sub_t124(int64_t d0, const double* restrict var8, const float
             }
         }
     }
+}
+
+/* t116: f32[8] = sum[axes=(0,2,3), keepdims=False](t108) */
+SG_KERNEL void k55_sum_t116(int64_t d0, const float* restrict ws38, float* restrict ws39)
+{
+    #pragma omp parallel for if((512*d0) >= SG_PARALLEL_MIN)
+    for (int64_t o0 = 0; o0 < 8; ++o0) {
+        double acc = 0;
+        for (int64_t r0 = 0; r0 < d0; ++r0) {
+            #pragma omp simd reduction(+:acc)
+            for (int64_t r1 = 0; r1 < 64; ++r1) {
+                acc += (double)ws38[o0 * 64 + r0 * 512 + r1];
+            }
+        }
+        ws39[o0] = (float)(acc);
+    }
+}
+
+/* t111: f32[B,1,8,27] = matmul(t109, t110) */
+SG_KERNEL void k56_matmul_t111(int64_t d0, const float* restrict ws38, const int64_t* restrict c0, const float* restrict ws0, float* restrict ws40, sg_context* context)
+{
+    /* b: each image's patch columns (3 channels of 100 pixels in ws0, 9 taps at c0, 64 positions
+       in rows of 8), transposed, read where they lie: a direct convolution, one
+       product per image and group (p < d0, g < 1); a[8 x 64] read with strides (512, 512, 64, 1). */
+    const sg_columns_f32 columns = { ws0, c0, 64, 9, 8, 100, 3, 1 };
+    context->status = sg_conv_rows_f32(d0, 1, 8, 27, 64,
+        ws38, 512, 512, 64, 1, &columns, ws40, context);
 }
 
 /* t112: f32[1,8,27] = sum[axes=(0,), keepdims=False](t111) */
@@ -1308,18 +1308,18 @@ SG_KERNEL void k57_sum_t112(int64_t d0, const float* restrict ws40, float* restr
 }
 
 /* t77: f32[] = cast(lr) */
-/* t114: f32[8,3,3,3] = mul(t77, t113) */
-/* t115: f32[8,3,3,3] = sub(0.weight, t114) */
-SG_KERNEL void k58_sub_t115(int64_t d0, const double* restrict var8, const float* restrict ws41, float* restrict var0)
+/* t117: f32[8] = mul(t77, t116) */
+/* t118: f32[8] = sub(0.bias, t117) */
+SG_KERNEL void k59_sub_t118(int64_t d0, const double* restrict var8, const float* restrict ws39, float* restrict var1)
 {
-    for (int64_t i0 = 0; i0 < 216; ++i0) {
+    for (int64_t i0 = 0; i0 < 8; ++i0) {
         const double v0 = var8[0];  /* lr */
-        const float v1 = ws41[i0];  /* t113 */
-        const float v2 = var0[i0];  /* 0.weight */
+        const float v1 = ws39[i0];  /* t116 */
+        const float v2 = var1[i0];  /* 0.bias */
         const float t77 = (float)(v0);  /* t77: f32[] = cast(lr) */
-        const float t114 = t77*v1;  /* t114: f32[8,3,3,3] = mul(t77, t113) */
-        const float t115 = v2 - t114;  /* t115: f32[8,3,3,3] = sub(0.weight, t114) */
-        var0[i0] = t115;
+        const float t117 = t77*v1;  /* t117: f32[8] = mul(t77, t116) */
+        const float t118 = v2 - t117;  /* t118: f32[8] = sub(0.bias, t117) */
+        var1[i0] = t118;
     }
 }
 

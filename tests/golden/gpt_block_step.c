@@ -602,44 +602,36 @@ SG_KERNEL void k139_sub_t242(int64_t d0, const double* restrict var16, float* re
 /* ---- translation unit 1 of 2 ---- */
 #if SG_IN_PART(1)
 
-/* t87: bool[8*B] = not_equal(t86, -100) */
-/* t88: f32[8*B] = cast(t87) */
-/* t89: f32[] = sum[axes=(0,), keepdims=False](t88) */
-SG_KERNEL void k3_sum_t89(int64_t d0, const int64_t* restrict in1, float* restrict ws3)
+/* t3: f32[B,8,32] = take[axis=0](transformer.wte.weight, idx) */
+SG_KERNEL void k0_take_t3(int64_t d0, const float* restrict var0, const int64_t* restrict in0, float* restrict ws0)
 {
-    double acc = 0;
-    #pragma omp simd reduction(+:acc)
-    for (int64_t r0 = 0; r0 < 8*d0; ++r0) {
-        const int64_t v0 = in1[r0];  /* t86 */
-        const int64_t v1 = (-100);  /* -100 */
-        const uint8_t t87 = (uint8_t)((v0 != v1));  /* t87: bool[8*B] = not_equal(t86, -100) */
-        const float t88 = ((t87) ? 1.0f : 0.0f);  /* t88: f32[8*B] = cast(t87) */
-        acc += (double)t88;
+    const int64_t P = 1, I = (8*d0), Q = 32, R = 64;
+    const float* src = var0;
+    const int64_t* idx = in0;
+    /* out[p, i, q] = src[p, idx[i], q]: each (p, i) copies one row of Q. An index outside [0, R)
+       (the call checked them; this is only a guard) gives a row of zeros, never a read outside src. */
+    #pragma omp parallel for collapse(2) if(P * I * Q >= SG_PARALLEL_MIN)
+    for (int64_t p = 0; p < P; ++p) {
+        for (int64_t i = 0; i < I; ++i) {
+            const int64_t r = (int64_t)idx[i];
+            const int inside = r >= 0 && r < R;
+            const float* row = src + (p * R + (inside ? r : 0)) * Q;
+            float* dst = ws0 + (p * I + i) * Q;
+            for (int64_t q = 0; q < Q; ++q) {
+                dst[q] = inside ? row[q] : 0;
+            }
+        }
     }
-    ws3[0] = (float)(acc);
 }
 
-/* t6: f32[B,8,32] = add(t3, t5) */
-/* t7: f32[B,8,1] = sum[axes=(2,), keepdims=True](t6) */
-/* t8: f32[B,8,1] = mul(t7, 1/32) */
-SG_KERNEL void k20_mul_t8(int64_t d0, const float* restrict ws0, const float* restrict ws2, float* restrict ws4)
+/* Also called for k129_copy, the same code on its buffers */
+/* make iota's operand contiguous: t4 */
+SG_KERNEL void k1_copy(int64_t d0, int64_t* restrict ws1)
 {
-    #pragma omp parallel for if((256*d0) >= SG_PARALLEL_MIN)
-    for (int64_t o0 = 0; o0 < d0; ++o0) {
-        for (int64_t o1 = 0; o1 < 8; ++o1) {
-            double acc = 0;
-            #pragma omp simd reduction(+:acc)
-            for (int64_t r0 = 0; r0 < 32; ++r0) {
-                const float v0 = ws0[o0 * 256 + o1 * 32 + r0];  /* t3 */
-                const float v1 = ws2[o1 * 32 + r0];  /* t5 */
-                const float t6 = v0 + v1;  /* t6: f32[B,8,32] = add(t3, t5) */
-                acc += (double)t6;
-            }
-            const float red = (float)(acc);
-            const float ev0 = 0.03125f;  /* 1/32 */
-            const float t8 = red*ev0;  /* t8: f32[B,8,1] = mul(t7, 1/32) */
-            ws4[o0 * 8 + o1] = t8;
-        }
+    for (int64_t i0 = 0; i0 < 8; ++i0) {
+        const int64_t v0 = i0;  /* make iota's operand contiguous */
+        const int64_t r = v0;  /* make iota's operand contiguous: t4 */
+        ws1[i0] = r;
     }
 }
 
@@ -673,34 +665,6 @@ SG_KERNEL void k21_sqrt_t14(int64_t d0, const float* restrict ws0, const float* 
             const float t13 = t12 + ev1;  /* t13: f32[B,8,1] = add(t12, 1e-05) */
             const float t14 = sqrtf(t13);  /* t14: f32[B,8,1] = sqrt(t13) */
             ws5[o0 * 8 + o1] = t14;
-        }
-    }
-}
-
-/* t6: f32[B,8,32] = add(t3, t5) */
-/* t9: f32[B,8,32] = sub(t6, t8) */
-/* t15: f32[B,8,32] = div(t9, t14) */
-/* t16: f32[B,8,32] = mul(t15, transformer.h.0.ln_1.weight) */
-/* t17: f32[B,8,32] = add(t16, transformer.h.0.ln_1.bias) */
-SG_KERNEL void k22_add_t17(int64_t d0, const float* restrict ws0, const float* restrict ws2, const float* restrict ws4, const float* restrict ws5, const float* restrict var2, const float* restrict var3, float* restrict ws6)
-{
-    #pragma omp parallel for if((256*d0) >= SG_PARALLEL_MIN)
-    for (int64_t i0 = 0; i0 < d0; ++i0) {
-        for (int64_t i1 = 0; i1 < 8; ++i1) {
-            for (int64_t i2 = 0; i2 < 32; ++i2) {
-                const float v0 = ws0[i0 * 256 + i1 * 32 + i2];  /* t3 */
-                const float v1 = ws2[i1 * 32 + i2];  /* t5 */
-                const float v2 = ws4[i0 * 8 + i1];  /* t8 */
-                const float v3 = ws5[i0 * 8 + i1];  /* t14 */
-                const float v4 = var2[i2];  /* transformer.h.0.ln_1.weight */
-                const float v5 = var3[i2];  /* transformer.h.0.ln_1.bias */
-                const float t6 = v0 + v1;  /* t6: f32[B,8,32] = add(t3, t5) */
-                const float t9 = t6 - v2;  /* t9: f32[B,8,32] = sub(t6, t8) */
-                const float t15 = t9/v3;  /* t15: f32[B,8,32] = div(t9, t14) */
-                const float t16 = t15*v4;  /* t16: f32[B,8,32] = mul(t15, transformer.h.0.ln_1.weight) */
-                const float t17 = t16 + v5;  /* t17: f32[B,8,32] = add(t16, transformer.h.0.ln_1.bias) */
-                ws6[i0 * 256 + i1 * 32 + i2] = t17;
-            }
         }
     }
 }
@@ -747,95 +711,29 @@ SG_KERNEL void k24_add_t21(int64_t d0, const float* restrict ws6, const float* r
         ws8, context, &epilogue, context->scratch);
 }
 
-/* The tile's rows i0... against the block's n keys from j0: their scores (q_i . k_j, in scores)
-   scaled, -INFINITY where key j is hidden from row i, then exp(s - m) in their place; m and l,
-   each row's largest score and sum of exp(s - m) so far, brought up to the block, and o's rows rescaled with them. */
-static inline void k25_attention_t32_softmax(int64_t rows, int64_t n, int64_t i0, int64_t j0, float (*scores)[SG_KEY_BLOCK],
-        float* m, float* l, float* o)
+/* t6: f32[B,8,32] = add(t3, t5) */
+/* t39: f32[B,8,32] = add(t6, t38) */
+/* t40: f32[B,8,1] = sum[axes=(2,), keepdims=True](t39) */
+/* t41: f32[B,8,1] = mul(t40, 1/32) */
+SG_KERNEL void k27_mul_t41(int64_t d0, const float* restrict ws0, const float* restrict ws2, const float* restrict ws12, float* restrict ws13)
 {
-    enum { E = 16 };
-    const float scale = 0.25f;
-    for (int64_t r = 0; r < rows; ++r) {
-        const int64_t i = i0 + r;
-        float* s = scores[r];
-        const float before = m[r];
-        float top = before;
-        for (int64_t jj = 0; jj < n; ++jj) {
-            s[jj] = j0 + jj <= i ? s[jj] * scale : -INFINITY;
-            top = s[jj] > top ? s[jj] : top;
-        }
-        /* the sums so far were taken against m: rescale them to top */
-        const float rescale = sg_expf(before - top);
-        float sum = 0;
-        for (int64_t jj = 0; jj < n; ++jj) {
-            s[jj] = sg_expf(s[jj] - top);
-            sum += s[jj];
-        }
-        l[r] = l[r] * rescale + sum;
-        m[r] = top;
-        for (int64_t e = 0; e < E; ++e) {
-            o[r * E + e] *= rescale;
-        }
-    }
-}
-
-/* t32: f32[B,2,8,16] = attention[causal=True, scale=0.25](t25, t28, t31) */
-SG_KERNEL void k25_attention_t32(int64_t d0, const float* restrict ws8, float* restrict ws9, float* restrict ws10, float* restrict ws11)
-{
-    /* attention over H heads of T rows of E = 16 elements; causal: row i sees keys j <= i */
-    enum { E = 16 };
-    const int64_t H = (2*d0), T = 8, tiles = (T + SG_ROW_TILE - 1) / SG_ROW_TILE;
-    float* kt = ws10;  /* k transposed per head: H x E x T */
-    #pragma omp parallel for if(H * T * E >= SG_PARALLEL_MIN)
-    for (int64_t h = 0; h < H; ++h) {
-        const int64_t n0 = h / 2;
-        const int64_t n1 = h % 2;
-        const float* kh = ws8 + n0 * 768 + n1 * 16 + 32;  /* t28, head h */
-        const int64_t k_row = 96;
-
-        sg_attention_transpose_f32(T, E, kh, k_row, kt + h * E * T);
-    }
-    #pragma omp parallel for collapse(2) schedule(dynamic) if(H * T * T * E >= SG_PARALLEL_MIN)
-    for (int64_t h = 0; h < H; ++h) {
-        for (int64_t tile = 0; tile < tiles; ++tile) {
-            const int64_t n0 = h / 2;
-            const int64_t n1 = h % 2;
-            const float* qh = ws8 + n0 * 768 + n1 * 16;  /* t25, head h */
-            const int64_t q_row = 96;
-            const float* vh = ws8 + n0 * 768 + n1 * 16 + 64;  /* t31, head h */
-            const int64_t v_row = 96;
-
-            const float* kth = kt + h * E * T;
-            const int64_t i0 = tile * SG_ROW_TILE, rows = T - i0 < SG_ROW_TILE ? T - i0 : SG_ROW_TILE;
-            const int64_t keys = i0 + rows;
-            /* per row: m, the largest score so far; l, the sum of exp(s - m); o, that sum's v rows
-               (summed here, then stored once: out's rows lie 32 apart) */
-            float m[SG_ROW_TILE], l[SG_ROW_TILE], scores[SG_ROW_TILE][SG_KEY_BLOCK], o[SG_ROW_TILE * E];
-            for (int64_t r = 0; r < rows; ++r) {
-                m[r] = -INFINITY;
-                l[r] = 0;
-                for (int64_t e = 0; e < E; ++e) {
-                    o[r * E + e] = 0;
-                }
+    #pragma omp parallel for if((256*d0) >= SG_PARALLEL_MIN)
+    for (int64_t o0 = 0; o0 < d0; ++o0) {
+        for (int64_t o1 = 0; o1 < 8; ++o1) {
+            double acc = 0;
+            #pragma omp simd reduction(+:acc)
+            for (int64_t r0 = 0; r0 < 32; ++r0) {
+                const float v0 = ws0[o0 * 256 + o1 * 32 + r0];  /* t3 */
+                const float v1 = ws2[o1 * 32 + r0];  /* t5 */
+                const float v2 = ws12[o0 * 256 + o1 * 32 + r0];  /* t38 */
+                const float t6 = v0 + v1;  /* t6: f32[B,8,32] = add(t3, t5) */
+                const float t39 = t6 + v2;  /* t39: f32[B,8,32] = add(t6, t38) */
+                acc += (double)t39;
             }
-            /* Block 0 holds key 0, which every row sees: m is finite after it. */
-            for (int64_t j0 = 0; j0 < keys; j0 += SG_KEY_BLOCK) {
-                const int64_t n = keys - j0 < SG_KEY_BLOCK ? keys - j0 : SG_KEY_BLOCK;
-                sg_attention_product_f32(rows, n, E, qh + i0 * q_row, q_row, 1, kth + j0, T, &scores[0][0], SG_KEY_BLOCK, 0);
-                k25_attention_t32_softmax(rows, n, i0, j0, scores, m, l, o);
-                /* o += p v over the block's keys (p: exp(s - m), now in scores) */
-                sg_attention_product_f32(rows, E, n, &scores[0][0], SG_KEY_BLOCK, 1, vh + j0 * v_row, v_row, o, E, 1);
-            }
-            float* out = ws9 + n0 * 256 + n1 * 16 + i0 * 32;  /* row i0 of head h */
-            for (int64_t r = 0; r < rows; ++r) {
-                const float inverse = 1 / l[r];
-                for (int64_t e = 0; e < E; ++e) {
-                    out[r * 32 + e] = o[r * E + e] * inverse;
-                }
-                /* for the gradient: the row's softmax, m and 1 / l */
-                ws11[h * T + i0 + r] = m[r];
-                ws11[(H + h) * T + i0 + r] = inverse;
-            }
+            const float red = (float)(acc);
+            const float ev0 = 0.03125f;  /* 1/32 */
+            const float t41 = red*ev0;  /* t41: f32[B,8,1] = mul(t40, 1/32) */
+            ws13[o0 * 8 + o1] = t41;
         }
     }
 }
@@ -967,52 +865,136 @@ SG_KERNEL void k32_gelu_t56(int64_t d0, const float* restrict ws17, float* restr
 /* t6: f32[B,8,32] = add(t3, t5) */
 /* t39: f32[B,8,32] = add(t6, t38) */
 /* t62: f32[B,8,32] = add(t39, t61) */
-/* t65: f32[B,8,32] = sub(t62, t64) */
-SG_KERNEL void k35_sub_t65(int64_t d0, const float* restrict ws0, const float* restrict ws2, const float* restrict ws12, const float* restrict ws19, const float* restrict ws20, float* restrict ws21)
+/* t63: f32[B,8,1] = sum[axes=(2,), keepdims=True](t62) */
+/* t64: f32[B,8,1] = mul(t63, 1/32) */
+SG_KERNEL void k34_mul_t64(int64_t d0, const float* restrict ws0, const float* restrict ws2, const float* restrict ws12, const float* restrict ws19, float* restrict ws20)
 {
     #pragma omp parallel for if((256*d0) >= SG_PARALLEL_MIN)
-    for (int64_t i0 = 0; i0 < d0; ++i0) {
-        for (int64_t i1 = 0; i1 < 8; ++i1) {
-            for (int64_t i2 = 0; i2 < 32; ++i2) {
-                const float v0 = ws0[i0 * 256 + i1 * 32 + i2];  /* t3 */
-                const float v1 = ws2[i1 * 32 + i2];  /* t5 */
-                const float v2 = ws12[i0 * 256 + i1 * 32 + i2];  /* t38 */
-                const float v3 = ws19[i0 * 256 + i1 * 32 + i2];  /* t61 */
-                const float v4 = ws20[i0 * 8 + i1];  /* t64 */
+    for (int64_t o0 = 0; o0 < d0; ++o0) {
+        for (int64_t o1 = 0; o1 < 8; ++o1) {
+            double acc = 0;
+            #pragma omp simd reduction(+:acc)
+            for (int64_t r0 = 0; r0 < 32; ++r0) {
+                const float v0 = ws0[o0 * 256 + o1 * 32 + r0];  /* t3 */
+                const float v1 = ws2[o1 * 32 + r0];  /* t5 */
+                const float v2 = ws12[o0 * 256 + o1 * 32 + r0];  /* t38 */
+                const float v3 = ws19[o0 * 256 + o1 * 32 + r0];  /* t61 */
                 const float t6 = v0 + v1;  /* t6: f32[B,8,32] = add(t3, t5) */
                 const float t39 = t6 + v2;  /* t39: f32[B,8,32] = add(t6, t38) */
                 const float t62 = t39 + v3;  /* t62: f32[B,8,32] = add(t39, t61) */
-                const float t65 = t62 - v4;  /* t65: f32[B,8,32] = sub(t62, t64) */
-                ws21[i0 * 256 + i1 * 32 + i2] = t65;
+                acc += (double)t62;
             }
+            const float red = (float)(acc);
+            const float ev0 = 0.03125f;  /* 1/32 */
+            const float t64 = red*ev0;  /* t64: f32[B,8,1] = mul(t63, 1/32) */
+            ws20[o0 * 8 + o1] = t64;
         }
     }
 }
 
-/* t76: f32[8*B,64] = matmul(t74, t75) */
-SG_KERNEL void k38_matmul_t76(int64_t d0, const float* restrict ws23, const float* restrict var0, float* restrict ws24, sg_context* context)
+/* row kernel: max, sum, sum, sum (3 passes), 4 outputs */
+/* t100: f32[] = (1.0)/t89 */
+/* t101: f32[] = neg(t100) */
+/* t2: bool[8*B,64] = equal(t0, t1) */
+/* t102: f32[8*B,64] = Piecewise((t101, Ne(t2, 0)), (0, True)) */
+/* t77: f32[8*B,1] = max[axes=(1,), keepdims=True](t76) */
+/* t103: f32[8*B,1] = sum[axes=(1,), keepdims=True](t102) */
+/* t78: f32[8*B,64] = sub(t76, t77) */
+/* t79: f32[8*B,64] = exp(t78) */
+/* t80: f32[8*B,1] = sum[axes=(1,), keepdims=True](t79) */
+/* t81: f32[8*B,1] = log(t80) */
+/* t82: f32[8*B,64] = sub(t78, t81) */
+/* t83: f32[8*B,64] = where(t2, t82, 0) */
+/* t104: f32[8*B,64] = t102 - t103*t79/t80 */
+/* t84: f32[] = sum[axes=(0,1), keepdims=False](t83) (this row's part) */
+SG_KERNEL void k39_rows_t77(int64_t d0, const float* restrict ws3, const int64_t* restrict in1, const float* restrict ws24, float* restrict ws25, float* restrict ws26, float* restrict ws28, double* restrict ws27)
 {
-    /* a[8*d0 x 32] read with strides (32, 1), b[32 x 64] with (1, 32):
-       a transposed operand is only a change of strides. */
-    /* Its buffers in the runtime's scratch region (context->scratch, sized by symgrad_scratch_bytes);
-       context->status: the GEMM's, for the entry point to check */
-    context->status = sg_gemm_f32(8*d0, 64, 32,
-        ws23, 32, 1,
-        var0, 1, 32,
-        ws24, context, NULL, context->scratch);
+    #pragma omp parallel for if((512*d0) >= SG_PARALLEL_MIN)
+    for (int64_t o0 = 0; o0 < 8*d0; ++o0) {
+        const float u0 = 1.0f;  /* 1.0 */
+        const float u1 = ws3[0];  /* t89 */
+        const int64_t u2 = in1[o0];  /* t0 */
+        const float u3 = 0.0f;  /* 0 */
+        /* pass 1 of 3 over the row: max p0, sum p1, store t102 */
+        float a0 = -INFINITY;
+        int a0_nan = 0;
+        double a1 = 0;
+        #pragma omp simd reduction(+:a1) reduction(max:a0) reduction(|:a0_nan)
+        for (int64_t c = 0; c < 64; ++c) {
+            const float v0 = ws24[o0 * 64 + c];  /* t76 */
+            const int64_t v1 = c;  /* t1 */
+            const float t100 = u0/u1;  /* t100: f32[] = (1.0)/t89 */
+            const float t101 = -t100;  /* t101: f32[] = neg(t100) */
+            const uint8_t t2 = (uint8_t)((u2 == v1));  /* t2: bool[8*B,64] = equal(t0, t1) */
+            const float t102 = (((((float)t2) != 0.0f)) ? (t101) : (0.0f));  /* t102: f32[8*B,64] = Piecewise((t101, Ne(t2, 0)), (0, True)) */
+            a0 = v0 > a0 ? v0 : a0;  /* t77: f32[8*B,1] = max[axes=(1,), keepdims=True](t76) */
+            a0_nan |= v0 != v0;  /* NaN propagates, as in NumPy */
+            a1 += (double)t102;  /* t103: f32[8*B,1] = sum[axes=(1,), keepdims=True](t102) */
+            ws25[o0 * 64 + c] = t102;  /* t102 */
+        }
+        const float p0 = (a0_nan ? NAN : a0);
+        const float p1 = (float)(a1);
+        /* pass 2 of 3 over the row: sum p2, store t79 */
+        double a2 = 0;
+        #pragma omp simd reduction(+:a2)
+        for (int64_t c = 0; c < 64; ++c) {
+            const float v0 = ws24[o0 * 64 + c];  /* t76 */
+            const float t78 = v0 - p0;  /* t78: f32[8*B,64] = sub(t76, t77) */
+            const float t79 = sg_expf(t78);  /* t79: f32[8*B,64] = exp(t78) */
+            a2 += (double)t79;  /* t80: f32[8*B,1] = sum[axes=(1,), keepdims=True](t79) */
+            ws26[o0 * 64 + c] = t79;  /* t79 */
+        }
+        const float p2 = (float)(a2);
+        const float t81 = logf(p2);  /* t81: f32[8*B,1] = log(t80) */
+        /* pass 3 of 3 over the row: sum p3, store t104 */
+        double a3 = 0;
+        #pragma omp simd reduction(+:a3)
+        for (int64_t c = 0; c < 64; ++c) {
+            const int64_t v0 = c;  /* t1 */
+            const float v1 = ws24[o0 * 64 + c];  /* t76 */
+            const float v2 = ws25[o0 * 64 + c];  /* t102 */
+            const float v3 = ws26[o0 * 64 + c];  /* t79 */
+            const uint8_t t2 = (uint8_t)((u2 == v0));  /* t2: bool[8*B,64] = equal(t0, t1) */
+            const float t78 = v1 - p0;  /* t78: f32[8*B,64] = sub(t76, t77) */
+            const float t82 = t78 - t81;  /* t82: f32[8*B,64] = sub(t78, t81) */
+            const float t83 = (((((float)t2) != 0.0f)) ? (t82) : (u3));  /* t83: f32[8*B,64] = where(t2, t82, 0) */
+            const float t104 = v2 - p1*v3/p2;  /* t104: f32[8*B,64] = t102 - t103*t79/t80 */
+            a3 += (double)t83;  /* t84: f32[] = sum[axes=(0,1), keepdims=False](t83) (this row's part) */
+            ws28[o0 * 64 + c] = t104;  /* t104 */
+        }
+        const double p3 = a3;
+        ws27[o0] = p3;  /* t84, per row */
+    }
 }
 
-/* t111: f32[8*B,32] = matmul(t104, transformer.wte.weight) */
-SG_KERNEL void k43_matmul_t111(int64_t d0, const float* restrict ws28, const float* restrict var0, float* restrict ws31, sg_context* context)
+/* t84: f32[] = sum[axes=(0,1), keepdims=False](t83) (the sum of the per-row parts) */
+/* t85: f32[] = neg(t84) */
+/* t90: f32[] = div(t85, t89) */
+SG_KERNEL void k40_div_t90(int64_t d0, const double* restrict ws27, const float* restrict ws3, float* restrict out0)
 {
-    /* a[8*d0 x 64] read with strides (64, 1), b[64 x 32] with (32, 1):
+    double acc = 0;
+    #pragma omp simd reduction(+:acc)
+    for (int64_t r0 = 0; r0 < 8*d0; ++r0) {
+        acc += (double)ws27[r0];
+    }
+    const float red = (float)(acc);
+    const float ev0 = ws3[0];  /* t89 */
+    const float t85 = -red;  /* t85: f32[] = neg(t84) */
+    const float t90 = t85/ev0;  /* t90: f32[] = div(t85, t89) */
+    out0[0] = t90;
+}
+
+/* t110: f32[64,32] = matmul(t105, t109) */
+SG_KERNEL void k42_matmul_t110(int64_t d0, const float* restrict ws28, const float* restrict ws29, float* restrict ws30, sg_context* context)
+{
+    /* a[64 x 8*d0] read with strides (1, 64), b[8*d0 x 32] with (32, 1):
        a transposed operand is only a change of strides. */
     /* Its buffers in the runtime's scratch region (context->scratch, sized by symgrad_scratch_bytes);
        context->status: the GEMM's, for the entry point to check */
-    context->status = sg_gemm_f32(8*d0, 32, 64,
-        ws28, 64, 1,
-        var0, 32, 1,
-        ws31, context, NULL, context->scratch);
+    context->status = sg_gemm_f32(64, 32, 8*d0,
+        ws28, 1, 64,
+        ws29, 32, 1,
+        ws30, context, NULL, context->scratch);
 }
 
 /* Also called for 7 more kernels (k51_sum_t515, ...) on their buffers, each named at its call */
@@ -1037,20 +1019,28 @@ SG_KERNEL void k44_sum_t538(int64_t d0, const float* restrict ws31, float* restr
     }
 }
 
-/* Also called for 7 more kernels (k52_add_t518, ...) on their buffers, each named at its call */
-/* t539: f32[32] = sub(t538, transformer.ln_f.bias.exp_avg) */
-/* t540: f32[32] = mul(0.09999999999999998, t539) */
-/* t541: f32[32] = add(transformer.ln_f.bias.exp_avg, t540) */
-SG_KERNEL void k45_add_t541(int64_t d0, const float* restrict ws32, float* restrict var64)
+/* Also called for k76_sum_t131, the same code on its buffers */
+/* t106: f32[B,8,32] = div(t65, t70) */
+/* t113: f32[B,8,32] = mul(t112, transformer.ln_f.weight) */
+/* t114: f32[B,8,32] = -t106*t113/t70 */
+/* t115: f32[B,8,1] = sum[axes=(2,), keepdims=True](t114) */
+SG_KERNEL void k48_sum_t115(int64_t d0, const float* restrict ws21, const float* restrict ws22, const float* restrict ws31, const float* restrict var14, float* restrict ws33)
 {
-    for (int64_t i0 = 0; i0 < 32; ++i0) {
-        const float v0 = ws32[i0];  /* t538 */
-        const float v1 = var64[i0];  /* transformer.ln_f.bias.exp_avg */
-        const float v2 = 0.1f;  /* 0.09999999999999998 */
-        const float t539 = v0 - v1;  /* t539: f32[32] = sub(t538, transformer.ln_f.bias.exp_avg) */
-        const float t540 = v2*t539;  /* t540: f32[32] = mul(0.09999999999999998, t539) */
-        const float t541 = v1 + t540;  /* t541: f32[32] = add(transformer.ln_f.bias.exp_avg, t540) */
-        var64[i0] = t541;
+    #pragma omp parallel for if((256*d0) >= SG_PARALLEL_MIN)
+    for (int64_t o0 = 0; o0 < 8*d0; ++o0) {
+        double acc = 0;
+        #pragma omp simd reduction(+:acc)
+        for (int64_t r0 = 0; r0 < 32; ++r0) {
+            const float v0 = ws21[o0 * 32 + r0];  /* t65 */
+            const float v1 = ws22[o0];  /* t70 */
+            const float v2 = ws31[o0 * 32 + r0];  /* t112 */
+            const float v3 = var14[r0];  /* transformer.ln_f.weight */
+            const float t106 = v0/v1;  /* t106: f32[B,8,32] = div(t65, t70) */
+            const float t113 = v2*v3;  /* t113: f32[B,8,32] = mul(t112, transformer.ln_f.weight) */
+            const float t114 = -t113*t106/v1;  /* t114: f32[B,8,32] = -t106*t113/t70 */
+            acc += (double)t114;
+        }
+        ws33[o0] = (float)(acc);
     }
 }
 
@@ -1074,24 +1064,6 @@ SG_KERNEL void k49_simplified_t116(int64_t d0, const float* restrict ws31, const
     }
 }
 
-/* Also called for k78_mul_t421, the same code on its buffers */
-/* t106: f32[B,8,32] = div(t65, t70) */
-/* t514: f32[B,8,32] = mul(t112, t106) */
-SG_KERNEL void k50_mul_t514(int64_t d0, const float* restrict ws21, const float* restrict ws22, const float* restrict ws31, float* restrict ws35)
-{
-    #pragma omp parallel for if((256*d0) >= SG_PARALLEL_MIN)
-    for (int64_t i0 = 0; i0 < 8*d0; ++i0) {
-        for (int64_t i1 = 0; i1 < 32; ++i1) {
-            const float v0 = ws21[i0 * 32 + i1];  /* t65 */
-            const float v1 = ws22[i0];  /* t70 */
-            const float v2 = ws31[i0 * 32 + i1];  /* t112 */
-            const float t106 = v0/v1;  /* t106: f32[B,8,32] = div(t65, t70) */
-            const float t514 = v2*t106;  /* t514: f32[B,8,32] = mul(t112, t106) */
-            ws35[i0 * 32 + i1] = t514;
-        }
-    }
-}
-
 /* Also called for 2 more kernels (k86_mul_t135, ...) on their buffers, each named at its call */
 /* t117: f32[B,8,1] = sum[axes=(2,), keepdims=True](t116) */
 /* t118: f32[B,8,1] = mul(t117, -0.03125) */
@@ -1111,17 +1083,31 @@ SG_KERNEL void k55_mul_t118(int64_t d0, const float* restrict ws34, float* restr
     }
 }
 
-/* t305: f32[32,128] = matmul(t302, t304) */
-SG_KERNEL void k64_matmul_t305(int64_t d0, const float* restrict ws38, const float* restrict ws42, float* restrict ws43, sg_context* context)
+/* t121: f32[8*B,128] = matmul(t120, transformer.h.0.mlp.c_proj.weight) */
+SG_KERNEL void k61_matmul_t121(int64_t d0, const float* restrict ws38, const float* restrict var12, float* restrict ws40, sg_context* context)
 {
-    /* a[32 x 8*d0] read with strides (1, 32), b[8*d0 x 128] with (128, 1):
+    /* a[8*d0 x 32] read with strides (32, 1), b[32 x 128] with (128, 1):
        a transposed operand is only a change of strides. */
     /* Its buffers in the runtime's scratch region (context->scratch, sized by symgrad_scratch_bytes);
        context->status: the GEMM's, for the entry point to check */
-    context->status = sg_gemm_f32(32, 128, 8*d0,
-        ws38, 1, 32,
-        ws42, 128, 1,
-        ws43, context, NULL, context->scratch);
+    context->status = sg_gemm_f32(8*d0, 128, 32,
+        ws38, 32, 1,
+        var12, 128, 1,
+        ws40, context, NULL, context->scratch);
+}
+
+/* t123: f32[B,8,128] = sqrt(2)*t55*exp(-t55**2/2)/(2*sqrt(pi)) + Piecewise((erfc(sqrt(2)*Abs(t55)/2)/2, t55 < 0), (1 - erfc(sqrt(2)*Abs(t55)/2)/2, True)) */
+/* t124: f32[B,8,128] = mul(t122, t123) */
+SG_KERNEL void k62_mul_t124(int64_t d0, const float* restrict ws17, const float* restrict ws40, float* restrict ws41)
+{
+    #pragma omp parallel for if((1024*d0) >= SG_PARALLEL_MIN)
+    for (int64_t i0 = 0; i0 < 1024*d0; ++i0) {
+        const float v0 = ws17[i0];  /* t55 */
+        const float v1 = ws40[i0];  /* t122 */
+        const float t123 = 0.3989423f*(v0*sg_expf(-1.0f/2.0f*((v0)*(v0)))) + (((v0 < 0.0f)) ? ((1.0f/2.0f)*erfcf(0.70710677f*fabsf(v0))) : (1.0f - 1.0f/2.0f*erfcf(0.70710677f*fabsf(v0))));  /* t123: f32[B,8,128] = sqrt(2)*t55*exp(-t55**2/2)/(2*sqrt(pi)) + Piecewise((erfc(sqrt(2)*Abs(t55)/2)/2, t55 < 0), (1 - erfc(sqrt(2)*Abs(t55)/2)/2, True)) */
+        const float t124 = v1*t123;  /* t124: f32[B,8,128] = mul(t122, t123) */
+        ws41[i0] = t124;
+    }
 }
 
 /* t464: f64[] = pow(0.9, t463) */
@@ -1205,84 +1191,48 @@ SG_KERNEL void k70_add_t313(int64_t d0, float* restrict var34, const float* rest
     }
 }
 
-/* Also called for k97_sub_t295, the same code on its buffers */
-/* t91: f64[] = mul(lr, 0.1) */
-/* t92: f64[] = sub(1.0, t91) */
-/* t93: f32[] = cast(t92) */
-/* t296: f32[32,128] = mul(transformer.h.0.mlp.c_proj.weight, t93) */
-/* t298: f64[] = pow(0.9, t297) */
-/* t299: f64[] = sub(1.0, t298) */
-/* t300: f64[] = div(lr, t299) */
-/* t301: f32[] = cast(t300) */
-/* t315: f64[] = pow(0.95, t297) */
-/* t316: f64[] = sub(1.0, t315) */
-/* t317: f64[] = sqrt(t316) */
-/* t318: f32[] = cast(t317) */
-/* t309: f32[32,128] = mul(t301, t308) */
-/* t314: f32[32,128] = sqrt(t313) */
-/* t319: f32[32,128] = div(t314, t318) */
-/* t320: f32[32,128] = add(t319, 1e-08) */
-/* t321: f32[32,128] = div(t309, t320) */
-/* t322: f32[32,128] = sub(t296, t321) */
-SG_KERNEL void k71_sub_t322(int64_t d0, const double* restrict var16, float* restrict var12, const double* restrict var32, const float* restrict var33, const float* restrict var34)
+/* t126: f32[8*B,32] = matmul(t125, transformer.h.0.mlp.c_fc.weight) */
+SG_KERNEL void k72_matmul_t126(int64_t d0, const float* restrict ws41, const float* restrict var10, float* restrict ws45, sg_context* context)
 {
-    for (int64_t i0 = 0; i0 < 4096; ++i0) {
-        const double v0 = var16[0];  /* lr */
-        const double v1 = 0.1;  /* 0.1 */
-        const double v2 = 1.0;  /* 1.0 */
-        const float v3 = var12[i0];  /* transformer.h.0.mlp.c_proj.weight */
-        const double v4 = 0.9;  /* 0.9 */
-        const double v5 = var32[0];  /* t297 */
-        const double v6 = 0.95;  /* 0.95 */
-        const float v7 = var33[i0];  /* t308 */
-        const float v8 = var34[i0];  /* t313 */
-        const float v9 = 1.0e-08f;  /* 1e-08 */
-        const double t91 = v0*v1;  /* t91: f64[] = mul(lr, 0.1) */
-        const double t92 = v2 - t91;  /* t92: f64[] = sub(1.0, t91) */
-        const float t93 = (float)(t92);  /* t93: f32[] = cast(t92) */
-        const float t296 = v3*t93;  /* t296: f32[32,128] = mul(transformer.h.0.mlp.c_proj.weight, t93) */
-        const double t298 = pow(v4, v5);  /* t298: f64[] = pow(0.9, t297) */
-        const double t299 = v2 - t298;  /* t299: f64[] = sub(1.0, t298) */
-        const double t300 = v0/t299;  /* t300: f64[] = div(lr, t299) */
-        const float t301 = (float)(t300);  /* t301: f32[] = cast(t300) */
-        const double t315 = pow(v6, v5);  /* t315: f64[] = pow(0.95, t297) */
-        const double t316 = v2 - t315;  /* t316: f64[] = sub(1.0, t315) */
-        const double t317 = sqrt(t316);  /* t317: f64[] = sqrt(t316) */
-        const float t318 = (float)(t317);  /* t318: f32[] = cast(t317) */
-        const float t309 = t301*v7;  /* t309: f32[32,128] = mul(t301, t308) */
-        const float t314 = sqrtf(v8);  /* t314: f32[32,128] = sqrt(t313) */
-        const float t319 = t314/t318;  /* t319: f32[32,128] = div(t314, t318) */
-        const float t320 = t319 + v9;  /* t320: f32[32,128] = add(t319, 1e-08) */
-        const float t321 = t309/t320;  /* t321: f32[32,128] = div(t309, t320) */
-        const float t322 = t296 - t321;  /* t322: f32[32,128] = sub(t296, t321) */
-        var12[i0] = t322;
+    /* a[8*d0 x 128] read with strides (128, 1), b[128 x 32] with (32, 1):
+       a transposed operand is only a change of strides. */
+    /* Its buffers in the runtime's scratch region (context->scratch, sized by symgrad_scratch_bytes);
+       context->status: the GEMM's, for the entry point to check */
+    context->status = sg_gemm_f32(8*d0, 32, 128,
+        ws41, 128, 1,
+        var10, 32, 1,
+        ws45, context, NULL, context->scratch);
+}
+
+/* Also called for k126_add_t170, the same code on its buffers */
+/* t133: f32[B,8,32] = add(t119, t132) */
+/* t136: f32[B,8,32] = add(t133, t135) */
+SG_KERNEL void k87_add_t136(int64_t d0, const float* restrict ws38, const float* restrict ws48, const float* restrict ws53, float* restrict ws54)
+{
+    #pragma omp parallel for if((256*d0) >= SG_PARALLEL_MIN)
+    for (int64_t i0 = 0; i0 < 8*d0; ++i0) {
+        for (int64_t i1 = 0; i1 < 32; ++i1) {
+            const float v0 = ws38[i0 * 32 + i1];  /* t119 */
+            const float v1 = ws48[i0 * 32 + i1];  /* t132 */
+            const float v2 = ws53[i0];  /* t135 */
+            const float t133 = v0 + v1;  /* t133: f32[B,8,32] = add(t119, t132) */
+            const float t136 = t133 + v2;  /* t136: f32[B,8,32] = add(t133, t135) */
+            ws54[i0 * 32 + i1] = t136;
+        }
     }
 }
 
-/* t278: f32[128,32] = matmul(t274, t277) */
-SG_KERNEL void k81_matmul_t278(int64_t d0, const float* restrict ws41, const float* restrict ws51, float* restrict ws52, sg_context* context)
+/* t250: f32[32,32] = matmul(t249, t34) */
+SG_KERNEL void k92_matmul_t250(int64_t d0, const float* restrict ws54, const float* restrict ws9, float* restrict ws56, sg_context* context)
 {
-    /* a[128 x 8*d0] read with strides (1, 128), b[8*d0 x 32] with (32, 1):
+    /* a[32 x 8*d0] read with strides (1, 32), b[8*d0 x 32] with (32, 1):
        a transposed operand is only a change of strides. */
     /* Its buffers in the runtime's scratch region (context->scratch, sized by symgrad_scratch_bytes);
        context->status: the GEMM's, for the entry point to check */
-    context->status = sg_gemm_f32(128, 32, 8*d0,
-        ws41, 1, 128,
-        ws51, 32, 1,
-        ws52, context, NULL, context->scratch);
-}
-
-/* t138: f32[8*B,32] = matmul(t137, transformer.h.0.attn.c_proj.weight) */
-SG_KERNEL void k98_matmul_t138(int64_t d0, const float* restrict ws54, const float* restrict var6, float* restrict ws57, sg_context* context)
-{
-    /* a[8*d0 x 32] read with strides (32, 1), b[32 x 32] with (32, 1):
-       a transposed operand is only a change of strides. */
-    /* Its buffers in the runtime's scratch region (context->scratch, sized by symgrad_scratch_bytes);
-       context->status: the GEMM's, for the entry point to check */
-    context->status = sg_gemm_f32(8*d0, 32, 32,
-        ws54, 32, 1,
-        var6, 32, 1,
-        ws57, context, NULL, context->scratch);
+    context->status = sg_gemm_f32(32, 32, 8*d0,
+        ws54, 1, 32,
+        ws9, 32, 1,
+        ws56, context, NULL, context->scratch);
 }
 
 /* Row r < rows of the tile i0...: D = g . out (which is sum_j p_j (g . v_j)) into d[r], and m[r],
@@ -1394,49 +1344,45 @@ SG_KERNEL void k99_attention_grad_t141(int64_t d0, const float* restrict ws8, co
     }
 }
 
-/* make contiguous for a reshape: t144: f32[B,8,2,16] = transpose[perm=(0,2,1,3)](t143) */
-SG_KERNEL void k100_copy(int64_t d0, const float* restrict ws58, float* restrict ws61)
-{
-    #pragma omp parallel for if((256*d0) >= SG_PARALLEL_MIN)
-    for (int64_t i0 = 0; i0 < d0; ++i0) {
-        for (int64_t i1 = 0; i1 < 8; ++i1) {
-            for (int64_t i2 = 0; i2 < 2; ++i2) {
-                for (int64_t i3 = 0; i3 < 16; ++i3) {
-                    const float v0 = ws58[i0 * 256 + i1 * 16 + i2 * 128 + i3 + (512*d0)];  /* make contiguous for a reshape */
-                    const float r = v0;  /* make contiguous for a reshape: t144: f32[B,8,2,16] = transpose[perm=(0,2,1,3)](t143) */
-                    ws61[i0 * 256 + i1 * 32 + i2 * 16 + i3] = r;
-                }
-            }
-        }
-    }
-}
-
-/* t151: f32[B,8,96] = embed[starts=(0,0,32), steps=(1,1,1)](t150), stored in place into t158 */
-SG_KERNEL void k103_embed_t151(int64_t d0, const float* restrict ws63, float* restrict ws62)
+/* t146: f32[B,8,96] = embed[starts=(0,0,64), steps=(1,1,1)](t145), stored in place into t158 */
+SG_KERNEL void k101_embed_t146(int64_t d0, const float* restrict ws61, float* restrict ws62)
 {
     #pragma omp parallel for if((256*d0) >= SG_PARALLEL_MIN)
     for (int64_t i0 = 0; i0 < 8*d0; ++i0) {
         for (int64_t i1 = 0; i1 < 32; ++i1) {
-            const float v0 = ws63[i0 * 32 + i1];  /* t150 */
-            const float r = v0;  /* t151: f32[B,8,96] = embed[starts=(0,0,32), steps=(1,1,1)](t150), stored in place into t158 */
-            ws62[i0 * 96 + i1 + 32] = r;
+            const float v0 = ws61[i0 * 32 + i1];  /* t145 */
+            const float r = v0;  /* t146: f32[B,8,96] = embed[starts=(0,0,64), steps=(1,1,1)](t145), stored in place into t158 */
+            ws62[i0 * 96 + i1 + 64] = r;
         }
     }
 }
 
-/* make contiguous for a reshape: t155: f32[B,8,2,16] = transpose[perm=(0,2,1,3)](t154) */
-SG_KERNEL void k104_copy(int64_t d0, const float* restrict ws58, float* restrict ws64)
+/* make contiguous for a reshape: t149: f32[B,8,2,16] = transpose[perm=(0,2,1,3)](t148) */
+SG_KERNEL void k102_copy(int64_t d0, const float* restrict ws58, float* restrict ws63)
 {
     #pragma omp parallel for if((256*d0) >= SG_PARALLEL_MIN)
     for (int64_t i0 = 0; i0 < d0; ++i0) {
         for (int64_t i1 = 0; i1 < 8; ++i1) {
             for (int64_t i2 = 0; i2 < 2; ++i2) {
                 for (int64_t i3 = 0; i3 < 16; ++i3) {
-                    const float v0 = ws58[i0 * 256 + i1 * 16 + i2 * 128 + i3];  /* make contiguous for a reshape */
-                    const float r = v0;  /* make contiguous for a reshape: t155: f32[B,8,2,16] = transpose[perm=(0,2,1,3)](t154) */
-                    ws64[i0 * 256 + i1 * 32 + i2 * 16 + i3] = r;
+                    const float v0 = ws58[i0 * 256 + i1 * 16 + i2 * 128 + i3 + (256*d0)];  /* make contiguous for a reshape */
+                    const float r = v0;  /* make contiguous for a reshape: t149: f32[B,8,2,16] = transpose[perm=(0,2,1,3)](t148) */
+                    ws63[i0 * 256 + i1 * 32 + i2 * 16 + i3] = r;
                 }
             }
+        }
+    }
+}
+
+/* t157: f32[B,8,96] = embed[starts=(0,0,0), steps=(1,1,1)](t156), stored in place into t158 */
+SG_KERNEL void k105_embed_t157(int64_t d0, const float* restrict ws64, float* restrict ws62)
+{
+    #pragma omp parallel for if((256*d0) >= SG_PARALLEL_MIN)
+    for (int64_t i0 = 0; i0 < 8*d0; ++i0) {
+        for (int64_t i1 = 0; i1 < 32; ++i1) {
+            const float v0 = ws64[i0 * 32 + i1];  /* t156 */
+            const float r = v0;  /* t157: f32[B,8,96] = embed[starts=(0,0,0), steps=(1,1,1)](t156), stored in place into t158 */
+            ws62[i0 * 96 + i1] = r;
         }
     }
 }
@@ -1497,40 +1443,46 @@ SG_KERNEL void k108_add_t383(int64_t d0, float* restrict var44, const float* res
     }
 }
 
-/* t160: f32[8*B,32] = matmul(t159, transformer.h.0.attn.c_attn.weight) */
-SG_KERNEL void k111_matmul_t160(int64_t d0, const float* restrict ws62, const float* restrict var4, float* restrict ws66, sg_context* context)
-{
-    /* a[8*d0 x 96] read with strides (96, 1), b[96 x 32] with (32, 1):
-       a transposed operand is only a change of strides. */
-    /* Its buffers in the runtime's scratch region (context->scratch, sized by symgrad_scratch_bytes);
-       context->status: the GEMM's, for the entry point to check */
-    context->status = sg_gemm_f32(8*d0, 32, 96,
-        ws62, 96, 1,
-        var4, 32, 1,
-        ws66, context, NULL, context->scratch);
-}
-
-/* t328: f32[B,8,32] = mul(t161, t163) */
-SG_KERNEL void k117_mul_t328(int64_t d0, const float* restrict ws66, const float* restrict ws7, float* restrict ws70)
+/* t222: f32[B,8,32] = mul(t163, transformer.h.0.ln_1.weight) */
+/* t223: f32[B,8,32] = add(t222, transformer.h.0.ln_1.bias) */
+SG_KERNEL void k119_add_t223(int64_t d0, const float* restrict ws7, const float* restrict var2, const float* restrict var3, float* restrict ws72)
 {
     #pragma omp parallel for if((256*d0) >= SG_PARALLEL_MIN)
-    for (int64_t i0 = 0; i0 < 256*d0; ++i0) {
-        const float v0 = ws66[i0];  /* t161 */
-        const float v1 = ws7[i0];  /* t163 */
-        const float t328 = v0*v1;  /* t328: f32[B,8,32] = mul(t161, t163) */
-        ws70[i0] = t328;
+    for (int64_t i0 = 0; i0 < 8*d0; ++i0) {
+        for (int64_t i1 = 0; i1 < 32; ++i1) {
+            const float v0 = ws7[i0 * 32 + i1];  /* t163 */
+            const float v1 = var2[i1];  /* transformer.h.0.ln_1.weight */
+            const float v2 = var3[i1];  /* transformer.h.0.ln_1.bias */
+            const float t222 = v0*v1;  /* t222: f32[B,8,32] = mul(t163, transformer.h.0.ln_1.weight) */
+            const float t223 = t222 + v2;  /* t223: f32[B,8,32] = add(t222, transformer.h.0.ln_1.bias) */
+            ws72[i0 * 32 + i1] = t223;
+        }
     }
 }
 
-/* t197: f32[8,32] = scatter_add[axis=0, size=8](t196, t4) */
-SG_KERNEL void k130_scatter_add_t197(int64_t d0, const float* restrict ws77, const int64_t* restrict ws78, float* restrict ws79)
+/* t225: f32[96,32] = matmul(t221, t224) */
+SG_KERNEL void k120_matmul_t225(int64_t d0, const float* restrict ws62, const float* restrict ws72, float* restrict ws73, sg_context* context)
 {
-    const int64_t P = 1, I = 8, Q = 32, R = 8;
-    const float* src = ws77;
-    const int64_t* idx = ws78;
+    /* a[96 x 8*d0] read with strides (1, 96), b[8*d0 x 32] with (32, 1):
+       a transposed operand is only a change of strides. */
+    /* Its buffers in the runtime's scratch region (context->scratch, sized by symgrad_scratch_bytes);
+       context->status: the GEMM's, for the entry point to check */
+    context->status = sg_gemm_f32(96, 32, 8*d0,
+        ws62, 1, 96,
+        ws72, 32, 1,
+        ws73, context, NULL, context->scratch);
+}
+
+/* t171: f32[64,32] = scatter_add[axis=0, size=64](t170, idx) */
+SG_KERNEL void k127_scatter_add_t171(int64_t d0, const float* restrict ws75, const int64_t* restrict in0, float* restrict ws76)
+{
+    const int64_t P = 1, I = (8*d0), Q = 32, R = 64;
+    const float* src = ws75;
+    const int64_t* idx = in0;
     /* out[p, r, q] = 0, then out[p, idx[i], q] += src[p, i, q] with i in order (np.add.at's sums, bit
        for bit). Threads split P only: no two add into one element. An index outside [0, R) adds nothing. */
-    memset(ws79, 0, (size_t)(P * R * Q) * sizeof(float));
+    memset(ws76, 0, (size_t)(P * R * Q) * sizeof(float));
+    #pragma omp parallel for if(P > 1 && P * I * Q >= SG_PARALLEL_MIN)
     for (int64_t p = 0; p < P; ++p) {
         for (int64_t i = 0; i < I; ++i) {
             const int64_t r = (int64_t)idx[i];
@@ -1538,7 +1490,7 @@ SG_KERNEL void k130_scatter_add_t197(int64_t d0, const float* restrict ws77, con
                 continue;
             }
             const float* row = src + (p * I + i) * Q;
-            float* dst = ws79 + (p * R + r) * Q;
+            float* dst = ws76 + (p * R + r) * Q;
             for (int64_t q = 0; q < Q; ++q) {
                 dst[q] += row[q];
             }
@@ -1714,39 +1666,6 @@ SG_KERNEL void k139_sub_t242(int64_t d0, const double* restrict var16, float* re
 /* ---- translation unit 0 of 2: its kernel functions, then the entry point ---- */
 #if SG_IN_PART(0)
 
-/* t3: f32[B,8,32] = take[axis=0](transformer.wte.weight, idx) */
-SG_KERNEL void k0_take_t3(int64_t d0, const float* restrict var0, const int64_t* restrict in0, float* restrict ws0)
-{
-    const int64_t P = 1, I = (8*d0), Q = 32, R = 64;
-    const float* src = var0;
-    const int64_t* idx = in0;
-    /* out[p, i, q] = src[p, idx[i], q]: each (p, i) copies one row of Q. An index outside [0, R)
-       (the call checked them; this is only a guard) gives a row of zeros, never a read outside src. */
-    #pragma omp parallel for collapse(2) if(P * I * Q >= SG_PARALLEL_MIN)
-    for (int64_t p = 0; p < P; ++p) {
-        for (int64_t i = 0; i < I; ++i) {
-            const int64_t r = (int64_t)idx[i];
-            const int inside = r >= 0 && r < R;
-            const float* row = src + (p * R + (inside ? r : 0)) * Q;
-            float* dst = ws0 + (p * I + i) * Q;
-            for (int64_t q = 0; q < Q; ++q) {
-                dst[q] = inside ? row[q] : 0;
-            }
-        }
-    }
-}
-
-/* Also called for k129_copy, the same code on its buffers */
-/* make iota's operand contiguous: t4 */
-SG_KERNEL void k1_copy(int64_t d0, int64_t* restrict ws1)
-{
-    for (int64_t i0 = 0; i0 < 8; ++i0) {
-        const int64_t v0 = i0;  /* make iota's operand contiguous */
-        const int64_t r = v0;  /* make iota's operand contiguous: t4 */
-        ws1[i0] = r;
-    }
-}
-
 /* t5: f32[8,32] = take[axis=0](transformer.wpe.weight, t4) */
 SG_KERNEL void k2_take_t5(int64_t d0, const float* restrict var1, const int64_t* restrict ws1, float* restrict ws2)
 {
@@ -1768,6 +1687,23 @@ SG_KERNEL void k2_take_t5(int64_t d0, const float* restrict var1, const int64_t*
     }
 }
 
+/* t87: bool[8*B] = not_equal(t86, -100) */
+/* t88: f32[8*B] = cast(t87) */
+/* t89: f32[] = sum[axes=(0,), keepdims=False](t88) */
+SG_KERNEL void k3_sum_t89(int64_t d0, const int64_t* restrict in1, float* restrict ws3)
+{
+    double acc = 0;
+    #pragma omp simd reduction(+:acc)
+    for (int64_t r0 = 0; r0 < 8*d0; ++r0) {
+        const int64_t v0 = in1[r0];  /* t86 */
+        const int64_t v1 = (-100);  /* -100 */
+        const uint8_t t87 = (uint8_t)((v0 != v1));  /* t87: bool[8*B] = not_equal(t86, -100) */
+        const float t88 = ((t87) ? 1.0f : 0.0f);  /* t88: f32[8*B] = cast(t87) */
+        acc += (double)t88;
+    }
+    ws3[0] = (float)(acc);
+}
+
 /* Also called for 15 more kernels (k5_add_t191, ...) on their buffers, each named at its call */
 /* t95: f64[] = add(transformer.wte.weight.step, 1.0) */
 SG_KERNEL void k4_add_t95(int64_t d0, double* restrict var17)
@@ -1776,6 +1712,58 @@ SG_KERNEL void k4_add_t95(int64_t d0, double* restrict var17)
     const double v1 = 1.0;  /* 1.0 */
     const double t95 = v0 + v1;  /* t95: f64[] = add(transformer.wte.weight.step, 1.0) */
     var17[0] = t95;
+}
+
+/* t6: f32[B,8,32] = add(t3, t5) */
+/* t7: f32[B,8,1] = sum[axes=(2,), keepdims=True](t6) */
+/* t8: f32[B,8,1] = mul(t7, 1/32) */
+SG_KERNEL void k20_mul_t8(int64_t d0, const float* restrict ws0, const float* restrict ws2, float* restrict ws4)
+{
+    #pragma omp parallel for if((256*d0) >= SG_PARALLEL_MIN)
+    for (int64_t o0 = 0; o0 < d0; ++o0) {
+        for (int64_t o1 = 0; o1 < 8; ++o1) {
+            double acc = 0;
+            #pragma omp simd reduction(+:acc)
+            for (int64_t r0 = 0; r0 < 32; ++r0) {
+                const float v0 = ws0[o0 * 256 + o1 * 32 + r0];  /* t3 */
+                const float v1 = ws2[o1 * 32 + r0];  /* t5 */
+                const float t6 = v0 + v1;  /* t6: f32[B,8,32] = add(t3, t5) */
+                acc += (double)t6;
+            }
+            const float red = (float)(acc);
+            const float ev0 = 0.03125f;  /* 1/32 */
+            const float t8 = red*ev0;  /* t8: f32[B,8,1] = mul(t7, 1/32) */
+            ws4[o0 * 8 + o1] = t8;
+        }
+    }
+}
+
+/* t6: f32[B,8,32] = add(t3, t5) */
+/* t9: f32[B,8,32] = sub(t6, t8) */
+/* t15: f32[B,8,32] = div(t9, t14) */
+/* t16: f32[B,8,32] = mul(t15, transformer.h.0.ln_1.weight) */
+/* t17: f32[B,8,32] = add(t16, transformer.h.0.ln_1.bias) */
+SG_KERNEL void k22_add_t17(int64_t d0, const float* restrict ws0, const float* restrict ws2, const float* restrict ws4, const float* restrict ws5, const float* restrict var2, const float* restrict var3, float* restrict ws6)
+{
+    #pragma omp parallel for if((256*d0) >= SG_PARALLEL_MIN)
+    for (int64_t i0 = 0; i0 < d0; ++i0) {
+        for (int64_t i1 = 0; i1 < 8; ++i1) {
+            for (int64_t i2 = 0; i2 < 32; ++i2) {
+                const float v0 = ws0[i0 * 256 + i1 * 32 + i2];  /* t3 */
+                const float v1 = ws2[i1 * 32 + i2];  /* t5 */
+                const float v2 = ws4[i0 * 8 + i1];  /* t8 */
+                const float v3 = ws5[i0 * 8 + i1];  /* t14 */
+                const float v4 = var2[i2];  /* transformer.h.0.ln_1.weight */
+                const float v5 = var3[i2];  /* transformer.h.0.ln_1.bias */
+                const float t6 = v0 + v1;  /* t6: f32[B,8,32] = add(t3, t5) */
+                const float t9 = t6 - v2;  /* t9: f32[B,8,32] = sub(t6, t8) */
+                const float t15 = t9/v3;  /* t15: f32[B,8,32] = div(t9, t14) */
+                const float t16 = t15*v4;  /* t16: f32[B,8,32] = mul(t15, transformer.h.0.ln_1.weight) */
+                const float t17 = t16 + v5;  /* t17: f32[B,8,32] = add(t16, transformer.h.0.ln_1.bias) */
+                ws6[i0 * 256 + i1 * 32 + i2] = t17;
+            }
+        }
+    }
 }
 
 /* t6: f32[B,8,32] = add(t3, t5) */
@@ -1795,6 +1783,99 @@ SG_KERNEL void k23_div_t163(int64_t d0, const float* restrict ws0, const float* 
                 const float t9 = t6 - v2;  /* t9: f32[B,8,32] = sub(t6, t8) */
                 const float t163 = t9/v3;  /* t163: f32[B,8,32] = div(t9, t14) */
                 ws7[i0 * 256 + i1 * 32 + i2] = t163;
+            }
+        }
+    }
+}
+
+/* The tile's rows i0... against the block's n keys from j0: their scores (q_i . k_j, in scores)
+   scaled, -INFINITY where key j is hidden from row i, then exp(s - m) in their place; m and l,
+   each row's largest score and sum of exp(s - m) so far, brought up to the block, and o's rows rescaled with them. */
+static inline void k25_attention_t32_softmax(int64_t rows, int64_t n, int64_t i0, int64_t j0, float (*scores)[SG_KEY_BLOCK],
+        float* m, float* l, float* o)
+{
+    enum { E = 16 };
+    const float scale = 0.25f;
+    for (int64_t r = 0; r < rows; ++r) {
+        const int64_t i = i0 + r;
+        float* s = scores[r];
+        const float before = m[r];
+        float top = before;
+        for (int64_t jj = 0; jj < n; ++jj) {
+            s[jj] = j0 + jj <= i ? s[jj] * scale : -INFINITY;
+            top = s[jj] > top ? s[jj] : top;
+        }
+        /* the sums so far were taken against m: rescale them to top */
+        const float rescale = sg_expf(before - top);
+        float sum = 0;
+        for (int64_t jj = 0; jj < n; ++jj) {
+            s[jj] = sg_expf(s[jj] - top);
+            sum += s[jj];
+        }
+        l[r] = l[r] * rescale + sum;
+        m[r] = top;
+        for (int64_t e = 0; e < E; ++e) {
+            o[r * E + e] *= rescale;
+        }
+    }
+}
+
+/* t32: f32[B,2,8,16] = attention[causal=True, scale=0.25](t25, t28, t31) */
+SG_KERNEL void k25_attention_t32(int64_t d0, const float* restrict ws8, float* restrict ws9, float* restrict ws10, float* restrict ws11)
+{
+    /* attention over H heads of T rows of E = 16 elements; causal: row i sees keys j <= i */
+    enum { E = 16 };
+    const int64_t H = (2*d0), T = 8, tiles = (T + SG_ROW_TILE - 1) / SG_ROW_TILE;
+    float* kt = ws10;  /* k transposed per head: H x E x T */
+    #pragma omp parallel for if(H * T * E >= SG_PARALLEL_MIN)
+    for (int64_t h = 0; h < H; ++h) {
+        const int64_t n0 = h / 2;
+        const int64_t n1 = h % 2;
+        const float* kh = ws8 + n0 * 768 + n1 * 16 + 32;  /* t28, head h */
+        const int64_t k_row = 96;
+
+        sg_attention_transpose_f32(T, E, kh, k_row, kt + h * E * T);
+    }
+    #pragma omp parallel for collapse(2) schedule(dynamic) if(H * T * T * E >= SG_PARALLEL_MIN)
+    for (int64_t h = 0; h < H; ++h) {
+        for (int64_t tile = 0; tile < tiles; ++tile) {
+            const int64_t n0 = h / 2;
+            const int64_t n1 = h % 2;
+            const float* qh = ws8 + n0 * 768 + n1 * 16;  /* t25, head h */
+            const int64_t q_row = 96;
+            const float* vh = ws8 + n0 * 768 + n1 * 16 + 64;  /* t31, head h */
+            const int64_t v_row = 96;
+
+            const float* kth = kt + h * E * T;
+            const int64_t i0 = tile * SG_ROW_TILE, rows = T - i0 < SG_ROW_TILE ? T - i0 : SG_ROW_TILE;
+            const int64_t keys = i0 + rows;
+            /* per row: m, the largest score so far; l, the sum of exp(s - m); o, that sum's v rows
+               (summed here, then stored once: out's rows lie 32 apart) */
+            float m[SG_ROW_TILE], l[SG_ROW_TILE], scores[SG_ROW_TILE][SG_KEY_BLOCK], o[SG_ROW_TILE * E];
+            for (int64_t r = 0; r < rows; ++r) {
+                m[r] = -INFINITY;
+                l[r] = 0;
+                for (int64_t e = 0; e < E; ++e) {
+                    o[r * E + e] = 0;
+                }
+            }
+            /* Block 0 holds key 0, which every row sees: m is finite after it. */
+            for (int64_t j0 = 0; j0 < keys; j0 += SG_KEY_BLOCK) {
+                const int64_t n = keys - j0 < SG_KEY_BLOCK ? keys - j0 : SG_KEY_BLOCK;
+                sg_attention_product_f32(rows, n, E, qh + i0 * q_row, q_row, 1, kth + j0, T, &scores[0][0], SG_KEY_BLOCK, 0);
+                k25_attention_t32_softmax(rows, n, i0, j0, scores, m, l, o);
+                /* o += p v over the block's keys (p: exp(s - m), now in scores) */
+                sg_attention_product_f32(rows, E, n, &scores[0][0], SG_KEY_BLOCK, 1, vh + j0 * v_row, v_row, o, E, 1);
+            }
+            float* out = ws9 + n0 * 256 + n1 * 16 + i0 * 32;  /* row i0 of head h */
+            for (int64_t r = 0; r < rows; ++r) {
+                const float inverse = 1 / l[r];
+                for (int64_t e = 0; e < E; ++e) {
+                    out[r * 32 + e] = o[r * E + e] * inverse;
+                }
+                /* for the gradient: the row's softmax, m and 1 / l */
+                ws11[h * T + i0 + r] = m[r];
+                ws11[(H + h) * T + i0 + r] = inverse;
             }
         }
     }
@@ -1842,33 +1923,6 @@ SG_KERNEL void k26_add_t37(int64_t d0, const float* restrict ws9, const float* r
         ws12, context, &epilogue, context->scratch);
 }
 
-/* t6: f32[B,8,32] = add(t3, t5) */
-/* t39: f32[B,8,32] = add(t6, t38) */
-/* t40: f32[B,8,1] = sum[axes=(2,), keepdims=True](t39) */
-/* t41: f32[B,8,1] = mul(t40, 1/32) */
-SG_KERNEL void k27_mul_t41(int64_t d0, const float* restrict ws0, const float* restrict ws2, const float* restrict ws12, float* restrict ws13)
-{
-    #pragma omp parallel for if((256*d0) >= SG_PARALLEL_MIN)
-    for (int64_t o0 = 0; o0 < d0; ++o0) {
-        for (int64_t o1 = 0; o1 < 8; ++o1) {
-            double acc = 0;
-            #pragma omp simd reduction(+:acc)
-            for (int64_t r0 = 0; r0 < 32; ++r0) {
-                const float v0 = ws0[o0 * 256 + o1 * 32 + r0];  /* t3 */
-                const float v1 = ws2[o1 * 32 + r0];  /* t5 */
-                const float v2 = ws12[o0 * 256 + o1 * 32 + r0];  /* t38 */
-                const float t6 = v0 + v1;  /* t6: f32[B,8,32] = add(t3, t5) */
-                const float t39 = t6 + v2;  /* t39: f32[B,8,32] = add(t6, t38) */
-                acc += (double)t39;
-            }
-            const float red = (float)(acc);
-            const float ev0 = 0.03125f;  /* 1/32 */
-            const float t41 = red*ev0;  /* t41: f32[B,8,1] = mul(t40, 1/32) */
-            ws13[o0 * 8 + o1] = t41;
-        }
-    }
-}
-
 /* t59: f32[8*B,32] = matmul(t57, t58) */
 /* t60: f32[8*B,32] = add(t59, transformer.h.0.mlp.c_proj.bias) */
 /* What k33_add_t60's epilogue reads (Dims, operands) and the product it finishes in place. */
@@ -1914,136 +1968,69 @@ SG_KERNEL void k33_add_t60(int64_t d0, const float* restrict ws18, const float* 
 /* t6: f32[B,8,32] = add(t3, t5) */
 /* t39: f32[B,8,32] = add(t6, t38) */
 /* t62: f32[B,8,32] = add(t39, t61) */
-/* t63: f32[B,8,1] = sum[axes=(2,), keepdims=True](t62) */
-/* t64: f32[B,8,1] = mul(t63, 1/32) */
-SG_KERNEL void k34_mul_t64(int64_t d0, const float* restrict ws0, const float* restrict ws2, const float* restrict ws12, const float* restrict ws19, float* restrict ws20)
+/* t65: f32[B,8,32] = sub(t62, t64) */
+SG_KERNEL void k35_sub_t65(int64_t d0, const float* restrict ws0, const float* restrict ws2, const float* restrict ws12, const float* restrict ws19, const float* restrict ws20, float* restrict ws21)
 {
     #pragma omp parallel for if((256*d0) >= SG_PARALLEL_MIN)
-    for (int64_t o0 = 0; o0 < d0; ++o0) {
-        for (int64_t o1 = 0; o1 < 8; ++o1) {
-            double acc = 0;
-            #pragma omp simd reduction(+:acc)
-            for (int64_t r0 = 0; r0 < 32; ++r0) {
-                const float v0 = ws0[o0 * 256 + o1 * 32 + r0];  /* t3 */
-                const float v1 = ws2[o1 * 32 + r0];  /* t5 */
-                const float v2 = ws12[o0 * 256 + o1 * 32 + r0];  /* t38 */
-                const float v3 = ws19[o0 * 256 + o1 * 32 + r0];  /* t61 */
+    for (int64_t i0 = 0; i0 < d0; ++i0) {
+        for (int64_t i1 = 0; i1 < 8; ++i1) {
+            for (int64_t i2 = 0; i2 < 32; ++i2) {
+                const float v0 = ws0[i0 * 256 + i1 * 32 + i2];  /* t3 */
+                const float v1 = ws2[i1 * 32 + i2];  /* t5 */
+                const float v2 = ws12[i0 * 256 + i1 * 32 + i2];  /* t38 */
+                const float v3 = ws19[i0 * 256 + i1 * 32 + i2];  /* t61 */
+                const float v4 = ws20[i0 * 8 + i1];  /* t64 */
                 const float t6 = v0 + v1;  /* t6: f32[B,8,32] = add(t3, t5) */
                 const float t39 = t6 + v2;  /* t39: f32[B,8,32] = add(t6, t38) */
                 const float t62 = t39 + v3;  /* t62: f32[B,8,32] = add(t39, t61) */
-                acc += (double)t62;
+                const float t65 = t62 - v4;  /* t65: f32[B,8,32] = sub(t62, t64) */
+                ws21[i0 * 256 + i1 * 32 + i2] = t65;
             }
-            const float red = (float)(acc);
-            const float ev0 = 0.03125f;  /* 1/32 */
-            const float t64 = red*ev0;  /* t64: f32[B,8,1] = mul(t63, 1/32) */
-            ws20[o0 * 8 + o1] = t64;
         }
     }
 }
 
-/* row kernel: max, sum, sum, sum (3 passes), 4 outputs */
-/* t100: f32[] = (1.0)/t89 */
-/* t101: f32[] = neg(t100) */
-/* t2: bool[8*B,64] = equal(t0, t1) */
-/* t102: f32[8*B,64] = Piecewise((t101, Ne(t2, 0)), (0, True)) */
-/* t77: f32[8*B,1] = max[axes=(1,), keepdims=True](t76) */
-/* t103: f32[8*B,1] = sum[axes=(1,), keepdims=True](t102) */
-/* t78: f32[8*B,64] = sub(t76, t77) */
-/* t79: f32[8*B,64] = exp(t78) */
-/* t80: f32[8*B,1] = sum[axes=(1,), keepdims=True](t79) */
-/* t81: f32[8*B,1] = log(t80) */
-/* t82: f32[8*B,64] = sub(t78, t81) */
-/* t83: f32[8*B,64] = where(t2, t82, 0) */
-/* t104: f32[8*B,64] = t102 - t103*t79/t80 */
-/* t84: f32[] = sum[axes=(0,1), keepdims=False](t83) (this row's part) */
-SG_KERNEL void k39_rows_t77(int64_t d0, const float* restrict ws3, const int64_t* restrict in1, const float* restrict ws24, float* restrict ws25, float* restrict ws26, float* restrict ws28, double* restrict ws27)
+/* t76: f32[8*B,64] = matmul(t74, t75) */
+SG_KERNEL void k38_matmul_t76(int64_t d0, const float* restrict ws23, const float* restrict var0, float* restrict ws24, sg_context* context)
 {
-    #pragma omp parallel for if((512*d0) >= SG_PARALLEL_MIN)
-    for (int64_t o0 = 0; o0 < 8*d0; ++o0) {
-        const float u0 = 1.0f;  /* 1.0 */
-        const float u1 = ws3[0];  /* t89 */
-        const int64_t u2 = in1[o0];  /* t0 */
-        const float u3 = 0.0f;  /* 0 */
-        /* pass 1 of 3 over the row: max p0, sum p1, store t102 */
-        float a0 = -INFINITY;
-        int a0_nan = 0;
-        double a1 = 0;
-        #pragma omp simd reduction(+:a1) reduction(max:a0) reduction(|:a0_nan)
-        for (int64_t c = 0; c < 64; ++c) {
-            const float v0 = ws24[o0 * 64 + c];  /* t76 */
-            const int64_t v1 = c;  /* t1 */
-            const float t100 = u0/u1;  /* t100: f32[] = (1.0)/t89 */
-            const float t101 = -t100;  /* t101: f32[] = neg(t100) */
-            const uint8_t t2 = (uint8_t)((u2 == v1));  /* t2: bool[8*B,64] = equal(t0, t1) */
-            const float t102 = (((((float)t2) != 0.0f)) ? (t101) : (0.0f));  /* t102: f32[8*B,64] = Piecewise((t101, Ne(t2, 0)), (0, True)) */
-            a0 = v0 > a0 ? v0 : a0;  /* t77: f32[8*B,1] = max[axes=(1,), keepdims=True](t76) */
-            a0_nan |= v0 != v0;  /* NaN propagates, as in NumPy */
-            a1 += (double)t102;  /* t103: f32[8*B,1] = sum[axes=(1,), keepdims=True](t102) */
-            ws25[o0 * 64 + c] = t102;  /* t102 */
-        }
-        const float p0 = (a0_nan ? NAN : a0);
-        const float p1 = (float)(a1);
-        /* pass 2 of 3 over the row: sum p2, store t79 */
-        double a2 = 0;
-        #pragma omp simd reduction(+:a2)
-        for (int64_t c = 0; c < 64; ++c) {
-            const float v0 = ws24[o0 * 64 + c];  /* t76 */
-            const float t78 = v0 - p0;  /* t78: f32[8*B,64] = sub(t76, t77) */
-            const float t79 = sg_expf(t78);  /* t79: f32[8*B,64] = exp(t78) */
-            a2 += (double)t79;  /* t80: f32[8*B,1] = sum[axes=(1,), keepdims=True](t79) */
-            ws26[o0 * 64 + c] = t79;  /* t79 */
-        }
-        const float p2 = (float)(a2);
-        const float t81 = logf(p2);  /* t81: f32[8*B,1] = log(t80) */
-        /* pass 3 of 3 over the row: sum p3, store t104 */
-        double a3 = 0;
-        #pragma omp simd reduction(+:a3)
-        for (int64_t c = 0; c < 64; ++c) {
-            const int64_t v0 = c;  /* t1 */
-            const float v1 = ws24[o0 * 64 + c];  /* t76 */
-            const float v2 = ws25[o0 * 64 + c];  /* t102 */
-            const float v3 = ws26[o0 * 64 + c];  /* t79 */
-            const uint8_t t2 = (uint8_t)((u2 == v0));  /* t2: bool[8*B,64] = equal(t0, t1) */
-            const float t78 = v1 - p0;  /* t78: f32[8*B,64] = sub(t76, t77) */
-            const float t82 = t78 - t81;  /* t82: f32[8*B,64] = sub(t78, t81) */
-            const float t83 = (((((float)t2) != 0.0f)) ? (t82) : (u3));  /* t83: f32[8*B,64] = where(t2, t82, 0) */
-            const float t104 = v2 - p1*v3/p2;  /* t104: f32[8*B,64] = t102 - t103*t79/t80 */
-            a3 += (double)t83;  /* t84: f32[] = sum[axes=(0,1), keepdims=False](t83) (this row's part) */
-            ws28[o0 * 64 + c] = t104;  /* t104 */
-        }
-        const double p3 = a3;
-        ws27[o0] = p3;  /* t84, per row */
-    }
-}
-
-/* t84: f32[] = sum[axes=(0,1), keepdims=False](t83) (the sum of the per-row parts) */
-/* t85: f32[] = neg(t84) */
-/* t90: f32[] = div(t85, t89) */
-SG_KERNEL void k40_div_t90(int64_t d0, const double* restrict ws27, const float* restrict ws3, float* restrict out0)
-{
-    double acc = 0;
-    #pragma omp simd reduction(+:acc)
-    for (int64_t r0 = 0; r0 < 8*d0; ++r0) {
-        acc += (double)ws27[r0];
-    }
-    const float red = (float)(acc);
-    const float ev0 = ws3[0];  /* t89 */
-    const float t85 = -red;  /* t85: f32[] = neg(t84) */
-    const float t90 = t85/ev0;  /* t90: f32[] = div(t85, t89) */
-    out0[0] = t90;
-}
-
-/* t110: f32[64,32] = matmul(t105, t109) */
-SG_KERNEL void k42_matmul_t110(int64_t d0, const float* restrict ws28, const float* restrict ws29, float* restrict ws30, sg_context* context)
-{
-    /* a[64 x 8*d0] read with strides (1, 64), b[8*d0 x 32] with (32, 1):
+    /* a[8*d0 x 32] read with strides (32, 1), b[32 x 64] with (1, 32):
        a transposed operand is only a change of strides. */
     /* Its buffers in the runtime's scratch region (context->scratch, sized by symgrad_scratch_bytes);
        context->status: the GEMM's, for the entry point to check */
-    context->status = sg_gemm_f32(64, 32, 8*d0,
-        ws28, 1, 64,
-        ws29, 32, 1,
-        ws30, context, NULL, context->scratch);
+    context->status = sg_gemm_f32(8*d0, 64, 32,
+        ws23, 32, 1,
+        var0, 1, 32,
+        ws24, context, NULL, context->scratch);
+}
+
+/* t111: f32[8*B,32] = matmul(t104, transformer.wte.weight) */
+SG_KERNEL void k43_matmul_t111(int64_t d0, const float* restrict ws28, const float* restrict var0, float* restrict ws31, sg_context* context)
+{
+    /* a[8*d0 x 64] read with strides (64, 1), b[64 x 32] with (32, 1):
+       a transposed operand is only a change of strides. */
+    /* Its buffers in the runtime's scratch region (context->scratch, sized by symgrad_scratch_bytes);
+       context->status: the GEMM's, for the entry point to check */
+    context->status = sg_gemm_f32(8*d0, 32, 64,
+        ws28, 64, 1,
+        var0, 32, 1,
+        ws31, context, NULL, context->scratch);
+}
+
+/* Also called for 7 more kernels (k52_add_t518, ...) on their buffers, each named at its call */
+/* t539: f32[32] = sub(t538, transformer.ln_f.bias.exp_avg) */
+/* t540: f32[32] = mul(0.09999999999999998, t539) */
+/* t541: f32[32] = add(transformer.ln_f.bias.exp_avg, t540) */
+SG_KERNEL void k45_add_t541(int64_t d0, const float* restrict ws32, float* restrict var64)
+{
+    for (int64_t i0 = 0; i0 < 32; ++i0) {
+        const float v0 = ws32[i0];  /* t538 */
+        const float v1 = var64[i0];  /* transformer.ln_f.bias.exp_avg */
+        const float v2 = 0.1f;  /* 0.09999999999999998 */
+        const float t539 = v0 - v1;  /* t539: f32[32] = sub(t538, transformer.ln_f.bias.exp_avg) */
+        const float t540 = v2*t539;  /* t540: f32[32] = mul(0.09999999999999998, t539) */
+        const float t541 = v1 + t540;  /* t541: f32[32] = add(transformer.ln_f.bias.exp_avg, t540) */
+        var64[i0] = t541;
+    }
 }
 
 /* Also called for 7 more kernels (k53_add_t523, ...) on their buffers, each named at its call */
@@ -2111,28 +2098,21 @@ SG_KERNEL void k47_sub_t555(int64_t d0, const double* restrict var63, const doub
     }
 }
 
-/* Also called for k76_sum_t131, the same code on its buffers */
+/* Also called for k78_mul_t421, the same code on its buffers */
 /* t106: f32[B,8,32] = div(t65, t70) */
-/* t113: f32[B,8,32] = mul(t112, transformer.ln_f.weight) */
-/* t114: f32[B,8,32] = -t106*t113/t70 */
-/* t115: f32[B,8,1] = sum[axes=(2,), keepdims=True](t114) */
-SG_KERNEL void k48_sum_t115(int64_t d0, const float* restrict ws21, const float* restrict ws22, const float* restrict ws31, const float* restrict var14, float* restrict ws33)
+/* t514: f32[B,8,32] = mul(t112, t106) */
+SG_KERNEL void k50_mul_t514(int64_t d0, const float* restrict ws21, const float* restrict ws22, const float* restrict ws31, float* restrict ws35)
 {
     #pragma omp parallel for if((256*d0) >= SG_PARALLEL_MIN)
-    for (int64_t o0 = 0; o0 < 8*d0; ++o0) {
-        double acc = 0;
-        #pragma omp simd reduction(+:acc)
-        for (int64_t r0 = 0; r0 < 32; ++r0) {
-            const float v0 = ws21[o0 * 32 + r0];  /* t65 */
-            const float v1 = ws22[o0];  /* t70 */
-            const float v2 = ws31[o0 * 32 + r0];  /* t112 */
-            const float v3 = var14[r0];  /* transformer.ln_f.weight */
+    for (int64_t i0 = 0; i0 < 8*d0; ++i0) {
+        for (int64_t i1 = 0; i1 < 32; ++i1) {
+            const float v0 = ws21[i0 * 32 + i1];  /* t65 */
+            const float v1 = ws22[i0];  /* t70 */
+            const float v2 = ws31[i0 * 32 + i1];  /* t112 */
             const float t106 = v0/v1;  /* t106: f32[B,8,32] = div(t65, t70) */
-            const float t113 = v2*v3;  /* t113: f32[B,8,32] = mul(t112, transformer.ln_f.weight) */
-            const float t114 = -t113*t106/v1;  /* t114: f32[B,8,32] = -t106*t113/t70 */
-            acc += (double)t114;
+            const float t514 = v2*t106;  /* t514: f32[B,8,32] = mul(t112, t106) */
+            ws35[i0 * 32 + i1] = t514;
         }
-        ws33[o0] = (float)(acc);
     }
 }
 
@@ -2150,31 +2130,17 @@ SG_KERNEL void k56_add_t119(int64_t d0, const float* restrict ws34, const float*
     }
 }
 
-/* t121: f32[8*B,128] = matmul(t120, transformer.h.0.mlp.c_proj.weight) */
-SG_KERNEL void k61_matmul_t121(int64_t d0, const float* restrict ws38, const float* restrict var12, float* restrict ws40, sg_context* context)
+/* t305: f32[32,128] = matmul(t302, t304) */
+SG_KERNEL void k64_matmul_t305(int64_t d0, const float* restrict ws38, const float* restrict ws42, float* restrict ws43, sg_context* context)
 {
-    /* a[8*d0 x 32] read with strides (32, 1), b[32 x 128] with (128, 1):
+    /* a[32 x 8*d0] read with strides (1, 32), b[8*d0 x 128] with (128, 1):
        a transposed operand is only a change of strides. */
     /* Its buffers in the runtime's scratch region (context->scratch, sized by symgrad_scratch_bytes);
        context->status: the GEMM's, for the entry point to check */
-    context->status = sg_gemm_f32(8*d0, 128, 32,
-        ws38, 32, 1,
-        var12, 128, 1,
-        ws40, context, NULL, context->scratch);
-}
-
-/* t123: f32[B,8,128] = sqrt(2)*t55*exp(-t55**2/2)/(2*sqrt(pi)) + Piecewise((erfc(sqrt(2)*Abs(t55)/2)/2, t55 < 0), (1 - erfc(sqrt(2)*Abs(t55)/2)/2, True)) */
-/* t124: f32[B,8,128] = mul(t122, t123) */
-SG_KERNEL void k62_mul_t124(int64_t d0, const float* restrict ws17, const float* restrict ws40, float* restrict ws41)
-{
-    #pragma omp parallel for if((1024*d0) >= SG_PARALLEL_MIN)
-    for (int64_t i0 = 0; i0 < 1024*d0; ++i0) {
-        const float v0 = ws17[i0];  /* t55 */
-        const float v1 = ws40[i0];  /* t122 */
-        const float t123 = 0.3989423f*(v0*sg_expf(-1.0f/2.0f*((v0)*(v0)))) + (((v0 < 0.0f)) ? ((1.0f/2.0f)*erfcf(0.70710677f*fabsf(v0))) : (1.0f - 1.0f/2.0f*erfcf(0.70710677f*fabsf(v0))));  /* t123: f32[B,8,128] = sqrt(2)*t55*exp(-t55**2/2)/(2*sqrt(pi)) + Piecewise((erfc(sqrt(2)*Abs(t55)/2)/2, t55 < 0), (1 - erfc(sqrt(2)*Abs(t55)/2)/2, True)) */
-        const float t124 = v1*t123;  /* t124: f32[B,8,128] = mul(t122, t123) */
-        ws41[i0] = t124;
-    }
+    context->status = sg_gemm_f32(32, 128, 8*d0,
+        ws38, 1, 32,
+        ws42, 128, 1,
+        ws43, context, NULL, context->scratch);
 }
 
 /* t468: f32[128] = sum[axes=(0,), keepdims=False](t125) */
@@ -2233,48 +2199,71 @@ SG_KERNEL void k67_add_t476(int64_t d0, float* restrict var56, const float* rest
     }
 }
 
-/* t126: f32[8*B,32] = matmul(t125, transformer.h.0.mlp.c_fc.weight) */
-SG_KERNEL void k72_matmul_t126(int64_t d0, const float* restrict ws41, const float* restrict var10, float* restrict ws45, sg_context* context)
+/* Also called for k97_sub_t295, the same code on its buffers */
+/* t91: f64[] = mul(lr, 0.1) */
+/* t92: f64[] = sub(1.0, t91) */
+/* t93: f32[] = cast(t92) */
+/* t296: f32[32,128] = mul(transformer.h.0.mlp.c_proj.weight, t93) */
+/* t298: f64[] = pow(0.9, t297) */
+/* t299: f64[] = sub(1.0, t298) */
+/* t300: f64[] = div(lr, t299) */
+/* t301: f32[] = cast(t300) */
+/* t315: f64[] = pow(0.95, t297) */
+/* t316: f64[] = sub(1.0, t315) */
+/* t317: f64[] = sqrt(t316) */
+/* t318: f32[] = cast(t317) */
+/* t309: f32[32,128] = mul(t301, t308) */
+/* t314: f32[32,128] = sqrt(t313) */
+/* t319: f32[32,128] = div(t314, t318) */
+/* t320: f32[32,128] = add(t319, 1e-08) */
+/* t321: f32[32,128] = div(t309, t320) */
+/* t322: f32[32,128] = sub(t296, t321) */
+SG_KERNEL void k71_sub_t322(int64_t d0, const double* restrict var16, float* restrict var12, const double* restrict var32, const float* restrict var33, const float* restrict var34)
 {
-    /* a[8*d0 x 128] read with strides (128, 1), b[128 x 32] with (32, 1):
-       a transposed operand is only a change of strides. */
-    /* Its buffers in the runtime's scratch region (context->scratch, sized by symgrad_scratch_bytes);
-       context->status: the GEMM's, for the entry point to check */
-    context->status = sg_gemm_f32(8*d0, 32, 128,
-        ws41, 128, 1,
-        var10, 32, 1,
-        ws45, context, NULL, context->scratch);
-}
-
-/* Also called for k126_add_t170, the same code on its buffers */
-/* t133: f32[B,8,32] = add(t119, t132) */
-/* t136: f32[B,8,32] = add(t133, t135) */
-SG_KERNEL void k87_add_t136(int64_t d0, const float* restrict ws38, const float* restrict ws48, const float* restrict ws53, float* restrict ws54)
-{
-    #pragma omp parallel for if((256*d0) >= SG_PARALLEL_MIN)
-    for (int64_t i0 = 0; i0 < 8*d0; ++i0) {
-        for (int64_t i1 = 0; i1 < 32; ++i1) {
-            const float v0 = ws38[i0 * 32 + i1];  /* t119 */
-            const float v1 = ws48[i0 * 32 + i1];  /* t132 */
-            const float v2 = ws53[i0];  /* t135 */
-            const float t133 = v0 + v1;  /* t133: f32[B,8,32] = add(t119, t132) */
-            const float t136 = t133 + v2;  /* t136: f32[B,8,32] = add(t133, t135) */
-            ws54[i0 * 32 + i1] = t136;
-        }
+    for (int64_t i0 = 0; i0 < 4096; ++i0) {
+        const double v0 = var16[0];  /* lr */
+        const double v1 = 0.1;  /* 0.1 */
+        const double v2 = 1.0;  /* 1.0 */
+        const float v3 = var12[i0];  /* transformer.h.0.mlp.c_proj.weight */
+        const double v4 = 0.9;  /* 0.9 */
+        const double v5 = var32[0];  /* t297 */
+        const double v6 = 0.95;  /* 0.95 */
+        const float v7 = var33[i0];  /* t308 */
+        const float v8 = var34[i0];  /* t313 */
+        const float v9 = 1.0e-08f;  /* 1e-08 */
+        const double t91 = v0*v1;  /* t91: f64[] = mul(lr, 0.1) */
+        const double t92 = v2 - t91;  /* t92: f64[] = sub(1.0, t91) */
+        const float t93 = (float)(t92);  /* t93: f32[] = cast(t92) */
+        const float t296 = v3*t93;  /* t296: f32[32,128] = mul(transformer.h.0.mlp.c_proj.weight, t93) */
+        const double t298 = pow(v4, v5);  /* t298: f64[] = pow(0.9, t297) */
+        const double t299 = v2 - t298;  /* t299: f64[] = sub(1.0, t298) */
+        const double t300 = v0/t299;  /* t300: f64[] = div(lr, t299) */
+        const float t301 = (float)(t300);  /* t301: f32[] = cast(t300) */
+        const double t315 = pow(v6, v5);  /* t315: f64[] = pow(0.95, t297) */
+        const double t316 = v2 - t315;  /* t316: f64[] = sub(1.0, t315) */
+        const double t317 = sqrt(t316);  /* t317: f64[] = sqrt(t316) */
+        const float t318 = (float)(t317);  /* t318: f32[] = cast(t317) */
+        const float t309 = t301*v7;  /* t309: f32[32,128] = mul(t301, t308) */
+        const float t314 = sqrtf(v8);  /* t314: f32[32,128] = sqrt(t313) */
+        const float t319 = t314/t318;  /* t319: f32[32,128] = div(t314, t318) */
+        const float t320 = t319 + v9;  /* t320: f32[32,128] = add(t319, 1e-08) */
+        const float t321 = t309/t320;  /* t321: f32[32,128] = div(t309, t320) */
+        const float t322 = t296 - t321;  /* t322: f32[32,128] = sub(t296, t321) */
+        var12[i0] = t322;
     }
 }
 
-/* t250: f32[32,32] = matmul(t249, t34) */
-SG_KERNEL void k92_matmul_t250(int64_t d0, const float* restrict ws54, const float* restrict ws9, float* restrict ws56, sg_context* context)
+/* t278: f32[128,32] = matmul(t274, t277) */
+SG_KERNEL void k81_matmul_t278(int64_t d0, const float* restrict ws41, const float* restrict ws51, float* restrict ws52, sg_context* context)
 {
-    /* a[32 x 8*d0] read with strides (1, 32), b[8*d0 x 32] with (32, 1):
+    /* a[128 x 8*d0] read with strides (1, 128), b[8*d0 x 32] with (32, 1):
        a transposed operand is only a change of strides. */
     /* Its buffers in the runtime's scratch region (context->scratch, sized by symgrad_scratch_bytes);
        context->status: the GEMM's, for the entry point to check */
-    context->status = sg_gemm_f32(32, 32, 8*d0,
-        ws54, 1, 32,
-        ws9, 32, 1,
-        ws56, context, NULL, context->scratch);
+    context->status = sg_gemm_f32(128, 32, 8*d0,
+        ws41, 1, 128,
+        ws51, 32, 1,
+        ws52, context, NULL, context->scratch);
 }
 
 /* t251: f32[32,32] = sub(t250, transformer.h.0.attn.c_proj.weight.exp_avg) */
@@ -2312,45 +2301,62 @@ SG_KERNEL void k94_add_t258(int64_t d0, float* restrict var28, const float* rest
     }
 }
 
-/* t146: f32[B,8,96] = embed[starts=(0,0,64), steps=(1,1,1)](t145), stored in place into t158 */
-SG_KERNEL void k101_embed_t146(int64_t d0, const float* restrict ws61, float* restrict ws62)
+/* t138: f32[8*B,32] = matmul(t137, transformer.h.0.attn.c_proj.weight) */
+SG_KERNEL void k98_matmul_t138(int64_t d0, const float* restrict ws54, const float* restrict var6, float* restrict ws57, sg_context* context)
 {
-    #pragma omp parallel for if((256*d0) >= SG_PARALLEL_MIN)
-    for (int64_t i0 = 0; i0 < 8*d0; ++i0) {
-        for (int64_t i1 = 0; i1 < 32; ++i1) {
-            const float v0 = ws61[i0 * 32 + i1];  /* t145 */
-            const float r = v0;  /* t146: f32[B,8,96] = embed[starts=(0,0,64), steps=(1,1,1)](t145), stored in place into t158 */
-            ws62[i0 * 96 + i1 + 64] = r;
-        }
-    }
+    /* a[8*d0 x 32] read with strides (32, 1), b[32 x 32] with (32, 1):
+       a transposed operand is only a change of strides. */
+    /* Its buffers in the runtime's scratch region (context->scratch, sized by symgrad_scratch_bytes);
+       context->status: the GEMM's, for the entry point to check */
+    context->status = sg_gemm_f32(8*d0, 32, 32,
+        ws54, 32, 1,
+        var6, 32, 1,
+        ws57, context, NULL, context->scratch);
 }
 
-/* make contiguous for a reshape: t149: f32[B,8,2,16] = transpose[perm=(0,2,1,3)](t148) */
-SG_KERNEL void k102_copy(int64_t d0, const float* restrict ws58, float* restrict ws63)
+/* make contiguous for a reshape: t144: f32[B,8,2,16] = transpose[perm=(0,2,1,3)](t143) */
+SG_KERNEL void k100_copy(int64_t d0, const float* restrict ws58, float* restrict ws61)
 {
     #pragma omp parallel for if((256*d0) >= SG_PARALLEL_MIN)
     for (int64_t i0 = 0; i0 < d0; ++i0) {
         for (int64_t i1 = 0; i1 < 8; ++i1) {
             for (int64_t i2 = 0; i2 < 2; ++i2) {
                 for (int64_t i3 = 0; i3 < 16; ++i3) {
-                    const float v0 = ws58[i0 * 256 + i1 * 16 + i2 * 128 + i3 + (256*d0)];  /* make contiguous for a reshape */
-                    const float r = v0;  /* make contiguous for a reshape: t149: f32[B,8,2,16] = transpose[perm=(0,2,1,3)](t148) */
-                    ws63[i0 * 256 + i1 * 32 + i2 * 16 + i3] = r;
+                    const float v0 = ws58[i0 * 256 + i1 * 16 + i2 * 128 + i3 + (512*d0)];  /* make contiguous for a reshape */
+                    const float r = v0;  /* make contiguous for a reshape: t144: f32[B,8,2,16] = transpose[perm=(0,2,1,3)](t143) */
+                    ws61[i0 * 256 + i1 * 32 + i2 * 16 + i3] = r;
                 }
             }
         }
     }
 }
 
-/* t157: f32[B,8,96] = embed[starts=(0,0,0), steps=(1,1,1)](t156), stored in place into t158 */
-SG_KERNEL void k105_embed_t157(int64_t d0, const float* restrict ws64, float* restrict ws62)
+/* t151: f32[B,8,96] = embed[starts=(0,0,32), steps=(1,1,1)](t150), stored in place into t158 */
+SG_KERNEL void k103_embed_t151(int64_t d0, const float* restrict ws63, float* restrict ws62)
 {
     #pragma omp parallel for if((256*d0) >= SG_PARALLEL_MIN)
     for (int64_t i0 = 0; i0 < 8*d0; ++i0) {
         for (int64_t i1 = 0; i1 < 32; ++i1) {
-            const float v0 = ws64[i0 * 32 + i1];  /* t156 */
-            const float r = v0;  /* t157: f32[B,8,96] = embed[starts=(0,0,0), steps=(1,1,1)](t156), stored in place into t158 */
-            ws62[i0 * 96 + i1] = r;
+            const float v0 = ws63[i0 * 32 + i1];  /* t150 */
+            const float r = v0;  /* t151: f32[B,8,96] = embed[starts=(0,0,32), steps=(1,1,1)](t150), stored in place into t158 */
+            ws62[i0 * 96 + i1 + 32] = r;
+        }
+    }
+}
+
+/* make contiguous for a reshape: t155: f32[B,8,2,16] = transpose[perm=(0,2,1,3)](t154) */
+SG_KERNEL void k104_copy(int64_t d0, const float* restrict ws58, float* restrict ws64)
+{
+    #pragma omp parallel for if((256*d0) >= SG_PARALLEL_MIN)
+    for (int64_t i0 = 0; i0 < d0; ++i0) {
+        for (int64_t i1 = 0; i1 < 8; ++i1) {
+            for (int64_t i2 = 0; i2 < 2; ++i2) {
+                for (int64_t i3 = 0; i3 < 16; ++i3) {
+                    const float v0 = ws58[i0 * 256 + i1 * 16 + i2 * 128 + i3];  /* make contiguous for a reshape */
+                    const float r = v0;  /* make contiguous for a reshape: t155: f32[B,8,2,16] = transpose[perm=(0,2,1,3)](t154) */
+                    ws64[i0 * 256 + i1 * 32 + i2 * 16 + i3] = r;
+                }
+            }
         }
     }
 }
@@ -2452,6 +2458,19 @@ SG_KERNEL void k110_sub_t267(int64_t d0, const double* restrict var16, float* re
     }
 }
 
+/* t160: f32[8*B,32] = matmul(t159, transformer.h.0.attn.c_attn.weight) */
+SG_KERNEL void k111_matmul_t160(int64_t d0, const float* restrict ws62, const float* restrict var4, float* restrict ws66, sg_context* context)
+{
+    /* a[8*d0 x 96] read with strides (96, 1), b[96 x 32] with (32, 1):
+       a transposed operand is only a change of strides. */
+    /* Its buffers in the runtime's scratch region (context->scratch, sized by symgrad_scratch_bytes);
+       context->status: the GEMM's, for the entry point to check */
+    context->status = sg_gemm_f32(8*d0, 32, 96,
+        ws62, 96, 1,
+        var4, 32, 1,
+        ws66, context, NULL, context->scratch);
+}
+
 /* t162: f32[B,8,32] = mul(t161, transformer.h.0.ln_1.weight) */
 /* t164: f32[B,8,32] = -t162*t163/t14 */
 /* t165: f32[B,8,1] = sum[axes=(2,), keepdims=True](t164) */
@@ -2501,58 +2520,15 @@ SG_KERNEL void k116_simplified_t166(int64_t d0, const float* restrict ws0, const
     }
 }
 
-/* t222: f32[B,8,32] = mul(t163, transformer.h.0.ln_1.weight) */
-/* t223: f32[B,8,32] = add(t222, transformer.h.0.ln_1.bias) */
-SG_KERNEL void k119_add_t223(int64_t d0, const float* restrict ws7, const float* restrict var2, const float* restrict var3, float* restrict ws72)
+/* t328: f32[B,8,32] = mul(t161, t163) */
+SG_KERNEL void k117_mul_t328(int64_t d0, const float* restrict ws66, const float* restrict ws7, float* restrict ws70)
 {
     #pragma omp parallel for if((256*d0) >= SG_PARALLEL_MIN)
-    for (int64_t i0 = 0; i0 < 8*d0; ++i0) {
-        for (int64_t i1 = 0; i1 < 32; ++i1) {
-            const float v0 = ws7[i0 * 32 + i1];  /* t163 */
-            const float v1 = var2[i1];  /* transformer.h.0.ln_1.weight */
-            const float v2 = var3[i1];  /* transformer.h.0.ln_1.bias */
-            const float t222 = v0*v1;  /* t222: f32[B,8,32] = mul(t163, transformer.h.0.ln_1.weight) */
-            const float t223 = t222 + v2;  /* t223: f32[B,8,32] = add(t222, transformer.h.0.ln_1.bias) */
-            ws72[i0 * 32 + i1] = t223;
-        }
-    }
-}
-
-/* t225: f32[96,32] = matmul(t221, t224) */
-SG_KERNEL void k120_matmul_t225(int64_t d0, const float* restrict ws62, const float* restrict ws72, float* restrict ws73, sg_context* context)
-{
-    /* a[96 x 8*d0] read with strides (1, 96), b[8*d0 x 32] with (32, 1):
-       a transposed operand is only a change of strides. */
-    /* Its buffers in the runtime's scratch region (context->scratch, sized by symgrad_scratch_bytes);
-       context->status: the GEMM's, for the entry point to check */
-    context->status = sg_gemm_f32(96, 32, 8*d0,
-        ws62, 1, 96,
-        ws72, 32, 1,
-        ws73, context, NULL, context->scratch);
-}
-
-/* t171: f32[64,32] = scatter_add[axis=0, size=64](t170, idx) */
-SG_KERNEL void k127_scatter_add_t171(int64_t d0, const float* restrict ws75, const int64_t* restrict in0, float* restrict ws76)
-{
-    const int64_t P = 1, I = (8*d0), Q = 32, R = 64;
-    const float* src = ws75;
-    const int64_t* idx = in0;
-    /* out[p, r, q] = 0, then out[p, idx[i], q] += src[p, i, q] with i in order (np.add.at's sums, bit
-       for bit). Threads split P only: no two add into one element. An index outside [0, R) adds nothing. */
-    memset(ws76, 0, (size_t)(P * R * Q) * sizeof(float));
-    #pragma omp parallel for if(P > 1 && P * I * Q >= SG_PARALLEL_MIN)
-    for (int64_t p = 0; p < P; ++p) {
-        for (int64_t i = 0; i < I; ++i) {
-            const int64_t r = (int64_t)idx[i];
-            if (r < 0 || r >= R) {
-                continue;
-            }
-            const float* row = src + (p * I + i) * Q;
-            float* dst = ws76 + (p * R + r) * Q;
-            for (int64_t q = 0; q < Q; ++q) {
-                dst[q] += row[q];
-            }
-        }
+    for (int64_t i0 = 0; i0 < 256*d0; ++i0) {
+        const float v0 = ws66[i0];  /* t161 */
+        const float v1 = ws7[i0];  /* t163 */
+        const float t328 = v0*v1;  /* t328: f32[B,8,32] = mul(t161, t163) */
+        ws70[i0] = t328;
     }
 }
 
@@ -2574,6 +2550,30 @@ SG_KERNEL void k128_sum_t196(int64_t d0, const float* restrict ws75, float* rest
         }
         for (int64_t j = 0; j < jn; ++j)
             ws77[j0 + j] = (float)(acc[j]);
+    }
+}
+
+/* t197: f32[8,32] = scatter_add[axis=0, size=8](t196, t4) */
+SG_KERNEL void k130_scatter_add_t197(int64_t d0, const float* restrict ws77, const int64_t* restrict ws78, float* restrict ws79)
+{
+    const int64_t P = 1, I = 8, Q = 32, R = 8;
+    const float* src = ws77;
+    const int64_t* idx = ws78;
+    /* out[p, r, q] = 0, then out[p, idx[i], q] += src[p, i, q] with i in order (np.add.at's sums, bit
+       for bit). Threads split P only: no two add into one element. An index outside [0, R) adds nothing. */
+    memset(ws79, 0, (size_t)(P * R * Q) * sizeof(float));
+    for (int64_t p = 0; p < P; ++p) {
+        for (int64_t i = 0; i < I; ++i) {
+            const int64_t r = (int64_t)idx[i];
+            if (r < 0 || r >= R) {
+                continue;
+            }
+            const float* row = src + (p * I + i) * Q;
+            float* dst = ws79 + (p * R + r) * Q;
+            for (int64_t q = 0; q < Q; ++q) {
+                dst[q] += row[q];
+            }
+        }
     }
 }
 

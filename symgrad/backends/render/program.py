@@ -36,6 +36,10 @@ NAMES_ROW = 4  # kernel names per line of a loop's table of them
 # functions took 1.5 s on one core of two, after the step's build).
 UNIT_LINES = 1000
 MAX_UNITS = 8
+# gcc's time for a line of the entry point (calls and declarations, at -O0) against a line of kernel
+# functions (at -O3): about an eighth (a 12-layer GPT small's 1,248-line entry and its preamble
+# built in 0.41 s alone; each unit of ~820 lines of functions took 1.2-1.6 s).
+ENTRY_LINE_COST = 8
 TABLE_MIN = 16     # more workspace temporaries than this, of constant sizes: their bytes are a table
 HEADER_LINES = 80  # a graph printed in more lines than this is summarized in the source's header
 
@@ -125,12 +129,14 @@ def _host_program(renderer: Renderer, kernels: list, labels: list, profile: bool
     final = gradients_final_after(plan)  # the entry tells its caller when each gradient is final
     kernels = [dict(k, final=[dict(index=slot, label=comment(plan.variables[slot].label))
                               for slot in final.get(position, ())]) for position, k in enumerate(kernels)]
-    functions, units = _functions(kernels)
+    functions = _functions(kernels)
     entry = _entry(plan, kernels)
-    named = {arg for item in entry for k in ([item["kernel"]] if "kernel" in item else item["loop"]["body"])
-             for arg in k["args"]}
+    calls = [k for item in entry for k in ([item["kernel"]] if "kernel" in item else item["loop"]["body"])]
+    named = {arg for k in calls for arg in k["args"]}
     for b in workspace:  # a temporary only loops step through is reached by its slot, not a name
         b["declared"] = b["name"] in named
+    entry_lines = len(pointers) + sum(b["declared"] for b in workspace) + sum(1 + bool(k.get("status")) for k in calls)
+    units = _units(functions, entry_lines)
     from ...version import __version__
     from ..build.runtime import HEADER
     features = renderer.features
@@ -242,10 +248,9 @@ def unit_count(lines: int) -> int:
     return units
 
 
-def _functions(kernels: list) -> tuple[list[dict], int]:
+def _functions(kernels: list) -> list[dict]:
     """The program's kernel functions (kernel_functions.shared: one per distinct kernel, commented
-    with the other kernels that call it) and the number of translation units they are compiled
-    in; sets each kernel's `call`, the function it calls."""
+    with the other kernels that call it); sets each kernel's `call`, the function it calls."""
     texts = [render_template(k["template"], k=k).strip("\n") for k in kernels]
     calls = shared(texts, [k["name"] for k in kernels], [[p["name"] for p in k["params"]] for k in kernels])
     others: dict[int, list[str]] = {}
@@ -253,13 +258,19 @@ def _functions(kernels: list) -> tuple[list[dict], int]:
         k["call"] = kernels[call]["name"]
         if call != position:
             others.setdefault(call, []).append(k["name"])
-    functions = [dict(text=text, kernel=k, uses=_also_called_for(others.get(position, [])))
-                 for position, (k, text, call) in enumerate(zip(kernels, texts, calls)) if call == position]
+    return [dict(text=text, kernel=k, uses=_also_called_for(others.get(position, [])))
+            for position, (k, text, call) in enumerate(zip(kernels, texts, calls)) if call == position]
+
+
+def _units(functions: list[dict], entry_lines: int) -> int:
+    """The number of translation units the functions are compiled in (unit_count), each
+    function's unit set (partition by lines, unit 0 holding the entry point too: `entry_lines`
+    at -O0, each about an eighth of a kernel line at -O3)."""
     sizes = [f["text"].count("\n") + 1 for f in functions]
     units = unit_count(sum(sizes))
-    for f, unit in zip(functions, partition(sizes, units, fixed=len(kernels))):
+    for f, unit in zip(functions, partition(sizes, units, fixed=entry_lines // ENTRY_LINE_COST)):
         f["unit"] = unit
-    return functions, units
+    return units
 
 
 def _also_called_for(names: list[str]) -> list[str]:
