@@ -915,7 +915,8 @@ def nudge_pattern(graph: FuzzGraph, pattern: int) -> Callable:
             return value + lifted.to(value.dtype)
         if pattern in (BACKWARD_UP, BACKWARD_DOWN):
             if step.op in ("softmax", "log_softmax") and value.requires_grad:
-                return _FromOutput.apply(args[0], value.detach(), step.op, step.kw["axis"], pattern == BACKWARD_UP, signs)
+                return _FromOutput.apply(args[0], value.detach(), step.op, step.kw["axis"], pattern == BACKWARD_UP,
+                                         signs)
             return value
         error = rounding_error(step, args, value)
         if error is None:

@@ -51,22 +51,24 @@ def fold(keys: list, slots: list[list], lines: list[int] | None = None, min_save
     codes = _codes(keys)
     # before[i]: the lines of calls 0 .. i - 1, so a run's lines are a difference
     before = np.concatenate(([0], np.cumsum(np.ones(len(keys), np.int64) if lines is None else lines)))
-    segments, loops, rejected = [(0, len(keys))], [], set()
-    while segments and len(rejected) < MAX_REJECTED:
-        found = [(best, segment) for segment in segments
-                 if (best := _longest_repeat(codes, before, *segment, rejected)) is not None]
-        if not found:
-            break
-        (saved, candidate), segment = max(found, key=lambda item: item[0][0])
+    loops, rejected = [], set()
+    best = {(0, len(keys)): None}   # per stretch of calls not in a loop: its best repeat, once found
+    while best and len(rejected) < MAX_REJECTED:
+        for segment, found in best.items():
+            if found is None:
+                best[segment] = _longest_repeat(codes, before, *segment, rejected) or (0, None)
+        segment = max(best, key=lambda s: best[s][0])
+        saved, candidate = best[segment]
         if saved < min_saved:
             break
         loop = _stepping(slots, candidate)
         if loop.rounds < 2 or before[loop.end] - before[loop.first + loop.period] < min_saved:
             rejected.add(candidate)
+            best[segment] = None   # look again, without it
             continue
         loops.append(loop)
-        segments.remove(segment)
-        segments += [s for s in ((segment[0], loop.first), (loop.end, segment[1])) if s[1] - s[0] > 1]
+        del best[segment]
+        best.update({s: None for s in ((segment[0], loop.first), (loop.end, segment[1])) if s[1] - s[0] > 1})
     return sorted(loops, key=lambda loop: loop.first)
 
 

@@ -156,14 +156,17 @@ def _host_program(renderer: Renderer, kernels: list, labels: list, profile: bool
 
 def _entry(plan: Plan, kernels: list) -> list[dict]:
     """The entry point's calls, in run order: {"kernel": k} for a call made once, {"loop": ...} for
-    a run of calls repeated round after round on buffers further on (entry_loops), its body's
-    arguments computed from the round l."""
-    slot_of = {b.name: (storage, b.index) for group, storage in (
-        (plan.inputs, "inputs"), (plan.variables, "variables"), (plan.outputs, "outputs"), (plan.workspace, "workspace"))
-        for b in group}
+    a run of calls repeated round after round, each round on its own buffers (entry_loops), its
+    body's arguments computed from the round l."""
+    storages = ((plan.inputs, "inputs"), (plan.variables, "variables"), (plan.outputs, "outputs"),
+                (plan.workspace, "workspace"))
+    slot_of = {b.name: (storage, b.index) for group, storage in storages for b in group}
     name_of = {slot: name for name, slot in slot_of.items()}
     slots = [[slot_of.get(arg, arg) for arg in k["args"]] for k in kernels]
-    keys = [None if k["final"] else (k["call"], bool(k.get("status")), tuple(s[0] if isinstance(s, tuple) else s for s in ss))
+    # a call stands for another in a later round with the same function, status check, storages and
+    # other arguments; one that tells the caller a gradient is final is never in a loop
+    keys = [None if k["final"] else
+            (k["call"], bool(k.get("status")), tuple(a[0] if isinstance(a, tuple) else a for a in ss))
             for k, ss in zip(kernels, slots)]
     entry, at = [], 0
     lines = [1 + bool(k.get("status")) for k in kernels]  # a call, and its status check
