@@ -183,13 +183,20 @@ def _entry(source: str) -> str:
 def test_a_deeper_model_adds_loop_rounds_not_lines(depths):
     """The inner layers' calls are loops over the layers (entry_loops): the entry point of the model
     twice as deep is about as long, and its loops' rounds count the layers."""
-    shallow, deep = (depths[d][0] for d in (4, 8))
+    deep = depths[8][0]
     lines = {d: _entry(depths[d][0].source).count("\n") for d in (4, 8)}
     assert lines[8] <= lines[4] + 12, lines
     rounds = [int(n) for n in re.findall(r"for \(int64_t l = 0; l < (\d+); \+\+l\)", _entry(deep.source))]
     assert rounds and max(rounds) >= 6, rounds
-    # every round of a loop's calls names its kernel where it stops the entry: the name tables
-    assert re.search(r"static const char\* const stopped_k\w+\[\d+ \* \d+\] = \{", deep.source)
+    # a call that may stop the entry names its round's kernel from a table: the kernels in run order
+    tables = re.findall(r"static const char\* const stopped_\w+\[(\d+) \* (\d+)\] = \{.*?\n(.*?)\n    \};",
+                        deep.source, re.S)
+    order = [k.name for k in deep.program.plan.kernels]
+    for count, stops, rows in tables:
+        names = re.findall(r'"(k\w+)"', rows)
+        assert len(names) == int(count) * int(stops)
+        assert [order.index(n) for n in names] == sorted(order.index(n) for n in names)
+    assert tables
 
 
 def test_an_entry_in_loops_computes_the_bits_of_one_unrolled(depths, monkeypatch):

@@ -2859,7 +2859,7 @@ static inline int sg_stopped(sg_context* context, const char* kernel)
     return context->status;
 }
 
-/* A loop's round l finds its temporaries at these slots of the workspace. */
+/* Temporary ws<k> of the workspace, as a loop's calls reach theirs: by slot, computed from the round l. */
 #define SG_WS(k) ((void*)(workspace + offsets[k]))
 
 /* The entry point only calls the kernels in order: compiled without optimization (GCC; clang has
