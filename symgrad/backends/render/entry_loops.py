@@ -129,12 +129,11 @@ def _stepping(slots: list[list], loop: Loop) -> Loop:
     layer's own) are left to the calls around."""
     calls = [[slots[loop.first + j + loop.period * r] for j in range(loop.period)] for r in range(loop.rounds)]
     moves = [_move(calls[r], calls[r + 1]) for r in range(loop.rounds - 1)]
-    best, start, run = (0, 0), 0, 0
+    best, run = (0, 0), 0   # (moves, first round) of the longest stretch of equal moves; the current one's length
     for r, move in enumerate(moves):
         run = run + 1 if move is not None and run and move == moves[r - 1] else int(move is not None)
-        start = r - run + 1
         if run > best[0]:
-            best = (run, start)
+            best = (run, r - run + 1)
     run, start = best
     return Loop(loop.first + loop.period * start, loop.period, run + 1 if run else 0)
 

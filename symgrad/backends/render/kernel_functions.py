@@ -96,4 +96,4 @@ def calls(source: str, names: list[str]) -> dict[str, list[str]]:
     grouped: dict[str, list[str]] = {}
     for name in names:
         grouped.setdefault(function_of.get(name, name), []).append(name)
-    return {function: sorted(users, key=lambda name: name != function) for function, users in grouped.items()}
+    return grouped

@@ -135,7 +135,7 @@ def _host_program(renderer: Renderer, kernels: list, labels: list, profile: bool
     named = {arg for k in calls for arg in k["args"]}
     for b in workspace:  # a temporary only loops step through is reached by its slot, not a name
         b["declared"] = b["name"] in named
-    entry_lines = len(pointers) + sum(b["declared"] for b in workspace) + sum(1 + bool(k.get("status")) for k in calls)
+    entry_lines = len(pointers) + sum(b["declared"] for b in workspace) + sum(map(_call_lines, calls))
     units = _units(functions, entry_lines)
     from ...version import __version__
     from ..build.runtime import HEADER
@@ -169,15 +169,19 @@ def _entry(plan: Plan, kernels: list) -> list[dict]:
             (k["call"], bool(k.get("status")), tuple(a[0] if isinstance(a, tuple) else a for a in ss))
             for k, ss in zip(kernels, slots)]
     entry, at = [], 0
-    lines = [1 + bool(k.get("status")) for k in kernels]  # a call, and its status check
-    for lp in entry_loops.fold(keys, slots, lines):
+    for lp in [*entry_loops.fold(keys, slots, list(map(_call_lines, kernels))), None]:
+        stop = len(kernels) if lp is None else lp.first   # the calls made once before the loop (or the end)
         entry += [dict(kernel=dict(k, position=p, comment=k["name"] if k["call"] != k["name"] else None))
-                  for p, k in enumerate(kernels[at:lp.first], at)]
-        entry.append(dict(loop=_loop(kernels, lp, entry_loops.arguments(slots, lp), name_of)))
-        at = lp.end
-    entry += [dict(kernel=dict(k, position=p, comment=k["name"] if k["call"] != k["name"] else None))
-              for p, k in enumerate(kernels[at:], at)]
+                  for p, k in enumerate(kernels[at:stop], at)]
+        if lp is not None:
+            entry.append(dict(loop=_loop(kernels, lp, entry_loops.arguments(slots, lp), name_of)))
+            at = lp.end
     return entry
+
+
+def _call_lines(k: dict) -> int:
+    """The entry's lines for a kernel's call: the call, and its status check."""
+    return 1 + bool(k.get("status"))
 
 
 def _loop(kernels: list, lp, arguments: list[list], name_of: dict) -> dict:
