@@ -55,7 +55,7 @@ from .render.languages import (C_BAD_LABEL as BAD_LABEL, C_ENTRY as ENTRY, C_OPE
                                PARALLEL_MIN)  # noqa: F401
 from .plan import Plan, gradients_final_after
 from .lower.memory import MemoryPlan
-from .native import Building, NativeProgram
+from .native import BUILD_NICE, Building, NativeProgram
 from .render.program import render
 from .status import Status
 
@@ -363,14 +363,22 @@ def compile(graph: Graph, flags: list[str] | None = None, optimize: bool = True,
 
 
 def compile_in_background(graph: Graph, flags: list[str] | None = None, optimize: bool = True,
-                          quiet: bool | None = None) -> Building:
+                          quiet: bool | None = None, yield_cores: bool = True) -> Building:
     """`compile`, its compiler's build on a thread of its own: the passes, the lowering and the
     render run here (a refusal of the graph raises from this call), the build and the load there;
-    `.result()` is the CProgram. A program the program cache holds is loaded here, at once."""
+    `.result()` is the CProgram. A program the program cache holds is loaded here, at once.
+    `yield_cores`: its compilers run at a lower priority (BUILD_NICE), leaving the cores to the
+    steps running meanwhile; False for the build a caller waits for first (a train step's own)."""
     compilation = prepare(graph, C_OPENMP, optimize)
     build = lambda: CProgram(graph, flags=flags, optimize=optimize, quiet=quiet, prepared=compilation)  # noqa: E731
     if compilation.from_program_cache:
         # A warm compile: its library is cached too, and loading it here costs less than the
         # steps would lose to a thread competing with their OpenMP team for the cores.
         return Building.finished(CProgram, build())
-    return Building(CProgram, build)
+    # What the build reads on its way to the compiler, read here (the runtime's header and library,
+    # cffi): on the build's thread it would wait for Python's lock, shared with the caller's work
+    # meanwhile (a train step's predict passes), and the compiler would start that much later.
+    runtime.header()
+    runtime.build(flags)
+    cache.import_ahead()
+    return Building(CProgram, build, nice=BUILD_NICE if yield_cores else 0)

@@ -35,10 +35,12 @@ from .report import Report, program_report
 
 
 class Building:
-    """A program whose compiler runs on a thread of its own (a train step's predict program, built
-    while the first steps run: on two cores its build took a fifth of a GPT's time to its first
-    step). `kind`: the program's class, for what is known of it before it exists; `result()` waits
-    for the program and returns it, or raises what its build raised.
+    """A program whose compiler runs on a thread of its own: a train step's predict program, built
+    while the first steps run (on two cores its build took a fifth of a GPT's time to its first
+    step), and the step's own, built while the predict program's passes run. `kind`: the
+    program's class, for what is known of it before it exists; `nice`: how much lower in priority
+    its compilers run; `result()` waits for the program and returns it, or raises what its build
+    raised.
 
     A process forks only once every build has ended (`_before_fork`): a child gets no copy of the
     thread, and would wait for it, or find the build cache's lock held, forever."""
@@ -46,10 +48,10 @@ class Building:
     _running: "set[Building]" = set()
     _guard = threading.Lock()
 
-    def __init__(self, kind: type, build):
+    def __init__(self, kind: type, build, nice: int):
         self.kind = kind
         self._program, self._error = None, None
-        self._thread = threading.Thread(target=self._run, args=(build,), name="symgrad-build")
+        self._thread = threading.Thread(target=self._run, args=(build, nice), name="symgrad-build")
         with Building._guard:
             Building._running.add(self)
         self._thread.start()
@@ -61,9 +63,9 @@ class Building:
         done.kind, done._program, done._error, done._thread = kind, program, None, None
         return done
 
-    def _run(self, build) -> None:
+    def _run(self, build, nice: int) -> None:
         try:
-            toolchain.yield_to_other_work(BUILD_NICE)
+            toolchain.yield_to_other_work(nice)
             self._program = build()
         except BaseException as exc:  # raised by result(), on the thread that asks for the program
             self._error = exc

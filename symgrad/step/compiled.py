@@ -122,9 +122,12 @@ def _shared_lock(cells) -> threading.RLock:
 class Compiled:
     """A graph compiled by one backend, with the storage of its variables."""
 
-    def __init__(self, graph: Graph, backend: str, background: bool = False, **options):
+    def __init__(self, graph: Graph, backend: str, background: bool = False, yield_cores: bool = True,
+                 **options):
         """`background`: where the backend can (C), its compiler builds the program on a thread of
-        its own while this object is already usable; `program` waits for it when first asked."""
+        its own while this object is already usable; `program` waits for it when first asked.
+        `yield_cores`: that build's compilers run at a lower priority, leaving the cores to the
+        calls made meanwhile (False: the build that is waited for first)."""
         check_unique_names(graph)
         self.graph = graph
         self.backend = backend
@@ -144,7 +147,7 @@ class Compiled:
         module = backends.get(backend)
         starter = getattr(module, "compile_in_background", None) if background else None
         if starter is not None:
-            self._building = starter(graph, **options)
+            self._building = starter(graph, yield_cores=yield_cores, **options)
             kind = self._building.kind  # the program's class: what is known of it before it is built
         else:
             self._program = kind = module.compile(graph, **options)
@@ -300,7 +303,9 @@ class Compiled:
 
     def _read_native(self, name: str) -> np.ndarray:
         """A copy of the value as this object's program holds it."""
-        reader = getattr(self.program, "read_variable", None)
+        # Only a resident program holds values of its own: the others' are the storage's, read
+        # without waiting for a program still building.
+        reader = self.program.read_variable if self._resident else None
         with self._lock:
             return reader(name) if reader else self._storage[name].copy()
 
@@ -315,7 +320,7 @@ class Compiled:
         converted = array.astype(D.to_numpy(node.dtype))
         if node.attrs["role"] == "hyper":
             check_hyperparameter(f"variable {name!r} (a hyperparameter)", converted.item())
-        writer = getattr(self.program, "write_variable", None)
+        writer = self.program.write_variable if self._resident else None
         cell = self._cells.get(name)
         with self._lock:
             if cell is not None:  # the model's value: for every object built from it

@@ -41,9 +41,9 @@ class TrainStep(Compiled):
     """
 
     def __init__(self, graph: Graph, backend: str, params: list[Value], update_rule=None, grads=None,
-                 predict=None, effects_pairs=(), **options):
+                 predict=None, effects_pairs=(), background: bool = False, **options):
         check_no_gradient_buffer_names(graph.variables, params, "train_step")
-        super().__init__(graph, backend, **options)
+        super().__init__(graph, backend, background=background, yield_cores=False, **options)
         self.params = VariableView(self, [p.name for p in params])
         self.state = VariableView(self, [v.name for v in graph.variables
                                          if v.attrs["role"] != "param"])
@@ -331,8 +331,10 @@ def train_step(loss: Value, params=None, optimizer=None, backend: str | None = N
     graph = Graph(collect_inputs([loss]), [loss], updates)
     graph.nodes  # noqa: B018 -- the topological sort belongs to graph building in the report's timings
     built = time.perf_counter() - start
+    # The step's compiler runs on a thread while predict's passes run here (they ran after it).
     step = TrainStep(graph, backends.resolve(backend), params, update_rule=update_rule, grads=grads,
-                     predict=predict, effects_pairs=layer_updates, **options)
+                     predict=predict, effects_pairs=layer_updates, background=predict is not None,
+                     **options)
     step.timings = {"graph": built}  # autodiff + optimizer graph, for report()
     step.optimizer = optimizer
     step._param_groups = groups_of.bind(step, groups)  # group["lr"] is the step's runtime lr from now on
@@ -343,4 +345,5 @@ def train_step(loss: Value, params=None, optimizer=None, backend: str | None = N
         # first step a second sooner). accumulate / apply, for gradient accumulation only, are
         # built when first called.
         step.program_for("predict", background=True)
+    step.program  # noqa: B018 -- the step's own build waited for: what it raises, train_step raises
     return step

@@ -81,6 +81,29 @@ def test_kernels_differing_in_a_constant_do_not_share():
     assert len(_functions(fn.source)) == len(fn.program.plan.kernels)
 
 
+def test_kernels_differing_only_in_their_count_share_a_function_taking_it():
+    """Every parameter's optimizer update is the same code over its own size: one function with
+    the element count an argument (kinds.loop.with_count_argument). A kernel whose code no other
+    shares keeps its constant count (a known trip count vectorizes with no remainder loop)."""
+    sizes = [(7,), (5, 3), (11,)]
+    xs = [sg.input(f"count_x{k}", shape, dtype="float64") for k, shape in enumerate(sizes)]
+    lone = sg.input("count_lone", (4,), dtype="float64")
+    outputs = [sg.exp(x) * 2.5 - 1.0 for x in xs] + [sg.exp(lone) * 3.5]
+    fn, reference = (sg.function([*xs, lone], outputs, backend=b) for b in ("c", "numpy"))
+    assert len(_functions(fn.source)) == 2
+    counted = re.findall(r"^SG_KERNEL void (k\w+)\(.*, int64_t n\)$\n\{\n(?:.*\n)*?    for \(int64_t i0 = 0; i0 < n; ",
+                         fn.source, re.M)
+    assert len(counted) == 1, fn.source
+    for count in (7, 15, 11):
+        assert re.search(rf"^    {counted[0]}\(.*, {count}\);", fn.source, re.M), count
+    assert "i0 < 4;" in fn.source   # the lone kernel's constant
+    assert "on their buffers and element counts" in fn.source
+    rng = np.random.default_rng(3)
+    feed = [rng.standard_normal(shape) for shape in sizes] + [rng.standard_normal(4)]
+    for got, want in zip(fn(*feed), reference(*feed)):
+        np.testing.assert_allclose(got, want, rtol=1e-13, atol=0)
+
+
 def test_canonical_form_renames_only_the_kernels_own_names():
     text = "SG_KERNEL void k3_add_t9(const float* restrict ws1, float* restrict var2)\n{\n" \
            "    const float t9 = ws1[0] + c4[0];  /* t9: ... */\n    var2[0] = t9;\n}"

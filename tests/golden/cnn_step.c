@@ -262,14 +262,12 @@ SG_KERNEL void k29_matmul_t62(int64_t d0, const float* restrict ws16, const floa
 SG_KERNEL void k30_rows_t64(int64_t d0, const float* restrict ws3, const int64_t* restrict in1, const float* restrict ws17, const float* restrict var7, float* restrict ws18, float* restrict ws19, float* restrict ws21, double* restrict ws20);
 SG_KERNEL void k31_div_t76(int64_t d0, const double* restrict ws20, const float* restrict ws3, float* restrict out0);
 SG_KERNEL void k32_sum_t141(int64_t d0, const float* restrict ws21, float* restrict ws22);
-SG_KERNEL void k33_sub_t143(int64_t d0, const double* restrict var8, const float* restrict ws22, float* restrict var7);
+SG_KERNEL void k33_sub_t143(int64_t d0, const double* restrict var8, const float* restrict ws22, float* restrict var7, int64_t n);
 SG_KERNEL void k34_matmul_t138(int64_t d0, const float* restrict ws21, const float* restrict ws16, float* restrict ws23, sg_context* context);
 SG_KERNEL void k35_matmul_t83(int64_t d0, const float* restrict ws21, const float* restrict var6, float* restrict ws24, sg_context* context);
 SG_KERNEL void k36_relu_vjp0_t85(int64_t d0, const float* restrict ws24, const float* restrict ws16, float* restrict ws25);
 SG_KERNEL void k37_copy(int64_t d0, const float* restrict ws25, float* restrict ws26);
-SG_KERNEL void k38_sub_t140(int64_t d0, const double* restrict var8, const float* restrict ws23, float* restrict var6);
 SG_KERNEL void k39_sum_t134(int64_t d0, const float* restrict ws25, float* restrict ws27);
-SG_KERNEL void k40_sub_t136(int64_t d0, const double* restrict var8, const float* restrict ws27, float* restrict var5);
 SG_KERNEL void k41_matmul_t129(int64_t d0, const float* restrict ws14, const float* restrict ws26, float* restrict ws28, sg_context* context);
 SG_KERNEL void k42_matmul_t89(int64_t d0, const float* restrict ws26, const float* restrict ws2, float* restrict ws29, sg_context* context);
 SG_KERNEL void k43_scatter_add_t91(int64_t d0, const float* restrict ws29, const int64_t* restrict c4, float* restrict ws30);
@@ -286,8 +284,6 @@ SG_KERNEL void k54_sub_t124(int64_t d0, const double* restrict var8, const float
 SG_KERNEL void k55_sum_t116(int64_t d0, const float* restrict ws38, float* restrict ws39);
 SG_KERNEL void k56_matmul_t111(int64_t d0, const float* restrict ws38, const int64_t* restrict c0, const float* restrict ws0, float* restrict ws40, sg_context* context);
 SG_KERNEL void k57_sum_t112(int64_t d0, const float* restrict ws40, float* restrict ws41);
-SG_KERNEL void k58_sub_t115(int64_t d0, const double* restrict var8, const float* restrict ws41, float* restrict var0);
-SG_KERNEL void k59_sub_t118(int64_t d0, const double* restrict var8, const float* restrict ws39, float* restrict var1);
 
 /* ---- translation unit 1 of 2 ---- */
 #if SG_IN_PART(1)
@@ -678,36 +674,19 @@ SG_KERNEL void k36_relu_vjp0_t85(int64_t d0, const float* restrict ws24, const f
     }
 }
 
-/* t77: f32[] = cast(lr) */
-/* t139: f32[10,256] = mul(t77, t138) */
-/* t140: f32[10,256] = sub(8.weight, t139) */
-SG_KERNEL void k38_sub_t140(int64_t d0, const double* restrict var8, const float* restrict ws23, float* restrict var6)
+/* t134: f32[16] = sum[axes=(0,2,3), keepdims=False](t85) */
+SG_KERNEL void k39_sum_t134(int64_t d0, const float* restrict ws25, float* restrict ws27)
 {
-    for (int64_t i0 = 0; i0 < 2560; ++i0) {
-        const double v0 = var8[0];  /* lr */
-        const float v1 = ws23[i0];  /* t138 */
-        const float v2 = var6[i0];  /* 8.weight */
-        const float t77 = (float)(v0);  /* t77: f32[] = cast(lr) */
-        const float t139 = t77*v1;  /* t139: f32[10,256] = mul(t77, t138) */
-        const float t140 = v2 - t139;  /* t140: f32[10,256] = sub(8.weight, t139) */
-        var6[i0] = t140;
-    }
-}
-
-/* Also called for k48_sub_t127, the same code on its buffers */
-/* t77: f32[] = cast(lr) */
-/* t135: f32[16] = mul(t77, t134) */
-/* t136: f32[16] = sub(5.bias, t135) */
-SG_KERNEL void k40_sub_t136(int64_t d0, const double* restrict var8, const float* restrict ws27, float* restrict var5)
-{
-    for (int64_t i0 = 0; i0 < 16; ++i0) {
-        const double v0 = var8[0];  /* lr */
-        const float v1 = ws27[i0];  /* t134 */
-        const float v2 = var5[i0];  /* 5.bias */
-        const float t77 = (float)(v0);  /* t77: f32[] = cast(lr) */
-        const float t135 = t77*v1;  /* t135: f32[16] = mul(t77, t134) */
-        const float t136 = v2 - t135;  /* t136: f32[16] = sub(5.bias, t135) */
-        var5[i0] = t136;
+    #pragma omp parallel for if((256*d0) >= SG_PARALLEL_MIN)
+    for (int64_t o0 = 0; o0 < 16; ++o0) {
+        double acc = 0;
+        for (int64_t r0 = 0; r0 < d0; ++r0) {
+            #pragma omp simd reduction(+:acc)
+            for (int64_t r1 = 0; r1 < 16; ++r1) {
+                acc += (double)ws25[o0 * 16 + r0 * 256 + r1];
+            }
+        }
+        ws27[o0] = (float)(acc);
     }
 }
 
@@ -793,22 +772,6 @@ SG_KERNEL void k47_sum_t125(int64_t d0, const float* restrict ws31, float* restr
         }
         for (int64_t j = 0; j < jn; ++j)
             ws33[j0 + j] = (float)(acc[j]);
-    }
-}
-
-/* t77: f32[] = cast(lr) */
-/* t114: f32[8,3,3,3] = mul(t77, t113) */
-/* t115: f32[8,3,3,3] = sub(0.weight, t114) */
-SG_KERNEL void k58_sub_t115(int64_t d0, const double* restrict var8, const float* restrict ws41, float* restrict var0)
-{
-    for (int64_t i0 = 0; i0 < 216; ++i0) {
-        const double v0 = var8[0];  /* lr */
-        const float v1 = ws41[i0];  /* t113 */
-        const float v2 = var0[i0];  /* 0.weight */
-        const float t77 = (float)(v0);  /* t77: f32[] = cast(lr) */
-        const float t114 = t77*v1;  /* t114: f32[8,3,3,3] = mul(t77, t113) */
-        const float t115 = v2 - t114;  /* t115: f32[8,3,3,3] = sub(0.weight, t114) */
-        var0[i0] = t115;
     }
 }
 
@@ -1048,12 +1011,13 @@ SG_KERNEL void k32_sum_t141(int64_t d0, const float* restrict ws21, float* restr
     }
 }
 
+/* Also called for 5 more kernels (k38_sub_t140, ...) on their buffers and element counts, each named at its call */
 /* t77: f32[] = cast(lr) */
 /* t142: f32[10] = mul(t77, t141) */
 /* t143: f32[10] = sub(8.bias, t142) */
-SG_KERNEL void k33_sub_t143(int64_t d0, const double* restrict var8, const float* restrict ws22, float* restrict var7)
+SG_KERNEL void k33_sub_t143(int64_t d0, const double* restrict var8, const float* restrict ws22, float* restrict var7, int64_t n)
 {
-    for (int64_t i0 = 0; i0 < 10; ++i0) {
+    for (int64_t i0 = 0; i0 < n; ++i0) {
         const double v0 = var8[0];  /* lr */
         const float v1 = ws22[i0];  /* t141 */
         const float v2 = var7[i0];  /* 8.bias */
@@ -1089,22 +1053,6 @@ SG_KERNEL void k37_copy(int64_t d0, const float* restrict ws25, float* restrict 
                 ws26[i0 * 256 + i1 * 16 + i2] = r;
             }
         }
-    }
-}
-
-/* t134: f32[16] = sum[axes=(0,2,3), keepdims=False](t85) */
-SG_KERNEL void k39_sum_t134(int64_t d0, const float* restrict ws25, float* restrict ws27)
-{
-    #pragma omp parallel for if((256*d0) >= SG_PARALLEL_MIN)
-    for (int64_t o0 = 0; o0 < 16; ++o0) {
-        double acc = 0;
-        for (int64_t r0 = 0; r0 < d0; ++r0) {
-            #pragma omp simd reduction(+:acc)
-            for (int64_t r1 = 0; r1 < 16; ++r1) {
-                acc += (double)ws25[o0 * 16 + r0 * 256 + r1];
-            }
-        }
-        ws27[o0] = (float)(acc);
     }
 }
 
@@ -1304,22 +1252,6 @@ SG_KERNEL void k57_sum_t112(int64_t d0, const float* restrict ws40, float* restr
         }
         for (int64_t j = 0; j < jn; ++j)
             ws41[j0 + j] = (float)(acc[j]);
-    }
-}
-
-/* t77: f32[] = cast(lr) */
-/* t117: f32[8] = mul(t77, t116) */
-/* t118: f32[8] = sub(0.bias, t117) */
-SG_KERNEL void k59_sub_t118(int64_t d0, const double* restrict var8, const float* restrict ws39, float* restrict var1)
-{
-    for (int64_t i0 = 0; i0 < 8; ++i0) {
-        const double v0 = var8[0];  /* lr */
-        const float v1 = ws39[i0];  /* t116 */
-        const float v2 = var1[i0];  /* 0.bias */
-        const float t77 = (float)(v0);  /* t77: f32[] = cast(lr) */
-        const float t117 = t77*v1;  /* t117: f32[8] = mul(t77, t116) */
-        const float t118 = v2 - t117;  /* t118: f32[8] = sub(0.bias, t117) */
-        var1[i0] = t118;
     }
 }
 
@@ -1559,16 +1491,16 @@ int symgrad_run(const int64_t* dims, void** inputs, void** variables, void** out
     k30_rows_t64(d0, ws3, in1, ws17, var7, ws18, ws19, ws21, ws20);
     k31_div_t76(d0, ws20, ws3, out0);
     k32_sum_t141(d0, ws21, ws22);
-    k33_sub_t143(d0, var8, ws22, var7);
+    k33_sub_t143(d0, var8, ws22, var7, 10);
     k34_matmul_t138(d0, ws21, ws16, ws23, context);
     if (context->status != SG_OK) return sg_stopped(context, "k34_matmul_t138");
     k35_matmul_t83(d0, ws21, var6, ws24, context);
     if (context->status != SG_OK) return sg_stopped(context, "k35_matmul_t83");
     k36_relu_vjp0_t85(d0, ws24, ws16, ws25);
     k37_copy(d0, ws25, ws26);
-    k38_sub_t140(d0, var8, ws23, var6);
+    k33_sub_t143(d0, var8, ws23, var6, 2560);  /* k38_sub_t140 */
     k39_sum_t134(d0, ws25, ws27);
-    k40_sub_t136(d0, var8, ws27, var5);
+    k33_sub_t143(d0, var8, ws27, var5, 16);  /* k40_sub_t136 */
     k41_matmul_t129(d0, ws14, ws26, ws28, context);
     if (context->status != SG_OK) return sg_stopped(context, "k41_matmul_t129");
     k42_matmul_t89(d0, ws26, ws2, ws29, context);
@@ -1579,7 +1511,7 @@ int symgrad_run(const int64_t* dims, void** inputs, void** variables, void** out
     if (context->status != SG_OK) return sg_stopped(context, "k45_matmul_t120");
     k46_sub_t133(d0, var8, ws28, var4);
     k47_sum_t125(d0, ws31, ws33);
-    k40_sub_t136(d0, var8, ws33, var3);  /* k48_sub_t127 */
+    k33_sub_t143(d0, var8, ws33, var3, 16);  /* k48_sub_t127 */
     k49_matmul_t97(d0, ws31, ws1, ws34, context);
     if (context->status != SG_OK) return sg_stopped(context, "k49_matmul_t97");
     k50_scatter_add_t99(d0, ws34, c4, ws35);
@@ -1590,8 +1522,8 @@ int symgrad_run(const int64_t* dims, void** inputs, void** variables, void** out
     k55_sum_t116(d0, ws38, ws39);
     k56_matmul_t111(d0, ws38, c0, ws0, ws40, context);
     k57_sum_t112(d0, ws40, ws41);
-    k58_sub_t115(d0, var8, ws41, var0);
-    k59_sub_t118(d0, var8, ws39, var1);
+    k33_sub_t143(d0, var8, ws41, var0, 216);  /* k58_sub_t115 */
+    k33_sub_t143(d0, var8, ws39, var1, 8);  /* k59_sub_t118 */
     sg_team_end_call(context);
     return SG_OK;
 }

@@ -543,9 +543,9 @@ SG_KERNEL void k40_div_t90(int64_t d0, const double* restrict ws27, const float*
 SG_KERNEL void k42_matmul_t110(int64_t d0, const float* restrict ws28, const float* restrict ws29, float* restrict ws30, sg_context* context);
 SG_KERNEL void k43_matmul_t111(int64_t d0, const float* restrict ws28, const float* restrict var0, float* restrict ws31, sg_context* context);
 SG_KERNEL void k44_sum_t538(int64_t d0, const float* restrict ws31, float* restrict ws32);
-SG_KERNEL void k45_add_t541(int64_t d0, const float* restrict ws32, float* restrict var64);
-SG_KERNEL void k46_add_t546(int64_t d0, float* restrict var65, const float* restrict ws32);
-SG_KERNEL void k47_sub_t555(int64_t d0, const double* restrict var63, const double* restrict var35, const float* restrict var64, const float* restrict var65, float* restrict var15);
+SG_KERNEL void k45_add_t541(int64_t d0, const float* restrict ws32, float* restrict var64, int64_t n);
+SG_KERNEL void k46_add_t546(int64_t d0, float* restrict var65, const float* restrict ws32, int64_t n);
+SG_KERNEL void k47_sub_t555(int64_t d0, const double* restrict var63, const double* restrict var35, const float* restrict var64, const float* restrict var65, float* restrict var15, int64_t n);
 SG_KERNEL void k48_sum_t115(int64_t d0, const float* restrict ws21, const float* restrict ws22, const float* restrict ws31, const float* restrict var14, float* restrict ws33);
 SG_KERNEL void k49_simplified_t116(int64_t d0, const float* restrict ws31, const float* restrict var14, const float* restrict ws22, const float* restrict ws33, const float* restrict ws21, float* restrict ws34);
 SG_KERNEL void k50_mul_t514(int64_t d0, const float* restrict ws21, const float* restrict ws22, const float* restrict ws31, float* restrict ws35);
@@ -555,18 +555,11 @@ SG_KERNEL void k61_matmul_t121(int64_t d0, const float* restrict ws38, const flo
 SG_KERNEL void k62_mul_t124(int64_t d0, const float* restrict ws17, const float* restrict ws40, float* restrict ws41);
 SG_KERNEL void k64_matmul_t305(int64_t d0, const float* restrict ws38, const float* restrict ws42, float* restrict ws43, sg_context* context);
 SG_KERNEL void k65_sum_t468(int64_t d0, const float* restrict ws41, float* restrict ws44);
-SG_KERNEL void k66_add_t471(int64_t d0, const float* restrict ws44, float* restrict var55);
-SG_KERNEL void k67_add_t476(int64_t d0, float* restrict var56, const float* restrict ws44);
-SG_KERNEL void k68_sub_t485(int64_t d0, const double* restrict var54, const double* restrict var35, const float* restrict var55, const float* restrict var56, float* restrict var11);
-SG_KERNEL void k69_add_t308(int64_t d0, const float* restrict ws43, float* restrict var33);
-SG_KERNEL void k70_add_t313(int64_t d0, float* restrict var34, const float* restrict ws43);
-SG_KERNEL void k71_sub_t322(int64_t d0, const double* restrict var16, float* restrict var12, const double* restrict var32, const float* restrict var33, const float* restrict var34);
+SG_KERNEL void k71_sub_t322(int64_t d0, const double* restrict var16, float* restrict var12, const double* restrict var32, const float* restrict var33, const float* restrict var34, int64_t n);
 SG_KERNEL void k72_matmul_t126(int64_t d0, const float* restrict ws41, const float* restrict var10, float* restrict ws45, sg_context* context);
 SG_KERNEL void k81_matmul_t278(int64_t d0, const float* restrict ws41, const float* restrict ws51, float* restrict ws52, sg_context* context);
 SG_KERNEL void k87_add_t136(int64_t d0, const float* restrict ws38, const float* restrict ws48, const float* restrict ws53, float* restrict ws54);
 SG_KERNEL void k92_matmul_t250(int64_t d0, const float* restrict ws54, const float* restrict ws9, float* restrict ws56, sg_context* context);
-SG_KERNEL void k93_add_t253(int64_t d0, const float* restrict ws56, float* restrict var27);
-SG_KERNEL void k94_add_t258(int64_t d0, float* restrict var28, const float* restrict ws56);
 SG_KERNEL void k98_matmul_t138(int64_t d0, const float* restrict ws54, const float* restrict var6, float* restrict ws57, sg_context* context);
 SG_KERNEL void k99_attention_grad_t141(int64_t d0, const float* restrict ws8, const float* restrict ws9, const float* restrict ws57, const float* restrict ws11, float* restrict ws58, float* restrict ws59, float* restrict ws60);
 SG_KERNEL void k100_copy(int64_t d0, const float* restrict ws58, float* restrict ws61);
@@ -576,10 +569,6 @@ SG_KERNEL void k103_embed_t151(int64_t d0, const float* restrict ws63, float* re
 SG_KERNEL void k104_copy(int64_t d0, const float* restrict ws58, float* restrict ws64);
 SG_KERNEL void k105_embed_t157(int64_t d0, const float* restrict ws64, float* restrict ws62);
 SG_KERNEL void k106_sum_t375(int64_t d0, const float* restrict ws62, float* restrict ws65);
-SG_KERNEL void k107_add_t378(int64_t d0, const float* restrict ws65, float* restrict var43);
-SG_KERNEL void k108_add_t383(int64_t d0, float* restrict var44, const float* restrict ws65);
-SG_KERNEL void k109_sub_t392(int64_t d0, const double* restrict var42, const double* restrict var35, const float* restrict var43, const float* restrict var44, float* restrict var5);
-SG_KERNEL void k110_sub_t267(int64_t d0, const double* restrict var16, float* restrict var6, const double* restrict var26, const float* restrict var27, const float* restrict var28);
 SG_KERNEL void k111_matmul_t160(int64_t d0, const float* restrict ws62, const float* restrict var4, float* restrict ws66, sg_context* context);
 SG_KERNEL void k115_sum_t165(int64_t d0, const float* restrict ws66, const float* restrict var2, const float* restrict ws5, const float* restrict ws7, float* restrict ws68);
 SG_KERNEL void k116_simplified_t166(int64_t d0, const float* restrict ws0, const float* restrict ws2, const float* restrict ws4, const float* restrict ws66, const float* restrict var2, const float* restrict ws5, const float* restrict ws68, float* restrict ws69);
@@ -589,15 +578,8 @@ SG_KERNEL void k120_matmul_t225(int64_t d0, const float* restrict ws62, const fl
 SG_KERNEL void k127_scatter_add_t171(int64_t d0, const float* restrict ws75, const int64_t* restrict in0, float* restrict ws76);
 SG_KERNEL void k128_sum_t196(int64_t d0, const float* restrict ws75, float* restrict ws77);
 SG_KERNEL void k130_scatter_add_t197(int64_t d0, const float* restrict ws77, const int64_t* restrict ws78, float* restrict ws79);
-SG_KERNEL void k131_add_t200(int64_t d0, const float* restrict ws79, float* restrict var21);
-SG_KERNEL void k132_add_t205(int64_t d0, float* restrict var22, const float* restrict ws79);
-SG_KERNEL void k133_sub_t214(int64_t d0, const double* restrict var16, float* restrict var1, const double* restrict var20, const float* restrict var21, const float* restrict var22);
 SG_KERNEL void k134_add_t175(int64_t d0, const float* restrict ws30, const float* restrict ws76, float* restrict var18);
 SG_KERNEL void k135_add_t180(int64_t d0, float* restrict var19, const float* restrict ws30, const float* restrict ws76);
-SG_KERNEL void k136_sub_t189(int64_t d0, const double* restrict var16, float* restrict var0, const double* restrict var17, const float* restrict var18, const float* restrict var19);
-SG_KERNEL void k137_add_t228(int64_t d0, const float* restrict ws73, float* restrict var24);
-SG_KERNEL void k138_add_t233(int64_t d0, float* restrict var25, const float* restrict ws73);
-SG_KERNEL void k139_sub_t242(int64_t d0, const double* restrict var16, float* restrict var4, const double* restrict var23, const float* restrict var24, const float* restrict var25);
 
 /* ---- translation unit 1 of 2 ---- */
 #if SG_IN_PART(1)
@@ -624,7 +606,7 @@ SG_KERNEL void k0_take_t3(int64_t d0, const float* restrict var0, const int64_t*
     }
 }
 
-/* Also called for k129_copy, the same code on its buffers */
+/* Also called for k129_copy, the same code on their buffers */
 /* make iota's operand contiguous: t4 */
 SG_KERNEL void k1_copy(int64_t d0, int64_t* restrict ws1)
 {
@@ -760,7 +742,7 @@ SG_KERNEL void k28_sub_t42(int64_t d0, const float* restrict ws0, const float* r
     }
 }
 
-/* Also called for k36_sqrt_t70, the same code on its buffers */
+/* Also called for k36_sqrt_t70, the same code on their buffers */
 /* t43: f32[B,8,32] = mul(t42, t42) */
 /* t44: f32[B,8,1] = sum[axes=(2,), keepdims=True](t43) */
 /* t45: f32[B,8,1] = mul(t44, 1/32) */
@@ -850,7 +832,7 @@ SG_KERNEL void k31_add_t54(int64_t d0, const float* restrict ws16, const float* 
         ws17, context, &epilogue, context->scratch);
 }
 
-/* Also called for k63_gelu_t303, the same code on its buffers */
+/* Also called for k63_gelu_t303, the same code on their buffers */
 /* t56: f32[B,8,128] = gelu(t55) */
 SG_KERNEL void k32_gelu_t56(int64_t d0, const float* restrict ws17, float* restrict ws18)
 {
@@ -1019,7 +1001,7 @@ SG_KERNEL void k44_sum_t538(int64_t d0, const float* restrict ws31, float* restr
     }
 }
 
-/* Also called for k76_sum_t131, the same code on its buffers */
+/* Also called for k76_sum_t131, the same code on their buffers */
 /* t106: f32[B,8,32] = div(t65, t70) */
 /* t113: f32[B,8,32] = mul(t112, transformer.ln_f.weight) */
 /* t114: f32[B,8,32] = -t106*t113/t70 */
@@ -1044,7 +1026,7 @@ SG_KERNEL void k48_sum_t115(int64_t d0, const float* restrict ws21, const float*
     }
 }
 
-/* Also called for k77_simplified_t132, the same code on its buffers */
+/* Also called for k77_simplified_t132, the same code on their buffers */
 /* t113: f32[B,8,32] = mul(t112, transformer.ln_f.weight) */
 /* t116: f32[B,8,32] = t113/t70 + t115*t65/(32*t70) */
 SG_KERNEL void k49_simplified_t116(int64_t d0, const float* restrict ws31, const float* restrict var14, const float* restrict ws22, const float* restrict ws33, const float* restrict ws21, float* restrict ws34)
@@ -1110,87 +1092,6 @@ SG_KERNEL void k62_mul_t124(int64_t d0, const float* restrict ws17, const float*
     }
 }
 
-/* t464: f64[] = pow(0.9, t463) */
-/* t465: f64[] = sub(1.0, t464) */
-/* t466: f64[] = div(param_groups.1.lr, t465) */
-/* t467: f32[] = cast(t466) */
-/* t478: f64[] = pow(0.95, t463) */
-/* t479: f64[] = sub(1.0, t478) */
-/* t480: f64[] = sqrt(t479) */
-/* t481: f32[] = cast(t480) */
-/* t472: f32[128] = mul(t467, t471) */
-/* t477: f32[128] = sqrt(t476) */
-/* t482: f32[128] = div(t477, t481) */
-/* t483: f32[128] = add(t482, 1e-08) */
-/* t484: f32[128] = div(t472, t483) */
-/* t485: f32[128] = sub(transformer.h.0.mlp.c_fc.bias, t484) */
-SG_KERNEL void k68_sub_t485(int64_t d0, const double* restrict var54, const double* restrict var35, const float* restrict var55, const float* restrict var56, float* restrict var11)
-{
-    for (int64_t i0 = 0; i0 < 128; ++i0) {
-        const double v0 = 0.9;  /* 0.9 */
-        const double v1 = var54[0];  /* t463 */
-        const double v2 = 1.0;  /* 1.0 */
-        const double v3 = var35[0];  /* param_groups.1.lr */
-        const double v4 = 0.95;  /* 0.95 */
-        const float v5 = var55[i0];  /* t471 */
-        const float v6 = var56[i0];  /* t476 */
-        const float v7 = 1.0e-08f;  /* 1e-08 */
-        const float v8 = var11[i0];  /* transformer.h.0.mlp.c_fc.bias */
-        const double t464 = pow(v0, v1);  /* t464: f64[] = pow(0.9, t463) */
-        const double t465 = v2 - t464;  /* t465: f64[] = sub(1.0, t464) */
-        const double t466 = v3/t465;  /* t466: f64[] = div(param_groups.1.lr, t465) */
-        const float t467 = (float)(t466);  /* t467: f32[] = cast(t466) */
-        const double t478 = pow(v4, v1);  /* t478: f64[] = pow(0.95, t463) */
-        const double t479 = v2 - t478;  /* t479: f64[] = sub(1.0, t478) */
-        const double t480 = sqrt(t479);  /* t480: f64[] = sqrt(t479) */
-        const float t481 = (float)(t480);  /* t481: f32[] = cast(t480) */
-        const float t472 = t467*v5;  /* t472: f32[128] = mul(t467, t471) */
-        const float t477 = sqrtf(v6);  /* t477: f32[128] = sqrt(t476) */
-        const float t482 = t477/t481;  /* t482: f32[128] = div(t477, t481) */
-        const float t483 = t482 + v7;  /* t483: f32[128] = add(t482, 1e-08) */
-        const float t484 = t472/t483;  /* t484: f32[128] = div(t472, t483) */
-        const float t485 = v8 - t484;  /* t485: f32[128] = sub(transformer.h.0.mlp.c_fc.bias, t484) */
-        var11[i0] = t485;
-    }
-}
-
-/* Also called for k95_add_t281, the same code on its buffers */
-/* t306: f32[32,128] = sub(t305, transformer.h.0.mlp.c_proj.weight.exp_avg) */
-/* t307: f32[32,128] = mul(0.09999999999999998, t306) */
-/* t308: f32[32,128] = add(transformer.h.0.mlp.c_proj.weight.exp_avg, t307) */
-SG_KERNEL void k69_add_t308(int64_t d0, const float* restrict ws43, float* restrict var33)
-{
-    for (int64_t i0 = 0; i0 < 4096; ++i0) {
-        const float v0 = ws43[i0];  /* t305 */
-        const float v1 = var33[i0];  /* transformer.h.0.mlp.c_proj.weight.exp_avg */
-        const float v2 = 0.1f;  /* 0.09999999999999998 */
-        const float t306 = v0 - v1;  /* t306: f32[32,128] = sub(t305, transformer.h.0.mlp.c_proj.weight.exp_avg) */
-        const float t307 = v2*t306;  /* t307: f32[32,128] = mul(0.09999999999999998, t306) */
-        const float t308 = v1 + t307;  /* t308: f32[32,128] = add(transformer.h.0.mlp.c_proj.weight.exp_avg, t307) */
-        var33[i0] = t308;
-    }
-}
-
-/* Also called for k96_add_t286, the same code on its buffers */
-/* t310: f32[32,128] = mul(0.95, transformer.h.0.mlp.c_proj.weight.exp_avg_sq) */
-/* t311: f32[32,128] = mul(t305, t305) */
-/* t312: f32[32,128] = mul(0.050000000000000044, t311) */
-/* t313: f32[32,128] = add(t310, t312) */
-SG_KERNEL void k70_add_t313(int64_t d0, float* restrict var34, const float* restrict ws43)
-{
-    for (int64_t i0 = 0; i0 < 4096; ++i0) {
-        const float v0 = 0.95f;  /* 0.95 */
-        const float v1 = var34[i0];  /* transformer.h.0.mlp.c_proj.weight.exp_avg_sq */
-        const float v2 = ws43[i0];  /* t305 */
-        const float v3 = 0.05f;  /* 0.050000000000000044 */
-        const float t310 = v0*v1;  /* t310: f32[32,128] = mul(0.95, transformer.h.0.mlp.c_proj.weight.exp_avg_sq) */
-        const float t311 = v2*v2;  /* t311: f32[32,128] = mul(t305, t305) */
-        const float t312 = v3*t311;  /* t312: f32[32,128] = mul(0.050000000000000044, t311) */
-        const float t313 = t310 + t312;  /* t313: f32[32,128] = add(t310, t312) */
-        var34[i0] = t313;
-    }
-}
-
 /* t126: f32[8*B,32] = matmul(t125, transformer.h.0.mlp.c_fc.weight) */
 SG_KERNEL void k72_matmul_t126(int64_t d0, const float* restrict ws41, const float* restrict var10, float* restrict ws45, sg_context* context)
 {
@@ -1204,7 +1105,7 @@ SG_KERNEL void k72_matmul_t126(int64_t d0, const float* restrict ws41, const flo
         ws45, context, NULL, context->scratch);
 }
 
-/* Also called for k126_add_t170, the same code on its buffers */
+/* Also called for k126_add_t170, the same code on their buffers */
 /* t133: f32[B,8,32] = add(t119, t132) */
 /* t136: f32[B,8,32] = add(t133, t135) */
 SG_KERNEL void k87_add_t136(int64_t d0, const float* restrict ws38, const float* restrict ws48, const float* restrict ws53, float* restrict ws54)
@@ -1408,41 +1309,6 @@ SG_KERNEL void k106_sum_t375(int64_t d0, const float* restrict ws62, float* rest
     }
 }
 
-/* t376: f32[96] = sub(t375, transformer.h.0.attn.c_attn.bias.exp_avg) */
-/* t377: f32[96] = mul(0.09999999999999998, t376) */
-/* t378: f32[96] = add(transformer.h.0.attn.c_attn.bias.exp_avg, t377) */
-SG_KERNEL void k107_add_t378(int64_t d0, const float* restrict ws65, float* restrict var43)
-{
-    for (int64_t i0 = 0; i0 < 96; ++i0) {
-        const float v0 = ws65[i0];  /* t375 */
-        const float v1 = var43[i0];  /* transformer.h.0.attn.c_attn.bias.exp_avg */
-        const float v2 = 0.1f;  /* 0.09999999999999998 */
-        const float t376 = v0 - v1;  /* t376: f32[96] = sub(t375, transformer.h.0.attn.c_attn.bias.exp_avg) */
-        const float t377 = v2*t376;  /* t377: f32[96] = mul(0.09999999999999998, t376) */
-        const float t378 = v1 + t377;  /* t378: f32[96] = add(transformer.h.0.attn.c_attn.bias.exp_avg, t377) */
-        var43[i0] = t378;
-    }
-}
-
-/* t380: f32[96] = mul(0.95, transformer.h.0.attn.c_attn.bias.exp_avg_sq) */
-/* t381: f32[96] = mul(t375, t375) */
-/* t382: f32[96] = mul(0.050000000000000044, t381) */
-/* t383: f32[96] = add(t380, t382) */
-SG_KERNEL void k108_add_t383(int64_t d0, float* restrict var44, const float* restrict ws65)
-{
-    for (int64_t i0 = 0; i0 < 96; ++i0) {
-        const float v0 = 0.95f;  /* 0.95 */
-        const float v1 = var44[i0];  /* transformer.h.0.attn.c_attn.bias.exp_avg_sq */
-        const float v2 = ws65[i0];  /* t375 */
-        const float v3 = 0.05f;  /* 0.050000000000000044 */
-        const float t380 = v0*v1;  /* t380: f32[96] = mul(0.95, transformer.h.0.attn.c_attn.bias.exp_avg_sq) */
-        const float t381 = v2*v2;  /* t381: f32[96] = mul(t375, t375) */
-        const float t382 = v3*t381;  /* t382: f32[96] = mul(0.050000000000000044, t381) */
-        const float t383 = t380 + t382;  /* t383: f32[96] = add(t380, t382) */
-        var44[i0] = t383;
-    }
-}
-
 /* t222: f32[B,8,32] = mul(t163, transformer.h.0.ln_1.weight) */
 /* t223: f32[B,8,32] = add(t222, transformer.h.0.ln_1.bias) */
 SG_KERNEL void k119_add_t223(int64_t d0, const float* restrict ws7, const float* restrict var2, const float* restrict var3, float* restrict ws72)
@@ -1498,78 +1364,6 @@ SG_KERNEL void k127_scatter_add_t171(int64_t d0, const float* restrict ws75, con
     }
 }
 
-/* t91: f64[] = mul(lr, 0.1) */
-/* t92: f64[] = sub(1.0, t91) */
-/* t93: f32[] = cast(t92) */
-/* t190: f32[8,32] = mul(transformer.wpe.weight, t93) */
-/* t192: f64[] = pow(0.9, t191) */
-/* t193: f64[] = sub(1.0, t192) */
-/* t194: f64[] = div(lr, t193) */
-/* t195: f32[] = cast(t194) */
-/* t207: f64[] = pow(0.95, t191) */
-/* t208: f64[] = sub(1.0, t207) */
-/* t209: f64[] = sqrt(t208) */
-/* t210: f32[] = cast(t209) */
-/* t201: f32[8,32] = mul(t195, t200) */
-/* t206: f32[8,32] = sqrt(t205) */
-/* t211: f32[8,32] = div(t206, t210) */
-/* t212: f32[8,32] = add(t211, 1e-08) */
-/* t213: f32[8,32] = div(t201, t212) */
-/* t214: f32[8,32] = sub(t190, t213) */
-SG_KERNEL void k133_sub_t214(int64_t d0, const double* restrict var16, float* restrict var1, const double* restrict var20, const float* restrict var21, const float* restrict var22)
-{
-    for (int64_t i0 = 0; i0 < 256; ++i0) {
-        const double v0 = var16[0];  /* lr */
-        const double v1 = 0.1;  /* 0.1 */
-        const double v2 = 1.0;  /* 1.0 */
-        const float v3 = var1[i0];  /* transformer.wpe.weight */
-        const double v4 = 0.9;  /* 0.9 */
-        const double v5 = var20[0];  /* t191 */
-        const double v6 = 0.95;  /* 0.95 */
-        const float v7 = var21[i0];  /* t200 */
-        const float v8 = var22[i0];  /* t205 */
-        const float v9 = 1.0e-08f;  /* 1e-08 */
-        const double t91 = v0*v1;  /* t91: f64[] = mul(lr, 0.1) */
-        const double t92 = v2 - t91;  /* t92: f64[] = sub(1.0, t91) */
-        const float t93 = (float)(t92);  /* t93: f32[] = cast(t92) */
-        const float t190 = v3*t93;  /* t190: f32[8,32] = mul(transformer.wpe.weight, t93) */
-        const double t192 = pow(v4, v5);  /* t192: f64[] = pow(0.9, t191) */
-        const double t193 = v2 - t192;  /* t193: f64[] = sub(1.0, t192) */
-        const double t194 = v0/t193;  /* t194: f64[] = div(lr, t193) */
-        const float t195 = (float)(t194);  /* t195: f32[] = cast(t194) */
-        const double t207 = pow(v6, v5);  /* t207: f64[] = pow(0.95, t191) */
-        const double t208 = v2 - t207;  /* t208: f64[] = sub(1.0, t207) */
-        const double t209 = sqrt(t208);  /* t209: f64[] = sqrt(t208) */
-        const float t210 = (float)(t209);  /* t210: f32[] = cast(t209) */
-        const float t201 = t195*v7;  /* t201: f32[8,32] = mul(t195, t200) */
-        const float t206 = sqrtf(v8);  /* t206: f32[8,32] = sqrt(t205) */
-        const float t211 = t206/t210;  /* t211: f32[8,32] = div(t206, t210) */
-        const float t212 = t211 + v9;  /* t212: f32[8,32] = add(t211, 1e-08) */
-        const float t213 = t201/t212;  /* t213: f32[8,32] = div(t201, t212) */
-        const float t214 = t190 - t213;  /* t214: f32[8,32] = sub(t190, t213) */
-        var1[i0] = t214;
-    }
-}
-
-/* t172: f32[64,32] = add(t110, t171) */
-/* t173: f32[64,32] = sub(t172, transformer.wte.weight.exp_avg) */
-/* t174: f32[64,32] = mul(0.09999999999999998, t173) */
-/* t175: f32[64,32] = add(transformer.wte.weight.exp_avg, t174) */
-SG_KERNEL void k134_add_t175(int64_t d0, const float* restrict ws30, const float* restrict ws76, float* restrict var18)
-{
-    for (int64_t i0 = 0; i0 < 2048; ++i0) {
-        const float v0 = ws30[i0];  /* t110 */
-        const float v1 = ws76[i0];  /* t171 */
-        const float v2 = var18[i0];  /* transformer.wte.weight.exp_avg */
-        const float v3 = 0.1f;  /* 0.09999999999999998 */
-        const float t172 = v0 + v1;  /* t172: f32[64,32] = add(t110, t171) */
-        const float t173 = t172 - v2;  /* t173: f32[64,32] = sub(t172, transformer.wte.weight.exp_avg) */
-        const float t174 = v3*t173;  /* t174: f32[64,32] = mul(0.09999999999999998, t173) */
-        const float t175 = v2 + t174;  /* t175: f32[64,32] = add(transformer.wte.weight.exp_avg, t174) */
-        var18[i0] = t175;
-    }
-}
-
 /* t177: f32[64,32] = mul(0.95, transformer.wte.weight.exp_avg_sq) */
 /* t172: f32[64,32] = add(t110, t171) */
 /* t178: f32[64,32] = mul(t172, t172) */
@@ -1589,75 +1383,6 @@ SG_KERNEL void k135_add_t180(int64_t d0, float* restrict var19, const float* res
         const float t179 = v4*t178;  /* t179: f32[64,32] = mul(0.050000000000000044, t178) */
         const float t180 = t177 + t179;  /* t180: f32[64,32] = add(t177, t179) */
         var19[i0] = t180;
-    }
-}
-
-/* t226: f32[96,32] = sub(t225, transformer.h.0.attn.c_attn.weight.exp_avg) */
-/* t227: f32[96,32] = mul(0.09999999999999998, t226) */
-/* t228: f32[96,32] = add(transformer.h.0.attn.c_attn.weight.exp_avg, t227) */
-SG_KERNEL void k137_add_t228(int64_t d0, const float* restrict ws73, float* restrict var24)
-{
-    for (int64_t i0 = 0; i0 < 3072; ++i0) {
-        const float v0 = ws73[i0];  /* t225 */
-        const float v1 = var24[i0];  /* transformer.h.0.attn.c_attn.weight.exp_avg */
-        const float v2 = 0.1f;  /* 0.09999999999999998 */
-        const float t226 = v0 - v1;  /* t226: f32[96,32] = sub(t225, transformer.h.0.attn.c_attn.weight.exp_avg) */
-        const float t227 = v2*t226;  /* t227: f32[96,32] = mul(0.09999999999999998, t226) */
-        const float t228 = v1 + t227;  /* t228: f32[96,32] = add(transformer.h.0.attn.c_attn.weight.exp_avg, t227) */
-        var24[i0] = t228;
-    }
-}
-
-/* t91: f64[] = mul(lr, 0.1) */
-/* t92: f64[] = sub(1.0, t91) */
-/* t93: f32[] = cast(t92) */
-/* t215: f32[96,32] = mul(transformer.h.0.attn.c_attn.weight, t93) */
-/* t217: f64[] = pow(0.9, t216) */
-/* t218: f64[] = sub(1.0, t217) */
-/* t219: f64[] = div(lr, t218) */
-/* t220: f32[] = cast(t219) */
-/* t235: f64[] = pow(0.95, t216) */
-/* t236: f64[] = sub(1.0, t235) */
-/* t237: f64[] = sqrt(t236) */
-/* t238: f32[] = cast(t237) */
-/* t229: f32[96,32] = mul(t220, t228) */
-/* t234: f32[96,32] = sqrt(t233) */
-/* t239: f32[96,32] = div(t234, t238) */
-/* t240: f32[96,32] = add(t239, 1e-08) */
-/* t241: f32[96,32] = div(t229, t240) */
-/* t242: f32[96,32] = sub(t215, t241) */
-SG_KERNEL void k139_sub_t242(int64_t d0, const double* restrict var16, float* restrict var4, const double* restrict var23, const float* restrict var24, const float* restrict var25)
-{
-    for (int64_t i0 = 0; i0 < 3072; ++i0) {
-        const double v0 = var16[0];  /* lr */
-        const double v1 = 0.1;  /* 0.1 */
-        const double v2 = 1.0;  /* 1.0 */
-        const float v3 = var4[i0];  /* transformer.h.0.attn.c_attn.weight */
-        const double v4 = 0.9;  /* 0.9 */
-        const double v5 = var23[0];  /* t216 */
-        const double v6 = 0.95;  /* 0.95 */
-        const float v7 = var24[i0];  /* t228 */
-        const float v8 = var25[i0];  /* t233 */
-        const float v9 = 1.0e-08f;  /* 1e-08 */
-        const double t91 = v0*v1;  /* t91: f64[] = mul(lr, 0.1) */
-        const double t92 = v2 - t91;  /* t92: f64[] = sub(1.0, t91) */
-        const float t93 = (float)(t92);  /* t93: f32[] = cast(t92) */
-        const float t215 = v3*t93;  /* t215: f32[96,32] = mul(transformer.h.0.attn.c_attn.weight, t93) */
-        const double t217 = pow(v4, v5);  /* t217: f64[] = pow(0.9, t216) */
-        const double t218 = v2 - t217;  /* t218: f64[] = sub(1.0, t217) */
-        const double t219 = v0/t218;  /* t219: f64[] = div(lr, t218) */
-        const float t220 = (float)(t219);  /* t220: f32[] = cast(t219) */
-        const double t235 = pow(v6, v5);  /* t235: f64[] = pow(0.95, t216) */
-        const double t236 = v2 - t235;  /* t236: f64[] = sub(1.0, t235) */
-        const double t237 = sqrt(t236);  /* t237: f64[] = sqrt(t236) */
-        const float t238 = (float)(t237);  /* t238: f32[] = cast(t237) */
-        const float t229 = t220*v7;  /* t229: f32[96,32] = mul(t220, t228) */
-        const float t234 = sqrtf(v8);  /* t234: f32[96,32] = sqrt(t233) */
-        const float t239 = t234/t238;  /* t239: f32[96,32] = div(t234, t238) */
-        const float t240 = t239 + v9;  /* t240: f32[96,32] = add(t239, 1e-08) */
-        const float t241 = t229/t240;  /* t241: f32[96,32] = div(t229, t240) */
-        const float t242 = t215 - t241;  /* t242: f32[96,32] = sub(t215, t241) */
-        var4[i0] = t242;
     }
 }
 
@@ -2016,13 +1741,13 @@ SG_KERNEL void k43_matmul_t111(int64_t d0, const float* restrict ws28, const flo
         ws31, context, NULL, context->scratch);
 }
 
-/* Also called for 7 more kernels (k52_add_t518, ...) on their buffers, each named at its call */
+/* Also called for 14 more kernels (k52_add_t518, ...) on their buffers and element counts, each named at its call */
 /* t539: f32[32] = sub(t538, transformer.ln_f.bias.exp_avg) */
 /* t540: f32[32] = mul(0.09999999999999998, t539) */
 /* t541: f32[32] = add(transformer.ln_f.bias.exp_avg, t540) */
-SG_KERNEL void k45_add_t541(int64_t d0, const float* restrict ws32, float* restrict var64)
+SG_KERNEL void k45_add_t541(int64_t d0, const float* restrict ws32, float* restrict var64, int64_t n)
 {
-    for (int64_t i0 = 0; i0 < 32; ++i0) {
+    for (int64_t i0 = 0; i0 < n; ++i0) {
         const float v0 = ws32[i0];  /* t538 */
         const float v1 = var64[i0];  /* transformer.ln_f.bias.exp_avg */
         const float v2 = 0.1f;  /* 0.09999999999999998 */
@@ -2033,14 +1758,14 @@ SG_KERNEL void k45_add_t541(int64_t d0, const float* restrict ws32, float* restr
     }
 }
 
-/* Also called for 7 more kernels (k53_add_t523, ...) on their buffers, each named at its call */
+/* Also called for 14 more kernels (k53_add_t523, ...) on their buffers and element counts, each named at its call */
 /* t543: f32[32] = mul(0.95, transformer.ln_f.bias.exp_avg_sq) */
 /* t544: f32[32] = mul(t538, t538) */
 /* t545: f32[32] = mul(0.050000000000000044, t544) */
 /* t546: f32[32] = add(t543, t545) */
-SG_KERNEL void k46_add_t546(int64_t d0, float* restrict var65, const float* restrict ws32)
+SG_KERNEL void k46_add_t546(int64_t d0, float* restrict var65, const float* restrict ws32, int64_t n)
 {
-    for (int64_t i0 = 0; i0 < 32; ++i0) {
+    for (int64_t i0 = 0; i0 < n; ++i0) {
         const float v0 = 0.95f;  /* 0.95 */
         const float v1 = var65[i0];  /* transformer.ln_f.bias.exp_avg_sq */
         const float v2 = ws32[i0];  /* t538 */
@@ -2053,7 +1778,7 @@ SG_KERNEL void k46_add_t546(int64_t d0, float* restrict var65, const float* rest
     }
 }
 
-/* Also called for 7 more kernels (k54_sub_t532, ...) on their buffers, each named at its call */
+/* Also called for 9 more kernels (k54_sub_t532, ...) on their buffers and element counts, each named at its call */
 /* t534: f64[] = pow(0.9, t533) */
 /* t535: f64[] = sub(1.0, t534) */
 /* t536: f64[] = div(param_groups.1.lr, t535) */
@@ -2068,9 +1793,9 @@ SG_KERNEL void k46_add_t546(int64_t d0, float* restrict var65, const float* rest
 /* t553: f32[32] = add(t552, 1e-08) */
 /* t554: f32[32] = div(t542, t553) */
 /* t555: f32[32] = sub(transformer.ln_f.bias, t554) */
-SG_KERNEL void k47_sub_t555(int64_t d0, const double* restrict var63, const double* restrict var35, const float* restrict var64, const float* restrict var65, float* restrict var15)
+SG_KERNEL void k47_sub_t555(int64_t d0, const double* restrict var63, const double* restrict var35, const float* restrict var64, const float* restrict var65, float* restrict var15, int64_t n)
 {
-    for (int64_t i0 = 0; i0 < 32; ++i0) {
+    for (int64_t i0 = 0; i0 < n; ++i0) {
         const double v0 = 0.9;  /* 0.9 */
         const double v1 = var63[0];  /* t533 */
         const double v2 = 1.0;  /* 1.0 */
@@ -2098,7 +1823,7 @@ SG_KERNEL void k47_sub_t555(int64_t d0, const double* restrict var63, const doub
     }
 }
 
-/* Also called for k78_mul_t421, the same code on its buffers */
+/* Also called for k78_mul_t421, the same code on their buffers */
 /* t106: f32[B,8,32] = div(t65, t70) */
 /* t514: f32[B,8,32] = mul(t112, t106) */
 SG_KERNEL void k50_mul_t514(int64_t d0, const float* restrict ws21, const float* restrict ws22, const float* restrict ws31, float* restrict ws35)
@@ -2164,42 +1889,7 @@ SG_KERNEL void k65_sum_t468(int64_t d0, const float* restrict ws41, float* restr
     }
 }
 
-/* t469: f32[128] = sub(t468, transformer.h.0.mlp.c_fc.bias.exp_avg) */
-/* t470: f32[128] = mul(0.09999999999999998, t469) */
-/* t471: f32[128] = add(transformer.h.0.mlp.c_fc.bias.exp_avg, t470) */
-SG_KERNEL void k66_add_t471(int64_t d0, const float* restrict ws44, float* restrict var55)
-{
-    for (int64_t i0 = 0; i0 < 128; ++i0) {
-        const float v0 = ws44[i0];  /* t468 */
-        const float v1 = var55[i0];  /* transformer.h.0.mlp.c_fc.bias.exp_avg */
-        const float v2 = 0.1f;  /* 0.09999999999999998 */
-        const float t469 = v0 - v1;  /* t469: f32[128] = sub(t468, transformer.h.0.mlp.c_fc.bias.exp_avg) */
-        const float t470 = v2*t469;  /* t470: f32[128] = mul(0.09999999999999998, t469) */
-        const float t471 = v1 + t470;  /* t471: f32[128] = add(transformer.h.0.mlp.c_fc.bias.exp_avg, t470) */
-        var55[i0] = t471;
-    }
-}
-
-/* t473: f32[128] = mul(0.95, transformer.h.0.mlp.c_fc.bias.exp_avg_sq) */
-/* t474: f32[128] = mul(t468, t468) */
-/* t475: f32[128] = mul(0.050000000000000044, t474) */
-/* t476: f32[128] = add(t473, t475) */
-SG_KERNEL void k67_add_t476(int64_t d0, float* restrict var56, const float* restrict ws44)
-{
-    for (int64_t i0 = 0; i0 < 128; ++i0) {
-        const float v0 = 0.95f;  /* 0.95 */
-        const float v1 = var56[i0];  /* transformer.h.0.mlp.c_fc.bias.exp_avg_sq */
-        const float v2 = ws44[i0];  /* t468 */
-        const float v3 = 0.05f;  /* 0.050000000000000044 */
-        const float t473 = v0*v1;  /* t473: f32[128] = mul(0.95, transformer.h.0.mlp.c_fc.bias.exp_avg_sq) */
-        const float t474 = v2*v2;  /* t474: f32[128] = mul(t468, t468) */
-        const float t475 = v3*t474;  /* t475: f32[128] = mul(0.050000000000000044, t474) */
-        const float t476 = t473 + t475;  /* t476: f32[128] = add(t473, t475) */
-        var56[i0] = t476;
-    }
-}
-
-/* Also called for k97_sub_t295, the same code on its buffers */
+/* Also called for 5 more kernels (k97_sub_t295, ...) on their buffers and element counts, each named at its call */
 /* t91: f64[] = mul(lr, 0.1) */
 /* t92: f64[] = sub(1.0, t91) */
 /* t93: f32[] = cast(t92) */
@@ -2218,9 +1908,9 @@ SG_KERNEL void k67_add_t476(int64_t d0, float* restrict var56, const float* rest
 /* t320: f32[32,128] = add(t319, 1e-08) */
 /* t321: f32[32,128] = div(t309, t320) */
 /* t322: f32[32,128] = sub(t296, t321) */
-SG_KERNEL void k71_sub_t322(int64_t d0, const double* restrict var16, float* restrict var12, const double* restrict var32, const float* restrict var33, const float* restrict var34)
+SG_KERNEL void k71_sub_t322(int64_t d0, const double* restrict var16, float* restrict var12, const double* restrict var32, const float* restrict var33, const float* restrict var34, int64_t n)
 {
-    for (int64_t i0 = 0; i0 < 4096; ++i0) {
+    for (int64_t i0 = 0; i0 < n; ++i0) {
         const double v0 = var16[0];  /* lr */
         const double v1 = 0.1;  /* 0.1 */
         const double v2 = 1.0;  /* 1.0 */
@@ -2264,41 +1954,6 @@ SG_KERNEL void k81_matmul_t278(int64_t d0, const float* restrict ws41, const flo
         ws41, 1, 128,
         ws51, 32, 1,
         ws52, context, NULL, context->scratch);
-}
-
-/* t251: f32[32,32] = sub(t250, transformer.h.0.attn.c_proj.weight.exp_avg) */
-/* t252: f32[32,32] = mul(0.09999999999999998, t251) */
-/* t253: f32[32,32] = add(transformer.h.0.attn.c_proj.weight.exp_avg, t252) */
-SG_KERNEL void k93_add_t253(int64_t d0, const float* restrict ws56, float* restrict var27)
-{
-    for (int64_t i0 = 0; i0 < 1024; ++i0) {
-        const float v0 = ws56[i0];  /* t250 */
-        const float v1 = var27[i0];  /* transformer.h.0.attn.c_proj.weight.exp_avg */
-        const float v2 = 0.1f;  /* 0.09999999999999998 */
-        const float t251 = v0 - v1;  /* t251: f32[32,32] = sub(t250, transformer.h.0.attn.c_proj.weight.exp_avg) */
-        const float t252 = v2*t251;  /* t252: f32[32,32] = mul(0.09999999999999998, t251) */
-        const float t253 = v1 + t252;  /* t253: f32[32,32] = add(transformer.h.0.attn.c_proj.weight.exp_avg, t252) */
-        var27[i0] = t253;
-    }
-}
-
-/* t255: f32[32,32] = mul(0.95, transformer.h.0.attn.c_proj.weight.exp_avg_sq) */
-/* t256: f32[32,32] = mul(t250, t250) */
-/* t257: f32[32,32] = mul(0.050000000000000044, t256) */
-/* t258: f32[32,32] = add(t255, t257) */
-SG_KERNEL void k94_add_t258(int64_t d0, float* restrict var28, const float* restrict ws56)
-{
-    for (int64_t i0 = 0; i0 < 1024; ++i0) {
-        const float v0 = 0.95f;  /* 0.95 */
-        const float v1 = var28[i0];  /* transformer.h.0.attn.c_proj.weight.exp_avg_sq */
-        const float v2 = ws56[i0];  /* t250 */
-        const float v3 = 0.05f;  /* 0.050000000000000044 */
-        const float t255 = v0*v1;  /* t255: f32[32,32] = mul(0.95, transformer.h.0.attn.c_proj.weight.exp_avg_sq) */
-        const float t256 = v2*v2;  /* t256: f32[32,32] = mul(t250, t250) */
-        const float t257 = v3*t256;  /* t257: f32[32,32] = mul(0.050000000000000044, t256) */
-        const float t258 = t255 + t257;  /* t258: f32[32,32] = add(t255, t257) */
-        var28[i0] = t258;
-    }
 }
 
 /* t138: f32[8*B,32] = matmul(t137, transformer.h.0.attn.c_proj.weight) */
@@ -2358,103 +2013,6 @@ SG_KERNEL void k104_copy(int64_t d0, const float* restrict ws58, float* restrict
                 }
             }
         }
-    }
-}
-
-/* t371: f64[] = pow(0.9, t370) */
-/* t372: f64[] = sub(1.0, t371) */
-/* t373: f64[] = div(param_groups.1.lr, t372) */
-/* t374: f32[] = cast(t373) */
-/* t385: f64[] = pow(0.95, t370) */
-/* t386: f64[] = sub(1.0, t385) */
-/* t387: f64[] = sqrt(t386) */
-/* t388: f32[] = cast(t387) */
-/* t379: f32[96] = mul(t374, t378) */
-/* t384: f32[96] = sqrt(t383) */
-/* t389: f32[96] = div(t384, t388) */
-/* t390: f32[96] = add(t389, 1e-08) */
-/* t391: f32[96] = div(t379, t390) */
-/* t392: f32[96] = sub(transformer.h.0.attn.c_attn.bias, t391) */
-SG_KERNEL void k109_sub_t392(int64_t d0, const double* restrict var42, const double* restrict var35, const float* restrict var43, const float* restrict var44, float* restrict var5)
-{
-    for (int64_t i0 = 0; i0 < 96; ++i0) {
-        const double v0 = 0.9;  /* 0.9 */
-        const double v1 = var42[0];  /* t370 */
-        const double v2 = 1.0;  /* 1.0 */
-        const double v3 = var35[0];  /* param_groups.1.lr */
-        const double v4 = 0.95;  /* 0.95 */
-        const float v5 = var43[i0];  /* t378 */
-        const float v6 = var44[i0];  /* t383 */
-        const float v7 = 1.0e-08f;  /* 1e-08 */
-        const float v8 = var5[i0];  /* transformer.h.0.attn.c_attn.bias */
-        const double t371 = pow(v0, v1);  /* t371: f64[] = pow(0.9, t370) */
-        const double t372 = v2 - t371;  /* t372: f64[] = sub(1.0, t371) */
-        const double t373 = v3/t372;  /* t373: f64[] = div(param_groups.1.lr, t372) */
-        const float t374 = (float)(t373);  /* t374: f32[] = cast(t373) */
-        const double t385 = pow(v4, v1);  /* t385: f64[] = pow(0.95, t370) */
-        const double t386 = v2 - t385;  /* t386: f64[] = sub(1.0, t385) */
-        const double t387 = sqrt(t386);  /* t387: f64[] = sqrt(t386) */
-        const float t388 = (float)(t387);  /* t388: f32[] = cast(t387) */
-        const float t379 = t374*v5;  /* t379: f32[96] = mul(t374, t378) */
-        const float t384 = sqrtf(v6);  /* t384: f32[96] = sqrt(t383) */
-        const float t389 = t384/t388;  /* t389: f32[96] = div(t384, t388) */
-        const float t390 = t389 + v7;  /* t390: f32[96] = add(t389, 1e-08) */
-        const float t391 = t379/t390;  /* t391: f32[96] = div(t379, t390) */
-        const float t392 = v8 - t391;  /* t392: f32[96] = sub(transformer.h.0.attn.c_attn.bias, t391) */
-        var5[i0] = t392;
-    }
-}
-
-/* t91: f64[] = mul(lr, 0.1) */
-/* t92: f64[] = sub(1.0, t91) */
-/* t93: f32[] = cast(t92) */
-/* t243: f32[32,32] = mul(transformer.h.0.attn.c_proj.weight, t93) */
-/* t245: f64[] = pow(0.9, t244) */
-/* t246: f64[] = sub(1.0, t245) */
-/* t247: f64[] = div(lr, t246) */
-/* t248: f32[] = cast(t247) */
-/* t260: f64[] = pow(0.95, t244) */
-/* t261: f64[] = sub(1.0, t260) */
-/* t262: f64[] = sqrt(t261) */
-/* t263: f32[] = cast(t262) */
-/* t254: f32[32,32] = mul(t248, t253) */
-/* t259: f32[32,32] = sqrt(t258) */
-/* t264: f32[32,32] = div(t259, t263) */
-/* t265: f32[32,32] = add(t264, 1e-08) */
-/* t266: f32[32,32] = div(t254, t265) */
-/* t267: f32[32,32] = sub(t243, t266) */
-SG_KERNEL void k110_sub_t267(int64_t d0, const double* restrict var16, float* restrict var6, const double* restrict var26, const float* restrict var27, const float* restrict var28)
-{
-    for (int64_t i0 = 0; i0 < 1024; ++i0) {
-        const double v0 = var16[0];  /* lr */
-        const double v1 = 0.1;  /* 0.1 */
-        const double v2 = 1.0;  /* 1.0 */
-        const float v3 = var6[i0];  /* transformer.h.0.attn.c_proj.weight */
-        const double v4 = 0.9;  /* 0.9 */
-        const double v5 = var26[0];  /* t244 */
-        const double v6 = 0.95;  /* 0.95 */
-        const float v7 = var27[i0];  /* t253 */
-        const float v8 = var28[i0];  /* t258 */
-        const float v9 = 1.0e-08f;  /* 1e-08 */
-        const double t91 = v0*v1;  /* t91: f64[] = mul(lr, 0.1) */
-        const double t92 = v2 - t91;  /* t92: f64[] = sub(1.0, t91) */
-        const float t93 = (float)(t92);  /* t93: f32[] = cast(t92) */
-        const float t243 = v3*t93;  /* t243: f32[32,32] = mul(transformer.h.0.attn.c_proj.weight, t93) */
-        const double t245 = pow(v4, v5);  /* t245: f64[] = pow(0.9, t244) */
-        const double t246 = v2 - t245;  /* t246: f64[] = sub(1.0, t245) */
-        const double t247 = v0/t246;  /* t247: f64[] = div(lr, t246) */
-        const float t248 = (float)(t247);  /* t248: f32[] = cast(t247) */
-        const double t260 = pow(v6, v5);  /* t260: f64[] = pow(0.95, t244) */
-        const double t261 = v2 - t260;  /* t261: f64[] = sub(1.0, t260) */
-        const double t262 = sqrt(t261);  /* t262: f64[] = sqrt(t261) */
-        const float t263 = (float)(t262);  /* t263: f32[] = cast(t262) */
-        const float t254 = t248*v7;  /* t254: f32[32,32] = mul(t248, t253) */
-        const float t259 = sqrtf(v8);  /* t259: f32[32,32] = sqrt(t258) */
-        const float t264 = t259/t263;  /* t264: f32[32,32] = div(t259, t263) */
-        const float t265 = t264 + v9;  /* t265: f32[32,32] = add(t264, 1e-08) */
-        const float t266 = t254/t265;  /* t266: f32[32,32] = div(t254, t265) */
-        const float t267 = t243 - t266;  /* t267: f32[32,32] = sub(t243, t266) */
-        var6[i0] = t267;
     }
 }
 
@@ -2577,110 +2135,22 @@ SG_KERNEL void k130_scatter_add_t197(int64_t d0, const float* restrict ws77, con
     }
 }
 
-/* t198: f32[8,32] = sub(t197, transformer.wpe.weight.exp_avg) */
-/* t199: f32[8,32] = mul(0.09999999999999998, t198) */
-/* t200: f32[8,32] = add(transformer.wpe.weight.exp_avg, t199) */
-SG_KERNEL void k131_add_t200(int64_t d0, const float* restrict ws79, float* restrict var21)
-{
-    for (int64_t i0 = 0; i0 < 256; ++i0) {
-        const float v0 = ws79[i0];  /* t197 */
-        const float v1 = var21[i0];  /* transformer.wpe.weight.exp_avg */
-        const float v2 = 0.1f;  /* 0.09999999999999998 */
-        const float t198 = v0 - v1;  /* t198: f32[8,32] = sub(t197, transformer.wpe.weight.exp_avg) */
-        const float t199 = v2*t198;  /* t199: f32[8,32] = mul(0.09999999999999998, t198) */
-        const float t200 = v1 + t199;  /* t200: f32[8,32] = add(transformer.wpe.weight.exp_avg, t199) */
-        var21[i0] = t200;
-    }
-}
-
-/* t202: f32[8,32] = mul(0.95, transformer.wpe.weight.exp_avg_sq) */
-/* t203: f32[8,32] = mul(t197, t197) */
-/* t204: f32[8,32] = mul(0.050000000000000044, t203) */
-/* t205: f32[8,32] = add(t202, t204) */
-SG_KERNEL void k132_add_t205(int64_t d0, float* restrict var22, const float* restrict ws79)
-{
-    for (int64_t i0 = 0; i0 < 256; ++i0) {
-        const float v0 = 0.95f;  /* 0.95 */
-        const float v1 = var22[i0];  /* transformer.wpe.weight.exp_avg_sq */
-        const float v2 = ws79[i0];  /* t197 */
-        const float v3 = 0.05f;  /* 0.050000000000000044 */
-        const float t202 = v0*v1;  /* t202: f32[8,32] = mul(0.95, transformer.wpe.weight.exp_avg_sq) */
-        const float t203 = v2*v2;  /* t203: f32[8,32] = mul(t197, t197) */
-        const float t204 = v3*t203;  /* t204: f32[8,32] = mul(0.050000000000000044, t203) */
-        const float t205 = t202 + t204;  /* t205: f32[8,32] = add(t202, t204) */
-        var22[i0] = t205;
-    }
-}
-
-/* t91: f64[] = mul(lr, 0.1) */
-/* t92: f64[] = sub(1.0, t91) */
-/* t93: f32[] = cast(t92) */
-/* t94: f32[64,32] = mul(transformer.wte.weight, t93) */
-/* t96: f64[] = pow(0.9, t95) */
-/* t97: f64[] = sub(1.0, t96) */
-/* t98: f64[] = div(lr, t97) */
-/* t99: f32[] = cast(t98) */
-/* t182: f64[] = pow(0.95, t95) */
-/* t183: f64[] = sub(1.0, t182) */
-/* t184: f64[] = sqrt(t183) */
-/* t185: f32[] = cast(t184) */
-/* t176: f32[64,32] = mul(t99, t175) */
-/* t181: f32[64,32] = sqrt(t180) */
-/* t186: f32[64,32] = div(t181, t185) */
-/* t187: f32[64,32] = add(t186, 1e-08) */
-/* t188: f32[64,32] = div(t176, t187) */
-/* t189: f32[64,32] = sub(t94, t188) */
-SG_KERNEL void k136_sub_t189(int64_t d0, const double* restrict var16, float* restrict var0, const double* restrict var17, const float* restrict var18, const float* restrict var19)
+/* t172: f32[64,32] = add(t110, t171) */
+/* t173: f32[64,32] = sub(t172, transformer.wte.weight.exp_avg) */
+/* t174: f32[64,32] = mul(0.09999999999999998, t173) */
+/* t175: f32[64,32] = add(transformer.wte.weight.exp_avg, t174) */
+SG_KERNEL void k134_add_t175(int64_t d0, const float* restrict ws30, const float* restrict ws76, float* restrict var18)
 {
     for (int64_t i0 = 0; i0 < 2048; ++i0) {
-        const double v0 = var16[0];  /* lr */
-        const double v1 = 0.1;  /* 0.1 */
-        const double v2 = 1.0;  /* 1.0 */
-        const float v3 = var0[i0];  /* transformer.wte.weight */
-        const double v4 = 0.9;  /* 0.9 */
-        const double v5 = var17[0];  /* t95 */
-        const double v6 = 0.95;  /* 0.95 */
-        const float v7 = var18[i0];  /* t175 */
-        const float v8 = var19[i0];  /* t180 */
-        const float v9 = 1.0e-08f;  /* 1e-08 */
-        const double t91 = v0*v1;  /* t91: f64[] = mul(lr, 0.1) */
-        const double t92 = v2 - t91;  /* t92: f64[] = sub(1.0, t91) */
-        const float t93 = (float)(t92);  /* t93: f32[] = cast(t92) */
-        const float t94 = v3*t93;  /* t94: f32[64,32] = mul(transformer.wte.weight, t93) */
-        const double t96 = pow(v4, v5);  /* t96: f64[] = pow(0.9, t95) */
-        const double t97 = v2 - t96;  /* t97: f64[] = sub(1.0, t96) */
-        const double t98 = v0/t97;  /* t98: f64[] = div(lr, t97) */
-        const float t99 = (float)(t98);  /* t99: f32[] = cast(t98) */
-        const double t182 = pow(v6, v5);  /* t182: f64[] = pow(0.95, t95) */
-        const double t183 = v2 - t182;  /* t183: f64[] = sub(1.0, t182) */
-        const double t184 = sqrt(t183);  /* t184: f64[] = sqrt(t183) */
-        const float t185 = (float)(t184);  /* t185: f32[] = cast(t184) */
-        const float t176 = t99*v7;  /* t176: f32[64,32] = mul(t99, t175) */
-        const float t181 = sqrtf(v8);  /* t181: f32[64,32] = sqrt(t180) */
-        const float t186 = t181/t185;  /* t186: f32[64,32] = div(t181, t185) */
-        const float t187 = t186 + v9;  /* t187: f32[64,32] = add(t186, 1e-08) */
-        const float t188 = t176/t187;  /* t188: f32[64,32] = div(t176, t187) */
-        const float t189 = t94 - t188;  /* t189: f32[64,32] = sub(t94, t188) */
-        var0[i0] = t189;
-    }
-}
-
-/* t230: f32[96,32] = mul(0.95, transformer.h.0.attn.c_attn.weight.exp_avg_sq) */
-/* t231: f32[96,32] = mul(t225, t225) */
-/* t232: f32[96,32] = mul(0.050000000000000044, t231) */
-/* t233: f32[96,32] = add(t230, t232) */
-SG_KERNEL void k138_add_t233(int64_t d0, float* restrict var25, const float* restrict ws73)
-{
-    for (int64_t i0 = 0; i0 < 3072; ++i0) {
-        const float v0 = 0.95f;  /* 0.95 */
-        const float v1 = var25[i0];  /* transformer.h.0.attn.c_attn.weight.exp_avg_sq */
-        const float v2 = ws73[i0];  /* t225 */
-        const float v3 = 0.05f;  /* 0.050000000000000044 */
-        const float t230 = v0*v1;  /* t230: f32[96,32] = mul(0.95, transformer.h.0.attn.c_attn.weight.exp_avg_sq) */
-        const float t231 = v2*v2;  /* t231: f32[96,32] = mul(t225, t225) */
-        const float t232 = v3*t231;  /* t232: f32[96,32] = mul(0.050000000000000044, t231) */
-        const float t233 = t230 + t232;  /* t233: f32[96,32] = add(t230, t232) */
-        var25[i0] = t233;
+        const float v0 = ws30[i0];  /* t110 */
+        const float v1 = ws76[i0];  /* t171 */
+        const float v2 = var18[i0];  /* transformer.wte.weight.exp_avg */
+        const float v3 = 0.1f;  /* 0.09999999999999998 */
+        const float t172 = v0 + v1;  /* t172: f32[64,32] = add(t110, t171) */
+        const float t173 = t172 - v2;  /* t173: f32[64,32] = sub(t172, transformer.wte.weight.exp_avg) */
+        const float t174 = v3*t173;  /* t174: f32[64,32] = mul(0.09999999999999998, t173) */
+        const float t175 = v2 + t174;  /* t175: f32[64,32] = add(transformer.wte.weight.exp_avg, t174) */
+        var18[i0] = t175;
     }
 }
 
@@ -3082,22 +2552,22 @@ int symgrad_run(const int64_t* dims, void** inputs, void** variables, void** out
     k43_matmul_t111(d0, ws28, var0, ws31, context);
     if (context->status != SG_OK) return sg_stopped(context, "k43_matmul_t111");
     k44_sum_t538(d0, ws31, ws32);
-    k45_add_t541(d0, ws32, var64);
-    k46_add_t546(d0, var65, ws32);
-    k47_sub_t555(d0, var63, var35, var64, var65, var15);
+    k45_add_t541(d0, ws32, var64, 32);
+    k46_add_t546(d0, var65, ws32, 32);
+    k47_sub_t555(d0, var63, var35, var64, var65, var15, 32);
     k48_sum_t115(d0, ws21, ws22, ws31, var14, ws33);
     k49_simplified_t116(d0, ws31, var14, ws22, ws33, ws21, ws34);
     k50_mul_t514(d0, ws21, ws22, ws31, ws35);
     k44_sum_t538(d0, ws35, ws36);  /* k51_sum_t515 */
-    k45_add_t541(d0, ws36, var61);  /* k52_add_t518 */
-    k46_add_t546(d0, var62, ws36);  /* k53_add_t523 */
-    k47_sub_t555(d0, var60, var35, var61, var62, var14);  /* k54_sub_t532 */
+    k45_add_t541(d0, ws36, var61, 32);  /* k52_add_t518 */
+    k46_add_t546(d0, var62, ws36, 32);  /* k53_add_t523 */
+    k47_sub_t555(d0, var60, var35, var61, var62, var14, 32);  /* k54_sub_t532 */
     k55_mul_t118(d0, ws34, ws37);
     k56_add_t119(d0, ws34, ws37, ws38);
     k44_sum_t538(d0, ws38, ws39);  /* k57_sum_t491 */
-    k45_add_t541(d0, ws39, var58);  /* k58_add_t494 */
-    k46_add_t546(d0, var59, ws39);  /* k59_add_t499 */
-    k47_sub_t555(d0, var57, var35, var58, var59, var13);  /* k60_sub_t508 */
+    k45_add_t541(d0, ws39, var58, 32);  /* k58_add_t494 */
+    k46_add_t546(d0, var59, ws39, 32);  /* k59_add_t499 */
+    k47_sub_t555(d0, var57, var35, var58, var59, var13, 32);  /* k60_sub_t508 */
     k61_matmul_t121(d0, ws38, var12, ws40, context);
     if (context->status != SG_OK) return sg_stopped(context, "k61_matmul_t121");
     k62_mul_t124(d0, ws17, ws40, ws41);
@@ -3105,17 +2575,17 @@ int symgrad_run(const int64_t* dims, void** inputs, void** variables, void** out
     k64_matmul_t305(d0, ws38, ws42, ws43, context);
     if (context->status != SG_OK) return sg_stopped(context, "k64_matmul_t305");
     k65_sum_t468(d0, ws41, ws44);
-    k66_add_t471(d0, ws44, var55);
-    k67_add_t476(d0, var56, ws44);
-    k68_sub_t485(d0, var54, var35, var55, var56, var11);
-    k69_add_t308(d0, ws43, var33);
-    k70_add_t313(d0, var34, ws43);
-    k71_sub_t322(d0, var16, var12, var32, var33, var34);
+    k45_add_t541(d0, ws44, var55, 128);  /* k66_add_t471 */
+    k46_add_t546(d0, var56, ws44, 128);  /* k67_add_t476 */
+    k47_sub_t555(d0, var54, var35, var55, var56, var11, 128);  /* k68_sub_t485 */
+    k45_add_t541(d0, ws43, var33, 4096);  /* k69_add_t308 */
+    k46_add_t546(d0, var34, ws43, 4096);  /* k70_add_t313 */
+    k71_sub_t322(d0, var16, var12, var32, var33, var34, 4096);
     k72_matmul_t126(d0, ws41, var10, ws45, context);
     if (context->status != SG_OK) return sg_stopped(context, "k72_matmul_t126");
     k44_sum_t538(d0, ws45, ws46);  /* k73_sum_t445 */
-    k45_add_t541(d0, ws46, var52);  /* k74_add_t448 */
-    k46_add_t546(d0, var53, ws46);  /* k75_add_t453 */
+    k45_add_t541(d0, ws46, var52, 32);  /* k74_add_t448 */
+    k46_add_t546(d0, var53, ws46, 32);  /* k75_add_t453 */
     k48_sum_t115(d0, ws14, ws15, ws45, var8, ws47);  /* k76_sum_t131 */
     k49_simplified_t116(d0, ws45, var8, ws15, ws47, ws14, ws48);  /* k77_simplified_t132 */
     k50_mul_t514(d0, ws14, ws15, ws45, ws49);  /* k78_mul_t421 */
@@ -3123,23 +2593,23 @@ int symgrad_run(const int64_t* dims, void** inputs, void** variables, void** out
     k30_add_t50(d0, ws14, ws15, var8, var9, ws51);  /* k80_add_t276 */
     k81_matmul_t278(d0, ws41, ws51, ws52, context);
     if (context->status != SG_OK) return sg_stopped(context, "k81_matmul_t278");
-    k45_add_t541(d0, ws50, var49);  /* k82_add_t425 */
-    k46_add_t546(d0, var50, ws50);  /* k83_add_t430 */
-    k47_sub_t555(d0, var48, var35, var49, var50, var8);  /* k84_sub_t439 */
-    k47_sub_t555(d0, var51, var35, var52, var53, var9);  /* k85_sub_t462 */
+    k45_add_t541(d0, ws50, var49, 32);  /* k82_add_t425 */
+    k46_add_t546(d0, var50, ws50, 32);  /* k83_add_t430 */
+    k47_sub_t555(d0, var48, var35, var49, var50, var8, 32);  /* k84_sub_t439 */
+    k47_sub_t555(d0, var51, var35, var52, var53, var9, 32);  /* k85_sub_t462 */
     k55_mul_t118(d0, ws48, ws53);  /* k86_mul_t135 */
     k87_add_t136(d0, ws38, ws48, ws53, ws54);
     k44_sum_t538(d0, ws54, ws55);  /* k88_sum_t398 */
-    k45_add_t541(d0, ws55, var46);  /* k89_add_t401 */
-    k46_add_t546(d0, var47, ws55);  /* k90_add_t406 */
-    k47_sub_t555(d0, var45, var35, var46, var47, var7);  /* k91_sub_t415 */
+    k45_add_t541(d0, ws55, var46, 32);  /* k89_add_t401 */
+    k46_add_t546(d0, var47, ws55, 32);  /* k90_add_t406 */
+    k47_sub_t555(d0, var45, var35, var46, var47, var7, 32);  /* k91_sub_t415 */
     k92_matmul_t250(d0, ws54, ws9, ws56, context);
     if (context->status != SG_OK) return sg_stopped(context, "k92_matmul_t250");
-    k93_add_t253(d0, ws56, var27);
-    k94_add_t258(d0, var28, ws56);
-    k69_add_t308(d0, ws52, var30);  /* k95_add_t281 */
-    k70_add_t313(d0, var31, ws52);  /* k96_add_t286 */
-    k71_sub_t322(d0, var16, var10, var29, var30, var31);  /* k97_sub_t295 */
+    k45_add_t541(d0, ws56, var27, 1024);  /* k93_add_t253 */
+    k46_add_t546(d0, var28, ws56, 1024);  /* k94_add_t258 */
+    k45_add_t541(d0, ws52, var30, 4096);  /* k95_add_t281 */
+    k46_add_t546(d0, var31, ws52, 4096);  /* k96_add_t286 */
+    k71_sub_t322(d0, var16, var10, var29, var30, var31, 4096);  /* k97_sub_t295 */
     k98_matmul_t138(d0, ws54, var6, ws57, context);
     if (context->status != SG_OK) return sg_stopped(context, "k98_matmul_t138");
     k99_attention_grad_t141(d0, ws8, ws9, ws57, ws11, ws58, ws59, ws60);
@@ -3150,15 +2620,15 @@ int symgrad_run(const int64_t* dims, void** inputs, void** variables, void** out
     k104_copy(d0, ws58, ws64);
     k105_embed_t157(d0, ws64, ws62);
     k106_sum_t375(d0, ws62, ws65);
-    k107_add_t378(d0, ws65, var43);
-    k108_add_t383(d0, var44, ws65);
-    k109_sub_t392(d0, var42, var35, var43, var44, var5);
-    k110_sub_t267(d0, var16, var6, var26, var27, var28);
+    k45_add_t541(d0, ws65, var43, 96);  /* k107_add_t378 */
+    k46_add_t546(d0, var44, ws65, 96);  /* k108_add_t383 */
+    k47_sub_t555(d0, var42, var35, var43, var44, var5, 96);  /* k109_sub_t392 */
+    k71_sub_t322(d0, var16, var6, var26, var27, var28, 1024);  /* k110_sub_t267 */
     k111_matmul_t160(d0, ws62, var4, ws66, context);
     if (context->status != SG_OK) return sg_stopped(context, "k111_matmul_t160");
     k44_sum_t538(d0, ws66, ws67);  /* k112_sum_t352 */
-    k45_add_t541(d0, ws67, var40);  /* k113_add_t355 */
-    k46_add_t546(d0, var41, ws67);  /* k114_add_t360 */
+    k45_add_t541(d0, ws67, var40, 32);  /* k113_add_t355 */
+    k46_add_t546(d0, var41, ws67, 32);  /* k114_add_t360 */
     k115_sum_t165(d0, ws66, var2, ws5, ws7, ws68);
     k116_simplified_t166(d0, ws0, ws2, ws4, ws66, var2, ws5, ws68, ws69);
     k117_mul_t328(d0, ws66, ws7, ws70);
@@ -3166,25 +2636,25 @@ int symgrad_run(const int64_t* dims, void** inputs, void** variables, void** out
     k119_add_t223(d0, ws7, var2, var3, ws72);
     k120_matmul_t225(d0, ws62, ws72, ws73, context);
     if (context->status != SG_OK) return sg_stopped(context, "k120_matmul_t225");
-    k45_add_t541(d0, ws71, var37);  /* k121_add_t332 */
-    k46_add_t546(d0, var38, ws71);  /* k122_add_t337 */
-    k47_sub_t555(d0, var36, var35, var37, var38, var2);  /* k123_sub_t346 */
-    k47_sub_t555(d0, var39, var35, var40, var41, var3);  /* k124_sub_t369 */
+    k45_add_t541(d0, ws71, var37, 32);  /* k121_add_t332 */
+    k46_add_t546(d0, var38, ws71, 32);  /* k122_add_t337 */
+    k47_sub_t555(d0, var36, var35, var37, var38, var2, 32);  /* k123_sub_t346 */
+    k47_sub_t555(d0, var39, var35, var40, var41, var3, 32);  /* k124_sub_t369 */
     k55_mul_t118(d0, ws69, ws74);  /* k125_mul_t169 */
     k87_add_t136(d0, ws54, ws69, ws74, ws75);  /* k126_add_t170 */
     k127_scatter_add_t171(d0, ws75, in0, ws76);
     k128_sum_t196(d0, ws75, ws77);
     k1_copy(d0, ws78);  /* k129_copy */
     k130_scatter_add_t197(d0, ws77, ws78, ws79);
-    k131_add_t200(d0, ws79, var21);
-    k132_add_t205(d0, var22, ws79);
-    k133_sub_t214(d0, var16, var1, var20, var21, var22);
+    k45_add_t541(d0, ws79, var21, 256);  /* k131_add_t200 */
+    k46_add_t546(d0, var22, ws79, 256);  /* k132_add_t205 */
+    k71_sub_t322(d0, var16, var1, var20, var21, var22, 256);  /* k133_sub_t214 */
     k134_add_t175(d0, ws30, ws76, var18);
     k135_add_t180(d0, var19, ws30, ws76);
-    k136_sub_t189(d0, var16, var0, var17, var18, var19);
-    k137_add_t228(d0, ws73, var24);
-    k138_add_t233(d0, var25, ws73);
-    k139_sub_t242(d0, var16, var4, var23, var24, var25);
+    k71_sub_t322(d0, var16, var0, var17, var18, var19, 2048);  /* k136_sub_t189 */
+    k45_add_t541(d0, ws73, var24, 3072);  /* k137_add_t228 */
+    k46_add_t546(d0, var25, ws73, 3072);  /* k138_add_t233 */
+    k71_sub_t322(d0, var16, var4, var23, var24, var25, 3072);  /* k139_sub_t242 */
     sg_team_end_call(context);
     return SG_OK;
 }

@@ -282,12 +282,13 @@ SG_KERNEL void k4_sum_t28(int64_t d0, const float* restrict ws5, float* restrict
     }
 }
 
+/* Also called for k7_sub_t27, the same code on their buffers and element counts */
 /* t18: f32[] = cast(lr) */
 /* t29: f32[10] = mul(t18, t28) */
 /* t30: f32[10] = sub(b, t29) */
-SG_KERNEL void k5_sub_t30(int64_t d0, const double* restrict var2, const float* restrict ws6, float* restrict var1)
+SG_KERNEL void k5_sub_t30(int64_t d0, const double* restrict var2, const float* restrict ws6, float* restrict var1, int64_t n)
 {
-    for (int64_t i0 = 0; i0 < 10; ++i0) {
+    for (int64_t i0 = 0; i0 < n; ++i0) {
         const double v0 = var2[0];  /* lr */
         const float v1 = ws6[i0];  /* t28 */
         const float v2 = var1[i0];  /* b */
@@ -309,22 +310,6 @@ SG_KERNEL void k6_matmul_t25(int64_t d0, const float* restrict in0, const float*
         in0, 784,
         ws5, 10, 1,
         ws7, context, NULL, context->scratch);
-}
-
-/* t18: f32[] = cast(lr) */
-/* t26: f32[784,10] = mul(t18, t25) */
-/* t27: f32[784,10] = sub(W, t26) */
-SG_KERNEL void k7_sub_t27(int64_t d0, const double* restrict var2, const float* restrict ws7, float* restrict var0)
-{
-    for (int64_t i0 = 0; i0 < 7840; ++i0) {
-        const double v0 = var2[0];  /* lr */
-        const float v1 = ws7[i0];  /* t25 */
-        const float v2 = var0[i0];  /* W */
-        const float t18 = (float)(v0);  /* t18: f32[] = cast(lr) */
-        const float t26 = t18*v1;  /* t26: f32[784,10] = mul(t18, t25) */
-        const float t27 = v2 - t26;  /* t27: f32[784,10] = sub(W, t26) */
-        var0[i0] = t27;
-    }
 }
 
 /* The number of workspace temporaries; given `nbytes`, also the bytes each needs for these dims:
@@ -431,10 +416,10 @@ int symgrad_run(const int64_t* dims, void** inputs, void** variables, void** out
     k2_rows_t5(d0, ws0, in1, ws1, var1, ws2, ws3, ws5, ws4);
     k3_div_t17(d0, ws4, ws0, out0);
     k4_sum_t28(d0, ws5, ws6);
-    k5_sub_t30(d0, var2, ws6, var1);
+    k5_sub_t30(d0, var2, ws6, var1, 10);
     k6_matmul_t25(d0, in0, ws5, ws7, context);
     if (context->status != SG_OK) return sg_stopped(context, "k6_matmul_t25");
-    k7_sub_t27(d0, var2, ws7, var0);
+    k5_sub_t30(d0, var2, ws7, var0, 7840);  /* k7_sub_t27 */
     sg_team_end_call(context);
     return SG_OK;
 }

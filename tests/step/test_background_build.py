@@ -117,3 +117,46 @@ def test_a_warm_predict_program_is_loaded_at_once(slow_second_build):
     step, _, batch = _built("bg_e")   # the same graphs again
     assert step._programs["predict"]._building._thread is None   # built before train_step returned
     assert np.isfinite(step(**batch))
+
+
+def test_the_steps_build_runs_while_the_predict_passes_run(monkeypatch):
+    """The step's own compiler runs on a thread at full priority while sg.train_step runs the
+    predict program's passes; train_step returns once the step is built."""
+    from symgrad.backends import driver
+    events, real_build, real_stages = [], c_backend.CProgram._build, driver.compile_stages
+
+    def build(self, *args, **kwargs):
+        first = not any(e[0] == "build" for e in events)
+        events.append(("build", threading.current_thread().name, toolchain._prioritized(["cc"]), time.perf_counter()))
+        if first:
+            time.sleep(0.5)   # the step's build: long enough for the predict passes to start meanwhile
+        built = real_build(self, *args, **kwargs)
+        events.append(("built", time.perf_counter()))
+        return built
+
+    def stages(*args, **kwargs):
+        events.append(("stages", time.perf_counter()))
+        return real_stages(*args, **kwargs)
+    monkeypatch.setattr(c_backend.CProgram, "_build", build)
+    monkeypatch.setattr(driver, "compile_stages", stages)
+    step, _, batch = _built("bg_f", seed=2)
+    assert "_program" in step.__dict__   # waited for before train_step returned
+    step_build = next(e for e in events if e[0] == "build")
+    assert step_build[1] == "symgrad-build" and step_build[2] == ["cc"]   # a thread, not niced
+    step_built = next(e[1] for e in events if e[0] == "built")
+    predict_stages = [e[1] for e in events if e[0] == "stages"][1]   # the step's stages come first
+    assert predict_stages < step_built
+    assert np.isfinite(step(**batch))
+
+
+def test_a_failed_step_build_raises_from_train_step(monkeypatch):
+    real, calls = c_backend.CProgram._build, []
+
+    def build(self, *args, **kwargs):
+        calls.append(1)
+        if len(calls) == 1:
+            raise RuntimeError("the compiler broke on the step")
+        return real(self, *args, **kwargs)
+    monkeypatch.setattr(c_backend.CProgram, "_build", build)
+    with pytest.raises(RuntimeError, match="the compiler broke on the step"):
+        _built("bg_g", seed=3)

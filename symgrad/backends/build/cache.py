@@ -146,6 +146,14 @@ def build(source: str, cdef: str, *, flags: list[str] | None = None, kind: str =
         return _build(source, cdef, flags, kind, _Inputs(dict(headers or {}), link, announce, helpers))
 
 
+def import_ahead() -> None:
+    """Import now what a build imports on its way to the compiler (cffi, whose version keys every
+    entry). A build started on a thread of its own imported it there in a fresh process, under
+    Python's lock shared with the work of the thread that started it: its compiler started a
+    tenth of a second later, on a GPT's step (issue 34)."""
+    _cffi_version()
+
+
 @dataclass(frozen=True)
 class _Inputs:
     """What a build reads besides its source: the headers it includes, the library it links (and,

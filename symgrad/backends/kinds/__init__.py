@@ -12,8 +12,9 @@ templates/<language>/<kind>) and its report line. Every kernel type answers the 
 
 `KINDS` maps each `kernel.kind` to its row: the kernel type, the render, the op kinds it lowers,
 its words for the report, and where a kind has them, its refusal (what a language cannot build,
-asked by decide), its line in the report's gathers by purpose and the bytes its runtime call
-allocates. Adding a kind is a module and a row here; plan, lowering walk, render and report only
+asked by decide), its line in the report's gathers by purpose, the bytes its runtime call
+allocates and its context with the element count an argument (render/program.py shares one
+function between kernels that differ only in their counts). Adding a kind is a module and a row here; plan, lowering walk, render and report only
 read the table.
 """
 
@@ -39,10 +40,12 @@ class Kind:
     always: bool = False      # the count line names its report kinds even where a plan has none
     refuse: Callable | None = None     # (node, language) -> why the language cannot build it, or None
     purpose: Callable | None = None    # (kernel, size of a view) -> its line of the gathers by purpose, or None
+    sized: Callable | None = None      # (template context) -> the same with its element count an argument, or None
 
 
 KINDS = {kind.name: kind for kind in (
-    Kind("loop", loop.LoopKernel, loop.render, loop.lower, (ELEMENTWISE,), loop.WORDS, always=True),
+    Kind("loop", loop.LoopKernel, loop.render, loop.lower, (ELEMENTWISE,), loop.WORDS, always=True,
+         sized=loop.with_count_argument),
     Kind("reduce", reduce.ReduceKernel, reduce.render, reduce.lower, (REDUCE,), reduce.WORDS, always=True,
          refuse=reduce.refuse),
     Kind("row", row.RowKernel, row.render, None, (), row.WORDS, always=True),

@@ -36,6 +36,7 @@ Every sum has one owner and a fixed order: no atomics, the same bits every run.
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from functools import lru_cache
 from typing import Any
 
 import sympy
@@ -47,6 +48,7 @@ from ...ir.value import Value
 from ..build import runtime
 from ..plan import Swap
 from ..render.renderer import Renderer, small
+from ..render.templates import render as render_template
 from ..views import Buffer, View, buffer_view, contiguous_strides
 from .gather import contiguous_operand
 
@@ -239,4 +241,15 @@ def render(r: Renderer, k: AttentionKernel) -> dict:
                        T=r.ex.paren(k.T), E=r.ex.paren(k.E),
                        causal=k.causal, scale=r.ex.literal(k.scale, k.out.dtype), out=k.out.name, written=written,
                        scratch=[b.name for b in k.scratch], stats=None if k.stats is None else k.stats.name,
-                       parallel=not small(sympy.sympify(k.heads) * k.T * k.T * k.E), **exp)
+                       parallel=not small(sympy.sympify(k.heads) * k.T * k.T * k.E), helper_lines=_helper_lines(),
+                       **exp)
+
+
+@lru_cache(maxsize=None)
+def _helper_lines() -> int:
+    """The lines of tile products an attention function is compiled with besides its own (one
+    dtype's half of templates/attention/attention_tile.h.j2): static functions of the program's
+    preamble, which the compiler builds in each translation unit calling them. The units are
+    balanced by lines (render/program.py): counted without them, a GPT's two attention functions
+    went to one unit of two, which took 1.4x the other's time."""
+    return render_template("attention/attention_tile.h.j2").count("\n") // 2

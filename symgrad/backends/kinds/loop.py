@@ -77,3 +77,21 @@ def render(r: Renderer, k: LoopKernel) -> dict:
     return r.kernel(k, "loop", params=params, args=args, loops=loops, body=body,
                     indent="    " * (len(loops) + 1), numel=r.ex.numel(k.shape),
                     split=r.split(k.shape, "i", used))
+
+
+# The parameter a one-loop kernel's element count is passed in, where kernels share a function
+# over different counts (render/program.py).
+COUNT = "n"
+
+
+def with_count_argument(context: dict) -> dict | None:
+    """`context` (render's) with the element count passed by the caller as the last parameter,
+    COUNT: a kernel of one loop over a constant count, else None. Kernels differing only in their
+    count (every parameter's optimizer update: the same code over each parameter's size) then
+    call one function; the program keeps the constant where no other kernel shares the code."""
+    loops = context["loops"]
+    if len(loops) != 1 or context.get("split") or not str(loops[0]["size"]).isdigit():
+        return None
+    count = dict(ctype="int64_t", name=COUNT, const=False, pointer=False, restrict=False)
+    return dict(context, loops=[dict(loops[0], size=COUNT)], numel=COUNT, params=[*context["params"], count],
+                args=[*context["args"], str(loops[0]["size"])], count=COUNT)

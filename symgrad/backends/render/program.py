@@ -19,10 +19,10 @@ from ...ir.integer import HELPERS as INTEGER_HELPERS
 from .c_printer import format_literal
 from .expressions import comment, shape_comment
 from . import entry_loops
-from .kernel_functions import partition, shared
+from .kernel_functions import canonical, partition, shared
 from .languages import (C_BAD_LABEL, C_ENTRY, C_PROFILE_COUNT, C_PROFILE_EVENTS, C_SCRATCH_BYTES, C_SET_THREADS,
                         C_SIGNATURE, C_WORKSPACE_SIZES, CUDA_ALIGN, CUDA_SIGNATURE, PARALLEL_MIN, Language)
-from ..kinds import kind_of
+from ..kinds import KINDS, kind_of
 from ..plan import Plan, gradients_final_after
 from .renderer import Renderer
 from .templates import render as render_template
@@ -257,37 +257,69 @@ def unit_count(lines: int) -> int:
 
 def _functions(kernels: list) -> list[dict]:
     """The program's kernel functions (kernel_functions.shared: one per distinct kernel, commented
-    with the other kernels that call it); sets each kernel's `call`, the function it calls."""
+    with the other kernels that call it; `_counts_as_arguments`: one per code differing only in
+    its element count); sets each kernel's `call`, the function it calls."""
     texts = [render_template(k["template"], k=k).strip("\n") for k in kernels]
     calls = shared(texts, [k["name"] for k in kernels], [[p["name"] for p in k["params"]] for k in kernels])
+    calls = _counts_as_arguments(kernels, texts, calls)
     others: dict[int, list[str]] = {}
     for position, (k, call) in enumerate(zip(kernels, calls)):
         k["call"] = kernels[call]["name"]
         if call != position:
             others.setdefault(call, []).append(k["name"])
-    return [dict(text=text, kernel=k, uses=_also_called_for(others.get(position, [])))
+    return [dict(text=text, kernel=k, uses=_also_called_for(others.get(position, []), "count" in k))
             for position, (k, text, call) in enumerate(zip(kernels, texts, calls)) if call == position]
+
+
+def _counts_as_arguments(kernels: list[dict], texts: list[str], calls: list[int]) -> list[int]:
+    """`calls` (each kernel's function, by position) with the functions whose code is the same but
+    for its element count merged into one taking the count as an argument (their kind's `sized`
+    context): a GPT's AdamW updates, one function per parameter size, were 16 of its 98 functions,
+    and gcc's time follows the functions. A function no other shares code with keeps its constant
+    count: a known trip count vectorizes with no remainder loop. The merged kernels' contexts and
+    texts are replaced in place; only the functions are rendered again, not every kernel."""
+    groups: dict[str, list[tuple[int, dict, str]]] = {}
+    for position in sorted(set(calls)):
+        sized = getattr(KINDS.get(kernels[position]["kind"]), "sized", None)
+        variant = sized(kernels[position]) if sized is not None else None
+        if variant is not None:
+            text = render_template(variant["template"], k=variant).strip("\n")
+            key = canonical(text, variant["name"], [p["name"] for p in variant["params"]])
+            groups.setdefault(key, []).append((position, variant, text))
+    merged: dict[int, int] = {}   # a function's position -> the position of the one taking its place
+    for group in groups.values():
+        if len(group) > 1:   # different counts: equal ones were one function already
+            first = group[0][0]
+            texts[first] = group[0][2]
+            merged.update((position, first) for position, _, _ in group)
+    for position, call in enumerate(calls):
+        if call in merged:
+            kernels[position] = KINDS[kernels[position]["kind"]].sized(kernels[position])
+    return [merged.get(call, call) for call in calls]
 
 
 def _units(functions: list[dict], entry_lines: int) -> int:
     """The number of translation units the functions are compiled in (unit_count), each
-    function's unit set (partition by lines, unit 0 holding the entry point too: `entry_lines`
-    at -O0, each about an eighth of a kernel line at -O3)."""
-    sizes = [f["text"].count("\n") + 1 for f in functions]
-    units = unit_count(sum(sizes))
+    function's unit set (partition by lines, a function's own and those of the preamble's helpers
+    it is compiled with, its kernel's `helper_lines`; unit 0 holding the entry point too:
+    `entry_lines` at -O0, each about an eighth of a kernel line at -O3)."""
+    sizes = [f["text"].count("\n") + 1 + f["kernel"].get("helper_lines", 0) for f in functions]
+    units = unit_count(sum(f["text"].count("\n") + 1 for f in functions))
     for f, unit in zip(functions, partition(sizes, units, fixed=entry_lines // ENTRY_LINE_COST)):
         f["unit"] = unit
     return units
 
 
-def _also_called_for(names: list[str]) -> list[str]:
+def _also_called_for(names: list[str], counted: bool = False) -> list[str]:
     """The comment line over a function other kernels call too: how many. Each call of the entry
-    point names its kernel, so the list is not repeated here, where it would grow with depth."""
+    point names its kernel, so the list is not repeated here, where it would grow with depth.
+    `counted`: the function takes its element count as an argument too."""
     if not names:
         return []
+    on = "on their buffers and element counts" if counted else "on their buffers"
     if len(names) == 1:
-        return [f"Also called for {names[0]}, the same code on its buffers"]
-    return [f"Also called for {len(names)} more kernels ({names[0]}, ...) on their buffers, each named at its call"]
+        return [f"Also called for {names[0]}, the same code {on}"]
+    return [f"Also called for {len(names)} more kernels ({names[0]}, ...) {on}, each named at its call"]
 
 
 def _device_program(renderer: Renderer, kernels: list) -> str:
