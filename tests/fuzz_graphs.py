@@ -877,6 +877,31 @@ class _OnGradient(torch.autograd.Function):
         return ctx.on(g), None
 
 
+class _OtherZero(torch.autograd.Function):
+    """maximum's or minimum's value with the other operand's zero where they tie at +0 and -0 (a
+    constant's sign flipped: the gradient passes unchanged). torch itself returns either:
+    torch.maximum(+0., -0.) is +0 on a tensor of fewer than 8 elements and -0 on 8 or more (its
+    vectorised path returns the second operand of a tie, its scalar path the first), and
+    pow(that, -1) is +inf or -inf."""
+
+    @staticmethod
+    def forward(ctx, value, tie):
+        return torch.where(tie, -value, value)
+
+    @staticmethod
+    def backward(ctx, g):
+        return g, None
+
+
+def _other_zero_at_ties(step: Step, args: list, value: torch.Tensor) -> torch.Tensor:
+    """`value` (maximum's or minimum's) with the other zero where its operands tie at +0 and -0."""
+    if step.op not in ("maximum", "minimum") or not value.is_floating_point():
+        return value
+    a, b = (torch.broadcast_to(torch.as_tensor(x).detach().to(value.dtype), value.shape) for x in args)
+    tie = (a == 0) & (b == 0) & (torch.signbit(a) != torch.signbit(b))
+    return _OtherZero.apply(value, tie) if tie.any() else value
+
+
 def _moved_by_one_rounding(g: torch.Tensor, sign: Callable) -> torch.Tensor:
     """g moved by one rounding error (`sign` of its ulp). Moving each contribution to a value's
     gradient so, a gradient that cancels to 0 in exact arithmetic (x - concat(x, x) summed over the
@@ -889,7 +914,8 @@ def _moved_by_one_rounding(g: torch.Tensor, sign: Callable) -> torch.Tensor:
 def nudge_pattern(graph: FuzzGraph, pattern: int) -> Callable:
     """A `nudge` for `build`: each computed float value moved by its rounding error, all up
     (pattern 0), all down (1), or each element either way at random (2 and on, seeded by the
-    pattern). Values stay differentiable (the move is a constant), so the backward reads them.
+    pattern), and maximum's and minimum's ties of +0 and -0 given the other zero (_OtherZero).
+    Values stay differentiable (the move is a constant), so the backward reads them.
 
     LIFT_SUBNORMALS instead moves every subnormal value (0 < |v| < 2.2e-308: softmax's weight
     exp(-710) is 4.5e-309) to the smallest normal one of its sign. A subnormal divisor makes the
@@ -918,6 +944,7 @@ def nudge_pattern(graph: FuzzGraph, pattern: int) -> Callable:
                 return _FromOutput.apply(args[0], value.detach(), step.op, step.kw["axis"], pattern == BACKWARD_UP,
                                          signs)
             return value
+        value = _other_zero_at_ties(step, args, value)
         error = rounding_error(step, args, value)
         if error is None:
             return value

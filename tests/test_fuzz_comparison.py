@@ -82,3 +82,30 @@ def test_the_backward_alone_moved_shows_log_softmax_cancelling_at_a_dominant_ele
     assert _mismatch(got, want, 1e-7, others=list(runs.values())) is None
     got[0] = want[0] - 5.0                     # beyond any one rounding: still wrong
     assert _mismatch(got, want, 1e-7, others=list(runs.values())) is not None
+
+
+def test_any_value_where_one_rounding_moves_the_element_across_a_pole():
+    """The gradient of x / gelu_tanh(x) at x = -7.16 (seed 1839660200): the divisor is 5e-17 of
+    1 + tanh(u), within one rounding of 0; torch's runs give +-4.4e11 and NaN, symgrad the exact
+    -1.6e14. Runs of one sign with a NaN, or of both signs all finite, still decide."""
+    want = np.array([np.nan])
+    across = [np.array([4.37e11]), np.array([-4.37e11]), np.array([np.nan])]
+    assert _mismatch(np.array([-1.56e14]), want, 1e-7, others=across) is None
+    one_sign = [np.array([4.37e11]), np.array([4.38e11]), np.array([np.nan])]
+    assert _mismatch(np.array([-1.56e14]), want, 1e-7, others=one_sign) is not None
+    finite = [np.array([4.37e11]), np.array([-4.37e11])]
+    assert _mismatch(np.array([-1.56e14]), np.array([4.37e11]), 1e-7, others=finite) is not None
+
+
+def test_maximum_of_signed_zeros_takes_either_zero():
+    """torch.maximum(+0., -0.) is +0 on fewer than 8 elements and -0 on 8 or more: the rounding runs
+    take the other zero at such ties, so 1 / maximum(x, -x) at x = 0 is +inf or -inf."""
+    graph = _graph(_input((3,)), Step("neg", (0,)), Step("maximum", (0, 1)), Step("pow_scalar", (2,), (("c", -1.0),)))
+    x = np.array([0.0, 1.0, -2.0])
+    want = _torch_results(graph, [x])[0]
+    runs = [_torch_results(graph, [x], nudge_pattern(graph, p))[0] for p in (0, 1)]
+    assert {float(want[0]), float(runs[0][0])} == {np.inf, -np.inf}
+    np.testing.assert_allclose(runs[0][1:], want[1:], rtol=1e-15)   # no tie: the same values, rounded
+    got = want.copy()
+    got[0] = -want[0]
+    assert _mismatch(got, want, 1e-7, others=runs) is None
