@@ -827,6 +827,11 @@ LIFT_SUBNORMALS = -1   # the nudge pattern that lifts subnormal values to the sm
 # The nudge patterns that move only the backward's roundings (softmax's and log_softmax's own, and
 # each gradient contribution's), up or down, the forward values left as torch computed them.
 BACKWARD_UP, BACKWARD_DOWN = -2, -3
+# The nudge patterns that move neighbouring elements opposite ways (+ - + - along the flat index, and
+# - + - +): two equal values computed in different orders (an average pool's windows over the same
+# elements, the padding at either end) differ by a few roundings, which a function steep in them
+# magnifies; random signs move such a pair alike in one pattern of two.
+ALTERNATING_UP, ALTERNATING_DOWN = -4, -5
 
 
 class _FromOutput(torch.autograd.Function):
@@ -914,7 +919,8 @@ def _moved_by_one_rounding(g: torch.Tensor, sign: Callable) -> torch.Tensor:
 def nudge_pattern(graph: FuzzGraph, pattern: int) -> Callable:
     """A `nudge` for `build`: each computed float value moved by its rounding error, all up
     (pattern 0), all down (1), or each element either way at random (2 and on, seeded by the
-    pattern), and maximum's and minimum's ties of +0 and -0 given the other zero (_OtherZero).
+    pattern; ALTERNATING_UP and ALTERNATING_DOWN: neighbours opposite ways along the flat index),
+    and maximum's and minimum's ties of +0 and -0 given the other zero (_OtherZero).
     Values stay differentiable (the move is a constant), so the backward reads them.
 
     LIFT_SUBNORMALS instead moves every subnormal value (0 < |v| < 2.2e-308: softmax's weight
@@ -930,6 +936,7 @@ def nudge_pattern(graph: FuzzGraph, pattern: int) -> Callable:
     of g), which at the value torch computed moves the result by 0.5."""
     rng = np.random.default_rng(abs(pattern))
     direction = {0: 1.0, 1: -1.0, BACKWARD_UP: 1.0, BACKWARD_DOWN: -1.0}.get(pattern)  # None: random
+    alternating = {ALTERNATING_UP: 1.0, ALTERNATING_DOWN: -1.0}.get(pattern)
 
     def nudge(k, step, args, value):
         if pattern == LIFT_SUBNORMALS:
@@ -951,16 +958,20 @@ def nudge_pattern(graph: FuzzGraph, pattern: int) -> Callable:
         if direction is not None:
             sign = direction
         else:
-            sign = torch.from_numpy(rng.choice([-1.0, 1.0], size=tuple(value.shape))).to(value.dtype)
+            sign = signs(tuple(value.shape)).to(value.dtype)
         move = torch.where(torch.isfinite(value.detach()) & torch.isfinite(error), sign * error, 0.0)
         if step.op in ("softmax", "log_softmax") and value.requires_grad:
             return _FromOutput.apply(args[0], (value + move).detach(), step.op, step.kw["axis"], pattern == 0, signs)
         return value + move.to(value.dtype)
 
     def signs(shape):
-        """One rounding's direction per element: all up, all down, or random (the pattern's)."""
+        """One rounding's direction per element: all up, all down, alternating, or random (the
+        pattern's)."""
         if direction is not None:
             return torch.full(shape, direction, dtype=torch.float64)
+        if alternating is not None:
+            flat = alternating * (1.0 - 2.0 * (np.arange(int(np.prod(shape, dtype=np.int64))) % 2))
+            return torch.from_numpy(flat.reshape(shape))
         return torch.from_numpy(rng.choice([-1.0, 1.0], size=shape))
 
     def use(arg):

@@ -15,8 +15,8 @@ close elsewhere), and C must agree with the NumPy reference tightly.
 Ill-conditioned results. Where a result differs, torch is run again with each computed value
 moved by one rounding error of its op, each gradient contribution to a value moved by one ulp
 before autograd sums them, and softmax's backward moved by its own rounding
-(fuzz_graphs.nudge_pattern: all up, all down, four random mixes; and the backward's alone, up and
-down, where moving the forward hides them), and once with subnormal values
+(fuzz_graphs.nudge_pattern: all up, all down, four random mixes, neighbours opposite ways; and the
+backward's alone, up and down, where moving the forward hides them), and once with subnormal values
 lifted to the smallest normal one (a subnormal divisor
 makes a result depend on the order of a formula's operations at overflow: torch's gradient of
 y / y is inf at y = 4.5e-309, the true 0 in symgrad). Two correct implementations differ by such
@@ -66,8 +66,8 @@ import torch
 import symgrad as sg
 from symgrad.backends.build.cache import default_flags
 from tests.conftest import BACKENDS
-from tests.fuzz_graphs import (BACKWARD_DOWN, BACKWARD_UP, FLOAT, LIFT_SUBNORMALS, FuzzGraph, build, draw_graphs,
-                               draw_values, input_specs, leaves_range, nudge_pattern)
+from tests.fuzz_graphs import (ALTERNATING_DOWN, ALTERNATING_UP, BACKWARD_DOWN, BACKWARD_UP, FLOAT, LIFT_SUBNORMALS,
+                               FuzzGraph, build, draw_graphs, draw_values, input_specs, leaves_range, nudge_pattern)
 
 pytestmark = [pytest.mark.filterwarnings("ignore::UserWarning"), pytest.mark.filterwarnings("ignore::RuntimeWarning")]
 
@@ -98,7 +98,8 @@ RTOL_C_NUMPY, RTOL_TORCH = 1e-10, 1e-7
 # torch runs with rounding errors moved (fuzz_graphs.nudge_pattern), per differing graph: all up, all
 # down, four random mixes, subnormal values lifted to the smallest normal one, and the backward's
 # roundings alone moved up and down
-NUDGE_PATTERNS = (0, 1, 2, 3, 4, 5, LIFT_SUBNORMALS, BACKWARD_UP, BACKWARD_DOWN)
+NUDGE_PATTERNS = (0, 1, 2, 3, 4, 5, ALTERNATING_UP, ALTERNATING_DOWN, LIFT_SUBNORMALS, BACKWARD_UP,
+                  BACKWARD_DOWN)
 
 
 class Batch:

@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from tests.fuzz_graphs import BACKWARD_DOWN, BACKWARD_UP, FuzzGraph, Step, leaves_range, nudge_pattern
+from tests.fuzz_graphs import (ALTERNATING_DOWN, ALTERNATING_UP, BACKWARD_DOWN, BACKWARD_UP, FuzzGraph, Step,
+                               leaves_range, nudge_pattern)
 from tests.test_fuzz import _mismatch, _torch_results
 
 
@@ -109,3 +110,15 @@ def test_maximum_of_signed_zeros_takes_either_zero():
     got = want.copy()
     got[0] = -want[0]
     assert _mismatch(got, want, 1e-7, others=runs) is None
+
+
+def test_alternating_runs_move_neighbours_apart():
+    """An average pool's two windows over the same elements (the padding at either end) sum them in
+    different orders: equal exactly, a few roundings apart in C, and softmax over the pair at 1.25e7
+    (pow(7.7, 8)) magnifies that to 6e-9 (seed 1963984122, C against NumPy). Random signs move such
+    a pair alike in one pattern of two; the alternating patterns move it apart, each way."""
+    graph = _graph(_input((2,)), Step("exp", (0,)), Step("softmax", (1,), (("axis", -1),)))
+    x = np.array([16.3, 16.3])
+    want = _torch_results(graph, [x])[0]
+    up, down = (_torch_results(graph, [x], nudge_pattern(graph, p))[0] for p in (ALTERNATING_UP, ALTERNATING_DOWN))
+    assert down[0] < want[0] < up[0] and up[1] < want[1] < down[1], (up, want, down)

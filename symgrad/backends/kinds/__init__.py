@@ -14,8 +14,8 @@ templates/<language>/<kind>) and its report line. Every kernel type answers the 
 its words for the report, and where a kind has them, its refusal (what a language cannot build,
 asked by decide), its line in the report's gathers by purpose, the bytes its runtime call
 allocates and its context with the element count an argument (render/program.py shares one
-function between kernels that differ only in their counts). Adding a kind is a module and a row here; plan, lowering walk, render and report only
-read the table.
+function between kernels that differ only in their counts). Adding a kind is a module and a row
+here; plan, lowering walk, render and report only read the table.
 """
 
 from __future__ import annotations

@@ -274,8 +274,8 @@ def _functions(kernels: list) -> list[dict]:
 def _counts_as_arguments(kernels: list[dict], texts: list[str], calls: list[int]) -> list[int]:
     """`calls` (each kernel's function, by position) with the functions whose code is the same but
     for its element count merged into one taking the count as an argument (their kind's `sized`
-    context): a GPT's AdamW updates, one function per parameter size, were 16 of its 98 functions,
-    and gcc's time follows the functions. A function no other shares code with keeps its constant
+    context): the optimizer's update was one function per parameter size, and merging them took
+    GPT small from 98 functions to 82, gcc's time following the functions. A function no other shares code with keeps its constant
     count: a known trip count vectorizes with no remainder loop. The merged kernels' contexts and
     texts are replaced in place; only the functions are rendered again, not every kernel."""
     groups: dict[str, list[tuple[int, dict, str]]] = {}
