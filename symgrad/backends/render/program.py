@@ -278,24 +278,29 @@ def _counts_as_arguments(kernels: list[dict], texts: list[str], calls: list[int]
     GPT small from 98 functions to 82, gcc's time following the functions. A function no other shares code with keeps its constant
     count: a known trip count vectorizes with no remainder loop. The merged kernels' contexts and
     texts are replaced in place; only the functions are rendered again, not every kernel."""
-    groups: dict[str, list[tuple[int, dict, str]]] = {}
+    groups: dict[str, list[tuple[int, str]]] = {}
     for position in sorted(set(calls)):
-        sized = getattr(KINDS.get(kernels[position]["kind"]), "sized", None)
-        variant = sized(kernels[position]) if sized is not None else None
+        variant = _sized(kernels[position])
         if variant is not None:
             text = render_template(variant["template"], k=variant).strip("\n")
             key = canonical(text, variant["name"], [p["name"] for p in variant["params"]])
-            groups.setdefault(key, []).append((position, variant, text))
+            groups.setdefault(key, []).append((position, text))
     merged: dict[int, int] = {}   # a function's position -> the position of the one taking its place
     for group in groups.values():
         if len(group) > 1:   # different counts: equal ones were one function already
-            first = group[0][0]
-            texts[first] = group[0][2]
-            merged.update((position, first) for position, _, _ in group)
+            first, texts[first] = group[0]
+            merged.update((position, first) for position, _ in group)
     for position, call in enumerate(calls):
         if call in merged:
-            kernels[position] = KINDS[kernels[position]["kind"]].sized(kernels[position])
+            kernels[position] = _sized(kernels[position])
     return [merged.get(call, call) for call in calls]
+
+
+def _sized(context: dict) -> dict | None:
+    """The kernel's context with its element count an argument (its kind's `sized`), or None (a
+    template of its own, reduce_columns, has no row in KINDS)."""
+    row = KINDS.get(context["kind"])
+    return row.sized(context) if row is not None and row.sized is not None else None
 
 
 def _units(functions: list[dict], entry_lines: int) -> int:
@@ -303,8 +308,9 @@ def _units(functions: list[dict], entry_lines: int) -> int:
     function's unit set (partition by lines, a function's own and those of the preamble's helpers
     it is compiled with, its kernel's `helper_lines`; unit 0 holding the entry point too:
     `entry_lines` at -O0, each about an eighth of a kernel line at -O3)."""
-    sizes = [f["text"].count("\n") + 1 + f["kernel"].get("helper_lines", 0) for f in functions]
-    units = unit_count(sum(f["text"].count("\n") + 1 for f in functions))
+    lines = [f["text"].count("\n") + 1 for f in functions]
+    units = unit_count(sum(lines))
+    sizes = [n + f["kernel"].get("helper_lines", 0) for n, f in zip(lines, functions)]
     for f, unit in zip(functions, partition(sizes, units, fixed=entry_lines // ENTRY_LINE_COST)):
         f["unit"] = unit
     return units
