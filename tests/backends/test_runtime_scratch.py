@@ -140,10 +140,13 @@ def test_the_narrow_kernels_stay_within_the_scratch_they_report(lib, kind, m, n,
 
 
 def test_the_bfloat16_gemm_stays_within_the_scratch_it_reports(lib):
-    """(On a CPU without AVX512_BF16 it is the float32 GEMM, and reports that one's bytes.)"""
+    """(On a CPU without AVX512_BF16 it is the float32 GEMM, and reports that one's bytes.) Its
+    operands are bfloat16 values held in floats, as a step passes them: the AVX512_BF16 path
+    keeps each float's upper half, so a float that is not a bfloat16 would lose its low bits."""
+    import ml_dtypes
     m, n, k = 70, 45, 300
     rng = np.random.default_rng(3)
-    a, b = (np.round(rng.standard_normal(s), 2).astype(np.float32) for s in ((m, k), (k, n)))
+    a, b = (rng.standard_normal(s).astype(ml_dtypes.bfloat16).astype(np.float32) for s in ((m, k), (k, n)))
     gemm = _function(lib, "sg_gemm_bf16", [I64, I64, I64, PTR, I64, I64, PTR, I64, I64, PTR, PTR, PTR, PTR])
     context = Context()
 
