@@ -56,14 +56,17 @@ def _layer(name: str, batch: int, fan_in: int, fan_out: int) -> list[Product]:
 PRODUCTS = [*_layer("B", 128, 784, 256), *_layer("C", 512, 1024, 1024), Product("1024^3", 1024, 1024, 1024)]
 
 #: Independent vector FMA chains per thread: more than latency x throughput (4 x 2 on Zen), so the
-#: loop runs at the FMA units' rate. Vectors as wide as symgrad's kernels use on the target.
+#: loop runs at the FMA units' rate. Vectors as wide as symgrad's kernels use on the target
+#: (64 bytes where the build chose them: symgrad.backends.build.vector_width).
 PEAK_SOURCE = """
 #include <stdint.h>
 #ifdef _OPENMP
 #include <omp.h>
 #endif
 #pragma GCC optimize ("fp-contract=fast")
-#if defined(__AVX__)
+#if SG_VECTOR_BYTES == 64
+typedef float vec __attribute__((vector_size(64)));
+#elif defined(__AVX__)
 typedef float vec __attribute__((vector_size(32)));
 #else
 typedef float vec __attribute__((vector_size(16)));
@@ -96,8 +99,8 @@ PEAK_CDEF = "int lanes(void); float fma_loop(int64_t iterations);"
 
 def fma_peak(flags: list[str] | None = None) -> float:
     """GFLOP/s of vector multiply-adds on all threads of this process (best of 5 runs)."""
-    from symgrad.backends.build import cache
-    lib = cache.build(PEAK_SOURCE, PEAK_CDEF, flags=flags).module.lib
+    from symgrad.backends.build import cache, runtime
+    lib = cache.build(PEAK_SOURCE, PEAK_CDEF, flags=flags or runtime.default_flags()).module.lib
     threads = int(os.environ["OMP_NUM_THREADS"])  # set from THREADS by the package, before OpenMP loaded
     iterations = 1 << 23  # ~0.1 s
     lib.fma_loop(iterations)  # wake the team
@@ -144,7 +147,7 @@ def worker(products: list[Product], plan: Plan) -> dict:
     import numpy as np
     import torch
     torch.set_num_threads(THREADS)
-    from symgrad.backends.build.cache import default_flags
+    from symgrad.backends.build.runtime import default_flags
     rng = np.random.default_rng(0)
     out = {"threads": THREADS, "flags": default_flags(), "peak_gflops": fma_peak(), "products": []}
     for p in products:

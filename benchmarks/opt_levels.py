@@ -37,7 +37,9 @@ def _program_flags(level: str, march: str | None):
     import os
 
     from symgrad.backends.build import cache, runtime
+    from symgrad.backends.build.vector_width import vector_flags
     build, defaults = runtime.build, _with_march(cache.default_flags(), march)
+    defaults += vector_flags(defaults)  # the width programs get with these flags (runtime.default_flags)
     # Asked while SYMGRAD_CFLAGS below holds the program's flags: the runtime's are fixed first.
     runtime.build = lambda _flags=None: build(defaults)
     os.environ["SYMGRAD_CFLAGS"] = " ".join(_with_march([level if f.startswith("-O") else f

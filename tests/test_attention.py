@@ -107,12 +107,13 @@ def test_float32_c_matches_the_numpy_reference():
         np.testing.assert_allclose(g, w, rtol=2e-5, atol=2e-5)
 
 
-@pytest.mark.parametrize("level", ["", "avx2", "sse2"])
+@pytest.mark.parametrize("level", ["", "avx2", "sse2", "wide"])
 @pytest.mark.parametrize("dtype", ["float64", "float32"])
 def test_register_tiles_match_the_numpy_reference_at_every_simd_level(level, dtype):
     """Head dimensions of whole register tiles (16, 32) and of none (12), T = 70 (a partial key
-    block, a row tile of 6), causal and not, built for this machine, AVX2 and SSE2: the tiles'
-    edges and their register paths at every tile height (8 rows on AVX-512, 4 below)."""
+    block, a row tile of 6), causal and not, built for this machine, AVX2, SSE2 and in 64-byte
+    vectors: the tiles' edges and their register paths at every tile height (8 rows on AVX-512, 4
+    below) and width."""
     outs, inputs = [], []
     for E in (16, 32, 12):
         x = sg.input(f"x{E}", (1, 70, 2, E), dtype=dtype)

@@ -64,7 +64,7 @@ import pytest
 import torch
 
 import symgrad as sg
-from symgrad.backends.build.cache import default_flags
+from symgrad.backends.build.runtime import default_flags
 from tests.conftest import BACKENDS
 from tests.fuzz_graphs import (ALTERNATING_DOWN, ALTERNATING_UP, BACKWARD_DOWN, BACKWARD_UP, FLOAT, LIFT_SUBNORMALS,
                                FuzzGraph, build, draw_graphs, draw_values, input_specs, leaves_range, nudge_pattern)

@@ -45,8 +45,9 @@ LAYERS = {
     # the stages, each dispatching to the kinds: decide, lower (and plan memory), render the program
     "stages": ("symgrad.backends.decide.decisions", "symgrad.backends.lower", "symgrad.backends.render.program"),
     "build": ("symgrad.backends.build",),
-    # the runtime (GEMM, exp, Philox): rendered from its templates and built once per compiler and flags
-    "runtime": ("symgrad.backends.build.runtime",),
+    # the runtime (GEMM, exp, Philox): rendered from its templates and built once per compiler and flags,
+    # and the vector width its tiles take on this machine (measured by a probe rendered from a template)
+    "runtime": ("symgrad.backends.build.runtime", "symgrad.backends.build.vector_width"),
     # the checks of a call's arrays, before any native code runs (the programs' and the steps')
     "checks": ("symgrad.step.call_checks",),
     # the backends' programs: the driver through the stages, the native programs, the report, and

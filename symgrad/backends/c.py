@@ -91,11 +91,12 @@ def build_program(source: str, flags: list[str] | None = None, cdef: str = CDEF,
                   ) -> cache.BuiltModule:
     """What a C program includes and links: its `source` built (cached) with the runtime's header on
     its include path, linked to the runtime library built with the same `flags` (once per compiler
-    and flags; default `cache.default_flags()`). `cdef`: its declarations (a profiling build has
-    two more, symgrad.backends.profile); `announce`: what is compiling, said on stderr if the
-    compiler runs longer than a second (None: nothing is said). Its importable module
-    (`import <module_name>` with the cache directory on sys.path) adds `run` and `workspace_sizes`
-    (symgrad.backends.build.importable.c_helpers)."""
+    and flags; default `runtime.default_flags()`: the compiler's, with this machine's vector width).
+    `cdef`: its declarations (a profiling build has two more, symgrad.backends.profile); `announce`:
+    what is compiling, said on stderr if the compiler runs longer than a second (None: nothing is
+    said). Its importable module (`import <module_name>` with the cache directory on sys.path) adds
+    `run` and `workspace_sizes` (symgrad.backends.build.importable.c_helpers)."""
+    flags = runtime.default_flags() if flags is None else flags
     return cache.build(source, cdef, flags=flags, kind="program", headers={runtime.HEADER: runtime.header()},
                        link=runtime.build(flags), announce=announce, helpers=HELPERS)
 

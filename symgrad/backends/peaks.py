@@ -11,7 +11,7 @@ machine by a small C program, kept in the cache directory.
   one written), counted as the profile counts a kernel's bytes (what it reads plus what it writes).
 
 Each is the best of `REPEATS` runs. Both (templates/runtime/peaks.c.j2) are built with the flags programs are built with
-(`cache.default_flags()`) and run on the team a program's calls get (OMP_NUM_THREADS, else every
+(`runtime.default_flags()`) and run on the team a program's calls get (OMP_NUM_THREADS, else every
 core), so a kernel's share of the peak compares like with like. The result is kept as
 `<cache>/peaks/<key>.json`, the key a hash of what the figures depend on: the CPU model, the
 cores this process may use, the team size, the compiler and the flags. A machine under load when
@@ -26,7 +26,7 @@ import platform
 import time
 from dataclasses import asdict, dataclass
 
-from .build import cache
+from .build import cache, runtime
 from .render.templates import render
 
 REPEATS = 5
@@ -81,13 +81,13 @@ def _cores() -> int:
 
 def _build() -> cache.BuiltModule:
     """The microbenchmarks (templates/runtime/peaks.c.j2), built with the programs' flags (cached)."""
-    return cache.build(render("runtime/peaks.c.j2"), CDEF)
+    return cache.build(render("runtime/peaks.c.j2"), CDEF, flags=runtime.default_flags())
 
 
 def _key(lib) -> dict:
     """What the figures depend on; its hash names the file that keeps them."""
     return dict(format=FORMAT, cpu=_cpu(), cores=_cores(), threads=int(lib.sg_peak_threads()),
-                compiler=cache.compiler_identity(), flags=cache.default_flags(),
+                compiler=cache.compiler_identity(), flags=runtime.default_flags(),
                 omp_places=os.environ.get("OMP_PLACES"), omp_proc_bind=os.environ.get("OMP_PROC_BIND"))
 
 

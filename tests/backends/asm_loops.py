@@ -24,6 +24,12 @@ from dataclasses import dataclass
 
 import pytest
 
+# The builds whose assembly the register-tile checks read: each x86-64 level, and AVX-512 with
+# the kernels in 64-byte vectors (what `-DSG_VECTOR_BYTES=64` selects on a CPU whose 512-bit FMAs
+# are twice as fast: symgrad.backends.build.vector_width). "<march>/<vector bytes>".
+WIDE = "x86-64-v4/64"
+LEVELS = ["x86-64", "x86-64-v3", "x86-64-v4", WIDE]
+
 _LABEL = re.compile(r"^(\.?[A-Za-z_][\w.$]*):")
 _JUMP = re.compile(r"^\s+(j[a-z]+)\s+(\.L\w+)\s*$")
 _ENDS_FLOW = re.compile(r"^\s+(jmp|ret|ud2)\b")
@@ -159,13 +165,16 @@ def kernel_loops(asm: str, prefix: str) -> list[Loop]:
 
 def assembly(source: str, march: str) -> str:
     """gcc's assembly of a C source (a runtime or a program: the runtime's header beside it) with
-    symgrad's default flags, for `march`; skips the test without gcc."""
+    symgrad's default flags, for `march` (a level of LEVELS: "<march>/64" adds -DSG_VECTOR_BYTES=64);
+    skips the test without gcc."""
     from symgrad.backends.build import runtime
     from symgrad.backends.build.cache import DEFAULT_FLAGS
     gcc = shutil.which("gcc")
     if gcc is None:
         pytest.skip("needs gcc: the check reads gcc's assembly")
+    march, _, vector_bytes = march.partition("/")
     flags = [f for f in DEFAULT_FLAGS if not f.startswith("-march")]
+    flags += [f"-DSG_VECTOR_BYTES={vector_bytes}"] if vector_bytes else []
     with tempfile.TemporaryDirectory() as tmp:
         path = f"{tmp}/kernels.c"
         with open(path, "w") as f:

@@ -17,8 +17,9 @@ import pytest
 
 import symgrad as sg
 from symgrad.backends.kinds.attention import AttentionKernel
+from asm_loops import LEVELS, WIDE
 
-ROWS = {"x86-64": 4, "x86-64-v3": 4, "x86-64-v4": 8}  # runtime.TARGETS' attention_rows
+ROWS = {"x86-64": 4, "x86-64-v3": 4, "x86-64-v4": 8, WIDE: 8}  # runtime.TARGETS' attention_rows
 
 
 @pytest.fixture(scope="module")
@@ -35,7 +36,7 @@ def attention_c():
     return sg.function(inputs, outs, backend="c")
 
 
-@pytest.mark.parametrize("march", ["x86-64", "x86-64-v3", "x86-64-v4"])
+@pytest.mark.parametrize("march", LEVELS)
 def test_attention_products_run_on_register_tiles(attention_c, march):
     from asm_loops import assembly, functions, innermost_loops
     asm = assembly(attention_c.source, march)

@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 import symgrad as sg
+from asm_loops import LEVELS
 from helpers import assert_near_reference, compiled_beside_reference
 from symgrad import passes
 from symgrad.backends.lower.lowering import lower
@@ -59,10 +60,11 @@ def _loss(dtype: str, seed: int = 0):
     return loss, inputs, [feed[v.name] for v in inputs]
 
 
-@pytest.fixture(scope="module", params=["float64", "float32", "float32-sse2", "float32-avx2"])
+@pytest.fixture(scope="module", params=["float64", "float32", "float32-sse2", "float32-avx2", "float32-wide"])
 def compiled(request):
     """(dtype, C function, NumPy function, inputs) of the loss and its gradients in every input;
-    "-sse2" and "-avx2" build the program and its runtime for that level instead of this machine."""
+    "-sse2", "-avx2" and "-wide" build the program and its runtime for that level instead of this
+    machine's (helpers.c_build_options)."""
     dtype, _, level = request.param.partition("-")
     loss, inputs, feed = _loss(dtype)
     return (dtype, *compiled_beside_reference(loss, inputs, level), feed)
@@ -133,7 +135,7 @@ def test_the_report_and_the_memory_plan():
     assert direct < columns <= stored, (stored, direct)
 
 
-@pytest.mark.parametrize("march", ["x86-64", "x86-64-v3", "x86-64-v4"])
+@pytest.mark.parametrize("march", LEVELS)
 def test_the_tiles_keep_their_vectors_in_registers(march):
     """The inner loops of the direct convolution (forward and weight gradient, both dtypes) never move
     a vector to or from the stack on any x86-64 level: the tile of CONV_ROWS channels by the target's

@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 import symgrad as sg
+from asm_loops import LEVELS
 
 pytest.importorskip("symgrad.backends.c")
 
@@ -75,7 +76,7 @@ def test_tanh_within_two_ulp_of_exact_with_its_special_values(tanh_c):
     assert ulp.max() <= 2.0, f"{ulp.max():.3f} ulp at x = {x[inside][ulp.argmax()]!r}"
 
 
-@pytest.mark.parametrize("march", ["x86-64", "x86-64-v3", "x86-64-v4"])
+@pytest.mark.parametrize("march", LEVELS)
 def test_loops_over_exp_and_tanh_compile_to_vector_code(exp_c, tanh_c, march):
     """Without timing: each kernel's innermost loop multiplies whole vectors (mulps, vfmadd...ps) on
     every x86-64 level, in gcc's assembly of the program with the default flags."""

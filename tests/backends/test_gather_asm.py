@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 
 import symgrad as sg
+from asm_loops import LEVELS
 
 pytest.importorskip("symgrad.backends.c")
 
@@ -34,7 +35,7 @@ def test_it_computes_the_convolution(conv_one_channel):
     np.testing.assert_allclose(f(x), want, rtol=1e-5, atol=1e-5)
 
 
-@pytest.mark.parametrize("march", ["x86-64", "x86-64-v3", "x86-64-v4"])
+@pytest.mark.parametrize("march", LEVELS)
 def test_single_element_rows_cost_no_index_product_per_element(conv_one_channel, march):
     from asm_loops import assembly, innermost_loops
     f, _ = conv_one_channel

@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 import symgrad as sg
+from asm_loops import LEVELS
 
 pytest.importorskip("symgrad.backends.c")
 
@@ -139,7 +140,6 @@ def test_threads_that_finish_early_take_the_others_row_blocks(threads):
 # ---- register tiles stay in registers, on every x86-64 level (read from the assembly) ----------
 
 #: gcc's x86-64 levels: SSE2 only (16 registers of 16 bytes), AVX2 + FMA (16 of 32 bytes), AVX-512 (32).
-LEVELS = ["x86-64", "x86-64-v3", "x86-64-v4"]
 KERNELS = ("sg_micro", "sg_gemm")  # the micro-kernels, and the narrow kernels (inlined into sg_gemm_*)
 
 

@@ -49,10 +49,11 @@ def _convs(dtype: str, seed: int = 0):
     return loss, xs, ws, feed
 
 
-@pytest.fixture(scope="module", params=["float64", "float32", "float32-avx2"])
+@pytest.fixture(scope="module", params=["float64", "float32", "float32-avx2", "float32-wide"])
 def compiled(request):
     """(dtype, C function, NumPy function, inputs) of the loss and its gradients in every input;
-    "-avx2" builds the program and its runtime for AVX2 (a register tile of 6 rows, not 8)."""
+    "-avx2" builds the program and its runtime for AVX2 (a register tile of 6 rows, not 8), "-wide"
+    in 64-byte vectors (helpers.c_build_options)."""
     dtype, _, level = request.param.partition("-")
     loss, xs, ws, feed = _convs(dtype)
     inputs = [v for pair in zip(xs, ws) for v in pair]

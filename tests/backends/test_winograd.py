@@ -98,10 +98,11 @@ def _loss(dtype: str, seed: int = 0):
     return loss, inputs, feed
 
 
-@pytest.fixture(scope="module", params=["float64", "float32", "float32-sse2", "float32-avx2"])
+@pytest.fixture(scope="module", params=["float64", "float32", "float32-sse2", "float32-avx2", "float32-wide"])
 def compiled(request):
     """(dtype, C function, NumPy function, inputs) of the loss and its gradients in every input;
-    "-sse2" and "-avx2" build the program and its runtime for that level instead of this machine."""
+    "-sse2", "-avx2" and "-wide" build the program and its runtime for that level instead of this
+    machine's (helpers.c_build_options)."""
     dtype, _, level = request.param.partition("-")
     loss, inputs, feed = _loss(dtype)
     return (dtype, *compiled_beside_reference(loss, inputs, level), feed)

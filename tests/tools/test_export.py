@@ -27,7 +27,7 @@ from symgrad.tools import export
 from symgrad import nn
 from symgrad.backends.lower.memory import memory_plan
 from symgrad.backends.status import Status
-from symgrad.backends.build.toolchain import default_flags
+from symgrad.backends.build.runtime import default_flags
 
 pytestmark = pytest.mark.skipif(shutil.which("make") is None or shutil.which("cc") is None,
                                 reason="needs make and a C compiler")

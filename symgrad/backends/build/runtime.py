@@ -5,6 +5,7 @@ into the build cache, and linked by every C program.
     header() -> str              templates/runtime/runtime.h.j2: what a program may call
     source(targets) -> str       templates/runtime/runtime.c.j2: every GEMM variant a program may call
     build(flags) -> BuiltModule  the shared library, cached (symgrad.backends.build.cache, kind "runtime")
+    default_flags() -> list      what programs and the runtime are built with unless told otherwise
     scratch_bytes(function, m, n, k, threads)           the scratch one call of it takes (asked of C)
 
 Which of them computes one matmul is decide's choice (symgrad.backends.decide.gemm_table).
@@ -35,6 +36,7 @@ import jinja2
 
 from ...ir import dtypes as D
 from . import cache
+from .vector_width import vector_flags
 from ..decide import winograd
 from ...narrow_limit import NARROW_N  # matmuls with at most this many output columns use a narrow-N kernel
 from ..status import Status
@@ -108,9 +110,13 @@ class Target:
 #: Tested in this order; the first whose condition holds is compiled. 16 vector registers (SSE2,
 #: AVX2) hold a 6-row tile: 12 accumulators, 2 B vectors and a broadcast (SSE2: plus the product,
 #: having no FMA); AVX-512VL's 32 hold 8 rows (model B's step 6% faster on Zen 4) and two vectors of
-#: rows in the tn kernel (24 accumulators). AVX-512 keeps 32-byte vectors: Zen 4 splits 64-byte ones.
-#: Fused attention's tile has 8 rows (16 accumulators) on AVX-512VL and 4 (8) on 16 registers.
+#: rows in the tn kernel (24 accumulators). AVX-512 keeps 32-byte vectors unless the machine's
+#: 64-byte FMAs are twice as fast (Zen 4 splits 64-byte ones; Intel's server cores have two 512-bit
+#: units): then the build defines SG_VECTOR_BYTES=64 (symgrad.backends.build.vector_width), the
+#: same tiles in 64-byte vectors. Fused attention's tile has 8 rows (16 accumulators) on AVX-512
+#: and 4 (8) on 16 registers.
 TARGETS = (
+    Target("AVX-512 at full width: 32 registers of 64 bytes", "SG_VECTOR_BYTES == 64", 64, 8, 2, 4, 8),
     Target("AVX-512VL: 32 vector registers", "defined(__AVX512VL__)", 32, 8, 2, 4, 8),
     Target("AVX, AVX2: 16 vector registers of 32 bytes", "defined(__AVX__)", 32, 6, 1, 2, 4),
     Target("SSE2, NEON and the rest: 16-byte vectors", "", 16, 6, 1, 2, 4),
@@ -212,8 +218,17 @@ def _checksum(texts: dict) -> str:
     return hashlib.sha256("\0".join([texts["header"], texts["source"]]).encode()).hexdigest()
 
 
+def default_flags() -> list[str]:
+    """The flags programs and the runtime are built with by default: the compiler's
+    (`cache.default_flags()`: $SYMGRAD_CFLAGS, else DEFAULT_FLAGS) and this machine's vector width
+    (`-DSG_VECTOR_BYTES=64` where its 64-byte multiply-adds are twice as fast: vector_width)."""
+    flags = cache.default_flags()
+    return flags + vector_flags(flags)
+
+
 def build(flags: list[str] | None = None) -> cache.BuiltModule:
-    """The runtime library built with `flags` (default: `cache.default_flags()`, as programs), from
+    """The runtime library built with `flags` (default: `default_flags()`, as programs), from
     the cache when it was built before with the same compiler: once per compiler and flags."""
+    flags = default_flags() if flags is None else flags
     return cache.build(source(), "", flags=flags, kind="runtime", headers={HEADER: header()})
 

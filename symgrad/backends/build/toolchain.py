@@ -81,6 +81,7 @@ def default_flags() -> list[str]:
     build with no -O3 and no OpenMP, a step 20x slower with nothing said.
     No -ffast-math: it lets gcc assume there are no NaNs or infinities, which breaks
     the NumPy semantics (log(0) = -inf, nan propagation) the backends must match.
+    Programs and the runtime add the machine's vector width to these (runtime.default_flags).
     """
     configured = shlex.split(os.environ.get("SYMGRAD_CFLAGS", ""))
     return configured or list(DEFAULT_FLAGS)

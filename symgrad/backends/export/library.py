@@ -17,7 +17,6 @@ import sympy
 
 from .. import c as c_backend
 from ..build import runtime
-from ..build.toolchain import default_flags
 from ..render.c_printer import printer
 from ..render.templates import render
 from ..status import MEANINGS, Status
@@ -102,7 +101,7 @@ def write(out_dir, name: str, programs: list[Program], value_of, *, cuda: bool, 
     name: the library's name and the prefix of every global symbol (check_arguments checked it).
     value_of(variable): the variable's value now, as the weights file holds it. cuda: the programs
     are CUDA (`.cu`, no runtime files). flags: the C compiler's (the step's: the same compiler and
-    flags, the same numbers; default_flags() if None). has_predict: the step had predict= (else its
+    flags, the same numbers; runtime.default_flags() if None). has_predict: the step had predict= (else its
     predict program is the loss). checkpoint_format: symgrad.step.checkpoint's FORMAT, written
     in the weights file's metadata. Returns {file kind: path}. Refuses (ValueError) programs whose
     inputs are not batches: one Dim (or none) leading every input.
@@ -116,7 +115,7 @@ def write(out_dir, name: str, programs: list[Program], value_of, *, cuda: bool, 
     for c in contexts:
         c["doc"] = _DOCS[c["kind"] if c["kind"] != "predict" or has_predict else "predict-loss"]
     context = _library_context(name, contexts, held, checkpoint_header(held, checkpoint_format), dim, cuda,
-                               list(flags or default_flags()), has_predict)
+                               list(flags or runtime.default_flags()), has_predict)
     files = {
         "header": (f"{name}.h", render("export/library.h.j2", **context)),
         "library": (f"{name}.c", render("export/library.c.j2", **context)),
