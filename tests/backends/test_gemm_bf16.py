@@ -68,6 +68,8 @@ static inline __m512i _mm512_loadu_si512(const void* p) { __m512i v; memcpy(&v, 
 static inline __m512i _mm512_set1_epi32(int x)
 { int32_t l[16]; for (int i = 0; i < 16; i++) l[i] = x; __m512i v; memcpy(&v, l, 64); return v; }
 static inline void _mm512_storeu_ps(void* p, __m512 v) { memcpy(p, &v, 64); }
+static inline __m512 _mm512_loadu_ps(const void* p) { __m512 v; memcpy(&v, p, 64); return v; }
+static inline __m512 _mm512_add_ps(__m512 a, __m512 b) { return a + b; }
 static inline float emulated_bf16(uint16_t h) { uint32_t u = (uint32_t)h << 16; float f; memcpy(&f, &u, 4); return f; }
 static inline __m512 _mm512_dpbf16_ps(__m512 acc, __m512bh a, __m512bh b)
 {
@@ -84,8 +86,9 @@ static inline __m512 _mm512_dpbf16_ps(__m512 acc, __m512bh a, __m512bh b)
 
 def test_bf16_path_computes_the_product_with_emulated_intrinsics(runtime_source, tmp_path):
     """The AVX512_BF16 path built with scalar stand-ins for its intrinsics and run: edges of the
-    8 x 32 tile in M and N, an odd K (its last pair padded), K = 0, A read transposed. Each result
-    is within float32's rounding of the exact sum of the bfloat16 products."""
+    8 x 32 tile in M and N, an odd K (its last pair padded), K = 0, A read transposed, K in more
+    than one chunk (SG_BF16_KC pairs) and M in more than one block of tiles. Each result is within
+    float32's rounding of the exact sum of the bfloat16 products."""
     from symgrad.backends.build import runtime
     gcc = shutil.which("gcc")
     if gcc is None:
@@ -102,7 +105,7 @@ def test_bf16_path_computes_the_product_with_emulated_intrinsics(runtime_source,
     scratch_bytes.argtypes, scratch_bytes.restype = [i64] * 4, i64
     rng = np.random.default_rng(39)
     for m, n, k, transposed in ((13, 45, 37, False), (8, 32, 2, False), (1, 1, 1, False), (17, 70, 64, True),
-                                (5, 3, 0, False)):
+                                (5, 3, 0, False), (150, 40, 301, False), (70, 33, 520, True)):
         a, b = (rng.standard_normal(s).astype(ml_dtypes.bfloat16).astype(np.float32) for s in ((m, k), (k, n)))
         stored = np.ascontiguousarray(a.T) if transposed else a
         sam, sak = (1, m) if transposed else (k, 1)
