@@ -1,8 +1,9 @@
 """The runtime's bfloat16 GEMM (templates/matmul/gemm_bf16.c.j2), checked where its speed is decided:
 the k loop gcc writes for an AVX512_BF16 target is vdpbf16ps on a register tile that never touches
-the stack, and a target without it keeps the float32 path. Read in the assembly, not run: this
-machine need not have AVX512_BF16. Its packing, tiles and edges are run on any machine with the
-intrinsics replaced by scalar C that follows Intel's definition of vdpbf16ps."""
+the stack, with AMX it is four tile products, and a target without either keeps the float32 path.
+Read in the assembly, not run: this machine need not have AVX512_BF16 or AMX. Both paths' packing,
+tiles and edges are run on any machine with the intrinsics replaced by scalar C that follows
+Intel's definitions of vdpbf16ps and tdpbf16ps."""
 
 from __future__ import annotations
 
@@ -44,6 +45,18 @@ def test_bf16_k_loop_is_vdpbf16ps_in_registers(runtime_source):
     assert not any(i.startswith("vfmadd") for i in instructions)
 
 
+def test_with_amx_the_k_loop_is_four_tile_products(runtime_source):
+    """sapphirerapids (AMX): the AMX path's k loop loads two tiles of A's rows and two of B's
+    columns and multiplies them into the 2 x 2 tiles of sums (4 tdpbf16ps, 8192 multiply-adds
+    each); cooperlake (AVX512_BF16, no AMX) has no tile instruction at all."""
+    asm = assembly(runtime_source, "sapphirerapids")
+    loops = [loop for loop in innermost_loops(asm) if any("tdpbf16ps" in line for line in loop.lines)]
+    assert len(loops) == 1 and loops[0].function.startswith("sg_gemm_bf16_amx"), [loop.function for loop in loops]
+    instructions = [line.split()[0] for line in loops[0].lines if line.startswith("\t")]
+    assert instructions.count("tdpbf16ps") == 4 and instructions.count("tileloadd") == 4
+    assert "tdpbf16ps" not in assembly(runtime_source, "cooperlake")
+
+
 @pytest.mark.parametrize("march", ["x86-64-v3", "x86-64-v4"])
 def test_without_avx512_bf16_the_float32_gemm_computes_it(runtime_source, march):
     """Without AVX512_BF16 (SSE2, AVX2, AVX-512 of Skylake) no vdpbf16ps is emitted and
@@ -83,19 +96,59 @@ static inline __m512 _mm512_dpbf16_ps(__m512 acc, __m512bh a, __m512bh b)
 }
 """
 
+# AMX's tile intrinsics, as scalar C over 8 tiles of 16 rows x 64 bytes (the one configuration the
+# runtime loads), and the permission Linux grants (here: always). tdpbf16ps per element, as Intel's
+# pseudo-code: the even pair's product added to the sum, then the odd pair's, each in float32.
+_EMULATED_AMX = r"""
+#include <stdint.h>
+#include <string.h>
+long sg_emulated_syscall(long number, ...) { (void)number; return 0; }
+#define syscall sg_emulated_syscall
+static __thread unsigned char sg_emulated_tiles[8][16][64];
+long sg_emulated_tile_products;  /* how many tdpbf16ps ran: the test sees the AMX path taken */
+#define _tile_loadconfig(config) ((void)(config))
+#define _tile_release() ((void)0)
+#define _tile_zero(t) memset(sg_emulated_tiles[t], 0, sizeof sg_emulated_tiles[t])
+#define _tile_loadd(t, base, stride) \
+    for (int r_ = 0; r_ < 16; r_++) memcpy(sg_emulated_tiles[t][r_], (const char*)(base) + r_ * (stride), 64)
+#define _tile_stored(t, base, stride) \
+    for (int r_ = 0; r_ < 16; r_++) memcpy((char*)(base) + r_ * (stride), sg_emulated_tiles[t][r_], 64)
+static inline float emulated_amx_bf16(const unsigned char* p)
+{ uint16_t h; memcpy(&h, p, 2); uint32_t u = (uint32_t)h << 16; float f; memcpy(&f, &u, 4); return f; }
+static inline void sg_emulated_dpbf16(int c, int a, int b)
+{
+    __atomic_fetch_add(&sg_emulated_tile_products, 1, __ATOMIC_RELAXED);
+    for (int m = 0; m < 16; m++)
+        for (int n = 0; n < 16; n++) {
+            float s;
+            memcpy(&s, &sg_emulated_tiles[c][m][4 * n], 4);
+            for (int k = 0; k < 16; k++) {
+                s += emulated_amx_bf16(&sg_emulated_tiles[a][m][4 * k]) * emulated_amx_bf16(&sg_emulated_tiles[b][k][4 * n]);
+                s += emulated_amx_bf16(&sg_emulated_tiles[a][m][4 * k + 2]) * emulated_amx_bf16(&sg_emulated_tiles[b][k][4 * n + 2]);
+            }
+            memcpy(&sg_emulated_tiles[c][m][4 * n], &s, 4);
+        }
+}
+#define _tile_dpbf16ps(c, a, b) sg_emulated_dpbf16(c, a, b)
+"""
 
-def test_bf16_path_computes_the_product_with_emulated_intrinsics(runtime_source, tmp_path):
-    """The AVX512_BF16 path built with scalar stand-ins for its intrinsics and run: edges of the
-    8 x 32 tile in M and N, an odd K (its last pair padded), K = 0, A read transposed, K in more
-    than one chunk (SG_BF16_KC pairs) and M in more than one block of tiles. Each result is within
-    float32's rounding of the exact sum of the bfloat16 products."""
+
+@pytest.mark.parametrize("path", ["vdpbf16ps", "amx"])
+def test_bf16_path_computes_the_product_with_emulated_intrinsics(runtime_source, tmp_path, path):
+    """The AVX512_BF16 path, and the AMX one, built with scalar stand-ins for their intrinsics and
+    run: edges of the 8 x 32 register tile and of AMX's 32 x 32 block in M and N, an odd K (its
+    last pair padded), K = 0, A read transposed, K in more than one chunk (SG_BF16_KC pairs) and
+    past a tile's 16 pairs, M in more than one block. Each result is within float32's rounding of
+    the exact sum of the bfloat16 products."""
     from symgrad.backends.build import runtime
     gcc = shutil.which("gcc")
     if gcc is None:
         pytest.skip("needs gcc")
-    (tmp_path / "immintrin.h").write_text(_EMULATED_INTRINSICS)
+    amx = path == "amx"
+    (tmp_path / "immintrin.h").write_text(_EMULATED_INTRINSICS + (_EMULATED_AMX if amx else ""))
     (tmp_path / runtime.HEADER).write_text(runtime.header())
-    (tmp_path / "bf16.c").write_text("#define __AVX512F__ 1\n#define __AVX512BF16__ 1\n" + runtime_source)
+    defines = "#define __AVX512F__ 1\n#define __AVX512BF16__ 1\n" + ("#define __AMX_BF16__ 1\n#define __AMX_TILE__ 1\n" if amx else "")
+    (tmp_path / "bf16.c").write_text(defines + runtime_source)
     subprocess.run([gcc, "-O1", "-fopenmp", "-fPIC", "-shared", "-Wno-psabi", f"-I{tmp_path}", "-o",
                     str(tmp_path / "bf16.so"), str(tmp_path / "bf16.c")], check=True, capture_output=True, timeout=120)
     library = ctypes.CDLL(str(tmp_path / "bf16.so"))
@@ -117,3 +170,5 @@ def test_bf16_path_computes_the_product_with_emulated_intrinsics(runtime_source,
         exact = a.astype(np.float64) @ b.astype(np.float64)
         bound = k * 2.0 ** -23 * (np.abs(a).astype(np.float64) @ np.abs(b).astype(np.float64)) + 1e-30
         assert np.all(np.abs(c - exact) <= bound), (m, n, k, transposed)
+    if amx:
+        assert ctypes.c_long.in_dll(library, "sg_emulated_tile_products").value > 0, "the AMX path never ran"
