@@ -137,9 +137,10 @@ static inline void sg_emulated_dpbf16(int c, int a, int b)
 def test_bf16_path_computes_the_product_with_emulated_intrinsics(runtime_source, tmp_path, path):
     """The AVX512_BF16 path, and the AMX one, built with scalar stand-ins for their intrinsics and
     run: edges of the 8 x 32 register tile and of AMX's 32 x 32 block in M and N, an odd K (its
-    last pair padded), K = 0, A read transposed, K in more than one chunk (SG_BF16_KC pairs) and
-    past a tile's 16 pairs, M in more than one block. Each result is within float32's rounding of
-    the exact sum of the bfloat16 products."""
+    last pair padded), K = 0, A and B each read as stored and transposed (the packing's vector
+    paths and their remainders), K in more than one chunk (SG_BF16_KC pairs) and past a tile's 16
+    pairs, M in more than one block. Each result is within float32's rounding of the exact sum of
+    the bfloat16 products."""
     from symgrad.backends.build import runtime
     gcc = shutil.which("gcc")
     if gcc is None:
@@ -157,18 +158,21 @@ def test_bf16_path_computes_the_product_with_emulated_intrinsics(runtime_source,
     gemm.argtypes, gemm.restype = [i64, i64, i64, ptr, i64, i64, ptr, i64, i64, ptr, ptr, ptr, ptr], ctypes.c_int
     scratch_bytes.argtypes, scratch_bytes.restype = [i64] * 4, i64
     rng = np.random.default_rng(39)
-    for m, n, k, transposed in ((13, 45, 37, False), (8, 32, 2, False), (1, 1, 1, False), (17, 70, 64, True),
-                                (5, 3, 0, False), (150, 40, 301, False), (70, 33, 520, True)):
+    for m, n, k, transposed, b_transposed in ((13, 45, 37, False, False), (8, 32, 2, False, True), (1, 1, 1, False, False),
+                                              (17, 70, 64, True, False), (5, 3, 0, False, False),
+                                              (150, 40, 301, False, True), (70, 33, 520, True, True)):
         a, b = (rng.standard_normal(s).astype(ml_dtypes.bfloat16).astype(np.float32) for s in ((m, k), (k, n)))
         stored = np.ascontiguousarray(a.T) if transposed else a
         sam, sak = (1, m) if transposed else (k, 1)
+        b_stored = np.ascontiguousarray(b.T) if b_transposed else b
+        sbk, sbn = (1, k) if b_transposed else (n, 1)
         c = np.full((m, n), np.nan, np.float32)
         threads = runtime.team_size()  # the team's: $OMP_NUM_THREADS, else at least the CPUs it may use
         scratch = np.zeros(scratch_bytes(m, n, k, threads) + 64, np.uint8)
         at = scratch.ctypes.data + (-scratch.ctypes.data) % 64
-        assert gemm(m, n, k, stored.ctypes.data, sam, sak, b.ctypes.data, n, 1, c.ctypes.data, None, None, at) == 0
+        assert gemm(m, n, k, stored.ctypes.data, sam, sak, b_stored.ctypes.data, sbk, sbn, c.ctypes.data, None, None, at) == 0
         exact = a.astype(np.float64) @ b.astype(np.float64)
         bound = k * 2.0 ** -23 * (np.abs(a).astype(np.float64) @ np.abs(b).astype(np.float64)) + 1e-30
-        assert np.all(np.abs(c - exact) <= bound), (m, n, k, transposed)
+        assert np.all(np.abs(c - exact) <= bound), (m, n, k, transposed, b_transposed)
     if amx:
         assert ctypes.c_long.in_dll(library, "sg_emulated_tile_products").value > 0, "the AMX path never ran"
