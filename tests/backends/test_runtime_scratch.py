@@ -158,6 +158,16 @@ def test_the_bfloat16_gemm_stays_within_the_scratch_it_reports(lib):
     _run(lib, "sg_gemm_bf16", m, n, k, call)
 
 
+@pytest.mark.parametrize("function", ["sg_gemm_f32", "sg_gemm_bf16"])
+def test_the_bytes_for_a_team_cover_every_smaller_team(function):
+    """A program sizes its region for its team; a later call on fewer threads (set_threads) must
+    fit in it: the bytes reported never shrink as the team grows. (The bfloat16 GEMM's blocks get
+    fewer tiles on a bigger team: its per-thread rows are sized for the most any team takes.)"""
+    for m, n, k in ((8, 32, 64), (40, 70, 128), (136, 32, 128), (300, 64, 96), (1024, 384, 384)):
+        sizes = [runtime.scratch_bytes(function, m, n, k, threads=t) for t in range(1, 9)]
+        assert all(a <= b for a, b in zip(sizes, sizes[1:])), (function, m, n, k, sizes)
+
+
 def _patches(images: np.ndarray, Ho: int, Wo: int) -> np.ndarray:
     """The patch matrix of a 3x3 stride-1 convolution of padded `images` (P, Ho + 2, Wo + 2, Q):
     rows (image, y, x), columns (ky, kx, channel)."""

@@ -5,6 +5,8 @@ lacks, so the wide tiles' edges are checked where CI runs, not only on a CPU tha
 
 from __future__ import annotations
 
+import platform
+
 import numpy as np
 import pytest
 
@@ -16,6 +18,7 @@ from symgrad.backends.build.vector_width import DEFINE, vector_bytes, vector_fla
 pytest.importorskip("symgrad.backends.c")
 
 AVX2 = ["-O3", "-march=x86-64-v3", "-fopenmp", "-std=c11", "-fno-math-errno", "-fno-trapping-math"]
+x86 = pytest.mark.skipif(platform.machine() not in ("x86_64", "AMD64"), reason="x86-64 -march levels")
 
 
 @pytest.fixture
@@ -55,12 +58,14 @@ def test_64_bytes_where_they_multiply_add_at_least_half_again_as_fast(fresh, mon
     assert list((fresh / "vector_width").glob("*.json")), "nothing kept in the cache"
 
 
+@x86
 def test_flags_without_64_byte_registers_measure_nothing(fresh):
     """x86-64-v3 has no AVX-512: the probe builds and says there is no choice to make."""
     assert vector_width.measure(AVX2) is None
     assert vector_bytes(AVX2) == 32
 
 
+@x86
 @pytest.mark.parametrize("march, defines, lanes", [("x86-64", [], 4), ("x86-64-v3", [], 8), ("x86-64-v4", [], 8),
                                                    ("x86-64-v4", [DEFINE], 16), ("x86-64-v3", [DEFINE], 16)])
 def test_the_define_sets_the_lanes_of_every_kernel_vector(tmp_path, march, defines, lanes):

@@ -111,8 +111,8 @@ class Target:
 #: AVX2) hold a 6-row tile: 12 accumulators, 2 B vectors and a broadcast (SSE2: plus the product,
 #: having no FMA); AVX-512VL's 32 hold 8 rows (model B's step 6% faster on Zen 4) and two vectors of
 #: rows in the tn kernel (24 accumulators). AVX-512 keeps 32-byte vectors unless the machine's
-#: 64-byte FMAs are twice as fast (Zen 4 splits 64-byte ones; Intel's server cores have two 512-bit
-#: units): then the build defines SG_VECTOR_BYTES=64 (symgrad.backends.build.vector_width), the
+#: 64-byte FMAs run at least 1.5x the 32-byte rate (Zen 4 splits 64-byte ones; Intel's server cores
+#: have two 512-bit units: 1.84x measured on one): then the build defines SG_VECTOR_BYTES=64 (symgrad.backends.build.vector_width), the
 #: same tiles in 64-byte vectors. Fused attention's tile has 8 rows (16 accumulators) on AVX-512
 #: and 4 (8) on 16 registers.
 TARGETS = (
@@ -221,7 +221,8 @@ def _checksum(texts: dict) -> str:
 def default_flags() -> list[str]:
     """The flags programs and the runtime are built with by default: the compiler's
     (`cache.default_flags()`: $SYMGRAD_CFLAGS, else DEFAULT_FLAGS) and this machine's vector width
-    (`-DSG_VECTOR_BYTES=64` where its 64-byte multiply-adds are twice as fast: vector_width)."""
+    (`-DSG_VECTOR_BYTES=64` where its 64-byte multiply-adds run at least 1.5x the 32-byte rate:
+    vector_width)."""
     flags = cache.default_flags()
     return flags + vector_flags(flags)
 

@@ -1,5 +1,6 @@
 """The width of the vectors the kernels are tiled in on this machine: 64 bytes where its 512-bit
-multiply-adds run at twice the rate of 256-bit ones, else the target's own (32 on AVX2 and AVX-512).
+multiply-adds run at least 1.5x the rate of 256-bit ones, else the target's own (32 on AVX2 and
+AVX-512).
 
     vector_flags(flags) -> ["-DSG_VECTOR_BYTES=64"] or []     (runtime.default_flags adds it)
     vector_bytes(flags) -> 64 or 32                           measured once, kept in the cache
@@ -10,10 +11,13 @@ a 64-byte multiply-add is one operation or two: Intel's server cores have two 51
 (64-byte vectors: twice the float32 rate, and a GPT step 0.77x the time), while AMD's Zen 4
 splits each 64-byte operation in two (no faster, and a tile twice as wide for the same work).
 So it is measured, not looked up by CPU name: a microbenchmark (templates/runtime/vector_width.c.j2),
-built with the programs' flags, times chains of 64- and 32-byte FMAs on one thread, and 64 bytes
-are chosen where they run at least `WIDE_GAIN` times the 32-byte rate. The choice is kept as
-`<cache>/vector_width/<key>.json`, the key the CPU, the compiler and the flags (about 0.2 s once,
-mostly the compiler), and is one of a program's flags, so it is part of every build's key.
+built with the programs' flags (at -O2 whatever their level: the loop must be its FMAs), times
+chains of 64- and 32-byte FMAs on one thread, and 64 bytes are chosen where they run at least
+`WIDE_GAIN` times the 32-byte rate; flags for AVX-512 on a CPU without it measure nothing. The
+choice is kept as `<cache>/vector_width/<key>.json`, the key the CPU, the compiler, the flags and
+the rule (about 0.1 s once, mostly the compiler; delete the file, or call `vector_bytes(flags,
+refresh=True)`, to measure again), and is one of a program's flags, so it is part of every
+build's key. Flags given to a build explicitly (`flags=`) are used as they are.
 
 `$SYMGRAD_VECTOR_BYTES` chooses without measuring: 64, or 32 for the target's own width (64 on a
 machine without AVX-512 computes the same numbers, slowly: each vector is two or four registers).
@@ -67,7 +71,7 @@ def vector_bytes(flags: list[str], refresh: bool = False) -> int:
     32-byte ones on this CPU, else 32: kept in the cache, else measured now and kept. A compiler
     that cannot build the probe gives 32 (the compiler's own check says what is wrong)."""
     try:
-        key = dict(format=FORMAT, cpu=_host_cpu(), compiler=compiler_identity(), flags=list(flags))
+        key = dict(format=FORMAT, gain=WIDE_GAIN, cpu=_host_cpu(), compiler=compiler_identity(), flags=list(flags))
     except CompilerNotFound:
         return 32
     path = cache_dir() / "vector_width" / f"{sha256_json(key)[:32]}.json"
@@ -97,7 +101,8 @@ def measure(flags: list[str]) -> dict[int, float] | None:
     with tempfile.TemporaryDirectory(prefix="symgrad-vector-width-") as tmp:
         source, library = Path(tmp) / "vector_width.c", Path(tmp) / "vector_width.so"
         source.write_text(render("runtime/vector_width.c.j2", widths=widths))
-        done = subprocess.run([*compiler_command(), *flags, "-fPIC", "-shared", str(source), "-o", str(library),
+        probe_flags = [flag for flag in flags if not flag.startswith("-O")] + ["-O2"]
+        done = subprocess.run([*compiler_command(), *probe_flags, "-fPIC", "-shared", str(source), "-o", str(library),
                                *openmp_link(flags)], capture_output=True, text=True, timeout=120)
         if done.returncode != 0 or not library.is_file():
             raise RuntimeError(f"the vector width probe did not build: {done.stderr.strip()[-300:]}")

@@ -16,7 +16,7 @@ import symgrad as sg
 from conftest import BACKENDS
 from torch_models import GPT, GPTConfig
 
-STEPS, BATCH, T = 10, 3, 8
+STEPS, BATCH, T, LR = 10, 3, 8, 3e-3
 
 
 def _batches(config, count, batch=BATCH, seed=0):
@@ -37,7 +37,7 @@ def gpt():
     config = GPTConfig()
     model = GPT(config)
     untrained = copy.deepcopy(model)
-    optimizer = model.configure_optimizers(weight_decay=0.1, learning_rate=3e-3, betas=(0.9, 0.95),
+    optimizer = model.configure_optimizers(weight_decay=0.1, learning_rate=LR, betas=(0.9, 0.95),
                                            device_type="cpu")
     batches = _batches(config, STEPS)
     B = torch.export.Dim("B")
@@ -110,15 +110,24 @@ def test_ten_steps_beside_torch(gpt, trained, backend):
 
 def test_trained_weights_go_back_into_torch(gpt, trained):
     """load_state_dict of the imported model's state_dict into the torch model, as torch's own:
-    the values the C step trained, within float32 rounding of torch's own training."""
+    the values the C step trained, within float32 rounding of torch's own training. Except the
+    key third of c_attn's bias: a key bias adds one number to every score of a query's row, which
+    softmax ignores, so its gradient is zero in exact arithmetic and each side's rounding noise,
+    amplified by AdamW to +-lr a step, decides it (seen: 4.9e-7 against -9.5e-6). Those elements
+    are held to what any noise can do: within STEPS x lr of their initial values."""
     backend = BACKENDS[:2][-1]
     back = copy.deepcopy(gpt["untrained"])
     back.load_state_dict(trained[backend]["state"])
     assert back.transformer.wte.weight is back.lm_head.weight
+    C = gpt["config"].n_embd
     for name, value in back.state_dict().items():
-        np.testing.assert_array_equal(value.numpy(), trained[backend]["state"][name].numpy(), err_msg=name)
-        np.testing.assert_allclose(value.numpy(), gpt["model"].state_dict()[name].numpy(), rtol=1e-3, atol=1e-5,
-                                   err_msg=name)
+        ours, theirs = value.numpy(), gpt["model"].state_dict()[name].numpy()
+        np.testing.assert_array_equal(ours, trained[backend]["state"][name].numpy(), err_msg=name)
+        if name.endswith("attn.c_attn.bias"):
+            initial = gpt["untrained"].state_dict()[name].numpy()
+            assert np.all(np.abs(ours[C:2 * C] - initial[C:2 * C]) <= STEPS * LR * 1.01), name
+            ours, theirs = np.delete(ours, np.s_[C:2 * C]), np.delete(theirs, np.s_[C:2 * C])
+        np.testing.assert_allclose(ours, theirs, rtol=1e-3, atol=1e-5, err_msg=name)
 
 
 def test_one_graph_takes_any_batch(gpt, trained):
