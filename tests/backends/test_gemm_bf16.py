@@ -140,7 +140,7 @@ def test_bf16_path_computes_the_product_with_emulated_intrinsics(runtime_source,
     last pair padded), K = 0, A and B each read as stored and transposed (the packing's vector
     paths and their remainders), K in more than one chunk (SG_BF16_KC pairs) and past a tile's 16
     pairs, M in more than one block. Each result is within float32's rounding of the exact sum of
-    the bfloat16 products."""
+    the bfloat16 products; floats that are not bfloat16 values are rounded as a cast rounds them."""
     from symgrad.backends.build import runtime
     gcc = shutil.which("gcc")
     if gcc is None:
@@ -174,5 +174,21 @@ def test_bf16_path_computes_the_product_with_emulated_intrinsics(runtime_source,
         exact = a.astype(np.float64) @ b.astype(np.float64)
         bound = k * 2.0 ** -23 * (np.abs(a).astype(np.float64) @ np.abs(b).astype(np.float64)) + 1e-30
         assert np.all(np.abs(c - exact) <= bound), (m, n, k, transposed, b_transposed)
+    # Floats that are not bfloat16 values are rounded to nearest even as they are packed, as a cast
+    # rounds them (not cut to their high half); a NaN whose payload is all in the low half stays NaN.
+    m, n, k = 37, 40, 70
+    a, b = rng.standard_normal((m, k)).astype(np.float32), rng.standard_normal((k, n)).astype(np.float32)
+    a[3, 5] = np.array([0x7F800001], np.uint32).view(np.float32)[0]
+    c = np.full((m, n), np.nan, np.float32)
+    scratch = np.zeros(scratch_bytes(m, n, k, runtime.team_size()) + 64, np.uint8)
+    at = scratch.ctypes.data + (-scratch.ctypes.data) % 64
+    assert gemm(m, n, k, a.ctypes.data, k, 1, b.ctypes.data, n, 1, c.ctypes.data, None, None, at) == 0
+    with np.errstate(invalid="ignore"):  # the NaN's cast
+        rounded = [x.astype(ml_dtypes.bfloat16).astype(np.float64) for x in (a, b)]
+    exact = rounded[0] @ rounded[1]
+    bound = k * 2.0 ** -23 * (np.abs(rounded[0]) @ np.abs(rounded[1])) + 1e-30
+    assert np.isnan(c[3]).all() and np.isnan(exact[3]).all()
+    finite = np.arange(m) != 3
+    assert np.all(np.abs(c[finite] - exact[finite]) <= bound[finite])
     if amx:
         assert ctypes.c_long.in_dll(library, "sg_emulated_tile_products").value > 0, "the AMX path never ran"
