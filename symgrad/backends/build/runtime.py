@@ -112,9 +112,9 @@ class Target:
 #: having no FMA); AVX-512VL's 32 hold 8 rows (model B's step 6% faster on Zen 4) and two vectors of
 #: rows in the tn kernel (24 accumulators). AVX-512 keeps 32-byte vectors unless the machine's
 #: 64-byte FMAs run at least 1.5x the 32-byte rate (Zen 4 splits 64-byte ones; Intel's server cores
-#: have two 512-bit units: 1.84x measured on one): then the build defines SG_VECTOR_BYTES=64 (symgrad.backends.build.vector_width), the
-#: same tiles in 64-byte vectors. Fused attention's tile has 8 rows (16 accumulators) on AVX-512
-#: and 4 (8) on 16 registers.
+#: have two 512-bit units: 1.84x measured on one): then the build defines SG_VECTOR_BYTES=64
+#: (symgrad.backends.build.vector_width), the same tiles in 64-byte vectors. Fused attention's tile
+#: has 8 rows (16 accumulators) on AVX-512 and 4 (8) on 16 registers.
 TARGETS = (
     Target("AVX-512 at full width: 32 registers of 64 bytes", "SG_VECTOR_BYTES == 64", 64, 8, 2, 4, 8),
     Target("AVX-512VL: 32 vector registers", "defined(__AVX512VL__)", 32, 8, 2, 4, 8),
