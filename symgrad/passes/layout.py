@@ -153,11 +153,20 @@ def product_transposed(node: Value, uses: dict) -> Value | None:
     """transpose(a @ b) -> b^T @ a^T, the transpose swapping the last two axes of a product that
     nothing else reads: the GEMM stores the product in the layout its readers want (its operands'
     transposes are only strides), so a weight gradient, computed as x^T dy and handed back
-    transposed, reaches the optimizer's update in order instead of across the grain. Not for a
-    gathered operand (a convolution's patches, which the GEMM reads as they lie only as its first)."""
-    if node.op.name != "transpose" or node.inputs[0].op.name != "matmul" or uses.get(id(node.inputs[0])) != 1:
+    transposed, reaches the optimizer's update in order instead of across the grain. Casts read
+    only by the transpose's way down stay on top of the new product: under autocast the gradient
+    of a float32 weight is the float32 cast of its bfloat16 product's, transpose(cast(a @ b)). Not
+    for a gathered operand (a convolution's patches, which the GEMM reads as they lie only as its
+    first)."""
+    if node.op.name != "transpose":
         return None
-    product, n = node.inputs[0], node.ndim
+    casts, product = [], node.inputs[0]
+    while product.op.name == "cast" and uses.get(id(product)) == 1:
+        casts.append(product)
+        product = product.inputs[0]
+    if product.op.name != "matmul" or uses.get(id(product)) != 1:
+        return None
+    n = node.ndim
     swap = tuple(range(n - 2)) + (n - 1, n - 2)
     a, b = product.inputs
     if node.attrs["perm"] != swap or a.ndim != n or b.ndim != n or _gathered(a) or _gathered(b):
@@ -168,7 +177,10 @@ def product_transposed(node: Value, uses: dict) -> Value | None:
         cancelled = transpose_transpose(t)
         return t if cancelled is None else cancelled
 
-    return make(product.op, (transposed(b), transposed(a)), **product.attrs)
+    new = make(product.op, (transposed(b), transposed(a)), **product.attrs)
+    for cast in reversed(casts):  # innermost first
+        new = make(cast.op, (new,), **cast.attrs)
+    return new
 
 
 RULES = (sink_through_elementwise, sink_through_reduce, sink_through_window)

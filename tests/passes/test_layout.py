@@ -188,3 +188,22 @@ def test_a_product_read_only_transposed_is_computed_transposed():
     patches = sg.take(x, sg.constant(np.array([0, 2, 4, 1]), "int64"), axis=0)  # (4, 4) rows gathered
     gathered = sg.Graph([x], [sg.swapaxes(sg.swapaxes(patches, 0, 1) @ x[:4], 0, 1) * 2])
     assert "product_transposed" not in _fired(gathered)
+
+
+def test_a_product_read_transposed_through_casts_is_computed_transposed():
+    """Under autocast a float32 weight's gradient is transpose(cast(x^T @ dy)), the product of
+    bfloat16 operands cast back to float32: the product is computed transposed beneath the cast
+    (AdamW then reads the gradient in order; it read it a row apart per element, 5-10 GB/s, in the
+    bfloat16 GPT's step). Integer data: every bfloat16 sum is exact, in either layout."""
+    rng = np.random.default_rng(5)
+    x, dy, w = (sg.input(name, shape) for name, shape in (("x", (6, 4)), ("dy", (6, 5)), ("w", (5, 4))))
+    feed = [rng.integers(-3, 4, shape).astype(np.float32) for shape in ((6, 4), (6, 5), (5, 4))]
+    product = sg.swapaxes(x.astype("bfloat16"), 0, 1) @ dy.astype("bfloat16")  # (4, 5), bfloat16
+    step = sg.Graph([x, dy, w], [w - 0.5 * sg.swapaxes(product.astype("float32"), 0, 1)])
+    assert _fired(step).get("product_transposed") == 1
+    rewritten = _same_numbers(step, [x, dy, w], feed)
+    (matmul,) = [n for n in rewritten.nodes if n.op.name == "matmul"]
+    assert matmul.shape == (5, 4) and matmul.dtype == "bfloat16"
+    after = [n for n in rewritten.nodes if n.inputs and n.inputs[0] is matmul]  # the cast back, then w - ...
+    assert [n.op.name for n in after] == ["cast"]
+    assert not any(n.op.name == "transpose" and n.inputs[0] is after[0] for n in rewritten.nodes)
