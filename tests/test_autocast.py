@@ -17,6 +17,8 @@ import symgrad as sg
 from symgrad.ir import dtypes as D
 from symgrad.ir.autocast_graph import autocast_graph
 
+from helpers import c_build_options
+
 BF16 = ml_dtypes.bfloat16
 # bfloat16 keeps 8 significant bits: a result rounded once is within 2^-8 of its value relative
 # to it; a chain of a few rounded ops (and torch's own) within a few of those.
@@ -239,14 +241,73 @@ def test_train_step_autocast_against_torch(trained):
 
 
 def test_train_step_autocast_casts_each_parameter_once(trained):
+    """Each parameter is rounded to bfloat16 once a step: one cast, which its forward and backward
+    products share, or none where only bfloat16 GEMMs read it (the cast folded into them: they read
+    the float32 master weight and round it as they read it, backends/decide/half.py)."""
     step = trained[0]
     def leaf(v):  # through the copies a linear layer makes (W.T)
         return leaf(v.inputs[0]) if v.op.name in ("transpose", "reshape", "expand") else v
 
-    casts = [leaf(n.inputs[0]) for n in step.optimized.nodes if n.op.name == "cast" and n.dtype == "bfloat16"]
-    assert sorted(v.name for v in casts if v.op.name == "variable") == ["W1", "W2"]
+    nodes = step.optimized.nodes
+    casts = [leaf(n.inputs[0]) for n in nodes if n.op.name == "cast" and n.dtype == "bfloat16"]
+    cast = [v.name for v in casts if v.op.name == "variable"]
+    folded = {leaf(i).name for n in nodes if n.op.kind == "matmul" and n.attrs.get("operands") == "bfloat16"
+              for i in n.inputs if i.dtype == "float32" and leaf(i).op.name == "variable"}
+    assert len(cast) == len(set(cast)) and not set(cast) & folded, (cast, folded)
+    assert sorted(set(cast) | folded) == ["W1", "W2"]
+    assert folded, "W1's products are blocked GEMMs: its cast is folded into them"
     summary = str(step.report().summary)
     assert "mixed precision: " in summary and " to bfloat16 casts" in summary
+
+
+@pytest.fixture(scope="module", params=["", "avx2"])
+def folded_products(request):
+    """Products of operands cast to bfloat16 whose casts the C backend folds into the bfloat16 GEMM,
+    built for this machine (vdpbf16ps or AMX where it has AVX512_BF16, which round as they pack) and
+    for AVX2 (sg_gemm_f32, after rounding the float32 operands into scratch). A, B or both folded;
+    B transposed (a weight), A transposed and A a column slice (neither contiguous way round).
+
+    The operands are the integers +-1..3 moved by less than a quarter of bfloat16's ulp: rounded,
+    they are integers again and every sum is exact in any order, so the products equal NumPy's of
+    the integers bit for bit; read without rounding they would be off by about 1e-3."""
+    M, K, N = 20, 24, 40  # N past NARROW_N: the blocked GEMM, not a narrow kernel
+    rng = np.random.default_rng(7)
+
+    def near_integers(shape):
+        whole = rng.choice([-3.0, -2.0, -1.0, 1.0, 2.0, 3.0], size=shape)
+        return (whole + rng.uniform(-1, 1, shape) * 2.0 ** -9).astype(np.float32)
+
+    shapes = {"x1": (M, K), "w1": (N, K), "x2": (M, K), "w2": (N, K), "x3": (M, K), "w3": (N, K),
+              "x4": (K, M), "x5": (M, K + 8), "w5": (K, N)}
+    values = {name: near_integers(shape) for name, shape in shapes.items()}
+    values["x1"][3, 5] = np.nan  # rounding keeps a NaN: row 3 of the product is NaN
+    inputs = {name: sg.input(name, shape) for name, shape in shapes.items()}
+    b16 = {name: v.astype("bfloat16") for name, v in inputs.items()}
+    products = [b16["x1"] @ b16["w1"].T,             # both rounded
+                b16["x2"] @ (b16["w2"] * 2).T,       # A only: B is a product's bfloat16 result
+                (b16["x3"] * 2) @ b16["w3"].T,       # B only
+                b16["x4"].T @ b16["w3"].T,           # A transposed (w3's cast feeds two products)
+                b16["x5"][:, :K] @ b16["w5"]]        # A strided both ways
+    function = sg.function(list(inputs.values()), [p.astype("float32") for p in products], backend="c",
+                           **c_build_options(request.param))
+    whole = {name: np.rint(v) for name, v in values.items()}
+    expected = [whole["x1"] @ whole["w1"].T, whole["x2"] @ (2 * whole["w2"]).T, (2 * whole["x3"]) @ whole["w3"].T,
+                whole["x4"].T @ whole["w3"].T, whole["x5"][:, :K] @ whole["w5"]]
+    expected[0][3] = np.nan
+    return function, function(*values.values()), expected
+
+
+def test_casts_folded_into_bfloat16_products_round_as_the_casts_did(folded_products):
+    function, got, expected = folded_products
+    source = function.source
+    for name in ("sg_gemm_bf16_round_ab(", "sg_gemm_bf16_round_a(", "sg_gemm_bf16_round_b("):
+        assert name in source, name
+    # The casts left are those an elementwise op reads too (x3 * 2, w2 * 2): the others were folded.
+    cast = {n.inputs[0].name for n in function.optimized.nodes
+            if n.op.name == "cast" and n.dtype == "bfloat16" and n.inputs[0].op.name == "input"}
+    assert cast == {"x3", "w2"}, cast
+    for k, (ours, theirs) in enumerate(zip(got, expected)):
+        np.testing.assert_array_equal(ours, theirs.astype(np.float32), err_msg=f"product {k}")
 
 
 # ---- checkpoints -------------------------------------------------------------------------------

@@ -25,6 +25,7 @@ from .. import passes
 from ..ir.graph import Graph
 from ..ir.ops import label_checks
 from .decide import half
+from .kinds.matmul import bf16_gemm_applies
 from .lower import lowering
 from .build import program_cache
 from .build.cache import BuiltModule
@@ -86,6 +87,8 @@ def _stages(graph: Graph, language: Language, optimize: bool, timings: dict) -> 
         pass_report: dict = {}
         optimized = passes.optimize(graph, report=pass_report) if optimize else graph
         optimized = half.legalize(optimized)  # 16-bit floats: kernels compute in float32 (backends/decide/half.py)
+        # ... and the bfloat16 GEMMs round float32 operands themselves: the casts before them folded
+        optimized = half.fold_operand_casts(optimized, lambda node: bf16_gemm_applies(node, language))
     with timed(timings, "lower"):
         # variables: the given graph's, so every variable keeps its slot after the passes; fused
         # epilogues and gathered patches where the language builds them (its capabilities, read by decide).

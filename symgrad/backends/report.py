@@ -277,7 +277,7 @@ def _summary(program, plan, mp, parts: dict, times: dict, rows: list) -> Section
         binding += ", assumed: not called yet"
     lines = [f"{program.backend or 'native'} program: {before} nodes built, {after} after the passes, "
              f"{len(plan.kernels)} kernels [{binding}]"]
-    lines.extend(half.report_lines(program.graph, mp.bindings))  # casts and bytes of 16-bit floats, if any
+    lines.extend(half.report_lines(program.graph, mp.bindings, program.optimized))  # 16-bit floats' casts, bytes
     shown = [f"{name} {format_bytes(n)}" for name, n in parts.items() if n]
     lines.extend(_wrapped(f"step memory {format_bytes(sum(parts.values()))} at its peak: ", shown))
     bound = f"{mp.arena_bytes / mp.lower_bound_bytes:.2f}x" if mp.lower_bound_bytes else "1.00x"

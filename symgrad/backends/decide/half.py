@@ -77,6 +77,47 @@ def legalize(graph: Graph) -> Graph:
     return rebuild(graph, lambda node: _in_float32(node) if needs_legalize(node) else node)
 
 
+def fold_operand_casts(graph: Graph, bf16_gemm) -> Graph:
+    """`graph` with each cast to bfloat16 that only bfloat16 GEMMs read (directly or through movement
+    ops) folded into them: the products read the float32 values and round them as they read them
+    (the runtime's sg_gemm_bf16_round_*), the same numbers without the cast's pass over memory or
+    the buffer it kept from the forward to the backward (an autocast step's every weight and
+    GEMM input). Such a product is marked `operands="bfloat16"` (kinds.matmul.reads_bfloat16);
+    its float32 operands are the ones it rounds. `bf16_gemm(node)`: whether the language computes
+    the product `node` by the runtime's bfloat16 GEMM (kinds.matmul.bf16_gemm_applies)."""
+    casts = [n for n in graph.nodes if n.op.name == "cast" and n.dtype == "bfloat16" and n.inputs[0].dtype == "float32"]
+    if not casts:
+        return graph
+    users = graph.users
+    outputs = {id(v) for v in graph.outputs} | {id(v) for pair in graph.updates for v in pair}
+
+    def only_products(node: Value) -> bool:
+        """Whether every use of `node` is, through movement ops, an operand of a bfloat16 GEMM."""
+        if id(node) in outputs or not users[id(node)]:
+            return False
+        return all(only_products(u) if u.op.kind == MOVEMENT else
+                   u.op.kind == MATMUL and bf16_gemm(u) for u in users[id(node)])
+
+    folded = {id(n) for n in casts if only_products(n)}
+    if not folded:
+        return graph
+    mapping: dict[int, Value] = {}
+    for node in graph.nodes:  # inputs before users: each node's inputs are already mapped
+        inputs = tuple(mapping.get(id(i), i) for i in node.inputs)
+        if id(node) in folded:
+            mapping[id(node)] = inputs[0]
+        elif all(i is o for i, o in zip(inputs, node.inputs)):  # (== on values builds a graph)
+            continue
+        elif node.op.kind == MOVEMENT and any(i.dtype != o.dtype for i, o in zip(inputs, node.inputs)):
+            mapping[id(node)] = make(node.op, inputs, **node.attrs)  # moves a folded cast's float32 input
+        elif node.op.kind == MATMUL and any(i.dtype != o.dtype for i, o in zip(inputs, node.inputs)):
+            mapping[id(node)] = Value(node.op, inputs, {**node.attrs, "operands": "bfloat16"}, node.shape, node.dtype)
+        else:
+            mapping[id(node)] = Value(node.op, inputs, node.attrs, node.shape, node.dtype, node.effects)
+    new = lambda v: mapping.get(id(v), v)  # noqa: E731
+    return Graph(graph.inputs, [new(v) for v in graph.outputs], [(new(t), new(n)) for t, n in graph.updates])
+
+
 def refuse_half_leaves(graph: Graph, backend: str) -> None:
     """Raise TypeError naming the first input, variable or output of a 16-bit float: the native
     buffers of `backend` hold floats, so such values live only inside a compiled step."""
@@ -89,10 +130,11 @@ def refuse_half_leaves(graph: Graph, backend: str) -> None:
                                 f"and cast inside the graph, or use backend='numpy'")
 
 
-def report_lines(graph: Graph, bindings: dict) -> list[str]:
+def report_lines(graph: Graph, bindings: dict, optimized: Graph | None = None) -> list[str]:
     """The report's mixed-precision line: the casts to 16-bit floats in the graph as built (the
-    autocast policy's, and the user's), and the bytes its 16-bit values take against float32.
-    Empty for a graph with none."""
+    autocast policy's, and the user's), the operands of bfloat16 GEMMs that read float32 values
+    in the `optimized` graph (casts folded into them), and the bytes its 16-bit values take
+    against float32. Empty for a graph with none."""
     from ...ir import shapes as S
     from ...ir.registry import SOURCE
 
@@ -107,7 +149,10 @@ def report_lines(graph: Graph, bindings: dict) -> list[str]:
         return []
     back = sum(1 for n in graph.nodes if n.op.name == "cast" and D.is_half(n.inputs[0].dtype))
     inserted = ", ".join(f"{n} to {dtype}" for dtype, n in sorted(casts.items()))
-    return [f"mixed precision: {inserted or 'no'} casts, {back} back to wider floats; 16-bit values "
+    rounded = sum(1 for n in (optimized.nodes if optimized is not None else ()) if n.op.kind == MATMUL
+                  and n.attrs.get("operands") == "bfloat16" for i in n.inputs if i.dtype == "float32")
+    folded = f" ({rounded} GEMM operands read in float32 instead and rounded by the GEMM)" if rounded else ""
+    return [f"mixed precision: {inserted or 'no'} casts{folded}, {back} back to wider floats; 16-bit values "
             f"{_bytes(sixteen)} a step, {_bytes(sixteen)} saved against float32 in 16-bit storage "
             f"(the C kernels hold them in floats for now: 0 B saved in this program's memory)"]
 

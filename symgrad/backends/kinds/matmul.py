@@ -28,7 +28,7 @@ import sympy
 
 from ...ir import dtypes as D
 from ...ir import shapes as S
-from ...ir.registry import MATMUL
+from ...ir.registry import GATHER, MATMUL
 from ...ir.value import Value
 from ..build import runtime
 from ..decide import winograd
@@ -126,6 +126,32 @@ class MatmulKernel:
 
 
 
+def reads_bfloat16(node: Value) -> bool:
+    """Whether the product `node` is of bfloat16 operands: as built (autocast's casts before it), or
+    with those casts folded into it (backends/decide/half.py: it reads their float32 inputs and
+    rounds them, which its float32 operands then are)."""
+    return node.inputs[0].dtype == "bfloat16" or node.attrs.get("operands") == "bfloat16"
+
+
+def _narrow(node: Value) -> bool:
+    n = S.as_size(node.shape[-1])
+    return isinstance(n, int) and 1 <= n <= runtime.NARROW_N
+
+
+def bf16_gemm_applies(node: Value, language) -> bool:
+    """Whether `choose` gives the product `node` the bfloat16 GEMM on `language`: bfloat16
+    operands, neither of them a gather (which may be a convolution's patches), no implementation
+    ahead of it."""
+    if not reads_bfloat16(node) or "bf16 gemm" not in language.matmuls or "template gemm" in language.matmuls:
+        return False
+    for operand in node.inputs:  # a gather, through the moves patch_spec follows (and a cast the
+        while operand.op.name in ("reshape", "transpose", "cast"):  # fold may remove), may be patches
+            operand = operand.inputs[0]
+        if operand.op.kind == GATHER:
+            return False
+    return not (_narrow(node) and "narrow" in language.matmuls)
+
+
 def choose(graph, language, patches: frozenset, epilogued) -> dict:
     """id(matmul node) -> its implementation (IMPLEMENTATIONS) for `language`: the first it builds
     of those that fit the product, in this order. A convolution's patch operand read in place (a
@@ -136,18 +162,20 @@ def choose(graph, language, patches: frozenset, epilogued) -> dict:
         if node.op.kind != MATMUL:
             continue
         a, b = node.inputs
-        spec_a, n = patch_spec(a, patches), S.as_size(node.shape[-1])
+        spec_a = patch_spec(a, patches)
         if patch_spec(b, patches) is not None:
             fits = ["direct rows"] if id(node) not in epilogued else []
         elif spec_a is not None:
-            fits = (["winograd"] if id(node) not in epilogued and winograd.chosen(spec_a, n) else []) + ["patch gemm"]
+            by_winograd = id(node) not in epilogued and winograd.chosen(spec_a, S.as_size(node.shape[-1]))
+            fits = (["winograd"] if by_winograd else []) + ["patch gemm"]
         else:
-            narrow = isinstance(n, int) and 1 <= n <= runtime.NARROW_N
-            fits = ["template gemm", *(["narrow"] if narrow else []), *(["bf16 gemm"] if a.dtype == "bfloat16" else []),
-                    "gemm"]
+            fits = ["template gemm", *(["narrow"] if _narrow(node) else []),
+                    *(["bf16 gemm"] if reads_bfloat16(node) else []), "gemm"]
         impl = next((f for f in fits if f in language.matmuls), None)
         if impl is None:
             raise language.refusal(node, f"no {language.name} matmul as {' or '.join(fits) or 'its convolution'}")
+        if node.attrs.get("operands") == "bfloat16" and impl != "bf16 gemm":  # it would not round them
+            raise AssertionError(f"a product with casts folded into it is computed by {impl}, not the bf16 gemm")
         chosen[id(node)] = impl
     return chosen
 
@@ -166,11 +194,14 @@ def _unit(stride) -> bool:
     return isinstance(stride, (int, np.integer, sympy.Integer)) and int(stride) == 1
 
 
-def _function(impl: str, dtype: str, n, a: View) -> tuple[str, str]:
-    """The runtime function computing a product of implementation `impl` reading `a`, and its variant."""
+def _function(impl: str, dtype: str, n, a: View, rounds: str = "") -> tuple[str, str]:
+    """The runtime function computing a product of implementation `impl` reading `a`, and its variant;
+    `rounds`: the operands ("a", "b", "ab") a bfloat16 GEMM rounds (float32 values, a cast folded)."""
     suffix = runtime.GEMM[dtype]["suffix"] if dtype in runtime.GEMM else ""
     if impl == "narrow":
         return gemm_function(dtype, n, a.strides[0], a.strides[1])
+    if impl == "bf16 gemm" and rounds:
+        return f"sg_gemm_bf16_round_{rounds}", "gemm"
     if impl == "winograd":
         return f"sg_conv_winograd_{'grad_' if a.literal.transposed else ''}{suffix}", "gemm"
     return {"gemm": f"sg_gemm_{suffix}", "bf16 gemm": "sg_gemm_bf16", "patch gemm": f"sg_gemm_patches_{suffix}",
@@ -212,7 +243,8 @@ def lower(ctx, node: Value, epilogue_root: Value | None = None) -> View:
         operands, statements, result = ctx.fused_body(root, root.shape, {id(node): PRODUCT})
         lines += [st.line for st in statements]
         epilogue = dict(epilogue=operands, epilogue_statements=statements, epilogue_result=result)
-    function, variant = _function(impl, out.dtype, node.shape[-1], views[0])
+    rounds = "".join(name for name, v in zip("ab", (a, b)) if v.dtype != "bfloat16") if impl == "bf16 gemm" else ""
+    function, variant = _function(impl, out.dtype, node.shape[-1], views[0], rounds)
     ctx.emit(MatmulKernel(name, lines, views[0], views[1], out, node.shape[-2], node.shape[-1], a.shape[-1],
                           batch=batch, impl=impl, function=function, variant=variant, **epilogue))
     return buffer_view(out, root.shape)
