@@ -24,18 +24,20 @@
  *   t19: f32[784,B] = transpose[perm=(1,0)](x)
  *   t20: f32[] = (1.0)/t16
  *   t21: f32[] = neg(t20)
- *   t22: f32[B,10] = Piecewise((t21, Ne(t2, 0)), (0, True))
- *   t23: f32[B,1] = sum[axes=(1,), keepdims=True](t22)
- *   t24: f32[B,10] = t22 - t23*t7/t8
- *   t25: f32[784,10] = matmul(t19, t24)
- *   t26: f32[784,10] = mul(t18, t25)
- *   t27: f32[784,10] = sub(W, t26)
- *   t28: f32[10] = sum[axes=(0,), keepdims=False](t24)
- *   t29: f32[10] = mul(t18, t28)
- *   t30: f32[10] = sub(b, t29)
+ *   t22: i64[B,1] = reshape(y)
+ *   t23: bool[B,10] = equal(t22, t1)
+ *   t24: f32[B,10] = Piecewise((t21, Ne(t23, 0)), (0, True))
+ *   t25: f32[B,1] = sum[axes=(1,), keepdims=True](t24)
+ *   t26: f32[B,10] = t24 - t25*t7/t8
+ *   t27: f32[784,10] = matmul(t19, t26)
+ *   t28: f32[784,10] = mul(t18, t27)
+ *   t29: f32[784,10] = sub(W, t28)
+ *   t30: f32[10] = sum[axes=(0,), keepdims=False](t26)
+ *   t31: f32[10] = mul(t18, t30)
+ *   t32: f32[10] = sub(b, t31)
  *   return (t17,)
- *   update W <- t27
- *   update b <- t30
+ *   update W <- t29
+ *   update b <- t32
  * }
  *
  * Entry point: symgrad_run(dims, inputs, variables, outputs, workspace, offsets, context) returns SG_OK (0),
@@ -166,17 +168,18 @@ SG_KERNEL void k1_matmul_t3(int64_t d0, const float* restrict in0, const float* 
 /* t4: f32[B,10] = add(t3, b) */
 /* t20: f32[] = (1.0)/t16 */
 /* t21: f32[] = neg(t20) */
-/* t2: bool[B,10] = equal(t0, t1) */
-/* t22: f32[B,10] = Piecewise((t21, Ne(t2, 0)), (0, True)) */
+/* t23: bool[B,10] = equal(t22, t1) */
+/* t24: f32[B,10] = Piecewise((t21, Ne(t23, 0)), (0, True)) */
 /* t5: f32[B,1] = max[axes=(1,), keepdims=True](t4) */
-/* t23: f32[B,1] = sum[axes=(1,), keepdims=True](t22) */
+/* t25: f32[B,1] = sum[axes=(1,), keepdims=True](t24) */
 /* t6: f32[B,10] = sub(t4, t5) */
 /* t7: f32[B,10] = exp(t6) */
 /* t8: f32[B,1] = sum[axes=(1,), keepdims=True](t7) */
 /* t9: f32[B,1] = log(t8) */
+/* t2: bool[B,10] = equal(t0, t1) */
 /* t10: f32[B,10] = sub(t6, t9) */
 /* t11: f32[B,10] = where(t2, t10, 0) */
-/* t24: f32[B,10] = t22 - t23*t7/t8 */
+/* t26: f32[B,10] = t24 - t25*t7/t8 */
 /* t12: f32[] = sum[axes=(0,1), keepdims=False](t11) (this row's part) */
 SG_KERNEL void k2_rows_t5(int64_t d0, const float* restrict ws0, const int64_t* restrict in1, const float* restrict ws1, const float* restrict var1, float* restrict ws2, float* restrict ws3, float* restrict ws5, double* restrict ws4)
 {
@@ -184,9 +187,10 @@ SG_KERNEL void k2_rows_t5(int64_t d0, const float* restrict ws0, const int64_t* 
     for (int64_t o0 = 0; o0 < d0; ++o0) {
         const float u0 = 1.0f;  /* 1.0 */
         const float u1 = ws0[0];  /* t16 */
-        const int64_t u2 = in1[o0];  /* t0 */
-        const float u3 = 0.0f;  /* 0 */
-        /* pass 1 of 3 over the row: max p0, sum p1, store t22 */
+        const int64_t u2 = in1[o0];  /* t22 */
+        const int64_t u3 = in1[o0];  /* t0 */
+        const float u4 = 0.0f;  /* 0 */
+        /* pass 1 of 3 over the row: max p0, sum p1, store t24 */
         float a0 = -INFINITY;
         int a0_nan = 0;
         double a1 = 0;
@@ -198,12 +202,12 @@ SG_KERNEL void k2_rows_t5(int64_t d0, const float* restrict ws0, const int64_t* 
             const float t4 = v0 + v1;  /* t4: f32[B,10] = add(t3, b) */
             const float t20 = u0/u1;  /* t20: f32[] = (1.0)/t16 */
             const float t21 = -t20;  /* t21: f32[] = neg(t20) */
-            const uint8_t t2 = (uint8_t)((u2 == v2));  /* t2: bool[B,10] = equal(t0, t1) */
-            const float t22 = (((((float)t2) != 0.0f)) ? (t21) : (0.0f));  /* t22: f32[B,10] = Piecewise((t21, Ne(t2, 0)), (0, True)) */
+            const uint8_t t23 = (uint8_t)((u2 == v2));  /* t23: bool[B,10] = equal(t22, t1) */
+            const float t24 = (((((float)t23) != 0.0f)) ? (t21) : (0.0f));  /* t24: f32[B,10] = Piecewise((t21, Ne(t23, 0)), (0, True)) */
             a0 = t4 > a0 ? t4 : a0;  /* t5: f32[B,1] = max[axes=(1,), keepdims=True](t4) */
             a0_nan |= t4 != t4;  /* NaN propagates, as in NumPy */
-            a1 += (double)t22;  /* t23: f32[B,1] = sum[axes=(1,), keepdims=True](t22) */
-            ws2[o0 * 10 + c] = t22;  /* t22 */
+            a1 += (double)t24;  /* t25: f32[B,1] = sum[axes=(1,), keepdims=True](t24) */
+            ws2[o0 * 10 + c] = t24;  /* t24 */
         }
         const float p0 = (a0_nan ? NAN : a0);
         const float p1 = (float)(a1);
@@ -221,23 +225,23 @@ SG_KERNEL void k2_rows_t5(int64_t d0, const float* restrict ws0, const int64_t* 
         }
         const float p2 = (float)(a2);
         const float t9 = logf(p2);  /* t9: f32[B,1] = log(t8) */
-        /* pass 3 of 3 over the row: sum p3, store t24 */
+        /* pass 3 of 3 over the row: sum p3, store t26 */
         double a3 = 0;
         #pragma omp simd reduction(+:a3)
         for (int64_t c = 0; c < 10; ++c) {
             const int64_t v0 = c;  /* t1 */
             const float v1 = ws1[o0 * 10 + c];  /* t3 */
             const float v2 = var1[c];  /* b */
-            const float v3 = ws2[o0 * 10 + c];  /* t22 */
+            const float v3 = ws2[o0 * 10 + c];  /* t24 */
             const float v4 = ws3[o0 * 10 + c];  /* t7 */
-            const uint8_t t2 = (uint8_t)((u2 == v0));  /* t2: bool[B,10] = equal(t0, t1) */
+            const uint8_t t2 = (uint8_t)((u3 == v0));  /* t2: bool[B,10] = equal(t0, t1) */
             const float t4 = v1 + v2;  /* t4: f32[B,10] = add(t3, b) */
             const float t6 = t4 - p0;  /* t6: f32[B,10] = sub(t4, t5) */
             const float t10 = t6 - t9;  /* t10: f32[B,10] = sub(t6, t9) */
-            const float t11 = (((((float)t2) != 0.0f)) ? (t10) : (u3));  /* t11: f32[B,10] = where(t2, t10, 0) */
-            const float t24 = v3 - p1*v4/p2;  /* t24: f32[B,10] = t22 - t23*t7/t8 */
+            const float t11 = (((((float)t2) != 0.0f)) ? (t10) : (u4));  /* t11: f32[B,10] = where(t2, t10, 0) */
+            const float t26 = v3 - p1*v4/p2;  /* t26: f32[B,10] = t24 - t25*t7/t8 */
             a3 += (double)t11;  /* t12: f32[] = sum[axes=(0,1), keepdims=False](t11) (this row's part) */
-            ws5[o0 * 10 + c] = t24;  /* t24 */
+            ws5[o0 * 10 + c] = t26;  /* t26 */
         }
         const double p3 = a3;
         ws4[o0] = p3;  /* t12, per row */
@@ -261,8 +265,8 @@ SG_KERNEL void k3_div_t17(int64_t d0, const double* restrict ws4, const float* r
     out0[0] = t17;
 }
 
-/* t28: f32[10] = sum[axes=(0,), keepdims=False](t24) */
-SG_KERNEL void k4_sum_t28(int64_t d0, const float* restrict ws5, float* restrict ws6)
+/* t30: f32[10] = sum[axes=(0,), keepdims=False](t26) */
+SG_KERNEL void k4_sum_t30(int64_t d0, const float* restrict ws5, float* restrict ws6)
 {
     /* The kept axis is contiguous: add whole rows into a tile of accumulators (vectorizes),
        256 columns at a time, instead of walking each column down the rows. */
@@ -282,25 +286,25 @@ SG_KERNEL void k4_sum_t28(int64_t d0, const float* restrict ws5, float* restrict
     }
 }
 
-/* Also called for k7_sub_t27, the same code on their buffers and element counts */
+/* Also called for k7_sub_t29, the same code on their buffers and element counts */
 /* t18: f32[] = cast(lr) */
-/* t29: f32[10] = mul(t18, t28) */
-/* t30: f32[10] = sub(b, t29) */
-SG_KERNEL void k5_sub_t30(int64_t d0, const double* restrict var2, const float* restrict ws6, float* restrict var1, int64_t n)
+/* t31: f32[10] = mul(t18, t30) */
+/* t32: f32[10] = sub(b, t31) */
+SG_KERNEL void k5_sub_t32(int64_t d0, const double* restrict var2, const float* restrict ws6, float* restrict var1, int64_t n)
 {
     for (int64_t i0 = 0; i0 < n; ++i0) {
         const double v0 = var2[0];  /* lr */
-        const float v1 = ws6[i0];  /* t28 */
+        const float v1 = ws6[i0];  /* t30 */
         const float v2 = var1[i0];  /* b */
         const float t18 = (float)(v0);  /* t18: f32[] = cast(lr) */
-        const float t29 = t18*v1;  /* t29: f32[10] = mul(t18, t28) */
-        const float t30 = v2 - t29;  /* t30: f32[10] = sub(b, t29) */
-        var1[i0] = t30;
+        const float t31 = t18*v1;  /* t31: f32[10] = mul(t18, t30) */
+        const float t32 = v2 - t31;  /* t32: f32[10] = sub(b, t31) */
+        var1[i0] = t32;
     }
 }
 
-/* t25: f32[784,10] = matmul(t19, t24) */
-SG_KERNEL void k6_matmul_t25(int64_t d0, const float* restrict in0, const float* restrict ws5, float* restrict ws7, sg_context* context)
+/* t27: f32[784,10] = matmul(t19, t26) */
+SG_KERNEL void k6_matmul_t27(int64_t d0, const float* restrict in0, const float* restrict ws5, float* restrict ws7, sg_context* context)
 {
     /* a[784 x d0] read with strides (1, 784), b[d0 x 10] with (10, 1):
        a transposed operand is only a change of strides. */
@@ -320,12 +324,12 @@ int64_t symgrad_workspace_bytes(const int64_t* dims, int64_t* nbytes)
         const int64_t d0 = dims[0];
         nbytes[0] = 1 * (int64_t)sizeof(float);  /* ws0: t16 */
         nbytes[1] = (10*d0) * (int64_t)sizeof(float);  /* ws1: t3 */
-        nbytes[2] = (10*d0) * (int64_t)sizeof(float);  /* ws2: t22 */
+        nbytes[2] = (10*d0) * (int64_t)sizeof(float);  /* ws2: t24 */
         nbytes[3] = (10*d0) * (int64_t)sizeof(float);  /* ws3: t7 */
         nbytes[4] = d0 * (int64_t)sizeof(double);  /* ws4: t12 */
-        nbytes[5] = (10*d0) * (int64_t)sizeof(float);  /* ws5: t24 */
-        nbytes[6] = 10 * (int64_t)sizeof(float);  /* ws6: t28 */
-        nbytes[7] = 7840 * (int64_t)sizeof(float);  /* ws7: t25 */
+        nbytes[5] = (10*d0) * (int64_t)sizeof(float);  /* ws5: t26 */
+        nbytes[6] = 10 * (int64_t)sizeof(float);  /* ws6: t30 */
+        nbytes[7] = 7840 * (int64_t)sizeof(float);  /* ws7: t27 */
     }
     (void)dims;
     return 8;
@@ -348,7 +352,7 @@ int64_t symgrad_scratch_bytes(const int64_t* dims)
         const int64_t bytes = sg_gemm_dot5_f32_scratch_bytes(d0, 10, 784, threads);
         most = bytes > most ? bytes : most;
     }
-    {  /* k6_matmul_t25 */
+    {  /* k6_matmul_t27 */
         const int64_t bytes = sg_gemm_tn10_f32_scratch_bytes(784, 10, d0, threads);
         most = bytes > most ? bytes : most;
     }
@@ -391,12 +395,12 @@ int symgrad_run(const int64_t* dims, void** inputs, void** variables, void** out
     float* out0 = (float*)outputs[0];  /* output 0 */
     float* ws0 = (float*)(workspace + offsets[0]);  /* t16 */
     float* ws1 = (float*)(workspace + offsets[1]);  /* t3 */
-    float* ws2 = (float*)(workspace + offsets[2]);  /* t22 */
+    float* ws2 = (float*)(workspace + offsets[2]);  /* t24 */
     float* ws3 = (float*)(workspace + offsets[3]);  /* t7 */
     double* ws4 = (double*)(workspace + offsets[4]);  /* t12 */
-    float* ws5 = (float*)(workspace + offsets[5]);  /* t24 */
-    float* ws6 = (float*)(workspace + offsets[6]);  /* t28 */
-    float* ws7 = (float*)(workspace + offsets[7]);  /* t25 */
+    float* ws5 = (float*)(workspace + offsets[5]);  /* t26 */
+    float* ws6 = (float*)(workspace + offsets[6]);  /* t30 */
+    float* ws7 = (float*)(workspace + offsets[7]);  /* t27 */
     (void)dims; (void)inputs; (void)variables; (void)outputs; (void)workspace; (void)offsets;
     context->status = SG_OK;
     context->failed = NULL;
@@ -415,11 +419,11 @@ int symgrad_run(const int64_t* dims, void** inputs, void** variables, void** out
     if (context->status != SG_OK) return sg_stopped(context, "k1_matmul_t3");
     k2_rows_t5(d0, ws0, in1, ws1, var1, ws2, ws3, ws5, ws4);
     k3_div_t17(d0, ws4, ws0, out0);
-    k4_sum_t28(d0, ws5, ws6);
-    k5_sub_t30(d0, var2, ws6, var1, 10);
-    k6_matmul_t25(d0, in0, ws5, ws7, context);
-    if (context->status != SG_OK) return sg_stopped(context, "k6_matmul_t25");
-    k5_sub_t30(d0, var2, ws7, var0, 7840);  /* k7_sub_t27 */
+    k4_sum_t30(d0, ws5, ws6);
+    k5_sub_t32(d0, var2, ws6, var1, 10);
+    k6_matmul_t27(d0, in0, ws5, ws7, context);
+    if (context->status != SG_OK) return sg_stopped(context, "k6_matmul_t27");
+    k5_sub_t32(d0, var2, ws7, var0, 7840);  /* k7_sub_t29 */
     sg_team_end_call(context);
     return SG_OK;
 }
