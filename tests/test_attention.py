@@ -282,3 +282,32 @@ def test_rows_with_every_key_masked_get_zero_weights_as_torch(backend):
     for g, w in zip(got, want):
         np.testing.assert_allclose(g, w.numpy(), rtol=1e-12, atol=1e-14)
     assert not np.any(got[0][:, 1])   # the query that sees no key
+
+
+def test_a_cotangent_row_with_an_infinity_gives_nan_gradients_as_torch(backend):
+    """The gradient reads D_i = g_i . out_i for sum_j p_ij dp_ij (the two agree while finite). With
+    an infinity in g_i they part: torch's p_ij (dp_ij - D_i) is inf - inf, NaN for every key, where
+    g_i . out_i, an infinity of the other sign, left dq and dk infinite (the fuzzer found it: inf
+    against NaN). A D that is not finite is now NaN: the same gradients as torch's math attention,
+    NaN where its are, in float64, fused (no mask) and causal or not."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    rng = np.random.default_rng(8)
+    q, k, v, cot = (rng.standard_normal((2, 4, 3)) for _ in range(4))
+    cot[0, 1, 0] = np.inf    # batch 0: one row infinite in one component
+    cot[1, 2, 2] = -np.inf   # batch 1: another, of the other sign
+    Q, K, V, C = (sg.input(n, a.shape, dtype="float64") for n, a in zip("qkvc", (q, k, v, cot)))
+    outputs = []
+    for causal in (False, True):
+        y = sg.scaled_dot_product_attention(Q, K, V, is_causal=causal)
+        assert y.op.name == "attention"
+        outputs += sg.grad(sg.sum(y * C), [Q, K, V])
+    got = sg.function([Q, K, V, C], outputs, backend=backend)(q, k, v, cot)
+    want = []
+    for causal in (False, True):
+        tq, tk, tv = (torch.tensor(a, requires_grad=True) for a in (q, k, v))
+        with sdpa_kernel([SDPBackend.MATH]):
+            y = torch.nn.functional.scaled_dot_product_attention(tq, tk, tv, is_causal=causal)
+        want += torch.autograd.grad(y, [tq, tk, tv], torch.tensor(cot))
+    for g, w in zip(got, want):
+        np.testing.assert_allclose(g, w.numpy(), rtol=1e-12, atol=1e-14)
+    assert np.isnan(got[0][0, 1]).all() and np.isnan(got[1][0]).all()  # dq's row 1, all of dk: NaN

@@ -584,28 +584,6 @@ SG_KERNEL void k135_add_t182(int64_t d0, float* restrict var19, const float* res
 /* ---- translation unit 1 of 2 ---- */
 #if SG_IN_PART(1)
 
-/* t3: f32[B,8,32] = take[axis=0](transformer.wte.weight, idx) */
-SG_KERNEL void k0_take_t3(int64_t d0, const float* restrict var0, const int64_t* restrict in0, float* restrict ws0)
-{
-    const int64_t P = 1, I = (8*d0), Q = 32, R = 64;
-    const float* src = var0;
-    const int64_t* idx = in0;
-    /* out[p, i, q] = src[p, idx[i], q]: each (p, i) copies one row of Q. An index outside [0, R)
-       (the call checked them; this is only a guard) gives a row of zeros, never a read outside src. */
-    #pragma omp parallel for collapse(2) if(P * I * Q >= SG_PARALLEL_MIN)
-    for (int64_t p = 0; p < P; ++p) {
-        for (int64_t i = 0; i < I; ++i) {
-            const int64_t r = (int64_t)idx[i];
-            const int inside = r >= 0 && r < R;
-            const float* row = src + (p * R + (inside ? r : 0)) * Q;
-            float* dst = ws0 + (p * I + i) * Q;
-            for (int64_t q = 0; q < Q; ++q) {
-                dst[q] = inside ? row[q] : 0;
-            }
-        }
-    }
-}
-
 /* Also called for k129_copy, the same code on their buffers */
 /* make iota's operand contiguous: t4 */
 SG_KERNEL void k1_copy(int64_t d0, int64_t* restrict ws1)
@@ -614,6 +592,27 @@ SG_KERNEL void k1_copy(int64_t d0, int64_t* restrict ws1)
         const int64_t v0 = i0;  /* make iota's operand contiguous */
         const int64_t r = v0;  /* make iota's operand contiguous: t4 */
         ws1[i0] = r;
+    }
+}
+
+/* t5: f32[8,32] = take[axis=0](transformer.wpe.weight, t4) */
+SG_KERNEL void k2_take_t5(int64_t d0, const float* restrict var1, const int64_t* restrict ws1, float* restrict ws2)
+{
+    const int64_t P = 1, I = 8, Q = 32, R = 8;
+    const float* src = var1;
+    const int64_t* idx = ws1;
+    /* out[p, i, q] = src[p, idx[i], q]: each (p, i) copies one row of Q. An index outside [0, R)
+       (the call checked them; this is only a guard) gives a row of zeros, never a read outside src. */
+    for (int64_t p = 0; p < P; ++p) {
+        for (int64_t i = 0; i < I; ++i) {
+            const int64_t r = (int64_t)idx[i];
+            const int inside = r >= 0 && r < R;
+            const float* row = src + (p * R + (inside ? r : 0)) * Q;
+            float* dst = ws2 + (p * I + i) * Q;
+            for (int64_t q = 0; q < Q; ++q) {
+                dst[q] = inside ? row[q] : 0;
+            }
+        }
     }
 }
 
@@ -664,6 +663,28 @@ SG_KERNEL void k21_sqrt_t14(int64_t d0, const float* restrict ws0, const float* 
             const float t13 = t12 + ev1;  /* t13: f32[B,8,1] = add(t12, 1e-05) */
             const float t14 = sqrtf(t13);  /* t14: f32[B,8,1] = sqrt(t13) */
             ws5[o0 * 8 + o1] = t14;
+        }
+    }
+}
+
+/* t6: f32[B,8,32] = add(t3, t5) */
+/* t9: f32[B,8,32] = sub(t6, t8) */
+/* t165: f32[B,8,32] = div(t9, t14) */
+SG_KERNEL void k23_div_t165(int64_t d0, const float* restrict ws0, const float* restrict ws2, const float* restrict ws4, const float* restrict ws5, float* restrict ws7)
+{
+    #pragma omp parallel for if((256*d0) >= SG_PARALLEL_MIN)
+    for (int64_t i0 = 0; i0 < d0; ++i0) {
+        for (int64_t i1 = 0; i1 < 8; ++i1) {
+            for (int64_t i2 = 0; i2 < 32; ++i2) {
+                const float v0 = ws0[i0 * 256 + i1 * 32 + i2];  /* t3 */
+                const float v1 = ws2[i1 * 32 + i2];  /* t5 */
+                const float v2 = ws4[i0 * 8 + i1];  /* t8 */
+                const float v3 = ws5[i0 * 8 + i1];  /* t14 */
+                const float t6 = v0 + v1;  /* t6: f32[B,8,32] = add(t3, t5) */
+                const float t9 = t6 - v2;  /* t9: f32[B,8,32] = sub(t6, t8) */
+                const float t165 = t9/v3;  /* t165: f32[B,8,32] = div(t9, t14) */
+                ws7[i0 * 256 + i1 * 32 + i2] = t165;
+            }
         }
     }
 }
@@ -733,28 +754,6 @@ SG_KERNEL void k27_mul_t41(int64_t d0, const float* restrict ws0, const float* r
             const float ev0 = 0.03125f;  /* 1/32 */
             const float t41 = red*ev0;  /* t41: f32[B,8,1] = mul(t40, 1/32) */
             ws13[o0 * 8 + o1] = t41;
-        }
-    }
-}
-
-/* t6: f32[B,8,32] = add(t3, t5) */
-/* t39: f32[B,8,32] = add(t6, t38) */
-/* t42: f32[B,8,32] = sub(t39, t41) */
-SG_KERNEL void k28_sub_t42(int64_t d0, const float* restrict ws0, const float* restrict ws2, const float* restrict ws12, const float* restrict ws13, float* restrict ws14)
-{
-    #pragma omp parallel for if((256*d0) >= SG_PARALLEL_MIN)
-    for (int64_t i0 = 0; i0 < d0; ++i0) {
-        for (int64_t i1 = 0; i1 < 8; ++i1) {
-            for (int64_t i2 = 0; i2 < 32; ++i2) {
-                const float v0 = ws0[i0 * 256 + i1 * 32 + i2];  /* t3 */
-                const float v1 = ws2[i1 * 32 + i2];  /* t5 */
-                const float v2 = ws12[i0 * 256 + i1 * 32 + i2];  /* t38 */
-                const float v3 = ws13[i0 * 8 + i1];  /* t41 */
-                const float t6 = v0 + v1;  /* t6: f32[B,8,32] = add(t3, t5) */
-                const float t39 = t6 + v2;  /* t39: f32[B,8,32] = add(t6, t38) */
-                const float t42 = t39 - v3;  /* t42: f32[B,8,32] = sub(t39, t41) */
-                ws14[i0 * 256 + i1 * 32 + i2] = t42;
-            }
         }
     }
 }
@@ -1020,31 +1019,6 @@ SG_KERNEL void k44_sum_t540(int64_t d0, const float* restrict ws31, float* restr
     }
 }
 
-/* Also called for k76_sum_t133, the same code on their buffers */
-/* t108: f32[B,8,32] = div(t65, t70) */
-/* t115: f32[B,8,32] = mul(t114, transformer.ln_f.weight) */
-/* t116: f32[B,8,32] = -t108*t115/t70 */
-/* t117: f32[B,8,1] = sum[axes=(2,), keepdims=True](t116) */
-SG_KERNEL void k48_sum_t117(int64_t d0, const float* restrict ws21, const float* restrict ws22, const float* restrict ws31, const float* restrict var14, float* restrict ws33)
-{
-    #pragma omp parallel for if((256*d0) >= SG_PARALLEL_MIN)
-    for (int64_t o0 = 0; o0 < 8*d0; ++o0) {
-        double acc = 0;
-        #pragma omp simd reduction(+:acc)
-        for (int64_t r0 = 0; r0 < 32; ++r0) {
-            const float v0 = ws21[o0 * 32 + r0];  /* t65 */
-            const float v1 = ws22[o0];  /* t70 */
-            const float v2 = ws31[o0 * 32 + r0];  /* t114 */
-            const float v3 = var14[r0];  /* transformer.ln_f.weight */
-            const float t108 = v0/v1;  /* t108: f32[B,8,32] = div(t65, t70) */
-            const float t115 = v2*v3;  /* t115: f32[B,8,32] = mul(t114, transformer.ln_f.weight) */
-            const float t116 = -t115*t108/v1;  /* t116: f32[B,8,32] = -t108*t115/t70 */
-            acc += (double)t116;
-        }
-        ws33[o0] = (float)(acc);
-    }
-}
-
 /* t123: f32[8*B,128] = matmul(t122, transformer.h.0.mlp.c_proj.weight) */
 SG_KERNEL void k61_matmul_t123(int64_t d0, const float* restrict ws38, const float* restrict var12, float* restrict ws40, sg_context* context)
 {
@@ -1132,7 +1106,9 @@ static inline void k99_attention_grad_t143_rows(int64_t rows, int64_t i0, const 
         }
         m[r] = stats[h * T + i0 + r];
         l[r] = stats[(H + h) * T + i0 + r];
-        d[r] = row;
+        /* g . out is sum_j p_j (g . v_j) while finite; where it is not, torch's ds are NaN: row - row
+           is 0, or NaN for an infinity (no select: the loop stays as short as it was) */
+        d[r] = row + (row - row);
     }
 }
 
@@ -1289,6 +1265,28 @@ SG_KERNEL void k106_sum_t377(int64_t d0, const float* restrict ws62, float* rest
     }
 }
 
+/* t164: f32[B,8,32] = mul(t163, transformer.h.0.ln_1.weight) */
+/* t166: f32[B,8,32] = -t164*t165/t14 */
+/* t167: f32[B,8,1] = sum[axes=(2,), keepdims=True](t166) */
+SG_KERNEL void k115_sum_t167(int64_t d0, const float* restrict ws66, const float* restrict var2, const float* restrict ws5, const float* restrict ws7, float* restrict ws68)
+{
+    #pragma omp parallel for if((256*d0) >= SG_PARALLEL_MIN)
+    for (int64_t o0 = 0; o0 < 8*d0; ++o0) {
+        double acc = 0;
+        #pragma omp simd reduction(+:acc)
+        for (int64_t r0 = 0; r0 < 32; ++r0) {
+            const float v0 = ws66[o0 * 32 + r0];  /* t163 */
+            const float v1 = var2[r0];  /* transformer.h.0.ln_1.weight */
+            const float v2 = ws5[o0];  /* t14 */
+            const float v3 = ws7[o0 * 32 + r0];  /* t165 */
+            const float t164 = v0*v1;  /* t164: f32[B,8,32] = mul(t163, transformer.h.0.ln_1.weight) */
+            const float t166 = -t164*v3/v2;  /* t166: f32[B,8,32] = -t164*t165/t14 */
+            acc += (double)t166;
+        }
+        ws68[o0] = (float)(acc);
+    }
+}
+
 /* t224: f32[B,8,32] = mul(t165, transformer.h.0.ln_1.weight) */
 /* t225: f32[B,8,32] = add(t224, transformer.h.0.ln_1.bias) */
 SG_KERNEL void k119_add_t225(int64_t d0, const float* restrict ws7, const float* restrict var2, const float* restrict var3, float* restrict ws72)
@@ -1344,6 +1342,30 @@ SG_KERNEL void k127_scatter_add_t173(int64_t d0, const float* restrict ws75, con
     }
 }
 
+/* t199: f32[8,32] = scatter_add[axis=0, size=8](t198, t4) */
+SG_KERNEL void k130_scatter_add_t199(int64_t d0, const float* restrict ws77, const int64_t* restrict ws78, float* restrict ws79)
+{
+    const int64_t P = 1, I = 8, Q = 32, R = 8;
+    const float* src = ws77;
+    const int64_t* idx = ws78;
+    /* out[p, r, q] = 0, then out[p, idx[i], q] += src[p, i, q] with i in order (np.add.at's sums, bit
+       for bit). Threads split P only: no two add into one element. An index outside [0, R) adds nothing. */
+    memset(ws79, 0, (size_t)(P * R * Q) * sizeof(float));
+    for (int64_t p = 0; p < P; ++p) {
+        for (int64_t i = 0; i < I; ++i) {
+            const int64_t r = (int64_t)idx[i];
+            if (r < 0 || r >= R) {
+                continue;
+            }
+            const float* row = src + (p * I + i) * Q;
+            float* dst = ws79 + (p * R + r) * Q;
+            for (int64_t q = 0; q < Q; ++q) {
+                dst[q] += row[q];
+            }
+        }
+    }
+}
+
 /* t174: f32[64,32] = add(t112, t173) */
 /* t175: f32[64,32] = sub(t174, transformer.wte.weight.exp_avg) */
 /* t176: f32[64,32] = mul(0.09999999999999998, t175) */
@@ -1363,47 +1385,26 @@ SG_KERNEL void k134_add_t177(int64_t d0, const float* restrict ws30, const float
     }
 }
 
-/* t179: f32[64,32] = mul(0.95, transformer.wte.weight.exp_avg_sq) */
-/* t174: f32[64,32] = add(t112, t173) */
-/* t180: f32[64,32] = mul(t174, t174) */
-/* t181: f32[64,32] = mul(0.050000000000000044, t180) */
-/* t182: f32[64,32] = add(t179, t181) */
-SG_KERNEL void k135_add_t182(int64_t d0, float* restrict var19, const float* restrict ws30, const float* restrict ws76)
-{
-    for (int64_t i0 = 0; i0 < 2048; ++i0) {
-        const float v0 = 0.95f;  /* 0.95 */
-        const float v1 = var19[i0];  /* transformer.wte.weight.exp_avg_sq */
-        const float v2 = ws30[i0];  /* t112 */
-        const float v3 = ws76[i0];  /* t173 */
-        const float v4 = 0.05f;  /* 0.050000000000000044 */
-        const float t179 = v0*v1;  /* t179: f32[64,32] = mul(0.95, transformer.wte.weight.exp_avg_sq) */
-        const float t174 = v2 + v3;  /* t174: f32[64,32] = add(t112, t173) */
-        const float t180 = t174*t174;  /* t180: f32[64,32] = mul(t174, t174) */
-        const float t181 = v4*t180;  /* t181: f32[64,32] = mul(0.050000000000000044, t180) */
-        const float t182 = t179 + t181;  /* t182: f32[64,32] = add(t179, t181) */
-        var19[i0] = t182;
-    }
-}
-
 #endif  /* translation unit 1 */
 
 /* ---- translation unit 0 of 2: its kernel functions, then the entry point ---- */
 #if SG_IN_PART(0)
 
-/* t5: f32[8,32] = take[axis=0](transformer.wpe.weight, t4) */
-SG_KERNEL void k2_take_t5(int64_t d0, const float* restrict var1, const int64_t* restrict ws1, float* restrict ws2)
+/* t3: f32[B,8,32] = take[axis=0](transformer.wte.weight, idx) */
+SG_KERNEL void k0_take_t3(int64_t d0, const float* restrict var0, const int64_t* restrict in0, float* restrict ws0)
 {
-    const int64_t P = 1, I = 8, Q = 32, R = 8;
-    const float* src = var1;
-    const int64_t* idx = ws1;
+    const int64_t P = 1, I = (8*d0), Q = 32, R = 64;
+    const float* src = var0;
+    const int64_t* idx = in0;
     /* out[p, i, q] = src[p, idx[i], q]: each (p, i) copies one row of Q. An index outside [0, R)
        (the call checked them; this is only a guard) gives a row of zeros, never a read outside src. */
+    #pragma omp parallel for collapse(2) if(P * I * Q >= SG_PARALLEL_MIN)
     for (int64_t p = 0; p < P; ++p) {
         for (int64_t i = 0; i < I; ++i) {
             const int64_t r = (int64_t)idx[i];
             const int inside = r >= 0 && r < R;
             const float* row = src + (p * R + (inside ? r : 0)) * Q;
-            float* dst = ws2 + (p * I + i) * Q;
+            float* dst = ws0 + (p * I + i) * Q;
             for (int64_t q = 0; q < Q; ++q) {
                 dst[q] = inside ? row[q] : 0;
             }
@@ -1468,28 +1469,6 @@ SG_KERNEL void k22_add_t17(int64_t d0, const float* restrict ws0, const float* r
                 const float t16 = t15*v4;  /* t16: f32[B,8,32] = mul(t15, transformer.h.0.ln_1.weight) */
                 const float t17 = t16 + v5;  /* t17: f32[B,8,32] = add(t16, transformer.h.0.ln_1.bias) */
                 ws6[i0 * 256 + i1 * 32 + i2] = t17;
-            }
-        }
-    }
-}
-
-/* t6: f32[B,8,32] = add(t3, t5) */
-/* t9: f32[B,8,32] = sub(t6, t8) */
-/* t165: f32[B,8,32] = div(t9, t14) */
-SG_KERNEL void k23_div_t165(int64_t d0, const float* restrict ws0, const float* restrict ws2, const float* restrict ws4, const float* restrict ws5, float* restrict ws7)
-{
-    #pragma omp parallel for if((256*d0) >= SG_PARALLEL_MIN)
-    for (int64_t i0 = 0; i0 < d0; ++i0) {
-        for (int64_t i1 = 0; i1 < 8; ++i1) {
-            for (int64_t i2 = 0; i2 < 32; ++i2) {
-                const float v0 = ws0[i0 * 256 + i1 * 32 + i2];  /* t3 */
-                const float v1 = ws2[i1 * 32 + i2];  /* t5 */
-                const float v2 = ws4[i0 * 8 + i1];  /* t8 */
-                const float v3 = ws5[i0 * 8 + i1];  /* t14 */
-                const float t6 = v0 + v1;  /* t6: f32[B,8,32] = add(t3, t5) */
-                const float t9 = t6 - v2;  /* t9: f32[B,8,32] = sub(t6, t8) */
-                const float t165 = t9/v3;  /* t165: f32[B,8,32] = div(t9, t14) */
-                ws7[i0 * 256 + i1 * 32 + i2] = t165;
             }
         }
     }
@@ -1628,6 +1607,28 @@ SG_KERNEL void k26_add_t37(int64_t d0, const float* restrict ws9, const float* r
         ws9, 32, 1,
         var6, 1, 32,
         ws12, context, &epilogue, context->scratch);
+}
+
+/* t6: f32[B,8,32] = add(t3, t5) */
+/* t39: f32[B,8,32] = add(t6, t38) */
+/* t42: f32[B,8,32] = sub(t39, t41) */
+SG_KERNEL void k28_sub_t42(int64_t d0, const float* restrict ws0, const float* restrict ws2, const float* restrict ws12, const float* restrict ws13, float* restrict ws14)
+{
+    #pragma omp parallel for if((256*d0) >= SG_PARALLEL_MIN)
+    for (int64_t i0 = 0; i0 < d0; ++i0) {
+        for (int64_t i1 = 0; i1 < 8; ++i1) {
+            for (int64_t i2 = 0; i2 < 32; ++i2) {
+                const float v0 = ws0[i0 * 256 + i1 * 32 + i2];  /* t3 */
+                const float v1 = ws2[i1 * 32 + i2];  /* t5 */
+                const float v2 = ws12[i0 * 256 + i1 * 32 + i2];  /* t38 */
+                const float v3 = ws13[i0 * 8 + i1];  /* t41 */
+                const float t6 = v0 + v1;  /* t6: f32[B,8,32] = add(t3, t5) */
+                const float t39 = t6 + v2;  /* t39: f32[B,8,32] = add(t6, t38) */
+                const float t42 = t39 - v3;  /* t42: f32[B,8,32] = sub(t39, t41) */
+                ws14[i0 * 256 + i1 * 32 + i2] = t42;
+            }
+        }
+    }
 }
 
 /* t59: f32[8*B,32] = matmul(t57, t58) */
@@ -1802,6 +1803,31 @@ SG_KERNEL void k47_sub_t557(int64_t d0, const double* restrict var63, const doub
         const float t556 = t544/t555;  /* t556: f32[32] = div(t544, t555) */
         const float t557 = v8 - t556;  /* t557: f32[32] = sub(transformer.ln_f.bias, t556) */
         var15[i0] = t557;
+    }
+}
+
+/* Also called for k76_sum_t133, the same code on their buffers */
+/* t108: f32[B,8,32] = div(t65, t70) */
+/* t115: f32[B,8,32] = mul(t114, transformer.ln_f.weight) */
+/* t116: f32[B,8,32] = -t108*t115/t70 */
+/* t117: f32[B,8,1] = sum[axes=(2,), keepdims=True](t116) */
+SG_KERNEL void k48_sum_t117(int64_t d0, const float* restrict ws21, const float* restrict ws22, const float* restrict ws31, const float* restrict var14, float* restrict ws33)
+{
+    #pragma omp parallel for if((256*d0) >= SG_PARALLEL_MIN)
+    for (int64_t o0 = 0; o0 < 8*d0; ++o0) {
+        double acc = 0;
+        #pragma omp simd reduction(+:acc)
+        for (int64_t r0 = 0; r0 < 32; ++r0) {
+            const float v0 = ws21[o0 * 32 + r0];  /* t65 */
+            const float v1 = ws22[o0];  /* t70 */
+            const float v2 = ws31[o0 * 32 + r0];  /* t114 */
+            const float v3 = var14[r0];  /* transformer.ln_f.weight */
+            const float t108 = v0/v1;  /* t108: f32[B,8,32] = div(t65, t70) */
+            const float t115 = v2*v3;  /* t115: f32[B,8,32] = mul(t114, transformer.ln_f.weight) */
+            const float t116 = -t115*t108/v1;  /* t116: f32[B,8,32] = -t108*t115/t70 */
+            acc += (double)t116;
+        }
+        ws33[o0] = (float)(acc);
     }
 }
 
@@ -2050,28 +2076,6 @@ SG_KERNEL void k111_matmul_t162(int64_t d0, const float* restrict ws62, const fl
         ws66, context, NULL, context->scratch);
 }
 
-/* t164: f32[B,8,32] = mul(t163, transformer.h.0.ln_1.weight) */
-/* t166: f32[B,8,32] = -t164*t165/t14 */
-/* t167: f32[B,8,1] = sum[axes=(2,), keepdims=True](t166) */
-SG_KERNEL void k115_sum_t167(int64_t d0, const float* restrict ws66, const float* restrict var2, const float* restrict ws5, const float* restrict ws7, float* restrict ws68)
-{
-    #pragma omp parallel for if((256*d0) >= SG_PARALLEL_MIN)
-    for (int64_t o0 = 0; o0 < 8*d0; ++o0) {
-        double acc = 0;
-        #pragma omp simd reduction(+:acc)
-        for (int64_t r0 = 0; r0 < 32; ++r0) {
-            const float v0 = ws66[o0 * 32 + r0];  /* t163 */
-            const float v1 = var2[r0];  /* transformer.h.0.ln_1.weight */
-            const float v2 = ws5[o0];  /* t14 */
-            const float v3 = ws7[o0 * 32 + r0];  /* t165 */
-            const float t164 = v0*v1;  /* t164: f32[B,8,32] = mul(t163, transformer.h.0.ln_1.weight) */
-            const float t166 = -t164*v3/v2;  /* t166: f32[B,8,32] = -t164*t165/t14 */
-            acc += (double)t166;
-        }
-        ws68[o0] = (float)(acc);
-    }
-}
-
 /* t6: f32[B,8,32] = add(t3, t5) */
 /* t9: f32[B,8,32] = sub(t6, t8) */
 /* t164: f32[B,8,32] = mul(t163, transformer.h.0.ln_1.weight) */
@@ -2132,27 +2136,25 @@ SG_KERNEL void k128_sum_t198(int64_t d0, const float* restrict ws75, float* rest
     }
 }
 
-/* t199: f32[8,32] = scatter_add[axis=0, size=8](t198, t4) */
-SG_KERNEL void k130_scatter_add_t199(int64_t d0, const float* restrict ws77, const int64_t* restrict ws78, float* restrict ws79)
+/* t179: f32[64,32] = mul(0.95, transformer.wte.weight.exp_avg_sq) */
+/* t174: f32[64,32] = add(t112, t173) */
+/* t180: f32[64,32] = mul(t174, t174) */
+/* t181: f32[64,32] = mul(0.050000000000000044, t180) */
+/* t182: f32[64,32] = add(t179, t181) */
+SG_KERNEL void k135_add_t182(int64_t d0, float* restrict var19, const float* restrict ws30, const float* restrict ws76)
 {
-    const int64_t P = 1, I = 8, Q = 32, R = 8;
-    const float* src = ws77;
-    const int64_t* idx = ws78;
-    /* out[p, r, q] = 0, then out[p, idx[i], q] += src[p, i, q] with i in order (np.add.at's sums, bit
-       for bit). Threads split P only: no two add into one element. An index outside [0, R) adds nothing. */
-    memset(ws79, 0, (size_t)(P * R * Q) * sizeof(float));
-    for (int64_t p = 0; p < P; ++p) {
-        for (int64_t i = 0; i < I; ++i) {
-            const int64_t r = (int64_t)idx[i];
-            if (r < 0 || r >= R) {
-                continue;
-            }
-            const float* row = src + (p * I + i) * Q;
-            float* dst = ws79 + (p * R + r) * Q;
-            for (int64_t q = 0; q < Q; ++q) {
-                dst[q] += row[q];
-            }
-        }
+    for (int64_t i0 = 0; i0 < 2048; ++i0) {
+        const float v0 = 0.95f;  /* 0.95 */
+        const float v1 = var19[i0];  /* transformer.wte.weight.exp_avg_sq */
+        const float v2 = ws30[i0];  /* t112 */
+        const float v3 = ws76[i0];  /* t173 */
+        const float v4 = 0.05f;  /* 0.050000000000000044 */
+        const float t179 = v0*v1;  /* t179: f32[64,32] = mul(0.95, transformer.wte.weight.exp_avg_sq) */
+        const float t174 = v2 + v3;  /* t174: f32[64,32] = add(t112, t173) */
+        const float t180 = t174*t174;  /* t180: f32[64,32] = mul(t174, t174) */
+        const float t181 = v4*t180;  /* t181: f32[64,32] = mul(0.050000000000000044, t180) */
+        const float t182 = t179 + t181;  /* t182: f32[64,32] = add(t179, t181) */
+        var19[i0] = t182;
     }
 }
 
