@@ -153,9 +153,9 @@ def product_transposed(node: Value, uses: dict) -> Value | None:
     """transpose(a @ b) -> b^T @ a^T, the transpose swapping the last two axes of a product that
     nothing else reads: the GEMM stores the product in the layout its readers want (its operands'
     transposes are only strides), so a weight gradient, computed as x^T dy and handed back
-    transposed, reaches the optimizer's update in order instead of across the grain. Casts read
-    only by the transpose's way down stay on top of the new product: under autocast the gradient
-    of a float32 weight is the float32 cast of its bfloat16 product's, transpose(cast(a @ b)). Not
+    transposed, reaches the optimizer's update in order instead of across the grain. Casts between
+    the transpose and the product, each read once, are applied again to the new product: under
+    autocast a float32 weight's gradient is transpose(cast(a @ b)), its bfloat16 product's. Not
     for a gathered operand (a convolution's patches, which the GEMM reads as they lie only as its
     first)."""
     if node.op.name != "transpose":

@@ -79,8 +79,9 @@ def recomputable(graph: Graph, forward: set | None = None) -> set:
 def _chain_from_held(node: Value, held, elementwise) -> set | None:
     """ids of the forward-only elementwise values recomputed with `node` so that its copy reads only
     values the backward holds anyway (`held`), or None where that costs more than MAX_COST per
-    element or needs a value that is neither (a reshape in the chain is made again for nothing; a
-    transpose is not followed: the copy would read across the grain). A LayerNorm's output
+    element or needs a value that is neither (a reshape in the chain is made again with it, costing
+    nothing here, though a reshape of a strided view is a copy in the lowering; a transpose is not
+    followed: the copy would read across the grain). A LayerNorm's output
     `xhat * weight + bias` is one:
     the backward holds xhat for LayerNorm's own gradient, and the product `xhat * weight` is read
     by the forward alone; GELU's output is another, with no chain (its input is held)."""
@@ -89,8 +90,8 @@ def _chain_from_held(node: Value, held, elementwise) -> set | None:
         value = stack.pop()
         if id(value) in chain or held(value):
             continue
-        if value.op.name == "reshape":  # the same elements in the same order: free to make again
-            chain.add(id(value))        # (GELU's output reshaped, then cast by autocast)
+        if value.op.name == "reshape":  # a view of the same elements in order, as the lowering reads
+            chain.add(id(value))        # it (GELU's output reshaped, then cast by autocast)
             stack.extend(value.inputs)
             continue
         if not elementwise(value):

@@ -2778,7 +2778,8 @@ const float* qi = qh + i * q_row;
         for (int64_t e = 0; e < E; ++e) {
             row += gi[e] * oi[e];
         }
-        ws62[h * T + i] = row + (row - row);  /* an infinite D is NaN, as torch's ds are */
+        row = row + (row - row);  /* a D that is not finite is NaN, as torch's ds then are */
+        ws62[h * T + i] = row;
         float* dqi = ws61 + (h * T + i) * E;
         for (int64_t e = 0; e < E; ++e) {
             dqi[e] = 0;

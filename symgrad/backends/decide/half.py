@@ -109,12 +109,15 @@ def fold_operand_casts(graph: Graph, bf16_gemm) -> Graph:
         elif all(i is o for i, o in zip(inputs, node.inputs)):  # (== on values builds a graph)
             continue
         elif node.op.kind == MOVEMENT and any(i.dtype != o.dtype for i, o in zip(inputs, node.inputs)):
-            mapping[id(node)] = make(node.op, inputs, **node.attrs)  # moves a folded cast's float32 input
+            moved = make(node.op, inputs, **node.attrs)  # moves a folded cast's float32 input
+            mapping[id(node)] = Value(moved.op, moved.inputs, moved.attrs, moved.shape, moved.dtype, node.effects)
         elif node.op.kind == MATMUL and any(i.dtype != o.dtype for i, o in zip(inputs, node.inputs)):
-            mapping[id(node)] = Value(node.op, inputs, {**node.attrs, "operands": "bfloat16"}, node.shape, node.dtype)
+            mapping[id(node)] = Value(node.op, inputs, {**node.attrs, "operands": "bfloat16"}, node.shape, node.dtype,
+                                      node.effects)
         else:
             mapping[id(node)] = Value(node.op, inputs, node.attrs, node.shape, node.dtype, node.effects)
-    new = lambda v: mapping.get(id(v), v)  # noqa: E731
+    def new(v: Value) -> Value:
+        return mapping.get(id(v), v)
     return Graph(graph.inputs, [new(v) for v in graph.outputs], [(new(t), new(n)) for t, n in graph.updates])
 
 

@@ -134,6 +134,7 @@ def reads_bfloat16(node: Value) -> bool:
 
 
 def _narrow(node: Value) -> bool:
+    """Whether the product has few enough output columns, known, for a narrow kernel."""
     n = S.as_size(node.shape[-1])
     return isinstance(n, int) and 1 <= n <= runtime.NARROW_N
 
@@ -144,8 +145,10 @@ def bf16_gemm_applies(node: Value, language) -> bool:
     ahead of it."""
     if not reads_bfloat16(node) or "bf16 gemm" not in language.matmuls or "template gemm" in language.matmuls:
         return False
-    for operand in node.inputs:  # a gather, through the moves patch_spec follows (and a cast the
-        while operand.op.name in ("reshape", "transpose", "cast"):  # fold may remove), may be patches
+    # A gather, reached through the moves patch_spec follows (and a cast, which the fold may remove),
+    # may be read as a convolution's patches.
+    for operand in node.inputs:
+        while operand.op.name in ("reshape", "transpose", "cast"):
             operand = operand.inputs[0]
         if operand.op.kind == GATHER:
             return False
@@ -175,7 +178,8 @@ def choose(graph, language, patches: frozenset, epilogued) -> dict:
         if impl is None:
             raise language.refusal(node, f"no {language.name} matmul as {' or '.join(fits) or 'its convolution'}")
         if node.attrs.get("operands") == "bfloat16" and impl != "bf16 gemm":  # it would not round them
-            raise AssertionError(f"a product with casts folded into it is computed by {impl}, not the bf16 gemm")
+            raise RuntimeError(f"matmul {node.type_str}: casts to bfloat16 were folded into it, but {impl} "
+                               f"computes it, which does not round its operands (bf16_gemm_applies disagrees)")
         chosen[id(node)] = impl
     return chosen
 
