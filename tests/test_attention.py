@@ -312,3 +312,19 @@ def test_a_cotangent_row_with_an_infinity_gives_nan_gradients_as_torch(backend):
     for g, w in zip(got, want):
         np.testing.assert_allclose(g, w.numpy(), rtol=1e-12, atol=1e-14)
     assert np.isnan(got[0][0, 1]).all() and np.isnan(got[1][0]).all()  # dq's row 1, all of dk: NaN
+
+
+@pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning")
+def test_the_decomposed_gradient_takes_a_nonfinite_d_as_nan_too():
+    """attention_grad's decomposition (what a second derivative differentiates) gives what the op
+    gives, NaN where a cotangent row is infinite included: the same rule for D as the kernels."""
+    from symgrad.ir.ops_attention import attention_grad
+    rng = np.random.default_rng(9)
+    q, k, v, cot = (rng.standard_normal((2, 4, 3)) for _ in range(4))
+    cot[0, 1, 0] = np.inf
+    Q, K, V, C = (sg.input(n, a.shape, dtype="float64") for n, a in zip("qkvc", (q, k, v, cot)))
+    out = sg.scaled_dot_product_attention(Q, K, V)
+    node = attention_grad(Q, K, V, out, C, causal=False, scale=1 / np.sqrt(3))
+    fused, decomposed = sg.function([Q, K, V, C], [node, node.op.decompose(node)], backend="numpy")(q, k, v, cot)
+    assert np.isnan(fused[1, 0]).all()  # dk of batch 0
+    np.testing.assert_allclose(decomposed, fused, rtol=1e-12, atol=1e-14)
