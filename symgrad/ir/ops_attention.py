@@ -81,6 +81,14 @@ def _attention_numpy(args, node, env):
     return np.matmul(probabilities(q, k, node.attrs["causal"], node.attrs["scale"]), v).astype(q.dtype)
 
 
+# D_i = g_i . out_i stands for sum_j p_ij dp_ij, which it equals while both are finite. Where a
+# cotangent row holds an infinity they part: torch's sum_j p_ij dp_ij is then +-inf or NaN and
+# p_ij (dp_ij - D_i), infinite minus infinite, is NaN throughout the row, while g_i . out_i may be
+# an infinity of the other sign, which leaves infinities instead. So a D that is not finite is NaN
+# (here, in the decomposition below and in the C and CUDA kernels): the row's ds are NaN,
+# as torch's.
+
+
 def _attention_grad_numpy(args, node, env):
     q, k, v, out, g = args
     scale = q.dtype.type(node.attrs["scale"])
@@ -88,19 +96,11 @@ def _attention_grad_numpy(args, node, env):
     dv = np.matmul(np.swapaxes(p, -1, -2), g)
     dp = np.matmul(g, np.swapaxes(v, -1, -2))
     rows = (g * out).sum(axis=-1, keepdims=True)  # D_i = sum_j p_ij dp_ij, from the output
-    rows = np.where(np.isfinite(rows), rows, np.nan)  # a D that is not finite is NaN (see above)
+    rows = np.where(np.isfinite(rows), rows, np.nan)  # a D that is not finite is NaN (above)
     ds = p * (dp - rows) * scale
     dq = np.matmul(ds, k)
     dk = np.matmul(np.swapaxes(ds, -1, -2), q)
     return np.stack([dq, dk, dv]).astype(q.dtype)
-
-
-# D_i = g_i . out_i stands for sum_j p_ij dp_ij, which it equals while both are finite. Where a
-# cotangent row holds an infinity they part: torch's sum_j p_ij dp_ij is then +-inf or NaN and
-# p_ij (dp_ij - D_i), infinite minus infinite, is NaN throughout the row, while g_i . out_i may be
-# an infinity of the other sign, which leaves infinities instead. So a D that is not finite is NaN
-# (in _attention_grad_numpy, the decomposition and the C and CUDA kernels): the row's ds are NaN,
-# as torch's.
 
 
 def _attention_vjp(node, g, wants):
@@ -127,7 +127,7 @@ def _attention_grad_decomposed(node):
         scores = F.where(F.less_equal(col, row), scores, float("-inf"))
     p = F.softmax(scores, axis=-1)
     rows = F.sum(g * out, axis=-1, keepdims=True)
-    rows = F.where(F.less(F.abs(rows), float("inf")), rows, float("nan"))  # not finite: NaN (see above)
+    rows = F.where(F.less(F.abs(rows), float("inf")), rows, float("nan"))  # not finite: NaN (as the op)
     ds = p * (F.matmul(g, _swap(v)) - rows) * scale
     parts = (F.matmul(ds, k), F.matmul(_swap(ds), q), F.matmul(_swap(p), g))
     stacked = None  # [dq, dk, dv]: each embedded at its index of the new first axis, the three added

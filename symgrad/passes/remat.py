@@ -81,10 +81,9 @@ def _chain_from_held(node: Value, held, elementwise) -> set | None:
     values the backward holds anyway (`held`), or None where that costs more than MAX_COST per
     element or needs a value that is neither (a reshape in the chain is made again with it, costing
     nothing here, though a reshape of a strided view is a copy in the lowering; a transpose is not
-    followed: the copy would read across the grain). A LayerNorm's output
-    `xhat * weight + bias` is one:
-    the backward holds xhat for LayerNorm's own gradient, and the product `xhat * weight` is read
-    by the forward alone; GELU's output is another, with no chain (its input is held)."""
+    followed: the copy would read across the grain). A LayerNorm's output `xhat * weight + bias` is
+    one: the backward holds xhat for LayerNorm's own gradient, and the product `xhat * weight` is
+    read by the forward alone; GELU's output is another, with no chain (its input is held)."""
     chain, cost, stack = set(), expr_cost(node.op.expr), list(node.inputs)
     while stack:
         value = stack.pop()
