@@ -46,14 +46,17 @@ def test_bf16_k_loop_is_vdpbf16ps_in_registers(runtime_source):
 
 
 def test_with_amx_the_k_loop_is_four_tile_products(runtime_source):
-    """sapphirerapids (AMX): the AMX path's k loop loads two tiles of A's rows and two of B's
-    columns and multiplies them into the 2 x 2 tiles of sums (4 tdpbf16ps, 8192 multiply-adds
-    each); cooperlake (AVX512_BF16, no AMX) has no tile instruction at all."""
+    """sapphirerapids (AMX): each of the AMX path's k loops (a claim's whole blocks, chunk by
+    chunk; the blocks at C's edges) loads two tiles of A's rows and two of B's columns and
+    multiplies them into the 2 x 2 tiles of sums (4 tdpbf16ps, 8192 multiply-adds each), nothing
+    else loaded or stored; cooperlake (AVX512_BF16, no AMX) has no tile instruction at all."""
     asm = assembly(runtime_source, "sapphirerapids")
     loops = [loop for loop in innermost_loops(asm) if any("tdpbf16ps" in line for line in loop.lines)]
-    assert len(loops) == 1 and loops[0].function.startswith("sg_gemm_bf16_amx"), [loop.function for loop in loops]
-    instructions = [line.split()[0] for line in loops[0].lines if line.startswith("\t")]
-    assert instructions.count("tdpbf16ps") == 4 and instructions.count("tileloadd") == 4
+    assert loops and all(loop.function.startswith("sg_amx_rows") for loop in loops), [loop.function for loop in loops]
+    for loop in loops:
+        instructions = [line.split()[0] for line in loop.lines if line.startswith("\t")]
+        assert instructions.count("tdpbf16ps") == 4 and instructions.count("tileloadd") == 4, instructions
+        assert "tilestored" not in instructions, instructions
     assert "tdpbf16ps" not in assembly(runtime_source, "cooperlake")
 
 
@@ -138,8 +141,9 @@ def test_bf16_path_computes_the_product_with_emulated_intrinsics(runtime_source,
     """The AVX512_BF16 path, and the AMX one, built with scalar stand-ins for their intrinsics and
     run: edges of the 8 x 32 register tile and of AMX's 32 x 32 block in M and N, an odd K (its
     last pair padded), K = 0, A and B each read as stored and transposed (the packing's vector
-    paths and their remainders), K in more than one chunk (SG_BF16_KC pairs) and past a tile's 16
-    pairs, M in more than one block. Each result is within float32's rounding of the exact sum of
+    paths and their remainders), K in more than one chunk (SG_BF16_KC pairs, SG_AMX_KC) and past a
+    tile's 16 pairs, M in more than one block, and claims of several of AMX's 32-row blocks whose
+    last one is at M's edge. Each result is within float32's rounding of the exact sum of
     the bfloat16 products; floats that are not bfloat16 values are rounded as a cast rounds them."""
     from symgrad.backends.build import runtime
     gcc = shutil.which("gcc")
@@ -160,7 +164,8 @@ def test_bf16_path_computes_the_product_with_emulated_intrinsics(runtime_source,
     rng = np.random.default_rng(39)
     for m, n, k, transposed, b_transposed in ((13, 45, 37, False, False), (8, 32, 2, False, True), (1, 1, 1, False, False),
                                               (17, 70, 64, True, False), (5, 3, 0, False, False),
-                                              (150, 40, 301, False, True), (70, 33, 520, True, True)):
+                                              (150, 40, 301, False, True), (70, 33, 520, True, True),
+                                              (300, 70, 600, False, False)):
         a, b = (rng.standard_normal(s).astype(ml_dtypes.bfloat16).astype(np.float32) for s in ((m, k), (k, n)))
         stored = np.ascontiguousarray(a.T) if transposed else a
         sam, sak = (1, m) if transposed else (k, 1)
