@@ -3,7 +3,7 @@ the k loop gcc writes for an AVX512_BF16 target is vdpbf16ps on a register tile 
 the stack, with AMX it is four tile products, and a target without either keeps the float32 path.
 Read in the assembly, not run: this machine need not have AVX512_BF16 or AMX. Both paths' packing,
 tiles and edges are run on any machine with the intrinsics replaced by scalar C that follows
-Intel's definitions of vdpbf16ps and tdpbf16ps."""
+Intel's definitions of vdpbf16ps and tdpbf16ps; one large product runs on the runtime built here."""
 
 from __future__ import annotations
 
@@ -152,7 +152,9 @@ def test_bf16_path_computes_the_product_with_emulated_intrinsics(runtime_source,
     amx = path == "amx"
     (tmp_path / "immintrin.h").write_text(_EMULATED_INTRINSICS + (_EMULATED_AMX if amx else ""))
     (tmp_path / runtime.HEADER).write_text(runtime.header())
-    defines = "#define __AVX512F__ 1\n#define __AVX512BF16__ 1\n" + ("#define __AMX_BF16__ 1\n#define __AMX_TILE__ 1\n" if amx else "")
+    # AMX: B's panels past 64 KB (not 2 MB) take the chunked path, the two last products here
+    defines = "#define __AVX512F__ 1\n#define __AVX512BF16__ 1\n" + (
+        "#define __AMX_BF16__ 1\n#define __AMX_TILE__ 1\n#define SG_AMX_CACHED_B 65536\n" if amx else "")
     (tmp_path / "bf16.c").write_text(defines + runtime_source)
     subprocess.run([gcc, "-O1", "-fopenmp", "-fPIC", "-shared", "-Wno-psabi", f"-I{tmp_path}", "-o",
                     str(tmp_path / "bf16.so"), str(tmp_path / "bf16.c")], check=True, capture_output=True, timeout=120)
@@ -197,3 +199,28 @@ def test_bf16_path_computes_the_product_with_emulated_intrinsics(runtime_source,
     assert np.all(np.abs(c[finite] - exact[finite]) <= bound[finite])
     if amx:
         assert ctypes.c_long.in_dll(library, "sg_emulated_tile_products").value > 0, "the AMX path never ran"
+
+
+def test_the_runtime_built_here_computes_a_product_whose_b_passes_l2():
+    """The runtime as built for this machine (AMX, vdpbf16ps or the float32 GEMM, whichever it has)
+    on a product whose packed B (2.6 MB) passes SG_AMX_CACHED_B: on AMX, claims of several 32-row
+    blocks with k in chunks, and edges in M and N. Small integers are bfloat16 values and their sums
+    are exact in float32, so the product must equal NumPy's exactly."""
+    from test_runtime_scratch import Context
+
+    from symgrad.backends.build import runtime
+    library = ctypes.CDLL(str(runtime.build().library_path))
+    gemm, scratch_bytes = library.sg_gemm_bf16, library.sg_gemm_bf16_scratch_bytes
+    i64, ptr = ctypes.c_int64, ctypes.c_void_p
+    gemm.argtypes, gemm.restype = [i64, i64, i64, ptr, i64, i64, ptr, i64, i64, ptr, ptr, ptr, ptr], ctypes.c_int
+    scratch_bytes.argtypes, scratch_bytes.restype = [i64] * 4, i64
+    rng = np.random.default_rng(7)
+    m, k, n = 300, 2100, 600
+    a = rng.integers(-3, 4, (m, k)).astype(np.float32)
+    b = rng.integers(-3, 4, (k, n)).astype(np.float32)
+    c = np.full((m, n), np.nan, np.float32)
+    scratch = np.zeros(scratch_bytes(m, n, k, runtime.team_size()) + 64, np.uint8)
+    at = scratch.ctypes.data + (-scratch.ctypes.data) % 64
+    context = Context()
+    assert gemm(m, n, k, a.ctypes.data, k, 1, b.ctypes.data, n, 1, c.ctypes.data, ctypes.byref(context), None, at) == 0
+    np.testing.assert_array_equal(c, a @ b)
