@@ -1,6 +1,6 @@
 """symgrad's GEMM beside NumPy's BLAS and torch.mm, on the products the models compute.
 
-    python -m benchmarks.gemm [--threads 1,2] [--march x86-64-v3] [--quick] [--json PATH]
+    python -m benchmarks.gemm [--threads 1,2] [--march x86-64-v3] [--autocast bfloat16] [--quick] [--json PATH]
 
 For each thread count, a fresh process (thread pools read their size once, at load) builds one
 `sg.function` per product, then times symgrad, `numpy.matmul` (its BLAS) and `torch.mm` side by
@@ -10,6 +10,11 @@ step computes them: dX = dY @ W^T (W read transposed, no copy) and dW = X^T @ dY
 transposed), plus the square 1024 product. Each is reported in GFLOP/s (2·M·N·K per product)
 and as a fraction of the FMA peak measured in the same process: a loop of independent vector
 multiply-adds, compiled with the flags symgrad uses, run on every thread.
+
+`--autocast bfloat16`: the GPT benchmark's layers instead (384 channels, as benchmarks.gpt's
+nanoGPT config, and 768, as GPT-2 small), each product of float32 operands taken in bfloat16 with
+float32 sums and its result rounded to bfloat16: symgrad's built under `sg.autocast`, torch.mm
+under `torch.autocast("cpu")`. NumPy has no bfloat16 product; the ratio is symgrad's to torch's.
 """
 
 from __future__ import annotations
@@ -54,6 +59,8 @@ def _layer(name: str, batch: int, fan_in: int, fan_out: int) -> list[Product]:
 
 
 PRODUCTS = [*_layer("B", 128, 784, 256), *_layer("C", 512, 1024, 1024), Product("1024^3", 1024, 1024, 1024)]
+# --autocast: a GPT block's widest layer (C -> 4C) at two widths, 1024 and 4096 tokens a step
+GPT_PRODUCTS = [*_layer("GPT 384", 1024, 384, 1536), *_layer("GPT 768", 4096, 768, 3072)]
 
 #: Independent vector FMA chains per thread: more than latency x throughput (4 x 2 on Zen), so the
 #: loop runs at the FMA units' rate. Vectors as wide as symgrad's kernels use on the target
@@ -142,16 +149,43 @@ def runners(p: Product, rng) -> dict[str, Runner]:
             "torch": Runner(lambda: torch.mm(ta, tb), lambda out: float(out[0, 0]))}
 
 
-def worker(products: list[Product], plan: Plan) -> dict:
-    """Measure in this process (its thread count set at import): the peak, then each product."""
+def autocast_runners(p: Product, rng, dtype: str) -> dict[str, Runner]:
+    """symgrad and torch computing product `p` of float32 operands under autocast to `dtype`."""
+    import ml_dtypes
+    import numpy as np
+    import torch
+    import symgrad as sg
+    a, b = _operands(p, rng)
+    A, B = sg.input("a", a.shape), sg.input("b", b.shape)
+    with sg.autocast(dtype):
+        product = sg.matmul(sg.transpose(A) if p.a_t else A, sg.transpose(B) if p.b_t else B)
+    fn = sg.function([A, B], [sg.cast(product, "float32")], backend="c")  # a compiled output is float32
+    ta, tb = torch.from_numpy(a), torch.from_numpy(b)
+    ta, tb = (ta.t() if p.a_t else ta), (tb.t() if p.b_t else tb)
+
+    def torch_product():
+        with torch.autocast("cpu", dtype=getattr(torch, dtype)):
+            return torch.mm(ta, tb)
+    rounded = [x.astype(getattr(ml_dtypes, dtype)).astype(np.float64) for x in (a, b)]
+    expected = (rounded[0].T if p.a_t else rounded[0]) @ (rounded[1].T if p.b_t else rounded[1])
+    if not np.allclose(fn(a, b)[0], expected, rtol=1e-2, atol=1e-2 * np.sqrt(p.K)):
+        raise AssertionError(f"{p.label}: symgrad's {dtype} product differs from the exact one")
+    return {"symgrad": Runner(lambda: fn(a, b)[0], lambda out: float(out.reshape(-1)[0])),
+            "torch": Runner(torch_product, lambda out: float(out[0, 0]))}
+
+
+def worker(products: list[Product], plan: Plan, autocast: str | None = None) -> dict:
+    """Measure in this process (its thread count set at import): the peak, then each product
+    (`autocast`: under autocast to that dtype, symgrad and torch only)."""
     import numpy as np
     import torch
     torch.set_num_threads(THREADS)
     from symgrad.backends.build.runtime import default_flags
     rng = np.random.default_rng(0)
-    out = {"threads": THREADS, "flags": default_flags(), "peak_gflops": fma_peak(), "products": []}
+    out = {"threads": THREADS, "flags": default_flags(), "peak_gflops": fma_peak(), "autocast": autocast,
+           "products": []}
     for p in products:
-        timed = measure_side_by_side(runners(p, rng), plan)
+        timed = measure_side_by_side(autocast_runners(p, rng, autocast) if autocast else runners(p, rng), plan)
         row = {"label": p.label, "M": p.M, "K": p.K, "N": p.N}
         for name, result in timed.items():
             row[name] = p.flops / result["us_per_step"] / 1e3   # GFLOP/s
@@ -166,6 +200,14 @@ def render(runs: list[dict]) -> str:
     lines = []
     for run in runs:
         peak = run["peak_gflops"]
+        if run.get("autocast"):
+            lines += [f"{run['threads']} thread(s), flags {' '.join(run['flags'])}, under autocast to "
+                      f"{run['autocast']} (float32 FMA peak {peak:.1f} GFLOP/s)", "",
+                      "| product | M x K x N | symgrad | torch.mm | symgrad / torch |", "| --- | --- | --- | --- | --- |"]
+            lines += [f"| {row['label']} | {row['M']}x{row['K']}x{row['N']} | {row['symgrad']:.1f} | "
+                      f"{row['torch']:.1f} | {row['symgrad'] / row['torch']:.2f} |" for row in run["products"]]
+            lines.append("")
+            continue
         lines += [f"{run['threads']} thread(s), flags {' '.join(run['flags'])}, measured FMA peak "
                   f"{peak:.1f} GFLOP/s", "",
                   "| product | M x K x N | symgrad | numpy (BLAS) | torch.mm | symgrad / numpy | symgrad / peak |",
@@ -184,13 +226,15 @@ def main(argv=None) -> int:
     parser.add_argument("--threads", default="1,2", help="comma list of thread counts (default 1,2)")
     parser.add_argument("--march", help="build symgrad and the peak loop for this -march (e.g. x86-64-v3) "
                                         "instead of the default flags")
+    parser.add_argument("--autocast", choices=["bfloat16"], help="the GPT layers' products under autocast to "
+                                                                 "this dtype, beside torch's")
     parser.add_argument("--quick", action="store_true", help=f"{QUICK.blocks} short blocks: a look, not a result")
     parser.add_argument("--json", type=Path, help="where to write the results (default results/gemm-<time>.json)")
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     plan = QUICK if args.quick else FULL
     if args.worker:
-        print(json.dumps(worker(PRODUCTS, plan)))
+        print(json.dumps(worker(GPT_PRODUCTS if args.autocast else PRODUCTS, plan, args.autocast)))
         return 0
     env = dict(os.environ)
     if args.march:
@@ -198,7 +242,8 @@ def main(argv=None) -> int:
         env["SYMGRAD_CFLAGS"] = " ".join(march_flags(args.march))
     runs = []
     for threads in [int(t) for t in args.threads.split(",")]:
-        command = [sys.executable, "-m", "benchmarks.gemm", "--worker", *(["--quick"] if args.quick else [])]
+        command = [sys.executable, "-m", "benchmarks.gemm", "--worker", *(["--quick"] if args.quick else []),
+                   *(["--autocast", args.autocast] if args.autocast else [])]
         done = subprocess.run(command, env={**env, "SYMGRAD_BENCH_THREADS": str(threads)}, stdout=subprocess.PIPE,
                               text=True, cwd=Path(__file__).resolve().parent.parent)
         if done.returncode != 0:

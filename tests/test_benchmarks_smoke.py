@@ -186,3 +186,22 @@ def test_checkouts_ratio_is_the_median_of_the_per_round_ratios_to_the_first():
     rows = table("gpt:small", [Path("old"), Path("new")], [base, new]).splitlines()
     assert rows[0] == "| gpt:small | old | 10.000 | 1.000 |"
     assert rows[1] == "| gpt:small | new | 18.000 | 1.100 |"
+
+
+def test_gemm_autocast_runners_compute_the_bfloat16_product_as_torch_does():
+    """benchmarks.gemm --autocast bfloat16: symgrad's product of a layer's three products (forward,
+    and both transposed ones of the backward) agrees with torch.mm under torch.autocast, and the
+    table reports their ratio."""
+    import numpy as np
+
+    from benchmarks import gemm
+    rng = np.random.default_rng(1)
+    rows = []
+    for p in gemm._layer("tiny", 24, 40, 72):
+        runners = gemm.autocast_runners(p, rng, "bfloat16")
+        ours, theirs = runners["symgrad"].step(), runners["torch"].step().float().numpy()
+        np.testing.assert_allclose(ours, theirs, rtol=2e-2, atol=2e-2 * np.sqrt(p.K))
+        rows.append({"label": p.label, "M": p.M, "K": p.K, "N": p.N, "symgrad": 2.0, "torch": 4.0})
+    text = gemm.render([{"threads": 1, "flags": ["-O3"], "peak_gflops": 10.0, "autocast": "bfloat16",
+                         "products": rows}])
+    assert "| symgrad / torch |" in text and text.count("| 0.50 |") == 3
