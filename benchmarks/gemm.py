@@ -127,6 +127,19 @@ def _operands(p: Product, rng):
     return a, b
 
 
+def _sg_product(p: Product, A, B):
+    """Product `p` of symgrad inputs A and B as stored (a transposed one read in place)."""
+    import symgrad as sg
+    return sg.matmul(sg.transpose(A) if p.a_t else A, sg.transpose(B) if p.b_t else B)
+
+
+def _torch_operands(p: Product, a, b):
+    """torch views of the stored operands in product order (transposed ones read in place)."""
+    import torch
+    ta, tb = torch.from_numpy(a), torch.from_numpy(b)
+    return (ta.t() if p.a_t else ta), (tb.t() if p.b_t else tb)
+
+
 def runners(p: Product, rng) -> dict[str, Runner]:
     """symgrad, NumPy and torch computing product `p` from the same operands."""
     import numpy as np
@@ -134,11 +147,9 @@ def runners(p: Product, rng) -> dict[str, Runner]:
     import symgrad as sg
     a, b = _operands(p, rng)
     A, B = sg.input("a", a.shape), sg.input("b", b.shape)
-    fn = sg.function([A, B], [sg.matmul(sg.transpose(A) if p.a_t else A, sg.transpose(B) if p.b_t else B)],
-                     backend="c")
+    fn = sg.function([A, B], [_sg_product(p, A, B)], backend="c")
     na, nb = (a.T if p.a_t else a), (b.T if p.b_t else b)   # views: the BLAS reads them transposed
-    ta, tb = torch.from_numpy(a), torch.from_numpy(b)
-    ta, tb = (ta.t() if p.a_t else ta), (tb.t() if p.b_t else tb)
+    ta, tb = _torch_operands(p, a, b)
     first = lambda out: float(out.reshape(-1)[0])
     expected = na.astype(np.float64) @ nb
     got = fn(a, b)[0]
@@ -158,10 +169,9 @@ def autocast_runners(p: Product, rng, dtype: str) -> dict[str, Runner]:
     a, b = _operands(p, rng)
     A, B = sg.input("a", a.shape), sg.input("b", b.shape)
     with sg.autocast(dtype):
-        product = sg.matmul(sg.transpose(A) if p.a_t else A, sg.transpose(B) if p.b_t else B)
+        product = _sg_product(p, A, B)
     fn = sg.function([A, B], [sg.cast(product, "float32")], backend="c")  # a compiled output is float32
-    ta, tb = torch.from_numpy(a), torch.from_numpy(b)
-    ta, tb = (ta.t() if p.a_t else ta), (tb.t() if p.b_t else tb)
+    ta, tb = _torch_operands(p, a, b)
 
     def torch_product():
         with torch.autocast("cpu", dtype=getattr(torch, dtype)):

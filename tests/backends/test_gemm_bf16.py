@@ -136,6 +136,15 @@ static inline void sg_emulated_dpbf16(int c, int a, int b)
 """
 
 
+def _bf16_functions(library):
+    """sg_gemm_bf16 and sg_gemm_bf16_scratch_bytes of a loaded library, with their C signatures."""
+    gemm, scratch_bytes = library.sg_gemm_bf16, library.sg_gemm_bf16_scratch_bytes
+    i64, ptr = ctypes.c_int64, ctypes.c_void_p
+    gemm.argtypes, gemm.restype = [i64, i64, i64, ptr, i64, i64, ptr, i64, i64, ptr, ptr, ptr, ptr], ctypes.c_int
+    scratch_bytes.argtypes, scratch_bytes.restype = [i64] * 4, i64
+    return gemm, scratch_bytes
+
+
 @pytest.mark.parametrize("path", ["vdpbf16ps", "amx"])
 def test_bf16_path_computes_the_product_with_emulated_intrinsics(runtime_source, tmp_path, path):
     """The AVX512_BF16 path, and the AMX one, built with scalar stand-ins for their intrinsics and
@@ -159,10 +168,7 @@ def test_bf16_path_computes_the_product_with_emulated_intrinsics(runtime_source,
     subprocess.run([gcc, "-O1", "-fopenmp", "-fPIC", "-shared", "-Wno-psabi", f"-I{tmp_path}", "-o",
                     str(tmp_path / "bf16.so"), str(tmp_path / "bf16.c")], check=True, capture_output=True, timeout=120)
     library = ctypes.CDLL(str(tmp_path / "bf16.so"))
-    gemm, scratch_bytes = library.sg_gemm_bf16, library.sg_gemm_bf16_scratch_bytes
-    i64, ptr = ctypes.c_int64, ctypes.c_void_p
-    gemm.argtypes, gemm.restype = [i64, i64, i64, ptr, i64, i64, ptr, i64, i64, ptr, ptr, ptr, ptr], ctypes.c_int
-    scratch_bytes.argtypes, scratch_bytes.restype = [i64] * 4, i64
+    gemm, scratch_bytes = _bf16_functions(library)
     rng = np.random.default_rng(39)
     for m, n, k, transposed, b_transposed in ((13, 45, 37, False, False), (8, 32, 2, False, True), (1, 1, 1, False, False),
                                               (17, 70, 64, True, False), (5, 3, 0, False, False),
@@ -209,11 +215,7 @@ def test_the_runtime_built_here_computes_a_product_whose_b_passes_l2():
     from test_runtime_scratch import Context
 
     from symgrad.backends.build import runtime
-    library = ctypes.CDLL(str(runtime.build().library_path))
-    gemm, scratch_bytes = library.sg_gemm_bf16, library.sg_gemm_bf16_scratch_bytes
-    i64, ptr = ctypes.c_int64, ctypes.c_void_p
-    gemm.argtypes, gemm.restype = [i64, i64, i64, ptr, i64, i64, ptr, i64, i64, ptr, ptr, ptr, ptr], ctypes.c_int
-    scratch_bytes.argtypes, scratch_bytes.restype = [i64] * 4, i64
+    gemm, scratch_bytes = _bf16_functions(ctypes.CDLL(str(runtime.build().library_path)))
     rng = np.random.default_rng(7)
     m, k, n = 300, 2100, 600
     a = rng.integers(-3, 4, (m, k)).astype(np.float32)
