@@ -124,8 +124,9 @@ def test_partition_balances_the_units():
     loads = [sum(s for s, u in zip(sizes, units) if u == unit) for unit in range(2)]
     assert sorted(loads) == [800, 800]
     assert render_program.unit_count(10) == 1
-    assert render_program.unit_count(render_program.UNIT_LINES // 2 - 1) == 1
-    assert render_program.unit_count(render_program.UNIT_LINES // 2) == 2   # both cores of two
+    assert render_program.unit_count(render_program.TWO_UNIT_LINES - 1) == 1
+    assert render_program.unit_count(render_program.TWO_UNIT_LINES) == 2   # both cores of two
+    assert render_program.unit_count(render_program.UNIT_LINES * 2 - 1) == 2
     assert render_program.unit_count(render_program.UNIT_LINES * 3) == 4
     assert render_program.unit_count(10 ** 9) == render_program.MAX_UNITS
 

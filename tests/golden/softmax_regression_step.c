@@ -69,7 +69,17 @@
 #endif
 #include "symgrad_runtime.h"  /* the runtime this program links: the GEMMs, sg_context, status codes */
 
-#define SG_KERNEL static  /* a kernel function: the file's own */
+/* Built as 2 translation units compiled side by side: the compiler given -DSG_PART=<u> keeps
+   unit u's kernel functions (unit 0 also the entry point), which the other units then see as
+   functions of the library; given no SG_PART, the file is one translation unit, as any C file. */
+#define SG_PARTS 2
+#ifdef SG_PART
+#define SG_KERNEL __attribute__((visibility("hidden")))
+#define SG_IN_PART(unit) (SG_PART == (unit))
+#else
+#define SG_KERNEL static
+#define SG_IN_PART(unit) 1
+#endif
 
 /* Loops with fewer elements than this run on one thread: a parallel region costs microseconds. */
 #define SG_PARALLEL_MIN 32768
@@ -134,35 +144,17 @@ static inline float sg_tanhf(float x)
     return __builtin_copysignf(a < 0.55f ? near : far, x);
 }
 
-/* t14: bool[B] = not_equal(y, -100) */
-/* t15: f32[B] = cast(t14) */
-/* t16: f32[] = sum[axes=(0,), keepdims=False](t15) */
-SG_KERNEL void k0_sum_t16(int64_t d0, const int64_t* restrict in1, float* restrict ws0)
-{
-    double acc = 0;
-    #pragma omp simd reduction(+:acc)
-    for (int64_t r0 = 0; r0 < d0; ++r0) {
-        const int64_t v0 = in1[r0];  /* y */
-        const int64_t v1 = (-100);  /* -100 */
-        const uint8_t t14 = (uint8_t)((v0 != v1));  /* t14: bool[B] = not_equal(y, -100) */
-        const float t15 = ((t14) ? 1.0f : 0.0f);  /* t15: f32[B] = cast(t14) */
-        acc += (double)t15;
-    }
-    ws0[0] = (float)(acc);
-}
+/* The kernel functions, each defined in one unit below. */
+SG_KERNEL void k0_sum_t16(int64_t d0, const int64_t* restrict in1, float* restrict ws0);
+SG_KERNEL void k1_matmul_t3(int64_t d0, const float* restrict in0, const float* restrict var0, float* restrict ws1, sg_context* context);
+SG_KERNEL void k2_rows_t5(int64_t d0, const float* restrict ws0, const int64_t* restrict in1, const float* restrict ws1, const float* restrict var1, float* restrict ws2, float* restrict ws3, float* restrict ws5, double* restrict ws4);
+SG_KERNEL void k3_div_t17(int64_t d0, const double* restrict ws4, const float* restrict ws0, float* restrict out0);
+SG_KERNEL void k4_sum_t30(int64_t d0, const float* restrict ws5, float* restrict ws6);
+SG_KERNEL void k5_sub_t32(int64_t d0, const double* restrict var2, const float* restrict ws6, float* restrict var1, int64_t n);
+SG_KERNEL void k6_matmul_t27(int64_t d0, const float* restrict in0, const float* restrict ws5, float* restrict ws7, sg_context* context);
 
-/* t3: f32[B,10] = matmul(x, W) */
-SG_KERNEL void k1_matmul_t3(int64_t d0, const float* restrict in0, const float* restrict var0, float* restrict ws1, sg_context* context)
-{
-    /* a[d0 x 784] read with strides (784, 1), b[784 x 10] with (10, 1):
-       a transposed operand is only a change of strides. */
-    /* Its buffers in the runtime's scratch region (context->scratch, sized by symgrad_scratch_bytes);
-       context->status: the GEMM's, for the entry point to check */
-    context->status = sg_gemm_dot5_f32(d0, 10, 784,
-        in0, 784,
-        var0, 10, 1,
-        ws1, context, NULL, context->scratch);
-}
+/* ---- translation unit 1 of 2 ---- */
+#if SG_IN_PART(1)
 
 /* row kernel: max, sum, sum, sum (3 passes), 4 outputs */
 /* t4: f32[B,10] = add(t3, b) */
@@ -246,6 +238,41 @@ SG_KERNEL void k2_rows_t5(int64_t d0, const float* restrict ws0, const int64_t* 
         const double p3 = a3;
         ws4[o0] = p3;  /* t12, per row */
     }
+}
+
+#endif  /* translation unit 1 */
+
+/* ---- translation unit 0 of 2: its kernel functions, then the entry point ---- */
+#if SG_IN_PART(0)
+
+/* t14: bool[B] = not_equal(y, -100) */
+/* t15: f32[B] = cast(t14) */
+/* t16: f32[] = sum[axes=(0,), keepdims=False](t15) */
+SG_KERNEL void k0_sum_t16(int64_t d0, const int64_t* restrict in1, float* restrict ws0)
+{
+    double acc = 0;
+    #pragma omp simd reduction(+:acc)
+    for (int64_t r0 = 0; r0 < d0; ++r0) {
+        const int64_t v0 = in1[r0];  /* y */
+        const int64_t v1 = (-100);  /* -100 */
+        const uint8_t t14 = (uint8_t)((v0 != v1));  /* t14: bool[B] = not_equal(y, -100) */
+        const float t15 = ((t14) ? 1.0f : 0.0f);  /* t15: f32[B] = cast(t14) */
+        acc += (double)t15;
+    }
+    ws0[0] = (float)(acc);
+}
+
+/* t3: f32[B,10] = matmul(x, W) */
+SG_KERNEL void k1_matmul_t3(int64_t d0, const float* restrict in0, const float* restrict var0, float* restrict ws1, sg_context* context)
+{
+    /* a[d0 x 784] read with strides (784, 1), b[784 x 10] with (10, 1):
+       a transposed operand is only a change of strides. */
+    /* Its buffers in the runtime's scratch region (context->scratch, sized by symgrad_scratch_bytes);
+       context->status: the GEMM's, for the entry point to check */
+    context->status = sg_gemm_dot5_f32(d0, 10, 784,
+        in0, 784,
+        var0, 10, 1,
+        ws1, context, NULL, context->scratch);
 }
 
 /* t12: f32[] = sum[axes=(0,1), keepdims=False](t11) (the sum of the per-row parts) */
@@ -427,3 +454,4 @@ int symgrad_run(const int64_t* dims, void** inputs, void** variables, void** out
     sg_team_end_call(context);
     return SG_OK;
 }
+#endif  /* translation unit 0 */

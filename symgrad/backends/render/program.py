@@ -31,10 +31,13 @@ CONST_ROW = 8  # literals per line of a constant table
 NAMES_ROW = 4  # kernel names per line of a loop's table of them
 # A program is compiled as several translation units side by side once its kernel functions have
 # UNIT_LINES lines per unit (below that, the compiler's start and the shared preamble, parsed by
-# every unit, cost more than they save), at most MAX_UNITS; two units from half that, so both
-# cores of a small machine build a program such as a GPT's predict (issue 34: its ~900 lines of
-# functions took 1.5 s on one core of two, after the step's build).
+# every unit, cost more than they save), at most MAX_UNITS; two units, one a core on a machine of
+# two, from TWO_UNIT_LINES. A second unit costs the preamble again (about 0.03 s of one core)
+# and halves gcc's wall time on the functions at -O3 (about 0.035 s per 100 lines): model B's
+# step (390 lines of functions) built in 0.18-0.19 s against 0.27-0.29 s as one unit, model A's
+# (170 lines) in 0.12-0.14 against 0.14-0.18 s (issue 34).
 UNIT_LINES = 1000
+TWO_UNIT_LINES = 100
 MAX_UNITS = 8
 # gcc's time for a line of the entry point (calls and declarations, at -O0) against a line of kernel
 # functions (at -O3): about an eighth (a 12-layer GPT small's 1,248-line entry and its preamble
@@ -247,9 +250,9 @@ def _scratch_calls(kernels: list) -> list[dict]:
 
 def unit_count(lines: int) -> int:
     """How many translation units a program whose kernel functions have `lines` lines is built
-    as: one below UNIT_LINES / 2, else a power of two (whatever the machine's cores, 2, 4, 8, ...,
+    as: one below TWO_UNIT_LINES, else a power of two (whatever the machine's cores, 2, 4, 8, ...,
     the units then share them out evenly), at most MAX_UNITS."""
-    units = 1 if lines < UNIT_LINES // 2 else 2
+    units = 1 if lines < TWO_UNIT_LINES else 2
     while units < MAX_UNITS and lines >= UNIT_LINES * units:
         units *= 2
     return units
