@@ -112,51 +112,75 @@ def _list_schedule(nodes: list, index: dict, mat: dict, reads: dict, deps: dict,
     """The greedy list schedule: ready views first, in graph order; else the ready kernel whose run
     frees the most bytes net of what it allocates (`size`; `pinned` buffers are never freed). A ready
     `deferred` kernel waits until a kernel that reads it (through views) waits for nothing else.
-    Shorter than `nodes` only if `deps` has a cycle."""
-    readers: dict[int, int] = {}
+    Shorter than `nodes` only if `deps` has a cycle.
+
+    The ready kernels wait in a heap by that gain. A kernel's gain changes only when it becomes
+    the last kernel left to read one of its buffers, and is then pushed again: a deep model holds
+    hundreds of ready kernels (its weight gradients wait for their inputs' last readers), and
+    comparing them all at every pick made the schedule quadratic in depth."""
+    readers: dict[int, int] = {}   # buffer -> the kernels not yet run that read it: how many
+    reading: dict[int, list] = {}  # buffer -> the kernels that read it
     for n in nodes:
         if mat[id(n)]:
             for b in reads[id(n)]:
                 readers[b] = readers.get(b, 0) + 1
+                reading.setdefault(b, []).append(n)
     users: dict[int, list] = {id(n): [] for n in nodes}
     for n in nodes:
         for d in deps[id(n)]:
             users[d].append(n)
     waiting = {id(n): len(deps[id(n)]) for n in nodes}
     # Ready views wait in a heap by graph position (thousands of constants are ready at once);
-    # ready kernels, few at a time, are compared by what running them frees.
+    # ready kernels in a heap by gain, an entry whose gain has changed since left where it is
+    # and passed over (`current` holds each ready kernel's gain).
     ready_views: list[int] = []
     ready_kernels: list = []
+    current: dict[int, tuple] = {}
     done: set = set()
     parking = _Parking(deps, mat, users, {id(n): n for n in nodes}, done)
-
-    def make_ready(n):
-        if id(n) in deferred:
-            parking.parked.append(n)
-        elif mat[id(n)]:
-            ready_kernels.append(n)
-        else:
-            heapq.heappush(ready_views, index[id(n)])
 
     def gain(n):
         freed = sum(size.get(b, 0) for b in reads[id(n)]
                     if readers.get(b) == 1 and b not in pinned and b in size)
         return (size[id(n)] - freed, index[id(n)])
+
+    def push_kernel(n):
+        current[id(n)] = key = gain(n)
+        heapq.heappush(ready_kernels, (key, id(n)))
+
+    def make_ready(n):
+        if id(n) in deferred:
+            parking.park(n)
+        elif mat[id(n)]:
+            push_kernel(n)
+        else:
+            heapq.heappush(ready_views, index[id(n)])
+
     for n in nodes:
         if waiting[id(n)] == 0:
             make_ready(n)
     order = []
-    while ready_views or ready_kernels or parking.parked:
+    while ready_views or current or parking.parked:
         if ready_views:
             pick = nodes[heapq.heappop(ready_views)]
         else:
-            parking.release(ready_kernels)
-            pick = min(ready_kernels, key=gain)
-            ready_kernels = [n for n in ready_kernels if n is not pick]  # by identity: Value.__eq__ builds a node
+            for n in parking.release(bool(current)):
+                push_kernel(n)
+            while True:
+                key, node_id = heapq.heappop(ready_kernels)
+                if current.get(node_id) == key:
+                    break
+            del current[node_id]
+            pick = nodes[key[1]]
             for b in reads[id(pick)]:
                 readers[b] -= 1
+                if readers[b] == 1:  # its last reader now frees it: that reader's gain changes
+                    last = next(r for r in reading[b] if id(r) not in done and r is not pick)
+                    if id(last) in current:
+                        push_kernel(last)
         order.append(pick)
         done.add(id(pick))
+        parking.ran(pick)
         for u in users[id(pick)]:
             waiting[id(u)] -= 1
             if waiting[id(u)] == 0:
@@ -165,31 +189,66 @@ def _list_schedule(nodes: list, index: dict, mat: dict, reads: dict, deps: dict,
 
 
 class _Parking:
-    """The ready deferred kernels of a list schedule (`parked`), each released to the ready kernels
-    once a kernel reading it (through views) waits for nothing else; all of them when no other
-    kernel is ready (nothing else could run: the schedule must not stop).
+    """The ready deferred kernels of a list schedule (`parked`: `park` adds one), each released to
+    the ready kernels once a kernel reading it (through views) waits for nothing else; all of them
+    when no other kernel is ready (nothing else could run: the schedule must not stop).
 
-    A release looks at every parked kernel's readers each time a kernel is picked, so it remembers
-    what it learned: each parked kernel's readers (the graph does not change), and for each reader
-    the unparked kernel that last kept it waiting, which keeps it waiting until it runs or is
-    parked itself. A deep model parks its layers' recomputations through the whole forward; looked
-    at afresh, every pick cost a walk over all of them."""
+    A deep model parks its layers' recomputations through the whole forward, so a release does not
+    look at every parked kernel's readers again: a reader is looked at when a kernel it reads is
+    parked, and after that only once the kernel that last kept it waiting (its blocker) has run
+    (`ran`) or been parked, the only changes that can end its wait. A look that finds no blocker
+    (its wait ends in a view reached twice) is repeated at every release. Looked at afresh, every
+    pick cost a walk over all of them: a schedule quadratic in depth."""
 
     def __init__(self, deps: dict, mat: dict, users: dict, by_id: dict, done: set):
         self.deps, self.mat, self.users, self.by_id, self.done = deps, mat, users, by_id, done
         self.parked: list = []
+        self._parked_ids: set = set()
         self._readers: dict[int, list] = {}   # id(parked kernel) -> the kernels reading it
+        self._parked_read: dict[int, list] = {}  # id(reader) -> the kernels parked that it reads
         self._blocker: dict[int, int] = {}    # id(reader) -> a kernel it waited for at the last look
+        self._watching: dict[int, list] = {}  # id(blocker) -> the readers it kept waiting
+        self._to_look: dict[int, Value] = {}  # the readers to look at in the next release
+        self._every_time: dict[int, Value] = {}  # readers waiting with no blocker found
 
-    def release(self, ready_kernels: list) -> None:
-        """Move the parked kernels some waiting kernel needs now into `ready_kernels`."""
+    def park(self, n: Value) -> None:
+        """Park ready kernel `n`: its readers, and those it kept waiting, may now wait only for parked ones."""
+        self.parked.append(n)
+        self._parked_ids.add(id(n))
+        for c in self._reading(n):
+            self._to_look[id(c)] = c
+            self._parked_read.setdefault(id(c), []).append(n)
+        self.ran(n)
+
+    def ran(self, n: Value) -> None:
+        """Kernel `n` ran (or was parked): the readers it kept waiting are looked at again."""
+        self._to_look.update((id(c), c) for c in self._watching.pop(id(n), ()))
+
+    def release(self, others_ready: bool) -> list:
+        """The parked kernels some waiting kernel needs now (all of them when no other kernel is
+        ready: `others_ready` False), taken out of `parked`."""
         if not self.parked:
-            return
-        parked_ids = {id(p) for p in self.parked}
-        wanted = [p for p in self.parked if any(self._needs_only_parked(c, parked_ids) for c in self._reading(p))]
-        released = {id(p) for p in (wanted or ([] if ready_kernels else self.parked))}
-        ready_kernels.extend(p for p in self.parked if id(p) in released)
+            return []
+        parked_ids = self._parked_ids
+        looking, self._to_look = {**self._to_look, **self._every_time}, {}
+        released: set = set()
+        for key, c in looking.items():
+            self._every_time.pop(key, None)
+            if self._needs_only_parked(c, parked_ids):
+                released.update(id(p) for p in self._parked_read.get(key, ()) if id(p) in parked_ids)
+            elif self._blocker.get(key) in self.done or self._blocker.get(key) in parked_ids \
+                    or key not in self._blocker:
+                self._every_time[key] = c   # no kernel found in its way: look again each time
+            else:
+                self._watching.setdefault(self._blocker[key], []).append(c)
+        if not released and not others_ready:
+            released = set(parked_ids)
+        if not released:
+            return []
+        out = [p for p in self.parked if id(p) in released]
         self.parked = [p for p in self.parked if id(p) not in released]  # by identity: Value.__eq__ builds a node
+        parked_ids -= released
+        return out
 
     def _needs_only_parked(self, c: Value, parked_ids: set) -> bool:
         """Whether kernel `c` waits only for parked kernels (_waits_only_for), remembering the
