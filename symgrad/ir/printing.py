@@ -8,6 +8,7 @@ are given only when printing, from user names where there are some.
 from __future__ import annotations
 
 import functools
+import re
 
 import numpy as np
 import sympy
@@ -62,14 +63,24 @@ def formula(node: Value, name) -> str:
     def operand(value: Value) -> str:
         text = name(value)
         return text if text.replace(".", "_").isidentifier() else f"({text})"
-    return _formula_text(node.op.expr, tuple(operand(i) for i in node.inputs))
+    operands = tuple(operand(i) for i in node.inputs)
+    distinct = sorted(set(operands))
+    template = _formula_template(node.op.expr, tuple(distinct.index(text) for text in operands))
+    return _PLACEHOLDER.sub(lambda match: distinct[int(match.group(1))], template)
+
+
+# A formula's operands while it is printed: names that sort as the operands' own names do.
+_PLACEHOLDER = re.compile("\x01([0-9]{4})\x01")
 
 
 @functools.lru_cache(maxsize=4096)
-def _formula_text(expr: sympy.Expr, operands: tuple) -> str:
-    """`expr` over the operand names `operands`, printed: a graph's text and its kernels' comments
-    print each derived node's line once each (sympy's printing costs milliseconds a formula)."""
-    return str(expr.xreplace({ARGS[k]: sympy.Symbol(text) for k, text in enumerate(operands)}))
+def _formula_template(expr: sympy.Expr, ranks: tuple) -> str:
+    """`expr` printed over placeholder names, operand k's standing for the `ranks[k]`-th of the
+    operands' names in sorted order. sympy orders a sum's terms and a product's factors by their
+    symbols' names, so placeholders that sort as the names do print the order the names would;
+    every layer's same formula, over other names, is then printed once (sympy's printing costs
+    about half a millisecond a formula: a 12-layer GPT's kernels' comments, 60 ms)."""
+    return str(expr.xreplace({ARGS[k]: sympy.Symbol(f"\x01{rank:04d}\x01") for k, rank in enumerate(ranks)}))
 
 
 def node_line(node: Value, name) -> str:

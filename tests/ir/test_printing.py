@@ -119,3 +119,37 @@ def test_source_of_numpy_program_is_graph_text():
     assert f.source == str(f.graph)
     assert f.module is None
     assert np.isfinite(f(np.ones((2, 4), np.float32)))
+
+
+def test_a_formula_prints_as_sympy_prints_it_over_the_operand_names():
+    # printing.formula prints each formula once over placeholder names and puts the names in after:
+    # its text must be sympy's own over the names (sympy orders terms and factors by their symbols'
+    # names), for every op's expression and its derivatives, whatever the names.
+    import random
+    from types import SimpleNamespace
+
+    import sympy
+
+    from symgrad.ir import elementwise, printing
+    from symgrad.ir.registry import ELEMENTWISE, REGISTRY
+
+    expressions = []
+    for op in REGISTRY.values():
+        if op.kind == ELEMENTWISE and op.expr is not None and op.arity:
+            expressions.append((op.expr, op.arity))
+            for i in range(op.arity):
+                try:
+                    expressions.append((elementwise.partial_derivative(op, i), op.arity))
+                except sympy.printing.codeprinter.PrintMethodNotImplementedError:
+                    pass   # an op without a derivative (floor): its own expression is printed above
+    names = ["t9", "t12", "t100", "t1", "x", "b", "h.0.ln_1.weight", "0.5", "-1", "1/B", "t99"]
+    rng = random.Random(0)
+    for expr, arity in expressions:
+        for _ in range(8):
+            texts = [rng.choice(names) for _ in range(arity)]
+            inputs = [SimpleNamespace(text=t) for t in texts]
+            node = SimpleNamespace(op=SimpleNamespace(expr=expr), inputs=inputs)
+            shown = [t if t.replace(".", "_").isidentifier() else f"({t})" for t in texts]
+            want = str(expr.xreplace({elementwise.ARGS[k]: sympy.Symbol(t) for k, t in enumerate(shown)}))
+            assert printing.formula(node, lambda v: v.text) == want
+    assert len(expressions) > 50
