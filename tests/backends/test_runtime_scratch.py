@@ -345,23 +345,32 @@ def test_a_batched_product_gives_each_thread_its_slice(batch, m, n, k, share):
         set_omp_threads(own)
 
 
+# Products through each of sg_gemm_f32's paths: the blocked one with B transposed (a weight), the
+# columns shared out over the team (few rows) with B row-major, the blocked one with two column
+# slivers (where it reads an A it need not round in place), and a tall one (K split over the team).
+_ROUNDED_PRODUCTS = [(70, 45, 300, True), (70, 200, 300, False), (70, 20, 300, False), (30, 40, 2100, True)]
+
+
 @pytest.mark.parametrize("level", ["", "avx2"])
-def test_the_rounding_bfloat16_gemm_stays_within_the_scratch_it_reports(level):
+@pytest.mark.parametrize("m, n, k, b_transposed", _ROUNDED_PRODUCTS)
+def test_the_rounding_bfloat16_gemm_stays_within_the_scratch_it_reports(level, m, n, k, b_transposed):
     """sg_gemm_bf16_round_ab, the product a folded cast leaves (backends/decide/half.py), on float32
     operands that are not bfloat16 values: on this machine's runtime (which rounds as it packs where
-    it has AVX512_BF16) and on the AVX2 one (sg_gemm_f32 after rounding both operands into its
-    scratch: its bytes are the float32 GEMM's and the two copies', whole cache lines each). On a
-    region of exactly the bytes reported, then a guard; the product is that of the rounded
-    operands, exactly: integers moved by less than a quarter of bfloat16's ulp round back to them."""
+    it has AVX512_BF16) and on the AVX2 one (sg_gemm_f32_rounded: sg_gemm_f32 rounding each block
+    as it packs it, in sg_gemm_f32's scratch). On a region of exactly the bytes reported, then a
+    guard; the product is that of the rounded operands, exactly: integers moved by less than a
+    quarter of bfloat16's ulp round back to them."""
     from helpers import c_build_options
     flags = c_build_options(level).get("flags")
     lib = ctypes.CDLL(str(runtime.build(flags).library_path))
     gemm = _function(lib, "sg_gemm_bf16_round_ab", [I64, I64, I64, PTR, I64, I64, PTR, I64, I64, PTR, PTR, PTR, PTR])
-    m, n, k = 70, 45, 300
     rng = np.random.default_rng(4)
     whole = [rng.choice([-3.0, -2.0, -1.0, 1.0, 2.0, 3.0], size=s) for s in ((m, k), (k, n))]
     a, b = ((w + rng.uniform(-1, 1, w.shape) * 2.0 ** -9).astype(np.float32) for w in whole)
-    bt = np.ascontiguousarray(b.T)  # B read transposed (strides 1, k), as a weight is
+    if b_transposed:  # B read transposed (strides 1, k), as a weight is
+        b_buffer, sbk, sbn = np.ascontiguousarray(b.T), 1, k
+    else:
+        b_buffer, sbk, sbn = np.ascontiguousarray(b), n, 1
     want = whole[0] @ whole[1]
     context = Context()
     own = omp_threads()
@@ -370,12 +379,11 @@ def test_the_rounding_bfloat16_gemm_stays_within_the_scratch_it_reports(level):
             set_omp_threads(team)
             nbytes = runtime.scratch_bytes("sg_gemm_bf16_round_ab", m, n, k, threads=team, flags=flags)
             if level == "avx2":
-                lines = 4 * (-(-m * k // 16) * 16 + -(-k * n // 16) * 16)
-                assert nbytes == runtime.scratch_bytes("sg_gemm_f32", m, n, k, threads=team, flags=flags) + lines
+                assert nbytes == runtime.scratch_bytes("sg_gemm_f32", m, n, k, threads=team, flags=flags)
             region, address = _guarded(nbytes)
             c = np.full((m, n), np.nan, np.float32)
-            assert gemm(m, n, k, a.ctypes.data, k, 1, bt.ctypes.data, 1, k, c.ctypes.data, ctypes.byref(context),
-                        None, address) == Status.OK
+            assert gemm(m, n, k, a.ctypes.data, k, 1, b_buffer.ctypes.data, sbk, sbn, c.ctypes.data,
+                        ctypes.byref(context), None, address) == Status.OK
             np.testing.assert_array_equal(c, want.astype(np.float32))
             assert (region[nbytes:] == FILL).all(), (level, team, nbytes)
     finally:
