@@ -242,7 +242,7 @@ def _run_all(paths, commands: list[list[str]], cwd: Path, progress=None, meanwhi
 def _wait_any(processes: list[subprocess.Popen], timeout: float) -> None:
     """Return once one of `processes` has exited, or after `timeout` seconds. On Linux a poll of
     their pidfds, woken as one exits; elsewhere Popen.wait on the first, which looks at that one
-    alone at intervals backing off to 50 ms (7 ms late on average: a tenth of model B's link)."""
+    alone at intervals backing off to 50 ms (about 7 ms late on average)."""
     try:
         fds = [os.pidfd_open(process.pid) for process in processes]
     except (AttributeError, OSError):  # no pidfd_open (not Linux, or a kernel before 5.3)
