@@ -137,11 +137,8 @@ def test_a_formula_prints_as_sympy_prints_it_over_the_operand_names():
     for op in REGISTRY.values():
         if op.kind == ELEMENTWISE and op.expr is not None and op.arity:
             expressions.append((op.expr, op.arity))
-            for i in range(op.arity):
-                try:
-                    expressions.append((elementwise.partial_derivative(op, i), op.arity))
-                except sympy.printing.codeprinter.PrintMethodNotImplementedError:
-                    pass   # an op without a derivative (floor): its own expression is printed above
+            if op.vjp is elementwise.elementwise_vjp:   # derived by sympy (floor's and ceil's are zero)
+                expressions += [(elementwise.partial_derivative(op, i), op.arity) for i in range(op.arity)]
     names = ["t9", "t12", "t100", "t1", "x", "b", "h.0.ln_1.weight", "0.5", "-1", "1/B", "t99"]
     rng = random.Random(0)
     for expr, arity in expressions:

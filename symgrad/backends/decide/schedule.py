@@ -236,11 +236,12 @@ class _Parking:
             self._every_time.pop(key, None)
             if self._needs_only_parked(c, parked_ids):
                 released.update(id(p) for p in self._parked_read.get(key, ()) if id(p) in parked_ids)
-            elif self._blocker.get(key) in self.done or self._blocker.get(key) in parked_ids \
-                    or key not in self._blocker:
+                continue
+            blocker = self._blocker.get(key)   # what this look found in its way, if anything
+            if blocker is None or blocker in self.done or blocker in parked_ids:
                 self._every_time[key] = c   # no kernel found in its way: look again each time
             else:
-                self._watching.setdefault(self._blocker[key], []).append(c)
+                self._watching.setdefault(blocker, []).append(c)
         if not released and not others_ready:
             released = set(parked_ids)
         if not released:
