@@ -873,6 +873,36 @@ class _FromOutput(torch.autograd.Function):
         return grad + move, None, None, None, None, None
 
 
+# torch's GELU constants (ATen's GeluBackward, approximate="tanh"): beta = sqrt(2 / pi), kappa.
+GELU_BETA, GELU_KAPPA = math.sqrt(2 / math.pi), 0.044715
+
+
+class _GeluTanhMovedTanh(torch.autograd.Function):
+    """gelu_tanh's value, with torch's own backward formula computed here, its tanh moved by one
+    rounding error (`sign` of an ulp, kept within [-1, 1], where tanh lies). torch's backward
+    computes tanh(u), u = beta (x + kappa x^3), itself, and the derivative
+    (1 + t) / 2 + x (1 - t^2) beta (1 + 3 kappa x^2) / 2 cancels where t is within a rounding of -1:
+    at x = -7.16 it is -4.9e-15 with t = -1 + 1.1e-16 (torch's scalar path) and 0 with t = -1 (its
+    vectorised path, on 16 elements or more), and times an infinite gradient +inf or NaN. Moving the
+    forward's values does not reach that tanh."""
+
+    @staticmethod
+    def forward(ctx, x, y, sign):
+        ctx.save_for_backward(x)
+        ctx.sign = sign
+        return y.clone()
+
+    @staticmethod
+    def backward(ctx, g):
+        (x,) = ctx.saved_tensors
+        t = torch.tanh(GELU_BETA * (x + GELU_KAPPA * x * x * x))
+        ulp = torch.nextafter(t.abs(), torch.tensor(math.inf, dtype=t.dtype)) - t.abs()
+        t = (t + ctx.sign(tuple(t.shape)).to(t.dtype) * ulp).clamp(-1.0, 1.0)
+        left = 0.5 * (1 + t)
+        right = 0.5 * x * (1 - t * t) * GELU_BETA * (1 + 3 * GELU_KAPPA * x * x)
+        return g * (left + right), None, None
+
+
 class _OnGradient(torch.autograd.Function):
     """The identity, whose backward passes `on(g)` for the gradient g it receives. Put on one use
     of a value, it sees (or moves) that use's contribution to the value's gradient, before autograd
@@ -939,7 +969,8 @@ def nudge_pattern(graph: FuzzGraph, pattern: int) -> Callable:
     the backward's: log_softmax of a dominant element is -4.2e-16, and its rounding error (eps
     times the largest input, 8e-15) moved it to -8.5e-15; the gradient of log of it, 1 / y, is
     then 20x smaller, and so is the cancellation in log_softmax's backward (g - p sum(g), one ulp
-    of g), which at the value torch computed moves the result by 0.5."""
+    of g), which at the value torch computed moves the result by 0.5. They also move the tanh that
+    gelu_tanh's backward computes for itself (_GeluTanhMovedTanh)."""
     rng = np.random.default_rng(abs(pattern))
     direction = {0: 1.0, 1: -1.0, BACKWARD_UP: 1.0, BACKWARD_DOWN: -1.0}.get(pattern)  # None: random
     alternating = {ALTERNATING_UP: 1.0, ALTERNATING_DOWN: -1.0}.get(pattern)
@@ -956,6 +987,8 @@ def nudge_pattern(graph: FuzzGraph, pattern: int) -> Callable:
             if step.op in ("softmax", "log_softmax") and value.requires_grad:
                 return _FromOutput.apply(args[0], value.detach(), step.op, step.kw["axis"], pattern == BACKWARD_UP,
                                          signs)
+            if step.op == "gelu_tanh" and value.requires_grad:
+                return _GeluTanhMovedTanh.apply(args[0], value.detach(), signs)
             return value
         value = _other_zero_at_ties(step, args, value)
         error = rounding_error(step, args, value)

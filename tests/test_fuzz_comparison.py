@@ -125,3 +125,21 @@ def test_alternating_runs_move_neighbours_apart():
     want = _torch_results(graph, [x])[0]
     up, down = (_torch_results(graph, [x], nudge_pattern(graph, p))[0] for p in (ALTERNATING_UP, ALTERNATING_DOWN))
     assert down[0] < want[0] < up[0] and up[1] < want[1] < down[1], (up, want, down)
+
+
+def test_the_backward_alone_moved_moves_gelu_tanhs_own_tanh():
+    """gelu_tanh's derivative at x = -7.16 is -4.9e-15: (1 + t) / 2 and the x (1 - t^2) term cancel,
+    t = tanh(-18.8) within one rounding of -1. torch's backward computes t itself: its scalar path
+    gets -1 + 1.1e-16 and the derivative, its vectorised path (16 elements or more here) -1 and 0;
+    times an infinite weight, +inf or NaN (seed 42, 2,000 graphs, batch 4: symgrad +inf, torch NaN).
+    The backward's runs move that t by one rounding: one gives +inf. At x = -7.3 both paths round t
+    to -1 (the exact derivative is -7e-16); the move down stays at -1, as tanh does, so no run gives
+    -inf, which stays wrong at both points."""
+    graph = _graph(_input((32,)), _input((32,)), Step("gelu_tanh", (0,)), Step("mul", (2, 1)))
+    x, w = np.repeat([-7.1555194935208215, -7.3], 16), np.full(32, -np.inf)
+    want = _torch_results(graph, [x, w])[1]
+    assert np.isnan(want).all()
+    runs = [_torch_results(graph, [x, w], nudge_pattern(graph, p))[1] for p in (BACKWARD_UP, BACKWARD_DOWN)]
+    assert _mismatch(np.full(32, np.inf), want, 1e-7, others=runs) is None
+    for wrong in (np.repeat([-np.inf, np.inf], 16), np.repeat([np.inf, -np.inf], 16)):
+        assert _mismatch(wrong, want, 1e-7, others=runs) is not None
