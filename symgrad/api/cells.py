@@ -81,6 +81,15 @@ class Cell:
             self.holder = None
             self.version += 1
 
+    def fill(self, fill) -> None:
+        """Set the current value by `fill(array)`, which writes the cell's own array in place (nn.init
+        draws random numbers straight into it: a temporary of the parameter's size costs as much to
+        fault in as to draw): every copy elsewhere is stale from now on."""
+        with self._guard():
+            fill(self.array)
+            self.holder = None
+            self.version += 1
+
     def flush(self) -> None:
         """Bring a holder's newer value into `array`, which is current again afterwards."""
         with self._guard():

@@ -114,7 +114,7 @@ def param(name: str, shape, init="zeros", dtype: str = "float32") -> Value:
         array = np.asarray(init)
         if array.shape != shape:
             raise ValueError(f"param {name!r}: init has shape {S.format_shape(array.shape)}, expected {S.format_shape(shape)}")
-        value = array.astype(D.to_numpy(dtype))
+        value = np.asarray(array, dtype=D.to_numpy(dtype))  # variable() keeps a copy of its own
     elif init == "zeros":
         value = np.zeros(shape, D.to_numpy(dtype))
     elif init == "ones":

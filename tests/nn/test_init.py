@@ -5,6 +5,7 @@ through the parameter's one owner, and the same seed giving the same values."""
 from __future__ import annotations
 
 import math
+import tracemalloc
 from unittest import mock
 
 import numpy as np
@@ -234,6 +235,44 @@ def test_apply_with_nanogpts_init_weights():
     for name in ("0.weight", "1.weight", "2.weight"):
         assert abs(state[name].std() - 0.02) < 0.002, name
     assert not state["1.bias"].any()
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_draws_are_the_generators_own_in_the_targets_precision(dtype):
+    """A float32 parameter (or array) gets the generator's float32 draws, a float64 one its float64
+    draws, each scaled in that precision: the numbers of rng.standard_normal and rng.random of that
+    dtype from the same seed. float64 draws cast to float32 took twice the time for digits the cast
+    drops; a float64 target's numbers are those of rng.normal and rng.uniform, as before."""
+    name = np.dtype(dtype).name
+    p = init.normal_(_param((50, 40), name), 0.5, 0.02, generator=np.random.default_rng(7))
+    want = np.random.default_rng(7).standard_normal((50, 40), dtype=dtype) * dtype(0.02) + dtype(0.5)
+    np.testing.assert_array_equal(_value(p), want)
+    array = init.uniform_(np.empty((50, 40), dtype), -0.3, 0.7, generator=np.random.default_rng(8))
+    np.testing.assert_array_equal(array, np.random.default_rng(8).random((50, 40), dtype=dtype) * dtype(1.0) + dtype(-0.3))
+    if dtype == np.float64:
+        np.testing.assert_array_equal(want, np.random.default_rng(7).normal(0.5, 0.02, (50, 40)))
+    else:   # narrower floats (bfloat16) get float32 draws, rounded
+        bf16 = init.normal_(_param((50, 40), "bfloat16"), 0.5, 0.02, generator=np.random.default_rng(7))
+        np.testing.assert_array_equal(_value(bf16), want.astype(_value(bf16).dtype))
+
+
+def _peak_bytes(fn) -> int:
+    tracemalloc.start()
+    try:
+        fn()
+        return tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+
+
+def test_drawing_makes_no_temporary_of_the_parameters_size():
+    """normal_ and uniform_ draw straight into a parameter's storage (its cell's array), and a layer's
+    default into the array the layer then hands sg.param, which keeps one copy: a temporary of a
+    parameter's size costs as much to fault in as to draw (a GPT of 11M parameters took 0.3 s to
+    build, with a float64 draw, its float32 cast and two more copies of every weight)."""
+    p = _param((1000, 1000), "float32")   # 4 MB
+    assert _peak_bytes(lambda: (init.normal_(p, std=0.02), init.uniform_(p, -1.0, 1.0))) < 0.1 * 4e6
+    assert _peak_bytes(lambda: nn.Linear(1000, 1000)) < 2.5 * 4e6   # the filled array and the cell's copy
 
 
 def test_layers_defaults_are_torchs_kaiming_uniform():

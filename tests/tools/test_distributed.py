@@ -39,11 +39,14 @@ def _run(mode: str, backend: str, timeout: float = 240.0) -> tuple[int, dict | N
 @pytest.mark.parametrize("backend", [b for b in BACKENDS if b != "cuda"])
 def test_two_ranks_with_half_batches_equal_one_process_with_the_whole_batch(backend):
     """20 Adam steps in float64: parameters identical across ranks after every step (checked in the
-    run) and equal to one process's to 1e-12."""
+    run) and equal to one process's to 1e-12 of each tensor's largest element. Not elementwise: the
+    two sum the batch's gradients in different orders, and an element near 0 makes one ulp of that
+    sum a large relative difference (1.5e-11 at one weight of a model drawn in float32, 3e-16 of
+    its tensor's largest)."""
     code, result, output, _ = _run("equivalence", backend)
     assert code == 0, output
     assert result["steps"] == 20
-    assert result["worst_loss_rel"] < 1e-12 and result["worst_param_rel"] < 1e-12, result
+    assert result["worst_loss_rel"] < 1e-12 and result["worst_param_scaled"] < 1e-12, result
 
 
 @pytest.mark.parametrize("backend", [b for b in BACKENDS if b != "cuda"])
@@ -60,10 +63,11 @@ def test_two_ranks_equal_one_process_in_float32_to_summation_order(backend):
 def test_gradient_buckets_start_inside_the_backward_on_c_and_the_sums_are_unchanged(backend):
     """A bucket per gradient (512-byte cap): on C each allreduce starts from the program's hook
     after the kernel that finishes its gradient; on NumPy all start after the backward. Either way
-    20 Adam steps equal one process's to 1e-12, the parameters identical across ranks."""
+    20 Adam steps equal one process's to 1e-12 (of each tensor's largest element, as above), the
+    parameters identical across ranks."""
     code, result, output, _ = _run("buckets", backend)
     assert code == 0, output
-    assert result["worst_loss_rel"] < 1e-12 and result["worst_param_rel"] < 1e-12, result
+    assert result["worst_loss_rel"] < 1e-12 and result["worst_param_scaled"] < 1e-12, result
     assert result["buckets"] == 4 and all(result["started"]), result
     assert result["overlapped"] == (backend == "c")
     assert all(result["during_call"]) if backend == "c" else not any(result["during_call"])
