@@ -44,6 +44,7 @@ from ..ir import dtypes as D
 from ..ir import shapes as S
 from ..ir.graph import Graph
 from ..ir.ops import check_labels, label_checks
+from . import host_memory
 from .build import cache, importable, runtime
 from .driver import prepare, source_of
 from .render.expressions import comment  # noqa: F401  (re-exported: what C comments may hold)
@@ -224,7 +225,7 @@ class CProgram(NativeProgram):
         bytes): the workspace's last `planned.scratch_bytes`, from a multiple of ALIGN on."""
         ffi = self._ffi
         start = -(-planned.arena_bytes // ALIGN) * ALIGN
-        raw = np.zeros(start + planned.scratch_bytes + 2 * ALIGN, dtype=np.uint8)
+        raw = host_memory.zeros(start + planned.scratch_bytes + 2 * ALIGN, np.uint8)
         shift = (-raw.ctypes.data) % ALIGN
         workspace = raw[shift:shift + start + planned.scratch_bytes + ALIGN]
         pointer = ffi.from_buffer(workspace)

@@ -17,6 +17,7 @@ from typing import Mapping
 import numpy as np
 
 from .. import backends
+from ..backends import host_memory
 from ..api.cells import cell_of
 from .call_checks import (arrays_by_name, bind_inputs, check_label_ranges, check_unique_names, collect_inputs,
                           computed_label_ranges, host_array, refuse_subclass)
@@ -160,7 +161,7 @@ class Compiled:
             _RESIDENT_EXISTS = True
         self._storage = VariableStorage(
             (v.name, self._cells[v.name].read() if self._resident else self._cells[v.name].array)
-            if v.name in self._cells else (v.name, np.array(v.attrs["init"], copy=True))
+            if v.name in self._cells else (v.name, host_memory.copy(v.attrs["init"]))
             for v in graph.variables)
         # Labels are values, not signatures: checked on every call, here unless the program does.
         self._label_checks = [] if getattr(kind, "checks_labels", False) else label_checks(graph)
