@@ -13,6 +13,7 @@ buffers a step is sure to write (its workspace, the optimizer's state) are made 
 
 from __future__ import annotations
 
+import math
 import mmap
 
 import numpy as np
@@ -33,7 +34,7 @@ def zeros(shape, dtype) -> np.ndarray:
     by the kernel, unmapped when the array and its views are gone."""
     dtype = np.dtype(dtype)
     shape = (int(shape),) if isinstance(shape, (int, np.integer)) else tuple(int(n) for n in shape)
-    nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+    nbytes = math.prod(shape) * dtype.itemsize
     if _ANONYMOUS is None or _HUGEPAGE is None or nbytes < POPULATE_MIN_BYTES:
         return np.zeros(shape, dtype)
     try:
