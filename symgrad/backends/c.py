@@ -371,7 +371,7 @@ def compile_in_background(graph: Graph, flags: list[str] | None = None, optimize
     `.result()` is the CProgram. A program the program cache holds is loaded here, at once.
     `yield_cores`: its compilers run at a lower priority (BUILD_NICE), leaving the cores to the
     steps running meanwhile; False for the build a caller waits for first (a train step's own)."""
-    compilation = prepare(graph, C_OPENMP, optimize)
+    compilation = prepare(graph, C_OPENMP, optimize, store=False)
     build = lambda: CProgram(graph, flags=flags, optimize=optimize, quiet=quiet, prepared=compilation)  # noqa: E731
     if compilation.from_program_cache:
         # A warm compile: its library is cached too, and loading it here costs less than the
@@ -383,4 +383,6 @@ def compile_in_background(graph: Graph, flags: list[str] | None = None, optimize
     runtime.header()
     runtime.build(flags)
     cache.import_ahead()
-    return Building(CProgram, build, nice=BUILD_NICE if yield_cores else 0)
+    building = Building(CProgram, build, nice=BUILD_NICE if yield_cores else 0)
+    compilation.store()  # while the compiler runs, not before it starts
+    return building

@@ -47,6 +47,13 @@ class Compilation:
     from_program_cache: bool  # the passes, the lowering and the render were skipped
     built: BuiltModule | None = None
     from_cache: bool | None = None  # the build cache had the binary: no compiler ran
+    unstored: Callable[[], None] | None = None  # prepare(..., store=False): the program-cache write left to do
+
+    def store(self) -> None:
+        """Write what the stages made to the program cache, where `prepare` left that to the caller."""
+        write, self.unstored = self.unstored, None
+        if write is not None:
+            write()
 
 
 def label_inputs(graph: Graph) -> list:
@@ -58,13 +65,14 @@ def label_inputs(graph: Graph) -> list:
 
 
 @contextmanager
-def _cyclic_gc_paused():
+def cyclic_gc_paused():
     """Python's cyclic garbage collector off for the block (back on after, if it was on).
 
     The stages allocate millions of small objects that stay alive (nodes, views, kernels, text)
     and make few cycles; every full collection walks the whole heap, and their number grows with
     what is allocated: a sixth of the stages' time on a 12-layer GPT, for about 1 MB of garbage.
-    What cycles the stages leave are collected afterwards."""
+    What cycles the stages leave are collected afterwards. Building a step's graph (autodiff, the
+    optimizer's updates) is the same kind of work, and `sg.train_step` pauses it too."""
     enabled = gc.isenabled()
     gc.disable()
     try:
@@ -77,7 +85,7 @@ def _cyclic_gc_paused():
 def compile_stages(graph: Graph, language: Language, optimize: bool = True,
                    timings: dict | None = None) -> program_cache.Entry:
     """The passes, the lowering and the render of `graph` for `language`, timed into `timings`."""
-    with _cyclic_gc_paused():
+    with cyclic_gc_paused():
         return _stages(graph, language, optimize, {} if timings is None else timings)
 
 
@@ -100,9 +108,10 @@ def _stages(graph: Graph, language: Language, optimize: bool, timings: dict) -> 
     return program_cache.Entry(source, list(plan.dims), arena, optimized, pass_report, plan)
 
 
-def prepare(graph: Graph, language: Language, optimize: bool = True) -> Compilation:
+def prepare(graph: Graph, language: Language, optimize: bool = True, store: bool = True) -> Compilation:
     """The stages of compiling `graph` for `language`, before the build: from the program cache,
-    else run (and stored there).
+    else run (and stored there; with `store=False` by the caller's `Compilation.store()`, which
+    can write it while the compiler runs: pickling a 12-layer GPT's plan takes 0.1 s).
 
     Only what changes the source keys the program cache (the graph, the language, `optimize`,
     the compiler's code): compiler flags change the binary, which the build cache keys.
@@ -110,14 +119,17 @@ def prepare(graph: Graph, language: Language, optimize: bool = True) -> Compilat
     if not isinstance(graph, Graph):
         raise TypeError(f"backend {language.name.lower()!r}: expected a symgrad Graph, got {type(graph).__name__}")
     timings: dict[str, float] = {}
-    with timed(timings, "lookup"), _cyclic_gc_paused():  # unpickling a plan makes objects as the stages do
+    with timed(timings, "lookup"), cyclic_gc_paused():  # unpickling a plan makes objects as the stages do
         key = program_cache.key(graph, language.name.lower(), optimize=optimize)
         entry = program_cache.load(key, graph)
     hit = entry is not None
+    compilation = Compilation(entry, key, timings, hit)
     if entry is None:
-        entry = compile_stages(graph, language, optimize, timings)
-        program_cache.store(key, graph, entry)
-    return Compilation(entry, key, timings, hit)
+        compilation.entry = entry = compile_stages(graph, language, optimize, timings)
+        compilation.unstored = lambda: program_cache.store(key, graph, entry)
+        if store:
+            compilation.store()
+    return compilation
 
 
 def build(compilation: Compilation, build_module: Callable[[str], BuiltModule]) -> Compilation:

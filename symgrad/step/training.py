@@ -10,6 +10,7 @@ from typing import Mapping
 import numpy as np
 
 from .. import backends
+from ..backends.driver import cyclic_gc_paused
 from .call_checks import (arrays_by_name, check_no_gradient_buffer_names, collect_inputs, gradient_buffer_name,
                           leaf_kind, refuse_positional)
 from .compiled import Compiled, VariableView
@@ -268,6 +269,9 @@ def param_groups(params) -> tuple[list[Value], list[dict]]:
     return flat, options
 
 
+# Autodiff, the optimizer's graph and the compile allocate millions of objects that live on: the
+# cyclic collector's full passes would walk them all, for little garbage (backends.driver).
+@cyclic_gc_paused()
 def train_step(loss: Value, params=None, optimizer=None, backend: str | None = None, predict=None,
                clip_grad_norm: float | None = None, autocast: str | None = None, **options) -> TrainStep:
     """Compile forward, backward and the optimizer's update into one call.

@@ -272,3 +272,36 @@ def test_a_forged_arena_is_rewritten_at_the_build_and_a_call_writes_nothing():
     for n in (16, 300, 16):
         step(x=_batch(n)[0], y=_batch(n)[1])
     assert _cache_files() == before
+
+
+def test_a_step_built_in_the_background_is_stored_while_its_compiler_runs(monkeypatch):
+    """With predict=, the step's program and the predict program build on threads, and each is
+    written to the program cache after its compiler has started (driver.prepare(store=False),
+    Compilation.store): the same graph built again hits for both."""
+    from symgrad.backends import c as cbackend
+
+    def build():
+        x, y = sg.input("x", (16, 6)), sg.input("y", (16,), dtype="int64")
+        W, b = sg.param("W", (6, 3), init=np.zeros((6, 3), np.float32)), sg.param("b", (3,), init="zeros")
+        logits = x @ W + b
+        return sg.train_step(sg.cross_entropy(logits, y), params=[W, b], optimizer=sg.optim.SGD(lr=0.5),
+                             backend="c", predict=logits)
+
+    started, stored = [], []
+    store = program_cache.store
+
+    class Recorded(cbackend.Building):
+        def __init__(self, *args, **kwargs):
+            started.append(len(stored))
+            super().__init__(*args, **kwargs)
+
+    monkeypatch.setattr(cbackend, "Building", Recorded)
+    monkeypatch.setattr(program_cache, "store", lambda *a: stored.append(len(started)) or store(*a))
+    _clear_programs()
+    first = build()
+    assert not first.program.from_program_cache and not first.program_for("predict").program.from_program_cache
+    assert started == [0, 1] and stored == [1, 2]   # each program's compiler started before its store
+    again = build()
+    assert again.program.from_program_cache and again.program_for("predict").program.from_program_cache
+    batch = _batch()
+    assert np.isclose(first(x=batch[0], y=batch[1]), again(x=batch[0], y=batch[1]))
