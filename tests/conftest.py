@@ -8,6 +8,11 @@ import numpy as np
 import pytest
 
 import symgrad as sg  # noqa: F401
+from symgrad.backends.render import program as rendered_program
+
+# Every program a test renders renders each kernel, not only the first of each sharing key, and
+# checks that kernels with one key have one source (symgrad.backends.render.kernel_functions).
+rendered_program.VERIFY_SHARING = True
 
 
 def available_backends() -> list[str]:

@@ -7,19 +7,19 @@ write and swap); a kernel reads values through `View`s (symgrad.backends.views)
 and computes elementwise statements (`Statement`), one per graph node, each
 carrying the IR line it computes. Lists inside are never changed once a kernel is built:
 a later sweep (symgrad.backends.lower.inplace) makes new kernels with
-`dataclasses.replace` instead.
+`replace` (symgrad.backends.views) instead.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any
 
 from ..ir import dtypes as D
 from ..ir.elementwise import compute_dtype as elementwise_compute_dtype
 from ..ir.graph import Graph
 from ..ir.value import Value
-from .views import Buffer, View
+from .views import Buffer, View, replace
 
 class LoweringError(NotImplementedError):
     """A node the lowering has no rule for."""
@@ -64,7 +64,6 @@ class Plan:
     workspace: list[Buffer]
     consts: list[Buffer]
     kernels: list                  # compute kernels, then output copies, then update copies
-    header: str                    # the graph's text form
     variable_nodes: list = field(default_factory=list)  # the variable node of each variables[k]
     choices: list = field(default_factory=list)         # save / recompute decisions, for the report
     in_place: list = field(default_factory=list)        # variables whose new value is written in place

@@ -122,13 +122,16 @@ def _header(graph, name) -> list[str]:
     return packed("graph(", ins, ")" if variables else ") {") + (packed("  vars(", variables, ") {") if variables else [])
 
 
-def graph_text(graph) -> str:
-    """The whole graph as let-bindings with shapes."""
+def graph_text(graph, max_lines: int | None = None) -> str | None:
+    """The whole graph as let-bindings with shapes; None when that takes more than `max_lines`
+    lines (counted before any node is printed: a program's source header, which a model's
+    thousands of nodes would not fit, asks)."""
     name = Namer()
     lines = _header(graph, name)
-    for node in graph.nodes:
-        if node.op.name in ("input", "variable") or _is_inline(node):
-            continue
+    printed = [node for node in graph.nodes if node.op.name not in ("input", "variable") and not _is_inline(node)]
+    if max_lines is not None and len(lines) + len(printed) + 2 + len(graph.updates) > max_lines:
+        return None
+    for node in printed:
         lines.append("  " + node_line(node, name))
     lines.append(f"  return ({', '.join(name(v) for v in graph.outputs)}{',' if len(graph.outputs) == 1 else ''})")
     for target, new in graph.updates:

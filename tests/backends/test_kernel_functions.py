@@ -18,7 +18,9 @@ import numpy as np
 import pytest
 
 import symgrad as sg
-from symgrad.backends.render import kernel_functions, program as render_program
+from symgrad.backends.render import kernel_functions, program as render_program, templates
+from symgrad.backends.render.expressions import comment
+from symgrad.backends.render.renderer import Let, Store
 from symgrad.backends.build import runtime, toolchain
 from symgrad.backends.build.progress import BuildProgress
 
@@ -116,6 +118,56 @@ def test_canonical_form_renames_only_the_kernels_own_names():
         kernel_functions.canonical(other.replace("c4", "c5"), "k8_add_t20", ["ws7", "var5"])
     assert kernel_functions.shared([text, other, text], ["k3_add_t9", "k8_add_t20", "k3_add_t9"],
                                    [["ws1", "var2"], ["ws7", "var5"], ["ws1", "var2"]]) == [0, 0, 0]
+
+
+def _context(name="k3_add_t9", inputs=("ws1",), out="var2", local="t9", literal="1.0f", note="t9: ...", args=None):
+    """A loop kernel's template context as kinds render it, cut down to what sharing_key reads."""
+    params = [dict(ctype="float", name=b, const=b != out, pointer=True, restrict=True) for b in (*inputs, out)]
+    body = [Let("float", local, f"{inputs[0]}[i0] + {literal}", comment(note)), Store(out, "i0", local)]
+    return dict(kind="loop", name=name, params=params, args=args or [*inputs, out], body=body,
+                comments=[comment(f"{local} = add({inputs[0]}, 1)")])
+
+
+def test_a_sharing_key_is_the_context_without_comments_names_or_call():
+    key = kernel_functions.sharing_key
+    base = key(_context())
+    # another layer's kernel: its own name, buffers, node local, comments and call arguments
+    assert key(_context("k8_add_t20", ("ws7",), "var5", "t20", note="t20: other", args=["ws7", "var5"])) == base
+    assert key(_context(literal="2.0f")) != base                 # another constant: another function
+    assert key(_context(inputs=("c4",))) == base                 # a parameter, whatever its name
+    different_order = _context()
+    different_order["params"].reverse()                          # the same names in other roles
+    assert key(different_order) != base
+    as_code = _context()
+    as_code["body"][0] = Let("float", "t9", "ws1[i0] + 1.0f", "t9: ...")   # a str is code, a Comment is not
+    assert key(as_code) != base
+    assert key(dict(_context(), extra=np.float32(1))) is None   # a value whose text may not say it all
+
+
+def test_kernels_with_one_sharing_key_are_rendered_once(depths):
+    """The deep model's program renders one kernel per sharing key (its other kernels call that
+    one's function), and its source is the one every kernel rendered and compared gives."""
+    from symgrad.backends.render.languages import C_OPENMP
+    deep = depths[8][0].program
+    rendered = []
+    patch = pytest.MonkeyPatch()
+    patch.setattr(render_program, "render_template",
+                  lambda template, **context: rendered.append(template) or templates.render(template, **context))
+    patch.setattr(render_program, "VERIFY_SHARING", False)
+    try:
+        source = render_program.render(deep.plan, C_OPENMP)
+    finally:
+        patch.undo()
+    kernels = [k for k in rendered if not k.startswith("program/")]
+    assert len(deep.plan.kernels) > 2 * len(kernels) >= 2 * len(_functions(source))
+    assert source == deep.source   # as rendered in full when the fixture compiled it (VERIFY_SHARING)
+
+
+def test_the_check_finds_kernels_with_one_key_and_different_sources(depths, monkeypatch):
+    from symgrad.backends.render.languages import C_OPENMP
+    monkeypatch.setattr(render_program, "sharing_key", lambda context: "one key for all")
+    with pytest.raises(AssertionError, match="have one sharing key and different sources"):
+        render_program.render(depths[4][0].program.plan, C_OPENMP)
 
 
 def test_partition_balances_the_units():

@@ -9,8 +9,8 @@ import symgrad as sg
 from symgrad.backends.lower.inplace import apply_retargets
 from symgrad.backends.lower.lowering import lower
 from symgrad.backends.plan import kernel_reads, kernel_writes
-from symgrad.backends.views import (Buffer, collapse, contiguous_strides, merge_axes, merge_loop_axes,
-                                    merge_strided_axes)
+from symgrad.backends.views import (Buffer, View, collapse, contiguous_strides, merge_axes, merge_loop_axes,
+                                    merge_strided_axes, replace)
 
 
 def test_merge_axes_joins_axes_every_operand_steps_through_as_one():
@@ -106,3 +106,16 @@ def test_a_strided_view_reshapes_without_a_copy_where_numpy_does():
     # The transformer's case: (B, T, 3C)[..., C:2C] as (B, T, H, D).
     qkv = View("buffer", (8, 64, 128), "float32", (64 * 384, 384, 1), 128)
     assert reshape_view(qkv, (8, 64, 4, 32)).strides == (64 * 384, 384, 32, 1)
+
+
+def test_replace_is_dataclasses_replace_for_the_plans_dataclasses():
+    import dataclasses
+    import pytest
+    buf = Buffer("ws3", "workspace", 3, "float32", 12)
+    view = View("buffer", (3, 4), "float32", (4, 1), buffer=buf)
+    for changes in ({}, {"shape": (12,), "strides": (1,)}, {"offset": 2, "literal": 1.5}):
+        mine, theirs = replace(view, **changes), dataclasses.replace(view, **changes)
+        assert mine is not view and type(mine) is View and vars(mine) == vars(theirs)
+    assert vars(view)["shape"] == (3, 4)   # the original is left as it was
+    with pytest.raises(TypeError, match="View has no field"):
+        replace(view, shpe=(12,))

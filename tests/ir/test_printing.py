@@ -31,6 +31,11 @@ graph(x: f32[B,4]) vars(W: f32[4,3], b: f32[3]) {
   return (t4,)
 }"""
     assert repr(f.graph) == str(f.graph)
+    # A program's source header asks for the text only where it fits (8 lines here): a model's
+    # thousands of nodes are counted, not printed.
+    from symgrad.ir.printing import graph_text
+    assert graph_text(f.graph, max_lines=8) == str(f.graph)
+    assert graph_text(f.graph, max_lines=7) is None
 
 
 def test_print_graph_of_a_training_graph(capsys):

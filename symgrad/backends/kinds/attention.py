@@ -47,6 +47,7 @@ from ...ir.elementwise import ARGS
 from ...ir.value import Value
 from ..build import runtime
 from ..plan import Swap
+from ..render.expressions import comment
 from ..render.renderer import Renderer, small
 from ..render.templates import render as render_template
 from ..views import Buffer, View, buffer_view, contiguous_strides
@@ -226,7 +227,7 @@ def render(r: Renderer, k: AttentionKernel) -> dict:
     def head(view: View) -> dict:  # head h's first row, and the rows' distance
         return dict(row=r.ex.paren(view.strides[-2]),
                     at=f"{view.buffer.name} + {r.ex.index(view.offset, names, view.strides[:-2])}")
-    operands = [dict(role=role, label=label, **head(view))
+    operands = [dict(role=role, label=comment(label), **head(view))
                 for role, label, view in zip(("q", "k", "v", "o", "g"), k.labels, k.operands)]
     written = head(k.written)
     printer = r.lang.printer(k.out.dtype)

@@ -7,7 +7,7 @@ a loop that reads the variable only at the element it writes is stored into
 the variable itself (`write_in_place`). Each decides a retarget, temporary
 -> output or variable buffer; `retarget_views` makes later kernels read the
 new buffer, and `apply_retargets` rebuilds the kernels once at the end with
-`plan.swap_buffers` (dataclasses.replace: kernels are never changed), the
+`plan.swap_buffers` (views.replace: kernels are never changed), the
 temporaries renumbered.
 
 A retarget only ever moves a workspace temporary onto an output or a
@@ -18,10 +18,9 @@ earlier retargets are applied to the kernels yet or not.
 
 from __future__ import annotations
 
-from dataclasses import replace
 
 from ..plan import kernel_reads, kernel_writes, swap_buffers
-from ..views import Buffer, View, _same, is_contiguous
+from ..views import Buffer, View, _same, is_contiguous, replace
 
 
 def retarget_views(views: dict, old: Buffer, new: Buffer) -> dict:

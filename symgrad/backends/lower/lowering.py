@@ -22,7 +22,6 @@ lowering.
 
 from __future__ import annotations
 
-from dataclasses import replace
 
 import numpy as np
 import sympy
@@ -47,7 +46,7 @@ from ..kinds.matmul import MatmulKernel  # noqa: F401
 from ..kinds.reduce import ReduceKernel  # noqa: F401
 from ..kinds.row import RowKernel, RowPass, RowReduction, RowStore  # noqa: F401
 from ..decide.patches import moved
-from ..views import is_patches
+from ..views import is_patches, replace
 from ..plan import (PRODUCT, REDUCED, LoweringError, Operand, Plan, Statement, compute_dtype,  # noqa: F401
                    kernel_reads, kernel_writes)
 from ..views import (Buffer, View, broadcast_view, buffer_view, collapse, contiguous_strides, is_contiguous,
@@ -194,9 +193,8 @@ class LoweringContext:
             k = self.var_pos[id(target)]
             self.copy(new, view, self.variables[k], f"update {self.name(target)} <- {self.name(new)}")
         self.kernels, self.workspace = apply_retargets(self.kernels, self.workspace, retargets)
-        header = str(self.graph)
         return Plan(self.graph, self.dims, self.inputs, self.variables, self.outputs, self.workspace,
-                    self.consts, self.kernels, header, self.variable_nodes, list(self.decisions.choices),
+                    self.consts, self.kernels, self.variable_nodes, list(self.decisions.choices),
                     [self.name(t) for t, _, _ in finals if id(t) in direct], str(self.decisions))
 
     def source(self, node: Value) -> View:

@@ -23,11 +23,18 @@ from .c_printer import CPrintError, format_literal
 _PRINTABLE = re.compile(r"[ -~]*")  # printable ASCII, nothing else
 
 
-def comment(text) -> str:
+class Comment(str):
+    """Text that a kernel's source prints inside a comment only: left out when kernels are compared
+    for sharing one function (symgrad.backends.render.kernel_functions.sharing_key)."""
+
+    __slots__ = ()
+
+
+def comment(text) -> Comment:
     """`text` safe inside a C block comment on one line: no `*/`, no newlines, printable ASCII only."""
     text = str(text)
     if _PRINTABLE.fullmatch(text) and "*/" not in text and "/*" not in text and "??" not in text:
-        return text  # the usual case, already safe (a render calls this a few hundred times)
+        return Comment(text)  # the usual case, already safe (a render calls this a few hundred times)
     text = text.encode("ascii", "backslashreplace").decode("ascii")
     out = []
     for ch in text:
@@ -42,7 +49,7 @@ def comment(text) -> str:
     text = "".join(out)
     while "*/" in text or "/*" in text:
         text = text.replace("*/", "*\\/").replace("/*", "/\\*")
-    return text.replace("??", "?\\?")  # no trigraphs either
+    return Comment(text.replace("??", "?\\?"))  # no trigraphs either
 
 
 def shape_comment(shape) -> str:

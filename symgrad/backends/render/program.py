@@ -16,10 +16,11 @@ import sympy
 
 from ...ir import dtypes as D
 from ...ir.integer import HELPERS as INTEGER_HELPERS
+from ...ir.printing import graph_text
 from .c_printer import format_literal
 from .expressions import comment, shape_comment
 from . import entry_loops
-from .kernel_functions import canonical, partition, shared
+from .kernel_functions import canonical, partition, shared, sharing_key
 from .languages import (C_BAD_LABEL, C_ENTRY, C_PROFILE_COUNT, C_PROFILE_EVENTS, C_SCRATCH_BYTES, C_SET_THREADS,
                         C_SIGNATURE, C_WORKSPACE_SIZES, CUDA_ALIGN, CUDA_SIGNATURE, PARALLEL_MIN, Language)
 from ..kinds import KINDS, kind_of
@@ -90,9 +91,11 @@ def _header(plan: Plan) -> list[str]:
     """The graph the program computes, at the top of its source: whole when it is short; for a
     model (thousands of nodes, which would make the header most of the file and grow it with
     every layer) its inputs and a count, the nodes being commented at the kernels computing them."""
-    lines = plan.header.splitlines()
-    if len(lines) > HEADER_LINES:
-        graph = plan.graph
+    graph = plan.graph
+    text = graph_text(graph, max_lines=HEADER_LINES)
+    if text is not None:
+        lines = text.splitlines()
+    else:
         lines = [f"graph({', '.join(f'{v.name}: {v.type_str}' for v in graph.inputs)})",
                  f"  {len(graph.variables)} variables (the entry's variables[k] below) and {len(graph.nodes)} nodes:",
                  "  print(step.optimized_graph) shows them; each kernel is commented with the nodes it computes"]
@@ -262,9 +265,12 @@ def _functions(kernels: list) -> list[dict]:
     """The program's kernel functions (kernel_functions.shared: one per distinct kernel, commented
     with the other kernels that call it; `_counts_as_arguments`: one per code differing only in
     its element count); sets each kernel's `call`, the function it calls."""
-    texts = [render_template(k["template"], k=k).strip("\n") for k in kernels]
-    calls = shared(texts, [k["name"] for k in kernels], [[p["name"] for p in k["params"]] for k in kernels])
-    calls = _counts_as_arguments(kernels, texts, calls)
+    texts, representative = _texts(kernels)
+    rendered = [position for position, text in enumerate(texts) if text is not None]
+    among = shared([texts[p] for p in rendered], [kernels[p]["name"] for p in rendered],
+                   [[param["name"] for param in kernels[p]["params"]] for p in rendered])
+    function_of = {p: rendered[c] for p, c in zip(rendered, among)}
+    calls = _counts_as_arguments(kernels, texts, [function_of[r] for r in representative])
     others: dict[int, list[str]] = {}
     for position, (k, call) in enumerate(zip(kernels, calls)):
         k["call"] = kernels[call]["name"]
@@ -272,6 +278,37 @@ def _functions(kernels: list) -> list[dict]:
             others.setdefault(call, []).append(k["name"])
     return [dict(text=text, kernel=k, uses=_also_called_for(others.get(position, []), "count" in k))
             for position, (k, text, call) in enumerate(zip(kernels, texts, calls)) if call == position]
+
+
+# Render every kernel and check its source against the first of its sharing key's, and that every
+# context has a key (tests/conftest.py turns it on: every program the tests compile is checked).
+VERIFY_SHARING = False
+
+
+def _texts(kernels: list) -> tuple[list, list[int]]:
+    """Each kernel's source, rendered for the first kernel of each sharing key (kernel_functions.
+    sharing_key) and None for the others; and each kernel's first of its key, whose function it
+    calls. VERIFY_SHARING: every kernel rendered, its source checked against that first one's."""
+    first: dict[str, int] = {}
+    texts, representative = [], []
+    for position, k in enumerate(kernels):
+        key = sharing_key(k)
+        if key is None and VERIFY_SHARING:
+            raise AssertionError(f"kernel {k['name']}: its context has no sharing key")
+        seen = position if key is None else first.setdefault(key, position)
+        representative.append(seen)
+        if seen == position:
+            texts.append(render_template(k["template"], k=k).strip("\n"))
+            continue
+        texts.append(None)
+        if VERIFY_SHARING:
+            ours = canonical(render_template(k["template"], k=k).strip("\n"), k["name"],
+                             [p["name"] for p in k["params"]])
+            theirs = canonical(texts[seen], kernels[seen]["name"], [p["name"] for p in kernels[seen]["params"]])
+            if ours != theirs:
+                raise AssertionError(f"kernels {kernels[seen]['name']} and {k['name']} have one sharing key "
+                                     f"and different sources")
+    return texts, representative
 
 
 def _counts_as_arguments(kernels: list[dict], texts: list[str], calls: list[int]) -> list[int]:
