@@ -56,6 +56,19 @@ def test_what_the_work_meanwhile_raises_does_not_stop_the_build(tmp_path):
     assert (tmp_path / "a.txt").exists() and (tmp_path / "b.txt").exists()
 
 
+def test_work_given_for_the_threads_next_build_is_done_once_while_its_compilers_run(tmp_path):
+    """toolchain.while_compiling: the program cache's entry is written so, after the compilers
+    have started (symgrad.backends.c.compile_in_background); alongside the build's own work."""
+    seen, own = [], []
+    with toolchain.while_compiling(lambda: seen.append((tmp_path / "slow.txt").exists())):
+        toolchain._run_all(_paths(tmp_path), [_shell("sleep 0.5; echo slow > slow.txt")], tmp_path,
+                           meanwhile=lambda: own.append(len(seen)))
+        toolchain._run_all(_paths(tmp_path), [_shell("echo again > again.txt")], tmp_path)
+    assert seen == [False] and own == [0]   # once, while the compiler ran, after the build's own work
+    toolchain._run_all(_paths(tmp_path), [_shell("echo later > later.txt")], tmp_path)
+    assert seen == [False]
+
+
 def test_a_failing_command_raises_with_its_output_once_the_others_have_stopped(tmp_path):
     commands = [_shell("echo 'unit.c:3: error: expected ;' >&2; exit 1"), _shell("sleep 30; echo late > late.txt")]
     started = time.monotonic()

@@ -24,7 +24,9 @@ import sys
 import sysconfig
 import tempfile
 import threading
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Callable
 
 # The C compiler's flags unless $SYMGRAD_CFLAGS says otherwise (see default_flags).
 # -fno-trapping-math (clang's default) lets gcc compute both sides of a select and choose: no
@@ -53,6 +55,18 @@ def yield_to_other_work(nice: int) -> None:
     the cores to the steps running meanwhile. Only the compilers: the thread itself keeps its
     priority, or, holding Python's lock at a lower one, it would keep the steps waiting for it."""
     _THREAD.nice = nice
+
+
+@contextmanager
+def while_compiling(work: Callable[[], None]):
+    """Have this thread's next build call `work()` once its compilers have started (a program's
+    cache entry, written while they run: see symgrad.backends.c.compile_in_background); a build
+    that runs no compiler leaves it undone."""
+    _THREAD.meanwhile = work
+    try:
+        yield
+    finally:
+        _THREAD.meanwhile = None
 
 
 def _prioritized(command: list[str]) -> list[str]:
@@ -187,6 +201,16 @@ def compile_shared(tmp: Path, paths, flags: list[str], *, source: Path | None = 
     return out
 
 
+def _both(first: Callable[[], None], then: Callable[[], None]) -> Callable[[], None]:
+    """`first()`, then `then()` even where `first` raised (what it raised raised after)."""
+    def both():
+        try:
+            first()
+        finally:
+            then()
+    return both
+
+
 def _run_all(paths, commands: list[list[str]], cwd: Path, progress=None, meanwhile=None) -> None:
     """Run the compiler `commands`, `jobs(len(commands))` at a time, polled from this thread (no
     thread pool: each thread's malloc arena would stay reserved in the process). The first that
@@ -195,6 +219,9 @@ def _run_all(paths, commands: list[list[str]], cwd: Path, progress=None, meanwhi
     `meanwhile()` is called once the first compilers have started: work that would otherwise wait
     for them (the cache parses the program's declarations there). It is work done ahead, so what
     it raises is dropped: the same work done again after the build raises it where it belongs."""
+    also, _THREAD.meanwhile = getattr(_THREAD, "meanwhile", None), None   # while_compiling's, once
+    if also is not None:
+        meanwhile = also if meanwhile is None else _both(meanwhile, also)
     if len(commands) == 1 and progress is None and meanwhile is None:
         return _run(paths, commands[0], cwd)
     waiting, running = list(commands), []
