@@ -40,9 +40,16 @@ class Namer:
         self.taken: set[str] = set()
         self.counter = 0
 
+    def copy(self) -> "Namer":
+        """A namer that has named what this one has, and goes on from there on its own."""
+        other = Namer()
+        other.names, other.taken, other.counter = dict(self.names), set(self.taken), self.counter
+        return other
+
     def __call__(self, node: Value) -> str:
-        if id(node) in self.names:
-            return self.names[id(node)]
+        known = self.names.get(id(node))
+        if known is not None:
+            return known
         if _is_inline(node):
             value = node.attrs["value"]
             return str(value).replace(" ", "") if isinstance(value, sympy.Basic) else repr(value)

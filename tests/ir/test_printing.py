@@ -155,3 +155,17 @@ def test_a_formula_prints_as_sympy_prints_it_over_the_operand_names():
             want = str(expr.xreplace({elementwise.ARGS[k]: sympy.Symbol(t) for k, t in enumerate(shown)}))
             assert printing.formula(node, lambda v: v.text) == want
     assert len(expressions) > 50
+
+
+def test_a_namer_copy_has_the_names_and_goes_on_alone():
+    """The lowering and the printed decisions extend copies of the namer decide primed once
+    (symgrad.backends.decide.decisions.Decisions.namer) instead of naming every node again."""
+    from symgrad.ir.printing import Namer
+    x, W, b, loss = _small_graph()
+    graph = sg.function([x], [loss], backend="numpy").graph
+    first = Namer()
+    names = [first(n) for n in graph.nodes]
+    copy = first.copy()
+    assert [copy(n) for n in graph.nodes] == names
+    extra = sg.exp(x)
+    assert copy(extra) == first(extra) and copy.names is not first.names   # the same next name, each its own

@@ -84,6 +84,12 @@ class Decisions:
     # The language decided for (its name is among `options`): what the kinds' lowerings read of it,
     # such as the fused attention's walk and scratch (languages.Language.attention).
     language: Language = C_OPENMP
+    # graph_namer(graph, variables), made once (naming a 12-layer GPT's nodes took 10 ms a time): `namer()`
+    primed: Namer | None = field(default=None, compare=False, repr=False)
+
+    def namer(self) -> Namer:
+        """graph_namer(graph, variables): a copy of the one decide made, for the caller to extend."""
+        return self.primed.copy() if self.primed is not None else graph_namer(self.graph, self.variables)
 
     @cached_property
     def stats_stored(self) -> frozenset:
@@ -143,7 +149,7 @@ class Decisions:
     def kernels(self) -> list[str]:
         """One line per kernel, in the order they run: `matmul t2`, `sum t8 -> t9` (with its
         epilogue up to t9), `rows t5 t7 t8` (a row group's members, at its first member)."""
-        name = graph_namer(self.graph, self.variables)
+        name = self.namer()
         lines, seen = [], set()
         for n in self.order:
             g = self.row_of.get(id(n))
@@ -159,7 +165,7 @@ class Decisions:
         return lines
 
     def __str__(self) -> str:
-        name = graph_namer(self.graph, self.variables)
+        name = self.namer()
         position = {id(n): k for k, n in enumerate(self.graph.nodes)}
         by_id = {id(n): n for n in self.graph.nodes}
 
@@ -235,7 +241,8 @@ def decide(graph: Graph, variables=None, fuse_reduce: bool = True, recompute: bo
     matmul_epilogues = matmul_epilogues and language.epilogues
     implicit_gemm = implicit_gemm and {"patch gemm", "direct rows"} <= set(language.matmuls)
     variables = tuple(graph.variables if variables is None else variables)
-    name = graph_namer(graph, variables)
+    primed = graph_namer(graph, variables)
+    name = primed.copy()
     uses = use_counts(graph)
     chains = fused_chains(graph, uses, fuse_reduce)
     fused, choices = choose_recompute(graph, uses, chains, fuse_reduce, name) if recompute else (chains, [])
@@ -257,4 +264,4 @@ def decide(graph: Graph, variables=None, fuse_reduce: bool = True, recompute: bo
     return Decisions(graph, variables, options, frozenset(fused), frozenset(fused) - frozenset(chains),
                      tuple(choices), MappingProxyType(epilogue_of), tuple(groups), tuple(order), patches,
                      MappingProxyType(parts), MappingProxyType(matmuls), MappingProxyType(shared_stats(graph)),
-                     language=language, heads_last=heads_last(graph))
+                     language=language, heads_last=heads_last(graph), primed=primed)

@@ -33,7 +33,7 @@ from ...ir.printing import node_line
 from ...ir.registry import CUSTOM, ELEMENTWISE, MATMUL, MOVEMENT, SOURCE
 from ...ir.value import Value
 from .concat import store_part
-from ..decide.decisions import Decisions, decide, graph_namer
+from ..decide.decisions import Decisions, decide
 from ..decide.fusion import DEFAULT_DIM  # noqa: F401 -- re-exported for the backends
 from ..render.languages import C_OPENMP, Language
 from .inplace import aliases_output, apply_retargets, retarget_views, write_in_place
@@ -78,7 +78,7 @@ class LoweringContext:
         self.language = decisions.language
         self.graph = graph = decisions.graph
         self.variable_nodes = list(decisions.variables)
-        self.name = graph_namer(graph, self.variable_nodes)
+        self.name = decisions.namer()
         # What the decisions say, read in every kernel's walk.
         self.fused, self.epilogue_of, self.epilogued = decisions.fused, decisions.epilogue_of, decisions.epilogued
         self.row_of = decisions.row_of
