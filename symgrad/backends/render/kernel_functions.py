@@ -58,8 +58,9 @@ def _roles(text: str, name: str, params: list[str]) -> str:
     return "".join(parts)
 
 
-# Context entries a kernel's function does not print: the call's arguments, and what the entry
-# point does after the call (`final`: the gradients it reports).
+# A context's entries its function does not print: the call's arguments, and what the entry point
+# does after the call (`final`: the gradients it reports). Only C programs share functions (a CUDA
+# kernel's host side launches it with its own `args`).
 _CALL_ONLY = frozenset({"args", "final", "call"})
 # The key sets of the contexts' dicts and the dataclasses in them, each a number in a sharing key,
 # where every mark of structure (and of a value not a string) starts with \x1e, which C code and
@@ -82,7 +83,7 @@ def sharing_key(context: dict) -> str | None:
     words: list[str] = []
     add = words.append
 
-    def walk(value) -> None:
+    def walk(value, skipped=frozenset()) -> None:
         kind = type(value)
         if kind is str:
             add(value)
@@ -94,7 +95,7 @@ def sharing_key(context: dict) -> str | None:
             keys = tuple(value)
             add(f"\x1e<{_LAYOUTS.setdefault(keys, len(_LAYOUTS))}")
             for key in keys:
-                if key not in _CALL_ONLY:
+                if key not in skipped:
                     walk(value[key])
             add("\x1e>")
         elif kind is list or kind is tuple:
@@ -111,7 +112,7 @@ def sharing_key(context: dict) -> str | None:
             raise _Unkeyed
 
     try:
-        walk(context)
+        walk(context, _CALL_ONLY)   # the context's own entries only: a statement's are all code
     except _Unkeyed:
         return None
     return _roles("\x1f".join(words), context["name"], [p["name"] for p in context["params"]])
