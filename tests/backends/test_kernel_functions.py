@@ -144,20 +144,16 @@ def test_a_sharing_key_is_the_context_without_comments_names_or_call():
     assert key(dict(_context(), extra=np.float32(1))) is None   # a value whose text may not say it all
 
 
-def test_kernels_with_one_sharing_key_are_rendered_once(depths):
+def test_kernels_with_one_sharing_key_are_rendered_once(depths, monkeypatch):
     """The deep model's program renders one kernel per sharing key (its other kernels call that
     one's function), and its source is the one every kernel rendered and compared gives."""
     from symgrad.backends.render.languages import C_OPENMP
     deep = depths[8][0].program
     rendered = []
-    patch = pytest.MonkeyPatch()
-    patch.setattr(render_program, "render_template",
-                  lambda template, **context: rendered.append(template) or templates.render(template, **context))
-    patch.setattr(render_program, "VERIFY_SHARING", False)
-    try:
-        source = render_program.render(deep.plan, C_OPENMP)
-    finally:
-        patch.undo()
+    monkeypatch.setattr(render_program, "render_template",
+                        lambda template, **context: rendered.append(template) or templates.render(template, **context))
+    monkeypatch.setattr(render_program, "VERIFY_SHARING", False)
+    source = render_program.render(deep.plan, C_OPENMP)
     kernels = [k for k in rendered if not k.startswith("program/")]
     assert len(deep.plan.kernels) > 2 * len(kernels) >= 2 * len(_functions(source))
     assert source == deep.source   # as rendered in full when the fixture compiled it (VERIFY_SHARING)

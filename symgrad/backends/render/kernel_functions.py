@@ -1,5 +1,6 @@
 """Which kernels share one function, and which translation unit each function is compiled in.
 
+    sharing_key(context) -> str | None            a kernel's context as its function reads it
     shared(texts, names, params) -> list[int]     per kernel: the kernel whose function it calls
     partition(sizes, parts) -> list[int]          per function: its translation unit
     calls(source, names) -> dict[str, list[str]]  a program's functions and the kernels calling each
@@ -15,7 +16,9 @@ replaced by their roles: its function name (and the names derived from it: a mat
 and its argument struct), its parameters by position (the call passes each use's buffers in
 that order), and the locals named after graph nodes (t<n>) by first appearance. Comments, which
 name each use's nodes and buffers, are left out of the comparison; every other identifier (a
-constant table, a helper) must be the same for the sources to match. Pure functions over text.
+constant table, a helper) must be the same for the sources to match. Kernels whose template
+contexts are equal when read so (`sharing_key`) render to equal sources: only the first of each
+key is rendered (symgrad.backends.render.program). Pure functions over text and plain data.
 """
 
 from __future__ import annotations
