@@ -200,3 +200,29 @@ def test_gelu_slope_keeps_its_sign_far_below_zero(backend):
     exact = [math.erfc(abs(v) / math.sqrt(2)) / 2 * (1 if v < 0 else -1) + (v >= 0)
              + v * math.exp(-v * v / 2) / math.sqrt(2 * math.pi) for v in xs]
     np.testing.assert_allclose(got[3:], exact[3:], rtol=1e-13)   # x = -37: 4e-297, sign and all
+
+
+def test_gelu_tanh_keeps_its_tail_in_float32_and_computes_no_tanh():
+    """gelu(x, approximate="tanh") = x/2 (1 + tanh(u)) = x / (1 + exp(-2u)). In float32 the tanh
+    form's 1 + tanh(u) cancels to 0 below x = -5.4 (torch's float32 GELU gives 0 there; the true
+    value is -1e-14 at x = -6); the op computes the second form, within a few ulp of it in float64
+    (and u's rounding) wherever that is normal, and its forward kernel calls exp, not tanh (its C
+    loop costs one exp and one division, not a tanh's polynomial as well)."""
+    xs = np.concatenate([np.linspace(-9.0, 9.0, 3601), [-12.0, -20.0]]).astype(np.float32)
+    wide = xs.astype(np.float64)
+    u = np.sqrt(2 / np.pi) * (wide + 0.044715 * wide**3)
+    exact = wide / (1 + np.exp(-2 * u))
+    assert np.allclose(exact, torch.nn.functional.gelu(torch.tensor(wide), approximate="tanh").numpy(),
+                       rtol=1e-12, atol=1e-15)    # the same function
+    x = sg.input("x", xs.shape)
+    f = sg.function([x], [sg.gelu(x, approximate="tanh")], backend="c")
+    (got,) = f(xs)
+    normal = np.abs(exact) >= np.finfo(np.float32).tiny
+    assert (got[normal] != 0).all() and (np.signbit(got) == np.signbit(xs)).all()
+    # exp(-2u) carries u's rounding times |2u| (float32's u is within an ulp or so): a few ulp
+    # where u is small, ~130 at x = -8 (2u = -53). The tanh form's 1 + tanh(u) is off by 100%.
+    ulp = np.abs(got - exact)[normal] / np.spacing(np.abs(exact[normal]).astype(np.float32))
+    bound = 4 + 3 * np.abs(2 * u[normal])
+    assert (ulp <= bound).all(), f"{ulp.max():.1f} ulp at x = {xs[normal][(ulp / bound).argmax()]}"
+    kernel = [line for line in f.source.splitlines() if "= gelu_tanh(" in line and "const float" in line]
+    assert kernel and "sg_expf(" in kernel[0] and "tanh" not in kernel[0].split("/*")[0], kernel
