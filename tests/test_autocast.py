@@ -118,6 +118,24 @@ def test_half_graph_c_matches_reference(half_program):
     np.testing.assert_allclose(c[5], reference[5], rtol=1e-6, atol=1e-7)  # softmax: float32 sums, reordered
 
 
+def test_a_bfloat16_attention_shares_its_softmax_statistics_with_its_gradient():
+    """Under autocast the attention kernel computes in float32 and its output is rounded by a cast
+    (backends/decide/half.py); its gradient still reads the row statistics (m, 1 / l) the forward
+    stored, instead of sweeping every key block once more to find them (one of its six products
+    per block, and the exps), and agrees with the NumPy reference, which finds them afresh."""
+    q = sg.input("q", (2, 2, 40, 8))
+    with sg.autocast("bfloat16"):
+        out = sg.scaled_dot_product_attention(q, q * 0.5, q * 2.0, is_causal=True)
+        total = sg.sum(out * out)
+    outputs = [total, *sg.grad(total, [q])]
+    f = sg.function([q], outputs, backend="c")
+    stored = [line for line in f.program.plan.decisions.splitlines() if line.startswith("attention statistics")]
+    assert stored and " -> " in stored[0], stored
+    values = np.random.default_rng(4).standard_normal((2, 2, 40, 8)).astype(np.float32)
+    for ours, theirs in zip(f(values), sg.function([q], outputs, backend="numpy")(values)):
+        _close(ours, theirs, scale_ops=1)
+
+
 def test_c_refuses_half_leaves():
     x = sg.input("x16", (3,), dtype="bfloat16")
     with pytest.raises(TypeError, match=r"C backend: input 'x16' is bfloat16 \[3\]"):
