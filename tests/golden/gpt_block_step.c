@@ -139,12 +139,18 @@ static inline void sg_attention_put_f32(float* c, sg_vec_f32 c0, sg_vec_f32 c1, 
 }
 
 /* dst[e * T + j] = src[j * row + e] for T rows of E: one head of k (or v) transposed, the keys
-   along the vector lanes of the products that read it. */
+   along the vector lanes of the products that read it. 16 rows at a time, so that each row of dst
+   gets 16 consecutive elements (whole cache lines) in a row: one element at a time down a column,
+   E rows of dst T apart (a power of two, as a rule) share a few L1 sets and evict each other (8x
+   the time at T = 256, E = 64). The 16 rows of src read meanwhile stay in L1. */
 static inline void sg_attention_transpose_f32(int64_t T, int64_t E, const float* src, int64_t row, float* dst)
 {
-    for (int64_t j = 0; j < T; ++j) {
+    for (int64_t j0 = 0; j0 < T; j0 += 16) {
+        const int64_t rows = T - j0 < 16 ? T - j0 : 16;
         for (int64_t e = 0; e < E; ++e) {
-            dst[e * T + j] = src[j * row + e];
+            for (int64_t j = j0; j < j0 + rows; ++j) {
+                dst[e * T + j] = src[j * row + e];
+            }
         }
     }
 }
@@ -303,12 +309,18 @@ static inline void sg_attention_put_f64(double* c, sg_vec_f64 c0, sg_vec_f64 c1,
 }
 
 /* dst[e * T + j] = src[j * row + e] for T rows of E: one head of k (or v) transposed, the keys
-   along the vector lanes of the products that read it. */
+   along the vector lanes of the products that read it. 16 rows at a time, so that each row of dst
+   gets 16 consecutive elements (whole cache lines) in a row: one element at a time down a column,
+   E rows of dst T apart (a power of two, as a rule) share a few L1 sets and evict each other (8x
+   the time at T = 256, E = 64). The 16 rows of src read meanwhile stay in L1. */
 static inline void sg_attention_transpose_f64(int64_t T, int64_t E, const double* src, int64_t row, double* dst)
 {
-    for (int64_t j = 0; j < T; ++j) {
+    for (int64_t j0 = 0; j0 < T; j0 += 16) {
+        const int64_t rows = T - j0 < 16 ? T - j0 : 16;
         for (int64_t e = 0; e < E; ++e) {
-            dst[e * T + j] = src[j * row + e];
+            for (int64_t j = j0; j < j0 + rows; ++j) {
+                dst[e * T + j] = src[j * row + e];
+            }
         }
     }
 }
