@@ -230,8 +230,8 @@ class CKernelPrinter(KernelPrinter):
 
     libm's expf and tanhf are opaque calls, so a loop over them runs one element at a time;
     sg_expf and sg_tanhf (templates/program/expf.h.j2) are plain arithmetic the compiler vectorizes,
-    within 1 and 2 ulp. Softmax and cross-entropy spend most of their time in exp, a GELU
-    (tanh form) and its gradient in tanh.
+    within 1 and 2 ulp. Softmax and cross-entropy spend most of their time in exp, as does a GELU
+    (tanh form, computed as x * sigmoid(2u)), and its gradient in tanh.
     """
 
     def _print_exp(self, expr):
