@@ -188,11 +188,15 @@ def _in_terms_of_output(expr: sympy.Expr, partial: sympy.Expr) -> sympy.Expr | N
     x = ARGS[0]
     candidates = [sympy.diff(expr, x).subs(expr, OUT)]
     inverses = []
+    # A derivative that the output alone gives, with no function left to call (sqrt: 1/(2*y); tanh:
+    # 1 - y**2), is as cheap as a rewrite gets: the inverse's forms are not searched for it.
+    direct = candidates[0]
+    settled = not direct.has(x) and _cost(direct) == 0
     # sympy.solve inverts an expression that reads x once by peeling one function at a time
     # (sigmoid, tanh, exp: milliseconds); where x occurs more than once (GELU's tanh form,
     # x*(1 + tanh(c*(x + k*x**3)))/2) the inverse is rarely closed-form and solve can search
     # for minutes. Such ops keep their derivative in x.
-    if sum(1 for atom in sympy.preorder_traversal(expr) if atom == x) == 1:
+    if not settled and sum(1 for atom in sympy.preorder_traversal(expr) if atom == x) == 1:
         try:
             inverses = sympy.solve(sympy.Eq(OUT, expr), x, check=False)
         except (NotImplementedError, ValueError, TypeError):
@@ -274,7 +278,7 @@ def _derive(op: OpDef, i: int) -> sympy.Expr:
     partial = _torch_masks(partial)
     if partial.has(sympy.Piecewise, sympy.sign):
         partial = sympy.piecewise_fold(partial)
-    elif _cost(partial) > 0 and sympy.count_ops(partial) <= MAX_SIMPLIFY_OPS:
+    elif _cost(partial) > 0 and sympy.count_ops(partial) <= MAX_SIMPLIFY_OPS and not _settled(partial):
         simplified = S.simplify(partial)
         partial = simplified if stays_finite(simplified, partial) else partial
     # Kinked ops (relu, abs, max) keep their masks in x: there is nothing to gain.
@@ -289,6 +293,18 @@ def _derive(op: OpDef, i: int) -> sympy.Expr:
     if i in zero_where:
         partial = sympy.Piecewise((0, zero_where[i]), (partial, True))
     return partial
+
+
+def _settled(partial: sympy.Expr) -> bool:
+    """Whether sympy.simplify has nothing to do in `partial`: a product of powers with numeric
+    exponents (sqrt's 1/(2*sqrt(x)), cos's -sin(x)), which sympy's constructors have merged
+    already, with at most one function call among its factors. A sum may factor or cancel, powers
+    with symbolic exponents combine (pow's x1*x0**x1/x0 into x1*x0**(x1 - 1)), and so may two
+    functions (sin(x)**2/cos(x)**2 into tan(x)**2). Not calling it saves a cold compile its first
+    call's import of sympy.physics.units (0.06 s)."""
+    calls = [f for f in sympy.Mul.make_args(partial) if f.has(sympy.Function)]
+    return (not partial.has(sympy.Add) and len(calls) <= 1
+            and all(p.exp.is_Number for p in partial.atoms(sympy.Pow)))
 
 
 def _reuse_output(expr: sympy.Expr, partial: sympy.Expr) -> sympy.Expr | None:

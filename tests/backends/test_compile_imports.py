@@ -1,5 +1,6 @@
 """What a fresh process loads to compile: the cffi declarations come from the cache (no C parser),
-and an MLP's derivatives need no sympy.simplify (whose first call imports sympy.physics.units).
+and the derivatives of an MLP, or of a LayerNorm trained by AdamW (sqrt's), need no sympy.simplify
+(whose first call imports sympy.physics.units).
 
 Each check runs a child process with its own cache directory, since what a process has
 imported cannot be undone in this one.
@@ -12,6 +13,8 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+
+import pytest
 
 from symgrad.backends import c
 from symgrad.backends.build import ffi
@@ -26,27 +29,33 @@ x = sg.input("x", (8, 5))
 y = sg.input("y", (8,), dtype="int64")
 W1, b1 = sg.param("W1", (5, 7), init="normal"), sg.param("b1", (7,), init="zeros")
 W2, b2 = sg.param("W2", (7, 3), init="normal"), sg.param("b2", (3,), init="zeros")
-loss = sg.cross_entropy(sg.relu(x @ W1 + b1) @ W2 + b2, y)
-step = sg.train_step(loss, params=[W1, b1, W2, b2], optimizer=sg.optim.SGD(lr=0.1), backend=sys.argv[1])
+hidden = sg.relu(x @ W1 + b1)
+optimizer = sg.optim.SGD(lr=0.1)
+if sys.argv[2:] == ["norm"]:  # a LayerNorm and AdamW: square roots
+    hidden = sg.layer_norm(hidden, (7,))
+    optimizer = sg.optim.AdamW(lr=0.01)
+loss = sg.cross_entropy(hidden @ W2 + b2, y)
+step = sg.train_step(loss, params=[W1, b1, W2, b2], optimizer=optimizer, backend=sys.argv[1])
 value = step(x=np.ones((8, 5), np.float32), y=np.arange(8) % 3)
 print(json.dumps({"loss": float(value), "modules": sorted(m for m in sys.modules
                   if m.startswith(("pycparser", "sympy.physics")))}))
 """
 
 
-def _child(backend: str, cache: Path) -> dict:
+def _child(backend: str, cache: Path, *model: str) -> dict:
     # -O0: the child's empty cache builds the C runtime first, 2 s so, 13 s at the default -O3
     env = {**os.environ, "SYMGRAD_CACHE_DIR": str(cache), "OMP_NUM_THREADS": "1",
            "SYMGRAD_CFLAGS": "-O0 -fopenmp -std=c11 -fno-math-errno",
            "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
-    done = subprocess.run([sys.executable, "-c", _CHILD, backend], cwd=REPO, env=env,
+    done = subprocess.run([sys.executable, "-c", _CHILD, backend, *model], cwd=REPO, env=env,
                           capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, f"the child failed ({done.returncode}):\n{done.stderr[-3000:]}"
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
-def test_a_cold_mlp_compile_never_imports_sympy_physics(tmp_path):
-    child = _child("numpy", tmp_path / "cache")
+@pytest.mark.parametrize("model", [(), ("norm",)], ids=["mlp", "layer_norm_adamw"])
+def test_a_cold_compile_never_imports_sympy_physics(tmp_path, model):
+    child = _child("numpy", tmp_path / "cache", *model)
     assert not [m for m in child["modules"] if m.startswith("sympy.physics")], child["modules"]
 
 
