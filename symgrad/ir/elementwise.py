@@ -190,13 +190,12 @@ def _in_terms_of_output(expr: sympy.Expr, partial: sympy.Expr) -> sympy.Expr | N
     inverses = []
     # A derivative that the output alone gives, with no function left to call (sqrt: 1/(2*y); tanh:
     # 1 - y**2), is as cheap as a rewrite gets: the inverse's forms are not searched for it.
-    direct = candidates[0]
-    settled = not direct.has(x) and _cost(direct) == 0
+    in_output_alone = not candidates[0].has(x) and _cost(candidates[0]) == 0
     # sympy.solve inverts an expression that reads x once by peeling one function at a time
     # (sigmoid, tanh, exp: milliseconds); where x occurs more than once (GELU's tanh form,
     # x*(1 + tanh(c*(x + k*x**3)))/2) the inverse is rarely closed-form and solve can search
     # for minutes. Such ops keep their derivative in x.
-    if not settled and sum(1 for atom in sympy.preorder_traversal(expr) if atom == x) == 1:
+    if not in_output_alone and sum(1 for atom in sympy.preorder_traversal(expr) if atom == x) == 1:
         try:
             inverses = sympy.solve(sympy.Eq(OUT, expr), x, check=False)
         except (NotImplementedError, ValueError, TypeError):
