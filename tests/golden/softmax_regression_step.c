@@ -120,7 +120,7 @@ static inline float sg_expf(float x)
 
 /*
  * sg_tanhf(x): tanh x in float, within 2 ulp of the exact value, in plain arithmetic (sg_expf's
- * reason: libm's tanhf, an expm1f call inside, keeps a GELU loop scalar).
+ * reason: libm's tanhf, an expm1f call inside, keeps a GELU gradient's loop scalar).
  * |x| < 0.55: the odd Taylor series to x^19 (the first term left out is below 1e-9 of the
  * result); beyond: (1 - e^-2|x|) / (1 + e^-2|x|) with the sign of x, where e^-2|x| < 1/3, so
  * 1 - e^-2|x| loses nothing to cancellation; both on |x|, then x's sign (tanh is odd). Both are
