@@ -340,11 +340,14 @@ def _split_at_zero(partial: sympy.Expr, expr: sympy.Expr) -> sympy.Expr | None:
     return split if stays_finite(split, expr) else None
 
 
-def elementwise_vjp(node, g, wants: Sequence[bool]):
-    """The VJP of any sympy-defined op: g * d op/d x_i, one fused node per input."""
+def elementwise_vjp(node, g, wants: Sequence[bool], derived_as: OpDef | None = None):
+    """The VJP of any sympy-defined op: g * d op/d x_i, one fused node per input. `derived_as`: the
+    op whose expression is differentiated instead of the node's own, one computing the same
+    function in a form whose derivative behaves better (gelu_tanh's)."""
+    derived_as = node.op if derived_as is None else derived_as
     out = []
     for i, want in enumerate(wants):
-        partial = partial_derivative(node.op, i) if want else sympy.S.Zero
+        partial = partial_derivative(derived_as, i) if want else sympy.S.Zero
         if partial == 0:
             # No contribution (relu's second derivative, where's condition):
             # None tells the driver to skip it; a 0-ary node would have no shape.

@@ -7,13 +7,15 @@ VJP written as graph code against `symgrad.api.functional`.
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 import sympy
 from sympy.codegen.cfunctions import log1p
 
 from . import dtypes as D
 from . import shapes as S
-from .elementwise import ARGS, COTANGENT, OUT, apply_expression, define, derived_op, elementwise_vjp, partial_derivative
+from .elementwise import ARGS, OUT, apply_expression, define, derived_op, elementwise_vjp, partial_derivative
 from .registry import CUSTOM, MATMUL, MOVEMENT, REDUCE, SOURCE, OpDef, register
 from .rounding import round_half_even, trunc
 from .value import functions as _F  # symgrad.api.functional, for VJP rules written as graph code
@@ -121,21 +123,14 @@ define("gelu", x0 / 2 * (1 + sympy.erf(x0 / sympy.sqrt(2))), 1, "float", doc="x 
 # GPT's GELU loops took 1.5x the time), and 1 + tanh(u), which cancels for u << 0 (torch's float32
 # GELU is 0 from x = -5.3 on, where the true value is -2.7e-8; -8.4e-11 at x = -6), is never formed.
 _GELU_U = sympy.sqrt(2 / sympy.pi) * (x0 + sympy.Rational(44715, 10**6) * x0**3)
+# Its derivative is sympy's of the tanh form: finite wherever the op is, to every order. That of
+# x * s, x * exp(-2u) * 2u' / (1 + exp(-2u))**2, is inf/inf (NaN) below u = -44, where exp(-2u)
+# overflows and the derivative is 0.
 _GELU_IN_TANH = derived_op("gelu_tanh", x0 / 2 * (1 + sympy.tanh(_GELU_U)), 1)
-
-
-def _gelu_tanh_vjp(node, g, wants):
-    """g * the derivative of the tanh form, as sympy derives it: finite wherever the op is, to every
-    order. That of x * s, x * exp(-2u) * 2u' / (1 + exp(-2u))**2, is inf/inf (NaN) below u = -44,
-    where exp(-2u) overflows and the derivative is 0."""
-    partial = partial_derivative(_GELU_IN_TANH, 0)
-    return [apply_expression(COTANGENT * partial, {COTANGENT: g, x0: node.inputs[0]}, name="gelu_tanh_vjp0")
-            if wants[0] else None]
-
 
 define("gelu_tanh", x0 / (1 + sympy.exp(-2 * _GELU_U)), 1, "float",
        doc="GELU's tanh approximation, as torch's gelu(approximate='tanh'), computed as x * sigmoid(2u)",
-       vjp=_gelu_tanh_vjp)
+       vjp=functools.partial(elementwise_vjp, derived_as=_GELU_IN_TANH))
 
 
 def _zero_vjp(node, g, wants):

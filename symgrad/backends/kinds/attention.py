@@ -152,21 +152,18 @@ def _rows_view(ctx, node: Value) -> View:
     return contiguous_operand(ctx, node)
 
 
-def _differentiates(grad: Value, forward: Value) -> bool:
-    """Whether attention_grad node `grad` is the gradient of attention node `forward`: its q, k, v
-    the forward's, its `out` the forward's value (`_forward_of`), the same mask and scale."""
-    return (grad.op.name == "attention_grad" and forward.op.name == "attention" and _forward_of(grad) is forward
-            and all(a is b for a, b in zip(grad.inputs[:3], forward.inputs)) and grad.attrs == forward.attrs)
-
-
-def _forward_of(grad: Value) -> Value:
-    """The node `grad` reads as the forward's output: its `out` operand, or under a 16-bit float the
-    attention that operand rounds (half.legalize computes a bfloat16 attention in float32 and casts
-    its result: the statistics are that float32 kernel's, the ones a sweep would find again)."""
-    out = grad.inputs[3]
-    if out.op.name == "cast" and out.inputs[0].op.name == "attention" and D.is_half(out.dtype):
-        return out.inputs[0]
-    return out
+def _forward_of(grad: Value) -> Value | None:
+    """The attention node whose gradient attention_grad node `grad` is, or None: its q, k, v the
+    forward's, its `out` the forward's value, the same mask and scale. Under a 16-bit float `out` is
+    the rounding of that value (half.legalize computes the attention in float32 and casts its result):
+    the statistics are the float32 kernel's, the ones a sweep would find again."""
+    forward = grad.inputs[3]
+    if forward.op.name == "cast" and forward.inputs[0].op.name == "attention" and D.is_half(forward.dtype):
+        forward = forward.inputs[0]
+    if (forward.op.name == "attention" and all(a is b for a, b in zip(grad.inputs[:3], forward.inputs))
+            and grad.attrs == forward.attrs):
+        return forward
+    return None
 
 
 def shared_stats(graph) -> dict:
@@ -174,8 +171,8 @@ def shared_stats(graph) -> dict:
     attention whose gradient the same graph computes stores each row's m and 1 / l (2 x H x T
     elements), and that gradient reads them instead of sweeping every key block once more to find
     them (decide records it; a gradient computed where its forward is not, in another plan, sweeps)."""
-    return {id(node): _forward_of(node) for node in graph.nodes
-            if node.op.name == "attention_grad" and _differentiates(node, _forward_of(node))}
+    pairs = {id(node): _forward_of(node) for node in graph.nodes if node.op.name == "attention_grad"}
+    return {grad: forward for grad, forward in pairs.items() if forward is not None}
 
 
 def _stats(ctx, node: Value) -> Buffer | None:
