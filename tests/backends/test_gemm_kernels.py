@@ -181,7 +181,7 @@ def test_a_tile_too_big_for_the_registers_is_caught():
     loop over a one-vector sliver, 12 accumulators, fits: only the two-vector loops spill.)"""
     from symgrad.backends.build.runtime import Target, source as runtime_source
     source = runtime_source(targets=(Target("too big", "", 32, 12, 1, 2, 4),))
-    assert "enum { SG_F32_MR = 12 };" in source
+    assert "enum { SG_F32_MR = 12, SG_F32_MC = 72 };" in source
     loops = [loop for loop in _kernel_loops(_assembly(source, "x86-64-v3")) if loop.function.startswith("sg_micro")]
     two_vector = [loop for loop in loops if loop.vector_multiplies >= 24]
     assert two_vector and all(loop.stack_accesses for loop in two_vector)

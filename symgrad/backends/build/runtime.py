@@ -96,7 +96,9 @@ class Target:
     tile (MR; it is 2 vectors wide); `tn_vectors` the vectors of rows the narrow transposed kernel
     keeps per column; `conv_vectors` the vectors (forward) or patch rows (weight gradient) beside
     CONV_ROWS channels in the direct convolution's tile; `attention_rows` the rows of fused
-    attention's register tile (2 vectors wide; a divisor of its 32-row tiles and 64-key blocks).
+    attention's register tile (2 vectors wide; a divisor of its 32-row tiles and 64-key blocks);
+    `f32_block_rows` the float32 GEMM's MC, the most rows of A one cache block packs (a multiple of
+    every target's MR; float64 keeps GEMM's MC on every target).
     """
     name: str
     condition: str
@@ -105,6 +107,7 @@ class Target:
     tn_vectors: int
     conv_vectors: int
     attention_rows: int
+    f32_block_rows: int = GEMM["float32"]["MC"]
 
 
 #: Tested in this order; the first whose condition holds is compiled. 16 vector registers (SSE2,
@@ -114,9 +117,14 @@ class Target:
 #: 64-byte FMAs run at least 1.5x the 32-byte rate (Zen 4 splits 64-byte ones; Intel's server cores
 #: have two 512-bit units: 1.84x measured on one): then the build defines SG_VECTOR_BYTES=64
 #: (symgrad.backends.build.vector_width), the same tiles in 64-byte vectors. Fused attention's tile
-#: has 8 rows (16 accumulators) on AVX-512 and 4 (8) on 16 registers.
+#: has 8 rows (16 accumulators) on AVX-512 and 4 (8) on 16 registers. The full-width target's float32
+#: GEMM packs 4x the rows per block of A (288 x KC floats, 288 KiB: those cores have 1-2 MiB of L2):
+#: a block's rows stream the packed panel of B (K x NC) from L3 once, so the panel is streamed M / MC
+#: times, and a GPT's products (1024 x 384 x 1536 and their gradients) ran at 0.71-0.89 of torch.mm
+#: with 72 rows, 0.79-0.95 with 288 (benchmarks.gemm's shapes, 2 threads, Sapphire Rapids).
 TARGETS = (
-    Target("AVX-512 at full width: 32 registers of 64 bytes", "SG_VECTOR_BYTES == 64", 64, 8, 2, 4, 8),
+    Target("AVX-512 at full width: 32 registers of 64 bytes", "SG_VECTOR_BYTES == 64", 64, 8, 2, 4, 8,
+           f32_block_rows=4 * GEMM["float32"]["MC"]),
     Target("AVX-512VL: 32 vector registers", "defined(__AVX512VL__)", 32, 8, 2, 4, 8),
     Target("AVX, AVX2: 16 vector registers of 32 bytes", "defined(__AVX__)", 32, 6, 1, 2, 4),
     Target("SSE2, NEON and the rest: 16-byte vectors", "", 16, 6, 1, 2, 4),
@@ -162,7 +170,8 @@ def _context(targets: tuple) -> dict:
     from ...version import __version__
     gemms = [dict(GEMM[d], ctype=D.C_TYPES[d], SUFFIX=GEMM[d]["suffix"].upper(), parallel_min=GEMM_PARALLEL_MIN,
                   tall_chunks=TALL_CHUNKS, tall_mn=TALL_MN, tall_n=TALL_N,
-                  tiles=target_branches(targets, lambda t: t.gemm_rows)) for d in GEMM]
+                  tiles=target_branches(targets, lambda t: (t.gemm_rows, t.f32_block_rows if d == "float32"
+                                                            else GEMM[d]["MC"]))) for d in GEMM]
     vectors = [dict(GEMM[d], ctype=D.C_TYPES[d], SUFFIX=GEMM[d]["suffix"].upper(),
                     widths=[dict(b, lanes=b["value"] // D.to_numpy(d).itemsize)
                             for b in target_branches(targets, lambda t: t.vector_bytes)]) for d in GEMM]
