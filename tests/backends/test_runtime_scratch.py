@@ -92,6 +92,8 @@ GEMMS = [  # (M, N, K, A transposed, B transposed): what each exercises
     (64, 4096, 512, False, True),    # column groups, B transposed (packed from its columns)
     (64, 100, 4096, True, False),    # tall: K split over the threads, A transposed
     (50, 2100, 30, False, False),    # two panels of B (N past NC)
+    (700, 300, 200, False, False),   # rows in blocks of MC (288 on the full-width AVX-512 target), one partial
+    (384, 1536, 1024, True, False),  # a GPT's weight gradient: column groups where the panel of B passes L2
     (5, 7, 0, False, False),         # K = 0: C zeroed, no scratch
     (7, 9, 1, True, True),           # one row of K, both transposed
 ]
