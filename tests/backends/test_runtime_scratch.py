@@ -307,10 +307,12 @@ def test_the_cnn_step_is_its_numpy_twins(cnn):
 def test_a_larger_team_than_the_region_was_sized_for_gets_a_larger_region():
     """The entry checks the region against its team before it computes anything: a thread whose team
     grew since the region was sized has its call refused, the region sized again, and the call made."""
-    x, w = sg.input("x", (300, 200)), sg.input("w", (200, 300))
+    # (Rows enough that every team takes the blocked GEMM: its scratch grows with the team, whatever
+    # the target's MC. With fewer rows a team of 3 splits the columns and may need less than 1.)
+    x, w = sg.input("x", (600, 200)), sg.input("w", (200, 200))
     fn = sg.function([x, w], [x @ w], backend="c")
     rng = np.random.default_rng(1)
-    a, b = rng.standard_normal((300, 200)).astype(np.float32), rng.standard_normal((200, 300)).astype(np.float32)
+    a, b = rng.standard_normal((600, 200)).astype(np.float32), rng.standard_normal((200, 200)).astype(np.float32)
     own = omp_threads()
     try:
         set_omp_threads(1)
@@ -318,12 +320,12 @@ def test_a_larger_team_than_the_region_was_sized_for_gets_a_larger_region():
         alone = fn.program.memory_plan.scratch_bytes
         set_omp_threads(3)
         np.testing.assert_allclose(fn(a, b)[0], a @ b, rtol=1e-4, atol=1e-3)
-        assert fn.program.memory_plan.scratch_bytes == runtime.scratch_bytes("sg_gemm_f32", 300, 300, 200, 3) > alone
+        assert fn.program.memory_plan.scratch_bytes == runtime.scratch_bytes("sg_gemm_f32", 600, 200, 200, 3) > alone
     finally:
         set_omp_threads(own)
 
 
-@pytest.mark.parametrize("batch, m, n, k, share", [(64, 16, 40, 16, True), (2, 300, 200, 300, False)],
+@pytest.mark.parametrize("batch, m, n, k, share", [(64, 16, 40, 16, True), (2, 600, 200, 300, False)],
                          ids=["shared out", "one at a time"])
 def test_a_batched_product_gives_each_thread_its_slice(batch, m, n, k, share):
     """A batched product whose GEMMs are shared out over the team (each too small for it) gives

@@ -5,7 +5,7 @@ peak of its first steps, is the report's total within 10%.
 Measured in a child process, so that nothing else this test session allocated is counted. Freed
 memory that malloc keeps for reuse (the float64 draws behind a layer's initial values) is given
 back with malloc_trim before each reading: it is the allocator's cache, not memory any object
-holds. The model is large enough (about 110 MiB: parameters, Adam's two moments, gradients,
+holds. The model is large enough (about 100 MiB: parameters, Adam's two moments, gradients,
 activations, the GEMMs' packed panels) that the few MiB of the compiled program's Python objects
 stay well inside the margin, and small enough to compile and run two steps in a few seconds.
 
@@ -70,7 +70,7 @@ def test_the_reported_step_memory_is_what_the_process_grows_by():
     assert done.returncode == 0, done.stderr[-3000:]
     measured = json.loads(done.stdout.strip().splitlines()[-1])
     reported = sum(measured["reported"].values())
-    assert reported > 100 * 2**20, measured                     # the model is as large as the docstring says
+    assert reported > 90 * 2**20, measured                      # the model is as large as the docstring says
     assert abs(measured["grown"] - reported) <= 0.10 * reported, (
         f"the report says {reported / 2**20:.1f} MiB ({measured['reported']}); "
         f"the process grew by {measured['grown'] / 2**20:.1f} MiB")
