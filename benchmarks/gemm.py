@@ -1,6 +1,6 @@
 """symgrad's GEMM beside NumPy's BLAS and torch.mm, on the products the models compute.
 
-    python -m benchmarks.gemm [--threads 1,2] [--march x86-64-v3] [--autocast bfloat16] [--quick] [--json PATH]
+    python -m benchmarks.gemm [--threads 1,2] [--march x86-64-v3] [--autocast bfloat16 | --gpt] [--quick] [--json PATH]
 
 For each thread count, a fresh process (thread pools read their size once, at load) builds one
 `sg.function` per product, then times symgrad, `numpy.matmul` (its BLAS) and `torch.mm` side by
@@ -15,6 +15,7 @@ multiply-adds, compiled with the flags symgrad uses, run on every thread.
 nanoGPT config, and 768, as GPT-2 small), each product of float32 operands taken in bfloat16 with
 float32 sums and its result rounded to bfloat16: symgrad's built under `sg.autocast`, torch.mm
 under `torch.autocast("cpu")`. NumPy has no bfloat16 product; the ratio is symgrad's to torch's.
+`--gpt`: the same GPT layers' products in float32, beside NumPy and torch.
 """
 
 from __future__ import annotations
@@ -238,13 +239,14 @@ def main(argv=None) -> int:
                                         "instead of the default flags")
     parser.add_argument("--autocast", choices=["bfloat16"], help="the GPT layers' products under autocast to "
                                                                  "this dtype, beside torch's")
+    parser.add_argument("--gpt", action="store_true", help="the GPT layers' products (as --autocast) in float32")
     parser.add_argument("--quick", action="store_true", help=f"{QUICK.blocks} short blocks: a look, not a result")
     parser.add_argument("--json", type=Path, help="where to write the results (default results/gemm-<time>.json)")
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     plan = QUICK if args.quick else FULL
     if args.worker:
-        print(json.dumps(worker(GPT_PRODUCTS if args.autocast else PRODUCTS, plan, args.autocast)))
+        print(json.dumps(worker(GPT_PRODUCTS if args.autocast or args.gpt else PRODUCTS, plan, args.autocast)))
         return 0
     env = dict(os.environ)
     if args.march:
@@ -253,6 +255,7 @@ def main(argv=None) -> int:
     runs = []
     for threads in [int(t) for t in args.threads.split(",")]:
         command = [sys.executable, "-m", "benchmarks.gemm", "--worker", *(["--quick"] if args.quick else []),
+                   *(["--gpt"] if args.gpt else []),
                    *(["--autocast", args.autocast] if args.autocast else [])]
         done = subprocess.run(command, env={**env, "SYMGRAD_BENCH_THREADS": str(threads)}, stdout=subprocess.PIPE,
                               text=True, cwd=Path(__file__).resolve().parent.parent)
