@@ -120,8 +120,9 @@ class Target:
 #: has 8 rows (16 accumulators) on AVX-512 and 4 (8) on 16 registers. The full-width target's float32
 #: GEMM packs 4x the rows per block of A (288 x KC floats, 288 KiB: those cores have 1-2 MiB of L2):
 #: a block's rows stream the packed panel of B (K x NC) from L3 once, so the panel is streamed M / MC
-#: times, and a GPT's products (1024 x 384 x 1536 and their gradients) ran at 0.71-0.89 of torch.mm
-#: with 72 rows, 0.79-0.95 with 288 (benchmarks.gemm's shapes, 2 threads, Sapphire Rapids).
+#: times. A GPT's products (`python -m benchmarks.gemm --gpt --threads 2`, Sapphire Rapids) ran at
+#: 0.70-0.90 of torch.mm with 72 rows, 0.83-0.93 with 288 (and sg_gemm_plan's column groups for a
+#: panel past L2).
 TARGETS = (
     Target("AVX-512 at full width: 32 registers of 64 bytes", "SG_VECTOR_BYTES == 64", 64, 8, 2, 4, 8,
            f32_block_rows=4 * GEMM["float32"]["MC"]),
