@@ -124,11 +124,13 @@ class Target:
 #: 0.70-0.90 of torch.mm with 72 rows, 0.83-0.93 with 288 (and sg_gemm_plan's column groups for a
 #: panel past L2). AVX2's 6 x 16 tile packs 144 rows, what BLIS's configuration for Zen 3 (512 KiB of
 #: L2) gives the same tile: its build's weight-gradient products 7-17% faster here, the others as
-#: they were. The AVX-512VL target (Zen 4) keeps 72: not measured on one.
+#: they were. AVX-512VL's (Zen 4, 1 MiB of L2; BLIS packs 512 rows there for its own tile) packs 144
+#: too: in 32-byte vectors on this machine (SYMGRAD_VECTOR_BYTES=32) every product as fast or faster,
+#: the weight gradients 7-21%. (Not measured on a Zen 4.)
 TARGETS = (
     Target("AVX-512 at full width: 32 registers of 64 bytes", "SG_VECTOR_BYTES == 64", 64, 8, 2, 4, 8,
            f32_block_rows=4 * GEMM["float32"]["MC"]),
-    Target("AVX-512VL: 32 vector registers", "defined(__AVX512VL__)", 32, 8, 2, 4, 8),
+    Target("AVX-512VL: 32 vector registers", "defined(__AVX512VL__)", 32, 8, 2, 4, 8, f32_block_rows=144),
     Target("AVX, AVX2: 16 vector registers of 32 bytes", "defined(__AVX__)", 32, 6, 1, 2, 4, f32_block_rows=144),
     Target("SSE2, NEON and the rest: 16-byte vectors", "", 16, 6, 1, 2, 4),
 )
