@@ -232,8 +232,8 @@ def memory_rows(benches) -> list[dict]:
 
 
 def render_memory(rows) -> str:
-    """The memory table (target: symgrad's planned step memory <= 0.5 of torch's growth)."""
-    out = ["| config | symgrad-C step memory (planned, report) | torch eager peak RSS growth | ratio (target <= 0.5) |",
+    """The memory table (target: symgrad's planned step memory <= 0.8 of torch's growth, issue #38)."""
+    out = ["| config | symgrad-C step memory (planned, report) | torch eager peak RSS growth | ratio (target <= 0.8) |",
            "| --- | --- | --- | --- |"]
     for r in rows:
         mib = r["symgrad_planned_bytes"] / 2**20
