@@ -129,7 +129,7 @@ class Target:
 #: the weight gradients 7-21%. (Not measured on a Zen 4.)
 TARGETS = (
     Target("AVX-512 at full width: 32 registers of 64 bytes", "SG_VECTOR_BYTES == 64", 64, 8, 2, 4, 8,
-           f32_block_rows=4 * GEMM["float32"]["MC"]),
+           f32_block_rows=288),
     Target("AVX-512VL: 32 vector registers", "defined(__AVX512VL__)", 32, 8, 2, 4, 8, f32_block_rows=144),
     Target("AVX, AVX2: 16 vector registers of 32 bytes", "defined(__AVX__)", 32, 6, 1, 2, 4, f32_block_rows=144),
     Target("SSE2, NEON and the rest: 16-byte vectors", "", 16, 6, 1, 2, 4),
