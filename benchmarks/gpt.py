@@ -10,7 +10,8 @@ AdamW with sg.optim.from_torch), compiled to C: the torch user's path to symgrad
 Two configs of examples/gpt.py's model (issue 16): small (4 layers, 4 heads,
 128 channels, T=64, vocab 256, batch 8) and nanoGPT's shakespeare-char size
 (6 layers, 6 heads, 384 channels, T=256, vocab 256, batch 4), with GPT-2's
-tanh GELU as llm.c has it. Every system starts from symgrad's initial weights
+tanh GELU as llm.c has it (`--gelu none`: the exact one, torch's default nn.GELU and
+nanoGPT's, in every system but llm.c, which has only the tanh form). Every system starts from symgrad's initial weights
 (llm.c through its checkpoint format) and trains on the same batch with one
 AdamW step per call (lr 1e-4, betas (0.9, 0.999), eps 1e-8, no weight decay,
 no clipping: what llm.c's CPU update does), so the first losses agree. The
@@ -22,6 +23,7 @@ torch.compile and jax, and to llm.c, and each system's first loss.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
 import tempfile
@@ -49,10 +51,11 @@ class Bench:
     context: int
     vocab: int
     batch: int
+    gelu: str = "tanh"   # "none": the exact GELU
 
     def config(self):
         return load_example().GPTConfig(vocab_size=self.vocab, block_size=self.context, n_layer=self.layers,
-                                        n_head=self.heads, n_embd=self.channels, gelu="tanh")
+                                        n_head=self.heads, n_embd=self.channels, gelu=self.gelu)
 
 
 CONFIGS = {"small": Bench("small", 4, 4, 128, 64, 256, 8), "nanogpt": Bench("nanogpt", 6, 6, 384, 256, 256, 4),
@@ -172,6 +175,8 @@ def jax_runner(bench: Bench, model, state, x, y) -> Runner:
 def llmc_runner(checkout: Path | None, workdir: Path):
     def build(bench: Bench, model, state, x, y) -> Runner:
         from . import llmc
+        if bench.gelu != "tanh":
+            raise Unavailable("llm.c's GPT-2 has the tanh GELU only")
         if checkout is None:
             raise Unavailable("no llm.c checkout: pass --llmc DIR (a clone of karpathy/llm.c)")
         library = llmc.build(checkout, workdir)
@@ -188,12 +193,13 @@ def llmc_runner(checkout: Path | None, workdir: Path):
 
 def _peak_rss_growth_worker(config: str) -> None:
     """In a fresh process: how much torch eager's resident memory peaks above what it was before the
-    model existed, over two steps of `config` (its parameters, gradients, AdamW state, activations
-    and allocator caches). The kernel's peak-RSS mark is reset first (/proc/self/clear_refs), so
-    the imports' own peak does not count."""
+    model existed, over two steps of `config` ("<name>:<gelu>", or the name alone for tanh): its
+    parameters, gradients, AdamW state, activations and allocator caches. The kernel's peak-RSS
+    mark is reset first (/proc/self/clear_refs), so the imports' own peak does not count."""
     import torch
     torch.set_num_threads(THREADS)
-    bench = CONFIGS[config]
+    name, _, gelu = config.partition(":")
+    bench = dataclasses.replace(CONFIGS[name], gelu=gelu or "tanh")
     _, state, x, y = setup(bench)
     xt, yt = torch.from_numpy(x), torch.from_numpy(y)
     Path("/proc/self/clear_refs").write_text("5")
@@ -223,7 +229,7 @@ def memory_rows(benches) -> list[dict]:
                                           backend="c", betas=BETAS, clip=None)
         program = step.program
         planned = sum(step_memory(program.graph, program.plan, program.memory_plan).values())
-        child = subprocess.run([sys.executable, "-m", "benchmarks.gpt", "--rss-worker", bench.name],
+        child = subprocess.run([sys.executable, "-m", "benchmarks.gpt", "--rss-worker", f"{bench.name}:{bench.gelu}"],
                                capture_output=True, text=True, cwd=Path(__file__).resolve().parent.parent)
         torch_growth = json.loads(child.stdout.strip().splitlines()[-1])["growth_bytes"] if child.returncode == 0 \
             else None
@@ -280,12 +286,14 @@ def main(argv=None) -> int:
     parser.add_argument("--autocast", choices=sorted(AUTOCAST_SUFFIX),
                         help="beside symgrad-c, torch-eager and torch-compile, each one's step under autocast in "
                              "this dtype (sg.train_step(autocast=), torch.autocast('cpu'))")
+    parser.add_argument("--gelu", choices=("tanh", "none"), default="tanh",
+                        help="the MLP's GELU: tanh (GPT-2's, llm.c's; the default) or none (exact: torch's default)")
     parser.add_argument("--rss-worker", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.rss_worker:
         _peak_rss_growth_worker(args.rss_worker)
         return 0
-    benches = [CONFIGS[c] for c in args.configs.split(",")]
+    benches = [dataclasses.replace(CONFIGS[c], gelu=args.gelu) for c in args.configs.split(",")]
     names = args.systems.split(",")
     if args.autocast:  # each twin beside its system
         names = [n for name in names for n in (name, name + AUTOCAST_SUFFIX[args.autocast])

@@ -1,17 +1,21 @@
-"""The C backend's own float32 exp and tanh (sg_expf, sg_tanhf, templates/program/expf.h.j2) against
-the exact values.
+"""The C backend's own float32 exp, tanh, erf and erfc (sg_expf, sg_tanhf, templates/program/expf.h.j2;
+sg_erff, sg_erfcf, erff.h.j2) against the exact values.
 
-libm's expf and tanhf keep a loop scalar; sg_expf and sg_tanhf are arithmetic the compiler
+libm's expf, tanhf, erff and erfcf keep a loop scalar; the program's own are arithmetic the compiler
 vectorizes. sg_expf must stay within 1 ulp of the exact value over the whole float range,
-subnormal results included, and give inf, 0 and NaN exactly where e^x does; sg_tanhf within
-2 ulp, with +-0, +-1 and NaN exactly where tanh gives them.
+subnormal results included, and give inf, 0 and NaN exactly where e^x does; sg_tanhf and sg_erff
+within 2 ulp, with +-0, +-1 and NaN exactly where tanh and erf give them; sg_erfcf (read by the
+exact GELU's gradient) within 8 ulp, with 0, 1, 2 and NaN exactly where erfc gives them.
 """
 
 import numpy as np
 import pytest
+import sympy
+from scipy.special import erf as exact_erf, erfc as exact_erfc
 
 import symgrad as sg
-from asm_loops import LEVELS
+from asm_loops import LEVELS, assembly, kernel_loops
+from symgrad.ir.elementwise import ARGS, apply_expression
 
 pytest.importorskip("symgrad.backends.c")
 
@@ -24,6 +28,11 @@ def _compiled(fn, dtype="float32", n=sg.Dim("n")):
     return sg.function([x], fn(x), backend="c")
 
 
+def _erfc(x):
+    """erfc as an elementwise op (the exact GELU's gradient is where graphs meet it)."""
+    return apply_expression(sympy.erfc(ARGS[0]), {ARGS[0]: x}, name="erfc")
+
+
 @pytest.fixture(scope="module")
 def exp_c():
     return _compiled(sg.exp)
@@ -34,7 +43,18 @@ def tanh_c():
     return _compiled(sg.tanh)
 
 
-@pytest.mark.parametrize("fn, name", [(sg.exp, "sg_expf"), (sg.tanh, "sg_tanhf")])
+@pytest.fixture(scope="module")
+def erf_c():
+    return _compiled(sg.erf)
+
+
+@pytest.fixture(scope="module")
+def erfc_c():
+    return _compiled(_erfc)
+
+
+@pytest.mark.parametrize("fn, name", [(sg.exp, "sg_expf"), (sg.tanh, "sg_tanhf"), (sg.erf, "sg_erff"),
+                                      (_erfc, "sg_erfcf")])
 def test_the_vectorizable_one_in_float32_only(fn, name):
     assert f"{name}(" in _compiled(fn).source and f"static inline float {name}" in _compiled(fn).source
     assert name not in _compiled(fn, "float64", 4).source
@@ -76,12 +96,92 @@ def test_tanh_within_two_ulp_of_exact_with_its_special_values(tanh_c):
     assert ulp.max() <= 2.0, f"{ulp.max():.3f} ulp at x = {x[inside][ulp.argmax()]!r}"
 
 
+ERF_SPECIAL = np.array([0.0, -0.0, 1e-45, -1e-45, 1e-40, 1e-30, -1e-30, 1e-8, 0.99999994, 1.0, 1.0000001, -1.0,
+                        3.83, 3.9, 3.9999998, 4.0, 4.0000005, -4.0000005, 9.9, 10.0, 10.05, 10.06, 10.1, 10.2,
+                        1e30, np.inf, -np.inf, np.nan], dtype=np.float32)
+
+
+def _ulp_against(got, x, exact_fn, exact_values):
+    """The largest distance of `got` from exact_fn(x), in ulps of the rounded value (subnormal
+    spacing where it rounds to 0), after checking NaN, the sign bit and `exact_values` exactly."""
+    exact = exact_fn(x.astype(np.float64))
+    rounded = exact.astype(np.float32)
+    np.testing.assert_array_equal(np.isnan(got), np.isnan(x))
+    known = ~np.isnan(x)
+    np.testing.assert_array_equal(np.signbit(got[known]), np.signbit(rounded[known]))  # -0 stays -0
+    same = known & np.isin(rounded, exact_values)
+    np.testing.assert_array_equal(got[same], rounded[same])
+    inside = known & ~same
+    ulp = np.abs(got[inside] - exact[inside]) / np.spacing(np.abs(rounded[inside])).astype(np.float64)
+    return ulp.max(), x[inside][ulp.argmax()]
+
+
+def _erf_arguments(seed: int) -> np.ndarray:
+    rng = np.random.default_rng(seed)
+    return np.concatenate([np.linspace(-12, 12, 1_200_001, dtype=np.float32),
+                           (rng.standard_normal(100_000) * 1e-3).astype(np.float32),
+                           (rng.standard_normal(100_000) * 3).astype(np.float32), ERF_SPECIAL])
+
+
+def test_erf_within_two_ulp_of_exact_with_its_special_values(erf_c):
+    """+-0 keep their sign, erf rounds to exactly +-1 from |x| = 3.83 on (the clamp at 4 included),
+    +-inf give +-1 and NaN NaN; everywhere else within 2 ulp."""
+    x = _erf_arguments(2)
+    worst, where = _ulp_against(erf_c(x), x, exact_erf, [0.0, 1.0, -1.0])
+    assert worst <= 2.0, f"{worst:.3f} ulp at x = {where!r}"
+
+
+def test_erfc_within_eight_ulp_of_exact_with_its_special_values(erfc_c):
+    """erfc's relative accuracy holds into its subnormal tail (the clamp at 10.1 gives 0); 2 at
+    -inf and below -3.9, 1 at +-0, NaN at NaN."""
+    x = _erf_arguments(3)
+    worst, where = _ulp_against(erfc_c(x), x, exact_erfc, [1.0, 2.0])
+    assert worst <= 8.0, f"{worst:.3f} ulp at x = {where!r}"
+
+
+def test_the_exact_gelu_and_its_gradient_agree_with_float64():
+    """torch's default nn.GELU, x * Phi(x), and its derivative Phi(x) + x phi(x) in float32 C against
+    float64 on the same arguments, into the tails where Phi is 1e-38 and 1 - 1e-8. The forward is
+    torch's formula, x / 2 * (1 + erf(x / sqrt 2)), exact to an ulp of 1 in Phi (torch's too is 0
+    below x = -5.9); the derivative reads Phi(-|x|) as erfc(|x| / sqrt 2) / 2, relatively exact."""
+    x = sg.input("x", (sg.Dim("n"),))
+    y = sg.nn.functional.gelu(x)
+    step = sg.function([x], [y, sg.grad(y.sum(), [x])[0]], backend="c")
+    xs = np.concatenate([np.linspace(-13, 13, 260_001), [0.0, -0.0, -1e-30, 1e-30]]).astype(np.float32)
+    got_y, got_dy = step(x=xs)
+    v = xs.astype(np.float64)
+    phi = 0.5 * exact_erfc(-v / np.sqrt(2))
+    np.testing.assert_allclose(got_y, v * phi, rtol=4e-6, atol=np.abs(v).max() * 2 ** -23)
+    # The derivative's two terms cancel near x = -0.75 (each ~0.2, their sum 0): an error of a few ulps
+    # of the terms, not of the sum; in the tails the terms are as small as the sum, and x * x rounded
+    # in float32 moves e^(-x^2/2) by up to 4e-6 at |x| = 11.6 (as in torch's float32 formula).
+    slope = v * np.exp(-v * v / 2) / np.sqrt(2 * np.pi)
+    error = np.abs(got_dy - (phi + slope)) / (np.abs(phi) + np.abs(slope) + 1e-300)
+    assert error.max() <= 2 ** -17, f"{error.max():.3g} at x = {xs[error.argmax()]!r}"
+
+
 @pytest.mark.parametrize("march", LEVELS)
-def test_loops_over_exp_and_tanh_compile_to_vector_code(exp_c, tanh_c, march):
+def test_loops_over_the_functions_compile_to_vector_code(exp_c, tanh_c, erf_c, erfc_c, march):
     """Without timing: each kernel's innermost loop multiplies whole vectors (mulps, vfmadd...ps) on
     every x86-64 level, in gcc's assembly of the program with the default flags."""
-    from asm_loops import assembly, kernel_loops
-    for fn in (exp_c, tanh_c):
+    for fn in (exp_c, tanh_c, erf_c, erfc_c):
         kernel = fn.program.plan.kernels[0].name
         loops = kernel_loops(assembly(fn.source, march), kernel)
         assert loops, f"{march}: no loop of {kernel} multiplies vectors (it runs one element at a time)"
+
+
+def test_math_loops_take_64_byte_vectors_where_they_run_at_full_rate(erf_c):
+    """SG_MATH_LOOP: on a CPU whose compiler prefers 32-byte vectors (Sapphire Rapids' tuning), a loop
+    over erf is in 64-byte vectors (%zmm) when SG_VECTOR_BYTES is 64 and in 32-byte ones otherwise;
+    an elementwise loop without such calls keeps 32-byte ones (it is bound by memory)."""
+    plain = _compiled(lambda x: x * 3.0 + 1.0)
+
+    def widths(fn, march):
+        loops = kernel_loops(assembly(fn.source, march), fn.program.plan.kernels[0].name)
+        assert loops
+        return {width for loop in loops for width in ("zmm", "ymm") if any(f"%{width}" in line for line in loop.lines)}
+
+    assert "SG_MATH_LOOP void" in erf_c.source and "SG_MATH_LOOP" not in plain.source.split("symgrad_run")[0].split("#endif")[-1]
+    assert widths(erf_c, "sapphirerapids/64") == {"zmm"}
+    assert widths(erf_c, "sapphirerapids") == {"ymm"}
+    assert widths(plain, "sapphirerapids/64") == {"ymm"}

@@ -56,6 +56,17 @@
 #define SG_PARALLEL_MIN 32768
 
 /*
+ * SG_MATH_LOOP marks a loop kernel that calls these functions (symgrad/backends/kinds/loop.py): bound
+ * by arithmetic, not memory. Where 64-byte multiply-adds run at full rate (SG_VECTOR_BYTES == 64),
+ * gcc is asked for 64-byte vectors there, not its default 32 on CPUs with AVX-512.
+ */
+#if defined(SG_VECTOR_BYTES) && SG_VECTOR_BYTES == 64 && defined(__AVX512F__) && defined(__GNUC__) && !defined(__clang__)
+#define SG_MATH_LOOP __attribute__((target("prefer-vector-width=512")))
+#else
+#define SG_MATH_LOOP
+#endif
+
+/*
  * sg_expf(x): e^x in float, within 1 ulp of expf, in plain arithmetic so that loops over it
  * vectorize (a libm call would run them one element at a time).
  * e^x = 2^n * e^r with n = rint(x / ln 2) and r = x - n ln 2 (ln 2 in two parts, so r is exact

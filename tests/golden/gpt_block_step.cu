@@ -1804,7 +1804,7 @@ __global__ void __launch_bounds__(SG_THREADS) k64_sub_t510(int64_t d0, const dou
 /* k65_matmul_t123: a[8*d0 x 32] read with strides (32, 1), b[32 x 128] with (128, 1):
    a transposed operand is only a change of strides. Launched as sg_gemm<float> in the entry point. */
 
-/* t125: f32[B,8,128] = sqrt(2)*t55*exp(-t55**2/2)/(2*sqrt(pi)) + Piecewise((erfc(sqrt(2)*Abs(t55)/2)/2, t55 < 0), (1 - erfc(sqrt(2)*Abs(t55)/2)/2, True)) */
+/* t125: f32[B,8,128] = sqrt(2)*t55*exp(-t55**2/2)/(2*sqrt(pi)) + Piecewise((0, t55 < 0), (1, True)) + Piecewise((1, t55 < 0), (-1, True))*erfc(sqrt(2)*Abs(t55)/2)/2 */
 /* t126: f32[B,8,128] = mul(t124, t125) */
 __global__ void __launch_bounds__(SG_THREADS) k66_mul_t126(int64_t d0, const float* __restrict__ ws19, const float* __restrict__ ws43, float* __restrict__ ws44)
 {
@@ -1815,7 +1815,7 @@ __global__ void __launch_bounds__(SG_THREADS) k66_mul_t126(int64_t d0, const flo
         const int64_t i0 = rest;
         const float v0 = ws19[i0];  /* t55 */
         const float v1 = ws43[i0];  /* t124 */
-        const float t125 = 0.3989423f*(v0*expf(-1.0f/2.0f*((v0)*(v0)))) + (((v0 < 0.0f)) ? ((1.0f/2.0f)*erfcf(0.70710677f*fabsf(v0))) : (1.0f - 1.0f/2.0f*erfcf(0.70710677f*fabsf(v0))));  /* t125: f32[B,8,128] = sqrt(2)*t55*exp(-t55**2/2)/(2*sqrt(pi)) + Piecewise((erfc(sqrt(2)*Abs(t55)/2)/2, t55 < 0), (1 - erfc(sqrt(2)*Abs(t55)/2)/2, True)) */
+        const float t125 = 0.3989423f*(v0*expf(-1.0f/2.0f*((v0)*(v0)))) + (((v0 < 0.0f)) ? (0.0f) : (1.0f)) + (1.0f/2.0f)*(((v0 < 0.0f)) ? (1.0f) : ((-1.0f)))*erfcf(0.70710677f*fabsf(v0));  /* t125: f32[B,8,128] = sqrt(2)*t55*exp(-t55**2/2)/(2*sqrt(pi)) + Piecewise((0, t55 < 0), (1, True)) + Piecewise((1, t55 < 0), (-1, True))*erfc(sqrt(2)*Abs(t55)/2)/2 */
         const float t126 = v1*t125;  /* t126: f32[B,8,128] = mul(t124, t125) */
         ws44[i0] = t126;
     }

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..plan import Swap
+from ..render.expressions import calls_math
 from ..render.renderer import Renderer, Store, used_axes
 from ..views import Buffer, View, buffer_view
 
@@ -74,7 +75,10 @@ def render(r: Renderer, k: LoopKernel) -> dict:
     body.append(Store(k.out.name, r.ex.index(k.out_view.offset, loop_vars, k.out_view.strides), k.result))
     params, args = r.params([op.view.buffer for op in k.operands if op.view.buffer is not None], k.out)
     used = used_axes([op.view for op in k.operands] + [k.out_view], len(k.shape))
-    return r.kernel(k, "loop", params=params, args=args, loops=loops, body=body,
+    # Calls of the program's exp, tanh, erf or erfc (templates/program/expf.h.j2): arithmetic-bound,
+    # in the widest vectors that run at full rate (SG_MATH_LOOP).
+    math = any(calls_math(line.value) for line in body)
+    return r.kernel(k, "loop", params=params, args=args, loops=loops, body=body, math=math,
                     indent="    " * (len(loops) + 1), numel=r.ex.numel(k.shape),
                     split=r.split(k.shape, "i", used))
 

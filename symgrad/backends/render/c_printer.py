@@ -225,13 +225,13 @@ class KernelPrinter(C99CodePrinter):
 
 
 class CKernelPrinter(KernelPrinter):
-    """KernelPrinter for the C backend: float32 `exp` and `tanh` call the program's own
-    `sg_expf` and `sg_tanhf`.
+    """KernelPrinter for the C backend: float32 `exp`, `tanh`, `erf` and `erfc` call the program's
+    own `sg_expf`, `sg_tanhf`, `sg_erff` and `sg_erfcf`.
 
-    libm's expf and tanhf are opaque calls, so a loop over them runs one element at a time;
-    sg_expf and sg_tanhf (templates/program/expf.h.j2) are plain arithmetic the compiler vectorizes,
-    within 1 and 2 ulp. Softmax and cross-entropy spend most of their time in exp, as does a GELU
-    (tanh form, computed as x * sigmoid(2u)), and its gradient in tanh.
+    libm's are opaque calls, so a loop over them runs one element at a time; the program's own
+    (templates/program/expf.h.j2) are plain arithmetic the compiler vectorizes, within 1, 2, 2 and
+    2 ulp. Softmax and cross-entropy spend most of their time in exp, a GELU's tanh form and its
+    gradient in tanh, the exact GELU (torch's default) in erf and its gradient in erfc.
     """
 
     def _print_exp(self, expr):
@@ -243,6 +243,16 @@ class CKernelPrinter(KernelPrinter):
         if self.dtype == "float32":
             return f"sg_tanhf({self._print(expr.args[0])})"
         return super()._print_tanh(expr)
+
+    def _print_erf(self, expr):
+        if self.dtype == "float32":
+            return f"sg_erff({self._print(expr.args[0])})"
+        return super()._print_erf(expr)
+
+    def _print_erfc(self, expr):
+        if self.dtype == "float32":
+            return f"sg_erfcf({self._print(expr.args[0])})"
+        return super()._print_erfc(expr)
 
 
 def _refuse_outside_float(method):

@@ -99,6 +99,15 @@ def contiguous(shape) -> list:
     return list(reversed(strides))
 
 
+# The program's own float32 functions (templates/program/expf.h.j2; CKernelPrinter prints them).
+MATH_FUNCTIONS = ("sg_expf(", "sg_tanhf(", "sg_erff(", "sg_erfcf(")
+
+
+def calls_math(text: str) -> bool:
+    """Whether C expression `text` calls one of MATH_FUNCTIONS."""
+    return "sg_" in text and any(name in text for name in MATH_FUNCTIONS)
+
+
 def _is_boolean_expr(expr) -> bool:
     return isinstance(expr, (sympy.core.relational.Relational, sympy.logic.boolalg.BooleanFunction,
                              sympy.logic.boolalg.BooleanAtom))
@@ -107,7 +116,7 @@ def _is_boolean_expr(expr) -> bool:
 class Exprs:
     """Prints a plan's expressions with Dims as their C arguments (d0, d1, ...) and `printer`
     (dtype -> expression printer) for the fused nodes. `features` collects the helpers the
-    printed expressions call ("int_pow", "random", "fast_exp"), for the program's prelude."""
+    printed expressions call ("int_pow", "random", "fast_exp", "fast_erf"), for the program's prelude."""
 
     def __init__(self, dims: list, printer):
         self.dim_syms = {d: sympy.Symbol(f"d{k}", integer=True, positive=True) for k, d in enumerate(dims)}
@@ -199,8 +208,10 @@ class Exprs:
             text = self.printer(st.compute_dtype).print_named(expr, names)
         except CPrintError as exc:
             raise CPrintError(f"op {st.node.op.name!r} ({st.node.op.expr}): {exc}") from None
-        if "sg_expf(" in text or "sg_tanhf(" in text:
+        if calls_math(text):
             self.features.add("fast_exp")  # templates/program/expf.h.j2 goes in the prelude
+            if "sg_erf" in text:
+                self.features.add("fast_erf")  # ... and templates/program/erff.h.j2 after it
         if "sg_" in text:  # division and shift helpers (templates/program/integer.h.j2): each one called goes in
             self.features.update(name for name in INTEGER_HELPERS if name + "(" in text)
         if D.is_half(st.dtype):  # the rounding helper goes in the prelude (templates/program/integer.h.j2)
