@@ -205,4 +205,3 @@ def test_gemm_autocast_runners_compute_the_bfloat16_product_as_torch_does():
     text = gemm.render([{"threads": 1, "flags": ["-O3"], "peak_gflops": 10.0, "autocast": "bfloat16",
                          "products": rows}])
     assert "| symgrad / torch |" in text and text.count("| 0.50 |") == 3
-
