@@ -205,7 +205,8 @@ class CProgram(NativeProgram):
         self._context.collective = self._collective  # held by self: C keeps only the pointer
 
     def _build(self, flags: list[str] | None, quiet: bool | None = None) -> cache.BuiltModule:
-        announce = None if settings.quiet(quiet) else describe(self.plan, self.source)
+        # Described only if the compiler runs: a cached module needs neither the plan nor the text scan.
+        announce = None if settings.quiet(quiet) else (lambda: describe(self.plan, self.source))
         return build_program(self.source, flags, announce=announce)
 
     @contextmanager

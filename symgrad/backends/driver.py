@@ -121,7 +121,7 @@ def prepare(graph: Graph, language: Language, optimize: bool = True, store: bool
     timings: dict[str, float] = {}
     with timed(timings, "lookup"), cyclic_gc_paused():  # unpickling a plan makes objects as the stages do
         key = program_cache.key(graph, language.name.lower(), optimize=optimize)
-        entry = program_cache.load(key, graph)
+        entry = program_cache.load(key, graph, remake=lambda: compile_stages(graph, language, optimize))
     hit = entry is not None
     compilation = Compilation(entry, key, timings, hit)
     if entry is None:

@@ -112,9 +112,7 @@ class NativeProgram(ABC):
         entry = compilation.entry
         self.timings: dict[str, float] = compilation.timings
         self.source, self.dims, self.arena = entry.source, entry.dims, entry.arena
-        self.optimized: Graph = entry.optimized  # the graph after the passes (the graph itself with optimize=False)
-        self.pass_report: dict = entry.pass_report  # what each pass did (symgrad.passes.optimize's report)
-        self.plan = entry.plan  # the kernel plan the source renders
+        self._program_entry = entry  # optimized, pass_report and plan: read from it (a cached one unpickles them then)
         self.from_program_cache = compilation.from_program_cache
         self._program_key = compilation.key
         driver.build(compilation, lambda source: self._build(**build_options))
@@ -130,6 +128,21 @@ class NativeProgram(ABC):
         self._input_nodes = list(graph.inputs)
         # Calls are serialized: they share the workspace and whatever else a layout holds.
         self._lock = threading.Lock()
+
+    @property
+    def optimized(self) -> Graph:
+        """The graph after the passes (the graph itself with optimize=False)."""
+        return self._program_entry.optimized
+
+    @property
+    def pass_report(self) -> dict:
+        """What each pass did (symgrad.passes.optimize's report)."""
+        return self._program_entry.pass_report
+
+    @property
+    def plan(self):
+        """The kernel plan the source renders (symgrad.backends.lower.lowering.Plan)."""
+        return self._program_entry.plan
 
     @abstractmethod
     def _build(self, **options) -> BuiltModule:

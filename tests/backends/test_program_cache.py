@@ -1,6 +1,7 @@
 """The program cache: a graph compiled before skips passes, lowering and rendering, and only
 a graph that compiles to the same code ever hits."""
 
+import pickle
 import shutil
 
 import numpy as np
@@ -127,6 +128,32 @@ def test_a_hit_graph_lowers_again(miss_and_hit):
     kinds = lambda plan: [type(k).__name__ for k in plan.kernels]  # noqa: E731
     assert kinds(lower(hit.program.optimized, fuse_reduce=False)) == \
         kinds(lower(miss.program.optimized, fuse_reduce=False))
+
+
+def test_a_hit_unpickles_its_plan_only_when_asked(miss_and_hit):
+    """Building and running a hit needs the source, the Dims and the arena; the optimized graph,
+    pass report and plan stay pickled until read, then are the miss's."""
+    miss, _ = miss_and_hit
+    hit = _step()
+    hit(x=_batch()[0], y=_batch()[1])
+    assert hit.program.from_program_cache and hit.program._program_entry._stages is None
+    assert [k.name for k in hit.program.plan.kernels] == [k.name for k in miss.program.plan.kernels]
+    assert hit.program._program_entry._stages is not None
+    assert len(hit.program.optimized.nodes) == len(miss.program.optimized.nodes)
+
+
+def test_a_pickle_that_fails_to_load_is_compiled_again(miss_and_hit, monkeypatch):
+    """Should the checked pickle fail to unpickle when first read, the graph's stages are run again
+    (the same code on the same graph: the same plan), and reading it raises nothing."""
+    miss, _ = miss_and_hit
+    hit = _step()
+    assert hit.program.from_program_cache
+
+    def broken(self):
+        raise pickle.UnpicklingError("a stand-in for an entry that does not load")
+    monkeypatch.setattr(program_cache._Unpickler, "load", broken)
+    assert [k.name for k in hit.program.plan.kernels] == [k.name for k in miss.program.plan.kernels]
+    assert "program cache hit" in hit.report()
 
 
 def test_other_options_or_other_compiler_code_miss(miss_and_hit, monkeypatch):

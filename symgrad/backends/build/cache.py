@@ -87,6 +87,7 @@ import threading
 from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
+from typing import Callable
 
 from ...settings import cache_dir
 from . import ffi, toolchain
@@ -122,13 +123,13 @@ _LOCK = threading.RLock()
 
 def build(source: str, cdef: str, *, flags: list[str] | None = None, kind: str = "c",
           headers: dict[str, str] | None = None, link: BuiltModule | None = None,
-          announce: str | None = None, helpers: str = "") -> BuiltModule:
+          announce: str | Callable[[], str] | None = None, helpers: str = "") -> BuiltModule:
     """Compile `source` (declarations `cdef`) into a cached extension module, or load it from the cache.
 
     `flags` default to `default_flags()` (nvcc's for kind "cuda"). `headers` (file name -> text):
     files the source includes; `link`: a kind="runtime" library it calls. `announce`: what is
-    compiling, said on stderr when a compiler runs longer than a second (symgrad.backends.
-    build.progress); None: nothing is said. A kind="program" source that defines SG_PARTS is
+    compiling (or a function that says it, asked only when a compiler runs), said on stderr when
+    a compiler runs longer than a second (symgrad.backends.build.progress); None: nothing is said. A kind="program" source that defines SG_PARTS is
     compiled as that many translation units side by side (toolchain.compile_shared). `helpers`:
     Python text the importable module of a kind "program" or "cuda" entry adds (symgrad.backends.
     importable; derived from the entry, so not part of its key: rewritten when it differs). Raises
@@ -160,7 +161,7 @@ class _Inputs:
     keying nothing, what to announce while it compiles and the helpers its importable module adds)."""
     headers: dict
     link: BuiltModule | None
-    announce: str | None = None
+    announce: str | Callable[[], str] | None = None
     helpers: str = ""
 
     def key_parts(self) -> dict:
@@ -325,8 +326,9 @@ def _compile_entry(paths: _Paths, key: str, prekey: str, source: str, cdef: str,
             elif kind in ("runtime", "program"):
                 link = inputs.link if kind == "program" else None
                 units = toolchain.translation_units(source) if kind == "program" else 1
-                progress = None if inputs.announce is None else \
-                    BuildProgress(inputs.announce, units=units, jobs=toolchain.jobs(units))
+                announce = inputs.announce() if callable(inputs.announce) else inputs.announce
+                progress = None if announce is None else \
+                    BuildProgress(announce, units=units, jobs=toolchain.jobs(units))
                 # A program's declarations, parsed while its compilers run (35 ms of a cold compile)
                 declare = (lambda: ffi.declared(cdef)) if kind == "program" else None
                 built = toolchain.compile_shared(
