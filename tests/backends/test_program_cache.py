@@ -57,6 +57,14 @@ def test_any_change_that_reaches_the_code_changes_the_fingerprint(change):
     assert fingerprint(_graph(**change)) != fingerprint(_graph())
 
 
+def test_equal_values_that_compile_apart_fingerprint_apart_within_one_graph():
+    """0.0 and -0.0 are equal in Python, and different code (x + 0.0 is not x at x = -0.0): a graph
+    adding both differs from one adding 0.0 twice."""
+    x = sg.input("x", (4,))
+    zeros = lambda second: Graph([x], [x + sg.constant(0.0), x + sg.constant(second)])  # noqa: E731
+    assert fingerprint(zeros(-0.0)) != fingerprint(zeros(0.0))
+
+
 def test_initial_values_are_data_not_code():
     first, _, _ = _regression(W0=np.ones((6, 3), np.float32))
     second, _, _ = _regression(W0=np.full((6, 3), 7, np.float32))
