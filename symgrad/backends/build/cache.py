@@ -129,10 +129,11 @@ def build(source: str, cdef: str, *, flags: list[str] | None = None, kind: str =
     `flags` default to `default_flags()` (nvcc's for kind "cuda"). `headers` (file name -> text):
     files the source includes; `link`: a kind="runtime" library it calls. `announce`: what is
     compiling (or a function that says it, asked only when a compiler runs), said on stderr when
-    a compiler runs longer than a second (symgrad.backends.build.progress); None: nothing is said. A kind="program" source that defines SG_PARTS is
-    compiled as that many translation units side by side (toolchain.compile_shared). `helpers`:
-    Python text the importable module of a kind "program" or "cuda" entry adds (symgrad.backends.
-    importable; derived from the entry, so not part of its key: rewritten when it differs). Raises
+    a compiler runs longer than a second (symgrad.backends.build.progress); None: nothing is
+    said. A kind="program" source that defines SG_PARTS is compiled as that many translation
+    units side by side (toolchain.compile_shared). `helpers`: Python text the importable module
+    of a kind "program" or "cuda" entry adds (symgrad.backends.importable; derived from the
+    entry, so not part of its key: rewritten when it differs). Raises
     `CompilerNotFound` when a build is needed and no compiler runs, `BuildError` when the
     compiler rejects the source.
     """

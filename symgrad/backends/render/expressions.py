@@ -17,7 +17,7 @@ from ...ir import dtypes as D
 from ...ir import shapes as S
 from ...ir.elementwise import ARGS
 from ...ir.integer import HELPERS as INTEGER_HELPERS
-from .c_printer import CPrintError, format_literal
+from .c_printer import OWN_FLOAT32, CPrintError, format_literal
 
 
 _PRINTABLE = re.compile(r"[ -~]*")  # printable ASCII, nothing else
@@ -99,8 +99,8 @@ def contiguous(shape) -> list:
     return list(reversed(strides))
 
 
-# The program's own float32 functions (templates/program/expf.h.j2; CKernelPrinter prints them).
-MATH_FUNCTIONS = ("sg_expf(", "sg_tanhf(", "sg_erff(", "sg_erfcf(")
+# The program's own float32 functions (c_printer.OWN_FLOAT32), as a call begins.
+MATH_FUNCTIONS = tuple(f"{own}(" for own in OWN_FLOAT32.values())
 
 
 def calls_math(text: str) -> bool:
