@@ -1,11 +1,14 @@
-"""The C backend's own float32 exp, tanh, erf and erfc (sg_expf, sg_tanhf, templates/program/expf.h.j2;
-sg_erff, sg_erfcf, erff.h.j2) against the exact values.
+"""The C backend's own float32 exp, tanh, erf, erfc, log and log1p (sg_expf, sg_tanhf,
+templates/program/expf.h.j2; sg_erff, sg_erfcf, erff.h.j2; sg_logf, sg_log1pf, logf.h.j2) against the
+exact values.
 
 libm's expf, tanhf, erff and erfcf keep a loop scalar; the program's own are arithmetic the compiler
 vectorizes. sg_expf must stay within 1 ulp of the exact value over the whole float range,
 subnormal results included, and give inf, 0 and NaN exactly where e^x does; sg_tanhf and sg_erff
 within 2 ulp, with +-0, +-1 and NaN exactly where tanh and erf give them; sg_erfcf (read by the
-exact GELU's gradient) within 8 ulp, with 0, 1, 2 and NaN exactly where erfc gives them.
+exact GELU's gradient) within 8 ulp, with 0, 1, 2 and NaN exactly where erfc gives them; sg_logf
+within 2 ulp and sg_log1pf within 3 (softplus reads it), with +-0, +-inf and NaN exactly where log
+and log1p give them.
 """
 
 import numpy as np
@@ -49,12 +52,22 @@ def erf_c():
 
 
 @pytest.fixture(scope="module")
+def log_c():
+    return _compiled(sg.log)
+
+
+@pytest.fixture(scope="module")
+def log1p_c():
+    return _compiled(sg.log1p)
+
+
+@pytest.fixture(scope="module")
 def erfc_c():
     return _compiled(_erfc)
 
 
 @pytest.mark.parametrize("fn, name", [(sg.exp, "sg_expf"), (sg.tanh, "sg_tanhf"), (sg.erf, "sg_erff"),
-                                      (_erfc, "sg_erfcf")])
+                                      (_erfc, "sg_erfcf"), (sg.log, "sg_logf"), (sg.log1p, "sg_log1pf")])
 def test_the_vectorizable_one_in_float32_only(fn, name):
     assert f"{name}(" in _compiled(fn).source and f"static inline float {name}" in _compiled(fn).source
     assert name not in _compiled(fn, "float64", 4).source
@@ -103,11 +116,12 @@ ERF_SPECIAL = np.array([0.0, -0.0, 1e-45, -1e-45, 1e-40, 1e-30, -1e-30, 1e-8, 0.
 
 def _ulp_against(got, x, exact_fn, exact_values):
     """The largest distance of `got` from exact_fn(x), in ulps of the rounded value (subnormal
-    spacing where it rounds to 0), after checking NaN, the sign bit and `exact_values` exactly."""
+    spacing where it rounds to 0), after checking NaN (where exact_fn gives it), the sign bit and
+    `exact_values` exactly."""
     exact = exact_fn(x.astype(np.float64))
     rounded = exact.astype(np.float32)
-    np.testing.assert_array_equal(np.isnan(got), np.isnan(x))
-    known = ~np.isnan(x)
+    np.testing.assert_array_equal(np.isnan(got), np.isnan(rounded))
+    known = ~np.isnan(rounded)   # (a NaN's sign bit says nothing)
     np.testing.assert_array_equal(np.signbit(got[known]), np.signbit(rounded[known]))  # -0 stays -0
     same = known & np.isin(rounded, exact_values)
     np.testing.assert_array_equal(got[same], rounded[same])
@@ -139,6 +153,37 @@ def test_erfc_within_eight_ulp_of_exact_with_its_special_values(erfc_c):
     assert worst <= 8.0, f"{worst:.3f} ulp at x = {where!r}"
 
 
+LOG_SPECIAL = np.array([0.0, -0.0, 1e-45, 3e-45, 1e-40, 1.1754942e-38, 1.1754944e-38, 0.99999994, 1.0, 1.0000001,
+                        3.4028235e38, np.inf, -np.inf, -1e-30, -1.0, np.nan], dtype=np.float32)
+
+
+def test_log_within_two_ulp_of_exact_over_the_positive_floats(log_c):
+    """Every binade of the floats, subnormals included (scaled before their bits are read), and
+    dense around 1; -inf at +-0, inf at inf, NaN below 0 and at NaN, 0 exactly at 1."""
+    rng = np.random.default_rng(4)
+    x = np.concatenate([np.exp(rng.uniform(-103, 88.7, 1_000_000)).astype(np.float32),
+                        np.linspace(0.5, 2.0, 600_001, dtype=np.float32), LOG_SPECIAL])
+    with np.errstate(divide="ignore", invalid="ignore"):
+        worst, where = _ulp_against(log_c(x), x, np.log, [0.0, np.inf, -np.inf])
+    assert worst <= 2.0, f"{worst:.3f} ulp at x = {where!r}"
+
+
+def test_log1p_within_three_ulp_of_exact_and_exact_for_tiny_x(log1p_c):
+    """Tiny x (where 1 + x rounds to 1) gives x itself, -0 keeps its sign; -inf at -1, inf at inf,
+    NaN below -1 and at NaN."""
+    rng = np.random.default_rng(5)
+    x = np.concatenate([(rng.standard_normal(300_000) * 1e-3).astype(np.float32),
+                        np.linspace(-0.999, 10, 600_001, dtype=np.float32),
+                        np.exp(rng.uniform(-100, 88, 300_000)).astype(np.float32),
+                        np.array([1e-45, -1e-45, 1e-30, -1e-8, 3e38, 0.0, -0.0, -1.0, -1.5, np.inf, -np.inf, np.nan],
+                                 dtype=np.float32)])
+    with np.errstate(divide="ignore", invalid="ignore"):
+        worst, where = _ulp_against(log1p_c(x), x, np.log1p, [0.0, np.inf, -np.inf])
+    assert worst <= 3.0, f"{worst:.3f} ulp at x = {where!r}"
+    tiny = np.array([1e-30, -1e-30, 1e-9], dtype=np.float32)
+    np.testing.assert_array_equal(log1p_c(tiny), tiny)
+
+
 def test_the_exact_gelu_and_its_gradient_agree_with_float64():
     """torch's default nn.GELU, x * Phi(x), and its derivative Phi(x) + x phi(x) in float32 C against
     float64 on the same arguments, into the tails where Phi is 1e-38 and 1 - 1e-8. The forward is
@@ -161,10 +206,11 @@ def test_the_exact_gelu_and_its_gradient_agree_with_float64():
 
 
 @pytest.mark.parametrize("march", LEVELS)
-def test_loops_over_the_functions_compile_to_vector_code(exp_c, tanh_c, erf_c, erfc_c, march):
+def test_loops_over_the_functions_compile_to_vector_code(exp_c, tanh_c, erf_c, erfc_c, log_c, log1p_c, march):
     """Without timing: each kernel's innermost loop multiplies whole vectors (mulps, vfmadd...ps) on
-    every x86-64 level, in gcc's assembly of the program with the default flags."""
-    for fn in (exp_c, tanh_c, erf_c, erfc_c):
+    every x86-64 level, in gcc's assembly of the program with the default flags; softplus's too
+    (log1p of exp in one arm of a select: libm's log1pf had kept it scalar, 17x torch's time)."""
+    for fn in (exp_c, tanh_c, erf_c, erfc_c, log_c, log1p_c, _compiled(sg.softplus)):
         kernel = fn.program.plan.kernels[0].name
         loops = kernel_loops(assembly(fn.source, march), kernel)
         assert loops, f"{march}: no loop of {kernel} multiplies vectors (it runs one element at a time)"

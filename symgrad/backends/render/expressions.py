@@ -116,7 +116,7 @@ def _is_boolean_expr(expr) -> bool:
 class Exprs:
     """Prints a plan's expressions with Dims as their C arguments (d0, d1, ...) and `printer`
     (dtype -> expression printer) for the fused nodes. `features` collects the helpers the
-    printed expressions call ("int_pow", "random", "fast_exp", "fast_erf"), for the program's prelude."""
+    printed expressions call ("int_pow", "random", "fast_exp", "fast_erf", "fast_log"), for the program's prelude."""
 
     def __init__(self, dims: list, printer):
         self.dim_syms = {d: sympy.Symbol(f"d{k}", integer=True, positive=True) for k, d in enumerate(dims)}
@@ -212,6 +212,8 @@ class Exprs:
             self.features.add("fast_exp")  # templates/program/expf.h.j2 goes in the prelude
             if "sg_erf" in text:
                 self.features.add("fast_erf")  # ... and templates/program/erff.h.j2 after it
+            if "sg_log" in text:
+                self.features.add("fast_log")  # ... and templates/program/logf.h.j2
         if "sg_" in text:  # division and shift helpers (templates/program/integer.h.j2): each one called goes in
             self.features.update(name for name in INTEGER_HELPERS if name + "(" in text)
         if D.is_half(st.dtype):  # the rounding helper goes in the prelude (templates/program/integer.h.j2)

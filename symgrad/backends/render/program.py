@@ -150,7 +150,7 @@ def _host_program(renderer: Renderer, kernels: list, labels: list, profile: bool
         renderer.lang.program, version=__version__, header=_header(plan), entry=C_ENTRY, arguments=arguments,
         parallel_min=PARALLEL_MIN, int_pow="int_pow" in features, random="random" in features,
         integer_helpers=integer_helpers(features),
-        fast_exp="fast_exp" in features, fast_erf="fast_erf" in features, gemm="gemm" in features, attention="attention" in features, bad_label=C_BAD_LABEL, label_checks=checks,
+        fast_exp="fast_exp" in features, fast_erf="fast_erf" in features, fast_log="fast_log" in features, gemm="gemm" in features, attention="attention" in features, bad_label=C_BAD_LABEL, label_checks=checks,
         consts=[_const(c) for c in plan.consts], runtime_header=HEADER, kernels=kernels, signature=C_SIGNATURE,
         dims=[comment(d) for d in plan.dims], pointers=pointers, workspace=workspace, shapes_at_pointers=not listed,
         workspace_dims=sorted(ex.dims_used(b.numel for b in plan.workspace)), workspace_table=workspace_table,

@@ -101,7 +101,7 @@ def used_axes(views, axes: int, offset: int = 0) -> set[int]:
 
 class Renderer:
     """Template contexts of a plan's kernels in one `language`; `features` collects the helpers
-    the kernels call ("int_pow", "random", "fast_exp", "fast_erf", "gemm", "argmax", "rows")."""
+    the kernels call ("int_pow", "random", "fast_exp", "fast_erf", "fast_log", "gemm", "argmax", "rows")."""
 
     def __init__(self, plan: Plan, language: Language):
         self.plan, self.lang = plan, language
