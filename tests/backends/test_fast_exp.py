@@ -36,34 +36,13 @@ def _erfc(x):
     return apply_expression(sympy.erfc(ARGS[0]), {ARGS[0]: x}, name="erfc")
 
 
-@pytest.fixture(scope="module")
-def exp_c():
-    return _compiled(sg.exp)
+# Each function's float32 program (one sg.function over a vector), compiled once for the module.
+FUNCTIONS = {"exp": sg.exp, "tanh": sg.tanh, "erf": sg.erf, "erfc": _erfc, "log": sg.log, "log1p": sg.log1p}
 
 
 @pytest.fixture(scope="module")
-def tanh_c():
-    return _compiled(sg.tanh)
-
-
-@pytest.fixture(scope="module")
-def erf_c():
-    return _compiled(sg.erf)
-
-
-@pytest.fixture(scope="module")
-def log_c():
-    return _compiled(sg.log)
-
-
-@pytest.fixture(scope="module")
-def log1p_c():
-    return _compiled(sg.log1p)
-
-
-@pytest.fixture(scope="module")
-def erfc_c():
-    return _compiled(_erfc)
+def compiled():
+    return {name: _compiled(fn) for name, fn in FUNCTIONS.items()}
 
 
 @pytest.mark.parametrize("fn, name", [(sg.exp, "sg_expf"), (sg.tanh, "sg_tanhf"), (sg.erf, "sg_erff"),
@@ -73,11 +52,11 @@ def test_the_vectorizable_one_in_float32_only(fn, name):
     assert name not in _compiled(fn, "float64", 4).source
 
 
-def test_within_one_ulp_of_exact_over_the_float_range(exp_c):
+def test_within_one_ulp_of_exact_over_the_float_range(compiled):
     rng = np.random.default_rng(0)
     x = np.concatenate([np.linspace(-106, 90, 400_001, dtype=np.float32),
                         rng.uniform(-20, 20, 100_000).astype(np.float32), SPECIAL])
-    got = exp_c(x)
+    got = compiled["exp"](x)
     with np.errstate(over="ignore"):
         exact = np.exp(x.astype(np.float64))
         rounded = exact.astype(np.float32)
@@ -93,11 +72,11 @@ TANH_SPECIAL = np.array([0.0, -0.0, 1e-45, -1e-45, 1e-30, -1e-30, 1e-8, 0.549999
                          9.0, 20.0, -20.0, np.inf, -np.inf, np.nan], dtype=np.float32)
 
 
-def test_tanh_within_two_ulp_of_exact_with_its_special_values(tanh_c):
+def test_tanh_within_two_ulp_of_exact_with_its_special_values(compiled):
     rng = np.random.default_rng(1)
     x = np.concatenate([np.linspace(-12, 12, 1_200_001, dtype=np.float32),
                         (rng.standard_normal(100_000) * 0.3).astype(np.float32), TANH_SPECIAL])
-    got = tanh_c(x)
+    got = compiled["tanh"](x)
     exact = np.tanh(x.astype(np.float64))
     rounded = exact.astype(np.float32)
     np.testing.assert_array_equal(np.isnan(got), np.isnan(x))
@@ -137,19 +116,19 @@ def _erf_arguments(seed: int) -> np.ndarray:
                            (rng.standard_normal(100_000) * 3).astype(np.float32), ERF_SPECIAL])
 
 
-def test_erf_within_two_ulp_of_exact_with_its_special_values(erf_c):
+def test_erf_within_two_ulp_of_exact_with_its_special_values(compiled):
     """+-0 keep their sign, erf rounds to exactly +-1 from |x| = 3.83 on (the clamp at 4 included),
     +-inf give +-1 and NaN NaN; everywhere else within 2 ulp."""
     x = _erf_arguments(2)
-    worst, where = _ulp_against(erf_c(x), x, exact_erf, [0.0, 1.0, -1.0])
+    worst, where = _ulp_against(compiled["erf"](x), x, exact_erf, [0.0, 1.0, -1.0])
     assert worst <= 2.0, f"{worst:.3f} ulp at x = {where!r}"
 
 
-def test_erfc_within_eight_ulp_of_exact_with_its_special_values(erfc_c):
+def test_erfc_within_eight_ulp_of_exact_with_its_special_values(compiled):
     """erfc's relative accuracy holds into its subnormal tail (the clamp at 10.1 gives 0); 2 at
     -inf and below -3.9, 1 at +-0, NaN at NaN."""
     x = _erf_arguments(3)
-    worst, where = _ulp_against(erfc_c(x), x, exact_erfc, [1.0, 2.0])
+    worst, where = _ulp_against(compiled["erfc"](x), x, exact_erfc, [1.0, 2.0])
     assert worst <= 8.0, f"{worst:.3f} ulp at x = {where!r}"
 
 
@@ -157,18 +136,18 @@ LOG_SPECIAL = np.array([0.0, -0.0, 1e-45, 3e-45, 1e-40, 1.1754942e-38, 1.1754944
                         3.4028235e38, np.inf, -np.inf, -1e-30, -1.0, np.nan], dtype=np.float32)
 
 
-def test_log_within_two_ulp_of_exact_over_the_positive_floats(log_c):
+def test_log_within_two_ulp_of_exact_over_the_positive_floats(compiled):
     """Every binade of the floats, subnormals included (scaled before their bits are read), and
     dense around 1; -inf at +-0, inf at inf, NaN below 0 and at NaN, 0 exactly at 1."""
     rng = np.random.default_rng(4)
     x = np.concatenate([np.exp(rng.uniform(-103, 88.7, 1_000_000)).astype(np.float32),
                         np.linspace(0.5, 2.0, 600_001, dtype=np.float32), LOG_SPECIAL])
     with np.errstate(divide="ignore", invalid="ignore"):
-        worst, where = _ulp_against(log_c(x), x, np.log, [0.0, np.inf, -np.inf])
+        worst, where = _ulp_against(compiled["log"](x), x, np.log, [0.0, np.inf, -np.inf])
     assert worst <= 2.0, f"{worst:.3f} ulp at x = {where!r}"
 
 
-def test_log1p_within_three_ulp_of_exact_and_exact_for_tiny_x(log1p_c):
+def test_log1p_within_three_ulp_of_exact_and_exact_for_tiny_x(compiled):
     """Tiny x (where 1 + x rounds to 1) gives x itself, -0 keeps its sign; -inf at -1, inf at inf,
     NaN below -1 and at NaN."""
     rng = np.random.default_rng(5)
@@ -178,10 +157,10 @@ def test_log1p_within_three_ulp_of_exact_and_exact_for_tiny_x(log1p_c):
                         np.array([1e-45, -1e-45, 1e-30, -1e-8, 3e38, 0.0, -0.0, -1.0, -1.5, np.inf, -np.inf, np.nan],
                                  dtype=np.float32)])
     with np.errstate(divide="ignore", invalid="ignore"):
-        worst, where = _ulp_against(log1p_c(x), x, np.log1p, [0.0, np.inf, -np.inf])
+        worst, where = _ulp_against(compiled["log1p"](x), x, np.log1p, [0.0, np.inf, -np.inf])
     assert worst <= 3.0, f"{worst:.3f} ulp at x = {where!r}"
     tiny = np.array([1e-30, -1e-30, 1e-9], dtype=np.float32)
-    np.testing.assert_array_equal(log1p_c(tiny), tiny)
+    np.testing.assert_array_equal(compiled["log1p"](tiny), tiny)
 
 
 def test_the_exact_gelu_and_its_gradient_agree_with_float64():
@@ -206,17 +185,17 @@ def test_the_exact_gelu_and_its_gradient_agree_with_float64():
 
 
 @pytest.mark.parametrize("march", LEVELS)
-def test_loops_over_the_functions_compile_to_vector_code(exp_c, tanh_c, erf_c, erfc_c, log_c, log1p_c, march):
+def test_loops_over_the_functions_compile_to_vector_code(compiled, march):
     """Without timing: each kernel's innermost loop multiplies whole vectors (mulps, vfmadd...ps) on
     every x86-64 level, in gcc's assembly of the program with the default flags; softplus's too
     (log1p of exp in one arm of a select: libm's log1pf had kept it scalar, 17x torch's time)."""
-    for fn in (exp_c, tanh_c, erf_c, erfc_c, log_c, log1p_c, _compiled(sg.softplus)):
+    for fn in (*compiled.values(), _compiled(sg.softplus)):
         kernel = fn.program.plan.kernels[0].name
         loops = kernel_loops(assembly(fn.source, march), kernel)
         assert loops, f"{march}: no loop of {kernel} multiplies vectors (it runs one element at a time)"
 
 
-def test_math_loops_take_64_byte_vectors_where_they_run_at_full_rate(erf_c):
+def test_math_loops_take_64_byte_vectors_where_they_run_at_full_rate(compiled):
     """SG_MATH_LOOP: on a CPU whose compiler prefers 32-byte vectors (Sapphire Rapids' tuning), a loop
     over erf is in 64-byte vectors (%zmm) when SG_VECTOR_BYTES is 64 and in 32-byte ones otherwise;
     an elementwise loop without such calls keeps 32-byte ones (it is bound by memory)."""
@@ -227,7 +206,8 @@ def test_math_loops_take_64_byte_vectors_where_they_run_at_full_rate(erf_c):
         assert loops
         return {width for loop in loops for width in ("zmm", "ymm") if any(f"%{width}" in line for line in loop.lines)}
 
-    assert "SG_MATH_LOOP void" in erf_c.source and "SG_MATH_LOOP" not in plain.source.split("symgrad_run")[0].split("#endif")[-1]
+    erf_c = compiled["erf"]
+    assert "SG_MATH_LOOP void" in erf_c.source and "SG_MATH_LOOP void" not in plain.source
     assert widths(erf_c, "sapphirerapids/64") == {"zmm"}
     assert widths(erf_c, "sapphirerapids") == {"ymm"}
     assert widths(plain, "sapphirerapids/64") == {"ymm"}

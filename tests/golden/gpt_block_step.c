@@ -606,8 +606,8 @@ static inline float sg_erfcf(float x)
 }
 
 /*
- * sg_logf(x): the natural log in float, within 2 ulp, in plain arithmetic (libm's logf and log1pf kept the loops
- * over them one element at a time: torch's softplus took 17 times its time here).
+ * sg_logf(x): the natural log in float, within 2 ulp, in plain arithmetic (libm's logf and log1pf
+ * kept the loops over them one element at a time: softplus took 17 times torch's time here).
  * x = m 2^k with m in [sqrt(1/2), sqrt(2)), read off x's bits (a subnormal x first scaled by 2^23);
  * log x = k ln 2 + log m, log m = f - f^2/2 + f^3 P(f) with f = m - 1 and P of degree 7 (relative
  * error 2e-8; fitted as sg_erff's), ln 2 in two parts so that k ln 2 adds no rounding of its own.
@@ -640,9 +640,9 @@ static inline float sg_logf(float x)
 }
 
 /*
- * sg_log1pf(x): log(1 + x) in float, within 3 ulp, exact for tiny x: with u = 1 + x rounded, log u * x / (u - 1),
- * which corrects the rounding of u (Goldberg); x itself where u is 1. inf gives inf, -1 gives -inf,
- * below -1 and NaN give NaN.
+ * sg_log1pf(x): log(1 + x) in float, within 3 ulp, exact for tiny x: with u = 1 + x rounded,
+ * log u * x / (u - 1), which corrects the rounding of u (Goldberg); x itself where u is 1. inf gives
+ * inf, -1 gives -inf, below -1 and NaN give NaN.
  */
 static inline float sg_log1pf(float x)
 {
