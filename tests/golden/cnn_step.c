@@ -56,11 +56,13 @@
 #define SG_PARALLEL_MIN 32768
 
 /*
- * SG_MATH_LOOP marks a loop kernel that calls these functions (symgrad/backends/kinds/loop.py): bound
- * by arithmetic, not memory. Where 64-byte multiply-adds run at full rate (SG_VECTOR_BYTES == 64),
- * gcc is asked for 64-byte vectors there, not its default 32 on CPUs with AVX-512.
+ * SG_MATH_LOOP marks a loop kernel that calls these functions (symgrad/backends/kinds/loop.py):
+ * bound by arithmetic, not memory. Where 64-byte multiply-adds run at full rate
+ * (SG_VECTOR_BYTES == 64), gcc is asked for 64-byte vectors there, not its default 32 on CPUs
+ * with AVX-512.
  */
-#if defined(SG_VECTOR_BYTES) && SG_VECTOR_BYTES == 64 && defined(__AVX512F__) && defined(__GNUC__) && !defined(__clang__)
+#if defined(SG_VECTOR_BYTES) && SG_VECTOR_BYTES == 64 && defined(__AVX512F__) \
+    && defined(__GNUC__) && !defined(__clang__)
 #define SG_MATH_LOOP __attribute__((target("prefer-vector-width=512")))
 #else
 #define SG_MATH_LOOP
@@ -162,8 +164,8 @@ static inline float sg_logf(float x)
 
 /*
  * sg_log1pf(x): log(1 + x) in float, within 3 ulp, exact for tiny x: with u = 1 + x rounded,
- * log u * x / (u - 1), which corrects the rounding of u (Goldberg); x itself where u is 1. inf gives
- * inf, -1 gives -inf, below -1 and NaN give NaN.
+ * log u * x / (u - 1), which corrects the rounding of u (Goldberg); x itself where u is 1.
+ * inf gives inf, -1 gives -inf, below -1 and NaN give NaN.
  */
 static inline float sg_log1pf(float x)
 {
