@@ -61,8 +61,7 @@
  * (SG_VECTOR_BYTES == 64), gcc is asked for 64-byte vectors there, not its default 32 on CPUs
  * with AVX-512.
  */
-#if defined(SG_VECTOR_BYTES) && SG_VECTOR_BYTES == 64 && defined(__AVX512F__) \
-    && defined(__GNUC__) && !defined(__clang__)
+#if SG_VECTOR_BYTES == 64 && defined(__AVX512F__) && defined(__GNUC__) && !defined(__clang__)
 #define SG_MATH_LOOP __attribute__((target("prefer-vector-width=512")))
 #else
 #define SG_MATH_LOOP

@@ -473,8 +473,7 @@ static void sg_attention_product_f64(int64_t M, int64_t N, int64_t K, const doub
  * (SG_VECTOR_BYTES == 64), gcc is asked for 64-byte vectors there, not its default 32 on CPUs
  * with AVX-512.
  */
-#if defined(SG_VECTOR_BYTES) && SG_VECTOR_BYTES == 64 && defined(__AVX512F__) \
-    && defined(__GNUC__) && !defined(__clang__)
+#if SG_VECTOR_BYTES == 64 && defined(__AVX512F__) && defined(__GNUC__) && !defined(__clang__)
 #define SG_MATH_LOOP __attribute__((target("prefer-vector-width=512")))
 #else
 #define SG_MATH_LOOP
