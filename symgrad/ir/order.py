@@ -9,26 +9,24 @@ from .value import Value
 
 
 def toposort(roots: Iterable[Value]) -> list[Value]:
-    """All nodes reachable from `roots`, each after its inputs (iterative DFS)."""
+    """All nodes reachable from `roots`, each after its inputs (iterative DFS, post-order).
+
+    The stack is the path from the root being walked: a node's input is never on it, since values
+    are immutable and their graph has no cycle, so only finished nodes need remembering."""
     order: list[Value] = []
     done: set[int] = set()
     for root in roots:
         if id(root) in done:
             continue
         stack = [(root, iter(root.inputs))]
-        on_stack = {id(root)}
         while stack:
             node, children = stack[-1]
             for child in children:
-                key = id(child)
-                if key not in done and key not in on_stack:
+                if id(child) not in done:
                     stack.append((child, iter(child.inputs)))
-                    on_stack.add(key)
                     break
             else:
                 stack.pop()
-                key = id(node)
-                on_stack.discard(key)
-                done.add(key)
+                done.add(id(node))
                 order.append(node)
     return order

@@ -16,6 +16,9 @@ from .dtypes import SHORT_NAMES
 from .registry import OpDef, lookup
 
 
+_new_value, _set = object.__new__, object.__setattr__
+
+
 class Value:
     """One node: `op` applied to `inputs` with attributes `attrs`.
 
@@ -36,6 +39,19 @@ class Value:
         # (variable, new value) pairs that computing this value also performs: BatchNorm's running
         # statistics, a random stream's counter (symgrad.api.effects). Not part of what it computes.
         object.__setattr__(self, "effects", tuple(effects))
+
+    def over(self, inputs: tuple) -> "Value":
+        """This node's op, attributes and type over other inputs (of the same types): the copy a
+        pass makes of a node whose inputs it rebuilt. The read-only attributes are shared, not
+        copied; the effects stay behind (a graph holds them in its updates once it is built)."""
+        new = _new_value(Value)
+        _set(new, "op", self.op)
+        _set(new, "inputs", inputs)
+        _set(new, "attrs", self.attrs)
+        _set(new, "shape", self.shape)
+        _set(new, "dtype", self.dtype)
+        _set(new, "effects", ())
+        return new
 
     def __setattr__(self, name, value):
         raise AttributeError("graph values are immutable")

@@ -14,6 +14,7 @@ the chain has none (`stays_finite`), unless the user assumed finite operands.
 from __future__ import annotations
 
 import functools
+import operator
 
 import sympy
 
@@ -337,10 +338,8 @@ def simplify_chains(graph: Graph, assume_finite: bool = False, counts: dict | No
             new = _emit(*plans[id(node)], lambda v: mapping.get(id(v), v))  # new consts map to themselves
             emitted += new is not None
         if new is None:
-            new = node if not node.inputs else Value(node.op, tuple(mapping[id(i)] for i in node.inputs),
-                                                     node.attrs, node.shape, node.dtype)
-            if all(a is b for a, b in zip(new.inputs, node.inputs)):
-                new = node
+            inputs = tuple(mapping[id(i)] for i in node.inputs)
+            new = node if all(map(operator.is_, inputs, node.inputs)) else node.over(inputs)
         mapping[id(node)] = new
     if not emitted:
         return graph

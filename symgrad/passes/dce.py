@@ -15,9 +15,10 @@ from __future__ import annotations
 
 from ..ir.graph import Graph
 from ..ir.value import Value
-from .rewrite import apply_rules
+from .rewrite import apply_rules, matches
 
 
+@matches("custom")
 def drop_custom(node: Value) -> Value | None:
     """custom(result, *inputs) -> result: the wrapper only carries a backward rule."""
     if node.op.name == "custom":
@@ -25,6 +26,7 @@ def drop_custom(node: Value) -> Value | None:
     return None
 
 
+@matches("stop_gradient")
 def drop_stop_gradient(node: Value) -> Value | None:
     """stop_gradient(x) -> x: an identity once gradients have been taken."""
     if node.op.name == "stop_gradient":
@@ -32,6 +34,7 @@ def drop_stop_gradient(node: Value) -> Value | None:
     return None
 
 
+@matches("class_labels")
 def drop_class_labels(node: Value) -> Value | None:
     """class_labels(y) -> y: the labels' range is checked by the call, not by compiled code."""
     if node.op.name == "class_labels":
@@ -39,6 +42,7 @@ def drop_class_labels(node: Value) -> Value | None:
     return None
 
 
+@matches("cast")
 def drop_noop_cast(node: Value) -> Value | None:
     """cast(x, dtype(x)) -> x."""
     if node.op.name == "cast" and node.inputs[0].dtype == node.dtype:
@@ -46,6 +50,7 @@ def drop_noop_cast(node: Value) -> Value | None:
     return None
 
 
+@matches("reshape")
 def drop_noop_reshape(node: Value) -> Value | None:
     """reshape(x, shape(x)) -> x."""
     if node.op.name == "reshape" and node.inputs[0].shape == node.shape:
@@ -53,6 +58,7 @@ def drop_noop_reshape(node: Value) -> Value | None:
     return None
 
 
+@matches("transpose")
 def drop_noop_transpose(node: Value) -> Value | None:
     """transpose(x, (0, 1, ..., n-1)) -> x."""
     if node.op.name == "transpose" and tuple(node.attrs["perm"]) == tuple(range(node.ndim)):
@@ -60,6 +66,7 @@ def drop_noop_transpose(node: Value) -> Value | None:
     return None
 
 
+@matches("expand")
 def drop_noop_expand(node: Value) -> Value | None:
     """expand(x, shape(x)) -> x."""
     if node.op.name == "expand" and node.inputs[0].shape == node.shape:

@@ -23,7 +23,7 @@ from ..ir.graph import Graph
 from ..ir.interpret import Env
 from ..ir.registry import COLLECTIVE, ELEMENTWISE, SOURCE, lookup
 from ..ir.value import Value, make
-from .rewrite import DATA_LEAVES, is_nondeterministic, rebuild, short_rational
+from .rewrite import DATA_LEAVES, is_nondeterministic, matches, rebuild, short_rational
 
 # Results smaller than this are always folded; larger ones only when no
 # bigger than the constant arrays they are computed from.
@@ -170,6 +170,7 @@ def fold(graph: Graph, counts: dict | None = None) -> Graph:
     return result
 
 
+@matches(kind=ELEMENTWISE)
 def fold_scalar(node: Value) -> Value | None:
     """op(c1, ..., cn) -> c: an elementwise op over 0-d constants is a 0-d constant."""
     if node.op.kind != ELEMENTWISE or node.shape != () or is_nondeterministic(node):

@@ -19,7 +19,7 @@ from ..ir.elementwise import ARGS
 from ..ir.graph import Graph
 from ..ir.registry import ELEMENTWISE, lookup
 from ..ir.value import Value, make
-from .rewrite import apply_rules, with_inputs
+from .rewrite import apply_rules, matches, with_inputs
 
 
 def _is_sign_test(r, sym) -> bool:
@@ -39,6 +39,7 @@ def _positive_tests_only(expr, sym) -> bool:
     return bool(tests) and occurrences == len(tests)
 
 
+@matches(kind=ELEMENTWISE)
 def mask_from_relu(node: Value) -> Value | None:
     """f(..., x, ...) -> f(..., relu(x), ...) when f reads x only as `x > 0` (relu(x) > 0 <=> x > 0)."""
     if node.op.kind != ELEMENTWISE or node.op.expr is None or node.op.name in ("relu", "cast"):

@@ -112,7 +112,7 @@ def remat(graph: Graph, counts: dict | None = None) -> Graph:
     def copy(v: Value) -> Value:
         if id(v) not in copies:
             inputs = tuple(copy(i) if id(i) in chosen else i for i in v.inputs)  # a view: over the copy
-            copies[id(v)] = Value(v.op, inputs, v.attrs, v.shape, v.dtype)
+            copies[id(v)] = v.over(inputs)
         return copies[id(v)]
 
     def rewrite(node: Value) -> Value:

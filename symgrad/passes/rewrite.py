@@ -43,14 +43,15 @@ def with_inputs(node: Value, inputs: tuple) -> Value:
     """`node` over new inputs of the same types: the same node when nothing changed."""
     if len(inputs) == len(node.inputs) and all(a is b for a, b in zip(inputs, node.inputs)):
         return node
-    return Value(node.op, inputs, node.attrs, node.shape, node.dtype)
+    return node.over(tuple(inputs))
 
 
 def rebuild(graph: Graph, rewrite: Callable[[Value], Value]) -> Graph:
     """A copy of `graph` in which each node, over its rebuilt inputs, is passed through `rewrite`.
 
     `rewrite(node)` returns the node or its replacement; it is called once per
-    node, in topological order, so every input it sees is already final.
+    node, in topological order, so every input it sees is already final. Where
+    every output and update comes out the same object, `graph` itself is returned.
     """
     mapping: dict[int, Value] = {}
     mapped = mapping.__getitem__
@@ -59,12 +60,33 @@ def rebuild(graph: Graph, rewrite: Callable[[Value], Value]) -> Graph:
         if old:  # with_inputs, inlined: a sweep asks it of every node of the graph
             inputs = tuple(map(mapped, map(id, old)))
             if not all(map(operator.is_, inputs, old)):
-                mapping[id(node)] = rewrite(Value(node.op, inputs, node.attrs, node.shape, node.dtype))
+                mapping[id(node)] = rewrite(node.over(inputs))
                 continue
         mapping[id(node)] = rewrite(node)
-    return Graph(graph.inputs,
-                 [mapping[id(v)] for v in graph.outputs],
-                 [(mapping[id(t)], mapping[id(n)]) for t, n in graph.updates])
+    outputs = [mapping[id(v)] for v in graph.outputs]
+    updates = [(mapping[id(t)], mapping[id(n)]) for t, n in graph.updates]
+    if all(map(operator.is_, outputs, graph.outputs)) and \
+            all(t is t0 and n is n0 for (t, n), (t0, n0) in zip(updates, graph.updates)):
+        # The same roots are the same graph (values are immutable): keep it, and the order and
+        # users it has computed already, rather than sort a copy of it again.
+        return graph
+    return Graph(graph.inputs, outputs, updates)
+
+
+def matches(*names: str, kind: str | None = None) -> Callable[[Rule], Rule]:
+    """Declare the nodes a rule can fire at: ops of these names, or of this kind. `apply_rules`
+    hands a node only to the rules that can fire at it (a sweep of a GPT step asks tens of
+    thousands of nodes); a rule without the declaration is handed every node."""
+    def declare(rule: Rule) -> Rule:
+        rule.op_names, rule.op_kind = frozenset(names), kind
+        return rule
+    return declare
+
+
+def _rules_for(rules: tuple, name: str, kind: str) -> tuple:
+    """The rules that can fire at an op of this name and kind (see `matches`)."""
+    return tuple(rule for rule in rules if not hasattr(rule, "op_names")
+                 or name in rule.op_names or kind == rule.op_kind)
 
 
 class RuleError(RuntimeError):
@@ -94,6 +116,7 @@ def apply_rules(graph: Graph, rules: Iterable[Rule], max_sweeps: int = 50,
     not the whole graph again.
     """
     rules = tuple(rules)
+    by_op: dict = {}  # op -> the rules that can fire at its nodes (none at a random op's)
     original = graph
     settled = {} if settled is None else settled
     for sweep in range(max_sweeps):
@@ -101,10 +124,14 @@ def apply_rules(graph: Graph, rules: Iterable[Rule], max_sweeps: int = 50,
 
         def at_node(node: Value) -> Value:
             nonlocal fired
-            if id(node) in settled or is_nondeterministic(node):
-                return node  # a random op is left exactly as written (see NONDETERMINISTIC)
+            if id(node) in settled:
+                return node
             for _ in range(100):  # a node rewritten 100 times over means rules that cycle
-                for rule in rules:
+                applicable = by_op.get(node.op)
+                if applicable is None:  # a random op is left exactly as written (see NONDETERMINISTIC)
+                    applicable = by_op[node.op] = () if is_nondeterministic(node) else \
+                        _rules_for(rules, node.op.name, node.op.kind)
+                for rule in applicable:
                     new = rule(node)
                     if new is not None and new is not node:
                         _check(rule, node, new)

@@ -37,7 +37,7 @@ from ..ir.value import Value, make
 from .chains import is_scalar_const, simplify_chains
 from .dce import RULES as NOOP_RULES
 from .fold import fold_scalar
-from .rewrite import apply_rules, const_like, is_value, same_type, scalar_constant
+from .rewrite import apply_rules, const_like, is_value, matches, same_type, scalar_constant
 
 
 def _op(name: str, *inputs: Value, **attrs) -> Value:
@@ -48,6 +48,7 @@ def _op(name: str, *inputs: Value, **attrs) -> Value:
 
 # ---- arithmetic identities ---------------------------------------------------
 
+@matches("mul")
 def mul_one(node: Value) -> Value | None:
     """x * 1 -> x and 1 * x -> x (exact, NaN and inf included)."""
     if node.op.name == "mul":
@@ -72,6 +73,7 @@ def _signed_zero(v: Value, negative: bool) -> bool:
     return (not isinstance(c, sympy.Basic) and math.copysign(1.0, float(c)) < 0) == negative
 
 
+@matches("add")
 def add_zero(node: Value) -> Value | None:
     """x + -0.0 -> x and -0.0 + x -> x (exact). Not x + 0.0: that is +0.0 at x = -0.0."""
     if node.op.name == "add":
@@ -83,6 +85,7 @@ def add_zero(node: Value) -> Value | None:
     return None
 
 
+@matches("sub")
 def sub_zero(node: Value) -> Value | None:
     """x - 0.0 -> x (exact). Not x - -0.0: that is +0.0 at x = -0.0."""
     if node.op.name == "sub" and _signed_zero(node.inputs[1], negative=False):
@@ -90,6 +93,7 @@ def sub_zero(node: Value) -> Value | None:
     return None
 
 
+@matches("sub")
 def zero_sub(node: Value) -> Value | None:
     """-0.0 - x -> -x (exact). Not 0.0 - x: that is +0.0 at x = 0.0, where -x is -0.0."""
     if node.op.name == "sub" and _signed_zero(node.inputs[0], negative=True):
@@ -97,6 +101,7 @@ def zero_sub(node: Value) -> Value | None:
     return None
 
 
+@matches("mul")
 def mul_minus_one(node: Value) -> Value | None:
     """x * -1 -> -x and -1 * x -> -x (exact)."""
     if node.op.name == "mul":
@@ -108,6 +113,7 @@ def mul_minus_one(node: Value) -> Value | None:
     return None
 
 
+@matches("mul")
 def mul_zero(node: Value) -> Value | None:
     """x * 0 -> 0 and 0 * x -> 0: only for finite x (inf * 0 and nan * 0 are nan).
 
@@ -122,6 +128,7 @@ def mul_zero(node: Value) -> Value | None:
     return None
 
 
+@matches("neg")
 def neg_neg(node: Value) -> Value | None:
     """-(-x) -> x (exact)."""
     if node.op.name == "neg" and node.inputs[0].op.name == "neg":
@@ -129,6 +136,7 @@ def neg_neg(node: Value) -> Value | None:
     return None
 
 
+@matches("log")
 def log_exp(node: Value) -> Value | None:
     """log(exp(x)) -> x: only for finite exp(x) (the graph gives inf past x = 709.78 in float64, 88.7
     in float32, as NumPy and torch do). Off by default; `assume_finite=True` turns it on."""
@@ -137,6 +145,7 @@ def log_exp(node: Value) -> Value | None:
     return None
 
 
+@matches("neg")
 def neg_scaled(node: Value) -> Value | None:
     """-(c * x) -> (-c) * x for a 0-d constant c, whose negation then folds (exact)."""
     if node.op.name == "neg" and node.inputs[0].op.name == "mul":
@@ -148,6 +157,7 @@ def neg_scaled(node: Value) -> Value | None:
     return None
 
 
+@matches("mul")
 def scaled_neg(node: Value) -> Value | None:
     """(-x) * c -> x * (-c) for a 0-d constant c, whose negation then folds (exact)."""
     if node.op.name == "mul":
@@ -161,6 +171,7 @@ def scaled_neg(node: Value) -> Value | None:
 
 # ---- movement algebra ------------------------------------------------------
 
+@matches("transpose")
 def transpose_transpose(node: Value) -> Value | None:
     """transpose(transpose(x, p), q) -> transpose(x, p[q]) (x itself when p[q] is the identity)."""
     if node.op.name == "transpose" and node.inputs[0].op.name == "transpose":
@@ -172,6 +183,7 @@ def transpose_transpose(node: Value) -> Value | None:
     return None
 
 
+@matches("reshape")
 def reshape_reshape(node: Value) -> Value | None:
     """reshape(reshape(x, s1), s2) -> reshape(x, s2): row-major order is kept by both."""
     if node.op.name == "reshape" and node.inputs[0].op.name == "reshape":
@@ -180,6 +192,7 @@ def reshape_reshape(node: Value) -> Value | None:
     return None
 
 
+@matches("expand")
 def expand_expand(node: Value) -> Value | None:
     """expand(expand(x, s1), s2) -> expand(x, s2): broadcasting composes."""
     if node.op.name == "expand" and node.inputs[0].op.name == "expand":
@@ -199,6 +212,7 @@ def _same_but_leading_ones(a: tuple, b: tuple) -> bool:
     return _strip_leading_ones(a) == _strip_leading_ones(b)
 
 
+@matches("expand")
 def expand_of_reshape(node: Value) -> Value | None:
     """expand(reshape(x, (1,..,1) + shape(x)), s) -> expand(x, s): broadcasting adds leading 1s itself."""
     if node.op.name == "expand" and node.inputs[0].op.name == "reshape":
@@ -208,6 +222,7 @@ def expand_of_reshape(node: Value) -> Value | None:
     return None
 
 
+@matches("reshape")
 def reshape_of_broadcast_scalar(node: Value) -> Value | None:
     """reshape(expand(c, s1), s2) -> expand(c, s2) for a 0-d c: every element is c either way."""
     if node.op.name == "reshape" and node.inputs[0].op.name == "expand":
@@ -217,6 +232,7 @@ def reshape_of_broadcast_scalar(node: Value) -> Value | None:
     return None
 
 
+@matches(kind=ELEMENTWISE)
 def absorb_broadcast(node: Value) -> Value | None:
     """f(.., expand(x), ..) -> f(.., x, ..) for elementwise f when the result's shape is unchanged;
     likewise for a reshape that only adds or removes leading 1s. Elementwise ops broadcast their
@@ -232,10 +248,11 @@ def absorb_broadcast(node: Value) -> Value | None:
             except ValueError:
                 continue
             if shape == node.shape:
-                return Value(node.op, inputs, node.attrs, node.shape, node.dtype)
+                return node.over(inputs)
     return None
 
 
+@matches(kind=ELEMENTWISE)
 def unary_through_broadcast(node: Value) -> Value | None:
     """f(expand(x, s)) -> expand(f(x), s) for unary elementwise f: f runs on fewer elements."""
     if node.op.kind == ELEMENTWISE and len(node.inputs) == 1 and node.inputs[0].op.name == "expand":
@@ -252,6 +269,7 @@ def _broadcast_axes(x_shape: tuple, shape: tuple) -> set:
     return set(range(lead)) | {lead + i for i, s in enumerate(x_shape) if s == 1 and shape[lead + i] != 1}
 
 
+@matches("sum")
 def sum_of_broadcast(node: Value) -> Value | None:
     """sum(expand(x, s), axes) -> reshape(x) * n when `axes` are exactly the broadcast axes,
     n being the number of copies (exact in real arithmetic; in floats, one rounding instead of n)."""
@@ -270,6 +288,7 @@ def sum_of_broadcast(node: Value) -> Value | None:
     return same_type(node, _op("mul", base, const_like(count, node.dtype)))
 
 
+@matches("sum")
 def sum_of_sum(node: Value) -> Value | None:
     """sum(sum(x, A, keepdims=k), A2, keepdims=k) -> sum(x, A + A2, keepdims=k): one pass over x
     (exact in real arithmetic; the additions are grouped differently)."""
@@ -286,6 +305,7 @@ def sum_of_sum(node: Value) -> Value | None:
     return same_type(node, _op("sum", x, axes=axes, keepdims=keep))
 
 
+@matches("reshape")
 def drop_kept_axes(node: Value) -> Value | None:
     """reshape(r(x, A, keepdims=True), shape without A) -> r(x, A, keepdims=False) for a reduction r:
     the reshape only removes the kept size-1 axes."""
@@ -300,6 +320,7 @@ def drop_kept_axes(node: Value) -> Value | None:
     return same_type(node, make(r.op, r.inputs, **{**r.attrs, "keepdims": False}))
 
 
+@matches("sum")
 def sum_of_scaled(node: Value) -> Value | None:
     """sum(c * x) -> c * sum(x) for a 0-d constant c (linearity; one multiply per result). Not for
     an infinite or NaN c: a sum of nothing is 0, c * 0 is NaN (a mean over an empty axis is a sum
@@ -317,6 +338,7 @@ def sum_of_scaled(node: Value) -> Value | None:
     return None
 
 
+@matches("sum")
 def sum_of_neg(node: Value) -> Value | None:
     """sum(-x) -> -sum(x) (exact: negation commutes with rounding)."""
     if node.op.name == "sum" and node.inputs[0].op.name == "neg":
@@ -331,6 +353,7 @@ LOSSLESS = frozenset({("bool", "int32"), ("bool", "int64"), ("bool", "float32"),
                       ("int32", "int64"), ("int32", "float64"), ("float32", "float64")})
 
 
+@matches("cast")
 def cast_cast(node: Value) -> Value | None:
     """cast(cast(x, b), c) -> cast(x, c) when x -> b is lossless (x itself when c is x's dtype)."""
     if node.op.name == "cast" and node.inputs[0].op.name == "cast":
