@@ -672,3 +672,49 @@ def test_apply_rules_asks_the_rules_once_per_settled_node():
     assert len(asked) == len({id(n) for n in asked}) == 7
     asked.clear()
     assert apply_rules(out, [neg_neg], settled=settled) is out and asked == []
+
+
+def test_apply_rules_hands_a_declared_rule_only_its_ops():
+    """A rule declared with rewrite.matches is handed the nodes of its op names (or its kind) only;
+    an undeclared one every node; a random op's node none (it stays as written). The same rules
+    fire either way: the declaration saves the calls, not the rewrites."""
+    from symgrad.ir.registry import ELEMENTWISE
+    from symgrad.passes.rewrite import apply_rules, matches
+    x = sg.input("x", (3,))
+    noise = _noise_op()
+    graph = Graph([x], [op("sin", op("neg", op("neg", op("exp", x)))) + op(noise.name, x)])
+    asked = {"named": [], "kind": [], "any": []}
+
+    @matches("neg")
+    def named(node):
+        """neg(neg(x)) -> x"""
+        asked["named"].append(node.op.name)
+        return node.inputs[0].inputs[0] if node.inputs[0].op.name == "neg" else None
+
+    @matches(kind=ELEMENTWISE)
+    def kind(node):
+        """(asks only)"""
+        asked["kind"].append(node.op.name)
+
+    def anything(node):
+        """(asks only)"""
+        asked["any"].append(node.op.name)
+
+    out = apply_rules(graph, [named, kind, anything])
+    assert [n.op.name for n in out.nodes if n.op.name in ("neg", "exp", "sin")] == ["exp", "sin"]
+    assert set(asked["named"]) == {"neg"}
+    assert set(asked["kind"]) == {"neg", "exp", "sin", "add"}
+    assert {"input", "neg", "exp", "sin", "add"} <= set(asked["any"])
+    assert not any(noise.name in names for names in asked.values())
+
+
+def test_a_rebuild_that_changes_no_root_is_the_same_graph():
+    """rebuild gives back its graph, with the order and users it computed, when every output and
+    update comes out the same object; a rewrite of one node gives a new graph."""
+    from symgrad.passes.rewrite import rebuild
+    x = sg.input("x", (3,))
+    graph = Graph([x], [op("exp", op("neg", x))])
+    graph.nodes  # noqa: B018 -- computed once
+    assert rebuild(graph, lambda node: node) is graph
+    swapped = rebuild(graph, lambda node: op("sin", node.inputs[0]) if node.op.name == "exp" else node)
+    assert swapped is not graph and [n.op.name for n in swapped.nodes] == ["input", "neg", "sin"]
