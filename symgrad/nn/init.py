@@ -102,11 +102,11 @@ _NORMAL_BLOCK = 1 << 15
 
 
 def standard_normal_float32(rng: np.random.Generator, out: np.ndarray) -> None:
-    """Fill `out` (float32, C-ordered) with N(0, 1) values by Box-Muller over float32 uniforms,
+    """Fill `out` (a float32 array) with N(0, 1) values by Box-Muller over float32 uniforms,
     as torch's CPU normal_ draws them: r = sqrt(-2 log(1 - u1)) and an angle 2 pi u2 give the two
     values r cos and r sin. NumPy's float32 ziggurat took 9 ns a value (0.1 s of a nanoGPT-size
-    model's construction); these vectorized float32 functions take 4. The tails end at 5.77
-    (u1 = 1 - 2**-24), where torch's float32 draws end too."""
+    model's construction); these vectorized float32 functions take 4. The tails end at 5.77,
+    where 1 - u1 is a float32 uniform's smallest step, 2**-24."""
     if not out.flags.c_contiguous:  # reshape(-1) would copy it: draw into a copy, then write it
         values = np.empty(out.shape, np.float32)
         standard_normal_float32(rng, values)
