@@ -183,7 +183,15 @@ class _Chain:
         self.symbols: dict[int, sympy.Symbol] = {}
         self.members = 0
         self.cost = 0
+        self.walked: list[int] = []   # ids of the nodes the walk composed (the inner ones)
+        self.bounds: list[int] = []   # ids of the nodes it stopped at (the operands)
         self.expr, self.exact = self._compose(root, inner)
+
+    def unchanged(self, inner_ids: set) -> bool:
+        """Whether walking from the same root over a graph whose inner nodes are `inner_ids` meets the
+        same nodes the same way: the root's inputs are the same objects (values are immutable), so
+        only which of them are inner can change what the chain is."""
+        return all(i in inner_ids for i in self.walked[1:]) and not any(i in inner_ids for i in self.bounds)
 
     def leaf(self, v: Value) -> sympy.Symbol:
         """The symbol standing for operand `v` (one per distinct value)."""
@@ -205,9 +213,11 @@ class _Chain:
         while stack:
             v, inputs_done = stack.pop()
             if v is not root and not inner(v):
+                self.bounds.append(id(v))
                 number = _inline_number(v)
                 composed.append(number if number is not None else self.leaf(v))
             elif not inputs_done:
+                self.walked.append(id(v))
                 self.members += 1
                 self.cost += _cost(v.op.expr)
                 if self.cost > MAX_CHAIN_OPS:
@@ -296,8 +306,33 @@ def _emit(chain: _Chain, best: sympy.Expr, mapped) -> Value | None:
     return same_type(root, make(op, tuple(mapped(leaf) for _, leaf in used)))
 
 
-def simplify_chains(graph: Graph, assume_finite: bool = False, counts: dict | None = None) -> Graph:
-    """Each maximal single-use elementwise chain, re-emitted as one op when sympy makes it cheaper."""
+def _plan(chain: _Chain, assume_finite: bool) -> sympy.Expr | None:
+    """The cheaper form `chain` is re-emitted in, or None where it stays as it is."""
+    if chain.members < 2 or chain.cost > MAX_CHAIN_OPS or chain.expr is None:
+        return None
+    if _not_real(chain.expr):
+        return None  # x / 0.0 inlined: sympy's zoo has no float meaning (and no C spelling)
+    operands = set(chain.symbols.values())
+    best = _cheapest(chain.expr, chain.exact, assume_finite)
+    if best is None:
+        return None  # every form sympy found differs from the chain at inf, NaN or overflow
+    best = _extract_dims(best, chain)
+    if _not_real(best) or _cost(best) >= chain.cost:
+        return None
+    if not assume_finite and operands - _free_symbols(best):
+        return None  # an operand vanished (x - x -> 0): wrong for inf and nan
+    return best
+
+
+def simplify_chains(graph: Graph, assume_finite: bool = False, counts: dict | None = None,
+                    kept: dict | None = None) -> Graph:
+    """Each maximal single-use elementwise chain, re-emitted as one op when sympy makes it cheaper.
+
+    `kept`, a dict the caller passes to each of its calls, holds the chains left as they were (by
+    root: id -> chain, which keeps the root alive): a later call whose graph holds the same root,
+    the chain's nodes still inner and its operands not, leaves it as it is again without composing
+    it (simplify's rounds: most chains are the last round's)."""
+    kept = {} if kept is None else kept
     users = graph.users
     pinned = {id(v) for v in graph.outputs} | {id(n) for _, n in graph.updates}
     chainable = {id(v) for v in graph.nodes if _chainable(v)}
@@ -312,23 +347,16 @@ def simplify_chains(graph: Graph, assume_finite: bool = False, counts: dict | No
     for node in graph.nodes:
         if id(node) not in chainable or id(node) in inner_ids:
             continue
-        chain = _Chain(node, inner)
-        if chain.members < 2 or chain.cost > MAX_CHAIN_OPS or chain.expr is None:
-            continue
-        if _not_real(chain.expr):
-            continue  # x / 0.0 inlined: sympy's zoo has no float meaning (and no C spelling)
-        operands = set(chain.symbols.values())
-        best = _cheapest(chain.expr, chain.exact, assume_finite)
-        if best is None:
-            continue  # every form sympy found differs from the chain at inf, NaN or overflow
-        best = _extract_dims(best, chain)
-        if _not_real(best):
-            continue
-        if _cost(best) >= chain.cost:
-            continue
-        if not assume_finite and operands - _free_symbols(best):
-            continue  # an operand vanished (x - x -> 0): wrong for inf and nan
-        plans[id(node)] = (chain, best)
+        earlier = kept.get(id(node))
+        if earlier is not None and earlier.unchanged(inner_ids):
+            continue  # the same chain as a call before found it, left as it is then
+        chain = kept[id(node)] = _Chain(node, inner)
+        best = _plan(chain, assume_finite)
+        if best is not None:
+            plans[id(node)] = (chain, best)
+            del kept[id(node)]
+    if not plans:
+        return graph
 
     mapping: dict[int, Value] = {}
     emitted = 0

@@ -378,10 +378,11 @@ def simplify(graph: Graph, assume_finite: bool = False, counts: dict | None = No
     """
     rules = RULES + (FINITE_RULES if assume_finite else ())
     settled: dict = {}  # the nodes no rule rewrites, kept from one round to the next (apply_rules)
+    kept: dict = {}     # the chains left as they are, likewise (simplify_chains)
     for _ in range(4):  # a simplified chain may expose new identities, rarely more than once
         before = graph
         graph = apply_rules(graph, rules, counts=counts, settled=settled)
-        graph = simplify_chains(graph, assume_finite, counts)
+        graph = simplify_chains(graph, assume_finite, counts, kept)
         if graph is before:
             break
     return graph

@@ -531,6 +531,28 @@ def test_sympy_chain_is_rewritten_only_when_cheaper():
     assert simplify_chains(already_minimal) is already_minimal
 
 
+def test_a_chain_left_as_it_is_is_not_composed_again():
+    """simplify_chains' `kept`: a chain left as it is is not composed again by a later call while its
+    root, its inner nodes and its operands are as they were; once one of its nodes is read twice,
+    the chain it roots is another one, composed afresh."""
+    from unittest import mock
+    from symgrad.passes import chains
+    x, y, z = (sg.input(n, (3,)) for n in "xyz")
+    inner = sg.exp(x * y)
+    graph = Graph([x, y, z], [inner + z])   # exp(x*y) + z: nothing cheaper
+    kept: dict = {}
+    composed = mock.patch.object(chains._Chain, "_compose", autospec=True, side_effect=chains._Chain._compose)
+    with composed as spy:
+        assert simplify_chains(graph, kept=kept) is graph
+        first = spy.call_count
+        assert first >= 1 and simplify_chains(graph, kept=kept) is graph
+        assert spy.call_count == first          # every chain kept: none composed again
+        root = graph.outputs[0]
+        shared = Graph([x, y, z], [root, inner * 2.0])   # exp(x*y) read twice: the root's chain is shorter
+        simplify_chains(shared, kept=kept)
+        assert any(call.args[1] is root for call in spy.call_args_list[first:])
+
+
 def test_sympy_chain_factors_only_for_finite_operands():
     """x*y + x*z -> x*(y + z) is one op fewer, but at x = inf, y = 0 it is inf * 1 = inf where
     the chain computes inf * 0 + inf = NaN: taken only under assume_finite."""
