@@ -13,8 +13,9 @@ Random values come from the NumPy generator `sg.manual_seed` seeds
 (sources.host_generator), or from `generator=` (a numpy.random.Generator):
 the same seed gives the same values. They are drawn in the target's precision
 (float32 draws for float32, bfloat16 and float16, normal ones by Box-Muller as
-torch's; float64 for float64), straight into its storage. The numbers are not torch's (another
-generator), but the distributions, bounds and fans are torch's formulas:
+torch's; float64 for float64), straight into its storage. The numbers are not
+torch's (another generator), but the distributions, bounds and fans are
+torch's formulas:
 
     fan_in  = size(1) * prod(size[2:])      fan_out = size(0) * prod(size[2:])
     calculate_gain: linear / conv / sigmoid 1, tanh 5/3, relu sqrt(2),

@@ -328,10 +328,10 @@ def simplify_chains(graph: Graph, assume_finite: bool = False, counts: dict | No
                     kept: dict | None = None) -> Graph:
     """Each maximal single-use elementwise chain, re-emitted as one op when sympy makes it cheaper.
 
-    `kept`, a dict the caller passes to each of its calls, holds the chains left as they were (by
-    root: id -> chain, which keeps the root alive): a later call whose graph holds the same root,
-    the chain's nodes still inner and its operands not, leaves it as it is again without composing
-    it (simplify's rounds: most chains are the last round's)."""
+    `kept`, a dict the caller passes to each of its calls (with the same `assume_finite`), holds the
+    chains left as they were (by root: id -> chain, which keeps the root alive): a later call whose
+    graph holds the same root, the chain's nodes still inner and its operands not, leaves it as it
+    is again without composing it (simplify's rounds: most chains are the last round's)."""
     kept = {} if kept is None else kept
     users = graph.users
     pinned = {id(v) for v in graph.outputs} | {id(n) for _, n in graph.updates}

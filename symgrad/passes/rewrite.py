@@ -77,6 +77,9 @@ def matches(*names: str, kind: str | None = None) -> Callable[[Rule], Rule]:
     """Declare the nodes a rule can fire at: ops of these names, or of this kind. `apply_rules`
     hands a node only to the rules that can fire at it (a sweep of a GPT step asks tens of
     thousands of nodes); a rule without the declaration is handed every node."""
+    if not names and kind is None:
+        raise TypeError("matches: name the ops a rule fires at, or their kind")
+
     def declare(rule: Rule) -> Rule:
         rule.op_names, rule.op_kind = frozenset(names), kind
         return rule

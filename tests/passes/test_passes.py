@@ -740,3 +740,10 @@ def test_a_rebuild_that_changes_no_root_is_the_same_graph():
     assert rebuild(graph, lambda node: node) is graph
     swapped = rebuild(graph, lambda node: op("sin", node.inputs[0]) if node.op.name == "exp" else node)
     assert swapped is not graph and [n.op.name for n in swapped.nodes] == ["input", "neg", "sin"]
+
+
+def test_a_rule_declared_to_match_nothing_is_refused():
+    """rewrite.matches with neither an op name nor a kind would hand its rule no node: refused."""
+    from symgrad.passes.rewrite import matches
+    with pytest.raises(TypeError, match="name the ops"):
+        matches()
