@@ -873,6 +873,31 @@ class _FromOutput(torch.autograd.Function):
         return grad + move, None, None, None, None, None
 
 
+def _attention_moved_backward(args: list, kw: dict, value: torch.Tensor, up: bool, sign: Callable) -> torch.Tensor:
+    """attention's value as torch computed it, its gradient taken through softmax(q k^T * scale + mask) v
+    in plain ops, with the softmax's backward moved by its own rounding error (_FromOutput). The
+    softmax's backward inside attention cancels as softmax's does: g - sum(g p) is a small difference
+    of huge terms where one weight is nearly 1 and dO is huge (the gradient of exp(attention(q, k, v))
+    at scores of 60: dP of 6e29, whose one ulp times k moves dq by 1.7%), and torch's math backend
+    and symgrad's fused op round it in different orders. Where the plain ops' forward is not finite
+    where torch's is (a row whose scores are all masked: 0 in torch's safe softmax), the value is
+    left as it is."""
+    q, k, v = args[:3]
+    mask = args[3] if len(args) > 3 else None
+    scale = kw.get("scale") or 1 / math.sqrt(q.shape[-1])
+    scores = (q @ k.transpose(-2, -1)) * scale
+    length, source = scores.shape[-2:]
+    if kw.get("causal"):
+        mask = torch.ones(length, source, dtype=torch.bool).tril()
+    if mask is not None:
+        scores = scores.masked_fill(~torch.as_tensor(mask), -math.inf)
+    weights = torch.softmax(scores, dim=-1)
+    plain = _FromOutput.apply(scores, weights.detach(), "softmax", -1, up, sign) @ v
+    if not torch.equal(torch.isfinite(plain.detach()), torch.isfinite(value.detach())):
+        return value
+    return value.detach() + (plain - plain.detach())
+
+
 # torch's GELU constants (ATen's GeluBackward, approximate="tanh"): beta = sqrt(2 / pi), kappa.
 GELU_BETA, GELU_KAPPA = math.sqrt(2 / math.pi), 0.044715
 
@@ -989,6 +1014,8 @@ def nudge_pattern(graph: FuzzGraph, pattern: int) -> Callable:
                                          signs)
             if step.op == "gelu_tanh" and value.requires_grad:
                 return _GeluTanhMovedTanh.apply(args[0], value.detach(), signs)
+            if step.op == "attention" and value.requires_grad:
+                return _attention_moved_backward(args, step.kw, value, pattern == BACKWARD_UP, signs)
             return value
         value = _other_zero_at_ties(step, args, value)
         error = rounding_error(step, args, value)
