@@ -995,7 +995,8 @@ def nudge_pattern(graph: FuzzGraph, pattern: int) -> Callable:
     times the largest input, 8e-15) moved it to -8.5e-15; the gradient of log of it, 1 / y, is
     then 20x smaller, and so is the cancellation in log_softmax's backward (g - p sum(g), one ulp
     of g), which at the value torch computed moves the result by 0.5. They also move the tanh that
-    gelu_tanh's backward computes for itself (_GeluTanhMovedTanh)."""
+    gelu_tanh's backward computes for itself (_GeluTanhMovedTanh) and the softmax inside attention's
+    backward (_attention_moved_backward)."""
     rng = np.random.default_rng(abs(pattern))
     direction = {0: 1.0, 1: -1.0, BACKWARD_UP: 1.0, BACKWARD_DOWN: -1.0}.get(pattern)  # None: random
     alternating = {ALTERNATING_UP: 1.0, ALTERNATING_DOWN: -1.0}.get(pattern)

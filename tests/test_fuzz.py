@@ -14,7 +14,7 @@ close elsewhere), and C must agree with the NumPy reference tightly.
 
 Ill-conditioned results. Where a result differs, torch is run again with each computed value
 moved by one rounding error of its op, each gradient contribution to a value moved by one ulp
-before autograd sums them, and softmax's backward moved by its own rounding
+before autograd sums them, and softmax's backward (attention's inner one too) moved by its own rounding
 (fuzz_graphs.nudge_pattern: all up, all down, four random mixes, neighbours opposite ways; and the
 backward's alone, up and down, where moving the forward hides them), and once with subnormal values
 lifted to the smallest normal one (a subnormal divisor

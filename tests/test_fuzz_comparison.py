@@ -143,3 +143,30 @@ def test_the_backward_alone_moved_moves_gelu_tanhs_own_tanh():
     assert _mismatch(np.full(32, np.inf), want, 1e-7, others=runs) is None
     for wrong in (np.repeat([-np.inf, np.inf], 16), np.repeat([np.inf, -np.inf], 16)):
         assert _mismatch(wrong, want, 1e-7, others=runs) is not None
+
+
+def test_the_backward_alone_moved_moves_attentions_softmax():
+    """The gradient of exp(attention(q, k, k)) where the scores reach 30 times a unit q: dO = exp(O)
+    is huge, and the softmax inside attention's backward, P (dP - rowsum(P dP)), cancels terms of
+    that size (CI's seed 2708621339: d/dq of 2.7e17 with symgrad's fused op and torch's math backend
+    1.7% apart). Moving the forward's values leaves that cancellation where torch computed it; the
+    backward's runs move the softmax's backward by its own rounding and span it. Here the gradient
+    of q's second row cancels (8e11 out of terms of 1e25, its runs 30-80% apart), its first row's
+    (2e25) does not, and stays held to the plain tolerance. Each row is compared on its own: the
+    array's absolute tolerance, on the scale of its largest element, would pass the second row."""
+    graph = _graph(_input((2, 4)), _input((2, 4)), Step("attention", (0, 1, 1), (("causal", False),)),
+                   Step("exp", (2,)))
+    rng = np.random.default_rng(0)
+    for _ in range(5):
+        q, k = rng.normal(size=(2, 4)), 30 * rng.normal(size=(2, 4))
+    want = _torch_results(graph, [q, k])[1]
+    runs = {p: _torch_results(graph, [q, k], nudge_pattern(graph, p))[1] for p in (0, 1, BACKWARD_UP, BACKWARD_DOWN)}
+    moved_forward = np.abs(runs[0] - runs[1]) / np.abs(want)
+    moved_backward = np.abs(runs[BACKWARD_UP] - runs[BACKWARD_DOWN]) / np.abs(want)
+    assert moved_forward.max() < 1e-9 and (moved_backward[1] > 0.1).all(), (moved_forward, moved_backward)
+    assert (moved_backward[0] < 1e-9).all(), moved_backward
+    cancelling, forward_runs, all_runs = want[1], [runs[0][1], runs[1][1]], [run[1] for run in runs.values()]
+    assert _mismatch(cancelling * 1.1, cancelling, 1e-7, others=forward_runs) is not None
+    assert _mismatch(cancelling * 1.1, cancelling, 1e-7, others=all_runs) is None   # another order of the formula
+    assert _mismatch(cancelling * 10, cancelling, 1e-7, others=all_runs) is not None  # beyond one rounding
+    assert _mismatch(want[0] * 1.001, want[0], 1e-7, others=[run[0] for run in runs.values()]) is not None
