@@ -57,13 +57,18 @@ _names_found: dict | None = None
 _FILES: dict[tuple, dict] = {}  # (kind, path) -> entries of this process, loaded on first use
 
 
+_TAGS: dict[str, str | None] = {}  # source file -> its tag: the code of a running process does not change
+
+
 def _path(kind: str, source: str) -> Path | None:
-    try:
-        code = Path(source).read_bytes()
-    except OSError:
-        return None
-    tag = hashlib.sha256(code + sympy.__version__.encode()).hexdigest()[:16]
-    return cache_dir() / "sympy" / f"{kind}-{tag}.json"
+    if source not in _TAGS:  # reading and hashing the file on every lookup took 2 ms of a warm grad
+        try:
+            code = Path(source).read_bytes()
+        except OSError:
+            code = None
+        _TAGS[source] = None if code is None else hashlib.sha256(code + sympy.__version__.encode()).hexdigest()[:16]
+    tag = _TAGS[source]
+    return None if tag is None else cache_dir() / "sympy" / f"{kind}-{tag}.json"
 
 
 def _entries(kind: str, source: str) -> tuple[Path | None, dict]:

@@ -157,7 +157,8 @@ def test_cache_hit_in_a_fresh_process_does_not_compile(fresh, monkeypatch, tmp_p
     log.unlink()
     report = build_in_subprocess({"CC": str(wrapper)})
     assert report == {"name": built.module_name, "sum": 5, "library": str(built.library_path)}
-    assert all(line.strip() == "--version" for line in log.read_text().splitlines())
+    asked = log.read_text().splitlines() if log.exists() else []   # --version is kept in the cache: not asked
+    assert all(line.strip() == "--version" for line in asked), asked
 
 
 def test_cache_hit_in_a_fresh_process_with_no_compiler_at_all(entry, fresh):
@@ -408,3 +409,56 @@ def test_a_cache_path_with_control_characters_and_c_escapes_compiles(monkeypatch
 
 def test_c_string_literal_escapes_every_byte_outside_printable_ascii():
     assert cache.c_string_literal(b'a\x1b"\\?\n\xc3\xa97') == '"a\\033\\"\\\\\\?\\012\\303\\2517"'
+
+
+def test_compiler_version_is_asked_once_per_binary(fresh, monkeypatch, tmp_path):
+    """`--version` is kept in the cache under the compiler's file: a new process asks nothing, and a
+    compiler installed over it (another size, time and inode) is asked again, its new answer keyed."""
+    log = tmp_path / "cc.log"
+    wrapper = tmp_path / "versioned-cc"
+
+    def install(version: str) -> None:
+        fresh_file = tmp_path / "new-cc"
+        fresh_file.write_text(f'#!/bin/sh\necho "$*" >> {log}\necho "cc {version}"\n')
+        fresh_file.chmod(0o755)
+        fresh_file.replace(wrapper)   # as a package manager installs: a new file renamed over the old
+
+    install("1.0")
+    monkeypatch.setenv("CC", str(wrapper))
+    assert cache_keys.compiler_identity() == f"{wrapper}\ncc 1.0"
+    assert log.read_text().splitlines() == ["--version"]
+    monkeypatch.setattr(cache_keys, "_COMPILER_IDS", {})   # a new process
+    assert cache_keys.compiler_identity() == f"{wrapper}\ncc 1.0"
+    assert log.read_text().splitlines() == ["--version"]   # not asked again
+    install("2.0")
+    monkeypatch.setattr(cache_keys, "_COMPILER_IDS", {})
+    assert cache_keys.compiler_identity() == f"{wrapper}\ncc 2.0"
+    assert log.read_text().splitlines() == ["--version"] * 2
+
+
+def test_a_working_compiler_is_probed_once_and_a_failing_one_every_time(fresh, monkeypatch, tmp_path):
+    """The default backend's probe (an empty library built with the flags) is kept when it builds,
+    for the compiler and flags it built with; a compiler that cannot build is asked again."""
+    from symgrad.backends.build import toolchain
+    builds = []
+    real = toolchain._probe
+    monkeypatch.setattr(toolchain, "_probe", lambda *args: builds.append(args) or real(*args))
+    monkeypatch.setattr(toolchain, "_PROBED", {})
+    toolchain.probe()
+    monkeypatch.setattr(toolchain, "_PROBED", {})   # a new process
+    toolchain.probe()
+    assert len(builds) == 1
+    monkeypatch.setenv("SYMGRAD_CFLAGS", "-O1 -fopenmp")   # other flags: probed again
+    monkeypatch.setattr(toolchain, "_PROBED", {})
+    toolchain.probe()
+    assert len(builds) == 2
+
+    broken = tmp_path / "broken-cc"   # answers --version, builds nothing
+    broken.write_text('#!/bin/sh\nif [ "$1" = --version ]; then echo "cc 0"; exit 0; fi\nexit 1\n')
+    broken.chmod(0o755)
+    monkeypatch.setenv("CC", str(broken))
+    for _ in range(2):
+        monkeypatch.setattr(toolchain, "_PROBED", {})
+        with pytest.raises(cache.CompilerNotFound, match="cannot build a shared library"):
+            toolchain.probe()
+    assert len(builds) == 4

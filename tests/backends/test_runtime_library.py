@@ -108,18 +108,21 @@ def test_no_writable_data_in_a_program_or_the_runtime(fresh):
         assert variables and not [v for v in variables if not v.startswith(("_", "completed."))], variables
 
 
-def test_the_runtime_source_kept_in_the_cache_is_checked_before_use(fresh):
+def test_the_runtime_source_kept_in_the_cache_is_checked_before_use(fresh, monkeypatch):
     """A warm compile reads the runtime's source from the cache instead of rendering it; an
     edited copy fails its checksum and is rendered again."""
     runtime._rendered.cache_clear()
     text = runtime.source()
-    (kept,) = (fresh / "runtime").glob("*.json")
-    entry = json.loads(kept.read_text())
-    assert entry["source"] == text
-    entry["source"] = text.replace("context->team_warm |= parallel;", "")
-    kept.write_text(json.dumps(entry))
+    (kept,) = (fresh / "runtime").glob("*.c")
+    assert kept.read_text() == text
+    kept.write_text(text.replace("context->team_warm |= parallel;", ""))
     runtime._rendered.cache_clear()
-    assert runtime.source() == text and json.loads(kept.read_text())["source"] == text
+    assert runtime.source() == text and kept.read_text() == text
+    calls = []
+    real = runtime._context
+    monkeypatch.setattr(runtime, "_context", lambda targets: calls.append(targets) or real(targets))
+    runtime._rendered.cache_clear()
+    assert runtime.source() == text and runtime.header() and not calls   # read back: no context computed
 
 
 def test_two_programs_link_one_runtime_built_once(fresh, runtime_builds):

@@ -20,7 +20,8 @@ earlier from the same inputs. Layout of the cache directory
     locks/_symgrad_<hash>.lock     one fcntl lock per key: concurrent builders take turns
     include/<hash>/<name>.h        `headers` a build includes, by the hash of their text
     programs/<key>.json            graph -> source, the program cache (symgrad/backends/build/program_cache.py)
-    runtime/<hash>.json            the runtime's rendered source (symgrad/backends/build/runtime.py)
+    runtime/<hash>.h, .c, .json    the runtime's rendered header and source, their checksums (symgrad/backends/build/runtime.py)
+    compilers/<hash>.json          a compiler's `--version`, and whether it builds with the flags (cache_keys, toolchain)
 
 The binaries sit directly in the cache directory, so with it on `sys.path`
 `import _symgrad_<hash>` works in any process without symgrad: an extension module is
@@ -75,6 +76,7 @@ compiler. Only when there is nothing to load does it raise `CompilerNotFound`.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import importlib.util
 import json
@@ -101,6 +103,7 @@ from .toolchain import (DEFAULT_FLAGS, NVCC_FAT_BINARY, BuildError, CompilerNotF
                         compiler_command, default_flags, default_nvcc_flags, nvcc_command)  # noqa: F401
 
 _HASH_CHARS = 32
+_PACKAGE = Path(__file__).resolve().parents[2]  # symgrad/ (this is symgrad/backends/build/cache.py)
 _KINDS = ("c", "program", "cuda", "runtime")
 
 
@@ -222,6 +225,17 @@ def code_digest(root: Path, suffix: str) -> str:
     """`tree_digest` of the files under `root` ending in `suffix`, memoized in the cache's
     fingerprints/ (what keys the program cache and the runtime's rendered text)."""
     return tree_digest(root, suffix, cache_dir() / "fingerprints")
+
+
+@functools.lru_cache(maxsize=None)
+def code_fingerprint() -> str:
+    """The sha256 of the compiler itself: symgrad's sources, its templates and the sympy version
+    (what keys the program cache and the runtime's rendered text)."""
+    import sympy
+    from ..render.templates import template_dir
+
+    parts = [f"sympy {sympy.__version__}", code_digest(_PACKAGE, ".py"), code_digest(Path(template_dir()), ".j2")]
+    return hashlib.sha256("\n".join(parts).encode()).hexdigest()
 
 
 def module_name(key: str) -> str:

@@ -46,6 +46,23 @@ def read_json(path: Path) -> dict | None:
     return value if isinstance(value, dict) else None
 
 
+def read_kept(path: Path, key: dict) -> dict | None:
+    """The record `keep` wrote to `path` for `key`, or None: missing, unreadable, or kept for
+    another key (the file's name is a prefix of the key's hash; the key itself is compared)."""
+    record = read_json(path)
+    return record if record is not None and record.get("key") == key else None
+
+
+def keep(path: Path, key: dict, **values) -> None:
+    """Write {"key": key, **values} to `path` atomically; a cache that cannot be written (read-only,
+    removed meanwhile) only means that the answer is asked for again next time."""
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        atomic_write(path, json.dumps({"key": key, **values}, indent=1).encode())
+    except OSError:
+        pass
+
+
 def file_sha256(path: Path) -> str | None:
     """The sha256 of the file at `path`, or None when it cannot be read."""
     try:
@@ -62,13 +79,12 @@ def tree_digest(root: Path, suffix: str, memo_dir: Path | None = None) -> str:
     `memo_dir` the digest is kept there under the files' paths, sizes and modification times (what
     Python trusts for its .pyc), so a later process only lists and stats them; a memo that cannot be
     read or written only means hashing again."""
-    files = sorted((os.path.relpath(os.path.join(folder, name), root), os.path.join(folder, name))
-                   for folder, _, names in os.walk(root) for name in names if name.endswith(suffix))
+    files = sorted(_files_under(str(root), "", suffix))
     memo = None
     if memo_dir is not None:
         stats = hashlib.sha256()
-        for relative, path in files:
-            info = os.stat(path)
+        for relative, entry in files:
+            info = entry.stat()
             stats.update(f"{relative} {info.st_size} {info.st_mtime_ns}\n".encode())
         memo = memo_dir / f"{stats.hexdigest()[:32]}.txt"
         try:
@@ -78,8 +94,8 @@ def tree_digest(root: Path, suffix: str, memo_dir: Path | None = None) -> str:
         except OSError:
             pass
     digest = hashlib.sha256()
-    for relative, path in files:
-        data = Path(path).read_bytes()
+    for relative, entry in files:
+        data = Path(entry.path).read_bytes()
         digest.update(f"{relative} {len(data)}\n".encode())
         digest.update(data)
     if memo is not None:
@@ -96,3 +112,19 @@ def now_utc() -> str:
     import datetime
 
     return datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
+
+
+def _files_under(folder: str, relative: str, suffix: str):
+    """(path relative to the walk's root, os.DirEntry) of each file under `folder` whose name ends
+    in `suffix`, Python's __pycache__ folders left out. os.scandir's entries carry what stat asks,
+    and the relative path is built as the walk goes: os.walk and os.path.relpath took 2 of the 3.5
+    ms a warm compile spent on the code's fingerprint."""
+    with os.scandir(folder) as entries:
+        for entry in entries:
+            name = f"{relative}{entry.name}"
+            if entry.is_dir(follow_symlinks=False):   # as os.walk: a link to a folder is not followed
+                if entry.name != "__pycache__":
+                    yield from _files_under(entry.path, f"{name}/", suffix)
+            elif entry.name.endswith(suffix):
+                yield name, entry
+

@@ -36,7 +36,6 @@ cannot make the workspace too small.
 
 from __future__ import annotations
 
-import functools
 import gc
 import hashlib
 import io
@@ -46,7 +45,6 @@ import threading
 from pathlib import Path
 from typing import Callable
 
-import sympy
 
 from ...ir.elementwise import derived_op
 from ...ir.fingerprint import fingerprint
@@ -55,11 +53,11 @@ from ...ir.registry import REGISTRY, OpDef
 from ...ir.shapes import Dim
 from ...ir.value import Value
 from . import cache
+from .cache import code_fingerprint
 from ..lower.memory import ArenaSpec
 
 FORMAT = 4  # 2: the entry carries its checksum; 3: and the pickled optimized graph, pass report and plan;
             # 4: the modules moved into sub-packages (the pickles name the new ones)
-_PACKAGE = Path(__file__).resolve().parents[2]  # symgrad/ (this is symgrad/backends/build/program_cache.py)
 
 
 class Entry:
@@ -92,16 +90,6 @@ class Entry:
     optimized = property(lambda self: self._made()[0], doc="the graph after the passes")
     pass_report = property(lambda self: self._made()[1], doc="what each pass did")
     plan = property(lambda self: self._made()[2], doc="the kernel plan the source renders")
-
-
-@functools.lru_cache(maxsize=None)
-def code_fingerprint() -> str:
-    """The sha256 of the compiler itself: symgrad's sources, its templates and the sympy version."""
-    from ..render.templates import template_dir
-
-    parts = [f"sympy {sympy.__version__}", cache.code_digest(_PACKAGE, ".py"),
-             cache.code_digest(Path(template_dir()), ".j2")]
-    return hashlib.sha256("\n".join(parts).encode()).hexdigest()
 
 
 def key(graph: Graph, backend: str, **options) -> str | None:

@@ -30,7 +30,6 @@ import json
 import os
 from dataclasses import dataclass
 from functools import lru_cache
-from pathlib import Path
 
 import jinja2
 
@@ -40,7 +39,7 @@ from .vector_width import vector_flags
 from ..decide import winograd
 from ...narrow_limit import NARROW_N  # matmuls with at most this many output columns use a narrow-N kernel
 from ..status import Status
-from ..render.templates import render, template_dir
+from ..render.templates import render
 # The GEMM table is decide's (which function computes a product); the runtime renders what it names.
 from ..decide.gemm_table import GEMM, narrow_columns
 
@@ -207,22 +206,29 @@ def _rendered(targets: tuple) -> dict:
     """The header and the source, rendered, or read back from the build cache.
 
     Rendering them takes 10-20 ms, a third of a warm compile, which needs only their text (the
-    key of the library built from it): the text is kept in the cache (`runtime/<hash>.json`),
-    under a hash of what it is rendered from (every C template, jinja2's version, the context),
-    with a checksum; one that does not match is rendered again.
+    key of the library built from it): the texts are kept in the cache (`runtime/<hash>.h` and
+    `.c`, with their checksum in `runtime/<hash>.json`) under a hash of what they are rendered
+    from: symgrad's code and templates (cache.code_fingerprint, which the program cache's keys
+    hold too), jinja2's version and the targets. A text that does not match its checksum is
+    rendered again. (Keyed by the rendering context itself, a warm compile computed that context,
+    digested the templates and decoded 350 KB of JSON: 5 ms.)
     """
+    inputs = dict(code=cache.code_fingerprint(), jinja2=jinja2.__version__, targets=repr(targets))
+    stem = cache.cache_dir() / "runtime" / cache.sha256_json(inputs)[:32]
+    paths = {"header": stem.with_suffix(".h"), "source": stem.with_suffix(".c")}
+    try:
+        texts = {name: path.read_text() for name, path in paths.items()}
+        if (cache.read_json(stem.with_suffix(".json")) or {}).get("sha256") == _checksum(texts):
+            return texts
+    except (OSError, ValueError):
+        pass
     context = _context(targets)
-    inputs = dict(context=context, jinja2=jinja2.__version__,  # the templates: every one's path and bytes
-                  templates=cache.code_digest(Path(template_dir()), ".j2"))
-    path = cache.cache_dir() / "runtime" / f"{cache.sha256_json(inputs)[:32]}.json"
-    kept = cache.read_json(path) or {}
-    texts = {name: kept.get(name) for name in ("header", "source")}
-    if all(isinstance(t, str) for t in texts.values()) and kept.get("sha256") == _checksum(texts):
-        return texts
     texts = {"header": render("runtime/runtime.h.j2", **context), "source": render("runtime/runtime.c.j2", **context)}
     try:  # a cache that cannot be written (read-only, removed meanwhile) only means rendering again
-        path.parent.mkdir(parents=True, exist_ok=True)
-        cache.atomic_write(path, json.dumps({**texts, "sha256": _checksum(texts)}).encode())
+        stem.parent.mkdir(parents=True, exist_ok=True)
+        for name, path in paths.items():
+            cache.atomic_write(path, texts[name].encode())
+        cache.atomic_write(stem.with_suffix(".json"), json.dumps({"sha256": _checksum(texts)}).encode())
     except OSError:
         pass
     return texts
