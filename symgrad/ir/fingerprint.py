@@ -61,19 +61,26 @@ def _op_text(op, memo: dict) -> str:
 
 def fingerprint(graph: Graph) -> str | None:
     """The sha256 (hex) of the graph's structure, or None when an attribute cannot be described."""
-    index = {id(node): k for k, node in enumerate(graph.nodes)}
-    digest = hashlib.sha256()
+    nodes = graph.nodes
+    index = {id(node): k for k, node in enumerate(nodes)}
     ops: dict = {}
+    shapes: dict = {}   # (shape, its entries' types) -> text: a graph has a few dozen distinct shapes
+    lines = []
     try:
-        for node in graph.nodes:
-            attrs = ",".join(f"{k}={_describe(node.attrs[k])}" for k in sorted(node.attrs)
-                             if k not in IGNORED_ATTRS)
-            inputs = ",".join(str(index[id(i)]) for i in node.inputs)
-            digest.update(f"{_op_text(node.op, ops)}|{node.dtype}|{_describe(node.shape)}|"
-                          f"[{inputs}]|{attrs}\n".encode())
+        for node in nodes:
+            attrs = node.attrs
+            described = ",".join(f"{k}={_describe(attrs[k])}" for k in sorted(attrs)
+                                 if k not in IGNORED_ATTRS) if attrs else ""
+            shape = node.shape
+            shape_key = (shape, tuple(map(type, shape)))   # 3 and sympy's Integer(3) are equal, described apart
+            shape_text = shapes.get(shape_key)
+            if shape_text is None:
+                shape_text = shapes[shape_key] = _describe(shape)
+            inputs = ",".join([str(index[id(i)]) for i in node.inputs])
+            lines.append(f"{_op_text(node.op, ops)}|{node.dtype}|{shape_text}|[{inputs}]|{described}\n")
     except _Unhashable:
         return None
     ends = [[index[id(v)] for v in graph.inputs], [index[id(v)] for v in graph.outputs],
             [(index[id(t)], index[id(n)]) for t, n in graph.updates]]
-    digest.update(repr(ends).encode())
-    return digest.hexdigest()
+    lines.append(repr(ends))
+    return hashlib.sha256("".join(lines).encode()).hexdigest()
