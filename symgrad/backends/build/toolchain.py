@@ -134,7 +134,9 @@ def probe() -> None:
     A success is kept in the cache (`compilers/probe-<hash>.json`) under the compiler's identity
     (its binary file, symbolic links followed, and `--version`: cache_keys) and the flags: the
     build took 50 ms of every process that left the backend to its default. A failure is not
-    kept: a compiler fixed since is asked again."""
+    kept: a compiler fixed since is asked again. (A system changed under an unchanged compiler,
+    its OpenMP library removed, then fails at the first build, with the compiler's message, where
+    it fell back to NumPy before; removing `compilers/` from the cache asks again.)"""
     from ...settings import cache_dir
     from .cache_files import keep, read_kept
     from .cache_keys import compiler_identity, sha256_json
