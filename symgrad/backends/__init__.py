@@ -43,11 +43,10 @@ def resolve(name: str | None, stacklevel: int = 3) -> str:
     BackendFallbackWarning, once per process. `stacklevel` points the warning at the user's call."""
     if name is not None:
         return name
-    from .build.toolchain import CompilerNotFound, probe
+    from .build.toolchain import CompilerNotFound
     try:
-        from .build.cache_keys import compiler_identity
-        compiler_identity()
-        probe()
+        from .build.cache import check_compiler
+        check_compiler()
         return "c"
     except CompilerNotFound as exc:
         global _WARNED

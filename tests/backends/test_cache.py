@@ -437,20 +437,25 @@ def test_compiler_version_is_asked_once_per_binary(fresh, monkeypatch, tmp_path)
 
 
 def test_a_working_compiler_is_probed_once_and_a_failing_one_every_time(fresh, monkeypatch, tmp_path):
-    """The default backend's probe (an empty library built with the flags) is kept when it builds,
+    """The default backend's check (an empty library built with the flags) is kept when it builds,
     for the compiler and flags it built with; a compiler that cannot build is asked again."""
     from symgrad.backends.build import toolchain
     builds = []
     real = toolchain._probe
     monkeypatch.setattr(toolchain, "_probe", lambda *args: builds.append(args) or real(*args))
-    monkeypatch.setattr(toolchain, "_PROBED", {})
-    toolchain.probe()
-    monkeypatch.setattr(toolchain, "_PROBED", {})   # a new process
-    toolchain.probe()
+
+    def new_process():
+        monkeypatch.setattr(toolchain, "_PROBED", {})
+        monkeypatch.setattr(cache_keys, "_COMPILER_IDS", {})
+
+    new_process()
+    cache.check_compiler()
+    new_process()
+    cache.check_compiler()
     assert len(builds) == 1
     monkeypatch.setenv("SYMGRAD_CFLAGS", "-O1 -fopenmp")   # other flags: probed again
-    monkeypatch.setattr(toolchain, "_PROBED", {})
-    toolchain.probe()
+    new_process()
+    cache.check_compiler()
     assert len(builds) == 2
 
     broken = tmp_path / "broken-cc"   # answers --version, builds nothing
@@ -458,7 +463,7 @@ def test_a_working_compiler_is_probed_once_and_a_failing_one_every_time(fresh, m
     broken.chmod(0o755)
     monkeypatch.setenv("CC", str(broken))
     for _ in range(2):
-        monkeypatch.setattr(toolchain, "_PROBED", {})
+        new_process()
         with pytest.raises(cache.CompilerNotFound, match="cannot build a shared library"):
-            toolchain.probe()
+            cache.check_compiler()
     assert len(builds) == 4

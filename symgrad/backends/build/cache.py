@@ -76,7 +76,6 @@ compiler. Only when there is nothing to load does it raise `CompilerNotFound`.
 
 from __future__ import annotations
 
-import functools
 import hashlib
 import importlib.util
 import json
@@ -97,13 +96,13 @@ from . import importable as importable_module
 from .progress import BuildProgress
 from .cache_keys import (FORMAT, _cffi_version, _key, _prekey, asked_identity, compiler_identity, nvcc_identity,
                          sha256_json)  # noqa: F401
-from .cache_files import atomic_write, file_lock, file_sha256, now_utc, read_json, tree_digest  # noqa: F401  (callers use cache.*)
+from .cache_files import (atomic_write, file_lock, file_sha256, keep, now_utc, read_json, read_kept,  # noqa: F401
+                          tree_digest)  # (callers use cache.*)
 # The toolchain's names the cache's callers (backends, tests, benchmarks) know it by.
 from .toolchain import (DEFAULT_FLAGS, NVCC_FAT_BINARY, BuildError, CompilerNotFound, c_string_literal,
                         compiler_command, default_flags, default_nvcc_flags, nvcc_command)  # noqa: F401
 
 _HASH_CHARS = 32
-_PACKAGE = Path(__file__).resolve().parents[2]  # symgrad/ (this is symgrad/backends/build/cache.py)
 _KINDS = ("c", "program", "cuda", "runtime")
 
 
@@ -227,15 +226,23 @@ def code_digest(root: Path, suffix: str) -> str:
     return tree_digest(root, suffix, cache_dir() / "fingerprints")
 
 
-@functools.lru_cache(maxsize=None)
-def code_fingerprint() -> str:
-    """The sha256 of the compiler itself: symgrad's sources, its templates and the sympy version
-    (what keys the program cache and the runtime's rendered text)."""
-    import sympy
-    from ..render.templates import template_dir
+def check_compiler() -> None:
+    """What the default backend asks before it chooses C: the compiler's `--version` runs, and it
+    builds an empty shared library with the flags (toolchain.probe); raises CompilerNotFound
+    saying why not.
 
-    parts = [f"sympy {sympy.__version__}", code_digest(_PACKAGE, ".py"), code_digest(Path(template_dir()), ".j2")]
-    return hashlib.sha256("\n".join(parts).encode()).hexdigest()
+    A success is kept in the cache (`compilers/probe-<hash>.json`) under the compiler's identity
+    (its binary file, symbolic links followed, and `--version`: cache_keys) and the flags: the
+    build took 40-50 ms of every process that left the backend to its default. A failure is not
+    kept: a compiler fixed since is asked again. (A system changed under an unchanged compiler,
+    its OpenMP library removed, then fails at the first build, with the compiler's message, where
+    it fell back to NumPy before; removing `compilers/` from the cache asks again.)"""
+    flags = default_flags()
+    kept = {"identity": compiler_identity(), "flags": flags, "link": toolchain.openmp_link(flags)}
+    path = cache_dir() / "compilers" / f"probe-{sha256_json(kept)[:32]}.json"
+    if read_kept(path, kept) is None:
+        toolchain.probe()
+        keep(path, kept, builds=True)
 
 
 def module_name(key: str) -> str:

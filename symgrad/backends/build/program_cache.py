@@ -36,6 +36,7 @@ cannot make the workspace too small.
 
 from __future__ import annotations
 
+import functools
 import gc
 import hashlib
 import io
@@ -45,6 +46,7 @@ import threading
 from pathlib import Path
 from typing import Callable
 
+import sympy
 
 from ...ir.elementwise import derived_op
 from ...ir.fingerprint import fingerprint
@@ -52,8 +54,7 @@ from ...ir.graph import Graph
 from ...ir.registry import REGISTRY, OpDef
 from ...ir.shapes import Dim
 from ...ir.value import Value
-from . import cache
-from .cache import code_fingerprint
+from . import cache, runtime
 from ..lower.memory import ArenaSpec
 
 FORMAT = 4  # 2: the entry carries its checksum; 3: and the pickled optimized graph, pass report and plan;
@@ -90,6 +91,12 @@ class Entry:
     optimized = property(lambda self: self._made()[0], doc="the graph after the passes")
     pass_report = property(lambda self: self._made()[1], doc="what each pass did")
     plan = property(lambda self: self._made()[2], doc="the kernel plan the source renders")
+
+
+@functools.lru_cache(maxsize=None)
+def code_fingerprint() -> str:
+    """The sha256 of the compiler itself: symgrad's sources and templates, and the sympy version."""
+    return hashlib.sha256(f"sympy {sympy.__version__}\n{runtime.code_digest()}".encode()).hexdigest()
 
 
 def key(graph: Graph, backend: str, **options) -> str | None:

@@ -30,6 +30,7 @@ import json
 import os
 from dataclasses import dataclass
 from functools import lru_cache
+from pathlib import Path
 
 import jinja2
 
@@ -39,11 +40,12 @@ from .vector_width import vector_flags
 from ..decide import winograd
 from ...narrow_limit import NARROW_N  # matmuls with at most this many output columns use a narrow-N kernel
 from ..status import Status
-from ..render.templates import render
+from ..render.templates import render, template_dir
 # The GEMM table is decide's (which function computes a product); the runtime renders what it names.
 from ..decide.gemm_table import GEMM, narrow_columns
 
 HEADER = "symgrad_runtime.h"    # the name programs include it by
+_PACKAGE = Path(__file__).resolve().parents[2]  # symgrad/ (this is symgrad/backends/build/runtime.py)
 GEMM_PARALLEL_MIN = 1 << 18     # multiply-adds: below this a matmul runs on one thread
 CONV_ROWS = 6                   # output channels in the direct convolution's register tile (conv_rows.c.j2)
 NARROW_PARALLEL_MIN = 1 << 22   # multiply-adds: below this a narrow-N matmul runs on one thread: the
@@ -202,18 +204,26 @@ def source(targets: tuple = TARGETS) -> str:
 
 
 @lru_cache(maxsize=None)
+def code_digest() -> str:
+    """The sha256 of symgrad's Python sources and its templates: what the runtime's text and every
+    program are rendered by (cache.code_digest of each tree, kept under the files' sizes and times)."""
+    trees = [cache.code_digest(_PACKAGE, ".py"), cache.code_digest(Path(template_dir()), ".j2")]
+    return hashlib.sha256("\n".join(trees).encode()).hexdigest()
+
+
+@lru_cache(maxsize=None)
 def _rendered(targets: tuple) -> dict:
     """The header and the source, rendered, or read back from the build cache.
 
     Rendering them takes 10-20 ms, a third of a warm compile, which needs only their text (the
     key of the library built from it): the texts are kept in the cache (`runtime/<hash>.h` and
     `.c`, with their checksum in `runtime/<hash>.json`) under a hash of what they are rendered
-    from: symgrad's code and templates (cache.code_fingerprint, which the program cache's keys
-    hold too), jinja2's version and the targets. A text that does not match its checksum is
+    from: symgrad's code and templates (`code_digest`, which the program cache's keys hold too),
+    jinja2's version and the targets. A text that does not match its checksum is
     rendered again. (Keyed by the rendering context itself, a warm compile computed that context,
     digested the templates and decoded 350 KB of JSON: 5 ms.)
     """
-    inputs = dict(code=cache.code_fingerprint(), jinja2=jinja2.__version__, targets=repr(targets))
+    inputs = dict(code=code_digest(), jinja2=jinja2.__version__, targets=repr(targets))
     stem = cache.cache_dir() / "runtime" / cache.sha256_json(inputs)[:32]
     paths = {"header": stem.with_suffix(".h"), "source": stem.with_suffix(".c")}
     try:

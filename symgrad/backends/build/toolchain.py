@@ -127,34 +127,14 @@ _PROBED: dict[tuple, Exception | None] = {}
 
 
 def probe() -> None:
-    """Build an empty shared library with the C compiler and its flags, once per compiler and flags:
-    what the default backend asks before it chooses C (a compiler that answers --version may
-    still lack OpenMP or a linker). Raises CompilerNotFound saying why it cannot.
-
-    A success is kept in the cache (`compilers/probe-<hash>.json`) under the compiler's identity
-    (its binary file, symbolic links followed, and `--version`: cache_keys) and the flags: the
-    build took 50 ms of every process that left the backend to its default. A failure is not
-    kept: a compiler fixed since is asked again. (A system changed under an unchanged compiler,
-    its OpenMP library removed, then fails at the first build, with the compiler's message, where
-    it fell back to NumPy before; removing `compilers/` from the cache asks again.)"""
-    from ...settings import cache_dir
-    from .cache_files import keep, read_kept
-    from .cache_keys import compiler_identity, sha256_json
+    """Build an empty shared library with the C compiler and its flags, once per process and
+    compiler: what the default backend asks before it chooses C (a compiler that answers
+    --version may still lack OpenMP or a linker). Raises CompilerNotFound saying why it cannot.
+    (cache.check_compiler keeps a success in the cache, for the processes after this one.)"""
     command, flags = compiler_command(), default_flags()
     key = (tuple(command), tuple(flags))
     if key not in _PROBED:
-        try:
-            kept = {"identity": compiler_identity(), "flags": flags, "link": openmp_link(flags)}
-        except CompilerNotFound as exc:
-            _PROBED[key] = exc
-        else:
-            path = cache_dir() / "compilers" / f"probe-{sha256_json(kept)[:32]}.json"
-            if read_kept(path, kept) is not None:
-                _PROBED[key] = None
-            else:
-                _PROBED[key] = _probe(command, flags)
-                if _PROBED[key] is None:
-                    keep(path, kept, builds=True)
+        _PROBED[key] = _probe(command, flags)
     if _PROBED[key] is not None:
         raise _PROBED[key]
 
