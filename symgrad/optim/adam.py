@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import sympy
+
 from ..api import functional as F
 from ..ir.value import Value
-from .optimizer import Optimizer
+from .optimizer import Optimizer, formula
 
 
 class Adam(Optimizer):
@@ -54,6 +56,6 @@ class Adam(Optimizer):
         self.assign(m, m_new)
         self.assign(v, v_new)
         lr = self.hyper("lr", self.lr, t_new)
-        step_size = F.cast(lr / (1.0 - beta1 ** t_new), param.dtype)
-        correction2 = F.cast(F.sqrt(1.0 - beta2 ** t_new), param.dtype)
+        step_size = F.cast(formula("adam_step_size", lambda lr, t: lr / (1 - beta1 ** t), lr, t_new), param.dtype)
+        correction2 = F.cast(formula("adam_correction", lambda t: sympy.sqrt(1 - beta2 ** t), t_new), param.dtype)
         return self.decayed(param, lr) - step_size * m_new / (F.sqrt(v_new) / correction2 + self.eps)

@@ -5,6 +5,7 @@ from __future__ import annotations
 from ..api import functional as F
 from ..ir.value import Value
 from .adam import Adam
+from .optimizer import formula
 
 
 class AdamW(Adam):
@@ -25,7 +26,8 @@ class AdamW(Adam):
         """The parameter after the decoupled decay, which Adam's step then moves."""
         if not self.weight_decay:
             return param
-        return param * F.cast(1.0 - lr * self.weight_decay, param.dtype)
+        decay = self.weight_decay
+        return param * F.cast(formula("adamw_decay", lambda lr: 1 - lr * decay, lr), param.dtype)
 
     def l2_gradient(self, param: Value, grad: Value) -> Value:
         return grad  # the decay is decoupled

@@ -7,9 +7,11 @@ import numbers
 from collections.abc import Mapping
 
 import numpy as np
+import sympy
 
 from ..api import functional as F
 from ..ir import dtypes as D
+from ..ir.elementwise import apply_expression
 from ..ir.value import Value
 from ..api.sources import filled, variable
 from .param_groups import SCHEDULER_KEYS, ParamGroup, check_hyperparameter, make_groups  # noqa: F401  (callers know it here)
@@ -163,3 +165,14 @@ class Optimizer:
         variant._made, variant._pending = getattr(self, "_made", {}), self._pending  # one set of variables and updates
         variant._lr_name = lr_name
         return variant
+
+
+def formula(label: str, fn, *values: Value) -> Value:
+    """`fn` over `values` as one elementwise node: `fn` takes sympy symbols and returns the
+    expression (`lambda lr, t: lr / (1 - 0.9 ** t)`), printed in C as written. An optimizer's
+    scalar arithmetic (bias corrections, the decay factor) is a node per parameter this way, not
+    a node per operation and constant: an AdamW step made 21 nodes of each parameter's 50 so, and
+    every pass, the lowering and the render walk each of them. `label` names the op's kernels."""
+    symbols = sympy.symbols(f"a0:{len(values)}", real=True)
+    return apply_expression(fn(*symbols), dict(zip(symbols, values)), label)
+
