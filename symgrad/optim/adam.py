@@ -58,4 +58,6 @@ class Adam(Optimizer):
         lr = self.hyper("lr", self.lr, t_new)
         step_size = F.cast(formula("adam_step_size", lambda lr, t: lr / (1 - beta1 ** t), lr, t_new), param.dtype)
         correction2 = F.cast(formula("adam_correction", lambda t: sympy.sqrt(1 - beta2 ** t), t_new), param.dtype)
-        return self.decayed(param, lr) - step_size * m_new / (F.sqrt(v_new) / correction2 + self.eps)
+        eps = self.eps
+        return formula("adam_param", lambda p, s, m, v, c: p - s * m / (sympy.sqrt(v) / c + eps),
+                       self.decayed(param, lr), step_size, m_new, v_new, correction2)
