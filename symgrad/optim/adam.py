@@ -51,7 +51,10 @@ class Adam(Optimizer):
         v = self.state(param, "exp_avg_sq")
         t_new = t + 1.0
         m_new = m + (1.0 - beta1) * (g - m)
-        v_new = beta2 * v + (1.0 - beta2) * (g * g)
+        # One node (printed in this order: beta2 v + (1 - beta2) (g g)). m's is left as operations:
+        # sympy would distribute (1 - beta1) over g - m and join the m terms, rounding otherwise than torch's lerp.
+        rest = 1.0 - beta2
+        v_new = formula("adam_exp_avg_sq", lambda v, g: beta2 * v + rest * (g * g), v, g)
         self.assign(t, t_new)
         self.assign(m, m_new)
         self.assign(v, v_new)
