@@ -11,7 +11,7 @@ import sympy
 
 from ..api import functional as F
 from ..ir import dtypes as D
-from ..ir.elementwise import apply_expression
+from ..ir.elementwise import ARGS, derived_op
 from ..ir.value import Value
 from ..api.sources import filled, variable
 from .param_groups import SCHEDULER_KEYS, ParamGroup, check_hyperparameter, make_groups  # noqa: F401  (callers know it here)
@@ -170,9 +170,26 @@ class Optimizer:
 def formula(label: str, fn, *values: Value) -> Value:
     """`fn` over `values` as one elementwise node: `fn` takes sympy symbols and returns the
     expression (`lambda lr, t: lr / (1 - 0.9 ** t)`), printed in C as written. An optimizer's
-    scalar arithmetic (bias corrections, the decay factor) is a node per parameter this way, not
-    a node per operation and constant: an AdamW step made 21 nodes of each parameter's 50 so, and
-    every pass, the lowering and the render walk each of them. `label` names the op's kernels."""
-    symbols = sympy.symbols(f"a0:{len(values)}", real=True)
-    return apply_expression(fn(*symbols), dict(zip(symbols, values)), label)
+    scalar arithmetic (bias corrections, the decay factor) and its update of a parameter are a
+    few nodes per parameter this way, not a node per operation and constant: an AdamW step made
+    50 nodes of each parameter so, and every pass, the lowering and the render walked each of
+    them. `label` names the op's kernels. The op is made once per `fn` (its code and the values
+    it closes over) and label: sympy's work is not repeated for every parameter."""
+    closed = tuple(cell.cell_contents for cell in fn.__closure__ or ())
+    # Kept only where what `fn` closes over is plain numbers or text: an object's attributes may change.
+    key = (label, fn.__code__, closed) if all(isinstance(c, (int, float, str)) for c in closed) else None
+    made = _FORMULAS.get(key) if key is not None else None
+    if made is None:
+        symbols = sympy.symbols(f"a0:{len(values)}", real=True)
+        expr = sympy.sympify(fn(*symbols))
+        used = sorted(expr.free_symbols, key=lambda s: s.name)   # the derived op's operands, in order
+        op = derived_op(label, expr.xreplace(dict(zip(used, ARGS))), len(used))
+        made = (op, [symbols.index(s) for s in used])
+        if key is not None:
+            _FORMULAS[key] = made
+    op, positions = made
+    return F.apply_elementwise(op, [values[k] for k in positions])
 
+
+# (label, code, closed-over values) -> (the derived op, which of the values it reads, in order)
+_FORMULAS: dict = {}
