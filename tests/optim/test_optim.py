@@ -138,11 +138,11 @@ def test_adamw_is_a_few_nodes_per_parameter():
     """AdamW's update of a parameter is a few nodes more than SGD's (optimizer.formula: the bias
     corrections, the decay factor, the second moment and the parameter's update one node each), not
     a node per operation and constant: every pass, the lowering and the render walk every node, and
-    a GPT layer's AdamW updates were 400 of its 584 nodes (now 170 of 356)."""
+    a GPT layer's AdamW updates were 400 of its 584 nodes."""
     def per_parameter(optimizer_class, **options):
         return _step_nodes(optimizer_class, 3, **options) - _step_nodes(optimizer_class, 2, **options)
     extra = per_parameter(sg.optim.AdamW, weight_decay=0.1) - per_parameter(sg.optim.SGD)
-    assert extra <= 16, extra   # 37 when each operation and constant was a node (15 now)
+    assert extra <= 16, extra   # 37 when each operation and constant was a node (13 now)
 
 
 def test_formula_makes_its_op_once_for_plain_constants_only(monkeypatch):
