@@ -49,11 +49,11 @@ class Adam(Optimizer):
         t = self.state(param, "step", shape=(), dtype="float64")
         m = self.state(param, "exp_avg")
         v = self.state(param, "exp_avg_sq")
-        t_new = t + 1.0
+        t_new = formula("adam_step", lambda t: t + 1, t)
         # Each moment one node, its operations in torch's order. lerp's weight 1 - beta1 is an operand:
         # a number in the expression, sympy would distribute it over g - m and join the m terms
         # (0.1 g + 0.9 m), rounding otherwise than torch's m + w (g - m).
-        weight1 = F.constant(1.0 - beta1, m.dtype)
+        weight1 = self.constant(1.0 - beta1, m.dtype)
         m_new = formula("adam_exp_avg", lambda m, g, w: m + w * (g - m), m, g, weight1)
         rest = 1.0 - beta2
         v_new = formula("adam_exp_avg_sq", lambda v, g: beta2 * v + rest * (g * g), v, g)

@@ -100,6 +100,13 @@ class Optimizer:
             self._made[key] = variable(name, np.array(value, dtype=np.float64), role="hyper")
         return F.cast(self._made[key], like.dtype)
 
+    def constant(self, value: float, dtype: str) -> Value:
+        """A 0-d constant operand: one node for every parameter of the step, not one each."""
+        key = ("constant", float(value), dtype)
+        if key not in self._made:
+            self._made[key] = F.constant(float(value), dtype)
+        return self._made[key]
+
     def state(self, param: Value, name: str, init: float = 0.0, shape=None, dtype=None) -> Value:
         """Optimizer state for `param`, named `<param>.<name>`, zeros (or `init`) at first."""
         shape = param.shape if shape is None else shape

@@ -142,7 +142,7 @@ def test_adamw_is_a_few_nodes_per_parameter():
     def per_parameter(optimizer_class, **options):
         return _step_nodes(optimizer_class, 3, **options) - _step_nodes(optimizer_class, 2, **options)
     extra = per_parameter(sg.optim.AdamW, weight_decay=0.1) - per_parameter(sg.optim.SGD)
-    assert extra <= 16, extra   # 37 when each operation and constant was a node (13 now)
+    assert extra <= 16, extra   # 37 when each operation and constant was a node (11 now)
 
 
 def test_formula_makes_its_op_once_for_plain_constants_only(monkeypatch):
