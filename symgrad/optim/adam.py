@@ -21,7 +21,12 @@ class Adam(Optimizer):
 
     The step count and bias corrections are float64 scalars, as torch
     computes them in Python floats; the learning rate is a runtime
-    hyperparameter (`step.lr = ...`).
+    hyperparameter (`step.lr = ...`). t, m, v, each bias correction and
+    p's update are one elementwise node each (optimizer.formula), their
+    operations in torch's order: float32 and float64 parameters round each
+    operation, as torch does; for a 16-bit parameter each node computes in
+    float32 and rounds once (as torch's lerp does; its other in-place steps
+    round after each).
     """
 
     def __init__(self, params=None, lr: float | None = None, betas: tuple = (0.9, 0.999), eps: float = 1e-8,

@@ -182,9 +182,13 @@ def formula(label: str, fn, *values: Value) -> Value:
     50 nodes of each parameter so, and every pass, the lowering and the render walked each of
     them. `label` names the op's kernels. The op is made once per `fn` (its code and the values
     it closes over) and label: sympy's work is not repeated for every parameter."""
+    if len(values) > len(ARGS):
+        raise ValueError(f"formula {label}: at most {len(ARGS)} operands, got {len(values)}")
     closed = tuple(cell.cell_contents for cell in fn.__closure__ or ())
-    # Kept only where what `fn` closes over is plain numbers or text: an object's attributes may change.
-    key = (label, fn.__code__, closed) if all(isinstance(c, (int, float, str)) for c in closed) else None
+    # Kept only where what `fn` closes over is plain numbers or text (an object's attributes may
+    # change), each by its type and exact text (0.0 and -0.0, 1 and True are equal keys otherwise).
+    plain = all(isinstance(c, (int, float, str)) for c in closed)
+    key = (label, fn.__code__, tuple((type(c), repr(c)) for c in closed)) if plain else None
     made = _FORMULAS.get(key) if key is not None else None
     if made is None:
         symbols = sympy.symbols(f"a0:{len(values)}", real=True)
