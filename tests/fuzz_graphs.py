@@ -168,7 +168,8 @@ UNARY: dict[str, Op] = {
     "sin": Op(sg.sin, torch.sin),
     "cos": Op(sg.cos, torch.cos),
     "erf": Op(sg.erf, torch.erf),
-    "log1p": Op(sg.log1p, torch.log1p),
+    # torch.log1p(5e-324) is 0 (the exact value is 5e-324; 1.5e-323 gives 2e-323): a 0 may be a flushed subnormal
+    "log1p": Op(sg.log1p, torch.log1p, "underflow"),
     "softplus": Op(sg.softplus, torch.nn.functional.softplus, "underflow"),
     "gelu": Op(sg.gelu, torch.nn.functional.gelu, "gelu"),
     "gelu_tanh": Op(lambda x: sg.gelu(x, approximate="tanh"),
@@ -838,6 +839,11 @@ BACKWARD_UP, BACKWARD_DOWN = -2, -3
 # elements, the padding at either end) differ by a few roundings, which a function steep in them
 # magnifies; random signs move such a pair alike in one pattern of two.
 ALTERNATING_UP, ALTERNATING_DOWN = -4, -5
+# The nudge pattern that lifts only the zeros an op may have flushed (an "underflow" op's 0, as
+# torch.log1p(5e-324) is) to the smallest subnormal, every other value left as torch computed it:
+# moving the ops before it too moves that op's operand off the value it flushed (exp(-744.44) is
+# 5e-324; one rounding up it is 1e-323, whose log1p torch gets right).
+FLUSHED_ZEROS_LIFTED = -6
 
 
 class _FromOutput(torch.autograd.Function):
@@ -984,6 +990,8 @@ def nudge_pattern(graph: FuzzGraph, pattern: int) -> Callable:
     and maximum's and minimum's ties of +0 and -0 given the other zero (_OtherZero).
     Values stay differentiable (the move is a constant), so the backward reads them.
 
+    FLUSHED_ZEROS_LIFTED moves only the zeros of the "underflow" ops, up to the smallest subnormal.
+
     LIFT_SUBNORMALS instead moves every subnormal value (0 < |v| < 2.2e-308: softmax's weight
     exp(-710) is 4.5e-309) to the smallest normal one of its sign. A subnormal divisor makes the
     result depend on the order of a formula's operations at overflow: torch's gradient of y/y in
@@ -1009,6 +1017,11 @@ def nudge_pattern(graph: FuzzGraph, pattern: int) -> Callable:
             normal = torch.finfo(v.dtype).tiny
             lifted = torch.where((v != 0) & (v.abs() < normal), torch.sign(v) * normal - v, 0.0)
             return value + lifted.to(value.dtype)
+        if pattern == FLUSHED_ZEROS_LIFTED:
+            if OPS[step.op].rounding != "underflow" or not value.is_floating_point():
+                return value
+            v = value.detach()
+            return value + torch.where(v == 0, torch.full_like(v, TINY[v.dtype]), torch.zeros_like(v))
         if pattern in (BACKWARD_UP, BACKWARD_DOWN):
             if step.op in ("softmax", "log_softmax") and value.requires_grad:
                 return _FromOutput.apply(args[0], value.detach(), step.op, step.kw["axis"], pattern == BACKWARD_UP,

@@ -16,7 +16,8 @@ Ill-conditioned results. Where a result differs, torch is run again with each co
 moved by one rounding error of its op, each gradient contribution to a value moved by one ulp
 before autograd sums them, and softmax's backward (attention's inner one too) moved by its own rounding
 (fuzz_graphs.nudge_pattern: all up, all down, four random mixes, neighbours opposite ways; and the
-backward's alone, up and down, where moving the forward hides them), and once with subnormal values
+backward's alone, up and down, where moving the forward hides them), once with only the zeros an op may
+have flushed lifted to the smallest subnormal (torch.log1p(5e-324) is 0), and once with subnormal values
 lifted to the smallest normal one (a subnormal divisor
 makes a result depend on the order of a formula's operations at overflow: torch's gradient of
 y / y is inf at y = 4.5e-309, the true 0 in symgrad). Two correct implementations differ by such
@@ -66,7 +67,8 @@ import torch
 import symgrad as sg
 from symgrad.backends.build.runtime import default_flags
 from tests.conftest import BACKENDS
-from tests.fuzz_graphs import (ALTERNATING_DOWN, ALTERNATING_UP, BACKWARD_DOWN, BACKWARD_UP, FLOAT, LIFT_SUBNORMALS,
+from tests.fuzz_graphs import (ALTERNATING_DOWN, ALTERNATING_UP, BACKWARD_DOWN, BACKWARD_UP, FLOAT, FLUSHED_ZEROS_LIFTED,
+                               LIFT_SUBNORMALS,
                                FuzzGraph, build, draw_graphs, draw_values, input_specs, leaves_range, nudge_pattern)
 
 pytestmark = [pytest.mark.filterwarnings("ignore::UserWarning"), pytest.mark.filterwarnings("ignore::RuntimeWarning")]
@@ -99,7 +101,7 @@ RTOL_C_NUMPY, RTOL_TORCH = 1e-10, 1e-7
 # down, four random mixes, subnormal values lifted to the smallest normal one, and the backward's
 # roundings alone moved up and down
 NUDGE_PATTERNS = (0, 1, 2, 3, 4, 5, ALTERNATING_UP, ALTERNATING_DOWN, LIFT_SUBNORMALS, BACKWARD_UP,
-                  BACKWARD_DOWN)
+                  BACKWARD_DOWN, FLUSHED_ZEROS_LIFTED)
 
 
 class Batch:
