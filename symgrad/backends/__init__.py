@@ -40,7 +40,8 @@ def resolve(name: str | None, stacklevel: int = 3) -> str:
     """The backend to compile with: `name`, or by default "c" where a working C compiler is found
     (its `--version` runs and it builds an empty library with its flags, OpenMP included: asked
     once per process, and kept in the cache once it builds, build.cache.check_compiler), else
-    "numpy" with a one-line BackendFallbackWarning, once per process. `stacklevel` points the warning at the user's call."""
+    "numpy" with a one-line BackendFallbackWarning, once per process. `stacklevel` points the
+    warning at the user's call."""
     if name is not None:
         return name
     from .build.toolchain import CompilerNotFound

@@ -20,7 +20,6 @@ it was measured measures low: delete the file (or call `peaks(refresh=True)`) to
 
 from __future__ import annotations
 
-import json
 import os
 import platform
 import time
@@ -114,8 +113,8 @@ def peaks(refresh: bool = False) -> Peaks:
     lib = _build().module.lib
     key = _key(lib)
     path = cache.cache_dir() / "peaks" / f"{cache.sha256_json(key)[:32]}.json"
-    kept = None if refresh else cache.read_json(path)
-    if isinstance(kept, dict) and kept.get("key") == key:
+    kept = None if refresh else cache.read_kept(path, key)
+    if kept is not None:
         try:
             return Peaks(**kept["peaks"])
         except (KeyError, TypeError):
@@ -123,9 +122,5 @@ def peaks(refresh: bool = False) -> Peaks:
     gflops, gbs = measure(lib)
     found = Peaks(gflops=round(gflops, 2), gbs=round(gbs, 2), threads=key["threads"], lanes=int(lib.sg_peak_lanes()),
                   cpu=key["cpu"], measured=cache.now_utc())
-    try:  # a cache that cannot be written only means measuring again next time
-        path.parent.mkdir(parents=True, exist_ok=True)
-        cache.atomic_write(path, json.dumps({"key": key, "peaks": asdict(found)}, indent=1).encode())
-    except OSError:
-        pass
+    cache.keep(path, key, peaks=asdict(found))  # a cache that cannot be written: measured again next time
     return found

@@ -107,13 +107,6 @@ def tree_digest(root: Path, suffix: str, memo_dir: Path | None = None) -> str:
     return digest.hexdigest()
 
 
-def now_utc() -> str:
-    """The time now, in UTC, as ISO 8601 text to the second."""
-    import datetime
-
-    return datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
-
-
 def _files_under(folder: str, relative: str, suffix: str):
     """(path relative to the walk's root, os.DirEntry) of each file under `folder` whose name ends
     in `suffix`, Python's __pycache__ folders left out. os.scandir's entries carry what stat asks,
@@ -128,3 +121,9 @@ def _files_under(folder: str, relative: str, suffix: str):
             elif entry.name.endswith(suffix):
                 yield name, entry
 
+
+def now_utc() -> str:
+    """The time now, in UTC, as ISO 8601 text to the second."""
+    import datetime
+
+    return datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")

@@ -27,7 +27,6 @@ A `-DSG_VECTOR_BYTES=...` in the flags themselves is left as it is.
 from __future__ import annotations
 
 import ctypes
-import json
 import os
 import subprocess
 import tempfile
@@ -36,7 +35,7 @@ from pathlib import Path
 
 from ...settings import cache_dir
 from ..render.templates import render
-from .cache_files import atomic_write, now_utc, read_json
+from .cache_files import keep, now_utc, read_kept
 from .cache_keys import _host_cpu, compiler_identity, sha256_json
 from .toolchain import CompilerNotFound, compiler_command, openmp_link
 
@@ -75,21 +74,17 @@ def vector_bytes(flags: list[str], refresh: bool = False) -> int:
     except CompilerNotFound:
         return 32
     path = cache_dir() / "vector_width" / f"{sha256_json(key)[:32]}.json"
-    kept = None if refresh else read_json(path)
-    if isinstance(kept, dict) and kept.get("key") == key and kept.get("bytes") in (32, 64):
+    kept = None if refresh else read_kept(path, key)
+    if kept is not None and kept.get("bytes") in (32, 64):
         return kept["bytes"]
     try:
         rates = measure(flags)
     except (OSError, subprocess.SubprocessError, RuntimeError):
         return 32
     chosen = 64 if rates is not None and rates[64] >= WIDE_GAIN * rates[32] else 32
-    record = dict(key=key, bytes=chosen, measured=now_utc(),
-                  gflops=None if rates is None else {str(w): round(r, 2) for w, r in rates.items()})
-    try:  # a cache that cannot be written only means measuring again next time
-        path.parent.mkdir(parents=True, exist_ok=True)
-        atomic_write(path, json.dumps(record, indent=1).encode())
-    except OSError:
-        pass
+    # a cache that cannot be written only means measuring again next time
+    keep(path, key, bytes=chosen, measured=now_utc(),
+         gflops=None if rates is None else {str(w): round(r, 2) for w, r in rates.items()})
     return chosen
 
 
