@@ -97,8 +97,11 @@ class ArenaSpec:
     def of(cls, plan: Plan) -> "ArenaSpec":
         """The spec of a kernel plan."""
         nbytes = tuple(_as_int(b.numel * D.native_itemsize(b.dtype)) for b in plan.workspace)
-        values = sum((S.numel(n.shape) * D.native_itemsize(n.dtype) for n in plan.graph.nodes
-                      if n.op.kind not in (SOURCE, MOVEMENT)), sympy.S.Zero)
+        sizes = [S.numel(n.shape) * D.native_itemsize(n.dtype) for n in plan.graph.nodes
+                 if n.op.kind not in (SOURCE, MOVEMENT)]
+        # Integers summed as such: sympy's addition, a number at a time, took most of this method.
+        symbolic = [n for n in sizes if not isinstance(n, int)]
+        values = sum(n for n in sizes if isinstance(n, int)) + sum(symbolic, sympy.S.Zero)
         return cls(nbytes, tuple(liveness(plan)), len(plan.kernels), _as_int(values))
 
     def to_json(self) -> dict:
@@ -136,32 +139,35 @@ def memory_plan(plan: "Plan | ArenaSpec", bindings: dict | None = None, align: i
     bindings = dict(bindings or {})
     sizes = arena_sizes(spec, bindings)
     live = list(spec.live)
-    order = sorted(range(len(sizes)), key=lambda k: (-_align(sizes[k], align), live[k][0], k))
+    needs = [_align(s, align) for s in sizes]
+    order = sorted(range(len(sizes)), key=lambda k: (-needs[k], live[k][0], k))
     offsets = [0] * len(sizes)
-    placed: list[int] = []
+    # (first kernel, last kernel, start, end) of each buffer placed so far: every later buffer
+    # scans them all (a 12-layer GPT's 1,200 temporaries), so the tuple holds what the scan reads.
+    placed: list[tuple] = []
     arena = 0
     for k in order:
-        need = _align(sizes[k], align)
+        need = needs[k]
         lo, hi = live[k]
-        busy = sorted((offsets[j], offsets[j] + _align(sizes[j], align)) for j in placed
-                      if live[j][0] <= hi and lo <= live[j][1])
+        busy = sorted([(start, end) for first, last, start, end in placed if first <= hi and lo <= last])
         best, best_gap, cursor = None, None, 0
         for start, end in busy:
             gap = start - cursor
             if gap >= need and (best_gap is None or gap < best_gap):
                 best, best_gap = cursor, gap
-            cursor = max(cursor, end)
-        offsets[k] = cursor if best is None else best
-        placed.append(k)
-        arena = max(arena, offsets[k] + need)
-    unshared = sum(_align(s, align) for s in sizes)
+            if end > cursor:
+                cursor = end
+        offsets[k] = offset = cursor if best is None else best
+        placed.append((lo, hi, offset, offset + need))
+        arena = max(arena, offset + need)
+    unshared = sum(needs)
     values = spec.value_bytes
     naive = values if isinstance(values, int) else int(S.evaluate(values, bindings))
     # The most bytes live at once, from the changes at each kernel (a sweep, not a sum per kernel).
     change = [0] * (max([spec.kernels, *(hi for _, hi in live)]) + 2)
-    for s, (lo, hi) in zip(sizes, live):
-        change[lo] += _align(s, align)
-        change[hi + 1] -= _align(s, align)
+    for need, (lo, hi) in zip(needs, live):
+        change[lo] += need
+        change[hi + 1] -= need
     bound = max(itertools.islice(itertools.accumulate(change), spec.kernels + 1))
     return MemoryPlan(offsets, arena, naive, unshared, bound, sizes, live, bindings)
 
