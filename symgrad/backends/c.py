@@ -55,8 +55,8 @@ from .render.languages import (C_BAD_LABEL as BAD_LABEL, C_ENTRY as ENTRY, C_OPE
                                C_SIGNATURE as SIGNATURE, C_WORKSPACE_SIZES as WORKSPACE_SIZES, COLUMN_TILE,
                                PARALLEL_MIN)  # noqa: F401
 from .plan import Plan, gradients_final_after
-from .lower.memory import MemoryPlan
-from .native import BUILD_NICE, Building, NativeProgram
+from .lower.memory import MemoryPlan, memory_plan
+from .native import BUILD_NICE, ArenaAhead, Building, NativeProgram
 from .render.program import render
 from .status import Status
 
@@ -220,19 +220,16 @@ class CProgram(NativeProgram):
         finally:
             self._entry = own
 
-    def _native_layout(self, key: tuple, planned: MemoryPlan) -> tuple:
-        """The dims array, the workspace (array, pointer) and its offsets, each output's last
-        array (see `_outputs`), once there is one, and the runtime's scratch region (pointer,
-        bytes): the workspace's last `planned.scratch_bytes`, from a multiple of ALIGN on."""
+    def _native_layout(self, key: tuple, planned: MemoryPlan, memory=None) -> tuple:
+        """The dims array, the workspace (array, pointer: `memory` where it was made ahead, of
+        `arena_memory`'s size) and its offsets, each output's last array (see `_outputs`), once
+        there is one, and the runtime's scratch region (pointer, bytes): an array of its own."""
         ffi = self._ffi
-        start = -(-planned.arena_bytes // ALIGN) * ALIGN
-        raw = host_memory.zeros(start + planned.scratch_bytes + 2 * ALIGN, np.uint8)
-        shift = (-raw.ctypes.data) % ALIGN
-        workspace = raw[shift:shift + start + planned.scratch_bytes + ALIGN]
-        pointer = ffi.from_buffer(workspace)
-        return (ffi.new("int64_t[]", list(key) or [0]), workspace, pointer,
+        workspace = memory if memory is not None else arena_memory(planned.arena_bytes)
+        scratch = arena_memory(planned.scratch_bytes)
+        return (ffi.new("int64_t[]", list(key) or [0]), workspace, ffi.from_buffer(workspace),
                 ffi.new("int64_t[]", planned.offsets or [0]), [None] * len(self.graph.outputs),
-                (pointer + start, planned.scratch_bytes))
+                (ffi.from_buffer(scratch), planned.scratch_bytes))  # the pointer keeps its array alive
 
     def _scratch_bytes(self, key: tuple) -> int:
         """The runtime's scratch region for these Dim values, as the compiled code counts it
@@ -352,6 +349,23 @@ class CProgram(NativeProgram):
         raise RuntimeError(f"the compiled program failed with status {status}")
 
 
+def arena_memory(nbytes: int) -> np.ndarray:
+    """Zeroed host memory for `nbytes` of a workspace (host_memory's: mapped at once), starting at
+    a multiple of ALIGN, with ALIGN bytes to spare after them (never empty)."""
+    raw = host_memory.zeros(nbytes + 2 * ALIGN, np.uint8)
+    shift = (-raw.ctypes.data) % ALIGN
+    return raw[shift:shift + nbytes + ALIGN]
+
+
+def _arena_ahead(entry) -> dict:
+    """{(): ArenaAhead} for a program without Dims (every call's shapes known now): its first call's
+    arena planned and its memory mapped while the compiler runs; {} for one with Dims."""
+    if entry.dims:
+        return {}
+    planned = memory_plan(entry.arena, {}, align=ALIGN)
+    return {(): ArenaAhead(planned, arena_memory(planned.arena_bytes))}
+
+
 def compile(graph: Graph, flags: list[str] | None = None, optimize: bool = True, quiet: bool | None = None,
             **options) -> CProgram:
     """Compile `graph` to C and build it (cached): the backend protocol's entry point.
@@ -377,8 +391,13 @@ def compile_in_background(graph: Graph, flags: list[str] | None = None, optimize
     # after the build); a build beside the steps, here and now, not on its thread while they run.
     compilation = prepare(graph, C_OPENMP, optimize, store=yield_cores)
 
+    def meanwhile() -> None:
+        compilation.store()
+        if not yield_cores:  # the build waited for: its first call's arena too (a later one's, when called)
+            compilation.ahead.update(_arena_ahead(compilation.entry))
+
     def build() -> CProgram:
-        with toolchain.while_compiling(compilation.store):
+        with toolchain.while_compiling(meanwhile):
             program = CProgram(graph, flags=flags, optimize=optimize, quiet=quiet, prepared=compilation)
         compilation.store()
         return program

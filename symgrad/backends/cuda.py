@@ -381,8 +381,9 @@ class CudaProgram(NativeProgram):
         self._group = None
 
     # ---- running -------------------------------------------------------------------
-    def _native_layout(self, key: tuple, planned: MemoryPlan) -> tuple:
-        """The dims array, the arena's offsets array and its size."""
+    def _native_layout(self, key: tuple, planned: MemoryPlan, memory=None) -> tuple:
+        """The dims array, the arena's offsets array and its size (the device's arena is allocated
+        at the run, so no memory is made ahead)."""
         ffi = self._ffi
         return ffi.new("int64_t[]", list(key) or [0]), ffi.new("int64_t[]", planned.offsets or [0]), planned.arena_bytes
 

@@ -18,7 +18,7 @@ from __future__ import annotations
 import gc
 import time
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Callable
 
 from .. import passes
@@ -48,6 +48,8 @@ class Compilation:
     built: BuiltModule | None = None
     from_cache: bool | None = None  # the build cache had the binary: no compiler ran
     unstored: Callable[[], None] | None = None  # prepare(..., store=False): the program-cache write left to do
+    # Dim binding key -> the first call's arena (native.ArenaAhead), made while the compiler ran
+    ahead: dict = field(default_factory=dict)
 
     def store(self) -> None:
         """Write what the stages made to the program cache, where `prepare` left that to the caller."""
