@@ -37,10 +37,19 @@ _NUMPY = {"float32": np.dtype(np.float32), "float64": np.dtype(np.float64),
 DEFAULT_FLOAT = "float32"
 
 
+# The IR name of each NumPy dtype that has one: a NumPy dtype's name and its text are Python
+# properties, which took most of a GPT's time to make its parameters (a variable per leaf name).
+_BY_NUMPY = {numpy: name for name, numpy in _NUMPY.items()}
+
+
 def canonical(dtype) -> str:
     """Return the IR name of `dtype`, given a name, a NumPy dtype or a NumPy type."""
     if isinstance(dtype, str) and dtype in DTYPES:
         return dtype
+    if isinstance(dtype, np.dtype):
+        known = _BY_NUMPY.get(dtype)
+        if known is not None and dtype == _NUMPY[known]:
+            return known
     if str(dtype) in ("torch.bfloat16", "torch.float16"):  # torch's dtype objects, without importing torch
         return str(dtype)[len("torch."):]
     try:

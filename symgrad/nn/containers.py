@@ -34,7 +34,7 @@ class Sequential(_Ordered):
         for name, module in items:
             if not isinstance(module, Module):
                 raise TypeError(f"Sequential: item {name} is a {type(module).__name__}, not a Module")
-            self.add_module(name, module)
+        self._attach(dict(items))
 
     def forward(self, x: Value) -> Value:
         for module in self._modules.values():
@@ -55,10 +55,15 @@ class ModuleList(_Ordered):
         return self
 
     def extend(self, modules: Iterable[Module]) -> "ModuleList":
-        """Append each of `modules`."""
-        for module in modules:
-            self.append(module)
+        """Append each of `modules` (their leaves named once, after the last)."""
+        start = len(self._modules)
+        self._attach({str(start + k): module for k, module in enumerate(modules)})
         return self
+
+
+def _check_key(name) -> None:
+    if not isinstance(name, str) or not name or "." in name:
+        raise ValueError(f"ModuleDict: a key must be a non-empty string without '.', got {name!r}")
 
 
 class ModuleDict(Module):
@@ -66,12 +71,13 @@ class ModuleDict(Module):
 
     def __init__(self, modules: Mapping[str, Module] | None = None):
         super().__init__()
-        for name, module in (modules or {}).items():
-            self[name] = module
+        modules = dict(modules or {})
+        for name in modules:
+            _check_key(name)
+        self._attach(modules)  # the leaves named once, after the last
 
     def __setitem__(self, name: str, module: Module) -> None:
-        if not isinstance(name, str) or not name or "." in name:
-            raise ValueError(f"ModuleDict: a key must be a non-empty string without '.', got {name!r}")
+        _check_key(name)
         self.add_module(name, module)
 
     def __getitem__(self, name: str) -> Module:

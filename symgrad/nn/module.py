@@ -77,9 +77,7 @@ class Module:
         if isinstance(value, (Module, Value)):
             self.__dict__.pop(name, None)  # a plain attribute of that name would shadow the registered one
         if isinstance(value, Module):
-            self._modules[name] = value
-            object.__setattr__(value, "_parent", weakref.ref(self))
-            self._root()._name_leaves()
+            self._attach({name: value})
         elif isinstance(value, Value) and value.op.name == "variable":
             role = value.attrs["role"]
             if role not in _LEAF_ROLES:
@@ -126,6 +124,21 @@ class Module:
         if not isinstance(module, Module):
             raise TypeError(f"add_module: expected a Module, got {type(module).__name__}")
         setattr(self, name, module)
+
+    def _attach(self, modules: dict) -> None:
+        """Register `modules` (name -> submodule) under their names, then name the tree's leaves
+        once: each naming walks the whole tree, so a ModuleList of n blocks named after each
+        block would walk n * n / 2 of them (containers attach all theirs in one call)."""
+        for module in modules.values():
+            if not isinstance(module, Module):
+                raise TypeError(f"add_module: expected a Module, got {type(module).__name__}")
+        for name, module in modules.items():
+            for table in ("_parameters", "_buffers", "_modules"):
+                self.__dict__[table].pop(name, None)
+            self.__dict__.pop(name, None)  # a plain attribute of that name would shadow the registered one
+            self._modules[name] = module
+            object.__setattr__(module, "_parent", weakref.ref(self))
+        self._root()._name_leaves()
 
     def _root(self) -> "Module":
         """The outermost module holding this one (following the modules each was last attached
