@@ -53,18 +53,20 @@ def rebuild(graph: Graph, rewrite: Callable[[Value], Value]) -> Graph:
     node, in topological order, so every input it sees is already final. Where
     every output and update comes out the same object, `graph` itself is returned.
     """
-    mapping: dict[int, Value] = {}
+    # Keyed by the nodes themselves (Values hash by identity): no id() per lookup, in a loop that
+    # a GPT step's passes run over its whole graph at every sweep.
+    mapping: dict[Value, Value] = {}
     mapped = mapping.__getitem__
     for node in graph.nodes:
         old = node.inputs
         if old:  # with_inputs, inlined: a sweep asks it of every node of the graph
-            inputs = tuple(map(mapped, map(id, old)))
+            inputs = tuple(map(mapped, old))
             if not all(map(operator.is_, inputs, old)):
-                mapping[id(node)] = rewrite(node.over(inputs))
+                mapping[node] = rewrite(node.over(inputs))
                 continue
-        mapping[id(node)] = rewrite(node)
-    outputs = [mapping[id(v)] for v in graph.outputs]
-    updates = [(mapping[id(t)], mapping[id(n)]) for t, n in graph.updates]
+        mapping[node] = rewrite(node)
+    outputs = [mapping[v] for v in graph.outputs]
+    updates = [(mapping[t], mapping[n]) for t, n in graph.updates]
     if all(map(operator.is_, outputs, graph.outputs)) and \
             all(t is t0 and n is n0 for (t, n), (t0, n0) in zip(updates, graph.updates)):
         # The same roots are the same graph (values are immutable): keep it, and the order and
@@ -104,7 +106,7 @@ def _check(rule: Rule, node: Value, new: Value) -> None:
 
 
 def apply_rules(graph: Graph, rules: Iterable[Rule], max_sweeps: int = 50,
-                counts: dict | None = None, settled: dict | None = None) -> Graph:
+                counts: dict | None = None, settled: set | None = None) -> Graph:
     """Rewrite `graph` with `rules` until no rule fires anywhere (or `max_sweeps` sweeps).
 
     `counts`, when given, receives how many times each rule fired, by name.
@@ -112,22 +114,22 @@ def apply_rules(graph: Graph, rules: Iterable[Rule], max_sweeps: int = 50,
     one, say, would turn independent draws into repeated ones.
 
     A rule sees only its node and what lies below it, so a node no rule rewrote is one no rule
-    rewrites: such nodes are *settled* (id -> node, kept alive so that the ids stay theirs) and
+    rewrites: such nodes are *settled* (a set of the nodes themselves, which keeps them alive) and
     not handed to the rules again, in a later sweep (where every node not rewritten below is
-    the same object again) nor, when the caller passes its own `settled` dict, in a later call
+    the same object again) nor, when the caller passes its own `settled` set, in a later call
     with the same rules. A sweep then costs the rules only where the last one changed something,
     not the whole graph again.
     """
     rules = tuple(rules)
     by_op: dict = {}  # op -> the rules that can fire at its nodes (none at a random op's)
     original = graph
-    settled = {} if settled is None else settled
+    settled = set() if settled is None else settled
     for sweep in range(max_sweeps):
         fired = False
 
         def at_node(node: Value) -> Value:
             nonlocal fired
-            if id(node) in settled:
+            if node in settled:
                 return node
             for _ in range(100):  # a node rewritten 100 times over means rules that cycle
                 applicable = by_op.get(node.op)
@@ -143,9 +145,9 @@ def apply_rules(graph: Graph, rules: Iterable[Rule], max_sweeps: int = 50,
                         fired, node = True, new
                         break
                 else:
-                    settled[id(node)] = node
+                    settled.add(node)
                     return node
-                if id(node) in settled:
+                if node in settled:
                     return node  # rewritten into a node no rule rewrites
             raise RuleError(f"rewrite rules do not terminate at {node!r}")
 

@@ -377,7 +377,7 @@ def simplify(graph: Graph, assume_finite: bool = False, counts: dict | None = No
     (`x*0 -> 0`, sympy results that drop an operand).
     """
     rules = RULES + (FINITE_RULES if assume_finite else ())
-    settled: dict = {}  # the nodes no rule rewrites, kept from one round to the next (apply_rules)
+    settled: set = set()  # the nodes no rule rewrites, kept from one round to the next (apply_rules)
     kept: dict = {}     # the chains left as they are, likewise (simplify_chains)
     for _ in range(4):  # a simplified chain may expose new identities, rarely more than once
         before = graph

@@ -686,7 +686,7 @@ def test_apply_rules_asks_the_rules_once_per_settled_node():
             return node.inputs[0].inputs[0]
         return None
 
-    settled: dict = {}
+    settled: set = set()
     out = apply_rules(Graph([x], [deep]), [neg_neg], settled=settled)
     assert [n.op.name for n in out.nodes] == ["input", "exp", "sin", "tanh", "log"]
     # Each node once, in the sweep that rewrote the negs: x, exp, the two negs (exp, which they
