@@ -47,6 +47,20 @@ if os.environ.get("PYTEST_XDIST_WORKER") and os.environ.get("SYMGRAD_CACHE_DIR")
                                                    os.environ["PYTEST_XDIST_WORKER"])
 
 
+@pytest.fixture(autouse=True)
+def _builds_ended():
+    """Each test's background builds end with it: a train step's predict build waits for the step's
+    first call (symgrad.backends.native.Building's `held`), and one whose step was never called
+    would start its compilers during a later test (inside its monkeypatched build, its cache count)."""
+    yield
+    from symgrad.backends.native import Building
+    with Building._guard:
+        running = list(Building._running)
+    for building in running:
+        building.release()
+        building._thread.join()
+
+
 @pytest.fixture(params=BACKENDS)
 def backend(request) -> str:
     """Parametrizes a test over every backend this machine can run."""

@@ -385,7 +385,9 @@ def compile_in_background(graph: Graph, flags: list[str] | None = None, optimize
     render run here (a refusal of the graph raises from this call), the build and the load there;
     `.result()` is the CProgram. A program the program cache holds is loaded here, at once.
     `yield_cores`: its compilers run at a lower priority (BUILD_NICE), leaving the cores to the
-    steps running meanwhile; False for the build a caller waits for first (a train step's own)."""
+    steps running meanwhile, and start once the caller releases the build (`Building.release`:
+    a train step's first call has ended); False for the build a caller waits for first (a train
+    step's own)."""
     # The program cache's entry (0.1 s of pickling at 12 GPT layers): the build a caller waits for
     # first writes it on its thread once its compilers run, not before they start (if none ran,
     # after the build); a build beside the steps, here and now, not on its thread while they run.
@@ -411,4 +413,5 @@ def compile_in_background(graph: Graph, flags: list[str] | None = None, optimize
     runtime.header()
     runtime.build(flags)
     cache.import_ahead()
-    return Building(CProgram, build, nice=BUILD_NICE if yield_cores else 0)
+    # A build beside the steps starts its compilers once the first step has ended (Building's held).
+    return Building(CProgram, build, nice=BUILD_NICE if yield_cores else 0, held=yield_cores)

@@ -43,15 +43,24 @@ class Building:
     its compilers run; `result()` waits for the program and returns it, or raises what its build
     raised.
 
+    `held`: the build waits, before its compilers start, until `release()` (a train step's first
+    call has ended: its OpenMP team had the cores to itself, and the nanoGPT-size first step took
+    0.32 s instead of 0.52 s beside the predict program's compilers), or HELD_AT_MOST seconds.
+    Whatever waits for the program, forks the process or ends it releases the build first.
+
     A process forks only once every build has ended (`_before_fork`): a child gets no copy of the
     thread, and would wait for it, or find the build cache's lock held, forever."""
 
     _running: "set[Building]" = set()
     _guard = threading.Lock()
+    HELD_AT_MOST = 3.0  # seconds: a step never called does not leave its predict program unbuilt
 
-    def __init__(self, kind: type, build, nice: int):
+    def __init__(self, kind: type, build, nice: int, held: bool = False):
         self.kind = kind
         self._program, self._error = None, None
+        self._released = threading.Event()
+        if not held:
+            self._released.set()
         self._thread = threading.Thread(target=self._run, args=(build, nice), name="symgrad-build")
         with Building._guard:
             Building._running.add(self)
@@ -62,10 +71,13 @@ class Building:
         """A build that needed no thread: `program`, built already."""
         done = cls.__new__(cls)
         done.kind, done._program, done._error, done._thread = kind, program, None, None
+        done._released = threading.Event()
+        done._released.set()
         return done
 
     def _run(self, build, nice: int) -> None:
         try:
+            self._released.wait(self.HELD_AT_MOST)
             toolchain.yield_to_other_work(nice)
             self._program = build()
         except BaseException as exc:  # raised by result(), on the thread that asks for the program
@@ -74,7 +86,12 @@ class Building:
             with Building._guard:
                 Building._running.discard(self)
 
+    def release(self) -> None:
+        """Let a held build start its compilers now."""
+        self._released.set()
+
     def result(self):
+        self.release()
         if self._thread is not None:
             self._thread.join()
         if self._error is not None:
@@ -82,14 +99,25 @@ class Building:
         return self._program
 
     @classmethod
+    def _release_all(cls) -> None:
+        with cls._guard:
+            running = list(cls._running)
+        for building in running:
+            building.release()
+
+    @classmethod
     def _before_fork(cls) -> None:
         with cls._guard:
             running = list(cls._running)
         for building in running:
+            building.release()
             building._thread.join()
 
 
 os.register_at_fork(before=Building._before_fork)
+# At the interpreter's exit, before it waits for the build threads (threading's own hook, which
+# concurrent.futures uses too): a held build starts at once rather than after HELD_AT_MOST.
+getattr(threading, "_register_atexit", lambda hook: None)(Building._release_all)
 
 # How much lower in priority the compilers of a build on its own thread run: the steps running
 # meanwhile keep the cores. Their OpenMP teams wait at every kernel's barrier for each thread, and

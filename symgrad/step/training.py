@@ -56,6 +56,7 @@ class TrainStep(Compiled):
         self._input_names = [v.name for v in graph.inputs]
         self._programs: dict[str, Compiled] = {}
         self._buffers = None
+        self._held_builds: list = []  # programs' builds waiting for the first call to end (predict's)
 
     def __call__(self, *positional, **batch) -> float:
         if positional:
@@ -70,6 +71,20 @@ class TrainStep(Compiled):
             arrays = arrays_by_name(self.graph, batch, "train step")
         (loss,) = self._run(arrays)
         return float(loss)
+
+    def _run(self, arrays: list) -> list:
+        try:
+            return super()._run(arrays)
+        finally:
+            if self._held_builds:
+                self._release_builds()
+
+    def _release_builds(self) -> None:
+        """Let the programs built beside the steps start their compilers: the first call has
+        ended (it had the cores to itself), or another program is asked for."""
+        held, self._held_builds = self._held_builds, []
+        for building in held:
+            building.release()
 
     # ---- accumulation, apply, predict: extra programs over the same storage ----
     def _gradient_buffers(self) -> list[Value]:
@@ -124,12 +139,16 @@ class TrainStep(Compiled):
 
         Its `source`, and `workspace_bytes` where the backend reports one,
         describe that program alone. `background`: its compiler's build on a thread of its own
-        (Compiled's), the program waited for when first used.
+        (Compiled's), started once the step's first call has ended (or another program is asked
+        for), the program waited for when first used.
         """
         if kind not in self._programs:
+            self._release_builds()
             graph = self._build(kind)
             self._check_shared_names(kind, graph)
             sub = Compiled(graph, self.backend, background=background, **self._options)
+            if background and "_building" in vars(sub):  # its compilers wait for the first step to end
+                self._held_builds.append(sub._building)
             for name, array in sub._storage.items():
                 mine = self._storage.get(name)
                 if mine is None:
@@ -358,8 +377,9 @@ def _compiled_step(loss: Value, params: list, group_options: list, groups: list,
     if predict is not None:
         # Built now, with the step, not inside the first step.predict() call (an evaluation loop's
         # first batch would pay for a compile); its passes now (a refusal raises here), its
-        # compiler on a thread of its own while the first steps run (GPT small on two cores: the
-        # first step a second sooner). accumulate / apply, for gradient accumulation only, are
-        # built when first called.
+        # compiler on a thread of its own once the first step has ended, while the next ones run
+        # (GPT small on two cores: the first step a second sooner than after it; the nanoGPT
+        # size's 0.2 s sooner than beside it). accumulate / apply, for gradient accumulation only,
+        # are built when first called.
         step.program_for("predict", background=True)
     return step

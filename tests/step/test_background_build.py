@@ -22,10 +22,12 @@ from symgrad.backends.build import toolchain
 IN, OUT, BATCH = 5, 3, 8
 
 
-def _built(name: str, seed: int = 0):
-    """A small classifier's step (C) with predict=, its model's eval logits, and a batch."""
+def _built(name: str, seed: int = 0, hidden: int = 7):
+    """A small classifier's step (C) with predict=, its model's eval logits, and a batch. The program
+    cache knows a graph by its structure, not its names: a test that needs its predict program
+    compiled afresh gives a `hidden` size no other test uses."""
     sg.manual_seed(seed)
-    model = nn.Sequential(nn.Linear(IN, 7), nn.Tanh(), nn.Linear(7, OUT)).double()
+    model = nn.Sequential(nn.Linear(IN, hidden), nn.Tanh(), nn.Linear(hidden, OUT)).double()
     x, y = sg.input(f"{name}_x", (BATCH, IN), "float64"), sg.input(f"{name}_y", (BATCH,), "int64")
     loss = nn.functional.cross_entropy(model(x), y)
     step = sg.train_step(loss, model.parameters(), sg.optim.SGD(lr=0.1), backend="c", predict=model(x))
@@ -162,3 +164,48 @@ def test_a_failed_step_build_raises_from_train_step(monkeypatch):
     monkeypatch.setattr(c_backend.CProgram, "_build", build)
     with pytest.raises(RuntimeError, match="the compiler broke on the step"):
         _built("bg_g", seed=3)
+
+
+@pytest.fixture
+def predict_build_starts(monkeypatch):
+    """When each predict program's build went to its compilers, by the name of its input (a build
+    an earlier test left held may start during this one: told apart by its name)."""
+    starts, real = {}, c_backend.CProgram._build
+
+    def build(self, *args, **kwargs):
+        if not self.graph.variables or all(v.attrs["role"] == "param" for v in self.graph.variables):
+            starts.setdefault(self.graph.inputs[0].name, time.perf_counter())  # no optimizer state: predict's
+        return real(self, *args, **kwargs)
+    monkeypatch.setattr(c_backend.CProgram, "_build", build)
+    return starts
+
+
+def test_the_predict_compilers_wait_for_the_first_step_to_end(monkeypatch, predict_build_starts):
+    """Held (Building's `held`): the predict program's compilers start once the step's first call has
+    ended, the first step having the cores to itself; then predict() gets the trained program."""
+    monkeypatch.setattr(native.Building, "HELD_AT_MOST", 60.0)
+    step, model, batch = _built("bg_j", seed=3, hidden=11)
+    time.sleep(0.3)
+    assert "bg_j_x" not in predict_build_starts   # held, although its passes are done
+    step(**batch)
+    ended = time.perf_counter()
+    logits = step.predict(bg_j_x=batch["bg_j_x"])
+    assert predict_build_starts["bg_j_x"] >= ended
+    x = sg.input("bg_j_ref_x", (BATCH, IN), "float64")
+    want = sg.function([x], [model(x)], backend="numpy")(batch["bg_j_x"])[0]
+    np.testing.assert_allclose(logits, want, rtol=1e-12, atol=1e-12 * np.abs(want).max())
+
+
+def test_a_held_build_starts_when_asked_for_or_after_a_while(monkeypatch, predict_build_starts):
+    """predict() before any step releases the held build at once (it does not wait HELD_AT_MOST);
+    a step never called leaves it held HELD_AT_MOST seconds, then it builds by itself."""
+    monkeypatch.setattr(native.Building, "HELD_AT_MOST", 60.0)
+    step, _, batch = _built("bg_k", seed=4, hidden=12)
+    asked = time.perf_counter()
+    assert step.predict(bg_k_x=batch["bg_k_x"]).shape == (BATCH, OUT)
+    assert time.perf_counter() - asked < 30 and "bg_k_x" in predict_build_starts
+    monkeypatch.setattr(native.Building, "HELD_AT_MOST", 0.2)
+    step, _, _ = _built("bg_l", seed=5, hidden=13)
+    building = step._programs["predict"]._building
+    building._thread.join(timeout=60)   # not result(): that would release it
+    assert not building._thread.is_alive() and "bg_l_x" in predict_build_starts
