@@ -347,18 +347,26 @@ def elementwise_vjp(node, g, wants: Sequence[bool], derived_as: OpDef | None = N
     derived_as = node.op if derived_as is None else derived_as
     out = []
     for i, want in enumerate(wants):
-        partial = partial_derivative(derived_as, i) if want else sympy.S.Zero
-        if partial == 0:
-            # No contribution (relu's second derivative, where's condition):
-            # None tells the driver to skip it; a 0-ary node would have no shape.
-            out.append(None)
-            continue
-        # g folded into a mask's branches: Piecewise((g, c), (0, True)) is 0 where the mask is,
-        # as torch's masked backwards give (g*0 would be nan for g = inf), with one multiply fewer.
-        out.append(apply_expression(sympy.piecewise_fold(COTANGENT * partial),
-                                    {COTANGENT: g, OUT: node, **dict(zip(ARGS, node.inputs))},
-                                    name=f"{node.op.name}_vjp{i}"))
+        form = _vjp_form(derived_as, i, node.op.name, len(node.inputs)) if want else None
+        # None: no contribution (relu's second derivative, where's condition); it tells the
+        # driver to skip it (a 0-ary node would have no shape).
+        out.append(None if form is None else
+                   apply_form(form, {COTANGENT: g, OUT: node, **dict(zip(ARGS, node.inputs))}))
     return out
+
+
+@lru_cache(maxsize=None)
+def _vjp_form(op: OpDef, i: int, label: str, arity: int) -> tuple | None:
+    """g * d op/d x_i as an `expression_form` (None: zero), named after the op `label`: made once
+    per op and operand, where sympy's work on it (the fold, the renaming, the derived op's key)
+    was repeated for every node of the op (a GPT's hundred elementwise backward nodes)."""
+    partial = partial_derivative(op, i)
+    if partial == 0:
+        return None
+    # g folded into a mask's branches: Piecewise((g, c), (0, True)) is 0 where the mask is,
+    # as torch's masked backwards give (g*0 would be nan for g = inf), with one multiply fewer.
+    return expression_form(sympy.piecewise_fold(COTANGENT * partial), (COTANGENT, OUT, *ARGS[:arity]),
+                           name=f"{label}_vjp{i}")
 
 
 def apply_expression(expr: sympy.Expr, values: dict, name: str):
@@ -368,20 +376,37 @@ def apply_expression(expr: sympy.Expr, values: dict, name: str):
     other expression becomes one node of a derived elementwise op (registered
     once per name), which sympy can differentiate again for higher orders.
     """
-    F = functions()
+    return apply_form(expression_form(expr, tuple(values), name), values)
+
+
+def expression_form(expr: sympy.Expr, symbols: tuple, name: str) -> tuple:
+    """How `apply_expression` builds `expr` over values for `symbols`, without the values:
+    ("value", s) for a symbol itself, ("neg", s), ("mul", a, b), or ("op", derived op, the
+    symbols it takes in order)."""
     expr = sympy.sympify(expr)
-    used = sorted(expr.free_symbols, key=lambda s: s.name)
-    if expr in values:
-        return values[expr]
+    if expr in symbols:
+        return ("value", expr)
     if expr.is_Mul and len(expr.args) == 2:
         a, b = expr.args
-        if a == -1 and b in values:
-            return F.neg(values[b])
-        if a in values and b in values:
-            return F.mul(values[a], values[b])
-    renamed = expr.xreplace(dict(zip(used, ARGS)))
-    op = derived_op(name, renamed, len(used))
-    return F.apply_elementwise(op, [values[s] for s in used])
+        if a == -1 and b in symbols:
+            return ("neg", b)
+        if a in symbols and b in symbols:
+            return ("mul", a, b)
+    used = tuple(sorted(expr.free_symbols, key=lambda s: s.name))
+    return ("op", derived_op(name, expr.xreplace(dict(zip(used, ARGS))), len(used)), used)
+
+
+def apply_form(form: tuple, values: dict):
+    """The graph code of an `expression_form`, its symbols standing for `values`."""
+    kind = form[0]
+    if kind == "value":
+        return values[form[1]]
+    F = functions()
+    if kind == "neg":
+        return F.neg(values[form[1]])
+    if kind == "mul":
+        return F.mul(values[form[1]], values[form[2]])
+    return F.apply_elementwise(form[1], [values[s] for s in form[2]])
 
 
 @lru_cache(maxsize=None)
