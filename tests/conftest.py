@@ -54,11 +54,7 @@ def _builds_ended():
     would start its compilers during a later test (inside its monkeypatched build, its cache count)."""
     yield
     from symgrad.backends.native import Building
-    with Building._guard:
-        running = list(Building._running)
-    for building in running:
-        building.release()
-        building._thread.join()
+    Building.release_all(wait=True)
 
 
 @pytest.fixture(params=BACKENDS)

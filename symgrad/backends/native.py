@@ -48,7 +48,7 @@ class Building:
     0.32 s instead of 0.52 s beside the predict program's compilers), or HELD_AT_MOST seconds.
     Whatever waits for the program, forks the process or ends it releases the build first.
 
-    A process forks only once every build has ended (`_before_fork`): a child gets no copy of the
+    A process forks only once every build has ended (`release_all`): a child gets no copy of the
     thread, and would wait for it, or find the build cache's lock held, forever."""
 
     _running: "set[Building]" = set()
@@ -99,25 +99,21 @@ class Building:
         return self._program
 
     @classmethod
-    def _release_all(cls) -> None:
+    def release_all(cls, wait: bool = False) -> None:
+        """Let every held build start its compilers; `wait`: then wait until every build has ended
+        (before a fork; a test's builds at its end)."""
         with cls._guard:
             running = list(cls._running)
         for building in running:
             building.release()
-
-    @classmethod
-    def _before_fork(cls) -> None:
-        with cls._guard:
-            running = list(cls._running)
-        for building in running:
-            building.release()
+        for building in running if wait else ():
             building._thread.join()
 
 
-os.register_at_fork(before=Building._before_fork)
+os.register_at_fork(before=lambda: Building.release_all(wait=True))
 # At the interpreter's exit, before it waits for the build threads (threading's own hook, which
 # concurrent.futures uses too): a held build starts at once rather than after HELD_AT_MOST.
-getattr(threading, "_register_atexit", lambda hook: None)(Building._release_all)
+getattr(threading, "_register_atexit", lambda hook: None)(Building.release_all)
 
 # How much lower in priority the compilers of a build on its own thread run: the steps running
 # meanwhile keep the cores. Their OpenMP teams wait at every kernel's barrier for each thread, and

@@ -106,7 +106,7 @@ def test_a_fork_waits_for_the_build(slow_second_build):
     context = multiprocessing.get_context("fork")
     queue = context.Queue()
     child = context.Process(target=_child_predicts, args=(step, batch["bg_d_x"], queue))
-    child.start()   # waits for the build first (Building._before_fork)
+    child.start()   # waits for the build first (Building.release_all)
     got = queue.get(timeout=120)
     child.join(timeout=120)
     assert child.exitcode == 0
