@@ -209,3 +209,27 @@ def test_a_held_build_starts_when_asked_for_or_after_a_while(monkeypatch, predic
     building = step._programs["predict"]._building
     building._thread.join(timeout=60)   # not result(): that would release it
     assert not building._thread.is_alive() and "bg_l_x" in predict_build_starts
+
+
+def test_the_collector_is_back_on_while_train_step_waits_for_the_build(monkeypatch):
+    """sg.train_step pauses Python's cyclic collector while it builds the graph and runs the passes
+    (they allocate millions of objects that live on), and turns it back on before it waits for the
+    step's compiler: the collector's first pass over those objects runs while gcc does."""
+    import gc
+    real, seen = c_backend.CProgram._build, []
+
+    def build(self, *args, **kwargs):
+        built = real(self, *args, **kwargs)
+        time.sleep(0.3)   # train_step is waiting for this build by now
+        seen.append(gc.isenabled())
+        return built
+    monkeypatch.setattr(c_backend.CProgram, "_build", build)
+    assert gc.isenabled()
+    sg.manual_seed(0)
+    model = nn.Sequential(nn.Linear(IN, 9), nn.Tanh(), nn.Linear(9, OUT)).double()
+    x, y = sg.input("gc_x", (BATCH, IN), "float64"), sg.input("gc_y", (BATCH,), "int64")
+    step = sg.train_step(nn.functional.cross_entropy(model(x), y), model.parameters(), sg.optim.SGD(lr=0.1),
+                         backend="c")
+    assert gc.isenabled()
+    if not step.program.from_program_cache:  # (a cache kept from an earlier session loads it at once)
+        assert seen == [True]
