@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 import symgrad as sg  # noqa: F401
+from symgrad.backends.native import Building
 from symgrad.backends.render import program as rendered_program
 
 # Every program a test renders renders each kernel, not only the first of each sharing key, and
@@ -53,7 +54,6 @@ def _builds_ended():
     first call (symgrad.backends.native.Building's `held`), and one whose step was never called
     would start its compilers during a later test (inside its monkeypatched build, its cache count)."""
     yield
-    from symgrad.backends.native import Building
     Building.release_all(wait=True)
 
 

@@ -46,10 +46,8 @@ def canonical(dtype) -> str:
     """Return the IR name of `dtype`, given a name, a NumPy dtype or a NumPy type."""
     if isinstance(dtype, str) and dtype in DTYPES:
         return dtype
-    if isinstance(dtype, np.dtype):
-        known = _BY_NUMPY.get(dtype)
-        if known is not None and dtype == _NUMPY[known]:
-            return known
+    if isinstance(dtype, np.dtype) and dtype in _BY_NUMPY:
+        return _BY_NUMPY[dtype]
     if str(dtype) in ("torch.bfloat16", "torch.float16"):  # torch's dtype objects, without importing torch
         return str(dtype)[len("torch."):]
     try:

@@ -72,13 +72,14 @@ class Module:
     def __setattr__(self, name: str, value) -> None:
         if "_parameters" not in self.__dict__:
             raise AttributeError(f"{type(self).__name__}: call super().__init__() before assigning attributes")
-        for table in ("_parameters", "_buffers", "_modules"):
-            self.__dict__[table].pop(name, None)
-        if isinstance(value, (Module, Value)):
-            self.__dict__.pop(name, None)  # a plain attribute of that name would shadow the registered one
         if isinstance(value, Module):
             self._attach({name: value})
-        elif isinstance(value, Value) and value.op.name == "variable":
+            return
+        for table in ("_parameters", "_buffers", "_modules"):
+            self.__dict__[table].pop(name, None)
+        if isinstance(value, Value):
+            self.__dict__.pop(name, None)  # a plain attribute of that name would shadow the registered one
+        if isinstance(value, Value) and value.op.name == "variable":
             role = value.attrs["role"]
             if role not in _LEAF_ROLES:
                 raise TypeError(f"{type(self).__name__}.{name}: a {role} variable cannot belong to a module")

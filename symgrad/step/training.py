@@ -367,8 +367,8 @@ def _compiled_step(loss: Value, params: list, group_options: list, groups: list,
     graph = Graph(collect_inputs([loss]), [loss], updates)
     graph.nodes  # noqa: B018 -- the topological sort belongs to graph building in the report's timings
     built = time.perf_counter() - start
-    # The step's compiler runs on a thread while predict's passes run here (they ran after it), and
-    # the collector's pass: train_step waits for it after.
+    # The step's compiler runs on a thread, always: predict's passes run here meanwhile, and once
+    # train_step has turned the collector back on, its first pass.
     step = TrainStep(graph, backends.resolve(backend), params, update_rule=update_rule, grads=grads,
                      predict=predict, effects_pairs=layer_updates, background=True, **options)
     step.timings = {"graph": built}  # autodiff + optimizer graph, for report()

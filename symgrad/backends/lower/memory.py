@@ -97,11 +97,8 @@ class ArenaSpec:
     def of(cls, plan: Plan) -> "ArenaSpec":
         """The spec of a kernel plan."""
         nbytes = tuple(_as_int(b.numel * D.native_itemsize(b.dtype)) for b in plan.workspace)
-        sizes = [S.numel(n.shape) * D.native_itemsize(n.dtype) for n in plan.graph.nodes
-                 if n.op.kind not in (SOURCE, MOVEMENT)]
-        # Integers summed as such: sympy's addition, a number at a time, took most of this method.
-        symbolic = [n for n in sizes if not isinstance(n, int)]
-        values = sum(n for n in sizes if isinstance(n, int)) + sum(symbolic, sympy.S.Zero)
+        values = sum((S.numel(n.shape) * D.native_itemsize(n.dtype) for n in plan.graph.nodes
+                      if n.op.kind not in (SOURCE, MOVEMENT)), sympy.S.Zero)
         return cls(nbytes, tuple(liveness(plan)), len(plan.kernels), _as_int(values))
 
     def to_json(self) -> dict:
