@@ -9,6 +9,7 @@ import pytest
 
 import symgrad as sg
 from symgrad.backends.build import cache, program_cache
+from symgrad.ir import graph_pickle
 from symgrad.backends.numpy_backend import evaluate
 from symgrad.ir.fingerprint import fingerprint
 from symgrad.ir.graph import Graph
@@ -159,7 +160,7 @@ def test_a_pickle_that_fails_to_load_is_compiled_again(miss_and_hit, monkeypatch
 
     def broken(self):
         raise pickle.UnpicklingError("a stand-in for an entry that does not load")
-    monkeypatch.setattr(program_cache._Unpickler, "load", broken)
+    monkeypatch.setattr(graph_pickle._Unpickler, "load", broken)
     assert [k.name for k in hit.program.plan.kernels] == [k.name for k in miss.program.plan.kernels]
     assert "program cache hit" in hit.report()
 

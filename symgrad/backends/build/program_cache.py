@@ -18,10 +18,10 @@ version. A change to the passes, the lowering or a template therefore misses,
 and the program is compiled afresh. The source found is still built through the
 build cache, whose key and integrity checks stay the authority on binaries.
 
-The pickle refers to the graph being compiled instead of copying it: a node of that graph
-is stored as its position in `graph.nodes`, a Dim by its name, an op by its registry name
-(a derived op, which is not registered, by its label and formula). Loaded against the
-graph built again, the optimized graph and the plan share its leaves, as a fresh compile's do.
+The pickle refers to the graph being compiled instead of copying it (symgrad.ir.graph_pickle):
+a node of that graph is stored as its position in `graph.nodes`, a Dim by its name, an op by
+its registry name. Loaded against the graph built again, the optimized graph and the plan share
+its leaves, as a fresh compile's do.
 Like the binaries beside it, the pickle is trusted as far as the cache directory is.
 
 A graph without a fingerprint (an attribute that is a Python object) is
@@ -39,7 +39,6 @@ from __future__ import annotations
 import functools
 import gc
 import hashlib
-import io
 import json
 import pickle
 import threading
@@ -48,17 +47,15 @@ from typing import Callable
 
 import sympy
 
-from ...ir.elementwise import derived_op
+from ...ir import graph_pickle
 from ...ir.fingerprint import fingerprint
 from ...ir.graph import Graph
-from ...ir.registry import REGISTRY, OpDef
-from ...ir.shapes import Dim
-from ...ir.value import Value
 from . import cache, runtime
 from ..lower.memory import ArenaSpec
 
-FORMAT = 4  # 2: the entry carries its checksum; 3: and the pickled optimized graph, pass report and plan;
-            # 4: the modules moved into sub-packages (the pickles name the new ones)
+FORMAT = 5  # 2: the entry carries its checksum; 3: and the pickled optimized graph, pass report and plan;
+            # 4: the modules moved into sub-packages (the pickles name the new ones); 5: the pickler
+            # moved to symgrad.ir.graph_pickle
 
 
 class Entry:
@@ -148,7 +145,7 @@ def load(key: str | None, graph: Graph, remake: Callable[[], Entry] | None = Non
         enabled = gc.isenabled()
         gc.disable()  # unpickling makes objects as the stages do (symgrad.backends.driver.cyclic_gc_paused)
         try:
-            return tuple(_Unpickler(io.BytesIO(compiled), graph).load())
+            return tuple(graph_pickle.loads(compiled, graph)[1])
         except Exception:  # noqa: BLE001
             if remake is None:
                 raise
@@ -165,14 +162,12 @@ def store(key: str | None, graph: Graph, entry: Entry) -> None:
     that cannot be stored by reference); a failed write only costs a miss."""
     if key is None:
         return
-    buffer = io.BytesIO()
     try:
         # The optimized graph's nodes first, in order: each node's inputs are then already stored
         # when it is, so a deep graph does not nest the pickler's recursion.
-        _Pickler(buffer, graph).dump((entry.optimized.nodes, (entry.optimized, entry.pass_report, entry.plan)))
+        compiled = graph_pickle.dumps((entry.optimized.nodes, (entry.optimized, entry.pass_report, entry.plan)), graph)
     except (pickle.PicklingError, TypeError, AttributeError, RecursionError):
         return
-    compiled = buffer.getvalue()
     record = {"format": FORMAT, "dims": [str(d) for d in entry.dims], "arena": entry.arena.to_json(),
               "source": entry.source, "compiled": hashlib.sha256(compiled).hexdigest()}
     record["sha256"] = cache.sha256_json(record)
@@ -183,74 +178,3 @@ def store(key: str | None, graph: Graph, entry: Entry) -> None:
         cache.atomic_write(path, json.dumps(record).encode())
     except OSError:
         pass
-
-
-# ---- the pickle: nodes of the compiled graph, ops and Dims by reference ----------------------
-
-def _graph(state: dict) -> Graph:
-    """A Graph from its attributes (`_Pickler.reducer_override`), its constructor's checks not re-run."""
-    graph = Graph.__new__(Graph)
-    graph.__dict__.update(state)
-    return graph
-
-
-def _value(op, inputs, attrs, shape, dtype, effects) -> Value:
-    return Value(op, inputs, attrs, shape, dtype, effects)
-
-
-# Types that are never stored by reference (exactly these types: Dim, a Value or an op is none).
-_PLAIN = frozenset({str, int, float, bool, tuple, list, dict, type(None), bytes})
-
-
-class _Pickler(pickle.Pickler):
-    def __init__(self, file, graph: Graph):
-        super().__init__(file, protocol=5)
-        self._position = {id(n): k for k, n in enumerate(graph.nodes)}
-
-    def persistent_id(self, obj):
-        if type(obj) in _PLAIN:  # asked of every object pickled (a GPT step's plan: 200,000)
-            return None
-        if isinstance(obj, Value):
-            k = self._position.get(id(obj))
-            return None if k is None else ("node", k)
-        if isinstance(obj, OpDef):
-            if obj.extra.get("derived"):
-                return ("derived", obj.name, obj.expr, obj.arity)
-            if REGISTRY.get(obj.name) is not obj:
-                raise pickle.PicklingError(f"op {obj.name!r} is not in the registry")
-            return ("op", obj.name)
-        if isinstance(obj, Dim):
-            return ("dim", str(obj))
-        return None
-
-    def reducer_override(self, obj):
-        # A Value is immutable (its attrs a read-only mapping): rebuilt through its constructor.
-        if type(obj) is Value:
-            return _value, (obj.op, obj.inputs, dict(obj.attrs), obj.shape, obj.dtype, obj.effects)
-        # A Graph without its cached `users`: keyed by id(node), it names other objects once loaded
-        # (recomputed on first use, as the other cached properties would be).
-        if type(obj) is Graph and "users" in vars(obj):
-            return _graph, ({k: v for k, v in vars(obj).items() if k != "users"},)
-        return NotImplemented
-
-
-class _Unpickler(pickle.Unpickler):
-    def __init__(self, file, graph: Graph):
-        super().__init__(file)
-        self._graph = graph
-        self._dims = {str(d): d for d in graph.dims}
-
-    def load(self):
-        return super().load()[1]
-
-    def persistent_load(self, pid):
-        kind = pid[0]
-        if kind == "node":
-            return self._graph.nodes[pid[1]]
-        if kind == "op":
-            return REGISTRY[pid[1]]
-        if kind == "derived":
-            return derived_op(pid[1], pid[2], pid[3])
-        if kind == "dim":
-            return self._dims[pid[1]]
-        raise pickle.UnpicklingError(f"unknown reference {kind!r}")

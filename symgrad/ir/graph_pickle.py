@@ -1,0 +1,127 @@
+"""Pickling what was made from a graph, with that graph's nodes stored by reference.
+
+The caches keep what the slow stages made from a graph the user builds again in every process:
+the program cache the optimized graph, pass report and kernel plan of a program
+(symgrad.backends.build.program_cache), the step cache the step graph that autodiff and the
+optimizer made from a loss (symgrad.step.step_cache). Stored against a *reference* graph, a node
+of that graph is its position in `reference.nodes`, a Dim its name, an op its registry name (a
+derived op, which is not registered, its label and formula). Loaded against the reference graph
+built again, what was made shares its nodes (its inputs, the model's parameters) as a fresh
+result would: only the nodes made from them are new.
+
+A leaf that must be the caller's own, an input or a variable holding a model's parameter or
+buffer (its cell), cannot be stored as a copy: a copy would be another parameter, trained
+apart from the model. One that is not a node of the reference graph refuses the pickle
+(PicklingError), and the caller stores nothing.
+
+A zero-stride array (an optimizer's moments start as one value broadcast to a parameter's
+shape: symgrad.api.sources.filled) is stored as that value and shape, not as megabytes of it.
+"""
+
+from __future__ import annotations
+
+import io
+import pickle
+
+import numpy as np
+
+from .elementwise import derived_op
+from .graph import Graph
+from .registry import REGISTRY, OpDef
+from .shapes import Dim
+from .value import Value
+
+
+def dumps(made, reference: Graph) -> bytes:
+    """`made` pickled, the nodes of `reference` (and its ops, Dims) stored by reference.
+
+    Raises pickle.PicklingError (or TypeError for an object pickle refuses) where `made` holds
+    something that cannot be stored so: an op not in the registry, a leaf of the caller's that
+    `reference` lacks."""
+    buffer = io.BytesIO()
+    _Pickler(buffer, reference).dump(made)
+    return buffer.getvalue()
+
+
+def loads(data: bytes, reference: Graph):
+    """What `dumps(made, reference)` stored, its references resolved against `reference` (the same
+    graph, or one built again with the same structure: the same nodes in the same order)."""
+    return _Unpickler(io.BytesIO(data), reference).load()
+
+
+def _graph(state: dict) -> Graph:
+    """A Graph from its attributes (`_Pickler.reducer_override`), its constructor's checks not re-run."""
+    graph = Graph.__new__(Graph)
+    graph.__dict__.update(state)
+    return graph
+
+
+def _value(op, inputs, attrs, shape, dtype, effects) -> Value:
+    return Value(op, inputs, attrs, shape, dtype, effects)
+
+
+def _filled(element: np.ndarray, shape: tuple) -> np.ndarray:
+    """The zero-stride array of `shape` whose every element is `element`'s one (read-only, as stored)."""
+    return np.broadcast_to(element.reshape(()), shape)
+
+
+# Types that are never stored by reference (exactly these types: Dim, a Value or an op is none).
+_PLAIN = frozenset({str, int, float, bool, tuple, list, dict, type(None), bytes})
+
+
+class _Pickler(pickle.Pickler):
+    def __init__(self, file, reference: Graph):
+        super().__init__(file, protocol=5)
+        self._position = {id(n): k for k, n in enumerate(reference.nodes)}
+
+    def persistent_id(self, obj):
+        if type(obj) in _PLAIN:  # asked of every object pickled (a GPT step's plan: 200,000)
+            return None
+        if isinstance(obj, Value):
+            k = self._position.get(id(obj))
+            if k is not None:
+                return ("node", k)
+            if obj.op.name == "input" or "cell" in obj.attrs:
+                raise pickle.PicklingError(f"{obj.op.name} {obj.name!r} is not a node of the reference graph: "
+                                           f"a copy of it would be another {obj.op.name}")
+            return None
+        if isinstance(obj, OpDef):
+            if obj.extra.get("derived"):
+                return ("derived", obj.name, obj.expr, obj.arity)
+            if REGISTRY.get(obj.name) is not obj:
+                raise pickle.PicklingError(f"op {obj.name!r} is not in the registry")
+            return ("op", obj.name)
+        if isinstance(obj, Dim):
+            return ("dim", str(obj))
+        return None
+
+    def reducer_override(self, obj):
+        # A Value is immutable (its attrs a read-only mapping): rebuilt through its constructor.
+        if type(obj) is Value:
+            return _value, (obj.op, obj.inputs, dict(obj.attrs), obj.shape, obj.dtype, obj.effects)
+        # A Graph without its cached `users`: keyed by id(node), it names other objects once loaded
+        # (recomputed on first use, as the other cached properties would be).
+        if type(obj) is Graph and "users" in vars(obj):
+            return _graph, ({k: v for k, v in vars(obj).items() if k != "users"},)
+        if type(obj) is np.ndarray and obj.size > 1 and not any(obj.strides):
+            return _filled, (obj.reshape(-1)[:1].copy(), obj.shape)
+        return NotImplemented
+
+
+class _Unpickler(pickle.Unpickler):
+    def __init__(self, file, reference: Graph):
+        super().__init__(file)
+        self._reference = reference
+        self._dims = {str(d): d for d in reference.dims}
+
+    def persistent_load(self, pid):
+        kind = pid[0]
+        if kind == "node":
+            return self._reference.nodes[pid[1]]
+        if kind == "op":
+            return REGISTRY[pid[1]]
+        if kind == "derived":
+            return derived_op(pid[1], pid[2], pid[3])
+        if kind == "dim":
+            return self._dims[pid[1]]
+        raise pickle.UnpicklingError(f"unknown reference {kind!r}")
