@@ -29,8 +29,9 @@ from .kinds import KINDS
 from .plan import kernel_reads, kernel_writes
 
 # Compile stages in the order they run, with the words the report uses.
-STAGES = (("graph", "graph build + autodiff"), ("lookup", "program cache lookup"), ("passes", "graph passes"),
-          ("lower", "lowering to kernels"), ("render", "render source"), ("build", "compiler or cache load"))
+STAGES = (("graph", "graph build + autodiff"), ("step_cache", "step graph from the step cache: autodiff skipped"),
+          ("lookup", "program cache lookup"), ("passes", "graph passes"), ("lower", "lowering to kernels"),
+          ("render", "render source"), ("build", "compiler or cache load"))
 IN_PLACE_SHOWN = 12  # variables named on the in-place line; the rest are counted
 
 
@@ -381,9 +382,9 @@ def program_report(program, timings: dict | None = None) -> Report:
     times = {**(timings or {}), **program.timings}
     for stage, words in STAGES:
         if stage in times:
-            body["compile_time"].append(f"  {stage:<7} {times[stage] * 1e3:>9.1f} ms  "
+            body["compile_time"].append(f"  {stage:<10} {times[stage] * 1e3:>9.1f} ms  "
                                         f"{_compile_words(program, stage, words)}")
-    body["compile_time"].append(f"  {'total':<7} {sum(times.values()) * 1e3:>9.1f} ms")
+    body["compile_time"].append(f"  {'total':<10} {sum(times.values()) * 1e3:>9.1f} ms")
     rows = _kernel_rows(plan, mp)
     sections = {name: Section(name, title, tuple(body[name])) for name, title in SECTION_TITLES.items()}
     return Report(_summary(program, plan, mp, parts, times, rows), sections, rows, _buffer_rows(plan, mp), parts,

@@ -415,7 +415,9 @@ def derived_op(label: str, expr: sympy.Expr, arity: int) -> OpDef:
     the nodes that use it, and prints as its formula. `label` says where it came from
     (relu_vjp0, simplified) and names the kernels that compute it. One OpDef per (label,
     expression): a memo of a pure function, so that equal derivatives are one op for CSE."""
-    return _elementwise_op(label, expr, arity, dtype_rule="float", doc=f"{label}: {expr}",
+    # Its doc names the formula without printing it: sympy's printer costs a millisecond per op,
+    # paid for every derived op a cached step graph brings back (symgrad.step.step_cache).
+    return _elementwise_op(label, expr, arity, dtype_rule="float", doc=f"{label}: the formula op.expr",
                            extra={"derived": True})
 
 

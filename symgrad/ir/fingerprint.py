@@ -50,6 +50,15 @@ def _describe(value) -> str:
     raise _Unhashable(type(value).__name__)
 
 
+def description(value) -> str | None:
+    """The exact text `fingerprint` gives an attribute's value (two values share it only when equal),
+    or None where it has none."""
+    try:
+        return _describe(value)
+    except _Unhashable:
+        return None
+
+
 def _op_text(op, memo: dict) -> str:
     text = memo.get(id(op))
     if text is None:
@@ -59,8 +68,21 @@ def _op_text(op, memo: dict) -> str:
     return text
 
 
+# Where a graph keeps its fingerprint once computed (a Graph is immutable, as its cached nodes are):
+# a graph that a cache stored keeps it too (symgrad.ir.graph_pickle), so its programs' keys are not
+# computed again (5 ms for the small GPT's step graph).
+_KEPT = "_fingerprint"
+
+
 def fingerprint(graph: Graph) -> str | None:
     """The sha256 (hex) of the graph's structure, or None when an attribute cannot be described."""
+    kept = vars(graph)
+    if _KEPT not in kept:
+        kept[_KEPT] = _fingerprint(graph)
+    return kept[_KEPT]
+
+
+def _fingerprint(graph: Graph) -> str | None:
     nodes = graph.nodes
     index = {id(node): k for k, node in enumerate(nodes)}
     ops: dict = {}

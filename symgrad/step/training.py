@@ -57,6 +57,7 @@ class TrainStep(Compiled):
         self._programs: dict[str, Compiled] = {}
         self._buffers = None
         self._held_builds: list = []  # programs' builds waiting for the first call to end (predict's)
+        self._graphs_made: dict[str, Graph] = {}  # a program's graph made already (the step cache's predict)
 
     def __call__(self, *positional, **batch) -> float:
         if positional:
@@ -115,7 +116,7 @@ class TrainStep(Compiled):
                 raise RuntimeError("predict: pass the value to compute when building the step, "
                                    "sg.train_step(loss, params, optimizer, predict=logits)")
             outs = [self._predict] if isinstance(self._predict, Value) else list(self._predict)
-            graph = Graph(collect_inputs(outs), outs, effects.collect(outs))
+            graph = self._graphs_made.pop("predict", None) or Graph(collect_inputs(outs), outs, effects.collect(outs))
             check_no_gradient_buffer_names(graph.variables, self._param_values, "predict")
             return graph
         raise ValueError(f"unknown program {kind!r}; expected accumulate, apply or predict")
@@ -353,6 +354,7 @@ def _compiled_step(loss: Value, params: list, group_options: list, groups: list,
     from ..autodiff import grad
     from ..optim import clip
     from ..optim import param_groups as groups_of
+    from . import step_cache
 
     def update_rule(params: list[Value], grads: list[Value]) -> list:
         """The optimizer's updates from these gradients, clipped first (the step's and apply()'s)."""
@@ -361,17 +363,30 @@ def _compiled_step(loss: Value, params: list, group_options: list, groups: list,
         return optimizer.updates(params, grads, group_options)
 
     start = time.perf_counter()
-    grads = grad(loss, params)
     layer_updates = effects.collect([loss])
-    updates = effects.merge(update_rule(params, grads), layer_updates)
-    graph = Graph(collect_inputs([loss]), [loss], updates)
-    graph.nodes  # noqa: B018 -- the topological sort belongs to graph building in the report's timings
+    predicted = [] if predict is None else [predict] if isinstance(predict, Value) else list(predict)
+    predict_updates = effects.collect(predicted) if predicted else []
+    forward = step_cache.forward_graph(loss, predicted, collect_inputs([loss, *predicted]), layer_updates,
+                                       predict_updates)
+    key = step_cache.key(forward, params, group_options, optimizer,
+                         None if max_norm is None else float(max_norm.attrs["init"]))
+    made = step_cache.load(key, forward)
+    if made is None:
+        grads = grad(loss, params)
+        updates = effects.merge(update_rule(params, grads), layer_updates)
+        graph = Graph(collect_inputs([loss]), [loss], updates)
+        graph.nodes  # noqa: B018 -- the topological sort belongs to graph building in the report's timings
+        predict_graph = None
+    else:
+        graph, grads, predict_graph = made
     built = time.perf_counter() - start
     # The step's compiler runs on a thread, always: predict's passes run here meanwhile, and once
     # train_step has turned the collector back on, its first pass.
     step = TrainStep(graph, backends.resolve(backend), params, update_rule=update_rule, grads=grads,
                      predict=predict, effects_pairs=layer_updates, background=True, **options)
-    step.timings = {"graph": built}  # autodiff + optimizer graph, for report()
+    # autodiff + the optimizer's graph, or the step cache's load of them, for report()
+    step.timings = {"graph" if made is None else "step_cache": built}
+    step.from_step_cache = made is not None
     step.optimizer = optimizer
     step._param_groups = groups_of.bind(step, groups)  # group["lr"] is the step's runtime lr from now on
     if predict is not None:
@@ -381,5 +396,9 @@ def _compiled_step(loss: Value, params: list, group_options: list, groups: list,
         # (GPT small on two cores: the first step a second sooner than after it; the nanoGPT
         # size's 0.2 s sooner than beside it). accumulate / apply, for gradient accumulation only,
         # are built when first called.
+        if predict_graph is not None:
+            step._graphs_made["predict"] = predict_graph
         step.program_for("predict", background=True)
+    if made is None:  # pickled while the step's compiler runs (a 4-layer GPT's: 6 ms)
+        step_cache.store(key, forward, graph, grads, step._programs["predict"].graph if predict is not None else None)
     return step

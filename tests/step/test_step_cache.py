@@ -1,0 +1,259 @@
+"""The step cache (symgrad/step/step_cache.py): a train step built again from the same model,
+optimizer and options takes its step graph from the cache instead of running autodiff and the
+optimizer, and trains exactly as the step that made it; anything that changes the step graph
+changes the key, and a damaged entry is a miss."""
+
+import pickle
+
+import numpy as np
+import pytest
+
+import symgrad as sg
+from symgrad import autodiff, nn
+from symgrad.api import effects, sources
+from symgrad.backends.build import cache
+from symgrad.ir import fingerprint as fingerprints
+from symgrad.ir import graph_pickle
+from symgrad.ir.graph import Graph
+from symgrad.step import step_cache, training
+from symgrad.step.call_checks import collect_inputs
+
+IN, HIDDEN, OUT, BATCH = 6, 11, 4, 16   # HIDDEN: a structure no other test compiles
+BATCHES = [{"sc_x": np.random.default_rng(k).standard_normal((BATCH, IN)),
+            "sc_y": np.random.default_rng(k + 10).integers(0, OUT, BATCH)} for k in range(3)]
+
+
+def _model_and_loss(state=None):
+    """A classifier with BatchNorm (running statistics: updates of its own) and Dropout (a random
+    stream's counter), the same masks from the same seed; its loss, and its eval-mode logits."""
+    sg.manual_seed(3)
+    model = nn.Sequential(nn.Linear(IN, HIDDEN), nn.BatchNorm1d(HIDDEN), nn.ReLU(), nn.Dropout(0.25),
+                          nn.Linear(HIDDEN, OUT)).double()
+    if state is not None:
+        model.load_state_dict(state)
+    x, y = sg.input("sc_x", (BATCH, IN), "float64"), sg.input("sc_y", (BATCH,), "int64")
+    loss = nn.functional.cross_entropy(model(x), y)
+    model.eval()
+    logits = model(x)
+    model.train()
+    return model, loss, logits
+
+
+def _optimizer(model, lr=0.01, weight_decay=0.1, betas=(0.9, 0.99)):
+    """AdamW over two parameter groups (no decay for the biases and BatchNorm's weights)."""
+    decayed = [p for name, p in model.named_parameters() if name.endswith("weight") and len(p.shape) == 2]
+    others = [p for name, p in model.named_parameters() if not (name.endswith("weight") and len(p.shape) == 2)]
+    return sg.optim.AdamW([{"params": decayed}, {"params": others, "weight_decay": 0.0}], lr=lr,
+                          weight_decay=weight_decay, betas=betas)
+
+
+def _step(state, **options):
+    model, loss, logits = _model_and_loss(state)
+    step = sg.train_step(loss, optimizer=_optimizer(model), backend="c", clip_grad_norm=1.0, predict=logits,
+                         **options)
+    return step, model
+
+
+@pytest.fixture(scope="module")
+def miss_and_hit():
+    """One step made with no step-cache entry, then the same model built again (from the same
+    initial state) and its step, which must come from the cache with autodiff never called."""
+    state = _model_and_loss()[0].state_dict()
+    for path in (cache.cache_dir() / "steps").glob("*.pickle"):
+        path.unlink()
+    miss, miss_model = _step(state)
+    real_grad = autodiff.grad
+
+    def refused(*args, **kwargs):
+        raise AssertionError("autodiff ran for a step the step cache holds")
+    autodiff.grad = refused
+    try:
+        hit, hit_model = _step(state)
+    finally:
+        autodiff.grad = real_grad
+    return (miss, miss_model), (hit, hit_model), state
+
+
+def test_the_second_step_comes_from_the_cache(miss_and_hit):
+    (miss, _), (hit, _), _ = miss_and_hit
+    assert not miss.from_step_cache and "graph" in miss.timings
+    assert hit.from_step_cache and set(hit.timings) == {"step_cache"}
+    assert "step_cache" in str(hit.report().compile_time)
+    # The same step graph, and the same program: the program cache finds the miss's.
+    assert fingerprints.fingerprint(hit.graph) == fingerprints.fingerprint(miss.graph)
+    assert hit.program.from_program_cache and hit.source == miss.source
+
+
+def test_the_hit_trains_exactly_as_the_miss(miss_and_hit):
+    """Losses, parameters, AdamW's moments, BatchNorm's running statistics and the predict values,
+    step by step, bit for bit: the same graph from the same state (lr, betas, clipping and the
+    groups' weight decay as the miss compiled them)."""
+    (miss, miss_model), (hit, hit_model), _ = miss_and_hit
+    for batch in BATCHES:
+        assert hit(**batch) == miss(**batch)
+        np.testing.assert_array_equal(hit.predict(sc_x=batch["sc_x"]), miss.predict(sc_x=batch["sc_x"]))
+    assert sorted(hit.state) == sorted(miss.state)
+    for name in miss.state:
+        np.testing.assert_array_equal(hit.state[name], miss.state[name], err_msg=name)
+    for (name, mine), (_, theirs) in zip(hit_model.state_dict().items(), miss_model.state_dict().items()):
+        np.testing.assert_array_equal(mine, theirs, err_msg=name)   # the models' own values trained
+
+
+def test_the_hit_trained_its_own_models_parameters(miss_and_hit):
+    (_, _), (hit, hit_model), state = miss_and_hit
+    trained = hit_model.state_dict()
+    assert any(not np.array_equal(trained[name], state[name]) for name in state)
+    for name, value in hit.state_dict().items():
+        np.testing.assert_array_equal(trained[name], value)
+
+
+def test_accumulate_and_apply_on_a_hit_match_the_miss(miss_and_hit):
+    """accumulate() sums the gradients the cache stored with the step graph; apply() runs the
+    optimizer (built afresh from the same options) on them."""
+    (miss, _), (hit, _), _ = miss_and_hit
+    for batch in BATCHES[:2]:
+        assert hit.accumulate(**batch) == miss.accumulate(**batch)
+    hit.apply()
+    miss.apply()
+    for name in miss.params:
+        np.testing.assert_array_equal(hit.params[name], miss.params[name], err_msg=name)
+
+
+def test_the_loaded_graph_keeps_its_fingerprint(miss_and_hit):
+    """The fingerprint stored with the graph (so that the program's key is not computed again) is
+    the one its structure has."""
+    (_, _), (hit, _), _ = miss_and_hit
+    assert vars(hit.graph)["_fingerprint"] == fingerprints._fingerprint(hit.graph)
+    predict = hit._programs["predict"].graph
+    assert vars(predict)["_fingerprint"] == fingerprints._fingerprint(predict)
+
+
+def _key(model, loss, logits, optimizer, max_norm=1.0, params=None):
+    groups = optimizer.groups_for_step(params)
+    params = [p for group in groups for p in dict.__getitem__(group, "params")]
+    options = [group for group in groups for _ in dict.__getitem__(group, "params")]
+    forward = step_cache.forward_graph(loss, [logits], collect_inputs([loss, logits]),
+                                       effects.collect([loss]), [])
+    return step_cache.key(forward, params, options, optimizer, max_norm)
+
+
+CHANGES = {
+    "lr": dict(optimizer=lambda m: _optimizer(m, lr=0.02)),
+    "weight decay": dict(optimizer=lambda m: _optimizer(m, weight_decay=0.2)),
+    "betas": dict(optimizer=lambda m: _optimizer(m, betas=(0.8, 0.99))),
+    "one group": dict(optimizer=lambda m: sg.optim.AdamW(m.parameters(), lr=0.01, weight_decay=0.1,
+                                                         betas=(0.9, 0.99))),
+    "optimizer class": dict(optimizer=lambda m: sg.optim.Adam([{"params": list(m.parameters())}], lr=0.01)),
+    "clipping": dict(max_norm=2.0),
+    "no clipping": dict(max_norm=None),
+}
+
+
+@pytest.mark.parametrize("change", sorted(CHANGES))
+def test_whatever_changes_the_step_graph_changes_the_key(change):
+    model, loss, logits = _model_and_loss()
+    base = _key(model, loss, logits, _optimizer(model))
+    assert base is not None
+    spec = CHANGES[change]
+    optimizer = spec.get("optimizer", _optimizer)(model)
+    assert _key(model, loss, logits, optimizer, spec.get("max_norm", 1.0)) != base
+
+
+def test_the_same_model_built_again_has_the_same_key():
+    first, second = _model_and_loss(), _model_and_loss()
+    assert _key(*first, _optimizer(first[0])) == _key(*second, _optimizer(second[0])) is not None
+
+
+def test_the_parameters_order_is_in_the_key():
+    model, loss, logits = _model_and_loss()
+    params = list(model.parameters())
+    forward = sg.optim.SGD(params, lr=0.1), sg.optim.SGD(params[::-1], lr=0.1)
+    assert _key(model, loss, logits, forward[0]) != _key(model, loss, logits, forward[1])
+
+
+def test_an_autocast_in_force_is_in_the_key():
+    model, loss, logits = _model_and_loss()
+    base = _key(model, loss, logits, _optimizer(model))
+    with sg.autocast("bfloat16"):
+        assert _key(model, loss, logits, _optimizer(model)) != base
+
+
+def test_an_optimizer_defined_outside_symgrad_is_not_cached():
+    """Its update() is code the key does not hold: a change to it must not find the old graph."""
+    class Halved(sg.optim.SGD):
+        def update(self, param, grad):
+            return super().update(param, grad * 0.5)
+    model, loss, logits = _model_and_loss()
+    assert _key(model, loss, logits, Halved(model.parameters(), lr=0.1)) is None
+
+
+def test_a_parameter_the_loss_does_not_read_is_not_cached():
+    """It is no node of the forward graph, so the stored graph could not refer to it: a copy would
+    be trained instead of the model's parameter."""
+    model, loss, logits = _model_and_loss()
+    unused = sg.param("sc_unused", (3,), init="ones", dtype="float64")
+    assert _key(model, loss, logits, sg.optim.SGD([*model.parameters(), unused], lr=0.1)) is None
+
+
+def test_a_damaged_entry_is_a_miss_and_is_written_again(miss_and_hit):
+    *_, state = miss_and_hit
+    entries = list((cache.cache_dir() / "steps").glob("*.pickle"))
+    assert entries
+    for path in entries:
+        data = bytearray(path.read_bytes())
+        data[len(data) // 2] ^= 0xFF
+        path.write_bytes(bytes(data))
+    again, _ = _step(state)
+    assert not again.from_step_cache
+    rewritten, _ = _step(state)
+    assert rewritten.from_step_cache   # stored again by the miss
+    assert again(**BATCHES[0]) == rewritten(**BATCHES[0])
+
+
+def test_a_foreign_entry_that_does_not_unpickle_is_a_miss(miss_and_hit, monkeypatch):
+    *_, state = miss_and_hit
+
+    def broken(*args, **kwargs):
+        raise pickle.UnpicklingError("a stand-in for an entry of another symgrad")
+    monkeypatch.setattr(graph_pickle, "loads", broken)
+    step, _ = _step(state)
+    assert not step.from_step_cache
+
+
+# ---- graph_pickle ---------------------------------------------------------------------------
+
+def test_a_filled_array_is_stored_as_its_value():
+    """An optimizer's moments start as zero-stride arrays of a parameter's shape: the pickle holds
+    one element, and loads the same values back."""
+    x = sg.input("gp_x", (4,), "float32")
+    state = sources.variable("gp_state", sources.filled((1000, 1000), 0.5, np.float32), role="optimizer")
+    reference = Graph([x], [x])
+    data = graph_pickle.dumps(state, reference)
+    assert len(data) < 10_000
+    loaded = graph_pickle.loads(data, reference)
+    assert loaded.attrs["init"].shape == (1000, 1000) and np.all(loaded.attrs["init"] == np.float32(0.5))
+
+
+def test_an_input_or_parameter_outside_the_reference_refuses_the_pickle():
+    """A copy would be another input or parameter: the caller stores nothing instead."""
+    x = sg.input("gp_in", (4,), "float32")
+    w = sg.param("gp_w", (4,), init="ones")
+    reference = Graph([x], [x * 2])
+    assert graph_pickle.loads(graph_pickle.dumps(x * 3, reference), reference).inputs[0] is x
+    for outside in (sg.input("gp_other", (4,), "float32"), w):
+        with pytest.raises(pickle.PicklingError):
+            graph_pickle.dumps(x * outside, reference)
+
+
+def test_train_step_calls_the_cache_with_the_clip_value(monkeypatch):
+    """The clip value reaches the key as the number given (a changed clip_grad_norm must miss)."""
+    seen = []
+    real = step_cache.key
+
+    def spy(forward, params, options, optimizer, max_norm):
+        seen.append(max_norm)
+        return real(forward, params, options, optimizer, max_norm)
+    monkeypatch.setattr(step_cache, "key", spy)
+    model, loss, logits = _model_and_loss()
+    training.train_step(loss, optimizer=_optimizer(model), backend="numpy", clip_grad_norm=0.75)
+    assert seen == [0.75]
