@@ -257,3 +257,11 @@ def test_train_step_calls_the_cache_with_the_clip_value(monkeypatch):
     model, loss, logits = _model_and_loss()
     training.train_step(loss, optimizer=_optimizer(model), backend="numpy", clip_grad_norm=0.75)
     assert seen == [0.75]
+
+
+def test_clearing_the_cache_clears_the_step_cache(monkeypatch, tmp_path):
+    monkeypatch.setenv("SYMGRAD_CACHE_DIR", str(tmp_path))
+    (tmp_path / "steps").mkdir()
+    (tmp_path / "steps" / "entry.pickle").write_bytes(b"an entry")
+    cache.clear_cache()
+    assert not (tmp_path / "steps").exists()

@@ -272,7 +272,7 @@ def clear_cache() -> int:
     count = len(list(directory.glob("_symgrad_*.json")))
     for path in directory.iterdir():
         if path.name.startswith(("_symgrad_", "lib_symgrad_", ".tmp-")) or path.name in ("index", "locks", "sympy", "templates",
-                                                                          "programs", "include", "runtime", ffi.DIRECTORY):
+                                                                          "programs", "steps", "include", "runtime", ffi.DIRECTORY):
             shutil.rmtree(path) if path.is_dir() else path.unlink(missing_ok=True)
     _LOADED.clear()
     return count
