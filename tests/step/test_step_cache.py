@@ -27,8 +27,8 @@ def _model_and_loss(state=None):
     """A classifier with BatchNorm (running statistics: updates of its own) and Dropout (a random
     stream's counter), the same masks from the same seed; its loss, and its eval-mode logits."""
     sg.manual_seed(3)
-    model = nn.Sequential(nn.Linear(IN, HIDDEN), nn.BatchNorm1d(HIDDEN), nn.ReLU(), nn.Dropout(0.25),
-                          nn.Linear(HIDDEN, OUT)).double()
+    model = nn.Sequential(nn.Linear(IN, HIDDEN), nn.BatchNorm1d(HIDDEN), nn.GELU(), nn.Dropout(0.25),
+                          nn.Linear(HIDDEN, HIDDEN), nn.LayerNorm(HIDDEN), nn.Tanh(), nn.Linear(HIDDEN, OUT)).double()
     if state is not None:
         model.load_state_dict(state)
     x, y = sg.input("sc_x", (BATCH, IN), "float64"), sg.input("sc_y", (BATCH,), "int64")
@@ -105,6 +105,36 @@ def test_the_hit_trained_its_own_models_parameters(miss_and_hit):
     assert any(not np.array_equal(trained[name], state[name]) for name in state)
     for name, value in hit.state_dict().items():
         np.testing.assert_array_equal(trained[name], value)
+
+
+_NEW_PROCESS_HIT = """
+import json, sys
+sys.path[:0] = [sys.argv[1]]
+from test_step_cache import BATCHES, _step
+from symgrad.ir import fingerprint
+step, _ = _step(None)
+print(json.dumps({"hit": step.from_step_cache, "loss": step(**BATCHES[0]),
+                  "kept": vars(step.graph)["_fingerprint"], "recomputed": fingerprint._fingerprint(step.graph)}))
+"""
+
+
+def test_a_hit_in_a_new_process_is_the_step_graph_the_miss_made(miss_and_hit):
+    """In a process where autodiff never ran, the stored derived ops (rebuilt without sympy's
+    evaluation) print as the miss's did: the fingerprint recomputed from the loaded graph is the
+    stored one, and the first step's loss is the miss's."""
+    import json
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    *_, state = miss_and_hit
+    expected = _step(state)[0](**BATCHES[0])   # a fresh step from the same initial state
+    done = subprocess.run([sys.executable, "-c", _NEW_PROCESS_HIT, str(Path(__file__).parent)],
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    child = json.loads(done.stdout.strip().splitlines()[-1])
+    assert child["hit"] and child["kept"] == child["recomputed"]
+    assert child["loss"] == expected
 
 
 def test_accumulate_and_apply_on_a_hit_match_the_miss(miss_and_hit):
