@@ -50,6 +50,9 @@ from .tools.torch_import import from_torch  # torch itself is imported only when
 # sg.distributed is a public module (docs/api.md): `import symgrad.distributed` gives the tool's
 sys.modules[__name__ + ".distributed"] = distributed
 from .version import __version__  # a leaf module: the stages read it there, not from this API
+from .ir.registry import seal_builtins as _seal_builtins
+
+_seal_builtins()  # every op registered by now is symgrad's own; sg.elementwise's come later
 
 # The 16-bit float dtypes by torch's names (a dtype is its name in symgrad: sg.bfloat16 == "bfloat16").
 bfloat16 = "bfloat16"

@@ -3,8 +3,9 @@
 Two graphs get the same fingerprint when they have the same nodes in the
 same topological order: the same ops (for elementwise ops, the same sympy
 expression too, since a user may define two ops of one name in two
-processes), inputs, shapes, dtypes and attributes, and the same inputs,
-outputs and updates. What the code does not depend on is left out: the
+processes; symgrad's own ops by name, their formulas being symgrad's code,
+which the caches' keys hold), inputs, shapes, dtypes and attributes, and the
+same inputs, outputs and updates. What the code does not depend on is left out: the
 initial values of variables (they are data, copied in at run time) and the
 creation counter of sources.
 
@@ -62,7 +63,9 @@ def description(value) -> str | None:
 def _op_text(op, memo: dict) -> str:
     text = memo.get(id(op))
     if text is None:
-        expr = "" if op.expr is None else sympy.srepr(op.expr)
+        # A builtin op's formula is symgrad's code (which the caches' keys hold): printing it with
+        # sympy would cost a millisecond per op in every new process.
+        expr = "" if op.expr is None else "builtin" if op.builtin else sympy.srepr(op.expr)
         extra = _describe(sorted(op.extra.items()))
         text = memo[id(op)] = f"{op.name}|{op.kind}|{op.arity}|{expr}|{extra}"
     return text

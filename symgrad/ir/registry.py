@@ -53,6 +53,9 @@ class OpDef:
     expr: Any = None
     arity: Optional[int] = None
     extra: dict = field(default_factory=dict)
+    # One of symgrad's own ops (seal_builtins): its definition is symgrad's code, which every
+    # cache key holds, so a graph's fingerprint names it instead of printing its formula.
+    builtin: bool = False
 
     def __repr__(self) -> str:
         return f"<op {self.name} ({self.kind})>"
@@ -77,6 +80,13 @@ def lookup(name: str) -> OpDef:
         return REGISTRY[name]
     except KeyError:
         raise KeyError(f"no op named {name!r} is registered") from None
+
+
+def seal_builtins() -> None:
+    """Mark every op registered so far as symgrad's own (`import symgrad` calls this once its
+    modules have registered theirs); an op registered later (`sg.elementwise`) is a user's."""
+    for op in REGISTRY.values():
+        op.builtin = True
 
 
 def ops_of_kind(kind: str) -> list[OpDef]:

@@ -83,6 +83,25 @@ def test_user_ops_of_one_name_with_other_expressions_differ(monkeypatch):
     assert first is not None and second is not None and first != second
 
 
+def test_symgrads_own_ops_are_named_not_printed(monkeypatch):
+    """An op `import symgrad` registered is its code (which the caches' keys hold): the fingerprint
+    names it without sympy's printer (a millisecond an op in a new process). A user's op, registered
+    later, is printed: its formula is no code of symgrad's."""
+    from symgrad.ir import fingerprint as fingerprints
+    from symgrad.ir.registry import lookup
+
+    x = sg.input("x", (3,))
+    user = sg.elementwise("fp_user_probe", lambda a: a ** 2 + 1)
+    assert lookup("exp").builtin and lookup("tanh").builtin and not user.op.builtin
+
+    def printed(expr):
+        raise AssertionError(f"srepr({expr}) called")
+    monkeypatch.setattr(fingerprints.sympy, "srepr", printed)
+    assert fingerprint(Graph([x], [sg.tanh(sg.exp(x))])) is not None
+    with pytest.raises(AssertionError, match="srepr"):
+        fingerprint(Graph([x], [user(x)]))
+
+
 def test_a_custom_function_graph_has_no_fingerprint():
     x = sg.input("x", (3,))
     assert fingerprint(Graph([x], [MySquare.apply(x)])) is None
