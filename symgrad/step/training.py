@@ -39,7 +39,13 @@ class TrainStep(Compiled):
     number of micro-batches (as one does in PyTorch) to make
     `accumulate` x4 + `apply()` equal one step on the whole batch.
     `step(**batch)` neither reads nor clears the buffers.
+
+    `from_step_cache`: whether the step graph (autodiff's and the optimizer's) came from the step
+    cache (symgrad/step/step_cache.py), as it does for the same model, optimizer and options
+    built again, in this process or a later one.
     """
+
+    from_step_cache = False
 
     def __init__(self, graph: Graph, backend: str, params: list[Value], update_rule=None, grads=None,
                  predict=None, effects_pairs=(), background: bool = False, **options):
