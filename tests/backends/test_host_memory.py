@@ -80,6 +80,13 @@ def test_copy_is_a_c_ordered_copy_of_its_own():
     assert source[0, 0] == 0.0
     filled = host_memory.copy(np.broadcast_to(np.float32(0.5), (1024, 1024)))
     assert filled.flags.writeable and (filled == 0.5).all()
+    # A broadcast zero (an optimizer's moments) is the fresh memory as it comes; a negative zero,
+    # whose bytes are not all zero, is copied (its sign kept), at either size of allocation.
+    for shape in ((1024, 1024), (7, 5)):
+        zeros = host_memory.copy(np.broadcast_to(np.float32(0.0), shape))
+        assert zeros.flags.writeable and zeros.shape == shape and (zeros == 0).all()
+        negative = host_memory.copy(np.broadcast_to(np.float32(-0.0), shape))
+        assert np.signbit(negative).all()
 
 
 @populates
