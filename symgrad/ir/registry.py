@@ -82,9 +82,17 @@ def lookup(name: str) -> OpDef:
         raise KeyError(f"no op named {name!r} is registered") from None
 
 
+_SEALED = False
+
+
 def seal_builtins() -> None:
     """Mark every op registered so far as symgrad's own (`import symgrad` calls this once its
-    modules have registered theirs); an op registered later (`sg.elementwise`) is a user's."""
+    modules have registered theirs); an op registered later (`sg.elementwise`) is a user's, also
+    when symgrad is imported again (importlib.reload): only the first call marks any."""
+    global _SEALED
+    if _SEALED:
+        return
+    _SEALED = True
     for op in REGISTRY.values():
         op.builtin = True
 

@@ -372,11 +372,11 @@ def _compiled_step(loss: Value, params: list, group_options: list, groups: list,
     layer_updates = effects.collect([loss])
     predicted = [] if predict is None else [predict] if isinstance(predict, Value) else list(predict)
     predict_updates = effects.collect(predicted) if predicted else []
-    forward = step_cache.forward_graph(loss, predicted, collect_inputs([loss, *predicted]), layer_updates,
-                                       predict_updates)
+    forward = step_cache.forward_of(loss, predicted, collect_inputs([loss, *predicted]), layer_updates,
+                                    predict_updates)
     key = step_cache.key(forward, params, group_options, optimizer,
                          None if max_norm is None else float(max_norm.attrs["init"]))
-    made = step_cache.load(key, forward)
+    made = step_cache.load(key, forward, params)
     if made is None:
         grads = grad(loss, params)
         updates = effects.merge(update_rule(params, grads), layer_updates)

@@ -119,16 +119,20 @@ print(json.dumps({"hit": step.from_step_cache, "loss": step(**BATCHES[0]),
 
 
 def test_a_hit_in_a_new_process_is_the_step_graph_the_miss_made(miss_and_hit):
-    """In a process where autodiff never ran, the stored derived ops (rebuilt without sympy's
-    evaluation) print as the miss's did: the fingerprint recomputed from the loaded graph is the
-    stored one, and the first step's loss is the miss's."""
+    """In a process where autodiff never ran, the stored derived ops print as the miss's did: the
+    fingerprint recomputed from the loaded graph is the stored one, and the first step's loss is
+    a miss's."""
     import json
     import subprocess
     import sys
     from pathlib import Path
 
     *_, state = miss_and_hit
-    expected = _step(state)[0](**BATCHES[0])   # a fresh step from the same initial state
+    with pytest.MonkeyPatch.context() as patch:   # a miss: the step made afresh, from the same state
+        patch.setattr(step_cache, "load", lambda *args: None)
+        fresh = _step(state)[0]
+    assert not fresh.from_step_cache
+    expected = fresh(**BATCHES[0])
     done = subprocess.run([sys.executable, "-c", _NEW_PROCESS_HIT, str(Path(__file__).parent)],
                           capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
@@ -162,8 +166,7 @@ def _key(model, loss, logits, optimizer, max_norm=1.0, params=None):
     groups = optimizer.groups_for_step(params)
     params = [p for group in groups for p in dict.__getitem__(group, "params")]
     options = [group for group in groups for _ in dict.__getitem__(group, "params")]
-    forward = step_cache.forward_graph(loss, [logits], collect_inputs([loss, logits]),
-                                       effects.collect([loss]), [])
+    forward = step_cache.forward_of(loss, [logits], collect_inputs([loss, logits]), effects.collect([loss]), [])
     return step_cache.key(forward, params, options, optimizer, max_norm)
 
 
@@ -174,6 +177,10 @@ CHANGES = {
     "one group": dict(optimizer=lambda m: sg.optim.AdamW(m.parameters(), lr=0.01, weight_decay=0.1,
                                                          betas=(0.9, 0.99))),
     "optimizer class": dict(optimizer=lambda m: sg.optim.Adam([{"params": list(m.parameters())}], lr=0.01)),
+    "one group's own option": dict(optimizer=lambda m: sg.optim.AdamW(
+        [{"params": _optimizer(m).param_groups[0]["params"]},
+         {"params": _optimizer(m).param_groups[1]["params"], "weight_decay": 0.05}],
+        lr=0.01, weight_decay=0.1, betas=(0.9, 0.99))),
     "clipping": dict(max_norm=2.0),
     "no clipping": dict(max_norm=None),
 }
@@ -192,6 +199,18 @@ def test_whatever_changes_the_step_graph_changes_the_key(change):
 def test_the_same_model_built_again_has_the_same_key():
     first, second = _model_and_loss(), _model_and_loss()
     assert _key(*first, _optimizer(first[0])) == _key(*second, _optimizer(second[0])) is not None
+
+
+def test_which_group_holds_a_parameter_is_in_the_key():
+    """Two groups with equal options, split after a different parameter: each group has a learning
+    rate of its own (a runtime variable), so the steps differ in which one a parameter's update reads."""
+    model, loss, logits = _model_and_loss()
+    params = list(model.parameters())
+
+    def split(k):
+        return sg.optim.SGD([{"params": params[:k]}, {"params": params[k:]}], lr=0.1)
+    assert _key(model, loss, logits, split(2)) != _key(model, loss, logits, split(3))
+    assert _key(model, loss, logits, split(2)) == _key(model, loss, logits, split(2))
 
 
 def test_the_parameters_order_is_in_the_key():
@@ -240,6 +259,84 @@ def test_a_damaged_entry_is_a_miss_and_is_written_again(miss_and_hit):
     assert again(**BATCHES[0]) == rewritten(**BATCHES[0])
 
 
+def test_an_entry_whose_checksum_does_not_match_is_a_miss(miss_and_hit):
+    """The pickle intact, the checksum line another: not loaded (the checksum is what vouches for
+    the bytes, not whether they happen to unpickle)."""
+    *_, state = miss_and_hit
+    _step(state)   # the entry (written again if an earlier test damaged it)
+    for path in (cache.cache_dir() / "steps").glob("*.pickle"):
+        _, _, compiled = path.read_bytes().partition(b"\n")
+        path.write_bytes(b"0" * 64 + b"\n" + compiled)
+    assert not _step(state)[0].from_step_cache
+
+
+def test_an_entry_of_something_else_with_a_good_checksum_is_a_miss(miss_and_hit):
+    """What a foreign entry holds is checked: a graph computing this loss, one gradient a parameter,
+    the predict graph of these values. Anything else is a miss, not an error."""
+    import hashlib
+    *_, state = miss_and_hit
+    _step(state)
+    model, loss, logits = _model_and_loss(state)
+    reference = step_cache.forward_of(loss, [logits], collect_inputs([loss, logits]), effects.collect([loss]),
+                                      effects.collect([logits])).graph
+    for payload in (("a", "b", "c", "d"), ([], Graph(reference.inputs, [logits]), [], None)):
+        compiled = graph_pickle.dumps(payload, reference)
+        for path in (cache.cache_dir() / "steps").glob("*.pickle"):
+            path.write_bytes(hashlib.sha256(compiled).hexdigest().encode() + b"\n" + compiled)
+        step, _ = _step(state)
+        assert not step.from_step_cache
+        assert np.isfinite(step(**BATCHES[0]))
+
+
+def test_which_value_carries_a_layers_update_is_in_the_key():
+    """The fingerprint holds the forward graph's values, not which of them carries an update: a
+    loss updating a counter and a predict= returning the same two values are different steps."""
+    def build(carried: bool):
+        x = sg.input("sc_fx", (4,), "float32")
+        w = sg.param("sc_fw", (4,), init="ones")
+        counter = sources.variable("sc_counter", np.array(0.0, np.float32), role="optimizer")
+        loss, bumped = sg.sum(w * x), counter + 1.0
+        if carried:
+            return sg.train_step(effects.attach(loss, [(counter, bumped)]), [w], sg.optim.SGD(lr=0.1),
+                                 backend="numpy")
+        return sg.train_step(loss, [w], sg.optim.SGD(lr=0.1), backend="numpy", predict=[counter, bumped])
+    updating, returning = build(True), build(False)
+    assert not returning.from_step_cache
+    keys = [step_cache.key(step_cache.forward_of(step.graph.outputs[0], list(step._predict or []),
+                                                 list(step.graph.inputs), step._effects,
+                                                 effects.collect(list(step._predict or []))),
+                           step._param_values, [{}], step.optimizer, None) for step in (updating, returning)]
+    assert None not in keys and keys[0] != keys[1]
+    for _ in range(3):
+        updating(sc_fx=np.ones(4, np.float32))
+        returning(sc_fx=np.ones(4, np.float32))
+    assert float(updating.state["sc_counter"]) == 3.0 and float(returning.state["sc_counter"]) == 0.0
+
+
+def test_an_op_with_a_backward_of_its_own_is_not_cached():
+    """Its VJP is the user's code, which neither the fingerprint nor the key holds: a straight-through
+    estimator redefined with another backward must not find the old step graph."""
+    import sympy
+    from symgrad.api.functional import apply_elementwise
+    from symgrad.ir import registry
+    from symgrad.ir.elementwise import ARGS, define
+
+    def build(scale):
+        op = define("sc_ste_round", sympy.floor(ARGS[0] + sympy.Rational(1, 2)), 1, "float",
+                    vjp=lambda node, g, wants: [g * scale])
+        try:
+            x = sg.input("sc_sx", (4,), "float32")
+            w = sg.param("sc_sw", (4,), init=np.full(4, 0.3, np.float32))
+            step = sg.train_step(sg.sum(apply_elementwise(op, [w * x])), [w], sg.optim.SGD(lr=0.1), backend="numpy")
+        finally:
+            del registry.REGISTRY["sc_ste_round"]
+        step(sc_sx=np.ones(4, np.float32))
+        return step
+    first, second = build(1.0), build(5.0)
+    assert not first.from_step_cache and not second.from_step_cache
+    np.testing.assert_allclose(second.params["sc_sw"], np.full(4, 0.3 - 0.1 * 5.0, np.float32), rtol=1e-6)
+
+
 def test_a_foreign_entry_that_does_not_unpickle_is_a_miss(miss_and_hit, monkeypatch):
     *_, state = miss_and_hit
 
@@ -261,7 +358,8 @@ def test_a_filled_array_is_stored_as_its_value():
     data = graph_pickle.dumps(state, reference)
     assert len(data) < 10_000
     loaded = graph_pickle.loads(data, reference)
-    assert loaded.attrs["init"].shape == (1000, 1000) and np.all(loaded.attrs["init"] == np.float32(0.5))
+    init = loaded.attrs["init"]
+    assert init.shape == (1000, 1000) and init.dtype == np.float32 and np.all(init == np.float32(0.5))
 
 
 def test_an_input_or_parameter_outside_the_reference_refuses_the_pickle():
