@@ -127,8 +127,7 @@ def load(key: str | None, forward: Forward, params: list) -> tuple | None:
     except Exception:  # noqa: BLE001  (a foreign or stale entry is a miss: made afresh and stored again)
         return None
     # What a foreign entry with a good checksum would get wrong: the step of another loss, other
-    # parameters, another predict.
-    # (Values compare by identity: `==` on two of them makes a graph node.)
+    # parameters, another predict (Values compared by identity: `==` on two makes a graph node).
     ends = forward.graph.outputs
     predicted = ends[1:1 + forward.layout[0]]
     if not (isinstance(graph, Graph) and graph.outputs and graph.outputs[0] is ends[0]

@@ -63,7 +63,7 @@ class TrainStep(Compiled):
         self._programs: dict[str, Compiled] = {}
         self._buffers = None
         self._held_builds: list = []  # programs' builds waiting for the first call to end (predict's)
-        self._graphs_made: dict[str, Graph] = {}  # a program's graph made already (the step cache's predict)
+        self._predict_graph: Graph | None = None  # predict's graph made already (by the step cache)
 
     def __call__(self, *positional, **batch) -> float:
         if positional:
@@ -122,7 +122,7 @@ class TrainStep(Compiled):
                 raise RuntimeError("predict: pass the value to compute when building the step, "
                                    "sg.train_step(loss, params, optimizer, predict=logits)")
             outs = [self._predict] if isinstance(self._predict, Value) else list(self._predict)
-            graph = self._graphs_made.pop("predict", None) or Graph(collect_inputs(outs), outs, effects.collect(outs))
+            graph = self._predict_graph or Graph(collect_inputs(outs), outs, effects.collect(outs))
             check_no_gradient_buffer_names(graph.variables, self._param_values, "predict")
             return graph
         raise ValueError(f"unknown program {kind!r}; expected accumulate, apply or predict")
@@ -402,8 +402,7 @@ def _compiled_step(loss: Value, params: list, group_options: list, groups: list,
         # (GPT small on two cores: the first step a second sooner than after it; the nanoGPT
         # size's 0.2 s sooner than beside it). accumulate / apply, for gradient accumulation only,
         # are built when first called.
-        if predict_graph is not None:
-            step._graphs_made["predict"] = predict_graph
+        step._predict_graph = predict_graph
         step.program_for("predict", background=True)
     if made is None:  # pickled while the step's compiler runs (a 4-layer GPT's: 6 ms)
         step_cache.store(key, forward, graph, grads, step._programs["predict"].graph if predict is not None else None)
