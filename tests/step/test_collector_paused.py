@@ -42,3 +42,47 @@ def test_a_refused_step_and_a_caller_s_own_pause_leave_the_collector_as_they_fou
         assert not gc.isenabled()
     finally:
         gc.enable()
+
+
+def test_what_a_paused_block_made_is_settled_not_examined_and_its_cycles_still_collected():
+    """Back on, the collector would examine every object the block made at its next allocation (a
+    12-layer GPT's train_step: 200,000 objects, 60-100 ms, none of them garbage). They go to the
+    oldest generation unexamined instead: no collection follows the block's end. A cycle the block
+    left is still collected (by the next full collection), and objects the caller froze stay frozen."""
+    import weakref
+
+    from symgrad.backends.driver import cyclic_gc_paused
+
+    class Node:
+        pass
+
+    collections = []
+
+    def seen(phase, info):
+        if phase == "start":
+            collections.append(info["generation"])
+    gc.collect()
+    gc.callbacks.append(seen)
+    try:
+        with cyclic_gc_paused():
+            made = [[k] for k in range(20_000)]   # well past the youngest generation's threshold
+            cycle = Node()
+            cycle.self = cycle
+            gone = weakref.ref(cycle)
+            del cycle
+        after = [[k] for k in range(500)]       # allocations that would start a collection
+        assert collections == []
+    finally:
+        gc.callbacks.remove(seen)
+    assert gone() is not None and len(made) + len(after) == 20_500
+    gc.collect()
+    assert gone() is None
+    del made, after
+    gc.freeze()
+    try:
+        count = gc.get_freeze_count()
+        with cyclic_gc_paused():
+            made = [[k] for k in range(1000)]
+        assert gc.get_freeze_count() == count and len(made) == 1000
+    finally:
+        gc.unfreeze()

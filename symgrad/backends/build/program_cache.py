@@ -37,7 +37,6 @@ cannot make the workspace too small.
 from __future__ import annotations
 
 import functools
-import gc
 import hashlib
 import json
 import pickle
@@ -142,18 +141,15 @@ def load(key: str | None, graph: Graph, remake: Callable[[], Entry] | None = Non
         return None
 
     def stages() -> tuple:
-        enabled = gc.isenabled()
-        gc.disable()  # unpickling makes objects as the stages do (symgrad.backends.driver.cyclic_gc_paused)
-        try:
-            return tuple(graph_pickle.loads(compiled, graph)[1])
-        except Exception:  # noqa: BLE001
-            if remake is None:
-                raise
-            made = remake()
-            return made.optimized, made.pass_report, made.plan
-        finally:
-            if enabled:
-                gc.enable()
+        from ..driver import cyclic_gc_paused  # (the driver imports this module)
+        with cyclic_gc_paused():  # unpickling makes objects as the stages do
+            try:
+                return tuple(graph_pickle.loads(compiled, graph)[1])
+            except Exception:  # noqa: BLE001
+                if remake is None:
+                    raise
+                made = remake()
+                return made.optimized, made.pass_report, made.plan
     return Entry(entry["source"], dims, arena, stages=stages)
 
 
