@@ -159,9 +159,13 @@ class Compiled:
         if self._resident:
             global _RESIDENT_EXISTS
             _RESIDENT_EXISTS = True
+        # The variables no cell holds (an optimizer's state) are copies of their initial values,
+        # all in one region of memory (host_memory.copies).
+        own = [v for v in graph.variables if v.name not in self._cells]
+        made = dict(zip((v.name for v in own), host_memory.copies(v.attrs["init"] for v in own)))
         self._storage = VariableStorage(
             (v.name, self._cells[v.name].read() if self._resident else self._cells[v.name].array)
-            if v.name in self._cells else (v.name, host_memory.copy(v.attrs["init"]))
+            if v.name in self._cells else (v.name, made[v.name])
             for v in graph.variables)
         # Labels are values, not signatures: checked on every call, here unless the program does.
         self._label_checks = [] if getattr(kind, "checks_labels", False) else label_checks(graph)
