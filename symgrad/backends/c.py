@@ -363,6 +363,7 @@ def _arena_ahead(entry) -> dict:
     if entry.dims:
         return {}
     planned = memory_plan(entry.arena, {}, align=ALIGN)
+    entry.arena = entry.arena.with_placement(planned, ALIGN)  # stored with it: a warm load places nothing
     return {(): ArenaAhead(planned, arena_memory(planned.arena_bytes))}
 
 
@@ -394,9 +395,9 @@ def compile_in_background(graph: Graph, flags: list[str] | None = None, optimize
     compilation = prepare(graph, C_OPENMP, optimize, store=yield_cores)
 
     def meanwhile() -> None:
-        compilation.store()
         if not yield_cores:  # the build waited for: its first call's arena too (a later one's, when called)
             compilation.ahead.update(_arena_ahead(compilation.entry))
+        compilation.store()
 
     def build() -> CProgram:
         with toolchain.while_compiling(meanwhile):

@@ -4,6 +4,7 @@ Every compiled result here is compared with the NumPy reference running the
 unoptimized graph. C builds are shared through module-scoped fixtures.
 """
 
+import dataclasses
 import io
 
 import numpy as np
@@ -12,7 +13,7 @@ import pytest
 import symgrad as sg
 from symgrad.backends import c as cbackend
 from symgrad.backends.lower.lowering import LoopKernel, MatmulKernel, ReduceKernel, RowKernel, lower
-from symgrad.backends.lower.memory import liveness, memory_plan
+from symgrad.backends.lower.memory import ArenaSpec, liveness, memory_plan
 from symgrad.tools.inspect import run_inspect
 
 RNG = np.random.default_rng(7)
@@ -146,6 +147,32 @@ def test_mlp_arena_is_close_to_the_liveness_bound(mlp_steps):
     assert mp.arena_bytes <= before.arena_bytes and mp.unshared_bytes < before.unshared_bytes
     # in place: every parameter's new value is written straight into the parameter
     assert sorted(step.program.plan.in_place) == sorted(step.params)
+
+
+def test_a_placement_the_arena_spec_carries_is_taken_and_a_bad_one_is_placed_again(mlp_steps, softmax_step):
+    """The program cache keeps a program's placement with its arena spec (ArenaSpec.placed), so a
+    warm load does not place 1,200 temporaries again; what a spec carries is what memory_plan gives
+    (here one buffer each, nothing shared: not the greedy plan, so it was not placed anew), through
+    JSON as the cache writes it. A placement at another alignment, of another length or with an
+    offset off the alignment, and a spec with Dims, are placed as if it carried none."""
+    spec = ArenaSpec.of(mlp_steps[0].program.plan)
+    fresh = memory_plan(spec, {}, 64)
+    needs = [-(-n // 64) * 64 for n in fresh.sizes]
+    apart = [sum(needs[:k]) for k in range(len(needs))]
+    assert apart != fresh.offsets
+    own = ArenaSpec.from_json(dataclasses.replace(spec, placed=(64, tuple(apart))).to_json(), {})
+    taken = memory_plan(own, {}, 64)
+    assert taken.offsets == apart and taken.arena_bytes == sum(needs) == taken.unshared_bytes
+    assert (taken.lower_bound_bytes, taken.naive_bytes, taken.sizes) == (fresh.lower_bound_bytes, fresh.naive_bytes, fresh.sizes)
+    kept = spec.with_placement(fresh, 64)
+    assert vars(memory_plan(ArenaSpec.from_json(kept.to_json(), {}), {}, 64)) == vars(fresh)
+    for bad in ((128, tuple(apart)), (64, tuple(apart[:-1])), (64, (32, *apart[1:]))):
+        assert vars(memory_plan(dataclasses.replace(spec, placed=bad), {}, 64)) == vars(fresh)
+    with_dims = ArenaSpec.of(softmax_step.program.plan)
+    bindings = {d: 64 for d in softmax_step.program.plan.dims}
+    planned = memory_plan(with_dims, bindings, 64)
+    carried = dataclasses.replace(with_dims, placed=(64, tuple(0 for _ in planned.offsets)))
+    assert vars(memory_plan(carried, bindings, 64)) == vars(planned)
 
 
 def test_mlp_bias_relu_and_masks_run_inside_the_gemms(mlp_steps):
