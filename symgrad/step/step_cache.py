@@ -42,7 +42,7 @@ from ..ir.graph import Graph
 from ..ir.value import Value
 from ..optim.param_groups import SCHEDULER_KEYS
 
-FORMAT = 1
+FORMAT = 2  # 2: the pickler's references reduced, not persistent ids (symgrad.ir.graph_pickle)
 
 
 @dataclass(frozen=True)

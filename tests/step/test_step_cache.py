@@ -373,6 +373,30 @@ def test_an_input_or_parameter_outside_the_reference_refuses_the_pickle():
             graph_pickle.dumps(x * outside, reference)
 
 
+def test_references_are_resolved_once_each_and_a_plain_value_is_not_asked_about(monkeypatch):
+    """A node, op or Dim of the reference is stored once and met again through the pickle's memo,
+    however many times the pickled structure names it; the pickler's override is asked of the
+    objects that are not plain data only (a plan's ints, strings and tuples, most of its 200,000
+    objects, are the C pickler's alone), and the loaded references are the reference's own."""
+    B = sg.Dim("gp_B")
+    x = sg.input("gp_refs", (B, 4), "float32")
+    y = sg.exp(x)
+    reference = Graph([x], [y])
+    asked = []
+    override = graph_pickle._Pickler.reducer_override
+    monkeypatch.setattr(graph_pickle._Pickler, "reducer_override", lambda self, obj: asked.append(type(obj)) or override(self, obj))
+    made = [(y, x, y.op, B, k, f"name{k}", (k, k + 1)) for k in range(500)]
+    data = graph_pickle.dumps(made, reference)
+    assert not {int, str, tuple, list} & set(asked) and len(asked) <= 10
+    loads = []
+    resolve = graph_pickle._Unpickler._resolve
+    monkeypatch.setattr(graph_pickle._Unpickler, "_resolve", lambda self, *key: loads.append(key) or resolve(self, *key))
+    loaded = graph_pickle.loads(data, reference)
+    assert len(loads) == 4   # y, x, exp, B: each resolved once
+    assert all(row[0] is y and row[1] is x and row[2] is y.op and row[3] is B for row in loaded)
+    assert [row[4:] for row in loaded] == [row[4:] for row in made]
+
+
 def test_train_step_calls_the_cache_with_the_clip_value(monkeypatch):
     """The clip value reaches the key as the number given (a changed clip_grad_norm must miss)."""
     seen = []

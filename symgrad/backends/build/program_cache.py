@@ -52,9 +52,9 @@ from ...ir.graph import Graph
 from . import cache, runtime
 from ..lower.memory import ArenaSpec
 
-FORMAT = 5  # 2: the entry carries its checksum; 3: and the pickled optimized graph, pass report and plan;
+FORMAT = 6  # 2: the entry carries its checksum; 3: and the pickled optimized graph, pass report and plan;
             # 4: the modules moved into sub-packages (the pickles name the new ones); 5: the pickler
-            # moved to symgrad.ir.graph_pickle
+            # moved to symgrad.ir.graph_pickle; 6: its references reduced, not persistent ids
 
 
 class Entry:
