@@ -15,9 +15,7 @@ A backend keeps only what differs: how it builds and how it calls what it built
 
 from __future__ import annotations
 
-import gc
 import time
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -28,6 +26,7 @@ from .decide import half
 from .kinds.matmul import bf16_gemm_applies
 from .lower import lowering
 from .build import program_cache
+from .build.collector import cyclic_gc_paused
 from .build.cache import BuiltModule
 from .render.languages import Language
 from .lower.memory import ArenaSpec
@@ -64,39 +63,6 @@ def label_inputs(graph: Graph) -> list:
     program's entry checks before it computes anything."""
     return [(position, node.attrs["num_classes"], node.attrs.get("ignore_index"))
             for position, node in label_checks(graph)]
-
-
-@contextmanager
-def cyclic_gc_paused():
-    """Python's cyclic garbage collector off for the block (back on after, if it was on).
-
-    The stages allocate millions of small objects that stay alive (nodes, views, kernels, text)
-    and make few cycles; every full collection walks the whole heap, and their number grows with
-    what is allocated: a sixth of the stages' time on a 12-layer GPT, for about 1 MB of garbage.
-    Building a step's graph (autodiff, the optimizer's updates) is the same kind of work, and
-    `sg.train_step` pauses it too.
-
-    Turned back on, the collector would examine everything the block made at its next allocation
-    (a 12-layer GPT's train_step: 200,000 objects, 60-100 ms, freeing none of them). They are
-    handed to the oldest generation instead (gc.freeze then gc.unfreeze: two list splices), where
-    the next full collection meets them, as it meets every long-lived object; what cycles the
-    block left are collected then. Objects the caller froze stay frozen: with any, nothing moves."""
-    enabled = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if enabled:
-            settle_young_objects()
-            gc.enable()
-
-
-def settle_young_objects() -> None:
-    """Move every object the collector tracks into its oldest generation, unexamined (see
-    `cyclic_gc_paused`); nothing where the process holds frozen objects of its own."""
-    if gc.get_freeze_count() == 0:
-        gc.freeze()
-        gc.unfreeze()
 
 
 def compile_stages(graph: Graph, language: Language, optimize: bool = True,

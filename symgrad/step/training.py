@@ -10,7 +10,7 @@ from typing import Mapping
 import numpy as np
 
 from .. import backends
-from ..backends.driver import cyclic_gc_paused
+from ..backends.build.collector import cyclic_gc_paused
 from .call_checks import (arrays_by_name, check_no_gradient_buffer_names, collect_inputs, gradient_buffer_name,
                           leaf_kind, refuse_positional)
 from .compiled import Compiled, VariableView

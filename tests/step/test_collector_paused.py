@@ -1,5 +1,5 @@
 """sg.train_step builds its graph (autodiff, the optimizer's updates) and compiles with Python's
-cyclic garbage collector paused (symgrad.backends.driver.cyclic_gc_paused): the millions of objects
+cyclic garbage collector paused (symgrad.backends.build.collector.cyclic_gc_paused): the millions of objects
 a model's graph and plan make live on, and every full collection would walk them all. The
 collector is back as it was after the call, whether it returned or raised."""
 
@@ -51,7 +51,7 @@ def test_what_a_paused_block_made_is_settled_not_examined_and_its_cycles_still_c
     left is still collected (by the next full collection), and objects the caller froze stay frozen."""
     import weakref
 
-    from symgrad.backends.driver import cyclic_gc_paused
+    from symgrad.backends.build.collector import cyclic_gc_paused
 
     class Node:
         pass

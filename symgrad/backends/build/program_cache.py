@@ -50,6 +50,7 @@ from ...ir import graph_pickle
 from ...ir.fingerprint import fingerprint
 from ...ir.graph import Graph
 from . import cache, runtime
+from .collector import cyclic_gc_paused
 from ..lower.memory import ArenaSpec
 
 FORMAT = 6  # 2: the entry carries its checksum; 3: and the pickled optimized graph, pass report and plan;
@@ -141,7 +142,6 @@ def load(key: str | None, graph: Graph, remake: Callable[[], Entry] | None = Non
         return None
 
     def stages() -> tuple:
-        from ..driver import cyclic_gc_paused  # (the driver imports this module)
         with cyclic_gc_paused():  # unpickling makes objects as the stages do
             try:
                 return tuple(graph_pickle.loads(compiled, graph)[1])
