@@ -6,7 +6,10 @@ separately as import_s):
 
 - symgrad: from building model B's graph (sg.input, ..., sg.train_step) to
   the loaded native module (`compile_s`), and on to the end of the first
-  training step (`first_step_s`, the number compared with torch);
+  training step (`first_step_s`, the number compared with torch); and the
+  compile proper, the seconds inside `sg.train_step` alone (`train_step_s`:
+  from the loss graph to the returned step, its program loaded and its
+  variables allocated, without building the model or running a step);
 - torch.compile: from building the nn.Module, optimizer and
   torch.compile(step) to the end of the first call of the compiled step,
   which is where torch compiles (`first_step_s`).
@@ -49,6 +52,23 @@ GPT_MODELS = {"gpt-small": ("small", None), "gpt-small-12": ("small", 12), "gpt-
 CNN_MODELS = {"cnn-resnet": "resnet", "cnn-lenet": "lenet"}
 
 
+def _time_train_step() -> list:
+    """Have every `sg.train_step` call add its seconds to the list returned (the compile proper:
+    a benchmark's runner calls it through the module, as users do)."""
+    import symgrad
+    spent: list = []
+    real = symgrad.train_step
+
+    def train_step(*args, **kwargs):
+        start = time.perf_counter()
+        try:
+            return real(*args, **kwargs)
+        finally:
+            spent.append(time.perf_counter() - start)
+    symgrad.train_step = train_step
+    return spent
+
+
 def _real_model(system: str, backend: str, model_key: str) -> dict:
     """One first-step measurement of a GPT or CNN config (symgrad, torch = torch.compile, or jax)."""
     import dataclasses
@@ -62,8 +82,9 @@ def _real_model(system: str, backend: str, model_key: str) -> dict:
         from . import cnn as bench_module
         bench = bench_module.CONFIGS[CNN_MODELS[model_key]]
     t0 = time.perf_counter()
+    spent = None
     if system == "symgrad":
-        import symgrad  # noqa: F401
+        spent = _time_train_step()
         build = bench_module.symgrad_runner(backend)
     elif system == "torch":
         import torch  # noqa: F401
@@ -77,7 +98,8 @@ def _real_model(system: str, backend: str, model_key: str) -> dict:
     t2 = time.perf_counter()
     loss = runner.to_float(runner.step())
     t3 = time.perf_counter()
-    return {"status": "ok", "import_s": t1 - t0, "compile_s": t2 - t1, "first_step_s": t3 - t1, "loss": loss}
+    return {"status": "ok", "import_s": t1 - t0, "compile_s": t2 - t1, "first_step_s": t3 - t1, "loss": loss,
+            **({"train_step_s": sum(spent)} if spent else {})}
 
 
 def _worker(system: str, backend: str, model_key: str) -> dict:
@@ -98,8 +120,9 @@ def _worker(system: str, backend: str, model_key: str) -> dict:
         runtime.build()
         return {"status": "ok", "import_s": t1 - t0, "compile_s": time.perf_counter() - t1,
                 "first_step_s": time.perf_counter() - t1}
+    spent = None
     if system == "symgrad":
-        import symgrad  # noqa: F401
+        spent = _time_train_step()
         if backend == "c" and not _has_c_backend():
             return {"status": "unavailable",
                     "reason": "symgrad/backends/c.py does not exist yet (the C backend is not built)"}
@@ -113,7 +136,7 @@ def _worker(system: str, backend: str, model_key: str) -> dict:
     loss = runner.to_float(runner.step())
     t3 = time.perf_counter()
     return {"status": "ok", "import_s": t1 - t0, "compile_s": t2 - t1, "first_step_s": t3 - t1,
-            "loss": loss}
+            "loss": loss, **({"train_step_s": sum(spent)} if spent else {})}
 
 
 def _has_c_backend() -> bool:
@@ -152,7 +175,7 @@ def run_once(system: str, cache_dir: str, backend: str = "c", model: str = MODEL
 
 
 def _median(runs: list[dict], key: str) -> float | None:
-    values = [r[key] for r in runs if r.get("status") == "ok"]
+    values = [r[key] for r in runs if r.get("status") == "ok" and r.get(key) is not None]
     return statistics.median(values) if values else None
 
 
@@ -179,6 +202,8 @@ def measure(systems=("symgrad", "torch"), repeats: int = 1, backend: str = "c",
             "cold_s": _median(cold_runs, "first_step_s"), "warm_s": _median(warm_runs, "first_step_s"),
             "cold_compile_s": _median(cold_runs, "compile_s"),
             "warm_compile_s": _median(warm_runs, "compile_s"),
+            "cold_train_step_s": _median(cold_runs, "train_step_s"),
+            "warm_train_step_s": _median(warm_runs, "train_step_s"),
         }
     if runtime_runs:
         out["runtime_build_s"] = _median(runtime_runs, "compile_s")
@@ -200,7 +225,7 @@ def render(result: dict) -> str:
         if entry is None:
             return "not run"
         if entry.get(key) is None:
-            return f"{entry['status']}: {entry['reason']}"
+            return "n/a" if entry.get("status") == "ok" else f"{entry['status']}: {entry.get('reason')}"
         return f"{entry[key]:.3f} s"
 
     sg_name = f"symgrad ({result['symgrad_backend']})"
@@ -213,6 +238,8 @@ def render(result: dict) -> str:
         f"| {sg_name}, first step | {cell('symgrad', 'cold_s')} | {cell('symgrad', 'warm_s')} |",
         f"| {sg_name}, to loaded module | {cell('symgrad', 'cold_compile_s')} "
         f"| {cell('symgrad', 'warm_compile_s')} |",
+        f"| {sg_name}, sg.train_step alone | {cell('symgrad', 'cold_train_step_s')} "
+        f"| {cell('symgrad', 'warm_train_step_s')} |",
         f"| torch.compile, first call | {cell('torch', 'cold_s')} | {cell('torch', 'warm_s')} |",
     ]
     if "jax" in result:

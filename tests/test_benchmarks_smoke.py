@@ -121,13 +121,18 @@ def test_compile_latency_worker_protocol(tmp_path):
     cold = compile_latency.run_once("symgrad", str(tmp_path), backend="numpy", model="T")
     assert cold["status"] == "ok", cold
     assert 0 < cold["compile_s"] <= cold["first_step_s"] < 60 and cold["import_s"] > 0
+    # the compile proper: the seconds inside sg.train_step, part of the time to the loaded module
+    assert 0 < cold["train_step_s"] <= cold["compile_s"]
     text = compile_latency.render({"model": "T", "repeats": 1, "symgrad_backend": "numpy",
                                    "measures": "x", "symgrad": {**cold, "cold_s": 1.0, "warm_s": 0.01,
-                                                                "cold_compile_s": 0.5, "warm_compile_s": 0.005},
+                                                                "cold_compile_s": 0.5, "warm_compile_s": 0.005,
+                                                                "cold_train_step_s": 0.25,
+                                                                "warm_train_step_s": 0.004},
                                    "torch": {"status": "ok", "cold_s": 10.0, "warm_s": 2.0},
                                    "cold_ratio": 0.1, "cold_meets_target": True,
                                    "warm_meets_target": True})
     assert "| symgrad / torch.compile | 0.100 (target <= 0.2) met | 10.0 ms (target <= 50 ms) met |" in text
+    assert "| symgrad (numpy), sg.train_step alone | 0.250 s | 0.004 s |" in text
 
 
 def _counting_runner(name: str, log: list, fail_at: int | None = None) -> systems.Runner:
