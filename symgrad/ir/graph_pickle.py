@@ -90,6 +90,9 @@ class _Pickler(pickle.Pickler):
             if obj.op.name == "input" or "cell" in obj.attrs:
                 raise pickle.PicklingError(f"{obj.op.name} {obj.name!r} is not a node of the reference graph: "
                                            f"a copy of it would be another {obj.op.name}")
+            if kind is not Value:
+                raise pickle.PicklingError(f"a {kind.__name__} (a Value of a class of its own) outside the "
+                                           f"reference graph: rebuilt, it would be a plain Value")
             # A Value is immutable (its attrs a read-only mapping): rebuilt through its constructor.
             return _value, (obj.op, obj.inputs, dict(obj.attrs), obj.shape, obj.dtype, obj.effects)
         if kind is OpDef:

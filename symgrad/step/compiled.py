@@ -120,15 +120,22 @@ def _shared_lock(cells) -> threading.RLock:
     return lock
 
 
+def _matches(array: np.ndarray, variable: Value) -> bool:
+    """Whether `array` can hold `variable`: its shape and dtype."""
+    return array.shape == tuple(variable.shape) and array.dtype == np.dtype(D.to_numpy(variable.dtype))
+
+
 class Compiled:
     """A graph compiled by one backend, with the storage of its variables."""
 
     def __init__(self, graph: Graph, backend: str, background: bool = False, yield_cores: bool = True,
-                 **options):
+                 shared: dict | None = None, **options):
         """`background`: where the backend can (C), its compiler builds the program on a thread of
         its own while this object is already usable; `program` waits for it when first asked.
         `yield_cores`: that build's compilers run at a lower priority, leaving the cores to the
-        calls made meanwhile (False: the build that is waited for first)."""
+        calls made meanwhile (False: the build that is waited for first). `shared`: the storage
+        of the programs this one will share it with (a TrainStep's): a variable found there, of
+        the same shape and dtype, is not copied again."""
         check_unique_names(graph)
         self.graph = graph
         self.backend = backend
@@ -160,9 +167,13 @@ class Compiled:
             global _RESIDENT_EXISTS
             _RESIDENT_EXISTS = True
         # The variables no cell holds (an optimizer's state) are copies of their initial values,
-        # all in one region of memory (host_memory.copies).
-        own = [v for v in graph.variables if v.name not in self._cells]
-        made = dict(zip((v.name for v in own), host_memory.copies(v.attrs["init"] for v in own)))
+        # all in one region of memory (host_memory.copies), but for those the storage shared with
+        # holds already (a region holding one unused copy would stay mapped with the rest).
+        shared = shared or {}
+        made = {v.name: shared[v.name] for v in graph.variables
+                if v.name not in self._cells and v.name in shared and _matches(shared[v.name], v)}
+        own = [v for v in graph.variables if v.name not in self._cells and v.name not in made]
+        made.update(zip((v.name for v in own), host_memory.copies(v.attrs["init"] for v in own)))
         self._storage = VariableStorage(
             (v.name, self._cells[v.name].read() if self._resident else self._cells[v.name].array)
             if v.name in self._cells else (v.name, made[v.name])

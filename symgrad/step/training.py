@@ -153,7 +153,7 @@ class TrainStep(Compiled):
             self._release_builds()
             graph = self._build(kind)
             self._check_shared_names(kind, graph)
-            sub = Compiled(graph, self.backend, background=background, **self._options)
+            sub = Compiled(graph, self.backend, background=background, shared=self._storage, **self._options)
             if background and "_building" in vars(sub):  # its compilers wait for the first step to end
                 self._held_builds.append(sub._building)
             for name, array in sub._storage.items():
@@ -342,7 +342,7 @@ def train_step(loss: Value, params=None, optimizer=None, backend: str | None = N
                 raise TypeError(f"train_step: predict[{k}] must be a graph value, got {type(v).__name__}")
     max_norm = None if clip_grad_norm is None else clip.max_norm_variable(clip_grad_norm)
     # Autodiff, the optimizer's graph and the compile allocate millions of objects that live on: the
-    # cyclic collector's passes would walk them all, for little garbage (backends.driver). Back on
+    # cyclic collector's passes would walk them all, for little garbage (backends.build.collector). Back on
     # before the step's build is waited for, its first pass over them (0.06 s at 12 GPT layers)
     # runs while the compiler does.
     with cyclic_gc_paused():

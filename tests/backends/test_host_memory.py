@@ -142,6 +142,25 @@ def test_an_optimizer_s_state_for_many_small_parameters_is_one_region():
     assert len(changed) >= 32   # every moment written in place, each in its own bytes
 
 
+def test_a_program_sharing_a_step_s_storage_copies_only_the_variables_it_adds():
+    """step.program_for("apply") before any accumulate(): its gradient buffers are new, Adam's
+    moments are the step's own arrays, not copies; the region holding the new buffers holds
+    nothing else (a copy of the moments there stayed mapped as long as the buffers lived)."""
+    sg.manual_seed(0)
+    model = nn.Sequential(nn.Linear(64, 128), nn.ReLU(), nn.Linear(128, 4))
+    x, y = sg.input("shared_x", (8, 64)), sg.input("shared_y", (8,), dtype="int64")
+    step = sg.train_step(nn.functional.cross_entropy(model(x), y), model.parameters(), sg.optim.Adam(lr=0.01),
+                         backend="numpy")
+    before = dict(step._storage)
+    step.program_for("apply")
+    assert all(step._storage[name] is array for name, array in before.items())
+    added = [array for name, array in step._storage.items() if name not in before]
+    assert len(added) == 4   # the four parameters' gradient buffers
+    regions = {id(_region(a)): _region(a) for a in added}
+    aligned = sum(-(-a.nbytes // host_memory.ALIGN) * host_memory.ALIGN for a in added)
+    assert sum(r.nbytes for r in regions.values()) <= aligned
+
+
 @populates
 def test_the_c_steps_workspace_and_optimizer_state_are_mapped_at_once():
     """A step whose workspace and Adam moments are over a MiB each: both are host_memory's, resident

@@ -15,6 +15,7 @@ from symgrad.backends.build import cache
 from symgrad.ir import fingerprint as fingerprints
 from symgrad.ir import graph_pickle
 from symgrad.ir.graph import Graph
+from symgrad.ir.value import Value
 from symgrad.step import step_cache, training
 from symgrad.step.call_checks import collect_inputs
 
@@ -371,6 +372,12 @@ def test_an_input_or_parameter_outside_the_reference_refuses_the_pickle():
     for outside in (sg.input("gp_other", (4,), "float32"), w):
         with pytest.raises(pickle.PicklingError):
             graph_pickle.dumps(x * outside, reference)
+
+    class Marked(Value):   # a Value of a class of its own, outside the reference: not rebuilt as a plain one
+        pass
+    marked = Marked((x * 2).op, (x,), {}, x.shape, x.dtype)
+    with pytest.raises(pickle.PicklingError, match="Marked"):
+        graph_pickle.dumps(marked, reference)
 
 
 def test_references_are_resolved_once_each_and_a_plain_value_is_not_asked_about(monkeypatch):

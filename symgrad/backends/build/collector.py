@@ -1,7 +1,6 @@
 """Python's cyclic garbage collector around a compile.
 
-    cyclic_gc_paused()       a context: the collector off inside, its objects settled after
-    settle_young_objects()   every tracked object into the oldest generation, unexamined
+    cyclic_gc_paused()   a context: the collector off inside, as it was after
 
 The compile's stages, and the building of a step's graph, allocate millions of small objects
 that stay alive and make few cycles; the collector would walk them again and again.
@@ -23,24 +22,17 @@ def cyclic_gc_paused():
     Building a step's graph (autodiff, the optimizer's updates) is the same kind of work, and
     `sg.train_step` pauses it too.
 
-    Turned back on, the collector would examine everything the block made at its next allocation
-    (a 12-layer GPT's train_step: 200,000 objects, 60-100 ms, freeing none of them). They are
-    handed to the oldest generation instead (gc.freeze then gc.unfreeze: two list splices), where
-    the next full collection meets them, as it meets every long-lived object; what cycles the
-    block left are collected then. Objects the caller froze stay frozen: with any, nothing moves."""
+    Back on, its next collection examines what the block made (a 12-layer GPT's train_step:
+    200,000 objects, 60-100 ms) and frees the cycles among them. Handing them to the oldest
+    generation unexamined instead (gc.freeze, gc.unfreeze) was tried: that generation's collection
+    only runs when enough objects were promoted into it the usual way, which a steady training
+    loop may never do, so a cycle the block left (or any young garbage of the process's) could
+    stay alive for good."""
     enabled = gc.isenabled()
     gc.disable()
     try:
         yield
     finally:
         if enabled:
-            settle_young_objects()
             gc.enable()
 
-
-def settle_young_objects() -> None:
-    """Move every object the collector tracks into its oldest generation, unexamined (see
-    `cyclic_gc_paused`); nothing where the process holds frozen objects of its own."""
-    if gc.get_freeze_count() == 0:
-        gc.freeze()
-        gc.unfreeze()
