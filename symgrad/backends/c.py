@@ -363,7 +363,6 @@ def _arena_ahead(entry) -> dict:
     if entry.dims:
         return {}
     planned = memory_plan(entry.arena, {}, align=ALIGN)
-    entry.arena = entry.arena.with_placement(planned, ALIGN)  # stored with it: a warm load places nothing
     return {(): ArenaAhead(planned, arena_memory(planned.arena_bytes))}
 
 
@@ -397,6 +396,9 @@ def compile_in_background(graph: Graph, flags: list[str] | None = None, optimize
     def meanwhile() -> None:
         if not yield_cores:  # the build waited for: its first call's arena too (a later one's, when called)
             compilation.ahead.update(_arena_ahead(compilation.entry))
+            if () in compilation.ahead:  # its placement stored with the entry: a warm load places nothing
+                entry = compilation.entry
+                entry.arena = entry.arena.with_placement(compilation.ahead[()].plan, ALIGN)
         compilation.store()
 
     def build() -> CProgram:

@@ -74,8 +74,13 @@ def copies(values) -> list[np.ndarray]:
     out = []
     for value, offset in zip(values, offsets):
         array = region[offset:offset + value.nbytes].view(value.dtype).reshape(value.shape)
-        # All zero bytes, broadcast (an optimizer's moments): the fresh memory holds them already.
-        if not (value.size > 1 and not any(value.strides) and not value.reshape(-1)[:1].view(np.uint8).any()):
+        if not _zero_broadcast(value):  # (the fresh memory holds those already)
             np.copyto(array, value)
         out.append(array)
     return out
+
+
+def _zero_broadcast(value: np.ndarray) -> bool:
+    """Whether `value` is one element of all zero bytes broadcast (an optimizer's moments start so);
+    a negative zero is not."""
+    return value.size > 1 and not any(value.strides) and not value.reshape(-1)[:1].view(np.uint8).any()

@@ -83,7 +83,7 @@ class _Pickler(pickle.Pickler):
 
     def reducer_override(self, obj):
         kind = type(obj)
-        if kind is Value or isinstance(obj, Value):
+        if isinstance(obj, Value):
             k = self._position.get(id(obj))
             if k is not None:
                 return _reference, ("node", k)
