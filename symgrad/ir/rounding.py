@@ -10,6 +10,9 @@ call in the kernel's precision (`truncf` / `trunc`), and has derivative 0
 
 from __future__ import annotations
 
+import fractions
+import math
+
 import numpy as np
 import sympy
 
@@ -20,6 +23,17 @@ class _Rounding(sympy.Function):
     nargs = 1
     is_real = True
     c_name = ""
+
+    @classmethod
+    def eval(cls, arg):
+        # An exact number rounds to its integer, as sympy's floor(2.5) does: left unevaluated,
+        # round(0) stays in the branches Piecewise folds out of a composed chain, and sympy's
+        # comparisons of such branches can recurse for minutes (softplus(round(relu(x))))
+        if not arg.is_Rational:
+            return None
+        exact = cls._exact(fractions.Fraction(int(arg.p), int(arg.q)))
+        # -0.5 rounds to -0.0, which no sympy integer is: left as it is
+        return None if exact == 0 and arg.is_negative else sympy.Integer(exact)
 
     def fdiff(self, argindex=1):
         return sympy.S.Zero
@@ -36,6 +50,7 @@ class trunc(_Rounding):  # noqa: N801  (the name printed in graphs and reports)
     """Rounding toward zero: trunc(-1.5) = -1 (torch.trunc, C trunc)."""
 
     c_name = "trunc"
+    _exact = staticmethod(math.trunc)
     _imp_ = staticmethod(np.trunc)
 
 
@@ -45,4 +60,5 @@ class round_half_even(_Rounding):  # noqa: N801
     a program changes it; C's round() would take ties away from zero."""
 
     c_name = "nearbyint"
+    _exact = staticmethod(round)  # Python rounds a Fraction's ties to even
     _imp_ = staticmethod(np.round)
