@@ -680,43 +680,40 @@ SG_KERNEL void k40_div_t90(int64_t d0, const double* restrict ws27, const float*
 SG_KERNEL void k42_matmul_t109(int64_t d0, const float* restrict ws28, const float* restrict ws29, float* restrict ws30, sg_context* context);
 SG_KERNEL void k43_matmul_t110(int64_t d0, const float* restrict ws28, const float* restrict var0, float* restrict ws31, sg_context* context);
 SG_KERNEL void k44_sum_t327(int64_t d0, const float* restrict ws31, float* restrict ws32);
-SG_KERNEL void k45_adam_exp_avg_t328(int64_t d0, float* restrict var64, const float* restrict ws32, int64_t n);
-SG_KERNEL void k46_adam_exp_avg_sq_t329(int64_t d0, float* restrict var65, const float* restrict ws32, int64_t n);
-SG_KERNEL void k47_adam_param_t332(int64_t d0, const double* restrict var35, const double* restrict var63, float* restrict var15, const float* restrict var64, const float* restrict var65, int64_t n);
-SG_KERNEL void k48_sum_t114(int64_t d0, const float* restrict ws21, const float* restrict ws22, const float* restrict ws31, const float* restrict var14, float* restrict ws33);
-SG_KERNEL void k49_simplified_t115(int64_t d0, const float* restrict ws31, const float* restrict var14, const float* restrict ws22, const float* restrict ws33, const float* restrict ws21, float* restrict ws34);
-SG_KERNEL void k50_mul_t317(int64_t d0, const float* restrict ws21, const float* restrict ws22, const float* restrict ws31, float* restrict ws35);
-SG_KERNEL void k55_mul_t117(int64_t d0, const float* restrict ws34, float* restrict ws37);
-SG_KERNEL void k56_add_t118(int64_t d0, const float* restrict ws34, const float* restrict ws37, float* restrict ws38);
-SG_KERNEL void k61_matmul_t120(int64_t d0, const float* restrict ws38, const float* restrict var12, float* restrict ws40, sg_context* context);
-SG_KERNEL void k62_mul_t123(int64_t d0, const float* restrict ws17, const float* restrict ws40, float* restrict ws41);
-SG_KERNEL void k64_matmul_t234(int64_t d0, const float* restrict ws38, const float* restrict ws42, float* restrict ws43, sg_context* context);
-SG_KERNEL void k65_sum_t299(int64_t d0, const float* restrict ws41, float* restrict ws44);
-SG_KERNEL void k71_adam_param_t239(int64_t d0, const double* restrict var16, float* restrict var12, const double* restrict var32, const float* restrict var33, const float* restrict var34, int64_t n);
-SG_KERNEL void k72_matmul_t125(int64_t d0, const float* restrict ws41, const float* restrict var10, float* restrict ws45, sg_context* context);
-SG_KERNEL void k81_matmul_t221(int64_t d0, const float* restrict ws41, const float* restrict ws51, float* restrict ws52, sg_context* context);
-SG_KERNEL void k87_add_t135(int64_t d0, const float* restrict ws38, const float* restrict ws48, const float* restrict ws53, float* restrict ws54);
-SG_KERNEL void k92_matmul_t207(int64_t d0, const float* restrict ws54, const float* restrict ws9, float* restrict ws56, sg_context* context);
-SG_KERNEL void k98_matmul_t137(int64_t d0, const float* restrict ws54, const float* restrict var6, float* restrict ws57, sg_context* context);
-SG_KERNEL void k99_attention_grad_t140(int64_t d0, const float* restrict ws8, const float* restrict ws9, const float* restrict ws57, const float* restrict ws11, float* restrict ws58, float* restrict ws59, float* restrict ws60);
-SG_KERNEL void k100_copy(int64_t d0, const float* restrict ws58, float* restrict ws61);
-SG_KERNEL void k101_embed_t145(int64_t d0, const float* restrict ws61, float* restrict ws62);
-SG_KERNEL void k102_copy(int64_t d0, const float* restrict ws58, float* restrict ws63);
-SG_KERNEL void k103_embed_t150(int64_t d0, const float* restrict ws63, float* restrict ws62);
-SG_KERNEL void k104_copy(int64_t d0, const float* restrict ws58, float* restrict ws64);
-SG_KERNEL void k105_embed_t156(int64_t d0, const float* restrict ws64, float* restrict ws62);
-SG_KERNEL void k106_sum_t262(int64_t d0, const float* restrict ws62, float* restrict ws65);
-SG_KERNEL void k111_matmul_t159(int64_t d0, const float* restrict ws62, const float* restrict var4, float* restrict ws66, sg_context* context);
-SG_KERNEL void k115_sum_t164(int64_t d0, const float* restrict ws66, const float* restrict var2, const float* restrict ws5, const float* restrict ws7, float* restrict ws68);
-SG_KERNEL void k116_simplified_t165(int64_t d0, const float* restrict ws0, const float* restrict ws2, const float* restrict ws4, const float* restrict ws66, const float* restrict var2, const float* restrict ws5, const float* restrict ws68, float* restrict ws69);
-SG_KERNEL void k117_mul_t243(int64_t d0, const float* restrict ws66, const float* restrict ws7, float* restrict ws70);
-SG_KERNEL void k119_add_t194(int64_t d0, const float* restrict ws7, const float* restrict var2, const float* restrict var3, float* restrict ws72);
-SG_KERNEL void k120_matmul_t196(int64_t d0, const float* restrict ws62, const float* restrict ws72, float* restrict ws73, sg_context* context);
-SG_KERNEL void k127_scatter_add_t170(int64_t d0, const float* restrict ws75, const int64_t* restrict in0, float* restrict ws76);
-SG_KERNEL void k128_sum_t181(int64_t d0, const float* restrict ws75, float* restrict ws77);
-SG_KERNEL void k130_scatter_add_t182(int64_t d0, const float* restrict ws77, const int64_t* restrict ws78, float* restrict ws79);
-SG_KERNEL void k134_adam_exp_avg_t172(int64_t d0, const float* restrict ws30, const float* restrict ws76, float* restrict var18);
-SG_KERNEL void k135_adam_exp_avg_sq_t173(int64_t d0, const float* restrict ws30, const float* restrict ws76, float* restrict var19);
+SG_KERNEL void k45_adam_param_t332(int64_t d0, const double* restrict var35, const double* restrict var63, float* restrict var64, const float* restrict ws32, float* restrict var65, float* restrict var15, int64_t n);
+SG_KERNEL void k46_sum_t114(int64_t d0, const float* restrict ws21, const float* restrict ws22, const float* restrict ws31, const float* restrict var14, float* restrict ws33);
+SG_KERNEL void k47_simplified_t115(int64_t d0, const float* restrict ws31, const float* restrict var14, const float* restrict ws22, const float* restrict ws33, const float* restrict ws21, float* restrict ws34);
+SG_KERNEL void k48_mul_t317(int64_t d0, const float* restrict ws21, const float* restrict ws22, const float* restrict ws31, float* restrict ws35);
+SG_KERNEL void k51_mul_t117(int64_t d0, const float* restrict ws34, float* restrict ws37);
+SG_KERNEL void k52_add_t118(int64_t d0, const float* restrict ws34, const float* restrict ws37, float* restrict ws38);
+SG_KERNEL void k55_matmul_t120(int64_t d0, const float* restrict ws38, const float* restrict var12, float* restrict ws40, sg_context* context);
+SG_KERNEL void k56_mul_t123(int64_t d0, const float* restrict ws17, const float* restrict ws40, float* restrict ws41);
+SG_KERNEL void k58_matmul_t234(int64_t d0, const float* restrict ws38, const float* restrict ws42, float* restrict ws43, sg_context* context);
+SG_KERNEL void k59_adam_param_t239(int64_t d0, const double* restrict var16, float* restrict var12, const double* restrict var32, float* restrict var33, const float* restrict ws43, float* restrict var34, int64_t n);
+SG_KERNEL void k60_sum_t299(int64_t d0, const float* restrict ws41, float* restrict ws44);
+SG_KERNEL void k62_matmul_t125(int64_t d0, const float* restrict ws41, const float* restrict var10, float* restrict ws45, sg_context* context);
+SG_KERNEL void k69_matmul_t221(int64_t d0, const float* restrict ws41, const float* restrict ws51, float* restrict ws52, sg_context* context);
+SG_KERNEL void k74_add_t135(int64_t d0, const float* restrict ws38, const float* restrict ws48, const float* restrict ws53, float* restrict ws54);
+SG_KERNEL void k77_matmul_t207(int64_t d0, const float* restrict ws54, const float* restrict ws9, float* restrict ws56, sg_context* context);
+SG_KERNEL void k78_matmul_t137(int64_t d0, const float* restrict ws54, const float* restrict var6, float* restrict ws57, sg_context* context);
+SG_KERNEL void k79_attention_grad_t140(int64_t d0, const float* restrict ws8, const float* restrict ws9, const float* restrict ws57, const float* restrict ws11, float* restrict ws58, float* restrict ws59, float* restrict ws60);
+SG_KERNEL void k80_copy(int64_t d0, const float* restrict ws58, float* restrict ws61);
+SG_KERNEL void k81_embed_t145(int64_t d0, const float* restrict ws61, float* restrict ws62);
+SG_KERNEL void k82_copy(int64_t d0, const float* restrict ws58, float* restrict ws63);
+SG_KERNEL void k83_embed_t150(int64_t d0, const float* restrict ws63, float* restrict ws62);
+SG_KERNEL void k84_copy(int64_t d0, const float* restrict ws58, float* restrict ws64);
+SG_KERNEL void k85_embed_t156(int64_t d0, const float* restrict ws64, float* restrict ws62);
+SG_KERNEL void k87_sum_t262(int64_t d0, const float* restrict ws62, float* restrict ws65);
+SG_KERNEL void k89_matmul_t159(int64_t d0, const float* restrict ws62, const float* restrict var4, float* restrict ws66, sg_context* context);
+SG_KERNEL void k91_sum_t164(int64_t d0, const float* restrict ws66, const float* restrict var2, const float* restrict ws5, const float* restrict ws7, float* restrict ws68);
+SG_KERNEL void k92_simplified_t165(int64_t d0, const float* restrict ws0, const float* restrict ws2, const float* restrict ws4, const float* restrict ws66, const float* restrict var2, const float* restrict ws5, const float* restrict ws68, float* restrict ws69);
+SG_KERNEL void k93_mul_t243(int64_t d0, const float* restrict ws66, const float* restrict ws7, float* restrict ws70);
+SG_KERNEL void k95_add_t194(int64_t d0, const float* restrict ws7, const float* restrict var2, const float* restrict var3, float* restrict ws72);
+SG_KERNEL void k96_matmul_t196(int64_t d0, const float* restrict ws62, const float* restrict ws72, float* restrict ws73, sg_context* context);
+SG_KERNEL void k102_scatter_add_t170(int64_t d0, const float* restrict ws75, const int64_t* restrict in0, float* restrict ws76);
+SG_KERNEL void k103_adam_param_t176(int64_t d0, const double* restrict var16, float* restrict var0, const double* restrict var17, const float* restrict ws30, const float* restrict ws76, float* restrict var18, float* restrict var19);
+SG_KERNEL void k104_sum_t181(int64_t d0, const float* restrict ws75, float* restrict ws77);
+SG_KERNEL void k106_scatter_add_t182(int64_t d0, const float* restrict ws77, const int64_t* restrict ws78, float* restrict ws79);
 
 /* ---- translation unit 1 of 2 ---- */
 #if SG_IN_PART(1)
@@ -743,13 +740,53 @@ SG_KERNEL void k0_take_t3(int64_t d0, const float* restrict var0, const int64_t*
     }
 }
 
-/* Also called for 15 more kernels (k5_adam_step_t178, ...) on their buffers, each named at its call */
-/* t94: f64[] = transformer.wte.weight.step + 1 */
-SG_KERNEL void k4_adam_step_t94(int64_t d0, double* restrict var17)
+/* Also called for k105_copy, the same code on their buffers */
+/* make iota's operand contiguous: t4 */
+SG_KERNEL void k1_copy(int64_t d0, int64_t* restrict ws1)
 {
-    const double v0 = var17[0];  /* transformer.wte.weight.step */
-    const double t94 = v0 + 1.0;  /* t94: f64[] = transformer.wte.weight.step + 1 */
-    var17[0] = t94;
+    for (int64_t i0 = 0; i0 < 8; ++i0) {
+        const int64_t v0 = i0;  /* make iota's operand contiguous */
+        const int64_t r = v0;  /* make iota's operand contiguous: t4 */
+        ws1[i0] = r;
+    }
+}
+
+/* t5: f32[8,32] = take[axis=0](transformer.wpe.weight, t4) */
+SG_KERNEL void k2_take_t5(int64_t d0, const float* restrict var1, const int64_t* restrict ws1, float* restrict ws2)
+{
+    const int64_t P = 1, I = 8, Q = 32, R = 8;
+    const float* src = var1;
+    const int64_t* idx = ws1;
+    /* out[p, i, q] = src[p, idx[i], q]: each (p, i) copies one row of Q. An index outside [0, R)
+       (the call checked them; this is only a guard) gives a row of zeros, never a read outside src. */
+    for (int64_t p = 0; p < P; ++p) {
+        for (int64_t i = 0; i < I; ++i) {
+            const int64_t r = (int64_t)idx[i];
+            const int inside = r >= 0 && r < R;
+            const float* row = src + (p * R + (inside ? r : 0)) * Q;
+            float* dst = ws2 + (p * I + i) * Q;
+            for (int64_t q = 0; q < Q; ++q) {
+                dst[q] = inside ? row[q] : 0;
+            }
+        }
+    }
+}
+
+/* t87: bool[8*B] = not_equal(t86, -100) */
+/* t88: f32[8*B] = cast(t87) */
+/* t89: f32[] = sum[axes=(0,), keepdims=False](t88) */
+SG_KERNEL void k3_sum_t89(int64_t d0, const int64_t* restrict in1, float* restrict ws3)
+{
+    double acc = 0;
+    #pragma omp simd reduction(+:acc)
+    for (int64_t r0 = 0; r0 < 8*d0; ++r0) {
+        const int64_t v0 = in1[r0];  /* t86 */
+        const int64_t v1 = (-100);  /* -100 */
+        const uint8_t t87 = (uint8_t)((v0 != v1));  /* t87: bool[8*B] = not_equal(t86, -100) */
+        const float t88 = ((t87) ? 1.0f : 0.0f);  /* t88: f32[8*B] = cast(t87) */
+        acc += (double)t88;
+    }
+    ws3[0] = (float)(acc);
 }
 
 /* t6: f32[B,8,32] = add(t3, t5) */
@@ -782,34 +819,6 @@ SG_KERNEL void k21_sqrt_t14(int64_t d0, const float* restrict ws0, const float* 
             const float t13 = t12 + ev1;  /* t13: f32[B,8,1] = add(t12, 1e-05) */
             const float t14 = sqrtf(t13);  /* t14: f32[B,8,1] = sqrt(t13) */
             ws5[o0 * 8 + o1] = t14;
-        }
-    }
-}
-
-/* t6: f32[B,8,32] = add(t3, t5) */
-/* t9: f32[B,8,32] = sub(t6, t8) */
-/* t15: f32[B,8,32] = div(t9, t14) */
-/* t16: f32[B,8,32] = mul(t15, transformer.h.0.ln_1.weight) */
-/* t17: f32[B,8,32] = add(t16, transformer.h.0.ln_1.bias) */
-SG_KERNEL void k22_add_t17(int64_t d0, const float* restrict ws0, const float* restrict ws2, const float* restrict ws4, const float* restrict ws5, const float* restrict var2, const float* restrict var3, float* restrict ws6)
-{
-    #pragma omp parallel for if((256*d0) >= SG_PARALLEL_MIN)
-    for (int64_t i0 = 0; i0 < d0; ++i0) {
-        for (int64_t i1 = 0; i1 < 8; ++i1) {
-            for (int64_t i2 = 0; i2 < 32; ++i2) {
-                const float v0 = ws0[i0 * 256 + i1 * 32 + i2];  /* t3 */
-                const float v1 = ws2[i1 * 32 + i2];  /* t5 */
-                const float v2 = ws4[i0 * 8 + i1];  /* t8 */
-                const float v3 = ws5[i0 * 8 + i1];  /* t14 */
-                const float v4 = var2[i2];  /* transformer.h.0.ln_1.weight */
-                const float v5 = var3[i2];  /* transformer.h.0.ln_1.bias */
-                const float t6 = v0 + v1;  /* t6: f32[B,8,32] = add(t3, t5) */
-                const float t9 = t6 - v2;  /* t9: f32[B,8,32] = sub(t6, t8) */
-                const float t15 = t9/v3;  /* t15: f32[B,8,32] = div(t9, t14) */
-                const float t16 = t15*v4;  /* t16: f32[B,8,32] = mul(t15, transformer.h.0.ln_1.weight) */
-                const float t17 = t16 + v5;  /* t17: f32[B,8,32] = add(t16, transformer.h.0.ln_1.bias) */
-                ws6[i0 * 256 + i1 * 32 + i2] = t17;
-            }
         }
     }
 }
@@ -890,27 +899,6 @@ SG_KERNEL void k29_sqrt_t47(int64_t d0, const float* restrict ws14, float* restr
     }
 }
 
-/* Also called for 3 more kernels (k37_add_t73, ...) on their buffers, each named at its call */
-/* t48: f32[B,8,32] = div(t42, t47) */
-/* t49: f32[B,8,32] = mul(t48, transformer.h.0.ln_2.weight) */
-/* t50: f32[B,8,32] = add(t49, transformer.h.0.ln_2.bias) */
-SG_KERNEL void k30_add_t50(int64_t d0, const float* restrict ws14, const float* restrict ws15, const float* restrict var8, const float* restrict var9, float* restrict ws16)
-{
-    #pragma omp parallel for if((256*d0) >= SG_PARALLEL_MIN)
-    for (int64_t i0 = 0; i0 < 8*d0; ++i0) {
-        for (int64_t i1 = 0; i1 < 32; ++i1) {
-            const float v0 = ws14[i0 * 32 + i1];  /* t42 */
-            const float v1 = ws15[i0];  /* t47 */
-            const float v2 = var8[i1];  /* transformer.h.0.ln_2.weight */
-            const float v3 = var9[i1];  /* transformer.h.0.ln_2.bias */
-            const float t48 = v0/v1;  /* t48: f32[B,8,32] = div(t42, t47) */
-            const float t49 = t48*v2;  /* t49: f32[B,8,32] = mul(t48, transformer.h.0.ln_2.weight) */
-            const float t50 = t49 + v3;  /* t50: f32[B,8,32] = add(t49, transformer.h.0.ln_2.bias) */
-            ws16[i0 * 32 + i1] = t50;
-        }
-    }
-}
-
 /* t53: f32[8*B,128] = matmul(t51, t52) */
 /* t54: f32[8*B,128] = add(t53, transformer.h.0.mlp.c_fc.bias) */
 /* What k31_add_t54's epilogue reads (Dims, operands) and the product it finishes in place. */
@@ -951,6 +939,19 @@ SG_KERNEL void k31_add_t54(int64_t d0, const float* restrict ws16, const float* 
         ws16, 32, 1,
         var10, 1, 32,
         ws17, context, &epilogue, context->scratch);
+}
+
+/* t76: f32[8*B,64] = matmul(t74, t75) */
+SG_KERNEL void k38_matmul_t76(int64_t d0, const float* restrict ws23, const float* restrict var0, float* restrict ws24, sg_context* context)
+{
+    /* a[8*d0 x 32] read with strides (32, 1), b[32 x 64] with (1, 32):
+       a transposed operand is only a change of strides. */
+    /* Its buffers in the runtime's scratch region (context->scratch, sized by symgrad_scratch_bytes);
+       context->status: the GEMM's, for the entry point to check */
+    context->status = sg_gemm_f32(8*d0, 64, 32,
+        ws23, 32, 1,
+        var0, 1, 32,
+        ws24, context, NULL, context->scratch);
 }
 
 /* row kernel: max, sum, sum, sum (3 passes), 4 outputs */
@@ -1030,76 +1031,56 @@ SG_KERNEL void k39_rows_t77(int64_t d0, const float* restrict ws3, const int64_t
     }
 }
 
-/* t84: f32[] = sum[axes=(0,1), keepdims=False](t83) (the sum of the per-row parts) */
-/* t85: f32[] = neg(t84) */
-/* t90: f32[] = div(t85, t89) */
-SG_KERNEL void k40_div_t90(int64_t d0, const double* restrict ws27, const float* restrict ws3, float* restrict out0)
+/* t110: f32[8*B,32] = matmul(t103, transformer.wte.weight) */
+SG_KERNEL void k43_matmul_t110(int64_t d0, const float* restrict ws28, const float* restrict var0, float* restrict ws31, sg_context* context)
 {
-    double acc = 0;
-    #pragma omp simd reduction(+:acc)
-    for (int64_t r0 = 0; r0 < 8*d0; ++r0) {
-        acc += (double)ws27[r0];
-    }
-    const float red = (float)(acc);
-    const float ev0 = ws3[0];  /* t89 */
-    const float t85 = -red;  /* t85: f32[] = neg(t84) */
-    const float t90 = t85/ev0;  /* t90: f32[] = div(t85, t89) */
-    out0[0] = t90;
-}
-
-/* t109: f32[64,32] = matmul(t104, t108) */
-SG_KERNEL void k42_matmul_t109(int64_t d0, const float* restrict ws28, const float* restrict ws29, float* restrict ws30, sg_context* context)
-{
-    /* a[64 x 8*d0] read with strides (1, 64), b[8*d0 x 32] with (32, 1):
+    /* a[8*d0 x 64] read with strides (64, 1), b[64 x 32] with (32, 1):
        a transposed operand is only a change of strides. */
     /* Its buffers in the runtime's scratch region (context->scratch, sized by symgrad_scratch_bytes);
        context->status: the GEMM's, for the entry point to check */
-    context->status = sg_gemm_f32(64, 32, 8*d0,
-        ws28, 1, 64,
-        ws29, 32, 1,
-        ws30, context, NULL, context->scratch);
+    context->status = sg_gemm_f32(8*d0, 32, 64,
+        ws28, 64, 1,
+        var0, 32, 1,
+        ws31, context, NULL, context->scratch);
 }
 
-/* Also called for 7 more kernels (k51_sum_t318, ...) on their buffers, each named at its call */
-/* t327: f32[32] = sum[axes=(0,1), keepdims=False](t111) */
-SG_KERNEL void k44_sum_t327(int64_t d0, const float* restrict ws31, float* restrict ws32)
-{
-    /* The kept axis is contiguous: add whole rows into a tile of accumulators (vectorizes),
-       256 columns at a time, instead of walking each column down the rows. */
-    #pragma omp parallel for if((256*d0) >= SG_PARALLEL_MIN)
-    for (int64_t j0 = 0; j0 < 32; j0 += 256) {
-        const int64_t jn = 32 - j0 < 256 ? 32 - j0 : 256;
-        double acc[256];
-        for (int64_t j = 0; j < jn; ++j)
-            acc[j] = 0;
-        for (int64_t r0 = 0; r0 < 8*d0; ++r0) {
-            const float* restrict row = ws31 + r0 * 32;
-            for (int64_t j = 0; j < jn; ++j)
-                acc[j] += (double)row[j0 + j];
-        }
-        for (int64_t j = 0; j < jn; ++j)
-            ws32[j0 + j] = (float)(acc[j]);
-    }
-}
-
-/* Also called for 14 more kernels (k53_adam_exp_avg_sq_t320, ...) on their buffers and element counts, each named at its call */
+/* Also called for 9 more kernels (k50_adam_param_t323, ...) on their buffers and element counts, each named at its call */
+/* t325: f64[] = param_groups.1.lr/(1 - 0.9**t324) */
+/* t326: f32[] = cast(t325) */
+/* t330: f64[] = sqrt(1 - 0.95**t324) */
+/* t331: f32[] = cast(t330) */
+/* t328: f32[32] = (0.09999999999999998)*(t327 - transformer.ln_f.bias.exp_avg) + transformer.ln_f.bias.exp_avg */
 /* t329: f32[32] = 0.05*t327**2 + 0.95*transformer.ln_f.bias.exp_avg_sq */
-SG_KERNEL void k46_adam_exp_avg_sq_t329(int64_t d0, float* restrict var65, const float* restrict ws32, int64_t n)
+/* t332: f32[32] = -t326*t328/(sqrt(t329)/t331 + 1.0e-8) + transformer.ln_f.bias */
+SG_KERNEL void k45_adam_param_t332(int64_t d0, const double* restrict var35, const double* restrict var63, float* restrict var64, const float* restrict ws32, float* restrict var65, float* restrict var15, int64_t n)
 {
     for (int64_t i0 = 0; i0 < n; ++i0) {
-        const float v0 = var65[i0];  /* transformer.ln_f.bias.exp_avg_sq */
-        const float v1 = ws32[i0];  /* t327 */
-        const float t329 = 0.95f*v0 + 0.05f*((v1)*(v1));  /* t329: f32[32] = 0.05*t327**2 + 0.95*transformer.ln_f.bias.exp_avg_sq */
+        const double v0 = var35[0];  /* param_groups.1.lr */
+        const double v1 = var63[0];  /* t324 */
+        const float v2 = var64[i0];  /* transformer.ln_f.bias.exp_avg */
+        const float v3 = ws32[i0];  /* t327 */
+        const float v4 = 0.1f;  /* 0.09999999999999998 */
+        const float v5 = var65[i0];  /* transformer.ln_f.bias.exp_avg_sq */
+        const float v6 = var15[i0];  /* transformer.ln_f.bias */
+        const double t325 = v0/(1.0 - pow(0.9, v1));  /* t325: f64[] = param_groups.1.lr/(1 - 0.9**t324) */
+        const float t326 = (float)(t325);  /* t326: f32[] = cast(t325) */
+        const double t330 = sqrt(1.0 - pow(0.95, v1));  /* t330: f64[] = sqrt(1 - 0.95**t324) */
+        const float t331 = (float)(t330);  /* t331: f32[] = cast(t330) */
+        const float t328 = v2 + v4*(-v2 + v3);  /* t328: f32[32] = (0.09999999999999998)*(t327 - transformer.ln_f.bias.exp_avg) + transformer.ln_f.bias.exp_avg */
+        const float t329 = 0.95f*v5 + 0.05f*((v3)*(v3));  /* t329: f32[32] = 0.05*t327**2 + 0.95*transformer.ln_f.bias.exp_avg_sq */
+        const float t332 = v6 - t326*t328/(sqrtf(t329)/t331 + 1.0e-08f);  /* t332: f32[32] = -t326*t328/(sqrt(t329)/t331 + 1.0e-8) + transformer.ln_f.bias */
+        var15[i0] = t332;
+        var64[i0] = t328;
         var65[i0] = t329;
     }
 }
 
-/* Also called for k76_sum_t130, the same code on their buffers */
+/* Also called for k64_sum_t130, the same code on their buffers */
 /* t105: f32[B,8,32] = div(t65, t70) */
 /* t112: f32[B,8,32] = mul(t111, transformer.ln_f.weight) */
 /* t113: f32[B,8,32] = -t105*t112/t70 */
 /* t114: f32[B,8,1] = sum[axes=(2,), keepdims=True](t113) */
-SG_KERNEL void k48_sum_t114(int64_t d0, const float* restrict ws21, const float* restrict ws22, const float* restrict ws31, const float* restrict var14, float* restrict ws33)
+SG_KERNEL void k46_sum_t114(int64_t d0, const float* restrict ws21, const float* restrict ws22, const float* restrict ws31, const float* restrict var14, float* restrict ws33)
 {
     #pragma omp parallel for if((256*d0) >= SG_PARALLEL_MIN)
     for (int64_t o0 = 0; o0 < 8*d0; ++o0) {
@@ -1119,27 +1100,46 @@ SG_KERNEL void k48_sum_t114(int64_t d0, const float* restrict ws21, const float*
     }
 }
 
-/* Also called for 2 more kernels (k86_mul_t134, ...) on their buffers, each named at its call */
-/* t116: f32[B,8,1] = sum[axes=(2,), keepdims=True](t115) */
-/* t117: f32[B,8,1] = mul(t116, -0.03125) */
-SG_KERNEL void k55_mul_t117(int64_t d0, const float* restrict ws34, float* restrict ws37)
+/* Also called for k65_simplified_t131, the same code on their buffers */
+/* t112: f32[B,8,32] = mul(t111, transformer.ln_f.weight) */
+/* t115: f32[B,8,32] = t112/t70 + t114*t65/(32*t70) */
+SG_KERNEL void k47_simplified_t115(int64_t d0, const float* restrict ws31, const float* restrict var14, const float* restrict ws22, const float* restrict ws33, const float* restrict ws21, float* restrict ws34)
 {
     #pragma omp parallel for if((256*d0) >= SG_PARALLEL_MIN)
-    for (int64_t o0 = 0; o0 < 8*d0; ++o0) {
-        double acc = 0;
-        #pragma omp simd reduction(+:acc)
-        for (int64_t r0 = 0; r0 < 32; ++r0) {
-            acc += (double)ws34[o0 * 32 + r0];
+    for (int64_t i0 = 0; i0 < 8*d0; ++i0) {
+        for (int64_t i1 = 0; i1 < 32; ++i1) {
+            const float v0 = ws31[i0 * 32 + i1];  /* t111 */
+            const float v1 = var14[i1];  /* transformer.ln_f.weight */
+            const float v2 = ws22[i0];  /* t70 */
+            const float v3 = ws33[i0];  /* t114 */
+            const float v4 = ws21[i0 * 32 + i1];  /* t65 */
+            const float t112 = v0*v1;  /* t112: f32[B,8,32] = mul(t111, transformer.ln_f.weight) */
+            const float t115 = t112/v2 + (1.0f/32.0f)*v3*v4/v2;  /* t115: f32[B,8,32] = t112/t70 + t114*t65/(32*t70) */
+            ws34[i0 * 32 + i1] = t115;
         }
-        const float red = (float)(acc);
-        const float ev0 = (-0.03125f);  /* -0.03125 */
-        const float t117 = red*ev0;  /* t117: f32[B,8,1] = mul(t116, -0.03125) */
-        ws37[o0] = t117;
+    }
+}
+
+/* Also called for k66_mul_t280, the same code on their buffers */
+/* t105: f32[B,8,32] = div(t65, t70) */
+/* t317: f32[B,8,32] = mul(t111, t105) */
+SG_KERNEL void k48_mul_t317(int64_t d0, const float* restrict ws21, const float* restrict ws22, const float* restrict ws31, float* restrict ws35)
+{
+    #pragma omp parallel for if((256*d0) >= SG_PARALLEL_MIN)
+    for (int64_t i0 = 0; i0 < 8*d0; ++i0) {
+        for (int64_t i1 = 0; i1 < 32; ++i1) {
+            const float v0 = ws21[i0 * 32 + i1];  /* t65 */
+            const float v1 = ws22[i0];  /* t70 */
+            const float v2 = ws31[i0 * 32 + i1];  /* t111 */
+            const float t105 = v0/v1;  /* t105: f32[B,8,32] = div(t65, t70) */
+            const float t317 = v2*t105;  /* t317: f32[B,8,32] = mul(t111, t105) */
+            ws35[i0 * 32 + i1] = t317;
+        }
     }
 }
 
 /* t118: f32[B,8,32] = add(t115, t117) */
-SG_KERNEL void k56_add_t118(int64_t d0, const float* restrict ws34, const float* restrict ws37, float* restrict ws38)
+SG_KERNEL void k52_add_t118(int64_t d0, const float* restrict ws34, const float* restrict ws37, float* restrict ws38)
 {
     #pragma omp parallel for if((256*d0) >= SG_PARALLEL_MIN)
     for (int64_t i0 = 0; i0 < 8*d0; ++i0) {
@@ -1152,66 +1152,69 @@ SG_KERNEL void k56_add_t118(int64_t d0, const float* restrict ws34, const float*
     }
 }
 
-/* t120: f32[8*B,128] = matmul(t119, transformer.h.0.mlp.c_proj.weight) */
-SG_KERNEL void k61_matmul_t120(int64_t d0, const float* restrict ws38, const float* restrict var12, float* restrict ws40, sg_context* context)
+/* t234: f32[32,128] = matmul(t231, t233) */
+SG_KERNEL void k58_matmul_t234(int64_t d0, const float* restrict ws38, const float* restrict ws42, float* restrict ws43, sg_context* context)
 {
-    /* a[8*d0 x 32] read with strides (32, 1), b[32 x 128] with (128, 1):
+    /* a[32 x 8*d0] read with strides (1, 32), b[8*d0 x 128] with (128, 1):
        a transposed operand is only a change of strides. */
     /* Its buffers in the runtime's scratch region (context->scratch, sized by symgrad_scratch_bytes);
        context->status: the GEMM's, for the entry point to check */
-    context->status = sg_gemm_f32(8*d0, 128, 32,
-        ws38, 32, 1,
-        var12, 128, 1,
-        ws40, context, NULL, context->scratch);
+    context->status = sg_gemm_f32(32, 128, 8*d0,
+        ws38, 1, 32,
+        ws42, 128, 1,
+        ws43, context, NULL, context->scratch);
 }
 
-/* t125: f32[8*B,32] = matmul(t124, transformer.h.0.mlp.c_fc.weight) */
-SG_KERNEL void k72_matmul_t125(int64_t d0, const float* restrict ws41, const float* restrict var10, float* restrict ws45, sg_context* context)
+/* t299: f32[128] = sum[axes=(0,), keepdims=False](t124) */
+SG_KERNEL void k60_sum_t299(int64_t d0, const float* restrict ws41, float* restrict ws44)
 {
-    /* a[8*d0 x 128] read with strides (128, 1), b[128 x 32] with (32, 1):
-       a transposed operand is only a change of strides. */
-    /* Its buffers in the runtime's scratch region (context->scratch, sized by symgrad_scratch_bytes);
-       context->status: the GEMM's, for the entry point to check */
-    context->status = sg_gemm_f32(8*d0, 32, 128,
-        ws41, 128, 1,
-        var10, 32, 1,
-        ws45, context, NULL, context->scratch);
-}
-
-/* Also called for k126_add_t169, the same code on their buffers */
-/* t132: f32[B,8,32] = add(t118, t131) */
-/* t135: f32[B,8,32] = add(t132, t134) */
-SG_KERNEL void k87_add_t135(int64_t d0, const float* restrict ws38, const float* restrict ws48, const float* restrict ws53, float* restrict ws54)
-{
-    #pragma omp parallel for if((256*d0) >= SG_PARALLEL_MIN)
-    for (int64_t i0 = 0; i0 < 8*d0; ++i0) {
-        for (int64_t i1 = 0; i1 < 32; ++i1) {
-            const float v0 = ws38[i0 * 32 + i1];  /* t118 */
-            const float v1 = ws48[i0 * 32 + i1];  /* t131 */
-            const float v2 = ws53[i0];  /* t134 */
-            const float t132 = v0 + v1;  /* t132: f32[B,8,32] = add(t118, t131) */
-            const float t135 = t132 + v2;  /* t135: f32[B,8,32] = add(t132, t134) */
-            ws54[i0 * 32 + i1] = t135;
+    /* The kept axis is contiguous: add whole rows into a tile of accumulators (vectorizes),
+       256 columns at a time, instead of walking each column down the rows. */
+    #pragma omp parallel for if((1024*d0) >= SG_PARALLEL_MIN)
+    for (int64_t j0 = 0; j0 < 128; j0 += 256) {
+        const int64_t jn = 128 - j0 < 256 ? 128 - j0 : 256;
+        double acc[256];
+        for (int64_t j = 0; j < jn; ++j)
+            acc[j] = 0;
+        for (int64_t r0 = 0; r0 < 8*d0; ++r0) {
+            const float* restrict row = ws41 + r0 * 128;
+            for (int64_t j = 0; j < jn; ++j)
+                acc[j] += (double)row[j0 + j];
         }
+        for (int64_t j = 0; j < jn; ++j)
+            ws44[j0 + j] = (float)(acc[j]);
     }
 }
 
-/* t207: f32[32,32] = matmul(t206, t34) */
-SG_KERNEL void k92_matmul_t207(int64_t d0, const float* restrict ws54, const float* restrict ws9, float* restrict ws56, sg_context* context)
+/* t221: f32[128,32] = matmul(t217, t220) */
+SG_KERNEL void k69_matmul_t221(int64_t d0, const float* restrict ws41, const float* restrict ws51, float* restrict ws52, sg_context* context)
 {
-    /* a[32 x 8*d0] read with strides (1, 32), b[8*d0 x 32] with (32, 1):
+    /* a[128 x 8*d0] read with strides (1, 128), b[8*d0 x 32] with (32, 1):
        a transposed operand is only a change of strides. */
     /* Its buffers in the runtime's scratch region (context->scratch, sized by symgrad_scratch_bytes);
        context->status: the GEMM's, for the entry point to check */
-    context->status = sg_gemm_f32(32, 32, 8*d0,
-        ws54, 1, 32,
-        ws9, 32, 1,
-        ws56, context, NULL, context->scratch);
+    context->status = sg_gemm_f32(128, 32, 8*d0,
+        ws41, 1, 128,
+        ws51, 32, 1,
+        ws52, context, NULL, context->scratch);
+}
+
+/* t137: f32[8*B,32] = matmul(t136, transformer.h.0.attn.c_proj.weight) */
+SG_KERNEL void k78_matmul_t137(int64_t d0, const float* restrict ws54, const float* restrict var6, float* restrict ws57, sg_context* context)
+{
+    /* a[8*d0 x 32] read with strides (32, 1), b[32 x 32] with (32, 1):
+       a transposed operand is only a change of strides. */
+    /* Its buffers in the runtime's scratch region (context->scratch, sized by symgrad_scratch_bytes);
+       context->status: the GEMM's, for the entry point to check */
+    context->status = sg_gemm_f32(8*d0, 32, 32,
+        ws54, 32, 1,
+        var6, 32, 1,
+        ws57, context, NULL, context->scratch);
 }
 
 /* Row r < rows of the tile i0...: D = g . out (which is sum_j p_j (g . v_j)) into d[r], and m[r],
    l[r], the row's softmax: as the forward stored them in stats (m, then 1 / l). */
-static inline void k99_attention_grad_t140_rows(int64_t rows, int64_t i0, const float* gh, int64_t g_row, const float* oh,
+static inline void k79_attention_grad_t140_rows(int64_t rows, int64_t i0, const float* gh, int64_t g_row, const float* oh,
         int64_t o_row, const float* stats, int64_t H, int64_t h, int64_t T,
         float* m, float* l, float* d)
 {
@@ -1233,7 +1236,7 @@ static inline void k99_attention_grad_t140_rows(int64_t rows, int64_t i0, const 
 
 /* For the tile's rows i0... and the block's n keys from j0: p = exp(s - m) / l, from the scores
    (q_i . k_j) in scores, and ds = p (g . v - D) scale, from g_i . v_j in ds, each in place. */
-static inline void k99_attention_grad_t140_ds(int64_t rows, int64_t n, int64_t i0, int64_t j0, const float* m, const float* l,
+static inline void k79_attention_grad_t140_ds(int64_t rows, int64_t n, int64_t i0, int64_t j0, const float* m, const float* l,
         const float* d, float (*scores)[SG_KEY_BLOCK], float (*ds)[SG_KEY_BLOCK])
 {
     const float scale = 0.25f;
@@ -1250,7 +1253,7 @@ static inline void k99_attention_grad_t140_ds(int64_t rows, int64_t n, int64_t i
 }
 
 /* t140: f32[3,B,2,8,16] = attention_grad[causal=True, scale=0.25](t25, t28, t31, t32, t139) */
-SG_KERNEL void k99_attention_grad_t140(int64_t d0, const float* restrict ws8, const float* restrict ws9, const float* restrict ws57, const float* restrict ws11, float* restrict ws58, float* restrict ws59, float* restrict ws60)
+SG_KERNEL void k79_attention_grad_t140(int64_t d0, const float* restrict ws8, const float* restrict ws9, const float* restrict ws57, const float* restrict ws11, float* restrict ws58, float* restrict ws59, float* restrict ws60)
 {
     /* attention_grad over H heads of T rows of E = 16 elements; causal: row i sees keys j <= i */
     enum { E = 16 };
@@ -1304,13 +1307,13 @@ SG_KERNEL void k99_attention_grad_t140(int64_t d0, const float* restrict ws8, co
                sum of exp(s - m)), and D = g . out, which is sum_j p_j (g . v_j) */
             float m[SG_ROW_TILE], l[SG_ROW_TILE], d[SG_ROW_TILE];
             float scores[SG_ROW_TILE][SG_KEY_BLOCK], ds[SG_ROW_TILE][SG_KEY_BLOCK];
-            k99_attention_grad_t140_rows(rows, i0, gh, g_row, oh, o_row, ws11, H, h, T, m, l, d);
+            k79_attention_grad_t140_rows(rows, i0, gh, g_row, oh, o_row, ws11, H, h, T, m, l, d);
             for (int64_t j0 = 0; j0 < keys; j0 += SG_KEY_BLOCK) {
                 const int64_t n = keys - j0 < SG_KEY_BLOCK ? keys - j0 : SG_KEY_BLOCK;
                 /* p = exp(s - m) / l and ds = p (g . v - D) scale for the tile's rows and the block's keys */
                 sg_attention_product_f32(rows, n, E, qh + i0 * q_row, q_row, 1, kth + j0, T, &scores[0][0], SG_KEY_BLOCK, 0);
                 sg_attention_product_f32(rows, n, E, gh + i0 * g_row, g_row, 1, vth + j0, T, &ds[0][0], SG_KEY_BLOCK, 0);
-                k99_attention_grad_t140_ds(rows, n, i0, j0, m, l, d, scores, ds);
+                k79_attention_grad_t140_ds(rows, n, i0, j0, m, l, d, scores, ds);
                 /* dq_i += sum_j ds_ij k_j;  dv_j += sum_i p_ij g_i;  dk_j += sum_i ds_ij q_i */
                 sg_attention_product_f32(rows, E, n, &ds[0][0], SG_KEY_BLOCK, 1, kh + j0 * k_row, k_row, dq + i0 * E, E, 1);
                 sg_attention_product_f32(n, E, rows, &scores[0][0], 1, SG_KEY_BLOCK, gh + i0 * g_row, g_row, dv + j0 * E, E, 1);
@@ -1320,94 +1323,68 @@ SG_KERNEL void k99_attention_grad_t140(int64_t d0, const float* restrict ws8, co
     }
 }
 
-/* t145: f32[B,8,96] = embed[starts=(0,0,64), steps=(1,1,1)](t144), stored in place into t157 */
-SG_KERNEL void k101_embed_t145(int64_t d0, const float* restrict ws61, float* restrict ws62)
-{
-    #pragma omp parallel for if((256*d0) >= SG_PARALLEL_MIN)
-    for (int64_t i0 = 0; i0 < 8*d0; ++i0) {
-        for (int64_t i1 = 0; i1 < 32; ++i1) {
-            const float v0 = ws61[i0 * 32 + i1];  /* t144 */
-            const float r = v0;  /* t145: f32[B,8,96] = embed[starts=(0,0,64), steps=(1,1,1)](t144), stored in place into t157 */
-            ws62[i0 * 96 + i1 + 64] = r;
-        }
-    }
-}
-
-/* make contiguous for a reshape: t148: f32[B,8,2,16] = transpose[perm=(0,2,1,3)](t147) */
-SG_KERNEL void k102_copy(int64_t d0, const float* restrict ws58, float* restrict ws63)
+/* make contiguous for a reshape: t143: f32[B,8,2,16] = transpose[perm=(0,2,1,3)](t142) */
+SG_KERNEL void k80_copy(int64_t d0, const float* restrict ws58, float* restrict ws61)
 {
     #pragma omp parallel for if((256*d0) >= SG_PARALLEL_MIN)
     for (int64_t i0 = 0; i0 < d0; ++i0) {
         for (int64_t i1 = 0; i1 < 8; ++i1) {
             for (int64_t i2 = 0; i2 < 2; ++i2) {
                 for (int64_t i3 = 0; i3 < 16; ++i3) {
-                    const float v0 = ws58[i0 * 256 + i1 * 16 + i2 * 128 + i3 + (256*d0)];  /* make contiguous for a reshape */
-                    const float r = v0;  /* make contiguous for a reshape: t148: f32[B,8,2,16] = transpose[perm=(0,2,1,3)](t147) */
-                    ws63[i0 * 256 + i1 * 32 + i2 * 16 + i3] = r;
+                    const float v0 = ws58[i0 * 256 + i1 * 16 + i2 * 128 + i3 + (512*d0)];  /* make contiguous for a reshape */
+                    const float r = v0;  /* make contiguous for a reshape: t143: f32[B,8,2,16] = transpose[perm=(0,2,1,3)](t142) */
+                    ws61[i0 * 256 + i1 * 32 + i2 * 16 + i3] = r;
                 }
             }
         }
     }
 }
 
-/* t156: f32[B,8,96] = embed[starts=(0,0,0), steps=(1,1,1)](t155), stored in place into t157 */
-SG_KERNEL void k105_embed_t156(int64_t d0, const float* restrict ws64, float* restrict ws62)
+/* t150: f32[B,8,96] = embed[starts=(0,0,32), steps=(1,1,1)](t149), stored in place into t157 */
+SG_KERNEL void k83_embed_t150(int64_t d0, const float* restrict ws63, float* restrict ws62)
 {
     #pragma omp parallel for if((256*d0) >= SG_PARALLEL_MIN)
     for (int64_t i0 = 0; i0 < 8*d0; ++i0) {
         for (int64_t i1 = 0; i1 < 32; ++i1) {
-            const float v0 = ws64[i0 * 32 + i1];  /* t155 */
-            const float r = v0;  /* t156: f32[B,8,96] = embed[starts=(0,0,0), steps=(1,1,1)](t155), stored in place into t157 */
-            ws62[i0 * 96 + i1] = r;
+            const float v0 = ws63[i0 * 32 + i1];  /* t149 */
+            const float r = v0;  /* t150: f32[B,8,96] = embed[starts=(0,0,32), steps=(1,1,1)](t149), stored in place into t157 */
+            ws62[i0 * 96 + i1 + 32] = r;
         }
     }
 }
 
-/* t262: f32[96] = sum[axes=(0,), keepdims=False](t158) */
-SG_KERNEL void k106_sum_t262(int64_t d0, const float* restrict ws62, float* restrict ws65)
-{
-    /* The kept axis is contiguous: add whole rows into a tile of accumulators (vectorizes),
-       256 columns at a time, instead of walking each column down the rows. */
-    #pragma omp parallel for if((768*d0) >= SG_PARALLEL_MIN)
-    for (int64_t j0 = 0; j0 < 96; j0 += 256) {
-        const int64_t jn = 96 - j0 < 256 ? 96 - j0 : 256;
-        double acc[256];
-        for (int64_t j = 0; j < jn; ++j)
-            acc[j] = 0;
-        for (int64_t r0 = 0; r0 < 8*d0; ++r0) {
-            const float* restrict row = ws62 + r0 * 96;
-            for (int64_t j = 0; j < jn; ++j)
-                acc[j] += (double)row[j0 + j];
-        }
-        for (int64_t j = 0; j < jn; ++j)
-            ws65[j0 + j] = (float)(acc[j]);
-    }
-}
-
-/* t161: f32[B,8,32] = mul(t160, transformer.h.0.ln_1.weight) */
-/* t163: f32[B,8,32] = -t161*t162/t14 */
-/* t164: f32[B,8,1] = sum[axes=(2,), keepdims=True](t163) */
-SG_KERNEL void k115_sum_t164(int64_t d0, const float* restrict ws66, const float* restrict var2, const float* restrict ws5, const float* restrict ws7, float* restrict ws68)
+/* make contiguous for a reshape: t154: f32[B,8,2,16] = transpose[perm=(0,2,1,3)](t153) */
+SG_KERNEL void k84_copy(int64_t d0, const float* restrict ws58, float* restrict ws64)
 {
     #pragma omp parallel for if((256*d0) >= SG_PARALLEL_MIN)
-    for (int64_t o0 = 0; o0 < 8*d0; ++o0) {
-        double acc = 0;
-        #pragma omp simd reduction(+:acc)
-        for (int64_t r0 = 0; r0 < 32; ++r0) {
-            const float v0 = ws66[o0 * 32 + r0];  /* t160 */
-            const float v1 = var2[r0];  /* transformer.h.0.ln_1.weight */
-            const float v2 = ws5[o0];  /* t14 */
-            const float v3 = ws7[o0 * 32 + r0];  /* t162 */
-            const float t161 = v0*v1;  /* t161: f32[B,8,32] = mul(t160, transformer.h.0.ln_1.weight) */
-            const float t163 = -t161*v3/v2;  /* t163: f32[B,8,32] = -t161*t162/t14 */
-            acc += (double)t163;
+    for (int64_t i0 = 0; i0 < d0; ++i0) {
+        for (int64_t i1 = 0; i1 < 8; ++i1) {
+            for (int64_t i2 = 0; i2 < 2; ++i2) {
+                for (int64_t i3 = 0; i3 < 16; ++i3) {
+                    const float v0 = ws58[i0 * 256 + i1 * 16 + i2 * 128 + i3];  /* make contiguous for a reshape */
+                    const float r = v0;  /* make contiguous for a reshape: t154: f32[B,8,2,16] = transpose[perm=(0,2,1,3)](t153) */
+                    ws64[i0 * 256 + i1 * 32 + i2 * 16 + i3] = r;
+                }
+            }
         }
-        ws68[o0] = (float)(acc);
     }
+}
+
+/* t159: f32[8*B,32] = matmul(t158, transformer.h.0.attn.c_attn.weight) */
+SG_KERNEL void k89_matmul_t159(int64_t d0, const float* restrict ws62, const float* restrict var4, float* restrict ws66, sg_context* context)
+{
+    /* a[8*d0 x 96] read with strides (96, 1), b[96 x 32] with (32, 1):
+       a transposed operand is only a change of strides. */
+    /* Its buffers in the runtime's scratch region (context->scratch, sized by symgrad_scratch_bytes);
+       context->status: the GEMM's, for the entry point to check */
+    context->status = sg_gemm_f32(8*d0, 32, 96,
+        ws62, 96, 1,
+        var4, 32, 1,
+        ws66, context, NULL, context->scratch);
 }
 
 /* t243: f32[B,8,32] = mul(t160, t162) */
-SG_KERNEL void k117_mul_t243(int64_t d0, const float* restrict ws66, const float* restrict ws7, float* restrict ws70)
+SG_KERNEL void k93_mul_t243(int64_t d0, const float* restrict ws66, const float* restrict ws7, float* restrict ws70)
 {
     #pragma omp parallel for if((256*d0) >= SG_PARALLEL_MIN)
     for (int64_t i0 = 0; i0 < 256*d0; ++i0) {
@@ -1418,38 +1395,8 @@ SG_KERNEL void k117_mul_t243(int64_t d0, const float* restrict ws66, const float
     }
 }
 
-/* t193: f32[B,8,32] = mul(t162, transformer.h.0.ln_1.weight) */
-/* t194: f32[B,8,32] = add(t193, transformer.h.0.ln_1.bias) */
-SG_KERNEL void k119_add_t194(int64_t d0, const float* restrict ws7, const float* restrict var2, const float* restrict var3, float* restrict ws72)
-{
-    #pragma omp parallel for if((256*d0) >= SG_PARALLEL_MIN)
-    for (int64_t i0 = 0; i0 < 8*d0; ++i0) {
-        for (int64_t i1 = 0; i1 < 32; ++i1) {
-            const float v0 = ws7[i0 * 32 + i1];  /* t162 */
-            const float v1 = var2[i1];  /* transformer.h.0.ln_1.weight */
-            const float v2 = var3[i1];  /* transformer.h.0.ln_1.bias */
-            const float t193 = v0*v1;  /* t193: f32[B,8,32] = mul(t162, transformer.h.0.ln_1.weight) */
-            const float t194 = t193 + v2;  /* t194: f32[B,8,32] = add(t193, transformer.h.0.ln_1.bias) */
-            ws72[i0 * 32 + i1] = t194;
-        }
-    }
-}
-
-/* t196: f32[96,32] = matmul(t192, t195) */
-SG_KERNEL void k120_matmul_t196(int64_t d0, const float* restrict ws62, const float* restrict ws72, float* restrict ws73, sg_context* context)
-{
-    /* a[96 x 8*d0] read with strides (1, 96), b[8*d0 x 32] with (32, 1):
-       a transposed operand is only a change of strides. */
-    /* Its buffers in the runtime's scratch region (context->scratch, sized by symgrad_scratch_bytes);
-       context->status: the GEMM's, for the entry point to check */
-    context->status = sg_gemm_f32(96, 32, 8*d0,
-        ws62, 1, 96,
-        ws72, 32, 1,
-        ws73, context, NULL, context->scratch);
-}
-
 /* t170: f32[64,32] = scatter_add[axis=0, size=64](t169, idx) */
-SG_KERNEL void k127_scatter_add_t170(int64_t d0, const float* restrict ws75, const int64_t* restrict in0, float* restrict ws76)
+SG_KERNEL void k102_scatter_add_t170(int64_t d0, const float* restrict ws75, const int64_t* restrict in0, float* restrict ws76)
 {
     const int64_t P = 1, I = (8*d0), Q = 32, R = 64;
     const float* src = ws75;
@@ -1473,17 +1420,63 @@ SG_KERNEL void k127_scatter_add_t170(int64_t d0, const float* restrict ws75, con
     }
 }
 
+/* t91: f64[] = 1 - 0.1*lr */
+/* t92: f32[] = cast(t91) */
+/* t93: f32[64,32] = mul(transformer.wte.weight, t92) */
+/* t95: f64[] = lr/(1 - 0.9**t94) */
+/* t96: f32[] = cast(t95) */
+/* t174: f64[] = sqrt(1 - 0.95**t94) */
+/* t175: f32[] = cast(t174) */
 /* t171: f32[64,32] = add(t109, t170) */
+/* t172: f32[64,32] = (0.09999999999999998)*(t171 - transformer.wte.weight.exp_avg) + transformer.wte.weight.exp_avg */
 /* t173: f32[64,32] = 0.05*t171**2 + 0.95*transformer.wte.weight.exp_avg_sq */
-SG_KERNEL void k135_adam_exp_avg_sq_t173(int64_t d0, const float* restrict ws30, const float* restrict ws76, float* restrict var19)
+/* t176: f32[64,32] = -t172*t96/(sqrt(t173)/t175 + 1.0e-8) + t93 */
+SG_KERNEL void k103_adam_param_t176(int64_t d0, const double* restrict var16, float* restrict var0, const double* restrict var17, const float* restrict ws30, const float* restrict ws76, float* restrict var18, float* restrict var19)
 {
     for (int64_t i0 = 0; i0 < 2048; ++i0) {
-        const float v0 = ws30[i0];  /* t109 */
-        const float v1 = ws76[i0];  /* t170 */
-        const float v2 = var19[i0];  /* transformer.wte.weight.exp_avg_sq */
-        const float t171 = v0 + v1;  /* t171: f32[64,32] = add(t109, t170) */
-        const float t173 = 0.95f*v2 + 0.05f*((t171)*(t171));  /* t173: f32[64,32] = 0.05*t171**2 + 0.95*transformer.wte.weight.exp_avg_sq */
+        const double v0 = var16[0];  /* lr */
+        const float v1 = var0[i0];  /* transformer.wte.weight */
+        const double v2 = var17[0];  /* t94 */
+        const float v3 = ws30[i0];  /* t109 */
+        const float v4 = ws76[i0];  /* t170 */
+        const float v5 = var18[i0];  /* transformer.wte.weight.exp_avg */
+        const float v6 = 0.1f;  /* 0.09999999999999998 */
+        const float v7 = var19[i0];  /* transformer.wte.weight.exp_avg_sq */
+        const double t91 = 1.0 + (-0.1)*v0;  /* t91: f64[] = 1 - 0.1*lr */
+        const float t92 = (float)(t91);  /* t92: f32[] = cast(t91) */
+        const float t93 = v1*t92;  /* t93: f32[64,32] = mul(transformer.wte.weight, t92) */
+        const double t95 = v0/(1.0 - pow(0.9, v2));  /* t95: f64[] = lr/(1 - 0.9**t94) */
+        const float t96 = (float)(t95);  /* t96: f32[] = cast(t95) */
+        const double t174 = sqrt(1.0 - pow(0.95, v2));  /* t174: f64[] = sqrt(1 - 0.95**t94) */
+        const float t175 = (float)(t174);  /* t175: f32[] = cast(t174) */
+        const float t171 = v3 + v4;  /* t171: f32[64,32] = add(t109, t170) */
+        const float t172 = v5 + v6*(-v5 + t171);  /* t172: f32[64,32] = (0.09999999999999998)*(t171 - transformer.wte.weight.exp_avg) + transformer.wte.weight.exp_avg */
+        const float t173 = 0.95f*v7 + 0.05f*((t171)*(t171));  /* t173: f32[64,32] = 0.05*t171**2 + 0.95*transformer.wte.weight.exp_avg_sq */
+        const float t176 = t93 - t96*t172/(sqrtf(t173)/t175 + 1.0e-08f);  /* t176: f32[64,32] = -t172*t96/(sqrt(t173)/t175 + 1.0e-8) + t93 */
+        var0[i0] = t176;
+        var18[i0] = t172;
         var19[i0] = t173;
+    }
+}
+
+/* t181: f32[8,32] = sum[axes=(0,), keepdims=False](t169) */
+SG_KERNEL void k104_sum_t181(int64_t d0, const float* restrict ws75, float* restrict ws77)
+{
+    /* The kept axis is contiguous: add whole rows into a tile of accumulators (vectorizes),
+       256 columns at a time, instead of walking each column down the rows. */
+    #pragma omp parallel for if((256*d0) >= SG_PARALLEL_MIN)
+    for (int64_t j0 = 0; j0 < 256; j0 += 256) {
+        const int64_t jn = 256 - j0 < 256 ? 256 - j0 : 256;
+        double acc[256];
+        for (int64_t j = 0; j < jn; ++j)
+            acc[j] = 0;
+        for (int64_t r0 = 0; r0 < d0; ++r0) {
+            const float* restrict row = ws75 + r0 * 256;
+            for (int64_t j = 0; j < jn; ++j)
+                acc[j] += (double)row[j0 + j];
+        }
+        for (int64_t j = 0; j < jn; ++j)
+            ws77[j0 + j] = (float)(acc[j]);
     }
 }
 
@@ -1492,53 +1485,13 @@ SG_KERNEL void k135_adam_exp_avg_sq_t173(int64_t d0, const float* restrict ws30,
 /* ---- translation unit 0 of 2: its kernel functions, then the entry point ---- */
 #if SG_IN_PART(0)
 
-/* Also called for k129_copy, the same code on their buffers */
-/* make iota's operand contiguous: t4 */
-SG_KERNEL void k1_copy(int64_t d0, int64_t* restrict ws1)
+/* Also called for 15 more kernels (k5_adam_step_t178, ...) on their buffers, each named at its call */
+/* t94: f64[] = transformer.wte.weight.step + 1 */
+SG_KERNEL void k4_adam_step_t94(int64_t d0, double* restrict var17)
 {
-    for (int64_t i0 = 0; i0 < 8; ++i0) {
-        const int64_t v0 = i0;  /* make iota's operand contiguous */
-        const int64_t r = v0;  /* make iota's operand contiguous: t4 */
-        ws1[i0] = r;
-    }
-}
-
-/* t5: f32[8,32] = take[axis=0](transformer.wpe.weight, t4) */
-SG_KERNEL void k2_take_t5(int64_t d0, const float* restrict var1, const int64_t* restrict ws1, float* restrict ws2)
-{
-    const int64_t P = 1, I = 8, Q = 32, R = 8;
-    const float* src = var1;
-    const int64_t* idx = ws1;
-    /* out[p, i, q] = src[p, idx[i], q]: each (p, i) copies one row of Q. An index outside [0, R)
-       (the call checked them; this is only a guard) gives a row of zeros, never a read outside src. */
-    for (int64_t p = 0; p < P; ++p) {
-        for (int64_t i = 0; i < I; ++i) {
-            const int64_t r = (int64_t)idx[i];
-            const int inside = r >= 0 && r < R;
-            const float* row = src + (p * R + (inside ? r : 0)) * Q;
-            float* dst = ws2 + (p * I + i) * Q;
-            for (int64_t q = 0; q < Q; ++q) {
-                dst[q] = inside ? row[q] : 0;
-            }
-        }
-    }
-}
-
-/* t87: bool[8*B] = not_equal(t86, -100) */
-/* t88: f32[8*B] = cast(t87) */
-/* t89: f32[] = sum[axes=(0,), keepdims=False](t88) */
-SG_KERNEL void k3_sum_t89(int64_t d0, const int64_t* restrict in1, float* restrict ws3)
-{
-    double acc = 0;
-    #pragma omp simd reduction(+:acc)
-    for (int64_t r0 = 0; r0 < 8*d0; ++r0) {
-        const int64_t v0 = in1[r0];  /* t86 */
-        const int64_t v1 = (-100);  /* -100 */
-        const uint8_t t87 = (uint8_t)((v0 != v1));  /* t87: bool[8*B] = not_equal(t86, -100) */
-        const float t88 = ((t87) ? 1.0f : 0.0f);  /* t88: f32[8*B] = cast(t87) */
-        acc += (double)t88;
-    }
-    ws3[0] = (float)(acc);
+    const double v0 = var17[0];  /* transformer.wte.weight.step */
+    const double t94 = v0 + 1.0;  /* t94: f64[] = transformer.wte.weight.step + 1 */
+    var17[0] = t94;
 }
 
 /* t6: f32[B,8,32] = add(t3, t5) */
@@ -1561,6 +1514,34 @@ SG_KERNEL void k20_mul_t8(int64_t d0, const float* restrict ws0, const float* re
             const float ev0 = 0.03125f;  /* 1/32 */
             const float t8 = red*ev0;  /* t8: f32[B,8,1] = mul(t7, 1/32) */
             ws4[o0 * 8 + o1] = t8;
+        }
+    }
+}
+
+/* t6: f32[B,8,32] = add(t3, t5) */
+/* t9: f32[B,8,32] = sub(t6, t8) */
+/* t15: f32[B,8,32] = div(t9, t14) */
+/* t16: f32[B,8,32] = mul(t15, transformer.h.0.ln_1.weight) */
+/* t17: f32[B,8,32] = add(t16, transformer.h.0.ln_1.bias) */
+SG_KERNEL void k22_add_t17(int64_t d0, const float* restrict ws0, const float* restrict ws2, const float* restrict ws4, const float* restrict ws5, const float* restrict var2, const float* restrict var3, float* restrict ws6)
+{
+    #pragma omp parallel for if((256*d0) >= SG_PARALLEL_MIN)
+    for (int64_t i0 = 0; i0 < d0; ++i0) {
+        for (int64_t i1 = 0; i1 < 8; ++i1) {
+            for (int64_t i2 = 0; i2 < 32; ++i2) {
+                const float v0 = ws0[i0 * 256 + i1 * 32 + i2];  /* t3 */
+                const float v1 = ws2[i1 * 32 + i2];  /* t5 */
+                const float v2 = ws4[i0 * 8 + i1];  /* t8 */
+                const float v3 = ws5[i0 * 8 + i1];  /* t14 */
+                const float v4 = var2[i2];  /* transformer.h.0.ln_1.weight */
+                const float v5 = var3[i2];  /* transformer.h.0.ln_1.bias */
+                const float t6 = v0 + v1;  /* t6: f32[B,8,32] = add(t3, t5) */
+                const float t9 = t6 - v2;  /* t9: f32[B,8,32] = sub(t6, t8) */
+                const float t15 = t9/v3;  /* t15: f32[B,8,32] = div(t9, t14) */
+                const float t16 = t15*v4;  /* t16: f32[B,8,32] = mul(t15, transformer.h.0.ln_1.weight) */
+                const float t17 = t16 + v5;  /* t17: f32[B,8,32] = add(t16, transformer.h.0.ln_1.bias) */
+                ws6[i0 * 256 + i1 * 32 + i2] = t17;
+            }
         }
     }
 }
@@ -1764,7 +1745,28 @@ SG_KERNEL void k26_add_t37(int64_t d0, const float* restrict ws9, const float* r
         ws12, context, &epilogue, context->scratch);
 }
 
-/* Also called for k63_gelu_t232, the same code on their buffers */
+/* Also called for 3 more kernels (k37_add_t73, ...) on their buffers, each named at its call */
+/* t48: f32[B,8,32] = div(t42, t47) */
+/* t49: f32[B,8,32] = mul(t48, transformer.h.0.ln_2.weight) */
+/* t50: f32[B,8,32] = add(t49, transformer.h.0.ln_2.bias) */
+SG_KERNEL void k30_add_t50(int64_t d0, const float* restrict ws14, const float* restrict ws15, const float* restrict var8, const float* restrict var9, float* restrict ws16)
+{
+    #pragma omp parallel for if((256*d0) >= SG_PARALLEL_MIN)
+    for (int64_t i0 = 0; i0 < 8*d0; ++i0) {
+        for (int64_t i1 = 0; i1 < 32; ++i1) {
+            const float v0 = ws14[i0 * 32 + i1];  /* t42 */
+            const float v1 = ws15[i0];  /* t47 */
+            const float v2 = var8[i1];  /* transformer.h.0.ln_2.weight */
+            const float v3 = var9[i1];  /* transformer.h.0.ln_2.bias */
+            const float t48 = v0/v1;  /* t48: f32[B,8,32] = div(t42, t47) */
+            const float t49 = t48*v2;  /* t49: f32[B,8,32] = mul(t48, transformer.h.0.ln_2.weight) */
+            const float t50 = t49 + v3;  /* t50: f32[B,8,32] = add(t49, transformer.h.0.ln_2.bias) */
+            ws16[i0 * 32 + i1] = t50;
+        }
+    }
+}
+
+/* Also called for k57_gelu_t232, the same code on their buffers */
 /* t56: f32[B,8,128] = gelu(t55) */
 SG_KERNEL SG_MATH_LOOP void k32_gelu_t56(int64_t d0, const float* restrict ws17, float* restrict ws18)
 {
@@ -1873,109 +1875,93 @@ SG_KERNEL void k35_sub_t65(int64_t d0, const float* restrict ws0, const float* r
     }
 }
 
-/* t76: f32[8*B,64] = matmul(t74, t75) */
-SG_KERNEL void k38_matmul_t76(int64_t d0, const float* restrict ws23, const float* restrict var0, float* restrict ws24, sg_context* context)
+/* t84: f32[] = sum[axes=(0,1), keepdims=False](t83) (the sum of the per-row parts) */
+/* t85: f32[] = neg(t84) */
+/* t90: f32[] = div(t85, t89) */
+SG_KERNEL void k40_div_t90(int64_t d0, const double* restrict ws27, const float* restrict ws3, float* restrict out0)
 {
-    /* a[8*d0 x 32] read with strides (32, 1), b[32 x 64] with (1, 32):
+    double acc = 0;
+    #pragma omp simd reduction(+:acc)
+    for (int64_t r0 = 0; r0 < 8*d0; ++r0) {
+        acc += (double)ws27[r0];
+    }
+    const float red = (float)(acc);
+    const float ev0 = ws3[0];  /* t89 */
+    const float t85 = -red;  /* t85: f32[] = neg(t84) */
+    const float t90 = t85/ev0;  /* t90: f32[] = div(t85, t89) */
+    out0[0] = t90;
+}
+
+/* t109: f32[64,32] = matmul(t104, t108) */
+SG_KERNEL void k42_matmul_t109(int64_t d0, const float* restrict ws28, const float* restrict ws29, float* restrict ws30, sg_context* context)
+{
+    /* a[64 x 8*d0] read with strides (1, 64), b[8*d0 x 32] with (32, 1):
        a transposed operand is only a change of strides. */
     /* Its buffers in the runtime's scratch region (context->scratch, sized by symgrad_scratch_bytes);
        context->status: the GEMM's, for the entry point to check */
-    context->status = sg_gemm_f32(8*d0, 64, 32,
-        ws23, 32, 1,
-        var0, 1, 32,
-        ws24, context, NULL, context->scratch);
+    context->status = sg_gemm_f32(64, 32, 8*d0,
+        ws28, 1, 64,
+        ws29, 32, 1,
+        ws30, context, NULL, context->scratch);
 }
 
-/* t110: f32[8*B,32] = matmul(t103, transformer.wte.weight) */
-SG_KERNEL void k43_matmul_t110(int64_t d0, const float* restrict ws28, const float* restrict var0, float* restrict ws31, sg_context* context)
+/* Also called for 7 more kernels (k49_sum_t318, ...) on their buffers, each named at its call */
+/* t327: f32[32] = sum[axes=(0,1), keepdims=False](t111) */
+SG_KERNEL void k44_sum_t327(int64_t d0, const float* restrict ws31, float* restrict ws32)
 {
-    /* a[8*d0 x 64] read with strides (64, 1), b[64 x 32] with (32, 1):
+    /* The kept axis is contiguous: add whole rows into a tile of accumulators (vectorizes),
+       256 columns at a time, instead of walking each column down the rows. */
+    #pragma omp parallel for if((256*d0) >= SG_PARALLEL_MIN)
+    for (int64_t j0 = 0; j0 < 32; j0 += 256) {
+        const int64_t jn = 32 - j0 < 256 ? 32 - j0 : 256;
+        double acc[256];
+        for (int64_t j = 0; j < jn; ++j)
+            acc[j] = 0;
+        for (int64_t r0 = 0; r0 < 8*d0; ++r0) {
+            const float* restrict row = ws31 + r0 * 32;
+            for (int64_t j = 0; j < jn; ++j)
+                acc[j] += (double)row[j0 + j];
+        }
+        for (int64_t j = 0; j < jn; ++j)
+            ws32[j0 + j] = (float)(acc[j]);
+    }
+}
+
+/* Also called for 2 more kernels (k73_mul_t134, ...) on their buffers, each named at its call */
+/* t116: f32[B,8,1] = sum[axes=(2,), keepdims=True](t115) */
+/* t117: f32[B,8,1] = mul(t116, -0.03125) */
+SG_KERNEL void k51_mul_t117(int64_t d0, const float* restrict ws34, float* restrict ws37)
+{
+    #pragma omp parallel for if((256*d0) >= SG_PARALLEL_MIN)
+    for (int64_t o0 = 0; o0 < 8*d0; ++o0) {
+        double acc = 0;
+        #pragma omp simd reduction(+:acc)
+        for (int64_t r0 = 0; r0 < 32; ++r0) {
+            acc += (double)ws34[o0 * 32 + r0];
+        }
+        const float red = (float)(acc);
+        const float ev0 = (-0.03125f);  /* -0.03125 */
+        const float t117 = red*ev0;  /* t117: f32[B,8,1] = mul(t116, -0.03125) */
+        ws37[o0] = t117;
+    }
+}
+
+/* t120: f32[8*B,128] = matmul(t119, transformer.h.0.mlp.c_proj.weight) */
+SG_KERNEL void k55_matmul_t120(int64_t d0, const float* restrict ws38, const float* restrict var12, float* restrict ws40, sg_context* context)
+{
+    /* a[8*d0 x 32] read with strides (32, 1), b[32 x 128] with (128, 1):
        a transposed operand is only a change of strides. */
     /* Its buffers in the runtime's scratch region (context->scratch, sized by symgrad_scratch_bytes);
        context->status: the GEMM's, for the entry point to check */
-    context->status = sg_gemm_f32(8*d0, 32, 64,
-        ws28, 64, 1,
-        var0, 32, 1,
-        ws31, context, NULL, context->scratch);
-}
-
-/* Also called for 14 more kernels (k52_adam_exp_avg_t319, ...) on their buffers and element counts, each named at its call */
-/* t328: f32[32] = (0.09999999999999998)*(t327 - transformer.ln_f.bias.exp_avg) + transformer.ln_f.bias.exp_avg */
-SG_KERNEL void k45_adam_exp_avg_t328(int64_t d0, float* restrict var64, const float* restrict ws32, int64_t n)
-{
-    for (int64_t i0 = 0; i0 < n; ++i0) {
-        const float v0 = var64[i0];  /* transformer.ln_f.bias.exp_avg */
-        const float v1 = ws32[i0];  /* t327 */
-        const float v2 = 0.1f;  /* 0.09999999999999998 */
-        const float t328 = v0 + v2*(-v0 + v1);  /* t328: f32[32] = (0.09999999999999998)*(t327 - transformer.ln_f.bias.exp_avg) + transformer.ln_f.bias.exp_avg */
-        var64[i0] = t328;
-    }
-}
-
-/* Also called for 9 more kernels (k54_adam_param_t323, ...) on their buffers and element counts, each named at its call */
-/* t325: f64[] = param_groups.1.lr/(1 - 0.9**t324) */
-/* t326: f32[] = cast(t325) */
-/* t330: f64[] = sqrt(1 - 0.95**t324) */
-/* t331: f32[] = cast(t330) */
-/* t332: f32[32] = -t326*t328/(sqrt(t329)/t331 + 1.0e-8) + transformer.ln_f.bias */
-SG_KERNEL void k47_adam_param_t332(int64_t d0, const double* restrict var35, const double* restrict var63, float* restrict var15, const float* restrict var64, const float* restrict var65, int64_t n)
-{
-    for (int64_t i0 = 0; i0 < n; ++i0) {
-        const double v0 = var35[0];  /* param_groups.1.lr */
-        const double v1 = var63[0];  /* t324 */
-        const float v2 = var15[i0];  /* transformer.ln_f.bias */
-        const float v3 = var64[i0];  /* t328 */
-        const float v4 = var65[i0];  /* t329 */
-        const double t325 = v0/(1.0 - pow(0.9, v1));  /* t325: f64[] = param_groups.1.lr/(1 - 0.9**t324) */
-        const float t326 = (float)(t325);  /* t326: f32[] = cast(t325) */
-        const double t330 = sqrt(1.0 - pow(0.95, v1));  /* t330: f64[] = sqrt(1 - 0.95**t324) */
-        const float t331 = (float)(t330);  /* t331: f32[] = cast(t330) */
-        const float t332 = v2 - t326*v3/(sqrtf(v4)/t331 + 1.0e-08f);  /* t332: f32[32] = -t326*t328/(sqrt(t329)/t331 + 1.0e-8) + transformer.ln_f.bias */
-        var15[i0] = t332;
-    }
-}
-
-/* Also called for k77_simplified_t131, the same code on their buffers */
-/* t112: f32[B,8,32] = mul(t111, transformer.ln_f.weight) */
-/* t115: f32[B,8,32] = t112/t70 + t114*t65/(32*t70) */
-SG_KERNEL void k49_simplified_t115(int64_t d0, const float* restrict ws31, const float* restrict var14, const float* restrict ws22, const float* restrict ws33, const float* restrict ws21, float* restrict ws34)
-{
-    #pragma omp parallel for if((256*d0) >= SG_PARALLEL_MIN)
-    for (int64_t i0 = 0; i0 < 8*d0; ++i0) {
-        for (int64_t i1 = 0; i1 < 32; ++i1) {
-            const float v0 = ws31[i0 * 32 + i1];  /* t111 */
-            const float v1 = var14[i1];  /* transformer.ln_f.weight */
-            const float v2 = ws22[i0];  /* t70 */
-            const float v3 = ws33[i0];  /* t114 */
-            const float v4 = ws21[i0 * 32 + i1];  /* t65 */
-            const float t112 = v0*v1;  /* t112: f32[B,8,32] = mul(t111, transformer.ln_f.weight) */
-            const float t115 = t112/v2 + (1.0f/32.0f)*v3*v4/v2;  /* t115: f32[B,8,32] = t112/t70 + t114*t65/(32*t70) */
-            ws34[i0 * 32 + i1] = t115;
-        }
-    }
-}
-
-/* Also called for k78_mul_t280, the same code on their buffers */
-/* t105: f32[B,8,32] = div(t65, t70) */
-/* t317: f32[B,8,32] = mul(t111, t105) */
-SG_KERNEL void k50_mul_t317(int64_t d0, const float* restrict ws21, const float* restrict ws22, const float* restrict ws31, float* restrict ws35)
-{
-    #pragma omp parallel for if((256*d0) >= SG_PARALLEL_MIN)
-    for (int64_t i0 = 0; i0 < 8*d0; ++i0) {
-        for (int64_t i1 = 0; i1 < 32; ++i1) {
-            const float v0 = ws21[i0 * 32 + i1];  /* t65 */
-            const float v1 = ws22[i0];  /* t70 */
-            const float v2 = ws31[i0 * 32 + i1];  /* t111 */
-            const float t105 = v0/v1;  /* t105: f32[B,8,32] = div(t65, t70) */
-            const float t317 = v2*t105;  /* t317: f32[B,8,32] = mul(t111, t105) */
-            ws35[i0 * 32 + i1] = t317;
-        }
-    }
+    context->status = sg_gemm_f32(8*d0, 128, 32,
+        ws38, 32, 1,
+        var12, 128, 1,
+        ws40, context, NULL, context->scratch);
 }
 
 /* t122: f32[B,8,128] = sqrt(2)*t55*exp(-t55**2/2)/(2*sqrt(pi)) + Piecewise((0, t55 < 0), (1, True)) + Piecewise((1, t55 < 0), (-1, True))*erfc(sqrt(2)*Abs(t55)/2)/2 */
 /* t123: f32[B,8,128] = mul(t121, t122) */
-SG_KERNEL SG_MATH_LOOP void k62_mul_t123(int64_t d0, const float* restrict ws17, const float* restrict ws40, float* restrict ws41)
+SG_KERNEL SG_MATH_LOOP void k56_mul_t123(int64_t d0, const float* restrict ws17, const float* restrict ws40, float* restrict ws41)
 {
     #pragma omp parallel for if((1024*d0) >= SG_PARALLEL_MIN)
     for (int64_t i0 = 0; i0 < 1024*d0; ++i0) {
@@ -1987,41 +1973,7 @@ SG_KERNEL SG_MATH_LOOP void k62_mul_t123(int64_t d0, const float* restrict ws17,
     }
 }
 
-/* t234: f32[32,128] = matmul(t231, t233) */
-SG_KERNEL void k64_matmul_t234(int64_t d0, const float* restrict ws38, const float* restrict ws42, float* restrict ws43, sg_context* context)
-{
-    /* a[32 x 8*d0] read with strides (1, 32), b[8*d0 x 128] with (128, 1):
-       a transposed operand is only a change of strides. */
-    /* Its buffers in the runtime's scratch region (context->scratch, sized by symgrad_scratch_bytes);
-       context->status: the GEMM's, for the entry point to check */
-    context->status = sg_gemm_f32(32, 128, 8*d0,
-        ws38, 1, 32,
-        ws42, 128, 1,
-        ws43, context, NULL, context->scratch);
-}
-
-/* t299: f32[128] = sum[axes=(0,), keepdims=False](t124) */
-SG_KERNEL void k65_sum_t299(int64_t d0, const float* restrict ws41, float* restrict ws44)
-{
-    /* The kept axis is contiguous: add whole rows into a tile of accumulators (vectorizes),
-       256 columns at a time, instead of walking each column down the rows. */
-    #pragma omp parallel for if((1024*d0) >= SG_PARALLEL_MIN)
-    for (int64_t j0 = 0; j0 < 128; j0 += 256) {
-        const int64_t jn = 128 - j0 < 256 ? 128 - j0 : 256;
-        double acc[256];
-        for (int64_t j = 0; j < jn; ++j)
-            acc[j] = 0;
-        for (int64_t r0 = 0; r0 < 8*d0; ++r0) {
-            const float* restrict row = ws41 + r0 * 128;
-            for (int64_t j = 0; j < jn; ++j)
-                acc[j] += (double)row[j0 + j];
-        }
-        for (int64_t j = 0; j < jn; ++j)
-            ws44[j0 + j] = (float)(acc[j]);
-    }
-}
-
-/* Also called for 5 more kernels (k97_adam_param_t226, ...) on their buffers and element counts, each named at its call */
+/* Also called for 4 more kernels (k70_adam_param_t226, ...) on their buffers and element counts, each named at its call */
 /* t91: f64[] = 1 - 0.1*lr */
 /* t92: f32[] = cast(t91) */
 /* t227: f32[32,128] = mul(transformer.h.0.mlp.c_proj.weight, t92) */
@@ -2029,15 +1981,19 @@ SG_KERNEL void k65_sum_t299(int64_t d0, const float* restrict ws41, float* restr
 /* t230: f32[] = cast(t229) */
 /* t237: f64[] = sqrt(1 - 0.95**t228) */
 /* t238: f32[] = cast(t237) */
+/* t235: f32[32,128] = (0.09999999999999998)*(t234 - transformer.h.0.mlp.c_proj.weight.exp_avg) + transformer.h.0.mlp.c_proj.weight.exp_avg */
+/* t236: f32[32,128] = 0.05*t234**2 + 0.95*transformer.h.0.mlp.c_proj.weight.exp_avg_sq */
 /* t239: f32[32,128] = t227 - t230*t235/(sqrt(t236)/t238 + 1.0e-8) */
-SG_KERNEL void k71_adam_param_t239(int64_t d0, const double* restrict var16, float* restrict var12, const double* restrict var32, const float* restrict var33, const float* restrict var34, int64_t n)
+SG_KERNEL void k59_adam_param_t239(int64_t d0, const double* restrict var16, float* restrict var12, const double* restrict var32, float* restrict var33, const float* restrict ws43, float* restrict var34, int64_t n)
 {
     for (int64_t i0 = 0; i0 < n; ++i0) {
         const double v0 = var16[0];  /* lr */
         const float v1 = var12[i0];  /* transformer.h.0.mlp.c_proj.weight */
         const double v2 = var32[0];  /* t228 */
-        const float v3 = var33[i0];  /* t235 */
-        const float v4 = var34[i0];  /* t236 */
+        const float v3 = var33[i0];  /* transformer.h.0.mlp.c_proj.weight.exp_avg */
+        const float v4 = ws43[i0];  /* t234 */
+        const float v5 = 0.1f;  /* 0.09999999999999998 */
+        const float v6 = var34[i0];  /* transformer.h.0.mlp.c_proj.weight.exp_avg_sq */
         const double t91 = 1.0 + (-0.1)*v0;  /* t91: f64[] = 1 - 0.1*lr */
         const float t92 = (float)(t91);  /* t92: f32[] = cast(t91) */
         const float t227 = v1*t92;  /* t227: f32[32,128] = mul(transformer.h.0.mlp.c_proj.weight, t92) */
@@ -2045,102 +2001,150 @@ SG_KERNEL void k71_adam_param_t239(int64_t d0, const double* restrict var16, flo
         const float t230 = (float)(t229);  /* t230: f32[] = cast(t229) */
         const double t237 = sqrt(1.0 - pow(0.95, v2));  /* t237: f64[] = sqrt(1 - 0.95**t228) */
         const float t238 = (float)(t237);  /* t238: f32[] = cast(t237) */
-        const float t239 = t227 - t230*v3/(sqrtf(v4)/t238 + 1.0e-08f);  /* t239: f32[32,128] = t227 - t230*t235/(sqrt(t236)/t238 + 1.0e-8) */
+        const float t235 = v3 + v5*(-v3 + v4);  /* t235: f32[32,128] = (0.09999999999999998)*(t234 - transformer.h.0.mlp.c_proj.weight.exp_avg) + transformer.h.0.mlp.c_proj.weight.exp_avg */
+        const float t236 = 0.95f*v6 + 0.05f*((v4)*(v4));  /* t236: f32[32,128] = 0.05*t234**2 + 0.95*transformer.h.0.mlp.c_proj.weight.exp_avg_sq */
+        const float t239 = t227 - t230*t235/(sqrtf(t236)/t238 + 1.0e-08f);  /* t239: f32[32,128] = t227 - t230*t235/(sqrt(t236)/t238 + 1.0e-8) */
         var12[i0] = t239;
+        var33[i0] = t235;
+        var34[i0] = t236;
     }
 }
 
-/* t221: f32[128,32] = matmul(t217, t220) */
-SG_KERNEL void k81_matmul_t221(int64_t d0, const float* restrict ws41, const float* restrict ws51, float* restrict ws52, sg_context* context)
+/* t125: f32[8*B,32] = matmul(t124, transformer.h.0.mlp.c_fc.weight) */
+SG_KERNEL void k62_matmul_t125(int64_t d0, const float* restrict ws41, const float* restrict var10, float* restrict ws45, sg_context* context)
 {
-    /* a[128 x 8*d0] read with strides (1, 128), b[8*d0 x 32] with (32, 1):
+    /* a[8*d0 x 128] read with strides (128, 1), b[128 x 32] with (32, 1):
        a transposed operand is only a change of strides. */
     /* Its buffers in the runtime's scratch region (context->scratch, sized by symgrad_scratch_bytes);
        context->status: the GEMM's, for the entry point to check */
-    context->status = sg_gemm_f32(128, 32, 8*d0,
-        ws41, 1, 128,
-        ws51, 32, 1,
-        ws52, context, NULL, context->scratch);
+    context->status = sg_gemm_f32(8*d0, 32, 128,
+        ws41, 128, 1,
+        var10, 32, 1,
+        ws45, context, NULL, context->scratch);
 }
 
-/* t137: f32[8*B,32] = matmul(t136, transformer.h.0.attn.c_proj.weight) */
-SG_KERNEL void k98_matmul_t137(int64_t d0, const float* restrict ws54, const float* restrict var6, float* restrict ws57, sg_context* context)
-{
-    /* a[8*d0 x 32] read with strides (32, 1), b[32 x 32] with (32, 1):
-       a transposed operand is only a change of strides. */
-    /* Its buffers in the runtime's scratch region (context->scratch, sized by symgrad_scratch_bytes);
-       context->status: the GEMM's, for the entry point to check */
-    context->status = sg_gemm_f32(8*d0, 32, 32,
-        ws54, 32, 1,
-        var6, 32, 1,
-        ws57, context, NULL, context->scratch);
-}
-
-/* make contiguous for a reshape: t143: f32[B,8,2,16] = transpose[perm=(0,2,1,3)](t142) */
-SG_KERNEL void k100_copy(int64_t d0, const float* restrict ws58, float* restrict ws61)
-{
-    #pragma omp parallel for if((256*d0) >= SG_PARALLEL_MIN)
-    for (int64_t i0 = 0; i0 < d0; ++i0) {
-        for (int64_t i1 = 0; i1 < 8; ++i1) {
-            for (int64_t i2 = 0; i2 < 2; ++i2) {
-                for (int64_t i3 = 0; i3 < 16; ++i3) {
-                    const float v0 = ws58[i0 * 256 + i1 * 16 + i2 * 128 + i3 + (512*d0)];  /* make contiguous for a reshape */
-                    const float r = v0;  /* make contiguous for a reshape: t143: f32[B,8,2,16] = transpose[perm=(0,2,1,3)](t142) */
-                    ws61[i0 * 256 + i1 * 32 + i2 * 16 + i3] = r;
-                }
-            }
-        }
-    }
-}
-
-/* t150: f32[B,8,96] = embed[starts=(0,0,32), steps=(1,1,1)](t149), stored in place into t157 */
-SG_KERNEL void k103_embed_t150(int64_t d0, const float* restrict ws63, float* restrict ws62)
+/* Also called for k101_add_t169, the same code on their buffers */
+/* t132: f32[B,8,32] = add(t118, t131) */
+/* t135: f32[B,8,32] = add(t132, t134) */
+SG_KERNEL void k74_add_t135(int64_t d0, const float* restrict ws38, const float* restrict ws48, const float* restrict ws53, float* restrict ws54)
 {
     #pragma omp parallel for if((256*d0) >= SG_PARALLEL_MIN)
     for (int64_t i0 = 0; i0 < 8*d0; ++i0) {
         for (int64_t i1 = 0; i1 < 32; ++i1) {
-            const float v0 = ws63[i0 * 32 + i1];  /* t149 */
-            const float r = v0;  /* t150: f32[B,8,96] = embed[starts=(0,0,32), steps=(1,1,1)](t149), stored in place into t157 */
-            ws62[i0 * 96 + i1 + 32] = r;
+            const float v0 = ws38[i0 * 32 + i1];  /* t118 */
+            const float v1 = ws48[i0 * 32 + i1];  /* t131 */
+            const float v2 = ws53[i0];  /* t134 */
+            const float t132 = v0 + v1;  /* t132: f32[B,8,32] = add(t118, t131) */
+            const float t135 = t132 + v2;  /* t135: f32[B,8,32] = add(t132, t134) */
+            ws54[i0 * 32 + i1] = t135;
         }
     }
 }
 
-/* make contiguous for a reshape: t154: f32[B,8,2,16] = transpose[perm=(0,2,1,3)](t153) */
-SG_KERNEL void k104_copy(int64_t d0, const float* restrict ws58, float* restrict ws64)
+/* t207: f32[32,32] = matmul(t206, t34) */
+SG_KERNEL void k77_matmul_t207(int64_t d0, const float* restrict ws54, const float* restrict ws9, float* restrict ws56, sg_context* context)
+{
+    /* a[32 x 8*d0] read with strides (1, 32), b[8*d0 x 32] with (32, 1):
+       a transposed operand is only a change of strides. */
+    /* Its buffers in the runtime's scratch region (context->scratch, sized by symgrad_scratch_bytes);
+       context->status: the GEMM's, for the entry point to check */
+    context->status = sg_gemm_f32(32, 32, 8*d0,
+        ws54, 1, 32,
+        ws9, 32, 1,
+        ws56, context, NULL, context->scratch);
+}
+
+/* t145: f32[B,8,96] = embed[starts=(0,0,64), steps=(1,1,1)](t144), stored in place into t157 */
+SG_KERNEL void k81_embed_t145(int64_t d0, const float* restrict ws61, float* restrict ws62)
+{
+    #pragma omp parallel for if((256*d0) >= SG_PARALLEL_MIN)
+    for (int64_t i0 = 0; i0 < 8*d0; ++i0) {
+        for (int64_t i1 = 0; i1 < 32; ++i1) {
+            const float v0 = ws61[i0 * 32 + i1];  /* t144 */
+            const float r = v0;  /* t145: f32[B,8,96] = embed[starts=(0,0,64), steps=(1,1,1)](t144), stored in place into t157 */
+            ws62[i0 * 96 + i1 + 64] = r;
+        }
+    }
+}
+
+/* make contiguous for a reshape: t148: f32[B,8,2,16] = transpose[perm=(0,2,1,3)](t147) */
+SG_KERNEL void k82_copy(int64_t d0, const float* restrict ws58, float* restrict ws63)
 {
     #pragma omp parallel for if((256*d0) >= SG_PARALLEL_MIN)
     for (int64_t i0 = 0; i0 < d0; ++i0) {
         for (int64_t i1 = 0; i1 < 8; ++i1) {
             for (int64_t i2 = 0; i2 < 2; ++i2) {
                 for (int64_t i3 = 0; i3 < 16; ++i3) {
-                    const float v0 = ws58[i0 * 256 + i1 * 16 + i2 * 128 + i3];  /* make contiguous for a reshape */
-                    const float r = v0;  /* make contiguous for a reshape: t154: f32[B,8,2,16] = transpose[perm=(0,2,1,3)](t153) */
-                    ws64[i0 * 256 + i1 * 32 + i2 * 16 + i3] = r;
+                    const float v0 = ws58[i0 * 256 + i1 * 16 + i2 * 128 + i3 + (256*d0)];  /* make contiguous for a reshape */
+                    const float r = v0;  /* make contiguous for a reshape: t148: f32[B,8,2,16] = transpose[perm=(0,2,1,3)](t147) */
+                    ws63[i0 * 256 + i1 * 32 + i2 * 16 + i3] = r;
                 }
             }
         }
     }
 }
 
-/* t159: f32[8*B,32] = matmul(t158, transformer.h.0.attn.c_attn.weight) */
-SG_KERNEL void k111_matmul_t159(int64_t d0, const float* restrict ws62, const float* restrict var4, float* restrict ws66, sg_context* context)
+/* t156: f32[B,8,96] = embed[starts=(0,0,0), steps=(1,1,1)](t155), stored in place into t157 */
+SG_KERNEL void k85_embed_t156(int64_t d0, const float* restrict ws64, float* restrict ws62)
 {
-    /* a[8*d0 x 96] read with strides (96, 1), b[96 x 32] with (32, 1):
-       a transposed operand is only a change of strides. */
-    /* Its buffers in the runtime's scratch region (context->scratch, sized by symgrad_scratch_bytes);
-       context->status: the GEMM's, for the entry point to check */
-    context->status = sg_gemm_f32(8*d0, 32, 96,
-        ws62, 96, 1,
-        var4, 32, 1,
-        ws66, context, NULL, context->scratch);
+    #pragma omp parallel for if((256*d0) >= SG_PARALLEL_MIN)
+    for (int64_t i0 = 0; i0 < 8*d0; ++i0) {
+        for (int64_t i1 = 0; i1 < 32; ++i1) {
+            const float v0 = ws64[i0 * 32 + i1];  /* t155 */
+            const float r = v0;  /* t156: f32[B,8,96] = embed[starts=(0,0,0), steps=(1,1,1)](t155), stored in place into t157 */
+            ws62[i0 * 96 + i1] = r;
+        }
+    }
+}
+
+/* t262: f32[96] = sum[axes=(0,), keepdims=False](t158) */
+SG_KERNEL void k87_sum_t262(int64_t d0, const float* restrict ws62, float* restrict ws65)
+{
+    /* The kept axis is contiguous: add whole rows into a tile of accumulators (vectorizes),
+       256 columns at a time, instead of walking each column down the rows. */
+    #pragma omp parallel for if((768*d0) >= SG_PARALLEL_MIN)
+    for (int64_t j0 = 0; j0 < 96; j0 += 256) {
+        const int64_t jn = 96 - j0 < 256 ? 96 - j0 : 256;
+        double acc[256];
+        for (int64_t j = 0; j < jn; ++j)
+            acc[j] = 0;
+        for (int64_t r0 = 0; r0 < 8*d0; ++r0) {
+            const float* restrict row = ws62 + r0 * 96;
+            for (int64_t j = 0; j < jn; ++j)
+                acc[j] += (double)row[j0 + j];
+        }
+        for (int64_t j = 0; j < jn; ++j)
+            ws65[j0 + j] = (float)(acc[j]);
+    }
+}
+
+/* t161: f32[B,8,32] = mul(t160, transformer.h.0.ln_1.weight) */
+/* t163: f32[B,8,32] = -t161*t162/t14 */
+/* t164: f32[B,8,1] = sum[axes=(2,), keepdims=True](t163) */
+SG_KERNEL void k91_sum_t164(int64_t d0, const float* restrict ws66, const float* restrict var2, const float* restrict ws5, const float* restrict ws7, float* restrict ws68)
+{
+    #pragma omp parallel for if((256*d0) >= SG_PARALLEL_MIN)
+    for (int64_t o0 = 0; o0 < 8*d0; ++o0) {
+        double acc = 0;
+        #pragma omp simd reduction(+:acc)
+        for (int64_t r0 = 0; r0 < 32; ++r0) {
+            const float v0 = ws66[o0 * 32 + r0];  /* t160 */
+            const float v1 = var2[r0];  /* transformer.h.0.ln_1.weight */
+            const float v2 = ws5[o0];  /* t14 */
+            const float v3 = ws7[o0 * 32 + r0];  /* t162 */
+            const float t161 = v0*v1;  /* t161: f32[B,8,32] = mul(t160, transformer.h.0.ln_1.weight) */
+            const float t163 = -t161*v3/v2;  /* t163: f32[B,8,32] = -t161*t162/t14 */
+            acc += (double)t163;
+        }
+        ws68[o0] = (float)(acc);
+    }
 }
 
 /* t6: f32[B,8,32] = add(t3, t5) */
 /* t9: f32[B,8,32] = sub(t6, t8) */
 /* t161: f32[B,8,32] = mul(t160, transformer.h.0.ln_1.weight) */
 /* t165: f32[B,8,32] = t161/t14 + t164*t9/(32*t14) */
-SG_KERNEL void k116_simplified_t165(int64_t d0, const float* restrict ws0, const float* restrict ws2, const float* restrict ws4, const float* restrict ws66, const float* restrict var2, const float* restrict ws5, const float* restrict ws68, float* restrict ws69)
+SG_KERNEL void k92_simplified_t165(int64_t d0, const float* restrict ws0, const float* restrict ws2, const float* restrict ws4, const float* restrict ws66, const float* restrict var2, const float* restrict ws5, const float* restrict ws68, float* restrict ws69)
 {
     #pragma omp parallel for if((256*d0) >= SG_PARALLEL_MIN)
     for (int64_t i0 = 0; i0 < d0; ++i0) {
@@ -2163,29 +2167,38 @@ SG_KERNEL void k116_simplified_t165(int64_t d0, const float* restrict ws0, const
     }
 }
 
-/* t181: f32[8,32] = sum[axes=(0,), keepdims=False](t169) */
-SG_KERNEL void k128_sum_t181(int64_t d0, const float* restrict ws75, float* restrict ws77)
+/* t193: f32[B,8,32] = mul(t162, transformer.h.0.ln_1.weight) */
+/* t194: f32[B,8,32] = add(t193, transformer.h.0.ln_1.bias) */
+SG_KERNEL void k95_add_t194(int64_t d0, const float* restrict ws7, const float* restrict var2, const float* restrict var3, float* restrict ws72)
 {
-    /* The kept axis is contiguous: add whole rows into a tile of accumulators (vectorizes),
-       256 columns at a time, instead of walking each column down the rows. */
     #pragma omp parallel for if((256*d0) >= SG_PARALLEL_MIN)
-    for (int64_t j0 = 0; j0 < 256; j0 += 256) {
-        const int64_t jn = 256 - j0 < 256 ? 256 - j0 : 256;
-        double acc[256];
-        for (int64_t j = 0; j < jn; ++j)
-            acc[j] = 0;
-        for (int64_t r0 = 0; r0 < d0; ++r0) {
-            const float* restrict row = ws75 + r0 * 256;
-            for (int64_t j = 0; j < jn; ++j)
-                acc[j] += (double)row[j0 + j];
+    for (int64_t i0 = 0; i0 < 8*d0; ++i0) {
+        for (int64_t i1 = 0; i1 < 32; ++i1) {
+            const float v0 = ws7[i0 * 32 + i1];  /* t162 */
+            const float v1 = var2[i1];  /* transformer.h.0.ln_1.weight */
+            const float v2 = var3[i1];  /* transformer.h.0.ln_1.bias */
+            const float t193 = v0*v1;  /* t193: f32[B,8,32] = mul(t162, transformer.h.0.ln_1.weight) */
+            const float t194 = t193 + v2;  /* t194: f32[B,8,32] = add(t193, transformer.h.0.ln_1.bias) */
+            ws72[i0 * 32 + i1] = t194;
         }
-        for (int64_t j = 0; j < jn; ++j)
-            ws77[j0 + j] = (float)(acc[j]);
     }
 }
 
+/* t196: f32[96,32] = matmul(t192, t195) */
+SG_KERNEL void k96_matmul_t196(int64_t d0, const float* restrict ws62, const float* restrict ws72, float* restrict ws73, sg_context* context)
+{
+    /* a[96 x 8*d0] read with strides (1, 96), b[8*d0 x 32] with (32, 1):
+       a transposed operand is only a change of strides. */
+    /* Its buffers in the runtime's scratch region (context->scratch, sized by symgrad_scratch_bytes);
+       context->status: the GEMM's, for the entry point to check */
+    context->status = sg_gemm_f32(96, 32, 8*d0,
+        ws62, 1, 96,
+        ws72, 32, 1,
+        ws73, context, NULL, context->scratch);
+}
+
 /* t182: f32[8,32] = scatter_add[axis=0, size=8](t181, t4) */
-SG_KERNEL void k130_scatter_add_t182(int64_t d0, const float* restrict ws77, const int64_t* restrict ws78, float* restrict ws79)
+SG_KERNEL void k106_scatter_add_t182(int64_t d0, const float* restrict ws77, const int64_t* restrict ws78, float* restrict ws79)
 {
     const int64_t P = 1, I = 8, Q = 32, R = 8;
     const float* src = ws77;
@@ -2205,21 +2218,6 @@ SG_KERNEL void k130_scatter_add_t182(int64_t d0, const float* restrict ws77, con
                 dst[q] += row[q];
             }
         }
-    }
-}
-
-/* t171: f32[64,32] = add(t109, t170) */
-/* t172: f32[64,32] = (0.09999999999999998)*(t171 - transformer.wte.weight.exp_avg) + transformer.wte.weight.exp_avg */
-SG_KERNEL void k134_adam_exp_avg_t172(int64_t d0, const float* restrict ws30, const float* restrict ws76, float* restrict var18)
-{
-    for (int64_t i0 = 0; i0 < 2048; ++i0) {
-        const float v0 = ws30[i0];  /* t109 */
-        const float v1 = ws76[i0];  /* t170 */
-        const float v2 = var18[i0];  /* transformer.wte.weight.exp_avg */
-        const float v3 = 0.1f;  /* 0.09999999999999998 */
-        const float t171 = v0 + v1;  /* t171: f32[64,32] = add(t109, t170) */
-        const float t172 = v2 + v3*(-v2 + t171);  /* t172: f32[64,32] = (0.09999999999999998)*(t171 - transformer.wte.weight.exp_avg) + transformer.wte.weight.exp_avg */
-        var18[i0] = t172;
     }
 }
 
@@ -2355,23 +2353,23 @@ int64_t symgrad_scratch_bytes(const int64_t* dims)
         const int64_t bytes = sg_gemm_f32_scratch_bytes(8*d0, 32, 64, threads);
         most = bytes > most ? bytes : most;
     }
-    {  /* k64_matmul_t234 */
+    {  /* k58_matmul_t234 */
         const int64_t bytes = sg_gemm_f32_scratch_bytes(32, 128, 8*d0, threads);
         most = bytes > most ? bytes : most;
     }
-    {  /* k81_matmul_t221 */
+    {  /* k69_matmul_t221 */
         const int64_t bytes = sg_gemm_f32_scratch_bytes(128, 32, 8*d0, threads);
         most = bytes > most ? bytes : most;
     }
-    {  /* k92_matmul_t207 */
+    {  /* k77_matmul_t207 */
         const int64_t bytes = sg_gemm_f32_scratch_bytes(32, 32, 8*d0, threads);
         most = bytes > most ? bytes : most;
     }
-    {  /* k111_matmul_t159 */
+    {  /* k89_matmul_t159 */
         const int64_t bytes = sg_gemm_f32_scratch_bytes(8*d0, 32, 96, threads);
         most = bytes > most ? bytes : most;
     }
-    {  /* k120_matmul_t196 */
+    {  /* k96_matmul_t196 */
         const int64_t bytes = sg_gemm_f32_scratch_bytes(96, 32, 8*d0, threads);
         most = bytes > most ? bytes : most;
     }
@@ -2621,109 +2619,77 @@ int symgrad_run(const int64_t* dims, void** inputs, void** variables, void** out
     k43_matmul_t110(d0, ws28, var0, ws31, context);
     if (context->status != SG_OK) return sg_stopped(context, "k43_matmul_t110");
     k44_sum_t327(d0, ws31, ws32);
-    k45_adam_exp_avg_t328(d0, var64, ws32, 32);
-    k46_adam_exp_avg_sq_t329(d0, var65, ws32, 32);
-    k47_adam_param_t332(d0, var35, var63, var15, var64, var65, 32);
-    k48_sum_t114(d0, ws21, ws22, ws31, var14, ws33);
-    k49_simplified_t115(d0, ws31, var14, ws22, ws33, ws21, ws34);
-    k50_mul_t317(d0, ws21, ws22, ws31, ws35);
-    k44_sum_t327(d0, ws35, ws36);  /* k51_sum_t318 */
-    k45_adam_exp_avg_t328(d0, var61, ws36, 32);  /* k52_adam_exp_avg_t319 */
-    k46_adam_exp_avg_sq_t329(d0, var62, ws36, 32);  /* k53_adam_exp_avg_sq_t320 */
-    k47_adam_param_t332(d0, var35, var60, var14, var61, var62, 32);  /* k54_adam_param_t323 */
-    k55_mul_t117(d0, ws34, ws37);
-    k56_add_t118(d0, ws34, ws37, ws38);
-    k44_sum_t327(d0, ws38, ws39);  /* k57_sum_t308 */
-    k45_adam_exp_avg_t328(d0, var58, ws39, 32);  /* k58_adam_exp_avg_t309 */
-    k46_adam_exp_avg_sq_t329(d0, var59, ws39, 32);  /* k59_adam_exp_avg_sq_t310 */
-    k47_adam_param_t332(d0, var35, var57, var13, var58, var59, 32);  /* k60_adam_param_t313 */
-    k61_matmul_t120(d0, ws38, var12, ws40, context);
-    if (context->status != SG_OK) return sg_stopped(context, "k61_matmul_t120");
-    k62_mul_t123(d0, ws17, ws40, ws41);
-    k32_gelu_t56(d0, ws17, ws42);  /* k63_gelu_t232 */
-    k64_matmul_t234(d0, ws38, ws42, ws43, context);
-    if (context->status != SG_OK) return sg_stopped(context, "k64_matmul_t234");
-    k65_sum_t299(d0, ws41, ws44);
-    k45_adam_exp_avg_t328(d0, var55, ws44, 128);  /* k66_adam_exp_avg_t300 */
-    k46_adam_exp_avg_sq_t329(d0, var56, ws44, 128);  /* k67_adam_exp_avg_sq_t301 */
-    k47_adam_param_t332(d0, var35, var54, var11, var55, var56, 128);  /* k68_adam_param_t304 */
-    k45_adam_exp_avg_t328(d0, var33, ws43, 4096);  /* k69_adam_exp_avg_t235 */
-    k46_adam_exp_avg_sq_t329(d0, var34, ws43, 4096);  /* k70_adam_exp_avg_sq_t236 */
-    k71_adam_param_t239(d0, var16, var12, var32, var33, var34, 4096);
-    k72_matmul_t125(d0, ws41, var10, ws45, context);
-    if (context->status != SG_OK) return sg_stopped(context, "k72_matmul_t125");
-    k44_sum_t327(d0, ws45, ws46);  /* k73_sum_t290 */
-    k45_adam_exp_avg_t328(d0, var52, ws46, 32);  /* k74_adam_exp_avg_t291 */
-    k46_adam_exp_avg_sq_t329(d0, var53, ws46, 32);  /* k75_adam_exp_avg_sq_t292 */
-    k48_sum_t114(d0, ws14, ws15, ws45, var8, ws47);  /* k76_sum_t130 */
-    k49_simplified_t115(d0, ws45, var8, ws15, ws47, ws14, ws48);  /* k77_simplified_t131 */
-    k50_mul_t317(d0, ws14, ws15, ws45, ws49);  /* k78_mul_t280 */
-    k44_sum_t327(d0, ws49, ws50);  /* k79_sum_t281 */
-    k30_add_t50(d0, ws14, ws15, var8, var9, ws51);  /* k80_add_t219 */
-    k81_matmul_t221(d0, ws41, ws51, ws52, context);
-    if (context->status != SG_OK) return sg_stopped(context, "k81_matmul_t221");
-    k45_adam_exp_avg_t328(d0, var49, ws50, 32);  /* k82_adam_exp_avg_t282 */
-    k46_adam_exp_avg_sq_t329(d0, var50, ws50, 32);  /* k83_adam_exp_avg_sq_t283 */
-    k47_adam_param_t332(d0, var35, var48, var8, var49, var50, 32);  /* k84_adam_param_t286 */
-    k47_adam_param_t332(d0, var35, var51, var9, var52, var53, 32);  /* k85_adam_param_t295 */
-    k55_mul_t117(d0, ws48, ws53);  /* k86_mul_t134 */
-    k87_add_t135(d0, ws38, ws48, ws53, ws54);
-    k44_sum_t327(d0, ws54, ws55);  /* k88_sum_t271 */
-    k45_adam_exp_avg_t328(d0, var46, ws55, 32);  /* k89_adam_exp_avg_t272 */
-    k46_adam_exp_avg_sq_t329(d0, var47, ws55, 32);  /* k90_adam_exp_avg_sq_t273 */
-    k47_adam_param_t332(d0, var35, var45, var7, var46, var47, 32);  /* k91_adam_param_t276 */
-    k92_matmul_t207(d0, ws54, ws9, ws56, context);
-    if (context->status != SG_OK) return sg_stopped(context, "k92_matmul_t207");
-    k45_adam_exp_avg_t328(d0, var27, ws56, 1024);  /* k93_adam_exp_avg_t208 */
-    k46_adam_exp_avg_sq_t329(d0, var28, ws56, 1024);  /* k94_adam_exp_avg_sq_t209 */
-    k45_adam_exp_avg_t328(d0, var30, ws52, 4096);  /* k95_adam_exp_avg_t222 */
-    k46_adam_exp_avg_sq_t329(d0, var31, ws52, 4096);  /* k96_adam_exp_avg_sq_t223 */
-    k71_adam_param_t239(d0, var16, var10, var29, var30, var31, 4096);  /* k97_adam_param_t226 */
-    k98_matmul_t137(d0, ws54, var6, ws57, context);
-    if (context->status != SG_OK) return sg_stopped(context, "k98_matmul_t137");
-    k99_attention_grad_t140(d0, ws8, ws9, ws57, ws11, ws58, ws59, ws60);
-    k100_copy(d0, ws58, ws61);
-    k101_embed_t145(d0, ws61, ws62);
-    k102_copy(d0, ws58, ws63);
-    k103_embed_t150(d0, ws63, ws62);
-    k104_copy(d0, ws58, ws64);
-    k105_embed_t156(d0, ws64, ws62);
-    k106_sum_t262(d0, ws62, ws65);
-    k45_adam_exp_avg_t328(d0, var43, ws65, 96);  /* k107_adam_exp_avg_t263 */
-    k46_adam_exp_avg_sq_t329(d0, var44, ws65, 96);  /* k108_adam_exp_avg_sq_t264 */
-    k47_adam_param_t332(d0, var35, var42, var5, var43, var44, 96);  /* k109_adam_param_t267 */
-    k71_adam_param_t239(d0, var16, var6, var26, var27, var28, 1024);  /* k110_adam_param_t212 */
-    k111_matmul_t159(d0, ws62, var4, ws66, context);
-    if (context->status != SG_OK) return sg_stopped(context, "k111_matmul_t159");
-    k44_sum_t327(d0, ws66, ws67);  /* k112_sum_t253 */
-    k45_adam_exp_avg_t328(d0, var40, ws67, 32);  /* k113_adam_exp_avg_t254 */
-    k46_adam_exp_avg_sq_t329(d0, var41, ws67, 32);  /* k114_adam_exp_avg_sq_t255 */
-    k115_sum_t164(d0, ws66, var2, ws5, ws7, ws68);
-    k116_simplified_t165(d0, ws0, ws2, ws4, ws66, var2, ws5, ws68, ws69);
-    k117_mul_t243(d0, ws66, ws7, ws70);
-    k44_sum_t327(d0, ws70, ws71);  /* k118_sum_t244 */
-    k119_add_t194(d0, ws7, var2, var3, ws72);
-    k120_matmul_t196(d0, ws62, ws72, ws73, context);
-    if (context->status != SG_OK) return sg_stopped(context, "k120_matmul_t196");
-    k45_adam_exp_avg_t328(d0, var37, ws71, 32);  /* k121_adam_exp_avg_t245 */
-    k46_adam_exp_avg_sq_t329(d0, var38, ws71, 32);  /* k122_adam_exp_avg_sq_t246 */
-    k47_adam_param_t332(d0, var35, var36, var2, var37, var38, 32);  /* k123_adam_param_t249 */
-    k47_adam_param_t332(d0, var35, var39, var3, var40, var41, 32);  /* k124_adam_param_t258 */
-    k55_mul_t117(d0, ws69, ws74);  /* k125_mul_t168 */
-    k87_add_t135(d0, ws54, ws69, ws74, ws75);  /* k126_add_t169 */
-    k127_scatter_add_t170(d0, ws75, in0, ws76);
-    k128_sum_t181(d0, ws75, ws77);
-    k1_copy(d0, ws78);  /* k129_copy */
-    k130_scatter_add_t182(d0, ws77, ws78, ws79);
-    k45_adam_exp_avg_t328(d0, var21, ws79, 256);  /* k131_adam_exp_avg_t183 */
-    k46_adam_exp_avg_sq_t329(d0, var22, ws79, 256);  /* k132_adam_exp_avg_sq_t184 */
-    k71_adam_param_t239(d0, var16, var1, var20, var21, var22, 256);  /* k133_adam_param_t187 */
-    k134_adam_exp_avg_t172(d0, ws30, ws76, var18);
-    k135_adam_exp_avg_sq_t173(d0, ws30, ws76, var19);
-    k71_adam_param_t239(d0, var16, var0, var17, var18, var19, 2048);  /* k136_adam_param_t176 */
-    k45_adam_exp_avg_t328(d0, var24, ws73, 3072);  /* k137_adam_exp_avg_t197 */
-    k46_adam_exp_avg_sq_t329(d0, var25, ws73, 3072);  /* k138_adam_exp_avg_sq_t198 */
-    k71_adam_param_t239(d0, var16, var4, var23, var24, var25, 3072);  /* k139_adam_param_t201 */
+    k45_adam_param_t332(d0, var35, var63, var64, ws32, var65, var15, 32);
+    k46_sum_t114(d0, ws21, ws22, ws31, var14, ws33);
+    k47_simplified_t115(d0, ws31, var14, ws22, ws33, ws21, ws34);
+    k48_mul_t317(d0, ws21, ws22, ws31, ws35);
+    k44_sum_t327(d0, ws35, ws36);  /* k49_sum_t318 */
+    k45_adam_param_t332(d0, var35, var60, var61, ws36, var62, var14, 32);  /* k50_adam_param_t323 */
+    k51_mul_t117(d0, ws34, ws37);
+    k52_add_t118(d0, ws34, ws37, ws38);
+    k44_sum_t327(d0, ws38, ws39);  /* k53_sum_t308 */
+    k45_adam_param_t332(d0, var35, var57, var58, ws39, var59, var13, 32);  /* k54_adam_param_t313 */
+    k55_matmul_t120(d0, ws38, var12, ws40, context);
+    if (context->status != SG_OK) return sg_stopped(context, "k55_matmul_t120");
+    k56_mul_t123(d0, ws17, ws40, ws41);
+    k32_gelu_t56(d0, ws17, ws42);  /* k57_gelu_t232 */
+    k58_matmul_t234(d0, ws38, ws42, ws43, context);
+    if (context->status != SG_OK) return sg_stopped(context, "k58_matmul_t234");
+    k59_adam_param_t239(d0, var16, var12, var32, var33, ws43, var34, 4096);
+    k60_sum_t299(d0, ws41, ws44);
+    k45_adam_param_t332(d0, var35, var54, var55, ws44, var56, var11, 128);  /* k61_adam_param_t304 */
+    k62_matmul_t125(d0, ws41, var10, ws45, context);
+    if (context->status != SG_OK) return sg_stopped(context, "k62_matmul_t125");
+    k44_sum_t327(d0, ws45, ws46);  /* k63_sum_t290 */
+    k46_sum_t114(d0, ws14, ws15, ws45, var8, ws47);  /* k64_sum_t130 */
+    k47_simplified_t115(d0, ws45, var8, ws15, ws47, ws14, ws48);  /* k65_simplified_t131 */
+    k48_mul_t317(d0, ws14, ws15, ws45, ws49);  /* k66_mul_t280 */
+    k44_sum_t327(d0, ws49, ws50);  /* k67_sum_t281 */
+    k30_add_t50(d0, ws14, ws15, var8, var9, ws51);  /* k68_add_t219 */
+    k69_matmul_t221(d0, ws41, ws51, ws52, context);
+    if (context->status != SG_OK) return sg_stopped(context, "k69_matmul_t221");
+    k59_adam_param_t239(d0, var16, var10, var29, var30, ws52, var31, 4096);  /* k70_adam_param_t226 */
+    k45_adam_param_t332(d0, var35, var48, var49, ws50, var50, var8, 32);  /* k71_adam_param_t286 */
+    k45_adam_param_t332(d0, var35, var51, var52, ws46, var53, var9, 32);  /* k72_adam_param_t295 */
+    k51_mul_t117(d0, ws48, ws53);  /* k73_mul_t134 */
+    k74_add_t135(d0, ws38, ws48, ws53, ws54);
+    k44_sum_t327(d0, ws54, ws55);  /* k75_sum_t271 */
+    k45_adam_param_t332(d0, var35, var45, var46, ws55, var47, var7, 32);  /* k76_adam_param_t276 */
+    k77_matmul_t207(d0, ws54, ws9, ws56, context);
+    if (context->status != SG_OK) return sg_stopped(context, "k77_matmul_t207");
+    k78_matmul_t137(d0, ws54, var6, ws57, context);
+    if (context->status != SG_OK) return sg_stopped(context, "k78_matmul_t137");
+    k79_attention_grad_t140(d0, ws8, ws9, ws57, ws11, ws58, ws59, ws60);
+    k80_copy(d0, ws58, ws61);
+    k81_embed_t145(d0, ws61, ws62);
+    k82_copy(d0, ws58, ws63);
+    k83_embed_t150(d0, ws63, ws62);
+    k84_copy(d0, ws58, ws64);
+    k85_embed_t156(d0, ws64, ws62);
+    k59_adam_param_t239(d0, var16, var6, var26, var27, ws56, var28, 1024);  /* k86_adam_param_t212 */
+    k87_sum_t262(d0, ws62, ws65);
+    k45_adam_param_t332(d0, var35, var42, var43, ws65, var44, var5, 96);  /* k88_adam_param_t267 */
+    k89_matmul_t159(d0, ws62, var4, ws66, context);
+    if (context->status != SG_OK) return sg_stopped(context, "k89_matmul_t159");
+    k44_sum_t327(d0, ws66, ws67);  /* k90_sum_t253 */
+    k91_sum_t164(d0, ws66, var2, ws5, ws7, ws68);
+    k92_simplified_t165(d0, ws0, ws2, ws4, ws66, var2, ws5, ws68, ws69);
+    k93_mul_t243(d0, ws66, ws7, ws70);
+    k44_sum_t327(d0, ws70, ws71);  /* k94_sum_t244 */
+    k95_add_t194(d0, ws7, var2, var3, ws72);
+    k96_matmul_t196(d0, ws62, ws72, ws73, context);
+    if (context->status != SG_OK) return sg_stopped(context, "k96_matmul_t196");
+    k59_adam_param_t239(d0, var16, var4, var23, var24, ws73, var25, 3072);  /* k97_adam_param_t201 */
+    k45_adam_param_t332(d0, var35, var36, var37, ws71, var38, var2, 32);  /* k98_adam_param_t249 */
+    k45_adam_param_t332(d0, var35, var39, var40, ws67, var41, var3, 32);  /* k99_adam_param_t258 */
+    k51_mul_t117(d0, ws69, ws74);  /* k100_mul_t168 */
+    k74_add_t135(d0, ws54, ws69, ws74, ws75);  /* k101_add_t169 */
+    k102_scatter_add_t170(d0, ws75, in0, ws76);
+    k103_adam_param_t176(d0, var16, var0, var17, ws30, ws76, var18, var19);
+    k104_sum_t181(d0, ws75, ws77);
+    k1_copy(d0, ws78);  /* k105_copy */
+    k106_scatter_add_t182(d0, ws77, ws78, ws79);
+    k59_adam_param_t239(d0, var16, var1, var20, var21, ws79, var22, 256);  /* k107_adam_param_t187 */
     sg_team_end_call(context);
     return SG_OK;
 }

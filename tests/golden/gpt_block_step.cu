@@ -1317,43 +1317,14 @@ __global__ void __launch_bounds__(SG_THREADS) k48_sum_t327(int64_t d0, const flo
     }
 }
 
-/* t328: f32[32] = (0.09999999999999998)*(t327 - transformer.ln_f.bias.exp_avg) + transformer.ln_f.bias.exp_avg */
-__global__ void __launch_bounds__(SG_THREADS) k49_adam_exp_avg_t328(int64_t d0, float* __restrict__ var64, const float* __restrict__ ws35)
-{
-    const int64_t n = 32;
-    for (int64_t flat = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; flat < n;
-         flat += (int64_t)gridDim.x * blockDim.x) {
-        int64_t rest = flat;
-        const int64_t i0 = rest;
-        const float v0 = var64[i0];  /* transformer.ln_f.bias.exp_avg */
-        const float v1 = ws35[i0];  /* t327 */
-        const float v2 = 0.1f;  /* 0.09999999999999998 */
-        const float t328 = v0 + v2*(-v0 + v1);  /* t328: f32[32] = (0.09999999999999998)*(t327 - transformer.ln_f.bias.exp_avg) + transformer.ln_f.bias.exp_avg */
-        var64[i0] = t328;
-    }
-}
-
-/* t329: f32[32] = 0.05*t327**2 + 0.95*transformer.ln_f.bias.exp_avg_sq */
-__global__ void __launch_bounds__(SG_THREADS) k50_adam_exp_avg_sq_t329(int64_t d0, float* __restrict__ var65, const float* __restrict__ ws35)
-{
-    const int64_t n = 32;
-    for (int64_t flat = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; flat < n;
-         flat += (int64_t)gridDim.x * blockDim.x) {
-        int64_t rest = flat;
-        const int64_t i0 = rest;
-        const float v0 = var65[i0];  /* transformer.ln_f.bias.exp_avg_sq */
-        const float v1 = ws35[i0];  /* t327 */
-        const float t329 = 0.95f*v0 + 0.05f*((v1)*(v1));  /* t329: f32[32] = 0.05*t327**2 + 0.95*transformer.ln_f.bias.exp_avg_sq */
-        var65[i0] = t329;
-    }
-}
-
 /* t325: f64[] = param_groups.1.lr/(1 - 0.9**t324) */
 /* t326: f32[] = cast(t325) */
 /* t330: f64[] = sqrt(1 - 0.95**t324) */
 /* t331: f32[] = cast(t330) */
+/* t328: f32[32] = (0.09999999999999998)*(t327 - transformer.ln_f.bias.exp_avg) + transformer.ln_f.bias.exp_avg */
+/* t329: f32[32] = 0.05*t327**2 + 0.95*transformer.ln_f.bias.exp_avg_sq */
 /* t332: f32[32] = -t326*t328/(sqrt(t329)/t331 + 1.0e-8) + transformer.ln_f.bias */
-__global__ void __launch_bounds__(SG_THREADS) k51_adam_param_t332(int64_t d0, const double* __restrict__ var35, const double* __restrict__ var63, float* __restrict__ var15, const float* __restrict__ var64, const float* __restrict__ var65)
+__global__ void __launch_bounds__(SG_THREADS) k49_adam_param_t332(int64_t d0, const double* __restrict__ var35, const double* __restrict__ var63, float* __restrict__ var64, const float* __restrict__ ws35, float* __restrict__ var65, float* __restrict__ var15)
 {
     const int64_t n = 32;
     for (int64_t flat = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; flat < n;
@@ -1362,15 +1333,21 @@ __global__ void __launch_bounds__(SG_THREADS) k51_adam_param_t332(int64_t d0, co
         const int64_t i0 = rest;
         const double v0 = var35[0];  /* param_groups.1.lr */
         const double v1 = var63[0];  /* t324 */
-        const float v2 = var15[i0];  /* transformer.ln_f.bias */
-        const float v3 = var64[i0];  /* t328 */
-        const float v4 = var65[i0];  /* t329 */
+        const float v2 = var64[i0];  /* transformer.ln_f.bias.exp_avg */
+        const float v3 = ws35[i0];  /* t327 */
+        const float v4 = 0.1f;  /* 0.09999999999999998 */
+        const float v5 = var65[i0];  /* transformer.ln_f.bias.exp_avg_sq */
+        const float v6 = var15[i0];  /* transformer.ln_f.bias */
         const double t325 = v0/(1.0 - pow(0.9, v1));  /* t325: f64[] = param_groups.1.lr/(1 - 0.9**t324) */
         const float t326 = (float)(t325);  /* t326: f32[] = cast(t325) */
         const double t330 = sqrt(1.0 - pow(0.95, v1));  /* t330: f64[] = sqrt(1 - 0.95**t324) */
         const float t331 = (float)(t330);  /* t331: f32[] = cast(t330) */
-        const float t332 = v2 - t326*v3/(sqrtf(v4)/t331 + 1.0e-08f);  /* t332: f32[32] = -t326*t328/(sqrt(t329)/t331 + 1.0e-8) + transformer.ln_f.bias */
+        const float t328 = v2 + v4*(-v2 + v3);  /* t328: f32[32] = (0.09999999999999998)*(t327 - transformer.ln_f.bias.exp_avg) + transformer.ln_f.bias.exp_avg */
+        const float t329 = 0.95f*v5 + 0.05f*((v3)*(v3));  /* t329: f32[32] = 0.05*t327**2 + 0.95*transformer.ln_f.bias.exp_avg_sq */
+        const float t332 = v6 - t326*t328/(sqrtf(t329)/t331 + 1.0e-08f);  /* t332: f32[32] = -t326*t328/(sqrt(t329)/t331 + 1.0e-8) + transformer.ln_f.bias */
         var15[i0] = t332;
+        var64[i0] = t328;
+        var65[i0] = t329;
     }
 }
 
@@ -1379,7 +1356,7 @@ __global__ void __launch_bounds__(SG_THREADS) k51_adam_param_t332(int64_t d0, co
 /* t113: f32[B,8,32] = -t105*t112/t70 */
 /* t114: f32[B,8,1] = sum[axes=(2,), keepdims=True](t113) */
 /* Deterministic block reduction (sum): per-thread strided fold, then a shared-memory tree; no atomics. */
-__global__ void __launch_bounds__(SG_THREADS) k52_sum_t114(int64_t d0, const float* __restrict__ ws24, const float* __restrict__ ws25, const float* __restrict__ ws34, const float* __restrict__ var14, float* __restrict__ ws36)
+__global__ void __launch_bounds__(SG_THREADS) k50_sum_t114(int64_t d0, const float* __restrict__ ws24, const float* __restrict__ ws25, const float* __restrict__ ws34, const float* __restrict__ var14, float* __restrict__ ws36)
 {
     __shared__ double s_acc[SG_THREADS];
     const int64_t n_out = (8*d0);
@@ -1417,7 +1394,7 @@ __global__ void __launch_bounds__(SG_THREADS) k52_sum_t114(int64_t d0, const flo
 
 /* t112: f32[B,8,32] = mul(t111, transformer.ln_f.weight) */
 /* t115: f32[B,8,32] = t112/t70 + t114*t65/(32*t70) */
-__global__ void __launch_bounds__(SG_THREADS) k53_simplified_t115(int64_t d0, const float* __restrict__ ws34, const float* __restrict__ var14, const float* __restrict__ ws25, const float* __restrict__ ws36, const float* __restrict__ ws24, float* __restrict__ ws37)
+__global__ void __launch_bounds__(SG_THREADS) k51_simplified_t115(int64_t d0, const float* __restrict__ ws34, const float* __restrict__ var14, const float* __restrict__ ws25, const float* __restrict__ ws36, const float* __restrict__ ws24, float* __restrict__ ws37)
 {
     const int64_t n = (256*d0);
     for (int64_t flat = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; flat < n;
@@ -1438,7 +1415,7 @@ __global__ void __launch_bounds__(SG_THREADS) k53_simplified_t115(int64_t d0, co
 
 /* t105: f32[B,8,32] = div(t65, t70) */
 /* t317: f32[B,8,32] = mul(t111, t105) */
-__global__ void __launch_bounds__(SG_THREADS) k54_mul_t317(int64_t d0, const float* __restrict__ ws24, const float* __restrict__ ws25, const float* __restrict__ ws34, float* __restrict__ ws38)
+__global__ void __launch_bounds__(SG_THREADS) k52_mul_t317(int64_t d0, const float* __restrict__ ws24, const float* __restrict__ ws25, const float* __restrict__ ws34, float* __restrict__ ws38)
 {
     const int64_t n = (256*d0);
     for (int64_t flat = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; flat < n;
@@ -1457,7 +1434,7 @@ __global__ void __launch_bounds__(SG_THREADS) k54_mul_t317(int64_t d0, const flo
 
 /* t318: f32[32] = sum[axes=(0,1), keepdims=False](t317) */
 /* Deterministic block reduction (sum): per-thread strided fold, then a shared-memory tree; no atomics. */
-__global__ void __launch_bounds__(SG_THREADS) k55_sum_t318(int64_t d0, const float* __restrict__ ws38, float* __restrict__ ws39)
+__global__ void __launch_bounds__(SG_THREADS) k53_sum_t318(int64_t d0, const float* __restrict__ ws38, float* __restrict__ ws39)
 {
     __shared__ double s_acc[SG_THREADS];
     const int64_t n_out = 32;
@@ -1486,43 +1463,14 @@ __global__ void __launch_bounds__(SG_THREADS) k55_sum_t318(int64_t d0, const flo
     }
 }
 
-/* t319: f32[32] = (0.09999999999999998)*(t318 - transformer.ln_f.weight.exp_avg) + transformer.ln_f.weight.exp_avg */
-__global__ void __launch_bounds__(SG_THREADS) k56_adam_exp_avg_t319(int64_t d0, float* __restrict__ var61, const float* __restrict__ ws39)
-{
-    const int64_t n = 32;
-    for (int64_t flat = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; flat < n;
-         flat += (int64_t)gridDim.x * blockDim.x) {
-        int64_t rest = flat;
-        const int64_t i0 = rest;
-        const float v0 = var61[i0];  /* transformer.ln_f.weight.exp_avg */
-        const float v1 = ws39[i0];  /* t318 */
-        const float v2 = 0.1f;  /* 0.09999999999999998 */
-        const float t319 = v0 + v2*(-v0 + v1);  /* t319: f32[32] = (0.09999999999999998)*(t318 - transformer.ln_f.weight.exp_avg) + transformer.ln_f.weight.exp_avg */
-        var61[i0] = t319;
-    }
-}
-
-/* t320: f32[32] = 0.05*t318**2 + 0.95*transformer.ln_f.weight.exp_avg_sq */
-__global__ void __launch_bounds__(SG_THREADS) k57_adam_exp_avg_sq_t320(int64_t d0, float* __restrict__ var62, const float* __restrict__ ws39)
-{
-    const int64_t n = 32;
-    for (int64_t flat = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; flat < n;
-         flat += (int64_t)gridDim.x * blockDim.x) {
-        int64_t rest = flat;
-        const int64_t i0 = rest;
-        const float v0 = var62[i0];  /* transformer.ln_f.weight.exp_avg_sq */
-        const float v1 = ws39[i0];  /* t318 */
-        const float t320 = 0.95f*v0 + 0.05f*((v1)*(v1));  /* t320: f32[32] = 0.05*t318**2 + 0.95*transformer.ln_f.weight.exp_avg_sq */
-        var62[i0] = t320;
-    }
-}
-
 /* t315: f64[] = param_groups.1.lr/(1 - 0.9**t314) */
 /* t316: f32[] = cast(t315) */
 /* t321: f64[] = sqrt(1 - 0.95**t314) */
 /* t322: f32[] = cast(t321) */
+/* t319: f32[32] = (0.09999999999999998)*(t318 - transformer.ln_f.weight.exp_avg) + transformer.ln_f.weight.exp_avg */
+/* t320: f32[32] = 0.05*t318**2 + 0.95*transformer.ln_f.weight.exp_avg_sq */
 /* t323: f32[32] = -t316*t319/(sqrt(t320)/t322 + 1.0e-8) + transformer.ln_f.weight */
-__global__ void __launch_bounds__(SG_THREADS) k58_adam_param_t323(int64_t d0, const double* __restrict__ var35, const double* __restrict__ var60, float* __restrict__ var14, const float* __restrict__ var61, const float* __restrict__ var62)
+__global__ void __launch_bounds__(SG_THREADS) k54_adam_param_t323(int64_t d0, const double* __restrict__ var35, const double* __restrict__ var60, float* __restrict__ var61, const float* __restrict__ ws39, float* __restrict__ var62, float* __restrict__ var14)
 {
     const int64_t n = 32;
     for (int64_t flat = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; flat < n;
@@ -1531,22 +1479,28 @@ __global__ void __launch_bounds__(SG_THREADS) k58_adam_param_t323(int64_t d0, co
         const int64_t i0 = rest;
         const double v0 = var35[0];  /* param_groups.1.lr */
         const double v1 = var60[0];  /* t314 */
-        const float v2 = var14[i0];  /* transformer.ln_f.weight */
-        const float v3 = var61[i0];  /* t319 */
-        const float v4 = var62[i0];  /* t320 */
+        const float v2 = var61[i0];  /* transformer.ln_f.weight.exp_avg */
+        const float v3 = ws39[i0];  /* t318 */
+        const float v4 = 0.1f;  /* 0.09999999999999998 */
+        const float v5 = var62[i0];  /* transformer.ln_f.weight.exp_avg_sq */
+        const float v6 = var14[i0];  /* transformer.ln_f.weight */
         const double t315 = v0/(1.0 - pow(0.9, v1));  /* t315: f64[] = param_groups.1.lr/(1 - 0.9**t314) */
         const float t316 = (float)(t315);  /* t316: f32[] = cast(t315) */
         const double t321 = sqrt(1.0 - pow(0.95, v1));  /* t321: f64[] = sqrt(1 - 0.95**t314) */
         const float t322 = (float)(t321);  /* t322: f32[] = cast(t321) */
-        const float t323 = v2 - t316*v3/(sqrtf(v4)/t322 + 1.0e-08f);  /* t323: f32[32] = -t316*t319/(sqrt(t320)/t322 + 1.0e-8) + transformer.ln_f.weight */
+        const float t319 = v2 + v4*(-v2 + v3);  /* t319: f32[32] = (0.09999999999999998)*(t318 - transformer.ln_f.weight.exp_avg) + transformer.ln_f.weight.exp_avg */
+        const float t320 = 0.95f*v5 + 0.05f*((v3)*(v3));  /* t320: f32[32] = 0.05*t318**2 + 0.95*transformer.ln_f.weight.exp_avg_sq */
+        const float t323 = v6 - t316*t319/(sqrtf(t320)/t322 + 1.0e-08f);  /* t323: f32[32] = -t316*t319/(sqrt(t320)/t322 + 1.0e-8) + transformer.ln_f.weight */
         var14[i0] = t323;
+        var61[i0] = t319;
+        var62[i0] = t320;
     }
 }
 
 /* t116: f32[B,8,1] = sum[axes=(2,), keepdims=True](t115) */
 /* t117: f32[B,8,1] = mul(t116, -0.03125) */
 /* Deterministic block reduction (sum): per-thread strided fold, then a shared-memory tree; no atomics. */
-__global__ void __launch_bounds__(SG_THREADS) k59_mul_t117(int64_t d0, const float* __restrict__ ws37, float* __restrict__ ws40)
+__global__ void __launch_bounds__(SG_THREADS) k55_mul_t117(int64_t d0, const float* __restrict__ ws37, float* __restrict__ ws40)
 {
     __shared__ double s_acc[SG_THREADS];
     const int64_t n_out = (8*d0);
@@ -1579,7 +1533,7 @@ __global__ void __launch_bounds__(SG_THREADS) k59_mul_t117(int64_t d0, const flo
 }
 
 /* t118: f32[B,8,32] = add(t115, t117) */
-__global__ void __launch_bounds__(SG_THREADS) k60_add_t118(int64_t d0, const float* __restrict__ ws37, const float* __restrict__ ws40, float* __restrict__ ws41)
+__global__ void __launch_bounds__(SG_THREADS) k56_add_t118(int64_t d0, const float* __restrict__ ws37, const float* __restrict__ ws40, float* __restrict__ ws41)
 {
     const int64_t n = (256*d0);
     for (int64_t flat = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; flat < n;
@@ -1596,7 +1550,7 @@ __global__ void __launch_bounds__(SG_THREADS) k60_add_t118(int64_t d0, const flo
 
 /* t308: f32[32] = sum[axes=(0,), keepdims=False](t119) */
 /* Deterministic block reduction (sum): per-thread strided fold, then a shared-memory tree; no atomics. */
-__global__ void __launch_bounds__(SG_THREADS) k61_sum_t308(int64_t d0, const float* __restrict__ ws41, float* __restrict__ ws42)
+__global__ void __launch_bounds__(SG_THREADS) k57_sum_t308(int64_t d0, const float* __restrict__ ws41, float* __restrict__ ws42)
 {
     __shared__ double s_acc[SG_THREADS];
     const int64_t n_out = 32;
@@ -1625,43 +1579,14 @@ __global__ void __launch_bounds__(SG_THREADS) k61_sum_t308(int64_t d0, const flo
     }
 }
 
-/* t309: f32[32] = (0.09999999999999998)*(t308 - transformer.h.0.mlp.c_proj.bias.exp_avg) + transformer.h.0.mlp.c_proj.bias.exp_avg */
-__global__ void __launch_bounds__(SG_THREADS) k62_adam_exp_avg_t309(int64_t d0, float* __restrict__ var58, const float* __restrict__ ws42)
-{
-    const int64_t n = 32;
-    for (int64_t flat = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; flat < n;
-         flat += (int64_t)gridDim.x * blockDim.x) {
-        int64_t rest = flat;
-        const int64_t i0 = rest;
-        const float v0 = var58[i0];  /* transformer.h.0.mlp.c_proj.bias.exp_avg */
-        const float v1 = ws42[i0];  /* t308 */
-        const float v2 = 0.1f;  /* 0.09999999999999998 */
-        const float t309 = v0 + v2*(-v0 + v1);  /* t309: f32[32] = (0.09999999999999998)*(t308 - transformer.h.0.mlp.c_proj.bias.exp_avg) + transformer.h.0.mlp.c_proj.bias.exp_avg */
-        var58[i0] = t309;
-    }
-}
-
-/* t310: f32[32] = 0.05*t308**2 + 0.95*transformer.h.0.mlp.c_proj.bias.exp_avg_sq */
-__global__ void __launch_bounds__(SG_THREADS) k63_adam_exp_avg_sq_t310(int64_t d0, float* __restrict__ var59, const float* __restrict__ ws42)
-{
-    const int64_t n = 32;
-    for (int64_t flat = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; flat < n;
-         flat += (int64_t)gridDim.x * blockDim.x) {
-        int64_t rest = flat;
-        const int64_t i0 = rest;
-        const float v0 = var59[i0];  /* transformer.h.0.mlp.c_proj.bias.exp_avg_sq */
-        const float v1 = ws42[i0];  /* t308 */
-        const float t310 = 0.95f*v0 + 0.05f*((v1)*(v1));  /* t310: f32[32] = 0.05*t308**2 + 0.95*transformer.h.0.mlp.c_proj.bias.exp_avg_sq */
-        var59[i0] = t310;
-    }
-}
-
 /* t306: f64[] = param_groups.1.lr/(1 - 0.9**t305) */
 /* t307: f32[] = cast(t306) */
 /* t311: f64[] = sqrt(1 - 0.95**t305) */
 /* t312: f32[] = cast(t311) */
+/* t309: f32[32] = (0.09999999999999998)*(t308 - transformer.h.0.mlp.c_proj.bias.exp_avg) + transformer.h.0.mlp.c_proj.bias.exp_avg */
+/* t310: f32[32] = 0.05*t308**2 + 0.95*transformer.h.0.mlp.c_proj.bias.exp_avg_sq */
 /* t313: f32[32] = -t307*t309/(sqrt(t310)/t312 + 1.0e-8) + transformer.h.0.mlp.c_proj.bias */
-__global__ void __launch_bounds__(SG_THREADS) k64_adam_param_t313(int64_t d0, const double* __restrict__ var35, const double* __restrict__ var57, float* __restrict__ var13, const float* __restrict__ var58, const float* __restrict__ var59)
+__global__ void __launch_bounds__(SG_THREADS) k58_adam_param_t313(int64_t d0, const double* __restrict__ var35, const double* __restrict__ var57, float* __restrict__ var58, const float* __restrict__ ws42, float* __restrict__ var59, float* __restrict__ var13)
 {
     const int64_t n = 32;
     for (int64_t flat = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; flat < n;
@@ -1670,25 +1595,31 @@ __global__ void __launch_bounds__(SG_THREADS) k64_adam_param_t313(int64_t d0, co
         const int64_t i0 = rest;
         const double v0 = var35[0];  /* param_groups.1.lr */
         const double v1 = var57[0];  /* t305 */
-        const float v2 = var13[i0];  /* transformer.h.0.mlp.c_proj.bias */
-        const float v3 = var58[i0];  /* t309 */
-        const float v4 = var59[i0];  /* t310 */
+        const float v2 = var58[i0];  /* transformer.h.0.mlp.c_proj.bias.exp_avg */
+        const float v3 = ws42[i0];  /* t308 */
+        const float v4 = 0.1f;  /* 0.09999999999999998 */
+        const float v5 = var59[i0];  /* transformer.h.0.mlp.c_proj.bias.exp_avg_sq */
+        const float v6 = var13[i0];  /* transformer.h.0.mlp.c_proj.bias */
         const double t306 = v0/(1.0 - pow(0.9, v1));  /* t306: f64[] = param_groups.1.lr/(1 - 0.9**t305) */
         const float t307 = (float)(t306);  /* t307: f32[] = cast(t306) */
         const double t311 = sqrt(1.0 - pow(0.95, v1));  /* t311: f64[] = sqrt(1 - 0.95**t305) */
         const float t312 = (float)(t311);  /* t312: f32[] = cast(t311) */
-        const float t313 = v2 - t307*v3/(sqrtf(v4)/t312 + 1.0e-08f);  /* t313: f32[32] = -t307*t309/(sqrt(t310)/t312 + 1.0e-8) + transformer.h.0.mlp.c_proj.bias */
+        const float t309 = v2 + v4*(-v2 + v3);  /* t309: f32[32] = (0.09999999999999998)*(t308 - transformer.h.0.mlp.c_proj.bias.exp_avg) + transformer.h.0.mlp.c_proj.bias.exp_avg */
+        const float t310 = 0.95f*v5 + 0.05f*((v3)*(v3));  /* t310: f32[32] = 0.05*t308**2 + 0.95*transformer.h.0.mlp.c_proj.bias.exp_avg_sq */
+        const float t313 = v6 - t307*t309/(sqrtf(t310)/t312 + 1.0e-08f);  /* t313: f32[32] = -t307*t309/(sqrt(t310)/t312 + 1.0e-8) + transformer.h.0.mlp.c_proj.bias */
         var13[i0] = t313;
+        var58[i0] = t309;
+        var59[i0] = t310;
     }
 }
 
 /* t120: f32[8*B,128] = matmul(t119, transformer.h.0.mlp.c_proj.weight) */
-/* k65_matmul_t120: a[8*d0 x 32] read with strides (32, 1), b[32 x 128] with (128, 1):
+/* k59_matmul_t120: a[8*d0 x 32] read with strides (32, 1), b[32 x 128] with (128, 1):
    a transposed operand is only a change of strides. Launched as sg_gemm<float> in the entry point. */
 
 /* t122: f32[B,8,128] = sqrt(2)*t55*exp(-t55**2/2)/(2*sqrt(pi)) + Piecewise((0, t55 < 0), (1, True)) + Piecewise((1, t55 < 0), (-1, True))*erfc(sqrt(2)*Abs(t55)/2)/2 */
 /* t123: f32[B,8,128] = mul(t121, t122) */
-__global__ void __launch_bounds__(SG_THREADS) k66_mul_t123(int64_t d0, const float* __restrict__ ws19, const float* __restrict__ ws43, float* __restrict__ ws44)
+__global__ void __launch_bounds__(SG_THREADS) k60_mul_t123(int64_t d0, const float* __restrict__ ws19, const float* __restrict__ ws43, float* __restrict__ ws44)
 {
     const int64_t n = (1024*d0);
     for (int64_t flat = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; flat < n;
@@ -1704,7 +1635,7 @@ __global__ void __launch_bounds__(SG_THREADS) k66_mul_t123(int64_t d0, const flo
 }
 
 /* t232: f32[B,8,128] = gelu(t55) */
-__global__ void __launch_bounds__(SG_THREADS) k67_gelu_t232(int64_t d0, const float* __restrict__ ws19, float* __restrict__ ws45)
+__global__ void __launch_bounds__(SG_THREADS) k61_gelu_t232(int64_t d0, const float* __restrict__ ws19, float* __restrict__ ws45)
 {
     const int64_t n = (1024*d0);
     for (int64_t flat = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; flat < n;
@@ -1718,12 +1649,52 @@ __global__ void __launch_bounds__(SG_THREADS) k67_gelu_t232(int64_t d0, const fl
 }
 
 /* t234: f32[32,128] = matmul(t231, t233) */
-/* k68_matmul_t234: a[32 x 8*d0] read with strides (1, 32), b[8*d0 x 128] with (128, 1):
+/* k62_matmul_t234: a[32 x 8*d0] read with strides (1, 32), b[8*d0 x 128] with (128, 1):
    a transposed operand is only a change of strides. Launched as sg_gemm<float> in the entry point. */
+
+/* t91: f64[] = 1 - 0.1*lr */
+/* t92: f32[] = cast(t91) */
+/* t227: f32[32,128] = mul(transformer.h.0.mlp.c_proj.weight, t92) */
+/* t229: f64[] = lr/(1 - 0.9**t228) */
+/* t230: f32[] = cast(t229) */
+/* t237: f64[] = sqrt(1 - 0.95**t228) */
+/* t238: f32[] = cast(t237) */
+/* t235: f32[32,128] = (0.09999999999999998)*(t234 - transformer.h.0.mlp.c_proj.weight.exp_avg) + transformer.h.0.mlp.c_proj.weight.exp_avg */
+/* t236: f32[32,128] = 0.05*t234**2 + 0.95*transformer.h.0.mlp.c_proj.weight.exp_avg_sq */
+/* t239: f32[32,128] = t227 - t230*t235/(sqrt(t236)/t238 + 1.0e-8) */
+__global__ void __launch_bounds__(SG_THREADS) k63_adam_param_t239(int64_t d0, const double* __restrict__ var16, float* __restrict__ var12, const double* __restrict__ var32, float* __restrict__ var33, const float* __restrict__ ws46, float* __restrict__ var34)
+{
+    const int64_t n = 4096;
+    for (int64_t flat = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; flat < n;
+         flat += (int64_t)gridDim.x * blockDim.x) {
+        int64_t rest = flat;
+        const int64_t i0 = rest;
+        const double v0 = var16[0];  /* lr */
+        const float v1 = var12[i0];  /* transformer.h.0.mlp.c_proj.weight */
+        const double v2 = var32[0];  /* t228 */
+        const float v3 = var33[i0];  /* transformer.h.0.mlp.c_proj.weight.exp_avg */
+        const float v4 = ws46[i0];  /* t234 */
+        const float v5 = 0.1f;  /* 0.09999999999999998 */
+        const float v6 = var34[i0];  /* transformer.h.0.mlp.c_proj.weight.exp_avg_sq */
+        const double t91 = 1.0 + (-0.1)*v0;  /* t91: f64[] = 1 - 0.1*lr */
+        const float t92 = (float)(t91);  /* t92: f32[] = cast(t91) */
+        const float t227 = v1*t92;  /* t227: f32[32,128] = mul(transformer.h.0.mlp.c_proj.weight, t92) */
+        const double t229 = v0/(1.0 - pow(0.9, v2));  /* t229: f64[] = lr/(1 - 0.9**t228) */
+        const float t230 = (float)(t229);  /* t230: f32[] = cast(t229) */
+        const double t237 = sqrt(1.0 - pow(0.95, v2));  /* t237: f64[] = sqrt(1 - 0.95**t228) */
+        const float t238 = (float)(t237);  /* t238: f32[] = cast(t237) */
+        const float t235 = v3 + v5*(-v3 + v4);  /* t235: f32[32,128] = (0.09999999999999998)*(t234 - transformer.h.0.mlp.c_proj.weight.exp_avg) + transformer.h.0.mlp.c_proj.weight.exp_avg */
+        const float t236 = 0.95f*v6 + 0.05f*((v4)*(v4));  /* t236: f32[32,128] = 0.05*t234**2 + 0.95*transformer.h.0.mlp.c_proj.weight.exp_avg_sq */
+        const float t239 = t227 - t230*t235/(sqrtf(t236)/t238 + 1.0e-08f);  /* t239: f32[32,128] = t227 - t230*t235/(sqrt(t236)/t238 + 1.0e-8) */
+        var12[i0] = t239;
+        var33[i0] = t235;
+        var34[i0] = t236;
+    }
+}
 
 /* t299: f32[128] = sum[axes=(0,), keepdims=False](t124) */
 /* Deterministic block reduction (sum): per-thread strided fold, then a shared-memory tree; no atomics. */
-__global__ void __launch_bounds__(SG_THREADS) k69_sum_t299(int64_t d0, const float* __restrict__ ws44, float* __restrict__ ws47)
+__global__ void __launch_bounds__(SG_THREADS) k64_sum_t299(int64_t d0, const float* __restrict__ ws44, float* __restrict__ ws47)
 {
     __shared__ double s_acc[SG_THREADS];
     const int64_t n_out = 128;
@@ -1752,43 +1723,14 @@ __global__ void __launch_bounds__(SG_THREADS) k69_sum_t299(int64_t d0, const flo
     }
 }
 
-/* t300: f32[128] = (0.09999999999999998)*(t299 - transformer.h.0.mlp.c_fc.bias.exp_avg) + transformer.h.0.mlp.c_fc.bias.exp_avg */
-__global__ void __launch_bounds__(SG_THREADS) k70_adam_exp_avg_t300(int64_t d0, float* __restrict__ var55, const float* __restrict__ ws47)
-{
-    const int64_t n = 128;
-    for (int64_t flat = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; flat < n;
-         flat += (int64_t)gridDim.x * blockDim.x) {
-        int64_t rest = flat;
-        const int64_t i0 = rest;
-        const float v0 = var55[i0];  /* transformer.h.0.mlp.c_fc.bias.exp_avg */
-        const float v1 = ws47[i0];  /* t299 */
-        const float v2 = 0.1f;  /* 0.09999999999999998 */
-        const float t300 = v0 + v2*(-v0 + v1);  /* t300: f32[128] = (0.09999999999999998)*(t299 - transformer.h.0.mlp.c_fc.bias.exp_avg) + transformer.h.0.mlp.c_fc.bias.exp_avg */
-        var55[i0] = t300;
-    }
-}
-
-/* t301: f32[128] = 0.05*t299**2 + 0.95*transformer.h.0.mlp.c_fc.bias.exp_avg_sq */
-__global__ void __launch_bounds__(SG_THREADS) k71_adam_exp_avg_sq_t301(int64_t d0, float* __restrict__ var56, const float* __restrict__ ws47)
-{
-    const int64_t n = 128;
-    for (int64_t flat = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; flat < n;
-         flat += (int64_t)gridDim.x * blockDim.x) {
-        int64_t rest = flat;
-        const int64_t i0 = rest;
-        const float v0 = var56[i0];  /* transformer.h.0.mlp.c_fc.bias.exp_avg_sq */
-        const float v1 = ws47[i0];  /* t299 */
-        const float t301 = 0.95f*v0 + 0.05f*((v1)*(v1));  /* t301: f32[128] = 0.05*t299**2 + 0.95*transformer.h.0.mlp.c_fc.bias.exp_avg_sq */
-        var56[i0] = t301;
-    }
-}
-
 /* t297: f64[] = param_groups.1.lr/(1 - 0.9**t296) */
 /* t298: f32[] = cast(t297) */
 /* t302: f64[] = sqrt(1 - 0.95**t296) */
 /* t303: f32[] = cast(t302) */
+/* t300: f32[128] = (0.09999999999999998)*(t299 - transformer.h.0.mlp.c_fc.bias.exp_avg) + transformer.h.0.mlp.c_fc.bias.exp_avg */
+/* t301: f32[128] = 0.05*t299**2 + 0.95*transformer.h.0.mlp.c_fc.bias.exp_avg_sq */
 /* t304: f32[128] = -t298*t300/(sqrt(t301)/t303 + 1.0e-8) + transformer.h.0.mlp.c_fc.bias */
-__global__ void __launch_bounds__(SG_THREADS) k72_adam_param_t304(int64_t d0, const double* __restrict__ var35, const double* __restrict__ var54, float* __restrict__ var11, const float* __restrict__ var55, const float* __restrict__ var56)
+__global__ void __launch_bounds__(SG_THREADS) k65_adam_param_t304(int64_t d0, const double* __restrict__ var35, const double* __restrict__ var54, float* __restrict__ var55, const float* __restrict__ ws47, float* __restrict__ var56, float* __restrict__ var11)
 {
     const int64_t n = 128;
     for (int64_t flat = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; flat < n;
@@ -1797,88 +1739,31 @@ __global__ void __launch_bounds__(SG_THREADS) k72_adam_param_t304(int64_t d0, co
         const int64_t i0 = rest;
         const double v0 = var35[0];  /* param_groups.1.lr */
         const double v1 = var54[0];  /* t296 */
-        const float v2 = var11[i0];  /* transformer.h.0.mlp.c_fc.bias */
-        const float v3 = var55[i0];  /* t300 */
-        const float v4 = var56[i0];  /* t301 */
+        const float v2 = var55[i0];  /* transformer.h.0.mlp.c_fc.bias.exp_avg */
+        const float v3 = ws47[i0];  /* t299 */
+        const float v4 = 0.1f;  /* 0.09999999999999998 */
+        const float v5 = var56[i0];  /* transformer.h.0.mlp.c_fc.bias.exp_avg_sq */
+        const float v6 = var11[i0];  /* transformer.h.0.mlp.c_fc.bias */
         const double t297 = v0/(1.0 - pow(0.9, v1));  /* t297: f64[] = param_groups.1.lr/(1 - 0.9**t296) */
         const float t298 = (float)(t297);  /* t298: f32[] = cast(t297) */
         const double t302 = sqrt(1.0 - pow(0.95, v1));  /* t302: f64[] = sqrt(1 - 0.95**t296) */
         const float t303 = (float)(t302);  /* t303: f32[] = cast(t302) */
-        const float t304 = v2 - t298*v3/(sqrtf(v4)/t303 + 1.0e-08f);  /* t304: f32[128] = -t298*t300/(sqrt(t301)/t303 + 1.0e-8) + transformer.h.0.mlp.c_fc.bias */
+        const float t300 = v2 + v4*(-v2 + v3);  /* t300: f32[128] = (0.09999999999999998)*(t299 - transformer.h.0.mlp.c_fc.bias.exp_avg) + transformer.h.0.mlp.c_fc.bias.exp_avg */
+        const float t301 = 0.95f*v5 + 0.05f*((v3)*(v3));  /* t301: f32[128] = 0.05*t299**2 + 0.95*transformer.h.0.mlp.c_fc.bias.exp_avg_sq */
+        const float t304 = v6 - t298*t300/(sqrtf(t301)/t303 + 1.0e-08f);  /* t304: f32[128] = -t298*t300/(sqrt(t301)/t303 + 1.0e-8) + transformer.h.0.mlp.c_fc.bias */
         var11[i0] = t304;
-    }
-}
-
-/* t235: f32[32,128] = (0.09999999999999998)*(t234 - transformer.h.0.mlp.c_proj.weight.exp_avg) + transformer.h.0.mlp.c_proj.weight.exp_avg */
-__global__ void __launch_bounds__(SG_THREADS) k73_adam_exp_avg_t235(int64_t d0, float* __restrict__ var33, const float* __restrict__ ws46)
-{
-    const int64_t n = 4096;
-    for (int64_t flat = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; flat < n;
-         flat += (int64_t)gridDim.x * blockDim.x) {
-        int64_t rest = flat;
-        const int64_t i0 = rest;
-        const float v0 = var33[i0];  /* transformer.h.0.mlp.c_proj.weight.exp_avg */
-        const float v1 = ws46[i0];  /* t234 */
-        const float v2 = 0.1f;  /* 0.09999999999999998 */
-        const float t235 = v0 + v2*(-v0 + v1);  /* t235: f32[32,128] = (0.09999999999999998)*(t234 - transformer.h.0.mlp.c_proj.weight.exp_avg) + transformer.h.0.mlp.c_proj.weight.exp_avg */
-        var33[i0] = t235;
-    }
-}
-
-/* t236: f32[32,128] = 0.05*t234**2 + 0.95*transformer.h.0.mlp.c_proj.weight.exp_avg_sq */
-__global__ void __launch_bounds__(SG_THREADS) k74_adam_exp_avg_sq_t236(int64_t d0, float* __restrict__ var34, const float* __restrict__ ws46)
-{
-    const int64_t n = 4096;
-    for (int64_t flat = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; flat < n;
-         flat += (int64_t)gridDim.x * blockDim.x) {
-        int64_t rest = flat;
-        const int64_t i0 = rest;
-        const float v0 = var34[i0];  /* transformer.h.0.mlp.c_proj.weight.exp_avg_sq */
-        const float v1 = ws46[i0];  /* t234 */
-        const float t236 = 0.95f*v0 + 0.05f*((v1)*(v1));  /* t236: f32[32,128] = 0.05*t234**2 + 0.95*transformer.h.0.mlp.c_proj.weight.exp_avg_sq */
-        var34[i0] = t236;
-    }
-}
-
-/* t91: f64[] = 1 - 0.1*lr */
-/* t92: f32[] = cast(t91) */
-/* t227: f32[32,128] = mul(transformer.h.0.mlp.c_proj.weight, t92) */
-/* t229: f64[] = lr/(1 - 0.9**t228) */
-/* t230: f32[] = cast(t229) */
-/* t237: f64[] = sqrt(1 - 0.95**t228) */
-/* t238: f32[] = cast(t237) */
-/* t239: f32[32,128] = t227 - t230*t235/(sqrt(t236)/t238 + 1.0e-8) */
-__global__ void __launch_bounds__(SG_THREADS) k75_adam_param_t239(int64_t d0, const double* __restrict__ var16, float* __restrict__ var12, const double* __restrict__ var32, const float* __restrict__ var33, const float* __restrict__ var34)
-{
-    const int64_t n = 4096;
-    for (int64_t flat = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; flat < n;
-         flat += (int64_t)gridDim.x * blockDim.x) {
-        int64_t rest = flat;
-        const int64_t i0 = rest;
-        const double v0 = var16[0];  /* lr */
-        const float v1 = var12[i0];  /* transformer.h.0.mlp.c_proj.weight */
-        const double v2 = var32[0];  /* t228 */
-        const float v3 = var33[i0];  /* t235 */
-        const float v4 = var34[i0];  /* t236 */
-        const double t91 = 1.0 + (-0.1)*v0;  /* t91: f64[] = 1 - 0.1*lr */
-        const float t92 = (float)(t91);  /* t92: f32[] = cast(t91) */
-        const float t227 = v1*t92;  /* t227: f32[32,128] = mul(transformer.h.0.mlp.c_proj.weight, t92) */
-        const double t229 = v0/(1.0 - pow(0.9, v2));  /* t229: f64[] = lr/(1 - 0.9**t228) */
-        const float t230 = (float)(t229);  /* t230: f32[] = cast(t229) */
-        const double t237 = sqrt(1.0 - pow(0.95, v2));  /* t237: f64[] = sqrt(1 - 0.95**t228) */
-        const float t238 = (float)(t237);  /* t238: f32[] = cast(t237) */
-        const float t239 = t227 - t230*v3/(sqrtf(v4)/t238 + 1.0e-08f);  /* t239: f32[32,128] = t227 - t230*t235/(sqrt(t236)/t238 + 1.0e-8) */
-        var12[i0] = t239;
+        var55[i0] = t300;
+        var56[i0] = t301;
     }
 }
 
 /* t125: f32[8*B,32] = matmul(t124, transformer.h.0.mlp.c_fc.weight) */
-/* k76_matmul_t125: a[8*d0 x 128] read with strides (128, 1), b[128 x 32] with (32, 1):
+/* k66_matmul_t125: a[8*d0 x 128] read with strides (128, 1), b[128 x 32] with (32, 1):
    a transposed operand is only a change of strides. Launched as sg_gemm<float> in the entry point. */
 
 /* t290: f32[32] = sum[axes=(0,1), keepdims=False](t126) */
 /* Deterministic block reduction (sum): per-thread strided fold, then a shared-memory tree; no atomics. */
-__global__ void __launch_bounds__(SG_THREADS) k77_sum_t290(int64_t d0, const float* __restrict__ ws48, float* __restrict__ ws49)
+__global__ void __launch_bounds__(SG_THREADS) k67_sum_t290(int64_t d0, const float* __restrict__ ws48, float* __restrict__ ws49)
 {
     __shared__ double s_acc[SG_THREADS];
     const int64_t n_out = 32;
@@ -1907,43 +1792,12 @@ __global__ void __launch_bounds__(SG_THREADS) k77_sum_t290(int64_t d0, const flo
     }
 }
 
-/* t291: f32[32] = (0.09999999999999998)*(t290 - transformer.h.0.ln_2.bias.exp_avg) + transformer.h.0.ln_2.bias.exp_avg */
-__global__ void __launch_bounds__(SG_THREADS) k78_adam_exp_avg_t291(int64_t d0, float* __restrict__ var52, const float* __restrict__ ws49)
-{
-    const int64_t n = 32;
-    for (int64_t flat = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; flat < n;
-         flat += (int64_t)gridDim.x * blockDim.x) {
-        int64_t rest = flat;
-        const int64_t i0 = rest;
-        const float v0 = var52[i0];  /* transformer.h.0.ln_2.bias.exp_avg */
-        const float v1 = ws49[i0];  /* t290 */
-        const float v2 = 0.1f;  /* 0.09999999999999998 */
-        const float t291 = v0 + v2*(-v0 + v1);  /* t291: f32[32] = (0.09999999999999998)*(t290 - transformer.h.0.ln_2.bias.exp_avg) + transformer.h.0.ln_2.bias.exp_avg */
-        var52[i0] = t291;
-    }
-}
-
-/* t292: f32[32] = 0.05*t290**2 + 0.95*transformer.h.0.ln_2.bias.exp_avg_sq */
-__global__ void __launch_bounds__(SG_THREADS) k79_adam_exp_avg_sq_t292(int64_t d0, float* __restrict__ var53, const float* __restrict__ ws49)
-{
-    const int64_t n = 32;
-    for (int64_t flat = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; flat < n;
-         flat += (int64_t)gridDim.x * blockDim.x) {
-        int64_t rest = flat;
-        const int64_t i0 = rest;
-        const float v0 = var53[i0];  /* transformer.h.0.ln_2.bias.exp_avg_sq */
-        const float v1 = ws49[i0];  /* t290 */
-        const float t292 = 0.95f*v0 + 0.05f*((v1)*(v1));  /* t292: f32[32] = 0.05*t290**2 + 0.95*transformer.h.0.ln_2.bias.exp_avg_sq */
-        var53[i0] = t292;
-    }
-}
-
 /* t128: f32[B,8,32] = div(t42, t47) */
 /* t127: f32[B,8,32] = mul(t126, transformer.h.0.ln_2.weight) */
 /* t129: f32[B,8,32] = -t127*t128/t47 */
 /* t130: f32[B,8,1] = sum[axes=(2,), keepdims=True](t129) */
 /* Deterministic block reduction (sum): per-thread strided fold, then a shared-memory tree; no atomics. */
-__global__ void __launch_bounds__(SG_THREADS) k80_sum_t130(int64_t d0, const float* __restrict__ ws15, const float* __restrict__ ws16, const float* __restrict__ ws48, const float* __restrict__ var8, float* __restrict__ ws50)
+__global__ void __launch_bounds__(SG_THREADS) k68_sum_t130(int64_t d0, const float* __restrict__ ws15, const float* __restrict__ ws16, const float* __restrict__ ws48, const float* __restrict__ var8, float* __restrict__ ws50)
 {
     __shared__ double s_acc[SG_THREADS];
     const int64_t n_out = (8*d0);
@@ -1981,7 +1835,7 @@ __global__ void __launch_bounds__(SG_THREADS) k80_sum_t130(int64_t d0, const flo
 
 /* t127: f32[B,8,32] = mul(t126, transformer.h.0.ln_2.weight) */
 /* t131: f32[B,8,32] = t127/t47 + t130*t42/(32*t47) */
-__global__ void __launch_bounds__(SG_THREADS) k81_simplified_t131(int64_t d0, const float* __restrict__ ws48, const float* __restrict__ var8, const float* __restrict__ ws16, const float* __restrict__ ws50, const float* __restrict__ ws15, float* __restrict__ ws51)
+__global__ void __launch_bounds__(SG_THREADS) k69_simplified_t131(int64_t d0, const float* __restrict__ ws48, const float* __restrict__ var8, const float* __restrict__ ws16, const float* __restrict__ ws50, const float* __restrict__ ws15, float* __restrict__ ws51)
 {
     const int64_t n = (256*d0);
     for (int64_t flat = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; flat < n;
@@ -2002,7 +1856,7 @@ __global__ void __launch_bounds__(SG_THREADS) k81_simplified_t131(int64_t d0, co
 
 /* t128: f32[B,8,32] = div(t42, t47) */
 /* t280: f32[B,8,32] = mul(t126, t128) */
-__global__ void __launch_bounds__(SG_THREADS) k82_mul_t280(int64_t d0, const float* __restrict__ ws15, const float* __restrict__ ws16, const float* __restrict__ ws48, float* __restrict__ ws52)
+__global__ void __launch_bounds__(SG_THREADS) k70_mul_t280(int64_t d0, const float* __restrict__ ws15, const float* __restrict__ ws16, const float* __restrict__ ws48, float* __restrict__ ws52)
 {
     const int64_t n = (256*d0);
     for (int64_t flat = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; flat < n;
@@ -2021,7 +1875,7 @@ __global__ void __launch_bounds__(SG_THREADS) k82_mul_t280(int64_t d0, const flo
 
 /* t281: f32[32] = sum[axes=(0,1), keepdims=False](t280) */
 /* Deterministic block reduction (sum): per-thread strided fold, then a shared-memory tree; no atomics. */
-__global__ void __launch_bounds__(SG_THREADS) k83_sum_t281(int64_t d0, const float* __restrict__ ws52, float* __restrict__ ws53)
+__global__ void __launch_bounds__(SG_THREADS) k71_sum_t281(int64_t d0, const float* __restrict__ ws52, float* __restrict__ ws53)
 {
     __shared__ double s_acc[SG_THREADS];
     const int64_t n_out = 32;
@@ -2053,7 +1907,7 @@ __global__ void __launch_bounds__(SG_THREADS) k83_sum_t281(int64_t d0, const flo
 /* t128: f32[B,8,32] = div(t42, t47) */
 /* t218: f32[B,8,32] = mul(t128, transformer.h.0.ln_2.weight) */
 /* t219: f32[B,8,32] = add(t218, transformer.h.0.ln_2.bias) */
-__global__ void __launch_bounds__(SG_THREADS) k84_add_t219(int64_t d0, const float* __restrict__ ws15, const float* __restrict__ ws16, const float* __restrict__ var8, const float* __restrict__ var9, float* __restrict__ ws54)
+__global__ void __launch_bounds__(SG_THREADS) k72_add_t219(int64_t d0, const float* __restrict__ ws15, const float* __restrict__ ws16, const float* __restrict__ var8, const float* __restrict__ var9, float* __restrict__ ws54)
 {
     const int64_t n = (256*d0);
     for (int64_t flat = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; flat < n;
@@ -2073,37 +1927,46 @@ __global__ void __launch_bounds__(SG_THREADS) k84_add_t219(int64_t d0, const flo
 }
 
 /* t221: f32[128,32] = matmul(t217, t220) */
-/* k85_matmul_t221: a[128 x 8*d0] read with strides (1, 128), b[8*d0 x 32] with (32, 1):
+/* k73_matmul_t221: a[128 x 8*d0] read with strides (1, 128), b[8*d0 x 32] with (32, 1):
    a transposed operand is only a change of strides. Launched as sg_gemm<float> in the entry point. */
 
-/* t282: f32[32] = (0.09999999999999998)*(t281 - transformer.h.0.ln_2.weight.exp_avg) + transformer.h.0.ln_2.weight.exp_avg */
-__global__ void __launch_bounds__(SG_THREADS) k86_adam_exp_avg_t282(int64_t d0, float* __restrict__ var49, const float* __restrict__ ws53)
+/* t91: f64[] = 1 - 0.1*lr */
+/* t92: f32[] = cast(t91) */
+/* t213: f32[128,32] = mul(transformer.h.0.mlp.c_fc.weight, t92) */
+/* t215: f64[] = lr/(1 - 0.9**t214) */
+/* t216: f32[] = cast(t215) */
+/* t224: f64[] = sqrt(1 - 0.95**t214) */
+/* t225: f32[] = cast(t224) */
+/* t222: f32[128,32] = (0.09999999999999998)*(t221 - transformer.h.0.mlp.c_fc.weight.exp_avg) + transformer.h.0.mlp.c_fc.weight.exp_avg */
+/* t223: f32[128,32] = 0.05*t221**2 + 0.95*transformer.h.0.mlp.c_fc.weight.exp_avg_sq */
+/* t226: f32[128,32] = t213 - t216*t222/(sqrt(t223)/t225 + 1.0e-8) */
+__global__ void __launch_bounds__(SG_THREADS) k74_adam_param_t226(int64_t d0, const double* __restrict__ var16, float* __restrict__ var10, const double* __restrict__ var29, float* __restrict__ var30, const float* __restrict__ ws55, float* __restrict__ var31)
 {
-    const int64_t n = 32;
+    const int64_t n = 4096;
     for (int64_t flat = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; flat < n;
          flat += (int64_t)gridDim.x * blockDim.x) {
         int64_t rest = flat;
         const int64_t i0 = rest;
-        const float v0 = var49[i0];  /* transformer.h.0.ln_2.weight.exp_avg */
-        const float v1 = ws53[i0];  /* t281 */
-        const float v2 = 0.1f;  /* 0.09999999999999998 */
-        const float t282 = v0 + v2*(-v0 + v1);  /* t282: f32[32] = (0.09999999999999998)*(t281 - transformer.h.0.ln_2.weight.exp_avg) + transformer.h.0.ln_2.weight.exp_avg */
-        var49[i0] = t282;
-    }
-}
-
-/* t283: f32[32] = 0.05*t281**2 + 0.95*transformer.h.0.ln_2.weight.exp_avg_sq */
-__global__ void __launch_bounds__(SG_THREADS) k87_adam_exp_avg_sq_t283(int64_t d0, float* __restrict__ var50, const float* __restrict__ ws53)
-{
-    const int64_t n = 32;
-    for (int64_t flat = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; flat < n;
-         flat += (int64_t)gridDim.x * blockDim.x) {
-        int64_t rest = flat;
-        const int64_t i0 = rest;
-        const float v0 = var50[i0];  /* transformer.h.0.ln_2.weight.exp_avg_sq */
-        const float v1 = ws53[i0];  /* t281 */
-        const float t283 = 0.95f*v0 + 0.05f*((v1)*(v1));  /* t283: f32[32] = 0.05*t281**2 + 0.95*transformer.h.0.ln_2.weight.exp_avg_sq */
-        var50[i0] = t283;
+        const double v0 = var16[0];  /* lr */
+        const float v1 = var10[i0];  /* transformer.h.0.mlp.c_fc.weight */
+        const double v2 = var29[0];  /* t214 */
+        const float v3 = var30[i0];  /* transformer.h.0.mlp.c_fc.weight.exp_avg */
+        const float v4 = ws55[i0];  /* t221 */
+        const float v5 = 0.1f;  /* 0.09999999999999998 */
+        const float v6 = var31[i0];  /* transformer.h.0.mlp.c_fc.weight.exp_avg_sq */
+        const double t91 = 1.0 + (-0.1)*v0;  /* t91: f64[] = 1 - 0.1*lr */
+        const float t92 = (float)(t91);  /* t92: f32[] = cast(t91) */
+        const float t213 = v1*t92;  /* t213: f32[128,32] = mul(transformer.h.0.mlp.c_fc.weight, t92) */
+        const double t215 = v0/(1.0 - pow(0.9, v2));  /* t215: f64[] = lr/(1 - 0.9**t214) */
+        const float t216 = (float)(t215);  /* t216: f32[] = cast(t215) */
+        const double t224 = sqrt(1.0 - pow(0.95, v2));  /* t224: f64[] = sqrt(1 - 0.95**t214) */
+        const float t225 = (float)(t224);  /* t225: f32[] = cast(t224) */
+        const float t222 = v3 + v5*(-v3 + v4);  /* t222: f32[128,32] = (0.09999999999999998)*(t221 - transformer.h.0.mlp.c_fc.weight.exp_avg) + transformer.h.0.mlp.c_fc.weight.exp_avg */
+        const float t223 = 0.95f*v6 + 0.05f*((v4)*(v4));  /* t223: f32[128,32] = 0.05*t221**2 + 0.95*transformer.h.0.mlp.c_fc.weight.exp_avg_sq */
+        const float t226 = t213 - t216*t222/(sqrtf(t223)/t225 + 1.0e-08f);  /* t226: f32[128,32] = t213 - t216*t222/(sqrt(t223)/t225 + 1.0e-8) */
+        var10[i0] = t226;
+        var30[i0] = t222;
+        var31[i0] = t223;
     }
 }
 
@@ -2111,8 +1974,10 @@ __global__ void __launch_bounds__(SG_THREADS) k87_adam_exp_avg_sq_t283(int64_t d
 /* t279: f32[] = cast(t278) */
 /* t284: f64[] = sqrt(1 - 0.95**t277) */
 /* t285: f32[] = cast(t284) */
+/* t282: f32[32] = (0.09999999999999998)*(t281 - transformer.h.0.ln_2.weight.exp_avg) + transformer.h.0.ln_2.weight.exp_avg */
+/* t283: f32[32] = 0.05*t281**2 + 0.95*transformer.h.0.ln_2.weight.exp_avg_sq */
 /* t286: f32[32] = -t279*t282/(sqrt(t283)/t285 + 1.0e-8) + transformer.h.0.ln_2.weight */
-__global__ void __launch_bounds__(SG_THREADS) k88_adam_param_t286(int64_t d0, const double* __restrict__ var35, const double* __restrict__ var48, float* __restrict__ var8, const float* __restrict__ var49, const float* __restrict__ var50)
+__global__ void __launch_bounds__(SG_THREADS) k75_adam_param_t286(int64_t d0, const double* __restrict__ var35, const double* __restrict__ var48, float* __restrict__ var49, const float* __restrict__ ws53, float* __restrict__ var50, float* __restrict__ var8)
 {
     const int64_t n = 32;
     for (int64_t flat = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; flat < n;
@@ -2121,15 +1986,21 @@ __global__ void __launch_bounds__(SG_THREADS) k88_adam_param_t286(int64_t d0, co
         const int64_t i0 = rest;
         const double v0 = var35[0];  /* param_groups.1.lr */
         const double v1 = var48[0];  /* t277 */
-        const float v2 = var8[i0];  /* transformer.h.0.ln_2.weight */
-        const float v3 = var49[i0];  /* t282 */
-        const float v4 = var50[i0];  /* t283 */
+        const float v2 = var49[i0];  /* transformer.h.0.ln_2.weight.exp_avg */
+        const float v3 = ws53[i0];  /* t281 */
+        const float v4 = 0.1f;  /* 0.09999999999999998 */
+        const float v5 = var50[i0];  /* transformer.h.0.ln_2.weight.exp_avg_sq */
+        const float v6 = var8[i0];  /* transformer.h.0.ln_2.weight */
         const double t278 = v0/(1.0 - pow(0.9, v1));  /* t278: f64[] = param_groups.1.lr/(1 - 0.9**t277) */
         const float t279 = (float)(t278);  /* t279: f32[] = cast(t278) */
         const double t284 = sqrt(1.0 - pow(0.95, v1));  /* t284: f64[] = sqrt(1 - 0.95**t277) */
         const float t285 = (float)(t284);  /* t285: f32[] = cast(t284) */
-        const float t286 = v2 - t279*v3/(sqrtf(v4)/t285 + 1.0e-08f);  /* t286: f32[32] = -t279*t282/(sqrt(t283)/t285 + 1.0e-8) + transformer.h.0.ln_2.weight */
+        const float t282 = v2 + v4*(-v2 + v3);  /* t282: f32[32] = (0.09999999999999998)*(t281 - transformer.h.0.ln_2.weight.exp_avg) + transformer.h.0.ln_2.weight.exp_avg */
+        const float t283 = 0.95f*v5 + 0.05f*((v3)*(v3));  /* t283: f32[32] = 0.05*t281**2 + 0.95*transformer.h.0.ln_2.weight.exp_avg_sq */
+        const float t286 = v6 - t279*t282/(sqrtf(t283)/t285 + 1.0e-08f);  /* t286: f32[32] = -t279*t282/(sqrt(t283)/t285 + 1.0e-8) + transformer.h.0.ln_2.weight */
         var8[i0] = t286;
+        var49[i0] = t282;
+        var50[i0] = t283;
     }
 }
 
@@ -2137,8 +2008,10 @@ __global__ void __launch_bounds__(SG_THREADS) k88_adam_param_t286(int64_t d0, co
 /* t289: f32[] = cast(t288) */
 /* t293: f64[] = sqrt(1 - 0.95**t287) */
 /* t294: f32[] = cast(t293) */
+/* t291: f32[32] = (0.09999999999999998)*(t290 - transformer.h.0.ln_2.bias.exp_avg) + transformer.h.0.ln_2.bias.exp_avg */
+/* t292: f32[32] = 0.05*t290**2 + 0.95*transformer.h.0.ln_2.bias.exp_avg_sq */
 /* t295: f32[32] = -t289*t291/(sqrt(t292)/t294 + 1.0e-8) + transformer.h.0.ln_2.bias */
-__global__ void __launch_bounds__(SG_THREADS) k89_adam_param_t295(int64_t d0, const double* __restrict__ var35, const double* __restrict__ var51, float* __restrict__ var9, const float* __restrict__ var52, const float* __restrict__ var53)
+__global__ void __launch_bounds__(SG_THREADS) k76_adam_param_t295(int64_t d0, const double* __restrict__ var35, const double* __restrict__ var51, float* __restrict__ var52, const float* __restrict__ ws49, float* __restrict__ var53, float* __restrict__ var9)
 {
     const int64_t n = 32;
     for (int64_t flat = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; flat < n;
@@ -2147,22 +2020,28 @@ __global__ void __launch_bounds__(SG_THREADS) k89_adam_param_t295(int64_t d0, co
         const int64_t i0 = rest;
         const double v0 = var35[0];  /* param_groups.1.lr */
         const double v1 = var51[0];  /* t287 */
-        const float v2 = var9[i0];  /* transformer.h.0.ln_2.bias */
-        const float v3 = var52[i0];  /* t291 */
-        const float v4 = var53[i0];  /* t292 */
+        const float v2 = var52[i0];  /* transformer.h.0.ln_2.bias.exp_avg */
+        const float v3 = ws49[i0];  /* t290 */
+        const float v4 = 0.1f;  /* 0.09999999999999998 */
+        const float v5 = var53[i0];  /* transformer.h.0.ln_2.bias.exp_avg_sq */
+        const float v6 = var9[i0];  /* transformer.h.0.ln_2.bias */
         const double t288 = v0/(1.0 - pow(0.9, v1));  /* t288: f64[] = param_groups.1.lr/(1 - 0.9**t287) */
         const float t289 = (float)(t288);  /* t289: f32[] = cast(t288) */
         const double t293 = sqrt(1.0 - pow(0.95, v1));  /* t293: f64[] = sqrt(1 - 0.95**t287) */
         const float t294 = (float)(t293);  /* t294: f32[] = cast(t293) */
-        const float t295 = v2 - t289*v3/(sqrtf(v4)/t294 + 1.0e-08f);  /* t295: f32[32] = -t289*t291/(sqrt(t292)/t294 + 1.0e-8) + transformer.h.0.ln_2.bias */
+        const float t291 = v2 + v4*(-v2 + v3);  /* t291: f32[32] = (0.09999999999999998)*(t290 - transformer.h.0.ln_2.bias.exp_avg) + transformer.h.0.ln_2.bias.exp_avg */
+        const float t292 = 0.95f*v5 + 0.05f*((v3)*(v3));  /* t292: f32[32] = 0.05*t290**2 + 0.95*transformer.h.0.ln_2.bias.exp_avg_sq */
+        const float t295 = v6 - t289*t291/(sqrtf(t292)/t294 + 1.0e-08f);  /* t295: f32[32] = -t289*t291/(sqrt(t292)/t294 + 1.0e-8) + transformer.h.0.ln_2.bias */
         var9[i0] = t295;
+        var52[i0] = t291;
+        var53[i0] = t292;
     }
 }
 
 /* t133: f32[B,8,1] = sum[axes=(2,), keepdims=True](t131) */
 /* t134: f32[B,8,1] = mul(t133, -0.03125) */
 /* Deterministic block reduction (sum): per-thread strided fold, then a shared-memory tree; no atomics. */
-__global__ void __launch_bounds__(SG_THREADS) k90_mul_t134(int64_t d0, const float* __restrict__ ws51, float* __restrict__ ws56)
+__global__ void __launch_bounds__(SG_THREADS) k77_mul_t134(int64_t d0, const float* __restrict__ ws51, float* __restrict__ ws56)
 {
     __shared__ double s_acc[SG_THREADS];
     const int64_t n_out = (8*d0);
@@ -2196,7 +2075,7 @@ __global__ void __launch_bounds__(SG_THREADS) k90_mul_t134(int64_t d0, const flo
 
 /* t132: f32[B,8,32] = add(t118, t131) */
 /* t135: f32[B,8,32] = add(t132, t134) */
-__global__ void __launch_bounds__(SG_THREADS) k91_add_t135(int64_t d0, const float* __restrict__ ws41, const float* __restrict__ ws51, const float* __restrict__ ws56, float* __restrict__ ws57)
+__global__ void __launch_bounds__(SG_THREADS) k78_add_t135(int64_t d0, const float* __restrict__ ws41, const float* __restrict__ ws51, const float* __restrict__ ws56, float* __restrict__ ws57)
 {
     const int64_t n = (256*d0);
     for (int64_t flat = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; flat < n;
@@ -2215,7 +2094,7 @@ __global__ void __launch_bounds__(SG_THREADS) k91_add_t135(int64_t d0, const flo
 
 /* t271: f32[32] = sum[axes=(0,), keepdims=False](t136) */
 /* Deterministic block reduction (sum): per-thread strided fold, then a shared-memory tree; no atomics. */
-__global__ void __launch_bounds__(SG_THREADS) k92_sum_t271(int64_t d0, const float* __restrict__ ws57, float* __restrict__ ws58)
+__global__ void __launch_bounds__(SG_THREADS) k79_sum_t271(int64_t d0, const float* __restrict__ ws57, float* __restrict__ ws58)
 {
     __shared__ double s_acc[SG_THREADS];
     const int64_t n_out = 32;
@@ -2244,43 +2123,14 @@ __global__ void __launch_bounds__(SG_THREADS) k92_sum_t271(int64_t d0, const flo
     }
 }
 
-/* t272: f32[32] = (0.09999999999999998)*(t271 - transformer.h.0.attn.c_proj.bias.exp_avg) + transformer.h.0.attn.c_proj.bias.exp_avg */
-__global__ void __launch_bounds__(SG_THREADS) k93_adam_exp_avg_t272(int64_t d0, float* __restrict__ var46, const float* __restrict__ ws58)
-{
-    const int64_t n = 32;
-    for (int64_t flat = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; flat < n;
-         flat += (int64_t)gridDim.x * blockDim.x) {
-        int64_t rest = flat;
-        const int64_t i0 = rest;
-        const float v0 = var46[i0];  /* transformer.h.0.attn.c_proj.bias.exp_avg */
-        const float v1 = ws58[i0];  /* t271 */
-        const float v2 = 0.1f;  /* 0.09999999999999998 */
-        const float t272 = v0 + v2*(-v0 + v1);  /* t272: f32[32] = (0.09999999999999998)*(t271 - transformer.h.0.attn.c_proj.bias.exp_avg) + transformer.h.0.attn.c_proj.bias.exp_avg */
-        var46[i0] = t272;
-    }
-}
-
-/* t273: f32[32] = 0.05*t271**2 + 0.95*transformer.h.0.attn.c_proj.bias.exp_avg_sq */
-__global__ void __launch_bounds__(SG_THREADS) k94_adam_exp_avg_sq_t273(int64_t d0, float* __restrict__ var47, const float* __restrict__ ws58)
-{
-    const int64_t n = 32;
-    for (int64_t flat = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; flat < n;
-         flat += (int64_t)gridDim.x * blockDim.x) {
-        int64_t rest = flat;
-        const int64_t i0 = rest;
-        const float v0 = var47[i0];  /* transformer.h.0.attn.c_proj.bias.exp_avg_sq */
-        const float v1 = ws58[i0];  /* t271 */
-        const float t273 = 0.95f*v0 + 0.05f*((v1)*(v1));  /* t273: f32[32] = 0.05*t271**2 + 0.95*transformer.h.0.attn.c_proj.bias.exp_avg_sq */
-        var47[i0] = t273;
-    }
-}
-
 /* t269: f64[] = param_groups.1.lr/(1 - 0.9**t268) */
 /* t270: f32[] = cast(t269) */
 /* t274: f64[] = sqrt(1 - 0.95**t268) */
 /* t275: f32[] = cast(t274) */
+/* t272: f32[32] = (0.09999999999999998)*(t271 - transformer.h.0.attn.c_proj.bias.exp_avg) + transformer.h.0.attn.c_proj.bias.exp_avg */
+/* t273: f32[32] = 0.05*t271**2 + 0.95*transformer.h.0.attn.c_proj.bias.exp_avg_sq */
 /* t276: f32[32] = -t270*t272/(sqrt(t273)/t275 + 1.0e-8) + transformer.h.0.attn.c_proj.bias */
-__global__ void __launch_bounds__(SG_THREADS) k95_adam_param_t276(int64_t d0, const double* __restrict__ var35, const double* __restrict__ var45, float* __restrict__ var7, const float* __restrict__ var46, const float* __restrict__ var47)
+__global__ void __launch_bounds__(SG_THREADS) k80_adam_param_t276(int64_t d0, const double* __restrict__ var35, const double* __restrict__ var45, float* __restrict__ var46, const float* __restrict__ ws58, float* __restrict__ var47, float* __restrict__ var7)
 {
     const int64_t n = 32;
     for (int64_t flat = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; flat < n;
@@ -2289,122 +2139,34 @@ __global__ void __launch_bounds__(SG_THREADS) k95_adam_param_t276(int64_t d0, co
         const int64_t i0 = rest;
         const double v0 = var35[0];  /* param_groups.1.lr */
         const double v1 = var45[0];  /* t268 */
-        const float v2 = var7[i0];  /* transformer.h.0.attn.c_proj.bias */
-        const float v3 = var46[i0];  /* t272 */
-        const float v4 = var47[i0];  /* t273 */
+        const float v2 = var46[i0];  /* transformer.h.0.attn.c_proj.bias.exp_avg */
+        const float v3 = ws58[i0];  /* t271 */
+        const float v4 = 0.1f;  /* 0.09999999999999998 */
+        const float v5 = var47[i0];  /* transformer.h.0.attn.c_proj.bias.exp_avg_sq */
+        const float v6 = var7[i0];  /* transformer.h.0.attn.c_proj.bias */
         const double t269 = v0/(1.0 - pow(0.9, v1));  /* t269: f64[] = param_groups.1.lr/(1 - 0.9**t268) */
         const float t270 = (float)(t269);  /* t270: f32[] = cast(t269) */
         const double t274 = sqrt(1.0 - pow(0.95, v1));  /* t274: f64[] = sqrt(1 - 0.95**t268) */
         const float t275 = (float)(t274);  /* t275: f32[] = cast(t274) */
-        const float t276 = v2 - t270*v3/(sqrtf(v4)/t275 + 1.0e-08f);  /* t276: f32[32] = -t270*t272/(sqrt(t273)/t275 + 1.0e-8) + transformer.h.0.attn.c_proj.bias */
+        const float t272 = v2 + v4*(-v2 + v3);  /* t272: f32[32] = (0.09999999999999998)*(t271 - transformer.h.0.attn.c_proj.bias.exp_avg) + transformer.h.0.attn.c_proj.bias.exp_avg */
+        const float t273 = 0.95f*v5 + 0.05f*((v3)*(v3));  /* t273: f32[32] = 0.05*t271**2 + 0.95*transformer.h.0.attn.c_proj.bias.exp_avg_sq */
+        const float t276 = v6 - t270*t272/(sqrtf(t273)/t275 + 1.0e-08f);  /* t276: f32[32] = -t270*t272/(sqrt(t273)/t275 + 1.0e-8) + transformer.h.0.attn.c_proj.bias */
         var7[i0] = t276;
+        var46[i0] = t272;
+        var47[i0] = t273;
     }
 }
 
 /* t207: f32[32,32] = matmul(t206, t34) */
-/* k96_matmul_t207: a[32 x 8*d0] read with strides (1, 32), b[8*d0 x 32] with (32, 1):
+/* k81_matmul_t207: a[32 x 8*d0] read with strides (1, 32), b[8*d0 x 32] with (32, 1):
    a transposed operand is only a change of strides. Launched as sg_gemm<float> in the entry point. */
 
-/* t208: f32[32,32] = (0.09999999999999998)*(t207 - transformer.h.0.attn.c_proj.weight.exp_avg) + transformer.h.0.attn.c_proj.weight.exp_avg */
-__global__ void __launch_bounds__(SG_THREADS) k97_adam_exp_avg_t208(int64_t d0, float* __restrict__ var27, const float* __restrict__ ws59)
-{
-    const int64_t n = 1024;
-    for (int64_t flat = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; flat < n;
-         flat += (int64_t)gridDim.x * blockDim.x) {
-        int64_t rest = flat;
-        const int64_t i0 = rest;
-        const float v0 = var27[i0];  /* transformer.h.0.attn.c_proj.weight.exp_avg */
-        const float v1 = ws59[i0];  /* t207 */
-        const float v2 = 0.1f;  /* 0.09999999999999998 */
-        const float t208 = v0 + v2*(-v0 + v1);  /* t208: f32[32,32] = (0.09999999999999998)*(t207 - transformer.h.0.attn.c_proj.weight.exp_avg) + transformer.h.0.attn.c_proj.weight.exp_avg */
-        var27[i0] = t208;
-    }
-}
-
-/* t209: f32[32,32] = 0.05*t207**2 + 0.95*transformer.h.0.attn.c_proj.weight.exp_avg_sq */
-__global__ void __launch_bounds__(SG_THREADS) k98_adam_exp_avg_sq_t209(int64_t d0, float* __restrict__ var28, const float* __restrict__ ws59)
-{
-    const int64_t n = 1024;
-    for (int64_t flat = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; flat < n;
-         flat += (int64_t)gridDim.x * blockDim.x) {
-        int64_t rest = flat;
-        const int64_t i0 = rest;
-        const float v0 = var28[i0];  /* transformer.h.0.attn.c_proj.weight.exp_avg_sq */
-        const float v1 = ws59[i0];  /* t207 */
-        const float t209 = 0.95f*v0 + 0.05f*((v1)*(v1));  /* t209: f32[32,32] = 0.05*t207**2 + 0.95*transformer.h.0.attn.c_proj.weight.exp_avg_sq */
-        var28[i0] = t209;
-    }
-}
-
-/* t222: f32[128,32] = (0.09999999999999998)*(t221 - transformer.h.0.mlp.c_fc.weight.exp_avg) + transformer.h.0.mlp.c_fc.weight.exp_avg */
-__global__ void __launch_bounds__(SG_THREADS) k99_adam_exp_avg_t222(int64_t d0, float* __restrict__ var30, const float* __restrict__ ws55)
-{
-    const int64_t n = 4096;
-    for (int64_t flat = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; flat < n;
-         flat += (int64_t)gridDim.x * blockDim.x) {
-        int64_t rest = flat;
-        const int64_t i0 = rest;
-        const float v0 = var30[i0];  /* transformer.h.0.mlp.c_fc.weight.exp_avg */
-        const float v1 = ws55[i0];  /* t221 */
-        const float v2 = 0.1f;  /* 0.09999999999999998 */
-        const float t222 = v0 + v2*(-v0 + v1);  /* t222: f32[128,32] = (0.09999999999999998)*(t221 - transformer.h.0.mlp.c_fc.weight.exp_avg) + transformer.h.0.mlp.c_fc.weight.exp_avg */
-        var30[i0] = t222;
-    }
-}
-
-/* t223: f32[128,32] = 0.05*t221**2 + 0.95*transformer.h.0.mlp.c_fc.weight.exp_avg_sq */
-__global__ void __launch_bounds__(SG_THREADS) k100_adam_exp_avg_sq_t223(int64_t d0, float* __restrict__ var31, const float* __restrict__ ws55)
-{
-    const int64_t n = 4096;
-    for (int64_t flat = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; flat < n;
-         flat += (int64_t)gridDim.x * blockDim.x) {
-        int64_t rest = flat;
-        const int64_t i0 = rest;
-        const float v0 = var31[i0];  /* transformer.h.0.mlp.c_fc.weight.exp_avg_sq */
-        const float v1 = ws55[i0];  /* t221 */
-        const float t223 = 0.95f*v0 + 0.05f*((v1)*(v1));  /* t223: f32[128,32] = 0.05*t221**2 + 0.95*transformer.h.0.mlp.c_fc.weight.exp_avg_sq */
-        var31[i0] = t223;
-    }
-}
-
-/* t91: f64[] = 1 - 0.1*lr */
-/* t92: f32[] = cast(t91) */
-/* t213: f32[128,32] = mul(transformer.h.0.mlp.c_fc.weight, t92) */
-/* t215: f64[] = lr/(1 - 0.9**t214) */
-/* t216: f32[] = cast(t215) */
-/* t224: f64[] = sqrt(1 - 0.95**t214) */
-/* t225: f32[] = cast(t224) */
-/* t226: f32[128,32] = t213 - t216*t222/(sqrt(t223)/t225 + 1.0e-8) */
-__global__ void __launch_bounds__(SG_THREADS) k101_adam_param_t226(int64_t d0, const double* __restrict__ var16, float* __restrict__ var10, const double* __restrict__ var29, const float* __restrict__ var30, const float* __restrict__ var31)
-{
-    const int64_t n = 4096;
-    for (int64_t flat = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; flat < n;
-         flat += (int64_t)gridDim.x * blockDim.x) {
-        int64_t rest = flat;
-        const int64_t i0 = rest;
-        const double v0 = var16[0];  /* lr */
-        const float v1 = var10[i0];  /* transformer.h.0.mlp.c_fc.weight */
-        const double v2 = var29[0];  /* t214 */
-        const float v3 = var30[i0];  /* t222 */
-        const float v4 = var31[i0];  /* t223 */
-        const double t91 = 1.0 + (-0.1)*v0;  /* t91: f64[] = 1 - 0.1*lr */
-        const float t92 = (float)(t91);  /* t92: f32[] = cast(t91) */
-        const float t213 = v1*t92;  /* t213: f32[128,32] = mul(transformer.h.0.mlp.c_fc.weight, t92) */
-        const double t215 = v0/(1.0 - pow(0.9, v2));  /* t215: f64[] = lr/(1 - 0.9**t214) */
-        const float t216 = (float)(t215);  /* t216: f32[] = cast(t215) */
-        const double t224 = sqrt(1.0 - pow(0.95, v2));  /* t224: f64[] = sqrt(1 - 0.95**t214) */
-        const float t225 = (float)(t224);  /* t225: f32[] = cast(t224) */
-        const float t226 = t213 - t216*v3/(sqrtf(v4)/t225 + 1.0e-08f);  /* t226: f32[128,32] = t213 - t216*t222/(sqrt(t223)/t225 + 1.0e-8) */
-        var10[i0] = t226;
-    }
-}
-
 /* t137: f32[8*B,32] = matmul(t136, transformer.h.0.attn.c_proj.weight) */
-/* k102_matmul_t137: a[8*d0 x 32] read with strides (32, 1), b[32 x 32] with (32, 1):
+/* k82_matmul_t137: a[8*d0 x 32] read with strides (32, 1), b[32 x 32] with (32, 1):
    a transposed operand is only a change of strides. Launched as sg_gemm<float> in the entry point. */
 
 /* t140: f32[3,B,2,8,16] = attention_grad[causal=True, scale=0.25](t25, t28, t31, t32, t139) */
-__global__ void __launch_bounds__(SG_THREADS) k103_attention_grad_t140(int64_t d0, const float* __restrict__ ws9, const float* __restrict__ ws10, const float* __restrict__ ws60, const float* __restrict__ ws11, float* __restrict__ ws61, float* __restrict__ ws62)
+__global__ void __launch_bounds__(SG_THREADS) k83_attention_grad_t140(int64_t d0, const float* __restrict__ ws9, const float* __restrict__ ws10, const float* __restrict__ ws60, const float* __restrict__ ws11, float* __restrict__ ws61, float* __restrict__ ws62)
 {
     /* attention_grad over H heads of T rows of E elements, causal: row i sees keys j <= i,
        first pass, a thread per query row: its softmax (m, 1 / l) as the forward stored it,
@@ -2472,7 +2234,7 @@ for (int64_t jj = 0; jj < n; ++jj) {
     }
 }
 
-__global__ void __launch_bounds__(SG_THREADS) k103_attention_grad_t140_keys(int64_t d0, const float* __restrict__ ws9, const float* __restrict__ ws10, const float* __restrict__ ws60, const float* __restrict__ ws11, float* __restrict__ ws61, float* __restrict__ ws62)
+__global__ void __launch_bounds__(SG_THREADS) k83_attention_grad_t140_keys(int64_t d0, const float* __restrict__ ws9, const float* __restrict__ ws10, const float* __restrict__ ws60, const float* __restrict__ ws11, float* __restrict__ ws61, float* __restrict__ ws62)
 {
     /* attention_grad, second pass, a thread per key row j: dk_j = sum_i ds_ij q_i and dv_j = sum_i p_ij g_i
        over the query rows i that see key j, in order, from each row's m, 1 / l and D (the first pass's) */
@@ -2525,7 +2287,7 @@ const float* kj = kh + j * k_row;
 }
 
 /* make contiguous for a reshape: t143: f32[B,8,2,16] = transpose[perm=(0,2,1,3)](t142) */
-__global__ void __launch_bounds__(SG_THREADS) k104_copy(int64_t d0, const float* __restrict__ ws61, float* __restrict__ ws63)
+__global__ void __launch_bounds__(SG_THREADS) k84_copy(int64_t d0, const float* __restrict__ ws61, float* __restrict__ ws63)
 {
     const int64_t n = (256*d0);
     for (int64_t flat = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; flat < n;
@@ -2542,7 +2304,7 @@ __global__ void __launch_bounds__(SG_THREADS) k104_copy(int64_t d0, const float*
 }
 
 /* t145: f32[B,8,96] = embed[starts=(0,0,64), steps=(1,1,1)](t144), stored in place into t157 */
-__global__ void __launch_bounds__(SG_THREADS) k105_embed_t145(int64_t d0, const float* __restrict__ ws63, float* __restrict__ ws64)
+__global__ void __launch_bounds__(SG_THREADS) k85_embed_t145(int64_t d0, const float* __restrict__ ws63, float* __restrict__ ws64)
 {
     const int64_t n = (256*d0);
     for (int64_t flat = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; flat < n;
@@ -2557,7 +2319,7 @@ __global__ void __launch_bounds__(SG_THREADS) k105_embed_t145(int64_t d0, const 
 }
 
 /* make contiguous for a reshape: t148: f32[B,8,2,16] = transpose[perm=(0,2,1,3)](t147) */
-__global__ void __launch_bounds__(SG_THREADS) k106_copy(int64_t d0, const float* __restrict__ ws61, float* __restrict__ ws65)
+__global__ void __launch_bounds__(SG_THREADS) k86_copy(int64_t d0, const float* __restrict__ ws61, float* __restrict__ ws65)
 {
     const int64_t n = (256*d0);
     for (int64_t flat = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; flat < n;
@@ -2574,7 +2336,7 @@ __global__ void __launch_bounds__(SG_THREADS) k106_copy(int64_t d0, const float*
 }
 
 /* t150: f32[B,8,96] = embed[starts=(0,0,32), steps=(1,1,1)](t149), stored in place into t157 */
-__global__ void __launch_bounds__(SG_THREADS) k107_embed_t150(int64_t d0, const float* __restrict__ ws65, float* __restrict__ ws64)
+__global__ void __launch_bounds__(SG_THREADS) k87_embed_t150(int64_t d0, const float* __restrict__ ws65, float* __restrict__ ws64)
 {
     const int64_t n = (256*d0);
     for (int64_t flat = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; flat < n;
@@ -2589,7 +2351,7 @@ __global__ void __launch_bounds__(SG_THREADS) k107_embed_t150(int64_t d0, const 
 }
 
 /* make contiguous for a reshape: t154: f32[B,8,2,16] = transpose[perm=(0,2,1,3)](t153) */
-__global__ void __launch_bounds__(SG_THREADS) k108_copy(int64_t d0, const float* __restrict__ ws61, float* __restrict__ ws66)
+__global__ void __launch_bounds__(SG_THREADS) k88_copy(int64_t d0, const float* __restrict__ ws61, float* __restrict__ ws66)
 {
     const int64_t n = (256*d0);
     for (int64_t flat = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; flat < n;
@@ -2606,7 +2368,7 @@ __global__ void __launch_bounds__(SG_THREADS) k108_copy(int64_t d0, const float*
 }
 
 /* t156: f32[B,8,96] = embed[starts=(0,0,0), steps=(1,1,1)](t155), stored in place into t157 */
-__global__ void __launch_bounds__(SG_THREADS) k109_embed_t156(int64_t d0, const float* __restrict__ ws66, float* __restrict__ ws64)
+__global__ void __launch_bounds__(SG_THREADS) k89_embed_t156(int64_t d0, const float* __restrict__ ws66, float* __restrict__ ws64)
 {
     const int64_t n = (256*d0);
     for (int64_t flat = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; flat < n;
@@ -2620,9 +2382,49 @@ __global__ void __launch_bounds__(SG_THREADS) k109_embed_t156(int64_t d0, const 
     }
 }
 
+/* t91: f64[] = 1 - 0.1*lr */
+/* t92: f32[] = cast(t91) */
+/* t202: f32[32,32] = mul(transformer.h.0.attn.c_proj.weight, t92) */
+/* t204: f64[] = lr/(1 - 0.9**t203) */
+/* t205: f32[] = cast(t204) */
+/* t210: f64[] = sqrt(1 - 0.95**t203) */
+/* t211: f32[] = cast(t210) */
+/* t208: f32[32,32] = (0.09999999999999998)*(t207 - transformer.h.0.attn.c_proj.weight.exp_avg) + transformer.h.0.attn.c_proj.weight.exp_avg */
+/* t209: f32[32,32] = 0.05*t207**2 + 0.95*transformer.h.0.attn.c_proj.weight.exp_avg_sq */
+/* t212: f32[32,32] = t202 - t205*t208/(sqrt(t209)/t211 + 1.0e-8) */
+__global__ void __launch_bounds__(SG_THREADS) k90_adam_param_t212(int64_t d0, const double* __restrict__ var16, float* __restrict__ var6, const double* __restrict__ var26, float* __restrict__ var27, const float* __restrict__ ws59, float* __restrict__ var28)
+{
+    const int64_t n = 1024;
+    for (int64_t flat = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; flat < n;
+         flat += (int64_t)gridDim.x * blockDim.x) {
+        int64_t rest = flat;
+        const int64_t i0 = rest;
+        const double v0 = var16[0];  /* lr */
+        const float v1 = var6[i0];  /* transformer.h.0.attn.c_proj.weight */
+        const double v2 = var26[0];  /* t203 */
+        const float v3 = var27[i0];  /* transformer.h.0.attn.c_proj.weight.exp_avg */
+        const float v4 = ws59[i0];  /* t207 */
+        const float v5 = 0.1f;  /* 0.09999999999999998 */
+        const float v6 = var28[i0];  /* transformer.h.0.attn.c_proj.weight.exp_avg_sq */
+        const double t91 = 1.0 + (-0.1)*v0;  /* t91: f64[] = 1 - 0.1*lr */
+        const float t92 = (float)(t91);  /* t92: f32[] = cast(t91) */
+        const float t202 = v1*t92;  /* t202: f32[32,32] = mul(transformer.h.0.attn.c_proj.weight, t92) */
+        const double t204 = v0/(1.0 - pow(0.9, v2));  /* t204: f64[] = lr/(1 - 0.9**t203) */
+        const float t205 = (float)(t204);  /* t205: f32[] = cast(t204) */
+        const double t210 = sqrt(1.0 - pow(0.95, v2));  /* t210: f64[] = sqrt(1 - 0.95**t203) */
+        const float t211 = (float)(t210);  /* t211: f32[] = cast(t210) */
+        const float t208 = v3 + v5*(-v3 + v4);  /* t208: f32[32,32] = (0.09999999999999998)*(t207 - transformer.h.0.attn.c_proj.weight.exp_avg) + transformer.h.0.attn.c_proj.weight.exp_avg */
+        const float t209 = 0.95f*v6 + 0.05f*((v4)*(v4));  /* t209: f32[32,32] = 0.05*t207**2 + 0.95*transformer.h.0.attn.c_proj.weight.exp_avg_sq */
+        const float t212 = t202 - t205*t208/(sqrtf(t209)/t211 + 1.0e-08f);  /* t212: f32[32,32] = t202 - t205*t208/(sqrt(t209)/t211 + 1.0e-8) */
+        var6[i0] = t212;
+        var27[i0] = t208;
+        var28[i0] = t209;
+    }
+}
+
 /* t262: f32[96] = sum[axes=(0,), keepdims=False](t158) */
 /* Deterministic block reduction (sum): per-thread strided fold, then a shared-memory tree; no atomics. */
-__global__ void __launch_bounds__(SG_THREADS) k110_sum_t262(int64_t d0, const float* __restrict__ ws64, float* __restrict__ ws67)
+__global__ void __launch_bounds__(SG_THREADS) k91_sum_t262(int64_t d0, const float* __restrict__ ws64, float* __restrict__ ws67)
 {
     __shared__ double s_acc[SG_THREADS];
     const int64_t n_out = 96;
@@ -2651,43 +2453,14 @@ __global__ void __launch_bounds__(SG_THREADS) k110_sum_t262(int64_t d0, const fl
     }
 }
 
-/* t263: f32[96] = (0.09999999999999998)*(t262 - transformer.h.0.attn.c_attn.bias.exp_avg) + transformer.h.0.attn.c_attn.bias.exp_avg */
-__global__ void __launch_bounds__(SG_THREADS) k111_adam_exp_avg_t263(int64_t d0, float* __restrict__ var43, const float* __restrict__ ws67)
-{
-    const int64_t n = 96;
-    for (int64_t flat = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; flat < n;
-         flat += (int64_t)gridDim.x * blockDim.x) {
-        int64_t rest = flat;
-        const int64_t i0 = rest;
-        const float v0 = var43[i0];  /* transformer.h.0.attn.c_attn.bias.exp_avg */
-        const float v1 = ws67[i0];  /* t262 */
-        const float v2 = 0.1f;  /* 0.09999999999999998 */
-        const float t263 = v0 + v2*(-v0 + v1);  /* t263: f32[96] = (0.09999999999999998)*(t262 - transformer.h.0.attn.c_attn.bias.exp_avg) + transformer.h.0.attn.c_attn.bias.exp_avg */
-        var43[i0] = t263;
-    }
-}
-
-/* t264: f32[96] = 0.05*t262**2 + 0.95*transformer.h.0.attn.c_attn.bias.exp_avg_sq */
-__global__ void __launch_bounds__(SG_THREADS) k112_adam_exp_avg_sq_t264(int64_t d0, float* __restrict__ var44, const float* __restrict__ ws67)
-{
-    const int64_t n = 96;
-    for (int64_t flat = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; flat < n;
-         flat += (int64_t)gridDim.x * blockDim.x) {
-        int64_t rest = flat;
-        const int64_t i0 = rest;
-        const float v0 = var44[i0];  /* transformer.h.0.attn.c_attn.bias.exp_avg_sq */
-        const float v1 = ws67[i0];  /* t262 */
-        const float t264 = 0.95f*v0 + 0.05f*((v1)*(v1));  /* t264: f32[96] = 0.05*t262**2 + 0.95*transformer.h.0.attn.c_attn.bias.exp_avg_sq */
-        var44[i0] = t264;
-    }
-}
-
 /* t260: f64[] = param_groups.1.lr/(1 - 0.9**t259) */
 /* t261: f32[] = cast(t260) */
 /* t265: f64[] = sqrt(1 - 0.95**t259) */
 /* t266: f32[] = cast(t265) */
+/* t263: f32[96] = (0.09999999999999998)*(t262 - transformer.h.0.attn.c_attn.bias.exp_avg) + transformer.h.0.attn.c_attn.bias.exp_avg */
+/* t264: f32[96] = 0.05*t262**2 + 0.95*transformer.h.0.attn.c_attn.bias.exp_avg_sq */
 /* t267: f32[96] = -t261*t263/(sqrt(t264)/t266 + 1.0e-8) + transformer.h.0.attn.c_attn.bias */
-__global__ void __launch_bounds__(SG_THREADS) k113_adam_param_t267(int64_t d0, const double* __restrict__ var35, const double* __restrict__ var42, float* __restrict__ var5, const float* __restrict__ var43, const float* __restrict__ var44)
+__global__ void __launch_bounds__(SG_THREADS) k92_adam_param_t267(int64_t d0, const double* __restrict__ var35, const double* __restrict__ var42, float* __restrict__ var43, const float* __restrict__ ws67, float* __restrict__ var44, float* __restrict__ var5)
 {
     const int64_t n = 96;
     for (int64_t flat = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; flat < n;
@@ -2696,57 +2469,31 @@ __global__ void __launch_bounds__(SG_THREADS) k113_adam_param_t267(int64_t d0, c
         const int64_t i0 = rest;
         const double v0 = var35[0];  /* param_groups.1.lr */
         const double v1 = var42[0];  /* t259 */
-        const float v2 = var5[i0];  /* transformer.h.0.attn.c_attn.bias */
-        const float v3 = var43[i0];  /* t263 */
-        const float v4 = var44[i0];  /* t264 */
+        const float v2 = var43[i0];  /* transformer.h.0.attn.c_attn.bias.exp_avg */
+        const float v3 = ws67[i0];  /* t262 */
+        const float v4 = 0.1f;  /* 0.09999999999999998 */
+        const float v5 = var44[i0];  /* transformer.h.0.attn.c_attn.bias.exp_avg_sq */
+        const float v6 = var5[i0];  /* transformer.h.0.attn.c_attn.bias */
         const double t260 = v0/(1.0 - pow(0.9, v1));  /* t260: f64[] = param_groups.1.lr/(1 - 0.9**t259) */
         const float t261 = (float)(t260);  /* t261: f32[] = cast(t260) */
         const double t265 = sqrt(1.0 - pow(0.95, v1));  /* t265: f64[] = sqrt(1 - 0.95**t259) */
         const float t266 = (float)(t265);  /* t266: f32[] = cast(t265) */
-        const float t267 = v2 - t261*v3/(sqrtf(v4)/t266 + 1.0e-08f);  /* t267: f32[96] = -t261*t263/(sqrt(t264)/t266 + 1.0e-8) + transformer.h.0.attn.c_attn.bias */
+        const float t263 = v2 + v4*(-v2 + v3);  /* t263: f32[96] = (0.09999999999999998)*(t262 - transformer.h.0.attn.c_attn.bias.exp_avg) + transformer.h.0.attn.c_attn.bias.exp_avg */
+        const float t264 = 0.95f*v5 + 0.05f*((v3)*(v3));  /* t264: f32[96] = 0.05*t262**2 + 0.95*transformer.h.0.attn.c_attn.bias.exp_avg_sq */
+        const float t267 = v6 - t261*t263/(sqrtf(t264)/t266 + 1.0e-08f);  /* t267: f32[96] = -t261*t263/(sqrt(t264)/t266 + 1.0e-8) + transformer.h.0.attn.c_attn.bias */
         var5[i0] = t267;
-    }
-}
-
-/* t91: f64[] = 1 - 0.1*lr */
-/* t92: f32[] = cast(t91) */
-/* t202: f32[32,32] = mul(transformer.h.0.attn.c_proj.weight, t92) */
-/* t204: f64[] = lr/(1 - 0.9**t203) */
-/* t205: f32[] = cast(t204) */
-/* t210: f64[] = sqrt(1 - 0.95**t203) */
-/* t211: f32[] = cast(t210) */
-/* t212: f32[32,32] = t202 - t205*t208/(sqrt(t209)/t211 + 1.0e-8) */
-__global__ void __launch_bounds__(SG_THREADS) k114_adam_param_t212(int64_t d0, const double* __restrict__ var16, float* __restrict__ var6, const double* __restrict__ var26, const float* __restrict__ var27, const float* __restrict__ var28)
-{
-    const int64_t n = 1024;
-    for (int64_t flat = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; flat < n;
-         flat += (int64_t)gridDim.x * blockDim.x) {
-        int64_t rest = flat;
-        const int64_t i0 = rest;
-        const double v0 = var16[0];  /* lr */
-        const float v1 = var6[i0];  /* transformer.h.0.attn.c_proj.weight */
-        const double v2 = var26[0];  /* t203 */
-        const float v3 = var27[i0];  /* t208 */
-        const float v4 = var28[i0];  /* t209 */
-        const double t91 = 1.0 + (-0.1)*v0;  /* t91: f64[] = 1 - 0.1*lr */
-        const float t92 = (float)(t91);  /* t92: f32[] = cast(t91) */
-        const float t202 = v1*t92;  /* t202: f32[32,32] = mul(transformer.h.0.attn.c_proj.weight, t92) */
-        const double t204 = v0/(1.0 - pow(0.9, v2));  /* t204: f64[] = lr/(1 - 0.9**t203) */
-        const float t205 = (float)(t204);  /* t205: f32[] = cast(t204) */
-        const double t210 = sqrt(1.0 - pow(0.95, v2));  /* t210: f64[] = sqrt(1 - 0.95**t203) */
-        const float t211 = (float)(t210);  /* t211: f32[] = cast(t210) */
-        const float t212 = t202 - t205*v3/(sqrtf(v4)/t211 + 1.0e-08f);  /* t212: f32[32,32] = t202 - t205*t208/(sqrt(t209)/t211 + 1.0e-8) */
-        var6[i0] = t212;
+        var43[i0] = t263;
+        var44[i0] = t264;
     }
 }
 
 /* t159: f32[8*B,32] = matmul(t158, transformer.h.0.attn.c_attn.weight) */
-/* k115_matmul_t159: a[8*d0 x 96] read with strides (96, 1), b[96 x 32] with (32, 1):
+/* k93_matmul_t159: a[8*d0 x 96] read with strides (96, 1), b[96 x 32] with (32, 1):
    a transposed operand is only a change of strides. Launched as sg_gemm<float> in the entry point. */
 
 /* t253: f32[32] = sum[axes=(0,1), keepdims=False](t160) */
 /* Deterministic block reduction (sum): per-thread strided fold, then a shared-memory tree; no atomics. */
-__global__ void __launch_bounds__(SG_THREADS) k116_sum_t253(int64_t d0, const float* __restrict__ ws68, float* __restrict__ ws69)
+__global__ void __launch_bounds__(SG_THREADS) k94_sum_t253(int64_t d0, const float* __restrict__ ws68, float* __restrict__ ws69)
 {
     __shared__ double s_acc[SG_THREADS];
     const int64_t n_out = 32;
@@ -2775,42 +2522,11 @@ __global__ void __launch_bounds__(SG_THREADS) k116_sum_t253(int64_t d0, const fl
     }
 }
 
-/* t254: f32[32] = (0.09999999999999998)*(t253 - transformer.h.0.ln_1.bias.exp_avg) + transformer.h.0.ln_1.bias.exp_avg */
-__global__ void __launch_bounds__(SG_THREADS) k117_adam_exp_avg_t254(int64_t d0, float* __restrict__ var40, const float* __restrict__ ws69)
-{
-    const int64_t n = 32;
-    for (int64_t flat = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; flat < n;
-         flat += (int64_t)gridDim.x * blockDim.x) {
-        int64_t rest = flat;
-        const int64_t i0 = rest;
-        const float v0 = var40[i0];  /* transformer.h.0.ln_1.bias.exp_avg */
-        const float v1 = ws69[i0];  /* t253 */
-        const float v2 = 0.1f;  /* 0.09999999999999998 */
-        const float t254 = v0 + v2*(-v0 + v1);  /* t254: f32[32] = (0.09999999999999998)*(t253 - transformer.h.0.ln_1.bias.exp_avg) + transformer.h.0.ln_1.bias.exp_avg */
-        var40[i0] = t254;
-    }
-}
-
-/* t255: f32[32] = 0.05*t253**2 + 0.95*transformer.h.0.ln_1.bias.exp_avg_sq */
-__global__ void __launch_bounds__(SG_THREADS) k118_adam_exp_avg_sq_t255(int64_t d0, float* __restrict__ var41, const float* __restrict__ ws69)
-{
-    const int64_t n = 32;
-    for (int64_t flat = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; flat < n;
-         flat += (int64_t)gridDim.x * blockDim.x) {
-        int64_t rest = flat;
-        const int64_t i0 = rest;
-        const float v0 = var41[i0];  /* transformer.h.0.ln_1.bias.exp_avg_sq */
-        const float v1 = ws69[i0];  /* t253 */
-        const float t255 = 0.95f*v0 + 0.05f*((v1)*(v1));  /* t255: f32[32] = 0.05*t253**2 + 0.95*transformer.h.0.ln_1.bias.exp_avg_sq */
-        var41[i0] = t255;
-    }
-}
-
 /* t161: f32[B,8,32] = mul(t160, transformer.h.0.ln_1.weight) */
 /* t163: f32[B,8,32] = -t161*t162/t14 */
 /* t164: f32[B,8,1] = sum[axes=(2,), keepdims=True](t163) */
 /* Deterministic block reduction (sum): per-thread strided fold, then a shared-memory tree; no atomics. */
-__global__ void __launch_bounds__(SG_THREADS) k119_sum_t164(int64_t d0, const float* __restrict__ ws68, const float* __restrict__ var2, const float* __restrict__ ws5, const float* __restrict__ ws7, float* __restrict__ ws70)
+__global__ void __launch_bounds__(SG_THREADS) k95_sum_t164(int64_t d0, const float* __restrict__ ws68, const float* __restrict__ var2, const float* __restrict__ ws5, const float* __restrict__ ws7, float* __restrict__ ws70)
 {
     __shared__ double s_acc[SG_THREADS];
     const int64_t n_out = (8*d0);
@@ -2849,7 +2565,7 @@ __global__ void __launch_bounds__(SG_THREADS) k119_sum_t164(int64_t d0, const fl
 /* t9: f32[B,8,32] = sub(t6, t8) */
 /* t161: f32[B,8,32] = mul(t160, transformer.h.0.ln_1.weight) */
 /* t165: f32[B,8,32] = t161/t14 + t164*t9/(32*t14) */
-__global__ void __launch_bounds__(SG_THREADS) k120_simplified_t165(int64_t d0, const float* __restrict__ ws0, const float* __restrict__ ws2, const float* __restrict__ ws4, const float* __restrict__ ws68, const float* __restrict__ var2, const float* __restrict__ ws5, const float* __restrict__ ws70, float* __restrict__ ws71)
+__global__ void __launch_bounds__(SG_THREADS) k96_simplified_t165(int64_t d0, const float* __restrict__ ws0, const float* __restrict__ ws2, const float* __restrict__ ws4, const float* __restrict__ ws68, const float* __restrict__ var2, const float* __restrict__ ws5, const float* __restrict__ ws70, float* __restrict__ ws71)
 {
     const int64_t n = (256*d0);
     for (int64_t flat = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; flat < n;
@@ -2874,7 +2590,7 @@ __global__ void __launch_bounds__(SG_THREADS) k120_simplified_t165(int64_t d0, c
 }
 
 /* t243: f32[B,8,32] = mul(t160, t162) */
-__global__ void __launch_bounds__(SG_THREADS) k121_mul_t243(int64_t d0, const float* __restrict__ ws68, const float* __restrict__ ws7, float* __restrict__ ws72)
+__global__ void __launch_bounds__(SG_THREADS) k97_mul_t243(int64_t d0, const float* __restrict__ ws68, const float* __restrict__ ws7, float* __restrict__ ws72)
 {
     const int64_t n = (256*d0);
     for (int64_t flat = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; flat < n;
@@ -2890,7 +2606,7 @@ __global__ void __launch_bounds__(SG_THREADS) k121_mul_t243(int64_t d0, const fl
 
 /* t244: f32[32] = sum[axes=(0,1), keepdims=False](t243) */
 /* Deterministic block reduction (sum): per-thread strided fold, then a shared-memory tree; no atomics. */
-__global__ void __launch_bounds__(SG_THREADS) k122_sum_t244(int64_t d0, const float* __restrict__ ws72, float* __restrict__ ws73)
+__global__ void __launch_bounds__(SG_THREADS) k98_sum_t244(int64_t d0, const float* __restrict__ ws72, float* __restrict__ ws73)
 {
     __shared__ double s_acc[SG_THREADS];
     const int64_t n_out = 32;
@@ -2921,7 +2637,7 @@ __global__ void __launch_bounds__(SG_THREADS) k122_sum_t244(int64_t d0, const fl
 
 /* t193: f32[B,8,32] = mul(t162, transformer.h.0.ln_1.weight) */
 /* t194: f32[B,8,32] = add(t193, transformer.h.0.ln_1.bias) */
-__global__ void __launch_bounds__(SG_THREADS) k123_add_t194(int64_t d0, const float* __restrict__ ws7, const float* __restrict__ var2, const float* __restrict__ var3, float* __restrict__ ws74)
+__global__ void __launch_bounds__(SG_THREADS) k99_add_t194(int64_t d0, const float* __restrict__ ws7, const float* __restrict__ var2, const float* __restrict__ var3, float* __restrict__ ws74)
 {
     const int64_t n = (256*d0);
     for (int64_t flat = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; flat < n;
@@ -2939,37 +2655,46 @@ __global__ void __launch_bounds__(SG_THREADS) k123_add_t194(int64_t d0, const fl
 }
 
 /* t196: f32[96,32] = matmul(t192, t195) */
-/* k124_matmul_t196: a[96 x 8*d0] read with strides (1, 96), b[8*d0 x 32] with (32, 1):
+/* k100_matmul_t196: a[96 x 8*d0] read with strides (1, 96), b[8*d0 x 32] with (32, 1):
    a transposed operand is only a change of strides. Launched as sg_gemm<float> in the entry point. */
 
-/* t245: f32[32] = (0.09999999999999998)*(t244 - transformer.h.0.ln_1.weight.exp_avg) + transformer.h.0.ln_1.weight.exp_avg */
-__global__ void __launch_bounds__(SG_THREADS) k125_adam_exp_avg_t245(int64_t d0, float* __restrict__ var37, const float* __restrict__ ws73)
+/* t91: f64[] = 1 - 0.1*lr */
+/* t92: f32[] = cast(t91) */
+/* t188: f32[96,32] = mul(transformer.h.0.attn.c_attn.weight, t92) */
+/* t190: f64[] = lr/(1 - 0.9**t189) */
+/* t191: f32[] = cast(t190) */
+/* t199: f64[] = sqrt(1 - 0.95**t189) */
+/* t200: f32[] = cast(t199) */
+/* t197: f32[96,32] = (0.09999999999999998)*(t196 - transformer.h.0.attn.c_attn.weight.exp_avg) + transformer.h.0.attn.c_attn.weight.exp_avg */
+/* t198: f32[96,32] = 0.05*t196**2 + 0.95*transformer.h.0.attn.c_attn.weight.exp_avg_sq */
+/* t201: f32[96,32] = t188 - t191*t197/(sqrt(t198)/t200 + 1.0e-8) */
+__global__ void __launch_bounds__(SG_THREADS) k101_adam_param_t201(int64_t d0, const double* __restrict__ var16, float* __restrict__ var4, const double* __restrict__ var23, float* __restrict__ var24, const float* __restrict__ ws75, float* __restrict__ var25)
 {
-    const int64_t n = 32;
+    const int64_t n = 3072;
     for (int64_t flat = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; flat < n;
          flat += (int64_t)gridDim.x * blockDim.x) {
         int64_t rest = flat;
         const int64_t i0 = rest;
-        const float v0 = var37[i0];  /* transformer.h.0.ln_1.weight.exp_avg */
-        const float v1 = ws73[i0];  /* t244 */
-        const float v2 = 0.1f;  /* 0.09999999999999998 */
-        const float t245 = v0 + v2*(-v0 + v1);  /* t245: f32[32] = (0.09999999999999998)*(t244 - transformer.h.0.ln_1.weight.exp_avg) + transformer.h.0.ln_1.weight.exp_avg */
-        var37[i0] = t245;
-    }
-}
-
-/* t246: f32[32] = 0.05*t244**2 + 0.95*transformer.h.0.ln_1.weight.exp_avg_sq */
-__global__ void __launch_bounds__(SG_THREADS) k126_adam_exp_avg_sq_t246(int64_t d0, float* __restrict__ var38, const float* __restrict__ ws73)
-{
-    const int64_t n = 32;
-    for (int64_t flat = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; flat < n;
-         flat += (int64_t)gridDim.x * blockDim.x) {
-        int64_t rest = flat;
-        const int64_t i0 = rest;
-        const float v0 = var38[i0];  /* transformer.h.0.ln_1.weight.exp_avg_sq */
-        const float v1 = ws73[i0];  /* t244 */
-        const float t246 = 0.95f*v0 + 0.05f*((v1)*(v1));  /* t246: f32[32] = 0.05*t244**2 + 0.95*transformer.h.0.ln_1.weight.exp_avg_sq */
-        var38[i0] = t246;
+        const double v0 = var16[0];  /* lr */
+        const float v1 = var4[i0];  /* transformer.h.0.attn.c_attn.weight */
+        const double v2 = var23[0];  /* t189 */
+        const float v3 = var24[i0];  /* transformer.h.0.attn.c_attn.weight.exp_avg */
+        const float v4 = ws75[i0];  /* t196 */
+        const float v5 = 0.1f;  /* 0.09999999999999998 */
+        const float v6 = var25[i0];  /* transformer.h.0.attn.c_attn.weight.exp_avg_sq */
+        const double t91 = 1.0 + (-0.1)*v0;  /* t91: f64[] = 1 - 0.1*lr */
+        const float t92 = (float)(t91);  /* t92: f32[] = cast(t91) */
+        const float t188 = v1*t92;  /* t188: f32[96,32] = mul(transformer.h.0.attn.c_attn.weight, t92) */
+        const double t190 = v0/(1.0 - pow(0.9, v2));  /* t190: f64[] = lr/(1 - 0.9**t189) */
+        const float t191 = (float)(t190);  /* t191: f32[] = cast(t190) */
+        const double t199 = sqrt(1.0 - pow(0.95, v2));  /* t199: f64[] = sqrt(1 - 0.95**t189) */
+        const float t200 = (float)(t199);  /* t200: f32[] = cast(t199) */
+        const float t197 = v3 + v5*(-v3 + v4);  /* t197: f32[96,32] = (0.09999999999999998)*(t196 - transformer.h.0.attn.c_attn.weight.exp_avg) + transformer.h.0.attn.c_attn.weight.exp_avg */
+        const float t198 = 0.95f*v6 + 0.05f*((v4)*(v4));  /* t198: f32[96,32] = 0.05*t196**2 + 0.95*transformer.h.0.attn.c_attn.weight.exp_avg_sq */
+        const float t201 = t188 - t191*t197/(sqrtf(t198)/t200 + 1.0e-08f);  /* t201: f32[96,32] = t188 - t191*t197/(sqrt(t198)/t200 + 1.0e-8) */
+        var4[i0] = t201;
+        var24[i0] = t197;
+        var25[i0] = t198;
     }
 }
 
@@ -2977,8 +2702,10 @@ __global__ void __launch_bounds__(SG_THREADS) k126_adam_exp_avg_sq_t246(int64_t 
 /* t242: f32[] = cast(t241) */
 /* t247: f64[] = sqrt(1 - 0.95**t240) */
 /* t248: f32[] = cast(t247) */
+/* t245: f32[32] = (0.09999999999999998)*(t244 - transformer.h.0.ln_1.weight.exp_avg) + transformer.h.0.ln_1.weight.exp_avg */
+/* t246: f32[32] = 0.05*t244**2 + 0.95*transformer.h.0.ln_1.weight.exp_avg_sq */
 /* t249: f32[32] = -t242*t245/(sqrt(t246)/t248 + 1.0e-8) + transformer.h.0.ln_1.weight */
-__global__ void __launch_bounds__(SG_THREADS) k127_adam_param_t249(int64_t d0, const double* __restrict__ var35, const double* __restrict__ var36, float* __restrict__ var2, const float* __restrict__ var37, const float* __restrict__ var38)
+__global__ void __launch_bounds__(SG_THREADS) k102_adam_param_t249(int64_t d0, const double* __restrict__ var35, const double* __restrict__ var36, float* __restrict__ var37, const float* __restrict__ ws73, float* __restrict__ var38, float* __restrict__ var2)
 {
     const int64_t n = 32;
     for (int64_t flat = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; flat < n;
@@ -2987,15 +2714,21 @@ __global__ void __launch_bounds__(SG_THREADS) k127_adam_param_t249(int64_t d0, c
         const int64_t i0 = rest;
         const double v0 = var35[0];  /* param_groups.1.lr */
         const double v1 = var36[0];  /* t240 */
-        const float v2 = var2[i0];  /* transformer.h.0.ln_1.weight */
-        const float v3 = var37[i0];  /* t245 */
-        const float v4 = var38[i0];  /* t246 */
+        const float v2 = var37[i0];  /* transformer.h.0.ln_1.weight.exp_avg */
+        const float v3 = ws73[i0];  /* t244 */
+        const float v4 = 0.1f;  /* 0.09999999999999998 */
+        const float v5 = var38[i0];  /* transformer.h.0.ln_1.weight.exp_avg_sq */
+        const float v6 = var2[i0];  /* transformer.h.0.ln_1.weight */
         const double t241 = v0/(1.0 - pow(0.9, v1));  /* t241: f64[] = param_groups.1.lr/(1 - 0.9**t240) */
         const float t242 = (float)(t241);  /* t242: f32[] = cast(t241) */
         const double t247 = sqrt(1.0 - pow(0.95, v1));  /* t247: f64[] = sqrt(1 - 0.95**t240) */
         const float t248 = (float)(t247);  /* t248: f32[] = cast(t247) */
-        const float t249 = v2 - t242*v3/(sqrtf(v4)/t248 + 1.0e-08f);  /* t249: f32[32] = -t242*t245/(sqrt(t246)/t248 + 1.0e-8) + transformer.h.0.ln_1.weight */
+        const float t245 = v2 + v4*(-v2 + v3);  /* t245: f32[32] = (0.09999999999999998)*(t244 - transformer.h.0.ln_1.weight.exp_avg) + transformer.h.0.ln_1.weight.exp_avg */
+        const float t246 = 0.95f*v5 + 0.05f*((v3)*(v3));  /* t246: f32[32] = 0.05*t244**2 + 0.95*transformer.h.0.ln_1.weight.exp_avg_sq */
+        const float t249 = v6 - t242*t245/(sqrtf(t246)/t248 + 1.0e-08f);  /* t249: f32[32] = -t242*t245/(sqrt(t246)/t248 + 1.0e-8) + transformer.h.0.ln_1.weight */
         var2[i0] = t249;
+        var37[i0] = t245;
+        var38[i0] = t246;
     }
 }
 
@@ -3003,8 +2736,10 @@ __global__ void __launch_bounds__(SG_THREADS) k127_adam_param_t249(int64_t d0, c
 /* t252: f32[] = cast(t251) */
 /* t256: f64[] = sqrt(1 - 0.95**t250) */
 /* t257: f32[] = cast(t256) */
+/* t254: f32[32] = (0.09999999999999998)*(t253 - transformer.h.0.ln_1.bias.exp_avg) + transformer.h.0.ln_1.bias.exp_avg */
+/* t255: f32[32] = 0.05*t253**2 + 0.95*transformer.h.0.ln_1.bias.exp_avg_sq */
 /* t258: f32[32] = -t252*t254/(sqrt(t255)/t257 + 1.0e-8) + transformer.h.0.ln_1.bias */
-__global__ void __launch_bounds__(SG_THREADS) k128_adam_param_t258(int64_t d0, const double* __restrict__ var35, const double* __restrict__ var39, float* __restrict__ var3, const float* __restrict__ var40, const float* __restrict__ var41)
+__global__ void __launch_bounds__(SG_THREADS) k103_adam_param_t258(int64_t d0, const double* __restrict__ var35, const double* __restrict__ var39, float* __restrict__ var40, const float* __restrict__ ws69, float* __restrict__ var41, float* __restrict__ var3)
 {
     const int64_t n = 32;
     for (int64_t flat = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; flat < n;
@@ -3013,22 +2748,28 @@ __global__ void __launch_bounds__(SG_THREADS) k128_adam_param_t258(int64_t d0, c
         const int64_t i0 = rest;
         const double v0 = var35[0];  /* param_groups.1.lr */
         const double v1 = var39[0];  /* t250 */
-        const float v2 = var3[i0];  /* transformer.h.0.ln_1.bias */
-        const float v3 = var40[i0];  /* t254 */
-        const float v4 = var41[i0];  /* t255 */
+        const float v2 = var40[i0];  /* transformer.h.0.ln_1.bias.exp_avg */
+        const float v3 = ws69[i0];  /* t253 */
+        const float v4 = 0.1f;  /* 0.09999999999999998 */
+        const float v5 = var41[i0];  /* transformer.h.0.ln_1.bias.exp_avg_sq */
+        const float v6 = var3[i0];  /* transformer.h.0.ln_1.bias */
         const double t251 = v0/(1.0 - pow(0.9, v1));  /* t251: f64[] = param_groups.1.lr/(1 - 0.9**t250) */
         const float t252 = (float)(t251);  /* t252: f32[] = cast(t251) */
         const double t256 = sqrt(1.0 - pow(0.95, v1));  /* t256: f64[] = sqrt(1 - 0.95**t250) */
         const float t257 = (float)(t256);  /* t257: f32[] = cast(t256) */
-        const float t258 = v2 - t252*v3/(sqrtf(v4)/t257 + 1.0e-08f);  /* t258: f32[32] = -t252*t254/(sqrt(t255)/t257 + 1.0e-8) + transformer.h.0.ln_1.bias */
+        const float t254 = v2 + v4*(-v2 + v3);  /* t254: f32[32] = (0.09999999999999998)*(t253 - transformer.h.0.ln_1.bias.exp_avg) + transformer.h.0.ln_1.bias.exp_avg */
+        const float t255 = 0.95f*v5 + 0.05f*((v3)*(v3));  /* t255: f32[32] = 0.05*t253**2 + 0.95*transformer.h.0.ln_1.bias.exp_avg_sq */
+        const float t258 = v6 - t252*t254/(sqrtf(t255)/t257 + 1.0e-08f);  /* t258: f32[32] = -t252*t254/(sqrt(t255)/t257 + 1.0e-8) + transformer.h.0.ln_1.bias */
         var3[i0] = t258;
+        var40[i0] = t254;
+        var41[i0] = t255;
     }
 }
 
 /* t167: f32[B,8,1] = sum[axes=(2,), keepdims=True](t165) */
 /* t168: f32[B,8,1] = mul(t167, -0.03125) */
 /* Deterministic block reduction (sum): per-thread strided fold, then a shared-memory tree; no atomics. */
-__global__ void __launch_bounds__(SG_THREADS) k129_mul_t168(int64_t d0, const float* __restrict__ ws71, float* __restrict__ ws76)
+__global__ void __launch_bounds__(SG_THREADS) k104_mul_t168(int64_t d0, const float* __restrict__ ws71, float* __restrict__ ws76)
 {
     __shared__ double s_acc[SG_THREADS];
     const int64_t n_out = (8*d0);
@@ -3062,7 +2803,7 @@ __global__ void __launch_bounds__(SG_THREADS) k129_mul_t168(int64_t d0, const fl
 
 /* t166: f32[B,8,32] = add(t135, t165) */
 /* t169: f32[B,8,32] = add(t166, t168) */
-__global__ void __launch_bounds__(SG_THREADS) k130_add_t169(int64_t d0, const float* __restrict__ ws57, const float* __restrict__ ws71, const float* __restrict__ ws76, float* __restrict__ ws77)
+__global__ void __launch_bounds__(SG_THREADS) k105_add_t169(int64_t d0, const float* __restrict__ ws57, const float* __restrict__ ws71, const float* __restrict__ ws76, float* __restrict__ ws77)
 {
     const int64_t n = (256*d0);
     for (int64_t flat = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; flat < n;
@@ -3080,7 +2821,7 @@ __global__ void __launch_bounds__(SG_THREADS) k130_add_t169(int64_t d0, const fl
 }
 
 /* t170: f32[64,32] = scatter_add[axis=0, size=64](t169, idx) */
-__global__ void __launch_bounds__(SG_THREADS) k131_scatter_add_t170(int64_t d0, const float* __restrict__ ws77, const int64_t* __restrict__ in0, float* __restrict__ ws78)
+__global__ void __launch_bounds__(SG_THREADS) k106_scatter_add_t170(int64_t d0, const float* __restrict__ ws77, const int64_t* __restrict__ in0, float* __restrict__ ws78)
 {
     const int64_t P = 1, I = (8*d0), Q = 32, R = 64;
     const float* src = ws77;
@@ -3100,9 +2841,52 @@ __global__ void __launch_bounds__(SG_THREADS) k131_scatter_add_t170(int64_t d0, 
     }
 }
 
+/* t91: f64[] = 1 - 0.1*lr */
+/* t92: f32[] = cast(t91) */
+/* t93: f32[64,32] = mul(transformer.wte.weight, t92) */
+/* t95: f64[] = lr/(1 - 0.9**t94) */
+/* t96: f32[] = cast(t95) */
+/* t174: f64[] = sqrt(1 - 0.95**t94) */
+/* t175: f32[] = cast(t174) */
+/* t171: f32[64,32] = add(t109, t170) */
+/* t172: f32[64,32] = (0.09999999999999998)*(t171 - transformer.wte.weight.exp_avg) + transformer.wte.weight.exp_avg */
+/* t173: f32[64,32] = 0.05*t171**2 + 0.95*transformer.wte.weight.exp_avg_sq */
+/* t176: f32[64,32] = -t172*t96/(sqrt(t173)/t175 + 1.0e-8) + t93 */
+__global__ void __launch_bounds__(SG_THREADS) k107_adam_param_t176(int64_t d0, const double* __restrict__ var16, float* __restrict__ var0, const double* __restrict__ var17, const float* __restrict__ ws33, const float* __restrict__ ws78, float* __restrict__ var18, float* __restrict__ var19)
+{
+    const int64_t n = 2048;
+    for (int64_t flat = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; flat < n;
+         flat += (int64_t)gridDim.x * blockDim.x) {
+        int64_t rest = flat;
+        const int64_t i0 = rest;
+        const double v0 = var16[0];  /* lr */
+        const float v1 = var0[i0];  /* transformer.wte.weight */
+        const double v2 = var17[0];  /* t94 */
+        const float v3 = ws33[i0];  /* t109 */
+        const float v4 = ws78[i0];  /* t170 */
+        const float v5 = var18[i0];  /* transformer.wte.weight.exp_avg */
+        const float v6 = 0.1f;  /* 0.09999999999999998 */
+        const float v7 = var19[i0];  /* transformer.wte.weight.exp_avg_sq */
+        const double t91 = 1.0 + (-0.1)*v0;  /* t91: f64[] = 1 - 0.1*lr */
+        const float t92 = (float)(t91);  /* t92: f32[] = cast(t91) */
+        const float t93 = v1*t92;  /* t93: f32[64,32] = mul(transformer.wte.weight, t92) */
+        const double t95 = v0/(1.0 - pow(0.9, v2));  /* t95: f64[] = lr/(1 - 0.9**t94) */
+        const float t96 = (float)(t95);  /* t96: f32[] = cast(t95) */
+        const double t174 = sqrt(1.0 - pow(0.95, v2));  /* t174: f64[] = sqrt(1 - 0.95**t94) */
+        const float t175 = (float)(t174);  /* t175: f32[] = cast(t174) */
+        const float t171 = v3 + v4;  /* t171: f32[64,32] = add(t109, t170) */
+        const float t172 = v5 + v6*(-v5 + t171);  /* t172: f32[64,32] = (0.09999999999999998)*(t171 - transformer.wte.weight.exp_avg) + transformer.wte.weight.exp_avg */
+        const float t173 = 0.95f*v7 + 0.05f*((t171)*(t171));  /* t173: f32[64,32] = 0.05*t171**2 + 0.95*transformer.wte.weight.exp_avg_sq */
+        const float t176 = t93 - t96*t172/(sqrtf(t173)/t175 + 1.0e-08f);  /* t176: f32[64,32] = -t172*t96/(sqrt(t173)/t175 + 1.0e-8) + t93 */
+        var0[i0] = t176;
+        var18[i0] = t172;
+        var19[i0] = t173;
+    }
+}
+
 /* t181: f32[8,32] = sum[axes=(0,), keepdims=False](t169) */
 /* Deterministic block reduction (sum): per-thread strided fold, then a shared-memory tree; no atomics. */
-__global__ void __launch_bounds__(SG_THREADS) k132_sum_t181(int64_t d0, const float* __restrict__ ws77, float* __restrict__ ws79)
+__global__ void __launch_bounds__(SG_THREADS) k108_sum_t181(int64_t d0, const float* __restrict__ ws77, float* __restrict__ ws79)
 {
     __shared__ double s_acc[SG_THREADS];
     const int64_t n_out = 256;
@@ -3132,7 +2916,7 @@ __global__ void __launch_bounds__(SG_THREADS) k132_sum_t181(int64_t d0, const fl
 }
 
 /* make iota's operand contiguous: t4 */
-__global__ void __launch_bounds__(SG_THREADS) k133_copy(int64_t d0, int64_t* __restrict__ ws80)
+__global__ void __launch_bounds__(SG_THREADS) k109_copy(int64_t d0, int64_t* __restrict__ ws80)
 {
     const int64_t n = 8;
     for (int64_t flat = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; flat < n;
@@ -3146,7 +2930,7 @@ __global__ void __launch_bounds__(SG_THREADS) k133_copy(int64_t d0, int64_t* __r
 }
 
 /* t182: f32[8,32] = scatter_add[axis=0, size=8](t181, t4) */
-__global__ void __launch_bounds__(SG_THREADS) k134_scatter_add_t182(int64_t d0, const float* __restrict__ ws79, const int64_t* __restrict__ ws80, float* __restrict__ ws81)
+__global__ void __launch_bounds__(SG_THREADS) k110_scatter_add_t182(int64_t d0, const float* __restrict__ ws79, const int64_t* __restrict__ ws80, float* __restrict__ ws81)
 {
     const int64_t P = 1, I = 8, Q = 32, R = 8;
     const float* src = ws79;
@@ -3166,37 +2950,6 @@ __global__ void __launch_bounds__(SG_THREADS) k134_scatter_add_t182(int64_t d0, 
     }
 }
 
-/* t183: f32[8,32] = (0.09999999999999998)*(t182 - transformer.wpe.weight.exp_avg) + transformer.wpe.weight.exp_avg */
-__global__ void __launch_bounds__(SG_THREADS) k135_adam_exp_avg_t183(int64_t d0, float* __restrict__ var21, const float* __restrict__ ws81)
-{
-    const int64_t n = 256;
-    for (int64_t flat = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; flat < n;
-         flat += (int64_t)gridDim.x * blockDim.x) {
-        int64_t rest = flat;
-        const int64_t i0 = rest;
-        const float v0 = var21[i0];  /* transformer.wpe.weight.exp_avg */
-        const float v1 = ws81[i0];  /* t182 */
-        const float v2 = 0.1f;  /* 0.09999999999999998 */
-        const float t183 = v0 + v2*(-v0 + v1);  /* t183: f32[8,32] = (0.09999999999999998)*(t182 - transformer.wpe.weight.exp_avg) + transformer.wpe.weight.exp_avg */
-        var21[i0] = t183;
-    }
-}
-
-/* t184: f32[8,32] = 0.05*t182**2 + 0.95*transformer.wpe.weight.exp_avg_sq */
-__global__ void __launch_bounds__(SG_THREADS) k136_adam_exp_avg_sq_t184(int64_t d0, float* __restrict__ var22, const float* __restrict__ ws81)
-{
-    const int64_t n = 256;
-    for (int64_t flat = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; flat < n;
-         flat += (int64_t)gridDim.x * blockDim.x) {
-        int64_t rest = flat;
-        const int64_t i0 = rest;
-        const float v0 = var22[i0];  /* transformer.wpe.weight.exp_avg_sq */
-        const float v1 = ws81[i0];  /* t182 */
-        const float t184 = 0.95f*v0 + 0.05f*((v1)*(v1));  /* t184: f32[8,32] = 0.05*t182**2 + 0.95*transformer.wpe.weight.exp_avg_sq */
-        var22[i0] = t184;
-    }
-}
-
 /* t91: f64[] = 1 - 0.1*lr */
 /* t92: f32[] = cast(t91) */
 /* t177: f32[8,32] = mul(transformer.wpe.weight, t92) */
@@ -3204,8 +2957,10 @@ __global__ void __launch_bounds__(SG_THREADS) k136_adam_exp_avg_sq_t184(int64_t 
 /* t180: f32[] = cast(t179) */
 /* t185: f64[] = sqrt(1 - 0.95**t178) */
 /* t186: f32[] = cast(t185) */
+/* t183: f32[8,32] = (0.09999999999999998)*(t182 - transformer.wpe.weight.exp_avg) + transformer.wpe.weight.exp_avg */
+/* t184: f32[8,32] = 0.05*t182**2 + 0.95*transformer.wpe.weight.exp_avg_sq */
 /* t187: f32[8,32] = t177 - t180*t183/(sqrt(t184)/t186 + 1.0e-8) */
-__global__ void __launch_bounds__(SG_THREADS) k137_adam_param_t187(int64_t d0, const double* __restrict__ var16, float* __restrict__ var1, const double* __restrict__ var20, const float* __restrict__ var21, const float* __restrict__ var22)
+__global__ void __launch_bounds__(SG_THREADS) k111_adam_param_t187(int64_t d0, const double* __restrict__ var16, float* __restrict__ var1, const double* __restrict__ var20, float* __restrict__ var21, const float* __restrict__ ws81, float* __restrict__ var22)
 {
     const int64_t n = 256;
     for (int64_t flat = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; flat < n;
@@ -3215,8 +2970,10 @@ __global__ void __launch_bounds__(SG_THREADS) k137_adam_param_t187(int64_t d0, c
         const double v0 = var16[0];  /* lr */
         const float v1 = var1[i0];  /* transformer.wpe.weight */
         const double v2 = var20[0];  /* t178 */
-        const float v3 = var21[i0];  /* t183 */
-        const float v4 = var22[i0];  /* t184 */
+        const float v3 = var21[i0];  /* transformer.wpe.weight.exp_avg */
+        const float v4 = ws81[i0];  /* t182 */
+        const float v5 = 0.1f;  /* 0.09999999999999998 */
+        const float v6 = var22[i0];  /* transformer.wpe.weight.exp_avg_sq */
         const double t91 = 1.0 + (-0.1)*v0;  /* t91: f64[] = 1 - 0.1*lr */
         const float t92 = (float)(t91);  /* t92: f32[] = cast(t91) */
         const float t177 = v1*t92;  /* t177: f32[8,32] = mul(transformer.wpe.weight, t92) */
@@ -3224,140 +2981,12 @@ __global__ void __launch_bounds__(SG_THREADS) k137_adam_param_t187(int64_t d0, c
         const float t180 = (float)(t179);  /* t180: f32[] = cast(t179) */
         const double t185 = sqrt(1.0 - pow(0.95, v2));  /* t185: f64[] = sqrt(1 - 0.95**t178) */
         const float t186 = (float)(t185);  /* t186: f32[] = cast(t185) */
-        const float t187 = t177 - t180*v3/(sqrtf(v4)/t186 + 1.0e-08f);  /* t187: f32[8,32] = t177 - t180*t183/(sqrt(t184)/t186 + 1.0e-8) */
+        const float t183 = v3 + v5*(-v3 + v4);  /* t183: f32[8,32] = (0.09999999999999998)*(t182 - transformer.wpe.weight.exp_avg) + transformer.wpe.weight.exp_avg */
+        const float t184 = 0.95f*v6 + 0.05f*((v4)*(v4));  /* t184: f32[8,32] = 0.05*t182**2 + 0.95*transformer.wpe.weight.exp_avg_sq */
+        const float t187 = t177 - t180*t183/(sqrtf(t184)/t186 + 1.0e-08f);  /* t187: f32[8,32] = t177 - t180*t183/(sqrt(t184)/t186 + 1.0e-8) */
         var1[i0] = t187;
-    }
-}
-
-/* t171: f32[64,32] = add(t109, t170) */
-/* t172: f32[64,32] = (0.09999999999999998)*(t171 - transformer.wte.weight.exp_avg) + transformer.wte.weight.exp_avg */
-__global__ void __launch_bounds__(SG_THREADS) k138_adam_exp_avg_t172(int64_t d0, const float* __restrict__ ws33, const float* __restrict__ ws78, float* __restrict__ var18)
-{
-    const int64_t n = 2048;
-    for (int64_t flat = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; flat < n;
-         flat += (int64_t)gridDim.x * blockDim.x) {
-        int64_t rest = flat;
-        const int64_t i0 = rest;
-        const float v0 = ws33[i0];  /* t109 */
-        const float v1 = ws78[i0];  /* t170 */
-        const float v2 = var18[i0];  /* transformer.wte.weight.exp_avg */
-        const float v3 = 0.1f;  /* 0.09999999999999998 */
-        const float t171 = v0 + v1;  /* t171: f32[64,32] = add(t109, t170) */
-        const float t172 = v2 + v3*(-v2 + t171);  /* t172: f32[64,32] = (0.09999999999999998)*(t171 - transformer.wte.weight.exp_avg) + transformer.wte.weight.exp_avg */
-        var18[i0] = t172;
-    }
-}
-
-/* t171: f32[64,32] = add(t109, t170) */
-/* t173: f32[64,32] = 0.05*t171**2 + 0.95*transformer.wte.weight.exp_avg_sq */
-__global__ void __launch_bounds__(SG_THREADS) k139_adam_exp_avg_sq_t173(int64_t d0, const float* __restrict__ ws33, const float* __restrict__ ws78, float* __restrict__ var19)
-{
-    const int64_t n = 2048;
-    for (int64_t flat = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; flat < n;
-         flat += (int64_t)gridDim.x * blockDim.x) {
-        int64_t rest = flat;
-        const int64_t i0 = rest;
-        const float v0 = ws33[i0];  /* t109 */
-        const float v1 = ws78[i0];  /* t170 */
-        const float v2 = var19[i0];  /* transformer.wte.weight.exp_avg_sq */
-        const float t171 = v0 + v1;  /* t171: f32[64,32] = add(t109, t170) */
-        const float t173 = 0.95f*v2 + 0.05f*((t171)*(t171));  /* t173: f32[64,32] = 0.05*t171**2 + 0.95*transformer.wte.weight.exp_avg_sq */
-        var19[i0] = t173;
-    }
-}
-
-/* t91: f64[] = 1 - 0.1*lr */
-/* t92: f32[] = cast(t91) */
-/* t93: f32[64,32] = mul(transformer.wte.weight, t92) */
-/* t95: f64[] = lr/(1 - 0.9**t94) */
-/* t96: f32[] = cast(t95) */
-/* t174: f64[] = sqrt(1 - 0.95**t94) */
-/* t175: f32[] = cast(t174) */
-/* t176: f32[64,32] = -t172*t96/(sqrt(t173)/t175 + 1.0e-8) + t93 */
-__global__ void __launch_bounds__(SG_THREADS) k140_adam_param_t176(int64_t d0, const double* __restrict__ var16, float* __restrict__ var0, const double* __restrict__ var17, const float* __restrict__ var18, const float* __restrict__ var19)
-{
-    const int64_t n = 2048;
-    for (int64_t flat = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; flat < n;
-         flat += (int64_t)gridDim.x * blockDim.x) {
-        int64_t rest = flat;
-        const int64_t i0 = rest;
-        const double v0 = var16[0];  /* lr */
-        const float v1 = var0[i0];  /* transformer.wte.weight */
-        const double v2 = var17[0];  /* t94 */
-        const float v3 = var18[i0];  /* t172 */
-        const float v4 = var19[i0];  /* t173 */
-        const double t91 = 1.0 + (-0.1)*v0;  /* t91: f64[] = 1 - 0.1*lr */
-        const float t92 = (float)(t91);  /* t92: f32[] = cast(t91) */
-        const float t93 = v1*t92;  /* t93: f32[64,32] = mul(transformer.wte.weight, t92) */
-        const double t95 = v0/(1.0 - pow(0.9, v2));  /* t95: f64[] = lr/(1 - 0.9**t94) */
-        const float t96 = (float)(t95);  /* t96: f32[] = cast(t95) */
-        const double t174 = sqrt(1.0 - pow(0.95, v2));  /* t174: f64[] = sqrt(1 - 0.95**t94) */
-        const float t175 = (float)(t174);  /* t175: f32[] = cast(t174) */
-        const float t176 = t93 - t96*v3/(sqrtf(v4)/t175 + 1.0e-08f);  /* t176: f32[64,32] = -t172*t96/(sqrt(t173)/t175 + 1.0e-8) + t93 */
-        var0[i0] = t176;
-    }
-}
-
-/* t197: f32[96,32] = (0.09999999999999998)*(t196 - transformer.h.0.attn.c_attn.weight.exp_avg) + transformer.h.0.attn.c_attn.weight.exp_avg */
-__global__ void __launch_bounds__(SG_THREADS) k141_adam_exp_avg_t197(int64_t d0, float* __restrict__ var24, const float* __restrict__ ws75)
-{
-    const int64_t n = 3072;
-    for (int64_t flat = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; flat < n;
-         flat += (int64_t)gridDim.x * blockDim.x) {
-        int64_t rest = flat;
-        const int64_t i0 = rest;
-        const float v0 = var24[i0];  /* transformer.h.0.attn.c_attn.weight.exp_avg */
-        const float v1 = ws75[i0];  /* t196 */
-        const float v2 = 0.1f;  /* 0.09999999999999998 */
-        const float t197 = v0 + v2*(-v0 + v1);  /* t197: f32[96,32] = (0.09999999999999998)*(t196 - transformer.h.0.attn.c_attn.weight.exp_avg) + transformer.h.0.attn.c_attn.weight.exp_avg */
-        var24[i0] = t197;
-    }
-}
-
-/* t198: f32[96,32] = 0.05*t196**2 + 0.95*transformer.h.0.attn.c_attn.weight.exp_avg_sq */
-__global__ void __launch_bounds__(SG_THREADS) k142_adam_exp_avg_sq_t198(int64_t d0, float* __restrict__ var25, const float* __restrict__ ws75)
-{
-    const int64_t n = 3072;
-    for (int64_t flat = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; flat < n;
-         flat += (int64_t)gridDim.x * blockDim.x) {
-        int64_t rest = flat;
-        const int64_t i0 = rest;
-        const float v0 = var25[i0];  /* transformer.h.0.attn.c_attn.weight.exp_avg_sq */
-        const float v1 = ws75[i0];  /* t196 */
-        const float t198 = 0.95f*v0 + 0.05f*((v1)*(v1));  /* t198: f32[96,32] = 0.05*t196**2 + 0.95*transformer.h.0.attn.c_attn.weight.exp_avg_sq */
-        var25[i0] = t198;
-    }
-}
-
-/* t91: f64[] = 1 - 0.1*lr */
-/* t92: f32[] = cast(t91) */
-/* t188: f32[96,32] = mul(transformer.h.0.attn.c_attn.weight, t92) */
-/* t190: f64[] = lr/(1 - 0.9**t189) */
-/* t191: f32[] = cast(t190) */
-/* t199: f64[] = sqrt(1 - 0.95**t189) */
-/* t200: f32[] = cast(t199) */
-/* t201: f32[96,32] = t188 - t191*t197/(sqrt(t198)/t200 + 1.0e-8) */
-__global__ void __launch_bounds__(SG_THREADS) k143_adam_param_t201(int64_t d0, const double* __restrict__ var16, float* __restrict__ var4, const double* __restrict__ var23, const float* __restrict__ var24, const float* __restrict__ var25)
-{
-    const int64_t n = 3072;
-    for (int64_t flat = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; flat < n;
-         flat += (int64_t)gridDim.x * blockDim.x) {
-        int64_t rest = flat;
-        const int64_t i0 = rest;
-        const double v0 = var16[0];  /* lr */
-        const float v1 = var4[i0];  /* transformer.h.0.attn.c_attn.weight */
-        const double v2 = var23[0];  /* t189 */
-        const float v3 = var24[i0];  /* t197 */
-        const float v4 = var25[i0];  /* t198 */
-        const double t91 = 1.0 + (-0.1)*v0;  /* t91: f64[] = 1 - 0.1*lr */
-        const float t92 = (float)(t91);  /* t92: f32[] = cast(t91) */
-        const float t188 = v1*t92;  /* t188: f32[96,32] = mul(transformer.h.0.attn.c_attn.weight, t92) */
-        const double t190 = v0/(1.0 - pow(0.9, v2));  /* t190: f64[] = lr/(1 - 0.9**t189) */
-        const float t191 = (float)(t190);  /* t191: f32[] = cast(t190) */
-        const double t199 = sqrt(1.0 - pow(0.95, v2));  /* t199: f64[] = sqrt(1 - 0.95**t189) */
-        const float t200 = (float)(t199);  /* t200: f32[] = cast(t199) */
-        const float t201 = t188 - t191*v3/(sqrtf(v4)/t200 + 1.0e-08f);  /* t201: f32[96,32] = t188 - t191*t197/(sqrt(t198)/t200 + 1.0e-8) */
-        var4[i0] = t201;
+        var21[i0] = t183;
+        var22[i0] = t184;
     }
 }
 
@@ -4376,821 +4005,565 @@ int sg_cuda_run(void* handle, const int64_t* dims, void** inputs, void** outputs
         }
     }
 
-    {   /* k49_adam_exp_avg_t328: 32 elements */
+    {   /* k49_adam_param_t332: 32 elements */
         const int64_t n = 32;
         if (n > 0) {
-            k49_adam_exp_avg_t328<<<sg_blocks(n), SG_THREADS>>>(d0, var64, ws35);
-            SG_CHECK(cudaGetLastError(), "launching k49_adam_exp_avg_t328");
+            k49_adam_param_t332<<<sg_blocks(n), SG_THREADS>>>(d0, var35, var63, var64, ws35, var65, var15);
+            SG_CHECK(cudaGetLastError(), "launching k49_adam_param_t332");
         }
     }
 
-    {   /* k50_adam_exp_avg_sq_t329: 32 elements */
-        const int64_t n = 32;
-        if (n > 0) {
-            k50_adam_exp_avg_sq_t329<<<sg_blocks(n), SG_THREADS>>>(d0, var65, ws35);
-            SG_CHECK(cudaGetLastError(), "launching k50_adam_exp_avg_sq_t329");
-        }
-    }
-
-    {   /* k51_adam_param_t332: 32 elements */
-        const int64_t n = 32;
-        if (n > 0) {
-            k51_adam_param_t332<<<sg_blocks(n), SG_THREADS>>>(d0, var35, var63, var15, var64, var65);
-            SG_CHECK(cudaGetLastError(), "launching k51_adam_param_t332");
-        }
-    }
-
-    {   /* k52_sum_t114: (8*d0) outputs, 32 elements each */
+    {   /* k50_sum_t114: (8*d0) outputs, 32 elements each */
         const int64_t n_out = (8*d0);
         if (n_out > 0) {
-            k52_sum_t114<<<sg_blocks_for_rows(n_out), sg_reduce_threads(32)>>>(d0, ws24, ws25, ws34, var14, ws36);
-            SG_CHECK(cudaGetLastError(), "launching k52_sum_t114");
+            k50_sum_t114<<<sg_blocks_for_rows(n_out), sg_reduce_threads(32)>>>(d0, ws24, ws25, ws34, var14, ws36);
+            SG_CHECK(cudaGetLastError(), "launching k50_sum_t114");
         }
     }
 
-    {   /* k53_simplified_t115: (256*d0) elements */
+    {   /* k51_simplified_t115: (256*d0) elements */
         const int64_t n = (256*d0);
         if (n > 0) {
-            k53_simplified_t115<<<sg_blocks(n), SG_THREADS>>>(d0, ws34, var14, ws25, ws36, ws24, ws37);
-            SG_CHECK(cudaGetLastError(), "launching k53_simplified_t115");
+            k51_simplified_t115<<<sg_blocks(n), SG_THREADS>>>(d0, ws34, var14, ws25, ws36, ws24, ws37);
+            SG_CHECK(cudaGetLastError(), "launching k51_simplified_t115");
         }
     }
 
-    {   /* k54_mul_t317: (256*d0) elements */
+    {   /* k52_mul_t317: (256*d0) elements */
         const int64_t n = (256*d0);
         if (n > 0) {
-            k54_mul_t317<<<sg_blocks(n), SG_THREADS>>>(d0, ws24, ws25, ws34, ws38);
-            SG_CHECK(cudaGetLastError(), "launching k54_mul_t317");
+            k52_mul_t317<<<sg_blocks(n), SG_THREADS>>>(d0, ws24, ws25, ws34, ws38);
+            SG_CHECK(cudaGetLastError(), "launching k52_mul_t317");
         }
     }
 
-    {   /* k55_sum_t318: 32 outputs, (8*d0) elements each */
+    {   /* k53_sum_t318: 32 outputs, (8*d0) elements each */
         const int64_t n_out = 32;
         if (n_out > 0) {
-            k55_sum_t318<<<sg_blocks_for_rows(n_out), sg_reduce_threads((8*d0))>>>(d0, ws38, ws39);
-            SG_CHECK(cudaGetLastError(), "launching k55_sum_t318");
+            k53_sum_t318<<<sg_blocks_for_rows(n_out), sg_reduce_threads((8*d0))>>>(d0, ws38, ws39);
+            SG_CHECK(cudaGetLastError(), "launching k53_sum_t318");
         }
     }
 
-    {   /* k56_adam_exp_avg_t319: 32 elements */
+    {   /* k54_adam_param_t323: 32 elements */
         const int64_t n = 32;
         if (n > 0) {
-            k56_adam_exp_avg_t319<<<sg_blocks(n), SG_THREADS>>>(d0, var61, ws39);
-            SG_CHECK(cudaGetLastError(), "launching k56_adam_exp_avg_t319");
+            k54_adam_param_t323<<<sg_blocks(n), SG_THREADS>>>(d0, var35, var60, var61, ws39, var62, var14);
+            SG_CHECK(cudaGetLastError(), "launching k54_adam_param_t323");
         }
     }
 
-    {   /* k57_adam_exp_avg_sq_t320: 32 elements */
-        const int64_t n = 32;
-        if (n > 0) {
-            k57_adam_exp_avg_sq_t320<<<sg_blocks(n), SG_THREADS>>>(d0, var62, ws39);
-            SG_CHECK(cudaGetLastError(), "launching k57_adam_exp_avg_sq_t320");
-        }
-    }
-
-    {   /* k58_adam_param_t323: 32 elements */
-        const int64_t n = 32;
-        if (n > 0) {
-            k58_adam_param_t323<<<sg_blocks(n), SG_THREADS>>>(d0, var35, var60, var14, var61, var62);
-            SG_CHECK(cudaGetLastError(), "launching k58_adam_param_t323");
-        }
-    }
-
-    {   /* k59_mul_t117: (8*d0) outputs, 32 elements each */
+    {   /* k55_mul_t117: (8*d0) outputs, 32 elements each */
         const int64_t n_out = (8*d0);
         if (n_out > 0) {
-            k59_mul_t117<<<sg_blocks_for_rows(n_out), sg_reduce_threads(32)>>>(d0, ws37, ws40);
-            SG_CHECK(cudaGetLastError(), "launching k59_mul_t117");
+            k55_mul_t117<<<sg_blocks_for_rows(n_out), sg_reduce_threads(32)>>>(d0, ws37, ws40);
+            SG_CHECK(cudaGetLastError(), "launching k55_mul_t117");
         }
     }
 
-    {   /* k60_add_t118: (256*d0) elements */
+    {   /* k56_add_t118: (256*d0) elements */
         const int64_t n = (256*d0);
         if (n > 0) {
-            k60_add_t118<<<sg_blocks(n), SG_THREADS>>>(d0, ws37, ws40, ws41);
-            SG_CHECK(cudaGetLastError(), "launching k60_add_t118");
+            k56_add_t118<<<sg_blocks(n), SG_THREADS>>>(d0, ws37, ws40, ws41);
+            SG_CHECK(cudaGetLastError(), "launching k56_add_t118");
         }
     }
 
-    {   /* k61_sum_t308: 32 outputs, (8*d0) elements each */
+    {   /* k57_sum_t308: 32 outputs, (8*d0) elements each */
         const int64_t n_out = 32;
         if (n_out > 0) {
-            k61_sum_t308<<<sg_blocks_for_rows(n_out), sg_reduce_threads((8*d0))>>>(d0, ws41, ws42);
-            SG_CHECK(cudaGetLastError(), "launching k61_sum_t308");
+            k57_sum_t308<<<sg_blocks_for_rows(n_out), sg_reduce_threads((8*d0))>>>(d0, ws41, ws42);
+            SG_CHECK(cudaGetLastError(), "launching k57_sum_t308");
         }
     }
 
-    {   /* k62_adam_exp_avg_t309: 32 elements */
+    {   /* k58_adam_param_t313: 32 elements */
         const int64_t n = 32;
         if (n > 0) {
-            k62_adam_exp_avg_t309<<<sg_blocks(n), SG_THREADS>>>(d0, var58, ws42);
-            SG_CHECK(cudaGetLastError(), "launching k62_adam_exp_avg_t309");
+            k58_adam_param_t313<<<sg_blocks(n), SG_THREADS>>>(d0, var35, var57, var58, ws42, var59, var13);
+            SG_CHECK(cudaGetLastError(), "launching k58_adam_param_t313");
         }
     }
 
-    {   /* k63_adam_exp_avg_sq_t310: 32 elements */
-        const int64_t n = 32;
-        if (n > 0) {
-            k63_adam_exp_avg_sq_t310<<<sg_blocks(n), SG_THREADS>>>(d0, var59, ws42);
-            SG_CHECK(cudaGetLastError(), "launching k63_adam_exp_avg_sq_t310");
-        }
-    }
-
-    {   /* k64_adam_param_t313: 32 elements */
-        const int64_t n = 32;
-        if (n > 0) {
-            k64_adam_param_t313<<<sg_blocks(n), SG_THREADS>>>(d0, var35, var57, var13, var58, var59);
-            SG_CHECK(cudaGetLastError(), "launching k64_adam_param_t313");
-        }
-    }
-
-    {   /* k65_matmul_t120: out[8*d0 x 128] = a @ b, K = 32 */
+    {   /* k59_matmul_t120: out[8*d0 x 128] = a @ b, K = 32 */
         const int64_t M = 8*d0, N = 128, K = 32;
         const sg_batch batch = { 0, 1, {0}, {0}, {0}, {0} };  /* one product */
         if (M > 0 && N > 0 && batch.count > 0) {
             const int64_t grid_y = (M + SG_TILE - 1) / SG_TILE, grid_x = (N + SG_TILE - 1) / SG_TILE;
             if (grid_y > 65535 || grid_x > 2147483647)
-                return sg_fail(err, errlen, -1, "k65_matmul_t120: matrix too large for one launch");
+                return sg_fail(err, errlen, -1, "k59_matmul_t120: matrix too large for one launch");
             /* (more products than blocks along z: each block walks several) */
             const unsigned grid_z = batch.count < 65535 ? (unsigned)batch.count : 65535u;
             sg_gemm<float><<<dim3((unsigned)grid_x, (unsigned)grid_y, grid_z), SG_GEMM_THREADS>>>(
                 M, N, K, ws41, 32, 1, var12, 128, 1, ws43, batch);
-            SG_CHECK(cudaGetLastError(), "launching k65_matmul_t120");
+            SG_CHECK(cudaGetLastError(), "launching k59_matmul_t120");
         }
     }
 
-    {   /* k66_mul_t123: (1024*d0) elements */
+    {   /* k60_mul_t123: (1024*d0) elements */
         const int64_t n = (1024*d0);
         if (n > 0) {
-            k66_mul_t123<<<sg_blocks(n), SG_THREADS>>>(d0, ws19, ws43, ws44);
-            SG_CHECK(cudaGetLastError(), "launching k66_mul_t123");
+            k60_mul_t123<<<sg_blocks(n), SG_THREADS>>>(d0, ws19, ws43, ws44);
+            SG_CHECK(cudaGetLastError(), "launching k60_mul_t123");
         }
     }
 
-    {   /* k67_gelu_t232: (1024*d0) elements */
+    {   /* k61_gelu_t232: (1024*d0) elements */
         const int64_t n = (1024*d0);
         if (n > 0) {
-            k67_gelu_t232<<<sg_blocks(n), SG_THREADS>>>(d0, ws19, ws45);
-            SG_CHECK(cudaGetLastError(), "launching k67_gelu_t232");
+            k61_gelu_t232<<<sg_blocks(n), SG_THREADS>>>(d0, ws19, ws45);
+            SG_CHECK(cudaGetLastError(), "launching k61_gelu_t232");
         }
     }
 
-    {   /* k68_matmul_t234: out[32 x 128] = a @ b, K = 8*d0 */
+    {   /* k62_matmul_t234: out[32 x 128] = a @ b, K = 8*d0 */
         const int64_t M = 32, N = 128, K = 8*d0;
         const sg_batch batch = { 0, 1, {0}, {0}, {0}, {0} };  /* one product */
         if (M > 0 && N > 0 && batch.count > 0) {
             const int64_t grid_y = (M + SG_TILE - 1) / SG_TILE, grid_x = (N + SG_TILE - 1) / SG_TILE;
             if (grid_y > 65535 || grid_x > 2147483647)
-                return sg_fail(err, errlen, -1, "k68_matmul_t234: matrix too large for one launch");
+                return sg_fail(err, errlen, -1, "k62_matmul_t234: matrix too large for one launch");
             /* (more products than blocks along z: each block walks several) */
             const unsigned grid_z = batch.count < 65535 ? (unsigned)batch.count : 65535u;
             sg_gemm<float><<<dim3((unsigned)grid_x, (unsigned)grid_y, grid_z), SG_GEMM_THREADS>>>(
                 M, N, K, ws41, 1, 32, ws45, 128, 1, ws46, batch);
-            SG_CHECK(cudaGetLastError(), "launching k68_matmul_t234");
+            SG_CHECK(cudaGetLastError(), "launching k62_matmul_t234");
         }
     }
 
-    {   /* k69_sum_t299: 128 outputs, (8*d0) elements each */
+    {   /* k63_adam_param_t239: 4096 elements */
+        const int64_t n = 4096;
+        if (n > 0) {
+            k63_adam_param_t239<<<sg_blocks(n), SG_THREADS>>>(d0, var16, var12, var32, var33, ws46, var34);
+            SG_CHECK(cudaGetLastError(), "launching k63_adam_param_t239");
+        }
+    }
+
+    {   /* k64_sum_t299: 128 outputs, (8*d0) elements each */
         const int64_t n_out = 128;
         if (n_out > 0) {
-            k69_sum_t299<<<sg_blocks_for_rows(n_out), sg_reduce_threads((8*d0))>>>(d0, ws44, ws47);
-            SG_CHECK(cudaGetLastError(), "launching k69_sum_t299");
+            k64_sum_t299<<<sg_blocks_for_rows(n_out), sg_reduce_threads((8*d0))>>>(d0, ws44, ws47);
+            SG_CHECK(cudaGetLastError(), "launching k64_sum_t299");
         }
     }
 
-    {   /* k70_adam_exp_avg_t300: 128 elements */
+    {   /* k65_adam_param_t304: 128 elements */
         const int64_t n = 128;
         if (n > 0) {
-            k70_adam_exp_avg_t300<<<sg_blocks(n), SG_THREADS>>>(d0, var55, ws47);
-            SG_CHECK(cudaGetLastError(), "launching k70_adam_exp_avg_t300");
+            k65_adam_param_t304<<<sg_blocks(n), SG_THREADS>>>(d0, var35, var54, var55, ws47, var56, var11);
+            SG_CHECK(cudaGetLastError(), "launching k65_adam_param_t304");
         }
     }
 
-    {   /* k71_adam_exp_avg_sq_t301: 128 elements */
-        const int64_t n = 128;
-        if (n > 0) {
-            k71_adam_exp_avg_sq_t301<<<sg_blocks(n), SG_THREADS>>>(d0, var56, ws47);
-            SG_CHECK(cudaGetLastError(), "launching k71_adam_exp_avg_sq_t301");
-        }
-    }
-
-    {   /* k72_adam_param_t304: 128 elements */
-        const int64_t n = 128;
-        if (n > 0) {
-            k72_adam_param_t304<<<sg_blocks(n), SG_THREADS>>>(d0, var35, var54, var11, var55, var56);
-            SG_CHECK(cudaGetLastError(), "launching k72_adam_param_t304");
-        }
-    }
-
-    {   /* k73_adam_exp_avg_t235: 4096 elements */
-        const int64_t n = 4096;
-        if (n > 0) {
-            k73_adam_exp_avg_t235<<<sg_blocks(n), SG_THREADS>>>(d0, var33, ws46);
-            SG_CHECK(cudaGetLastError(), "launching k73_adam_exp_avg_t235");
-        }
-    }
-
-    {   /* k74_adam_exp_avg_sq_t236: 4096 elements */
-        const int64_t n = 4096;
-        if (n > 0) {
-            k74_adam_exp_avg_sq_t236<<<sg_blocks(n), SG_THREADS>>>(d0, var34, ws46);
-            SG_CHECK(cudaGetLastError(), "launching k74_adam_exp_avg_sq_t236");
-        }
-    }
-
-    {   /* k75_adam_param_t239: 4096 elements */
-        const int64_t n = 4096;
-        if (n > 0) {
-            k75_adam_param_t239<<<sg_blocks(n), SG_THREADS>>>(d0, var16, var12, var32, var33, var34);
-            SG_CHECK(cudaGetLastError(), "launching k75_adam_param_t239");
-        }
-    }
-
-    {   /* k76_matmul_t125: out[8*d0 x 32] = a @ b, K = 128 */
+    {   /* k66_matmul_t125: out[8*d0 x 32] = a @ b, K = 128 */
         const int64_t M = 8*d0, N = 32, K = 128;
         const sg_batch batch = { 0, 1, {0}, {0}, {0}, {0} };  /* one product */
         if (M > 0 && N > 0 && batch.count > 0) {
             const int64_t grid_y = (M + SG_TILE - 1) / SG_TILE, grid_x = (N + SG_TILE - 1) / SG_TILE;
             if (grid_y > 65535 || grid_x > 2147483647)
-                return sg_fail(err, errlen, -1, "k76_matmul_t125: matrix too large for one launch");
+                return sg_fail(err, errlen, -1, "k66_matmul_t125: matrix too large for one launch");
             /* (more products than blocks along z: each block walks several) */
             const unsigned grid_z = batch.count < 65535 ? (unsigned)batch.count : 65535u;
             sg_gemm<float><<<dim3((unsigned)grid_x, (unsigned)grid_y, grid_z), SG_GEMM_THREADS>>>(
                 M, N, K, ws44, 128, 1, var10, 32, 1, ws48, batch);
-            SG_CHECK(cudaGetLastError(), "launching k76_matmul_t125");
+            SG_CHECK(cudaGetLastError(), "launching k66_matmul_t125");
         }
     }
 
-    {   /* k77_sum_t290: 32 outputs, (8*d0) elements each */
+    {   /* k67_sum_t290: 32 outputs, (8*d0) elements each */
         const int64_t n_out = 32;
         if (n_out > 0) {
-            k77_sum_t290<<<sg_blocks_for_rows(n_out), sg_reduce_threads((8*d0))>>>(d0, ws48, ws49);
-            SG_CHECK(cudaGetLastError(), "launching k77_sum_t290");
+            k67_sum_t290<<<sg_blocks_for_rows(n_out), sg_reduce_threads((8*d0))>>>(d0, ws48, ws49);
+            SG_CHECK(cudaGetLastError(), "launching k67_sum_t290");
         }
     }
 
-    {   /* k78_adam_exp_avg_t291: 32 elements */
-        const int64_t n = 32;
-        if (n > 0) {
-            k78_adam_exp_avg_t291<<<sg_blocks(n), SG_THREADS>>>(d0, var52, ws49);
-            SG_CHECK(cudaGetLastError(), "launching k78_adam_exp_avg_t291");
-        }
-    }
-
-    {   /* k79_adam_exp_avg_sq_t292: 32 elements */
-        const int64_t n = 32;
-        if (n > 0) {
-            k79_adam_exp_avg_sq_t292<<<sg_blocks(n), SG_THREADS>>>(d0, var53, ws49);
-            SG_CHECK(cudaGetLastError(), "launching k79_adam_exp_avg_sq_t292");
-        }
-    }
-
-    {   /* k80_sum_t130: (8*d0) outputs, 32 elements each */
+    {   /* k68_sum_t130: (8*d0) outputs, 32 elements each */
         const int64_t n_out = (8*d0);
         if (n_out > 0) {
-            k80_sum_t130<<<sg_blocks_for_rows(n_out), sg_reduce_threads(32)>>>(d0, ws15, ws16, ws48, var8, ws50);
-            SG_CHECK(cudaGetLastError(), "launching k80_sum_t130");
+            k68_sum_t130<<<sg_blocks_for_rows(n_out), sg_reduce_threads(32)>>>(d0, ws15, ws16, ws48, var8, ws50);
+            SG_CHECK(cudaGetLastError(), "launching k68_sum_t130");
         }
     }
 
-    {   /* k81_simplified_t131: (256*d0) elements */
+    {   /* k69_simplified_t131: (256*d0) elements */
         const int64_t n = (256*d0);
         if (n > 0) {
-            k81_simplified_t131<<<sg_blocks(n), SG_THREADS>>>(d0, ws48, var8, ws16, ws50, ws15, ws51);
-            SG_CHECK(cudaGetLastError(), "launching k81_simplified_t131");
+            k69_simplified_t131<<<sg_blocks(n), SG_THREADS>>>(d0, ws48, var8, ws16, ws50, ws15, ws51);
+            SG_CHECK(cudaGetLastError(), "launching k69_simplified_t131");
         }
     }
 
-    {   /* k82_mul_t280: (256*d0) elements */
+    {   /* k70_mul_t280: (256*d0) elements */
         const int64_t n = (256*d0);
         if (n > 0) {
-            k82_mul_t280<<<sg_blocks(n), SG_THREADS>>>(d0, ws15, ws16, ws48, ws52);
-            SG_CHECK(cudaGetLastError(), "launching k82_mul_t280");
+            k70_mul_t280<<<sg_blocks(n), SG_THREADS>>>(d0, ws15, ws16, ws48, ws52);
+            SG_CHECK(cudaGetLastError(), "launching k70_mul_t280");
         }
     }
 
-    {   /* k83_sum_t281: 32 outputs, (8*d0) elements each */
+    {   /* k71_sum_t281: 32 outputs, (8*d0) elements each */
         const int64_t n_out = 32;
         if (n_out > 0) {
-            k83_sum_t281<<<sg_blocks_for_rows(n_out), sg_reduce_threads((8*d0))>>>(d0, ws52, ws53);
-            SG_CHECK(cudaGetLastError(), "launching k83_sum_t281");
+            k71_sum_t281<<<sg_blocks_for_rows(n_out), sg_reduce_threads((8*d0))>>>(d0, ws52, ws53);
+            SG_CHECK(cudaGetLastError(), "launching k71_sum_t281");
         }
     }
 
-    {   /* k84_add_t219: (256*d0) elements */
+    {   /* k72_add_t219: (256*d0) elements */
         const int64_t n = (256*d0);
         if (n > 0) {
-            k84_add_t219<<<sg_blocks(n), SG_THREADS>>>(d0, ws15, ws16, var8, var9, ws54);
-            SG_CHECK(cudaGetLastError(), "launching k84_add_t219");
+            k72_add_t219<<<sg_blocks(n), SG_THREADS>>>(d0, ws15, ws16, var8, var9, ws54);
+            SG_CHECK(cudaGetLastError(), "launching k72_add_t219");
         }
     }
 
-    {   /* k85_matmul_t221: out[128 x 32] = a @ b, K = 8*d0 */
+    {   /* k73_matmul_t221: out[128 x 32] = a @ b, K = 8*d0 */
         const int64_t M = 128, N = 32, K = 8*d0;
         const sg_batch batch = { 0, 1, {0}, {0}, {0}, {0} };  /* one product */
         if (M > 0 && N > 0 && batch.count > 0) {
             const int64_t grid_y = (M + SG_TILE - 1) / SG_TILE, grid_x = (N + SG_TILE - 1) / SG_TILE;
             if (grid_y > 65535 || grid_x > 2147483647)
-                return sg_fail(err, errlen, -1, "k85_matmul_t221: matrix too large for one launch");
+                return sg_fail(err, errlen, -1, "k73_matmul_t221: matrix too large for one launch");
             /* (more products than blocks along z: each block walks several) */
             const unsigned grid_z = batch.count < 65535 ? (unsigned)batch.count : 65535u;
             sg_gemm<float><<<dim3((unsigned)grid_x, (unsigned)grid_y, grid_z), SG_GEMM_THREADS>>>(
                 M, N, K, ws44, 1, 128, ws54, 32, 1, ws55, batch);
-            SG_CHECK(cudaGetLastError(), "launching k85_matmul_t221");
+            SG_CHECK(cudaGetLastError(), "launching k73_matmul_t221");
         }
     }
 
-    {   /* k86_adam_exp_avg_t282: 32 elements */
+    {   /* k74_adam_param_t226: 4096 elements */
+        const int64_t n = 4096;
+        if (n > 0) {
+            k74_adam_param_t226<<<sg_blocks(n), SG_THREADS>>>(d0, var16, var10, var29, var30, ws55, var31);
+            SG_CHECK(cudaGetLastError(), "launching k74_adam_param_t226");
+        }
+    }
+
+    {   /* k75_adam_param_t286: 32 elements */
         const int64_t n = 32;
         if (n > 0) {
-            k86_adam_exp_avg_t282<<<sg_blocks(n), SG_THREADS>>>(d0, var49, ws53);
-            SG_CHECK(cudaGetLastError(), "launching k86_adam_exp_avg_t282");
+            k75_adam_param_t286<<<sg_blocks(n), SG_THREADS>>>(d0, var35, var48, var49, ws53, var50, var8);
+            SG_CHECK(cudaGetLastError(), "launching k75_adam_param_t286");
         }
     }
 
-    {   /* k87_adam_exp_avg_sq_t283: 32 elements */
+    {   /* k76_adam_param_t295: 32 elements */
         const int64_t n = 32;
         if (n > 0) {
-            k87_adam_exp_avg_sq_t283<<<sg_blocks(n), SG_THREADS>>>(d0, var50, ws53);
-            SG_CHECK(cudaGetLastError(), "launching k87_adam_exp_avg_sq_t283");
+            k76_adam_param_t295<<<sg_blocks(n), SG_THREADS>>>(d0, var35, var51, var52, ws49, var53, var9);
+            SG_CHECK(cudaGetLastError(), "launching k76_adam_param_t295");
         }
     }
 
-    {   /* k88_adam_param_t286: 32 elements */
-        const int64_t n = 32;
-        if (n > 0) {
-            k88_adam_param_t286<<<sg_blocks(n), SG_THREADS>>>(d0, var35, var48, var8, var49, var50);
-            SG_CHECK(cudaGetLastError(), "launching k88_adam_param_t286");
-        }
-    }
-
-    {   /* k89_adam_param_t295: 32 elements */
-        const int64_t n = 32;
-        if (n > 0) {
-            k89_adam_param_t295<<<sg_blocks(n), SG_THREADS>>>(d0, var35, var51, var9, var52, var53);
-            SG_CHECK(cudaGetLastError(), "launching k89_adam_param_t295");
-        }
-    }
-
-    {   /* k90_mul_t134: (8*d0) outputs, 32 elements each */
+    {   /* k77_mul_t134: (8*d0) outputs, 32 elements each */
         const int64_t n_out = (8*d0);
         if (n_out > 0) {
-            k90_mul_t134<<<sg_blocks_for_rows(n_out), sg_reduce_threads(32)>>>(d0, ws51, ws56);
-            SG_CHECK(cudaGetLastError(), "launching k90_mul_t134");
+            k77_mul_t134<<<sg_blocks_for_rows(n_out), sg_reduce_threads(32)>>>(d0, ws51, ws56);
+            SG_CHECK(cudaGetLastError(), "launching k77_mul_t134");
         }
     }
 
-    {   /* k91_add_t135: (256*d0) elements */
+    {   /* k78_add_t135: (256*d0) elements */
         const int64_t n = (256*d0);
         if (n > 0) {
-            k91_add_t135<<<sg_blocks(n), SG_THREADS>>>(d0, ws41, ws51, ws56, ws57);
-            SG_CHECK(cudaGetLastError(), "launching k91_add_t135");
+            k78_add_t135<<<sg_blocks(n), SG_THREADS>>>(d0, ws41, ws51, ws56, ws57);
+            SG_CHECK(cudaGetLastError(), "launching k78_add_t135");
         }
     }
 
-    {   /* k92_sum_t271: 32 outputs, (8*d0) elements each */
+    {   /* k79_sum_t271: 32 outputs, (8*d0) elements each */
         const int64_t n_out = 32;
         if (n_out > 0) {
-            k92_sum_t271<<<sg_blocks_for_rows(n_out), sg_reduce_threads((8*d0))>>>(d0, ws57, ws58);
-            SG_CHECK(cudaGetLastError(), "launching k92_sum_t271");
+            k79_sum_t271<<<sg_blocks_for_rows(n_out), sg_reduce_threads((8*d0))>>>(d0, ws57, ws58);
+            SG_CHECK(cudaGetLastError(), "launching k79_sum_t271");
         }
     }
 
-    {   /* k93_adam_exp_avg_t272: 32 elements */
+    {   /* k80_adam_param_t276: 32 elements */
         const int64_t n = 32;
         if (n > 0) {
-            k93_adam_exp_avg_t272<<<sg_blocks(n), SG_THREADS>>>(d0, var46, ws58);
-            SG_CHECK(cudaGetLastError(), "launching k93_adam_exp_avg_t272");
+            k80_adam_param_t276<<<sg_blocks(n), SG_THREADS>>>(d0, var35, var45, var46, ws58, var47, var7);
+            SG_CHECK(cudaGetLastError(), "launching k80_adam_param_t276");
         }
     }
 
-    {   /* k94_adam_exp_avg_sq_t273: 32 elements */
-        const int64_t n = 32;
-        if (n > 0) {
-            k94_adam_exp_avg_sq_t273<<<sg_blocks(n), SG_THREADS>>>(d0, var47, ws58);
-            SG_CHECK(cudaGetLastError(), "launching k94_adam_exp_avg_sq_t273");
-        }
-    }
-
-    {   /* k95_adam_param_t276: 32 elements */
-        const int64_t n = 32;
-        if (n > 0) {
-            k95_adam_param_t276<<<sg_blocks(n), SG_THREADS>>>(d0, var35, var45, var7, var46, var47);
-            SG_CHECK(cudaGetLastError(), "launching k95_adam_param_t276");
-        }
-    }
-
-    {   /* k96_matmul_t207: out[32 x 32] = a @ b, K = 8*d0 */
+    {   /* k81_matmul_t207: out[32 x 32] = a @ b, K = 8*d0 */
         const int64_t M = 32, N = 32, K = 8*d0;
         const sg_batch batch = { 0, 1, {0}, {0}, {0}, {0} };  /* one product */
         if (M > 0 && N > 0 && batch.count > 0) {
             const int64_t grid_y = (M + SG_TILE - 1) / SG_TILE, grid_x = (N + SG_TILE - 1) / SG_TILE;
             if (grid_y > 65535 || grid_x > 2147483647)
-                return sg_fail(err, errlen, -1, "k96_matmul_t207: matrix too large for one launch");
+                return sg_fail(err, errlen, -1, "k81_matmul_t207: matrix too large for one launch");
             /* (more products than blocks along z: each block walks several) */
             const unsigned grid_z = batch.count < 65535 ? (unsigned)batch.count : 65535u;
             sg_gemm<float><<<dim3((unsigned)grid_x, (unsigned)grid_y, grid_z), SG_GEMM_THREADS>>>(
                 M, N, K, ws57, 1, 32, ws10, 32, 1, ws59, batch);
-            SG_CHECK(cudaGetLastError(), "launching k96_matmul_t207");
+            SG_CHECK(cudaGetLastError(), "launching k81_matmul_t207");
         }
     }
 
-    {   /* k97_adam_exp_avg_t208: 1024 elements */
-        const int64_t n = 1024;
-        if (n > 0) {
-            k97_adam_exp_avg_t208<<<sg_blocks(n), SG_THREADS>>>(d0, var27, ws59);
-            SG_CHECK(cudaGetLastError(), "launching k97_adam_exp_avg_t208");
-        }
-    }
-
-    {   /* k98_adam_exp_avg_sq_t209: 1024 elements */
-        const int64_t n = 1024;
-        if (n > 0) {
-            k98_adam_exp_avg_sq_t209<<<sg_blocks(n), SG_THREADS>>>(d0, var28, ws59);
-            SG_CHECK(cudaGetLastError(), "launching k98_adam_exp_avg_sq_t209");
-        }
-    }
-
-    {   /* k99_adam_exp_avg_t222: 4096 elements */
-        const int64_t n = 4096;
-        if (n > 0) {
-            k99_adam_exp_avg_t222<<<sg_blocks(n), SG_THREADS>>>(d0, var30, ws55);
-            SG_CHECK(cudaGetLastError(), "launching k99_adam_exp_avg_t222");
-        }
-    }
-
-    {   /* k100_adam_exp_avg_sq_t223: 4096 elements */
-        const int64_t n = 4096;
-        if (n > 0) {
-            k100_adam_exp_avg_sq_t223<<<sg_blocks(n), SG_THREADS>>>(d0, var31, ws55);
-            SG_CHECK(cudaGetLastError(), "launching k100_adam_exp_avg_sq_t223");
-        }
-    }
-
-    {   /* k101_adam_param_t226: 4096 elements */
-        const int64_t n = 4096;
-        if (n > 0) {
-            k101_adam_param_t226<<<sg_blocks(n), SG_THREADS>>>(d0, var16, var10, var29, var30, var31);
-            SG_CHECK(cudaGetLastError(), "launching k101_adam_param_t226");
-        }
-    }
-
-    {   /* k102_matmul_t137: out[8*d0 x 32] = a @ b, K = 32 */
+    {   /* k82_matmul_t137: out[8*d0 x 32] = a @ b, K = 32 */
         const int64_t M = 8*d0, N = 32, K = 32;
         const sg_batch batch = { 0, 1, {0}, {0}, {0}, {0} };  /* one product */
         if (M > 0 && N > 0 && batch.count > 0) {
             const int64_t grid_y = (M + SG_TILE - 1) / SG_TILE, grid_x = (N + SG_TILE - 1) / SG_TILE;
             if (grid_y > 65535 || grid_x > 2147483647)
-                return sg_fail(err, errlen, -1, "k102_matmul_t137: matrix too large for one launch");
+                return sg_fail(err, errlen, -1, "k82_matmul_t137: matrix too large for one launch");
             /* (more products than blocks along z: each block walks several) */
             const unsigned grid_z = batch.count < 65535 ? (unsigned)batch.count : 65535u;
             sg_gemm<float><<<dim3((unsigned)grid_x, (unsigned)grid_y, grid_z), SG_GEMM_THREADS>>>(
                 M, N, K, ws57, 32, 1, var6, 32, 1, ws60, batch);
-            SG_CHECK(cudaGetLastError(), "launching k102_matmul_t137");
+            SG_CHECK(cudaGetLastError(), "launching k82_matmul_t137");
         }
     }
 
-    {   /* k103_attention_grad_t140: dq by query rows, then dk and dv by key rows (the first pass's statistics) */
+    {   /* k83_attention_grad_t140: dq by query rows, then dk and dv by key rows (the first pass's statistics) */
         const int64_t n = (2*d0) * 8;
         if (n > 0) {
-            k103_attention_grad_t140<<<sg_blocks(n), SG_THREADS>>>(d0, ws9, ws10, ws60, ws11, ws61, ws62);
-            SG_CHECK(cudaGetLastError(), "launching k103_attention_grad_t140");
-            k103_attention_grad_t140_keys<<<sg_blocks(n), SG_THREADS>>>(d0, ws9, ws10, ws60, ws11, ws61, ws62);
-            SG_CHECK(cudaGetLastError(), "launching k103_attention_grad_t140_keys");
+            k83_attention_grad_t140<<<sg_blocks(n), SG_THREADS>>>(d0, ws9, ws10, ws60, ws11, ws61, ws62);
+            SG_CHECK(cudaGetLastError(), "launching k83_attention_grad_t140");
+            k83_attention_grad_t140_keys<<<sg_blocks(n), SG_THREADS>>>(d0, ws9, ws10, ws60, ws11, ws61, ws62);
+            SG_CHECK(cudaGetLastError(), "launching k83_attention_grad_t140_keys");
         }
     }
 
-    {   /* k104_copy: (256*d0) elements */
+    {   /* k84_copy: (256*d0) elements */
         const int64_t n = (256*d0);
         if (n > 0) {
-            k104_copy<<<sg_blocks(n), SG_THREADS>>>(d0, ws61, ws63);
-            SG_CHECK(cudaGetLastError(), "launching k104_copy");
+            k84_copy<<<sg_blocks(n), SG_THREADS>>>(d0, ws61, ws63);
+            SG_CHECK(cudaGetLastError(), "launching k84_copy");
         }
     }
 
-    {   /* k105_embed_t145: (256*d0) elements */
+    {   /* k85_embed_t145: (256*d0) elements */
         const int64_t n = (256*d0);
         if (n > 0) {
-            k105_embed_t145<<<sg_blocks(n), SG_THREADS>>>(d0, ws63, ws64);
-            SG_CHECK(cudaGetLastError(), "launching k105_embed_t145");
+            k85_embed_t145<<<sg_blocks(n), SG_THREADS>>>(d0, ws63, ws64);
+            SG_CHECK(cudaGetLastError(), "launching k85_embed_t145");
         }
     }
 
-    {   /* k106_copy: (256*d0) elements */
+    {   /* k86_copy: (256*d0) elements */
         const int64_t n = (256*d0);
         if (n > 0) {
-            k106_copy<<<sg_blocks(n), SG_THREADS>>>(d0, ws61, ws65);
-            SG_CHECK(cudaGetLastError(), "launching k106_copy");
+            k86_copy<<<sg_blocks(n), SG_THREADS>>>(d0, ws61, ws65);
+            SG_CHECK(cudaGetLastError(), "launching k86_copy");
         }
     }
 
-    {   /* k107_embed_t150: (256*d0) elements */
+    {   /* k87_embed_t150: (256*d0) elements */
         const int64_t n = (256*d0);
         if (n > 0) {
-            k107_embed_t150<<<sg_blocks(n), SG_THREADS>>>(d0, ws65, ws64);
-            SG_CHECK(cudaGetLastError(), "launching k107_embed_t150");
+            k87_embed_t150<<<sg_blocks(n), SG_THREADS>>>(d0, ws65, ws64);
+            SG_CHECK(cudaGetLastError(), "launching k87_embed_t150");
         }
     }
 
-    {   /* k108_copy: (256*d0) elements */
+    {   /* k88_copy: (256*d0) elements */
         const int64_t n = (256*d0);
         if (n > 0) {
-            k108_copy<<<sg_blocks(n), SG_THREADS>>>(d0, ws61, ws66);
-            SG_CHECK(cudaGetLastError(), "launching k108_copy");
+            k88_copy<<<sg_blocks(n), SG_THREADS>>>(d0, ws61, ws66);
+            SG_CHECK(cudaGetLastError(), "launching k88_copy");
         }
     }
 
-    {   /* k109_embed_t156: (256*d0) elements */
+    {   /* k89_embed_t156: (256*d0) elements */
         const int64_t n = (256*d0);
         if (n > 0) {
-            k109_embed_t156<<<sg_blocks(n), SG_THREADS>>>(d0, ws66, ws64);
-            SG_CHECK(cudaGetLastError(), "launching k109_embed_t156");
+            k89_embed_t156<<<sg_blocks(n), SG_THREADS>>>(d0, ws66, ws64);
+            SG_CHECK(cudaGetLastError(), "launching k89_embed_t156");
         }
     }
 
-    {   /* k110_sum_t262: 96 outputs, (8*d0) elements each */
-        const int64_t n_out = 96;
-        if (n_out > 0) {
-            k110_sum_t262<<<sg_blocks_for_rows(n_out), sg_reduce_threads((8*d0))>>>(d0, ws64, ws67);
-            SG_CHECK(cudaGetLastError(), "launching k110_sum_t262");
-        }
-    }
-
-    {   /* k111_adam_exp_avg_t263: 96 elements */
-        const int64_t n = 96;
-        if (n > 0) {
-            k111_adam_exp_avg_t263<<<sg_blocks(n), SG_THREADS>>>(d0, var43, ws67);
-            SG_CHECK(cudaGetLastError(), "launching k111_adam_exp_avg_t263");
-        }
-    }
-
-    {   /* k112_adam_exp_avg_sq_t264: 96 elements */
-        const int64_t n = 96;
-        if (n > 0) {
-            k112_adam_exp_avg_sq_t264<<<sg_blocks(n), SG_THREADS>>>(d0, var44, ws67);
-            SG_CHECK(cudaGetLastError(), "launching k112_adam_exp_avg_sq_t264");
-        }
-    }
-
-    {   /* k113_adam_param_t267: 96 elements */
-        const int64_t n = 96;
-        if (n > 0) {
-            k113_adam_param_t267<<<sg_blocks(n), SG_THREADS>>>(d0, var35, var42, var5, var43, var44);
-            SG_CHECK(cudaGetLastError(), "launching k113_adam_param_t267");
-        }
-    }
-
-    {   /* k114_adam_param_t212: 1024 elements */
+    {   /* k90_adam_param_t212: 1024 elements */
         const int64_t n = 1024;
         if (n > 0) {
-            k114_adam_param_t212<<<sg_blocks(n), SG_THREADS>>>(d0, var16, var6, var26, var27, var28);
-            SG_CHECK(cudaGetLastError(), "launching k114_adam_param_t212");
+            k90_adam_param_t212<<<sg_blocks(n), SG_THREADS>>>(d0, var16, var6, var26, var27, ws59, var28);
+            SG_CHECK(cudaGetLastError(), "launching k90_adam_param_t212");
         }
     }
 
-    {   /* k115_matmul_t159: out[8*d0 x 32] = a @ b, K = 96 */
+    {   /* k91_sum_t262: 96 outputs, (8*d0) elements each */
+        const int64_t n_out = 96;
+        if (n_out > 0) {
+            k91_sum_t262<<<sg_blocks_for_rows(n_out), sg_reduce_threads((8*d0))>>>(d0, ws64, ws67);
+            SG_CHECK(cudaGetLastError(), "launching k91_sum_t262");
+        }
+    }
+
+    {   /* k92_adam_param_t267: 96 elements */
+        const int64_t n = 96;
+        if (n > 0) {
+            k92_adam_param_t267<<<sg_blocks(n), SG_THREADS>>>(d0, var35, var42, var43, ws67, var44, var5);
+            SG_CHECK(cudaGetLastError(), "launching k92_adam_param_t267");
+        }
+    }
+
+    {   /* k93_matmul_t159: out[8*d0 x 32] = a @ b, K = 96 */
         const int64_t M = 8*d0, N = 32, K = 96;
         const sg_batch batch = { 0, 1, {0}, {0}, {0}, {0} };  /* one product */
         if (M > 0 && N > 0 && batch.count > 0) {
             const int64_t grid_y = (M + SG_TILE - 1) / SG_TILE, grid_x = (N + SG_TILE - 1) / SG_TILE;
             if (grid_y > 65535 || grid_x > 2147483647)
-                return sg_fail(err, errlen, -1, "k115_matmul_t159: matrix too large for one launch");
+                return sg_fail(err, errlen, -1, "k93_matmul_t159: matrix too large for one launch");
             /* (more products than blocks along z: each block walks several) */
             const unsigned grid_z = batch.count < 65535 ? (unsigned)batch.count : 65535u;
             sg_gemm<float><<<dim3((unsigned)grid_x, (unsigned)grid_y, grid_z), SG_GEMM_THREADS>>>(
                 M, N, K, ws64, 96, 1, var4, 32, 1, ws68, batch);
-            SG_CHECK(cudaGetLastError(), "launching k115_matmul_t159");
+            SG_CHECK(cudaGetLastError(), "launching k93_matmul_t159");
         }
     }
 
-    {   /* k116_sum_t253: 32 outputs, (8*d0) elements each */
+    {   /* k94_sum_t253: 32 outputs, (8*d0) elements each */
         const int64_t n_out = 32;
         if (n_out > 0) {
-            k116_sum_t253<<<sg_blocks_for_rows(n_out), sg_reduce_threads((8*d0))>>>(d0, ws68, ws69);
-            SG_CHECK(cudaGetLastError(), "launching k116_sum_t253");
+            k94_sum_t253<<<sg_blocks_for_rows(n_out), sg_reduce_threads((8*d0))>>>(d0, ws68, ws69);
+            SG_CHECK(cudaGetLastError(), "launching k94_sum_t253");
         }
     }
 
-    {   /* k117_adam_exp_avg_t254: 32 elements */
-        const int64_t n = 32;
-        if (n > 0) {
-            k117_adam_exp_avg_t254<<<sg_blocks(n), SG_THREADS>>>(d0, var40, ws69);
-            SG_CHECK(cudaGetLastError(), "launching k117_adam_exp_avg_t254");
-        }
-    }
-
-    {   /* k118_adam_exp_avg_sq_t255: 32 elements */
-        const int64_t n = 32;
-        if (n > 0) {
-            k118_adam_exp_avg_sq_t255<<<sg_blocks(n), SG_THREADS>>>(d0, var41, ws69);
-            SG_CHECK(cudaGetLastError(), "launching k118_adam_exp_avg_sq_t255");
-        }
-    }
-
-    {   /* k119_sum_t164: (8*d0) outputs, 32 elements each */
+    {   /* k95_sum_t164: (8*d0) outputs, 32 elements each */
         const int64_t n_out = (8*d0);
         if (n_out > 0) {
-            k119_sum_t164<<<sg_blocks_for_rows(n_out), sg_reduce_threads(32)>>>(d0, ws68, var2, ws5, ws7, ws70);
-            SG_CHECK(cudaGetLastError(), "launching k119_sum_t164");
+            k95_sum_t164<<<sg_blocks_for_rows(n_out), sg_reduce_threads(32)>>>(d0, ws68, var2, ws5, ws7, ws70);
+            SG_CHECK(cudaGetLastError(), "launching k95_sum_t164");
         }
     }
 
-    {   /* k120_simplified_t165: (256*d0) elements */
+    {   /* k96_simplified_t165: (256*d0) elements */
         const int64_t n = (256*d0);
         if (n > 0) {
-            k120_simplified_t165<<<sg_blocks(n), SG_THREADS>>>(d0, ws0, ws2, ws4, ws68, var2, ws5, ws70, ws71);
-            SG_CHECK(cudaGetLastError(), "launching k120_simplified_t165");
+            k96_simplified_t165<<<sg_blocks(n), SG_THREADS>>>(d0, ws0, ws2, ws4, ws68, var2, ws5, ws70, ws71);
+            SG_CHECK(cudaGetLastError(), "launching k96_simplified_t165");
         }
     }
 
-    {   /* k121_mul_t243: (256*d0) elements */
+    {   /* k97_mul_t243: (256*d0) elements */
         const int64_t n = (256*d0);
         if (n > 0) {
-            k121_mul_t243<<<sg_blocks(n), SG_THREADS>>>(d0, ws68, ws7, ws72);
-            SG_CHECK(cudaGetLastError(), "launching k121_mul_t243");
+            k97_mul_t243<<<sg_blocks(n), SG_THREADS>>>(d0, ws68, ws7, ws72);
+            SG_CHECK(cudaGetLastError(), "launching k97_mul_t243");
         }
     }
 
-    {   /* k122_sum_t244: 32 outputs, (8*d0) elements each */
+    {   /* k98_sum_t244: 32 outputs, (8*d0) elements each */
         const int64_t n_out = 32;
         if (n_out > 0) {
-            k122_sum_t244<<<sg_blocks_for_rows(n_out), sg_reduce_threads((8*d0))>>>(d0, ws72, ws73);
-            SG_CHECK(cudaGetLastError(), "launching k122_sum_t244");
+            k98_sum_t244<<<sg_blocks_for_rows(n_out), sg_reduce_threads((8*d0))>>>(d0, ws72, ws73);
+            SG_CHECK(cudaGetLastError(), "launching k98_sum_t244");
         }
     }
 
-    {   /* k123_add_t194: (256*d0) elements */
+    {   /* k99_add_t194: (256*d0) elements */
         const int64_t n = (256*d0);
         if (n > 0) {
-            k123_add_t194<<<sg_blocks(n), SG_THREADS>>>(d0, ws7, var2, var3, ws74);
-            SG_CHECK(cudaGetLastError(), "launching k123_add_t194");
+            k99_add_t194<<<sg_blocks(n), SG_THREADS>>>(d0, ws7, var2, var3, ws74);
+            SG_CHECK(cudaGetLastError(), "launching k99_add_t194");
         }
     }
 
-    {   /* k124_matmul_t196: out[96 x 32] = a @ b, K = 8*d0 */
+    {   /* k100_matmul_t196: out[96 x 32] = a @ b, K = 8*d0 */
         const int64_t M = 96, N = 32, K = 8*d0;
         const sg_batch batch = { 0, 1, {0}, {0}, {0}, {0} };  /* one product */
         if (M > 0 && N > 0 && batch.count > 0) {
             const int64_t grid_y = (M + SG_TILE - 1) / SG_TILE, grid_x = (N + SG_TILE - 1) / SG_TILE;
             if (grid_y > 65535 || grid_x > 2147483647)
-                return sg_fail(err, errlen, -1, "k124_matmul_t196: matrix too large for one launch");
+                return sg_fail(err, errlen, -1, "k100_matmul_t196: matrix too large for one launch");
             /* (more products than blocks along z: each block walks several) */
             const unsigned grid_z = batch.count < 65535 ? (unsigned)batch.count : 65535u;
             sg_gemm<float><<<dim3((unsigned)grid_x, (unsigned)grid_y, grid_z), SG_GEMM_THREADS>>>(
                 M, N, K, ws64, 1, 96, ws74, 32, 1, ws75, batch);
-            SG_CHECK(cudaGetLastError(), "launching k124_matmul_t196");
+            SG_CHECK(cudaGetLastError(), "launching k100_matmul_t196");
         }
     }
 
-    {   /* k125_adam_exp_avg_t245: 32 elements */
+    {   /* k101_adam_param_t201: 3072 elements */
+        const int64_t n = 3072;
+        if (n > 0) {
+            k101_adam_param_t201<<<sg_blocks(n), SG_THREADS>>>(d0, var16, var4, var23, var24, ws75, var25);
+            SG_CHECK(cudaGetLastError(), "launching k101_adam_param_t201");
+        }
+    }
+
+    {   /* k102_adam_param_t249: 32 elements */
         const int64_t n = 32;
         if (n > 0) {
-            k125_adam_exp_avg_t245<<<sg_blocks(n), SG_THREADS>>>(d0, var37, ws73);
-            SG_CHECK(cudaGetLastError(), "launching k125_adam_exp_avg_t245");
+            k102_adam_param_t249<<<sg_blocks(n), SG_THREADS>>>(d0, var35, var36, var37, ws73, var38, var2);
+            SG_CHECK(cudaGetLastError(), "launching k102_adam_param_t249");
         }
     }
 
-    {   /* k126_adam_exp_avg_sq_t246: 32 elements */
+    {   /* k103_adam_param_t258: 32 elements */
         const int64_t n = 32;
         if (n > 0) {
-            k126_adam_exp_avg_sq_t246<<<sg_blocks(n), SG_THREADS>>>(d0, var38, ws73);
-            SG_CHECK(cudaGetLastError(), "launching k126_adam_exp_avg_sq_t246");
+            k103_adam_param_t258<<<sg_blocks(n), SG_THREADS>>>(d0, var35, var39, var40, ws69, var41, var3);
+            SG_CHECK(cudaGetLastError(), "launching k103_adam_param_t258");
         }
     }
 
-    {   /* k127_adam_param_t249: 32 elements */
-        const int64_t n = 32;
-        if (n > 0) {
-            k127_adam_param_t249<<<sg_blocks(n), SG_THREADS>>>(d0, var35, var36, var2, var37, var38);
-            SG_CHECK(cudaGetLastError(), "launching k127_adam_param_t249");
-        }
-    }
-
-    {   /* k128_adam_param_t258: 32 elements */
-        const int64_t n = 32;
-        if (n > 0) {
-            k128_adam_param_t258<<<sg_blocks(n), SG_THREADS>>>(d0, var35, var39, var3, var40, var41);
-            SG_CHECK(cudaGetLastError(), "launching k128_adam_param_t258");
-        }
-    }
-
-    {   /* k129_mul_t168: (8*d0) outputs, 32 elements each */
+    {   /* k104_mul_t168: (8*d0) outputs, 32 elements each */
         const int64_t n_out = (8*d0);
         if (n_out > 0) {
-            k129_mul_t168<<<sg_blocks_for_rows(n_out), sg_reduce_threads(32)>>>(d0, ws71, ws76);
-            SG_CHECK(cudaGetLastError(), "launching k129_mul_t168");
+            k104_mul_t168<<<sg_blocks_for_rows(n_out), sg_reduce_threads(32)>>>(d0, ws71, ws76);
+            SG_CHECK(cudaGetLastError(), "launching k104_mul_t168");
         }
     }
 
-    {   /* k130_add_t169: (256*d0) elements */
+    {   /* k105_add_t169: (256*d0) elements */
         const int64_t n = (256*d0);
         if (n > 0) {
-            k130_add_t169<<<sg_blocks(n), SG_THREADS>>>(d0, ws57, ws71, ws76, ws77);
-            SG_CHECK(cudaGetLastError(), "launching k130_add_t169");
+            k105_add_t169<<<sg_blocks(n), SG_THREADS>>>(d0, ws57, ws71, ws76, ws77);
+            SG_CHECK(cudaGetLastError(), "launching k105_add_t169");
         }
     }
 
-    {   /* k131_scatter_add_t170 */
+    {   /* k106_scatter_add_t170 */
         const int64_t n = 1 * 32;
         if (n > 0) {
-            k131_scatter_add_t170<<<sg_blocks(n), SG_THREADS>>>(d0, ws77, in0, ws78);
-            SG_CHECK(cudaGetLastError(), "launching k131_scatter_add_t170");
+            k106_scatter_add_t170<<<sg_blocks(n), SG_THREADS>>>(d0, ws77, in0, ws78);
+            SG_CHECK(cudaGetLastError(), "launching k106_scatter_add_t170");
         }
     }
 
-    {   /* k132_sum_t181: 256 outputs, d0 elements each */
+    {   /* k107_adam_param_t176: 2048 elements */
+        const int64_t n = 2048;
+        if (n > 0) {
+            k107_adam_param_t176<<<sg_blocks(n), SG_THREADS>>>(d0, var16, var0, var17, ws33, ws78, var18, var19);
+            SG_CHECK(cudaGetLastError(), "launching k107_adam_param_t176");
+        }
+    }
+
+    {   /* k108_sum_t181: 256 outputs, d0 elements each */
         const int64_t n_out = 256;
         if (n_out > 0) {
-            k132_sum_t181<<<sg_blocks_for_rows(n_out), sg_reduce_threads(d0)>>>(d0, ws77, ws79);
-            SG_CHECK(cudaGetLastError(), "launching k132_sum_t181");
+            k108_sum_t181<<<sg_blocks_for_rows(n_out), sg_reduce_threads(d0)>>>(d0, ws77, ws79);
+            SG_CHECK(cudaGetLastError(), "launching k108_sum_t181");
         }
     }
 
-    {   /* k133_copy: 8 elements */
+    {   /* k109_copy: 8 elements */
         const int64_t n = 8;
         if (n > 0) {
-            k133_copy<<<sg_blocks(n), SG_THREADS>>>(d0, ws80);
-            SG_CHECK(cudaGetLastError(), "launching k133_copy");
+            k109_copy<<<sg_blocks(n), SG_THREADS>>>(d0, ws80);
+            SG_CHECK(cudaGetLastError(), "launching k109_copy");
         }
     }
 
-    {   /* k134_scatter_add_t182 */
+    {   /* k110_scatter_add_t182 */
         const int64_t n = 1 * 32;
         if (n > 0) {
-            k134_scatter_add_t182<<<sg_blocks(n), SG_THREADS>>>(d0, ws79, ws80, ws81);
-            SG_CHECK(cudaGetLastError(), "launching k134_scatter_add_t182");
+            k110_scatter_add_t182<<<sg_blocks(n), SG_THREADS>>>(d0, ws79, ws80, ws81);
+            SG_CHECK(cudaGetLastError(), "launching k110_scatter_add_t182");
         }
     }
 
-    {   /* k135_adam_exp_avg_t183: 256 elements */
+    {   /* k111_adam_param_t187: 256 elements */
         const int64_t n = 256;
         if (n > 0) {
-            k135_adam_exp_avg_t183<<<sg_blocks(n), SG_THREADS>>>(d0, var21, ws81);
-            SG_CHECK(cudaGetLastError(), "launching k135_adam_exp_avg_t183");
-        }
-    }
-
-    {   /* k136_adam_exp_avg_sq_t184: 256 elements */
-        const int64_t n = 256;
-        if (n > 0) {
-            k136_adam_exp_avg_sq_t184<<<sg_blocks(n), SG_THREADS>>>(d0, var22, ws81);
-            SG_CHECK(cudaGetLastError(), "launching k136_adam_exp_avg_sq_t184");
-        }
-    }
-
-    {   /* k137_adam_param_t187: 256 elements */
-        const int64_t n = 256;
-        if (n > 0) {
-            k137_adam_param_t187<<<sg_blocks(n), SG_THREADS>>>(d0, var16, var1, var20, var21, var22);
-            SG_CHECK(cudaGetLastError(), "launching k137_adam_param_t187");
-        }
-    }
-
-    {   /* k138_adam_exp_avg_t172: 2048 elements */
-        const int64_t n = 2048;
-        if (n > 0) {
-            k138_adam_exp_avg_t172<<<sg_blocks(n), SG_THREADS>>>(d0, ws33, ws78, var18);
-            SG_CHECK(cudaGetLastError(), "launching k138_adam_exp_avg_t172");
-        }
-    }
-
-    {   /* k139_adam_exp_avg_sq_t173: 2048 elements */
-        const int64_t n = 2048;
-        if (n > 0) {
-            k139_adam_exp_avg_sq_t173<<<sg_blocks(n), SG_THREADS>>>(d0, ws33, ws78, var19);
-            SG_CHECK(cudaGetLastError(), "launching k139_adam_exp_avg_sq_t173");
-        }
-    }
-
-    {   /* k140_adam_param_t176: 2048 elements */
-        const int64_t n = 2048;
-        if (n > 0) {
-            k140_adam_param_t176<<<sg_blocks(n), SG_THREADS>>>(d0, var16, var0, var17, var18, var19);
-            SG_CHECK(cudaGetLastError(), "launching k140_adam_param_t176");
-        }
-    }
-
-    {   /* k141_adam_exp_avg_t197: 3072 elements */
-        const int64_t n = 3072;
-        if (n > 0) {
-            k141_adam_exp_avg_t197<<<sg_blocks(n), SG_THREADS>>>(d0, var24, ws75);
-            SG_CHECK(cudaGetLastError(), "launching k141_adam_exp_avg_t197");
-        }
-    }
-
-    {   /* k142_adam_exp_avg_sq_t198: 3072 elements */
-        const int64_t n = 3072;
-        if (n > 0) {
-            k142_adam_exp_avg_sq_t198<<<sg_blocks(n), SG_THREADS>>>(d0, var25, ws75);
-            SG_CHECK(cudaGetLastError(), "launching k142_adam_exp_avg_sq_t198");
-        }
-    }
-
-    {   /* k143_adam_param_t201: 3072 elements */
-        const int64_t n = 3072;
-        if (n > 0) {
-            k143_adam_param_t201<<<sg_blocks(n), SG_THREADS>>>(d0, var16, var4, var23, var24, var25);
-            SG_CHECK(cudaGetLastError(), "launching k143_adam_param_t201");
+            k111_adam_param_t187<<<sg_blocks(n), SG_THREADS>>>(d0, var16, var1, var20, var21, ws81, var22);
+            SG_CHECK(cudaGetLastError(), "launching k111_adam_param_t187");
         }
     }
 

@@ -12,6 +12,7 @@ symgrad.backends.lower.lowering builds the kernels from it.
     fused into their reader: t10 t11
     recomputed by each reader: t4 t6
     epilogues: t13 <- sum t12
+    stored by their reader's loop: none
     patches read in place: none
     matmuls: t3 gemm
     attention statistics stored for their gradient: none
@@ -40,7 +41,8 @@ from ..kinds import BY_OP
 from ..kinds import matmul as matmul_kind
 from ..kinds.attention import heads_last, shared_stats
 from ..render.languages import C_OPENMP, Language
-from .fusion import choose_epilogues, choose_matmul_epilogues, choose_recompute, fused_chains, materializes, use_counts
+from .fusion import (choose_epilogues, choose_matmul_epilogues, choose_recompute, choose_stores_in_reader, fused_chains,
+                     materializes, use_counts)
 from .patches import patch_takes
 from .rows import RowGroup, choose_row_groups
 from .schedule import graph_order, schedule as schedule_kernels
@@ -81,6 +83,9 @@ class Decisions:
     attention_stats: MappingProxyType = field(default_factory=lambda: MappingProxyType({}))
     # ids of the attention nodes whose output is stored (B, T, H, E), as the transpose reading it wants
     heads_last: frozenset = frozenset()
+    # id(loop root) -> the values its loop computes and stores besides its own (fusion.choose_stores_in_reader);
+    # those values are among `fused`
+    stores: MappingProxyType = field(default_factory=lambda: MappingProxyType({}))
     # The language decided for (its name is among `options`): what the kinds' lowerings read of it,
     # such as the fused attention's walk and scratch (languages.Language.attention).
     language: Language = C_OPENMP
@@ -139,7 +144,8 @@ class Decisions:
                 self.choices, tuple((root, id(r)) for root, r in self.epilogue_of.items()),
                 tuple(g.ids() for g in self.row_groups), tuple(map(id, self.order)), self.patches,
                 tuple((part, id(root)) for part, root in self.parts.items()), tuple(self.matmuls.items()),
-                tuple((grad, id(forward)) for grad, forward in self.attention_stats.items()), self.heads_last)
+                tuple((grad, id(forward)) for grad, forward in self.attention_stats.items()), self.heads_last,
+                tuple((root, tuple(map(id, values))) for root, values in self.stores.items()))
 
     def __eq__(self, other) -> bool:
         return isinstance(other, Decisions) and self._key() == other._key()
@@ -161,7 +167,9 @@ class Decisions:
                 r = self.epilogue_of[id(n)]
                 lines.append(f"{r.op.name} {name(r)} -> {name(n)}")
             elif self.materializes(n):
-                lines.append(f"{n.op.name} {name(n)}")
+                also = self.stores.get(id(n), ())
+                lines.append(f"{n.op.name} {name(n)}" + (" (also stores " + " ".join(map(name, also)) + ")"
+                                                           if also else ""))
         return lines
 
     def __str__(self) -> str:
@@ -172,12 +180,16 @@ class Decisions:
         def names(ids) -> str:
             return " ".join(name(by_id[i]) for i in sorted(ids, key=position.__getitem__)) or "none"
         options = ", ".join(f"{k}={v}" for k, v in self.options)
+        stored = {id(v) for values in self.stores.values() for v in values}
         lines = [f"decisions ({options})",
-                 f"fused into their reader: {names(self.fused - self.recomputed)}",
+                 f"fused into their reader: {names(self.fused - self.recomputed - stored)}",
                  f"recomputed by each reader: {names(self.recomputed)}"]
         epilogues = sorted(self.epilogue_of.items(), key=lambda item: position[item[0]])
         lines.append("epilogues: " + (", ".join(f"{name(by_id[root])} <- {r.op.name} {name(r)}"
                                                  for root, r in epilogues) or "none"))
+        lines.append("stored by their reader's loop: " + (", ".join(
+            f"{' '.join(name(v) for v in values)} <- {name(by_id[root])}"
+            for root, values in sorted(self.stores.items(), key=lambda item: position[item[0]])) or "none"))
         lines.append(f"patches read in place: {names(self.patches)}")
         matmuls = sorted(self.matmuls.items(), key=lambda item: position[item[0]])
         lines.append("matmuls: " + (", ".join(f"{name(by_id[node])} {impl}" for node, impl in matmuls) or "none"))
@@ -231,7 +243,8 @@ def decide(graph: Graph, variables=None, fuse_reduce: bool = True, recompute: bo
     reader; cheap values read by several kernels recomputed in each (`recompute`); reductions'
     epilogues and row groups (`fuse_reduce`; a reduction in a row group keeps no epilogue of its
     own); matmul epilogues (`matmul_epilogues`, where the language's matmuls compute them); the
-    kernel order (`schedule`: few bytes live, else the graph's own order); the convolution patches
+    variables' new values a later loop computes and stores with its own (AdamW's moments, in the
+    parameter's update: fusion.choose_stores_in_reader); the kernel order (`schedule`: few bytes live, else the graph's own order); the convolution patches
     its matmuls gather as they pack them (`implicit_gemm`, where the language builds those:
     symgrad.backends.decide.patches); each matmul's implementation (symgrad.backends.kinds.matmul); the
     attention statistics a gradient reads from its forward's kernel.
@@ -256,12 +269,17 @@ def decide(graph: Graph, variables=None, fuse_reduce: bool = True, recompute: bo
         epilogue_of.update(choose_matmul_epilogues(graph, uses, fused, epilogue_of, in_groups))
     epilogued = {id(r) for r in epilogue_of.values()}
     parts = parts_in_place(graph, uses, fused, epilogued | set(epilogue_of) | in_groups)
+    taken = epilogued | set(epilogue_of) | in_groups | set(parts) | {id(root) for root in parts.values()}
+    stores = choose_stores_in_reader(graph, uses, fused, taken)
+    recomputed = frozenset(fused) - frozenset(chains)
+    fused = set(fused) | {id(v) for values in stores.values() for v in values}
     order = schedule_kernels(graph, fused, epilogued, groups) if schedule else graph_order(graph, groups)
     options = (("fuse_reduce", fuse_reduce), ("recompute", recompute), ("schedule", schedule),
                ("matmul_epilogues", matmul_epilogues), ("implicit_gemm", implicit_gemm), ("language", language.name))
     patches = patch_takes(graph) if implicit_gemm else frozenset()
     matmuls = matmul_kind.choose(graph, language, patches, epilogued)
-    return Decisions(graph, variables, options, frozenset(fused), frozenset(fused) - frozenset(chains),
+    return Decisions(graph, variables, options, frozenset(fused), recomputed,
                      tuple(choices), MappingProxyType(epilogue_of), tuple(groups), tuple(order), patches,
                      MappingProxyType(parts), MappingProxyType(matmuls), MappingProxyType(shared_stats(graph)),
-                     language=language, heads_last=heads_last(graph), primed=primed)
+                     language=language, heads_last=heads_last(graph), stores=MappingProxyType(stores),
+                     primed=primed)

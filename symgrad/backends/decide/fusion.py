@@ -194,6 +194,56 @@ def choose_matmul_epilogues(graph: Graph, uses: dict, fused, epilogue_of: dict, 
     return chosen
 
 
+def choose_stores_in_reader(graph: Graph, uses: dict, fused, taken) -> dict:
+    """id(root) -> the values (graph order) its loop computes and also stores: a variable's new value
+    read only by one elementwise loop of its own shape, which computes it in its own walk instead of
+    reading it back. AdamW's moments are the case: the parameter's update reads m' and v', so one
+    loop per parameter reads the gradient and the old state once and writes m, v and the
+    parameter, where three loops read the gradient twice and the new moments back.
+
+    `taken`: ids of the nodes other decisions give a kernel of their own kind (epilogue roots,
+    row-group members, sums stored in place). Not for an output (its buffer is the caller's), nor
+    for a value read by a reduction, another shape, or loops of two kernels."""
+    updated: dict[int, int] = {}
+    for _, new in graph.updates:
+        updated[id(new)] = updated.get(id(new), 0) + 1
+    outputs = {id(v) for v in graph.outputs}
+    reader: dict[int, Value] = {}  # id(stored value) -> the loop root reading it
+    for n in graph.nodes:
+        if n.op.kind != ELEMENTWISE or n.op.expr is None or id(n) in fused or id(n) in taken \
+                or id(n) in outputs or updated.get(id(n)) != 1 or n.op.name in NONDETERMINISTIC:
+            continue
+        users = graph.users[id(n)]
+        if not users or uses[id(n)] != len(users) + 1:
+            continue
+        roots = [_loop_root(graph, u, n.shape, fused, taken) for u in users]
+        if all(r is not None and r is roots[0] for r in roots):
+            reader[id(n)] = roots[0]
+    stores: dict[int, list] = {}
+    for n in graph.nodes:
+        root = reader.get(id(n))
+        if root is None:
+            continue
+        while id(root) in reader:  # a stored value read by a value stored in turn: the last loop stores both
+            root = reader[id(root)]
+        stores.setdefault(id(root), []).append(n)
+    return {root: tuple(values) for root, values in stores.items()}
+
+
+def _loop_root(graph: Graph, user: Value, shape, fused, taken) -> Value | None:
+    """The loop kernel's root that computes `user` (itself, or the end of the fused chain it is in),
+    when every node on the way is elementwise of `shape`; else None."""
+    while True:
+        if user.op.kind != ELEMENTWISE or user.shape != shape or id(user) in taken:
+            return None
+        if id(user) not in fused:
+            return user
+        readers = graph.users[id(user)]
+        if len(readers) != 1:
+            return None  # recomputed by several kernels
+        user = readers[0]
+
+
 def leaves(root: Value, fused) -> list:
     """The values `root`'s fused group reads (its non-fused inputs, recursively)."""
     out, stack, seen = [], [root], set()

@@ -20,7 +20,9 @@ WORDS = (("loop", "loops"), ("copy", "copies"))  # what the report's count line 
 
 @dataclass(frozen=True, eq=False)
 class LoopKernel:
-    """Elementwise work: for every index of `shape`, run `statements`, store `result` to `out`."""
+    """Elementwise work: for every index of `shape`, run `statements`, store `result` to `out`
+    (and each of `also`'s locals to its buffer: the values the loop computes for its own result and
+    stores too, fusion.choose_stores_in_reader)."""
 
     name: str
     lines: list[str]
@@ -32,16 +34,24 @@ class LoopKernel:
     result: str
     numel: Any
     kind: str = "loop"
+    also: tuple = ()      # (buffer, view at `shape`, local) per value stored besides `result`
 
     def reads(self) -> list:
         return [o.view.buffer for o in self.operands if o.view.buffer is not None]
 
     def writes(self) -> list:
-        return [self.out]
+        return [self.out, *(buffer for buffer, _, _ in self.also)]
+
+    def stores(self) -> list:
+        """(buffer, view, local) of every value the loop stores: its result first."""
+        return [(self.out, self.out_view, self.result), *self.also]
 
     def swap(self, s: Swap) -> "LoopKernel":
         """This kernel with the buffers `s` maps swapped in."""
-        return s.rebuilt(self, out=s.buffer(self.out), out_view=s.view(self.out_view), operands=s.each(self.operands))
+        also = tuple((s.buffer(b), s.view(v), local) for b, v, local in self.also)
+        unchanged = all(new[0] is old[0] and new[1] is old[1] for new, old in zip(also, self.also))
+        return s.rebuilt(self, out=s.buffer(self.out), out_view=s.view(self.out_view), operands=s.each(self.operands),
+                         also=self.also if unchanged else also)
 
     @property
     def report_kind(self) -> str:
@@ -50,7 +60,8 @@ class LoopKernel:
 
     def report_line(self) -> str:
         """What the kernel does, for the report's list of kernels."""
-        return f"loop, {len(self.statements)} op(s) fused, {len(self.operands)} operand(s) -> {self.out.name}"
+        stored = ", ".join(b.name for b, _, _ in self.stores())
+        return f"loop, {len(self.statements)} op(s) fused, {len(self.operands)} operand(s) -> {stored}"
 
     def flops(self, n) -> int:
         """Arithmetic per call (`n` evaluates a size): one per fused op per element."""
@@ -58,11 +69,17 @@ class LoopKernel:
 
 
 def lower(ctx, root) -> View:
-    """The loop kernel of elementwise node `root` and the nodes fused into it; the view of its value."""
+    """The loop kernel of elementwise node `root` and the nodes fused into it; the view of its value.
+    The values the decisions have it store besides (`Decisions.stores`) get their buffers here."""
     operands, statements, result = ctx.fused_body(root, root.shape)
     out = ctx.alloc(root)
+    also = []
+    for value in ctx.decisions.stores.get(id(root), ()):
+        buffer = ctx.alloc(value)
+        also.append((buffer, buffer_view(buffer, root.shape), ctx.name(value)))
+        ctx.views[id(value)] = buffer_view(buffer, value.shape)
     ctx.emit(ctx.loop(ctx.kernel_name(root), [s.line for s in statements], root.shape, out, operands, statements,
-                      result))
+                      result, also=also))
     return buffer_view(out, root.shape)
 
 
@@ -72,9 +89,11 @@ def render(r: Renderer, k: LoopKernel) -> dict:
     loop_vars = [l["var"] for l in loops]
     body = r.element(k.operands, k.statements, loop_vars)
     # out_view's offset: 0 but for embed, which stores into a window of its buffer.
-    body.append(Store(k.out.name, r.ex.index(k.out_view.offset, loop_vars, k.out_view.strides), k.result))
-    params, args = r.params([op.view.buffer for op in k.operands if op.view.buffer is not None], k.out)
-    used = used_axes([op.view for op in k.operands] + [k.out_view], len(k.shape))
+    body += [Store(buffer.name, r.ex.index(view.offset, loop_vars, view.strides), local)
+             for buffer, view, local in k.stores()]
+    params, args = r.params([op.view.buffer for op in k.operands if op.view.buffer is not None],
+                            [buffer for buffer, _, _ in k.stores()])
+    used = used_axes([op.view for op in k.operands] + [view for _, view, _ in k.stores()], len(k.shape))
     # Calls of the program's exp, tanh, erf or erfc (templates/program/expf.h.j2): arithmetic-bound,
     # in the widest vectors that run at full rate (SG_MATH_LOOP).
     math = any(calls_math(line.value) for line in body)

@@ -84,13 +84,14 @@ def write_in_place(kernels: list, views: dict, finals: list, variable_buffer: di
         if any(other is not view for other in update_views[id(buf)]):
             continue  # another update reads this temporary too
         producer = producer_of.get(id(buf))
-        if producer is None or kernels[producer].kind != "loop":  # (a loop kernel writes its out_view)
+        if producer is None or kernels[producer].kind != "loop":  # (a loop kernel writes its views whole)
             continue
         kernel = kernels[producer]
         if last_reader.get(id(var), -1) > producer:
             continue  # a later kernel reads the variable's old value
+        stored = next(v for b, v, _ in kernel.stores() if b is buf)  # (a loop may store several values)
         aligned = all(o.view.buffer is not var or (
-            all(_same(a, b) for a, b in zip(o.view.strides, kernel.out_view.strides))
+            all(_same(a, b) for a, b in zip(o.view.strides, stored.strides))
             and isinstance(o.view.offset, int) and o.view.offset == 0) for o in kernel.operands)
         if not aligned:
             continue

@@ -257,16 +257,18 @@ class LoweringContext:
         """Append `kernel` to the plan's kernels (they run in the order emitted)."""
         self.kernels.append(kernel)
 
-    def loop(self, name, lines, shape, out, operands, statements, result, out_view=None) -> LoopKernel:
+    def loop(self, name, lines, shape, out, operands, statements, result, out_view=None, also=()) -> LoopKernel:
         """A loop over `shape` storing `result` into `out` (through `out_view`: by default the whole
-        buffer, contiguously; embed passes a window of it)."""
+        buffer, contiguously; embed passes a window of it), and each (buffer, view, local) of `also`."""
         out_view = buffer_view(out, shape) if out_view is None else out_view
-        loop_shape, strides = collapse(shape, [out_view.strides, *(o.view.strides for o in operands)])
-        out_view = replace(out_view, shape=loop_shape, strides=strides[0])
+        views = [out_view, *(view for _, view, _ in also)]
+        loop_shape, strides = collapse(shape, [*(v.strides for v in views), *(o.view.strides for o in operands)])
+        out_view, *also_views = [replace(v, shape=loop_shape, strides=st) for v, st in zip(views, strides)]
         operands = [replace(o, view=replace(o.view, shape=loop_shape, strides=st))
-                    for o, st in zip(operands, strides[1:])]
+                    for o, st in zip(operands, strides[len(views):])]
+        also = tuple((buffer, view, local) for (buffer, _, local), view in zip(also, also_views))
         return LoopKernel(name, lines, loop_shape, out, out_view, operands, statements, result,
-                          _numel(shape))
+                          _numel(shape), also=also)
 
     def fused_body(self, root: Value, shape, preset: dict | None = None,
                     operand_prefix: str = "v") -> tuple[list, list, str]:
