@@ -209,25 +209,29 @@ def choose_stores_in_reader(graph: Graph, uses: dict, fused, taken) -> dict:
         updated[id(new)] = updated.get(id(new), 0) + 1
     outputs = {id(v) for v in graph.outputs}
     reader: dict[int, Value] = {}  # id(stored value) -> the loop root reading it
-    for n in graph.nodes:
+    for n in reversed(graph.nodes):  # readers first: a value read by a value stored in turn sees where that goes
         if n.op.kind != ELEMENTWISE or n.op.expr is None or id(n) in fused or id(n) in taken \
                 or id(n) in outputs or updated.get(id(n)) != 1 or n.op.name in NONDETERMINISTIC:
             continue
         users = graph.users[id(n)]
         if not users or uses[id(n)] != len(users) + 1:
             continue
-        roots = [_loop_root(graph, u, n.shape, fused, taken) for u in users]
+        roots = [_final(reader, _loop_root(graph, u, n.shape, fused, taken)) for u in users]
         if all(r is not None and r is roots[0] for r in roots):
             reader[id(n)] = roots[0]
     stores: dict[int, list] = {}
     for n in graph.nodes:
         root = reader.get(id(n))
-        if root is None:
-            continue
-        while id(root) in reader:  # a stored value read by a value stored in turn: the last loop stores both
-            root = reader[id(root)]
-        stores.setdefault(id(root), []).append(n)
+        if root is not None:
+            stores.setdefault(id(root), []).append(n)
     return {root: tuple(values) for root, values in stores.items()}
+
+
+def _final(reader: dict, root: Value | None) -> Value | None:
+    """The loop that computes `root`: itself, or where a value stored in turn is stored."""
+    while root is not None and id(root) in reader:
+        root = reader[id(root)]
+    return root
 
 
 def _loop_root(graph: Graph, user: Value, shape, fused, taken) -> Value | None:
