@@ -80,3 +80,16 @@ def test_a_new_value_read_by_another_kernel_keeps_its_loop():
     m1 = m * 0.9 + g
     plan = lower(Graph([g], [sg.exp(m1)], [(m, m1), (p, p - m1)]))
     assert not any(k.also for k in _loops(plan))
+
+
+def test_the_storing_loop_waits_for_the_old_value_s_readers():
+    """m is read (old) by an output's loop and its new value stored by p's update loop: the schedule
+    runs that loop after the reader, so m' is still written into m in place, not copied."""
+    m, p = sg.param("m", (9,), init="ones"), sg.param("p", (9,), init="ones")
+    g = sg.input("g", (9,))
+    m1 = m * 0.9 + g
+    h = sg.input("h", (50, 9))  # the reader waits for a sum: the update loop is ready first
+    plan = lower(Graph([g, h], [sg.exp(m) * sg.sum(sg.exp(h), axis=0)], [(m, m1), (p, p - m1 * 2.0)]))
+    (loop,) = [k for k in _loops(plan) if k.also]
+    assert sorted(plan.in_place) == ["m", "p"] and not [k for k in plan.kernels if k.name.endswith("_copy")]
+    assert plan.kernels.index(loop) == len(plan.kernels) - 1

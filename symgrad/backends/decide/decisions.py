@@ -273,7 +273,7 @@ def decide(graph: Graph, variables=None, fuse_reduce: bool = True, recompute: bo
     stores = choose_stores_in_reader(graph, uses, fused, taken)
     recomputed = frozenset(fused) - frozenset(chains)
     fused = set(fused) | {id(v) for values in stores.values() for v in values}
-    order = schedule_kernels(graph, fused, epilogued, groups) if schedule else graph_order(graph, groups)
+    order = schedule_kernels(graph, fused, epilogued, groups, stores) if schedule else graph_order(graph, groups)
     options = (("fuse_reduce", fuse_reduce), ("recompute", recompute), ("schedule", schedule),
                ("matmul_epilogues", matmul_epilogues), ("implicit_gemm", implicit_gemm), ("language", language.name))
     patches = patch_takes(graph) if implicit_gemm else frozenset()

@@ -18,7 +18,7 @@ from ...ir.value import Value
 from .fusion import DEFAULT_DIM, materializes
 
 
-def schedule(graph: Graph, fused, epilogued, groups) -> list:
+def schedule(graph: Graph, fused, epilogued, groups, stores=None) -> list:
     """A topological order of the nodes that keeps few bytes live at once (greedy list scheduling).
 
     Views (movement, sources, fused nodes) are placed as soon as they are ready. Among the
@@ -27,13 +27,16 @@ def schedule(graph: Graph, fused, epilogued, groups) -> list:
     inputs exist, before the backward moves on, so activations and gradients die early. The
     kernel computing a variable's new value waits for every other kernel reading the variable,
     so it can write the variable in place. (`fused`, `epilogued`: ids of the nodes that get no kernel
-    of their own; `groups`: the row groups, each one kernel.)
+    of their own; `groups`: the row groups, each one kernel; `stores`: id(loop root) -> the new
+    values its loop stores besides its own, whose variables it waits for likewise.)
     """
     nodes = graph.nodes
     index = {id(n): k for k, n in enumerate(nodes)}
     mat = {id(n): materializes(n, fused, epilogued) for n in nodes}
     reads = _kernel_reads(nodes, mat)
-    deps = _dependencies(graph, index, mat, reads, groups)
+    by_id = {id(n): n for n in nodes}
+    stored_by = {id(v): by_id[root] for root, values in (stores or {}).items() for v in values}
+    deps = _dependencies(graph, index, mat, reads, groups, stored_by)
     dims = {d: DEFAULT_DIM for d in graph.dims}
     size = {id(n): _concrete_bytes(n, dims) for n in nodes if mat[id(n)]}
     pinned = {id(v) for v in graph.outputs} | {id(new) for _, new in graph.updates}
@@ -82,7 +85,7 @@ def _kernel_reads(nodes: list, mat: dict) -> dict[int, set]:
     return reads
 
 
-def _dependencies(graph: Graph, index: dict, mat: dict, reads: dict, groups) -> dict[int, set]:
+def _dependencies(graph: Graph, index: dict, mat: dict, reads: dict, groups, stored_by=None) -> dict[int, set]:
     """id(node) -> ids of the nodes it waits for: its inputs; for a row group's member, all that its
     group reads; for a kernel computing a variable's new value, every other kernel reading it."""
     nodes = graph.nodes
@@ -96,6 +99,7 @@ def _dependencies(graph: Graph, index: dict, mat: dict, reads: dict, groups) -> 
             for b in reads[id(n)]:
                 variable_readers.setdefault(b, []).append(n)
     for target, new in graph.updates:
+        new = (stored_by or {}).get(id(new), new)  # a new value another loop stores: that loop waits
         if not mat.get(id(new)) or new.op.kind != ELEMENTWISE:
             continue
         for n in variable_readers.get(id(target), ()):
