@@ -416,3 +416,18 @@ def test_an_output_array_is_written_again_only_when_nobody_kept_it():
     assert kept[0] is not doubled
     first = id(f(one)[0])
     assert id(f(two)[0]) == first  # dropped at once: the same array again
+
+
+def test_column_sums_of_every_width_match_numpy():
+    """A sum over the rows into contiguous columns (a bias gradient) is split into tiles of columns,
+    at least one per thread: widths below, at and past a tile (16 columns, the 256-column tile) and
+    ragged ones each sum every column once, in float64 accumulators (so to NumPy's float64 sum
+    within float32's rounding)."""
+    widths = (1, 15, 16, 17, 100, 128, 300, 513)
+    xs = [sg.input(f"x{n}", (300, n)) for n in widths]
+    run = sg.function(xs, [sg.sum(x, axis=0) for x in xs], backend="c")
+    rng = np.random.default_rng(5)
+    values = [rng.standard_normal((300, n)).astype(np.float32) for n in widths]
+    assert "const int64_t width = share >=" in run.source
+    for got, value in zip(run(*values), values):
+        np.testing.assert_allclose(got, value.astype(np.float64).sum(axis=0).astype(np.float32), rtol=1e-6, atol=1e-6)

@@ -347,6 +347,514 @@ SG_KERNEL void k57_sum_t114(int64_t d0, const float* restrict ws40, float* restr
 #if SG_IN_PART(1)
 
 /* zero embed's border outside its window: t4: f32[B,3,10,10] = embed[starts=(0,0,1,1), steps=(1,1,1,1)](x) */
+SG_KERNEL void k2_copy(int64_t d0, float* restrict ws0)
+{
+    #pragma omp parallel for if((24*d0) >= SG_PARALLEL_MIN)
+    for (int64_t i0 = 0; i0 < 3*d0; ++i0) {
+        for (int64_t i1 = 0; i1 < 8; ++i1) {
+            const float v0 = 0.0f;  /* zero embed's border outside its window */
+            const float r = v0;  /* zero embed's border outside its window: t4: f32[B,3,10,10] = embed[starts=(0,0,1,1), steps=(1,1,1,1)](x) */
+            ws0[i0 * 100 + i1 * 10 + 10] = r;
+        }
+    }
+}
+
+/* make contiguous for a reshape: t39: f32[3,3,8,16] = transpose[perm=(2,3,1,0)](3.weight) */
+SG_KERNEL void k5_copy(int64_t d0, const float* restrict var2, float* restrict ws1)
+{
+    for (int64_t i0 = 0; i0 < 9; ++i0) {
+        for (int64_t i1 = 0; i1 < 8; ++i1) {
+            for (int64_t i2 = 0; i2 < 16; ++i2) {
+                const float v0 = var2[i0 + i1 * 9 + i2 * 72];  /* make contiguous for a reshape */
+                const float r = v0;  /* make contiguous for a reshape: t39: f32[3,3,8,16] = transpose[perm=(2,3,1,0)](3.weight) */
+                ws1[i0 * 128 + i1 * 16 + i2] = r;
+            }
+        }
+    }
+}
+
+/* make contiguous for a reshape: t52: f32[3,3,16,16] = transpose[perm=(2,3,1,0)](5.weight) */
+SG_KERNEL void k6_copy(int64_t d0, const float* restrict var4, float* restrict ws2)
+{
+    for (int64_t i0 = 0; i0 < 9; ++i0) {
+        for (int64_t i1 = 0; i1 < 16; ++i1) {
+            for (int64_t i2 = 0; i2 < 16; ++i2) {
+                const float v0 = var4[i0 + i1 * 9 + i2 * 144];  /* make contiguous for a reshape */
+                const float r = v0;  /* make contiguous for a reshape: t52: f32[3,3,16,16] = transpose[perm=(2,3,1,0)](5.weight) */
+                ws2[i0 * 256 + i1 * 16 + i2] = r;
+            }
+        }
+    }
+}
+
+/* t12: f32[B,8,8,8] = add(t10, t11) */
+/* t13: f32[B,8,8,8] = relu(t12) */
+SG_KERNEL void k9_relu_t13(int64_t d0, const float* restrict ws4, const float* restrict var1, float* restrict ws5)
+{
+    #pragma omp parallel for if((512*d0) >= SG_PARALLEL_MIN)
+    for (int64_t i0 = 0; i0 < d0; ++i0) {
+        for (int64_t i1 = 0; i1 < 8; ++i1) {
+            for (int64_t i2 = 0; i2 < 64; ++i2) {
+                const float v0 = ws4[i0 * 512 + i1 * 64 + i2];  /* t10 */
+                const float v1 = var1[i1];  /* t11 */
+                const float t12 = v0 + v1;  /* t12: f32[B,8,8,8] = add(t10, t11) */
+                const float t13 = (((t12 <= 0.0f)) ? (0.0f) : (t12));  /* t13: f32[B,8,8,8] = relu(t12) */
+                ws5[i0 * 512 + i1 * 64 + i2] = t13;
+            }
+        }
+    }
+}
+
+/* make contiguous for a reshape: t15: f32[B,8,4,4,2,2] = transpose[perm=(0,1,2,4,3,5)](t14) */
+SG_KERNEL void k10_copy(int64_t d0, const float* restrict ws5, float* restrict ws6)
+{
+    #pragma omp parallel for if((512*d0) >= SG_PARALLEL_MIN)
+    for (int64_t i0 = 0; i0 < 32*d0; ++i0) {
+        for (int64_t i1 = 0; i1 < 4; ++i1) {
+            for (int64_t i2 = 0; i2 < 2; ++i2) {
+                for (int64_t i3 = 0; i3 < 2; ++i3) {
+                    const float v0 = ws5[i0 * 16 + i1 * 2 + i2 * 8 + i3];  /* make contiguous for a reshape */
+                    const float r = v0;  /* make contiguous for a reshape: t15: f32[B,8,4,4,2,2] = transpose[perm=(0,1,2,4,3,5)](t14) */
+                    ws6[i0 * 16 + i1 * 4 + i2 * 2 + i3] = r;
+                }
+            }
+        }
+    }
+}
+
+/* zero embed's border outside its window: t33: f32[B,8,6,6] = embed[starts=(0,0,1,1), steps=(1,1,1,1)](t32) */
+SG_KERNEL void k14_copy(int64_t d0, float* restrict ws10)
+{
+    #pragma omp parallel for if((48*d0) >= SG_PARALLEL_MIN)
+    for (int64_t i0 = 0; i0 < 8*d0; ++i0) {
+        for (int64_t i1 = 0; i1 < 6; ++i1) {
+            const float v0 = 0.0f;  /* zero embed's border outside its window */
+            const float r = v0;  /* zero embed's border outside its window: t33: f32[B,8,6,6] = embed[starts=(0,0,1,1), steps=(1,1,1,1)](t32) */
+            ws10[i0 * 36 + i1] = r;
+        }
+    }
+}
+
+/* zero embed's border outside its window: t33: f32[B,8,6,6] = embed[starts=(0,0,1,1), steps=(1,1,1,1)](t32) */
+SG_KERNEL void k16_copy(int64_t d0, float* restrict ws10)
+{
+    #pragma omp parallel for if((32*d0) >= SG_PARALLEL_MIN)
+    for (int64_t i0 = 0; i0 < 8*d0; ++i0) {
+        for (int64_t i1 = 0; i1 < 4; ++i1) {
+            const float v0 = 0.0f;  /* zero embed's border outside its window */
+            const float r = v0;  /* zero embed's border outside its window: t33: f32[B,8,6,6] = embed[starts=(0,0,1,1), steps=(1,1,1,1)](t32) */
+            ws10[i0 * 36 + i1 * 6 + 6] = r;
+        }
+    }
+}
+
+/* t33: f32[B,8,6,6] = embed[starts=(0,0,1,1), steps=(1,1,1,1)](t32) */
+SG_KERNEL void k18_embed_t33(int64_t d0, const float* restrict ws9, float* restrict ws10)
+{
+    #pragma omp parallel for if((128*d0) >= SG_PARALLEL_MIN)
+    for (int64_t i0 = 0; i0 < 8*d0; ++i0) {
+        for (int64_t i1 = 0; i1 < 4; ++i1) {
+            for (int64_t i2 = 0; i2 < 4; ++i2) {
+                const float v0 = ws9[i0 * 16 + i1 * 4 + i2];  /* t32 */
+                const float r = v0;  /* t33: f32[B,8,6,6] = embed[starts=(0,0,1,1), steps=(1,1,1,1)](t32) */
+                ws10[i0 * 36 + i1 * 6 + i2 + 7] = r;
+            }
+        }
+    }
+}
+
+/* t41: f32[16*B,16] = matmul(t38, t40) */
+SG_KERNEL void k20_matmul_t41(int64_t d0, const float* restrict ws11, const int64_t* restrict c4, const float* restrict ws1, float* restrict ws12, sg_context* context)
+{
+    /* a[16*d0 x 72]: the im2col patch matrix, gathered from ws11 (images of
+       36 pixels x 8 channels) at c4 (16 positions x 9 taps) as the GEMM packs each
+       block: never stored (implicit GEMM). b[72 x 16] read with strides (16, 1). */
+    const sg_patches_f32 patches = { ws11, c4, 16, 9, 8, 36, 0 };
+    /* Its buffers in the runtime's scratch region (context->scratch, sized by symgrad_scratch_bytes);
+       context->status: the GEMM's, for the entry point to check */
+    context->status = sg_gemm_patches_f32(16*d0, 16, 72,
+        &patches,
+        ws1, 16, 1,
+        ws12, context, NULL, context->scratch);
+}
+
+/* zero embed's border outside its window: t48: f32[B,6,6,16] = embed[starts=(0,1,1,0), steps=(1,1,1,1)](t47) */
+SG_KERNEL void k22_copy(int64_t d0, float* restrict ws14)
+{
+    #pragma omp parallel for if((96*d0) >= SG_PARALLEL_MIN)
+    for (int64_t i0 = 0; i0 < d0; ++i0) {
+        for (int64_t i1 = 0; i1 < 96; ++i1) {
+            const float v0 = 0.0f;  /* zero embed's border outside its window */
+            const float r = v0;  /* zero embed's border outside its window: t48: f32[B,6,6,16] = embed[starts=(0,1,1,0), steps=(1,1,1,1)](t47) */
+            ws14[i0 * 576 + i1] = r;
+        }
+    }
+}
+
+/* zero embed's border outside its window: t48: f32[B,6,6,16] = embed[starts=(0,1,1,0), steps=(1,1,1,1)](t47) */
+SG_KERNEL void k25_copy(int64_t d0, float* restrict ws14)
+{
+    #pragma omp parallel for if((64*d0) >= SG_PARALLEL_MIN)
+    for (int64_t i0 = 0; i0 < d0; ++i0) {
+        for (int64_t i1 = 0; i1 < 4; ++i1) {
+            for (int64_t i2 = 0; i2 < 16; ++i2) {
+                const float v0 = 0.0f;  /* zero embed's border outside its window */
+                const float r = v0;  /* zero embed's border outside its window: t48: f32[B,6,6,16] = embed[starts=(0,1,1,0), steps=(1,1,1,1)](t47) */
+                ws14[i0 * 576 + i1 * 96 + i2 + 176] = r;
+            }
+        }
+    }
+}
+
+/* t58: f32[B,16,4,4] = add(t56, t57) */
+/* t59: f32[B,16,4,4] = relu(t58) */
+SG_KERNEL void k28_relu_t59(int64_t d0, const float* restrict ws15, const float* restrict var5, float* restrict ws16)
+{
+    #pragma omp parallel for if((256*d0) >= SG_PARALLEL_MIN)
+    for (int64_t i0 = 0; i0 < d0; ++i0) {
+        for (int64_t i1 = 0; i1 < 16; ++i1) {
+            for (int64_t i2 = 0; i2 < 16; ++i2) {
+                const float v0 = ws15[i0 * 256 + i1 + i2 * 16];  /* t56 */
+                const float v1 = var5[i1];  /* t57 */
+                const float t58 = v0 + v1;  /* t58: f32[B,16,4,4] = add(t56, t57) */
+                const float t59 = (((t58 <= 0.0f)) ? (0.0f) : (t58));  /* t59: f32[B,16,4,4] = relu(t58) */
+                ws16[i0 * 256 + i1 * 16 + i2] = t59;
+            }
+        }
+    }
+}
+
+/* t62: f32[B,10] = matmul(t60, t61) */
+SG_KERNEL void k29_matmul_t62(int64_t d0, const float* restrict ws16, const float* restrict var6, float* restrict ws17, sg_context* context)
+{
+    /* a[d0 x 256] read with strides (256, 1), b[256 x 10] with (1, 256):
+       a transposed operand is only a change of strides. */
+    /* Its buffers in the runtime's scratch region (context->scratch, sized by symgrad_scratch_bytes);
+       context->status: the GEMM's, for the entry point to check */
+    context->status = sg_gemm_dot5_f32(d0, 10, 256,
+        ws16, 256,
+        var6, 1, 256,
+        ws17, context, NULL, context->scratch);
+}
+
+/* row kernel: max, sum, sum, sum (3 passes), 4 outputs */
+/* t63: f32[B,10] = add(t62, 8.bias) */
+/* t78: f32[] = (1.0)/t75 */
+/* t79: f32[] = neg(t78) */
+/* t81: bool[B,10] = equal(t80, t1) */
+/* t82: f32[B,10] = Piecewise((t79, Ne(t81, 0)), (0, True)) */
+/* t64: f32[B,1] = max[axes=(1,), keepdims=True](t63) */
+/* t83: f32[B,1] = sum[axes=(1,), keepdims=True](t82) */
+/* t65: f32[B,10] = sub(t63, t64) */
+/* t66: f32[B,10] = exp(t65) */
+/* t67: f32[B,1] = sum[axes=(1,), keepdims=True](t66) */
+/* t68: f32[B,1] = log(t67) */
+/* t2: bool[B,10] = equal(t0, t1) */
+/* t69: f32[B,10] = sub(t65, t68) */
+/* t70: f32[B,10] = where(t2, t69, 0) */
+/* t84: f32[B,10] = -t66*t83/t67 + t82 */
+/* t71: f32[] = sum[axes=(0,1), keepdims=False](t70) (this row's part) */
+SG_KERNEL void k30_rows_t64(int64_t d0, const float* restrict ws3, const int64_t* restrict in1, const float* restrict ws17, const float* restrict var7, float* restrict ws18, float* restrict ws19, float* restrict ws21, double* restrict ws20)
+{
+    #pragma omp parallel for if((10*d0) >= SG_PARALLEL_MIN)
+    for (int64_t o0 = 0; o0 < d0; ++o0) {
+        const float u0 = 1.0f;  /* 1.0 */
+        const float u1 = ws3[0];  /* t75 */
+        const int64_t u2 = in1[o0];  /* t80 */
+        const int64_t u3 = in1[o0];  /* t0 */
+        const float u4 = 0.0f;  /* 0 */
+        /* pass 1 of 3 over the row: max p0, sum p1, store t82 */
+        float a0 = -INFINITY;
+        int a0_nan = 0;
+        double a1 = 0;
+        #pragma omp simd reduction(+:a1) reduction(max:a0) reduction(|:a0_nan)
+        for (int64_t c = 0; c < 10; ++c) {
+            const float v0 = ws17[o0 * 10 + c];  /* t62 */
+            const float v1 = var7[c];  /* 8.bias */
+            const int64_t v2 = c;  /* t1 */
+            const float t63 = v0 + v1;  /* t63: f32[B,10] = add(t62, 8.bias) */
+            const float t78 = u0/u1;  /* t78: f32[] = (1.0)/t75 */
+            const float t79 = -t78;  /* t79: f32[] = neg(t78) */
+            const uint8_t t81 = (uint8_t)((u2 == v2));  /* t81: bool[B,10] = equal(t80, t1) */
+            const float t82 = (((((float)t81) != 0.0f)) ? (t79) : (0.0f));  /* t82: f32[B,10] = Piecewise((t79, Ne(t81, 0)), (0, True)) */
+            a0 = t63 > a0 ? t63 : a0;  /* t64: f32[B,1] = max[axes=(1,), keepdims=True](t63) */
+            a0_nan |= t63 != t63;  /* NaN propagates, as in NumPy */
+            a1 += (double)t82;  /* t83: f32[B,1] = sum[axes=(1,), keepdims=True](t82) */
+            ws18[o0 * 10 + c] = t82;  /* t82 */
+        }
+        const float p0 = (a0_nan ? NAN : a0);
+        const float p1 = (float)(a1);
+        /* pass 2 of 3 over the row: sum p2, store t66 */
+        double a2 = 0;
+        #pragma omp simd reduction(+:a2)
+        for (int64_t c = 0; c < 10; ++c) {
+            const float v0 = ws17[o0 * 10 + c];  /* t62 */
+            const float v1 = var7[c];  /* 8.bias */
+            const float t63 = v0 + v1;  /* t63: f32[B,10] = add(t62, 8.bias) */
+            const float t65 = t63 - p0;  /* t65: f32[B,10] = sub(t63, t64) */
+            const float t66 = sg_expf(t65);  /* t66: f32[B,10] = exp(t65) */
+            a2 += (double)t66;  /* t67: f32[B,1] = sum[axes=(1,), keepdims=True](t66) */
+            ws19[o0 * 10 + c] = t66;  /* t66 */
+        }
+        const float p2 = (float)(a2);
+        const float t68 = sg_logf(p2);  /* t68: f32[B,1] = log(t67) */
+        /* pass 3 of 3 over the row: sum p3, store t84 */
+        double a3 = 0;
+        #pragma omp simd reduction(+:a3)
+        for (int64_t c = 0; c < 10; ++c) {
+            const int64_t v0 = c;  /* t1 */
+            const float v1 = ws17[o0 * 10 + c];  /* t62 */
+            const float v2 = var7[c];  /* 8.bias */
+            const float v3 = ws18[o0 * 10 + c];  /* t82 */
+            const float v4 = ws19[o0 * 10 + c];  /* t66 */
+            const uint8_t t2 = (uint8_t)((u3 == v0));  /* t2: bool[B,10] = equal(t0, t1) */
+            const float t63 = v1 + v2;  /* t63: f32[B,10] = add(t62, 8.bias) */
+            const float t65 = t63 - p0;  /* t65: f32[B,10] = sub(t63, t64) */
+            const float t69 = t65 - t68;  /* t69: f32[B,10] = sub(t65, t68) */
+            const float t70 = (((((float)t2) != 0.0f)) ? (t69) : (u4));  /* t70: f32[B,10] = where(t2, t69, 0) */
+            const float t84 = v3 - p1*v4/p2;  /* t84: f32[B,10] = -t66*t83/t67 + t82 */
+            a3 += (double)t70;  /* t71: f32[] = sum[axes=(0,1), keepdims=False](t70) (this row's part) */
+            ws21[o0 * 10 + c] = t84;  /* t84 */
+        }
+        const double p3 = a3;
+        ws20[o0] = p3;  /* t71, per row */
+    }
+}
+
+/* Also called for 5 more kernels (k38_sub_t142, ...) on their buffers and element counts, each named at its call */
+/* t77: f32[] = cast(lr) */
+/* t144: f32[10] = mul(t77, t143) */
+/* t145: f32[10] = sub(8.bias, t144) */
+SG_KERNEL void k33_sub_t145(int64_t d0, const double* restrict var8, const float* restrict ws22, float* restrict var7, int64_t n)
+{
+    for (int64_t i0 = 0; i0 < n; ++i0) {
+        const double v0 = var8[0];  /* lr */
+        const float v1 = ws22[i0];  /* t143 */
+        const float v2 = var7[i0];  /* 8.bias */
+        const float t77 = (float)(v0);  /* t77: f32[] = cast(lr) */
+        const float t144 = t77*v1;  /* t144: f32[10] = mul(t77, t143) */
+        const float t145 = v2 - t144;  /* t145: f32[10] = sub(8.bias, t144) */
+        var7[i0] = t145;
+    }
+}
+
+/* t85: f32[B,256] = matmul(t84, 8.weight) */
+SG_KERNEL void k35_matmul_t85(int64_t d0, const float* restrict ws21, const float* restrict var6, float* restrict ws24, sg_context* context)
+{
+    /* a[d0 x 10] read with strides (10, 1), b[10 x 256] with (256, 1):
+       a transposed operand is only a change of strides. */
+    /* Its buffers in the runtime's scratch region (context->scratch, sized by symgrad_scratch_bytes);
+       context->status: the GEMM's, for the entry point to check */
+    context->status = sg_gemm_f32(d0, 256, 10,
+        ws21, 10, 1,
+        var6, 256, 1,
+        ws24, context, NULL, context->scratch);
+}
+
+/* make contiguous for a reshape: t88: f32[B,4,4,16] = transpose[perm=(0,2,3,1)](t87) */
+SG_KERNEL void k37_copy(int64_t d0, const float* restrict ws25, float* restrict ws26)
+{
+    #pragma omp parallel for if((256*d0) >= SG_PARALLEL_MIN)
+    for (int64_t i0 = 0; i0 < d0; ++i0) {
+        for (int64_t i1 = 0; i1 < 16; ++i1) {
+            for (int64_t i2 = 0; i2 < 16; ++i2) {
+                const float v0 = ws25[i0 * 256 + i1 + i2 * 16];  /* make contiguous for a reshape */
+                const float r = v0;  /* make contiguous for a reshape: t88: f32[B,4,4,16] = transpose[perm=(0,2,3,1)](t87) */
+                ws26[i0 * 256 + i1 * 16 + i2] = r;
+            }
+        }
+    }
+}
+
+/* t131: f32[144,16] = matmul(t130, t89) */
+SG_KERNEL void k41_matmul_t131(int64_t d0, const float* restrict ws14, const float* restrict ws26, float* restrict ws28, sg_context* context)
+{
+    /* a[144 x 16*d0]: the patch matrix transposed (a weight's gradient) of a 3x3 stride-1 convolution of ws14 (images of 36 pixels x 16 channels,
+       outputs in 4 rows of 4, input rows 6 pixels apart, the first output's first tap at pixel 0;
+       the taps' column blocks 0, 1, 2, 3, 4, 5, 6, 7, 8), computed by Winograd's minimal filtering, never stored.
+       b[16*d0 x 16] read with strides (16, 1). */
+    const sg_winograd_f32 patches = { ws14, 36, 16, 4, 4, 6, 0, { 0, 1, 2, 3, 4, 5, 6, 7, 8 } };
+    /* Its buffers in the runtime's scratch region (context->scratch, sized by symgrad_scratch_bytes);
+       context->status: the GEMM's, for the entry point to check */
+    context->status = sg_conv_winograd_grad_f32(144, 16, 16*d0,
+        &patches,
+        ws26, 16, 1,
+        ws28, context, context->scratch);
+}
+
+/* t77: f32[] = cast(lr) */
+/* t134: f32[16,16,3,3] = mul(t77, t133) */
+/* t135: f32[16,16,3,3] = sub(5.weight, t134) */
+SG_KERNEL void k46_sub_t135(int64_t d0, const double* restrict var8, const float* restrict ws28, float* restrict var4)
+{
+    for (int64_t i0 = 0; i0 < 16; ++i0) {
+        for (int64_t i1 = 0; i1 < 16; ++i1) {
+            for (int64_t i2 = 0; i2 < 9; ++i2) {
+                const double v0 = var8[0];  /* lr */
+                const float v1 = ws28[i0 + i1 * 16 + i2 * 256];  /* t133 */
+                const float v2 = var4[i0 * 144 + i1 * 9 + i2];  /* 5.weight */
+                const float t77 = (float)(v0);  /* t77: f32[] = cast(lr) */
+                const float t134 = t77*v1;  /* t134: f32[16,16,3,3] = mul(t77, t133) */
+                const float t135 = v2 - t134;  /* t135: f32[16,16,3,3] = sub(5.weight, t134) */
+                var4[i0 * 144 + i1 * 9 + i2] = t135;
+            }
+        }
+    }
+}
+
+/* t99: f32[16*B,72] = matmul(t97, t98) */
+SG_KERNEL void k49_matmul_t99(int64_t d0, const float* restrict ws31, const float* restrict ws1, float* restrict ws34, sg_context* context)
+{
+    /* a[16*d0 x 16] read with strides (16, 1), b[16 x 72] with (1, 16):
+       a transposed operand is only a change of strides. */
+    /* Its buffers in the runtime's scratch region (context->scratch, sized by symgrad_scratch_bytes);
+       context->status: the GEMM's, for the entry point to check */
+    context->status = sg_gemm_f32(16*d0, 72, 16,
+        ws31, 16, 1,
+        ws1, 1, 16,
+        ws34, context, NULL, context->scratch);
+}
+
+/* t101: f32[B,36,8] = scatter_add[axis=1, size=36, purpose='col2im, the gradient of conv2d 3x3 im2col, channels last: 16*B x 72 patch rows, one GEMM'](t100, t36) */
+SG_KERNEL void k50_scatter_add_t101(int64_t d0, const float* restrict ws34, const int64_t* restrict c4, float* restrict ws35)
+{
+    const int64_t P = d0, I = 144, Q = 8, R = 36;
+    const float* src = ws34;
+    const int64_t* idx = c4;
+    /* out[p, r, q] = 0, then out[p, idx[i], q] += src[p, i, q] with i in order (np.add.at's sums, bit
+       for bit). Threads split P only: no two add into one element. An index outside [0, R) adds nothing. */
+    memset(ws35, 0, (size_t)(P * R * Q) * sizeof(float));
+    #pragma omp parallel for if(P > 1 && P * I * Q >= SG_PARALLEL_MIN)
+    for (int64_t p = 0; p < P; ++p) {
+        for (int64_t i = 0; i < I; ++i) {
+            const int64_t r = (int64_t)idx[i];
+            if (r < 0 || r >= R) {
+                continue;
+            }
+            const float* row = src + (p * I + i) * Q;
+            float* dst = ws35 + (p * R + r) * Q;
+            for (int64_t q = 0; q < Q; ++q) {
+                dst[q] += row[q];
+            }
+        }
+    }
+}
+
+/* t30: bool[B,8,4,4,4] = equal(t28, t29) */
+/* t106: f32[B,8,4,4,4] = Piecewise((t105, Ne(t30, 0)), (0, True)) */
+SG_KERNEL void k51_where_vjp1_t106(int64_t d0, const int64_t* restrict ws8, const int64_t* restrict c3, const float* restrict ws35, float* restrict ws36)
+{
+    #pragma omp parallel for if((512*d0) >= SG_PARALLEL_MIN)
+    for (int64_t i0 = 0; i0 < d0; ++i0) {
+        for (int64_t i1 = 0; i1 < 8; ++i1) {
+            for (int64_t i2 = 0; i2 < 4; ++i2) {
+                for (int64_t i3 = 0; i3 < 4; ++i3) {
+                    for (int64_t i4 = 0; i4 < 4; ++i4) {
+                        const int64_t v0 = ws8[i0 * 128 + i1 * 16 + i2 * 4 + i3];  /* t28 */
+                        const int64_t v1 = c3[i4];  /* t29 */
+                        const float v2 = ws35[i0 * 288 + i1 + i2 * 48 + i3 * 8 + 56];  /* t105 */
+                        const uint8_t t30 = (uint8_t)((v0 == v1));  /* t30: bool[B,8,4,4,4] = equal(t28, t29) */
+                        const float t106 = (((((float)t30) != 0.0f)) ? (v2) : (0.0f));  /* t106: f32[B,8,4,4,4] = Piecewise((t105, Ne(t30, 0)), (0, True)) */
+                        ws36[i0 * 512 + i1 * 64 + i2 * 16 + i3 * 4 + i4] = t106;
+                    }
+                }
+            }
+        }
+    }
+}
+
+/* make contiguous for a reshape: t108: f32[B,8,4,2,4,2] = transpose[perm=(0,1,2,4,3,5)](t107) */
+SG_KERNEL void k52_copy(int64_t d0, const float* restrict ws36, float* restrict ws37)
+{
+    #pragma omp parallel for if((512*d0) >= SG_PARALLEL_MIN)
+    for (int64_t i0 = 0; i0 < 32*d0; ++i0) {
+        for (int64_t i1 = 0; i1 < 2; ++i1) {
+            for (int64_t i2 = 0; i2 < 4; ++i2) {
+                for (int64_t i3 = 0; i3 < 2; ++i3) {
+                    const float v0 = ws36[i0 * 16 + i1 * 2 + i2 * 4 + i3];  /* make contiguous for a reshape */
+                    const float r = v0;  /* make contiguous for a reshape: t108: f32[B,8,4,2,4,2] = transpose[perm=(0,1,2,4,3,5)](t107) */
+                    ws37[i0 * 16 + i1 * 8 + i2 * 2 + i3] = r;
+                }
+            }
+        }
+    }
+}
+
+/* t110: f32[B,8,8,8] = Piecewise((0, t13 <= 0), (t109, True)) */
+SG_KERNEL void k53_relu_vjp0_t110(int64_t d0, const float* restrict ws37, const float* restrict ws5, float* restrict ws38)
+{
+    #pragma omp parallel for if((512*d0) >= SG_PARALLEL_MIN)
+    for (int64_t i0 = 0; i0 < 512*d0; ++i0) {
+        const float v0 = ws37[i0];  /* t109 */
+        const float v1 = ws5[i0];  /* t13 */
+        const float t110 = (((v1 <= 0.0f)) ? (0.0f) : (v0));  /* t110: f32[B,8,8,8] = Piecewise((0, t13 <= 0), (t109, True)) */
+        ws38[i0] = t110;
+    }
+}
+
+/* t118: f32[8] = sum[axes=(0,2,3), keepdims=False](t110) */
+SG_KERNEL void k55_sum_t118(int64_t d0, const float* restrict ws38, float* restrict ws39)
+{
+    #pragma omp parallel for if((512*d0) >= SG_PARALLEL_MIN)
+    for (int64_t o0 = 0; o0 < 8; ++o0) {
+        double acc = 0;
+        for (int64_t r0 = 0; r0 < d0; ++r0) {
+            #pragma omp simd reduction(+:acc)
+            for (int64_t r1 = 0; r1 < 64; ++r1) {
+                acc += (double)ws38[o0 * 64 + r0 * 512 + r1];
+            }
+        }
+        ws39[o0] = (float)(acc);
+    }
+}
+
+/* t113: f32[B,1,8,27] = matmul(t111, t112) */
+SG_KERNEL void k56_matmul_t113(int64_t d0, const float* restrict ws38, const int64_t* restrict c0, const float* restrict ws0, float* restrict ws40, sg_context* context)
+{
+    /* b: each image's patch columns (3 channels of 100 pixels in ws0, 9 taps at c0, 64 positions
+       in rows of 8), transposed, read where they lie: a direct convolution, one
+       product per image and group (p < d0, g < 1); a[8 x 64] read with strides (512, 512, 64, 1). */
+    const sg_columns_f32 columns = { ws0, c0, 64, 9, 8, 100, 3, 1 };
+    context->status = sg_conv_rows_f32(d0, 1, 8, 27, 64,
+        ws38, 512, 512, 64, 1, &columns, ws40, context);
+}
+
+/* t114: f32[1,8,27] = sum[axes=(0,), keepdims=False](t113) */
+SG_KERNEL void k57_sum_t114(int64_t d0, const float* restrict ws40, float* restrict ws41)
+{
+    /* The kept axis is contiguous: add whole rows into a tile of accumulators (vectorizes),
+       a tile of columns at a time, instead of walking each column down the rows. */
+    /* Tiles of at most 256 columns, and at least one per thread of the team: a bias of
+       128 columns is two tiles of 64 on two threads, not one of 128 on one. */
+#ifdef _OPENMP
+    const int64_t team = omp_get_max_threads();
+#else
+    const int64_t team = 1;
+#endif
+    const int64_t share = (216 + team - 1) / team;
+    const int64_t width = share >= 256 ? 256 : (share + 15) / 16 * 16;
+    #pragma omp parallel for if((216*d0) >= SG_PARALLEL_MIN)
+    for (int64_t j0 = 0; j0 < 216; j0 += width) {
+        const int64_t jn = 216 - j0 < width ? 216 - j0 : width;
+        double acc[256];
+        for (int64_t j = 0; j < jn; ++j)
+            acc[j] = 0;
+        for (int64_t r0 = 0; r0 < d0; ++r0) {
+            const float* restrict row = ws40 + r0 * 216;
+            for (int64_t j = 0; j < jn; ++j)
+                acc[j] += (double)row[j0 + j];
+        }
+        for (int64_t j = 0; j < jn; ++j)
+            ws41[j0 + j] = (float)(acc[j]);
+    }
+}
+
+#endif  /* translation unit 1 */
+
+/* ---- translation unit 0 of 2: its kernel functions, then the entry point ---- */
+#if SG_IN_PART(0)
+
+/* zero embed's border outside its window: t4: f32[B,3,10,10] = embed[starts=(0,0,1,1), steps=(1,1,1,1)](x) */
 SG_KERNEL void k0_copy(int64_t d0, float* restrict ws0)
 {
     #pragma omp parallel for if((30*d0) >= SG_PARALLEL_MIN)
@@ -428,24 +936,6 @@ SG_KERNEL void k8_matmul_t9(int64_t d0, const float* restrict var0, const int64_
         var0, 0, 216, 27, 1, &columns, ws4, context);
 }
 
-/* t12: f32[B,8,8,8] = add(t10, t11) */
-/* t13: f32[B,8,8,8] = relu(t12) */
-SG_KERNEL void k9_relu_t13(int64_t d0, const float* restrict ws4, const float* restrict var1, float* restrict ws5)
-{
-    #pragma omp parallel for if((512*d0) >= SG_PARALLEL_MIN)
-    for (int64_t i0 = 0; i0 < d0; ++i0) {
-        for (int64_t i1 = 0; i1 < 8; ++i1) {
-            for (int64_t i2 = 0; i2 < 64; ++i2) {
-                const float v0 = ws4[i0 * 512 + i1 * 64 + i2];  /* t10 */
-                const float v1 = var1[i1];  /* t11 */
-                const float t12 = v0 + v1;  /* t12: f32[B,8,8,8] = add(t10, t11) */
-                const float t13 = (((t12 <= 0.0f)) ? (0.0f) : (t12));  /* t13: f32[B,8,8,8] = relu(t12) */
-                ws5[i0 * 512 + i1 * 64 + i2] = t13;
-            }
-        }
-    }
-}
-
 /* t17: bool[B,8,4,4,4] = not_equal(t16, t16) */
 /* t20: f32[B,8,4,4,4] = where(t17, -inf, t16) */
 /* t21: f32[B,8,4,4,1] = max[axes=(4,), keepdims=True](t20) */
@@ -466,6 +956,44 @@ SG_KERNEL void k11_max_t21(int64_t d0, const float* restrict ws6, float* restric
             acc_nan |= v != v;  /* NaN propagates, as in NumPy */
         }
         ws7[o0] = (acc_nan ? NAN : acc);
+    }
+}
+
+/* t17: bool[B,8,4,4,4] = not_equal(t16, t16) */
+/* t20: f32[B,8,4,4,4] = where(t17, -inf, t16) */
+/* t22: bool[B,8,4,4,4] = equal(t20, t21) */
+/* t23: bool[B,8,4,4,4] = where(t19, t22, False) */
+/* t25: i64[B,8,4,4,4] = where(t23, t24, 0) */
+/* t26: i64[B,8,4,4,4] = where(t17, t18, t25) */
+/* t27: i64[B,8,4,4] = argmax[axes=(4,), keepdims=False](t26) */
+SG_KERNEL void k12_argmax_t27(int64_t d0, const float* restrict ws6, const float* restrict ws7, const int64_t* restrict c2, const int64_t* restrict c1, int64_t* restrict ws8)
+{
+    #pragma omp parallel for if((512*d0) >= SG_PARALLEL_MIN)
+    for (int64_t o0 = 0; o0 < 128*d0; ++o0) {
+        int64_t acc = INT64_MIN;
+        int64_t best = -1;
+        for (int64_t r0 = 0; r0 < 4; ++r0) {
+            const float v0 = ws6[o0 * 4 + r0];  /* t16 */
+            const float v1 = (-(float)INFINITY);  /* -inf */
+            const float v2 = ws7[o0];  /* t21 */
+            const uint8_t v3 = 1;  /* t19 */
+            const uint8_t v4 = 0;  /* False */
+            const int64_t v5 = c2[r0];  /* t24 */
+            const int64_t v6 = 0;  /* 0 */
+            const int64_t v7 = c1[r0];  /* t18 */
+            const uint8_t t17 = (uint8_t)((v0 != v0));  /* t17: bool[B,8,4,4,4] = not_equal(t16, t16) */
+            const float t20 = (((((float)t17) != 0.0f)) ? (v1) : (v0));  /* t20: f32[B,8,4,4,4] = where(t17, -inf, t16) */
+            const uint8_t t22 = (uint8_t)((t20 == v2));  /* t22: bool[B,8,4,4,4] = equal(t20, t21) */
+            const uint8_t t23 = (((v3 != 0)) ? (t22) : (v4));  /* t23: bool[B,8,4,4,4] = where(t19, t22, False) */
+            const int64_t t25 = (((((int64_t)t23) != 0)) ? (v5) : (v6));  /* t25: i64[B,8,4,4,4] = where(t23, t24, 0) */
+            const int64_t t26 = (((((int64_t)t17) != 0)) ? (v7) : (t25));  /* t26: i64[B,8,4,4,4] = where(t17, t18, t25) */
+            const int64_t v = t26;
+            if (best < 0 || v > acc || (v != v && acc == acc)) {  /* the first maximum; NaN wins */
+                acc = v;
+                best = r0;
+            }
+        }
+        ws8[o0] = best < 0 ? 0 : best;
     }
 }
 
@@ -607,90 +1135,6 @@ SG_KERNEL void k27_matmul_t54(int64_t d0, const float* restrict ws14, const floa
         ws15, context, context->scratch);
 }
 
-/* row kernel: max, sum, sum, sum (3 passes), 4 outputs */
-/* t63: f32[B,10] = add(t62, 8.bias) */
-/* t78: f32[] = (1.0)/t75 */
-/* t79: f32[] = neg(t78) */
-/* t81: bool[B,10] = equal(t80, t1) */
-/* t82: f32[B,10] = Piecewise((t79, Ne(t81, 0)), (0, True)) */
-/* t64: f32[B,1] = max[axes=(1,), keepdims=True](t63) */
-/* t83: f32[B,1] = sum[axes=(1,), keepdims=True](t82) */
-/* t65: f32[B,10] = sub(t63, t64) */
-/* t66: f32[B,10] = exp(t65) */
-/* t67: f32[B,1] = sum[axes=(1,), keepdims=True](t66) */
-/* t68: f32[B,1] = log(t67) */
-/* t2: bool[B,10] = equal(t0, t1) */
-/* t69: f32[B,10] = sub(t65, t68) */
-/* t70: f32[B,10] = where(t2, t69, 0) */
-/* t84: f32[B,10] = -t66*t83/t67 + t82 */
-/* t71: f32[] = sum[axes=(0,1), keepdims=False](t70) (this row's part) */
-SG_KERNEL void k30_rows_t64(int64_t d0, const float* restrict ws3, const int64_t* restrict in1, const float* restrict ws17, const float* restrict var7, float* restrict ws18, float* restrict ws19, float* restrict ws21, double* restrict ws20)
-{
-    #pragma omp parallel for if((10*d0) >= SG_PARALLEL_MIN)
-    for (int64_t o0 = 0; o0 < d0; ++o0) {
-        const float u0 = 1.0f;  /* 1.0 */
-        const float u1 = ws3[0];  /* t75 */
-        const int64_t u2 = in1[o0];  /* t80 */
-        const int64_t u3 = in1[o0];  /* t0 */
-        const float u4 = 0.0f;  /* 0 */
-        /* pass 1 of 3 over the row: max p0, sum p1, store t82 */
-        float a0 = -INFINITY;
-        int a0_nan = 0;
-        double a1 = 0;
-        #pragma omp simd reduction(+:a1) reduction(max:a0) reduction(|:a0_nan)
-        for (int64_t c = 0; c < 10; ++c) {
-            const float v0 = ws17[o0 * 10 + c];  /* t62 */
-            const float v1 = var7[c];  /* 8.bias */
-            const int64_t v2 = c;  /* t1 */
-            const float t63 = v0 + v1;  /* t63: f32[B,10] = add(t62, 8.bias) */
-            const float t78 = u0/u1;  /* t78: f32[] = (1.0)/t75 */
-            const float t79 = -t78;  /* t79: f32[] = neg(t78) */
-            const uint8_t t81 = (uint8_t)((u2 == v2));  /* t81: bool[B,10] = equal(t80, t1) */
-            const float t82 = (((((float)t81) != 0.0f)) ? (t79) : (0.0f));  /* t82: f32[B,10] = Piecewise((t79, Ne(t81, 0)), (0, True)) */
-            a0 = t63 > a0 ? t63 : a0;  /* t64: f32[B,1] = max[axes=(1,), keepdims=True](t63) */
-            a0_nan |= t63 != t63;  /* NaN propagates, as in NumPy */
-            a1 += (double)t82;  /* t83: f32[B,1] = sum[axes=(1,), keepdims=True](t82) */
-            ws18[o0 * 10 + c] = t82;  /* t82 */
-        }
-        const float p0 = (a0_nan ? NAN : a0);
-        const float p1 = (float)(a1);
-        /* pass 2 of 3 over the row: sum p2, store t66 */
-        double a2 = 0;
-        #pragma omp simd reduction(+:a2)
-        for (int64_t c = 0; c < 10; ++c) {
-            const float v0 = ws17[o0 * 10 + c];  /* t62 */
-            const float v1 = var7[c];  /* 8.bias */
-            const float t63 = v0 + v1;  /* t63: f32[B,10] = add(t62, 8.bias) */
-            const float t65 = t63 - p0;  /* t65: f32[B,10] = sub(t63, t64) */
-            const float t66 = sg_expf(t65);  /* t66: f32[B,10] = exp(t65) */
-            a2 += (double)t66;  /* t67: f32[B,1] = sum[axes=(1,), keepdims=True](t66) */
-            ws19[o0 * 10 + c] = t66;  /* t66 */
-        }
-        const float p2 = (float)(a2);
-        const float t68 = sg_logf(p2);  /* t68: f32[B,1] = log(t67) */
-        /* pass 3 of 3 over the row: sum p3, store t84 */
-        double a3 = 0;
-        #pragma omp simd reduction(+:a3)
-        for (int64_t c = 0; c < 10; ++c) {
-            const int64_t v0 = c;  /* t1 */
-            const float v1 = ws17[o0 * 10 + c];  /* t62 */
-            const float v2 = var7[c];  /* 8.bias */
-            const float v3 = ws18[o0 * 10 + c];  /* t82 */
-            const float v4 = ws19[o0 * 10 + c];  /* t66 */
-            const uint8_t t2 = (uint8_t)((u3 == v0));  /* t2: bool[B,10] = equal(t0, t1) */
-            const float t63 = v1 + v2;  /* t63: f32[B,10] = add(t62, 8.bias) */
-            const float t65 = t63 - p0;  /* t65: f32[B,10] = sub(t63, t64) */
-            const float t69 = t65 - t68;  /* t69: f32[B,10] = sub(t65, t68) */
-            const float t70 = (((((float)t2) != 0.0f)) ? (t69) : (u4));  /* t70: f32[B,10] = where(t2, t69, 0) */
-            const float t84 = v3 - p1*v4/p2;  /* t84: f32[B,10] = -t66*t83/t67 + t82 */
-            a3 += (double)t70;  /* t71: f32[] = sum[axes=(0,1), keepdims=False](t70) (this row's part) */
-            ws21[o0 * 10 + c] = t84;  /* t84 */
-        }
-        const double p3 = a3;
-        ws20[o0] = p3;  /* t71, per row */
-    }
-}
-
 /* t71: f32[] = sum[axes=(0,1), keepdims=False](t70) (the sum of the per-row parts) */
 /* t72: f32[] = neg(t71) */
 /* t76: f32[] = div(t72, t75) */
@@ -706,6 +1150,36 @@ SG_KERNEL void k31_div_t76(int64_t d0, const double* restrict ws20, const float*
     const float t72 = -red;  /* t72: f32[] = neg(t71) */
     const float t76 = t72/ev0;  /* t76: f32[] = div(t72, t75) */
     out0[0] = t76;
+}
+
+/* t143: f32[10] = sum[axes=(0,), keepdims=False](t84) */
+SG_KERNEL void k32_sum_t143(int64_t d0, const float* restrict ws21, float* restrict ws22)
+{
+    /* The kept axis is contiguous: add whole rows into a tile of accumulators (vectorizes),
+       a tile of columns at a time, instead of walking each column down the rows. */
+    /* Tiles of at most 256 columns, and at least one per thread of the team: a bias of
+       128 columns is two tiles of 64 on two threads, not one of 128 on one. */
+#ifdef _OPENMP
+    const int64_t team = omp_get_max_threads();
+#else
+    const int64_t team = 1;
+#endif
+    const int64_t share = (10 + team - 1) / team;
+    const int64_t width = share >= 256 ? 256 : (share + 15) / 16 * 16;
+    #pragma omp parallel for if((10*d0) >= SG_PARALLEL_MIN)
+    for (int64_t j0 = 0; j0 < 10; j0 += width) {
+        const int64_t jn = 10 - j0 < width ? 10 - j0 : width;
+        double acc[256];
+        for (int64_t j = 0; j < jn; ++j)
+            acc[j] = 0;
+        for (int64_t r0 = 0; r0 < d0; ++r0) {
+            const float* restrict row = ws21 + r0 * 10;
+            for (int64_t j = 0; j < jn; ++j)
+                acc[j] += (double)row[j0 + j];
+        }
+        for (int64_t j = 0; j < jn; ++j)
+            ws22[j0 + j] = (float)(acc[j]);
+    }
 }
 
 /* t140: f32[10,256] = matmul(t139, t60) */
@@ -762,6 +1236,31 @@ SG_KERNEL void k42_matmul_t91(int64_t d0, const float* restrict ws26, const floa
         ws29, context, NULL, context->scratch);
 }
 
+/* t93: f32[B,36,16] = scatter_add[axis=1, size=36, purpose='col2im, the gradient of conv2d 3x3 im2col, channels last: 16*B x 144 patch rows, one GEMM'](t92, t36) */
+SG_KERNEL void k43_scatter_add_t93(int64_t d0, const float* restrict ws29, const int64_t* restrict c4, float* restrict ws30)
+{
+    const int64_t P = d0, I = 144, Q = 16, R = 36;
+    const float* src = ws29;
+    const int64_t* idx = c4;
+    /* out[p, r, q] = 0, then out[p, idx[i], q] += src[p, i, q] with i in order (np.add.at's sums, bit
+       for bit). Threads split P only: no two add into one element. An index outside [0, R) adds nothing. */
+    memset(ws30, 0, (size_t)(P * R * Q) * sizeof(float));
+    #pragma omp parallel for if(P > 1 && P * I * Q >= SG_PARALLEL_MIN)
+    for (int64_t p = 0; p < P; ++p) {
+        for (int64_t i = 0; i < I; ++i) {
+            const int64_t r = (int64_t)idx[i];
+            if (r < 0 || r >= R) {
+                continue;
+            }
+            const float* row = src + (p * I + i) * Q;
+            float* dst = ws30 + (p * R + r) * Q;
+            for (int64_t q = 0; q < Q; ++q) {
+                dst[q] += row[q];
+            }
+        }
+    }
+}
+
 /* t96: f32[B,4,4,16] = Piecewise((0, t47 <= 0), (t95, True)) */
 SG_KERNEL void k44_relu_vjp0_t96(int64_t d0, const float* restrict ws30, const float* restrict ws13, float* restrict ws31)
 {
@@ -793,34 +1292,23 @@ SG_KERNEL void k45_matmul_t122(int64_t d0, const float* restrict ws11, const int
         ws32, context, NULL, context->scratch);
 }
 
-/* t77: f32[] = cast(lr) */
-/* t134: f32[16,16,3,3] = mul(t77, t133) */
-/* t135: f32[16,16,3,3] = sub(5.weight, t134) */
-SG_KERNEL void k46_sub_t135(int64_t d0, const double* restrict var8, const float* restrict ws28, float* restrict var4)
-{
-    for (int64_t i0 = 0; i0 < 16; ++i0) {
-        for (int64_t i1 = 0; i1 < 16; ++i1) {
-            for (int64_t i2 = 0; i2 < 9; ++i2) {
-                const double v0 = var8[0];  /* lr */
-                const float v1 = ws28[i0 + i1 * 16 + i2 * 256];  /* t133 */
-                const float v2 = var4[i0 * 144 + i1 * 9 + i2];  /* 5.weight */
-                const float t77 = (float)(v0);  /* t77: f32[] = cast(lr) */
-                const float t134 = t77*v1;  /* t134: f32[16,16,3,3] = mul(t77, t133) */
-                const float t135 = v2 - t134;  /* t135: f32[16,16,3,3] = sub(5.weight, t134) */
-                var4[i0 * 144 + i1 * 9 + i2] = t135;
-            }
-        }
-    }
-}
-
 /* t127: f32[16] = sum[axes=(0,1,2), keepdims=False](t96) */
 SG_KERNEL void k47_sum_t127(int64_t d0, const float* restrict ws31, float* restrict ws33)
 {
     /* The kept axis is contiguous: add whole rows into a tile of accumulators (vectorizes),
-       256 columns at a time, instead of walking each column down the rows. */
+       a tile of columns at a time, instead of walking each column down the rows. */
+    /* Tiles of at most 256 columns, and at least one per thread of the team: a bias of
+       128 columns is two tiles of 64 on two threads, not one of 128 on one. */
+#ifdef _OPENMP
+    const int64_t team = omp_get_max_threads();
+#else
+    const int64_t team = 1;
+#endif
+    const int64_t share = (16 + team - 1) / team;
+    const int64_t width = share >= 256 ? 256 : (share + 15) / 16 * 16;
     #pragma omp parallel for if((256*d0) >= SG_PARALLEL_MIN)
-    for (int64_t j0 = 0; j0 < 16; j0 += 256) {
-        const int64_t jn = 16 - j0 < 256 ? 16 - j0 : 256;
+    for (int64_t j0 = 0; j0 < 16; j0 += width) {
+        const int64_t jn = 16 - j0 < width ? 16 - j0 : width;
         double acc[256];
         for (int64_t j = 0; j < jn; ++j)
             acc[j] = 0;
@@ -831,419 +1319,6 @@ SG_KERNEL void k47_sum_t127(int64_t d0, const float* restrict ws31, float* restr
         }
         for (int64_t j = 0; j < jn; ++j)
             ws33[j0 + j] = (float)(acc[j]);
-    }
-}
-
-#endif  /* translation unit 1 */
-
-/* ---- translation unit 0 of 2: its kernel functions, then the entry point ---- */
-#if SG_IN_PART(0)
-
-/* zero embed's border outside its window: t4: f32[B,3,10,10] = embed[starts=(0,0,1,1), steps=(1,1,1,1)](x) */
-SG_KERNEL void k2_copy(int64_t d0, float* restrict ws0)
-{
-    #pragma omp parallel for if((24*d0) >= SG_PARALLEL_MIN)
-    for (int64_t i0 = 0; i0 < 3*d0; ++i0) {
-        for (int64_t i1 = 0; i1 < 8; ++i1) {
-            const float v0 = 0.0f;  /* zero embed's border outside its window */
-            const float r = v0;  /* zero embed's border outside its window: t4: f32[B,3,10,10] = embed[starts=(0,0,1,1), steps=(1,1,1,1)](x) */
-            ws0[i0 * 100 + i1 * 10 + 10] = r;
-        }
-    }
-}
-
-/* make contiguous for a reshape: t39: f32[3,3,8,16] = transpose[perm=(2,3,1,0)](3.weight) */
-SG_KERNEL void k5_copy(int64_t d0, const float* restrict var2, float* restrict ws1)
-{
-    for (int64_t i0 = 0; i0 < 9; ++i0) {
-        for (int64_t i1 = 0; i1 < 8; ++i1) {
-            for (int64_t i2 = 0; i2 < 16; ++i2) {
-                const float v0 = var2[i0 + i1 * 9 + i2 * 72];  /* make contiguous for a reshape */
-                const float r = v0;  /* make contiguous for a reshape: t39: f32[3,3,8,16] = transpose[perm=(2,3,1,0)](3.weight) */
-                ws1[i0 * 128 + i1 * 16 + i2] = r;
-            }
-        }
-    }
-}
-
-/* make contiguous for a reshape: t52: f32[3,3,16,16] = transpose[perm=(2,3,1,0)](5.weight) */
-SG_KERNEL void k6_copy(int64_t d0, const float* restrict var4, float* restrict ws2)
-{
-    for (int64_t i0 = 0; i0 < 9; ++i0) {
-        for (int64_t i1 = 0; i1 < 16; ++i1) {
-            for (int64_t i2 = 0; i2 < 16; ++i2) {
-                const float v0 = var4[i0 + i1 * 9 + i2 * 144];  /* make contiguous for a reshape */
-                const float r = v0;  /* make contiguous for a reshape: t52: f32[3,3,16,16] = transpose[perm=(2,3,1,0)](5.weight) */
-                ws2[i0 * 256 + i1 * 16 + i2] = r;
-            }
-        }
-    }
-}
-
-/* make contiguous for a reshape: t15: f32[B,8,4,4,2,2] = transpose[perm=(0,1,2,4,3,5)](t14) */
-SG_KERNEL void k10_copy(int64_t d0, const float* restrict ws5, float* restrict ws6)
-{
-    #pragma omp parallel for if((512*d0) >= SG_PARALLEL_MIN)
-    for (int64_t i0 = 0; i0 < 32*d0; ++i0) {
-        for (int64_t i1 = 0; i1 < 4; ++i1) {
-            for (int64_t i2 = 0; i2 < 2; ++i2) {
-                for (int64_t i3 = 0; i3 < 2; ++i3) {
-                    const float v0 = ws5[i0 * 16 + i1 * 2 + i2 * 8 + i3];  /* make contiguous for a reshape */
-                    const float r = v0;  /* make contiguous for a reshape: t15: f32[B,8,4,4,2,2] = transpose[perm=(0,1,2,4,3,5)](t14) */
-                    ws6[i0 * 16 + i1 * 4 + i2 * 2 + i3] = r;
-                }
-            }
-        }
-    }
-}
-
-/* t17: bool[B,8,4,4,4] = not_equal(t16, t16) */
-/* t20: f32[B,8,4,4,4] = where(t17, -inf, t16) */
-/* t22: bool[B,8,4,4,4] = equal(t20, t21) */
-/* t23: bool[B,8,4,4,4] = where(t19, t22, False) */
-/* t25: i64[B,8,4,4,4] = where(t23, t24, 0) */
-/* t26: i64[B,8,4,4,4] = where(t17, t18, t25) */
-/* t27: i64[B,8,4,4] = argmax[axes=(4,), keepdims=False](t26) */
-SG_KERNEL void k12_argmax_t27(int64_t d0, const float* restrict ws6, const float* restrict ws7, const int64_t* restrict c2, const int64_t* restrict c1, int64_t* restrict ws8)
-{
-    #pragma omp parallel for if((512*d0) >= SG_PARALLEL_MIN)
-    for (int64_t o0 = 0; o0 < 128*d0; ++o0) {
-        int64_t acc = INT64_MIN;
-        int64_t best = -1;
-        for (int64_t r0 = 0; r0 < 4; ++r0) {
-            const float v0 = ws6[o0 * 4 + r0];  /* t16 */
-            const float v1 = (-(float)INFINITY);  /* -inf */
-            const float v2 = ws7[o0];  /* t21 */
-            const uint8_t v3 = 1;  /* t19 */
-            const uint8_t v4 = 0;  /* False */
-            const int64_t v5 = c2[r0];  /* t24 */
-            const int64_t v6 = 0;  /* 0 */
-            const int64_t v7 = c1[r0];  /* t18 */
-            const uint8_t t17 = (uint8_t)((v0 != v0));  /* t17: bool[B,8,4,4,4] = not_equal(t16, t16) */
-            const float t20 = (((((float)t17) != 0.0f)) ? (v1) : (v0));  /* t20: f32[B,8,4,4,4] = where(t17, -inf, t16) */
-            const uint8_t t22 = (uint8_t)((t20 == v2));  /* t22: bool[B,8,4,4,4] = equal(t20, t21) */
-            const uint8_t t23 = (((v3 != 0)) ? (t22) : (v4));  /* t23: bool[B,8,4,4,4] = where(t19, t22, False) */
-            const int64_t t25 = (((((int64_t)t23) != 0)) ? (v5) : (v6));  /* t25: i64[B,8,4,4,4] = where(t23, t24, 0) */
-            const int64_t t26 = (((((int64_t)t17) != 0)) ? (v7) : (t25));  /* t26: i64[B,8,4,4,4] = where(t17, t18, t25) */
-            const int64_t v = t26;
-            if (best < 0 || v > acc || (v != v && acc == acc)) {  /* the first maximum; NaN wins */
-                acc = v;
-                best = r0;
-            }
-        }
-        ws8[o0] = best < 0 ? 0 : best;
-    }
-}
-
-/* zero embed's border outside its window: t33: f32[B,8,6,6] = embed[starts=(0,0,1,1), steps=(1,1,1,1)](t32) */
-SG_KERNEL void k14_copy(int64_t d0, float* restrict ws10)
-{
-    #pragma omp parallel for if((48*d0) >= SG_PARALLEL_MIN)
-    for (int64_t i0 = 0; i0 < 8*d0; ++i0) {
-        for (int64_t i1 = 0; i1 < 6; ++i1) {
-            const float v0 = 0.0f;  /* zero embed's border outside its window */
-            const float r = v0;  /* zero embed's border outside its window: t33: f32[B,8,6,6] = embed[starts=(0,0,1,1), steps=(1,1,1,1)](t32) */
-            ws10[i0 * 36 + i1] = r;
-        }
-    }
-}
-
-/* zero embed's border outside its window: t33: f32[B,8,6,6] = embed[starts=(0,0,1,1), steps=(1,1,1,1)](t32) */
-SG_KERNEL void k16_copy(int64_t d0, float* restrict ws10)
-{
-    #pragma omp parallel for if((32*d0) >= SG_PARALLEL_MIN)
-    for (int64_t i0 = 0; i0 < 8*d0; ++i0) {
-        for (int64_t i1 = 0; i1 < 4; ++i1) {
-            const float v0 = 0.0f;  /* zero embed's border outside its window */
-            const float r = v0;  /* zero embed's border outside its window: t33: f32[B,8,6,6] = embed[starts=(0,0,1,1), steps=(1,1,1,1)](t32) */
-            ws10[i0 * 36 + i1 * 6 + 6] = r;
-        }
-    }
-}
-
-/* t33: f32[B,8,6,6] = embed[starts=(0,0,1,1), steps=(1,1,1,1)](t32) */
-SG_KERNEL void k18_embed_t33(int64_t d0, const float* restrict ws9, float* restrict ws10)
-{
-    #pragma omp parallel for if((128*d0) >= SG_PARALLEL_MIN)
-    for (int64_t i0 = 0; i0 < 8*d0; ++i0) {
-        for (int64_t i1 = 0; i1 < 4; ++i1) {
-            for (int64_t i2 = 0; i2 < 4; ++i2) {
-                const float v0 = ws9[i0 * 16 + i1 * 4 + i2];  /* t32 */
-                const float r = v0;  /* t33: f32[B,8,6,6] = embed[starts=(0,0,1,1), steps=(1,1,1,1)](t32) */
-                ws10[i0 * 36 + i1 * 6 + i2 + 7] = r;
-            }
-        }
-    }
-}
-
-/* t41: f32[16*B,16] = matmul(t38, t40) */
-SG_KERNEL void k20_matmul_t41(int64_t d0, const float* restrict ws11, const int64_t* restrict c4, const float* restrict ws1, float* restrict ws12, sg_context* context)
-{
-    /* a[16*d0 x 72]: the im2col patch matrix, gathered from ws11 (images of
-       36 pixels x 8 channels) at c4 (16 positions x 9 taps) as the GEMM packs each
-       block: never stored (implicit GEMM). b[72 x 16] read with strides (16, 1). */
-    const sg_patches_f32 patches = { ws11, c4, 16, 9, 8, 36, 0 };
-    /* Its buffers in the runtime's scratch region (context->scratch, sized by symgrad_scratch_bytes);
-       context->status: the GEMM's, for the entry point to check */
-    context->status = sg_gemm_patches_f32(16*d0, 16, 72,
-        &patches,
-        ws1, 16, 1,
-        ws12, context, NULL, context->scratch);
-}
-
-/* zero embed's border outside its window: t48: f32[B,6,6,16] = embed[starts=(0,1,1,0), steps=(1,1,1,1)](t47) */
-SG_KERNEL void k22_copy(int64_t d0, float* restrict ws14)
-{
-    #pragma omp parallel for if((96*d0) >= SG_PARALLEL_MIN)
-    for (int64_t i0 = 0; i0 < d0; ++i0) {
-        for (int64_t i1 = 0; i1 < 96; ++i1) {
-            const float v0 = 0.0f;  /* zero embed's border outside its window */
-            const float r = v0;  /* zero embed's border outside its window: t48: f32[B,6,6,16] = embed[starts=(0,1,1,0), steps=(1,1,1,1)](t47) */
-            ws14[i0 * 576 + i1] = r;
-        }
-    }
-}
-
-/* zero embed's border outside its window: t48: f32[B,6,6,16] = embed[starts=(0,1,1,0), steps=(1,1,1,1)](t47) */
-SG_KERNEL void k25_copy(int64_t d0, float* restrict ws14)
-{
-    #pragma omp parallel for if((64*d0) >= SG_PARALLEL_MIN)
-    for (int64_t i0 = 0; i0 < d0; ++i0) {
-        for (int64_t i1 = 0; i1 < 4; ++i1) {
-            for (int64_t i2 = 0; i2 < 16; ++i2) {
-                const float v0 = 0.0f;  /* zero embed's border outside its window */
-                const float r = v0;  /* zero embed's border outside its window: t48: f32[B,6,6,16] = embed[starts=(0,1,1,0), steps=(1,1,1,1)](t47) */
-                ws14[i0 * 576 + i1 * 96 + i2 + 176] = r;
-            }
-        }
-    }
-}
-
-/* t58: f32[B,16,4,4] = add(t56, t57) */
-/* t59: f32[B,16,4,4] = relu(t58) */
-SG_KERNEL void k28_relu_t59(int64_t d0, const float* restrict ws15, const float* restrict var5, float* restrict ws16)
-{
-    #pragma omp parallel for if((256*d0) >= SG_PARALLEL_MIN)
-    for (int64_t i0 = 0; i0 < d0; ++i0) {
-        for (int64_t i1 = 0; i1 < 16; ++i1) {
-            for (int64_t i2 = 0; i2 < 16; ++i2) {
-                const float v0 = ws15[i0 * 256 + i1 + i2 * 16];  /* t56 */
-                const float v1 = var5[i1];  /* t57 */
-                const float t58 = v0 + v1;  /* t58: f32[B,16,4,4] = add(t56, t57) */
-                const float t59 = (((t58 <= 0.0f)) ? (0.0f) : (t58));  /* t59: f32[B,16,4,4] = relu(t58) */
-                ws16[i0 * 256 + i1 * 16 + i2] = t59;
-            }
-        }
-    }
-}
-
-/* t62: f32[B,10] = matmul(t60, t61) */
-SG_KERNEL void k29_matmul_t62(int64_t d0, const float* restrict ws16, const float* restrict var6, float* restrict ws17, sg_context* context)
-{
-    /* a[d0 x 256] read with strides (256, 1), b[256 x 10] with (1, 256):
-       a transposed operand is only a change of strides. */
-    /* Its buffers in the runtime's scratch region (context->scratch, sized by symgrad_scratch_bytes);
-       context->status: the GEMM's, for the entry point to check */
-    context->status = sg_gemm_dot5_f32(d0, 10, 256,
-        ws16, 256,
-        var6, 1, 256,
-        ws17, context, NULL, context->scratch);
-}
-
-/* t143: f32[10] = sum[axes=(0,), keepdims=False](t84) */
-SG_KERNEL void k32_sum_t143(int64_t d0, const float* restrict ws21, float* restrict ws22)
-{
-    /* The kept axis is contiguous: add whole rows into a tile of accumulators (vectorizes),
-       256 columns at a time, instead of walking each column down the rows. */
-    #pragma omp parallel for if((10*d0) >= SG_PARALLEL_MIN)
-    for (int64_t j0 = 0; j0 < 10; j0 += 256) {
-        const int64_t jn = 10 - j0 < 256 ? 10 - j0 : 256;
-        double acc[256];
-        for (int64_t j = 0; j < jn; ++j)
-            acc[j] = 0;
-        for (int64_t r0 = 0; r0 < d0; ++r0) {
-            const float* restrict row = ws21 + r0 * 10;
-            for (int64_t j = 0; j < jn; ++j)
-                acc[j] += (double)row[j0 + j];
-        }
-        for (int64_t j = 0; j < jn; ++j)
-            ws22[j0 + j] = (float)(acc[j]);
-    }
-}
-
-/* Also called for 5 more kernels (k38_sub_t142, ...) on their buffers and element counts, each named at its call */
-/* t77: f32[] = cast(lr) */
-/* t144: f32[10] = mul(t77, t143) */
-/* t145: f32[10] = sub(8.bias, t144) */
-SG_KERNEL void k33_sub_t145(int64_t d0, const double* restrict var8, const float* restrict ws22, float* restrict var7, int64_t n)
-{
-    for (int64_t i0 = 0; i0 < n; ++i0) {
-        const double v0 = var8[0];  /* lr */
-        const float v1 = ws22[i0];  /* t143 */
-        const float v2 = var7[i0];  /* 8.bias */
-        const float t77 = (float)(v0);  /* t77: f32[] = cast(lr) */
-        const float t144 = t77*v1;  /* t144: f32[10] = mul(t77, t143) */
-        const float t145 = v2 - t144;  /* t145: f32[10] = sub(8.bias, t144) */
-        var7[i0] = t145;
-    }
-}
-
-/* t85: f32[B,256] = matmul(t84, 8.weight) */
-SG_KERNEL void k35_matmul_t85(int64_t d0, const float* restrict ws21, const float* restrict var6, float* restrict ws24, sg_context* context)
-{
-    /* a[d0 x 10] read with strides (10, 1), b[10 x 256] with (256, 1):
-       a transposed operand is only a change of strides. */
-    /* Its buffers in the runtime's scratch region (context->scratch, sized by symgrad_scratch_bytes);
-       context->status: the GEMM's, for the entry point to check */
-    context->status = sg_gemm_f32(d0, 256, 10,
-        ws21, 10, 1,
-        var6, 256, 1,
-        ws24, context, NULL, context->scratch);
-}
-
-/* make contiguous for a reshape: t88: f32[B,4,4,16] = transpose[perm=(0,2,3,1)](t87) */
-SG_KERNEL void k37_copy(int64_t d0, const float* restrict ws25, float* restrict ws26)
-{
-    #pragma omp parallel for if((256*d0) >= SG_PARALLEL_MIN)
-    for (int64_t i0 = 0; i0 < d0; ++i0) {
-        for (int64_t i1 = 0; i1 < 16; ++i1) {
-            for (int64_t i2 = 0; i2 < 16; ++i2) {
-                const float v0 = ws25[i0 * 256 + i1 + i2 * 16];  /* make contiguous for a reshape */
-                const float r = v0;  /* make contiguous for a reshape: t88: f32[B,4,4,16] = transpose[perm=(0,2,3,1)](t87) */
-                ws26[i0 * 256 + i1 * 16 + i2] = r;
-            }
-        }
-    }
-}
-
-/* t131: f32[144,16] = matmul(t130, t89) */
-SG_KERNEL void k41_matmul_t131(int64_t d0, const float* restrict ws14, const float* restrict ws26, float* restrict ws28, sg_context* context)
-{
-    /* a[144 x 16*d0]: the patch matrix transposed (a weight's gradient) of a 3x3 stride-1 convolution of ws14 (images of 36 pixels x 16 channels,
-       outputs in 4 rows of 4, input rows 6 pixels apart, the first output's first tap at pixel 0;
-       the taps' column blocks 0, 1, 2, 3, 4, 5, 6, 7, 8), computed by Winograd's minimal filtering, never stored.
-       b[16*d0 x 16] read with strides (16, 1). */
-    const sg_winograd_f32 patches = { ws14, 36, 16, 4, 4, 6, 0, { 0, 1, 2, 3, 4, 5, 6, 7, 8 } };
-    /* Its buffers in the runtime's scratch region (context->scratch, sized by symgrad_scratch_bytes);
-       context->status: the GEMM's, for the entry point to check */
-    context->status = sg_conv_winograd_grad_f32(144, 16, 16*d0,
-        &patches,
-        ws26, 16, 1,
-        ws28, context, context->scratch);
-}
-
-/* t93: f32[B,36,16] = scatter_add[axis=1, size=36, purpose='col2im, the gradient of conv2d 3x3 im2col, channels last: 16*B x 144 patch rows, one GEMM'](t92, t36) */
-SG_KERNEL void k43_scatter_add_t93(int64_t d0, const float* restrict ws29, const int64_t* restrict c4, float* restrict ws30)
-{
-    const int64_t P = d0, I = 144, Q = 16, R = 36;
-    const float* src = ws29;
-    const int64_t* idx = c4;
-    /* out[p, r, q] = 0, then out[p, idx[i], q] += src[p, i, q] with i in order (np.add.at's sums, bit
-       for bit). Threads split P only: no two add into one element. An index outside [0, R) adds nothing. */
-    memset(ws30, 0, (size_t)(P * R * Q) * sizeof(float));
-    #pragma omp parallel for if(P > 1 && P * I * Q >= SG_PARALLEL_MIN)
-    for (int64_t p = 0; p < P; ++p) {
-        for (int64_t i = 0; i < I; ++i) {
-            const int64_t r = (int64_t)idx[i];
-            if (r < 0 || r >= R) {
-                continue;
-            }
-            const float* row = src + (p * I + i) * Q;
-            float* dst = ws30 + (p * R + r) * Q;
-            for (int64_t q = 0; q < Q; ++q) {
-                dst[q] += row[q];
-            }
-        }
-    }
-}
-
-/* t99: f32[16*B,72] = matmul(t97, t98) */
-SG_KERNEL void k49_matmul_t99(int64_t d0, const float* restrict ws31, const float* restrict ws1, float* restrict ws34, sg_context* context)
-{
-    /* a[16*d0 x 16] read with strides (16, 1), b[16 x 72] with (1, 16):
-       a transposed operand is only a change of strides. */
-    /* Its buffers in the runtime's scratch region (context->scratch, sized by symgrad_scratch_bytes);
-       context->status: the GEMM's, for the entry point to check */
-    context->status = sg_gemm_f32(16*d0, 72, 16,
-        ws31, 16, 1,
-        ws1, 1, 16,
-        ws34, context, NULL, context->scratch);
-}
-
-/* t101: f32[B,36,8] = scatter_add[axis=1, size=36, purpose='col2im, the gradient of conv2d 3x3 im2col, channels last: 16*B x 72 patch rows, one GEMM'](t100, t36) */
-SG_KERNEL void k50_scatter_add_t101(int64_t d0, const float* restrict ws34, const int64_t* restrict c4, float* restrict ws35)
-{
-    const int64_t P = d0, I = 144, Q = 8, R = 36;
-    const float* src = ws34;
-    const int64_t* idx = c4;
-    /* out[p, r, q] = 0, then out[p, idx[i], q] += src[p, i, q] with i in order (np.add.at's sums, bit
-       for bit). Threads split P only: no two add into one element. An index outside [0, R) adds nothing. */
-    memset(ws35, 0, (size_t)(P * R * Q) * sizeof(float));
-    #pragma omp parallel for if(P > 1 && P * I * Q >= SG_PARALLEL_MIN)
-    for (int64_t p = 0; p < P; ++p) {
-        for (int64_t i = 0; i < I; ++i) {
-            const int64_t r = (int64_t)idx[i];
-            if (r < 0 || r >= R) {
-                continue;
-            }
-            const float* row = src + (p * I + i) * Q;
-            float* dst = ws35 + (p * R + r) * Q;
-            for (int64_t q = 0; q < Q; ++q) {
-                dst[q] += row[q];
-            }
-        }
-    }
-}
-
-/* t30: bool[B,8,4,4,4] = equal(t28, t29) */
-/* t106: f32[B,8,4,4,4] = Piecewise((t105, Ne(t30, 0)), (0, True)) */
-SG_KERNEL void k51_where_vjp1_t106(int64_t d0, const int64_t* restrict ws8, const int64_t* restrict c3, const float* restrict ws35, float* restrict ws36)
-{
-    #pragma omp parallel for if((512*d0) >= SG_PARALLEL_MIN)
-    for (int64_t i0 = 0; i0 < d0; ++i0) {
-        for (int64_t i1 = 0; i1 < 8; ++i1) {
-            for (int64_t i2 = 0; i2 < 4; ++i2) {
-                for (int64_t i3 = 0; i3 < 4; ++i3) {
-                    for (int64_t i4 = 0; i4 < 4; ++i4) {
-                        const int64_t v0 = ws8[i0 * 128 + i1 * 16 + i2 * 4 + i3];  /* t28 */
-                        const int64_t v1 = c3[i4];  /* t29 */
-                        const float v2 = ws35[i0 * 288 + i1 + i2 * 48 + i3 * 8 + 56];  /* t105 */
-                        const uint8_t t30 = (uint8_t)((v0 == v1));  /* t30: bool[B,8,4,4,4] = equal(t28, t29) */
-                        const float t106 = (((((float)t30) != 0.0f)) ? (v2) : (0.0f));  /* t106: f32[B,8,4,4,4] = Piecewise((t105, Ne(t30, 0)), (0, True)) */
-                        ws36[i0 * 512 + i1 * 64 + i2 * 16 + i3 * 4 + i4] = t106;
-                    }
-                }
-            }
-        }
-    }
-}
-
-/* make contiguous for a reshape: t108: f32[B,8,4,2,4,2] = transpose[perm=(0,1,2,4,3,5)](t107) */
-SG_KERNEL void k52_copy(int64_t d0, const float* restrict ws36, float* restrict ws37)
-{
-    #pragma omp parallel for if((512*d0) >= SG_PARALLEL_MIN)
-    for (int64_t i0 = 0; i0 < 32*d0; ++i0) {
-        for (int64_t i1 = 0; i1 < 2; ++i1) {
-            for (int64_t i2 = 0; i2 < 4; ++i2) {
-                for (int64_t i3 = 0; i3 < 2; ++i3) {
-                    const float v0 = ws36[i0 * 16 + i1 * 2 + i2 * 4 + i3];  /* make contiguous for a reshape */
-                    const float r = v0;  /* make contiguous for a reshape: t108: f32[B,8,4,2,4,2] = transpose[perm=(0,1,2,4,3,5)](t107) */
-                    ws37[i0 * 16 + i1 * 8 + i2 * 2 + i3] = r;
-                }
-            }
-        }
-    }
-}
-
-/* t110: f32[B,8,8,8] = Piecewise((0, t13 <= 0), (t109, True)) */
-SG_KERNEL void k53_relu_vjp0_t110(int64_t d0, const float* restrict ws37, const float* restrict ws5, float* restrict ws38)
-{
-    #pragma omp parallel for if((512*d0) >= SG_PARALLEL_MIN)
-    for (int64_t i0 = 0; i0 < 512*d0; ++i0) {
-        const float v0 = ws37[i0];  /* t109 */
-        const float v1 = ws5[i0];  /* t13 */
-        const float t110 = (((v1 <= 0.0f)) ? (0.0f) : (v0));  /* t110: f32[B,8,8,8] = Piecewise((0, t13 <= 0), (t109, True)) */
-        ws38[i0] = t110;
     }
 }
 
@@ -1264,54 +1339,6 @@ SG_KERNEL void k54_sub_t126(int64_t d0, const double* restrict var8, const float
                 var2[i0 * 72 + i1 * 9 + i2] = t126;
             }
         }
-    }
-}
-
-/* t118: f32[8] = sum[axes=(0,2,3), keepdims=False](t110) */
-SG_KERNEL void k55_sum_t118(int64_t d0, const float* restrict ws38, float* restrict ws39)
-{
-    #pragma omp parallel for if((512*d0) >= SG_PARALLEL_MIN)
-    for (int64_t o0 = 0; o0 < 8; ++o0) {
-        double acc = 0;
-        for (int64_t r0 = 0; r0 < d0; ++r0) {
-            #pragma omp simd reduction(+:acc)
-            for (int64_t r1 = 0; r1 < 64; ++r1) {
-                acc += (double)ws38[o0 * 64 + r0 * 512 + r1];
-            }
-        }
-        ws39[o0] = (float)(acc);
-    }
-}
-
-/* t113: f32[B,1,8,27] = matmul(t111, t112) */
-SG_KERNEL void k56_matmul_t113(int64_t d0, const float* restrict ws38, const int64_t* restrict c0, const float* restrict ws0, float* restrict ws40, sg_context* context)
-{
-    /* b: each image's patch columns (3 channels of 100 pixels in ws0, 9 taps at c0, 64 positions
-       in rows of 8), transposed, read where they lie: a direct convolution, one
-       product per image and group (p < d0, g < 1); a[8 x 64] read with strides (512, 512, 64, 1). */
-    const sg_columns_f32 columns = { ws0, c0, 64, 9, 8, 100, 3, 1 };
-    context->status = sg_conv_rows_f32(d0, 1, 8, 27, 64,
-        ws38, 512, 512, 64, 1, &columns, ws40, context);
-}
-
-/* t114: f32[1,8,27] = sum[axes=(0,), keepdims=False](t113) */
-SG_KERNEL void k57_sum_t114(int64_t d0, const float* restrict ws40, float* restrict ws41)
-{
-    /* The kept axis is contiguous: add whole rows into a tile of accumulators (vectorizes),
-       256 columns at a time, instead of walking each column down the rows. */
-    #pragma omp parallel for if((216*d0) >= SG_PARALLEL_MIN)
-    for (int64_t j0 = 0; j0 < 216; j0 += 256) {
-        const int64_t jn = 216 - j0 < 256 ? 216 - j0 : 256;
-        double acc[256];
-        for (int64_t j = 0; j < jn; ++j)
-            acc[j] = 0;
-        for (int64_t r0 = 0; r0 < d0; ++r0) {
-            const float* restrict row = ws40 + r0 * 216;
-            for (int64_t j = 0; j < jn; ++j)
-                acc[j] += (double)row[j0 + j];
-        }
-        for (int64_t j = 0; j < jn; ++j)
-            ws41[j0 + j] = (float)(acc[j]);
     }
 }
 

@@ -1044,34 +1044,34 @@ SG_KERNEL void k43_matmul_t110(int64_t d0, const float* restrict ws28, const flo
         ws31, context, NULL, context->scratch);
 }
 
-/* Also called for 9 more kernels (k50_adam_param_t323, ...) on their buffers and element counts, each named at its call */
-/* t325: f64[] = param_groups.1.lr/(1 - 0.9**t324) */
-/* t326: f32[] = cast(t325) */
-/* t330: f64[] = sqrt(1 - 0.95**t324) */
-/* t331: f32[] = cast(t330) */
-/* t328: f32[32] = (0.09999999999999998)*(t327 - transformer.ln_f.bias.exp_avg) + transformer.ln_f.bias.exp_avg */
-/* t329: f32[32] = 0.05*t327**2 + 0.95*transformer.ln_f.bias.exp_avg_sq */
-/* t332: f32[32] = -t326*t328/(sqrt(t329)/t331 + 1.0e-8) + transformer.ln_f.bias */
-SG_KERNEL void k45_adam_param_t332(int64_t d0, const double* restrict var35, const double* restrict var63, float* restrict var64, const float* restrict ws32, float* restrict var65, float* restrict var15, int64_t n)
+/* Also called for 7 more kernels (k49_sum_t318, ...) on their buffers, each named at its call */
+/* t327: f32[32] = sum[axes=(0,1), keepdims=False](t111) */
+SG_KERNEL void k44_sum_t327(int64_t d0, const float* restrict ws31, float* restrict ws32)
 {
-    for (int64_t i0 = 0; i0 < n; ++i0) {
-        const double v0 = var35[0];  /* param_groups.1.lr */
-        const double v1 = var63[0];  /* t324 */
-        const float v2 = var64[i0];  /* transformer.ln_f.bias.exp_avg */
-        const float v3 = ws32[i0];  /* t327 */
-        const float v4 = 0.1f;  /* 0.09999999999999998 */
-        const float v5 = var65[i0];  /* transformer.ln_f.bias.exp_avg_sq */
-        const float v6 = var15[i0];  /* transformer.ln_f.bias */
-        const double t325 = v0/(1.0 - pow(0.9, v1));  /* t325: f64[] = param_groups.1.lr/(1 - 0.9**t324) */
-        const float t326 = (float)(t325);  /* t326: f32[] = cast(t325) */
-        const double t330 = sqrt(1.0 - pow(0.95, v1));  /* t330: f64[] = sqrt(1 - 0.95**t324) */
-        const float t331 = (float)(t330);  /* t331: f32[] = cast(t330) */
-        const float t328 = v2 + v4*(-v2 + v3);  /* t328: f32[32] = (0.09999999999999998)*(t327 - transformer.ln_f.bias.exp_avg) + transformer.ln_f.bias.exp_avg */
-        const float t329 = 0.95f*v5 + 0.05f*((v3)*(v3));  /* t329: f32[32] = 0.05*t327**2 + 0.95*transformer.ln_f.bias.exp_avg_sq */
-        const float t332 = v6 - t326*t328/(sqrtf(t329)/t331 + 1.0e-08f);  /* t332: f32[32] = -t326*t328/(sqrt(t329)/t331 + 1.0e-8) + transformer.ln_f.bias */
-        var15[i0] = t332;
-        var64[i0] = t328;
-        var65[i0] = t329;
+    /* The kept axis is contiguous: add whole rows into a tile of accumulators (vectorizes),
+       a tile of columns at a time, instead of walking each column down the rows. */
+    /* Tiles of at most 256 columns, and at least one per thread of the team: a bias of
+       128 columns is two tiles of 64 on two threads, not one of 128 on one. */
+#ifdef _OPENMP
+    const int64_t team = omp_get_max_threads();
+#else
+    const int64_t team = 1;
+#endif
+    const int64_t share = (32 + team - 1) / team;
+    const int64_t width = share >= 256 ? 256 : (share + 15) / 16 * 16;
+    #pragma omp parallel for if((256*d0) >= SG_PARALLEL_MIN)
+    for (int64_t j0 = 0; j0 < 32; j0 += width) {
+        const int64_t jn = 32 - j0 < width ? 32 - j0 : width;
+        double acc[256];
+        for (int64_t j = 0; j < jn; ++j)
+            acc[j] = 0;
+        for (int64_t r0 = 0; r0 < 8*d0; ++r0) {
+            const float* restrict row = ws31 + r0 * 32;
+            for (int64_t j = 0; j < jn; ++j)
+                acc[j] += (double)row[j0 + j];
+        }
+        for (int64_t j = 0; j < jn; ++j)
+            ws32[j0 + j] = (float)(acc[j]);
     }
 }
 
@@ -1169,10 +1169,19 @@ SG_KERNEL void k58_matmul_t234(int64_t d0, const float* restrict ws38, const flo
 SG_KERNEL void k60_sum_t299(int64_t d0, const float* restrict ws41, float* restrict ws44)
 {
     /* The kept axis is contiguous: add whole rows into a tile of accumulators (vectorizes),
-       256 columns at a time, instead of walking each column down the rows. */
+       a tile of columns at a time, instead of walking each column down the rows. */
+    /* Tiles of at most 256 columns, and at least one per thread of the team: a bias of
+       128 columns is two tiles of 64 on two threads, not one of 128 on one. */
+#ifdef _OPENMP
+    const int64_t team = omp_get_max_threads();
+#else
+    const int64_t team = 1;
+#endif
+    const int64_t share = (128 + team - 1) / team;
+    const int64_t width = share >= 256 ? 256 : (share + 15) / 16 * 16;
     #pragma omp parallel for if((1024*d0) >= SG_PARALLEL_MIN)
-    for (int64_t j0 = 0; j0 < 128; j0 += 256) {
-        const int64_t jn = 128 - j0 < 256 ? 128 - j0 : 256;
+    for (int64_t j0 = 0; j0 < 128; j0 += width) {
+        const int64_t jn = 128 - j0 < width ? 128 - j0 : width;
         double acc[256];
         for (int64_t j = 0; j < jn; ++j)
             acc[j] = 0;
@@ -1463,10 +1472,19 @@ SG_KERNEL void k103_adam_param_t176(int64_t d0, const double* restrict var16, fl
 SG_KERNEL void k104_sum_t181(int64_t d0, const float* restrict ws75, float* restrict ws77)
 {
     /* The kept axis is contiguous: add whole rows into a tile of accumulators (vectorizes),
-       256 columns at a time, instead of walking each column down the rows. */
+       a tile of columns at a time, instead of walking each column down the rows. */
+    /* Tiles of at most 256 columns, and at least one per thread of the team: a bias of
+       128 columns is two tiles of 64 on two threads, not one of 128 on one. */
+#ifdef _OPENMP
+    const int64_t team = omp_get_max_threads();
+#else
+    const int64_t team = 1;
+#endif
+    const int64_t share = (256 + team - 1) / team;
+    const int64_t width = share >= 256 ? 256 : (share + 15) / 16 * 16;
     #pragma omp parallel for if((256*d0) >= SG_PARALLEL_MIN)
-    for (int64_t j0 = 0; j0 < 256; j0 += 256) {
-        const int64_t jn = 256 - j0 < 256 ? 256 - j0 : 256;
+    for (int64_t j0 = 0; j0 < 256; j0 += width) {
+        const int64_t jn = 256 - j0 < width ? 256 - j0 : width;
         double acc[256];
         for (int64_t j = 0; j < jn; ++j)
             acc[j] = 0;
@@ -1905,25 +1923,34 @@ SG_KERNEL void k42_matmul_t109(int64_t d0, const float* restrict ws28, const flo
         ws30, context, NULL, context->scratch);
 }
 
-/* Also called for 7 more kernels (k49_sum_t318, ...) on their buffers, each named at its call */
-/* t327: f32[32] = sum[axes=(0,1), keepdims=False](t111) */
-SG_KERNEL void k44_sum_t327(int64_t d0, const float* restrict ws31, float* restrict ws32)
+/* Also called for 9 more kernels (k50_adam_param_t323, ...) on their buffers and element counts, each named at its call */
+/* t325: f64[] = param_groups.1.lr/(1 - 0.9**t324) */
+/* t326: f32[] = cast(t325) */
+/* t330: f64[] = sqrt(1 - 0.95**t324) */
+/* t331: f32[] = cast(t330) */
+/* t328: f32[32] = (0.09999999999999998)*(t327 - transformer.ln_f.bias.exp_avg) + transformer.ln_f.bias.exp_avg */
+/* t329: f32[32] = 0.05*t327**2 + 0.95*transformer.ln_f.bias.exp_avg_sq */
+/* t332: f32[32] = -t326*t328/(sqrt(t329)/t331 + 1.0e-8) + transformer.ln_f.bias */
+SG_KERNEL void k45_adam_param_t332(int64_t d0, const double* restrict var35, const double* restrict var63, float* restrict var64, const float* restrict ws32, float* restrict var65, float* restrict var15, int64_t n)
 {
-    /* The kept axis is contiguous: add whole rows into a tile of accumulators (vectorizes),
-       256 columns at a time, instead of walking each column down the rows. */
-    #pragma omp parallel for if((256*d0) >= SG_PARALLEL_MIN)
-    for (int64_t j0 = 0; j0 < 32; j0 += 256) {
-        const int64_t jn = 32 - j0 < 256 ? 32 - j0 : 256;
-        double acc[256];
-        for (int64_t j = 0; j < jn; ++j)
-            acc[j] = 0;
-        for (int64_t r0 = 0; r0 < 8*d0; ++r0) {
-            const float* restrict row = ws31 + r0 * 32;
-            for (int64_t j = 0; j < jn; ++j)
-                acc[j] += (double)row[j0 + j];
-        }
-        for (int64_t j = 0; j < jn; ++j)
-            ws32[j0 + j] = (float)(acc[j]);
+    for (int64_t i0 = 0; i0 < n; ++i0) {
+        const double v0 = var35[0];  /* param_groups.1.lr */
+        const double v1 = var63[0];  /* t324 */
+        const float v2 = var64[i0];  /* transformer.ln_f.bias.exp_avg */
+        const float v3 = ws32[i0];  /* t327 */
+        const float v4 = 0.1f;  /* 0.09999999999999998 */
+        const float v5 = var65[i0];  /* transformer.ln_f.bias.exp_avg_sq */
+        const float v6 = var15[i0];  /* transformer.ln_f.bias */
+        const double t325 = v0/(1.0 - pow(0.9, v1));  /* t325: f64[] = param_groups.1.lr/(1 - 0.9**t324) */
+        const float t326 = (float)(t325);  /* t326: f32[] = cast(t325) */
+        const double t330 = sqrt(1.0 - pow(0.95, v1));  /* t330: f64[] = sqrt(1 - 0.95**t324) */
+        const float t331 = (float)(t330);  /* t331: f32[] = cast(t330) */
+        const float t328 = v2 + v4*(-v2 + v3);  /* t328: f32[32] = (0.09999999999999998)*(t327 - transformer.ln_f.bias.exp_avg) + transformer.ln_f.bias.exp_avg */
+        const float t329 = 0.95f*v5 + 0.05f*((v3)*(v3));  /* t329: f32[32] = 0.05*t327**2 + 0.95*transformer.ln_f.bias.exp_avg_sq */
+        const float t332 = v6 - t326*t328/(sqrtf(t329)/t331 + 1.0e-08f);  /* t332: f32[32] = -t326*t328/(sqrt(t329)/t331 + 1.0e-8) + transformer.ln_f.bias */
+        var15[i0] = t332;
+        var64[i0] = t328;
+        var65[i0] = t329;
     }
 }
 
@@ -2101,10 +2128,19 @@ SG_KERNEL void k85_embed_t156(int64_t d0, const float* restrict ws64, float* res
 SG_KERNEL void k87_sum_t262(int64_t d0, const float* restrict ws62, float* restrict ws65)
 {
     /* The kept axis is contiguous: add whole rows into a tile of accumulators (vectorizes),
-       256 columns at a time, instead of walking each column down the rows. */
+       a tile of columns at a time, instead of walking each column down the rows. */
+    /* Tiles of at most 256 columns, and at least one per thread of the team: a bias of
+       128 columns is two tiles of 64 on two threads, not one of 128 on one. */
+#ifdef _OPENMP
+    const int64_t team = omp_get_max_threads();
+#else
+    const int64_t team = 1;
+#endif
+    const int64_t share = (96 + team - 1) / team;
+    const int64_t width = share >= 256 ? 256 : (share + 15) / 16 * 16;
     #pragma omp parallel for if((768*d0) >= SG_PARALLEL_MIN)
-    for (int64_t j0 = 0; j0 < 96; j0 += 256) {
-        const int64_t jn = 96 - j0 < 256 ? 96 - j0 : 256;
+    for (int64_t j0 = 0; j0 < 96; j0 += width) {
+        const int64_t jn = 96 - j0 < width ? 96 - j0 : width;
         double acc[256];
         for (int64_t j = 0; j < jn; ++j)
             acc[j] = 0;

@@ -298,6 +298,19 @@ SG_KERNEL void k2_rows_t5(int64_t d0, const float* restrict ws0, const int64_t* 
     }
 }
 
+/* t27: f32[784,10] = matmul(t19, t26) */
+SG_KERNEL void k6_matmul_t27(int64_t d0, const float* restrict in0, const float* restrict ws5, float* restrict ws7, sg_context* context)
+{
+    /* a[784 x d0] read with strides (1, 784), b[d0 x 10] with (10, 1):
+       a transposed operand is only a change of strides. */
+    /* Its buffers in the runtime's scratch region (context->scratch, sized by symgrad_scratch_bytes);
+       context->status: the GEMM's, for the entry point to check */
+    context->status = sg_gemm_tn10_f32(784, 10, d0,
+        in0, 784,
+        ws5, 10, 1,
+        ws7, context, NULL, context->scratch);
+}
+
 #endif  /* translation unit 1 */
 
 /* ---- translation unit 0 of 2: its kernel functions, then the entry point ---- */
@@ -354,10 +367,19 @@ SG_KERNEL void k3_div_t17(int64_t d0, const double* restrict ws4, const float* r
 SG_KERNEL void k4_sum_t30(int64_t d0, const float* restrict ws5, float* restrict ws6)
 {
     /* The kept axis is contiguous: add whole rows into a tile of accumulators (vectorizes),
-       256 columns at a time, instead of walking each column down the rows. */
+       a tile of columns at a time, instead of walking each column down the rows. */
+    /* Tiles of at most 256 columns, and at least one per thread of the team: a bias of
+       128 columns is two tiles of 64 on two threads, not one of 128 on one. */
+#ifdef _OPENMP
+    const int64_t team = omp_get_max_threads();
+#else
+    const int64_t team = 1;
+#endif
+    const int64_t share = (10 + team - 1) / team;
+    const int64_t width = share >= 256 ? 256 : (share + 15) / 16 * 16;
     #pragma omp parallel for if((10*d0) >= SG_PARALLEL_MIN)
-    for (int64_t j0 = 0; j0 < 10; j0 += 256) {
-        const int64_t jn = 10 - j0 < 256 ? 10 - j0 : 256;
+    for (int64_t j0 = 0; j0 < 10; j0 += width) {
+        const int64_t jn = 10 - j0 < width ? 10 - j0 : width;
         double acc[256];
         for (int64_t j = 0; j < jn; ++j)
             acc[j] = 0;
@@ -386,19 +408,6 @@ SG_KERNEL void k5_sub_t32(int64_t d0, const double* restrict var2, const float* 
         const float t32 = v2 - t31;  /* t32: f32[10] = sub(b, t31) */
         var1[i0] = t32;
     }
-}
-
-/* t27: f32[784,10] = matmul(t19, t26) */
-SG_KERNEL void k6_matmul_t27(int64_t d0, const float* restrict in0, const float* restrict ws5, float* restrict ws7, sg_context* context)
-{
-    /* a[784 x d0] read with strides (1, 784), b[d0 x 10] with (10, 1):
-       a transposed operand is only a change of strides. */
-    /* Its buffers in the runtime's scratch region (context->scratch, sized by symgrad_scratch_bytes);
-       context->status: the GEMM's, for the entry point to check */
-    context->status = sg_gemm_tn10_f32(784, 10, d0,
-        in0, 784,
-        ws5, 10, 1,
-        ws7, context, NULL, context->scratch);
 }
 
 /* The number of workspace temporaries; given `nbytes`, also the bytes each needs for these dims:
