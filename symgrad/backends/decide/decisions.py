@@ -272,8 +272,13 @@ def decide(graph: Graph, variables=None, fuse_reduce: bool = True, recompute: bo
     taken = epilogued | set(epilogue_of) | in_groups | set(parts) | {id(root) for root in parts.values()}
     stores = choose_stores_in_reader(graph, uses, fused, taken)
     recomputed = frozenset(fused) - frozenset(chains)
-    fused = set(fused) | {id(v) for values in stores.values() for v in values}
+    unstored, fused = fused, set(fused) | {id(v) for values in stores.values() for v in values}
     order = schedule_kernels(graph, fused, epilogued, groups, stores) if schedule else graph_order(graph, groups)
+    if order is None and stores:  # the stores' waits for old values closed a cycle: each value its own loop
+        stores, fused = {}, unstored
+        order = schedule_kernels(graph, fused, epilogued, groups)
+    if order is None:  # the updates' own waits in a cycle: the graph's order (a copy saves each value)
+        order = graph_order(graph, groups)
     options = (("fuse_reduce", fuse_reduce), ("recompute", recompute), ("schedule", schedule),
                ("matmul_epilogues", matmul_epilogues), ("implicit_gemm", implicit_gemm), ("language", language.name))
     patches = patch_takes(graph) if implicit_gemm else frozenset()

@@ -18,7 +18,7 @@ from ...ir.value import Value
 from .fusion import DEFAULT_DIM, materializes
 
 
-def schedule(graph: Graph, fused, epilogued, groups, stores=None) -> list:
+def schedule(graph: Graph, fused, epilogued, groups, stores=None) -> list | None:
     """A topological order of the nodes that keeps few bytes live at once (greedy list scheduling).
 
     Views (movement, sources, fused nodes) are placed as soon as they are ready. Among the
@@ -29,6 +29,10 @@ def schedule(graph: Graph, fused, epilogued, groups, stores=None) -> list:
     so it can write the variable in place. (`fused`, `epilogued`: ids of the nodes that get no kernel
     of their own; `groups`: the row groups, each one kernel; `stores`: id(loop root) -> the new
     values its loop stores besides its own, whose variables it waits for likewise.)
+
+    None when those waits close a cycle (a variable's update waiting for a reader of another's old
+    value, which waits for the first: no order writes every variable in place); the caller then
+    asks for less, or takes `graph_order`.
     """
     nodes = graph.nodes
     index = {id(n): k for k, n in enumerate(nodes)}
@@ -42,9 +46,7 @@ def schedule(graph: Graph, fused, epilogued, groups, stores=None) -> list:
     pinned = {id(v) for v in graph.outputs} | {id(new) for _, new in graph.updates}
     deferred = _deferred(graph, mat, reads)
     order = _list_schedule(nodes, index, mat, reads, deps, size, pinned, deferred)
-    if len(order) != len(nodes):  # a dependency cycle would be a bug here: keep the graph's order
-        return list(nodes)
-    return order
+    return order if len(order) == len(nodes) else None
 
 
 def _deferred(graph: Graph, mat: dict, reads: dict) -> set:
