@@ -22,7 +22,7 @@ from ..ir import dtypes as D
 from ..ir import shapes as S
 from ..ir import sympy_memo
 from ..ir.elementwise import ARGS, derived_op
-from ..ir.form_checks import keeps_infinities, keeps_special_values, stays_finite
+from ..ir.form_checks import keeps_finite_values, keeps_infinities, keeps_special_values, stays_finite
 from ..ir.graph import Graph
 from ..ir.numpy_expr import numpy_function
 from ..ir.registry import ELEMENTWISE, lookup
@@ -135,7 +135,8 @@ def _cheapest(expr: sympy.Expr, exact: _NodeByNode, assume_finite: bool) -> symp
     -> -1/x the sign of 1/+0) unless the user assumed finite operands, and must overflow
     nowhere `exact` does not (`stays_finite`: sigmoid's backward composes to -y*(y - 1) at
     y = 1/(1 + exp(-x)), finite everywhere; `cancel` gives exp(x)/(exp(x) + 1)**2, nan past
-    x = 89 in float32).
+    x = 89 in float32), and must give its finite values within rounding (`keeps_finite_values`:
+    sign(gelu(x)) composes to sign(x), -1 where gelu's factor underflows and the chain gives 0).
 
     Cached: chains of the same form (every parameter's optimizer update, every layer's
     backward) compose to the same expression over l0, l1, ..., and sympy's rewritings cost
@@ -147,7 +148,7 @@ def _cheapest(expr: sympy.Expr, exact: _NodeByNode, assume_finite: bool) -> symp
     if known is not None:
         return None if known == sympy.S.NaN else known
     candidates = sorted(_candidates(expr), key=_cost)
-    best = next((c for c in candidates if stays_finite(c, exact)
+    best = next((c for c in candidates if stays_finite(c, exact) and keeps_finite_values(c, exact, assume_finite)
                  and (assume_finite or keeps_special_values(c, exact) and keeps_infinities(c, exact))), None)
     sympy_memo.store("cheapest", __file__, key, sympy.S.NaN if best is None else best)
     return best

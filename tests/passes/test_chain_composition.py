@@ -93,3 +93,17 @@ def test_rounding_an_exact_number_evaluates_as_numpy_does(name):
                 assert isinstance(got, function), (value, got)
             else:
                 assert got == int(want) and got.is_Integer, (value, got, want)
+
+
+@pytest.mark.parametrize("backend", ["numpy", "c"])
+def test_a_chain_whose_factor_underflows_keeps_its_value(backend):
+    """sign(gelu_tanh(x)): sympy composes it to sign(x) (gelu is x times a positive factor), but
+    the factor underflows to 0 below x = -30 or so and is NaN at -inf, where the chain gives 0 and
+    sign(x) -1 (the fuzzer: seed 5150, batch 15). A composed form must keep the finite values the
+    chain gives, not only its NaNs and infinities."""
+    x = sg.input("x", (8,), dtype="float64")
+    out = sg.sign(sg.nn.functional.gelu(x, approximate="tanh"))
+    values = np.array([-372.5, -np.inf, -40.0, -1.0, -0.0, 0.5, np.nan, 3.0])
+    got = sg.function([x], out, backend=backend)(values)
+    want = torch.sign(torch.nn.functional.gelu(torch.from_numpy(values), approximate="tanh"))
+    np.testing.assert_array_equal(got, want.numpy())
