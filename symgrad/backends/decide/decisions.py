@@ -244,7 +244,8 @@ def decide(graph: Graph, variables=None, fuse_reduce: bool = True, recompute: bo
     epilogues and row groups (`fuse_reduce`; a reduction in a row group keeps no epilogue of its
     own); matmul epilogues (`matmul_epilogues`, where the language's matmuls compute them); the
     variables' new values a later loop computes and stores with its own (AdamW's moments, in the
-    parameter's update: fusion.choose_stores_in_reader); the kernel order (`schedule`: few bytes live, else the graph's own order); the convolution patches
+    parameter's update: fusion.choose_stores_in_reader); the kernel order (`schedule`: few bytes
+    live, else the graph's own order); the convolution patches
     its matmuls gather as they pack them (`implicit_gemm`, where the language builds those:
     symgrad.backends.decide.patches); each matmul's implementation (symgrad.backends.kinds.matmul); the
     attention statistics a gradient reads from its forward's kernel.
