@@ -101,6 +101,15 @@ def test_any_value_where_one_rounding_moves_the_element_across_a_pole():
     assert _mismatch(np.array([-1.56e14]), np.array([4.37e11]), 1e-7, others=finite) is not None
 
 
+def test_nan_where_one_rounding_makes_a_run_infinite():
+    """The gradient of log1p(tanh(x)) at x = -19.06 (seed 1999): NumPy's tanh is -1.0, torch's one
+    ulp above, so NumPy's reference computes inf * 0 = NaN and torch 2.72; torch's runs with y moved
+    onto -1 are inf. NaN is accepted there; where every run is finite it is not."""
+    want = np.array([2.7247945141502945])
+    assert _mismatch(np.array([np.nan]), want, 1e-7, others=[want, np.array([np.inf])]) is None
+    assert _mismatch(np.array([np.nan]), want, 1e-7, others=[want, np.array([1.36])]) is not None
+
+
 def test_maximum_of_signed_zeros_takes_either_zero():
     """torch.maximum(+0., -0.) is +0 on fewer than 8 elements and -0 on 8 or more: the rounding runs
     take the other zero at such ties, so 1 / maximum(x, -x) at x = 0 is +inf or -inf."""
