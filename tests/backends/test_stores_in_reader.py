@@ -47,28 +47,36 @@ def test_adamw_updates_each_parameter_in_one_loop_and_matches_torch():
     np.testing.assert_allclose(lin.state_dict()["bias"], b.detach().numpy(), rtol=1e-5, atol=1e-6)
 
 
+def _c_and_numpy(make_graph, values):
+    """The graph `make_graph()` returns (its inputs, outputs, updates over fresh variables), run
+    twice on C and on NumPy: (outputs of the last call, the variables after) per backend."""
+    results = {}
+    for backend in ("c", "numpy"):
+        graph, variables = make_graph()
+        run = CompiledFunction(graph, backends.resolve(backend), False)
+        for _ in range(2):
+            outputs = run(*values)
+        results[backend] = ([np.asarray(o) for o in outputs], [current_value(v) for v in variables])
+    return results
+
+
 def test_values_stored_in_turn_are_stored_by_the_last_loop():
     """a' read by b' read by c' (each a variable's new value, each read once): the loop of c'
     computes and stores all three, each into its variable, and they are what the NumPy reference
     computes."""
-    results = {}
-    for backend in ("c", "numpy"):
+    def make():
         a, b, c = (sg.param(n, (7,), init="ones") for n in "abc")
         g = sg.input("g", (7,))
         a1 = a * 0.5 + g
         b1 = b + a1 * 2.0
         c1 = c - b1 * a1
-        graph = Graph([g], [g + 1.0], [(a, a1), (b, b1), (c, c1)])
-        if backend == "c":
-            plan = lower(graph)
-            loops = [k for k in _loops(plan) if k.also]
-            assert len(loops) == 1 and len(loops[0].stores()) == 3 and sorted(plan.in_place) == ["a", "b", "c"]
-        run = CompiledFunction(graph, backends.resolve(backend), True)
-        for _ in range(2):
-            run(np.arange(7.0, dtype=np.float32))
-        results[backend] = [current_value(v) for v in (a, b, c)]
-    assert not any(np.allclose(v, 1.0) for v in results["c"])  # two calls moved every variable
-    for got, want in zip(results["c"], results["numpy"]):
+        return Graph([g], [g + 1.0], [(a, a1), (b, b1), (c, c1)]), (a, b, c)
+    plan = lower(make()[0])
+    loops = [k for k in _loops(plan) if k.also]
+    assert len(loops) == 1 and len(loops[0].stores()) == 3 and sorted(plan.in_place) == ["a", "b", "c"]
+    results = _c_and_numpy(make, [np.arange(7.0, dtype=np.float32)])
+    assert not any(np.allclose(v, 1.0) for v in results["c"][1])  # two calls moved every variable
+    for got, want in zip(results["c"][1], results["numpy"][1]):
         np.testing.assert_allclose(got, want, rtol=1e-6)
 
 
@@ -93,19 +101,6 @@ def test_the_storing_loop_waits_for_the_old_value_s_readers():
     (loop,) = [k for k in _loops(plan) if k.also]
     assert sorted(plan.in_place) == ["m", "p"] and not [k for k in plan.kernels if k.name.endswith("_copy")]
     assert plan.kernels.index(loop) == len(plan.kernels) - 1
-
-
-def _c_and_numpy(make_graph, values):
-    """The graph `make_graph()` returns (its inputs, outputs, updates over fresh variables), run
-    twice on C and on NumPy: (outputs of the last call, the variables after) per backend."""
-    results = {}
-    for backend in ("c", "numpy"):
-        graph, variables = make_graph()
-        run = CompiledFunction(graph, backends.resolve(backend), False)
-        for _ in range(2):
-            outputs = run(*values)
-        results[backend] = ([np.asarray(o) for o in outputs], [current_value(v) for v in variables])
-    return results
 
 
 def test_stores_whose_waits_would_close_a_cycle_are_not_made():

@@ -2,11 +2,16 @@
 it: clip(log(clip(x, -2, 1.5))) composes log of the inlined bound -2, a complex number that the
 outer clip's Piecewise cannot compare (sympy raised TypeError, and the C compile failed with it)."""
 
+import contextlib
+import signal
+
 import numpy as np
 import pytest
+import sympy
 import torch
 
 import symgrad as sg
+from symgrad.ir import rounding
 
 
 @pytest.mark.parametrize("backend", ["numpy", "c"])
@@ -37,24 +42,19 @@ def test_adding_zero_keeps_the_sign_of_zero(backend):
     np.testing.assert_array_equal(got[1], want_grad.numpy())
 
 
+@contextlib.contextmanager
 def _within(seconds: int):
-    """A context that raises where its body runs longer than `seconds` (sympy is Python: SIGALRM
-    interrupts it), so a composition that hangs fails the test instead of the whole run."""
-    import contextlib
-    import signal
-
-    @contextlib.contextmanager
-    def limit():
-        def expired(*_):
-            raise TimeoutError(f"still running after {seconds} s")
-        previous = signal.signal(signal.SIGALRM, expired)
-        signal.alarm(seconds)
-        try:
-            yield
-        finally:
-            signal.alarm(0)
-            signal.signal(signal.SIGALRM, previous)
-    return limit()
+    """Raise where the body runs longer than `seconds` (sympy is Python: SIGALRM interrupts it), so
+    a composition that hangs fails the test instead of the whole run."""
+    def expired(*_):
+        raise TimeoutError(f"still running after {seconds} s")
+    previous = signal.signal(signal.SIGALRM, expired)
+    signal.alarm(seconds)
+    try:
+        yield
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, previous)
 
 
 def test_a_rounded_branch_composes_in_bounded_time():
@@ -79,10 +79,6 @@ def test_a_rounded_branch_composes_in_bounded_time():
 def test_rounding_an_exact_number_evaluates_as_numpy_does(name):
     """round and trunc of a rational are the integer NumPy gives (ties to even; toward zero),
     except where that is -0.0, which no sympy integer is: those stay unevaluated."""
-    import sympy
-
-    from symgrad.ir import rounding
-
     function, reference = getattr(rounding, {"round": "round_half_even", "trunc": "trunc"}[name]), \
         {"round": np.round, "trunc": np.trunc}[name]
     for numerator in range(-11, 12):

@@ -90,6 +90,7 @@ def _kernel_reads(nodes: list, mat: dict) -> dict[int, set]:
 def _dependencies(graph: Graph, index: dict, mat: dict, reads: dict, groups, stored_by=None) -> dict[int, set]:
     """id(node) -> ids of the nodes it waits for: its inputs; for a row group's member, all that its
     group reads; for a kernel computing a variable's new value, every other kernel reading it."""
+    stored_by = stored_by or {}
     nodes = graph.nodes
     deps = {id(n): {id(i) for i in n.inputs} for n in nodes}
     for member, leaves in row_deps(groups).items():  # a row group runs as one kernel
@@ -101,7 +102,7 @@ def _dependencies(graph: Graph, index: dict, mat: dict, reads: dict, groups, sto
             for b in reads[id(n)]:
                 variable_readers.setdefault(b, []).append(n)
     for target, new in graph.updates:
-        new = (stored_by or {}).get(id(new), new)  # a new value another loop stores: that loop waits
+        new = stored_by.get(id(new), new)  # a new value another loop stores: that loop waits
         if not mat.get(id(new)) or new.op.kind != ELEMENTWISE:
             continue
         for n in variable_readers.get(id(target), ()):
