@@ -290,12 +290,18 @@ def test_a_cotangent_row_with_an_infinity_gives_nan_gradients_as_torch(backend):
     an infinity in g_i they part: torch's p_ij (dp_ij - D_i) is inf - inf, NaN for every key, where
     g_i . out_i, an infinity of the other sign, left dq and dk infinite (the fuzzer found it: inf
     against NaN). A D that is not finite is now NaN: the same gradients as torch's math attention,
-    NaN where its are, in float64, fused (no mask) and causal or not."""
+    NaN where its are, in float64, fused (no mask) and causal or not.
+
+    Causal, a key hidden from such a row gets NaN too: torch multiplies the hidden p_ij = 0 into
+    dk_j and dv_j (0 * NaN, 0 * inf). 40 rows: more than the C kernel's tile of 32 query rows, whose
+    later keys it visits only where a row's D is not finite (C gave finite dk for keys 32-39; CUDA,
+    whose key rows skip the rows they are hidden from, for every key after the row)."""
     from torch.nn.attention import SDPBackend, sdpa_kernel
     rng = np.random.default_rng(8)
-    q, k, v, cot = (rng.standard_normal((2, 4, 3)) for _ in range(4))
+    q, k, v, cot = (rng.standard_normal((2, 40, 3)) for _ in range(4))
     cot[0, 1, 0] = np.inf    # batch 0: one row infinite in one component
     cot[1, 2, 2] = -np.inf   # batch 1: another, of the other sign
+    cot[1, 33, 1] = np.nan   # and a NaN in the second tile
     Q, K, V, C = (sg.input(n, a.shape, dtype="float64") for n, a in zip("qkvc", (q, k, v, cot)))
     outputs = []
     for causal in (False, True):
@@ -312,6 +318,8 @@ def test_a_cotangent_row_with_an_infinity_gives_nan_gradients_as_torch(backend):
     for g, w in zip(got, want):
         np.testing.assert_allclose(g, w.numpy(), rtol=1e-12, atol=1e-14)
     assert np.isnan(got[0][0, 1]).all() and np.isnan(got[1][0]).all()  # dq's row 1, all of dk: NaN
+    assert np.isnan(got[4][0]).all() and np.isnan(got[5][0, 2:, 0]).all()  # causal: the hidden keys' too
+    assert np.isfinite(got[3][0, 2:]).all()  # causal dq of the rows after row 1: finite
 
 
 @pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning")

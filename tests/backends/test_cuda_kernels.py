@@ -180,6 +180,30 @@ def test_attention_gradient_matches_numpy_and_is_the_same_every_run(device):
             np.testing.assert_array_equal(again, once, err_msg=f"output {k}")
 
 
+@pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning")  # NumPy's inf * 0, meant
+def test_attention_gradient_of_an_infinite_cotangent_is_nan_where_numpy_s_is(device):
+    """An infinity in a cotangent row makes its D NaN; the keys hidden from it (causal) get NaN in dk,
+    and in dv where the row is infinite, as NumPy's (and torch's math attention) p = 0 times it gives.
+    The key rows skip the query rows hidden from them: they add those products where some D is not
+    finite (the H200 run found CUDA's dk finite there)."""
+    inputs, outputs = [], []
+    for causal in (True, False):
+        q, k, v, g = (sg.input(f"{name}_{causal}", (2, 40, 8)) for name in "qkvg")
+        y = sg.scaled_dot_product_attention(q, k, v, is_causal=causal)
+        inputs += [q, k, v, g]
+        outputs += sg.grad(sg.sum(y * g), [q, k, v])
+    arrays = [RNG.standard_normal((2, 40, 8)).astype(np.float32) for _ in inputs]
+    for at in (3, 7):  # each g
+        arrays[at][0, 1, 0] = np.inf
+        arrays[at][1, 35, 2] = -np.inf
+    f, reference = _functions(inputs, outputs)
+    got, want = f(*arrays), reference(*arrays)
+    for n, (a, b) in enumerate(zip(got, want)):
+        np.testing.assert_array_equal(np.isnan(a), np.isnan(b), err_msg=f"output {n}: NaN where NumPy's is")
+        np.testing.assert_allclose(a[np.isfinite(b)], b[np.isfinite(b)], rtol=1e-4, atol=1e-4, err_msg=f"output {n}")
+    assert np.isnan(got[1][0]).all() and np.isnan(got[2][0, 2:, 0]).all()  # causal dk, dv of the hidden keys
+
+
 def test_lenet_step_matches_numpy(device):
     """benchmarks.cnn's LeNet, an SGD step at batch 2 (two on a GPU): the losses and the trained weights."""
     from dataclasses import replace

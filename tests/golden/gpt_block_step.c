@@ -718,6 +718,810 @@ SG_KERNEL void k106_scatter_add_t182(int64_t d0, const float* restrict ws77, con
 /* ---- translation unit 1 of 2 ---- */
 #if SG_IN_PART(1)
 
+/* t5: f32[8,32] = take[axis=0](transformer.wpe.weight, t4) */
+SG_KERNEL void k2_take_t5(int64_t d0, const float* restrict var1, const int64_t* restrict ws1, float* restrict ws2)
+{
+    const int64_t P = 1, I = 8, Q = 32, R = 8;
+    const float* src = var1;
+    const int64_t* idx = ws1;
+    /* out[p, i, q] = src[p, idx[i], q]: each (p, i) copies one row of Q. An index outside [0, R)
+       (the call checked them; this is only a guard) gives a row of zeros, never a read outside src. */
+    for (int64_t p = 0; p < P; ++p) {
+        for (int64_t i = 0; i < I; ++i) {
+            const int64_t r = (int64_t)idx[i];
+            const int inside = r >= 0 && r < R;
+            const float* row = src + (p * R + (inside ? r : 0)) * Q;
+            float* dst = ws2 + (p * I + i) * Q;
+            for (int64_t q = 0; q < Q; ++q) {
+                dst[q] = inside ? row[q] : 0;
+            }
+        }
+    }
+}
+
+/* t6: f32[B,8,32] = add(t3, t5) */
+/* t7: f32[B,8,1] = sum[axes=(2,), keepdims=True](t6) */
+/* t8: f32[B,8,1] = mul(t7, 1/32) */
+SG_KERNEL void k20_mul_t8(int64_t d0, const float* restrict ws0, const float* restrict ws2, float* restrict ws4)
+{
+    #pragma omp parallel for if((256*d0) >= SG_PARALLEL_MIN)
+    for (int64_t o0 = 0; o0 < d0; ++o0) {
+        for (int64_t o1 = 0; o1 < 8; ++o1) {
+            double acc = 0;
+            #pragma omp simd reduction(+:acc)
+            for (int64_t r0 = 0; r0 < 32; ++r0) {
+                const float v0 = ws0[o0 * 256 + o1 * 32 + r0];  /* t3 */
+                const float v1 = ws2[o1 * 32 + r0];  /* t5 */
+                const float t6 = v0 + v1;  /* t6: f32[B,8,32] = add(t3, t5) */
+                acc += (double)t6;
+            }
+            const float red = (float)(acc);
+            const float ev0 = 0.03125f;  /* 1/32 */
+            const float t8 = red*ev0;  /* t8: f32[B,8,1] = mul(t7, 1/32) */
+            ws4[o0 * 8 + o1] = t8;
+        }
+    }
+}
+
+/* t6: f32[B,8,32] = add(t3, t5) */
+/* t9: f32[B,8,32] = sub(t6, t8) */
+/* t15: f32[B,8,32] = div(t9, t14) */
+/* t16: f32[B,8,32] = mul(t15, transformer.h.0.ln_1.weight) */
+/* t17: f32[B,8,32] = add(t16, transformer.h.0.ln_1.bias) */
+SG_KERNEL void k22_add_t17(int64_t d0, const float* restrict ws0, const float* restrict ws2, const float* restrict ws4, const float* restrict ws5, const float* restrict var2, const float* restrict var3, float* restrict ws6)
+{
+    #pragma omp parallel for if((256*d0) >= SG_PARALLEL_MIN)
+    for (int64_t i0 = 0; i0 < d0; ++i0) {
+        for (int64_t i1 = 0; i1 < 8; ++i1) {
+            for (int64_t i2 = 0; i2 < 32; ++i2) {
+                const float v0 = ws0[i0 * 256 + i1 * 32 + i2];  /* t3 */
+                const float v1 = ws2[i1 * 32 + i2];  /* t5 */
+                const float v2 = ws4[i0 * 8 + i1];  /* t8 */
+                const float v3 = ws5[i0 * 8 + i1];  /* t14 */
+                const float v4 = var2[i2];  /* transformer.h.0.ln_1.weight */
+                const float v5 = var3[i2];  /* transformer.h.0.ln_1.bias */
+                const float t6 = v0 + v1;  /* t6: f32[B,8,32] = add(t3, t5) */
+                const float t9 = t6 - v2;  /* t9: f32[B,8,32] = sub(t6, t8) */
+                const float t15 = t9/v3;  /* t15: f32[B,8,32] = div(t9, t14) */
+                const float t16 = t15*v4;  /* t16: f32[B,8,32] = mul(t15, transformer.h.0.ln_1.weight) */
+                const float t17 = t16 + v5;  /* t17: f32[B,8,32] = add(t16, transformer.h.0.ln_1.bias) */
+                ws6[i0 * 256 + i1 * 32 + i2] = t17;
+            }
+        }
+    }
+}
+
+/* t20: f32[8*B,96] = matmul(t18, t19) */
+/* t21: f32[8*B,96] = add(t20, transformer.h.0.attn.c_attn.bias) */
+/* What k24_add_t21's epilogue reads (Dims, operands) and the product it finishes in place. */
+typedef struct {
+    int64_t d0;
+    const float* var5;
+    float* ws8;
+} k24_add_t21_args;
+
+/* k24_add_t21's fused epilogue: the GEMM calls it on each block [i0, i0 + rows) x [j0, j0 + cols)
+   of the product once that block holds its final sums (after the last K chunk), while the block is
+   still in cache; each element goes through the fused nodes and the result overwrites it. */
+static void k24_add_t21_epilogue(const void* p, int64_t i0, int64_t j0, int64_t rows, int64_t cols)
+{
+    const k24_add_t21_args* args = p;
+    const int64_t d0 = args->d0;
+    const float* restrict var5 = args->var5;
+    float* restrict ws8 = args->ws8;
+    for (int64_t row = i0; row < i0 + rows; ++row) {
+        for (int64_t col = j0; col < j0 + cols; ++col) {
+            const float prod = ws8[row * 96 + col];  /* t20: f32[8*B,96] = matmul(t18, t19) */
+            const float v0 = var5[col];  /* transformer.h.0.attn.c_attn.bias */
+            const float t21 = prod + v0;  /* t21: f32[8*B,96] = add(t20, transformer.h.0.attn.c_attn.bias) */
+            ws8[row * 96 + col] = t21;
+        }
+    }
+}
+
+SG_KERNEL void k24_add_t21(int64_t d0, const float* restrict ws6, const float* restrict var4, const float* restrict var5, float* restrict ws8, sg_context* context)
+{
+    const k24_add_t21_args args = { d0, var5, ws8 };
+    const sg_epilogue epilogue = { k24_add_t21_epilogue, &args };
+    /* a[8*d0 x 32] read with strides (32, 1), b[32 x 96] with (1, 32):
+       a transposed operand is only a change of strides. */
+    /* Its buffers in the runtime's scratch region (context->scratch, sized by symgrad_scratch_bytes);
+       context->status: the GEMM's, for the entry point to check */
+    context->status = sg_gemm_f32(8*d0, 96, 32,
+        ws6, 32, 1,
+        var4, 1, 32,
+        ws8, context, &epilogue, context->scratch);
+}
+
+/* t36: f32[8*B,32] = matmul(t34, t35) */
+/* t37: f32[8*B,32] = add(t36, transformer.h.0.attn.c_proj.bias) */
+/* What k26_add_t37's epilogue reads (Dims, operands) and the product it finishes in place. */
+typedef struct {
+    int64_t d0;
+    const float* var7;
+    float* ws12;
+} k26_add_t37_args;
+
+/* k26_add_t37's fused epilogue: the GEMM calls it on each block [i0, i0 + rows) x [j0, j0 + cols)
+   of the product once that block holds its final sums (after the last K chunk), while the block is
+   still in cache; each element goes through the fused nodes and the result overwrites it. */
+static void k26_add_t37_epilogue(const void* p, int64_t i0, int64_t j0, int64_t rows, int64_t cols)
+{
+    const k26_add_t37_args* args = p;
+    const int64_t d0 = args->d0;
+    const float* restrict var7 = args->var7;
+    float* restrict ws12 = args->ws12;
+    for (int64_t row = i0; row < i0 + rows; ++row) {
+        for (int64_t col = j0; col < j0 + cols; ++col) {
+            const float prod = ws12[row * 32 + col];  /* t36: f32[8*B,32] = matmul(t34, t35) */
+            const float v0 = var7[col];  /* transformer.h.0.attn.c_proj.bias */
+            const float t37 = prod + v0;  /* t37: f32[8*B,32] = add(t36, transformer.h.0.attn.c_proj.bias) */
+            ws12[row * 32 + col] = t37;
+        }
+    }
+}
+
+SG_KERNEL void k26_add_t37(int64_t d0, const float* restrict ws9, const float* restrict var6, const float* restrict var7, float* restrict ws12, sg_context* context)
+{
+    const k26_add_t37_args args = { d0, var7, ws12 };
+    const sg_epilogue epilogue = { k26_add_t37_epilogue, &args };
+    /* a[8*d0 x 32] read with strides (32, 1), b[32 x 32] with (1, 32):
+       a transposed operand is only a change of strides. */
+    /* Its buffers in the runtime's scratch region (context->scratch, sized by symgrad_scratch_bytes);
+       context->status: the GEMM's, for the entry point to check */
+    context->status = sg_gemm_f32(8*d0, 32, 32,
+        ws9, 32, 1,
+        var6, 1, 32,
+        ws12, context, &epilogue, context->scratch);
+}
+
+/* t6: f32[B,8,32] = add(t3, t5) */
+/* t39: f32[B,8,32] = add(t6, t38) */
+/* t42: f32[B,8,32] = sub(t39, t41) */
+SG_KERNEL void k28_sub_t42(int64_t d0, const float* restrict ws0, const float* restrict ws2, const float* restrict ws12, const float* restrict ws13, float* restrict ws14)
+{
+    #pragma omp parallel for if((256*d0) >= SG_PARALLEL_MIN)
+    for (int64_t i0 = 0; i0 < d0; ++i0) {
+        for (int64_t i1 = 0; i1 < 8; ++i1) {
+            for (int64_t i2 = 0; i2 < 32; ++i2) {
+                const float v0 = ws0[i0 * 256 + i1 * 32 + i2];  /* t3 */
+                const float v1 = ws2[i1 * 32 + i2];  /* t5 */
+                const float v2 = ws12[i0 * 256 + i1 * 32 + i2];  /* t38 */
+                const float v3 = ws13[i0 * 8 + i1];  /* t41 */
+                const float t6 = v0 + v1;  /* t6: f32[B,8,32] = add(t3, t5) */
+                const float t39 = t6 + v2;  /* t39: f32[B,8,32] = add(t6, t38) */
+                const float t42 = t39 - v3;  /* t42: f32[B,8,32] = sub(t39, t41) */
+                ws14[i0 * 256 + i1 * 32 + i2] = t42;
+            }
+        }
+    }
+}
+
+/* Also called for k57_gelu_t232, the same code on their buffers */
+/* t56: f32[B,8,128] = gelu(t55) */
+SG_KERNEL SG_MATH_LOOP void k32_gelu_t56(int64_t d0, const float* restrict ws17, float* restrict ws18)
+{
+    #pragma omp parallel for if((1024*d0) >= SG_PARALLEL_MIN)
+    for (int64_t i0 = 0; i0 < 1024*d0; ++i0) {
+        const float v0 = ws17[i0];  /* t55 */
+        const float t56 = (1.0f/2.0f)*v0*(sg_erff(0.70710677f*v0) + 1.0f);  /* t56: f32[B,8,128] = gelu(t55) */
+        ws18[i0] = t56;
+    }
+}
+
+/* t59: f32[8*B,32] = matmul(t57, t58) */
+/* t60: f32[8*B,32] = add(t59, transformer.h.0.mlp.c_proj.bias) */
+/* What k33_add_t60's epilogue reads (Dims, operands) and the product it finishes in place. */
+typedef struct {
+    int64_t d0;
+    const float* var13;
+    float* ws19;
+} k33_add_t60_args;
+
+/* k33_add_t60's fused epilogue: the GEMM calls it on each block [i0, i0 + rows) x [j0, j0 + cols)
+   of the product once that block holds its final sums (after the last K chunk), while the block is
+   still in cache; each element goes through the fused nodes and the result overwrites it. */
+static void k33_add_t60_epilogue(const void* p, int64_t i0, int64_t j0, int64_t rows, int64_t cols)
+{
+    const k33_add_t60_args* args = p;
+    const int64_t d0 = args->d0;
+    const float* restrict var13 = args->var13;
+    float* restrict ws19 = args->ws19;
+    for (int64_t row = i0; row < i0 + rows; ++row) {
+        for (int64_t col = j0; col < j0 + cols; ++col) {
+            const float prod = ws19[row * 32 + col];  /* t59: f32[8*B,32] = matmul(t57, t58) */
+            const float v0 = var13[col];  /* transformer.h.0.mlp.c_proj.bias */
+            const float t60 = prod + v0;  /* t60: f32[8*B,32] = add(t59, transformer.h.0.mlp.c_proj.bias) */
+            ws19[row * 32 + col] = t60;
+        }
+    }
+}
+
+SG_KERNEL void k33_add_t60(int64_t d0, const float* restrict ws18, const float* restrict var12, const float* restrict var13, float* restrict ws19, sg_context* context)
+{
+    const k33_add_t60_args args = { d0, var13, ws19 };
+    const sg_epilogue epilogue = { k33_add_t60_epilogue, &args };
+    /* a[8*d0 x 128] read with strides (128, 1), b[128 x 32] with (1, 128):
+       a transposed operand is only a change of strides. */
+    /* Its buffers in the runtime's scratch region (context->scratch, sized by symgrad_scratch_bytes);
+       context->status: the GEMM's, for the entry point to check */
+    context->status = sg_gemm_f32(8*d0, 32, 128,
+        ws18, 128, 1,
+        var12, 1, 128,
+        ws19, context, &epilogue, context->scratch);
+}
+
+/* t6: f32[B,8,32] = add(t3, t5) */
+/* t39: f32[B,8,32] = add(t6, t38) */
+/* t62: f32[B,8,32] = add(t39, t61) */
+/* t63: f32[B,8,1] = sum[axes=(2,), keepdims=True](t62) */
+/* t64: f32[B,8,1] = mul(t63, 1/32) */
+SG_KERNEL void k34_mul_t64(int64_t d0, const float* restrict ws0, const float* restrict ws2, const float* restrict ws12, const float* restrict ws19, float* restrict ws20)
+{
+    #pragma omp parallel for if((256*d0) >= SG_PARALLEL_MIN)
+    for (int64_t o0 = 0; o0 < d0; ++o0) {
+        for (int64_t o1 = 0; o1 < 8; ++o1) {
+            double acc = 0;
+            #pragma omp simd reduction(+:acc)
+            for (int64_t r0 = 0; r0 < 32; ++r0) {
+                const float v0 = ws0[o0 * 256 + o1 * 32 + r0];  /* t3 */
+                const float v1 = ws2[o1 * 32 + r0];  /* t5 */
+                const float v2 = ws12[o0 * 256 + o1 * 32 + r0];  /* t38 */
+                const float v3 = ws19[o0 * 256 + o1 * 32 + r0];  /* t61 */
+                const float t6 = v0 + v1;  /* t6: f32[B,8,32] = add(t3, t5) */
+                const float t39 = t6 + v2;  /* t39: f32[B,8,32] = add(t6, t38) */
+                const float t62 = t39 + v3;  /* t62: f32[B,8,32] = add(t39, t61) */
+                acc += (double)t62;
+            }
+            const float red = (float)(acc);
+            const float ev0 = 0.03125f;  /* 1/32 */
+            const float t64 = red*ev0;  /* t64: f32[B,8,1] = mul(t63, 1/32) */
+            ws20[o0 * 8 + o1] = t64;
+        }
+    }
+}
+
+/* t6: f32[B,8,32] = add(t3, t5) */
+/* t39: f32[B,8,32] = add(t6, t38) */
+/* t62: f32[B,8,32] = add(t39, t61) */
+/* t65: f32[B,8,32] = sub(t62, t64) */
+SG_KERNEL void k35_sub_t65(int64_t d0, const float* restrict ws0, const float* restrict ws2, const float* restrict ws12, const float* restrict ws19, const float* restrict ws20, float* restrict ws21)
+{
+    #pragma omp parallel for if((256*d0) >= SG_PARALLEL_MIN)
+    for (int64_t i0 = 0; i0 < d0; ++i0) {
+        for (int64_t i1 = 0; i1 < 8; ++i1) {
+            for (int64_t i2 = 0; i2 < 32; ++i2) {
+                const float v0 = ws0[i0 * 256 + i1 * 32 + i2];  /* t3 */
+                const float v1 = ws2[i1 * 32 + i2];  /* t5 */
+                const float v2 = ws12[i0 * 256 + i1 * 32 + i2];  /* t38 */
+                const float v3 = ws19[i0 * 256 + i1 * 32 + i2];  /* t61 */
+                const float v4 = ws20[i0 * 8 + i1];  /* t64 */
+                const float t6 = v0 + v1;  /* t6: f32[B,8,32] = add(t3, t5) */
+                const float t39 = t6 + v2;  /* t39: f32[B,8,32] = add(t6, t38) */
+                const float t62 = t39 + v3;  /* t62: f32[B,8,32] = add(t39, t61) */
+                const float t65 = t62 - v4;  /* t65: f32[B,8,32] = sub(t62, t64) */
+                ws21[i0 * 256 + i1 * 32 + i2] = t65;
+            }
+        }
+    }
+}
+
+/* t109: f32[64,32] = matmul(t104, t108) */
+SG_KERNEL void k42_matmul_t109(int64_t d0, const float* restrict ws28, const float* restrict ws29, float* restrict ws30, sg_context* context)
+{
+    /* a[64 x 8*d0] read with strides (1, 64), b[8*d0 x 32] with (32, 1):
+       a transposed operand is only a change of strides. */
+    /* Its buffers in the runtime's scratch region (context->scratch, sized by symgrad_scratch_bytes);
+       context->status: the GEMM's, for the entry point to check */
+    context->status = sg_gemm_f32(64, 32, 8*d0,
+        ws28, 1, 64,
+        ws29, 32, 1,
+        ws30, context, NULL, context->scratch);
+}
+
+/* Also called for 9 more kernels (k50_adam_param_t323, ...) on their buffers and element counts, each named at its call */
+/* t325: f64[] = param_groups.1.lr/(1 - 0.9**t324) */
+/* t326: f32[] = cast(t325) */
+/* t330: f64[] = sqrt(1 - 0.95**t324) */
+/* t331: f32[] = cast(t330) */
+/* t328: f32[32] = (0.09999999999999998)*(t327 - transformer.ln_f.bias.exp_avg) + transformer.ln_f.bias.exp_avg */
+/* t329: f32[32] = 0.05*t327**2 + 0.95*transformer.ln_f.bias.exp_avg_sq */
+/* t332: f32[32] = -t326*t328/(sqrt(t329)/t331 + 1.0e-8) + transformer.ln_f.bias */
+SG_KERNEL void k45_adam_param_t332(int64_t d0, const double* restrict var35, const double* restrict var63, float* restrict var64, const float* restrict ws32, float* restrict var65, float* restrict var15, int64_t n)
+{
+    for (int64_t i0 = 0; i0 < n; ++i0) {
+        const double v0 = var35[0];  /* param_groups.1.lr */
+        const double v1 = var63[0];  /* t324 */
+        const float v2 = var64[i0];  /* transformer.ln_f.bias.exp_avg */
+        const float v3 = ws32[i0];  /* t327 */
+        const float v4 = 0.1f;  /* 0.09999999999999998 */
+        const float v5 = var65[i0];  /* transformer.ln_f.bias.exp_avg_sq */
+        const float v6 = var15[i0];  /* transformer.ln_f.bias */
+        const double t325 = v0/(1.0 - pow(0.9, v1));  /* t325: f64[] = param_groups.1.lr/(1 - 0.9**t324) */
+        const float t326 = (float)(t325);  /* t326: f32[] = cast(t325) */
+        const double t330 = sqrt(1.0 - pow(0.95, v1));  /* t330: f64[] = sqrt(1 - 0.95**t324) */
+        const float t331 = (float)(t330);  /* t331: f32[] = cast(t330) */
+        const float t328 = v2 + v4*(-v2 + v3);  /* t328: f32[32] = (0.09999999999999998)*(t327 - transformer.ln_f.bias.exp_avg) + transformer.ln_f.bias.exp_avg */
+        const float t329 = 0.95f*v5 + 0.05f*((v3)*(v3));  /* t329: f32[32] = 0.05*t327**2 + 0.95*transformer.ln_f.bias.exp_avg_sq */
+        const float t332 = v6 - t326*t328/(sqrtf(t329)/t331 + 1.0e-08f);  /* t332: f32[32] = -t326*t328/(sqrt(t329)/t331 + 1.0e-8) + transformer.ln_f.bias */
+        var15[i0] = t332;
+        var64[i0] = t328;
+        var65[i0] = t329;
+    }
+}
+
+/* Also called for k65_simplified_t131, the same code on their buffers */
+/* t112: f32[B,8,32] = mul(t111, transformer.ln_f.weight) */
+/* t115: f32[B,8,32] = t112/t70 + t114*t65/(32*t70) */
+SG_KERNEL void k47_simplified_t115(int64_t d0, const float* restrict ws31, const float* restrict var14, const float* restrict ws22, const float* restrict ws33, const float* restrict ws21, float* restrict ws34)
+{
+    #pragma omp parallel for if((256*d0) >= SG_PARALLEL_MIN)
+    for (int64_t i0 = 0; i0 < 8*d0; ++i0) {
+        for (int64_t i1 = 0; i1 < 32; ++i1) {
+            const float v0 = ws31[i0 * 32 + i1];  /* t111 */
+            const float v1 = var14[i1];  /* transformer.ln_f.weight */
+            const float v2 = ws22[i0];  /* t70 */
+            const float v3 = ws33[i0];  /* t114 */
+            const float v4 = ws21[i0 * 32 + i1];  /* t65 */
+            const float t112 = v0*v1;  /* t112: f32[B,8,32] = mul(t111, transformer.ln_f.weight) */
+            const float t115 = t112/v2 + (1.0f/32.0f)*v3*v4/v2;  /* t115: f32[B,8,32] = t112/t70 + t114*t65/(32*t70) */
+            ws34[i0 * 32 + i1] = t115;
+        }
+    }
+}
+
+/* Also called for k66_mul_t280, the same code on their buffers */
+/* t105: f32[B,8,32] = div(t65, t70) */
+/* t317: f32[B,8,32] = mul(t111, t105) */
+SG_KERNEL void k48_mul_t317(int64_t d0, const float* restrict ws21, const float* restrict ws22, const float* restrict ws31, float* restrict ws35)
+{
+    #pragma omp parallel for if((256*d0) >= SG_PARALLEL_MIN)
+    for (int64_t i0 = 0; i0 < 8*d0; ++i0) {
+        for (int64_t i1 = 0; i1 < 32; ++i1) {
+            const float v0 = ws21[i0 * 32 + i1];  /* t65 */
+            const float v1 = ws22[i0];  /* t70 */
+            const float v2 = ws31[i0 * 32 + i1];  /* t111 */
+            const float t105 = v0/v1;  /* t105: f32[B,8,32] = div(t65, t70) */
+            const float t317 = v2*t105;  /* t317: f32[B,8,32] = mul(t111, t105) */
+            ws35[i0 * 32 + i1] = t317;
+        }
+    }
+}
+
+/* Also called for 2 more kernels (k73_mul_t134, ...) on their buffers, each named at its call */
+/* t116: f32[B,8,1] = sum[axes=(2,), keepdims=True](t115) */
+/* t117: f32[B,8,1] = mul(t116, -0.03125) */
+SG_KERNEL void k51_mul_t117(int64_t d0, const float* restrict ws34, float* restrict ws37)
+{
+    #pragma omp parallel for if((256*d0) >= SG_PARALLEL_MIN)
+    for (int64_t o0 = 0; o0 < 8*d0; ++o0) {
+        double acc = 0;
+        #pragma omp simd reduction(+:acc)
+        for (int64_t r0 = 0; r0 < 32; ++r0) {
+            acc += (double)ws34[o0 * 32 + r0];
+        }
+        const float red = (float)(acc);
+        const float ev0 = (-0.03125f);  /* -0.03125 */
+        const float t117 = red*ev0;  /* t117: f32[B,8,1] = mul(t116, -0.03125) */
+        ws37[o0] = t117;
+    }
+}
+
+/* t118: f32[B,8,32] = add(t115, t117) */
+SG_KERNEL void k52_add_t118(int64_t d0, const float* restrict ws34, const float* restrict ws37, float* restrict ws38)
+{
+    #pragma omp parallel for if((256*d0) >= SG_PARALLEL_MIN)
+    for (int64_t i0 = 0; i0 < 8*d0; ++i0) {
+        for (int64_t i1 = 0; i1 < 32; ++i1) {
+            const float v0 = ws34[i0 * 32 + i1];  /* t115 */
+            const float v1 = ws37[i0];  /* t117 */
+            const float t118 = v0 + v1;  /* t118: f32[B,8,32] = add(t115, t117) */
+            ws38[i0 * 32 + i1] = t118;
+        }
+    }
+}
+
+/* t120: f32[8*B,128] = matmul(t119, transformer.h.0.mlp.c_proj.weight) */
+SG_KERNEL void k55_matmul_t120(int64_t d0, const float* restrict ws38, const float* restrict var12, float* restrict ws40, sg_context* context)
+{
+    /* a[8*d0 x 32] read with strides (32, 1), b[32 x 128] with (128, 1):
+       a transposed operand is only a change of strides. */
+    /* Its buffers in the runtime's scratch region (context->scratch, sized by symgrad_scratch_bytes);
+       context->status: the GEMM's, for the entry point to check */
+    context->status = sg_gemm_f32(8*d0, 128, 32,
+        ws38, 32, 1,
+        var12, 128, 1,
+        ws40, context, NULL, context->scratch);
+}
+
+/* t122: f32[B,8,128] = sqrt(2)*t55*exp(-t55**2/2)/(2*sqrt(pi)) + Piecewise((0, t55 < 0), (1, True)) + Piecewise((1, t55 < 0), (-1, True))*erfc(sqrt(2)*Abs(t55)/2)/2 */
+/* t123: f32[B,8,128] = mul(t121, t122) */
+SG_KERNEL SG_MATH_LOOP void k56_mul_t123(int64_t d0, const float* restrict ws17, const float* restrict ws40, float* restrict ws41)
+{
+    #pragma omp parallel for if((1024*d0) >= SG_PARALLEL_MIN)
+    for (int64_t i0 = 0; i0 < 1024*d0; ++i0) {
+        const float v0 = ws17[i0];  /* t55 */
+        const float v1 = ws40[i0];  /* t121 */
+        const float t122 = 0.3989423f*(v0*sg_expf(-1.0f/2.0f*((v0)*(v0)))) + (((v0 < 0.0f)) ? (0.0f) : (1.0f)) + (1.0f/2.0f)*(((v0 < 0.0f)) ? (1.0f) : ((-1.0f)))*sg_erfcf(0.70710677f*fabsf(v0));  /* t122: f32[B,8,128] = sqrt(2)*t55*exp(-t55**2/2)/(2*sqrt(pi)) + Piecewise((0, t55 < 0), (1, True)) + Piecewise((1, t55 < 0), (-1, True))*erfc(sqrt(2)*Abs(t55)/2)/2 */
+        const float t123 = v1*t122;  /* t123: f32[B,8,128] = mul(t121, t122) */
+        ws41[i0] = t123;
+    }
+}
+
+/* Also called for 4 more kernels (k70_adam_param_t226, ...) on their buffers and element counts, each named at its call */
+/* t91: f64[] = 1 - 0.1*lr */
+/* t92: f32[] = cast(t91) */
+/* t227: f32[32,128] = mul(transformer.h.0.mlp.c_proj.weight, t92) */
+/* t229: f64[] = lr/(1 - 0.9**t228) */
+/* t230: f32[] = cast(t229) */
+/* t237: f64[] = sqrt(1 - 0.95**t228) */
+/* t238: f32[] = cast(t237) */
+/* t235: f32[32,128] = (0.09999999999999998)*(t234 - transformer.h.0.mlp.c_proj.weight.exp_avg) + transformer.h.0.mlp.c_proj.weight.exp_avg */
+/* t236: f32[32,128] = 0.05*t234**2 + 0.95*transformer.h.0.mlp.c_proj.weight.exp_avg_sq */
+/* t239: f32[32,128] = t227 - t230*t235/(sqrt(t236)/t238 + 1.0e-8) */
+SG_KERNEL void k59_adam_param_t239(int64_t d0, const double* restrict var16, float* restrict var12, const double* restrict var32, float* restrict var33, const float* restrict ws43, float* restrict var34, int64_t n)
+{
+    for (int64_t i0 = 0; i0 < n; ++i0) {
+        const double v0 = var16[0];  /* lr */
+        const float v1 = var12[i0];  /* transformer.h.0.mlp.c_proj.weight */
+        const double v2 = var32[0];  /* t228 */
+        const float v3 = var33[i0];  /* transformer.h.0.mlp.c_proj.weight.exp_avg */
+        const float v4 = ws43[i0];  /* t234 */
+        const float v5 = 0.1f;  /* 0.09999999999999998 */
+        const float v6 = var34[i0];  /* transformer.h.0.mlp.c_proj.weight.exp_avg_sq */
+        const double t91 = 1.0 + (-0.1)*v0;  /* t91: f64[] = 1 - 0.1*lr */
+        const float t92 = (float)(t91);  /* t92: f32[] = cast(t91) */
+        const float t227 = v1*t92;  /* t227: f32[32,128] = mul(transformer.h.0.mlp.c_proj.weight, t92) */
+        const double t229 = v0/(1.0 - pow(0.9, v2));  /* t229: f64[] = lr/(1 - 0.9**t228) */
+        const float t230 = (float)(t229);  /* t230: f32[] = cast(t229) */
+        const double t237 = sqrt(1.0 - pow(0.95, v2));  /* t237: f64[] = sqrt(1 - 0.95**t228) */
+        const float t238 = (float)(t237);  /* t238: f32[] = cast(t237) */
+        const float t235 = v3 + v5*(-v3 + v4);  /* t235: f32[32,128] = (0.09999999999999998)*(t234 - transformer.h.0.mlp.c_proj.weight.exp_avg) + transformer.h.0.mlp.c_proj.weight.exp_avg */
+        const float t236 = 0.95f*v6 + 0.05f*((v4)*(v4));  /* t236: f32[32,128] = 0.05*t234**2 + 0.95*transformer.h.0.mlp.c_proj.weight.exp_avg_sq */
+        const float t239 = t227 - t230*t235/(sqrtf(t236)/t238 + 1.0e-08f);  /* t239: f32[32,128] = t227 - t230*t235/(sqrt(t236)/t238 + 1.0e-8) */
+        var12[i0] = t239;
+        var33[i0] = t235;
+        var34[i0] = t236;
+    }
+}
+
+/* t125: f32[8*B,32] = matmul(t124, transformer.h.0.mlp.c_fc.weight) */
+SG_KERNEL void k62_matmul_t125(int64_t d0, const float* restrict ws41, const float* restrict var10, float* restrict ws45, sg_context* context)
+{
+    /* a[8*d0 x 128] read with strides (128, 1), b[128 x 32] with (32, 1):
+       a transposed operand is only a change of strides. */
+    /* Its buffers in the runtime's scratch region (context->scratch, sized by symgrad_scratch_bytes);
+       context->status: the GEMM's, for the entry point to check */
+    context->status = sg_gemm_f32(8*d0, 32, 128,
+        ws41, 128, 1,
+        var10, 32, 1,
+        ws45, context, NULL, context->scratch);
+}
+
+/* t207: f32[32,32] = matmul(t206, t34) */
+SG_KERNEL void k77_matmul_t207(int64_t d0, const float* restrict ws54, const float* restrict ws9, float* restrict ws56, sg_context* context)
+{
+    /* a[32 x 8*d0] read with strides (1, 32), b[8*d0 x 32] with (32, 1):
+       a transposed operand is only a change of strides. */
+    /* Its buffers in the runtime's scratch region (context->scratch, sized by symgrad_scratch_bytes);
+       context->status: the GEMM's, for the entry point to check */
+    context->status = sg_gemm_f32(32, 32, 8*d0,
+        ws54, 1, 32,
+        ws9, 32, 1,
+        ws56, context, NULL, context->scratch);
+}
+
+/* Row r < rows of the tile i0...: D = g . out (which is sum_j p_j (g . v_j)) into d[r], and m[r],
+   l[r], the row's softmax: as the forward stored them in stats (m, then 1 / l). */
+static inline void k79_attention_grad_t140_rows(int64_t rows, int64_t i0, const float* gh, int64_t g_row, const float* oh,
+        int64_t o_row, const float* stats, int64_t H, int64_t h, int64_t T,
+        float* m, float* l, float* d)
+{
+    enum { E = 16 };
+    for (int64_t r = 0; r < rows; ++r) {
+        const float* gi = gh + (i0 + r) * g_row;
+        const float* oi = oh + (i0 + r) * o_row;
+        float row = 0;
+        for (int64_t e = 0; e < E; ++e) {
+            row += gi[e] * oi[e];
+        }
+        m[r] = stats[h * T + i0 + r];
+        l[r] = stats[(H + h) * T + i0 + r];
+        /* g . out is sum_j p_j (g . v_j) while finite; where it is not, torch's ds are NaN: row - row
+           is 0, or NaN for an infinity (no select: the loop stays as short as it was) */
+        d[r] = row + (row - row);
+    }
+}
+
+/* Key j is hidden from the rows i < j, whose p_ij is 0. torch's math attention multiplies that 0 in:
+   p_ij (g_i . v_j - D_i) q_i into dk_j and p_ij g_i into dv_j, NaN where D_i or g_i is not finite
+   (an infinity in the cotangent), for every later key. The tiles visit only the keys their rows see;
+   where some row's D is not finite, this sweep adds those products of 0 to the later keys (0 or NaN:
+   the keys' finite sums are unchanged). */
+static void k79_attention_grad_t140_hidden(int64_t T, const float* qh, int64_t q_row, const float* gh, int64_t g_row,
+        const float* oh, int64_t o_row, float* dk, float* dv)
+{
+    enum { E = 16 };
+    float zk[E], zv[E];  /* over the rows before key j: the sums of 0 (D_i q_i) and 0 g_i */
+    for (int64_t e = 0; e < E; ++e) {
+        zk[e] = 0;
+        zv[e] = 0;
+    }
+    for (int64_t j = 0; j < T; ++j) {
+        for (int64_t e = 0; e < E; ++e) {
+            dk[j * E + e] += zk[e];
+            dv[j * E + e] += zv[e];
+        }
+        const float* gj = gh + j * g_row;
+        const float* oj = oh + j * o_row;
+        const float* qj = qh + j * q_row;
+        float row = 0;
+        for (int64_t e = 0; e < E; ++e) {
+            row += gj[e] * oj[e];
+        }
+        const float zero = row - row;  /* 0, or NaN where D_j is not finite */
+        for (int64_t e = 0; e < E; ++e) {
+            zk[e] += zero * qj[e];
+            zv[e] += 0 * gj[e];
+        }
+    }
+}
+
+/* For the tile's rows i0... and the block's n keys from j0: p = exp(s - m) / l, from the scores
+   (q_i . k_j) in scores, and ds = p (g . v - D) scale, from g_i . v_j in ds, each in place. */
+static inline void k79_attention_grad_t140_ds(int64_t rows, int64_t n, int64_t i0, int64_t j0, const float* m, const float* l,
+        const float* d, float (*scores)[SG_KEY_BLOCK], float (*ds)[SG_KEY_BLOCK])
+{
+    const float scale = 0.25f;
+    for (int64_t r = 0; r < rows; ++r) {
+        const int64_t i = i0 + r;
+        const float top = m[r], inverse = l[r];
+        float* s = scores[r];
+        for (int64_t jj = 0; jj < n; ++jj) {
+            s[jj] = j0 + jj <= i ? s[jj] * scale : -INFINITY;
+            s[jj] = sg_expf(s[jj] - top) * inverse;
+            ds[r][jj] = s[jj] * (ds[r][jj] - d[r]) * scale;
+        }
+    }
+}
+
+/* t140: f32[3,B,2,8,16] = attention_grad[causal=True, scale=0.25](t25, t28, t31, t32, t139) */
+SG_KERNEL void k79_attention_grad_t140(int64_t d0, const float* restrict ws8, const float* restrict ws9, const float* restrict ws57, const float* restrict ws11, float* restrict ws58, float* restrict ws59, float* restrict ws60)
+{
+    /* attention_grad over H heads of T rows of E = 16 elements; causal: row i sees keys j <= i */
+    enum { E = 16 };
+    const int64_t H = (2*d0), T = 8, tiles = (T + SG_ROW_TILE - 1) / SG_ROW_TILE;
+    float* kt = ws59;  /* k transposed per head: H x E x T */
+    #pragma omp parallel for if(H * T * E >= SG_PARALLEL_MIN)
+    for (int64_t h = 0; h < H; ++h) {
+        const int64_t n0 = h / 2;
+        const int64_t n1 = h % 2;
+        const float* kh = ws8 + n0 * 768 + n1 * 16 + 32;  /* t28, head h */
+        const int64_t k_row = 96;
+
+        sg_attention_transpose_f32(T, E, kh, k_row, kt + h * E * T);
+    }
+    float* vt = ws60;  /* v transposed per head: H x E x T */
+    #pragma omp parallel for if(H * T * E >= SG_PARALLEL_MIN)
+    for (int64_t h = 0; h < H; ++h) {
+        const int64_t n0 = h / 2;
+        const int64_t n1 = h % 2;
+        const float* vh = ws8 + n0 * 768 + n1 * 16 + 64;  /* t31, head h */
+        const int64_t v_row = 96;
+
+        sg_attention_transpose_f32(T, E, vh, v_row, vt + h * E * T);
+    }
+    /* out = [dq, dk, dv], each H x T x E. A thread takes whole heads: no two add into one row. */
+    #pragma omp parallel for schedule(dynamic) if(H > 1 && H * T * T * E >= SG_PARALLEL_MIN)
+    for (int64_t h = 0; h < H; ++h) {
+        const int64_t n0 = h / 2;
+        const int64_t n1 = h % 2;
+        const float* qh = ws8 + n0 * 768 + n1 * 16;  /* t25, head h */
+        const int64_t q_row = 96;
+        const float* kh = ws8 + n0 * 768 + n1 * 16 + 32;  /* t28, head h */
+        const int64_t k_row = 96;
+        const float* oh = ws9 + n0 * 256 + n1 * 16;  /* t32, head h */
+        const int64_t o_row = 32;
+        const float* gh = ws57 + n0 * 256 + n1 * 16;  /* t139, head h */
+        const int64_t g_row = 32;
+
+        float* dq = ws58 + h * T * E;
+        float* dk = ws58 + (H + h) * T * E;
+        float* dv = ws58 + (2 * H + h) * T * E;
+        const float* kth = kt + h * E * T;
+        const float* vth = vt + h * E * T;
+        memset(dq, 0, (size_t)(T * E) * sizeof(float));
+        memset(dk, 0, (size_t)(T * E) * sizeof(float));
+        memset(dv, 0, (size_t)(T * E) * sizeof(float));
+        float hidden = 0;  /* 0, or NaN once a row's D is not finite (see k79_attention_grad_t140_hidden) */
+        for (int64_t tile = 0; tile < tiles; ++tile) {
+            const int64_t i0 = tile * SG_ROW_TILE, rows = T - i0 < SG_ROW_TILE ? T - i0 : SG_ROW_TILE;
+            const int64_t keys = i0 + rows;
+            /* per row: the softmax as the forward found it (m, the largest score; l, then 1 / l, the
+               sum of exp(s - m)), and D = g . out, which is sum_j p_j (g . v_j) */
+            float m[SG_ROW_TILE], l[SG_ROW_TILE], d[SG_ROW_TILE];
+            float scores[SG_ROW_TILE][SG_KEY_BLOCK], ds[SG_ROW_TILE][SG_KEY_BLOCK];
+            k79_attention_grad_t140_rows(rows, i0, gh, g_row, oh, o_row, ws11, H, h, T, m, l, d);
+            for (int64_t r = 0; r < rows; ++r) {
+                hidden += d[r] - d[r];
+            }
+            for (int64_t j0 = 0; j0 < keys; j0 += SG_KEY_BLOCK) {
+                const int64_t n = keys - j0 < SG_KEY_BLOCK ? keys - j0 : SG_KEY_BLOCK;
+                /* p = exp(s - m) / l and ds = p (g . v - D) scale for the tile's rows and the block's keys */
+                sg_attention_product_f32(rows, n, E, qh + i0 * q_row, q_row, 1, kth + j0, T, &scores[0][0], SG_KEY_BLOCK, 0);
+                sg_attention_product_f32(rows, n, E, gh + i0 * g_row, g_row, 1, vth + j0, T, &ds[0][0], SG_KEY_BLOCK, 0);
+                k79_attention_grad_t140_ds(rows, n, i0, j0, m, l, d, scores, ds);
+                /* dq_i += sum_j ds_ij k_j;  dv_j += sum_i p_ij g_i;  dk_j += sum_i ds_ij q_i */
+                sg_attention_product_f32(rows, E, n, &ds[0][0], SG_KEY_BLOCK, 1, kh + j0 * k_row, k_row, dq + i0 * E, E, 1);
+                sg_attention_product_f32(n, E, rows, &scores[0][0], 1, SG_KEY_BLOCK, gh + i0 * g_row, g_row, dv + j0 * E, E, 1);
+                sg_attention_product_f32(n, E, rows, &ds[0][0], 1, SG_KEY_BLOCK, qh + i0 * q_row, q_row, dk + j0 * E, E, 1);
+            }
+        }
+        if (hidden != hidden) {  /* a row's D is not finite: torch's products of 0 with the keys it does not see */
+            k79_attention_grad_t140_hidden(T, qh, q_row, gh, g_row, oh, o_row, dk, dv);
+        }
+    }
+}
+
+/* make contiguous for a reshape: t143: f32[B,8,2,16] = transpose[perm=(0,2,1,3)](t142) */
+SG_KERNEL void k80_copy(int64_t d0, const float* restrict ws58, float* restrict ws61)
+{
+    #pragma omp parallel for if((256*d0) >= SG_PARALLEL_MIN)
+    for (int64_t i0 = 0; i0 < d0; ++i0) {
+        for (int64_t i1 = 0; i1 < 8; ++i1) {
+            for (int64_t i2 = 0; i2 < 2; ++i2) {
+                for (int64_t i3 = 0; i3 < 16; ++i3) {
+                    const float v0 = ws58[i0 * 256 + i1 * 16 + i2 * 128 + i3 + (512*d0)];  /* make contiguous for a reshape */
+                    const float r = v0;  /* make contiguous for a reshape: t143: f32[B,8,2,16] = transpose[perm=(0,2,1,3)](t142) */
+                    ws61[i0 * 256 + i1 * 32 + i2 * 16 + i3] = r;
+                }
+            }
+        }
+    }
+}
+
+/* t145: f32[B,8,96] = embed[starts=(0,0,64), steps=(1,1,1)](t144), stored in place into t157 */
+SG_KERNEL void k81_embed_t145(int64_t d0, const float* restrict ws61, float* restrict ws62)
+{
+    #pragma omp parallel for if((256*d0) >= SG_PARALLEL_MIN)
+    for (int64_t i0 = 0; i0 < 8*d0; ++i0) {
+        for (int64_t i1 = 0; i1 < 32; ++i1) {
+            const float v0 = ws61[i0 * 32 + i1];  /* t144 */
+            const float r = v0;  /* t145: f32[B,8,96] = embed[starts=(0,0,64), steps=(1,1,1)](t144), stored in place into t157 */
+            ws62[i0 * 96 + i1 + 64] = r;
+        }
+    }
+}
+
+/* make contiguous for a reshape: t154: f32[B,8,2,16] = transpose[perm=(0,2,1,3)](t153) */
+SG_KERNEL void k84_copy(int64_t d0, const float* restrict ws58, float* restrict ws64)
+{
+    #pragma omp parallel for if((256*d0) >= SG_PARALLEL_MIN)
+    for (int64_t i0 = 0; i0 < d0; ++i0) {
+        for (int64_t i1 = 0; i1 < 8; ++i1) {
+            for (int64_t i2 = 0; i2 < 2; ++i2) {
+                for (int64_t i3 = 0; i3 < 16; ++i3) {
+                    const float v0 = ws58[i0 * 256 + i1 * 16 + i2 * 128 + i3];  /* make contiguous for a reshape */
+                    const float r = v0;  /* make contiguous for a reshape: t154: f32[B,8,2,16] = transpose[perm=(0,2,1,3)](t153) */
+                    ws64[i0 * 256 + i1 * 32 + i2 * 16 + i3] = r;
+                }
+            }
+        }
+    }
+}
+
+/* t156: f32[B,8,96] = embed[starts=(0,0,0), steps=(1,1,1)](t155), stored in place into t157 */
+SG_KERNEL void k85_embed_t156(int64_t d0, const float* restrict ws64, float* restrict ws62)
+{
+    #pragma omp parallel for if((256*d0) >= SG_PARALLEL_MIN)
+    for (int64_t i0 = 0; i0 < 8*d0; ++i0) {
+        for (int64_t i1 = 0; i1 < 32; ++i1) {
+            const float v0 = ws64[i0 * 32 + i1];  /* t155 */
+            const float r = v0;  /* t156: f32[B,8,96] = embed[starts=(0,0,0), steps=(1,1,1)](t155), stored in place into t157 */
+            ws62[i0 * 96 + i1] = r;
+        }
+    }
+}
+
+/* t262: f32[96] = sum[axes=(0,), keepdims=False](t158) */
+SG_KERNEL void k87_sum_t262(int64_t d0, const float* restrict ws62, float* restrict ws65)
+{
+    /* The kept axis is contiguous: add whole rows into a tile of accumulators (vectorizes),
+       a tile of columns at a time, instead of walking each column down the rows. */
+    /* Tiles of at most 256 columns, and at least one per thread of the team: a bias of
+       128 columns is two tiles of 64 on two threads, not one of 128 on one. */
+#ifdef _OPENMP
+    const int64_t team = omp_get_max_threads();
+#else
+    const int64_t team = 1;
+#endif
+    const int64_t share = (96 + team - 1) / team;
+    const int64_t width = share >= 256 ? 256 : (share + 15) / 16 * 16;
+    #pragma omp parallel for if((768*d0) >= SG_PARALLEL_MIN)
+    for (int64_t j0 = 0; j0 < 96; j0 += width) {
+        const int64_t jn = 96 - j0 < width ? 96 - j0 : width;
+        double acc[256];
+        for (int64_t j = 0; j < jn; ++j)
+            acc[j] = 0;
+        for (int64_t r0 = 0; r0 < 8*d0; ++r0) {
+            const float* restrict row = ws62 + r0 * 96;
+            for (int64_t j = 0; j < jn; ++j)
+                acc[j] += (double)row[j0 + j];
+        }
+        for (int64_t j = 0; j < jn; ++j)
+            ws65[j0 + j] = (float)(acc[j]);
+    }
+}
+
+/* t6: f32[B,8,32] = add(t3, t5) */
+/* t9: f32[B,8,32] = sub(t6, t8) */
+/* t161: f32[B,8,32] = mul(t160, transformer.h.0.ln_1.weight) */
+/* t165: f32[B,8,32] = t161/t14 + t164*t9/(32*t14) */
+SG_KERNEL void k92_simplified_t165(int64_t d0, const float* restrict ws0, const float* restrict ws2, const float* restrict ws4, const float* restrict ws66, const float* restrict var2, const float* restrict ws5, const float* restrict ws68, float* restrict ws69)
+{
+    #pragma omp parallel for if((256*d0) >= SG_PARALLEL_MIN)
+    for (int64_t i0 = 0; i0 < d0; ++i0) {
+        for (int64_t i1 = 0; i1 < 8; ++i1) {
+            for (int64_t i2 = 0; i2 < 32; ++i2) {
+                const float v0 = ws0[i0 * 256 + i1 * 32 + i2];  /* t3 */
+                const float v1 = ws2[i1 * 32 + i2];  /* t5 */
+                const float v2 = ws4[i0 * 8 + i1];  /* t8 */
+                const float v3 = ws66[i0 * 256 + i1 * 32 + i2];  /* t160 */
+                const float v4 = var2[i2];  /* transformer.h.0.ln_1.weight */
+                const float v5 = ws5[i0 * 8 + i1];  /* t14 */
+                const float v6 = ws68[i0 * 8 + i1];  /* t164 */
+                const float t6 = v0 + v1;  /* t6: f32[B,8,32] = add(t3, t5) */
+                const float t9 = t6 - v2;  /* t9: f32[B,8,32] = sub(t6, t8) */
+                const float t161 = v3*v4;  /* t161: f32[B,8,32] = mul(t160, transformer.h.0.ln_1.weight) */
+                const float t165 = t161/v5 + (1.0f/32.0f)*v6*t9/v5;  /* t165: f32[B,8,32] = t161/t14 + t164*t9/(32*t14) */
+                ws69[i0 * 256 + i1 * 32 + i2] = t165;
+            }
+        }
+    }
+}
+
+/* t196: f32[96,32] = matmul(t192, t195) */
+SG_KERNEL void k96_matmul_t196(int64_t d0, const float* restrict ws62, const float* restrict ws72, float* restrict ws73, sg_context* context)
+{
+    /* a[96 x 8*d0] read with strides (1, 96), b[8*d0 x 32] with (32, 1):
+       a transposed operand is only a change of strides. */
+    /* Its buffers in the runtime's scratch region (context->scratch, sized by symgrad_scratch_bytes);
+       context->status: the GEMM's, for the entry point to check */
+    context->status = sg_gemm_f32(96, 32, 8*d0,
+        ws62, 1, 96,
+        ws72, 32, 1,
+        ws73, context, NULL, context->scratch);
+}
+
+/* t182: f32[8,32] = scatter_add[axis=0, size=8](t181, t4) */
+SG_KERNEL void k106_scatter_add_t182(int64_t d0, const float* restrict ws77, const int64_t* restrict ws78, float* restrict ws79)
+{
+    const int64_t P = 1, I = 8, Q = 32, R = 8;
+    const float* src = ws77;
+    const int64_t* idx = ws78;
+    /* out[p, r, q] = 0, then out[p, idx[i], q] += src[p, i, q] with i in order (np.add.at's sums, bit
+       for bit). Threads split P only: no two add into one element. An index outside [0, R) adds nothing. */
+    memset(ws79, 0, (size_t)(P * R * Q) * sizeof(float));
+    for (int64_t p = 0; p < P; ++p) {
+        for (int64_t i = 0; i < I; ++i) {
+            const int64_t r = (int64_t)idx[i];
+            if (r < 0 || r >= R) {
+                continue;
+            }
+            const float* row = src + (p * I + i) * Q;
+            float* dst = ws79 + (p * R + r) * Q;
+            for (int64_t q = 0; q < Q; ++q) {
+                dst[q] += row[q];
+            }
+        }
+    }
+}
+
+#endif  /* translation unit 1 */
+
+/* ---- translation unit 0 of 2: its kernel functions, then the entry point ---- */
+#if SG_IN_PART(0)
+
 /* t3: f32[B,8,32] = take[axis=0](transformer.wte.weight, idx) */
 SG_KERNEL void k0_take_t3(int64_t d0, const float* restrict var0, const int64_t* restrict in0, float* restrict ws0)
 {
@@ -751,27 +1555,6 @@ SG_KERNEL void k1_copy(int64_t d0, int64_t* restrict ws1)
     }
 }
 
-/* t5: f32[8,32] = take[axis=0](transformer.wpe.weight, t4) */
-SG_KERNEL void k2_take_t5(int64_t d0, const float* restrict var1, const int64_t* restrict ws1, float* restrict ws2)
-{
-    const int64_t P = 1, I = 8, Q = 32, R = 8;
-    const float* src = var1;
-    const int64_t* idx = ws1;
-    /* out[p, i, q] = src[p, idx[i], q]: each (p, i) copies one row of Q. An index outside [0, R)
-       (the call checked them; this is only a guard) gives a row of zeros, never a read outside src. */
-    for (int64_t p = 0; p < P; ++p) {
-        for (int64_t i = 0; i < I; ++i) {
-            const int64_t r = (int64_t)idx[i];
-            const int inside = r >= 0 && r < R;
-            const float* row = src + (p * R + (inside ? r : 0)) * Q;
-            float* dst = ws2 + (p * I + i) * Q;
-            for (int64_t q = 0; q < Q; ++q) {
-                dst[q] = inside ? row[q] : 0;
-            }
-        }
-    }
-}
-
 /* t87: bool[8*B] = not_equal(t86, -100) */
 /* t88: f32[8*B] = cast(t87) */
 /* t89: f32[] = sum[axes=(0,), keepdims=False](t88) */
@@ -787,6 +1570,15 @@ SG_KERNEL void k3_sum_t89(int64_t d0, const int64_t* restrict in1, float* restri
         acc += (double)t88;
     }
     ws3[0] = (float)(acc);
+}
+
+/* Also called for 15 more kernels (k5_adam_step_t178, ...) on their buffers, each named at its call */
+/* t94: f64[] = transformer.wte.weight.step + 1 */
+SG_KERNEL void k4_adam_step_t94(int64_t d0, double* restrict var17)
+{
+    const double v0 = var17[0];  /* transformer.wte.weight.step */
+    const double t94 = v0 + 1.0;  /* t94: f64[] = transformer.wte.weight.step + 1 */
+    var17[0] = t94;
 }
 
 /* t6: f32[B,8,32] = add(t3, t5) */
@@ -824,6 +1616,121 @@ SG_KERNEL void k21_sqrt_t14(int64_t d0, const float* restrict ws0, const float* 
 }
 
 /* t6: f32[B,8,32] = add(t3, t5) */
+/* t9: f32[B,8,32] = sub(t6, t8) */
+/* t162: f32[B,8,32] = div(t9, t14) */
+SG_KERNEL void k23_div_t162(int64_t d0, const float* restrict ws0, const float* restrict ws2, const float* restrict ws4, const float* restrict ws5, float* restrict ws7)
+{
+    #pragma omp parallel for if((256*d0) >= SG_PARALLEL_MIN)
+    for (int64_t i0 = 0; i0 < d0; ++i0) {
+        for (int64_t i1 = 0; i1 < 8; ++i1) {
+            for (int64_t i2 = 0; i2 < 32; ++i2) {
+                const float v0 = ws0[i0 * 256 + i1 * 32 + i2];  /* t3 */
+                const float v1 = ws2[i1 * 32 + i2];  /* t5 */
+                const float v2 = ws4[i0 * 8 + i1];  /* t8 */
+                const float v3 = ws5[i0 * 8 + i1];  /* t14 */
+                const float t6 = v0 + v1;  /* t6: f32[B,8,32] = add(t3, t5) */
+                const float t9 = t6 - v2;  /* t9: f32[B,8,32] = sub(t6, t8) */
+                const float t162 = t9/v3;  /* t162: f32[B,8,32] = div(t9, t14) */
+                ws7[i0 * 256 + i1 * 32 + i2] = t162;
+            }
+        }
+    }
+}
+
+/* The tile's rows i0... against the block's n keys from j0: their scores (q_i . k_j, in scores)
+   scaled, -INFINITY where key j is hidden from row i, then exp(s - m) in their place; m and l,
+   each row's largest score and sum of exp(s - m) so far, brought up to the block, and o's rows rescaled with them. */
+static inline void k25_attention_t32_softmax(int64_t rows, int64_t n, int64_t i0, int64_t j0, float (*scores)[SG_KEY_BLOCK],
+        float* m, float* l, float* o)
+{
+    enum { E = 16 };
+    const float scale = 0.25f;
+    for (int64_t r = 0; r < rows; ++r) {
+        const int64_t i = i0 + r;
+        float* s = scores[r];
+        const float before = m[r];
+        float top = before;
+        for (int64_t jj = 0; jj < n; ++jj) {
+            s[jj] = j0 + jj <= i ? s[jj] * scale : -INFINITY;
+            top = s[jj] > top ? s[jj] : top;
+        }
+        /* the sums so far were taken against m: rescale them to top */
+        const float rescale = sg_expf(before - top);
+        float sum = 0;
+        for (int64_t jj = 0; jj < n; ++jj) {
+            s[jj] = sg_expf(s[jj] - top);
+            sum += s[jj];
+        }
+        l[r] = l[r] * rescale + sum;
+        m[r] = top;
+        for (int64_t e = 0; e < E; ++e) {
+            o[r * E + e] *= rescale;
+        }
+    }
+}
+
+/* t32: f32[B,2,8,16] = attention[causal=True, scale=0.25](t25, t28, t31) */
+SG_KERNEL void k25_attention_t32(int64_t d0, const float* restrict ws8, float* restrict ws9, float* restrict ws10, float* restrict ws11)
+{
+    /* attention over H heads of T rows of E = 16 elements; causal: row i sees keys j <= i */
+    enum { E = 16 };
+    const int64_t H = (2*d0), T = 8, tiles = (T + SG_ROW_TILE - 1) / SG_ROW_TILE;
+    float* kt = ws10;  /* k transposed per head: H x E x T */
+    #pragma omp parallel for if(H * T * E >= SG_PARALLEL_MIN)
+    for (int64_t h = 0; h < H; ++h) {
+        const int64_t n0 = h / 2;
+        const int64_t n1 = h % 2;
+        const float* kh = ws8 + n0 * 768 + n1 * 16 + 32;  /* t28, head h */
+        const int64_t k_row = 96;
+
+        sg_attention_transpose_f32(T, E, kh, k_row, kt + h * E * T);
+    }
+    #pragma omp parallel for collapse(2) schedule(dynamic) if(H * T * T * E >= SG_PARALLEL_MIN)
+    for (int64_t h = 0; h < H; ++h) {
+        for (int64_t tile = 0; tile < tiles; ++tile) {
+            const int64_t n0 = h / 2;
+            const int64_t n1 = h % 2;
+            const float* qh = ws8 + n0 * 768 + n1 * 16;  /* t25, head h */
+            const int64_t q_row = 96;
+            const float* vh = ws8 + n0 * 768 + n1 * 16 + 64;  /* t31, head h */
+            const int64_t v_row = 96;
+
+            const float* kth = kt + h * E * T;
+            const int64_t i0 = tile * SG_ROW_TILE, rows = T - i0 < SG_ROW_TILE ? T - i0 : SG_ROW_TILE;
+            const int64_t keys = i0 + rows;
+            /* per row: m, the largest score so far; l, the sum of exp(s - m); o, that sum's v rows
+               (summed here, then stored once: out's rows lie 32 apart) */
+            float m[SG_ROW_TILE], l[SG_ROW_TILE], scores[SG_ROW_TILE][SG_KEY_BLOCK], o[SG_ROW_TILE * E];
+            for (int64_t r = 0; r < rows; ++r) {
+                m[r] = -INFINITY;
+                l[r] = 0;
+                for (int64_t e = 0; e < E; ++e) {
+                    o[r * E + e] = 0;
+                }
+            }
+            /* Block 0 holds key 0, which every row sees: m is finite after it. */
+            for (int64_t j0 = 0; j0 < keys; j0 += SG_KEY_BLOCK) {
+                const int64_t n = keys - j0 < SG_KEY_BLOCK ? keys - j0 : SG_KEY_BLOCK;
+                sg_attention_product_f32(rows, n, E, qh + i0 * q_row, q_row, 1, kth + j0, T, &scores[0][0], SG_KEY_BLOCK, 0);
+                k25_attention_t32_softmax(rows, n, i0, j0, scores, m, l, o);
+                /* o += p v over the block's keys (p: exp(s - m), now in scores) */
+                sg_attention_product_f32(rows, E, n, &scores[0][0], SG_KEY_BLOCK, 1, vh + j0 * v_row, v_row, o, E, 1);
+            }
+            float* out = ws9 + n0 * 256 + n1 * 16 + i0 * 32;  /* row i0 of head h */
+            for (int64_t r = 0; r < rows; ++r) {
+                const float inverse = 1 / l[r];
+                for (int64_t e = 0; e < E; ++e) {
+                    out[r * 32 + e] = o[r * E + e] * inverse;
+                }
+                /* for the gradient: the row's softmax, m and 1 / l */
+                ws11[h * T + i0 + r] = m[r];
+                ws11[(H + h) * T + i0 + r] = inverse;
+            }
+        }
+    }
+}
+
+/* t6: f32[B,8,32] = add(t3, t5) */
 /* t39: f32[B,8,32] = add(t6, t38) */
 /* t40: f32[B,8,1] = sum[axes=(2,), keepdims=True](t39) */
 /* t41: f32[B,8,1] = mul(t40, 1/32) */
@@ -846,28 +1753,6 @@ SG_KERNEL void k27_mul_t41(int64_t d0, const float* restrict ws0, const float* r
             const float ev0 = 0.03125f;  /* 1/32 */
             const float t41 = red*ev0;  /* t41: f32[B,8,1] = mul(t40, 1/32) */
             ws13[o0 * 8 + o1] = t41;
-        }
-    }
-}
-
-/* t6: f32[B,8,32] = add(t3, t5) */
-/* t39: f32[B,8,32] = add(t6, t38) */
-/* t42: f32[B,8,32] = sub(t39, t41) */
-SG_KERNEL void k28_sub_t42(int64_t d0, const float* restrict ws0, const float* restrict ws2, const float* restrict ws12, const float* restrict ws13, float* restrict ws14)
-{
-    #pragma omp parallel for if((256*d0) >= SG_PARALLEL_MIN)
-    for (int64_t i0 = 0; i0 < d0; ++i0) {
-        for (int64_t i1 = 0; i1 < 8; ++i1) {
-            for (int64_t i2 = 0; i2 < 32; ++i2) {
-                const float v0 = ws0[i0 * 256 + i1 * 32 + i2];  /* t3 */
-                const float v1 = ws2[i1 * 32 + i2];  /* t5 */
-                const float v2 = ws12[i0 * 256 + i1 * 32 + i2];  /* t38 */
-                const float v3 = ws13[i0 * 8 + i1];  /* t41 */
-                const float t6 = v0 + v1;  /* t6: f32[B,8,32] = add(t3, t5) */
-                const float t39 = t6 + v2;  /* t39: f32[B,8,32] = add(t6, t38) */
-                const float t42 = t39 - v3;  /* t42: f32[B,8,32] = sub(t39, t41) */
-                ws14[i0 * 256 + i1 * 32 + i2] = t42;
-            }
         }
     }
 }
@@ -896,6 +1781,27 @@ SG_KERNEL void k29_sqrt_t47(int64_t d0, const float* restrict ws14, float* restr
         const float t46 = t45 + ev1;  /* t46: f32[B,8,1] = add(t45, 1e-05) */
         const float t47 = sqrtf(t46);  /* t47: f32[B,8,1] = sqrt(t46) */
         ws15[o0] = t47;
+    }
+}
+
+/* Also called for 3 more kernels (k37_add_t73, ...) on their buffers, each named at its call */
+/* t48: f32[B,8,32] = div(t42, t47) */
+/* t49: f32[B,8,32] = mul(t48, transformer.h.0.ln_2.weight) */
+/* t50: f32[B,8,32] = add(t49, transformer.h.0.ln_2.bias) */
+SG_KERNEL void k30_add_t50(int64_t d0, const float* restrict ws14, const float* restrict ws15, const float* restrict var8, const float* restrict var9, float* restrict ws16)
+{
+    #pragma omp parallel for if((256*d0) >= SG_PARALLEL_MIN)
+    for (int64_t i0 = 0; i0 < 8*d0; ++i0) {
+        for (int64_t i1 = 0; i1 < 32; ++i1) {
+            const float v0 = ws14[i0 * 32 + i1];  /* t42 */
+            const float v1 = ws15[i0];  /* t47 */
+            const float v2 = var8[i1];  /* transformer.h.0.ln_2.weight */
+            const float v3 = var9[i1];  /* transformer.h.0.ln_2.bias */
+            const float t48 = v0/v1;  /* t48: f32[B,8,32] = div(t42, t47) */
+            const float t49 = t48*v2;  /* t49: f32[B,8,32] = mul(t48, transformer.h.0.ln_2.weight) */
+            const float t50 = t49 + v3;  /* t50: f32[B,8,32] = add(t49, transformer.h.0.ln_2.bias) */
+            ws16[i0 * 32 + i1] = t50;
+        }
     }
 }
 
@@ -1031,6 +1937,23 @@ SG_KERNEL void k39_rows_t77(int64_t d0, const float* restrict ws3, const int64_t
     }
 }
 
+/* t84: f32[] = sum[axes=(0,1), keepdims=False](t83) (the sum of the per-row parts) */
+/* t85: f32[] = neg(t84) */
+/* t90: f32[] = div(t85, t89) */
+SG_KERNEL void k40_div_t90(int64_t d0, const double* restrict ws27, const float* restrict ws3, float* restrict out0)
+{
+    double acc = 0;
+    #pragma omp simd reduction(+:acc)
+    for (int64_t r0 = 0; r0 < 8*d0; ++r0) {
+        acc += (double)ws27[r0];
+    }
+    const float red = (float)(acc);
+    const float ev0 = ws3[0];  /* t89 */
+    const float t85 = -red;  /* t85: f32[] = neg(t84) */
+    const float t90 = t85/ev0;  /* t90: f32[] = div(t85, t89) */
+    out0[0] = t90;
+}
+
 /* t110: f32[8*B,32] = matmul(t103, transformer.wte.weight) */
 SG_KERNEL void k43_matmul_t110(int64_t d0, const float* restrict ws28, const float* restrict var0, float* restrict ws31, sg_context* context)
 {
@@ -1100,58 +2023,6 @@ SG_KERNEL void k46_sum_t114(int64_t d0, const float* restrict ws21, const float*
     }
 }
 
-/* Also called for k65_simplified_t131, the same code on their buffers */
-/* t112: f32[B,8,32] = mul(t111, transformer.ln_f.weight) */
-/* t115: f32[B,8,32] = t112/t70 + t114*t65/(32*t70) */
-SG_KERNEL void k47_simplified_t115(int64_t d0, const float* restrict ws31, const float* restrict var14, const float* restrict ws22, const float* restrict ws33, const float* restrict ws21, float* restrict ws34)
-{
-    #pragma omp parallel for if((256*d0) >= SG_PARALLEL_MIN)
-    for (int64_t i0 = 0; i0 < 8*d0; ++i0) {
-        for (int64_t i1 = 0; i1 < 32; ++i1) {
-            const float v0 = ws31[i0 * 32 + i1];  /* t111 */
-            const float v1 = var14[i1];  /* transformer.ln_f.weight */
-            const float v2 = ws22[i0];  /* t70 */
-            const float v3 = ws33[i0];  /* t114 */
-            const float v4 = ws21[i0 * 32 + i1];  /* t65 */
-            const float t112 = v0*v1;  /* t112: f32[B,8,32] = mul(t111, transformer.ln_f.weight) */
-            const float t115 = t112/v2 + (1.0f/32.0f)*v3*v4/v2;  /* t115: f32[B,8,32] = t112/t70 + t114*t65/(32*t70) */
-            ws34[i0 * 32 + i1] = t115;
-        }
-    }
-}
-
-/* Also called for k66_mul_t280, the same code on their buffers */
-/* t105: f32[B,8,32] = div(t65, t70) */
-/* t317: f32[B,8,32] = mul(t111, t105) */
-SG_KERNEL void k48_mul_t317(int64_t d0, const float* restrict ws21, const float* restrict ws22, const float* restrict ws31, float* restrict ws35)
-{
-    #pragma omp parallel for if((256*d0) >= SG_PARALLEL_MIN)
-    for (int64_t i0 = 0; i0 < 8*d0; ++i0) {
-        for (int64_t i1 = 0; i1 < 32; ++i1) {
-            const float v0 = ws21[i0 * 32 + i1];  /* t65 */
-            const float v1 = ws22[i0];  /* t70 */
-            const float v2 = ws31[i0 * 32 + i1];  /* t111 */
-            const float t105 = v0/v1;  /* t105: f32[B,8,32] = div(t65, t70) */
-            const float t317 = v2*t105;  /* t317: f32[B,8,32] = mul(t111, t105) */
-            ws35[i0 * 32 + i1] = t317;
-        }
-    }
-}
-
-/* t118: f32[B,8,32] = add(t115, t117) */
-SG_KERNEL void k52_add_t118(int64_t d0, const float* restrict ws34, const float* restrict ws37, float* restrict ws38)
-{
-    #pragma omp parallel for if((256*d0) >= SG_PARALLEL_MIN)
-    for (int64_t i0 = 0; i0 < 8*d0; ++i0) {
-        for (int64_t i1 = 0; i1 < 32; ++i1) {
-            const float v0 = ws34[i0 * 32 + i1];  /* t115 */
-            const float v1 = ws37[i0];  /* t117 */
-            const float t118 = v0 + v1;  /* t118: f32[B,8,32] = add(t115, t117) */
-            ws38[i0 * 32 + i1] = t118;
-        }
-    }
-}
-
 /* t234: f32[32,128] = matmul(t231, t233) */
 SG_KERNEL void k58_matmul_t234(int64_t d0, const float* restrict ws38, const float* restrict ws42, float* restrict ws43, sg_context* context)
 {
@@ -1208,6 +2079,24 @@ SG_KERNEL void k69_matmul_t221(int64_t d0, const float* restrict ws41, const flo
         ws52, context, NULL, context->scratch);
 }
 
+/* Also called for k101_add_t169, the same code on their buffers */
+/* t132: f32[B,8,32] = add(t118, t131) */
+/* t135: f32[B,8,32] = add(t132, t134) */
+SG_KERNEL void k74_add_t135(int64_t d0, const float* restrict ws38, const float* restrict ws48, const float* restrict ws53, float* restrict ws54)
+{
+    #pragma omp parallel for if((256*d0) >= SG_PARALLEL_MIN)
+    for (int64_t i0 = 0; i0 < 8*d0; ++i0) {
+        for (int64_t i1 = 0; i1 < 32; ++i1) {
+            const float v0 = ws38[i0 * 32 + i1];  /* t118 */
+            const float v1 = ws48[i0 * 32 + i1];  /* t131 */
+            const float v2 = ws53[i0];  /* t134 */
+            const float t132 = v0 + v1;  /* t132: f32[B,8,32] = add(t118, t131) */
+            const float t135 = t132 + v2;  /* t135: f32[B,8,32] = add(t132, t134) */
+            ws54[i0 * 32 + i1] = t135;
+        }
+    }
+}
+
 /* t137: f32[8*B,32] = matmul(t136, transformer.h.0.attn.c_proj.weight) */
 SG_KERNEL void k78_matmul_t137(int64_t d0, const float* restrict ws54, const float* restrict var6, float* restrict ws57, sg_context* context)
 {
@@ -1221,128 +2110,17 @@ SG_KERNEL void k78_matmul_t137(int64_t d0, const float* restrict ws54, const flo
         ws57, context, NULL, context->scratch);
 }
 
-/* Row r < rows of the tile i0...: D = g . out (which is sum_j p_j (g . v_j)) into d[r], and m[r],
-   l[r], the row's softmax: as the forward stored them in stats (m, then 1 / l). */
-static inline void k79_attention_grad_t140_rows(int64_t rows, int64_t i0, const float* gh, int64_t g_row, const float* oh,
-        int64_t o_row, const float* stats, int64_t H, int64_t h, int64_t T,
-        float* m, float* l, float* d)
-{
-    enum { E = 16 };
-    for (int64_t r = 0; r < rows; ++r) {
-        const float* gi = gh + (i0 + r) * g_row;
-        const float* oi = oh + (i0 + r) * o_row;
-        float row = 0;
-        for (int64_t e = 0; e < E; ++e) {
-            row += gi[e] * oi[e];
-        }
-        m[r] = stats[h * T + i0 + r];
-        l[r] = stats[(H + h) * T + i0 + r];
-        /* g . out is sum_j p_j (g . v_j) while finite; where it is not, torch's ds are NaN: row - row
-           is 0, or NaN for an infinity (no select: the loop stays as short as it was) */
-        d[r] = row + (row - row);
-    }
-}
-
-/* For the tile's rows i0... and the block's n keys from j0: p = exp(s - m) / l, from the scores
-   (q_i . k_j) in scores, and ds = p (g . v - D) scale, from g_i . v_j in ds, each in place. */
-static inline void k79_attention_grad_t140_ds(int64_t rows, int64_t n, int64_t i0, int64_t j0, const float* m, const float* l,
-        const float* d, float (*scores)[SG_KEY_BLOCK], float (*ds)[SG_KEY_BLOCK])
-{
-    const float scale = 0.25f;
-    for (int64_t r = 0; r < rows; ++r) {
-        const int64_t i = i0 + r;
-        const float top = m[r], inverse = l[r];
-        float* s = scores[r];
-        for (int64_t jj = 0; jj < n; ++jj) {
-            s[jj] = j0 + jj <= i ? s[jj] * scale : -INFINITY;
-            s[jj] = sg_expf(s[jj] - top) * inverse;
-            ds[r][jj] = s[jj] * (ds[r][jj] - d[r]) * scale;
-        }
-    }
-}
-
-/* t140: f32[3,B,2,8,16] = attention_grad[causal=True, scale=0.25](t25, t28, t31, t32, t139) */
-SG_KERNEL void k79_attention_grad_t140(int64_t d0, const float* restrict ws8, const float* restrict ws9, const float* restrict ws57, const float* restrict ws11, float* restrict ws58, float* restrict ws59, float* restrict ws60)
-{
-    /* attention_grad over H heads of T rows of E = 16 elements; causal: row i sees keys j <= i */
-    enum { E = 16 };
-    const int64_t H = (2*d0), T = 8, tiles = (T + SG_ROW_TILE - 1) / SG_ROW_TILE;
-    float* kt = ws59;  /* k transposed per head: H x E x T */
-    #pragma omp parallel for if(H * T * E >= SG_PARALLEL_MIN)
-    for (int64_t h = 0; h < H; ++h) {
-        const int64_t n0 = h / 2;
-        const int64_t n1 = h % 2;
-        const float* kh = ws8 + n0 * 768 + n1 * 16 + 32;  /* t28, head h */
-        const int64_t k_row = 96;
-
-        sg_attention_transpose_f32(T, E, kh, k_row, kt + h * E * T);
-    }
-    float* vt = ws60;  /* v transposed per head: H x E x T */
-    #pragma omp parallel for if(H * T * E >= SG_PARALLEL_MIN)
-    for (int64_t h = 0; h < H; ++h) {
-        const int64_t n0 = h / 2;
-        const int64_t n1 = h % 2;
-        const float* vh = ws8 + n0 * 768 + n1 * 16 + 64;  /* t31, head h */
-        const int64_t v_row = 96;
-
-        sg_attention_transpose_f32(T, E, vh, v_row, vt + h * E * T);
-    }
-    /* out = [dq, dk, dv], each H x T x E. A thread takes whole heads: no two add into one row. */
-    #pragma omp parallel for schedule(dynamic) if(H > 1 && H * T * T * E >= SG_PARALLEL_MIN)
-    for (int64_t h = 0; h < H; ++h) {
-        const int64_t n0 = h / 2;
-        const int64_t n1 = h % 2;
-        const float* qh = ws8 + n0 * 768 + n1 * 16;  /* t25, head h */
-        const int64_t q_row = 96;
-        const float* kh = ws8 + n0 * 768 + n1 * 16 + 32;  /* t28, head h */
-        const int64_t k_row = 96;
-        const float* oh = ws9 + n0 * 256 + n1 * 16;  /* t32, head h */
-        const int64_t o_row = 32;
-        const float* gh = ws57 + n0 * 256 + n1 * 16;  /* t139, head h */
-        const int64_t g_row = 32;
-
-        float* dq = ws58 + h * T * E;
-        float* dk = ws58 + (H + h) * T * E;
-        float* dv = ws58 + (2 * H + h) * T * E;
-        const float* kth = kt + h * E * T;
-        const float* vth = vt + h * E * T;
-        memset(dq, 0, (size_t)(T * E) * sizeof(float));
-        memset(dk, 0, (size_t)(T * E) * sizeof(float));
-        memset(dv, 0, (size_t)(T * E) * sizeof(float));
-        for (int64_t tile = 0; tile < tiles; ++tile) {
-            const int64_t i0 = tile * SG_ROW_TILE, rows = T - i0 < SG_ROW_TILE ? T - i0 : SG_ROW_TILE;
-            const int64_t keys = i0 + rows;
-            /* per row: the softmax as the forward found it (m, the largest score; l, then 1 / l, the
-               sum of exp(s - m)), and D = g . out, which is sum_j p_j (g . v_j) */
-            float m[SG_ROW_TILE], l[SG_ROW_TILE], d[SG_ROW_TILE];
-            float scores[SG_ROW_TILE][SG_KEY_BLOCK], ds[SG_ROW_TILE][SG_KEY_BLOCK];
-            k79_attention_grad_t140_rows(rows, i0, gh, g_row, oh, o_row, ws11, H, h, T, m, l, d);
-            for (int64_t j0 = 0; j0 < keys; j0 += SG_KEY_BLOCK) {
-                const int64_t n = keys - j0 < SG_KEY_BLOCK ? keys - j0 : SG_KEY_BLOCK;
-                /* p = exp(s - m) / l and ds = p (g . v - D) scale for the tile's rows and the block's keys */
-                sg_attention_product_f32(rows, n, E, qh + i0 * q_row, q_row, 1, kth + j0, T, &scores[0][0], SG_KEY_BLOCK, 0);
-                sg_attention_product_f32(rows, n, E, gh + i0 * g_row, g_row, 1, vth + j0, T, &ds[0][0], SG_KEY_BLOCK, 0);
-                k79_attention_grad_t140_ds(rows, n, i0, j0, m, l, d, scores, ds);
-                /* dq_i += sum_j ds_ij k_j;  dv_j += sum_i p_ij g_i;  dk_j += sum_i ds_ij q_i */
-                sg_attention_product_f32(rows, E, n, &ds[0][0], SG_KEY_BLOCK, 1, kh + j0 * k_row, k_row, dq + i0 * E, E, 1);
-                sg_attention_product_f32(n, E, rows, &scores[0][0], 1, SG_KEY_BLOCK, gh + i0 * g_row, g_row, dv + j0 * E, E, 1);
-                sg_attention_product_f32(n, E, rows, &ds[0][0], 1, SG_KEY_BLOCK, qh + i0 * q_row, q_row, dk + j0 * E, E, 1);
-            }
-        }
-    }
-}
-
-/* make contiguous for a reshape: t143: f32[B,8,2,16] = transpose[perm=(0,2,1,3)](t142) */
-SG_KERNEL void k80_copy(int64_t d0, const float* restrict ws58, float* restrict ws61)
+/* make contiguous for a reshape: t148: f32[B,8,2,16] = transpose[perm=(0,2,1,3)](t147) */
+SG_KERNEL void k82_copy(int64_t d0, const float* restrict ws58, float* restrict ws63)
 {
     #pragma omp parallel for if((256*d0) >= SG_PARALLEL_MIN)
     for (int64_t i0 = 0; i0 < d0; ++i0) {
         for (int64_t i1 = 0; i1 < 8; ++i1) {
             for (int64_t i2 = 0; i2 < 2; ++i2) {
                 for (int64_t i3 = 0; i3 < 16; ++i3) {
-                    const float v0 = ws58[i0 * 256 + i1 * 16 + i2 * 128 + i3 + (512*d0)];  /* make contiguous for a reshape */
-                    const float r = v0;  /* make contiguous for a reshape: t143: f32[B,8,2,16] = transpose[perm=(0,2,1,3)](t142) */
-                    ws61[i0 * 256 + i1 * 32 + i2 * 16 + i3] = r;
+                    const float v0 = ws58[i0 * 256 + i1 * 16 + i2 * 128 + i3 + (256*d0)];  /* make contiguous for a reshape */
+                    const float r = v0;  /* make contiguous for a reshape: t148: f32[B,8,2,16] = transpose[perm=(0,2,1,3)](t147) */
+                    ws63[i0 * 256 + i1 * 32 + i2 * 16 + i3] = r;
                 }
             }
         }
@@ -1362,23 +2140,6 @@ SG_KERNEL void k83_embed_t150(int64_t d0, const float* restrict ws63, float* res
     }
 }
 
-/* make contiguous for a reshape: t154: f32[B,8,2,16] = transpose[perm=(0,2,1,3)](t153) */
-SG_KERNEL void k84_copy(int64_t d0, const float* restrict ws58, float* restrict ws64)
-{
-    #pragma omp parallel for if((256*d0) >= SG_PARALLEL_MIN)
-    for (int64_t i0 = 0; i0 < d0; ++i0) {
-        for (int64_t i1 = 0; i1 < 8; ++i1) {
-            for (int64_t i2 = 0; i2 < 2; ++i2) {
-                for (int64_t i3 = 0; i3 < 16; ++i3) {
-                    const float v0 = ws58[i0 * 256 + i1 * 16 + i2 * 128 + i3];  /* make contiguous for a reshape */
-                    const float r = v0;  /* make contiguous for a reshape: t154: f32[B,8,2,16] = transpose[perm=(0,2,1,3)](t153) */
-                    ws64[i0 * 256 + i1 * 32 + i2 * 16 + i3] = r;
-                }
-            }
-        }
-    }
-}
-
 /* t159: f32[8*B,32] = matmul(t158, transformer.h.0.attn.c_attn.weight) */
 SG_KERNEL void k89_matmul_t159(int64_t d0, const float* restrict ws62, const float* restrict var4, float* restrict ws66, sg_context* context)
 {
@@ -1392,6 +2153,28 @@ SG_KERNEL void k89_matmul_t159(int64_t d0, const float* restrict ws62, const flo
         ws66, context, NULL, context->scratch);
 }
 
+/* t161: f32[B,8,32] = mul(t160, transformer.h.0.ln_1.weight) */
+/* t163: f32[B,8,32] = -t161*t162/t14 */
+/* t164: f32[B,8,1] = sum[axes=(2,), keepdims=True](t163) */
+SG_KERNEL void k91_sum_t164(int64_t d0, const float* restrict ws66, const float* restrict var2, const float* restrict ws5, const float* restrict ws7, float* restrict ws68)
+{
+    #pragma omp parallel for if((256*d0) >= SG_PARALLEL_MIN)
+    for (int64_t o0 = 0; o0 < 8*d0; ++o0) {
+        double acc = 0;
+        #pragma omp simd reduction(+:acc)
+        for (int64_t r0 = 0; r0 < 32; ++r0) {
+            const float v0 = ws66[o0 * 32 + r0];  /* t160 */
+            const float v1 = var2[r0];  /* transformer.h.0.ln_1.weight */
+            const float v2 = ws5[o0];  /* t14 */
+            const float v3 = ws7[o0 * 32 + r0];  /* t162 */
+            const float t161 = v0*v1;  /* t161: f32[B,8,32] = mul(t160, transformer.h.0.ln_1.weight) */
+            const float t163 = -t161*v3/v2;  /* t163: f32[B,8,32] = -t161*t162/t14 */
+            acc += (double)t163;
+        }
+        ws68[o0] = (float)(acc);
+    }
+}
+
 /* t243: f32[B,8,32] = mul(t160, t162) */
 SG_KERNEL void k93_mul_t243(int64_t d0, const float* restrict ws66, const float* restrict ws7, float* restrict ws70)
 {
@@ -1401,6 +2184,23 @@ SG_KERNEL void k93_mul_t243(int64_t d0, const float* restrict ws66, const float*
         const float v1 = ws7[i0];  /* t162 */
         const float t243 = v0*v1;  /* t243: f32[B,8,32] = mul(t160, t162) */
         ws70[i0] = t243;
+    }
+}
+
+/* t193: f32[B,8,32] = mul(t162, transformer.h.0.ln_1.weight) */
+/* t194: f32[B,8,32] = add(t193, transformer.h.0.ln_1.bias) */
+SG_KERNEL void k95_add_t194(int64_t d0, const float* restrict ws7, const float* restrict var2, const float* restrict var3, float* restrict ws72)
+{
+    #pragma omp parallel for if((256*d0) >= SG_PARALLEL_MIN)
+    for (int64_t i0 = 0; i0 < 8*d0; ++i0) {
+        for (int64_t i1 = 0; i1 < 32; ++i1) {
+            const float v0 = ws7[i0 * 32 + i1];  /* t162 */
+            const float v1 = var2[i1];  /* transformer.h.0.ln_1.weight */
+            const float v2 = var3[i1];  /* transformer.h.0.ln_1.bias */
+            const float t193 = v0*v1;  /* t193: f32[B,8,32] = mul(t162, transformer.h.0.ln_1.weight) */
+            const float t194 = t193 + v2;  /* t194: f32[B,8,32] = add(t193, transformer.h.0.ln_1.bias) */
+            ws72[i0 * 32 + i1] = t194;
+        }
     }
 }
 
@@ -1495,765 +2295,6 @@ SG_KERNEL void k104_sum_t181(int64_t d0, const float* restrict ws75, float* rest
         }
         for (int64_t j = 0; j < jn; ++j)
             ws77[j0 + j] = (float)(acc[j]);
-    }
-}
-
-#endif  /* translation unit 1 */
-
-/* ---- translation unit 0 of 2: its kernel functions, then the entry point ---- */
-#if SG_IN_PART(0)
-
-/* Also called for 15 more kernels (k5_adam_step_t178, ...) on their buffers, each named at its call */
-/* t94: f64[] = transformer.wte.weight.step + 1 */
-SG_KERNEL void k4_adam_step_t94(int64_t d0, double* restrict var17)
-{
-    const double v0 = var17[0];  /* transformer.wte.weight.step */
-    const double t94 = v0 + 1.0;  /* t94: f64[] = transformer.wte.weight.step + 1 */
-    var17[0] = t94;
-}
-
-/* t6: f32[B,8,32] = add(t3, t5) */
-/* t7: f32[B,8,1] = sum[axes=(2,), keepdims=True](t6) */
-/* t8: f32[B,8,1] = mul(t7, 1/32) */
-SG_KERNEL void k20_mul_t8(int64_t d0, const float* restrict ws0, const float* restrict ws2, float* restrict ws4)
-{
-    #pragma omp parallel for if((256*d0) >= SG_PARALLEL_MIN)
-    for (int64_t o0 = 0; o0 < d0; ++o0) {
-        for (int64_t o1 = 0; o1 < 8; ++o1) {
-            double acc = 0;
-            #pragma omp simd reduction(+:acc)
-            for (int64_t r0 = 0; r0 < 32; ++r0) {
-                const float v0 = ws0[o0 * 256 + o1 * 32 + r0];  /* t3 */
-                const float v1 = ws2[o1 * 32 + r0];  /* t5 */
-                const float t6 = v0 + v1;  /* t6: f32[B,8,32] = add(t3, t5) */
-                acc += (double)t6;
-            }
-            const float red = (float)(acc);
-            const float ev0 = 0.03125f;  /* 1/32 */
-            const float t8 = red*ev0;  /* t8: f32[B,8,1] = mul(t7, 1/32) */
-            ws4[o0 * 8 + o1] = t8;
-        }
-    }
-}
-
-/* t6: f32[B,8,32] = add(t3, t5) */
-/* t9: f32[B,8,32] = sub(t6, t8) */
-/* t15: f32[B,8,32] = div(t9, t14) */
-/* t16: f32[B,8,32] = mul(t15, transformer.h.0.ln_1.weight) */
-/* t17: f32[B,8,32] = add(t16, transformer.h.0.ln_1.bias) */
-SG_KERNEL void k22_add_t17(int64_t d0, const float* restrict ws0, const float* restrict ws2, const float* restrict ws4, const float* restrict ws5, const float* restrict var2, const float* restrict var3, float* restrict ws6)
-{
-    #pragma omp parallel for if((256*d0) >= SG_PARALLEL_MIN)
-    for (int64_t i0 = 0; i0 < d0; ++i0) {
-        for (int64_t i1 = 0; i1 < 8; ++i1) {
-            for (int64_t i2 = 0; i2 < 32; ++i2) {
-                const float v0 = ws0[i0 * 256 + i1 * 32 + i2];  /* t3 */
-                const float v1 = ws2[i1 * 32 + i2];  /* t5 */
-                const float v2 = ws4[i0 * 8 + i1];  /* t8 */
-                const float v3 = ws5[i0 * 8 + i1];  /* t14 */
-                const float v4 = var2[i2];  /* transformer.h.0.ln_1.weight */
-                const float v5 = var3[i2];  /* transformer.h.0.ln_1.bias */
-                const float t6 = v0 + v1;  /* t6: f32[B,8,32] = add(t3, t5) */
-                const float t9 = t6 - v2;  /* t9: f32[B,8,32] = sub(t6, t8) */
-                const float t15 = t9/v3;  /* t15: f32[B,8,32] = div(t9, t14) */
-                const float t16 = t15*v4;  /* t16: f32[B,8,32] = mul(t15, transformer.h.0.ln_1.weight) */
-                const float t17 = t16 + v5;  /* t17: f32[B,8,32] = add(t16, transformer.h.0.ln_1.bias) */
-                ws6[i0 * 256 + i1 * 32 + i2] = t17;
-            }
-        }
-    }
-}
-
-/* t6: f32[B,8,32] = add(t3, t5) */
-/* t9: f32[B,8,32] = sub(t6, t8) */
-/* t162: f32[B,8,32] = div(t9, t14) */
-SG_KERNEL void k23_div_t162(int64_t d0, const float* restrict ws0, const float* restrict ws2, const float* restrict ws4, const float* restrict ws5, float* restrict ws7)
-{
-    #pragma omp parallel for if((256*d0) >= SG_PARALLEL_MIN)
-    for (int64_t i0 = 0; i0 < d0; ++i0) {
-        for (int64_t i1 = 0; i1 < 8; ++i1) {
-            for (int64_t i2 = 0; i2 < 32; ++i2) {
-                const float v0 = ws0[i0 * 256 + i1 * 32 + i2];  /* t3 */
-                const float v1 = ws2[i1 * 32 + i2];  /* t5 */
-                const float v2 = ws4[i0 * 8 + i1];  /* t8 */
-                const float v3 = ws5[i0 * 8 + i1];  /* t14 */
-                const float t6 = v0 + v1;  /* t6: f32[B,8,32] = add(t3, t5) */
-                const float t9 = t6 - v2;  /* t9: f32[B,8,32] = sub(t6, t8) */
-                const float t162 = t9/v3;  /* t162: f32[B,8,32] = div(t9, t14) */
-                ws7[i0 * 256 + i1 * 32 + i2] = t162;
-            }
-        }
-    }
-}
-
-/* t20: f32[8*B,96] = matmul(t18, t19) */
-/* t21: f32[8*B,96] = add(t20, transformer.h.0.attn.c_attn.bias) */
-/* What k24_add_t21's epilogue reads (Dims, operands) and the product it finishes in place. */
-typedef struct {
-    int64_t d0;
-    const float* var5;
-    float* ws8;
-} k24_add_t21_args;
-
-/* k24_add_t21's fused epilogue: the GEMM calls it on each block [i0, i0 + rows) x [j0, j0 + cols)
-   of the product once that block holds its final sums (after the last K chunk), while the block is
-   still in cache; each element goes through the fused nodes and the result overwrites it. */
-static void k24_add_t21_epilogue(const void* p, int64_t i0, int64_t j0, int64_t rows, int64_t cols)
-{
-    const k24_add_t21_args* args = p;
-    const int64_t d0 = args->d0;
-    const float* restrict var5 = args->var5;
-    float* restrict ws8 = args->ws8;
-    for (int64_t row = i0; row < i0 + rows; ++row) {
-        for (int64_t col = j0; col < j0 + cols; ++col) {
-            const float prod = ws8[row * 96 + col];  /* t20: f32[8*B,96] = matmul(t18, t19) */
-            const float v0 = var5[col];  /* transformer.h.0.attn.c_attn.bias */
-            const float t21 = prod + v0;  /* t21: f32[8*B,96] = add(t20, transformer.h.0.attn.c_attn.bias) */
-            ws8[row * 96 + col] = t21;
-        }
-    }
-}
-
-SG_KERNEL void k24_add_t21(int64_t d0, const float* restrict ws6, const float* restrict var4, const float* restrict var5, float* restrict ws8, sg_context* context)
-{
-    const k24_add_t21_args args = { d0, var5, ws8 };
-    const sg_epilogue epilogue = { k24_add_t21_epilogue, &args };
-    /* a[8*d0 x 32] read with strides (32, 1), b[32 x 96] with (1, 32):
-       a transposed operand is only a change of strides. */
-    /* Its buffers in the runtime's scratch region (context->scratch, sized by symgrad_scratch_bytes);
-       context->status: the GEMM's, for the entry point to check */
-    context->status = sg_gemm_f32(8*d0, 96, 32,
-        ws6, 32, 1,
-        var4, 1, 32,
-        ws8, context, &epilogue, context->scratch);
-}
-
-/* The tile's rows i0... against the block's n keys from j0: their scores (q_i . k_j, in scores)
-   scaled, -INFINITY where key j is hidden from row i, then exp(s - m) in their place; m and l,
-   each row's largest score and sum of exp(s - m) so far, brought up to the block, and o's rows rescaled with them. */
-static inline void k25_attention_t32_softmax(int64_t rows, int64_t n, int64_t i0, int64_t j0, float (*scores)[SG_KEY_BLOCK],
-        float* m, float* l, float* o)
-{
-    enum { E = 16 };
-    const float scale = 0.25f;
-    for (int64_t r = 0; r < rows; ++r) {
-        const int64_t i = i0 + r;
-        float* s = scores[r];
-        const float before = m[r];
-        float top = before;
-        for (int64_t jj = 0; jj < n; ++jj) {
-            s[jj] = j0 + jj <= i ? s[jj] * scale : -INFINITY;
-            top = s[jj] > top ? s[jj] : top;
-        }
-        /* the sums so far were taken against m: rescale them to top */
-        const float rescale = sg_expf(before - top);
-        float sum = 0;
-        for (int64_t jj = 0; jj < n; ++jj) {
-            s[jj] = sg_expf(s[jj] - top);
-            sum += s[jj];
-        }
-        l[r] = l[r] * rescale + sum;
-        m[r] = top;
-        for (int64_t e = 0; e < E; ++e) {
-            o[r * E + e] *= rescale;
-        }
-    }
-}
-
-/* t32: f32[B,2,8,16] = attention[causal=True, scale=0.25](t25, t28, t31) */
-SG_KERNEL void k25_attention_t32(int64_t d0, const float* restrict ws8, float* restrict ws9, float* restrict ws10, float* restrict ws11)
-{
-    /* attention over H heads of T rows of E = 16 elements; causal: row i sees keys j <= i */
-    enum { E = 16 };
-    const int64_t H = (2*d0), T = 8, tiles = (T + SG_ROW_TILE - 1) / SG_ROW_TILE;
-    float* kt = ws10;  /* k transposed per head: H x E x T */
-    #pragma omp parallel for if(H * T * E >= SG_PARALLEL_MIN)
-    for (int64_t h = 0; h < H; ++h) {
-        const int64_t n0 = h / 2;
-        const int64_t n1 = h % 2;
-        const float* kh = ws8 + n0 * 768 + n1 * 16 + 32;  /* t28, head h */
-        const int64_t k_row = 96;
-
-        sg_attention_transpose_f32(T, E, kh, k_row, kt + h * E * T);
-    }
-    #pragma omp parallel for collapse(2) schedule(dynamic) if(H * T * T * E >= SG_PARALLEL_MIN)
-    for (int64_t h = 0; h < H; ++h) {
-        for (int64_t tile = 0; tile < tiles; ++tile) {
-            const int64_t n0 = h / 2;
-            const int64_t n1 = h % 2;
-            const float* qh = ws8 + n0 * 768 + n1 * 16;  /* t25, head h */
-            const int64_t q_row = 96;
-            const float* vh = ws8 + n0 * 768 + n1 * 16 + 64;  /* t31, head h */
-            const int64_t v_row = 96;
-
-            const float* kth = kt + h * E * T;
-            const int64_t i0 = tile * SG_ROW_TILE, rows = T - i0 < SG_ROW_TILE ? T - i0 : SG_ROW_TILE;
-            const int64_t keys = i0 + rows;
-            /* per row: m, the largest score so far; l, the sum of exp(s - m); o, that sum's v rows
-               (summed here, then stored once: out's rows lie 32 apart) */
-            float m[SG_ROW_TILE], l[SG_ROW_TILE], scores[SG_ROW_TILE][SG_KEY_BLOCK], o[SG_ROW_TILE * E];
-            for (int64_t r = 0; r < rows; ++r) {
-                m[r] = -INFINITY;
-                l[r] = 0;
-                for (int64_t e = 0; e < E; ++e) {
-                    o[r * E + e] = 0;
-                }
-            }
-            /* Block 0 holds key 0, which every row sees: m is finite after it. */
-            for (int64_t j0 = 0; j0 < keys; j0 += SG_KEY_BLOCK) {
-                const int64_t n = keys - j0 < SG_KEY_BLOCK ? keys - j0 : SG_KEY_BLOCK;
-                sg_attention_product_f32(rows, n, E, qh + i0 * q_row, q_row, 1, kth + j0, T, &scores[0][0], SG_KEY_BLOCK, 0);
-                k25_attention_t32_softmax(rows, n, i0, j0, scores, m, l, o);
-                /* o += p v over the block's keys (p: exp(s - m), now in scores) */
-                sg_attention_product_f32(rows, E, n, &scores[0][0], SG_KEY_BLOCK, 1, vh + j0 * v_row, v_row, o, E, 1);
-            }
-            float* out = ws9 + n0 * 256 + n1 * 16 + i0 * 32;  /* row i0 of head h */
-            for (int64_t r = 0; r < rows; ++r) {
-                const float inverse = 1 / l[r];
-                for (int64_t e = 0; e < E; ++e) {
-                    out[r * 32 + e] = o[r * E + e] * inverse;
-                }
-                /* for the gradient: the row's softmax, m and 1 / l */
-                ws11[h * T + i0 + r] = m[r];
-                ws11[(H + h) * T + i0 + r] = inverse;
-            }
-        }
-    }
-}
-
-/* t36: f32[8*B,32] = matmul(t34, t35) */
-/* t37: f32[8*B,32] = add(t36, transformer.h.0.attn.c_proj.bias) */
-/* What k26_add_t37's epilogue reads (Dims, operands) and the product it finishes in place. */
-typedef struct {
-    int64_t d0;
-    const float* var7;
-    float* ws12;
-} k26_add_t37_args;
-
-/* k26_add_t37's fused epilogue: the GEMM calls it on each block [i0, i0 + rows) x [j0, j0 + cols)
-   of the product once that block holds its final sums (after the last K chunk), while the block is
-   still in cache; each element goes through the fused nodes and the result overwrites it. */
-static void k26_add_t37_epilogue(const void* p, int64_t i0, int64_t j0, int64_t rows, int64_t cols)
-{
-    const k26_add_t37_args* args = p;
-    const int64_t d0 = args->d0;
-    const float* restrict var7 = args->var7;
-    float* restrict ws12 = args->ws12;
-    for (int64_t row = i0; row < i0 + rows; ++row) {
-        for (int64_t col = j0; col < j0 + cols; ++col) {
-            const float prod = ws12[row * 32 + col];  /* t36: f32[8*B,32] = matmul(t34, t35) */
-            const float v0 = var7[col];  /* transformer.h.0.attn.c_proj.bias */
-            const float t37 = prod + v0;  /* t37: f32[8*B,32] = add(t36, transformer.h.0.attn.c_proj.bias) */
-            ws12[row * 32 + col] = t37;
-        }
-    }
-}
-
-SG_KERNEL void k26_add_t37(int64_t d0, const float* restrict ws9, const float* restrict var6, const float* restrict var7, float* restrict ws12, sg_context* context)
-{
-    const k26_add_t37_args args = { d0, var7, ws12 };
-    const sg_epilogue epilogue = { k26_add_t37_epilogue, &args };
-    /* a[8*d0 x 32] read with strides (32, 1), b[32 x 32] with (1, 32):
-       a transposed operand is only a change of strides. */
-    /* Its buffers in the runtime's scratch region (context->scratch, sized by symgrad_scratch_bytes);
-       context->status: the GEMM's, for the entry point to check */
-    context->status = sg_gemm_f32(8*d0, 32, 32,
-        ws9, 32, 1,
-        var6, 1, 32,
-        ws12, context, &epilogue, context->scratch);
-}
-
-/* Also called for 3 more kernels (k37_add_t73, ...) on their buffers, each named at its call */
-/* t48: f32[B,8,32] = div(t42, t47) */
-/* t49: f32[B,8,32] = mul(t48, transformer.h.0.ln_2.weight) */
-/* t50: f32[B,8,32] = add(t49, transformer.h.0.ln_2.bias) */
-SG_KERNEL void k30_add_t50(int64_t d0, const float* restrict ws14, const float* restrict ws15, const float* restrict var8, const float* restrict var9, float* restrict ws16)
-{
-    #pragma omp parallel for if((256*d0) >= SG_PARALLEL_MIN)
-    for (int64_t i0 = 0; i0 < 8*d0; ++i0) {
-        for (int64_t i1 = 0; i1 < 32; ++i1) {
-            const float v0 = ws14[i0 * 32 + i1];  /* t42 */
-            const float v1 = ws15[i0];  /* t47 */
-            const float v2 = var8[i1];  /* transformer.h.0.ln_2.weight */
-            const float v3 = var9[i1];  /* transformer.h.0.ln_2.bias */
-            const float t48 = v0/v1;  /* t48: f32[B,8,32] = div(t42, t47) */
-            const float t49 = t48*v2;  /* t49: f32[B,8,32] = mul(t48, transformer.h.0.ln_2.weight) */
-            const float t50 = t49 + v3;  /* t50: f32[B,8,32] = add(t49, transformer.h.0.ln_2.bias) */
-            ws16[i0 * 32 + i1] = t50;
-        }
-    }
-}
-
-/* Also called for k57_gelu_t232, the same code on their buffers */
-/* t56: f32[B,8,128] = gelu(t55) */
-SG_KERNEL SG_MATH_LOOP void k32_gelu_t56(int64_t d0, const float* restrict ws17, float* restrict ws18)
-{
-    #pragma omp parallel for if((1024*d0) >= SG_PARALLEL_MIN)
-    for (int64_t i0 = 0; i0 < 1024*d0; ++i0) {
-        const float v0 = ws17[i0];  /* t55 */
-        const float t56 = (1.0f/2.0f)*v0*(sg_erff(0.70710677f*v0) + 1.0f);  /* t56: f32[B,8,128] = gelu(t55) */
-        ws18[i0] = t56;
-    }
-}
-
-/* t59: f32[8*B,32] = matmul(t57, t58) */
-/* t60: f32[8*B,32] = add(t59, transformer.h.0.mlp.c_proj.bias) */
-/* What k33_add_t60's epilogue reads (Dims, operands) and the product it finishes in place. */
-typedef struct {
-    int64_t d0;
-    const float* var13;
-    float* ws19;
-} k33_add_t60_args;
-
-/* k33_add_t60's fused epilogue: the GEMM calls it on each block [i0, i0 + rows) x [j0, j0 + cols)
-   of the product once that block holds its final sums (after the last K chunk), while the block is
-   still in cache; each element goes through the fused nodes and the result overwrites it. */
-static void k33_add_t60_epilogue(const void* p, int64_t i0, int64_t j0, int64_t rows, int64_t cols)
-{
-    const k33_add_t60_args* args = p;
-    const int64_t d0 = args->d0;
-    const float* restrict var13 = args->var13;
-    float* restrict ws19 = args->ws19;
-    for (int64_t row = i0; row < i0 + rows; ++row) {
-        for (int64_t col = j0; col < j0 + cols; ++col) {
-            const float prod = ws19[row * 32 + col];  /* t59: f32[8*B,32] = matmul(t57, t58) */
-            const float v0 = var13[col];  /* transformer.h.0.mlp.c_proj.bias */
-            const float t60 = prod + v0;  /* t60: f32[8*B,32] = add(t59, transformer.h.0.mlp.c_proj.bias) */
-            ws19[row * 32 + col] = t60;
-        }
-    }
-}
-
-SG_KERNEL void k33_add_t60(int64_t d0, const float* restrict ws18, const float* restrict var12, const float* restrict var13, float* restrict ws19, sg_context* context)
-{
-    const k33_add_t60_args args = { d0, var13, ws19 };
-    const sg_epilogue epilogue = { k33_add_t60_epilogue, &args };
-    /* a[8*d0 x 128] read with strides (128, 1), b[128 x 32] with (1, 128):
-       a transposed operand is only a change of strides. */
-    /* Its buffers in the runtime's scratch region (context->scratch, sized by symgrad_scratch_bytes);
-       context->status: the GEMM's, for the entry point to check */
-    context->status = sg_gemm_f32(8*d0, 32, 128,
-        ws18, 128, 1,
-        var12, 1, 128,
-        ws19, context, &epilogue, context->scratch);
-}
-
-/* t6: f32[B,8,32] = add(t3, t5) */
-/* t39: f32[B,8,32] = add(t6, t38) */
-/* t62: f32[B,8,32] = add(t39, t61) */
-/* t63: f32[B,8,1] = sum[axes=(2,), keepdims=True](t62) */
-/* t64: f32[B,8,1] = mul(t63, 1/32) */
-SG_KERNEL void k34_mul_t64(int64_t d0, const float* restrict ws0, const float* restrict ws2, const float* restrict ws12, const float* restrict ws19, float* restrict ws20)
-{
-    #pragma omp parallel for if((256*d0) >= SG_PARALLEL_MIN)
-    for (int64_t o0 = 0; o0 < d0; ++o0) {
-        for (int64_t o1 = 0; o1 < 8; ++o1) {
-            double acc = 0;
-            #pragma omp simd reduction(+:acc)
-            for (int64_t r0 = 0; r0 < 32; ++r0) {
-                const float v0 = ws0[o0 * 256 + o1 * 32 + r0];  /* t3 */
-                const float v1 = ws2[o1 * 32 + r0];  /* t5 */
-                const float v2 = ws12[o0 * 256 + o1 * 32 + r0];  /* t38 */
-                const float v3 = ws19[o0 * 256 + o1 * 32 + r0];  /* t61 */
-                const float t6 = v0 + v1;  /* t6: f32[B,8,32] = add(t3, t5) */
-                const float t39 = t6 + v2;  /* t39: f32[B,8,32] = add(t6, t38) */
-                const float t62 = t39 + v3;  /* t62: f32[B,8,32] = add(t39, t61) */
-                acc += (double)t62;
-            }
-            const float red = (float)(acc);
-            const float ev0 = 0.03125f;  /* 1/32 */
-            const float t64 = red*ev0;  /* t64: f32[B,8,1] = mul(t63, 1/32) */
-            ws20[o0 * 8 + o1] = t64;
-        }
-    }
-}
-
-/* t6: f32[B,8,32] = add(t3, t5) */
-/* t39: f32[B,8,32] = add(t6, t38) */
-/* t62: f32[B,8,32] = add(t39, t61) */
-/* t65: f32[B,8,32] = sub(t62, t64) */
-SG_KERNEL void k35_sub_t65(int64_t d0, const float* restrict ws0, const float* restrict ws2, const float* restrict ws12, const float* restrict ws19, const float* restrict ws20, float* restrict ws21)
-{
-    #pragma omp parallel for if((256*d0) >= SG_PARALLEL_MIN)
-    for (int64_t i0 = 0; i0 < d0; ++i0) {
-        for (int64_t i1 = 0; i1 < 8; ++i1) {
-            for (int64_t i2 = 0; i2 < 32; ++i2) {
-                const float v0 = ws0[i0 * 256 + i1 * 32 + i2];  /* t3 */
-                const float v1 = ws2[i1 * 32 + i2];  /* t5 */
-                const float v2 = ws12[i0 * 256 + i1 * 32 + i2];  /* t38 */
-                const float v3 = ws19[i0 * 256 + i1 * 32 + i2];  /* t61 */
-                const float v4 = ws20[i0 * 8 + i1];  /* t64 */
-                const float t6 = v0 + v1;  /* t6: f32[B,8,32] = add(t3, t5) */
-                const float t39 = t6 + v2;  /* t39: f32[B,8,32] = add(t6, t38) */
-                const float t62 = t39 + v3;  /* t62: f32[B,8,32] = add(t39, t61) */
-                const float t65 = t62 - v4;  /* t65: f32[B,8,32] = sub(t62, t64) */
-                ws21[i0 * 256 + i1 * 32 + i2] = t65;
-            }
-        }
-    }
-}
-
-/* t84: f32[] = sum[axes=(0,1), keepdims=False](t83) (the sum of the per-row parts) */
-/* t85: f32[] = neg(t84) */
-/* t90: f32[] = div(t85, t89) */
-SG_KERNEL void k40_div_t90(int64_t d0, const double* restrict ws27, const float* restrict ws3, float* restrict out0)
-{
-    double acc = 0;
-    #pragma omp simd reduction(+:acc)
-    for (int64_t r0 = 0; r0 < 8*d0; ++r0) {
-        acc += (double)ws27[r0];
-    }
-    const float red = (float)(acc);
-    const float ev0 = ws3[0];  /* t89 */
-    const float t85 = -red;  /* t85: f32[] = neg(t84) */
-    const float t90 = t85/ev0;  /* t90: f32[] = div(t85, t89) */
-    out0[0] = t90;
-}
-
-/* t109: f32[64,32] = matmul(t104, t108) */
-SG_KERNEL void k42_matmul_t109(int64_t d0, const float* restrict ws28, const float* restrict ws29, float* restrict ws30, sg_context* context)
-{
-    /* a[64 x 8*d0] read with strides (1, 64), b[8*d0 x 32] with (32, 1):
-       a transposed operand is only a change of strides. */
-    /* Its buffers in the runtime's scratch region (context->scratch, sized by symgrad_scratch_bytes);
-       context->status: the GEMM's, for the entry point to check */
-    context->status = sg_gemm_f32(64, 32, 8*d0,
-        ws28, 1, 64,
-        ws29, 32, 1,
-        ws30, context, NULL, context->scratch);
-}
-
-/* Also called for 9 more kernels (k50_adam_param_t323, ...) on their buffers and element counts, each named at its call */
-/* t325: f64[] = param_groups.1.lr/(1 - 0.9**t324) */
-/* t326: f32[] = cast(t325) */
-/* t330: f64[] = sqrt(1 - 0.95**t324) */
-/* t331: f32[] = cast(t330) */
-/* t328: f32[32] = (0.09999999999999998)*(t327 - transformer.ln_f.bias.exp_avg) + transformer.ln_f.bias.exp_avg */
-/* t329: f32[32] = 0.05*t327**2 + 0.95*transformer.ln_f.bias.exp_avg_sq */
-/* t332: f32[32] = -t326*t328/(sqrt(t329)/t331 + 1.0e-8) + transformer.ln_f.bias */
-SG_KERNEL void k45_adam_param_t332(int64_t d0, const double* restrict var35, const double* restrict var63, float* restrict var64, const float* restrict ws32, float* restrict var65, float* restrict var15, int64_t n)
-{
-    for (int64_t i0 = 0; i0 < n; ++i0) {
-        const double v0 = var35[0];  /* param_groups.1.lr */
-        const double v1 = var63[0];  /* t324 */
-        const float v2 = var64[i0];  /* transformer.ln_f.bias.exp_avg */
-        const float v3 = ws32[i0];  /* t327 */
-        const float v4 = 0.1f;  /* 0.09999999999999998 */
-        const float v5 = var65[i0];  /* transformer.ln_f.bias.exp_avg_sq */
-        const float v6 = var15[i0];  /* transformer.ln_f.bias */
-        const double t325 = v0/(1.0 - pow(0.9, v1));  /* t325: f64[] = param_groups.1.lr/(1 - 0.9**t324) */
-        const float t326 = (float)(t325);  /* t326: f32[] = cast(t325) */
-        const double t330 = sqrt(1.0 - pow(0.95, v1));  /* t330: f64[] = sqrt(1 - 0.95**t324) */
-        const float t331 = (float)(t330);  /* t331: f32[] = cast(t330) */
-        const float t328 = v2 + v4*(-v2 + v3);  /* t328: f32[32] = (0.09999999999999998)*(t327 - transformer.ln_f.bias.exp_avg) + transformer.ln_f.bias.exp_avg */
-        const float t329 = 0.95f*v5 + 0.05f*((v3)*(v3));  /* t329: f32[32] = 0.05*t327**2 + 0.95*transformer.ln_f.bias.exp_avg_sq */
-        const float t332 = v6 - t326*t328/(sqrtf(t329)/t331 + 1.0e-08f);  /* t332: f32[32] = -t326*t328/(sqrt(t329)/t331 + 1.0e-8) + transformer.ln_f.bias */
-        var15[i0] = t332;
-        var64[i0] = t328;
-        var65[i0] = t329;
-    }
-}
-
-/* Also called for 2 more kernels (k73_mul_t134, ...) on their buffers, each named at its call */
-/* t116: f32[B,8,1] = sum[axes=(2,), keepdims=True](t115) */
-/* t117: f32[B,8,1] = mul(t116, -0.03125) */
-SG_KERNEL void k51_mul_t117(int64_t d0, const float* restrict ws34, float* restrict ws37)
-{
-    #pragma omp parallel for if((256*d0) >= SG_PARALLEL_MIN)
-    for (int64_t o0 = 0; o0 < 8*d0; ++o0) {
-        double acc = 0;
-        #pragma omp simd reduction(+:acc)
-        for (int64_t r0 = 0; r0 < 32; ++r0) {
-            acc += (double)ws34[o0 * 32 + r0];
-        }
-        const float red = (float)(acc);
-        const float ev0 = (-0.03125f);  /* -0.03125 */
-        const float t117 = red*ev0;  /* t117: f32[B,8,1] = mul(t116, -0.03125) */
-        ws37[o0] = t117;
-    }
-}
-
-/* t120: f32[8*B,128] = matmul(t119, transformer.h.0.mlp.c_proj.weight) */
-SG_KERNEL void k55_matmul_t120(int64_t d0, const float* restrict ws38, const float* restrict var12, float* restrict ws40, sg_context* context)
-{
-    /* a[8*d0 x 32] read with strides (32, 1), b[32 x 128] with (128, 1):
-       a transposed operand is only a change of strides. */
-    /* Its buffers in the runtime's scratch region (context->scratch, sized by symgrad_scratch_bytes);
-       context->status: the GEMM's, for the entry point to check */
-    context->status = sg_gemm_f32(8*d0, 128, 32,
-        ws38, 32, 1,
-        var12, 128, 1,
-        ws40, context, NULL, context->scratch);
-}
-
-/* t122: f32[B,8,128] = sqrt(2)*t55*exp(-t55**2/2)/(2*sqrt(pi)) + Piecewise((0, t55 < 0), (1, True)) + Piecewise((1, t55 < 0), (-1, True))*erfc(sqrt(2)*Abs(t55)/2)/2 */
-/* t123: f32[B,8,128] = mul(t121, t122) */
-SG_KERNEL SG_MATH_LOOP void k56_mul_t123(int64_t d0, const float* restrict ws17, const float* restrict ws40, float* restrict ws41)
-{
-    #pragma omp parallel for if((1024*d0) >= SG_PARALLEL_MIN)
-    for (int64_t i0 = 0; i0 < 1024*d0; ++i0) {
-        const float v0 = ws17[i0];  /* t55 */
-        const float v1 = ws40[i0];  /* t121 */
-        const float t122 = 0.3989423f*(v0*sg_expf(-1.0f/2.0f*((v0)*(v0)))) + (((v0 < 0.0f)) ? (0.0f) : (1.0f)) + (1.0f/2.0f)*(((v0 < 0.0f)) ? (1.0f) : ((-1.0f)))*sg_erfcf(0.70710677f*fabsf(v0));  /* t122: f32[B,8,128] = sqrt(2)*t55*exp(-t55**2/2)/(2*sqrt(pi)) + Piecewise((0, t55 < 0), (1, True)) + Piecewise((1, t55 < 0), (-1, True))*erfc(sqrt(2)*Abs(t55)/2)/2 */
-        const float t123 = v1*t122;  /* t123: f32[B,8,128] = mul(t121, t122) */
-        ws41[i0] = t123;
-    }
-}
-
-/* Also called for 4 more kernels (k70_adam_param_t226, ...) on their buffers and element counts, each named at its call */
-/* t91: f64[] = 1 - 0.1*lr */
-/* t92: f32[] = cast(t91) */
-/* t227: f32[32,128] = mul(transformer.h.0.mlp.c_proj.weight, t92) */
-/* t229: f64[] = lr/(1 - 0.9**t228) */
-/* t230: f32[] = cast(t229) */
-/* t237: f64[] = sqrt(1 - 0.95**t228) */
-/* t238: f32[] = cast(t237) */
-/* t235: f32[32,128] = (0.09999999999999998)*(t234 - transformer.h.0.mlp.c_proj.weight.exp_avg) + transformer.h.0.mlp.c_proj.weight.exp_avg */
-/* t236: f32[32,128] = 0.05*t234**2 + 0.95*transformer.h.0.mlp.c_proj.weight.exp_avg_sq */
-/* t239: f32[32,128] = t227 - t230*t235/(sqrt(t236)/t238 + 1.0e-8) */
-SG_KERNEL void k59_adam_param_t239(int64_t d0, const double* restrict var16, float* restrict var12, const double* restrict var32, float* restrict var33, const float* restrict ws43, float* restrict var34, int64_t n)
-{
-    for (int64_t i0 = 0; i0 < n; ++i0) {
-        const double v0 = var16[0];  /* lr */
-        const float v1 = var12[i0];  /* transformer.h.0.mlp.c_proj.weight */
-        const double v2 = var32[0];  /* t228 */
-        const float v3 = var33[i0];  /* transformer.h.0.mlp.c_proj.weight.exp_avg */
-        const float v4 = ws43[i0];  /* t234 */
-        const float v5 = 0.1f;  /* 0.09999999999999998 */
-        const float v6 = var34[i0];  /* transformer.h.0.mlp.c_proj.weight.exp_avg_sq */
-        const double t91 = 1.0 + (-0.1)*v0;  /* t91: f64[] = 1 - 0.1*lr */
-        const float t92 = (float)(t91);  /* t92: f32[] = cast(t91) */
-        const float t227 = v1*t92;  /* t227: f32[32,128] = mul(transformer.h.0.mlp.c_proj.weight, t92) */
-        const double t229 = v0/(1.0 - pow(0.9, v2));  /* t229: f64[] = lr/(1 - 0.9**t228) */
-        const float t230 = (float)(t229);  /* t230: f32[] = cast(t229) */
-        const double t237 = sqrt(1.0 - pow(0.95, v2));  /* t237: f64[] = sqrt(1 - 0.95**t228) */
-        const float t238 = (float)(t237);  /* t238: f32[] = cast(t237) */
-        const float t235 = v3 + v5*(-v3 + v4);  /* t235: f32[32,128] = (0.09999999999999998)*(t234 - transformer.h.0.mlp.c_proj.weight.exp_avg) + transformer.h.0.mlp.c_proj.weight.exp_avg */
-        const float t236 = 0.95f*v6 + 0.05f*((v4)*(v4));  /* t236: f32[32,128] = 0.05*t234**2 + 0.95*transformer.h.0.mlp.c_proj.weight.exp_avg_sq */
-        const float t239 = t227 - t230*t235/(sqrtf(t236)/t238 + 1.0e-08f);  /* t239: f32[32,128] = t227 - t230*t235/(sqrt(t236)/t238 + 1.0e-8) */
-        var12[i0] = t239;
-        var33[i0] = t235;
-        var34[i0] = t236;
-    }
-}
-
-/* t125: f32[8*B,32] = matmul(t124, transformer.h.0.mlp.c_fc.weight) */
-SG_KERNEL void k62_matmul_t125(int64_t d0, const float* restrict ws41, const float* restrict var10, float* restrict ws45, sg_context* context)
-{
-    /* a[8*d0 x 128] read with strides (128, 1), b[128 x 32] with (32, 1):
-       a transposed operand is only a change of strides. */
-    /* Its buffers in the runtime's scratch region (context->scratch, sized by symgrad_scratch_bytes);
-       context->status: the GEMM's, for the entry point to check */
-    context->status = sg_gemm_f32(8*d0, 32, 128,
-        ws41, 128, 1,
-        var10, 32, 1,
-        ws45, context, NULL, context->scratch);
-}
-
-/* Also called for k101_add_t169, the same code on their buffers */
-/* t132: f32[B,8,32] = add(t118, t131) */
-/* t135: f32[B,8,32] = add(t132, t134) */
-SG_KERNEL void k74_add_t135(int64_t d0, const float* restrict ws38, const float* restrict ws48, const float* restrict ws53, float* restrict ws54)
-{
-    #pragma omp parallel for if((256*d0) >= SG_PARALLEL_MIN)
-    for (int64_t i0 = 0; i0 < 8*d0; ++i0) {
-        for (int64_t i1 = 0; i1 < 32; ++i1) {
-            const float v0 = ws38[i0 * 32 + i1];  /* t118 */
-            const float v1 = ws48[i0 * 32 + i1];  /* t131 */
-            const float v2 = ws53[i0];  /* t134 */
-            const float t132 = v0 + v1;  /* t132: f32[B,8,32] = add(t118, t131) */
-            const float t135 = t132 + v2;  /* t135: f32[B,8,32] = add(t132, t134) */
-            ws54[i0 * 32 + i1] = t135;
-        }
-    }
-}
-
-/* t207: f32[32,32] = matmul(t206, t34) */
-SG_KERNEL void k77_matmul_t207(int64_t d0, const float* restrict ws54, const float* restrict ws9, float* restrict ws56, sg_context* context)
-{
-    /* a[32 x 8*d0] read with strides (1, 32), b[8*d0 x 32] with (32, 1):
-       a transposed operand is only a change of strides. */
-    /* Its buffers in the runtime's scratch region (context->scratch, sized by symgrad_scratch_bytes);
-       context->status: the GEMM's, for the entry point to check */
-    context->status = sg_gemm_f32(32, 32, 8*d0,
-        ws54, 1, 32,
-        ws9, 32, 1,
-        ws56, context, NULL, context->scratch);
-}
-
-/* t145: f32[B,8,96] = embed[starts=(0,0,64), steps=(1,1,1)](t144), stored in place into t157 */
-SG_KERNEL void k81_embed_t145(int64_t d0, const float* restrict ws61, float* restrict ws62)
-{
-    #pragma omp parallel for if((256*d0) >= SG_PARALLEL_MIN)
-    for (int64_t i0 = 0; i0 < 8*d0; ++i0) {
-        for (int64_t i1 = 0; i1 < 32; ++i1) {
-            const float v0 = ws61[i0 * 32 + i1];  /* t144 */
-            const float r = v0;  /* t145: f32[B,8,96] = embed[starts=(0,0,64), steps=(1,1,1)](t144), stored in place into t157 */
-            ws62[i0 * 96 + i1 + 64] = r;
-        }
-    }
-}
-
-/* make contiguous for a reshape: t148: f32[B,8,2,16] = transpose[perm=(0,2,1,3)](t147) */
-SG_KERNEL void k82_copy(int64_t d0, const float* restrict ws58, float* restrict ws63)
-{
-    #pragma omp parallel for if((256*d0) >= SG_PARALLEL_MIN)
-    for (int64_t i0 = 0; i0 < d0; ++i0) {
-        for (int64_t i1 = 0; i1 < 8; ++i1) {
-            for (int64_t i2 = 0; i2 < 2; ++i2) {
-                for (int64_t i3 = 0; i3 < 16; ++i3) {
-                    const float v0 = ws58[i0 * 256 + i1 * 16 + i2 * 128 + i3 + (256*d0)];  /* make contiguous for a reshape */
-                    const float r = v0;  /* make contiguous for a reshape: t148: f32[B,8,2,16] = transpose[perm=(0,2,1,3)](t147) */
-                    ws63[i0 * 256 + i1 * 32 + i2 * 16 + i3] = r;
-                }
-            }
-        }
-    }
-}
-
-/* t156: f32[B,8,96] = embed[starts=(0,0,0), steps=(1,1,1)](t155), stored in place into t157 */
-SG_KERNEL void k85_embed_t156(int64_t d0, const float* restrict ws64, float* restrict ws62)
-{
-    #pragma omp parallel for if((256*d0) >= SG_PARALLEL_MIN)
-    for (int64_t i0 = 0; i0 < 8*d0; ++i0) {
-        for (int64_t i1 = 0; i1 < 32; ++i1) {
-            const float v0 = ws64[i0 * 32 + i1];  /* t155 */
-            const float r = v0;  /* t156: f32[B,8,96] = embed[starts=(0,0,0), steps=(1,1,1)](t155), stored in place into t157 */
-            ws62[i0 * 96 + i1] = r;
-        }
-    }
-}
-
-/* t262: f32[96] = sum[axes=(0,), keepdims=False](t158) */
-SG_KERNEL void k87_sum_t262(int64_t d0, const float* restrict ws62, float* restrict ws65)
-{
-    /* The kept axis is contiguous: add whole rows into a tile of accumulators (vectorizes),
-       a tile of columns at a time, instead of walking each column down the rows. */
-    /* Tiles of at most 256 columns, and at least one per thread of the team: a bias of
-       128 columns is two tiles of 64 on two threads, not one of 128 on one. */
-#ifdef _OPENMP
-    const int64_t team = omp_get_max_threads();
-#else
-    const int64_t team = 1;
-#endif
-    const int64_t share = (96 + team - 1) / team;
-    const int64_t width = share >= 256 ? 256 : (share + 15) / 16 * 16;
-    #pragma omp parallel for if((768*d0) >= SG_PARALLEL_MIN)
-    for (int64_t j0 = 0; j0 < 96; j0 += width) {
-        const int64_t jn = 96 - j0 < width ? 96 - j0 : width;
-        double acc[256];
-        for (int64_t j = 0; j < jn; ++j)
-            acc[j] = 0;
-        for (int64_t r0 = 0; r0 < 8*d0; ++r0) {
-            const float* restrict row = ws62 + r0 * 96;
-            for (int64_t j = 0; j < jn; ++j)
-                acc[j] += (double)row[j0 + j];
-        }
-        for (int64_t j = 0; j < jn; ++j)
-            ws65[j0 + j] = (float)(acc[j]);
-    }
-}
-
-/* t161: f32[B,8,32] = mul(t160, transformer.h.0.ln_1.weight) */
-/* t163: f32[B,8,32] = -t161*t162/t14 */
-/* t164: f32[B,8,1] = sum[axes=(2,), keepdims=True](t163) */
-SG_KERNEL void k91_sum_t164(int64_t d0, const float* restrict ws66, const float* restrict var2, const float* restrict ws5, const float* restrict ws7, float* restrict ws68)
-{
-    #pragma omp parallel for if((256*d0) >= SG_PARALLEL_MIN)
-    for (int64_t o0 = 0; o0 < 8*d0; ++o0) {
-        double acc = 0;
-        #pragma omp simd reduction(+:acc)
-        for (int64_t r0 = 0; r0 < 32; ++r0) {
-            const float v0 = ws66[o0 * 32 + r0];  /* t160 */
-            const float v1 = var2[r0];  /* transformer.h.0.ln_1.weight */
-            const float v2 = ws5[o0];  /* t14 */
-            const float v3 = ws7[o0 * 32 + r0];  /* t162 */
-            const float t161 = v0*v1;  /* t161: f32[B,8,32] = mul(t160, transformer.h.0.ln_1.weight) */
-            const float t163 = -t161*v3/v2;  /* t163: f32[B,8,32] = -t161*t162/t14 */
-            acc += (double)t163;
-        }
-        ws68[o0] = (float)(acc);
-    }
-}
-
-/* t6: f32[B,8,32] = add(t3, t5) */
-/* t9: f32[B,8,32] = sub(t6, t8) */
-/* t161: f32[B,8,32] = mul(t160, transformer.h.0.ln_1.weight) */
-/* t165: f32[B,8,32] = t161/t14 + t164*t9/(32*t14) */
-SG_KERNEL void k92_simplified_t165(int64_t d0, const float* restrict ws0, const float* restrict ws2, const float* restrict ws4, const float* restrict ws66, const float* restrict var2, const float* restrict ws5, const float* restrict ws68, float* restrict ws69)
-{
-    #pragma omp parallel for if((256*d0) >= SG_PARALLEL_MIN)
-    for (int64_t i0 = 0; i0 < d0; ++i0) {
-        for (int64_t i1 = 0; i1 < 8; ++i1) {
-            for (int64_t i2 = 0; i2 < 32; ++i2) {
-                const float v0 = ws0[i0 * 256 + i1 * 32 + i2];  /* t3 */
-                const float v1 = ws2[i1 * 32 + i2];  /* t5 */
-                const float v2 = ws4[i0 * 8 + i1];  /* t8 */
-                const float v3 = ws66[i0 * 256 + i1 * 32 + i2];  /* t160 */
-                const float v4 = var2[i2];  /* transformer.h.0.ln_1.weight */
-                const float v5 = ws5[i0 * 8 + i1];  /* t14 */
-                const float v6 = ws68[i0 * 8 + i1];  /* t164 */
-                const float t6 = v0 + v1;  /* t6: f32[B,8,32] = add(t3, t5) */
-                const float t9 = t6 - v2;  /* t9: f32[B,8,32] = sub(t6, t8) */
-                const float t161 = v3*v4;  /* t161: f32[B,8,32] = mul(t160, transformer.h.0.ln_1.weight) */
-                const float t165 = t161/v5 + (1.0f/32.0f)*v6*t9/v5;  /* t165: f32[B,8,32] = t161/t14 + t164*t9/(32*t14) */
-                ws69[i0 * 256 + i1 * 32 + i2] = t165;
-            }
-        }
-    }
-}
-
-/* t193: f32[B,8,32] = mul(t162, transformer.h.0.ln_1.weight) */
-/* t194: f32[B,8,32] = add(t193, transformer.h.0.ln_1.bias) */
-SG_KERNEL void k95_add_t194(int64_t d0, const float* restrict ws7, const float* restrict var2, const float* restrict var3, float* restrict ws72)
-{
-    #pragma omp parallel for if((256*d0) >= SG_PARALLEL_MIN)
-    for (int64_t i0 = 0; i0 < 8*d0; ++i0) {
-        for (int64_t i1 = 0; i1 < 32; ++i1) {
-            const float v0 = ws7[i0 * 32 + i1];  /* t162 */
-            const float v1 = var2[i1];  /* transformer.h.0.ln_1.weight */
-            const float v2 = var3[i1];  /* transformer.h.0.ln_1.bias */
-            const float t193 = v0*v1;  /* t193: f32[B,8,32] = mul(t162, transformer.h.0.ln_1.weight) */
-            const float t194 = t193 + v2;  /* t194: f32[B,8,32] = add(t193, transformer.h.0.ln_1.bias) */
-            ws72[i0 * 32 + i1] = t194;
-        }
-    }
-}
-
-/* t196: f32[96,32] = matmul(t192, t195) */
-SG_KERNEL void k96_matmul_t196(int64_t d0, const float* restrict ws62, const float* restrict ws72, float* restrict ws73, sg_context* context)
-{
-    /* a[96 x 8*d0] read with strides (1, 96), b[8*d0 x 32] with (32, 1):
-       a transposed operand is only a change of strides. */
-    /* Its buffers in the runtime's scratch region (context->scratch, sized by symgrad_scratch_bytes);
-       context->status: the GEMM's, for the entry point to check */
-    context->status = sg_gemm_f32(96, 32, 8*d0,
-        ws62, 1, 96,
-        ws72, 32, 1,
-        ws73, context, NULL, context->scratch);
-}
-
-/* t182: f32[8,32] = scatter_add[axis=0, size=8](t181, t4) */
-SG_KERNEL void k106_scatter_add_t182(int64_t d0, const float* restrict ws77, const int64_t* restrict ws78, float* restrict ws79)
-{
-    const int64_t P = 1, I = 8, Q = 32, R = 8;
-    const float* src = ws77;
-    const int64_t* idx = ws78;
-    /* out[p, r, q] = 0, then out[p, idx[i], q] += src[p, i, q] with i in order (np.add.at's sums, bit
-       for bit). Threads split P only: no two add into one element. An index outside [0, R) adds nothing. */
-    memset(ws79, 0, (size_t)(P * R * Q) * sizeof(float));
-    for (int64_t p = 0; p < P; ++p) {
-        for (int64_t i = 0; i < I; ++i) {
-            const int64_t r = (int64_t)idx[i];
-            if (r < 0 || r >= R) {
-                continue;
-            }
-            const float* row = src + (p * I + i) * Q;
-            float* dst = ws79 + (p * R + r) * Q;
-            for (int64_t q = 0; q < Q; ++q) {
-                dst[q] += row[q];
-            }
-        }
     }
 }
 

@@ -2283,6 +2283,24 @@ const float* kj = kh + j * k_row;
                 dkj[e] += ds * qi[e];
             }
         }
+        /* Key j is hidden from the rows i < j, whose p_ij is 0. torch's math attention multiplies that 0
+           in: p_ij (g_i . v_j - D_i) q_i into dk_j and p_ij g_i into dv_j, NaN where D_i or g_i is not
+           finite (an infinity in the cotangent). Where some such D is not finite, add those products. */
+        float hidden = 0;
+        for (int64_t i = 0; i < j; ++i) {
+            hidden += ws62[h * T + i] - ws62[h * T + i];
+        }
+        if (hidden != hidden) {
+            for (int64_t i = 0; i < j; ++i) {
+                const float* qi = qh + i * q_row;
+                const float* gi = gh + i * g_row;
+                const float zero = ws62[h * T + i] - ws62[h * T + i];
+                for (int64_t e = 0; e < E; ++e) {
+                    dkj[e] += zero * qi[e];
+                    dvj[e] += 0 * gi[e];
+                }
+            }
+        }
     }
 }
 
