@@ -77,7 +77,8 @@ def symgrad_runner(backend: str):
     return build
 
 
-def torch_runner(compiled: bool):
+def torch_runner(compiled: bool, device: str = "cpu"):
+    """torch's step (eager or torch.compile) on `device`, its batch already there."""
     def build(bench: Bench, net, state, names, x, y) -> Runner:
         try:
             import torch
@@ -86,8 +87,9 @@ def torch_runner(compiled: bool):
         torch.set_num_threads(THREADS)
         twin = bench.network(torch.nn)
         twin.load_state_dict({k: torch.from_numpy(np.asarray(v)) for k, v in state.items()})
+        twin.to(device)
         optimizer = torch.optim.SGD(twin.parameters(), lr=LR)
-        xt, yt = torch.from_numpy(x), torch.from_numpy(y)
+        xt, yt = torch.from_numpy(x).to(device), torch.from_numpy(y).to(device)
 
         def step():
             optimizer.zero_grad(set_to_none=True)

@@ -91,18 +91,18 @@ def symgrad_runner(backend: str, autocast: str | None = None):
     return build
 
 
-def _torch_step(bench, state, compiled: bool, autocast: str | None = None):
+def _torch_step(bench, state, compiled: bool, autocast: str | None = None, device: str = "cpu"):
     try:
         import torch
     except ImportError as exc:
         raise Unavailable(f"torch is not installed ({exc})") from None
     torch.set_num_threads(THREADS)
-    model = torch_gpt(bench.config(), state)
+    model = torch_gpt(bench.config(), state).to(device)
     optimizer = torch.optim.AdamW(model.parameters(), lr=LR, betas=BETAS, eps=EPS, weight_decay=0.0)
 
     def step(x, y):
         optimizer.zero_grad(set_to_none=True)
-        with torch.autocast("cpu", dtype=getattr(torch, autocast or "float32"), enabled=autocast is not None):
+        with torch.autocast(device, dtype=getattr(torch, autocast or "float32"), enabled=autocast is not None):
             loss = torch.nn.functional.cross_entropy(model(x).view(-1, bench.vocab), y.view(-1))
         loss.backward()
         optimizer.step()
@@ -128,11 +128,12 @@ def imported_runner(bench: Bench, model, state, x, y) -> Runner:
     return Runner(lambda: step(idx=x, targets=y), float, note="sg.from_torch(torch twin), sg.optim.from_torch(AdamW), C")
 
 
-def torch_runner(compiled: bool, autocast: str | None = None):
+def torch_runner(compiled: bool, autocast: str | None = None, device: str = "cpu"):
+    """torch's step (eager or torch.compile) on `device`, its batch already there."""
     def build(bench: Bench, model, state, x, y) -> Runner:
         import torch
-        step = _torch_step(bench, state, compiled, autocast)
-        xt, yt = torch.from_numpy(x), torch.from_numpy(y)
+        step = _torch_step(bench, state, compiled, autocast, device)
+        xt, yt = torch.from_numpy(x).to(device), torch.from_numpy(y).to(device)
         under = f", forward under torch.autocast('cpu', {autocast})" if autocast else ""
         return Runner(lambda: step(xt, yt), lambda loss: loss.item(),
                       note=("torch.compile of zero_grad + forward + backward + AdamW" if compiled

@@ -56,7 +56,7 @@ def torch_gpt(config, state: dict, dtype: str = "float32"):
         def forward(self, idx):
             B, Tn = idx.shape
             C, nh, t = self.c.n_embd, self.c.n_head, self.transformer
-            x = t.wte(idx) + t.wpe(torch.arange(Tn))
+            x = t.wte(idx) + t.wpe(torch.arange(Tn, device=idx.device))
             for b in t.h:
                 q, k, v = b.attn.c_attn(b.ln_1(x)).split(C, dim=2)
                 q, k, v = (u.view(B, Tn, nh, C // nh).transpose(1, 2) for u in (q, k, v))

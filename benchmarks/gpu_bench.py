@@ -1,8 +1,10 @@
 """A quick GPU timing: symgrad's CUDA training step beside PyTorch eager on the same GPU.
 
-    python benchmarks/gpu_bench.py [--models A64,B128,C512] [--steps 50] [--compile]
+    python benchmarks/gpu_bench.py [--models A64,B128,C512,gpt-small,gpt-nanogpt,lenet,resnet] [--steps 50] [--compile]
 
-Models A, B, C of benchmarks/models.py (SGD, cross-entropy, the same weights and batch). Each system's
+Models A, B, C of benchmarks/models.py (SGD, cross-entropy, the same weights and batch); the GPT
+configs of benchmarks/gpt.py (AdamW) and the CNNs of benchmarks/cnn.py (SGD), each system from
+the same initial weights on the same batch as those CPU benchmarks build them. Each system's
 step is warmed up, then timed as the median of 5 blocks of --steps steps, wall clock, the device
 synchronised at each block's end. symgrad's step takes host (NumPy) arrays, so every step copies the
 batch to the device and the loss back; torch's batch stays on the device (its most favourable use)
@@ -75,6 +77,47 @@ def torch_cuda(model, steps: int, compile_: bool = False) -> float:
     return median_ms(lambda: fn().item(), steps, torch.cuda.synchronize)
 
 
+def model_steps(key: str, compile_: bool) -> tuple[str, dict]:
+    """(label, system -> (step, loss to float)) for a GPT or CNN row: the CPU benchmarks' builders
+    with backend "cuda" and torch on the device."""
+    import torch
+    from benchmarks import cnn, gpt
+    if key.startswith("gpt-"):
+        module, bench = gpt, gpt.CONFIGS[key[4:]]
+        builders = {"symgrad": gpt.symgrad_runner("cuda"), "eager": gpt.torch_runner(False, device="cuda")}
+        if compile_:
+            builders["compile"] = gpt.torch_runner(True, device="cuda")
+    else:
+        module, bench = cnn, cnn.CONFIGS[key]
+        builders = {"symgrad": cnn.symgrad_runner("cuda"), "eager": cnn.torch_runner(False, device="cuda")}
+        if compile_:
+            builders["compile"] = cnn.torch_runner(True, device="cuda")
+    setup = module.setup(bench)
+    runners = {}
+    for name, build in builders.items():
+        runner = build(bench, *setup)
+        runners[name] = (runner.step, runner.to_float)
+    torch.cuda.synchronize()
+    return key, runners
+
+
+def time_model(key: str, steps: int, compile_: bool) -> tuple[str, dict, dict]:
+    """(label, system -> ms per step, system -> first loss) for one row."""
+    import torch
+    if key in MODELS:
+        model = MODELS[key]
+        times = {"symgrad": symgrad_cuda(model, steps), "eager": torch_cuda(model, steps)}
+        if compile_:
+            times["compile"] = torch_cuda(model, steps, compile_=True)
+        return model.label, times, {}
+    label, runners = model_steps(key, compile_)
+    times, first = {}, {}
+    for name, (step, to_float) in runners.items():
+        first[name] = to_float(step())
+        times[name] = median_ms(lambda: to_float(step()), steps, torch.cuda.synchronize)
+    return label, times, first
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--models", default="A64,B128,C512")
@@ -88,18 +131,18 @@ def main(argv=None) -> int:
         header += f" {'torch-compile ms':>17s}"
     print(header + f" {'ratio to fastest':>17s}")
     for key in args.models.split(","):
-        model = MODELS[key]
-        times = {"symgrad": symgrad_cuda(model, args.steps), "eager": torch_cuda(model, args.steps)}
-        if args.compile:
-            try:
-                times["compile"] = torch_cuda(model, args.steps, compile_=True)
-            except Exception as exc:  # noqa: BLE001  (a failed compile is a cell, not the end)
-                print(f"  torch.compile failed on {key}: {str(exc).splitlines()[0][:200]}")
+        try:
+            label, times, first = time_model(key, args.steps, args.compile)
+        except Exception as exc:  # noqa: BLE001  (a failed system is a line, not the end of the table)
+            print(f"  {key} failed: {type(exc).__name__}: {str(exc).splitlines()[0][:300] if str(exc) else ''}",
+                  flush=True)
+            continue
         others = min(v for k, v in times.items() if k != "symgrad")
-        row = f"{model.label:8s} {times['symgrad']:16.3f} {times['eager']:15.3f}"
+        row = f"{label:8s} {times['symgrad']:16.3f} {times['eager']:15.3f}"
         if args.compile:
             row += f" {times.get('compile', float('nan')):17.3f}"
-        print(row + f" {times['symgrad'] / others:17.2f}", flush=True)
+        losses = "  first losses " + " ".join(f"{k} {v:.6f}" for k, v in first.items()) if first else ""
+        print(row + f" {times['symgrad'] / others:17.2f}" + losses, flush=True)
     return 0
 
 
