@@ -27,6 +27,7 @@ from symgrad.backends.render.languages import C_OPENMP, CUDA
 from symgrad.backends.lower.lowering import AttentionKernel, lower
 from symgrad.ir import shapes as S
 from symgrad.ir.graph import Graph
+from symgrad.backends.kinds.attention import WARP_E
 from symgrad.ir.ops_attention import attention, attention_grad
 import cuda_on_cpu
 from test_backend_cuda import HAS_GPU, B, batched_matmul_ops
@@ -34,10 +35,10 @@ from test_backend_cuda import HAS_GPU, B, batched_matmul_ops
 RNG = np.random.default_rng(33)
 
 
-def _attention_pair(dtype: str, causal: bool, T: int = 70, suffix: str = ""):
-    """(inputs, outputs): attention over 3 heads of T x 16, its gradient beside it (reading the
+def _attention_pair(dtype: str, causal: bool, T: int = 70, suffix: str = "", E: int = 16):
+    """(inputs, outputs): attention over 3 heads of T x E, its gradient beside it (reading the
     forward's statistics) and one apart (the forward's output handed in: it sweeps for them)."""
-    q, g, out = (sg.input(name + suffix, (3, T, 16), dtype=dtype) for name in ("q", "g", "out"))
+    q, g, out = (sg.input(name + suffix, (3, T, E), dtype=dtype) for name in ("q", "g", "out"))
     y = attention(q, q * 0.5, sg.tanh(q), causal, 0.3)
     beside = attention_grad(q, q * 0.5, sg.tanh(q), y, g, causal, 0.3)
     apart = attention_grad(q, q * 0.5, sg.tanh(q), out, g, causal, 0.3)
@@ -92,9 +93,12 @@ def test_attention_gradient_uses_the_plans_buffers_and_no_atomics(causal):
     for grad in (beside, apart):
         assert f"{grad.name}_keys<<<" in text                # the key rows' pass, after the query rows'
     stats = forward.stats.name
-    assert f"{stats}[h * T + i] = m;" in text and f"{stats}[(H + h) * T + i] = inverse;" in text
-    assert f"const float m = {stats}[h * T + i];  /* stored by the forward */" in text
-    assert f"for (int64_t i = {'first' if causal else '0'}; i < T; ++i) {{" in text
+    assert f"{stats}[h * T + i] = M;" in text and f"{stats}[(H + h) * T + i] = inverse;" in text
+    assert f"const float mi = {stats}[h * T + i];  /* stored by the forward */" in text
+    # The warp walk (E = 16): a block of 32 threads per row, each lane a key (or query row) in 32.
+    assert text.count("<<<sg_blocks_for_rows(n), 32>>>") == 5 and "__shared__ float sh[32][E + 1]" in text
+    assert "for (int64_t j = lane; j < visible; j += 32) {" in text
+    assert f"for (int64_t i = {'j - j % 32 + lane' if causal else 'lane'}; i < T; i += 32) {{" in text
     assert ("if (i < j) {" in text) == causal                 # a key row sums only the rows that see it
     # C's kernel keeps its own walk: k and v transposed per head (3 x 16 x 70 each).
     c_kernels = _attention_kernels(lower(passes.optimize(Graph(inputs, outputs))))
@@ -165,12 +169,16 @@ def test_convolutions_match_numpy(device):
     _compare(*_functions(graph.inputs, graph.outputs), arrays, dict(rtol=1e-4, atol=1e-4))
 
 
-def test_attention_gradient_matches_numpy_and_is_the_same_every_run(device):
-    """Causal and not: the forward, its gradient beside it and one apart; run again, the same bits."""
-    pairs = [_attention_pair("float32", causal, suffix=f"_{causal}") for causal in (True, False)]
+@pytest.mark.parametrize("E", [16, 130])
+def test_attention_gradient_matches_numpy_and_is_the_same_every_run(device, E):
+    """Causal and not: the forward, its gradient beside it and one apart; run again, the same bits.
+    E = 16 takes the warp walk (E in registers), 130 the row walk (more than WARP_E)."""
+    pairs = [_attention_pair("float32", causal, suffix=f"_{causal}", E=E) for causal in (True, False)]
     inputs, outputs = [v for ins, _ in pairs for v in ins], [v for _, outs in pairs for v in outs]
+    grids = re.findall(r"_attention\w*<<<([^>]*)>>>", sg.cuda_source(Graph(inputs, outputs)))
+    assert grids == ["sg_blocks_for_rows(n), 32" if E <= WARP_E else "sg_blocks(n), SG_THREADS"] * 10
     f, reference = _functions(inputs, outputs)
-    arrays = [RNG.standard_normal((3, 70, 16)).astype(np.float32) for _ in inputs]
+    arrays = [RNG.standard_normal((3, 70, E)).astype(np.float32) for _ in inputs]
     forwards = reference(*arrays)
     for k in range(len(pairs)):  # each pair's `out`: its forward's output, handed in
         arrays[3 * k + 2] = forwards[3 * k]

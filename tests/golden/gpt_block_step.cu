@@ -733,14 +733,17 @@ __global__ void __launch_bounds__(SG_THREADS) k25_add_t21(int64_t d0, const floa
 }
 
 /* t32: f32[B,2,8,16] = attention[causal=True, scale=0.25](t25, t28, t31) */
-__global__ void __launch_bounds__(SG_THREADS) k26_attention_t32(int64_t d0, const float* __restrict__ ws9, float* __restrict__ ws10, float* __restrict__ ws11)
+__global__ void __launch_bounds__(32) k26_attention_t32(int64_t d0, const float* __restrict__ ws9, float* __restrict__ ws10, float* __restrict__ ws11)
 {
-    /* attention over H heads of T rows of E elements, causal: row i sees keys j <= i:
-       a thread per query row */
-    const int64_t H = (2*d0), T = 8, E = 16;
+    /* attention over H heads of T rows of E elements, causal: row i sees keys j <= i: a
+       block of 32 threads per query row, lane t taking the keys t, t + 32, ...; then the lanes' sums,
+       each rescaled to the row's largest score, added in lane order */
+    const int64_t H = (2*d0), T = 8;
+    enum { E = 16 };
     const float scale = 0.25f;
-    for (int64_t flat = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; flat < H * T;
-         flat += (int64_t)gridDim.x * blockDim.x) {
+    const int lane = threadIdx.x;
+    __shared__ float sh[32][E + 1], sh_m[32], sh_l[32];
+    for (int64_t flat = blockIdx.x; flat < H * T; flat += gridDim.x) {
         const int64_t h = flat / T, i = flat % T;
         const int64_t n0 = h / 2;
         const int64_t n1 = h % 2;
@@ -750,50 +753,75 @@ __global__ void __launch_bounds__(SG_THREADS) k26_attention_t32(int64_t d0, cons
         const int64_t k_row = 96;
         const float* vh = ws9 + n0 * 768 + n1 * 16 + 64;  /* t31, head h */
         const int64_t v_row = 96;
-const float* qi = qh + i * q_row;
+        const float* qi = qh + i * q_row;
         const int64_t visible = i + 1;
-        float s[SG_KEY_BLOCK];
-        float* oi = ws10 + n0 * 256 + n1 * 16 + i * 32;  /* out, row i of head h */
-        for (int64_t e = 0; e < E; ++e) {
-            oi[e] = 0;
+        float q[E], o[E];
+#pragma unroll
+        for (int e = 0; e < E; ++e) {
+            q[e] = qi[e];
+            o[e] = 0;
         }
-        /* m: the largest score so far; l: the sum of exp(s - m) so far */
         float m = -INFINITY, l = 0;
-        for (int64_t j0 = 0; j0 < visible; j0 += SG_KEY_BLOCK) {
-            const int64_t n = visible - j0 < SG_KEY_BLOCK ? visible - j0 : SG_KEY_BLOCK;
-            const float before = m;
-            float top = m;
-            for (int64_t jj = 0; jj < n; ++jj) {
-                const float* kj = kh + (j0 + jj) * k_row;
-                float dot = 0;
-                for (int64_t e = 0; e < E; ++e) {
-                    dot += qi[e] * kj[e];
+        for (int64_t j = lane; j < visible; j += 32) {
+            const float* kj = kh + j * k_row;
+            float s = 0;
+#pragma unroll
+            for (int e = 0; e < E; ++e) {
+                s += q[e] * kj[e];
+            }
+            s *= scale;
+            if (s > m) {  /* a new largest score: the sums so far rescaled to it */
+                const float grow = expf(m - s);
+                l *= grow;
+#pragma unroll
+                for (int e = 0; e < E; ++e) {
+                    o[e] *= grow;
                 }
-                s[jj] = dot * scale;
-                top = s[jj] > top ? s[jj] : top;
+                m = s;
             }
-const float rescale = expf(before - top);
-            l *= rescale;
-            for (int64_t e = 0; e < E; ++e) {
-                oi[e] *= rescale;
+            const float p = expf(s - m);
+            l += p;
+            const float* vj = vh + j * v_row;
+#pragma unroll
+            for (int e = 0; e < E; ++e) {
+                o[e] += p * vj[e];
             }
-            for (int64_t jj = 0; jj < n; ++jj) {
-                const float p = expf(s[jj] - top);
-                const float* vj = vh + (j0 + jj) * v_row;
-                l += p;
-                for (int64_t e = 0; e < E; ++e) {
-                    oi[e] += p * vj[e];
-                }
-            }
-            m = top;
         }
-        const float inverse = 1 / l;
-for (int64_t e = 0; e < E; ++e) {
-            oi[e] *= inverse;
+        sh_m[lane] = m;
+        sh_l[lane] = l;
+        __syncthreads();
+        float M = -INFINITY, L = 0, w[32];
+#pragma unroll
+        for (int t = 0; t < 32; ++t) {
+            M = sh_m[t] > M ? sh_m[t] : M;
         }
-        /* for the gradient: the row's softmax, m and 1 / l */
-        ws11[h * T + i] = m;
-        ws11[(H + h) * T + i] = inverse;
+#pragma unroll
+        for (int t = 0; t < 32; ++t) {
+            const float mt = sh_m[t];
+            w[t] = mt == -INFINITY ? 0 : expf(mt - M);
+            L += sh_l[t] * w[t];
+        }
+        const float inverse = 1 / L;
+        float* oi = ws10 + n0 * 256 + n1 * 16 + i * 32;  /* out, row i of head h */
+        /* o: the lanes' partial sums, added in lane order through shared memory */
+#pragma unroll
+        for (int e = 0; e < E; ++e) {
+            sh[lane][e] = o[e];
+        }
+        __syncthreads();
+        for (int e = lane; e < E; e += 32) {
+            float sum = 0;
+#pragma unroll
+            for (int t = 0; t < 32; ++t) {
+                sum += sh[t][e] * w[t];
+            }
+            oi[e] = sum * inverse;
+        }
+        __syncthreads();  /* sh is reused */
+        if (lane == 0) {  /* for the gradient: the row's softmax, m and 1 / l */
+            ws11[h * T + i] = M;
+            ws11[(H + h) * T + i] = inverse;
+        }
     }
 }
 
@@ -2166,15 +2194,18 @@ __global__ void __launch_bounds__(SG_THREADS) k80_adam_param_t276(int64_t d0, co
    a transposed operand is only a change of strides. Launched as sg_gemm<float> in the entry point. */
 
 /* t140: f32[3,B,2,8,16] = attention_grad[causal=True, scale=0.25](t25, t28, t31, t32, t139) */
-__global__ void __launch_bounds__(SG_THREADS) k83_attention_grad_t140(int64_t d0, const float* __restrict__ ws9, const float* __restrict__ ws10, const float* __restrict__ ws60, const float* __restrict__ ws11, float* __restrict__ ws61, float* __restrict__ ws62)
+__global__ void __launch_bounds__(32) k83_attention_grad_t140(int64_t d0, const float* __restrict__ ws9, const float* __restrict__ ws10, const float* __restrict__ ws60, const float* __restrict__ ws11, float* __restrict__ ws61, float* __restrict__ ws62)
 {
     /* attention_grad over H heads of T rows of E elements, causal: row i sees keys j <= i,
-       first pass, a thread per query row: its softmax (m, 1 / l) as the forward stored it,
-       D_i = g_i . out_i kept for the key rows, and dq_i = sum_j ds_ij k_j over the keys in order */
-    const int64_t H = (2*d0), T = 8, E = 16;
+       first pass, a block of 32 threads per query row: its softmax (m, 1 / l) as the forward stored it,
+       D_i = g_i . out_i kept for the key rows, and dq_i = sum_j ds_ij k_j, lane t over the keys
+       t, t + 32, ..., the lanes' sums added in lane order */
+    const int64_t H = (2*d0), T = 8;
+    enum { E = 16 };
     const float scale = 0.25f;
-    for (int64_t flat = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; flat < H * T;
-         flat += (int64_t)gridDim.x * blockDim.x) {
+    const int lane = threadIdx.x;
+    __shared__ float sh[32][E + 1];
+    for (int64_t flat = blockIdx.x; flat < H * T; flat += gridDim.x) {
         const int64_t h = flat / T, i = flat % T;
         const int64_t n0 = h / 2;
         const int64_t n1 = h % 2;
@@ -2188,60 +2219,73 @@ __global__ void __launch_bounds__(SG_THREADS) k83_attention_grad_t140(int64_t d0
         const int64_t o_row = 32;
         const float* gh = ws60 + n0 * 256 + n1 * 16;  /* t139, head h */
         const int64_t g_row = 32;
-const float* qi = qh + i * q_row;
+        const float* qi = qh + i * q_row;
         const float* oi = oh + i * o_row;
         const float* gi = gh + i * g_row;
         const int64_t visible = i + 1;
-        float s[SG_KEY_BLOCK];
-        const float m = ws11[h * T + i];  /* stored by the forward */
-        const float inverse = ws11[(H + h) * T + i];
+        float q[E], g[E], dq[E];
         /* D_i = g_i . out_i, which is sum_j p_ij (g_i . v_j) */
         float row = 0;
-        for (int64_t e = 0; e < E; ++e) {
-            row += gi[e] * oi[e];
+#pragma unroll
+        for (int e = 0; e < E; ++e) {
+            q[e] = qi[e];
+            g[e] = gi[e];
+            dq[e] = 0;
+            row += g[e] * oi[e];
         }
         row = row + (row - row);  /* a D that is not finite is NaN, as torch's ds then are */
-        ws62[h * T + i] = row;
+        const float mi = ws11[h * T + i];  /* stored by the forward */
+        const float inverse = ws11[(H + h) * T + i];
+        if (lane == 0) {
+            ws62[h * T + i] = row;
+        }
+        for (int64_t j = lane; j < visible; j += 32) {
+            const float* kj = kh + j * k_row;
+            const float* vj = vh + j * v_row;
+            float s = 0, dp = 0;
+#pragma unroll
+            for (int e = 0; e < E; ++e) {
+                s += q[e] * kj[e];
+                dp += g[e] * vj[e];
+            }
+            s *= scale;
+            const float p = expf(s - mi) * inverse;
+            const float ds = p * (dp - row) * scale;
+#pragma unroll
+            for (int e = 0; e < E; ++e) {
+                dq[e] += ds * kj[e];
+            }
+        }
         float* dqi = ws61 + (h * T + i) * E;
-        for (int64_t e = 0; e < E; ++e) {
-            dqi[e] = 0;
+        /* dq: the lanes' partial sums, added in lane order through shared memory */
+#pragma unroll
+        for (int e = 0; e < E; ++e) {
+            sh[lane][e] = dq[e];
         }
-        for (int64_t j0 = 0; j0 < visible; j0 += SG_KEY_BLOCK) {
-            const int64_t n = visible - j0 < SG_KEY_BLOCK ? visible - j0 : SG_KEY_BLOCK;
-            const float top = m;  /* the row's max: p = exp(s - m) / l */
-            for (int64_t jj = 0; jj < n; ++jj) {
-                const float* kj = kh + (j0 + jj) * k_row;
-                float dot = 0;
-                for (int64_t e = 0; e < E; ++e) {
-                    dot += qi[e] * kj[e];
-                }
-                s[jj] = dot * scale;
+        __syncthreads();
+        for (int e = lane; e < E; e += 32) {
+            float sum = 0;
+#pragma unroll
+            for (int t = 0; t < 32; ++t) {
+                sum += sh[t][e];
             }
-for (int64_t jj = 0; jj < n; ++jj) {
-                const float* kj = kh + (j0 + jj) * k_row;
-                const float* vj = vh + (j0 + jj) * v_row;
-                const float p = expf(s[jj] - top) * inverse;
-                float dp = 0;
-                for (int64_t e = 0; e < E; ++e) {
-                    dp += gi[e] * vj[e];
-                }
-                const float ds = p * (dp - row) * scale;
-                for (int64_t e = 0; e < E; ++e) {
-                    dqi[e] += ds * kj[e];
-                }
-            }
+            dqi[e] = sum;
         }
+        __syncthreads();  /* sh is reused */
     }
 }
 
-__global__ void __launch_bounds__(SG_THREADS) k83_attention_grad_t140_keys(int64_t d0, const float* __restrict__ ws9, const float* __restrict__ ws10, const float* __restrict__ ws60, const float* __restrict__ ws11, float* __restrict__ ws61, float* __restrict__ ws62)
+__global__ void __launch_bounds__(32) k83_attention_grad_t140_keys(int64_t d0, const float* __restrict__ ws9, const float* __restrict__ ws10, const float* __restrict__ ws60, const float* __restrict__ ws11, float* __restrict__ ws61, float* __restrict__ ws62)
 {
-    /* attention_grad, second pass, a thread per key row j: dk_j = sum_i ds_ij q_i and dv_j = sum_i p_ij g_i
-       over the query rows i that see key j, in order, from each row's m, 1 / l and D (the first pass's) */
-    const int64_t H = (2*d0), T = 8, E = 16;
+    /* attention_grad, second pass, a block of 32 threads per key row j: dk_j = sum_i ds_ij q_i and
+       dv_j = sum_i p_ij g_i over the query rows i that see key j, lane t over the rows t, t + 32, ...
+       (from each row's m, 1 / l and D, the first pass's), the lanes' sums added in lane order */
+    const int64_t H = (2*d0), T = 8;
+    enum { E = 16 };
     const float scale = 0.25f;
-    for (int64_t flat = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; flat < H * T;
-         flat += (int64_t)gridDim.x * blockDim.x) {
+    const int lane = threadIdx.x;
+    __shared__ float sh[32][E + 1];
+    for (int64_t flat = blockIdx.x; flat < H * T; flat += gridDim.x) {
         const int64_t h = flat / T, j = flat % T;
         const int64_t n0 = h / 2;
         const int64_t n1 = h % 2;
@@ -2253,54 +2297,88 @@ __global__ void __launch_bounds__(SG_THREADS) k83_attention_grad_t140_keys(int64
         const int64_t v_row = 96;
         const float* gh = ws60 + n0 * 256 + n1 * 16;  /* t139, head h */
         const int64_t g_row = 32;
-const float* kj = kh + j * k_row;
+        const float* kj = kh + j * k_row;
         const float* vj = vh + j * v_row;
-        float* dkj = ws61 + ((H + h) * T + j) * E;
-        float* dvj = ws61 + ((2 * H + h) * T + j) * E;
-        for (int64_t e = 0; e < E; ++e) {
-            dkj[e] = 0;
-            dvj[e] = 0;
+        float dk[E], dv[E];
+#pragma unroll
+        for (int e = 0; e < E; ++e) {
+            dk[e] = 0;
+            dv[e] = 0;
         }
-        /* From the key row of the warp's first lane (of this head): the lanes then read one query row
-           at a time, together; a lane skips the rows i < j its key is hidden from. */
-        const int64_t lane = threadIdx.x % 32, first = j - (j < lane ? j : lane);
-        for (int64_t i = first; i < T; ++i) {
+        /* the rows from j's multiple of 32: a lane whose row i < j does not see key j */
+        for (int64_t i = j - j % 32 + lane; i < T; i += 32) {
             if (i < j) {
                 continue;
             }
             const float* qi = qh + i * q_row;
             const float* gi = gh + i * g_row;
-            float dot = 0, dp = 0;
-            for (int64_t e = 0; e < E; ++e) {
-                dot += qi[e] * kj[e];
+            float s = 0, dp = 0;
+#pragma unroll
+            for (int e = 0; e < E; ++e) {
+                s += qi[e] * kj[e];
                 dp += gi[e] * vj[e];
             }
-            const float s = dot * scale, mi = ws11[h * T + i];
+            s *= scale;
+            const float mi = ws11[h * T + i];
             const float p = expf(s - mi) * ws11[(H + h) * T + i];
             const float ds = p * (dp - ws62[h * T + i]) * scale;
-            for (int64_t e = 0; e < E; ++e) {
-                dvj[e] += p * gi[e];
-                dkj[e] += ds * qi[e];
+#pragma unroll
+            for (int e = 0; e < E; ++e) {
+                dv[e] += p * gi[e];
+                dk[e] += ds * qi[e];
             }
         }
         /* Key j is hidden from the rows i < j, whose p_ij is 0. torch's math attention multiplies that 0
            in: p_ij (g_i . v_j - D_i) q_i into dk_j and p_ij g_i into dv_j, NaN where D_i or g_i is not
            finite (an infinity in the cotangent). Where some such D is not finite, add those products. */
         float hidden = 0;
-        for (int64_t i = 0; i < j; ++i) {
+        for (int64_t i = lane; i < j; i += 32) {
             hidden += ws62[h * T + i] - ws62[h * T + i];
         }
         if (hidden != hidden) {
-            for (int64_t i = 0; i < j; ++i) {
+            for (int64_t i = lane; i < j; i += 32) {
                 const float* qi = qh + i * q_row;
                 const float* gi = gh + i * g_row;
                 const float zero = ws62[h * T + i] - ws62[h * T + i];
-                for (int64_t e = 0; e < E; ++e) {
-                    dkj[e] += zero * qi[e];
-                    dvj[e] += 0 * gi[e];
+#pragma unroll
+                for (int e = 0; e < E; ++e) {
+                    dk[e] += zero * qi[e];
+                    dv[e] += 0 * gi[e];
                 }
             }
         }
+        float* dkj = ws61 + ((H + h) * T + j) * E;
+        float* dvj = ws61 + ((2 * H + h) * T + j) * E;
+        /* dk: the lanes' partial sums, added in lane order through shared memory */
+#pragma unroll
+        for (int e = 0; e < E; ++e) {
+            sh[lane][e] = dk[e];
+        }
+        __syncthreads();
+        for (int e = lane; e < E; e += 32) {
+            float sum = 0;
+#pragma unroll
+            for (int t = 0; t < 32; ++t) {
+                sum += sh[t][e];
+            }
+            dkj[e] = sum;
+        }
+        __syncthreads();  /* sh is reused */
+        /* dv: the lanes' partial sums, added in lane order through shared memory */
+#pragma unroll
+        for (int e = 0; e < E; ++e) {
+            sh[lane][e] = dv[e];
+        }
+        __syncthreads();
+        for (int e = lane; e < E; e += 32) {
+            float sum = 0;
+#pragma unroll
+            for (int t = 0; t < 32; ++t) {
+                sum += sh[t][e];
+            }
+            dvj[e] = sum;
+        }
+        __syncthreads();  /* sh is reused */
     }
 }
 
@@ -3800,7 +3878,7 @@ int sg_cuda_run(void* handle, const int64_t* dims, void** inputs, void** outputs
     {   /* k26_attention_t32 */
         const int64_t n = (2*d0) * 8;
         if (n > 0) {
-            k26_attention_t32<<<sg_blocks(n), SG_THREADS>>>(d0, ws9, ws10, ws11);
+            k26_attention_t32<<<sg_blocks_for_rows(n), 32>>>(d0, ws9, ws10, ws11);
             SG_CHECK(cudaGetLastError(), "launching k26_attention_t32");
         }
     }
@@ -4340,9 +4418,9 @@ int sg_cuda_run(void* handle, const int64_t* dims, void** inputs, void** outputs
     {   /* k83_attention_grad_t140: dq by query rows, then dk and dv by key rows (the first pass's statistics) */
         const int64_t n = (2*d0) * 8;
         if (n > 0) {
-            k83_attention_grad_t140<<<sg_blocks(n), SG_THREADS>>>(d0, ws9, ws10, ws60, ws11, ws61, ws62);
+            k83_attention_grad_t140<<<sg_blocks_for_rows(n), 32>>>(d0, ws9, ws10, ws60, ws11, ws61, ws62);
             SG_CHECK(cudaGetLastError(), "launching k83_attention_grad_t140");
-            k83_attention_grad_t140_keys<<<sg_blocks(n), SG_THREADS>>>(d0, ws9, ws10, ws60, ws11, ws61, ws62);
+            k83_attention_grad_t140_keys<<<sg_blocks_for_rows(n), 32>>>(d0, ws9, ws10, ws60, ws11, ws61, ws62);
             SG_CHECK(cudaGetLastError(), "launching k83_attention_grad_t140_keys");
         }
     }

@@ -54,6 +54,9 @@ from ..views import Buffer, View, buffer_view, contiguous_strides
 from .gather import contiguous_operand
 
 WORDS = (("attention", "fused attention"),)  # the report's count line
+# CUDA's warp walk holds a row's E-element vectors in registers (three in the gradient's first pass):
+# up to this E; a longer or symbolic E takes the row walk.
+WARP_E = 128
 
 
 @dataclass(frozen=True, eq=False)
@@ -238,9 +241,11 @@ def render(r: Renderer, k: AttentionKernel) -> dict:
                 for role, label, view in zip(("q", "k", "v", "o", "g"), k.labels, k.operands)]
     written = head(k.written)
     printer = r.lang.printer(k.out.dtype)
-    # exp(s - m): the rescale of a row's sums as its max grows, a block's p, and a key row's p of query row i
+    # exp(s - m): the rescale of a row's sums as its max grows, a block's p, and a key row's p of query row i;
+    # CUDA's warp walk: a lane's p and rescale as its max grows, and a lane's weight in the row's sums
     exp = {name: printer.print_named(sympy.exp(ARGS[0] - ARGS[1]), {ARGS[0]: a, ARGS[1]: b})
-           for name, (a, b) in dict(rescale=("before", "top"), p=("s[jj]", "top"), p_key=("s", "mi")).items()}
+           for name, (a, b) in dict(rescale=("before", "top"), p=("s[jj]", "top"), p_key=("s", "mi"),
+                                    p_lane=("s", "m"), grow=("m", "s"), weight=("mt", "M")).items()}
     r.features.add("attention")
     if any("sg_expf(" in text for text in exp.values()):
         r.features.add("fast_exp")
@@ -250,6 +255,7 @@ def render(r: Renderer, k: AttentionKernel) -> dict:
                        causal=k.causal, scale=r.ex.literal(k.scale, k.out.dtype), out=k.out.name, written=written,
                        scratch=[b.name for b in k.scratch], stats=None if k.stats is None else k.stats.name,
                        parallel=not small(sympy.sympify(k.heads) * k.T * k.T * k.E), helper_lines=_helper_lines(),
+                       warp=sympy.sympify(k.E).is_Integer and int(k.E) <= WARP_E,
                        **exp)
 
 
