@@ -26,10 +26,12 @@ elements exists: a tile's scores live on the stack of one thread. The backward's
 whole heads, so no two add into one dk or dv row.
 
 CUDA (templates/attention/attention.cu.j2) walks rows (languages.Language.attention "rows"): the forward
-runs a thread per query row (storing m and 1 / l into `stats` where decide paired it with its
-gradient); the gradient runs two kernels, a thread per query row (m and 1 / l read from `stats`, or
-found by a sweep and kept in the scratch; D_i = g_i . out_i kept in the scratch; dq_i summed over
-the keys in order), then a thread per key row summing dk_j and dv_j over the query rows in order.
+takes a query row (storing m and 1 / l into `stats` where decide paired it with its gradient); the
+gradient runs two kernels, one per query row (m and 1 / l read from `stats`, or found by a sweep and
+kept in the scratch; D_i = g_i . out_i kept in the scratch; dq_i summed over the keys), then one
+per key row summing dk_j and dv_j over the query rows. A row is a block of 32 threads (the warp
+walk: lane t takes keys or rows t, t + 32, ..., the row's vectors in registers, the lanes' sums
+added in lane order through shared memory) where E is a constant of at most WARP_E, else a thread.
 Every sum has one owner and a fixed order: no atomics, the same bits every run.
 """
 

@@ -47,9 +47,10 @@ is a new row here (and its templates), not a new renderer class.
 - `attention`: how a fused attention kernel walks its rows, which fixes the scratch the plan
   gives it (symgrad.backends.kinds.attention). "key blocks": a thread takes tiles of query rows
   against blocks of keys, k (and v) transposed per head in scratch, and the gradient's threads
-  take whole heads (C). "rows": a thread per query row for the forward and dq, then a thread per
-  key row summing its dk and dv over the query rows in order, reading each row's softmax (m, 1 / l)
-  and D = g . out from a scratch of per-row statistics: no atomics, the same sums every run (CUDA).
+  take whole heads (C). "rows": a row (a warp, or a thread) per query row for the forward and dq,
+  then per key row summing its dk and dv over the query rows in a fixed order, reading each row's
+  softmax (m, 1 / l) and D = g . out from a scratch of per-row statistics: no atomics, the same
+  sums every run (CUDA).
 - `declare_used_only`: the entry point declares typed pointers only for the
   buffers some launch passes (nvcc warns about unused locals).
 - `helper_qualifiers`: the storage class of the helpers kernels call (sg_random_bits).
