@@ -16,6 +16,9 @@ apart from the model. One that is not a node of the reference graph refuses the 
 
 A zero-stride array (an optimizer's moments start as one value broadcast to a parameter's
 shape: symgrad.api.sources.filled) is stored as that value and shape, not as megabytes of it.
+A sympy sum, product, power, function or Piecewise (a derived op's formula) is rebuilt from its
+arguments unevaluated: they are canonical already, and sympy's own pickle would run each
+function's evaluation again (7 of a 12-layer GPT's 18 ms of loading a cached step).
 """
 
 from __future__ import annotations
@@ -24,6 +27,8 @@ import io
 import pickle
 
 import numpy as np
+import sympy
+from sympy.core.function import AppliedUndef
 
 from .elementwise import derived_op
 from .graph import Graph
@@ -58,6 +63,17 @@ def _graph(state: dict) -> Graph:
 
 def _value(op, inputs, attrs, shape, dtype, effects) -> Value:
     return Value(op, inputs, attrs, shape, dtype, effects)
+
+
+def _unevaluated(cls, args):
+    """sympy's `cls(*args)` without its evaluation: `args` are those of an expression that was
+    evaluated when it was made (`_Pickler.reducer_override`)."""
+    return cls(*args, evaluate=False)
+
+
+# The sympy nodes `_unevaluated` rebuilds (an undefined function's class is made at run time: it
+# keeps sympy's own pickle).
+_REBUILT = (sympy.Add, sympy.Mul, sympy.Pow, sympy.Function, sympy.Piecewise)
 
 
 def _filled(element: np.ndarray, shape: tuple) -> np.ndarray:
@@ -107,6 +123,8 @@ class _Pickler(pickle.Pickler):
         # (recomputed on first use, as the other cached properties would be).
         if kind is Graph and "users" in vars(obj):
             return _graph, ({k: v for k, v in vars(obj).items() if k != "users"},)
+        if isinstance(obj, _REBUILT) and obj.args and not isinstance(obj, AppliedUndef):
+            return _unevaluated, (obj.func, obj.args)
         if kind is np.ndarray and obj.size > 1 and not any(obj.strides):
             return _filled, (obj.reshape(-1)[:1].copy(), obj.shape)
         return NotImplemented
