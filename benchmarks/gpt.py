@@ -134,7 +134,7 @@ def torch_runner(compiled: bool, autocast: str | None = None, device: str = "cpu
         import torch
         step = _torch_step(bench, state, compiled, autocast, device)
         xt, yt = torch.from_numpy(x).to(device), torch.from_numpy(y).to(device)
-        under = f", forward under torch.autocast('cpu', {autocast})" if autocast else ""
+        under = f", forward under torch.autocast({device!r}, {autocast})" if autocast else ""
         return Runner(lambda: step(xt, yt), lambda loss: loss.item(),
                       note=("torch.compile of zero_grad + forward + backward + AdamW" if compiled
                             else "PyTorch eager: zero_grad, forward, backward, AdamW") + under)

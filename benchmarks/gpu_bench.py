@@ -101,6 +101,12 @@ def model_steps(key: str, compile_: bool) -> tuple[str, dict]:
     return key, runners
 
 
+def _compile_failed(key: str, exc: Exception) -> float:
+    """A failed torch.compile is a cell of its own (NaN), not the end of the row."""
+    print(f"  torch.compile failed on {key}: {str(exc).splitlines()[0][:200] if str(exc) else type(exc).__name__}")
+    return float("nan")
+
+
 def time_model(key: str, steps: int, compile_: bool) -> tuple[str, dict, dict]:
     """(label, system -> ms per step, system -> first loss) for one row."""
     import torch
@@ -108,13 +114,21 @@ def time_model(key: str, steps: int, compile_: bool) -> tuple[str, dict, dict]:
         model = MODELS[key]
         times = {"symgrad": symgrad_cuda(model, steps), "eager": torch_cuda(model, steps)}
         if compile_:
-            times["compile"] = torch_cuda(model, steps, compile_=True)
+            try:
+                times["compile"] = torch_cuda(model, steps, compile_=True)
+            except Exception as exc:  # noqa: BLE001
+                times["compile"] = _compile_failed(key, exc)
         return model.label, times, {}
     label, runners = model_steps(key, compile_)
     times, first = {}, {}
     for name, (step, to_float) in runners.items():
-        first[name] = to_float(step())
-        times[name] = median_ms(lambda: to_float(step()), steps, torch.cuda.synchronize)
+        try:
+            first[name] = to_float(step())
+            times[name] = median_ms(lambda: to_float(step()), steps, torch.cuda.synchronize)
+        except Exception as exc:  # noqa: BLE001
+            if name != "compile":
+                raise
+            times[name] = _compile_failed(key, exc)
     return label, times, first
 
 
@@ -137,7 +151,7 @@ def main(argv=None) -> int:
             print(f"  {key} failed: {type(exc).__name__}: {str(exc).splitlines()[0][:300] if str(exc) else ''}",
                   flush=True)
             continue
-        others = min(v for k, v in times.items() if k != "symgrad")
+        others = min(v for k, v in times.items() if k != "symgrad" and v == v)
         row = f"{label:8s} {times['symgrad']:16.3f} {times['eager']:15.3f}"
         if args.compile:
             row += f" {times.get('compile', float('nan')):17.3f}"

@@ -27,7 +27,7 @@ from symgrad.backends.render.languages import C_OPENMP, CUDA
 from symgrad.backends.lower.lowering import AttentionKernel, lower
 from symgrad.ir import shapes as S
 from symgrad.ir.graph import Graph
-from symgrad.backends.kinds.attention import WARP_E
+from symgrad.backends.kinds.attention import WARP_BYTES
 from symgrad.ir.ops_attention import attention, attention_grad
 import cuda_on_cpu
 from test_backend_cuda import HAS_GPU, B, batched_matmul_ops
@@ -172,11 +172,11 @@ def test_convolutions_match_numpy(device):
 @pytest.mark.parametrize("E", [16, 130])
 def test_attention_gradient_matches_numpy_and_is_the_same_every_run(device, E):
     """Causal and not: the forward, its gradient beside it and one apart; run again, the same bits.
-    E = 16 takes the warp walk (E in registers), 130 the row walk (more than WARP_E)."""
+    E = 16 takes the warp walk (E in registers), 130 the row walk (more than WARP_BYTES)."""
     pairs = [_attention_pair("float32", causal, suffix=f"_{causal}", E=E) for causal in (True, False)]
     inputs, outputs = [v for ins, _ in pairs for v in ins], [v for _, outs in pairs for v in outs]
     grids = re.findall(r"_attention\w*<<<([^>]*)>>>", sg.cuda_source(Graph(inputs, outputs)))
-    assert grids == ["sg_blocks_for_rows(n), 32" if E <= WARP_E else "sg_blocks(n), SG_THREADS"] * 10
+    assert grids == ["sg_blocks_for_rows(n), 32" if 4 * E <= WARP_BYTES else "sg_blocks(n), SG_THREADS"] * 10
     f, reference = _functions(inputs, outputs)
     arrays = [RNG.standard_normal((3, 70, E)).astype(np.float32) for _ in inputs]
     forwards = reference(*arrays)
@@ -188,28 +188,64 @@ def test_attention_gradient_matches_numpy_and_is_the_same_every_run(device, E):
             np.testing.assert_array_equal(again, once, err_msg=f"output {k}")
 
 
+def _nan_where_numpy_s_is(got, want) -> None:
+    for n, (a, b) in enumerate(zip(got, want)):
+        np.testing.assert_array_equal(np.isnan(a), np.isnan(b), err_msg=f"output {n}: NaN where NumPy's is")
+        np.testing.assert_allclose(a[np.isfinite(b)], b[np.isfinite(b)], rtol=1e-4, atol=1e-4, err_msg=f"output {n}")
+
+
 @pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning")  # NumPy's inf * 0, meant
-def test_attention_gradient_of_an_infinite_cotangent_is_nan_where_numpy_s_is(device):
+@pytest.mark.parametrize("E", [8, 130])
+def test_attention_gradient_of_an_infinite_cotangent_is_nan_where_numpy_s_is(device, E):
     """An infinity in a cotangent row makes its D NaN; the keys hidden from it (causal) get NaN in dk,
     and in dv where the row is infinite, as NumPy's (and torch's math attention) p = 0 times it gives.
     The key rows skip the query rows hidden from them: they add those products where some D is not
-    finite (the H200 run found CUDA's dk finite there)."""
+    finite (the H200 run found CUDA's dk finite there). E = 8: the warp walk; 130: the row walk."""
     inputs, outputs = [], []
     for causal in (True, False):
-        q, k, v, g = (sg.input(f"{name}_{causal}", (2, 40, 8)) for name in "qkvg")
+        q, k, v, g = (sg.input(f"{name}_{causal}", (2, 40, E)) for name in "qkvg")
         y = sg.scaled_dot_product_attention(q, k, v, is_causal=causal)
         inputs += [q, k, v, g]
         outputs += sg.grad(sg.sum(y * g), [q, k, v])
-    arrays = [RNG.standard_normal((2, 40, 8)).astype(np.float32) for _ in inputs]
+    arrays = [RNG.standard_normal((2, 40, E)).astype(np.float32) for _ in inputs]
     for at in (3, 7):  # each g
         arrays[at][0, 1, 0] = np.inf
         arrays[at][1, 35, 2] = -np.inf
     f, reference = _functions(inputs, outputs)
-    got, want = f(*arrays), reference(*arrays)
-    for n, (a, b) in enumerate(zip(got, want)):
-        np.testing.assert_array_equal(np.isnan(a), np.isnan(b), err_msg=f"output {n}: NaN where NumPy's is")
-        np.testing.assert_allclose(a[np.isfinite(b)], b[np.isfinite(b)], rtol=1e-4, atol=1e-4, err_msg=f"output {n}")
+    got = f(*arrays)
+    _nan_where_numpy_s_is(got, reference(*arrays))
     assert np.isnan(got[1][0]).all() and np.isnan(got[2][0, 2:, 0]).all()  # causal dk, dv of the hidden keys
+
+
+@pytest.mark.filterwarnings("ignore:overflow encountered:RuntimeWarning")  # NumPy's 1e20 * -1e20, meant
+@pytest.mark.parametrize("E", [8, 130])
+def test_attention_with_a_score_of_minus_infinity_is_finite_as_numpy_s(device, E):
+    """Finite q and k whose product overflows to -inf in float32 (1e20 * -1e20) at key 5, the first key
+    of a lane in the warp walk, or at key 33, its second: p = 0 there, the rows stay finite (a lane
+    whose running max was still -inf took exp(-inf + inf) = NaN and made every row that sees the key
+    NaN). The forward, its gradient beside it and one apart (which finds the softmax again)."""
+    inputs, outputs = [], []
+    for causal in (True, False):
+        q, k, v, g, out = (sg.input(f"{name}_{causal}", (2, 40, E)) for name in ("q", "k", "v", "g", "out"))
+        y = attention(q, k, v, causal, 0.3)
+        inputs += [q, k, v, g, out]
+        outputs += [y, attention_grad(q, k, v, y, g, causal, 0.3), attention_grad(q, k, v, out, g, causal, 0.3)]
+    f, reference = _functions(inputs, outputs)
+    for key in (5, 33):
+        arrays = [RNG.standard_normal((2, 40, E)).astype(np.float32) for _ in inputs]
+        for q, k in ((arrays[0], arrays[1]), (arrays[5], arrays[6])):
+            q[..., 0] = 1e20
+            k[..., 0] = 0
+            k[:, key, 0] = -1e20
+        for at in (4, 9):  # each `out`: its forward's output
+            arrays[at] = reference(*arrays)[0 if at == 4 else 3]
+        got, want = f(*arrays), reference(*arrays)
+        for n, (a, b) in enumerate(zip(got, want)):
+            assert np.isfinite(a).all() and np.isfinite(b).all(), f"output {n}"
+            kept = np.ones(b.shape, bool)
+            if n % 3:  # a gradient: dk's first column sums ds times q's 1e20 (1e16, cancelling: ill-conditioned)
+                kept[1, ..., 0] = False
+            np.testing.assert_allclose(a[kept], b[kept], rtol=1e-4, atol=1e-4, err_msg=f"output {n}")
 
 
 def test_lenet_step_matches_numpy(device):

@@ -779,7 +779,8 @@ __global__ void __launch_bounds__(32) k26_attention_t32(int64_t d0, const float*
                 }
                 m = s;
             }
-            const float p = expf(s - m);
+            /* A score of -inf weighs 0 (exp(s - m) would be NaN while m is still -inf) */
+            const float p = s == -INFINITY ? 0 : expf(s - m);
             l += p;
             const float* vj = vh + j * v_row;
 #pragma unroll
@@ -798,7 +799,7 @@ __global__ void __launch_bounds__(32) k26_attention_t32(int64_t d0, const float*
 #pragma unroll
         for (int t = 0; t < 32; ++t) {
             const float mt = sh_m[t];
-            w[t] = mt == -INFINITY ? 0 : expf(mt - M);
+            w[t] = expf(mt - M);
             L += sh_l[t] * w[t];
         }
         const float inverse = 1 / L;

@@ -31,7 +31,8 @@ gradient runs two kernels, one per query row (m and 1 / l read from `stats`, or 
 kept in the scratch; D_i = g_i . out_i kept in the scratch; dq_i summed over the keys), then one
 per key row summing dk_j and dv_j over the query rows. A row is a block of 32 threads (the warp
 walk: lane t takes keys or rows t, t + 32, ..., the row's vectors in registers, the lanes' sums
-added in lane order through shared memory) where E is a constant of at most WARP_E, else a thread.
+added in lane order through shared memory) where E is a constant and a row at most WARP_BYTES,
+else a thread.
 Every sum has one owner and a fixed order: no atomics, the same bits every run.
 """
 
@@ -56,9 +57,10 @@ from ..views import Buffer, View, buffer_view, contiguous_strides
 from .gather import contiguous_operand
 
 WORDS = (("attention", "fused attention"),)  # the report's count line
-# CUDA's warp walk holds a row's E-element vectors in registers (three in the gradient's first pass):
-# up to this E; a longer or symbolic E takes the row walk.
-WARP_E = 128
+# CUDA's warp walk holds a row's E-element vectors in registers (four in the gradient's key pass:
+# dk, dv and the key's k and v): up to this many bytes each (E = 128 in float32; in float64 E = 128
+# spilled 9 KB a thread); a longer or symbolic E takes the row walk.
+WARP_BYTES = 512
 
 
 @dataclass(frozen=True, eq=False)
@@ -257,7 +259,7 @@ def render(r: Renderer, k: AttentionKernel) -> dict:
                        causal=k.causal, scale=r.ex.literal(k.scale, k.out.dtype), out=k.out.name, written=written,
                        scratch=[b.name for b in k.scratch], stats=None if k.stats is None else k.stats.name,
                        parallel=not small(sympy.sympify(k.heads) * k.T * k.T * k.E), helper_lines=_helper_lines(),
-                       warp=sympy.sympify(k.E).is_Integer and int(k.E) <= WARP_E,
+                       warp=sympy.sympify(k.E).is_Integer and int(k.E) * D.native_itemsize(k.out.dtype) <= WARP_BYTES,
                        **exp)
 
 
