@@ -718,20 +718,21 @@ SG_KERNEL void k106_scatter_add_t182(int64_t d0, const float* restrict ws77, con
 /* ---- translation unit 1 of 2 ---- */
 #if SG_IN_PART(1)
 
-/* t5: f32[8,32] = take[axis=0](transformer.wpe.weight, t4) */
-SG_KERNEL void k2_take_t5(int64_t d0, const float* restrict var1, const int64_t* restrict ws1, float* restrict ws2)
+/* t3: f32[B,8,32] = take[axis=0](transformer.wte.weight, idx) */
+SG_KERNEL void k0_take_t3(int64_t d0, const float* restrict var0, const int64_t* restrict in0, float* restrict ws0)
 {
-    const int64_t P = 1, I = 8, Q = 32, R = 8;
-    const float* src = var1;
-    const int64_t* idx = ws1;
+    const int64_t P = 1, I = (8*d0), Q = 32, R = 64;
+    const float* src = var0;
+    const int64_t* idx = in0;
     /* out[p, i, q] = src[p, idx[i], q]: each (p, i) copies one row of Q. An index outside [0, R)
        (the call checked them; this is only a guard) gives a row of zeros, never a read outside src. */
+    #pragma omp parallel for collapse(2) if(P * I * Q >= SG_PARALLEL_MIN)
     for (int64_t p = 0; p < P; ++p) {
         for (int64_t i = 0; i < I; ++i) {
             const int64_t r = (int64_t)idx[i];
             const int inside = r >= 0 && r < R;
             const float* row = src + (p * R + (inside ? r : 0)) * Q;
-            float* dst = ws2 + (p * I + i) * Q;
+            float* dst = ws0 + (p * I + i) * Q;
             for (int64_t q = 0; q < Q; ++q) {
                 dst[q] = inside ? row[q] : 0;
             }
@@ -739,28 +740,41 @@ SG_KERNEL void k2_take_t5(int64_t d0, const float* restrict var1, const int64_t*
     }
 }
 
-/* t6: f32[B,8,32] = add(t3, t5) */
-/* t7: f32[B,8,1] = sum[axes=(2,), keepdims=True](t6) */
-/* t8: f32[B,8,1] = mul(t7, 1/32) */
-SG_KERNEL void k20_mul_t8(int64_t d0, const float* restrict ws0, const float* restrict ws2, float* restrict ws4)
+/* Also called for k105_copy, the same code on their buffers */
+/* make iota's operand contiguous: t4 */
+SG_KERNEL void k1_copy(int64_t d0, int64_t* restrict ws1)
 {
-    #pragma omp parallel for if((256*d0) >= SG_PARALLEL_MIN)
-    for (int64_t o0 = 0; o0 < d0; ++o0) {
-        for (int64_t o1 = 0; o1 < 8; ++o1) {
-            double acc = 0;
-            #pragma omp simd reduction(+:acc)
-            for (int64_t r0 = 0; r0 < 32; ++r0) {
-                const float v0 = ws0[o0 * 256 + o1 * 32 + r0];  /* t3 */
-                const float v1 = ws2[o1 * 32 + r0];  /* t5 */
-                const float t6 = v0 + v1;  /* t6: f32[B,8,32] = add(t3, t5) */
-                acc += (double)t6;
-            }
-            const float red = (float)(acc);
-            const float ev0 = 0.03125f;  /* 1/32 */
-            const float t8 = red*ev0;  /* t8: f32[B,8,1] = mul(t7, 1/32) */
-            ws4[o0 * 8 + o1] = t8;
-        }
+    for (int64_t i0 = 0; i0 < 8; ++i0) {
+        const int64_t v0 = i0;  /* make iota's operand contiguous */
+        const int64_t r = v0;  /* make iota's operand contiguous: t4 */
+        ws1[i0] = r;
     }
+}
+
+/* t87: bool[8*B] = not_equal(t86, -100) */
+/* t88: f32[8*B] = cast(t87) */
+/* t89: f32[] = sum[axes=(0,), keepdims=False](t88) */
+SG_KERNEL void k3_sum_t89(int64_t d0, const int64_t* restrict in1, float* restrict ws3)
+{
+    double acc = 0;
+    #pragma omp simd reduction(+:acc)
+    for (int64_t r0 = 0; r0 < 8*d0; ++r0) {
+        const int64_t v0 = in1[r0];  /* t86 */
+        const int64_t v1 = (-100);  /* -100 */
+        const uint8_t t87 = (uint8_t)((v0 != v1));  /* t87: bool[8*B] = not_equal(t86, -100) */
+        const float t88 = ((t87) ? 1.0f : 0.0f);  /* t88: f32[8*B] = cast(t87) */
+        acc += (double)t88;
+    }
+    ws3[0] = (float)(acc);
+}
+
+/* Also called for 15 more kernels (k5_adam_step_t178, ...) on their buffers, each named at its call */
+/* t94: f64[] = transformer.wte.weight.step + 1 */
+SG_KERNEL void k4_adam_step_t94(int64_t d0, double* restrict var17)
+{
+    const double v0 = var17[0];  /* transformer.wte.weight.step */
+    const double t94 = v0 + 1.0;  /* t94: f64[] = transformer.wte.weight.step + 1 */
+    var17[0] = t94;
 }
 
 /* t6: f32[B,8,32] = add(t3, t5) */
@@ -786,6 +800,28 @@ SG_KERNEL void k22_add_t17(int64_t d0, const float* restrict ws0, const float* r
                 const float t16 = t15*v4;  /* t16: f32[B,8,32] = mul(t15, transformer.h.0.ln_1.weight) */
                 const float t17 = t16 + v5;  /* t17: f32[B,8,32] = add(t16, transformer.h.0.ln_1.bias) */
                 ws6[i0 * 256 + i1 * 32 + i2] = t17;
+            }
+        }
+    }
+}
+
+/* t6: f32[B,8,32] = add(t3, t5) */
+/* t9: f32[B,8,32] = sub(t6, t8) */
+/* t162: f32[B,8,32] = div(t9, t14) */
+SG_KERNEL void k23_div_t162(int64_t d0, const float* restrict ws0, const float* restrict ws2, const float* restrict ws4, const float* restrict ws5, float* restrict ws7)
+{
+    #pragma omp parallel for if((256*d0) >= SG_PARALLEL_MIN)
+    for (int64_t i0 = 0; i0 < d0; ++i0) {
+        for (int64_t i1 = 0; i1 < 8; ++i1) {
+            for (int64_t i2 = 0; i2 < 32; ++i2) {
+                const float v0 = ws0[i0 * 256 + i1 * 32 + i2];  /* t3 */
+                const float v1 = ws2[i1 * 32 + i2];  /* t5 */
+                const float v2 = ws4[i0 * 8 + i1];  /* t8 */
+                const float v3 = ws5[i0 * 8 + i1];  /* t14 */
+                const float t6 = v0 + v1;  /* t6: f32[B,8,32] = add(t3, t5) */
+                const float t9 = t6 - v2;  /* t9: f32[B,8,32] = sub(t6, t8) */
+                const float t162 = t9/v3;  /* t162: f32[B,8,32] = div(t9, t14) */
+                ws7[i0 * 256 + i1 * 32 + i2] = t162;
             }
         }
     }
@@ -875,37 +911,24 @@ SG_KERNEL void k26_add_t37(int64_t d0, const float* restrict ws9, const float* r
         ws12, context, &epilogue, context->scratch);
 }
 
-/* t6: f32[B,8,32] = add(t3, t5) */
-/* t39: f32[B,8,32] = add(t6, t38) */
-/* t42: f32[B,8,32] = sub(t39, t41) */
-SG_KERNEL void k28_sub_t42(int64_t d0, const float* restrict ws0, const float* restrict ws2, const float* restrict ws12, const float* restrict ws13, float* restrict ws14)
+/* Also called for 3 more kernels (k37_add_t73, ...) on their buffers, each named at its call */
+/* t48: f32[B,8,32] = div(t42, t47) */
+/* t49: f32[B,8,32] = mul(t48, transformer.h.0.ln_2.weight) */
+/* t50: f32[B,8,32] = add(t49, transformer.h.0.ln_2.bias) */
+SG_KERNEL void k30_add_t50(int64_t d0, const float* restrict ws14, const float* restrict ws15, const float* restrict var8, const float* restrict var9, float* restrict ws16)
 {
     #pragma omp parallel for if((256*d0) >= SG_PARALLEL_MIN)
-    for (int64_t i0 = 0; i0 < d0; ++i0) {
-        for (int64_t i1 = 0; i1 < 8; ++i1) {
-            for (int64_t i2 = 0; i2 < 32; ++i2) {
-                const float v0 = ws0[i0 * 256 + i1 * 32 + i2];  /* t3 */
-                const float v1 = ws2[i1 * 32 + i2];  /* t5 */
-                const float v2 = ws12[i0 * 256 + i1 * 32 + i2];  /* t38 */
-                const float v3 = ws13[i0 * 8 + i1];  /* t41 */
-                const float t6 = v0 + v1;  /* t6: f32[B,8,32] = add(t3, t5) */
-                const float t39 = t6 + v2;  /* t39: f32[B,8,32] = add(t6, t38) */
-                const float t42 = t39 - v3;  /* t42: f32[B,8,32] = sub(t39, t41) */
-                ws14[i0 * 256 + i1 * 32 + i2] = t42;
-            }
+    for (int64_t i0 = 0; i0 < 8*d0; ++i0) {
+        for (int64_t i1 = 0; i1 < 32; ++i1) {
+            const float v0 = ws14[i0 * 32 + i1];  /* t42 */
+            const float v1 = ws15[i0];  /* t47 */
+            const float v2 = var8[i1];  /* transformer.h.0.ln_2.weight */
+            const float v3 = var9[i1];  /* transformer.h.0.ln_2.bias */
+            const float t48 = v0/v1;  /* t48: f32[B,8,32] = div(t42, t47) */
+            const float t49 = t48*v2;  /* t49: f32[B,8,32] = mul(t48, transformer.h.0.ln_2.weight) */
+            const float t50 = t49 + v3;  /* t50: f32[B,8,32] = add(t49, transformer.h.0.ln_2.bias) */
+            ws16[i0 * 32 + i1] = t50;
         }
-    }
-}
-
-/* Also called for k57_gelu_t232, the same code on their buffers */
-/* t56: f32[B,8,128] = gelu(t55) */
-SG_KERNEL SG_MATH_LOOP void k32_gelu_t56(int64_t d0, const float* restrict ws17, float* restrict ws18)
-{
-    #pragma omp parallel for if((1024*d0) >= SG_PARALLEL_MIN)
-    for (int64_t i0 = 0; i0 < 1024*d0; ++i0) {
-        const float v0 = ws17[i0];  /* t55 */
-        const float t56 = (1.0f/2.0f)*v0*(sg_erff(0.70710677f*v0) + 1.0f);  /* t56: f32[B,8,128] = gelu(t55) */
-        ws18[i0] = t56;
     }
 }
 
@@ -981,42 +1004,47 @@ SG_KERNEL void k34_mul_t64(int64_t d0, const float* restrict ws0, const float* r
     }
 }
 
-/* t6: f32[B,8,32] = add(t3, t5) */
-/* t39: f32[B,8,32] = add(t6, t38) */
-/* t62: f32[B,8,32] = add(t39, t61) */
-/* t65: f32[B,8,32] = sub(t62, t64) */
-SG_KERNEL void k35_sub_t65(int64_t d0, const float* restrict ws0, const float* restrict ws2, const float* restrict ws12, const float* restrict ws19, const float* restrict ws20, float* restrict ws21)
+/* t76: f32[8*B,64] = matmul(t74, t75) */
+SG_KERNEL void k38_matmul_t76(int64_t d0, const float* restrict ws23, const float* restrict var0, float* restrict ws24, sg_context* context)
 {
-    #pragma omp parallel for if((256*d0) >= SG_PARALLEL_MIN)
-    for (int64_t i0 = 0; i0 < d0; ++i0) {
-        for (int64_t i1 = 0; i1 < 8; ++i1) {
-            for (int64_t i2 = 0; i2 < 32; ++i2) {
-                const float v0 = ws0[i0 * 256 + i1 * 32 + i2];  /* t3 */
-                const float v1 = ws2[i1 * 32 + i2];  /* t5 */
-                const float v2 = ws12[i0 * 256 + i1 * 32 + i2];  /* t38 */
-                const float v3 = ws19[i0 * 256 + i1 * 32 + i2];  /* t61 */
-                const float v4 = ws20[i0 * 8 + i1];  /* t64 */
-                const float t6 = v0 + v1;  /* t6: f32[B,8,32] = add(t3, t5) */
-                const float t39 = t6 + v2;  /* t39: f32[B,8,32] = add(t6, t38) */
-                const float t62 = t39 + v3;  /* t62: f32[B,8,32] = add(t39, t61) */
-                const float t65 = t62 - v4;  /* t65: f32[B,8,32] = sub(t62, t64) */
-                ws21[i0 * 256 + i1 * 32 + i2] = t65;
-            }
-        }
-    }
-}
-
-/* t109: f32[64,32] = matmul(t104, t108) */
-SG_KERNEL void k42_matmul_t109(int64_t d0, const float* restrict ws28, const float* restrict ws29, float* restrict ws30, sg_context* context)
-{
-    /* a[64 x 8*d0] read with strides (1, 64), b[8*d0 x 32] with (32, 1):
+    /* a[8*d0 x 32] read with strides (32, 1), b[32 x 64] with (1, 32):
        a transposed operand is only a change of strides. */
     /* Its buffers in the runtime's scratch region (context->scratch, sized by symgrad_scratch_bytes);
        context->status: the GEMM's, for the entry point to check */
-    context->status = sg_gemm_f32(64, 32, 8*d0,
-        ws28, 1, 64,
-        ws29, 32, 1,
-        ws30, context, NULL, context->scratch);
+    context->status = sg_gemm_f32(8*d0, 64, 32,
+        ws23, 32, 1,
+        var0, 1, 32,
+        ws24, context, NULL, context->scratch);
+}
+
+/* t84: f32[] = sum[axes=(0,1), keepdims=False](t83) (the sum of the per-row parts) */
+/* t85: f32[] = neg(t84) */
+/* t90: f32[] = div(t85, t89) */
+SG_KERNEL void k40_div_t90(int64_t d0, const double* restrict ws27, const float* restrict ws3, float* restrict out0)
+{
+    double acc = 0;
+    #pragma omp simd reduction(+:acc)
+    for (int64_t r0 = 0; r0 < 8*d0; ++r0) {
+        acc += (double)ws27[r0];
+    }
+    const float red = (float)(acc);
+    const float ev0 = ws3[0];  /* t89 */
+    const float t85 = -red;  /* t85: f32[] = neg(t84) */
+    const float t90 = t85/ev0;  /* t90: f32[] = div(t85, t89) */
+    out0[0] = t90;
+}
+
+/* t110: f32[8*B,32] = matmul(t103, transformer.wte.weight) */
+SG_KERNEL void k43_matmul_t110(int64_t d0, const float* restrict ws28, const float* restrict var0, float* restrict ws31, sg_context* context)
+{
+    /* a[8*d0 x 64] read with strides (64, 1), b[64 x 32] with (32, 1):
+       a transposed operand is only a change of strides. */
+    /* Its buffers in the runtime's scratch region (context->scratch, sized by symgrad_scratch_bytes);
+       context->status: the GEMM's, for the entry point to check */
+    context->status = sg_gemm_f32(8*d0, 32, 64,
+        ws28, 64, 1,
+        var0, 32, 1,
+        ws31, context, NULL, context->scratch);
 }
 
 /* Also called for 9 more kernels (k50_adam_param_t323, ...) on their buffers and element counts, each named at its call */
@@ -1050,102 +1078,42 @@ SG_KERNEL void k45_adam_param_t332(int64_t d0, const double* restrict var35, con
     }
 }
 
-/* Also called for k65_simplified_t131, the same code on their buffers */
-/* t112: f32[B,8,32] = mul(t111, transformer.ln_f.weight) */
-/* t115: f32[B,8,32] = t112/t70 + t114*t65/(32*t70) */
-SG_KERNEL void k47_simplified_t115(int64_t d0, const float* restrict ws31, const float* restrict var14, const float* restrict ws22, const float* restrict ws33, const float* restrict ws21, float* restrict ws34)
-{
-    #pragma omp parallel for if((256*d0) >= SG_PARALLEL_MIN)
-    for (int64_t i0 = 0; i0 < 8*d0; ++i0) {
-        for (int64_t i1 = 0; i1 < 32; ++i1) {
-            const float v0 = ws31[i0 * 32 + i1];  /* t111 */
-            const float v1 = var14[i1];  /* transformer.ln_f.weight */
-            const float v2 = ws22[i0];  /* t70 */
-            const float v3 = ws33[i0];  /* t114 */
-            const float v4 = ws21[i0 * 32 + i1];  /* t65 */
-            const float t112 = v0*v1;  /* t112: f32[B,8,32] = mul(t111, transformer.ln_f.weight) */
-            const float t115 = t112/v2 + (1.0f/32.0f)*v3*v4/v2;  /* t115: f32[B,8,32] = t112/t70 + t114*t65/(32*t70) */
-            ws34[i0 * 32 + i1] = t115;
-        }
-    }
-}
-
-/* Also called for k66_mul_t280, the same code on their buffers */
+/* Also called for k64_sum_t130, the same code on their buffers */
 /* t105: f32[B,8,32] = div(t65, t70) */
-/* t317: f32[B,8,32] = mul(t111, t105) */
-SG_KERNEL void k48_mul_t317(int64_t d0, const float* restrict ws21, const float* restrict ws22, const float* restrict ws31, float* restrict ws35)
-{
-    #pragma omp parallel for if((256*d0) >= SG_PARALLEL_MIN)
-    for (int64_t i0 = 0; i0 < 8*d0; ++i0) {
-        for (int64_t i1 = 0; i1 < 32; ++i1) {
-            const float v0 = ws21[i0 * 32 + i1];  /* t65 */
-            const float v1 = ws22[i0];  /* t70 */
-            const float v2 = ws31[i0 * 32 + i1];  /* t111 */
-            const float t105 = v0/v1;  /* t105: f32[B,8,32] = div(t65, t70) */
-            const float t317 = v2*t105;  /* t317: f32[B,8,32] = mul(t111, t105) */
-            ws35[i0 * 32 + i1] = t317;
-        }
-    }
-}
-
-/* Also called for 2 more kernels (k73_mul_t134, ...) on their buffers, each named at its call */
-/* t116: f32[B,8,1] = sum[axes=(2,), keepdims=True](t115) */
-/* t117: f32[B,8,1] = mul(t116, -0.03125) */
-SG_KERNEL void k51_mul_t117(int64_t d0, const float* restrict ws34, float* restrict ws37)
+/* t112: f32[B,8,32] = mul(t111, transformer.ln_f.weight) */
+/* t113: f32[B,8,32] = -t105*t112/t70 */
+/* t114: f32[B,8,1] = sum[axes=(2,), keepdims=True](t113) */
+SG_KERNEL void k46_sum_t114(int64_t d0, const float* restrict ws21, const float* restrict ws22, const float* restrict ws31, const float* restrict var14, float* restrict ws33)
 {
     #pragma omp parallel for if((256*d0) >= SG_PARALLEL_MIN)
     for (int64_t o0 = 0; o0 < 8*d0; ++o0) {
         double acc = 0;
         #pragma omp simd reduction(+:acc)
         for (int64_t r0 = 0; r0 < 32; ++r0) {
-            acc += (double)ws34[o0 * 32 + r0];
+            const float v0 = ws21[o0 * 32 + r0];  /* t65 */
+            const float v1 = ws22[o0];  /* t70 */
+            const float v2 = ws31[o0 * 32 + r0];  /* t111 */
+            const float v3 = var14[r0];  /* transformer.ln_f.weight */
+            const float t105 = v0/v1;  /* t105: f32[B,8,32] = div(t65, t70) */
+            const float t112 = v2*v3;  /* t112: f32[B,8,32] = mul(t111, transformer.ln_f.weight) */
+            const float t113 = -t112*t105/v1;  /* t113: f32[B,8,32] = -t105*t112/t70 */
+            acc += (double)t113;
         }
-        const float red = (float)(acc);
-        const float ev0 = (-0.03125f);  /* -0.03125 */
-        const float t117 = red*ev0;  /* t117: f32[B,8,1] = mul(t116, -0.03125) */
-        ws37[o0] = t117;
+        ws33[o0] = (float)(acc);
     }
 }
 
-/* t118: f32[B,8,32] = add(t115, t117) */
-SG_KERNEL void k52_add_t118(int64_t d0, const float* restrict ws34, const float* restrict ws37, float* restrict ws38)
+/* t234: f32[32,128] = matmul(t231, t233) */
+SG_KERNEL void k58_matmul_t234(int64_t d0, const float* restrict ws38, const float* restrict ws42, float* restrict ws43, sg_context* context)
 {
-    #pragma omp parallel for if((256*d0) >= SG_PARALLEL_MIN)
-    for (int64_t i0 = 0; i0 < 8*d0; ++i0) {
-        for (int64_t i1 = 0; i1 < 32; ++i1) {
-            const float v0 = ws34[i0 * 32 + i1];  /* t115 */
-            const float v1 = ws37[i0];  /* t117 */
-            const float t118 = v0 + v1;  /* t118: f32[B,8,32] = add(t115, t117) */
-            ws38[i0 * 32 + i1] = t118;
-        }
-    }
-}
-
-/* t120: f32[8*B,128] = matmul(t119, transformer.h.0.mlp.c_proj.weight) */
-SG_KERNEL void k55_matmul_t120(int64_t d0, const float* restrict ws38, const float* restrict var12, float* restrict ws40, sg_context* context)
-{
-    /* a[8*d0 x 32] read with strides (32, 1), b[32 x 128] with (128, 1):
+    /* a[32 x 8*d0] read with strides (1, 32), b[8*d0 x 128] with (128, 1):
        a transposed operand is only a change of strides. */
     /* Its buffers in the runtime's scratch region (context->scratch, sized by symgrad_scratch_bytes);
        context->status: the GEMM's, for the entry point to check */
-    context->status = sg_gemm_f32(8*d0, 128, 32,
-        ws38, 32, 1,
-        var12, 128, 1,
-        ws40, context, NULL, context->scratch);
-}
-
-/* t122: f32[B,8,128] = sqrt(2)*t55*exp(-t55**2/2)/(2*sqrt(pi)) + Piecewise((0, t55 < 0), (1, True)) + Piecewise((1, t55 < 0), (-1, True))*erfc(sqrt(2)*Abs(t55)/2)/2 */
-/* t123: f32[B,8,128] = mul(t121, t122) */
-SG_KERNEL SG_MATH_LOOP void k56_mul_t123(int64_t d0, const float* restrict ws17, const float* restrict ws40, float* restrict ws41)
-{
-    #pragma omp parallel for if((1024*d0) >= SG_PARALLEL_MIN)
-    for (int64_t i0 = 0; i0 < 1024*d0; ++i0) {
-        const float v0 = ws17[i0];  /* t55 */
-        const float v1 = ws40[i0];  /* t121 */
-        const float t122 = 0.3989423f*(v0*sg_expf(-1.0f/2.0f*((v0)*(v0)))) + (((v0 < 0.0f)) ? (0.0f) : (1.0f)) + (1.0f/2.0f)*(((v0 < 0.0f)) ? (1.0f) : ((-1.0f)))*sg_erfcf(0.70710677f*fabsf(v0));  /* t122: f32[B,8,128] = sqrt(2)*t55*exp(-t55**2/2)/(2*sqrt(pi)) + Piecewise((0, t55 < 0), (1, True)) + Piecewise((1, t55 < 0), (-1, True))*erfc(sqrt(2)*Abs(t55)/2)/2 */
-        const float t123 = v1*t122;  /* t123: f32[B,8,128] = mul(t121, t122) */
-        ws41[i0] = t123;
-    }
+    context->status = sg_gemm_f32(32, 128, 8*d0,
+        ws38, 1, 32,
+        ws42, 128, 1,
+        ws43, context, NULL, context->scratch);
 }
 
 /* Also called for 4 more kernels (k70_adam_param_t226, ...) on their buffers and element counts, each named at its call */
@@ -1185,39 +1153,59 @@ SG_KERNEL void k59_adam_param_t239(int64_t d0, const double* restrict var16, flo
     }
 }
 
-/* t125: f32[8*B,32] = matmul(t124, transformer.h.0.mlp.c_fc.weight) */
-SG_KERNEL void k62_matmul_t125(int64_t d0, const float* restrict ws41, const float* restrict var10, float* restrict ws45, sg_context* context)
+/* t221: f32[128,32] = matmul(t217, t220) */
+SG_KERNEL void k69_matmul_t221(int64_t d0, const float* restrict ws41, const float* restrict ws51, float* restrict ws52, sg_context* context)
 {
-    /* a[8*d0 x 128] read with strides (128, 1), b[128 x 32] with (32, 1):
+    /* a[128 x 8*d0] read with strides (1, 128), b[8*d0 x 32] with (32, 1):
        a transposed operand is only a change of strides. */
     /* Its buffers in the runtime's scratch region (context->scratch, sized by symgrad_scratch_bytes);
        context->status: the GEMM's, for the entry point to check */
-    context->status = sg_gemm_f32(8*d0, 32, 128,
-        ws41, 128, 1,
-        var10, 32, 1,
-        ws45, context, NULL, context->scratch);
+    context->status = sg_gemm_f32(128, 32, 8*d0,
+        ws41, 1, 128,
+        ws51, 32, 1,
+        ws52, context, NULL, context->scratch);
 }
 
-/* t207: f32[32,32] = matmul(t206, t34) */
-SG_KERNEL void k77_matmul_t207(int64_t d0, const float* restrict ws54, const float* restrict ws9, float* restrict ws56, sg_context* context)
+/* Also called for k101_add_t169, the same code on their buffers */
+/* t132: f32[B,8,32] = add(t118, t131) */
+/* t135: f32[B,8,32] = add(t132, t134) */
+SG_KERNEL void k74_add_t135(int64_t d0, const float* restrict ws38, const float* restrict ws48, const float* restrict ws53, float* restrict ws54)
 {
-    /* a[32 x 8*d0] read with strides (1, 32), b[8*d0 x 32] with (32, 1):
+    #pragma omp parallel for if((256*d0) >= SG_PARALLEL_MIN)
+    for (int64_t i0 = 0; i0 < 8*d0; ++i0) {
+        for (int64_t i1 = 0; i1 < 32; ++i1) {
+            const float v0 = ws38[i0 * 32 + i1];  /* t118 */
+            const float v1 = ws48[i0 * 32 + i1];  /* t131 */
+            const float v2 = ws53[i0];  /* t134 */
+            const float t132 = v0 + v1;  /* t132: f32[B,8,32] = add(t118, t131) */
+            const float t135 = t132 + v2;  /* t135: f32[B,8,32] = add(t132, t134) */
+            ws54[i0 * 32 + i1] = t135;
+        }
+    }
+}
+
+/* t137: f32[8*B,32] = matmul(t136, transformer.h.0.attn.c_proj.weight) */
+SG_KERNEL void k78_matmul_t137(int64_t d0, const float* restrict ws54, const float* restrict var6, float* restrict ws57, sg_context* context)
+{
+    /* a[8*d0 x 32] read with strides (32, 1), b[32 x 32] with (32, 1):
        a transposed operand is only a change of strides. */
     /* Its buffers in the runtime's scratch region (context->scratch, sized by symgrad_scratch_bytes);
        context->status: the GEMM's, for the entry point to check */
-    context->status = sg_gemm_f32(32, 32, 8*d0,
-        ws54, 1, 32,
-        ws9, 32, 1,
-        ws56, context, NULL, context->scratch);
+    context->status = sg_gemm_f32(8*d0, 32, 32,
+        ws54, 32, 1,
+        var6, 32, 1,
+        ws57, context, NULL, context->scratch);
 }
 
 /* Row r < rows of the tile i0...: D = g . out (which is sum_j p_j (g . v_j)) into d[r], and m[r],
-   l[r], the row's softmax: as the forward stored them in stats (m, then 1 / l). */
-static inline void k79_attention_grad_t140_rows(int64_t rows, int64_t i0, const float* gh, int64_t g_row, const float* oh,
+   l[r], the row's softmax: as the forward stored them in stats (m, then 1 / l).
+   Returns 0, or NaN where some row's D is not finite. */
+static inline float k79_attention_grad_t140_rows(int64_t rows, int64_t i0, const float* gh, int64_t g_row, const float* oh,
         int64_t o_row, const float* stats, int64_t H, int64_t h, int64_t T,
         float* m, float* l, float* d)
 {
     enum { E = 16 };
+    float any_nan = 0;
     for (int64_t r = 0; r < rows; ++r) {
         const float* gi = gh + (i0 + r) * g_row;
         const float* oi = oh + (i0 + r) * o_row;
@@ -1230,7 +1218,9 @@ static inline void k79_attention_grad_t140_rows(int64_t rows, int64_t i0, const 
         /* g . out is sum_j p_j (g . v_j) while finite; where it is not, torch's ds are NaN: row - row
            is 0, or NaN for an infinity (no select: the loop stays as short as it was) */
         d[r] = row + (row - row);
+        any_nan += d[r] - d[r];
     }
+    return any_nan;
 }
 
 /* Key j is hidden from the rows i < j, whose p_ij is 0. torch's math attention multiplies that 0 in:
@@ -1341,10 +1331,7 @@ SG_KERNEL void k79_attention_grad_t140(int64_t d0, const float* restrict ws8, co
                sum of exp(s - m)), and D = g . out, which is sum_j p_j (g . v_j) */
             float m[SG_ROW_TILE], l[SG_ROW_TILE], d[SG_ROW_TILE];
             float scores[SG_ROW_TILE][SG_KEY_BLOCK], ds[SG_ROW_TILE][SG_KEY_BLOCK];
-            k79_attention_grad_t140_rows(rows, i0, gh, g_row, oh, o_row, ws11, H, h, T, m, l, d);
-            for (int64_t r = 0; r < rows; ++r) {
-                hidden += d[r] - d[r];
-            }
+            hidden += k79_attention_grad_t140_rows(rows, i0, gh, g_row, oh, o_row, ws11, H, h, T, m, l, d);
             for (int64_t j0 = 0; j0 < keys; j0 += SG_KEY_BLOCK) {
                 const int64_t n = keys - j0 < SG_KEY_BLOCK ? keys - j0 : SG_KEY_BLOCK;
                 /* p = exp(s - m) / l and ds = p (g . v - D) scale for the tile's rows and the block's keys */
@@ -1363,62 +1350,32 @@ SG_KERNEL void k79_attention_grad_t140(int64_t d0, const float* restrict ws8, co
     }
 }
 
-/* make contiguous for a reshape: t143: f32[B,8,2,16] = transpose[perm=(0,2,1,3)](t142) */
-SG_KERNEL void k80_copy(int64_t d0, const float* restrict ws58, float* restrict ws61)
+/* make contiguous for a reshape: t148: f32[B,8,2,16] = transpose[perm=(0,2,1,3)](t147) */
+SG_KERNEL void k82_copy(int64_t d0, const float* restrict ws58, float* restrict ws63)
 {
     #pragma omp parallel for if((256*d0) >= SG_PARALLEL_MIN)
     for (int64_t i0 = 0; i0 < d0; ++i0) {
         for (int64_t i1 = 0; i1 < 8; ++i1) {
             for (int64_t i2 = 0; i2 < 2; ++i2) {
                 for (int64_t i3 = 0; i3 < 16; ++i3) {
-                    const float v0 = ws58[i0 * 256 + i1 * 16 + i2 * 128 + i3 + (512*d0)];  /* make contiguous for a reshape */
-                    const float r = v0;  /* make contiguous for a reshape: t143: f32[B,8,2,16] = transpose[perm=(0,2,1,3)](t142) */
-                    ws61[i0 * 256 + i1 * 32 + i2 * 16 + i3] = r;
+                    const float v0 = ws58[i0 * 256 + i1 * 16 + i2 * 128 + i3 + (256*d0)];  /* make contiguous for a reshape */
+                    const float r = v0;  /* make contiguous for a reshape: t148: f32[B,8,2,16] = transpose[perm=(0,2,1,3)](t147) */
+                    ws63[i0 * 256 + i1 * 32 + i2 * 16 + i3] = r;
                 }
             }
         }
     }
 }
 
-/* t145: f32[B,8,96] = embed[starts=(0,0,64), steps=(1,1,1)](t144), stored in place into t157 */
-SG_KERNEL void k81_embed_t145(int64_t d0, const float* restrict ws61, float* restrict ws62)
+/* t150: f32[B,8,96] = embed[starts=(0,0,32), steps=(1,1,1)](t149), stored in place into t157 */
+SG_KERNEL void k83_embed_t150(int64_t d0, const float* restrict ws63, float* restrict ws62)
 {
     #pragma omp parallel for if((256*d0) >= SG_PARALLEL_MIN)
     for (int64_t i0 = 0; i0 < 8*d0; ++i0) {
         for (int64_t i1 = 0; i1 < 32; ++i1) {
-            const float v0 = ws61[i0 * 32 + i1];  /* t144 */
-            const float r = v0;  /* t145: f32[B,8,96] = embed[starts=(0,0,64), steps=(1,1,1)](t144), stored in place into t157 */
-            ws62[i0 * 96 + i1 + 64] = r;
-        }
-    }
-}
-
-/* make contiguous for a reshape: t154: f32[B,8,2,16] = transpose[perm=(0,2,1,3)](t153) */
-SG_KERNEL void k84_copy(int64_t d0, const float* restrict ws58, float* restrict ws64)
-{
-    #pragma omp parallel for if((256*d0) >= SG_PARALLEL_MIN)
-    for (int64_t i0 = 0; i0 < d0; ++i0) {
-        for (int64_t i1 = 0; i1 < 8; ++i1) {
-            for (int64_t i2 = 0; i2 < 2; ++i2) {
-                for (int64_t i3 = 0; i3 < 16; ++i3) {
-                    const float v0 = ws58[i0 * 256 + i1 * 16 + i2 * 128 + i3];  /* make contiguous for a reshape */
-                    const float r = v0;  /* make contiguous for a reshape: t154: f32[B,8,2,16] = transpose[perm=(0,2,1,3)](t153) */
-                    ws64[i0 * 256 + i1 * 32 + i2 * 16 + i3] = r;
-                }
-            }
-        }
-    }
-}
-
-/* t156: f32[B,8,96] = embed[starts=(0,0,0), steps=(1,1,1)](t155), stored in place into t157 */
-SG_KERNEL void k85_embed_t156(int64_t d0, const float* restrict ws64, float* restrict ws62)
-{
-    #pragma omp parallel for if((256*d0) >= SG_PARALLEL_MIN)
-    for (int64_t i0 = 0; i0 < 8*d0; ++i0) {
-        for (int64_t i1 = 0; i1 < 32; ++i1) {
-            const float v0 = ws64[i0 * 32 + i1];  /* t155 */
-            const float r = v0;  /* t156: f32[B,8,96] = embed[starts=(0,0,0), steps=(1,1,1)](t155), stored in place into t157 */
-            ws62[i0 * 96 + i1] = r;
+            const float v0 = ws63[i0 * 32 + i1];  /* t149 */
+            const float r = v0;  /* t150: f32[B,8,96] = embed[starts=(0,0,32), steps=(1,1,1)](t149), stored in place into t157 */
+            ws62[i0 * 96 + i1 + 32] = r;
         }
     }
 }
@@ -1453,6 +1410,41 @@ SG_KERNEL void k87_sum_t262(int64_t d0, const float* restrict ws62, float* restr
     }
 }
 
+/* t159: f32[8*B,32] = matmul(t158, transformer.h.0.attn.c_attn.weight) */
+SG_KERNEL void k89_matmul_t159(int64_t d0, const float* restrict ws62, const float* restrict var4, float* restrict ws66, sg_context* context)
+{
+    /* a[8*d0 x 96] read with strides (96, 1), b[96 x 32] with (32, 1):
+       a transposed operand is only a change of strides. */
+    /* Its buffers in the runtime's scratch region (context->scratch, sized by symgrad_scratch_bytes);
+       context->status: the GEMM's, for the entry point to check */
+    context->status = sg_gemm_f32(8*d0, 32, 96,
+        ws62, 96, 1,
+        var4, 32, 1,
+        ws66, context, NULL, context->scratch);
+}
+
+/* t161: f32[B,8,32] = mul(t160, transformer.h.0.ln_1.weight) */
+/* t163: f32[B,8,32] = -t161*t162/t14 */
+/* t164: f32[B,8,1] = sum[axes=(2,), keepdims=True](t163) */
+SG_KERNEL void k91_sum_t164(int64_t d0, const float* restrict ws66, const float* restrict var2, const float* restrict ws5, const float* restrict ws7, float* restrict ws68)
+{
+    #pragma omp parallel for if((256*d0) >= SG_PARALLEL_MIN)
+    for (int64_t o0 = 0; o0 < 8*d0; ++o0) {
+        double acc = 0;
+        #pragma omp simd reduction(+:acc)
+        for (int64_t r0 = 0; r0 < 32; ++r0) {
+            const float v0 = ws66[o0 * 32 + r0];  /* t160 */
+            const float v1 = var2[r0];  /* transformer.h.0.ln_1.weight */
+            const float v2 = ws5[o0];  /* t14 */
+            const float v3 = ws7[o0 * 32 + r0];  /* t162 */
+            const float t161 = v0*v1;  /* t161: f32[B,8,32] = mul(t160, transformer.h.0.ln_1.weight) */
+            const float t163 = -t161*v3/v2;  /* t163: f32[B,8,32] = -t161*t162/t14 */
+            acc += (double)t163;
+        }
+        ws68[o0] = (float)(acc);
+    }
+}
+
 /* t6: f32[B,8,32] = add(t3, t5) */
 /* t9: f32[B,8,32] = sub(t6, t8) */
 /* t161: f32[B,8,32] = mul(t160, transformer.h.0.ln_1.weight) */
@@ -1480,28 +1472,45 @@ SG_KERNEL void k92_simplified_t165(int64_t d0, const float* restrict ws0, const 
     }
 }
 
-/* t196: f32[96,32] = matmul(t192, t195) */
-SG_KERNEL void k96_matmul_t196(int64_t d0, const float* restrict ws62, const float* restrict ws72, float* restrict ws73, sg_context* context)
+/* t243: f32[B,8,32] = mul(t160, t162) */
+SG_KERNEL void k93_mul_t243(int64_t d0, const float* restrict ws66, const float* restrict ws7, float* restrict ws70)
 {
-    /* a[96 x 8*d0] read with strides (1, 96), b[8*d0 x 32] with (32, 1):
-       a transposed operand is only a change of strides. */
-    /* Its buffers in the runtime's scratch region (context->scratch, sized by symgrad_scratch_bytes);
-       context->status: the GEMM's, for the entry point to check */
-    context->status = sg_gemm_f32(96, 32, 8*d0,
-        ws62, 1, 96,
-        ws72, 32, 1,
-        ws73, context, NULL, context->scratch);
+    #pragma omp parallel for if((256*d0) >= SG_PARALLEL_MIN)
+    for (int64_t i0 = 0; i0 < 256*d0; ++i0) {
+        const float v0 = ws66[i0];  /* t160 */
+        const float v1 = ws7[i0];  /* t162 */
+        const float t243 = v0*v1;  /* t243: f32[B,8,32] = mul(t160, t162) */
+        ws70[i0] = t243;
+    }
 }
 
-/* t182: f32[8,32] = scatter_add[axis=0, size=8](t181, t4) */
-SG_KERNEL void k106_scatter_add_t182(int64_t d0, const float* restrict ws77, const int64_t* restrict ws78, float* restrict ws79)
+/* t193: f32[B,8,32] = mul(t162, transformer.h.0.ln_1.weight) */
+/* t194: f32[B,8,32] = add(t193, transformer.h.0.ln_1.bias) */
+SG_KERNEL void k95_add_t194(int64_t d0, const float* restrict ws7, const float* restrict var2, const float* restrict var3, float* restrict ws72)
 {
-    const int64_t P = 1, I = 8, Q = 32, R = 8;
-    const float* src = ws77;
-    const int64_t* idx = ws78;
+    #pragma omp parallel for if((256*d0) >= SG_PARALLEL_MIN)
+    for (int64_t i0 = 0; i0 < 8*d0; ++i0) {
+        for (int64_t i1 = 0; i1 < 32; ++i1) {
+            const float v0 = ws7[i0 * 32 + i1];  /* t162 */
+            const float v1 = var2[i1];  /* transformer.h.0.ln_1.weight */
+            const float v2 = var3[i1];  /* transformer.h.0.ln_1.bias */
+            const float t193 = v0*v1;  /* t193: f32[B,8,32] = mul(t162, transformer.h.0.ln_1.weight) */
+            const float t194 = t193 + v2;  /* t194: f32[B,8,32] = add(t193, transformer.h.0.ln_1.bias) */
+            ws72[i0 * 32 + i1] = t194;
+        }
+    }
+}
+
+/* t170: f32[64,32] = scatter_add[axis=0, size=64](t169, idx) */
+SG_KERNEL void k102_scatter_add_t170(int64_t d0, const float* restrict ws75, const int64_t* restrict in0, float* restrict ws76)
+{
+    const int64_t P = 1, I = (8*d0), Q = 32, R = 64;
+    const float* src = ws75;
+    const int64_t* idx = in0;
     /* out[p, r, q] = 0, then out[p, idx[i], q] += src[p, i, q] with i in order (np.add.at's sums, bit
        for bit). Threads split P only: no two add into one element. An index outside [0, R) adds nothing. */
-    memset(ws79, 0, (size_t)(P * R * Q) * sizeof(float));
+    memset(ws76, 0, (size_t)(P * R * Q) * sizeof(float));
+    #pragma omp parallel for if(P > 1 && P * I * Q >= SG_PARALLEL_MIN)
     for (int64_t p = 0; p < P; ++p) {
         for (int64_t i = 0; i < I; ++i) {
             const int64_t r = (int64_t)idx[i];
@@ -1509,7 +1518,7 @@ SG_KERNEL void k106_scatter_add_t182(int64_t d0, const float* restrict ws77, con
                 continue;
             }
             const float* row = src + (p * I + i) * Q;
-            float* dst = ws79 + (p * R + r) * Q;
+            float* dst = ws76 + (p * R + r) * Q;
             for (int64_t q = 0; q < Q; ++q) {
                 dst[q] += row[q];
             }
@@ -1522,21 +1531,20 @@ SG_KERNEL void k106_scatter_add_t182(int64_t d0, const float* restrict ws77, con
 /* ---- translation unit 0 of 2: its kernel functions, then the entry point ---- */
 #if SG_IN_PART(0)
 
-/* t3: f32[B,8,32] = take[axis=0](transformer.wte.weight, idx) */
-SG_KERNEL void k0_take_t3(int64_t d0, const float* restrict var0, const int64_t* restrict in0, float* restrict ws0)
+/* t5: f32[8,32] = take[axis=0](transformer.wpe.weight, t4) */
+SG_KERNEL void k2_take_t5(int64_t d0, const float* restrict var1, const int64_t* restrict ws1, float* restrict ws2)
 {
-    const int64_t P = 1, I = (8*d0), Q = 32, R = 64;
-    const float* src = var0;
-    const int64_t* idx = in0;
+    const int64_t P = 1, I = 8, Q = 32, R = 8;
+    const float* src = var1;
+    const int64_t* idx = ws1;
     /* out[p, i, q] = src[p, idx[i], q]: each (p, i) copies one row of Q. An index outside [0, R)
        (the call checked them; this is only a guard) gives a row of zeros, never a read outside src. */
-    #pragma omp parallel for collapse(2) if(P * I * Q >= SG_PARALLEL_MIN)
     for (int64_t p = 0; p < P; ++p) {
         for (int64_t i = 0; i < I; ++i) {
             const int64_t r = (int64_t)idx[i];
             const int inside = r >= 0 && r < R;
             const float* row = src + (p * R + (inside ? r : 0)) * Q;
-            float* dst = ws0 + (p * I + i) * Q;
+            float* dst = ws2 + (p * I + i) * Q;
             for (int64_t q = 0; q < Q; ++q) {
                 dst[q] = inside ? row[q] : 0;
             }
@@ -1544,41 +1552,28 @@ SG_KERNEL void k0_take_t3(int64_t d0, const float* restrict var0, const int64_t*
     }
 }
 
-/* Also called for k105_copy, the same code on their buffers */
-/* make iota's operand contiguous: t4 */
-SG_KERNEL void k1_copy(int64_t d0, int64_t* restrict ws1)
+/* t6: f32[B,8,32] = add(t3, t5) */
+/* t7: f32[B,8,1] = sum[axes=(2,), keepdims=True](t6) */
+/* t8: f32[B,8,1] = mul(t7, 1/32) */
+SG_KERNEL void k20_mul_t8(int64_t d0, const float* restrict ws0, const float* restrict ws2, float* restrict ws4)
 {
-    for (int64_t i0 = 0; i0 < 8; ++i0) {
-        const int64_t v0 = i0;  /* make iota's operand contiguous */
-        const int64_t r = v0;  /* make iota's operand contiguous: t4 */
-        ws1[i0] = r;
+    #pragma omp parallel for if((256*d0) >= SG_PARALLEL_MIN)
+    for (int64_t o0 = 0; o0 < d0; ++o0) {
+        for (int64_t o1 = 0; o1 < 8; ++o1) {
+            double acc = 0;
+            #pragma omp simd reduction(+:acc)
+            for (int64_t r0 = 0; r0 < 32; ++r0) {
+                const float v0 = ws0[o0 * 256 + o1 * 32 + r0];  /* t3 */
+                const float v1 = ws2[o1 * 32 + r0];  /* t5 */
+                const float t6 = v0 + v1;  /* t6: f32[B,8,32] = add(t3, t5) */
+                acc += (double)t6;
+            }
+            const float red = (float)(acc);
+            const float ev0 = 0.03125f;  /* 1/32 */
+            const float t8 = red*ev0;  /* t8: f32[B,8,1] = mul(t7, 1/32) */
+            ws4[o0 * 8 + o1] = t8;
+        }
     }
-}
-
-/* t87: bool[8*B] = not_equal(t86, -100) */
-/* t88: f32[8*B] = cast(t87) */
-/* t89: f32[] = sum[axes=(0,), keepdims=False](t88) */
-SG_KERNEL void k3_sum_t89(int64_t d0, const int64_t* restrict in1, float* restrict ws3)
-{
-    double acc = 0;
-    #pragma omp simd reduction(+:acc)
-    for (int64_t r0 = 0; r0 < 8*d0; ++r0) {
-        const int64_t v0 = in1[r0];  /* t86 */
-        const int64_t v1 = (-100);  /* -100 */
-        const uint8_t t87 = (uint8_t)((v0 != v1));  /* t87: bool[8*B] = not_equal(t86, -100) */
-        const float t88 = ((t87) ? 1.0f : 0.0f);  /* t88: f32[8*B] = cast(t87) */
-        acc += (double)t88;
-    }
-    ws3[0] = (float)(acc);
-}
-
-/* Also called for 15 more kernels (k5_adam_step_t178, ...) on their buffers, each named at its call */
-/* t94: f64[] = transformer.wte.weight.step + 1 */
-SG_KERNEL void k4_adam_step_t94(int64_t d0, double* restrict var17)
-{
-    const double v0 = var17[0];  /* transformer.wte.weight.step */
-    const double t94 = v0 + 1.0;  /* t94: f64[] = transformer.wte.weight.step + 1 */
-    var17[0] = t94;
 }
 
 /* t6: f32[B,8,32] = add(t3, t5) */
@@ -1611,28 +1606,6 @@ SG_KERNEL void k21_sqrt_t14(int64_t d0, const float* restrict ws0, const float* 
             const float t13 = t12 + ev1;  /* t13: f32[B,8,1] = add(t12, 1e-05) */
             const float t14 = sqrtf(t13);  /* t14: f32[B,8,1] = sqrt(t13) */
             ws5[o0 * 8 + o1] = t14;
-        }
-    }
-}
-
-/* t6: f32[B,8,32] = add(t3, t5) */
-/* t9: f32[B,8,32] = sub(t6, t8) */
-/* t162: f32[B,8,32] = div(t9, t14) */
-SG_KERNEL void k23_div_t162(int64_t d0, const float* restrict ws0, const float* restrict ws2, const float* restrict ws4, const float* restrict ws5, float* restrict ws7)
-{
-    #pragma omp parallel for if((256*d0) >= SG_PARALLEL_MIN)
-    for (int64_t i0 = 0; i0 < d0; ++i0) {
-        for (int64_t i1 = 0; i1 < 8; ++i1) {
-            for (int64_t i2 = 0; i2 < 32; ++i2) {
-                const float v0 = ws0[i0 * 256 + i1 * 32 + i2];  /* t3 */
-                const float v1 = ws2[i1 * 32 + i2];  /* t5 */
-                const float v2 = ws4[i0 * 8 + i1];  /* t8 */
-                const float v3 = ws5[i0 * 8 + i1];  /* t14 */
-                const float t6 = v0 + v1;  /* t6: f32[B,8,32] = add(t3, t5) */
-                const float t9 = t6 - v2;  /* t9: f32[B,8,32] = sub(t6, t8) */
-                const float t162 = t9/v3;  /* t162: f32[B,8,32] = div(t9, t14) */
-                ws7[i0 * 256 + i1 * 32 + i2] = t162;
-            }
         }
     }
 }
@@ -1757,6 +1730,28 @@ SG_KERNEL void k27_mul_t41(int64_t d0, const float* restrict ws0, const float* r
     }
 }
 
+/* t6: f32[B,8,32] = add(t3, t5) */
+/* t39: f32[B,8,32] = add(t6, t38) */
+/* t42: f32[B,8,32] = sub(t39, t41) */
+SG_KERNEL void k28_sub_t42(int64_t d0, const float* restrict ws0, const float* restrict ws2, const float* restrict ws12, const float* restrict ws13, float* restrict ws14)
+{
+    #pragma omp parallel for if((256*d0) >= SG_PARALLEL_MIN)
+    for (int64_t i0 = 0; i0 < d0; ++i0) {
+        for (int64_t i1 = 0; i1 < 8; ++i1) {
+            for (int64_t i2 = 0; i2 < 32; ++i2) {
+                const float v0 = ws0[i0 * 256 + i1 * 32 + i2];  /* t3 */
+                const float v1 = ws2[i1 * 32 + i2];  /* t5 */
+                const float v2 = ws12[i0 * 256 + i1 * 32 + i2];  /* t38 */
+                const float v3 = ws13[i0 * 8 + i1];  /* t41 */
+                const float t6 = v0 + v1;  /* t6: f32[B,8,32] = add(t3, t5) */
+                const float t39 = t6 + v2;  /* t39: f32[B,8,32] = add(t6, t38) */
+                const float t42 = t39 - v3;  /* t42: f32[B,8,32] = sub(t39, t41) */
+                ws14[i0 * 256 + i1 * 32 + i2] = t42;
+            }
+        }
+    }
+}
+
 /* Also called for k36_sqrt_t70, the same code on their buffers */
 /* t43: f32[B,8,32] = mul(t42, t42) */
 /* t44: f32[B,8,1] = sum[axes=(2,), keepdims=True](t43) */
@@ -1781,27 +1776,6 @@ SG_KERNEL void k29_sqrt_t47(int64_t d0, const float* restrict ws14, float* restr
         const float t46 = t45 + ev1;  /* t46: f32[B,8,1] = add(t45, 1e-05) */
         const float t47 = sqrtf(t46);  /* t47: f32[B,8,1] = sqrt(t46) */
         ws15[o0] = t47;
-    }
-}
-
-/* Also called for 3 more kernels (k37_add_t73, ...) on their buffers, each named at its call */
-/* t48: f32[B,8,32] = div(t42, t47) */
-/* t49: f32[B,8,32] = mul(t48, transformer.h.0.ln_2.weight) */
-/* t50: f32[B,8,32] = add(t49, transformer.h.0.ln_2.bias) */
-SG_KERNEL void k30_add_t50(int64_t d0, const float* restrict ws14, const float* restrict ws15, const float* restrict var8, const float* restrict var9, float* restrict ws16)
-{
-    #pragma omp parallel for if((256*d0) >= SG_PARALLEL_MIN)
-    for (int64_t i0 = 0; i0 < 8*d0; ++i0) {
-        for (int64_t i1 = 0; i1 < 32; ++i1) {
-            const float v0 = ws14[i0 * 32 + i1];  /* t42 */
-            const float v1 = ws15[i0];  /* t47 */
-            const float v2 = var8[i1];  /* transformer.h.0.ln_2.weight */
-            const float v3 = var9[i1];  /* transformer.h.0.ln_2.bias */
-            const float t48 = v0/v1;  /* t48: f32[B,8,32] = div(t42, t47) */
-            const float t49 = t48*v2;  /* t49: f32[B,8,32] = mul(t48, transformer.h.0.ln_2.weight) */
-            const float t50 = t49 + v3;  /* t50: f32[B,8,32] = add(t49, transformer.h.0.ln_2.bias) */
-            ws16[i0 * 32 + i1] = t50;
-        }
     }
 }
 
@@ -1847,17 +1821,41 @@ SG_KERNEL void k31_add_t54(int64_t d0, const float* restrict ws16, const float* 
         ws17, context, &epilogue, context->scratch);
 }
 
-/* t76: f32[8*B,64] = matmul(t74, t75) */
-SG_KERNEL void k38_matmul_t76(int64_t d0, const float* restrict ws23, const float* restrict var0, float* restrict ws24, sg_context* context)
+/* Also called for k57_gelu_t232, the same code on their buffers */
+/* t56: f32[B,8,128] = gelu(t55) */
+SG_KERNEL SG_MATH_LOOP void k32_gelu_t56(int64_t d0, const float* restrict ws17, float* restrict ws18)
 {
-    /* a[8*d0 x 32] read with strides (32, 1), b[32 x 64] with (1, 32):
-       a transposed operand is only a change of strides. */
-    /* Its buffers in the runtime's scratch region (context->scratch, sized by symgrad_scratch_bytes);
-       context->status: the GEMM's, for the entry point to check */
-    context->status = sg_gemm_f32(8*d0, 64, 32,
-        ws23, 32, 1,
-        var0, 1, 32,
-        ws24, context, NULL, context->scratch);
+    #pragma omp parallel for if((1024*d0) >= SG_PARALLEL_MIN)
+    for (int64_t i0 = 0; i0 < 1024*d0; ++i0) {
+        const float v0 = ws17[i0];  /* t55 */
+        const float t56 = (1.0f/2.0f)*v0*(sg_erff(0.70710677f*v0) + 1.0f);  /* t56: f32[B,8,128] = gelu(t55) */
+        ws18[i0] = t56;
+    }
+}
+
+/* t6: f32[B,8,32] = add(t3, t5) */
+/* t39: f32[B,8,32] = add(t6, t38) */
+/* t62: f32[B,8,32] = add(t39, t61) */
+/* t65: f32[B,8,32] = sub(t62, t64) */
+SG_KERNEL void k35_sub_t65(int64_t d0, const float* restrict ws0, const float* restrict ws2, const float* restrict ws12, const float* restrict ws19, const float* restrict ws20, float* restrict ws21)
+{
+    #pragma omp parallel for if((256*d0) >= SG_PARALLEL_MIN)
+    for (int64_t i0 = 0; i0 < d0; ++i0) {
+        for (int64_t i1 = 0; i1 < 8; ++i1) {
+            for (int64_t i2 = 0; i2 < 32; ++i2) {
+                const float v0 = ws0[i0 * 256 + i1 * 32 + i2];  /* t3 */
+                const float v1 = ws2[i1 * 32 + i2];  /* t5 */
+                const float v2 = ws12[i0 * 256 + i1 * 32 + i2];  /* t38 */
+                const float v3 = ws19[i0 * 256 + i1 * 32 + i2];  /* t61 */
+                const float v4 = ws20[i0 * 8 + i1];  /* t64 */
+                const float t6 = v0 + v1;  /* t6: f32[B,8,32] = add(t3, t5) */
+                const float t39 = t6 + v2;  /* t39: f32[B,8,32] = add(t6, t38) */
+                const float t62 = t39 + v3;  /* t62: f32[B,8,32] = add(t39, t61) */
+                const float t65 = t62 - v4;  /* t65: f32[B,8,32] = sub(t62, t64) */
+                ws21[i0 * 256 + i1 * 32 + i2] = t65;
+            }
+        }
+    }
 }
 
 /* row kernel: max, sum, sum, sum (3 passes), 4 outputs */
@@ -1937,34 +1935,17 @@ SG_KERNEL void k39_rows_t77(int64_t d0, const float* restrict ws3, const int64_t
     }
 }
 
-/* t84: f32[] = sum[axes=(0,1), keepdims=False](t83) (the sum of the per-row parts) */
-/* t85: f32[] = neg(t84) */
-/* t90: f32[] = div(t85, t89) */
-SG_KERNEL void k40_div_t90(int64_t d0, const double* restrict ws27, const float* restrict ws3, float* restrict out0)
+/* t109: f32[64,32] = matmul(t104, t108) */
+SG_KERNEL void k42_matmul_t109(int64_t d0, const float* restrict ws28, const float* restrict ws29, float* restrict ws30, sg_context* context)
 {
-    double acc = 0;
-    #pragma omp simd reduction(+:acc)
-    for (int64_t r0 = 0; r0 < 8*d0; ++r0) {
-        acc += (double)ws27[r0];
-    }
-    const float red = (float)(acc);
-    const float ev0 = ws3[0];  /* t89 */
-    const float t85 = -red;  /* t85: f32[] = neg(t84) */
-    const float t90 = t85/ev0;  /* t90: f32[] = div(t85, t89) */
-    out0[0] = t90;
-}
-
-/* t110: f32[8*B,32] = matmul(t103, transformer.wte.weight) */
-SG_KERNEL void k43_matmul_t110(int64_t d0, const float* restrict ws28, const float* restrict var0, float* restrict ws31, sg_context* context)
-{
-    /* a[8*d0 x 64] read with strides (64, 1), b[64 x 32] with (32, 1):
+    /* a[64 x 8*d0] read with strides (1, 64), b[8*d0 x 32] with (32, 1):
        a transposed operand is only a change of strides. */
     /* Its buffers in the runtime's scratch region (context->scratch, sized by symgrad_scratch_bytes);
        context->status: the GEMM's, for the entry point to check */
-    context->status = sg_gemm_f32(8*d0, 32, 64,
-        ws28, 64, 1,
-        var0, 32, 1,
-        ws31, context, NULL, context->scratch);
+    context->status = sg_gemm_f32(64, 32, 8*d0,
+        ws28, 1, 64,
+        ws29, 32, 1,
+        ws30, context, NULL, context->scratch);
 }
 
 /* Also called for 7 more kernels (k49_sum_t318, ...) on their buffers, each named at its call */
@@ -1998,42 +1979,102 @@ SG_KERNEL void k44_sum_t327(int64_t d0, const float* restrict ws31, float* restr
     }
 }
 
-/* Also called for k64_sum_t130, the same code on their buffers */
-/* t105: f32[B,8,32] = div(t65, t70) */
+/* Also called for k65_simplified_t131, the same code on their buffers */
 /* t112: f32[B,8,32] = mul(t111, transformer.ln_f.weight) */
-/* t113: f32[B,8,32] = -t105*t112/t70 */
-/* t114: f32[B,8,1] = sum[axes=(2,), keepdims=True](t113) */
-SG_KERNEL void k46_sum_t114(int64_t d0, const float* restrict ws21, const float* restrict ws22, const float* restrict ws31, const float* restrict var14, float* restrict ws33)
+/* t115: f32[B,8,32] = t112/t70 + t114*t65/(32*t70) */
+SG_KERNEL void k47_simplified_t115(int64_t d0, const float* restrict ws31, const float* restrict var14, const float* restrict ws22, const float* restrict ws33, const float* restrict ws21, float* restrict ws34)
+{
+    #pragma omp parallel for if((256*d0) >= SG_PARALLEL_MIN)
+    for (int64_t i0 = 0; i0 < 8*d0; ++i0) {
+        for (int64_t i1 = 0; i1 < 32; ++i1) {
+            const float v0 = ws31[i0 * 32 + i1];  /* t111 */
+            const float v1 = var14[i1];  /* transformer.ln_f.weight */
+            const float v2 = ws22[i0];  /* t70 */
+            const float v3 = ws33[i0];  /* t114 */
+            const float v4 = ws21[i0 * 32 + i1];  /* t65 */
+            const float t112 = v0*v1;  /* t112: f32[B,8,32] = mul(t111, transformer.ln_f.weight) */
+            const float t115 = t112/v2 + (1.0f/32.0f)*v3*v4/v2;  /* t115: f32[B,8,32] = t112/t70 + t114*t65/(32*t70) */
+            ws34[i0 * 32 + i1] = t115;
+        }
+    }
+}
+
+/* Also called for k66_mul_t280, the same code on their buffers */
+/* t105: f32[B,8,32] = div(t65, t70) */
+/* t317: f32[B,8,32] = mul(t111, t105) */
+SG_KERNEL void k48_mul_t317(int64_t d0, const float* restrict ws21, const float* restrict ws22, const float* restrict ws31, float* restrict ws35)
+{
+    #pragma omp parallel for if((256*d0) >= SG_PARALLEL_MIN)
+    for (int64_t i0 = 0; i0 < 8*d0; ++i0) {
+        for (int64_t i1 = 0; i1 < 32; ++i1) {
+            const float v0 = ws21[i0 * 32 + i1];  /* t65 */
+            const float v1 = ws22[i0];  /* t70 */
+            const float v2 = ws31[i0 * 32 + i1];  /* t111 */
+            const float t105 = v0/v1;  /* t105: f32[B,8,32] = div(t65, t70) */
+            const float t317 = v2*t105;  /* t317: f32[B,8,32] = mul(t111, t105) */
+            ws35[i0 * 32 + i1] = t317;
+        }
+    }
+}
+
+/* Also called for 2 more kernels (k73_mul_t134, ...) on their buffers, each named at its call */
+/* t116: f32[B,8,1] = sum[axes=(2,), keepdims=True](t115) */
+/* t117: f32[B,8,1] = mul(t116, -0.03125) */
+SG_KERNEL void k51_mul_t117(int64_t d0, const float* restrict ws34, float* restrict ws37)
 {
     #pragma omp parallel for if((256*d0) >= SG_PARALLEL_MIN)
     for (int64_t o0 = 0; o0 < 8*d0; ++o0) {
         double acc = 0;
         #pragma omp simd reduction(+:acc)
         for (int64_t r0 = 0; r0 < 32; ++r0) {
-            const float v0 = ws21[o0 * 32 + r0];  /* t65 */
-            const float v1 = ws22[o0];  /* t70 */
-            const float v2 = ws31[o0 * 32 + r0];  /* t111 */
-            const float v3 = var14[r0];  /* transformer.ln_f.weight */
-            const float t105 = v0/v1;  /* t105: f32[B,8,32] = div(t65, t70) */
-            const float t112 = v2*v3;  /* t112: f32[B,8,32] = mul(t111, transformer.ln_f.weight) */
-            const float t113 = -t112*t105/v1;  /* t113: f32[B,8,32] = -t105*t112/t70 */
-            acc += (double)t113;
+            acc += (double)ws34[o0 * 32 + r0];
         }
-        ws33[o0] = (float)(acc);
+        const float red = (float)(acc);
+        const float ev0 = (-0.03125f);  /* -0.03125 */
+        const float t117 = red*ev0;  /* t117: f32[B,8,1] = mul(t116, -0.03125) */
+        ws37[o0] = t117;
     }
 }
 
-/* t234: f32[32,128] = matmul(t231, t233) */
-SG_KERNEL void k58_matmul_t234(int64_t d0, const float* restrict ws38, const float* restrict ws42, float* restrict ws43, sg_context* context)
+/* t118: f32[B,8,32] = add(t115, t117) */
+SG_KERNEL void k52_add_t118(int64_t d0, const float* restrict ws34, const float* restrict ws37, float* restrict ws38)
 {
-    /* a[32 x 8*d0] read with strides (1, 32), b[8*d0 x 128] with (128, 1):
+    #pragma omp parallel for if((256*d0) >= SG_PARALLEL_MIN)
+    for (int64_t i0 = 0; i0 < 8*d0; ++i0) {
+        for (int64_t i1 = 0; i1 < 32; ++i1) {
+            const float v0 = ws34[i0 * 32 + i1];  /* t115 */
+            const float v1 = ws37[i0];  /* t117 */
+            const float t118 = v0 + v1;  /* t118: f32[B,8,32] = add(t115, t117) */
+            ws38[i0 * 32 + i1] = t118;
+        }
+    }
+}
+
+/* t120: f32[8*B,128] = matmul(t119, transformer.h.0.mlp.c_proj.weight) */
+SG_KERNEL void k55_matmul_t120(int64_t d0, const float* restrict ws38, const float* restrict var12, float* restrict ws40, sg_context* context)
+{
+    /* a[8*d0 x 32] read with strides (32, 1), b[32 x 128] with (128, 1):
        a transposed operand is only a change of strides. */
     /* Its buffers in the runtime's scratch region (context->scratch, sized by symgrad_scratch_bytes);
        context->status: the GEMM's, for the entry point to check */
-    context->status = sg_gemm_f32(32, 128, 8*d0,
-        ws38, 1, 32,
-        ws42, 128, 1,
-        ws43, context, NULL, context->scratch);
+    context->status = sg_gemm_f32(8*d0, 128, 32,
+        ws38, 32, 1,
+        var12, 128, 1,
+        ws40, context, NULL, context->scratch);
+}
+
+/* t122: f32[B,8,128] = sqrt(2)*t55*exp(-t55**2/2)/(2*sqrt(pi)) + Piecewise((0, t55 < 0), (1, True)) + Piecewise((1, t55 < 0), (-1, True))*erfc(sqrt(2)*Abs(t55)/2)/2 */
+/* t123: f32[B,8,128] = mul(t121, t122) */
+SG_KERNEL SG_MATH_LOOP void k56_mul_t123(int64_t d0, const float* restrict ws17, const float* restrict ws40, float* restrict ws41)
+{
+    #pragma omp parallel for if((1024*d0) >= SG_PARALLEL_MIN)
+    for (int64_t i0 = 0; i0 < 1024*d0; ++i0) {
+        const float v0 = ws17[i0];  /* t55 */
+        const float v1 = ws40[i0];  /* t121 */
+        const float t122 = 0.3989423f*(v0*sg_expf(-1.0f/2.0f*((v0)*(v0)))) + (((v0 < 0.0f)) ? (0.0f) : (1.0f)) + (1.0f/2.0f)*(((v0 < 0.0f)) ? (1.0f) : ((-1.0f)))*sg_erfcf(0.70710677f*fabsf(v0));  /* t122: f32[B,8,128] = sqrt(2)*t55*exp(-t55**2/2)/(2*sqrt(pi)) + Piecewise((0, t55 < 0), (1, True)) + Piecewise((1, t55 < 0), (-1, True))*erfc(sqrt(2)*Abs(t55)/2)/2 */
+        const float t123 = v1*t122;  /* t123: f32[B,8,128] = mul(t121, t122) */
+        ws41[i0] = t123;
+    }
 }
 
 /* t299: f32[128] = sum[axes=(0,), keepdims=False](t124) */
@@ -2066,167 +2107,103 @@ SG_KERNEL void k60_sum_t299(int64_t d0, const float* restrict ws41, float* restr
     }
 }
 
-/* t221: f32[128,32] = matmul(t217, t220) */
-SG_KERNEL void k69_matmul_t221(int64_t d0, const float* restrict ws41, const float* restrict ws51, float* restrict ws52, sg_context* context)
+/* t125: f32[8*B,32] = matmul(t124, transformer.h.0.mlp.c_fc.weight) */
+SG_KERNEL void k62_matmul_t125(int64_t d0, const float* restrict ws41, const float* restrict var10, float* restrict ws45, sg_context* context)
 {
-    /* a[128 x 8*d0] read with strides (1, 128), b[8*d0 x 32] with (32, 1):
+    /* a[8*d0 x 128] read with strides (128, 1), b[128 x 32] with (32, 1):
        a transposed operand is only a change of strides. */
     /* Its buffers in the runtime's scratch region (context->scratch, sized by symgrad_scratch_bytes);
        context->status: the GEMM's, for the entry point to check */
-    context->status = sg_gemm_f32(128, 32, 8*d0,
-        ws41, 1, 128,
-        ws51, 32, 1,
-        ws52, context, NULL, context->scratch);
+    context->status = sg_gemm_f32(8*d0, 32, 128,
+        ws41, 128, 1,
+        var10, 32, 1,
+        ws45, context, NULL, context->scratch);
 }
 
-/* Also called for k101_add_t169, the same code on their buffers */
-/* t132: f32[B,8,32] = add(t118, t131) */
-/* t135: f32[B,8,32] = add(t132, t134) */
-SG_KERNEL void k74_add_t135(int64_t d0, const float* restrict ws38, const float* restrict ws48, const float* restrict ws53, float* restrict ws54)
+/* t207: f32[32,32] = matmul(t206, t34) */
+SG_KERNEL void k77_matmul_t207(int64_t d0, const float* restrict ws54, const float* restrict ws9, float* restrict ws56, sg_context* context)
 {
-    #pragma omp parallel for if((256*d0) >= SG_PARALLEL_MIN)
-    for (int64_t i0 = 0; i0 < 8*d0; ++i0) {
-        for (int64_t i1 = 0; i1 < 32; ++i1) {
-            const float v0 = ws38[i0 * 32 + i1];  /* t118 */
-            const float v1 = ws48[i0 * 32 + i1];  /* t131 */
-            const float v2 = ws53[i0];  /* t134 */
-            const float t132 = v0 + v1;  /* t132: f32[B,8,32] = add(t118, t131) */
-            const float t135 = t132 + v2;  /* t135: f32[B,8,32] = add(t132, t134) */
-            ws54[i0 * 32 + i1] = t135;
-        }
-    }
-}
-
-/* t137: f32[8*B,32] = matmul(t136, transformer.h.0.attn.c_proj.weight) */
-SG_KERNEL void k78_matmul_t137(int64_t d0, const float* restrict ws54, const float* restrict var6, float* restrict ws57, sg_context* context)
-{
-    /* a[8*d0 x 32] read with strides (32, 1), b[32 x 32] with (32, 1):
+    /* a[32 x 8*d0] read with strides (1, 32), b[8*d0 x 32] with (32, 1):
        a transposed operand is only a change of strides. */
     /* Its buffers in the runtime's scratch region (context->scratch, sized by symgrad_scratch_bytes);
        context->status: the GEMM's, for the entry point to check */
-    context->status = sg_gemm_f32(8*d0, 32, 32,
-        ws54, 32, 1,
-        var6, 32, 1,
-        ws57, context, NULL, context->scratch);
+    context->status = sg_gemm_f32(32, 32, 8*d0,
+        ws54, 1, 32,
+        ws9, 32, 1,
+        ws56, context, NULL, context->scratch);
 }
 
-/* make contiguous for a reshape: t148: f32[B,8,2,16] = transpose[perm=(0,2,1,3)](t147) */
-SG_KERNEL void k82_copy(int64_t d0, const float* restrict ws58, float* restrict ws63)
+/* make contiguous for a reshape: t143: f32[B,8,2,16] = transpose[perm=(0,2,1,3)](t142) */
+SG_KERNEL void k80_copy(int64_t d0, const float* restrict ws58, float* restrict ws61)
 {
     #pragma omp parallel for if((256*d0) >= SG_PARALLEL_MIN)
     for (int64_t i0 = 0; i0 < d0; ++i0) {
         for (int64_t i1 = 0; i1 < 8; ++i1) {
             for (int64_t i2 = 0; i2 < 2; ++i2) {
                 for (int64_t i3 = 0; i3 < 16; ++i3) {
-                    const float v0 = ws58[i0 * 256 + i1 * 16 + i2 * 128 + i3 + (256*d0)];  /* make contiguous for a reshape */
-                    const float r = v0;  /* make contiguous for a reshape: t148: f32[B,8,2,16] = transpose[perm=(0,2,1,3)](t147) */
-                    ws63[i0 * 256 + i1 * 32 + i2 * 16 + i3] = r;
+                    const float v0 = ws58[i0 * 256 + i1 * 16 + i2 * 128 + i3 + (512*d0)];  /* make contiguous for a reshape */
+                    const float r = v0;  /* make contiguous for a reshape: t143: f32[B,8,2,16] = transpose[perm=(0,2,1,3)](t142) */
+                    ws61[i0 * 256 + i1 * 32 + i2 * 16 + i3] = r;
                 }
             }
         }
     }
 }
 
-/* t150: f32[B,8,96] = embed[starts=(0,0,32), steps=(1,1,1)](t149), stored in place into t157 */
-SG_KERNEL void k83_embed_t150(int64_t d0, const float* restrict ws63, float* restrict ws62)
+/* t145: f32[B,8,96] = embed[starts=(0,0,64), steps=(1,1,1)](t144), stored in place into t157 */
+SG_KERNEL void k81_embed_t145(int64_t d0, const float* restrict ws61, float* restrict ws62)
 {
     #pragma omp parallel for if((256*d0) >= SG_PARALLEL_MIN)
     for (int64_t i0 = 0; i0 < 8*d0; ++i0) {
         for (int64_t i1 = 0; i1 < 32; ++i1) {
-            const float v0 = ws63[i0 * 32 + i1];  /* t149 */
-            const float r = v0;  /* t150: f32[B,8,96] = embed[starts=(0,0,32), steps=(1,1,1)](t149), stored in place into t157 */
-            ws62[i0 * 96 + i1 + 32] = r;
+            const float v0 = ws61[i0 * 32 + i1];  /* t144 */
+            const float r = v0;  /* t145: f32[B,8,96] = embed[starts=(0,0,64), steps=(1,1,1)](t144), stored in place into t157 */
+            ws62[i0 * 96 + i1 + 64] = r;
         }
     }
 }
 
-/* t159: f32[8*B,32] = matmul(t158, transformer.h.0.attn.c_attn.weight) */
-SG_KERNEL void k89_matmul_t159(int64_t d0, const float* restrict ws62, const float* restrict var4, float* restrict ws66, sg_context* context)
+/* make contiguous for a reshape: t154: f32[B,8,2,16] = transpose[perm=(0,2,1,3)](t153) */
+SG_KERNEL void k84_copy(int64_t d0, const float* restrict ws58, float* restrict ws64)
 {
-    /* a[8*d0 x 96] read with strides (96, 1), b[96 x 32] with (32, 1):
+    #pragma omp parallel for if((256*d0) >= SG_PARALLEL_MIN)
+    for (int64_t i0 = 0; i0 < d0; ++i0) {
+        for (int64_t i1 = 0; i1 < 8; ++i1) {
+            for (int64_t i2 = 0; i2 < 2; ++i2) {
+                for (int64_t i3 = 0; i3 < 16; ++i3) {
+                    const float v0 = ws58[i0 * 256 + i1 * 16 + i2 * 128 + i3];  /* make contiguous for a reshape */
+                    const float r = v0;  /* make contiguous for a reshape: t154: f32[B,8,2,16] = transpose[perm=(0,2,1,3)](t153) */
+                    ws64[i0 * 256 + i1 * 32 + i2 * 16 + i3] = r;
+                }
+            }
+        }
+    }
+}
+
+/* t156: f32[B,8,96] = embed[starts=(0,0,0), steps=(1,1,1)](t155), stored in place into t157 */
+SG_KERNEL void k85_embed_t156(int64_t d0, const float* restrict ws64, float* restrict ws62)
+{
+    #pragma omp parallel for if((256*d0) >= SG_PARALLEL_MIN)
+    for (int64_t i0 = 0; i0 < 8*d0; ++i0) {
+        for (int64_t i1 = 0; i1 < 32; ++i1) {
+            const float v0 = ws64[i0 * 32 + i1];  /* t155 */
+            const float r = v0;  /* t156: f32[B,8,96] = embed[starts=(0,0,0), steps=(1,1,1)](t155), stored in place into t157 */
+            ws62[i0 * 96 + i1] = r;
+        }
+    }
+}
+
+/* t196: f32[96,32] = matmul(t192, t195) */
+SG_KERNEL void k96_matmul_t196(int64_t d0, const float* restrict ws62, const float* restrict ws72, float* restrict ws73, sg_context* context)
+{
+    /* a[96 x 8*d0] read with strides (1, 96), b[8*d0 x 32] with (32, 1):
        a transposed operand is only a change of strides. */
     /* Its buffers in the runtime's scratch region (context->scratch, sized by symgrad_scratch_bytes);
        context->status: the GEMM's, for the entry point to check */
-    context->status = sg_gemm_f32(8*d0, 32, 96,
-        ws62, 96, 1,
-        var4, 32, 1,
-        ws66, context, NULL, context->scratch);
-}
-
-/* t161: f32[B,8,32] = mul(t160, transformer.h.0.ln_1.weight) */
-/* t163: f32[B,8,32] = -t161*t162/t14 */
-/* t164: f32[B,8,1] = sum[axes=(2,), keepdims=True](t163) */
-SG_KERNEL void k91_sum_t164(int64_t d0, const float* restrict ws66, const float* restrict var2, const float* restrict ws5, const float* restrict ws7, float* restrict ws68)
-{
-    #pragma omp parallel for if((256*d0) >= SG_PARALLEL_MIN)
-    for (int64_t o0 = 0; o0 < 8*d0; ++o0) {
-        double acc = 0;
-        #pragma omp simd reduction(+:acc)
-        for (int64_t r0 = 0; r0 < 32; ++r0) {
-            const float v0 = ws66[o0 * 32 + r0];  /* t160 */
-            const float v1 = var2[r0];  /* transformer.h.0.ln_1.weight */
-            const float v2 = ws5[o0];  /* t14 */
-            const float v3 = ws7[o0 * 32 + r0];  /* t162 */
-            const float t161 = v0*v1;  /* t161: f32[B,8,32] = mul(t160, transformer.h.0.ln_1.weight) */
-            const float t163 = -t161*v3/v2;  /* t163: f32[B,8,32] = -t161*t162/t14 */
-            acc += (double)t163;
-        }
-        ws68[o0] = (float)(acc);
-    }
-}
-
-/* t243: f32[B,8,32] = mul(t160, t162) */
-SG_KERNEL void k93_mul_t243(int64_t d0, const float* restrict ws66, const float* restrict ws7, float* restrict ws70)
-{
-    #pragma omp parallel for if((256*d0) >= SG_PARALLEL_MIN)
-    for (int64_t i0 = 0; i0 < 256*d0; ++i0) {
-        const float v0 = ws66[i0];  /* t160 */
-        const float v1 = ws7[i0];  /* t162 */
-        const float t243 = v0*v1;  /* t243: f32[B,8,32] = mul(t160, t162) */
-        ws70[i0] = t243;
-    }
-}
-
-/* t193: f32[B,8,32] = mul(t162, transformer.h.0.ln_1.weight) */
-/* t194: f32[B,8,32] = add(t193, transformer.h.0.ln_1.bias) */
-SG_KERNEL void k95_add_t194(int64_t d0, const float* restrict ws7, const float* restrict var2, const float* restrict var3, float* restrict ws72)
-{
-    #pragma omp parallel for if((256*d0) >= SG_PARALLEL_MIN)
-    for (int64_t i0 = 0; i0 < 8*d0; ++i0) {
-        for (int64_t i1 = 0; i1 < 32; ++i1) {
-            const float v0 = ws7[i0 * 32 + i1];  /* t162 */
-            const float v1 = var2[i1];  /* transformer.h.0.ln_1.weight */
-            const float v2 = var3[i1];  /* transformer.h.0.ln_1.bias */
-            const float t193 = v0*v1;  /* t193: f32[B,8,32] = mul(t162, transformer.h.0.ln_1.weight) */
-            const float t194 = t193 + v2;  /* t194: f32[B,8,32] = add(t193, transformer.h.0.ln_1.bias) */
-            ws72[i0 * 32 + i1] = t194;
-        }
-    }
-}
-
-/* t170: f32[64,32] = scatter_add[axis=0, size=64](t169, idx) */
-SG_KERNEL void k102_scatter_add_t170(int64_t d0, const float* restrict ws75, const int64_t* restrict in0, float* restrict ws76)
-{
-    const int64_t P = 1, I = (8*d0), Q = 32, R = 64;
-    const float* src = ws75;
-    const int64_t* idx = in0;
-    /* out[p, r, q] = 0, then out[p, idx[i], q] += src[p, i, q] with i in order (np.add.at's sums, bit
-       for bit). Threads split P only: no two add into one element. An index outside [0, R) adds nothing. */
-    memset(ws76, 0, (size_t)(P * R * Q) * sizeof(float));
-    #pragma omp parallel for if(P > 1 && P * I * Q >= SG_PARALLEL_MIN)
-    for (int64_t p = 0; p < P; ++p) {
-        for (int64_t i = 0; i < I; ++i) {
-            const int64_t r = (int64_t)idx[i];
-            if (r < 0 || r >= R) {
-                continue;
-            }
-            const float* row = src + (p * I + i) * Q;
-            float* dst = ws76 + (p * R + r) * Q;
-            for (int64_t q = 0; q < Q; ++q) {
-                dst[q] += row[q];
-            }
-        }
-    }
+    context->status = sg_gemm_f32(96, 32, 8*d0,
+        ws62, 1, 96,
+        ws72, 32, 1,
+        ws73, context, NULL, context->scratch);
 }
 
 /* t91: f64[] = 1 - 0.1*lr */
@@ -2295,6 +2272,30 @@ SG_KERNEL void k104_sum_t181(int64_t d0, const float* restrict ws75, float* rest
         }
         for (int64_t j = 0; j < jn; ++j)
             ws77[j0 + j] = (float)(acc[j]);
+    }
+}
+
+/* t182: f32[8,32] = scatter_add[axis=0, size=8](t181, t4) */
+SG_KERNEL void k106_scatter_add_t182(int64_t d0, const float* restrict ws77, const int64_t* restrict ws78, float* restrict ws79)
+{
+    const int64_t P = 1, I = 8, Q = 32, R = 8;
+    const float* src = ws77;
+    const int64_t* idx = ws78;
+    /* out[p, r, q] = 0, then out[p, idx[i], q] += src[p, i, q] with i in order (np.add.at's sums, bit
+       for bit). Threads split P only: no two add into one element. An index outside [0, R) adds nothing. */
+    memset(ws79, 0, (size_t)(P * R * Q) * sizeof(float));
+    for (int64_t p = 0; p < P; ++p) {
+        for (int64_t i = 0; i < I; ++i) {
+            const int64_t r = (int64_t)idx[i];
+            if (r < 0 || r >= R) {
+                continue;
+            }
+            const float* row = src + (p * I + i) * Q;
+            float* dst = ws79 + (p * R + r) * Q;
+            for (int64_t q = 0; q < Q; ++q) {
+                dst[q] += row[q];
+            }
+        }
     }
 }
 
