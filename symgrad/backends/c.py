@@ -43,6 +43,7 @@ from ..step.call_checks import check_array
 from ..ir import dtypes as D
 from ..ir import shapes as S
 from ..ir.graph import Graph
+from ..ir import sympy_memo
 from ..ir.ops import check_labels, label_checks
 from . import host_memory
 from .build import cache, importable, runtime, toolchain
@@ -394,6 +395,7 @@ def compile_in_background(graph: Graph, flags: list[str] | None = None, optimize
     compilation = prepare(graph, C_OPENMP, optimize, store=yield_cores)
 
     def meanwhile() -> None:
+        sympy_memo.flush()  # what the passes derived, written while the compiler runs
         if not yield_cores:  # the build waited for: its first call's arena too (a later one's, when called)
             compilation.ahead.update(_arena_ahead(compilation.entry))
             if () in compilation.ahead:  # its placement stored with the entry: a warm load places nothing

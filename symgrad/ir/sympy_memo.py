@@ -8,14 +8,18 @@ expression's srepr and parameters) and tagged with a hash of the code that compu
 (the caller's source file) and sympy's version: a change to either starts a new memo
 rather than reading stale results.
 
-Writes are atomic (a temporary file, then os.replace); concurrent writers may drop each
-other's new entries, which are then computed again. An unreadable or corrupt file or entry
-is ignored. The cache directory is trusted as the compiled modules it holds are: entries
-are read back with `eval` over sympy's namespace only, and must rebuild to sympy objects.
+A result stored is kept in this process at once and written by `flush`: a compile calls it
+while its compiler runs (symgrad.backends.c), and the process at its exit. Writing each one as it
+came (a GPT's 28, each the whole file again) cost 35 ms of a cold compile. Writes are atomic (a
+temporary file, then os.replace); concurrent writers may drop each other's new entries, which are
+then computed again. An unreadable or corrupt file or entry is ignored. The cache directory is
+trusted as the compiled modules it holds are: entries are read back with `eval` over sympy's
+namespace only, and must rebuild to sympy objects.
 """
 
 from __future__ import annotations
 
+import atexit
 import hashlib
 import json
 import os
@@ -55,6 +59,7 @@ def _names() -> dict:
 
 _names_found: dict | None = None
 _FILES: dict[tuple, dict] = {}  # (kind, path) -> entries of this process, loaded on first use
+_UNWRITTEN: set = set()         # the (kind, path) of _FILES holding entries `flush` has not written
 
 
 _TAGS: dict[str, str | None] = {}  # source file -> its tag: the code of a running process does not change
@@ -97,6 +102,8 @@ def lookup(kind: str, source: str, key: str):
     """
     with _LOCK:
         text = _entries(kind, source)[1].get(_digest(key))
+    if isinstance(text, sympy.Basic):  # stored by this process
+        return text
     if not isinstance(text, str):
         return None
     try:
@@ -110,22 +117,35 @@ def lookup(kind: str, source: str, key: str):
 
 
 def store(kind: str, source: str, key: str, value: sympy.Basic) -> None:
-    """Record a result; failing to write (a read-only cache) is ignored."""
+    """Record a result: read back by `lookup` in this process at once, written by `flush`."""
     with _LOCK:
         path, entries = _entries(kind, source)
-        entries[_digest(key)] = sympy.srepr(value)
-        if path is None:
-            return
-        tmp = None
-        try:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{kind}-", suffix=".tmp")
-            with os.fdopen(fd, "w") as f:
-                json.dump(entries, f)
-            os.replace(tmp, path)
-        except OSError:
-            if tmp is not None:
-                try:
-                    os.unlink(tmp)
-                except OSError:
-                    pass
+        entries[_digest(key)] = value
+        if path is not None:
+            _UNWRITTEN.add((kind, path))
+
+
+def flush() -> None:
+    """Write the results stored since the last flush (srepr text, one JSON file per kind);
+    failing to write (a read-only cache) is ignored."""
+    with _LOCK:
+        pending = [(key, _FILES[key]) for key in sorted(_UNWRITTEN, key=str) if key in _FILES]
+        _UNWRITTEN.clear()
+        for (kind, path), entries in pending:
+            text = {k: sympy.srepr(v) if isinstance(v, sympy.Basic) else v for k, v in entries.items()}
+            tmp = None
+            try:
+                path.parent.mkdir(parents=True, exist_ok=True)
+                fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{kind}-", suffix=".tmp")
+                with os.fdopen(fd, "w") as f:
+                    json.dump(text, f)
+                os.replace(tmp, path)
+            except OSError:
+                if tmp is not None:
+                    try:
+                        os.unlink(tmp)
+                    except OSError:
+                        pass
+
+
+atexit.register(flush)

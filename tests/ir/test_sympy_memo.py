@@ -17,8 +17,26 @@ def test_symgrad_functions_round_trip(tmp_path, monkeypatch):
     x, y = sympy.symbols("x y")
     expr = trunc(x) * floor_divide(x, y) + bitwise_and(x, y) + sympy.Piecewise((1, is_nan(y)), (0, True))
     sympy_memo.store("test", __file__, "key", expr)
+    sympy_memo.flush()
     monkeypatch.setattr(sympy_memo, "_FILES", {})   # a fresh process: read from the file
     got = sympy_memo.lookup("test", __file__, "key")
     assert got is not None and sympy.srepr(got) == sympy.srepr(expr)
     assert {type(f) for f in got.atoms(sympy.Function)} == {trunc, floor_divide, bitwise_and, sympy.Piecewise}
     assert got.atoms(is_nan) == {is_nan(y)}
+
+
+def test_a_result_is_written_once_flushed(tmp_path, monkeypatch):
+    """store keeps a result in the process (lookup gives it back at once) and writes nothing;
+    flush writes every kind stored since the last one: a compile's results in one write per kind,
+    not the whole file again per result."""
+    monkeypatch.setenv("SYMGRAD_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(sympy_memo, "_FILES", {})
+    x = sympy.Symbol("x")
+    sympy_memo.store("first", __file__, "a", x + 1)
+    sympy_memo.store("second", __file__, "b", sympy.tanh(x))
+    assert sympy_memo.lookup("first", __file__, "a") == x + 1
+    assert not (tmp_path / "sympy").exists()
+    sympy_memo.flush()
+    assert sorted(p.name.split("-")[0] for p in (tmp_path / "sympy").glob("*.json")) == ["first", "second"]
+    monkeypatch.setattr(sympy_memo, "_FILES", {})   # a fresh process
+    assert sympy_memo.lookup("second", __file__, "b") == sympy.tanh(x)

@@ -64,6 +64,7 @@ def test_partials_memo_round_trips(tmp_path, monkeypatch, op):
     elementwise.partial_derivative.cache_clear()
     try:
         assert elementwise.partial_derivative(op, 0) == expected   # computed, then stored
+        sympy_memo.flush()                                         # (a compile's build, or the exit)
         (memo,) = (tmp_path / "sympy").glob("partial-*.json")
         assert len(json.loads(memo.read_text())) >= 1
         monkeypatch.setattr(sympy_memo, "_FILES", {})                   # a fresh process
@@ -79,6 +80,7 @@ def test_corrupt_memo_is_ignored(tmp_path, monkeypatch):
     monkeypatch.setattr(sympy_memo, "_FILES", {})
     source = elementwise.__file__
     sympy_memo.store("partial", source, "k", elementwise.ARGS[0] + 1)
+    sympy_memo.flush()
     (memo,) = (tmp_path / "sympy").glob("partial-*.json")
     entries = json.loads(memo.read_text())
     memo.write_text(json.dumps({k: "__import__('os')" for k in entries}))
