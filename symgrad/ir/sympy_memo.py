@@ -51,7 +51,7 @@ def _names() -> dict:
     while pending:
         cls = pending.pop()
         pending.extend(cls.__subclasses__())
-        if cls.__module__.startswith("symgrad."):
+        if (cls.__module__ or "").startswith("symgrad."):  # an undefined Function's (sympy.Function("f")) is None
             names[cls.__name__] = cls
     _names_found = names
     return names
@@ -60,6 +60,7 @@ def _names() -> dict:
 _names_found: dict | None = None
 _FILES: dict[tuple, dict] = {}  # (kind, path) -> entries of this process, loaded on first use
 _UNWRITTEN: set = set()         # the (kind, path) of _FILES holding entries `flush` has not written
+_TEXTS: dict[tuple, dict] = {}  # (kind, path) -> each entry's srepr text, made once (by `flush`)
 
 
 _TAGS: dict[str, str | None] = {}  # source file -> its tag: the code of a running process does not change
@@ -120,7 +121,9 @@ def store(kind: str, source: str, key: str, value: sympy.Basic) -> None:
     """Record a result: read back by `lookup` in this process at once, written by `flush`."""
     with _LOCK:
         path, entries = _entries(kind, source)
-        entries[_digest(key)] = value
+        digest = _digest(key)
+        entries[digest] = value
+        _TEXTS.get((kind, path), {}).pop(digest, None)
         if path is not None:
             _UNWRITTEN.add((kind, path))
 
@@ -132,7 +135,10 @@ def flush() -> None:
         pending = [(key, _FILES[key]) for key in sorted(_UNWRITTEN, key=str) if key in _FILES]
         _UNWRITTEN.clear()
         for (kind, path), entries in pending:
-            text = {k: sympy.srepr(v) if isinstance(v, sympy.Basic) else v for k, v in entries.items()}
+            text = _TEXTS.setdefault((kind, path), {})
+            for digest, value in entries.items():
+                if digest not in text:
+                    text[digest] = sympy.srepr(value) if isinstance(value, sympy.Basic) else value
             tmp = None
             try:
                 path.parent.mkdir(parents=True, exist_ok=True)
