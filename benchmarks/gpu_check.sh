@@ -1,12 +1,13 @@
 #!/usr/bin/env bash
 # The CUDA backend on a real GPU, in one timed run (issue 40): device, GPU-marked tests, a few
-# training steps beside NumPy, compute-sanitizer, and the op / gradient / training-feature / model
-# suites with backend="cuda"; a summary table last.
+# training steps beside NumPy, compute-sanitizer, the op / gradient / training-feature / model
+# suites with backend="cuda", and the GPU benchmark (benchmarks/gpu_bench.py) with what time is
+# left; a summary table last (summary.txt, after the environment).
 #
 #   bash benchmarks/gpu_check.sh                 # from the repository root (or a copy of it)
 #   DRY=1 bash benchmarks/gpu_check.sh           # without a GPU: the script's own plumbing, GPU parts skip
 #
-# Environment: OUT (where logs go; at most 8 files are written there), WHEELS (a folder of wheels
+# Environment: OUT (where logs go; 8 files are written there), WHEELS (a folder of wheels
 # to install into /tmp/site first, e.g. cffi and pycparser), TOTAL (seconds for the whole run,
 # default 400: each section's cap is cut to what is left), JOBS (pytest-xdist workers, default
 # the CPU count), SUITES (test paths, default below), K (pytest -k, default "cuda").
@@ -65,8 +66,8 @@ section() {  # section NAME CAP COMMAND...: output to $OUT/NAME.log, exit status
     python3 -c "import xdist; print('xdist', xdist.__version__)" || echo "no pytest-xdist"
     python3 -c "from symgrad.backends import cuda; print('devices', cuda.device_count(), 'arch', cuda.device_arch(),
         'flags', cuda.nvcc_flags())"
-} > "$OUT/env.log" 2>&1
-cat "$OUT/env.log"
+} > "$OUT/summary.txt" 2>&1
+cat "$OUT/summary.txt"
 XDIST=(-n "$JOBS")
 python3 -c "import xdist" 2>/dev/null || XDIST=()
 
@@ -83,7 +84,7 @@ SUITES_PID=$!
 
 # The CUDA backend's own tests but the nvcc-only ones (CI runs those): the GPU tests and the host side.
 section gpu_tests "$(cap 150 60)" "${PYTEST[@]}" -v ${XDIST:+-n 4} -m "not nvcc" tests/backends/test_backend_cuda.py \
-    tests/backends/test_rowwise.py
+    tests/backends/test_rowwise.py tests/backends/test_cuda_kernels.py
 section steps "$(cap 150 60)" python3 benchmarks/gpu_steps.py --models "$MODELS" --steps 3 --backend "$BACKEND"
 SANITIZER=(compute-sanitizer --error-exitcode 99 --print-limit 20)
 STEPS=(python3 benchmarks/gpu_steps.py --models "$MODELS" --steps 2 --no-reference --backend "$BACKEND")
@@ -96,6 +97,14 @@ wait "$SUITES_PID"
 read -r SRC SSECS < /tmp/gpu_check_suites.rc || { SRC=?; SSECS=?; }
 RC[suites]=$SRC; SECS[suites]=$SSECS
 echo "=== suites: exit $SRC in ${SSECS}s$([ "$SRC" = 124 ] && echo ' (TIMED OUT)')"
+
+# The benchmark last, alone on the machine, in what time is left (its rows print as they end).
+BENCH=${BENCH:-gpt-small,gpt-nanogpt,resnet,lenet,A64,B128,C512}
+if [ -n "$DRY" ]; then
+    section bench 5 echo DRY gpu_bench --models "$BENCH"
+else
+    section bench "$(cap 400 5)" python3 benchmarks/gpu_bench.py --models "$BENCH" --steps 20 --compile
+fi
 
 # ---- summary ----
 count() { grep -cE "$1" "$2" 2>/dev/null || true; }
@@ -118,8 +127,10 @@ count() { grep -cE "$1" "$2" 2>/dev/null || true; }
     for tool in memcheck racecheck initcheck; do
         printf '%-16s %6s %6s %s\n' "$tool" "${RC[$tool]}" "${SECS[$tool]}" "$(grep -m1 'SUMMARY' "$OUT/$tool.log")"
     done
+    printf '%-16s %6s %6s\n' bench "${RC[bench]}" "${SECS[bench]}"
+    grep -v -i -E 'warn|^W[0-9]{4} |interp.py' "$OUT/bench.log" | tail -20
     echo "total $(( $(date +%s) - START ))s"
     echo "--- failures:"
     grep -hE '^(FAILED|ERROR) ' "$OUT/gpu_tests.log" "$OUT/suites.log" | cut -c1-220 | head -40
     grep -h 'FAIL$\|Error\|error' "$OUT/steps.log" | head -10
-} | tee "$OUT/summary.txt"
+} | tee -a "$OUT/summary.txt"
