@@ -82,16 +82,10 @@ def model_steps(key: str, compile_: bool) -> tuple[str, dict]:
     with backend "cuda" and torch on the device."""
     import torch
     from benchmarks import cnn, gpt
-    if key.startswith("gpt-"):
-        module, bench = gpt, gpt.CONFIGS[key[4:]]
-        builders = {"symgrad": gpt.symgrad_runner("cuda"), "eager": gpt.torch_runner(False, device="cuda")}
-        if compile_:
-            builders["compile"] = gpt.torch_runner(True, device="cuda")
-    else:
-        module, bench = cnn, cnn.CONFIGS[key]
-        builders = {"symgrad": cnn.symgrad_runner("cuda"), "eager": cnn.torch_runner(False, device="cuda")}
-        if compile_:
-            builders["compile"] = cnn.torch_runner(True, device="cuda")
+    module, bench = (gpt, gpt.CONFIGS[key[4:]]) if key.startswith("gpt-") else (cnn, cnn.CONFIGS[key])
+    builders = {"symgrad": module.symgrad_runner("cuda"), "eager": module.torch_runner(False, device="cuda")}
+    if compile_:
+        builders["compile"] = module.torch_runner(True, device="cuda")
     setup = module.setup(bench)
     runners = {}
     for name, build in builders.items():

@@ -9,7 +9,7 @@ expression's srepr and parameters) and tagged with a hash of the code that compu
 rather than reading stale results.
 
 A result stored is kept in this process at once and written by `flush`: a compile calls it
-while its compiler runs (symgrad.backends.c), and the process at its exit. Writing each one as it
+while its compiler runs (symgrad.backends.c), and the process calls it at its exit. Writing each one as it
 came (a GPT's 28, each the whole file again) cost 35 ms of a cold compile. Writes are atomic (a
 temporary file, then os.replace); concurrent writers may drop each other's new entries, which are
 then computed again. An unreadable or corrupt file or entry is ignored. The cache directory is
@@ -132,7 +132,7 @@ def flush() -> None:
     """Write the results stored since the last flush (srepr text, one JSON file per kind);
     failing to write (a read-only cache) is ignored."""
     with _LOCK:
-        pending = [(key, _FILES[key]) for key in sorted(_UNWRITTEN, key=str) if key in _FILES]
+        pending = [(key, _FILES[key]) for key in _UNWRITTEN if key in _FILES]
         _UNWRITTEN.clear()
         for (kind, path), entries in pending:
             text = _TEXTS.setdefault((kind, path), {})
