@@ -6,15 +6,23 @@ trap is dear: on the 2-core machines here, a fresh 246 MiB array took 0.1-0.6 s 
 nanoGPT-size step's workspace paid that inside its first call. Here a large array is one anonymous
 mmap, advised into transparent huge pages (2 MiB: NumPy advises its own large arrays so, and the
 step over 4 KiB pages ran 4-5% slower, from the translation misses) and populated in one madvise
-call (MADV_POPULATE_WRITE, Linux 5.14 and later): 0.03-0.04 s for the same 246 MiB. Where the system
-lacks either, the array is what it would have been: pages at first touch, in 4 KiB pages. The
-buffers a step is sure to write (its workspace, the optimizer's state) are made here.
+call (MADV_POPULATE_WRITE, Linux 5.14 and later): 0.03-0.04 s for the same 246 MiB. That call runs
+on a thread of its own, Python's lock released, while the caller goes on: a warm `sg.train_step`
+would otherwise wait 4-20 ms (0.3 s in some processes) for pages its first step only writes later.
+Where the system lacks either, the array is what it would have been: pages at first touch, in
+4 KiB pages. The buffers a step is sure to write (its workspace, the optimizer's state) are made here.
+
+    zeros(shape, dtype)   np.zeros, a large one mapped at once (its pages faulted in on a thread)
+    copy(value), copies(values)   C-ordered copies in that memory
+    populated()           wait until every array made so far is faulted in
 """
 
 from __future__ import annotations
 
 import math
 import mmap
+import os
+import threading
 
 import numpy as np
 
@@ -26,12 +34,15 @@ _HUGEPAGE = getattr(mmap, "MADV_HUGEPAGE", None)    # Linux only
 # from Python 3.13 on, so Linux's value is given here). MAP_POPULATE would map 4 KiB pages before
 # the huge-page advice could apply.
 MADV_POPULATE_WRITE = getattr(mmap, "MADV_POPULATE_WRITE", 23)
+# Bytes faulted in by one madvise call: four huge pages (`_populate`).
+POPULATE_CHUNK = 8 << 20
 
 
 def zeros(shape, dtype) -> np.ndarray:
     """np.zeros(shape, dtype), C-ordered; a large one (POPULATE_MIN_BYTES and up) on Linux is an
-    anonymous private mmap, page-aligned, advised into huge pages and faulted in now, zero-filled
-    by the kernel, unmapped when the array and its views are gone."""
+    anonymous private mmap, page-aligned, advised into huge pages and faulted in by a thread started
+    now (`populated` waits for it), zero-filled by the kernel, unmapped when the array and its views
+    are gone."""
     dtype = np.dtype(dtype)
     shape = (int(shape),) if isinstance(shape, (int, np.integer)) else tuple(int(n) for n in shape)
     nbytes = math.prod(shape) * dtype.itemsize
@@ -41,12 +52,62 @@ def zeros(shape, dtype) -> np.ndarray:
         region = mmap.mmap(-1, nbytes, flags=mmap.MAP_PRIVATE | _ANONYMOUS)
     except (OSError, ValueError):
         return np.zeros(shape, dtype)
-    for advice in (_HUGEPAGE, MADV_POPULATE_WRITE):
-        try:
-            region.madvise(advice)
-        except OSError:  # a kernel without huge pages or without the advice: pages at first touch
-            pass
+    try:
+        region.madvise(_HUGEPAGE)
+    except OSError:  # a kernel without huge pages: 4 KiB pages
+        pass
+    thread = threading.Thread(target=_populate, args=(region,), name="symgrad-populate", daemon=True)
+    with _POPULATING_LOCK:  # (the threads that ended dropped: a long process makes many arrays)
+        _POPULATING[:] = [*(t for t in _POPULATING if t.is_alive()), thread]
+        thread.start()
     return np.frombuffer(region, dtype).reshape(shape)
+
+
+# The threads faulting in the regions `zeros` mapped, until `populated` joins them.
+_POPULATING: list[threading.Thread] = []
+_POPULATING_LOCK = threading.Lock()
+
+
+def _after_fork_in_child() -> None:
+    """A forked child has none of its parent's threads, and may have copied the lock held."""
+    global _POPULATING_LOCK
+    _POPULATING_LOCK = threading.Lock()
+    _POPULATING.clear()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
+def _populate(region: mmap.mmap) -> None:
+    """madvise(MADV_POPULATE_WRITE) over `region`, POPULATE_CHUNK bytes a call, through ctypes, which
+    releases Python's lock for each call (mmap.madvise holds it: the caller would wait as long).
+    A call holds the process's memory map for reading, so a map made meanwhile (a library loaded,
+    another array) waits for the chunk, not the whole region (150 MiB: 20-100 ms). The thread holds
+    the region, so it stays mapped until it ends. A kernel without the advice (before Linux 5.14)
+    refuses it: pages at first touch. Writes to the region meanwhile are safe: the advice only
+    faults pages in."""
+    import ctypes  # here, not at import: 2 ms that a process making no large array never spends
+
+    madvise = ctypes.CDLL(None).madvise
+    madvise.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int)
+    address = ctypes.c_char.from_buffer(region)
+    try:
+        start, end = ctypes.addressof(address), ctypes.addressof(address) + len(region)
+        for chunk in range(start, end, POPULATE_CHUNK):
+            if madvise(chunk, min(POPULATE_CHUNK, end - chunk), MADV_POPULATE_WRITE) != 0:
+                break
+    finally:
+        del address  # the region's buffer released: closing it may raise no BufferError
+
+
+def populated() -> None:
+    """Wait until every array `zeros` made so far is faulted in (what a measure of resident memory needs
+    first; a step never does: a page not faulted in yet is faulted in by its first write)."""
+    with _POPULATING_LOCK:
+        threads, _POPULATING[:] = list(_POPULATING), []
+    for thread in threads:
+        thread.join()
 
 
 def copy(value) -> np.ndarray:

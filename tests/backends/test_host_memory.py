@@ -1,6 +1,6 @@
 """symgrad.backends.host_memory: large host arrays in transparent huge pages, mapped when they are made
-(madvise MADV_HUGEPAGE, then MADV_POPULATE_WRITE), not one page at a time at their first touch; and the
-C step's workspace and optimizer state made there. Checked by the process's resident pages and the
+(madvise MADV_HUGEPAGE, then MADV_POPULATE_WRITE on a thread of its own), not one page at a time at their
+first touch; and the C step's workspace and optimizer state made there. Checked by the process's resident pages and the
 kernel's account of the mapping (/proc/self/smaps), not by timing."""
 
 from __future__ import annotations
@@ -48,9 +48,10 @@ def _mapped_at_once(array: np.ndarray) -> bool:
 
 
 @populates
-def test_a_large_array_is_resident_when_made_and_a_small_one_comes_from_the_heap():
+def test_a_large_array_is_resident_once_populated_and_a_small_one_comes_from_the_heap():
     before = _resident_bytes()
-    array = host_memory.zeros((16, 1 << 20), np.float32)   # 64 MiB
+    array = host_memory.zeros((16, 1 << 20), np.float32)   # 64 MiB, faulted in on a thread
+    host_memory.populated()
     assert _resident_bytes() - before >= 0.9 * array.nbytes   # np.zeros's pages come at first touch
     assert array.shape == (16, 1 << 20) and array.dtype == np.float32
     assert array.flags.c_contiguous and array.flags.writeable and not array.any()
@@ -60,6 +61,19 @@ def test_a_large_array_is_resident_when_made_and_a_small_one_comes_from_the_heap
     lazy = np.zeros((16, 1 << 20), np.float32)
     assert _resident_bytes() - before < 0.1 * lazy.nbytes   # what host_memory is for
     assert not _mapped_at_once(host_memory.zeros(100, np.float64))
+
+
+@populates
+def test_what_is_written_while_the_pages_are_faulted_in_stays():
+    """The caller writes a fresh array at once, while its thread is still faulting the pages in (a
+    step's first call may): the advice faults pages in and never clears one already written."""
+    arrays = [host_memory.zeros((32, 1 << 20), np.float32) for _ in range(2)]   # 2 x 128 MiB
+    for k, array in enumerate(arrays):
+        array[:, ::1024] = np.arange(32 * 1024, dtype=np.float32).reshape(32, 1024) + k   # a value per 4 KiB page
+    host_memory.populated()
+    for k, array in enumerate(arrays):
+        assert np.array_equal(array[:, ::1024], np.arange(32 * 1024, dtype=np.float32).reshape(32, 1024) + k)
+        assert not array[:, 1::1024].any()
 
 
 @populates
@@ -163,8 +177,8 @@ def test_a_program_sharing_a_step_s_storage_copies_only_the_variables_it_adds():
 
 @populates
 def test_the_c_steps_workspace_and_optimizer_state_are_mapped_at_once():
-    """A step whose workspace and Adam moments are over a MiB each: both are host_memory's, resident
-    before the step writes them (a virtual machine's page faults cost the nanoGPT-size step's
+    """A step whose workspace and Adam moments are over a MiB each: both are host_memory's, faulted in
+    as they are made, not by the step's writes (a virtual machine's page faults cost the nanoGPT-size step's
     first call 0.4 s)."""
     sg.manual_seed(0)
     model = nn.Sequential(nn.Linear(600, 600), nn.Tanh(), nn.Linear(600, 10))

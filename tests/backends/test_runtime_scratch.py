@@ -24,6 +24,7 @@ import pytest
 
 import symgrad as sg
 from helpers import omp_threads, set_omp_threads
+from symgrad.backends import host_memory
 from symgrad.backends.build import runtime
 from symgrad.backends.decide.gemm_table import gemm_function
 from symgrad.backends.kinds.matmul import MatmulKernel
@@ -291,6 +292,7 @@ def test_a_step_allocates_nothing_and_its_memory_is_the_reported(request, model)
     assert scratch_bytes == planned.scratch_bytes
     assert workspace.nbytes == planned.arena_bytes + 64
     assert len(program._ffi.buffer(scratch)) == planned.scratch_bytes + 64
+    host_memory.populated()   # (the workspace's pages faulted in on a thread: all of them resident now)
     before = _resident_bytes()
     for _ in range(20):
         step(**inputs)
