@@ -35,7 +35,7 @@ _HUGEPAGE = getattr(mmap, "MADV_HUGEPAGE", None)    # Linux only
 # the huge-page advice could apply.
 MADV_POPULATE_WRITE = getattr(mmap, "MADV_POPULATE_WRITE", 23)
 # Bytes faulted in by one madvise call: four huge pages (`_populate`).
-POPULATE_CHUNK = 8 << 20
+POPULATE_CHUNK = 2 << 20
 
 
 def zeros(shape, dtype) -> np.ndarray:
@@ -121,23 +121,31 @@ ALIGN = 64
 
 
 def copies(values) -> list[np.ndarray]:
-    """C-ordered copies of `values`, one region of `zeros`' memory holding them all (each at a
-    multiple of ALIGN bytes): an optimizer's state for a hundred parameters is one map, in huge
-    pages, faulted in at once, not a hundred heap blocks whose pages the first step faults one
-    by one (a 12-layer GPT small's AdamW moments: 4,600 faults, 0.08 s of a first step on the
-    machines here). A view keeps the whole region mapped."""
+    """C-ordered copies of `values` in `zeros`' memory, each at a multiple of ALIGN bytes of one of
+    two regions: an optimizer's state for a hundred parameters is one map, in huge pages, faulted
+    in at once, not a hundred heap blocks whose pages the first step faults one by one (a 12-layer
+    GPT small's AdamW moments: 4,600 faults, 0.08 s of a first step on the machines here). The
+    values that start as zeros broadcast (the moments) share a region that nothing here writes, the
+    others (each parameter's step count) one of their own: written into while the thread faulting
+    the first one in still ran, the pages of a 12-layer GPT's moments were faulted twice at once,
+    4-20 ms of a warm sg.train_step. A view keeps its whole region mapped."""
     values = [np.asarray(v) for v in values]
-    offsets, total = [], 0
-    for value in values:
-        offsets.append(total)
-        total += -(-value.nbytes // ALIGN) * ALIGN
-    region = zeros(max(total, 1), np.uint8)
-    out = []
-    for value, offset in zip(values, offsets):
-        array = region[offset:offset + value.nbytes].view(value.dtype).reshape(value.shape)
-        if not _zero_broadcast(value):  # (the fresh memory holds those already)
-            np.copyto(array, value)
-        out.append(array)
+    zero = [_zero_broadcast(v) for v in values]
+    out: list = [None] * len(values)
+    for fresh in (True, False):
+        chosen = [k for k, z in enumerate(zero) if z is fresh]
+        offsets, total = [], 0
+        for k in chosen:
+            offsets.append(total)
+            total += -(-values[k].nbytes // ALIGN) * ALIGN
+        if not chosen:
+            continue
+        region = zeros(max(total, 1), np.uint8)
+        for k, offset in zip(chosen, offsets):
+            value = values[k]
+            out[k] = region[offset:offset + value.nbytes].view(value.dtype).reshape(value.shape)
+            if not fresh:  # (the fresh memory holds the zeros already)
+                np.copyto(out[k], value)
     return out
 
 

@@ -170,6 +170,26 @@ def test_a_hit_unpickles_its_plan_only_when_asked(miss_and_hit):
     assert len(hit.program.optimized.nodes) == len(miss.program.optimized.nodes)
 
 
+def test_a_pickle_damaged_before_it_is_read_is_compiled_again(miss_and_hit, monkeypatch):
+    """A hit reads its pickle only when its plan is first asked for, and checks it then: a byte
+    changed in between (another process, a disk) is never unpickled; the plan is compiled again."""
+    miss, _ = miss_and_hit
+    hit = _step()
+    assert hit.program.from_program_cache
+    damaged = []
+    for path in (cache.cache_dir() / "programs").glob("*.pickle"):
+        data = bytearray(path.read_bytes())
+        data[len(data) // 2] ^= 0x40
+        path.write_bytes(bytes(data))
+        damaged.append(bytes(data))
+    unpickled = []
+    loads = graph_pickle.loads
+    monkeypatch.setattr(graph_pickle, "loads", lambda data, graph: unpickled.append(data) or loads(data, graph))
+    assert [k.name for k in hit.program.plan.kernels] == [k.name for k in miss.program.plan.kernels]
+    assert not set(unpickled) & set(damaged)
+    assert len(hit.program.optimized.nodes) == len(miss.program.optimized.nodes)
+
+
 def test_a_pickle_that_fails_to_load_is_compiled_again(miss_and_hit, monkeypatch):
     """Should the checked pickle fail to unpickle when first read, the graph's stages are run again
     (the same code on the same graph: the same plan), and reading it raises nothing."""
@@ -249,11 +269,10 @@ def test_a_changed_byte_in_the_stored_source_is_a_miss_not_a_build_error():
     _clear_programs()
     miss = _step()
 
-    def flip(entry):
-        at = entry["source"].index("int symgrad_run(")
-        entry["source"] = entry["source"][:at] + "X" + entry["source"][at + 1:]
-
-    _damage(flip)
+    source = _entry_path().with_suffix(".c")
+    text = source.read_text()
+    at = text.index("int symgrad_run(")
+    source.write_text(text[:at] + "X" + text[at + 1:])
     again = _step()
     assert not again.program.from_program_cache and again.source == miss.source
     assert _step().program.from_program_cache  # the entry was rewritten

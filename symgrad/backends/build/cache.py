@@ -19,7 +19,7 @@ earlier from the same inputs. Layout of the cache directory
     index/<prekey>.json            which module the same source and flags built last (see below)
     locks/_symgrad_<hash>.lock     one fcntl lock per key: concurrent builders take turns
     include/<hash>/<name>.h        `headers` a build includes, by the hash of their text
-    programs/<key>.json            graph -> source, the program cache (symgrad/backends/build/program_cache.py)
+    programs/<key>.json, .c, .pickle   graph -> source and plan, the program cache (symgrad/backends/build/program_cache.py)
     runtime/<hash>.h, .c, .json    the runtime's rendered header and source, their checksums (symgrad/backends/build/runtime.py)
     compilers/<hash>.json          a compiler's `--version`, and whether it builds with the flags (cache_keys, toolchain)
 

@@ -140,6 +140,9 @@ def sha256_json(parts: dict) -> str:
 
 
 def _cffi_version() -> str:
-    import cffi
+    """cffi's version, from its C backend: `import cffi` (its parser's front end, 2-3 ms) is needed
+    only where declarations are parsed, which a warm process does not do (symgrad.backends.build.ffi);
+    cffi refuses to import with a backend of another version."""
+    import _cffi_backend
 
-    return cffi.__version__
+    return _cffi_backend.__version__

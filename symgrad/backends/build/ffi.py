@@ -25,14 +25,15 @@ DIRECTORY = "ffi"   # under the cache directory
 def declared(cdef: str):
     """An FFI that knows `cdef` (one per cdef in a process; `ffi.dlopen` opens any number of
     libraries with it), from the cache's module of its parsed tables, written first if missing."""
-    import cffi
+    import _cffi_backend  # what the module imports; cffi itself (2-3 ms) only to write one
 
-    name = "_symgrad_ffi_" + hashlib.sha256(f"{cffi.__version__}\n{cdef}".encode()).hexdigest()[:20]
+    name = "_symgrad_ffi_" + hashlib.sha256(f"{_cffi_backend.__version__}\n{cdef}".encode()).hexdigest()[:20]
     path = cache_dir() / DIRECTORY / f"{name}.py"
     try:
         return _imported(name, path).ffi
     except Exception:  # missing, or not a module cffi wrote for this cdef (a damaged file): write it again
         pass
+    import cffi
     from cffi.recompiler import make_py_source
 
     builder = cffi.FFI()
