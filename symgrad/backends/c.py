@@ -32,6 +32,7 @@ User names never enter C except inside comments, escaped.
 
 from __future__ import annotations
 
+import functools
 import os
 import sys
 from contextlib import contextmanager
@@ -394,7 +395,8 @@ def compile_in_background(graph: Graph, flags: list[str] | None = None, optimize
     # after the build); a build beside the steps, here and now, not on its thread while they run.
     compilation = prepare(graph, C_OPENMP, optimize, store=yield_cores)
 
-    def meanwhile() -> None:
+    def meanwhile(compiling=lambda: None) -> None:
+        compiling()  # (Building.started: the caller's work meanwhile may go on)
         sympy_memo.flush()  # what the passes derived, written while the compiler runs
         if not yield_cores:  # the build waited for: its first call's arena too (a later one's, when called)
             compilation.ahead.update(_arena_ahead(compilation.entry))
@@ -403,8 +405,8 @@ def compile_in_background(graph: Graph, flags: list[str] | None = None, optimize
                 entry.arena = entry.arena.with_placement(compilation.ahead[()].plan, ALIGN)
         compilation.store()
 
-    def build() -> CProgram:
-        with toolchain.while_compiling(meanwhile):
+    def build(compiling=lambda: None) -> CProgram:
+        with toolchain.while_compiling(functools.partial(meanwhile, compiling)):
             program = CProgram(graph, flags=flags, optimize=optimize, quiet=quiet, prepared=compilation)
         compilation.store()
         return program

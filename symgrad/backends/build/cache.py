@@ -146,8 +146,27 @@ def build(source: str, cdef: str, *, flags: list[str] | None = None, kind: str =
     if flags is None:
         flags = default_flags() if kind != "cuda" else default_nvcc_flags() + list(NVCC_FAT_BINARY)
     flags = [str(flag) for flag in flags]
+    inputs = _Inputs(dict(headers or {}), link, announce, helpers)
+    prekey = _prekey(source, cdef, flags, kind, inputs)
+    loaded = _loaded(prekey, flags, kind)
+    if loaded is not None:
+        return loaded
     with _LOCK:
-        return _build(source, cdef, flags, kind, _Inputs(dict(headers or {}), link, announce, helpers))
+        return _build(source, cdef, flags, kind, inputs, prekey)
+
+
+def _loaded(prekey: str, flags: list[str], kind: str) -> BuiltModule | None:
+    """The module this process loaded already for `prekey`, its files still in place; else None.
+    Looked up without taking _LOCK, which a build holds while its compilers run: a train step's
+    predict program, linking the runtime the step's build had loaded, waited for the whole build
+    (and the collector's pass after the step's compile, which was to run meanwhile, waited with it)."""
+    try:
+        key = _key(prekey, flags, kind)
+    except CompilerNotFound:
+        return None
+    directory = cache_dir()
+    loaded = _LOADED.get((str(directory), key))
+    return loaded if loaded is not None and _on_disk(_Paths(directory, module_name(key), kind)) else None
 
 
 def import_ahead() -> None:
@@ -182,10 +201,9 @@ class _Inputs:
         return include
 
 
-def _build(source: str, cdef: str, flags: list[str], kind: str, inputs: _Inputs) -> BuiltModule:
+def _build(source: str, cdef: str, flags: list[str], kind: str, inputs: _Inputs, prekey: str) -> BuiltModule:
     directory = cache_dir()
     directory.mkdir(parents=True, exist_ok=True)
-    prekey = _prekey(source, cdef, flags, kind, inputs)
     try:
         key = _key(prekey, flags, kind)
     except CompilerNotFound:
