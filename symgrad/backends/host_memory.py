@@ -34,7 +34,8 @@ _HUGEPAGE = getattr(mmap, "MADV_HUGEPAGE", None)    # Linux only
 # from Python 3.13 on, so Linux's value is given here). MAP_POPULATE would map 4 KiB pages before
 # the huge-page advice could apply.
 MADV_POPULATE_WRITE = getattr(mmap, "MADV_POPULATE_WRITE", 23)
-# Bytes faulted in by one madvise call: four huge pages (`_populate`).
+# Bytes faulted in by one madvise call: a huge page (`_populate`). Each call holds the process's
+# memory map; a library loaded meanwhile waited up to 16 ms behind 8 MiB calls.
 POPULATE_CHUNK = 2 << 20
 
 
@@ -58,8 +59,12 @@ def zeros(shape, dtype) -> np.ndarray:
         pass
     thread = threading.Thread(target=_populate, args=(region,), name="symgrad-populate", daemon=True)
     with _POPULATING_LOCK:  # (the threads that ended dropped: a long process makes many arrays)
-        _POPULATING[:] = [*(t for t in _POPULATING if t.is_alive()), thread]
-        thread.start()
+        try:
+            thread.start()
+        except RuntimeError:  # no thread to be had (a limit, the interpreter's exit): pages at first touch
+            pass
+        else:
+            _POPULATING[:] = [*(t for t in _POPULATING if t.is_alive()), thread]
     return np.frombuffer(region, dtype).reshape(shape)
 
 
@@ -69,14 +74,16 @@ _POPULATING_LOCK = threading.Lock()
 
 
 def _after_fork_in_child() -> None:
-    """A forked child has none of its parent's threads, and may have copied the lock held."""
+    """A forked child has none of its parent's threads."""
     global _POPULATING_LOCK
     _POPULATING_LOCK = threading.Lock()
     _POPULATING.clear()
 
 
 if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_after_fork_in_child)
+    # A process forks once its regions are faulted in (`populated`): a child copied amid a thread's
+    # import of ctypes could find that import's lock held forever.
+    os.register_at_fork(before=lambda: populated(), after_in_child=_after_fork_in_child)
 
 
 def _populate(region: mmap.mmap) -> None:
@@ -87,8 +94,10 @@ def _populate(region: mmap.mmap) -> None:
     the region, so it stays mapped until it ends. A kernel without the advice (before Linux 5.14)
     refuses it: pages at first touch. Writes to the region meanwhile are safe: the advice only
     faults pages in."""
-    import ctypes  # here, not at import: 2 ms that a process making no large array never spends
-
+    try:
+        import ctypes  # here, not at import: 2 ms that a process making no large array never spends
+    except ImportError:  # a Python without ctypes: pages at first touch
+        return
     madvise = ctypes.CDLL(None).madvise
     madvise.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int)
     address = ctypes.c_char.from_buffer(region)
@@ -105,7 +114,7 @@ def populated() -> None:
     """Wait until every array `zeros` made so far is faulted in (what a measure of resident memory needs
     first; a step never does: a page not faulted in yet is faulted in by its first write)."""
     with _POPULATING_LOCK:
-        threads, _POPULATING[:] = list(_POPULATING), []
+        threads = list(_POPULATING)
     for thread in threads:
         thread.join()
 

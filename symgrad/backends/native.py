@@ -96,13 +96,13 @@ class Building:
         """Let a held build start its compilers now."""
         self._released.set()
 
-    def started(self) -> None:
+    def started(self, timeout: float | None = None) -> None:
         """Wait until the build's compilers run, or until it has ended (a build that needed none, or
-        failed). The Python work a build does before its compilers start (its files, keys and locks)
-        waits on Python's lock at each file it writes while another thread computes: a 12-layer GPT's
-        compilers started 0.14 s late beside its predict program's passes."""
-        self.release()
-        self._compiling.wait()
+        failed), or `timeout` seconds. The Python work a build does before its compilers start (its
+        files, keys and locks) waits on Python's lock at each file it writes while another thread
+        computes: a 12-layer GPT's compilers started 0.14 s late beside its predict program's passes.
+        (A build waiting for another's compilers, this process's or another's, waits that long.)"""
+        self._compiling.wait(timeout)
 
     def result(self):
         self.release()

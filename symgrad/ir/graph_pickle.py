@@ -122,7 +122,7 @@ class _Pickler(pickle.Pickler):
             if kind is not Value:
                 raise pickle.PicklingError(f"a {kind.__name__} (a Value of a class of its own) outside the "
                                            f"reference graph: rebuilt, it would be a plain Value")
-            # A Value is immutable (its attrs a read-only mapping): rebuilt through its constructor.
+            # A Value is immutable (its attrs a read-only mapping): rebuilt from its fields (`_value`).
             return _value, (obj.op, obj.inputs, dict(obj.attrs), obj.shape, obj.dtype, obj.effects)
         if kind is OpDef:
             if obj.extra.get("derived"):

@@ -295,6 +295,11 @@ def param_groups(params) -> tuple[list[Value], list[dict]]:
     return flat, options
 
 
+# Seconds train_step waits for its step's compilers to start before the predict program's passes
+# (a build's work before them takes 0.01-0.05 s alone; `_compiled_step`).
+STARTED_AT_MOST = 0.25
+
+
 def train_step(loss: Value, params=None, optimizer=None, backend: str | None = None, predict=None,
                clip_grad_norm: float | None = None, autocast: str | None = None, **options) -> TrainStep:
     """Compile forward, backward and the optimizer's update into one call.
@@ -407,8 +412,10 @@ def _compiled_step(loss: Value, params: list, group_options: list, groups: list,
         if building is not None:
             # The step's compilers started first: beside these passes, the Python work before them
             # waited for the lock at each file it wrote (a 12-layer GPT's: 0.14 s later, 4 layers':
-            # after the passes, 0.06 s).
-            building.started()
+            # after the passes, 0.06 s). Not longer than STARTED_AT_MOST: a build waiting for the
+            # compilers of another (an earlier step's predict program, another process) would keep
+            # these passes waiting with it.
+            building.started(STARTED_AT_MOST)
         step.program_for("predict", background=True)
     if made is None:  # pickled while the step's compiler runs (a 4-layer GPT's: 6 ms)
         step_cache.store(key, forward, graph, grads, step._programs["predict"].graph if predict is not None else None)

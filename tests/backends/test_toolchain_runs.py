@@ -58,13 +58,14 @@ def test_what_the_work_meanwhile_raises_does_not_stop_the_build(tmp_path):
 
 def test_work_given_for_the_threads_next_build_is_done_once_while_its_compilers_run(tmp_path):
     """toolchain.while_compiling: the program cache's entry is written so, after the compilers
-    have started (symgrad.backends.c.compile_in_background); alongside the build's own work."""
+    have started (symgrad.backends.c.compile_in_background); before the build's own work, since
+    it also tells a caller waiting for the compilers that they run (Building.started)."""
     seen, own = [], []
     with toolchain.while_compiling(lambda: seen.append((tmp_path / "slow.txt").exists())):
         toolchain._run_all(_paths(tmp_path), [_shell("sleep 0.5; echo slow > slow.txt")], tmp_path,
                            meanwhile=lambda: own.append(len(seen)))
         toolchain._run_all(_paths(tmp_path), [_shell("echo again > again.txt")], tmp_path)
-    assert seen == [False] and own == [0]   # once, while the compiler ran, after the build's own work
+    assert seen == [False] and own == [1]   # once, while the compiler ran, before the build's own work
     toolchain._run_all(_paths(tmp_path), [_shell("echo later > later.txt")], tmp_path)
     assert seen == [False]
 

@@ -170,10 +170,11 @@ def _loaded(prekey: str, flags: list[str], kind: str) -> BuiltModule | None:
 
 
 def import_ahead() -> None:
-    """Import now what a build imports on its way to the compiler (cffi, whose version keys every
-    entry). A build started on a thread of its own imported it there in a fresh process, under
-    Python's lock shared with the work of the thread that started it: its compiler started a
-    tenth of a second later, on a GPT's step (issue 34)."""
+    """Import now what a build imports on its way to the compiler (cffi's C backend, whose version
+    keys every entry; cffi itself only parses declarations, once the compilers run). A build
+    started on a thread of its own imported cffi there in a fresh process, under Python's lock
+    shared with the work of the thread that started it: its compiler started a tenth of a second
+    later, on a GPT's step (issue 34)."""
     _cffi_version()
 
 

@@ -32,7 +32,9 @@ A graph without a fingerprint (an attribute that is a Python object) is
 compiled every time. A damaged or foreign entry reads as a miss and is
 overwritten: "sha256" is a checksum over the rest of the entry (canonical JSON,
 as the build cache keys its entries), "source" and "compiled" the sha256 of the other two
-files, so a changed byte anywhere, in the source, a size or the plan, fails it. The arena's sizes are
+files, so a changed byte anywhere, in the source, a size or the plan, fails it (the
+pickle's when it is first read: its stages are then compiled again and the entry
+rewritten). The arena's sizes are
 checked once more at every new Dim binding against the compiled code's own
 (symgrad.backends.native), so that even an entry forged with a matching checksum
 cannot make the workspace too small.
@@ -125,8 +127,8 @@ def load(key: str | None, graph: Graph, remake: Callable[[], Entry] | None = Non
     (a warm step that only runs never does: reading and hashing a 12-layer GPT's 1.1 MB pickle
     took 1.5 ms); should that fail then (a pickle damaged or removed since, or one that does not
     load: never seen, the key holding the compiler's code and the graph's structure), `remake()`
-    compiles the graph again and its stages are taken (the same, by the same code), else the
-    error is raised."""
+    compiles the graph again, its stages are taken (the same, by the same code) and the entry is
+    stored again; without `remake` the error is raised."""
     if key is None:
         return None
     entry = cache.read_json(_path(key))
@@ -159,6 +161,7 @@ def load(key: str | None, graph: Graph, remake: Callable[[], Entry] | None = Non
                 if remake is None:
                     raise
                 made = remake()
+                store(key, graph, made)  # the entry repaired: the next process reads it back
                 return made.optimized, made.pass_report, made.plan
     try:
         text = source.decode()

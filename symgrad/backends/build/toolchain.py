@@ -220,8 +220,8 @@ def _run_all(paths, commands: list[list[str]], cwd: Path, progress=None, meanwhi
     for them (the cache parses the program's declarations there). It is work done ahead, so what
     it raises is dropped: the same work done again after the build raises it where it belongs."""
     also, _THREAD.meanwhile = getattr(_THREAD, "meanwhile", None), None   # while_compiling's, once
-    if also is not None:
-        meanwhile = also if meanwhile is None else _both(meanwhile, also)
+    if also is not None:  # first: it tells the caller that the compilers run (Building.started)
+        meanwhile = also if meanwhile is None else _both(also, meanwhile)
     if len(commands) == 1 and progress is None and meanwhile is None:
         return _run(paths, commands[0], cwd)
     waiting, running = list(commands), []
