@@ -157,9 +157,8 @@ def build(source: str, cdef: str, *, flags: list[str] | None = None, kind: str =
 
 def _loaded(prekey: str, flags: list[str], kind: str) -> BuiltModule | None:
     """The module this process loaded already for `prekey`, its files still in place; else None.
-    Looked up without taking _LOCK, which a build holds while its compilers run: a train step's
-    predict program, linking the runtime the step's build had loaded, waited for the whole build
-    (and the collector's pass after the step's compile, which was to run meanwhile, waited with it)."""
+    Looked up without _LOCK, which a build holds while its compilers run: a train step's predict
+    program, linking the runtime the step's build had loaded, waited for that whole build."""
     try:
         key = _key(prekey, flags, kind)
     except CompilerNotFound:
@@ -171,10 +170,9 @@ def _loaded(prekey: str, flags: list[str], kind: str) -> BuiltModule | None:
 
 def import_ahead() -> None:
     """Import now what a build imports on its way to the compiler (cffi's C backend, whose version
-    keys every entry; cffi itself only parses declarations, once the compilers run). A build
-    started on a thread of its own imported cffi there in a fresh process, under Python's lock
-    shared with the work of the thread that started it: its compiler started a tenth of a second
-    later, on a GPT's step (issue 34)."""
+    keys every entry; cffi only parses declarations, once the compilers run). Imported on a build's
+    thread in a fresh process, under Python's lock shared with the thread that started it, it
+    had a GPT step's compiler start a tenth of a second later (issue 34)."""
     _cffi_version()
 
 
