@@ -352,9 +352,10 @@ class CProgram(NativeProgram):
 
 
 def arena_memory(nbytes: int) -> np.ndarray:
-    """Zeroed host memory for `nbytes` of a workspace (host_memory's: mapped at once), starting at
-    a multiple of ALIGN, with ALIGN bytes to spare after them (never empty)."""
-    raw = host_memory.zeros(nbytes + 2 * ALIGN, np.uint8)
+    """Zeroed host memory for `nbytes` of a workspace (host_memory's: mapped and faulted in before
+    it returns, the call that uses it, or the build's thread, being next), starting at a multiple
+    of ALIGN, with ALIGN bytes to spare after them (never empty)."""
+    raw = host_memory.zeros(nbytes + 2 * ALIGN, np.uint8, now=True)
     shift = (-raw.ctypes.data) % ALIGN
     return raw[shift:shift + nbytes + ALIGN]
 

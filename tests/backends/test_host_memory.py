@@ -64,6 +64,16 @@ def test_a_large_array_is_resident_once_populated_and_a_small_one_comes_from_the
 
 
 @populates
+def test_an_array_for_memory_about_to_be_written_is_resident_when_made():
+    """now=True (a step's workspace at its call): faulted in before zeros returns, not beside the
+    step's own threads."""
+    before = _resident_bytes()
+    array = host_memory.zeros((16, 1 << 20), np.float32, now=True)   # 64 MiB
+    assert _resident_bytes() - before >= 0.9 * array.nbytes
+    assert array.flags.c_contiguous and array.flags.writeable and not array.any()
+
+
+@populates
 def test_what_is_written_while_the_pages_are_faulted_in_stays():
     """The caller writes a fresh array at once, while its thread is still faulting the pages in (a
     step's first call may): the advice faults pages in and never clears one already written."""
