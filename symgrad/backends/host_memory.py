@@ -5,10 +5,12 @@ gets its pages at the first write to each, a trap into the kernel a page. On a v
 trap is dear: on the 2-core machines here, a fresh 246 MiB array took 0.1-0.6 s to touch, and the
 nanoGPT-size step's workspace paid that inside its first call. Here a large array is one anonymous
 mmap, advised into transparent huge pages (2 MiB: NumPy advises its own large arrays so, and the
-step over 4 KiB pages ran 4-5% slower, from the translation misses) and populated in one madvise
-call (MADV_POPULATE_WRITE, Linux 5.14 and later): 0.03-0.04 s for the same 246 MiB. That call runs
-on a thread of its own, Python's lock released, while the caller goes on: a warm `sg.train_step`
-would otherwise wait 4-20 ms (0.3 s in some processes) for pages its first step only writes later.
+step over 4 KiB pages ran 4-5% slower, from the translation misses) and populated by madvise
+(MADV_POPULATE_WRITE, Linux 5.14 and later, a huge page a call): 0.03-0.04 s for the same 246 MiB.
+The calls run on a thread of its own, Python's lock released, while the caller goes on: a warm
+`sg.train_step` would otherwise wait 4-20 ms (0.3 s in some processes) for pages its first step
+only writes later; memory written next (a step's workspace at its call) is populated before it
+is returned.
 Where the system lacks either, the array is what it would have been: pages at first touch, in
 4 KiB pages. The buffers a step is sure to write (its workspace, the optimizer's state) are made here.
 
