@@ -40,18 +40,25 @@ class Value:
         # statistics, a random stream's counter (symgrad.api.effects). Not part of what it computes.
         object.__setattr__(self, "effects", tuple(effects))
 
+    @staticmethod
+    def of_fields(op: OpDef, inputs: tuple, attrs: MappingProxyType, shape: tuple, dtype: str,
+                  effects: tuple) -> "Value":
+        """A Value holding these fields as they are, none checked or copied (the constructor copies
+        what a caller passes): for fields taken from Values already made (`over`, a pickle's)."""
+        new = _new_value(Value)
+        _set(new, "op", op)
+        _set(new, "inputs", inputs)
+        _set(new, "attrs", attrs)
+        _set(new, "shape", shape)
+        _set(new, "dtype", dtype)
+        _set(new, "effects", effects)
+        return new
+
     def over(self, inputs: tuple) -> "Value":
         """This node's op, attributes and type over other inputs (of the same types): the copy a
         pass makes of a node whose inputs it rebuilt. The read-only attributes are shared, not
         copied; the effects stay behind (a graph holds them in its updates once it is built)."""
-        new = _new_value(Value)
-        _set(new, "op", self.op)
-        _set(new, "inputs", inputs)
-        _set(new, "attrs", self.attrs)
-        _set(new, "shape", self.shape)
-        _set(new, "dtype", self.dtype)
-        _set(new, "effects", ())
-        return new
+        return Value.of_fields(self.op, inputs, self.attrs, self.shape, self.dtype, ())
 
     def __setattr__(self, name, value):
         raise AttributeError("graph values are immutable")
